@@ -1,0 +1,112 @@
+"""``iotwatch stack up|down|status``: the embedded servers for demos and tests."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.stack import EmbeddedStack
+
+run_dir_option = click.option(
+    "--run-dir", type=click.Path(file_okay=False, path_type=Path),
+    help="Where servers keep config, data, logs and stack.json (default IOTWATCH_STACK_RUN_DIR or ~/.iotwatch/stack).")
+
+
+@click.group()
+def stack() -> None:
+    """Start, stop and inspect the embedded MQTT, Kafka-protocol and InfluxDB servers."""
+
+
+@stack.command()
+@run_dir_option
+@click.option("--partitions", type=click.IntRange(min=1), help="Partitions per topic (default IOTWATCH_KAFKA_PARTITIONS, 4).")
+@click.option("--mqtt-broker", type=click.Choice(["auto", "mosquitto", "amqtt"]),
+              help="MQTT server: mosquitto when on PATH (auto), or the pip-installed amqtt.")
+@click.option("--no-influx", is_flag=True, help="Run without InfluxDB.")
+@click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
+@json_option
+@pass_app
+def up(app: AppContext, run_dir: Path | None, partitions: int | None, mqtt_broker: str | None,
+       no_influx: bool, foreground: bool, as_json: bool) -> None:
+    """Start the servers on free loopback ports, create topics and the database.
+
+    Each server is health-checked with a real client before this returns. The servers keep
+    running after the command exits (unless --foreground); `iotwatch stack down` stops them.
+    """
+    settings = app.settings
+    stack_update: dict[str, Any] = {}
+    if mqtt_broker:
+        stack_update["mqtt_broker"] = mqtt_broker
+    if no_influx:
+        stack_update["influxdb"] = "none"
+    kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
+    settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
+    embedded = EmbeddedStack(settings, run_dir)
+    state = embedded.up()
+    emit(state.to_dict(), as_json, _render_up)
+    if foreground:
+        _hold_until_stopped()
+        embedded.down()
+
+
+def _render_up(result: dict[str, Any]) -> None:
+    click.echo(f"stack up in {result['run_dir']}")
+    for role, svc in result["services"].items():
+        click.echo(f"  {role:<7}{svc['endpoint']:<32}{svc['implementation']}")
+    if "influx" not in result["services"]:
+        click.echo("  influx  (not running: metrics are disabled)")
+    click.echo(f"  topics  {', '.join(result['topics'])} ({result['partitions']} partitions)")
+    click.echo("point other shells at it with:")
+    for name, value in result["env"].items():
+        click.echo(f"  export {name}={value}")
+
+
+def _hold_until_stopped() -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
+@stack.command()
+@run_dir_option
+@click.option("--purge", is_flag=True, help="Also delete the run directory (data and logs).")
+@json_option
+@pass_app
+def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> None:
+    """Stop every server `stack up` started from the run directory."""
+    embedded = EmbeddedStack(app.settings, run_dir)
+    stopped = embedded.down()
+    if purge:
+        embedded.remove_data()
+    emit({"run_dir": str(embedded.run_dir), "stopped": stopped, "purged": purge}, as_json,
+         lambda r: click.echo(f"stopped: {', '.join(r['stopped']) or 'nothing was running'}"))
+
+
+@stack.command()
+@run_dir_option
+@json_option
+@pass_app
+def status(app: AppContext, run_dir: Path | None, as_json: bool) -> None:
+    """Report each server: process alive, and a real client's answer. Exit 1 if unhealthy."""
+    result = EmbeddedStack(app.settings, run_dir).status()
+    emit(result, as_json, _render_status)
+    if not result["up"]:
+        raise SystemExit(1)
+
+
+def _render_status(result: dict[str, Any]) -> None:
+    if not result["services"]:
+        click.echo(f"no stack in {result['run_dir']}")
+        return
+    for role, svc in result["services"].items():
+        mark = "ok  " if svc["healthy"] else "FAIL"
+        click.echo(f"{mark} {role:<7}{svc['endpoint']:<32}{svc['implementation']:<22}{svc['detail']}")

@@ -1,0 +1,1 @@
+"""Thin, shared set-up of the real clients (MQTT, Kafka, InfluxDB) from the settings."""

@@ -1,0 +1,84 @@
+"""InfluxDB through its v1-compatible HTTP API: ``/ping``, ``/write`` and ``/query``.
+
+That API is the one InfluxDB 1.x, 2.x (DBRP mapping, token auth) and 3.x all serve, and
+the one Grafana's InfluxQL datasource uses, so metrics written here show on the same
+dashboards everywhere. Points are serialised with influxdb-client's ``Point``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import requests
+from influxdb_client import Point
+
+from iotwatch.errors import ServiceUnavailable
+from iotwatch.settings import InfluxSettings
+
+
+class InfluxV1Client:
+    """Writes line protocol and runs InfluxQL against one database."""
+
+    def __init__(self, settings: InfluxSettings, timeout_s: float = 10.0) -> None:
+        if not settings.url:
+            raise ServiceUnavailable("InfluxDB is disabled (IOTWATCH_INFLUX_URL is empty)")
+        self.settings = settings
+        self.base_url = settings.url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        if settings.token:
+            self.session.headers["Authorization"] = f"Token {settings.token.get_secret_value()}"
+        elif settings.username:
+            password = settings.password.get_secret_value() if settings.password else ""
+            self.session.auth = (settings.username, password)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def ping(self) -> str:
+        """The server's version, or :class:`ServiceUnavailable`."""
+        try:
+            response = self.session.get(f"{self.base_url}/ping", timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise ServiceUnavailable(f"InfluxDB at {self.base_url} did not answer: {exc}") from exc
+        if response.status_code != 204:
+            raise ServiceUnavailable(f"InfluxDB at {self.base_url} /ping answered {response.status_code}")
+        return response.headers.get("X-Influxdb-Version", "unknown")
+
+    def create_database(self) -> None:
+        self.query(f'CREATE DATABASE "{self.settings.database}"', method="POST")
+
+    def write_points(self, points: Iterable[Point], precision: str = "ms") -> int:
+        lines = [point.to_line_protocol() for point in points]
+        lines = [line for line in lines if line]
+        if lines:
+            self.write_lines(lines, precision)
+        return len(lines)
+
+    def write_lines(self, lines: list[str], precision: str = "ms") -> None:
+        params = {"db": self.settings.database, "precision": precision}
+        if self.settings.retention_policy:
+            params["rp"] = self.settings.retention_policy
+        try:
+            response = self.session.post(f"{self.base_url}/write", params=params,
+                                         data="\n".join(lines).encode(), timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise ServiceUnavailable(f"InfluxDB write to {self.base_url} failed: {exc}") from exc
+        if response.status_code != 204:
+            raise ServiceUnavailable(f"InfluxDB write answered {response.status_code}: {response.text.strip()}")
+
+    def query(self, influxql: str, method: str = "GET") -> list[dict[str, Any]]:
+        """Run InfluxQL; returns the series of the first statement (name, columns, values, tags)."""
+        params = {"db": self.settings.database, "q": influxql, "epoch": "ms"}
+        try:
+            response = self.session.request(method, f"{self.base_url}/query", params=params, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise ServiceUnavailable(f"InfluxDB query to {self.base_url} failed: {exc}") from exc
+        if response.status_code != 200:
+            raise ServiceUnavailable(f"InfluxDB query answered {response.status_code}: {response.text.strip()}")
+        results = response.json().get("results", [{}])
+        first = results[0] if results else {}
+        if "error" in first:
+            raise ValueError(f"InfluxQL error for {influxql!r}: {first['error']}")
+        return list(first.get("series", []))

@@ -1,0 +1,13 @@
+"""Errors the command line reports as one line on stderr (exit status 1)."""
+
+
+class IotwatchError(Exception):
+    """An expected failure with a message that says what to do about it."""
+
+
+class StackError(IotwatchError):
+    """The embedded stack could not start, or a prerequisite is missing."""
+
+
+class ServiceUnavailable(IotwatchError):
+    """A service (MQTT, Kafka, InfluxDB) did not answer."""

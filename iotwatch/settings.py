@@ -1,0 +1,226 @@
+"""Settings shared by every component: endpoints, topics, credentials, stack options.
+
+One frozen settings object per concern, each reading ``IOTWATCH_<CONCERN>_<FIELD>``
+environment variables, then an optional TOML file (``IOTWATCH_CONFIG`` or ``--config``)
+whose ``[<concern>]`` table holds the same field names, then the defaults below.
+Command-line flags (``--mqtt``, ``--kafka``, ``--influx``) override all of them.
+
+The environment is read when :func:`load_settings` is called, never at import time, so
+tests and sub-processes can change it freely.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+CONFIG_FILE_ENV = "IOTWATCH_CONFIG"
+
+
+class _TomlSection(PydanticBaseSettingsSource):
+    """Reads one ``[section]`` of the TOML file named by ``IOTWATCH_CONFIG``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], section: str) -> None:
+        super().__init__(settings_cls)
+        self._section = section
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything is returned by __call__
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get(CONFIG_FILE_ENV)
+        if not path:
+            return {}
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ValueError(f"settings file {path} ({CONFIG_FILE_ENV}) does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"settings file {path} is not valid TOML: {exc}") from exc
+        section = data.get(self._section, {})
+        if not isinstance(section, dict):
+            raise ValueError(f"settings file {path}: [{self._section}] must be a table")
+        return section
+
+
+class _ConcernSettings(BaseSettings):
+    """Base for one concern: env prefix ``IOTWATCH_<SECTION>_`` and a TOML section."""
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSection(settings_cls, cls.section))
+
+
+class MqttSettings(_ConcernSettings):
+    """The MQTT broker devices publish to and the gateway subscribes to."""
+
+    section: ClassVar[str] = "mqtt"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_MQTT_", frozen=True, extra="ignore")
+
+    url: str = Field("mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT, or mqtts:// for TLS")
+    username: str | None = None
+    password: SecretStr | None = None
+    tls_ca_file: Path | None = Field(None, description="CA bundle for mqtts://; system CAs if unset")
+    tls_insecure: bool = Field(False, description="skip server certificate verification (testing only)")
+    keepalive_s: int = 30
+    qos: Literal[0, 1] = 1
+
+    @property
+    def host(self) -> str:
+        return _url_host(self.url)
+
+    @property
+    def port(self) -> int:
+        return _url_port(self.url, 8883 if self.use_tls else 1883)
+
+    @property
+    def use_tls(self) -> bool:
+        return urlsplit(self.url).scheme in ("mqtts", "ssl")
+
+
+class KafkaSettings(_ConcernSettings):
+    """The Kafka cluster (or Kafka-protocol broker) that carries the event log."""
+
+    section: ClassVar[str] = "kafka"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_KAFKA_", frozen=True, extra="ignore")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = Field(None, description="e.g. PLAIN, SCRAM-SHA-256, SCRAM-SHA-512")
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    partitions: int = Field(4, ge=1, description="partition count for topics iotwatch creates")
+    replication_factor: int = Field(1, ge=1)
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka connection properties shared by every producer, consumer and admin."""
+        config = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            config["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            config["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            config["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            config["ssl.ca.location"] = str(self.ssl_ca_location)
+        return config
+
+
+class TopicSettings(_ConcernSettings):
+    """Kafka topic names and MQTT topic filters (defaults follow the message contract)."""
+
+    section: ClassVar[str] = "topics"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_TOPIC_", frozen=True, extra="ignore")
+
+    raw: str = "iot.telemetry.raw"
+    dlq: str = "iot.telemetry.dlq"
+    alerts: str = "iot.alerts"
+    model_updates: str = "iot.model.updates"
+    mqtt_telemetry_filter: str = "iot/+/+/+/telemetry"
+    mqtt_status_filter: str = "iot/+/+/+/status"
+
+    def kafka_topics(self) -> list[str]:
+        """Every Kafka topic the pipeline reads or writes."""
+        return [self.raw, self.dlq, self.alerts, self.model_updates]
+
+
+class InfluxSettings(_ConcernSettings):
+    """InfluxDB for metrics. Only the v1-compatible HTTP API (``/write``, ``/query``) is
+    used, which InfluxDB 1.x serves natively and 2.x/3.x serve through DBRP mappings."""
+
+    section: ClassVar[str] = "influx"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_INFLUX_", frozen=True, extra="ignore")
+
+    url: str | None = Field("http://127.0.0.1:8086", description="empty disables metrics to InfluxDB")
+    database: str = "iotwatch"
+    retention_policy: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = Field(None, description="InfluxDB 2.x/3.x API token (sent as 'Token ...')")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+
+class StackSettings(_ConcernSettings):
+    """The embedded single-machine stack started by ``iotwatch stack up``."""
+
+    section: ClassVar[str] = "stack"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_STACK_", frozen=True, extra="ignore")
+
+    run_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "stack")
+    mqtt_broker: Literal["auto", "mosquitto", "amqtt"] = "auto"
+    influxdb: Literal["auto", "influxd", "none"] = "auto"
+    startup_timeout_s: float = 60.0
+
+
+class Settings(BaseModel):
+    """Everything a component may need, one frozen object per concern."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mqtt: MqttSettings
+    kafka: KafkaSettings
+    topics: TopicSettings
+    influx: InfluxSettings
+    stack: StackSettings
+
+    def with_endpoints(
+        self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
+    ) -> Settings:
+        """A copy with the command-line endpoint overrides applied."""
+        update: dict[str, Any] = {}
+        if mqtt:
+            update["mqtt"] = self.mqtt.model_copy(update={"url": normalise_mqtt_url(mqtt)})
+        if kafka:
+            update["kafka"] = self.kafka.model_copy(update={"bootstrap_servers": kafka})
+        if influx is not None:
+            update["influx"] = self.influx.model_copy(update={"url": influx or None})
+        return self.model_copy(update=update)
+
+
+def load_settings(config_file: str | Path | None = None) -> Settings:
+    """Read the environment (and the TOML file, if any) now."""
+    if config_file is not None:
+        os.environ[CONFIG_FILE_ENV] = str(config_file)
+    return Settings(
+        mqtt=MqttSettings(),
+        kafka=KafkaSettings(),
+        topics=TopicSettings(),
+        influx=InfluxSettings(),
+        stack=StackSettings(),
+    )
+
+
+def normalise_mqtt_url(value: str) -> str:
+    """Accept ``HOST:PORT`` as well as ``mqtt://HOST:PORT``."""
+    return value if "://" in value else f"mqtt://{value}"
+
+
+def _url_host(url: str) -> str:
+    return urlsplit(url).hostname or "127.0.0.1"
+
+
+def _url_port(url: str, default: int) -> int:
+    return urlsplit(url).port or default

@@ -1,0 +1,221 @@
+"""``iotwatch stack up|down|status``: the servers, their state file and their health.
+
+Everything lives under one run directory: each server's config, data and log in its own
+sub-folder, and ``stack.json`` recording what was started (pids with creation times,
+endpoints) so a later ``down`` or ``status`` from another process finds them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics, list_topics
+from iotwatch.clients.mqtt import round_trip
+from iotwatch.errors import IotwatchError, StackError
+from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings
+from iotwatch.stack.influxdb import influxd_binary, start_influxdb
+from iotwatch.stack.kafka_broker import start_kafka_broker
+from iotwatch.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.stack.process import stop_process
+from iotwatch.stack.service import RunningService
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "stack.json"
+START_ATTEMPTS = 2  # a free port can be taken between choosing it and binding it
+
+
+@dataclass
+class StackState:
+    """What ``stack up`` started; persisted as ``<run_dir>/stack.json``."""
+
+    run_dir: Path
+    services: dict[str, RunningService] = field(default_factory=dict)
+    topics: list[str] = field(default_factory=list)
+    partitions: int = 0
+    database: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def endpoints(self) -> dict[str, str | None]:
+        return {role: (svc.endpoint if (svc := self.services.get(role)) else None)
+                for role in ("mqtt", "kafka", "influx")}
+
+    def apply_to(self, settings: Settings) -> Settings:
+        """The settings with this stack's endpoints (InfluxDB disabled if it did not start)."""
+        ends = self.endpoints()
+        return settings.with_endpoints(mqtt=ends["mqtt"], kafka=ends["kafka"], influx=ends["influx"] or "")
+
+    def env(self) -> dict[str, str]:
+        """IOTWATCH_* variables pointing another process at this stack."""
+        ends = self.endpoints()
+        variables = {"IOTWATCH_MQTT_URL": ends["mqtt"] or "", "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS": ends["kafka"] or "",
+                     "IOTWATCH_INFLUX_URL": ends["influx"] or ""}
+        if self.database:
+            variables["IOTWATCH_INFLUX_DATABASE"] = self.database
+        return variables
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "started_at": self.started_at,
+            "endpoints": self.endpoints(),
+            "topics": self.topics,
+            "partitions": self.partitions,
+            "influx_database": self.database,
+            "env": self.env(),
+            "services": {role: svc.to_dict() for role, svc in self.services.items()},
+        }
+
+    def save(self) -> None:
+        path = self.run_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> StackState | None:
+        path = run_dir / STATE_FILE
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        services = {role: RunningService.from_dict(svc) for role, svc in data["services"].items()}
+        return cls(run_dir, services, data["topics"], data["partitions"], data["influx_database"],
+                   data["started_at"])
+
+
+class EmbeddedStack:
+    """Starts and stops the embedded servers for one run directory."""
+
+    def __init__(self, settings: Settings, run_dir: Path | None = None) -> None:
+        self.settings = settings
+        self.run_dir = Path(run_dir or settings.stack.run_dir).expanduser().resolve()
+
+    # -- up ---------------------------------------------------------------------------
+
+    def up(self) -> StackState:
+        """Start every server, create topics and database; on any failure (or Ctrl-C)
+        stop whatever was already started before re-raising."""
+        existing = StackState.load(self.run_dir)
+        if existing is not None:
+            if all(svc.process.is_running() for svc in existing.services.values()):
+                raise StackError(f"a stack is already running from {self.run_dir} "
+                                 f"(iotwatch stack down --run-dir {self.run_dir} first)")
+            self._stop_services(existing)  # stale: some servers died; clear the rest
+            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        state = StackState(self.run_dir)
+        timeout = self.settings.stack.startup_timeout_s
+        try:
+            self._start(state, lambda: start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout))
+            self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
+            state.partitions = self.settings.kafka.partitions
+            kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
+            ensure_topics(kafka, self.settings.topics.kafka_topics())
+            state.topics = self.settings.topics.kafka_topics()
+            if self._want_influx():
+                database = self.settings.influx.database
+                self._start(state, lambda: start_influxdb(self.run_dir, database, timeout))
+                state.database = database
+            state.save()
+        except BaseException:
+            self._stop_services(state)
+            raise
+        return state
+
+    def _want_influx(self) -> bool:
+        choice = self.settings.stack.influxdb
+        if choice == "none":
+            return False
+        if choice == "auto" and influxd_binary() is None:
+            log.warning("influxd not found: the stack runs without InfluxDB "
+                        "(apt-get install -y influxdb to get metrics and dashboards)")
+            return False
+        return True
+
+    @staticmethod
+    def _start(state: StackState, starter: Callable[[], RunningService]) -> None:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                service = starter()
+            except StackError as exc:
+                if attempt == START_ATTEMPTS:
+                    raise
+                log.warning("retrying after start-up failure: %s", exc)
+                continue
+            state.services[service.role] = service
+            state.save()  # a crash from here on still leaves a record for `stack down`
+            return
+
+    # -- down / status -----------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stop what ``up`` started; returns the roles stopped. Data is left on disk."""
+        state = StackState.load(self.run_dir)
+        if state is None:
+            return []
+        stopped = self._stop_services(state)
+        (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        return stopped
+
+    def remove_data(self) -> None:
+        """Delete the run directory (only when nothing is running from it)."""
+        if StackState.load(self.run_dir) is not None:
+            raise StackError(f"stack in {self.run_dir} is still up")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    @staticmethod
+    def _stop_services(state: StackState) -> list[str]:
+        stopped = []
+        for role in reversed(list(state.services)):
+            service = state.services[role]
+            if service.process.is_running():
+                stop_process(service.process)
+                stopped.append(role)
+        return stopped
+
+    def status(self) -> dict[str, Any]:
+        """Each service's process state and the answer of a real client."""
+        state = StackState.load(self.run_dir)
+        if state is None:
+            return {"run_dir": str(self.run_dir), "up": False, "services": {}}
+        services = {role: _service_status(svc, state) for role, svc in state.services.items()}
+        return {"run_dir": str(self.run_dir), "up": all(s["healthy"] for s in services.values()),
+                "endpoints": state.endpoints(), "services": services}
+
+
+def _service_status(service: RunningService, state: StackState) -> dict[str, Any]:
+    result: dict[str, Any] = {"implementation": service.implementation, "endpoint": service.endpoint,
+                              "pid": service.process.pid, "running": service.process.is_running(),
+                              "log": service.process.log_file}
+    if not result["running"]:
+        return {**result, "healthy": False, "detail": "process is not running"}
+    try:
+        result["detail"] = _health_check(service, state)
+        result["healthy"] = True
+    except IotwatchError as exc:
+        result.update(healthy=False, detail=str(exc))
+    return result
+
+
+def _health_check(service: RunningService, state: StackState) -> str:
+    if service.role == "mqtt":
+        round_trip(MqttSettings(url=service.endpoint))
+        return "publish/subscribe round trip ok"
+    if service.role == "kafka":
+        topics = list_topics(KafkaSettings(bootstrap_servers=service.endpoint))
+        missing = [name for name in state.topics if name not in topics]
+        return f"{len(topics)} topics" + (f", missing {missing}" if missing else "")
+    client = InfluxV1Client(InfluxSettings(url=service.endpoint, database=state.database or "iotwatch"))
+    try:
+        return f"ping ok, version {client.ping()}"
+    finally:
+        client.close()

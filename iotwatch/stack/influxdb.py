@@ -1,0 +1,49 @@
+"""InfluxDB 1.x (Debian's ``influxd``), configured to keep everything under the run dir."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.errors import StackError
+from iotwatch.settings import InfluxSettings
+from iotwatch.stack.process import free_port, start_process, wait_until
+from iotwatch.stack.service import RunningService
+
+HOST = "127.0.0.1"
+
+
+def influxd_binary() -> str | None:
+    return shutil.which("influxd") or (str(Path("/usr/bin/influxd")) if Path("/usr/bin/influxd").exists() else None)
+
+
+def start_influxdb(run_dir: Path, database: str, timeout_s: float) -> RunningService:
+    """Start influxd on free ports (HTTP and its RPC bind), wait for /ping, create the database."""
+    binary = influxd_binary()
+    if not binary:
+        raise StackError("influxd is not installed: apt-get install -y influxdb "
+                         "(or set IOTWATCH_STACK_INFLUXDB=none to run without metrics)")
+    base = run_dir / "influxdb"
+    for sub in ("meta", "data", "wal"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    http_port, rpc_port = free_port(HOST), free_port(HOST)
+    conf = base / "influxdb.conf"
+    conf.write_text(
+        "reporting-disabled = true\n"
+        f'bind-address = "{HOST}:{rpc_port}"\n'
+        f'[meta]\n  dir = "{base}/meta"\n'
+        f'[data]\n  dir = "{base}/data"\n  wal-dir = "{base}/wal"\n  query-log-enabled = false\n'
+        f'[http]\n  enabled = true\n  bind-address = "{HOST}:{http_port}"\n  log-enabled = false\n'
+        "[monitor]\n  store-enabled = false\n"
+        "[continuous_queries]\n  log-enabled = false\n"
+    )
+    record = start_process("influx", [binary, "-config", str(conf)], base / "influxd.log")
+    endpoint = f"http://{HOST}:{http_port}"
+    client = InfluxV1Client(InfluxSettings(url=endpoint, database=database))
+    versions: list[str] = []
+    wait_until(lambda: bool(versions.append(client.ping()) or True), timeout_s=timeout_s,
+               what=f"InfluxDB on port {http_port}", record=record)
+    client.create_database()
+    client.close()
+    return RunningService("influx", f"influxd {versions[-1]}", endpoint, record)

@@ -1,0 +1,145 @@
+"""Starting, identifying and stopping the stack's server processes.
+
+Servers run detached (own session, output to a log file) so ``iotwatch stack up`` can
+return while they keep running; ``stack down`` finds them again from the state file.
+A pid alone is not an identity (pids are reused), so each record keeps the process's
+creation time too and nothing is signalled unless both match.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from iotwatch.errors import StackError
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What is needed to find a started server again, from another process."""
+
+    name: str
+    pid: int
+    create_time: float
+    command: list[str]
+    log_file: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessRecord:
+        return cls(**data)
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None when it has exited (or its pid was reused)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except psutil.Error:
+            return None
+
+    def is_running(self) -> bool:
+        return self.process() is not None
+
+
+def start_process(name: str, command: Sequence[str], log_file: Path, *, cwd: Path | None = None,
+                  env: dict[str, str] | None = None) -> ProcessRecord:
+    """Start ``command`` detached from this process, stdout and stderr to ``log_file``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        try:
+            popen = subprocess.Popen(
+                list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=cwd, env=env, start_new_session=True,
+            )
+        except OSError as exc:
+            raise StackError(f"cannot start {name} ({command[0]}): {exc}") from exc
+    proc = psutil.Process(popen.pid)
+    return ProcessRecord(name, popen.pid, proc.create_time(), list(command), str(log_file))
+
+
+def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
+    """SIGTERM the process and its children, then SIGKILL what is left after ``timeout_s``."""
+    proc = record.process()
+    if proc is None:
+        return
+    try:
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        family = [proc]
+    for member in family:
+        _signal(member, signal.SIGTERM)
+    _, alive = psutil.wait_procs(family, timeout=timeout_s)
+    for member in alive:
+        _signal(member, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+    _reap(record.pid)
+
+
+def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the process is our own child (no zombie left)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str,
+               record: ProcessRecord | None = None, interval_s: float = 0.2) -> None:
+    """Poll ``check`` until it is true; fail early (with the log tail) if the process died."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if record is not None and not record.is_running():
+            raise StackError(f"{what}: process exited during start-up; {log_tail(record)}")
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last_error = exc
+        time.sleep(interval_s)
+    reason = f" (last error: {last_error})" if last_error else ""
+    tail = f"; {log_tail(record)}" if record else ""
+    raise StackError(f"{what}: not ready after {timeout_s:.0f} s{reason}{tail}")
+
+
+def log_tail(record: ProcessRecord, lines: int = 5) -> str:
+    try:
+        text = Path(record.log_file).read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return f"no log at {record.log_file}"
+    return f"last log lines of {record.log_file}: " + " | ".join(text)
