@@ -128,6 +128,7 @@ class EmbeddedStack:
             state.save()
         except BaseException:
             self._stop_services(state)
+            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
             raise
         return state
 

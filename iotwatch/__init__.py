@@ -1,0 +1,1 @@
+"""iotwatch: IoT telemetry ingestion and anomaly detection (shared contracts, settings, CLI)."""

@@ -1,0 +1,5 @@
+"""``python -m iotwatch`` is the ``iotwatch`` command."""
+
+from iotwatch.cli import main
+
+main()

@@ -1,0 +1,71 @@
+"""Shared fixtures: one real embedded stack per test session, fresh names per test.
+
+In CI (``CI=true``) a service that cannot start fails the session; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from iotwatch.settings import Settings, load_settings
+from iotwatch.stack import EmbeddedStack, StackState
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DIR = REPO_ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    """Settings from defaults only: the developer's IOTWATCH_* variables do not leak in."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("IOTWATCH_")}
+    try:
+        return load_settings()
+    finally:
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, base_settings: Settings) -> Iterator[StackState]:
+    """The embedded stack (mosquitto or amqtt, Tansu, influxd), started once per session."""
+    embedded = EmbeddedStack(base_settings, tmp_path_factory.mktemp("stack"))
+    state = embedded.up()
+    try:
+        yield state
+    finally:
+        embedded.down()
+
+
+@pytest.fixture(scope="session")
+def stack_settings(stack: StackState, base_settings: Settings) -> Settings:
+    """Settings pointing at the session's embedded stack."""
+    return stack.apply_to(base_settings)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic, group and device names of one test."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def test_settings(stack_settings: Settings, unique: str) -> Settings:
+    """Stack settings with this test's own Kafka topics, so tests never see each other's data."""
+    topics = stack_settings.topics.model_copy(update={
+        "raw": f"test.{unique}.raw", "dlq": f"test.{unique}.dlq",
+        "alerts": f"test.{unique}.alerts", "model_updates": f"test.{unique}.model",
+    })
+    return stack_settings.model_copy(update={"topics": topics})
+
+
+@pytest.fixture(scope="session")
+def nab_dev_dir() -> Path:
+    """The labelled NAB development streams in ../shared (present in CI too)."""
+    path = SHARED_DIR / "datasets" / "nab-dev"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the shared datasets must sit beside the repository")
+    return path

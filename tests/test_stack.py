@@ -1,0 +1,194 @@
+"""The embedded stack answers real clients, including third-party ones, and stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import psutil
+import pytest
+import requests
+from confluent_kafka import Consumer, Producer, TopicPartition
+from paho.mqtt.enums import CallbackAPIVersion
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics, list_topics
+from iotwatch.settings import Settings
+from iotwatch.stack import StackState
+
+IOTWATCH = [sys.executable, "-m", "iotwatch"]
+
+
+def test_paho_publish_subscribe_round_trip(stack_settings: Settings, unique: str) -> None:
+    mqtt = stack_settings.mqtt
+    topic = f"iot/test-{unique}/thermostat/t1/telemetry"
+    received: list[bytes] = []
+    done = threading.Event()
+    subscribed = threading.Event()
+
+    def on_message(_client: paho.Client, _userdata: object, message: paho.MQTTMessage) -> None:
+        received.append(message.payload)
+        if len(received) == 10:
+            done.set()
+
+    sub = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"sub-{unique}")
+    sub.on_message = on_message
+    sub.on_subscribe = lambda *_: subscribed.set()
+    sub.connect(mqtt.host, mqtt.port)
+    sub.loop_start()
+    sub.subscribe(topic, qos=1)
+    assert subscribed.wait(5)
+    pub = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{unique}")
+    pub.connect(mqtt.host, mqtt.port)
+    pub.loop_start()
+    for i in range(10):
+        pub.publish(topic, json.dumps({"seq": i}).encode(), qos=1).wait_for_publish(5)
+    assert done.wait(5)
+    assert [json.loads(p)["seq"] for p in received] == list(range(10))
+    for client in (pub, sub):
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_kafka_round_trip_on_created_topic_with_four_partitions(stack_settings: Settings, unique: str) -> None:
+    kafka = stack_settings.kafka
+    topic = f"test.{unique}.roundtrip"
+    assert ensure_topics(kafka, [topic]) == [topic]
+    assert list_topics(kafka)[topic] == 4
+    assert ensure_topics(kafka, [topic]) == []  # idempotent
+
+    producer = Producer({**kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    sent = {f"device-{d}": [f"{d}:{i}" for i in range(25)] for d in range(8)}
+    for key, values in sent.items():
+        for value in values:
+            producer.produce(topic, key=key.encode(), value=value.encode())
+    assert producer.flush(10) == 0
+
+    consumer = Consumer({**kafka.client_config(), "group.id": f"g-{unique}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(4)])
+    got: dict[str, list[str]] = {}
+    partitions_seen: set[int] = set()
+    deadline = time.monotonic() + 20
+    while sum(map(len, got.values())) < 200 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None or message.error():
+            continue
+        got.setdefault(message.key().decode(), []).append(message.value().decode())
+        partitions_seen.add(message.partition())
+    consumer.close()
+    assert got == sent  # every record once, in order per key
+    assert len(partitions_seen) > 1  # keys really spread over partitions
+
+
+def test_influx_line_protocol_write_read_back_with_influxql(stack_settings: Settings, unique: str) -> None:
+    client = InfluxV1Client(stack_settings.influx)
+    now_ms = int(time.time() * 1000)
+    client.write_lines([f"stack_test,run={unique} value={i}i {now_ms - 1000 * i}" for i in range(5)])
+    series = client.query(f"SELECT sum(value), count(value) FROM stack_test WHERE run = '{unique}'")
+    client.close()
+    assert series and series[0]["values"][0][1:] == [10, 5]
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None and os.environ.get("CI") != "true",
+                    reason="mosquitto-clients not installed (CI installs it)")
+def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique: str) -> None:
+    """`stack up --json` endpoints work as they are with mosquitto_pub/sub, kafka-python and curl;
+    `stack down` leaves no process behind."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    up = subprocess.run([*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--json"],
+                        capture_output=True, text=True, env=env, timeout=120)
+    assert up.returncode == 0, up.stderr
+    state = json.loads(up.stdout)
+    pids = [svc["process"]["pid"] for svc in state["services"].values()]
+    try:
+        ends = state["endpoints"]
+        # MQTT: mosquitto_sub receives what mosquitto_pub sends, using the URL as printed.
+        topic = f"iot/s-{unique}/door_sensor/d1/telemetry"
+        sub = subprocess.Popen(["mosquitto_sub", "-L", f"{ends['mqtt']}/{topic}", "-C", "1", "-W", "10"],
+                               stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        deadline = time.monotonic() + 8
+        while sub.poll() is None and time.monotonic() < deadline:
+            subprocess.run(["mosquitto_pub", "-L", f"{ends['mqtt']}/{topic}", "-m", "hello", "-q", "1"], check=True)
+            time.sleep(0.3)
+        assert sub.wait(10) == 0 and sub.stdout is not None and sub.stdout.read().strip() == "hello"
+
+        # Kafka: kafka-python (not the project's client) produces and consumes on a created topic.
+        from kafka import KafkaConsumer, KafkaProducer
+        from kafka import TopicPartition as KTopicPartition
+        producer = KafkaProducer(bootstrap_servers=ends["kafka"])
+        producer.send("iot.telemetry.raw", key=b"d1", value=b"from-kafka-python").get(timeout=10)
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=ends["kafka"], consumer_timeout_ms=10000)
+        assignment = [KTopicPartition("iot.telemetry.raw", p) for p in range(state["partitions"])]
+        consumer.assign(assignment)
+        consumer.seek_to_beginning(*assignment)
+        values = [record.value for record in consumer]
+        consumer.close()
+        assert b"from-kafka-python" in values
+
+        # InfluxDB: curl writes line protocol and reads it back with InfluxQL.
+        influx, db = ends["influx"], state["influx_database"]
+        subprocess.run(["curl", "-sf", "-XPOST", f"{influx}/write?db={db}", "--data-binary", "curl_test value=42"],
+                       check=True)
+        out = subprocess.run(["curl", "-sfG", f"{influx}/query", "--data-urlencode", f"db={db}",
+                              "--data-urlencode", "q=SELECT last(value) FROM curl_test"],
+                             check=True, capture_output=True, text=True).stdout
+        assert json.loads(out)["results"][0]["series"][0]["values"][0][1] == 42
+
+        status = subprocess.run([*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
+                                capture_output=True, text=True, env=env, timeout=60)
+        assert status.returncode == 0 and json.loads(status.stdout)["up"] is True
+    finally:
+        down = subprocess.run([*IOTWATCH, "stack", "down", "--run-dir", str(run_dir), "--json"],
+                              capture_output=True, text=True, env=env, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert sorted(json.loads(down.stdout)["stopped"]) == sorted(state["services"])
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not (run_dir / "stack.json").exists()
+
+
+def test_failed_start_stops_what_was_already_started(tmp_path: Path, base_settings: Settings) -> None:
+    """A failure part-way (here: influxd asked for but its config dir unwritable) leaves nothing running."""
+    from iotwatch.errors import StackError
+    from iotwatch.stack import EmbeddedStack
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "influxdb").write_text("a file where influxd wants a directory")
+    settings = base_settings.model_copy(update={
+        "stack": base_settings.stack.model_copy(update={"influxdb": "influxd"})})
+    before = {p.pid for p in psutil.process_iter()}
+    with pytest.raises((StackError, OSError)):
+        EmbeddedStack(settings, run_dir).up()
+    leftovers = [p for p in psutil.process_iter(["name"]) if p.pid not in before
+                 and any(server in (p.info["name"] or "") for server in ("mosquitto", "tansu", "influxd", "amqtt"))]
+    assert not leftovers
+    assert StackState.load(run_dir) is None
+
+
+def test_second_up_on_a_running_run_dir_is_refused(stack: StackState, base_settings: Settings) -> None:
+    from iotwatch.errors import StackError
+    from iotwatch.stack import EmbeddedStack
+
+    with pytest.raises(StackError, match="already running"):
+        EmbeddedStack(base_settings, stack.run_dir).up()
+
+
+def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
+    result = subprocess.run([*IOTWATCH, "stack", "status", "--run-dir", str(tmp_path / "none")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no stack" in result.stdout
+    bad = subprocess.run([*IOTWATCH, "--config", str(tmp_path / "missing.toml"), "stack", "status"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("iotwatch: error:")
+    assert "missing.toml" in bad.stderr
