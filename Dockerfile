@@ -1,0 +1,71 @@
+# iotwatch application image: one image for the gateway, the Spark streaming job and the
+# device simulator (docker-compose.yml runs it with different commands).
+#
+#   docker build -t iotwatch:local .
+#   docker build --build-arg SPARK_KAFKA_VERSION=4.3.0 -t iotwatch:local .
+#
+# Building needs internet access: Python packages, Debian packages and Spark's Kafka
+# connector (from Maven Central, resolved by spark-submit). Running it does not.
+
+# Debian 12 (bookworm) on purpose: openjdk-17-jre-headless is not packaged in Debian 13,
+# which the plain "python:3.11-slim" tag now points to. Spark 4 runs on Java 17 or 21.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+# Version of org.apache.spark:spark-sql-kafka-0-10_<scala>. Empty = the version of the
+# pyspark that pip installed, which is what you want: the connector must match Spark.
+ARG SPARK_KAFKA_VERSION=""
+# Scala binary version of that connector. Empty = the one pyspark was built for.
+ARG SCALA_BINARY_VERSION=""
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    JAVA_HOME=/opt/java
+
+# Java for Spark; tini as PID 1 so SIGTERM from `docker stop` reaches Python and the JVM
+# (a process running as PID 1 ignores signals it has no handler for); procps for Spark's
+# shell scripts. The man1 directory works around the JRE's post-install step on slim images.
+RUN set -eux; \
+    mkdir -p /usr/share/man/man1; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps; \
+    rm -rf /var/lib/apt/lists/*; \
+    ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" "${JAVA_HOME}"; \
+    java -version
+
+WORKDIR /src
+
+# Dependencies first (their own layer, rebuilt only when pyproject.toml changes).
+COPY pyproject.toml ./
+RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; open('/tmp/requirements.txt', 'w').write('\n'.join(deps) + '\n')" \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# Spark's Kafka source is not part of pip's pyspark: resolve it (and kafka-clients etc.)
+# now and put the jars into pyspark/jars, so `iotwatch stream --kafka-source spark` finds
+# it on the classpath with no download at run time. --verify loads the class in Spark.
+COPY deploy/spark/fetch_kafka_connector.py /tmp/fetch_kafka_connector.py
+RUN python /tmp/fetch_kafka_connector.py \
+        --spark-version "${SPARK_KAFKA_VERSION}" \
+        --scala-version "${SCALA_BINARY_VERSION}" \
+        --verify \
+    && rm -rf /tmp/fetch_kafka_connector.py /root/.ivy2* /tmp/spark-* /tmp/blockmgr-*
+
+# The project itself (see .dockerignore for what is left out of the build context).
+COPY . .
+RUN pip install --no-deps . \
+    && iotwatch --help > /dev/null
+
+# Run as an unprivileged user. /var/lib/iotwatch is the working directory, so relative
+# paths (e.g. Spark checkpoints) land in the volume docker-compose mounts there.
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin iotwatch \
+    && mkdir -p /var/lib/iotwatch \
+    && chown iotwatch:iotwatch /var/lib/iotwatch
+USER iotwatch
+WORKDIR /var/lib/iotwatch
+
+# -g: forward signals to the whole process group (Python and the JVM Spark started).
+ENTRYPOINT ["tini", "-g", "--"]
+CMD ["iotwatch", "--help"]

@@ -1,0 +1,367 @@
+"""Static checks of the docker-compose deployment; no Docker engine needed.
+
+``docker-compose config`` validates and interpolates docker-compose.yml with the values
+of .env.example (skipped without docker-compose, except in CI where it fails); the other
+tests parse the files directly and check that they agree with each other and with
+iotwatch/settings.py: mounted and built paths exist, IOTWATCH_* names are real settings,
+every ${VAR} is documented in .env.example, Grafana queries with InfluxQL, mosquitto
+refuses anonymous clients, InfluxDB gets its DBRP mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+from iotwatch import settings as settings_module
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = REPO / "docker-compose.yml"
+ENV_EXAMPLE = REPO / ".env.example"
+IN_CI = os.environ.get("CI") == "true"
+
+# ${VAR}, ${VAR:-default}, ${VAR:?error} and $VAR, after "$$" (a literal "$") is removed.
+_VAR_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)|\$([A-Za-z_][A-Za-z0-9_]*)")
+_IOTWATCH_NAME = re.compile(r"\bIOTWATCH_[A-Z0-9_]+\b")
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose_text() -> str:
+    return COMPOSE_FILE.read_text()
+
+
+@pytest.fixture(scope="module")
+def compose(compose_text: str) -> dict[str, Any]:
+    data = yaml.safe_load(compose_text)
+    assert isinstance(data, dict) and data.get("services"), "docker-compose.yml has no services"
+    return data
+
+
+@pytest.fixture(scope="module")
+def env_example() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for number, line in enumerate(ENV_EXAMPLE.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), f".env.example:{number}: not KEY=VALUE: {line!r}"
+        assert key not in values, f".env.example:{number}: {key} listed twice"
+        values[key] = value
+    return values
+
+
+def referenced_variables(text: str) -> set[str]:
+    """Variables compose interpolates in ``text`` (``$$`` escapes are not references)."""
+    text = "\n".join(line for line in text.replace("$$", "").splitlines() if not line.lstrip().startswith("#"))
+    return {braced or bare for braced, bare in _VAR_REFERENCE.findall(text)}
+
+
+def environment_of(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def bind_mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
+    """(host path, container path) of every bind mount of a service."""
+    mounts = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            if volume.get("type") != "bind":
+                continue
+            source, target = volume["source"], volume["target"]
+        else:
+            source, _, rest = volume.partition(":")
+            target = rest.split(":", 1)[0]
+            if not source.startswith((".", "/", "~")):
+                continue  # a named volume
+        mounts.append(((REPO / os.path.expanduser(source)).resolve(), target))
+    return mounts
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path | None:
+    """The repository file behind ``container_path`` of a service, through its bind mounts."""
+    wanted = PurePosixPath(container_path)
+    for source, target in bind_mounts(service):
+        target_path = PurePosixPath(target)
+        if wanted == target_path:
+            return source
+        if target_path in wanted.parents:
+            return source / wanted.relative_to(target_path)
+    return None
+
+
+def valid_iotwatch_env_names() -> set[str]:
+    """IOTWATCH_* names iotwatch reads: env_prefix + FIELD of each settings class."""
+    names = {settings_module.CONFIG_FILE_ENV}
+    for obj in vars(settings_module).values():
+        if not (isinstance(obj, type) and issubclass(obj, BaseSettings)):
+            continue
+        prefix = obj.model_config.get("env_prefix") or ""
+        if not prefix.startswith("IOTWATCH_"):
+            continue
+        for field_name, field in obj.model_fields.items():
+            names.add(f"{prefix}{field_name}".upper())
+            if isinstance(field.validation_alias, str):
+                names.add(field.validation_alias.upper())
+    return names
+
+
+def services_built_here(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: svc for name, svc in compose["services"].items() if "build" in svc}
+
+
+def compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+        return [docker, "compose"]
+    return None
+
+
+# --- docker-compose itself -------------------------------------------------------------
+
+
+def test_compose_config_renders_with_env_example(env_example: dict[str, str]) -> None:
+    command = compose_command()
+    if command is None:
+        message = "neither docker-compose nor the docker compose plugin is installed"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    # The values must come from .env.example, not from the developer's shell.
+    env = {k: v for k, v in os.environ.items() if k not in env_example and not k.startswith("COMPOSE_")}
+    result = subprocess.run(
+        [*command, "--env-file", str(ENV_EXAMPLE), "-f", str(COMPOSE_FILE), "config"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, f"compose config failed:\n{result.stderr}"
+    rendered = yaml.safe_load(result.stdout)
+    assert set(rendered["services"]) >= {"mosquitto", "kafka", "influxdb", "grafana", "gateway", "stream", "simulator"}
+    gateway_env = environment_of(rendered["services"]["gateway"])
+    assert gateway_env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert gateway_env["IOTWATCH_INFLUX_TOKEN"] == env_example["INFLUXDB_ADMIN_TOKEN"]
+
+
+# --- paths -----------------------------------------------------------------------------
+
+
+def test_mounted_and_built_paths_exist(compose: dict[str, Any]) -> None:
+    missing = []
+    for name, service in compose["services"].items():
+        for source, target in bind_mounts(service):
+            if not source.exists():
+                missing.append(f"{name}: {source.relative_to(REPO)} (mounted at {target})")
+        build = service.get("build")
+        if build is not None:
+            context = REPO / (build if isinstance(build, str) else build.get("context", "."))
+            dockerfile = context / ("Dockerfile" if isinstance(build, str) else build.get("dockerfile", "Dockerfile"))
+            if not context.is_dir():
+                missing.append(f"{name}: build context {context}")
+            if not dockerfile.is_file():
+                missing.append(f"{name}: {dockerfile}")
+    assert not missing, "missing: " + "; ".join(missing)
+
+
+def test_dockerfile_copy_sources_exist(compose: dict[str, Any]) -> None:
+    dockerfiles = {REPO / svc["build"].get("context", ".") / svc["build"].get("dockerfile", "Dockerfile")
+                   for svc in services_built_here(compose).values()}
+    assert dockerfiles, "no service is built from a Dockerfile"
+    for dockerfile in dockerfiles:
+        for line in dockerfile.read_text().splitlines():
+            parts = line.split()
+            if not parts or parts[0].upper() not in ("COPY", "ADD") or any(p.startswith("--from") for p in parts):
+                continue
+            sources = [p for p in parts[1:-1] if not p.startswith("--")]
+            for source in sources:
+                assert (dockerfile.parent / source).exists(), f"{dockerfile.name}: {line.strip()!r}: {source} missing"
+
+
+def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes") or []:
+            source = volume.get("source") if isinstance(volume, dict) else volume.split(":", 1)[0]
+            if source and not source.startswith((".", "/", "~")):
+                assert source in declared, f"{name}: named volume {source} is not declared under volumes:"
+
+
+# --- variables -------------------------------------------------------------------------
+
+
+def test_iotwatch_env_names_are_real_settings(compose: dict[str, Any], compose_text: str) -> None:
+    valid = valid_iotwatch_env_names()
+    used = set(_IOTWATCH_NAME.findall(compose_text))
+    for service in compose["services"].values():
+        used |= {key for key in environment_of(service) if key.startswith("IOTWATCH_")}
+    assert used, "docker-compose.yml configures no iotwatch setting"
+    unknown = sorted(used - valid)
+    assert not unknown, f"not iotwatch settings (see iotwatch/settings.py): {unknown}"
+
+
+def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    expected = {
+        "gateway": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD",
+                    "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_TOKEN",
+                    "IOTWATCH_INFLUX_DATABASE"},
+        "stream": {"IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_TOKEN",
+                   "IOTWATCH_INFLUX_DATABASE"},
+        "simulator": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD"},
+    }
+    for name, keys in expected.items():
+        env = environment_of(services[name])
+        assert keys <= set(env), f"{name} lacks {sorted(keys - set(env))}"
+        for key, value in env.items():
+            if key.endswith("_URL") and value:
+                host = urlsplit(value).hostname
+            elif key == "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS":
+                host = value.split(",")[0].rsplit(":", 1)[0]
+            else:
+                continue
+            assert host in services, f"{name}: {key}={value} names no compose service"
+
+
+def test_compose_variables_are_listed_in_env_example(compose_text: str, env_example: dict[str, str]) -> None:
+    referenced = referenced_variables(compose_text)
+    assert referenced, "docker-compose.yml references no variables"
+    undocumented = sorted(referenced - set(env_example))
+    assert not undocumented, f"referenced in docker-compose.yml but missing from .env.example: {undocumented}"
+    unused = sorted(set(env_example) - referenced)
+    assert not unused, f"listed in .env.example but not used by docker-compose.yml: {unused}"
+
+
+def test_env_example_holds_placeholders_only(env_example: dict[str, str]) -> None:
+    for key, value in env_example.items():
+        if re.search(r"PASSWORD|TOKEN|SECRET", key):
+            assert "CHANGE_ME" in value, f".env.example: {key} must be a CHANGE_ME placeholder"
+    assert ".env" in (REPO / ".gitignore").read_text().split(), ".env must be git-ignored"
+    assert ".env" in (REPO / ".dockerignore").read_text().split(), ".env must stay out of the image"
+
+
+def test_secrets_come_from_the_environment(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        for key, value in environment_of(service).items():
+            if re.search(r"PASSWORD|TOKEN", key):
+                assert value.startswith("${") and ":?" in value, (
+                    f"{name}: {key} must be a required variable (${{VAR:?...}}), not {value!r}")
+
+
+def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        if isinstance(depends, list):
+            continue
+        for target, spec in depends.items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            if (spec or {}).get("condition") == "service_healthy":
+                assert services[target].get("healthcheck"), f"{name} waits for {target}, which has no healthcheck"
+
+
+def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
+    built = services_built_here(compose)
+    assert set(built) == {"gateway", "stream", "simulator"}
+    assert len({svc.get("image") for svc in built.values()}) == 1
+    commands = {name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
+                for name, svc in built.items()}
+    assert "gateway" in commands["gateway"]
+    assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
+    assert "simulate" in commands["simulator"]
+
+
+# --- service configuration files ---------------------------------------------------------
+
+
+def test_grafana_datasource_uses_influxql(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    provisioning = host_path(grafana, "/etc/grafana/provisioning")
+    assert provisioning is not None, "grafana: /etc/grafana/provisioning is not mounted"
+    grafana_env = environment_of(grafana)
+    datasources = []
+    for path in sorted((provisioning / "datasources").glob("*.y*ml")):
+        text = path.read_text()
+        for variable in referenced_variables(text):
+            assert variable in grafana_env, f"{path.name}: ${variable} is not set on the grafana service"
+        datasources += [(path.name, ds) for ds in yaml.safe_load(text).get("datasources") or []]
+    influx = [(file, ds) for file, ds in datasources if ds.get("type") == "influxdb"]
+    assert influx, "no InfluxDB datasource is provisioned"
+    for file, ds in influx:
+        json_data, secure = ds.get("jsonData") or {}, ds.get("secureJsonData") or {}
+        assert json_data.get("version") == "InfluxQL", f"{file}: {ds['name']} must use InfluxQL"
+        assert urlsplit(ds["url"]).hostname in compose["services"], f"{file}: {ds['url']} is no compose service"
+        assert json_data.get("dbName") or ds.get("database"), f"{file}: no database name"
+        assert json_data.get("httpHeaderName1") == "Authorization"
+        assert str(secure.get("httpHeaderValue1", "")).startswith("Token "), f"{file}: token header missing"
+
+
+def test_grafana_dashboards_provider_reads_the_mounted_folder(compose: dict[str, Any]) -> None:
+    grafana = compose["services"]["grafana"]
+    provisioning = host_path(grafana, "/etc/grafana/provisioning")
+    assert provisioning is not None
+    paths = [provider["options"]["path"]
+             for file in sorted((provisioning / "dashboards").glob("*.y*ml"))
+             for provider in yaml.safe_load(file.read_text()).get("providers") or []]
+    assert paths, "no dashboard provider is provisioned"
+    for path in paths:
+        assert host_path(grafana, path) == (REPO / "dashboards" / "json").resolve(), (
+            f"dashboard provider path {path} is not where dashboards/json is mounted")
+
+
+def test_mosquitto_refuses_anonymous_clients(compose: dict[str, Any]) -> None:
+    mosquitto = compose["services"]["mosquitto"]
+    command = mosquitto["command"] if isinstance(mosquitto["command"], list) else shlex.split(mosquitto["command"])
+    config_path = host_path(mosquitto, command[command.index("-c") + 1])
+    assert config_path is not None and config_path.is_file(), "the mosquitto config file is not mounted"
+    directives: dict[str, list[str]] = {}
+    for line in config_path.read_text().splitlines():
+        words = line.split()
+        if words and not words[0].startswith("#"):
+            directives.setdefault(words[0], []).append(" ".join(words[1:]))
+    assert directives.get("allow_anonymous"), "allow_anonymous must be set explicitly"
+    assert all(value == "false" for value in directives["allow_anonymous"]), "anonymous access is allowed"
+    if directives.get("per_listener_settings") == ["true"]:
+        assert len(directives["allow_anonymous"]) >= len(directives.get("listener", [])), "a listener allows anonymous"
+    password_file = directives.get("password_file", [""])[-1]
+    assert password_file, "no password_file"
+    assert directives.get("acl_file"), "no acl_file"
+    # The entry point generates exactly the files the config names, with mosquitto_passwd -b.
+    entrypoint = host_path(mosquitto, mosquitto["entrypoint"][-1])
+    assert entrypoint is not None and entrypoint.is_file(), "the mosquitto entry point script is not mounted"
+    script = entrypoint.read_text()
+    assert "mosquitto_passwd" in script and " -b " in script
+    for name in (PurePosixPath(password_file).name, PurePosixPath(directives["acl_file"][-1]).name):
+        assert name in script, f"entrypoint.sh does not write {name}"
+
+
+def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) -> None:
+    influxdb = compose["services"]["influxdb"]
+    scripts = [(source, target) for source, target in bind_mounts(influxdb)
+               if target.startswith("/docker-entrypoint-initdb.d/")]
+    assert scripts, "no init script is mounted in /docker-entrypoint-initdb.d"
+    for source, target in scripts:
+        assert target.endswith(".sh")
+        # The image runs them with run-parts, which silently skips non-executable files.
+        assert os.access(source, os.X_OK), f"{source.relative_to(REPO)} must be executable (chmod +x)"
+        assert "v1 dbrp create" in source.read_text()
+    # One database name everywhere: the DBRP mapping, iotwatch's writes, Grafana's queries.
+    database = environment_of(influxdb)["DBRP_DATABASE"]
+    assert environment_of(compose["services"]["grafana"])["INFLUX_DATABASE"] == database
+    for name in ("gateway", "stream"):
+        assert environment_of(compose["services"][name])["IOTWATCH_INFLUX_DATABASE"] == database
