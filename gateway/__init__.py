@@ -1,0 +1,1 @@
+"""The MQTT -> Kafka gateway: at-least-once, dead letters for bad input, metrics."""

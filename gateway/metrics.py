@@ -1,0 +1,186 @@
+"""What the gateway counts, and where it shows it: Prometheus, InfluxDB, the status line.
+
+One :class:`GatewayStats` is the single source of truth; the Prometheus collector, the
+InfluxDB points and the periodic log line are all views of its snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from influxdb_client import Point
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class GatewayStats:
+    """Counters and gauges of one gateway instance (thread-safe)."""
+
+    received: int = 0
+    forwarded: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    delivery_failures: int = 0  # Kafka errors on delivery; the message is produced again
+    duplicates: int = 0  # seq not above the device's last forwarded seq (redelivery or device resend)
+    seq_gaps: int = 0  # seqs skipped between consecutive messages of a device
+    inflight: int = 0
+    oldest_inflight_s: float = 0.0
+    kafka_up: bool = False
+    mqtt_connected: bool = False
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    latency_sum_s: float = 0.0
+    recent_latencies_s: deque[float] = field(default_factory=lambda: deque(maxlen=20_000))
+    started_at: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe_delivery(self, latency_s: float) -> None:
+        """Called with the lock held."""
+        self.forwarded += 1
+        self.latency_sum_s += latency_s
+        self.recent_latencies_s.append(latency_s)
+        for index, bound in enumerate(LATENCY_BUCKETS_S):
+            if latency_s <= bound:
+                self.latency_buckets[index] += 1
+                break
+        else:
+            self.latency_buckets[-1] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            latencies = sorted(self.recent_latencies_s)
+            return {
+                "received": self.received,
+                "forwarded": self.forwarded,
+                "dead_lettered": sum(self.dead_lettered.values()),
+                "dead_letter_reasons": dict(self.dead_lettered),
+                "delivery_failures": self.delivery_failures,
+                "duplicates": self.duplicates,
+                "seq_gaps": self.seq_gaps,
+                "inflight": self.inflight,
+                "oldest_inflight_s": round(self.oldest_inflight_s, 3),
+                "kafka_up": self.kafka_up,
+                "mqtt_connected": self.mqtt_connected,
+                "delivery_latency_ms_p50": _quantile_ms(latencies, 0.50),
+                "delivery_latency_ms_p99": _quantile_ms(latencies, 0.99),
+                "uptime_s": round(time.time() - self.started_at, 1),
+            }
+
+
+def _quantile_ms(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+
+class _StatsCollector(Collector):
+    def __init__(self, stats: GatewayStats, instance: str) -> None:
+        self.stats = stats
+        self.instance = instance
+
+    def collect(self) -> Iterator[Any]:
+        s = self.stats
+        labels = ["instance"]
+        with s.lock:
+            for name, doc, value in (
+                ("received", "MQTT messages received", s.received),
+                ("forwarded", "messages confirmed by Kafka", s.forwarded),
+                ("delivery_failures", "Kafka delivery errors (message produced again)", s.delivery_failures),
+                ("duplicates", "messages whose seq was not above the device's last one", s.duplicates),
+                ("seq_gaps", "seqs missing between consecutive messages of a device", s.seq_gaps),
+            ):
+                family = CounterMetricFamily(f"iotwatch_gateway_{name}", doc, labels=labels)
+                family.add_metric([self.instance], value)
+                yield family
+            dead = CounterMetricFamily("iotwatch_gateway_dead_lettered", "messages sent to the dead-letter topic",
+                                       labels=["instance", "reason"])
+            for reason, count in sorted(s.dead_lettered.items()):
+                dead.add_metric([self.instance, reason], count)
+            yield dead
+            for name, doc, value in (
+                ("inflight", "messages received, not yet confirmed by Kafka (not yet acknowledged to MQTT)", s.inflight),
+                ("oldest_inflight_seconds", "age of the oldest unconfirmed message", s.oldest_inflight_s),
+                ("kafka_up", "1 while Kafka is reachable", int(s.kafka_up)),
+                ("mqtt_connected", "1 while connected to the MQTT broker", int(s.mqtt_connected)),
+            ):
+                gauge = GaugeMetricFamily(f"iotwatch_gateway_{name}", doc, labels=labels)
+                gauge.add_metric([self.instance], value)
+                yield gauge
+            cumulative, buckets = 0, []
+            for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
+                cumulative += count
+                buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
+            histogram = HistogramMetricFamily("iotwatch_gateway_delivery_latency_seconds",
+                                              "MQTT receipt to Kafka confirmation", labels=labels)
+            histogram.add_metric([self.instance], buckets, s.latency_sum_s)
+            yield histogram
+
+
+class MetricsServer:
+    """Serves ``/metrics`` (Prometheus text) and ``/health`` (200 or 503 with a reason)."""
+
+    def __init__(self, stats: GatewayStats, instance: str, health: Callable[[], tuple[bool, str]],
+                 host: str, port: int) -> None:
+        registry = CollectorRegistry()
+        registry.register(_StatsCollector(stats, instance))
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+            if environ.get("PATH_INFO") == "/health":
+                healthy, reason = health()
+                start_response("200 OK" if healthy else "503 Service Unavailable",
+                               [("Content-Type", "text/plain; charset=utf-8")])
+                return [f"{'ok' if healthy else 'unhealthy'}: {reason}\n".encode()]
+            return metrics_app(environ, start_response)
+
+        class _QuietHandler(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+                pass
+
+        self._server: WSGIServer = make_server(host, port, app, handler_class=_QuietHandler)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gateway-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[Point]:
+    """The ``gateway`` measurement: one point per status period."""
+    point = Point("gateway").tag("instance", instance).time(ts_ms, "ms")
+    for name in ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps", "inflight"):
+        point = point.field(name, int(snapshot[name]))
+    point = point.field("oldest_inflight_s", float(snapshot["oldest_inflight_s"]))
+    point = point.field("kafka_up", int(snapshot["kafka_up"])).field("mqtt_connected", int(snapshot["mqtt_connected"]))
+    for quantile in ("p50", "p99"):
+        value = snapshot[f"delivery_latency_ms_{quantile}"]
+        if value is not None:
+            point = point.field(f"delivery_latency_ms_{quantile}", float(value))
+    points = [point]
+    for reason, count in snapshot["dead_letter_reasons"].items():
+        points.append(Point("gateway_dead_letters").tag("instance", instance).tag("reason", reason)
+                      .field("count", int(count)).time(ts_ms, "ms"))
+    return points
+
+
+def status_line(snapshot: dict[str, Any]) -> str:
+    return ("gateway: received={received} forwarded={forwarded} dead_lettered={dead_lettered} "
+            "inflight={inflight} failures={delivery_failures} duplicates={duplicates} gaps={seq_gaps} "
+            "kafka={kafka} mqtt={mqtt} latency_p99_ms={delivery_latency_ms_p99}").format(
+        kafka="up" if snapshot["kafka_up"] else "DOWN", mqtt="up" if snapshot["mqtt_connected"] else "DOWN",
+        **snapshot)

@@ -1,0 +1,101 @@
+"""Small test helpers that talk to the real servers (publish readings, read topics back)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from iotwatch.clients.mqtt import make_client
+from iotwatch.contract import Telemetry, telemetry_topic
+from iotwatch.settings import KafkaSettings, MqttSettings
+
+
+def reading(device: str, seq: int, *, site: str = "home-1", device_type: str = "thermostat",
+            ts: int | None = None, value: float = 21.0) -> Telemetry:
+    return Telemetry(v=1, device_id=device, device_type=device_type, site=site, seq=seq,
+                     ts=ts if ts is not None else int(time.time() * 1000), metrics={"temperature_c": value})
+
+
+@dataclass
+class Publisher:
+    """Publishes contract-valid readings at QoS 1 from a background thread."""
+
+    mqtt: MqttSettings
+    devices: list[str]
+    count: int
+    rate_per_s: float = 0.0  # 0 = as fast as possible
+    site: str = "home-1"
+    published: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # device -> (seq, time)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> Publisher:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        client = make_client(self.mqtt, f"test-pub-{id(self)}")
+        client.max_queued_messages_set(0)
+        client.connect(self.mqtt.host, self.mqtt.port)
+        client.loop_start()
+        started = time.monotonic()
+        for seq in range(self.count):
+            for device in self.devices:
+                message = reading(device, seq, site=self.site)
+                info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
+                self.published.setdefault(device, []).append((seq, time.time()))
+                if self.rate_per_s:
+                    sent = (seq * len(self.devices)) + 1
+                    delay = started + sent / self.rate_per_s - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+        info.wait_for_publish(30)
+        client.disconnect()
+        client.loop_stop()
+        self.done.set()
+
+    def join(self, timeout: float = 120) -> None:
+        assert self.done.wait(timeout), "publisher did not finish"
+
+
+def read_topic(kafka: KafkaSettings, topic: str, *, expected: int | None = None, timeout_s: float = 30,
+               idle_s: float = 3.0, partitions: int | None = None) -> list[Message]:
+    """Every record of ``topic`` from the beginning: until ``expected`` arrived, or nothing new for ``idle_s``."""
+    from iotwatch.clients.kafka import list_topics
+
+    count = partitions or list_topics(kafka)[topic]
+    consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{time.monotonic_ns()}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+    records: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    last_new = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            if expected is not None and len(records) >= expected:
+                break
+            if expected is None and time.monotonic() - last_new > idle_s:
+                break
+            batch = consumer.consume(1000, 0.5)
+            fresh = [m for m in batch if m.error() is None]
+            if fresh:
+                records.extend(fresh)
+                last_new = time.monotonic()
+    finally:
+        consumer.close()
+    return records
+
+
+def seqs_by_device(records: Iterable[Message]) -> dict[str, list[int]]:
+    """Device -> seqs in Kafka order (records of one key share a partition, so order is meaningful)."""
+    import json
+
+    ordered: dict[str, list[int]] = {}
+    for record in sorted(records, key=lambda m: (m.partition(), m.offset())):
+        body = json.loads(record.value())
+        ordered.setdefault(body["device_id"], []).append(body["seq"])
+    return ordered
