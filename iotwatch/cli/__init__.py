@@ -31,18 +31,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 SUBCOMMANDS: dict[str, str] = {
     "stack": "iotwatch.cli.stack:stack",
     "gateway": "gateway.cli:gateway",
+    "bench": "iotwatch.cli.bench:bench",
 }
 
 
 class LazyGroup(click.Group):
-    """A group whose sub-commands are imported when used."""
+    """A group whose sub-commands (``registry``: name -> "module:attribute") are imported when used."""
+
+    registry: dict[str, str] = SUBCOMMANDS
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *SUBCOMMANDS})
+        return sorted({*super().list_commands(ctx), *self.registry})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in SUBCOMMANDS:
-            module_name, attribute = SUBCOMMANDS[cmd_name].split(":")
+        if cmd_name in self.registry:
+            module_name, attribute = self.registry[cmd_name].split(":")
             return getattr(importlib.import_module(module_name), attribute)
         return super().get_command(ctx, cmd_name)
 
