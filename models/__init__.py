@@ -1,0 +1,14 @@
+"""Anomaly detectors behind one small protocol (:class:`models.base.Detector`).
+
+>>> from models import make, names
+>>> names()[:3]
+['crash', 'dropout', 'ensemble']
+>>> det = make("ensemble")
+>>> round(det.score_learn_one({"temperature_c": 21.0}, 1_700_000_000_000), 2)
+0.0
+"""
+
+from models.base import ANOMALY_KINDS, Detector, Reading, z_to_score
+from models.catalog import DEFAULT_DETECTOR, describe, make, names
+
+__all__ = ["ANOMALY_KINDS", "DEFAULT_DETECTOR", "Detector", "Reading", "describe", "make", "names", "z_to_score"]

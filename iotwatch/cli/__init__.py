@@ -29,6 +29,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Sub-command name -> "module:attribute" of its click command. Modules are imported
 #: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import.
 SUBCOMMANDS: dict[str, str] = {
+    "score-csv": "models.cli.score_csv:score_csv",
+    "evaluate": "models.cli.evaluate:evaluate",
     "stack": "iotwatch.cli.stack:stack",
     "gateway": "gateway.cli:gateway",
     "bench": "iotwatch.cli.bench:bench",

@@ -1,0 +1,206 @@
+"""The one protocol every detector follows, and the small helpers detectors share.
+
+A detector sees one reading at a time -- a mapping of metric name to float plus the
+event time in epoch milliseconds -- and answers an anomaly score in ``[0, 1]`` (high means
+anomalous). Scoring never changes the detector; learning does. The streaming job calls
+:meth:`Detector.score_learn_one` once per reading, in event-time order per key.
+
+Two kinds of state
+------------------
+*Per-device* detectors (``compact_state = True``) keep a handful of numbers that the Spark
+job stores per ``(device, metric)`` key: :meth:`Detector.to_state` returns a small
+JSON-able dict and :meth:`Detector.set_state` puts it back into a detector built with the
+same parameters. *Fleet* detectors (``compact_state = False``: one model per device type,
+trained on many devices) are saved whole with :meth:`Detector.dumps` and shared through a
+registry; they also score a batch at once with :meth:`Detector.score_learn_many`.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import json
+import math
+import pickle
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+import numpy as np
+
+__all__ = [
+    "ANOMALY_KINDS",
+    "Detector",
+    "Reading",
+    "UnivariateMixin",
+    "detector_class",
+    "registered_classes",
+    "z_to_score",
+]
+
+#: A reading: metric name -> value. Missing metrics are simply absent.
+Reading = Mapping[str, float]
+
+#: The anomaly kinds the tests generate; each detector lists those it claims in ``detects``.
+ANOMALY_KINDS = frozenset({
+    "spike", "level_shift", "drift", "flatline", "noise_burst", "out_of_range", "dropout", "crash",
+})
+
+#: Values are clipped to +-this before arithmetic, so squares never overflow.
+VALUE_LIMIT = 1e100
+
+_CLASSES: dict[str, type[Detector]] = {}
+_FORMAT = 1
+
+
+def z_to_score(z: float, half: float = 4.0) -> float:
+    """Map a deviation ``|z|`` (in robust standard deviations) to ``[0, 1)``.
+
+    ``z**2 / (z**2 + half**2)``: smooth and monotone, ``half`` sigmas score 0.5, 2x
+    ``half`` scores 0.8. Non-finite input scores 1.0.
+
+    >>> [round(z_to_score(z), 3) for z in (0.0, 2.0, 4.0, 8.0, float("inf"))]
+    [0.0, 0.2, 0.5, 0.8, 1.0]
+    """
+    if not math.isfinite(z):
+        return 1.0
+    z2 = z * z
+    return z2 / (z2 + half * half)
+
+
+class Detector(abc.ABC):
+    """An online anomaly detector: learn from and score readings, one at a time.
+
+    Subclasses set the class attributes, store every constructor argument under an
+    attribute of the same name (so :meth:`get_params` and :meth:`clone` work), and
+    implement :meth:`learn_one`, :meth:`score_one` and, when ``compact_state``,
+    :meth:`to_state` / :meth:`set_state`.
+    """
+
+    #: Catalog name, also the key in serialised payloads.
+    name: ClassVar[str] = ""
+    #: True when the whole learned state is a few numbers (per-device state store).
+    compact_state: ClassVar[bool] = True
+    #: Anomaly kinds (from :data:`ANOMALY_KINDS`) this detector is built to flag.
+    detects: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name and not inspect.isabstract(cls):
+            _CLASSES[cls.name] = cls
+
+    # --- the protocol ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def learn_one(self, x: Reading, t_ms: int) -> None:
+        """Update the detector with one reading (event time ``t_ms``, epoch ms)."""
+
+    @abc.abstractmethod
+    def score_one(self, x: Reading, t_ms: int) -> float:
+        """Anomaly score of one reading in ``[0, 1]``, without learning from it."""
+
+    def score_learn_one(self, x: Reading, t_ms: int) -> float:
+        """Score a reading, then learn from it: the streaming step (no look-ahead)."""
+        score = self.score_one(x, t_ms)
+        self.learn_one(x, t_ms)
+        return score
+
+    def score_learn_many(self, values: np.ndarray, t_ms: np.ndarray, metrics: list[str]) -> np.ndarray:
+        """:meth:`score_learn_one` over a batch in order; ``values`` is ``(n, len(metrics))``.
+
+        The result equals the row-by-row loop exactly; fleet detectors override this with
+        a vectorised equivalent. NaN marks a missing metric.
+        """
+        values = np.asarray(values, dtype=float).reshape(len(t_ms), len(metrics))
+        out = np.empty(len(t_ms))
+        for i, (row, t) in enumerate(zip(values.tolist(), np.asarray(t_ms).tolist(), strict=True)):
+            reading = {m: v for m, v in zip(metrics, row, strict=True) if not math.isnan(v)}
+            out[i] = self.score_learn_one(reading, int(t))
+        return out
+
+    # --- parameters -----------------------------------------------------------------
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor arguments, read back from the attributes of the same names."""
+        sig = inspect.signature(type(self).__init__)
+        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def clone(self) -> Self:
+        """A fresh, untrained detector with the same parameters."""
+        return type(self)(**self.get_params())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    # --- state ----------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        """The learned state as a small JSON-able dict (numbers and lists of numbers)."""
+        raise NotImplementedError(f"{self.name} is a fleet model: save it with dumps()")
+
+    def set_state(self, state: Mapping[str, Any]) -> Self:
+        """Restore what :meth:`to_state` returned (into a detector with the same params)."""
+        raise NotImplementedError(f"{self.name} is a fleet model: load it with Detector.loads()")
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], **params: Any) -> Self:
+        """Build a detector with ``params`` and restore ``state`` into it."""
+        return cls(**params).set_state(state)
+
+    def dumps(self) -> bytes:
+        """Serialise the whole detector: JSON for compact state, pickle for fleet models."""
+        if self.compact_state:
+            doc = {"format": _FORMAT, "detector": self.name, "params": self.get_params(),
+                   "state": self.to_state()}
+            return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def loads(payload: bytes) -> Detector:
+        """Inverse of :meth:`dumps`. Only load pickles from a registry you trust."""
+        if payload[:1] == b"{":
+            doc = json.loads(payload)
+            if doc.get("format") != _FORMAT:
+                raise ValueError(f"unsupported detector payload format {doc.get('format')!r}")
+            return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
+        obj = pickle.loads(payload)  # noqa: S301 - fleet models come from our own registry
+        if not isinstance(obj, Detector):
+            raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
+        return obj
+
+
+class UnivariateMixin:
+    """Picks the one value a single-metric detector looks at.
+
+    With ``metric=None`` the reading must hold exactly one metric; otherwise the named
+    metric is used. A missing or non-finite value yields ``None`` (score 0, no learning).
+    """
+
+    metric: str | None
+
+    def _value(self, x: Reading) -> float | None:
+        if self.metric is None:
+            if len(x) != 1:
+                return None
+            (v,) = x.values()
+        else:
+            v = x.get(self.metric)
+            if v is None:
+                return None
+        v = float(v)
+        if not math.isfinite(v):
+            return None
+        return min(max(v, -VALUE_LIMIT), VALUE_LIMIT)
+
+
+def detector_class(name: str) -> type[Detector]:
+    """The detector class registered under ``name``."""
+    try:
+        return _CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown detector {name!r}; known: {', '.join(sorted(_CLASSES))}") from None
+
+
+def registered_classes() -> dict[str, type[Detector]]:
+    """Every concrete detector class imported so far, by name."""
+    return dict(sorted(_CLASSES.items()))

@@ -1,0 +1,1 @@
+"""Command-line commands of the detectors package (registered in iotwatch.cli.SUBCOMMANDS)."""

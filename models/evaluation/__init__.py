@@ -1,0 +1,1 @@
+"""Measuring detectors on labelled streams: sources, NAB scoring and the evaluation runner."""

@@ -1,0 +1,149 @@
+"""Labelled streams for evaluation, from pluggable sources.
+
+A :class:`LabelledSource` yields :class:`LabelledStream` objects: readings in event-time
+order plus anomaly windows as inclusive row ranges. Two sources exist:
+
+- :class:`NabSource` -- a directory in NAB layout (``data/<group>/<name>.csv`` with
+  ``timestamp,value`` and ``windows.json``);
+- :class:`SimulatorSource` -- the device simulator's readings (contract messages, one
+  JSON object a line) with its ground-truth JSONL (``device_id``, ``kind``,
+  ``start_ts``/``end_ts`` event times in ms, optional ``seq_start``/``seq_end``): one
+  stream per ``(device_id, metric)``, windows from the records of that device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from iotwatch.errors import IotwatchError
+
+__all__ = ["LabelledSource", "LabelledStream", "NabSource", "SimulatorSource", "read_nab_csv", "windows_to_rows"]
+
+
+@dataclass
+class LabelledStream:
+    """One labelled stream: ``values`` is ``(n, len(metrics))``, ``t_ms`` epoch ms."""
+
+    key: str
+    group: str
+    metrics: list[str]
+    t_ms: np.ndarray
+    values: np.ndarray
+    windows: list[tuple[int, int]]
+    kinds: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.t_ms)
+
+
+class LabelledSource(Protocol):
+    """Anything that yields labelled streams in a deterministic order."""
+
+    def streams(self) -> Iterator[LabelledStream]: ...
+
+
+def read_nab_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``timestamp,value`` CSV -> (epoch ms int64, float values). Timestamps are naive UTC."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise IotwatchError(f"{path}: not a timestamp,value CSV ({exc})") from None
+    if list(frame.columns[:2]) != ["timestamp", "value"]:
+        raise IotwatchError(f"{path}: expected columns timestamp,value, found {','.join(map(str, frame.columns))}")
+    try:
+        stamps = pd.to_datetime(frame["timestamp"], format="mixed")
+    except (ValueError, TypeError) as exc:
+        raise IotwatchError(f"{path}: unreadable timestamp ({exc})") from None
+    t_ms = (stamps.astype("datetime64[ns]").to_numpy().astype(np.int64) // 1_000_000).astype(np.int64)
+    values = pd.to_numeric(frame["value"], errors="coerce").to_numpy(dtype=float)
+    return t_ms, values
+
+
+def windows_to_rows(t_ms: np.ndarray, limits: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Map ``(start_ms, end_ms)`` limits to inclusive row ranges; empty ones are dropped."""
+    rows = []
+    for start, end in sorted(limits):
+        left = int(np.searchsorted(t_ms, start, side="left"))
+        right = int(np.searchsorted(t_ms, end, side="right")) - 1
+        if left <= right:
+            rows.append((left, right))
+    merged: list[tuple[int, int]] = []
+    for left, right in rows:
+        if merged and left <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], right))
+        else:
+            merged.append((left, right))
+    return merged
+
+
+def _to_ms(stamp: str) -> int:
+    return int(pd.Timestamp(stamp).value // 1_000_000)
+
+
+class NabSource:
+    """Streams of a NAB-layout directory, sorted by ``<group>/<name>.csv``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        windows_path = self.root / "windows.json"
+        if not (self.root / "data").is_dir() or not windows_path.is_file():
+            raise IotwatchError(f"{self.root} is not a NAB-layout dataset (needs data/ and windows.json)")
+        self.windows: dict[str, list[list[str]]] = json.loads(windows_path.read_text())
+
+    def keys(self) -> list[str]:
+        data = self.root / "data"
+        return sorted(p.relative_to(data).as_posix() for p in data.glob("*/*.csv"))
+
+    def streams(self) -> Iterator[LabelledStream]:
+        for key in self.keys():
+            t_ms, values = read_nab_csv(self.root / "data" / key)
+            limits = [(_to_ms(a), _to_ms(b)) for a, b in self.windows.get(key, [])]
+            yield LabelledStream(key=key, group=key.split("/")[0], metrics=["value"], t_ms=t_ms,
+                                 values=values.reshape(-1, 1), windows=windows_to_rows(t_ms, limits))
+
+
+class SimulatorSource:
+    """Simulator readings (JSONL of contract messages) labelled by ground-truth JSONL."""
+
+    def __init__(self, readings: Path, truth: Path) -> None:
+        self.readings = Path(readings)
+        self.truth = Path(truth)
+
+    @staticmethod
+    def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+        with path.open() as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise IotwatchError(f"{path}:{number}: not JSON ({exc.msg})") from None
+
+    def streams(self) -> Iterator[LabelledStream]:
+        truth: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in self._jsonl(self.truth):
+            truth[str(record["device_id"])].append(record)
+        series: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
+        types: dict[str, str] = {}
+        for msg in self._jsonl(self.readings):
+            device = str(msg["device_id"])
+            types[device] = str(msg.get("device_type", "device"))
+            for metric, value in (msg.get("metrics") or {}).items():
+                series[(device, metric)].append((int(msg["ts"]), int(msg.get("seq", 0)), float(value)))
+        for (device, metric), rows in sorted(series.items()):
+            rows.sort()
+            t_ms = np.array([r[0] for r in rows], dtype=np.int64)
+            records = truth.get(device, [])
+            limits = [(int(r["start_ts"]), int(r["end_ts"])) for r in records]
+            yield LabelledStream(key=f"{device}/{metric}", group=types[device], metrics=[metric], t_ms=t_ms,
+                                 values=np.array([[r[2]] for r in rows], dtype=float).reshape(-1, 1),
+                                 windows=windows_to_rows(t_ms, limits),
+                                 kinds=sorted({str(r.get("kind", "")) for r in records}))

@@ -1,0 +1,128 @@
+"""Forecast-residual detector: an online Holt-Winters forecaster and a residual z-score."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from models.base import Detector, Reading, UnivariateMixin, z_to_score
+
+__all__ = ["HoltWintersResidual"]
+
+
+class HoltWintersResidual(UnivariateMixin, Detector):
+    """How far a reading lands from a one-step Holt-Winters forecast.
+
+    The forecast is ``level + trend + season[phase]`` (additive seasonality over phase
+    buckets of the event time, hour of day by default). The residual is divided by an
+    exponentially weighted residual scale; the forecaster learns from the residual
+    *clipped* to ``clip`` scales, so one wild reading neither bends the forecast nor
+    inflates the scale much. Because the level follows the data, the detector reacts to
+    *changes* (spikes, the onset of a level shift, a sudden burst of noise) and then settles.
+
+    Parameters
+    ----------
+    metric
+        Metric to watch; ``None`` means the reading's only metric.
+    alpha, beta, gamma
+        Smoothing of level, trend and seasonal terms (0 < value <= 1).
+    season_buckets
+        Phase buckets per ``season_period_s`` (0 disables seasonality).
+    season_period_s
+        Season length in seconds.
+    halflife
+        Half-life of the residual scale, in readings.
+    clip
+        Residual clipping for learning the forecast, in scales (twice that for the scale).
+    warmup
+        Readings before any score is given.
+    z_half
+        Residual, in scales, that scores 0.5.
+
+    Examples
+    --------
+    >>> det = HoltWintersResidual(season_buckets=0)
+    >>> for i in range(200):
+    ...     det.learn_one({"kwh": 10 + 0.05 * i + (0.2 if i % 2 else -0.2)}, i * 60_000)
+    >>> round(det.score_one({"kwh": 20.2}, 200 * 60_000), 2), round(det.score_one({"kwh": 30.0}, 200 * 60_000), 2)
+    (0.03, 0.99)
+    """
+
+    name: ClassVar[str] = "holt_winters"
+    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
+
+    def __init__(self, metric: str | None = None, alpha: float = 0.3, beta: float = 0.01, gamma: float = 0.05,
+                 season_buckets: int = 24, season_period_s: float = 86_400.0, halflife: float = 300.0,
+                 clip: float = 3.0, warmup: int = 30, z_half: float = 4.0) -> None:
+        self.metric = metric
+        self.alpha = alpha
+        self.beta = beta
+        self.gamma = gamma
+        self.season_buckets = season_buckets
+        self.season_period_s = season_period_s
+        self.halflife = halflife
+        self.clip = clip
+        self.warmup = warmup
+        self.z_half = z_half
+        self._a_var = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
+        self.set_state({})
+
+    def to_state(self) -> dict[str, Any]:
+        return {"n": self._n, "level": self._level, "trend": self._trend, "rvar": self._rvar,
+                "season": list(self._season)}
+
+    def set_state(self, state: Mapping[str, Any]) -> Self:
+        self._n = int(state.get("n", 0))
+        self._level = float(state.get("level", 0.0))
+        self._trend = float(state.get("trend", 0.0))
+        self._rvar = float(state.get("rvar", 0.0))
+        self._season = [float(v) for v in state.get("season", [0.0] * self.season_buckets)]
+        return self
+
+    def _bucket(self, t_ms: int) -> int:
+        if not self.season_buckets:
+            return -1
+        period_ms = self.season_period_s * 1000.0
+        return int((t_ms % period_ms) / period_ms * self.season_buckets) % self.season_buckets
+
+    def forecast(self, t_ms: int) -> float:
+        """The one-step forecast for a reading at ``t_ms``."""
+        b = self._bucket(t_ms)
+        return self._level + self._trend + (self._season[b] if b >= 0 else 0.0)
+
+    def _scale(self) -> float:
+        return math.sqrt(max(self._rvar, (1e-3 * abs(self._level) + 1e-9) ** 2))
+
+    def score_one(self, x: Reading, t_ms: int) -> float:
+        v = self._value(x)
+        if v is None or self._n < self.warmup:
+            return 0.0
+        return z_to_score(abs(v - self.forecast(t_ms)) / self._scale(), self.z_half)
+
+    def learn_one(self, x: Reading, t_ms: int) -> None:
+        v = self._value(x)
+        if v is None:
+            return
+        self._n += 1
+        if self._n == 1:
+            self._level = v
+            return
+        b = self._bucket(t_ms)
+        season = self._season[b] if b >= 0 else 0.0
+        err = v - self.forecast(t_ms)
+        err_var = err
+        if self._n > self.warmup:
+            bound = self.clip * self._scale()
+            err = min(max(err, -bound), bound)
+            err_var = min(max(err_var, -2.0 * bound), 2.0 * bound)
+            a_var = self._a_var
+        else:
+            a_var = 1.0 / self._n
+        fitted = self.forecast(t_ms) + err
+        level = self.alpha * (fitted - season) + (1.0 - self.alpha) * (self._level + self._trend)
+        self._trend = self.beta * (level - self._level) + (1.0 - self.beta) * self._trend
+        self._level = level
+        if b >= 0:
+            self._season[b] = self.gamma * (fitted - level) + (1.0 - self.gamma) * season
+        self._rvar = (1.0 - a_var) * self._rvar + a_var * err_var * err_var
