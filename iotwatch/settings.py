@@ -214,6 +214,39 @@ class GatewaySettings(_ConcernSettings):
                                                           "long: recreate the producer and send the backlog again")
 
 
+class StreamSettings(_ConcernSettings):
+    """The PySpark Structured Streaming job (``iotwatch stream``)."""
+
+    section: ClassVar[str] = "stream"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_STREAM_", frozen=True, extra="ignore")
+
+    spark_master: str | None = Field("local[2]", description="empty when spark-submit sets the master")
+    checkpoint_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "checkpoints" / "stream")
+    archive_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "archive",
+                              description="Parquet master dataset: clean readings by date and device type")
+    kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
+    starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
+    max_offsets_per_trigger: int | None = Field(50_000, ge=1)
+    trigger_interval_s: float = Field(2.0, ge=0)
+    shuffle_partitions: int = Field(4, ge=1)
+    allowed_lateness_s: float = Field(120.0, ge=0, description="older than a device's newest event time minus "
+                                                              "this is late: counted, archived, not scored")
+    dedup_window: int = Field(4096, ge=64, description="seqs per device remembered for duplicate detection")
+    silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
+    state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
+    aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
+    device_detector: str = Field("ensemble", description="per-(device, metric) detector from models (compact state)")
+    alert_fire_score: float = Field(0.75, gt=0, le=1, description="calibrated score that fires an anomaly alert")
+    alert_clear_score: float = Field(0.45, ge=0, lt=1, description="score below which an open alert may clear")
+    alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
+                                                          "(1: the ensemble's calibration already smooths)")
+    alert_clear_readings: int = Field(10, ge=1, description="consecutive readings below the clear score before clearing")
+    crash_decel_g: float = Field(4.0, gt=0, description="longitudinal deceleration that counts as a crash")
+    stuck_hvac_c: float = Field(6.0, gt=0, description="temperature this far from setpoint while heating/cooling")
+    stuck_hvac_readings: int = Field(30, ge=1)
+    warmup_readings: int = Field(60, ge=0, description="readings per metric learned before scores may alert")
+
+
 class Settings(BaseModel):
     """Everything a component may need, one frozen object per concern."""
 
@@ -225,6 +258,7 @@ class Settings(BaseModel):
     influx: InfluxSettings
     stack: StackSettings
     gateway: GatewaySettings
+    stream: StreamSettings
 
     def with_endpoints(
         self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
@@ -251,6 +285,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         influx=InfluxSettings(),
         stack=StackSettings(),
         gateway=GatewaySettings(),
+        stream=StreamSettings(),
     )
 
 

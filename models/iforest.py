@@ -78,15 +78,47 @@ class IsolationForest(Detector):
             frame, diffs = frame.iloc[1:], diffs.iloc[1:]
         return np.hstack([frame.to_numpy(dtype=float), diffs.to_numpy(dtype=float)])
 
-    def fit(self, frame: pd.DataFrame) -> IsolationForest:
-        """Train on a frame of readings (one column per metric, rows in time order)."""
+    def fit(self, frame: pd.DataFrame, previous: pd.DataFrame | None = None) -> IsolationForest:
+        """Train on a frame of readings (one column per metric).
+
+        Without ``previous`` the rows are one stream in time order and changes are taken
+        between consecutive rows. With ``previous`` -- same columns, for each row the
+        preceding reading *of the same device* (NaN when there is none) -- the rows may
+        come from many devices in any order, e.g. a random sample of an archive.
+        """
         self._columns = list(self.metrics) if self.metrics is not None else list(frame.columns)
-        self._fit_rows(frame[self._columns].to_numpy(dtype=float))
+        rows = frame[self._columns].to_numpy(dtype=float)
+        if previous is None:
+            self._fit_rows(rows)
+        else:
+            before = previous.reindex(columns=self._columns).to_numpy(dtype=float)
+            self._fit_features(self._paired_features(rows, before))
         return self
 
+    @staticmethod
+    def _paired_features(values: np.ndarray, previous: np.ndarray) -> np.ndarray:
+        """:meth:`_features` for rows that each carry their own previous reading."""
+        previous = np.clip(previous, -_FEATURE_LIMIT, _FEATURE_LIMIT)
+        values = np.clip(values, -_FEATURE_LIMIT, _FEATURE_LIMIT)
+        values = np.where(np.isnan(values), previous, values)
+        diffs = np.nan_to_num(values - previous, nan=0.0)
+        return np.hstack([np.nan_to_num(values, nan=0.0), diffs])
+
     def _fit_rows(self, rows: np.ndarray) -> None:
-        self._forest = _SkIsolationForest(n_estimators=self.n_estimators, max_samples=min(self.max_samples, len(rows)),
-                                          random_state=self.seed).fit(self._features(rows))
+        self._fit_features(self._features(rows))
+
+    def _fit_features(self, features: np.ndarray) -> None:
+        self._forest = _SkIsolationForest(n_estimators=self.n_estimators,
+                                          max_samples=min(self.max_samples, len(features)),
+                                          random_state=self.seed).fit(features)
+
+    def score_paired(self, frame: pd.DataFrame, previous: pd.DataFrame) -> np.ndarray:
+        """Scores of rows that each carry their previous reading (see :meth:`fit`)."""
+        if self._forest is None or self._columns is None:
+            return np.zeros(len(frame))
+        values = frame.reindex(columns=self._columns).to_numpy(dtype=float)
+        before = previous.reindex(columns=self._columns).to_numpy(dtype=float)
+        return np.clip(-self._forest.score_samples(self._paired_features(values, before)), 0.0, 1.0)
 
     def score_many(self, frame: pd.DataFrame) -> np.ndarray:
         """Scores of a batch of readings (frame columns = metrics) with the current model."""

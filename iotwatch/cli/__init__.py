@@ -31,8 +31,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 SUBCOMMANDS: dict[str, str] = {
     "score-csv": "models.cli.score_csv:score_csv",
     "evaluate": "models.cli.evaluate:evaluate",
+    "train": "models.cli.train:train",
     "stack": "iotwatch.cli.stack:stack",
     "gateway": "gateway.cli:gateway",
+    "stream": "streaming.cli:stream",
     "bench": "iotwatch.cli.bench:bench",
 }
 

@@ -18,7 +18,8 @@ __all__ = ["evaluate", "default_dataset"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
 DEFAULT_EVALUATED = tuple(dict.fromkeys(
-    (DEFAULT_DETECTOR, "ensemble", "isolation_forest", "robust_zscore", "holt_winters")))
+    (DEFAULT_DETECTOR, "half_space_trees", "ensemble", "isolation_forest", "robust_zscore",
+     "holt_winters")))
 
 
 def default_dataset() -> Path | None:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
+from models.catalog import DEFAULT_DETECTOR
 from models.evaluation.sources import NabSource
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,7 @@ def test_score_csv_default_detector_and_errors(nab_dev_dir: Path, tmp_path: Path
     source = nab_dev_dir / "data" / "realTraffic" / "speed_7578.csv"
     out = tmp_path / "out.csv"
     doc = json.loads(_run(["score-csv", str(source), str(out), "--json"]))
-    assert doc["rows"] == len(pd.read_csv(source)) and doc["detector"] == "half_space_trees"
+    assert doc["rows"] == len(pd.read_csv(source)) and doc["detector"] == DEFAULT_DETECTOR
     bad = tmp_path / "bad.csv"
     bad.write_text("when,what\n1,2\n")
     result = CliRunner().invoke(cli, ["score-csv", str(bad), str(out)])

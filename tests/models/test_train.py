@@ -1,0 +1,108 @@
+"""``iotwatch train`` on a small generated Parquet archive, with real Spark and the real broker."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from confluent_kafka import Consumer, TopicPartition
+
+from iotwatch.cli import cli
+from iotwatch.settings import Settings
+from models.registry import ModelRegistry
+from models.updates import ModelUpdate
+
+pytestmark = pytest.mark.slow
+
+DAY_MS = 86_400_000
+T0 = 1_735_689_600_000  # 2025-01-01T00:00:00Z
+STEP = 60_000
+METRICS = {"thermostat": ("humidity_pct", "temperature_c"), "meter": ("power_w",)}
+
+
+def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
+    """Two days, two device types, three devices each; returns (device, event) rows in range per type."""
+    rng = np.random.default_rng(0)
+    in_range: dict[str, int] = {}
+    for device_type, metrics in METRICS.items():
+        for day in range(2):
+            frames = []
+            for d in range(3):
+                i = np.arange(rows_per_device)
+                event_ms = T0 + day * DAY_MS + i * STEP
+                for m, metric in enumerate(metrics):
+                    value = 20.0 + 10 * m + rng.normal(0, 1, len(i))
+                    quality = np.where(i % 50 == 7, "out_of_range", "ok")
+                    value = np.where(quality == "ok", value, 1e6)
+                    frames.append(pd.DataFrame({
+                        "device_id": f"{device_type}-{d}", "site": "site-1", "seq": i.astype("int64"),
+                        "event_ms": event_ms.astype("int64"), "event_time": pd.to_datetime(event_ms, unit="ms", utc=True),
+                        "metric": metric, "value": value, "score": 0.0, "detector": "robust_zscore",
+                        "quality": quality}))
+            frame = pd.concat(frames, ignore_index=True)
+            date = pd.Timestamp(T0 + day * DAY_MS, unit="ms").strftime("%Y-%m-%d")
+            shuffled = frame.sample(frac=1.0, random_state=day)
+            for batch_id, part in enumerate((shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2:])):
+                target = root / "readings" / f"date={date}" / f"device_type={device_type}" / f"batch_id={batch_id}"
+                target.mkdir(parents=True)
+                part.to_parquet(target / "part-0.parquet", index=False, coerce_timestamps="us")  # as Spark writes
+            if day == 1:  # only the second day is in the --since range
+                ok = frame[frame["quality"] == "ok"]
+                in_range[device_type] = len(ok[["device_id", "event_ms"]].drop_duplicates())
+    return in_range
+
+
+def test_train_registers_approves_and_announces(tmp_path: Path, test_settings: Settings,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    in_range = _write_archive(tmp_path / "archive")
+    topic = test_settings.topics.model_updates
+    monkeypatch.setenv("IOTWATCH_TOPIC_MODEL_UPDATES", topic)
+    registry_dir = tmp_path / "registry"
+    result = CliRunner().invoke(cli, [
+        "train", "--archive", str(tmp_path / "archive"), "--registry", str(registry_dir),
+        "--since", "2025-01-02", "--until", "2025-01-03", "--max-rows", "500", "--approve",
+        "--kafka", test_settings.kafka.bootstrap_servers, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    models = {m["device_type"]: m for m in doc["models"]}
+    assert set(models) == {"meter", "thermostat"}
+    for device_type, model in models.items():
+        assert (model["detector"], model["version"], model["status"]) == ("isolation_forest", 1, "approved")
+        trained = model["trained_on"]
+        assert trained["devices"] == 3 and trained["eligible_rows"] == in_range[device_type]
+        assert 0 < trained["rows"] <= 500
+        assert T0 + DAY_MS <= trained["from_ms"] <= trained["to_ms"] < T0 + 2 * DAY_MS
+        holdout = model["evaluation"]["holdout"]
+        assert 0 < holdout["rows"] <= 125 and 0.0 <= holdout["p50"] <= holdout["p99"] <= holdout["max"] <= 1.0
+        assert model["evaluation"]["metrics"] == list(METRICS[device_type])
+        assert holdout["contamination"] < 0.2  # clean data: out_of_range rows were left out
+
+    registry = ModelRegistry(registry_dir)
+    detector = registry.load(registry.latest_approved("thermostat", "isolation_forest"))
+    frame = pd.DataFrame({"humidity_pct": [20.0, 20.0], "temperature_c": [30.0, 80.0]})
+    normal, wild = detector.score_many(frame)
+    assert wild > normal
+
+    consumer = Consumer({**test_settings.kafka.client_config(), "group.id": f"check-{topic}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    events: list[ModelUpdate] = []
+    deadline = time.monotonic() + 15
+    while len(events) < 2 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            events.append(ModelUpdate.from_bytes(message.value()))
+    consumer.close()
+    assert sorted((e.device_type, e.version, e.status) for e in events) == [
+        ("meter", 1, "approved"), ("thermostat", 1, "approved")]
+
+
+def test_train_errors_are_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["train", "--archive", str(tmp_path / "none"), "--registry", str(tmp_path)])
+    assert result.exit_code != 0 and "does not exist" in str(result.exception)
