@@ -1,0 +1,159 @@
+"""Alert lifecycle with anti-flap, as mature alerting tools do it.
+
+Per (device, rule) there is at most one alert. An observation above the *fire* level
+starts a pending episode; only ``hold`` consecutive observations above it raise the
+alert (Prometheus' ``for:``). Once open, observations below the *clear* level -- lower
+than the fire level, so a value hovering at the threshold does not flap -- must persist
+for ``clear_hold`` observations before the alert clears. Repeats while open update the
+open alert (occurrences, last event time, peak) instead of raising another one.
+
+The ``alert_id`` is a hash of (device, rule, event time of the first observation of the
+episode), so a replay or a restart from a checkpoint reproduces the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+SEVERITIES = ("critical", "major", "minor", "warning")
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """How one rule fires and clears."""
+
+    name: str
+    severity: str
+    fire: float
+    clear: float
+    hold: int = 1
+    clear_hold: int = 1
+    detector: str = "rule"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a rule saw in one reading."""
+
+    score: float  # in [0, 1]; compared with the rule's fire/clear levels
+    metric: str | None
+    value: float | None
+    threshold: float | None
+    message: str
+    contributors: tuple[tuple[str, float, float], ...] = ()  # (metric, value, score), strongest first
+
+
+@dataclass
+class Episode:
+    """Per-(device, rule) alert state, kept in the device's state (a few fields)."""
+
+    status: str = "idle"  # idle | pending | open
+    above: int = 0
+    below: int = 0
+    start_ms: int = 0
+    start_seq: int = 0
+    last_ms: int = 0
+    occurrences: int = 0
+    peak_score: float = 0.0
+    alert_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def alert_id(device_id: str, rule: str, start_ms: int) -> str:
+    """Deterministic id of the alert that started at event time ``start_ms``."""
+    return hashlib.sha256(f"{device_id}|{rule}|{start_ms}".encode()).hexdigest()[:24]
+
+
+@dataclass
+class DeviceIdentity:
+    device_id: str
+    device_type: str
+    site: str
+
+
+@dataclass
+class AlertContext:
+    """Fields every alert of a device carries."""
+
+    device: DeviceIdentity
+    model_version: str = "unversioned"
+    now_ms: Any = field(default=lambda: int(time.time() * 1000))
+
+
+def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int,
+         ctx: AlertContext) -> dict[str, Any] | None:
+    """Advance one rule's episode by one observation; returns an alert record to publish
+    (``raised`` or ``cleared``) or None."""
+    firing = obs.score >= spec.fire
+    if episode.status in ("idle", "pending"):
+        if not firing:
+            episode.status, episode.above = "idle", 0
+            return None
+        if episode.status == "idle":
+            episode.status, episode.start_ms, episode.start_seq, episode.peak_score = "pending", event_ms, seq, 0.0
+        episode.above += 1
+        episode.last_ms = event_ms
+        episode.peak_score = max(episode.peak_score, obs.score)
+        if episode.above < spec.hold:
+            return None
+        episode.status, episode.below, episode.occurrences = "open", 0, episode.above
+        episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
+        return _record("raised", episode, spec, obs, ctx)
+    # open
+    if obs.score >= spec.clear:
+        episode.below = 0
+        if firing:
+            episode.occurrences += 1
+            episode.last_ms = event_ms
+            episode.peak_score = max(episode.peak_score, obs.score)
+        return None
+    episode.below += 1
+    if episode.below < spec.clear_hold:
+        return None
+    record = _record("cleared", episode, spec, obs, ctx)
+    episode.status, episode.above, episode.below = "idle", 0, 0
+    return record
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext) -> dict[str, Any]:
+    device = ctx.device
+    now = ctx.now_ms()
+    verb = "raised" if state == "raised" else "cleared"
+    where = f"{device.device_type} {device.device_id} at {device.site}"
+    message = f"[{spec.severity.upper()}] {spec.name} {verb} on {where}: {obs.message}"
+    return {
+        "alert_id": episode.alert_id,
+        "state": state,
+        "severity": spec.severity,
+        "rule": spec.name,
+        "detector": spec.detector,
+        "device_id": device.device_id,
+        "device_type": device.device_type,
+        "site": device.site,
+        "metric": obs.metric,
+        "value": obs.value,
+        "score": round(obs.score, 4) if state == "raised" else round(episode.peak_score, 4),
+        "threshold": obs.threshold,
+        "fire_score": spec.fire,
+        "clear_score": spec.clear,
+        "contributors": [{"metric": m, "value": v, "score": round(s, 4)} for m, v, s in obs.contributors[:3]],
+        "first_event_ms": episode.start_ms,
+        "first_event_time": _iso(episode.start_ms),
+        "last_event_ms": episode.last_ms,
+        "last_event_time": _iso(episode.last_ms),
+        "occurrences": episode.occurrences,
+        "detected_at": _iso(now),
+        "detected_at_ms": now,
+        "model_version": ctx.model_version,
+        "message": message,
+    }

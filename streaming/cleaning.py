@@ -1,0 +1,69 @@
+"""Per device type and metric: unit normalisation and physical range checks.
+
+Readings are flagged, never silently dropped: a value outside its physical range keeps
+its value, gets ``quality = "out_of_range"``, is archived as such, feeds the
+``out_of_range`` rule and is kept away from the statistical detectors (one impossible
+value must not poison a device's baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from devices.catalog import DEVICE_METRICS
+
+QUALITY_OK = "ok"
+QUALITY_OUT_OF_RANGE = "out_of_range"
+
+#: Metrics reported in another unit -> (canonical metric, conversion).
+UNIT_ALIASES: Mapping[str, tuple[str, Callable[[float], float]]] = {
+    "temperature_f": ("temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "temperature_k": ("temperature_c", lambda k: k - 273.15),
+    "outside_temperature_f": ("outside_temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "setpoint_f": ("setpoint_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "coolant_temp_f": ("coolant_temp_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "speed_mph": ("speed_kmh", lambda mph: mph * 1.609344),
+    "speed_ms": ("speed_kmh", lambda ms: ms * 3.6),
+    "power_kw": ("power_w", lambda kw: kw * 1000.0),
+    "energy_wh": ("energy_kwh", lambda wh: wh / 1000.0),
+    "accel_x_ms2": ("accel_x_g", lambda a: a / 9.80665),
+    "accel_y_ms2": ("accel_y_g", lambda a: a / 9.80665),
+    "accel_z_ms2": ("accel_z_g", lambda a: a / 9.80665),
+}
+
+#: Metrics whose values are states, positions or counters: range-checked, archived and
+#: aggregated, but not given to the statistical detectors (rules look at them instead).
+NOT_SCORED = frozenset({"hvac_on", "open", "water_detected", "lat_deg", "lon_deg", "heading_deg", "energy_kwh",
+                        "setpoint_c", "steering_angle_deg", "throttle_pct", "brake_pct", "speed_kmh",
+                        "engine_rpm", "accel_x_g", "accel_y_g", "accel_z_g"})
+
+
+def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Convert known aliases to the canonical metric (the canonical one wins if both exist)."""
+    out = dict(metrics)
+    for alias, (canonical, convert) in UNIT_ALIASES.items():
+        if alias in out:
+            value = out.pop(alias)
+            out.setdefault(canonical, convert(value))
+    return out
+
+
+def quality_of(device_type: str, metric: str, value: float) -> str:
+    """``out_of_range`` when the catalog knows the metric and the value is outside it."""
+    known = DEVICE_METRICS.get(device_type)
+    if known is None or metric not in known:
+        return QUALITY_OK
+    _, low, high = known[metric]
+    return QUALITY_OK if low <= value <= high else QUALITY_OUT_OF_RANGE
+
+
+def physical_range(device_type: str, metric: str) -> tuple[float, float] | None:
+    known = DEVICE_METRICS.get(device_type, {})
+    if metric not in known:
+        return None
+    _, low, high = known[metric]
+    return low, high
+
+
+def is_scored(metric: str) -> bool:
+    return metric not in NOT_SCORED

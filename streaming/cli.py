@@ -1,0 +1,94 @@
+"""``iotwatch stream``: run the streaming job until Ctrl-C, SIGTERM or --duration."""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+def root_cause(text: str) -> str:
+    """The most telling line of a Spark/py4j error: the last Python exception line, or the first."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Violation)\b.*:", line)]
+    return (raised[-1] if raised else lines[0] if lines else "unknown error")[:500]
+
+
+@click.command()
+@endpoint_options(kafka=True, influx=True)
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR); restart with the same "
+                   "directory to resume exactly where the job stopped.")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).")
+@click.option("--trigger", "trigger_s", type=float, help="Micro-batch interval in seconds (default 2).")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), help="Records per micro-batch at most.")
+@click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
+@click.option("--kafka-source", type=click.Choice(["python", "spark"]),
+              help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).")
+@click.option("--available-now", is_flag=True, help="Process what is in Kafka now, then stop.")
+@click.option("--duration", type=float, help="Stop after this many seconds.")
+@json_option
+@pass_app
+def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | None, trigger_s: float | None,
+           max_offsets_per_trigger: int | None, starting_offsets: str | None, kafka_source: str | None,
+           available_now: bool, duration: float | None, as_json: bool) -> None:
+    """Run the PySpark Structured Streaming job: clean, deduplicate, score, alert.
+
+    Reads the raw telemetry topic, validates every record against the message contract
+    (violations and late records go to the dead-letter topic with a reason), removes
+    duplicates by (device_id, seq), scores every reading with per-device online detectors
+    and rules, publishes raised/cleared alerts to the alert topic, archives clean readings
+    to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
+    topics and the InfluxDB database.
+    """
+    from streaming.job import spark_session, start
+
+    update: dict[str, Any] = {k: v for k, v in {
+        "trigger_interval_s": trigger_s, "max_offsets_per_trigger": max_offsets_per_trigger,
+        "starting_offsets": starting_offsets, "kafka_source": kafka_source}.items() if v is not None}
+    settings = app.settings
+    settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    if settings.influx.enabled:
+        client = InfluxV1Client(settings.influx)
+        client.create_database()
+        client.close()
+    else:
+        log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
+
+    spark = spark_session(settings.stream)
+    job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir, available_now=available_now)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    started = time.monotonic()
+    try:
+        while job.query.isActive and not stop.is_set():
+            if duration is not None and time.monotonic() - started >= duration:
+                break
+            stop.wait(1.0)
+        exception = job.query.exception()
+    finally:
+        job.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # noqa: BLE001 - the JVM may already be shutting down
+            log.warning("stopping Spark: %s", str(exc).splitlines()[0])
+    if exception is not None:
+        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
+    summary = {"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals),
+               "last_progress": job.reporter.last}
+    emit(summary, as_json, lambda s: click.echo(f"stream stopped after {s['batches']} batches: {s['totals']}"))

@@ -1,0 +1,177 @@
+"""The streaming job: Kafka -> per-device stateful cleaning and scoring -> sinks.
+
+The same code runs in local mode (``iotwatch stream``) and under ``spark-submit`` on a
+cluster (``python -m streaming.job`` as the application, master from spark-submit): the
+scale-out path is Spark's -- Kafka partitions read in parallel by executors, state
+sharded by device over ``shuffle_partitions`` -- not ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.errors import IotwatchError, StackError
+from iotwatch.settings import Settings, StreamSettings
+from streaming.kafka_source import read_kafka_stream
+from streaming.processor import DeviceProcessor
+from streaming.schemas import OUTPUT_SCHEMA
+from streaming.sinks.batch_writer import BatchWriter
+from streaming.sinks.influx_points import pipeline_point
+
+log = logging.getLogger(__name__)
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def require_java() -> None:
+    """Spark needs a JVM: say what to install instead of a py4j stack trace."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    raise StackError("Java 17+ is needed for Spark: apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME)")
+
+
+def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -> SparkSession:
+    """A session configured for the job (RocksDB state store, UTC, dynamic partition
+    overwrite). The master is left to spark-submit when ``spark_master`` is empty."""
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if settings.spark_master:
+        builder = builder.master(settings.spark_master).config("spark.ui.enabled", "false")
+    return (builder
+            .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+            .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+            .getOrCreate())
+
+
+class ProgressReporter(StreamingQueryListener):
+    """Query progress -> InfluxDB ``pipeline`` points (rates, batch duration, Kafka lag)."""
+
+    def __init__(self, settings: Settings, query_name: str) -> None:
+        self.influx = settings.influx if settings.influx.enabled else None
+        self.query_name = query_name
+        self.last: dict[str, Any] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        if progress.name != self.query_name:
+            return
+        fields = {
+            "input_rows": int(progress.numInputRows),
+            "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
+            "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
+            "trigger_ms": int(progress.durationMs.get("triggerExecution", 0)),
+            "lag_records": kafka_lag(progress),
+            "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
+            "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
+        }
+        self.last = fields
+        if self.influx is not None:
+            client = InfluxV1Client(self.influx)
+            try:
+                client.write_points([pipeline_point(fields, int(time.time() * 1000), stage="stream_progress")])
+            except IotwatchError as exc:
+                log.warning("progress not written to InfluxDB: %s", exc)
+            finally:
+                client.close()
+
+
+def kafka_lag(progress: Any) -> int | None:
+    """Records between what the last batch read and the log end, over all partitions."""
+    import json
+
+    lag = 0
+    for source in progress.sources:
+        try:
+            end = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
+            latest = json.loads(source.latestOffset) if isinstance(source.latestOffset, str) else source.latestOffset
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(end, dict) or not isinstance(latest, dict):
+            return None
+        for topic, partitions in latest.items():
+            for partition, offset in partitions.items():
+                lag += max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
+    return lag
+
+
+@dataclass
+class RunningJob:
+    spark: SparkSession
+    query: StreamingQuery
+    writer: BatchWriter
+    reporter: ProgressReporter
+
+    def stop(self) -> None:
+        """Stop the query (idempotent; tolerates a JVM already shutting down)."""
+        try:
+            self.query.stop()
+            self.spark.streams.removeListener(self.reporter)
+        except Exception as exc:  # noqa: BLE001 - py4j errors when the JVM is going away
+            log.warning("stopping the query: %s", str(exc).splitlines()[0])
+
+
+def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | None = None,
+          archive_dir: Path | None = None, available_now: bool = False,
+          query_name: str = "iotwatch_stream") -> RunningJob:
+    """Start the query; offsets and state are kept in ``checkpoint_dir``."""
+    stream = settings.stream
+    checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
+    archive = Path(archive_dir or stream.archive_dir).expanduser().resolve()
+    raw = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
+                            max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source)
+    keyed = raw.select(F.coalesce(F.col("key").cast("string"), F.lit("")).alias("device_key"),
+                       "value", "partition", "offset")
+    scored = keyed.groupBy("device_key").transformWithStateInPandas(
+        statefulProcessor=DeviceProcessor(stream, continuous=not available_now), outputStructType=OUTPUT_SCHEMA,
+        outputMode="Append", timeMode="None" if available_now else "ProcessingTime")
+    writer = BatchWriter(settings, archive)
+    reporter = ProgressReporter(settings, query_name)
+    spark.streams.addListener(reporter)
+    sink = (scored.writeStream.foreachBatch(writer).queryName(query_name)
+            .option("checkpointLocation", str(checkpoint)))
+    sink = sink.trigger(availableNow=True) if available_now else sink.trigger(
+        processingTime=f"{stream.trigger_interval_s} seconds")
+    log.info("streaming %s from %s; checkpoint %s; archive %s", settings.topics.raw,
+             settings.kafka.bootstrap_servers, checkpoint, archive)
+    return RunningJob(spark, sink.start(), writer, reporter)
+
+
+def main() -> None:
+    """Entry point for spark-submit: settings from IOTWATCH_* and IOTWATCH_CONFIG."""
+    from iotwatch.settings import load_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    job = start(spark_session(settings.stream), settings)
+    job.query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()

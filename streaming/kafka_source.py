@@ -1,0 +1,388 @@
+"""A Kafka source for Spark Structured Streaming written with the Python Data Source API.
+
+Why it exists: Spark's own Kafka connector is a Maven jar (``spark-sql-kafka-0-10``)
+that cannot be installed where iotwatch is developed and tested, and PySpark ships
+none. This source reads Kafka with confluent-kafka and behaves like the connector:
+same columns, same option names (``kafka.*``, ``subscribe``, ``startingOffsets``,
+``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``), offsets kept in
+Spark's checkpoint as ``{topic: {"partition": next_offset}}``. Deployments that do
+have the jar choose it with ``read_kafka_stream(..., source="spark")``.
+
+Layout: the driver keeps one long-lived :class:`KafkaStreamReader` (Spark runs it in a
+Python process for the life of the query) that plans offset ranges with
+:class:`~streaming.kafka_offsets.OffsetClient`; each range becomes one
+:class:`KafkaRange` task whose ``read()`` runs on an executor with its own consumer,
+built from the options alone, so the same code runs under ``spark-submit`` on a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
+)
+
+from streaming.kafka_offsets import (
+    EARLIEST, LATEST, TP, KafkaDataLossError, OffsetClient, client_config, fair_share,
+    from_json, parse_offsets_option, split_ranges, to_json,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from iotwatch.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+FORMAT = "iotwatch-kafka"
+# Built explicitly: parsing a DDL string needs a JVM, absent at import on executors.
+SCHEMA = StructType([
+    StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("topic", StringType()),
+    StructField("partition", IntegerType()), StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()), StructField("timestampType", IntegerType()),
+    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                 StructField("value", BinaryType())]))),
+])
+# Exactly the Arrow schema Spark checks yielded batches against.
+ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
+_HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+# librdkafka timestamp type (0 none, 1 create, 2 log append) -> Kafka's TimestampType id.
+_TS_TYPE = {0: -1, 1: 0, 2: 1}
+
+
+@dataclass(frozen=True)
+class KafkaRange(InputPartition):
+    """Records ``[start, end)`` of one Kafka partition: one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What an executor needs to read a range: only option values, so it pickles."""
+
+    config: dict[str, str]
+    fail_on_data_loss: bool = True
+    poll_timeout_s: float = 120.0
+    chunk_rows: int = 10_000
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        return cls(
+            config=client_config(opts),
+            fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
+            poll_timeout_s=int(opts.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
+            chunk_rows=int(opts.get("chunkrows", "10000")),
+        )
+
+
+def _batch(topic: str, partition: int, rows: list[Any]) -> pa.RecordBatch:
+    keys, values, offsets, stamps, kinds, headers = [], [], [], [], [], []
+    for msg in rows:
+        keys.append(msg.key())
+        values.append(msg.value())
+        offsets.append(msg.offset())
+        kind, ms = msg.timestamp()
+        stamps.append(ms * 1000)
+        kinds.append(_TS_TYPE.get(kind, -1))
+        hdrs = msg.headers()
+        headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else None)
+    n = len(rows)
+    return pa.RecordBatch.from_arrays([
+        pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+        pa.array([topic] * n, pa.string()), pa.array([partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()), pa.array(stamps, ARROW_SCHEMA.field("timestamp").type),
+        pa.array(kinds, pa.int32()), pa.array(headers, _HEADERS_TYPE),
+    ], schema=ARROW_SCHEMA)
+
+
+def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``part`` as Arrow batches of ``opts.chunk_rows``.
+
+    assign() + the exact start offset (no group, no commit). Stops at the first record
+    at or past ``end``, or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
+    that never arrive are transaction markers or compacted away). If nothing moves
+    for ``poll_timeout_s`` it raises instead of hanging a task forever.
+    """
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    reset = "earliest" if not opts.fail_on_data_loss else "error"
+    consumer = Consumer({**opts.config, "enable.auto.commit": False, "enable.partition.eof": True,
+                         "auto.offset.reset": reset})
+    where = f"{part.topic}-{part.partition} [{part.start}, {part.end})"
+    try:
+        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        position, rows = part.start, []
+        last_progress = time.monotonic()
+        while position < part.end:
+            progressed = False  # a record or an end-of-log answer; error events are not progress
+            for msg in consumer.consume(min(opts.chunk_rows, part.end - position), 0.5):
+                err = msg.error()
+                progressed = progressed or err is None or err.code() == KafkaError._PARTITION_EOF
+                if err is None:
+                    offset = msg.offset()
+                    if offset >= part.end:
+                        position = part.end
+                        break
+                    if offset < position:
+                        continue
+                    if offset > part.start and position == part.start and not opts.fail_on_data_loss:
+                        log.warning("%s: records from %d to %d are gone from the broker; skipped "
+                                    "(failOnDataLoss=false)", where, part.start, offset)
+                    rows.append(msg)
+                    position = offset + 1
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= part.end:
+                        position = part.end
+                        break
+                elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    raise KafkaDataLossError(
+                        f"{where}: offset {position} is no longer available on the broker ({err.str()}): "
+                        "records were deleted by retention or the topic was re-created. Set "
+                        "failOnDataLoss=false to skip them, or restart with a fresh checkpoint.")
+                elif err.fatal() or not err.retriable():
+                    raise KafkaException(err)
+                else:
+                    log.warning("%s: %s (retrying)", where, err)
+            if progressed:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > opts.poll_timeout_s:
+                if not opts.fail_on_data_loss:
+                    log.warning("%s: nothing after offset %d for %.0fs; ending the range early "
+                                "(failOnDataLoss=false)", where, position, opts.poll_timeout_s)
+                    break
+                raise TimeoutError(
+                    f"{where}: no record after offset {position} within {opts.poll_timeout_s:.0f}s "
+                    "(kafkaConsumer.pollTimeoutMs): the broker is unreachable or lost records it "
+                    "reported before")
+            if len(rows) >= opts.chunk_rows:
+                yield _batch(part.topic, part.partition, rows)
+                rows = []
+        if rows:
+            yield _batch(part.topic, part.partition, rows)
+    finally:
+        consumer.close()
+
+
+class _Planner:
+    """Offset planning shared by the streaming and the batch reader (driver side)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        self.read_options = ReadOptions.parse(opts)
+        if "subscribe" not in opts:
+            raise ValueError("option 'subscribe' (comma-separated topics) is required; "
+                             "subscribePattern and assign are not supported")
+        self.topics = [t.strip() for t in opts["subscribe"].split(",") if t.strip()]
+        min_parts = opts.get("minpartitions")
+        self.min_partitions = int(min_parts) if min_parts else None
+        self.client = OffsetClient(self.read_options.config,
+                                   probe_timeout_s=int(opts.get("logendprobetimeoutms", "2000")) / 1000)
+        self.lows: dict[TP, int] = {}
+
+    def resolve(self, spec: str | dict[TP, int]) -> dict[TP, int]:
+        """Concrete offsets for every current partition: earliest, latest, or per-partition JSON
+        (-2/-1 markers resolved; partitions the JSON leaves out start at earliest)."""
+        tps = self.client.partitions(self.topics)
+        self.lows, ends = self.client.log_ends(tps)
+        resolved = {}
+        for tp in tps:
+            wanted = spec.get(tp, EARLIEST) if isinstance(spec, dict) else (LATEST if spec == "latest" else EARLIEST)
+            resolved[tp] = ends[tp] if wanted == LATEST else self.lows[tp] if wanted == EARLIEST else wanted
+        return resolved
+
+    def ranges(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[KafkaRange]:
+        """One range per partition that moved (split further for ``minPartitions``)."""
+        if any(tp not in start or tp not in self.lows for tp in end):  # e.g. a batch replayed after restart
+            self.lows.update({tp: low for tp, (low, _) in self.client.watermarks(end).items()})
+        found = []
+        for tp, until in sorted(end.items()):
+            low = self.lows.get(tp, 0)
+            since = start.get(tp, low)  # a partition new since the last batch starts at earliest
+            if since < low or since > until:
+                problem = (f"{tp[0]}-{tp[1]}: offsets {since}..{min(low, until)} are gone from the broker"
+                           if since < low else
+                           f"{tp[0]}-{tp[1]}: the log end went back from {since} to {until} (topic re-created?)")
+                if self.read_options.fail_on_data_loss:
+                    raise KafkaDataLossError(problem + ". Set failOnDataLoss=false to skip, or restart "
+                                             "the query with a fresh checkpoint.")
+                log.warning("%s; reading from the earliest offset %d instead (failOnDataLoss=false)", problem, low)
+                since = low
+            if until > since:
+                found.append((tp[0], tp[1], since, until))
+        return [KafkaRange(*r) for r in split_ranges(found, self.min_partitions)]
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch planning on the driver; ``read()`` on executors."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        self._plan = _Planner(opts)
+        self._starting = parse_offsets_option(opts.get("startingoffsets"), "latest")
+        limit = opts.get("maxoffsetspertrigger")
+        self._max_rows = int(limit) if limit else None
+        self._target: dict[TP, int] | None = None  # Trigger.AvailableNow: stop here
+        self._latest: dict[TP, int] = {}
+
+    def initialOffset(self) -> dict:
+        """Resolved to concrete numbers now, so the checkpoint never holds -1/-2."""
+        return to_json(self._plan.resolve(self._starting))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self._max_rows) if self._max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._plan.resolve("latest")
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The log ends (capped by the AvailableNow target), then ``limit`` shared fairly
+        over the partitions that have a backlog. Partitions new since ``start`` count
+        from their earliest offset."""
+        begin = from_json(start)
+        tps = self._plan.client.partitions(self._plan.topics)
+        lows, ends = self._plan.client.log_ends(tps, floor=begin)
+        self._plan.lows.update(lows)
+        self._latest = dict(ends)
+        end = dict(ends)  # below a start only if a fetch proved it: partitions() reports that
+        if self._target is not None:
+            # The target may be an unconfirmed (short) answer: never let it pull an end below the start.
+            end = {tp: min(n, max(self._target[tp], begin.get(tp, 0))) for tp, n in end.items() if tp in self._target}
+        for tp, offset in begin.items():  # partitions that vanished keep their position
+            end.setdefault(tp, offset)
+        if isinstance(limit, ReadMaxRows):
+            since = {tp: max(begin.get(tp, lows.get(tp, 0)), lows.get(tp, 0)) for tp in end}
+            backlog = {tp: max(0, end[tp] - since[tp]) for tp in end}
+            share = fair_share(backlog, limit.max_rows)
+            end = {tp: since[tp] + share[tp] if backlog[tp] else end[tp] for tp in end}
+        return to_json(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_json(self._latest) if self._latest else None
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+        return self._plan.ranges(from_json(start), from_json(end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaRange)
+        return read_range(self._plan.read_options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Offsets live in Spark's checkpoint; nothing is committed to Kafka."""
+
+    def stop(self) -> None:
+        self._plan.client.close()
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read``: ``startingOffsets`` (default earliest) to ``endingOffsets`` (default latest)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        plan = _Planner(opts)
+        try:
+            start = plan.resolve(parse_offsets_option(opts.get("startingoffsets"), "earliest"))
+            end = plan.resolve(parse_offsets_option(opts.get("endingoffsets"), "latest"))
+            self._ranges = plan.ranges(start, end)
+        finally:
+            plan.client.close()
+        self._read_options = plan.read_options
+
+    def partitions(self) -> list[InputPartition]:
+        return list(self._ranges) or [KafkaRange("", 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaRange)
+        if partition.end <= partition.start:
+            return iter(())
+        return read_range(self._read_options, partition)
+
+
+class KafkaDataSource(DataSource):
+    """Registered as format ``iotwatch-kafka`` by ``spark.dataSource.register(KafkaDataSource)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(self.options)
+
+
+def kafka_options(settings: KafkaSettings, source: Literal["python", "spark"]) -> dict[str, str]:
+    """Connection options for either source. librdkafka and the Java client spell
+    credentials differently (``sasl.username`` vs a JAAS line, a CA file vs a PEM truststore)."""
+    if source == "python":
+        return {f"kafka.{k}": v for k, v in settings.client_config().items()}
+    opts = {"kafka.bootstrap.servers": settings.bootstrap_servers,
+            "kafka.security.protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        opts["kafka.sasl.mechanism"] = settings.sasl_mechanism
+        module = ("plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN"
+                  else "scram.ScramLoginModule")
+        password = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+        opts["kafka.sasl.jaas.config"] = (f'org.apache.kafka.common.security.{module} required '
+                                          f'username="{settings.sasl_username or ""}" password="{password}";')
+    if settings.ssl_ca_location:
+        opts["kafka.ssl.truststore.type"] = "PEM"
+        opts["kafka.ssl.truststore.location"] = str(settings.ssl_ca_location)
+    return opts
+
+
+def _register(spark: SparkSession, source: str) -> str:
+    if source == "spark":
+        return "kafka"
+    if source != "python":
+        raise ValueError(f"source must be 'python' or 'spark', not {source!r}")
+    spark.dataSource.register(KafkaDataSource)
+    return FORMAT
+
+
+def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
+                      starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None,
+                      source: Literal["python", "spark"] = "python") -> DataFrame:
+    """A streaming DataFrame of ``topics`` with the Kafka connector's columns (headers included).
+
+    ``source="spark"`` uses Spark's connector (the jar must be on the classpath, as in
+    docker-compose); ``"python"`` this module's source. Offsets checkpoint the same way.
+    """
+    reader = (spark.readStream.format(_register(spark, source))
+              .options(**kafka_options(settings, source))
+              .option("subscribe", ",".join(topics))
+              .option("startingOffsets", starting_offsets)
+              .option("includeHeaders", "true"))
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
+
+
+def read_kafka_batch(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
+                     starting_offsets: str = "earliest", ending_offsets: str = "latest",
+                     source: Literal["python", "spark"] = "python") -> DataFrame:
+    """The records of ``topics`` between two offsets as a batch DataFrame (e.g. for replay)."""
+    return (spark.read.format(_register(spark, source))
+            .options(**kafka_options(settings, source))
+            .option("subscribe", ",".join(topics))
+            .option("startingOffsets", starting_offsets)
+            .option("endingOffsets", ending_offsets)
+            .option("includeHeaders", "true")
+            .load())

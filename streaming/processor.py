@@ -1,0 +1,84 @@
+"""The Spark side of the per-device logic: ``transformWithStateInPandas`` glue.
+
+State lives in the RocksDB state store (one JSON value per device, with a TTL so devices
+gone for good are forgotten); a processing-time timer per device detects silence. All
+decisions are in :class:`streaming.device_logic.DeviceLogic`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+
+from iotwatch.settings import StreamSettings
+from streaming.device_logic import OUTPUT_COLUMNS, DeviceLogic, InputRecord
+from streaming.device_state import STATE_SCHEMA, DeviceState
+
+_INT_COLUMNS = {"seq": "Int64", "event_ms": "Int64", "kafka_partition": "Int32", "kafka_offset": "Int64"}
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+    return frame.astype(_INT_COLUMNS)
+
+
+class DeviceProcessor(StatefulProcessor):
+    """Keyed by the Kafka key (the device id); see DeviceLogic for what happens per record."""
+
+    def __init__(self, settings: StreamSettings, continuous: bool = True) -> None:
+        """``continuous=False`` is for bounded runs (availableNow): no silence timers and no
+        state TTL, because either keeps Spark running no-data batches and the run never ends.
+        It must then be used with ``timeMode="None"``."""
+        self.settings = settings
+        self.continuous = continuous
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.logic = DeviceLogic(self.settings)
+        ttl_ms = int(self.settings.state_ttl_s * 1000) if self.continuous else None
+        self.state = handle.getValueState("device", STATE_SCHEMA, ttl_ms)
+
+    def _load(self) -> DeviceState:
+        if self.state.exists():
+            return DeviceState.from_json(self.state.get()[0])
+        return DeviceState()
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+                        ) -> Iterator[pd.DataFrame]:
+        state = self._load()
+        now_ms = timerValues.getCurrentProcessingTimeInMs()
+        records = [InputRecord(key[0], value, int(partition), int(offset))
+                   for frame in rows
+                   for value, partition, offset in zip(frame["value"], frame["partition"], frame["offset"],
+                                                       strict=True)]
+        out = list(self.logic.process(state, records, now_ms))
+        if self.continuous:
+            self._rearm_timer(state, now_ms)
+        self.state.update((state.to_json(),))
+        if out:
+            yield _frame(out)
+
+    def _rearm_timer(self, state: DeviceState, now_ms: int) -> None:
+        if state.timer_ms:
+            self.handle.deleteTimer(state.timer_ms)
+        state.timer_ms = now_ms + int(self.settings.silence_timeout_s * 1000)
+        self.handle.registerTimer(state.timer_ms)
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+                           ) -> Iterator[pd.DataFrame]:
+        if not self.state.exists():
+            return
+        state = self._load()
+        state.timer_ms = 0  # fired; re-armed when data comes back
+        out = list(self.logic.silence(state, timerValues.getCurrentProcessingTimeInMs() or int(time.time() * 1000)))
+        self.state.update((state.to_json(),))
+        if out:
+            yield _frame(out)
+
+    def close(self) -> None:
+        pass

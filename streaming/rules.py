@@ -1,0 +1,104 @@
+"""The alert rules: which conditions each reading is judged on, and how each fires.
+
+Every rule turns one reading into an :class:`~streaming.alerting.Observation` (a score in
+[0, 1] plus what to say about it); :mod:`streaming.alerting` turns observations into a
+raised/cleared lifecycle. Rules that do not apply to a device type return nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from iotwatch.settings import StreamSettings
+from streaming.alerting import Observation, RuleSpec
+from streaming.cleaning import physical_range
+
+ANOMALY = "anomaly_score"
+OUT_OF_RANGE = "out_of_range"
+CRASH = "crash"
+LEAK = "water_leak"
+STUCK_HVAC = "stuck_hvac"
+SILENT = "device_silent"
+
+
+def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
+    """The rules and their anti-flap parameters, from the stream settings."""
+    return {
+        ANOMALY: RuleSpec(ANOMALY, "warning", settings.alert_fire_score, settings.alert_clear_score,
+                          settings.alert_hold_readings, settings.alert_clear_readings, detector),
+        OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, "major", 0.5, 0.5, 1, settings.alert_clear_readings),
+        CRASH: RuleSpec(CRASH, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
+        LEAK: RuleSpec(LEAK, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
+        STUCK_HVAC: RuleSpec(STUCK_HVAC, "major", 0.5, 0.5, settings.stuck_hvac_readings, settings.alert_clear_readings),
+        SILENT: RuleSpec(SILENT, "major", 0.5, 0.5, 1, 1),
+    }
+
+
+@dataclass(frozen=True)
+class ReadingView:
+    """What rules look at: the normalised metrics, event and quality flags of one reading."""
+
+    device_type: str
+    metrics: Mapping[str, float]
+    event: str | None
+    out_of_range: tuple[str, ...]
+
+
+def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observation]:
+    """Observations of every rule that applies to this reading's device type."""
+    observations: dict[str, Observation] = {}
+    observations[OUT_OF_RANGE] = _out_of_range(reading)
+    if reading.device_type == "vehicle_edr" or reading.event == "crash":
+        observations[CRASH] = _crash(reading, settings.crash_decel_g)
+    if reading.device_type == "leak_sensor" or reading.event == "leak":
+        observations[LEAK] = _leak(reading)
+    if reading.device_type == "thermostat":
+        stuck = _stuck_hvac(reading, settings.stuck_hvac_c)
+        if stuck is not None:
+            observations[STUCK_HVAC] = stuck
+    return observations
+
+
+def _out_of_range(reading: ReadingView) -> Observation:
+    if not reading.out_of_range:
+        return Observation(0.0, None, None, None, "all metrics within physical range")
+    metric = reading.out_of_range[0]
+    value = reading.metrics[metric]
+    bounds = physical_range(reading.device_type, metric) or (float("nan"), float("nan"))
+    limit = bounds[0] if value < bounds[0] else bounds[1]
+    return Observation(1.0, metric, value, limit,
+                       f"{metric}={value:g} outside its physical range [{bounds[0]:g}, {bounds[1]:g}]",
+                       tuple((m, reading.metrics[m], 1.0) for m in reading.out_of_range))
+
+
+def _crash(reading: ReadingView, decel_g: float) -> Observation:
+    accel = reading.metrics.get("accel_x_g")
+    if reading.event == "crash":
+        detail = f"crash event reported (longitudinal {accel:g} g)" if accel is not None else "crash event reported"
+        return Observation(1.0, "accel_x_g", accel, -decel_g, detail)
+    if accel is not None and accel <= -decel_g:
+        return Observation(1.0, "accel_x_g", accel, -decel_g,
+                           f"deceleration {-accel:.1f} g beyond the crash threshold {decel_g:g} g")
+    return Observation(0.0, "accel_x_g", accel, -decel_g, "no crash deceleration")
+
+
+def _leak(reading: ReadingView) -> Observation:
+    wet = reading.metrics.get("water_detected")
+    if reading.event == "leak" or (wet is not None and wet >= 0.5):
+        return Observation(1.0, "water_detected", wet, 0.5, "water detected")
+    return Observation(0.0, "water_detected", wet, 0.5, "dry")
+
+
+def _stuck_hvac(reading: ReadingView, max_gap_c: float) -> Observation | None:
+    metrics = reading.metrics
+    if not {"temperature_c", "setpoint_c", "hvac_on"} <= metrics.keys():
+        return None
+    gap = metrics["temperature_c"] - metrics["setpoint_c"]
+    running = metrics["hvac_on"] >= 0.5
+    if running and abs(gap) > max_gap_c:
+        return Observation(1.0, "temperature_c", metrics["temperature_c"], metrics["setpoint_c"],
+                           f"HVAC running but temperature {metrics['temperature_c']:.1f} C is {gap:+.1f} C "
+                           f"from setpoint {metrics['setpoint_c']:.1f} C")
+    return Observation(0.0, "temperature_c", metrics["temperature_c"], metrics["setpoint_c"],
+                       f"temperature {gap:+.1f} C from setpoint")

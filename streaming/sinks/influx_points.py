@@ -1,0 +1,50 @@
+"""InfluxDB points of the streaming job (measurements the dashboards query).
+
+- ``device_metrics``: per device, metric and event-time bucket (tags site, device_type,
+  device_id, metric; fields mean, min, max, last, count, max_score);
+- ``alerts``: one point per raised/cleared alert (tags severity, rule, state, site,
+  device_type, device_id; fields score, value, occurrences, alert_id, message);
+- ``pipeline``: per micro-batch accounting and throughput (tag stage=stream).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from influxdb_client import Point
+
+
+def aggregate_point(row: Any) -> Point:
+    body = json.loads(row.body)
+    point = (Point("device_metrics").tag("site", row.site).tag("device_type", row.device_type)
+             .tag("device_id", row.device_id).tag("metric", row.metric).time(int(row.event_ms), "ms"))
+    for name in ("mean", "min", "max", "last", "max_score"):
+        point = point.field(name, float(body[name]))
+    return point.field("count", int(body["count"]))
+
+
+def alert_point(alert: dict[str, Any]) -> Point:
+    point = (Point("alerts").tag("severity", alert["severity"]).tag("rule", alert["rule"]).tag("state", alert["state"])
+             .tag("site", alert["site"]).tag("device_type", alert["device_type"]).tag("device_id", alert["device_id"])
+             .field("alert_id", alert["alert_id"]).field("message", alert["message"])
+             .field("occurrences", int(alert["occurrences"])).field("raised", 1 if alert["state"] == "raised" else 0)
+             .time(int(alert["detected_at_ms"]), "ms"))
+    if alert.get("score") is not None:
+        point = point.field("score", float(alert["score"]))
+    if alert.get("value") is not None:
+        point = point.field("value", float(alert["value"]))
+    return point
+
+
+def pipeline_point(fields: dict[str, float | int], ts_ms: int, stage: str = "stream") -> Point:
+    point = Point("pipeline").tag("stage", stage).time(ts_ms, "ms")
+    for name, value in fields.items():
+        if value is not None:
+            point = point.field(name, value)
+    return point
+
+
+def points_for_partition(rows: Iterable[Any]) -> list[Point]:
+    return [aggregate_point(row) for row in rows]
