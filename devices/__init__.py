@@ -1,0 +1,12 @@
+"""Simulated devices: homes (thermostat, smart meter, air quality, door and leak sensors)
+and vehicle event data recorders publishing contract telemetry over MQTT.
+
+- :mod:`devices.catalog` -- metric units and physical ranges per device type (imported by
+  the streaming job's range checks);
+- :mod:`devices.home`, :mod:`devices.vehicle`, :mod:`devices.replay` -- the device models;
+- :mod:`devices.anomalies`, :mod:`devices.faults`, :mod:`devices.injector`,
+  :mod:`devices.scenario`, :mod:`devices.ground_truth` -- injection with ground truth;
+- :mod:`devices.simulation` -- the broker-free, deterministic message generator;
+- :mod:`devices.publisher`, :mod:`devices.runner`, :mod:`devices.cli` -- ``iotwatch simulate``;
+- :mod:`devices.bench` -- ``iotwatch bench simulate``.
+"""

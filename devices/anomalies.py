@@ -1,0 +1,142 @@
+"""Anomaly kinds: what each does to a device's readings, where it applies, how long it lasts.
+
+Measurement anomalies change one metric of the readings (the type's primary metric
+unless told otherwise): ``spike``, ``level_shift``, ``drift``, ``flatline`` (stuck-at),
+``noise_burst``, ``out_of_range``; ``dropout`` silences the device (its ``seq`` still
+advances, so the gap is visible). Physical anomalies change the device model itself:
+``hvac_stuck`` (thermostat), ``leak`` (leak sensor), ``harsh_braking`` and ``crash``
+(vehicle). Transport faults (:mod:`devices.faults`) share the same machinery.
+Names match the detectors' ``detects`` sets in ``models/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devices.catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
+from devices.home.contact import LEAK
+from devices.home.thermostat import HVAC_STUCK
+from devices.vehicle import CRASH, HARSH_BRAKING
+from iotwatch.contract import DeviceType
+
+__all__ = ["ANOMALY", "KINDS", "TRANSPORT", "Kind", "apply_measurement", "draw_params", "kinds_for", "resolve_kind"]
+
+ANOMALY = "anomaly"
+TRANSPORT = "transport"
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    category: str  # ANOMALY or TRANSPORT
+    duration_s: tuple[float, float]
+    device_types: frozenset[str] | None = None  # None: every type
+    mode: int = 0  # physical anomaly: the group's mode while active
+    measurement: bool = False  # changes a metric's value
+
+
+_VEHICLE = frozenset({DeviceType.VEHICLE_EDR.value})
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("spike", ANOMALY, (0.0, 0.0), measurement=True),
+    Kind("level_shift", ANOMALY, (60.0, 600.0), measurement=True),
+    Kind("drift", ANOMALY, (300.0, 1800.0), measurement=True),
+    Kind("flatline", ANOMALY, (120.0, 900.0), measurement=True),
+    Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
+    Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
+    Kind("dropout", ANOMALY, (30.0, 300.0)),
+    Kind("hvac_stuck", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
+    Kind("leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
+    Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
+    Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
+    Kind("duplicate", TRANSPORT, (0.0, 5.0)),
+    Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
+    Kind("late", TRANSPORT, (0.0, 10.0)),
+    Kind("clock_skew", TRANSPORT, (60.0, 600.0)),
+    Kind("malformed", TRANSPORT, (0.0, 0.0)),
+)}
+ALIASES = {"stuck": "flatline", "stuck_at": "flatline", "noise": "noise_burst", "shift": "level_shift",
+           "duplicates": "duplicate", "reorder": "out_of_order", "skew": "clock_skew"}
+MALFORMED_VARIANTS = ("truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan",
+                      "unknown_field", "bad_version")
+
+
+def resolve_kind(name: str) -> Kind:
+    name = ALIASES.get(name, name)
+    if name not in KINDS:
+        raise ValueError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
+    return KINDS[name]
+
+
+def kinds_for(device_type: str, category: str, allowed: tuple[str, ...] | None) -> list[Kind]:
+    """Kinds of ``category`` that apply to ``device_type`` (filtered by ``allowed``)."""
+    names = None if allowed is None else {resolve_kind(n).name for n in allowed}
+    return [k for k in KINDS.values() if k.category == category
+            and (k.device_types is None or device_type in k.device_types)
+            and (names is None or k.name in names)]
+
+
+def draw_params(kind: Kind, device_type: str, metrics: tuple[str, ...], u: np.ndarray,
+                given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The kind's parameters: ``given`` ones (scenario) win, the rest drawn from ``u``
+    (uniforms in [0, 1), at least 4)."""
+    given = dict(given or {})
+    params: dict[str, Any] = {}
+    sign = 1.0 if u[1] < 0.5 else -1.0
+    if kind.measurement:
+        metric = given.pop("metric", None) or PRIMARY_METRIC.get(device_type, metrics[0])
+        if metric not in metrics:
+            raise ValueError(f"{kind.name}: {device_type} has no metric {metric!r} (it has {', '.join(metrics)})")
+        span = metric_span(device_type, metric)
+        params["metric"] = metric
+        if kind.name == "spike":
+            params["delta"] = round(float(sign * span * (1.0 + 1.5 * u[2])), 4)
+        elif kind.name == "level_shift":
+            params["delta"] = round(float(sign * span * (0.5 + 1.0 * u[2])), 4)
+        elif kind.name == "drift":
+            params["delta"] = round(float(sign * span * (1.0 + 2.0 * u[2])), 4)  # reached at the end
+        elif kind.name == "noise_burst":
+            params["sigma"] = round(float(span * (0.2 + 0.4 * u[2])), 4)
+        elif kind.name == "out_of_range":
+            ranges = DEVICE_METRICS.get(device_type, {})
+            if metric in ranges:
+                _, low, high = ranges[metric]
+                value = high + span * (0.2 + 1.8 * u[2]) if sign > 0 else low - span * (0.2 + 1.8 * u[2])
+            else:
+                value = sign * 1e9
+            params["value"] = round(float(value), 4)
+        magnitude = given.pop("magnitude", None)
+        if magnitude is not None:
+            key = "sigma" if kind.name == "noise_burst" else "value" if kind.name == "out_of_range" else "delta"
+            params[key] = float(magnitude)
+    elif kind.name == "duplicate":
+        params["copies"] = 1 + int(u[2] * 2)
+    elif kind.name == "out_of_order":
+        params["depth"] = 1 + int(u[2] * 3)
+    elif kind.name == "late":
+        params["delay_s"] = round(float(30.0 + 270.0 * u[2]), 1)
+    elif kind.name == "clock_skew":
+        params["skew_s"] = round(float(sign * (2.0 + 598.0 * u[2])), 3)
+    elif kind.name == "malformed":
+        params["variant"] = MALFORMED_VARIANTS[int(u[2] * len(MALFORMED_VARIANTS))]
+    for key, value in given.items():
+        params[key] = value
+    return params
+
+
+def apply_measurement(kind: str, params: dict[str, Any], value: float, elapsed_ms: float, duration_ms: float,
+                      state: dict[str, Any], noise: float) -> float:
+    """The anomalous value of one reading (before clipping to the physical range)."""
+    if kind in ("spike", "level_shift"):
+        return value + params["delta"]
+    if kind == "drift":
+        return value + params["delta"] * (elapsed_ms / duration_ms if duration_ms > 0 else 1.0)
+    if kind == "flatline":
+        return float(state.setdefault("value", value))
+    if kind == "noise_burst":
+        return value + params["sigma"] * noise
+    if kind == "out_of_range":
+        return float(params["value"])
+    return value

@@ -1,0 +1,223 @@
+"""``iotwatch bench simulate``: is the simulator the bottleneck?
+
+In one run, against the same broker, with the same payloads, topics, process count,
+connections and QoS, it measures
+
+- ``simulator``: ``iotwatch simulate --as-fast-as-possible`` (generation, anomalies,
+  serialisation and publishing);
+- ``raw_paho``: a bare paho loop publishing the same messages, pre-serialised;
+- ``mosquitto_pub``: ``mosquitto_pub -l`` publishing the same payloads to one topic
+  (one process, C), when installed;
+
+and reports messages/s and the ratio simulator / raw_paho (goal: >= 0.8). Without
+``--mqtt`` it starts its own mosquitto on a free port and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from devices.config import SimConfig
+from devices.runner import RunOptions, run
+from devices.simulation import Simulation
+from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.errors import StackError
+from iotwatch.settings import MqttSettings
+
+__all__ = ["bench_simulate"]
+
+_START_MS = 1_763_784_000_000
+
+
+def _config(homes: int, vehicles: int, count: int) -> SimConfig:
+    return SimConfig(seed=7, homes=homes, vehicles=vehicles, count=count, start_ms=_START_MS)
+
+
+def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tuple[int, str, bytes]]:
+    sim = Simulation(config, shard, shards, count_limit=quota)
+    out: list[tuple[int, str, bytes]] = []
+    while not sim.exhausted:
+        out.extend((uid, topic, payload.encode()) for uid, topic, payload, _ in sim.tick())
+    return out
+
+
+def _raw_worker(mqtt: MqttSettings, config: SimConfig, shard: int, shards: int, quota: int, qos: int,
+                connections: int, max_inflight: int, barrier: Any, results: Any) -> None:
+    """A bare paho loop over pre-serialised payloads: the ceiling for Python + paho."""
+    import threading
+
+    from iotwatch.clients.mqtt import make_client
+
+    try:
+        messages = _messages(config, shard, shards, quota)
+        clients = []
+        acked = [0]
+        lock = threading.Lock()
+
+        def on_publish(*_: Any) -> None:
+            with lock:
+                acked[0] += 1
+
+        for n in range(connections):
+            client = make_client(mqtt, f"iotwatch-bench-raw-{shard}-{n}-{time.monotonic_ns()}")
+            client.max_inflight_messages_set(max_inflight)
+            client.max_queued_messages_set(0)
+            if qos:
+                client.on_publish = on_publish
+            client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
+            client.loop_start()
+            clients.append(client)
+        barrier.wait(timeout=120)
+        started = time.monotonic()
+        for uid, topic, payload in messages:
+            clients[uid % connections].publish(topic, payload, qos)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (acked[0] >= len(messages)) if qos else all(not c._out_packet for c in clients):  # noqa: SLF001
+                break
+            time.sleep(0.002)
+        wall = time.monotonic() - started
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+        results.put((shard, len(messages), wall, None))
+    except BaseException as exc:  # noqa: BLE001
+        results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
+
+
+def _raw_paho(mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int,
+              max_inflight: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    results = ctx.Queue()
+    count = config.count or 0
+    workers = [ctx.Process(target=_raw_worker, args=(mqtt, config, s, processes,
+                                                     count // processes + (1 if s < count % processes else 0),
+                                                     qos, connections, max_inflight, barrier, results))
+               for s in range(processes)]
+    for worker in workers:
+        worker.start()
+    parts = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+    errors = [p[3] for p in parts if p[3]]
+    if errors:
+        raise RuntimeError(f"raw paho benchmark failed: {errors[0]}")
+    sent = sum(p[1] for p in parts)
+    wall = max(p[2] for p in parts)
+    return {"sent": sent, "wall_s": round(wall, 3), "rate": round(sent / wall, 1)}
+
+
+def _mosquitto_pub(mqtt: MqttSettings, config: SimConfig, qos: int) -> dict[str, Any] | None:
+    binary = shutil.which("mosquitto_pub")
+    if binary is None or mqtt.use_tls or mqtt.username:
+        return None
+    payloads = [p for _, _, p in _messages(config, 0, 1, config.count or 0)]
+    with tempfile.TemporaryFile() as stdin:
+        stdin.write(b"\n".join(payloads) + b"\n")
+        stdin.seek(0)
+        started = time.monotonic()
+        proc = subprocess.run([binary, "-h", mqtt.host, "-p", str(mqtt.port), "-q", str(qos), "-l",
+                               "-t", "iotwatch/bench/mosquitto_pub", "-i", f"iotwatch-bench-pub-{time.monotonic_ns()}"],
+                              stdin=stdin, capture_output=True, timeout=600)
+        wall = time.monotonic() - started
+    if proc.returncode != 0:
+        return {"error": proc.stderr.decode(errors="replace").strip()[:200]}
+    return {"sent": len(payloads), "wall_s": round(wall, 3), "rate": round(len(payloads) / wall, 1)}
+
+
+def _own_broker(run_dir: Path) -> tuple[str, Any]:
+    from iotwatch.stack.mqtt_broker import start_mqtt_broker
+
+    service = start_mqtt_broker(run_dir, "mosquitto", timeout_s=30.0)
+    return service.endpoint, service.process
+
+
+@click.command("simulate")
+@click.option("--mqtt", "mqtt_url", metavar="mqtt://HOST:PORT",
+              help="Broker to measure against (default: start a private mosquitto).")
+@click.option("--messages", type=click.IntRange(min=1000), default=100_000, show_default=True,
+              help="Messages per measurement.")
+@click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--connections", type=click.IntRange(min=1), default=2, show_default=True,
+              help="MQTT connections per process.")
+@click.option("--homes", type=click.IntRange(min=0), default=2000, show_default=True)
+@click.option("--vehicles", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--qos", "qos_levels", type=click.Choice(["0", "1"]), multiple=True,
+              help="QoS levels to measure (repeatable) [default: 0 and 1].")
+@click.option("--max-inflight", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--no-mosquitto-pub", is_flag=True, help="Skip the mosquitto_pub -l reference.")
+@json_option
+@pass_app
+def bench_simulate(app: AppContext, mqtt_url: str | None, messages: int, processes: int, connections: int,
+                   homes: int, vehicles: int, qos_levels: tuple[str, ...], max_inflight: int,
+                   no_mosquitto_pub: bool, as_json: bool) -> None:
+    """Simulator msg/s vs a bare paho loop (and mosquitto_pub -l) with the same payloads."""
+    from iotwatch.settings import normalise_mqtt_url
+    from iotwatch.stack.process import stop_process
+
+    if homes + vehicles == 0:
+        raise click.UsageError("nothing to simulate: --homes or --vehicles must be > 0")
+    levels = [int(q) for q in (qos_levels or ("0", "1"))]
+    run_dir = None
+    broker = None
+    if mqtt_url:
+        mqtt = app.settings.mqtt.model_copy(update={"url": normalise_mqtt_url(mqtt_url)})
+    else:
+        if not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()):
+            raise StackError("bench simulate needs mosquitto (apt-get install mosquitto) or --mqtt URL")
+        run_dir = tempfile.mkdtemp(prefix="iotwatch-bench-sim-")
+        endpoint, broker = _own_broker(Path(run_dir))
+        mqtt = MqttSettings(url=endpoint)
+    config = _config(homes, vehicles, messages)
+    result: dict[str, Any] = {"broker": mqtt.url, "own_broker": broker is not None, "messages": messages,
+                              "processes": processes, "connections_per_process": connections,
+                              "homes": homes, "vehicles": vehicles, "results": {}}
+    try:
+        for qos in levels:
+            options = RunOptions(mqtt=mqtt, qos=qos, processes=processes, connections=connections,
+                                 as_fast_as_possible=True, max_inflight=max_inflight)
+            summary = run(config, options)
+            simulator = {"sent": summary["sent"], "wall_s": summary["wall_s"], "rate": summary["achieved_rate"],
+                         "errors": summary["errors"], "publish_latency": summary["publish_latency"]}
+            raw = _raw_paho(mqtt, config, processes, qos, connections, max_inflight)
+            entry: dict[str, Any] = {"simulator": simulator, "raw_paho": raw,
+                                     "ratio_vs_raw_paho": round(simulator["rate"] / raw["rate"], 3)}
+            if not no_mosquitto_pub:
+                reference = _mosquitto_pub(mqtt, config, qos)
+                if reference is not None:
+                    entry["mosquitto_pub"] = reference
+                    if "rate" in reference:
+                        entry["ratio_vs_mosquitto_pub"] = round(simulator["rate"] / reference["rate"], 3)
+            result["results"][f"qos{qos}"] = entry
+    finally:
+        if broker is not None:
+            stop_process(broker)
+            shutil.rmtree(run_dir or "", ignore_errors=True)
+    result["goal_ratio"] = 0.8
+    result["meets_goal"] = all(e["ratio_vs_raw_paho"] >= 0.8 for e in result["results"].values())
+    emit(result, as_json, _render)
+
+
+def _render(result: dict[str, Any]) -> None:
+    click.echo(f"bench simulate: {result['messages']:,} messages, {result['processes']} process(es) x "
+               f"{result['connections_per_process']} connection(s), broker {result['broker']}")
+    for level, entry in result["results"].items():
+        sim, raw = entry["simulator"], entry["raw_paho"]
+        line = (f"  {level}: simulator {sim['rate']:>10,.0f} msg/s   raw paho {raw['rate']:>10,.0f} msg/s   "
+                f"ratio {entry['ratio_vs_raw_paho']:.2f}")
+        if "mosquitto_pub" in entry and "rate" in entry["mosquitto_pub"]:
+            line += f"   mosquitto_pub -l {entry['mosquitto_pub']['rate']:,.0f} msg/s"
+        click.echo(line)
+        if sim.get("publish_latency"):
+            lat = sim["publish_latency"]
+            click.echo(f"        publish latency p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms")
+    click.echo(f"goal ratio >= {result['goal_ratio']}: {'met' if result['meets_goal'] else 'NOT met'}")

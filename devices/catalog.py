@@ -1,0 +1,116 @@
+"""Physical metric ranges per device type: the one place other components import.
+
+``DEVICE_METRICS[device_type][metric] = (unit, min, max)`` is the plausible physical
+range of each metric the simulators publish; the streaming job's range checks and the
+``out_of_range`` anomaly both use it. Metric names carry their unit (``temperature_c``,
+``power_w``, ``accel_x_g``) so a reading is self-describing.
+
+>>> DEVICE_METRICS["thermostat"]["temperature_c"]
+('degC', -10.0, 45.0)
+>>> metric_range("vehicle_edr", "speed_kmh")
+(0.0, 250.0)
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+from iotwatch.contract import DeviceType
+
+__all__ = ["DEVICE_METRICS", "DEFAULT_INTERVAL_S", "PRIMARY_METRIC", "METRIC_DECIMALS", "metric_range",
+           "metric_span"]
+
+MetricRange = tuple[str, float, float]
+
+_METRICS: dict[str, dict[str, MetricRange]] = {
+    DeviceType.THERMOSTAT: {
+        "temperature_c": ("degC", -10.0, 45.0),
+        "humidity_pct": ("%RH", 0.0, 100.0),
+        "setpoint_c": ("degC", 5.0, 35.0),
+        "hvac_on": ("bool", 0.0, 1.0),
+        "outside_temperature_c": ("degC", -40.0, 50.0),
+    },
+    DeviceType.SMART_METER: {
+        "power_w": ("W", 0.0, 15000.0),
+        "voltage_v": ("V", 200.0, 260.0),
+        "current_a": ("A", 0.0, 65.0),
+        "energy_kwh": ("kWh", 0.0, 1.0e7),
+    },
+    DeviceType.AIR_QUALITY: {
+        "co2_ppm": ("ppm", 350.0, 5000.0),
+        "pm25_ugm3": ("ug/m3", 0.0, 500.0),
+        "temperature_c": ("degC", -10.0, 45.0),
+    },
+    DeviceType.DOOR_SENSOR: {
+        "open": ("bool", 0.0, 1.0),
+        "battery_pct": ("%", 0.0, 100.0),
+        "temperature_c": ("degC", -30.0, 50.0),
+    },
+    DeviceType.LEAK_SENSOR: {
+        "water_detected": ("bool", 0.0, 1.0),
+        "battery_pct": ("%", 0.0, 100.0),
+        "temperature_c": ("degC", -10.0, 50.0),
+    },
+    DeviceType.VEHICLE_EDR: {
+        "speed_kmh": ("km/h", 0.0, 250.0),
+        "engine_rpm": ("rpm", 0.0, 8000.0),
+        "throttle_pct": ("%", 0.0, 100.0),
+        "brake_pct": ("%", 0.0, 100.0),
+        "steering_angle_deg": ("deg", -540.0, 540.0),
+        "accel_x_g": ("g", -50.0, 50.0),  # longitudinal, positive forward
+        "accel_y_g": ("g", -50.0, 50.0),  # lateral, positive left
+        "accel_z_g": ("g", -50.0, 50.0),  # vertical, about +1 at rest
+        "lat_deg": ("deg", -90.0, 90.0),
+        "lon_deg": ("deg", -180.0, 180.0),
+        "heading_deg": ("deg", 0.0, 360.0),
+        "coolant_temp_c": ("degC", -40.0, 130.0),
+        "fuel_level_pct": ("%", 0.0, 100.0),
+    },
+}
+
+#: device_type -> metric -> (unit, min, max). Read-only.
+DEVICE_METRICS: Mapping[str, Mapping[str, MetricRange]] = MappingProxyType(
+    {str(t): MappingProxyType(m) for t, m in _METRICS.items()})
+
+#: Decimal places each metric is published with (payload size and realism).
+METRIC_DECIMALS: Mapping[str, int] = MappingProxyType({
+    "temperature_c": 2, "humidity_pct": 1, "setpoint_c": 1, "hvac_on": 0, "outside_temperature_c": 2,
+    "power_w": 1, "voltage_v": 1, "current_a": 3, "energy_kwh": 4,
+    "co2_ppm": 1, "pm25_ugm3": 1, "open": 0, "battery_pct": 1, "water_detected": 0,
+    "speed_kmh": 2, "engine_rpm": 0, "throttle_pct": 1, "brake_pct": 1, "steering_angle_deg": 1,
+    "accel_x_g": 3, "accel_y_g": 3, "accel_z_g": 3, "lat_deg": 6, "lon_deg": 6, "heading_deg": 1,
+    "coolant_temp_c": 1, "fuel_level_pct": 2, "value": 6,
+})
+
+#: The metric measurement anomalies (spike, drift, ...) change unless told otherwise.
+PRIMARY_METRIC: Mapping[str, str] = MappingProxyType({
+    DeviceType.THERMOSTAT: "temperature_c",
+    DeviceType.SMART_METER: "power_w",
+    DeviceType.AIR_QUALITY: "co2_ppm",
+    DeviceType.DOOR_SENSOR: "temperature_c",
+    DeviceType.LEAK_SENSOR: "temperature_c",
+    DeviceType.VEHICLE_EDR: "coolant_temp_c",
+})
+
+#: Default reporting interval per device type, seconds (``--rate``/``--vehicle-hz`` change it).
+DEFAULT_INTERVAL_S: Mapping[str, float] = MappingProxyType({
+    DeviceType.THERMOSTAT: 1.0, DeviceType.SMART_METER: 1.0, DeviceType.AIR_QUALITY: 1.0,
+    DeviceType.DOOR_SENSOR: 1.0, DeviceType.LEAK_SENSOR: 1.0, DeviceType.VEHICLE_EDR: 0.1,
+})
+
+
+def metric_range(device_type: str, metric: str) -> tuple[float, float]:
+    """(min, max) of a metric; KeyError for an unknown type or metric."""
+    _, low, high = DEVICE_METRICS[device_type][metric]
+    return low, high
+
+
+def metric_span(device_type: str, metric: str) -> float:
+    """A typical scale for a metric's anomalies: a tenth of its physical range, bounded
+    for metrics whose range is huge (cumulative energy) or tiny (booleans)."""
+    metrics = DEVICE_METRICS.get(device_type, {})
+    if metric not in metrics:
+        return 1.0
+    _, low, high = metrics[metric]
+    return min(max((high - low) * 0.1, 0.5), 1000.0)

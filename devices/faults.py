@@ -1,0 +1,46 @@
+"""Transport faults: what the network and device firmware do to messages on the way.
+
+``duplicate`` (the same seq sent again), ``out_of_order`` (held back behind the next
+few readings), ``late`` (delivered long after its event time), ``clock_skew`` (the
+device clock is off, so ``ts`` is wrong) and ``malformed`` (a payload the contract
+rejects, for the dead-letter path). Kinds and their parameters live in
+:mod:`devices.anomalies`; this module holds what is specific to payloads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+__all__ = ["corrupt"]
+
+_SEQ = re.compile(r'"seq":(\d+),')
+
+
+def corrupt(payload: str, variant: str) -> str | bytes:
+    """A payload that fails contract validation in the way ``variant`` names."""
+    if variant == "truncated":
+        return payload[: max(1, len(payload) // 2)]
+    if variant == "not_json":
+        return "ERROR sensor reset " + payload[:20]
+    if variant == "invalid_utf8":
+        return payload.encode()[:-2] + b"\xff\xfe}"
+    if variant == "missing_field":
+        return _SEQ.sub("", payload, count=1)
+    if variant == "wrong_type":
+        return _SEQ.sub(lambda m: f'"seq":"{m.group(1)}",', payload, count=1)
+    if variant == "nan":
+        return re.sub(r'("metrics":\{"[^"]+":)[^,}]+', r"\1NaN", payload, count=1)
+    if variant == "unknown_field":
+        return payload[:-1] + ',"firmware":"1.2.3"}'
+    if variant == "bad_version":
+        return payload.replace('"v":1,', '"v":99,', 1)
+    raise ValueError(f"unknown malformed variant {variant!r}")
+
+
+def is_valid_json(payload: str | bytes) -> bool:
+    try:
+        json.loads(payload)
+        return True
+    except ValueError:
+        return False

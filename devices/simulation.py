@@ -1,0 +1,152 @@
+"""The simulation loop, without any broker: ticks of virtual time in, messages out.
+
+Virtual time advances in fixed ticks (``tick_ms``, 100 ms); in each tick every device
+whose next reading falls inside it produces that reading (several, if its interval is
+shorter than a tick). Messages are ``(uid, topic, payload, group)`` tuples, ``group`` being
+the index of the device type in :attr:`Simulation.type_names` or ``STATUS`` (-1) for a
+retained status message. How fast ticks follow each other in wall-clock time is the
+publisher's business, so the messages depend only on the configuration.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from devices.anomalies import TRANSPORT
+from devices.config import SimConfig
+from devices.faults import corrupt
+from devices.fleet import build_fleet
+from devices.group import DeviceGroup
+from devices.injector import DRAWS, STATUS, Injector
+from devices.rng import CounterRng
+
+__all__ = ["Outgoing", "STATUS", "Simulation"]
+
+Outgoing = tuple[int, str, Any, int]
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, shard: int = 0, shards: int = 1, *,
+                 count_limit: int | None = None) -> None:
+        self.config = config
+        self.rng = CounterRng(config.seed)
+        self.fleet = build_fleet(config, shard, shards)
+        self.groups: list[DeviceGroup] = self.fleet.groups
+        self.type_names = [g.device_type for g in self.groups]
+        self.injector = Injector(config, self.groups, self.rng)
+        self.now_ms = config.start_ms
+        self.tick_ms = config.tick_ms
+        self.readings = 0
+        self.remaining = count_limit
+        self.events: dict[str, int] = {}
+        self._delayed: list[tuple[int, int, Outgoing]] = []
+        self._order = 0
+
+    @property
+    def devices(self) -> int:
+        return sum(g.size for g in self.groups)
+
+    @property
+    def exhausted(self) -> bool:
+        """The count limit is reached, or every device is a replayed stream that ended."""
+        if self.remaining is not None and self.remaining <= 0:
+            return True
+        finite = [g for g in self.groups if hasattr(g, "finished")]
+        return bool(finite) and len(finite) == len(self.groups) and all(g.finished() for g in finite)
+
+    def tick(self) -> list[Outgoing]:
+        """Generate everything due in [now, now + tick) and advance the clock."""
+        end = self.now_ms + self.tick_ms
+        out: list[Outgoing] = []
+        for gi, group in enumerate(self.groups):
+            while True:
+                idx = group.due(end)
+                if not len(idx):
+                    break
+                if self.remaining is not None:
+                    if self.remaining <= 0:
+                        break
+                    idx = idx[: self.remaining]
+                    self.remaining -= len(idx)
+                self._batch(gi, group, idx, out)
+        delayed = self._delayed
+        while delayed and delayed[0][0] < end:
+            out.append(heapq.heappop(delayed)[2])
+        self.now_ms = end
+        if not out and self.groups:  # idle: skip empty ticks (on the same tick grid)
+            upcoming = min([g.next_due_min() for g in self.groups] + ([delayed[0][0]] if delayed else []))
+            if upcoming > end:
+                start = self.config.start_ms
+                self.now_ms = max(end, start + (upcoming - start) // self.tick_ms * self.tick_ms)
+        return out
+
+    def finish(self) -> list[Outgoing]:
+        """Deliver what is still held back (late, out of order) and close open anomalies."""
+        out = [item[2] for item in sorted(self._delayed)]
+        self._delayed.clear()
+        self.injector.close_all(self.now_ms, out)
+        return out
+
+    def run(self, duration_s: float) -> Iterator[list[Outgoing]]:
+        """Ticks until ``duration_s`` of virtual time (or the count limit) is done."""
+        stop = self.config.start_ms + int(duration_s * 1000)
+        while self.now_ms < stop and not self.exhausted:
+            yield self.tick()
+        yield self.finish()
+
+    # -- one batch of one device type ------------------------------------------------------
+
+    def _batch(self, gi: int, group: DeviceGroup, idx: np.ndarray, out: list[Outgoing]) -> None:
+        t = group.next_due[idx]
+        seq = group.seq[idx]
+        self.readings += len(idx)
+        injector = self.injector
+        u = self.rng.uniform(group.uid[idx], seq, 0, group.draws + DRAWS)
+        injector.begin(gi, group, idx, t, seq, u[:, group.draws:], out)
+        values, events = group.step(idx, t, seq, u[:, :group.draws])
+        effects = injector.apply(gi, group, idx, t, seq, values)
+        events += group.finalize(idx, t, seq, values)
+        ts = t
+        if effects is not None and effects.ts_shift:
+            ts = t.copy()
+            for r, shift in effects.ts_shift.items():
+                ts[r] += shift
+        payloads: list[Any] = group.payloads(idx, seq, ts, values)
+        for r, name, data in events:
+            payloads[r] = group.event_payload(int(idx[r]), int(seq[r]), int(ts[r]), values[r], name, data)
+            self.events[name] = self.events.get(name, 0) + 1
+        uids = group.uid[idx].tolist()
+        topics = group.topics
+        if effects is None or not (effects.suppress or effects.transport):
+            out.extend(zip(uids, [topics[i] for i in idx.tolist()], payloads, [gi] * len(payloads)))
+        else:
+            for r, (uid, i, payload) in enumerate(zip(uids, idx.tolist(), payloads)):
+                if r in effects.suppress:
+                    continue
+                message = (uid, topics[i], payload, gi)
+                actives = effects.transport.get(r)
+                if not actives:
+                    out.append(message)
+                    continue
+                copies, delay_ms = 1, 0
+                for active in actives:
+                    params = active.params
+                    if active.kind.name == "malformed":
+                        message = (uid, topics[i], corrupt(payload, params["variant"]), gi)
+                    elif active.kind.name == "duplicate":
+                        copies += int(params["copies"])
+                    elif active.kind.name == "out_of_order":
+                        delay_ms = max(delay_ms, int((params["depth"] + 0.5) * group.interval[i]))
+                    elif active.kind.name == "late" and active.kind.category == TRANSPORT:
+                        delay_ms = max(delay_ms, int(params["delay_s"] * 1000))
+                for _ in range(copies):
+                    if delay_ms:
+                        self._order += 1
+                        heapq.heappush(self._delayed, (int(t[r]) + delay_ms, self._order, message))
+                    else:
+                        out.append(message)
+        group.advance(idx)
