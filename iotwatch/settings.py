@@ -236,6 +236,10 @@ class StreamSettings(_ConcernSettings):
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
     device_detector: str = Field("ensemble", description="per-(device, metric) detector from models (compact state)")
+    device_detector_params: dict[str, Any] = Field(
+        default_factory=lambda: {"warmup": 60, "learning_period": 60},
+        description="detector parameters (JSON); the warm-up is how many readings a metric is learned "
+                    "before it may alert")
     alert_fire_score: float = Field(0.75, gt=0, le=1, description="calibrated score that fires an anomaly alert")
     alert_clear_score: float = Field(0.45, ge=0, lt=1, description="score below which an open alert may clear")
     alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
@@ -244,7 +248,6 @@ class StreamSettings(_ConcernSettings):
     crash_decel_g: float = Field(4.0, gt=0, description="longitudinal deceleration that counts as a crash")
     stuck_hvac_c: float = Field(6.0, gt=0, description="temperature this far from setpoint while heating/cooling")
     stuck_hvac_readings: int = Field(30, ge=1)
-    warmup_readings: int = Field(60, ge=0, description="readings per metric learned before scores may alert")
 
 
 class Settings(BaseModel):

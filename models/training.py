@@ -18,7 +18,6 @@ the evaluation figures, then registered as a candidate in the registry.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["TrainConfig", "evaluation_figures", "spark_session", "train_fleet_models", "under_spark_submit"]
+__all__ = ["BATCH_CONF", "TrainConfig", "evaluation_figures", "train_fleet_models"]
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +59,8 @@ class TrainConfig:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def under_spark_submit() -> bool:
-    """True inside ``spark-submit`` (the JVM is already up and sets the master)."""
-    return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
-def spark_session(master: str | None = "local[2]", app_name: str = "iotwatch-train") -> SparkSession:
-    """A Spark session for batch jobs: no UI, UTC; ``master`` is ignored under spark-submit."""
-    from pyspark.sql import SparkSession
-
-    builder = (SparkSession.builder.appName(app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false"))
-    if master and not under_spark_submit():
-        builder = builder.master(master).config("spark.sql.shuffle.partitions", "4")
-    return builder.getOrCreate()
+#: Spark settings of the batch jobs (partition values stay strings: dates, device types).
+BATCH_CONF = {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}
 
 
 def _date(ms: int) -> str:

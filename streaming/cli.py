@@ -38,7 +38,8 @@ def root_cause(text: str) -> str:
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
 @click.option("--kafka-source", type=click.Choice(["python", "spark"]),
               help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).")
-@click.option("--available-now", is_flag=True, help="Process what is in Kafka now, then stop.")
+@click.option("--available-now", is_flag=True, help="Process what is in Kafka now, then stop (same state and "
+                                                   "checkpoint as a continuous run).")
 @click.option("--duration", type=float, help="Stop after this many seconds.")
 @json_option
 @pass_app
@@ -54,7 +55,8 @@ def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | Non
     to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
     topics and the InfluxDB database.
     """
-    from streaming.job import spark_session, start
+    from iotwatch.spark import session_scope
+    from streaming.job import STREAM_CONF, start
 
     update: dict[str, Any] = {k: v for k, v in {
         "trigger_interval_s": trigger_s, "max_offsets_per_trigger": max_offsets_per_trigger,
@@ -69,24 +71,25 @@ def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | Non
     else:
         log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
 
-    spark = spark_session(settings.stream)
-    job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir, available_now=available_now)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    started = time.monotonic()
-    try:
-        while job.query.isActive and not stop.is_set():
-            if duration is not None and time.monotonic() - started >= duration:
-                break
-            stop.wait(1.0)
-        exception = job.query.exception()
-    finally:
-        job.stop()
+    stream_settings = settings.stream
+    with session_scope("iotwatch-stream", stream_settings.spark_master,
+                       shuffle_partitions=stream_settings.shuffle_partitions, conf=STREAM_CONF) as spark:
+        job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir,
+                    available_now=available_now)
+        started = time.monotonic()
         try:
-            spark.stop()
-        except Exception as exc:  # noqa: BLE001 - the JVM may already be shutting down
-            log.warning("stopping Spark: %s", str(exc).splitlines()[0])
+            while job.query.isActive and not stop.is_set():
+                if duration is not None and time.monotonic() - started >= duration:
+                    break
+                if available_now and job.caught_up():
+                    break
+                stop.wait(0.5)
+            exception = job.query.exception()
+        finally:
+            job.stop()
     if exception is not None:
         raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
     summary = {"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals),

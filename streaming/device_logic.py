@@ -48,7 +48,8 @@ class DeviceLogic:
     def __init__(self, settings: StreamSettings, model_version: str | None = None) -> None:
         self.settings = settings
         self.detector_name = settings.device_detector
-        if not make(self.detector_name).compact_state:  # also fails fast on an unknown name
+        self.detector_params = dict(settings.device_detector_params)
+        if not make(self.detector_name, **self.detector_params).compact_state:  # fails fast on a bad name too
             raise ValueError(f"{self.detector_name} is a fleet model: per-device state needs a compact detector")
         self.specs: dict[str, RuleSpec] = rules.rule_specs(settings, self.detector_name)
         self.model_version = model_version or f"{self.detector_name}@online"
@@ -103,7 +104,7 @@ class DeviceLogic:
     def _detector(self, state: DeviceState, metric: str, cache: dict[str, Detector]) -> Detector:
         detector = cache.get(metric)
         if detector is None:
-            detector = make(self.detector_name)  # fed single-metric readings: {metric: value}
+            detector = make(self.detector_name, **self.detector_params)  # fed {metric: value}
             saved = state.detectors.get(metric)
             if saved is not None:
                 detector.set_state(saved)
@@ -125,8 +126,6 @@ class DeviceLogic:
         self._aggregate(state, message.ts, metrics, scores)
         ranked = sorted(scores.items(), key=lambda item: -item[1])
         top_metric, top_score = ranked[0] if ranked else (None, 0.0)
-        if state.counters.scored <= self.settings.warmup_readings:
-            top_score = 0.0  # baselines still forming: score, archive, but do not alert yet
         verdict = "is anomalous" if top_score >= self.specs[rules.ANOMALY].fire else "is within its normal range"
         observations = rules.evaluate(rules.ReadingView(
             state.device_type, metrics, message.event, tuple(m for m, q in quality.items() if q != QUALITY_OK)),

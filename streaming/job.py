@@ -9,9 +9,6 @@ sharded by device over ``shuffle_partitions`` -- not ours.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.errors import IotwatchError, StackError
+from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
 from streaming.processor import DeviceProcessor
@@ -35,30 +32,20 @@ log = logging.getLogger(__name__)
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def require_java() -> None:
-    """Spark needs a JVM: say what to install instead of a py4j stack trace."""
-    if os.environ.get("JAVA_HOME") or shutil.which("java"):
-        return
-    raise StackError("Java 17+ is needed for Spark: apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME)")
+#: The job's Spark settings: RocksDB state store (transformWithState needs it), dynamic
+#: partition overwrite (idempotent archive writes per batch).
+STREAM_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+    "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+}
 
 
 def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -> SparkSession:
-    """A session configured for the job (RocksDB state store, UTC, dynamic partition
-    overwrite). The master is left to spark-submit when ``spark_master`` is empty."""
-    require_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
-    if settings.spark_master:
-        builder = builder.master(settings.spark_master).config("spark.ui.enabled", "false")
-    return (builder
-            .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-            .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-            .getOrCreate())
+    """A session for the job (the master is left to spark-submit when running under it)."""
+    from iotwatch.spark import spark_session as session
+
+    return session(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
 
 
 class ProgressReporter(StreamingQueryListener):
@@ -128,6 +115,23 @@ class RunningJob:
     writer: BatchWriter
     reporter: ProgressReporter
 
+    def caught_up(self) -> bool:
+        """The backlog is processed: the query ended, or its last batch read nothing and no
+        more data is waiting. (With state TTL and silence timers, Spark keeps running
+        no-data batches even after an availableNow trigger has read everything.)"""
+        if not self.query.isActive:
+            return True
+        progress = self.query.lastProgress
+        return bool(progress and progress["batchId"] >= 0 and progress["numInputRows"] == 0
+                    and not self.query.status["isDataAvailable"] and self.writer.totals.get("batches", 0) > 0)
+
+    def await_backlog(self, timeout_s: float) -> None:
+        """Block until :meth:`caught_up` (or the query failed), then stop the query."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.caught_up():
+            time.sleep(0.5)
+        self.stop()
+
     def stop(self) -> None:
         """Stop the query (idempotent; tolerates a JVM already shutting down)."""
         try:
@@ -149,8 +153,8 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     keyed = raw.select(F.coalesce(F.col("key").cast("string"), F.lit("")).alias("device_key"),
                        "value", "partition", "offset")
     scored = keyed.groupBy("device_key").transformWithStateInPandas(
-        statefulProcessor=DeviceProcessor(stream, continuous=not available_now), outputStructType=OUTPUT_SCHEMA,
-        outputMode="Append", timeMode="None" if available_now else "ProcessingTime")
+        statefulProcessor=DeviceProcessor(stream), outputStructType=OUTPUT_SCHEMA,
+        outputMode="Append", timeMode="ProcessingTime")
     writer = BatchWriter(settings, archive)
     reporter = ProgressReporter(settings, query_name)
     spark.streams.addListener(reporter)

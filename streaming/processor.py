@@ -30,18 +30,13 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 class DeviceProcessor(StatefulProcessor):
     """Keyed by the Kafka key (the device id); see DeviceLogic for what happens per record."""
 
-    def __init__(self, settings: StreamSettings, continuous: bool = True) -> None:
-        """``continuous=False`` is for bounded runs (availableNow): no silence timers and no
-        state TTL, because either keeps Spark running no-data batches and the run never ends.
-        It must then be used with ``timeMode="None"``."""
+    def __init__(self, settings: StreamSettings) -> None:
         self.settings = settings
-        self.continuous = continuous
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.logic = DeviceLogic(self.settings)
-        ttl_ms = int(self.settings.state_ttl_s * 1000) if self.continuous else None
-        self.state = handle.getValueState("device", STATE_SCHEMA, ttl_ms)
+        self.state = handle.getValueState("device", STATE_SCHEMA, int(self.settings.state_ttl_s * 1000))
 
     def _load(self) -> DeviceState:
         if self.state.exists():
@@ -57,8 +52,7 @@ class DeviceProcessor(StatefulProcessor):
                    for value, partition, offset in zip(frame["value"], frame["partition"], frame["offset"],
                                                        strict=True)]
         out = list(self.logic.process(state, records, now_ms))
-        if self.continuous:
-            self._rearm_timer(state, now_ms)
+        self._rearm_timer(state, now_ms)
         self.state.update((state.to_json(),))
         if out:
             yield _frame(out)

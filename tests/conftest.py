@@ -63,6 +63,20 @@ def test_settings(stack_settings: Settings, unique: str) -> Settings:
 
 
 @pytest.fixture(scope="session")
+def spark(base_settings: Settings) -> Iterator[object]:
+    """One local Spark session for every Spark test (start-up costs 10-20 s), configured
+    as the streaming job configures it."""
+    from streaming.job import spark_session
+
+    session = spark_session(base_settings.stream.model_copy(update={"spark_master": "local[2]"}), "iotwatch-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
 def nab_dev_dir() -> Path:
     """The labelled NAB development streams in ../shared (present in CI too)."""
     path = SHARED_DIR / "datasets" / "nab-dev"

@@ -63,7 +63,8 @@ def train(app: AppContext, archive: Path | None, registry_path: Path | None, sin
     """Fit an Isolation Forest per device type on the archived readings (Spark batch job)
     and register each as a candidate model; with --approve, approve it and announce it
     on the model-updates topic so running scorers swap it in."""
-    from models.training import TrainConfig, spark_session, train_fleet_models
+    from iotwatch.spark import session_scope
+    from models.training import BATCH_CONF, TrainConfig, train_fleet_models
     from models.updates import UpdatePublisher
 
     settings = app.settings
@@ -75,11 +76,8 @@ def train(app: AppContext, archive: Path | None, registry_path: Path | None, sin
     if not (archive / "readings").is_dir():
         raise IotwatchError(f"{archive / 'readings'} does not exist: no archive to train on (see --archive)")
     registry = ModelRegistry(registry_path or RegistrySettings().path)
-    spark = spark_session(master or None)
-    try:
+    with session_scope("iotwatch-train", master or None, conf=BATCH_CONF) as spark:
         models = train_fleet_models(spark, config, registry)
-    finally:
-        spark.stop()
     if approve:
         publisher = UpdatePublisher(settings.kafka, settings.topics.model_updates)
         registry.publisher = publisher

@@ -4,9 +4,7 @@ starting offsets, topics that appear later, and the Tansu ListOffsets quirk."""
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,26 +71,6 @@ def assert_exactly(collector: Collector, expected: range) -> None:
 
 
 # --------------------------------------------------------------------------- fixtures
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator:
-    from pyspark.sql import SparkSession
-
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need this venv (confluent-kafka)
-    session = (SparkSession.builder.master("local[2]").appName("test-kafka-source")
-               .config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
-               .config("spark.sql.streaming.stopTimeout", "30s").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
-        if saved is None:
-            os.environ.pop("PYSPARK_PYTHON", None)
-        else:
-            os.environ["PYSPARK_PYTHON"] = saved
-
 
 @pytest.fixture
 def run_stream(spark, stack_settings: Settings, tmp_path: Path) -> Callable:

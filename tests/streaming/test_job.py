@@ -1,0 +1,138 @@
+"""The streaming job end to end: Spark local, the real Kafka-protocol broker and InfluxDB."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.deadletter import H_REASON, header_value
+from iotwatch.settings import Settings
+from streaming.job import start
+from tests.helpers import read_topic
+from tests.streaming.scenario import write_scenario
+
+pytestmark = pytest.mark.slow
+
+
+def _job_settings(settings: Settings, **stream: object) -> Settings:
+    update = {"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 400, **stream}
+    return settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
+
+
+def _alerts(settings: Settings) -> list[dict]:
+    return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, timeout_s=30, idle_s=3)]
+
+
+def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_settings: Settings, unique: str,
+                                                                 tmp_path: Path) -> None:
+    settings = _job_settings(test_settings)
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    scenario = write_scenario(settings, unique)
+    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", available_now=True)
+    job.await_backlog(600)
+    assert job.query.exception() is None
+    totals = job.writer.totals
+
+    # Alerts: each injected anomaly raised on the alert topic, read with a plain consumer.
+    alerts = _alerts(settings)
+    raised = {(a["device_id"], a["rule"]) for a in alerts if a["state"] == "raised"}
+    for device, rule in scenario.expected_alerts.items():
+        assert (device, rule) in raised, f"no {rule} alert for {device}: {sorted(raised)}"
+    assert not {d for d, _ in raised} & set(scenario.quiet_devices)
+    sample = next(a for a in alerts if a["rule"] == "crash")
+    for field in ("alert_id", "state", "severity", "rule", "detector", "device_id", "device_type", "site", "metric",
+                  "value", "score", "threshold", "contributors", "first_event_time", "last_event_time",
+                  "occurrences", "detected_at", "model_version", "message"):
+        assert field in sample
+    assert sample["severity"] == "critical" and "crash" in sample["message"]
+
+    # Accounting: every record is a scored reading, a duplicate, late, or dead-lettered.
+    published = sum(len(s) for s in scenario.readings.values())
+    assert totals["reading_records"] == published
+    assert totals["duplicate"] == scenario.duplicates
+    assert totals["late"] == len(scenario.late)
+    assert totals["dlq"] == scenario.malformed
+
+    # Archive: clean readings in Parquet, partitioned by date and device type, each (device, seq) once.
+    archive = pd.read_parquet(tmp_path / "archive" / "readings")
+    archived = archive.drop_duplicates(["device_id", "seq"]).groupby("device_id")["seq"].apply(sorted).to_dict()
+    assert archived == scenario.readings
+    assert set(archive["device_type"].astype(str)) == {"thermostat", "leak_sensor", "vehicle_edr"}
+    assert len(archive) == len(archive.drop_duplicates(["device_id", "seq", "metric"]))
+
+    # Dead letters: malformed records and the late one, each with a reason.
+    dead = read_topic(settings.kafka, settings.topics.dlq, timeout_s=30, idle_s=3)
+    reasons = sorted(header_value(m.headers(), H_REASON) or "" for m in dead)
+    assert reasons == sorted(["invalid_json", "missing_field", "non_finite_number", "late"])
+
+    # InfluxDB: per-device aggregates and pipeline health, read back with InfluxQL.
+    client = InfluxV1Client(settings.influx)
+    device = f"th-{unique}-0"
+    series = client.query(f"SELECT count(mean) FROM device_metrics WHERE device_id = '{device}' AND "
+                          f"metric = 'temperature_c' AND time > now() - 2h")
+    assert series and series[0]["values"][0][1] >= 3  # minute buckets of a 4-minute stream
+    health = client.query("SELECT sum(duplicate), sum(dlq) FROM pipeline WHERE stage = 'stream' AND time > now() - 10m")
+    assert health and health[0]["values"][0][1] >= scenario.duplicates
+    client.close()
+
+
+def _stream_command(settings: Settings, checkpoint: Path, archive: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "stream", "--kafka",
+            settings.kafka.bootstrap_servers, "--influx", "", "--checkpoint", str(checkpoint), "--archive",
+            str(archive), "--json", *extra]
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update(IOTWATCH_TOPIC_RAW=settings.topics.raw, IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
+               IOTWATCH_TOPIC_ALERTS=settings.topics.alerts, IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600")
+    return env
+
+
+def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_alert_ids(
+        spark, stack_settings: Settings, unique: str, tmp_path: Path) -> None:
+    base = _job_settings(stack_settings)
+    topics = base.topics.model_copy(update={"raw": f"t.{unique}.raw", "dlq": f"t.{unique}.dlq",
+                                            "alerts": f"t.{unique}.alerts-a"})
+    reference = base.model_copy(update={"topics": topics})
+    ensure_topics(reference.kafka, reference.topics.kafka_topics())
+    scenario = write_scenario(reference, unique)
+
+    # Uninterrupted reference run, in-process.
+    job = start(spark, reference, checkpoint_dir=tmp_path / "ck-ref", archive_dir=tmp_path / "ar-ref",
+                available_now=True, query_name="reference")
+    job.await_backlog(600)
+    reference_ids = {a["alert_id"] for a in _alerts(reference)}
+    assert len(reference_ids) >= len(scenario.expected_alerts)
+
+    # The same input through a job killed with SIGKILL mid-stream, then restarted from its checkpoint.
+    restarted = reference.model_copy(update={"topics": topics.model_copy(update={"alerts": f"t.{unique}.alerts-b"})})
+    ensure_topics(restarted.kafka, [restarted.topics.alerts])
+    checkpoint, archive = tmp_path / "ck-kill", tmp_path / "ar-kill"
+    first = subprocess.Popen(_stream_command(restarted, checkpoint, archive, "--trigger", "0.5",
+                                             "--max-offsets-per-trigger", "200"),
+                             env=_env(restarted), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list((checkpoint / "commits").glob("[0-9]*"))) < 2:
+        time.sleep(0.5)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    committed = len(list((checkpoint / "commits").glob("[0-9]*")))
+    assert 2 <= committed, "the job was killed before committing two batches"
+    second = subprocess.run(_stream_command(restarted, checkpoint, archive, "--available-now"),
+                            env=_env(restarted), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {a["alert_id"] for a in _alerts(restarted)} == reference_ids
+
+    archived = pd.read_parquet(archive / "readings").drop_duplicates(["device_id", "seq"])
+    assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
