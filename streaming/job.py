@@ -55,6 +55,7 @@ class ProgressReporter(StreamingQueryListener):
         self.influx = settings.influx if settings.influx.enabled else None
         self.query_name = query_name
         self.last: dict[str, Any] = {}
+        self.history: list[dict[str, Any]] = []  # every batch's fields, for summaries and benchmarks
 
     def onQueryStarted(self, event: Any) -> None:
         pass
@@ -79,6 +80,7 @@ class ProgressReporter(StreamingQueryListener):
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
         self.last = fields
+        self.history.append(fields)
         if self.influx is not None:
             client = InfluxV1Client(self.influx)
             try:

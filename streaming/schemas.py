@@ -6,7 +6,7 @@ from pyspark.sql.types import (BinaryType, DoubleType, IntegerType, LongType, St
                                StructType)
 
 #: What the stateful per-device operator emits: one wide row type, told apart by ``kind``
-#: (reading | alert | aggregate | duplicate | late | dlq). See streaming.device_logic.
+#: (reading | alert | aggregate | duplicate | late | dlq | tally). See streaming.device_logic.
 OUTPUT_SCHEMA = StructType([
     StructField("kind", StringType(), False),
     StructField("device_id", StringType()),

@@ -13,6 +13,7 @@ from iotwatch.cli import LazyGroup
 #: Benchmark name -> "module:attribute" of its click command (imported when run).
 BENCHMARKS: dict[str, str] = {
     "gateway": "gateway.bench:bench_gateway",
+    "stream": "streaming.bench:bench_stream",
     "simulate": "devices.bench:bench_simulate",
 }
 

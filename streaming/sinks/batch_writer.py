@@ -28,6 +28,10 @@ from streaming.sinks.kafka_rows import produce_all
 
 log = logging.getLogger(__name__)
 
+#: Per-device counters (streaming.device_state.Counters) summed per batch -> their names in totals.
+TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates": "duplicate", "late": "late",
+                "dead_lettered": "dlq"}
+
 def _dead_letters(kafka_config: dict[str, str], topic: str, rows: Iterator[Any]) -> None:
     def records() -> Iterator[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
         for row in rows:
@@ -87,11 +91,17 @@ class BatchWriter:
             self._write_influx_health(counts, batch_id)
 
     def _write(self, frame: DataFrame, batch_id: int) -> dict[str, int]:
-        by_kind = {row["kind"]: row["count"] for row in frame.groupBy("kind").count().collect()}
-        counts: dict[str, int] = {kind: by_kind.get(kind, 0) for kind in
-                                  ("reading", "duplicate", "late", "dlq", "alert", "aggregate")}
+        tally = F.col("kind") == "tally"
+        by_kind = {row["kind"]: row for row in frame.groupBy("kind").agg(
+            F.count(F.lit(1)).alias("rows"),
+            *[F.sum(F.when(tally, F.get_json_object("body", f"$.{name}").cast("long"))).alias(name)
+              for name in TALLY_FIELDS]).collect()}
+        counts: dict[str, int] = {kind: (by_kind[kind]["rows"] if kind in by_kind else 0)
+                                  for kind in ("reading", "alert", "aggregate")}
+        tallies = by_kind.get("tally")
+        for name, label in TALLY_FIELDS.items():
+            counts[label] = int(tallies[name] or 0) if tallies is not None else 0
         readings = frame.filter(F.col("kind") == "reading")
-        counts["reading_records"] = readings.select("device_id", "seq").distinct().count() if counts["reading"] else 0
 
         alerts = [json.loads(row.body) for row in frame.filter(F.col("kind") == "alert").select("body").collect()]
         if alerts:
