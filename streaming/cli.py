@@ -8,13 +8,17 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.settings import Settings
+
+if TYPE_CHECKING:
+    from streaming.job import RunningJob
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +28,48 @@ def root_cause(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Violation)\b.*:", line)]
     return (raised[-1] if raised else lines[0] if lines else "unknown error")[:500]
+
+
+def prepare_outputs(settings: Settings) -> None:
+    """Create missing topics and the InfluxDB database."""
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    if settings.influx.enabled:
+        client = InfluxV1Client(settings.influx)
+        client.create_database()
+        client.close()
+    else:
+        log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
+
+
+def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path | None, *, available_now: bool,
+            duration: float | None, query_name: str = "iotwatch_stream") -> RunningJob:
+    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done."""
+    from iotwatch.spark import session_scope
+    from streaming.job import STREAM_CONF, start
+
+    prepare_outputs(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stream_settings = settings.stream
+    with session_scope("iotwatch-stream", stream_settings.spark_master,
+                       shuffle_partitions=stream_settings.shuffle_partitions, conf=STREAM_CONF) as spark:
+        job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir,
+                    available_now=available_now, query_name=query_name)
+        started = time.monotonic()
+        try:
+            while job.query.isActive and not stop.is_set():
+                if duration is not None and time.monotonic() - started >= duration:
+                    break
+                if available_now and job.caught_up():
+                    break
+                stop.wait(0.5)
+            exception = job.query.exception()
+        finally:
+            job.stop()
+    if exception is not None:
+        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
+    return job
 
 
 @click.command()
@@ -55,43 +101,12 @@ def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | Non
     to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
     topics and the InfluxDB database.
     """
-    from iotwatch.spark import session_scope
-    from streaming.job import STREAM_CONF, start
-
     update: dict[str, Any] = {k: v for k, v in {
         "trigger_interval_s": trigger_s, "max_offsets_per_trigger": max_offsets_per_trigger,
         "starting_offsets": starting_offsets, "kafka_source": kafka_source}.items() if v is not None}
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
-    ensure_topics(settings.kafka, settings.topics.kafka_topics())
-    if settings.influx.enabled:
-        client = InfluxV1Client(settings.influx)
-        client.create_database()
-        client.close()
-    else:
-        log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stream_settings = settings.stream
-    with session_scope("iotwatch-stream", stream_settings.spark_master,
-                       shuffle_partitions=stream_settings.shuffle_partitions, conf=STREAM_CONF) as spark:
-        job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir,
-                    available_now=available_now)
-        started = time.monotonic()
-        try:
-            while job.query.isActive and not stop.is_set():
-                if duration is not None and time.monotonic() - started >= duration:
-                    break
-                if available_now and job.caught_up():
-                    break
-                stop.wait(0.5)
-            exception = job.query.exception()
-        finally:
-            job.stop()
-    if exception is not None:
-        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
+    job = run_job(settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration)
     summary = {"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals),
                "last_progress": job.reporter.last}
     emit(summary, as_json, lambda s: click.echo(f"stream stopped after {s['batches']} batches: {s['totals']}"))

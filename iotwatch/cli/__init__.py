@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "stack": "iotwatch.cli.stack:stack",
     "gateway": "gateway.cli:gateway",
     "stream": "streaming.cli:stream",
+    "replay": "streaming.replay:replay",
     "bench": "iotwatch.cli.bench:bench",
     "simulate": "devices.cli:simulate",
 }

@@ -136,3 +136,32 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     archived = pd.read_parquet(archive / "readings").drop_duplicates(["device_id", "seq"])
     assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
+
+
+def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(spark, test_settings: Settings, unique: str,
+                                                                       tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from iotwatch.cli import cli
+
+    settings = _job_settings(test_settings)
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    scenario = write_scenario(settings, unique)
+    for name, value in {"IOTWATCH_TOPIC_RAW": settings.topics.raw, "IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
+                        "IOTWATCH_TOPIC_DLQ": settings.topics.dlq, "IOTWATCH_STREAM_SILENCE_TIMEOUT_S": "3600",
+                        "IOTWATCH_STREAM_CHECKPOINT_DIR": str(tmp_path / "ck" / "live"),
+                        "IOTWATCH_STREAM_ARCHIVE_DIR": str(tmp_path / "archive")}.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["replay", "--tag", "v2", "--kafka", settings.kafka.bootstrap_servers,
+                                      "--influx", settings.influx.url or "", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output[-2000:]
+    report = json.loads(result.output[result.output.index("{"):])
+    assert report["alerts_topic"] == f"{settings.topics.alerts}.v2"
+    assert report["totals"]["reading_records"] == sum(len(s) for s in scenario.readings.values())
+    comparison = report["comparison"]
+    assert comparison["live_alerts"] == 0 and comparison["replay_alerts"] >= len(scenario.expected_alerts)
+    assert {"anomaly_score", "crash", "water_leak"} <= set(comparison["only_replay"])
+    assert (tmp_path / "ck" / "replay-v2").is_dir() and (tmp_path / "archive-v2" / "readings").is_dir()
+    client = InfluxV1Client(settings.influx.model_copy(update={"database": f"{settings.influx.database}_v2"}))
+    assert client.query("SELECT count(mean) FROM device_metrics")
+    client.close()
