@@ -32,6 +32,7 @@ from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import Telemetry, telemetry_topic
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
+from gateway.metrics import wait_healthy
 from iotwatch.stack.process import free_port
 
 
@@ -124,7 +125,7 @@ def measure_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], r
          "--kafka", settings.kafka.bootstrap_servers, "--influx", "", "--client-id", f"bench-gw-{run}",
          "--metrics-port", str(port), "--json"], env=env, stdout=subprocess.PIPE, stderr=log)
     try:
-        _wait_health(port)
+        wait_healthy(port)
         consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-{run}",
                              "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
@@ -150,20 +151,6 @@ def measure_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], r
     elapsed = last - (starts[0] if starts else publish_began)
     return {"messages": got, "seconds": round(elapsed, 3), "msgs_per_s": round(got / elapsed, 1) if got else 0.0,
             "latency_ms": _quantiles(latencies), "gateway_summary": summary}
-
-
-def _wait_health(port: int, timeout_s: float = 60) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise click.ClickException("the gateway did not become healthy")
 
 
 @click.command("gateway")

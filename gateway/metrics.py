@@ -160,6 +160,21 @@ class MetricsServer:
         self._server.server_close()
 
 
+def wait_healthy(port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
+    """Block until a gateway's ``/health`` answers 200 (scripts, benchmarks, tests)."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://{host}:{port}/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the gateway on port {port} did not report healthy within {timeout_s:.0f} s")
+
+
 def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[Point]:
     """The ``gateway`` measurement: one point per status period."""
     point = Point("gateway").tag("instance", instance).time(ts_ms, "ms")

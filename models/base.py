@@ -31,6 +31,7 @@ __all__ = [
     "ANOMALY_KINDS",
     "Detector",
     "Reading",
+    "StatelessMixin",
     "UnivariateMixin",
     "detector_class",
     "registered_classes",
@@ -167,6 +168,19 @@ class Detector(abc.ABC):
         if not isinstance(obj, Detector):
             raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
         return obj
+
+
+class StatelessMixin:
+    """For rules that learn nothing: an empty state and a no-op ``learn_one``."""
+
+    def learn_one(self, x: Reading, t_ms: int) -> None:
+        return None
+
+    def to_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: Mapping[str, Any]) -> Self:
+        return self
 
 
 class UnivariateMixin:

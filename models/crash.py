@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import ClassVar
 
-from models.base import Detector, Reading, UnivariateMixin
+from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
 __all__ = ["CrashDeceleration", "STANDARD_GRAVITY"]
 
@@ -13,7 +12,7 @@ __all__ = ["CrashDeceleration", "STANDARD_GRAVITY"]
 STANDARD_GRAVITY = 9.80665
 
 
-class CrashDeceleration(UnivariateMixin, Detector):
+class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
     """Score 1.0 when longitudinal deceleration reaches ``threshold_g``.
 
     The metric is longitudinal acceleration (positive forward), in g or, with
@@ -32,14 +31,14 @@ class CrashDeceleration(UnivariateMixin, Detector):
     Examples
     --------
     >>> rule = CrashDeceleration(threshold_g=4.0)
-    >>> [rule.score_one({"accel_long_g": a}, 0) for a in (0.3, -0.9, -4.0, -12.5, 6.0)]
+    >>> [rule.score_one({"accel_x_g": a}, 0) for a in (0.3, -0.9, -4.0, -12.5, 6.0)]
     [0.0, 0.0, 1.0, 1.0, 0.0]
     """
 
     name: ClassVar[str] = "crash"
     detects: ClassVar[frozenset[str]] = frozenset({"crash"})
 
-    def __init__(self, metric: str | None = "accel_long_g", threshold_g: float = 4.0, units: str = "g") -> None:
+    def __init__(self, metric: str | None = "accel_x_g", threshold_g: float = 4.0, units: str = "g") -> None:
         if units not in ("g", "m/s2"):
             raise ValueError(f"units must be 'g' or 'm/s2', not {units!r}")
         if threshold_g <= 0:
@@ -48,12 +47,6 @@ class CrashDeceleration(UnivariateMixin, Detector):
         self.threshold_g = threshold_g
         self.units = units
 
-    def to_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        return self
-
     def score_one(self, x: Reading, t_ms: int) -> float:
         v = self._value(x)
         if v is None:
@@ -61,5 +54,3 @@ class CrashDeceleration(UnivariateMixin, Detector):
         decel_g = -v / STANDARD_GRAVITY if self.units == "m/s2" else -v
         return 1.0 if decel_g >= self.threshold_g else 0.0
 
-    def learn_one(self, x: Reading, t_ms: int) -> None:
-        return None

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import ClassVar
 
-from models.base import Detector, Reading, UnivariateMixin
+from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
 __all__ = ["OutOfRange"]
 
 
-class OutOfRange(UnivariateMixin, Detector):
+class OutOfRange(StatelessMixin, UnivariateMixin, Detector):
     """Score 1.0 when the value leaves ``[low, high]`` (inclusive), else 0.0.
 
     Limits are physical facts of the sensor (a thermostat cannot read -80 degC), given as
@@ -40,12 +39,6 @@ class OutOfRange(UnivariateMixin, Detector):
         self.low = low
         self.high = high
 
-    def to_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        return self
-
     def score_one(self, x: Reading, t_ms: int) -> float:
         v = self._value(x)
         if v is None:
@@ -54,5 +47,3 @@ class OutOfRange(UnivariateMixin, Detector):
             return 1.0
         return 0.0
 
-    def learn_one(self, x: Reading, t_ms: int) -> None:
-        return None

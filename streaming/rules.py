@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from iotwatch.settings import StreamSettings
+from models.crash import CrashDeceleration
 from streaming.alerting import Observation, RuleSpec
 from streaming.cleaning import physical_range
 
@@ -72,12 +74,17 @@ def _out_of_range(reading: ReadingView) -> Observation:
                        tuple((m, reading.metrics[m], 1.0) for m in reading.out_of_range))
 
 
+@lru_cache(maxsize=8)
+def _crash_detector(decel_g: float) -> CrashDeceleration:
+    return CrashDeceleration(metric="accel_x_g", threshold_g=decel_g)
+
+
 def _crash(reading: ReadingView, decel_g: float) -> Observation:
     accel = reading.metrics.get("accel_x_g")
     if reading.event == "crash":
         detail = f"crash event reported (longitudinal {accel:g} g)" if accel is not None else "crash event reported"
         return Observation(1.0, "accel_x_g", accel, -decel_g, detail)
-    if accel is not None and accel <= -decel_g:
+    if _crash_detector(decel_g).score_one(reading.metrics, 0) >= 1.0:
         return Observation(1.0, "accel_x_g", accel, -decel_g,
                            f"deceleration {-accel:.1f} g beyond the crash threshold {decel_g:g} g")
     return Observation(0.0, "accel_x_g", accel, -decel_g, "no crash deceleration")

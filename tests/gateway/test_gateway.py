@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from gateway.bridge import Gateway
+from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import telemetry_topic
@@ -138,18 +139,6 @@ def _gateway_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _wait_healthy(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("gateway did not become healthy")
-
-
 def test_kill_minus_nine_and_restart_loses_nothing(test_settings: Settings, unique: str, tmp_path: Path) -> None:
     ensure_topics(test_settings.kafka, [test_settings.topics.raw, test_settings.topics.dlq])
     port = free_port()
@@ -157,7 +146,7 @@ def test_kill_minus_nine_and_restart_loses_nothing(test_settings: Settings, uniq
     env = _gateway_env(test_settings)
     log = open(tmp_path / "gateway.log", "wb")
     first = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-    _wait_healthy(port)
+    wait_healthy(port)
     devices = [f"k9-{unique}-{i}" for i in range(4)]
     publisher = Publisher(test_settings.mqtt, devices, count=1500, rate_per_s=1500).start()
     time.sleep(1.5)
