@@ -245,9 +245,22 @@ class StreamSettings(_ConcernSettings):
     alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
                                                           "(1: the ensemble's calibration already smooths)")
     alert_clear_readings: int = Field(10, ge=1, description="consecutive readings below the clear score before clearing")
+    fleet_detector: str | None = Field("isolation_forest", description="fleet model per device type from the "
+                                                                     "registry (hot-swapped); empty disables")
+    fleet_fire_score: float = Field(0.7, gt=0, le=1, description="fleet model score that fires fleet_anomaly")
     crash_decel_g: float = Field(4.0, gt=0, description="longitudinal deceleration that counts as a crash")
     stuck_hvac_c: float = Field(6.0, gt=0, description="temperature this far from setpoint while heating/cooling")
     stuck_hvac_readings: int = Field(30, ge=1)
+
+
+class RegistrySettings(_ConcernSettings):
+    """The model registry shared by training (writer) and scoring (readers)."""
+
+    section: ClassVar[str] = "registry"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_REGISTRY_", frozen=True, extra="ignore")
+
+    path: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "registry",
+                       description="directory of the model registry")
 
 
 class Settings(BaseModel):
@@ -262,6 +275,7 @@ class Settings(BaseModel):
     stack: StackSettings
     gateway: GatewaySettings
     stream: StreamSettings
+    registry: RegistrySettings
 
     def with_endpoints(
         self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
@@ -289,6 +303,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         stack=StackSettings(),
         gateway=GatewaySettings(),
         stream=StreamSettings(),
+        registry=RegistrySettings(),
     )
 
 

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from iotwatch.errors import IotwatchError
 from models.base import Detector
@@ -69,18 +68,6 @@ Status = Literal["candidate", "approved", "retired"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
-
-
-class RegistrySettings(BaseSettings):
-    """Where the registry lives (``IOTWATCH_REGISTRY_PATH``).
-
-    Kept here until it joins :mod:`iotwatch.settings` as one more concern.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_REGISTRY_", frozen=True, extra="ignore")
-
-    path: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "registry",
-                       description="directory of the model registry")
 
 
 class RegistryError(IotwatchError):

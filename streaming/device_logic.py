@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import pandas as pd
 
 from iotwatch.contract import ContractViolation, Telemetry, decode_telemetry
 from iotwatch.settings import StreamSettings
@@ -35,6 +37,10 @@ OUTPUT_COLUMNS = ("kind", "device_id", "device_type", "site", "seq", "event_ms",
 BUCKET_STATS = ("count", "sum", "min", "max", "last", "max_score")
 
 
+#: device type -> (model version label, fleet detector), or None when no model is approved.
+FleetLookup = Callable[[str], "tuple[str, Detector] | None"]
+
+
 @dataclass(frozen=True)
 class InputRecord:
     key: str
@@ -46,8 +52,10 @@ class InputRecord:
 class DeviceLogic:
     """The per-device step, configured once per job from the stream settings."""
 
-    def __init__(self, settings: StreamSettings, model_version: str | None = None) -> None:
+    def __init__(self, settings: StreamSettings, model_version: str | None = None,
+                 fleet_models: FleetLookup | None = None) -> None:
         self.settings = settings
+        self.fleet_models = fleet_models
         self.detector_name = settings.device_detector
         self.detector_params = dict(settings.device_detector_params)
         if not make(self.detector_name, **self.detector_params).compact_state:  # fails fast on a bad name too
@@ -64,17 +72,20 @@ class DeviceLogic:
                 ) -> Iterator[dict[str, Any]]:
         """Handle one device's records of a micro-batch (in Kafka order), updating ``state``."""
         detectors: dict[str, Detector] = {}
+        scored: list[tuple[Telemetry, dict[str, float]]] = []
         before = asdict(state.counters)
         for record in sorted(records, key=lambda r: (r.partition, r.offset)):
-            yield from self._one(state, record, detectors)
+            yield from self._one(state, record, detectors, scored)
         for metric, detector in detectors.items():
             state.detectors[metric] = detector.to_state()
+        yield from self._fleet(state, scored)
         state.last_wall_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         yield from self._close_buckets(state, final=False)
         tally = {name: value - before[name] for name, value in asdict(state.counters).items()}
         yield {**self._base("tally", state), "body": json.dumps(tally)}
 
-    def _one(self, state: DeviceState, record: InputRecord, detectors: dict[str, Detector]) -> Iterator[dict[str, Any]]:
+    def _one(self, state: DeviceState, record: InputRecord, detectors: dict[str, Detector],
+             scored: list[tuple[Telemetry, dict[str, float]]]) -> Iterator[dict[str, Any]]:
         state.counters.received += 1
         try:
             message = decode_telemetry(record.value or b"")
@@ -103,7 +114,7 @@ class DeviceLogic:
             return
         state.max_event_ms = max(state.max_event_ms, message.ts)
         state.counters.scored += 1
-        yield from self._score(state, record, message, detectors)
+        yield from self._score(state, record, message, detectors, scored)
 
     def _detector(self, state: DeviceState, metric: str, cache: dict[str, Detector]) -> Detector:
         detector = cache.get(metric)
@@ -116,9 +127,11 @@ class DeviceLogic:
         return detector
 
     def _score(self, state: DeviceState, record: InputRecord, message: Telemetry,
-               detectors: dict[str, Detector]) -> Iterator[dict[str, Any]]:
+               detectors: dict[str, Detector], scored: list[tuple[Telemetry, dict[str, float]]]
+               ) -> Iterator[dict[str, Any]]:
         metrics = normalise_units(message.metrics)
         quality = {m: quality_of(state.device_type, m, v) for m, v in metrics.items()}
+        scored.append((message, {m: v for m, v in metrics.items() if quality[m] == QUALITY_OK}))
         scores: dict[str, float] = {}
         for metric, value in metrics.items():
             if quality[metric] == QUALITY_OK and is_scored(metric):
@@ -157,6 +170,32 @@ class DeviceLogic:
             del state.episodes[rule]
         if alert is not None:
             yield self._alert_row(state, alert, seq)
+
+    # -- fleet model (one per device type, trained in batch, hot-swapped) ----------------------
+
+    def _fleet(self, state: DeviceState, scored: list[tuple[Telemetry, dict[str, float]]]) -> Iterator[dict[str, Any]]:
+        """Score this batch's readings of the device with its type's fleet model at once
+        (vectorised), each against the reading before it, and step the fleet_anomaly rule."""
+        if not scored or self.fleet_models is None:
+            return
+        entry = self.fleet_models(state.device_type)
+        if entry is None:
+            return
+        version, model = entry
+        frame = pd.DataFrame([metrics for _, metrics in scored])
+        previous = pd.concat([pd.DataFrame([state.last_metrics or scored[0][1]]), frame.iloc[:-1]],
+                             ignore_index=True)
+        scores = model.score_paired(frame, previous) if hasattr(model, "score_paired") else model.score_many(frame)
+        state.last_metrics = scored[-1][1]
+        for (message, _metrics), score in zip(scored, scores.tolist(), strict=True):
+            verdict = "unusual for" if score >= self.specs[rules.FLEET].fire else "typical of"
+            observation = Observation(float(score), None, None, self.specs[rules.FLEET].fire,
+                                      f"reading is {verdict} the {state.device_type} fleet "
+                                      f"(model {version}, score {score:.2f})")
+            for row in self._advance(state, rules.FLEET, observation, message.ts, message.seq):
+                body = json.loads(row["body"])
+                body["model_version"] = version
+                yield {**row, "body": json.dumps(body)}
 
     # -- silence (called from a processing-time timer) --------------------------------------
 

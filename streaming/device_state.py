@@ -69,7 +69,7 @@ class DeviceState:
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> detector state
     episodes: dict[str, Episode] = field(default_factory=dict)  # rule -> alert episode
     buckets: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # start ms -> metric -> stats
-
+    last_metrics: dict[str, float] = field(default_factory=dict)  # previous reading, for the fleet model
     def to_json(self) -> str:
         doc = asdict(self)
         doc["seqs"]["bits"] = format(self.seqs.bits, "x")

@@ -155,7 +155,7 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     keyed = raw.select(F.coalesce(F.col("key").cast("string"), F.lit("")).alias("device_key"),
                        "value", "partition", "offset")
     scored = keyed.groupBy("device_key").transformWithStateInPandas(
-        statefulProcessor=DeviceProcessor(stream), outputStructType=OUTPUT_SCHEMA,
+        statefulProcessor=DeviceProcessor(settings), outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")
     writer = BatchWriter(settings, archive)
     reporter = ProgressReporter(settings, query_name)

@@ -15,9 +15,10 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from iotwatch.settings import StreamSettings
+from iotwatch.settings import Settings
 from streaming.device_logic import OUTPUT_COLUMNS, DeviceLogic, InputRecord
 from streaming.device_state import STATE_SCHEMA, DeviceState
+from streaming.fleet import fleet_lookup
 
 _INT_COLUMNS = {"seq": "Int64", "event_ms": "Int64", "kafka_partition": "Int32", "kafka_offset": "Int64"}
 
@@ -30,12 +31,13 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 class DeviceProcessor(StatefulProcessor):
     """Keyed by the Kafka key (the device id); see DeviceLogic for what happens per record."""
 
-    def __init__(self, settings: StreamSettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings) -> None:
+        self.all_settings = settings  # the fleet-model watcher needs Kafka and registry settings
+        self.settings = settings.stream
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.logic = DeviceLogic(self.settings)
+        self.logic = DeviceLogic(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.state = handle.getValueState("device", STATE_SCHEMA, int(self.settings.state_ttl_s * 1000))
 
     def _load(self) -> DeviceState:

@@ -22,6 +22,7 @@ CRASH = "crash"
 LEAK = "water_leak"
 STUCK_HVAC = "stuck_hvac"
 SILENT = "device_silent"
+FLEET = "fleet_anomaly"
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
@@ -34,6 +35,8 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
         LEAK: RuleSpec(LEAK, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
         STUCK_HVAC: RuleSpec(STUCK_HVAC, "major", 0.5, 0.5, settings.stuck_hvac_readings, settings.alert_clear_readings),
         SILENT: RuleSpec(SILENT, "major", 0.5, 0.5, 1, 1),
+        FLEET: RuleSpec(FLEET, "warning", settings.fleet_fire_score, settings.fleet_fire_score - 0.1,
+                        settings.alert_hold_readings, settings.alert_clear_readings, settings.fleet_detector or "fleet"),
     }
 
 

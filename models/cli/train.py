@@ -10,7 +10,7 @@ import pandas as pd
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.errors import IotwatchError
-from models.registry import ModelRegistry, RegistrySettings
+from models.registry import ModelRegistry
 
 __all__ = ["train"]
 
@@ -75,7 +75,7 @@ def train(app: AppContext, archive: Path | None, registry_path: Path | None, sin
         raise IotwatchError("--since must be before --until")
     if not (archive / "readings").is_dir():
         raise IotwatchError(f"{archive / 'readings'} does not exist: no archive to train on (see --archive)")
-    registry = ModelRegistry(registry_path or RegistrySettings().path)
+    registry = ModelRegistry(registry_path or settings.registry.path)
     with session_scope("iotwatch-train", master or None, conf=BATCH_CONF) as spark:
         models = train_fleet_models(spark, config, registry)
     if approve:

@@ -16,7 +16,8 @@ from confluent_kafka import Consumer, TopicPartition
 from iotwatch.settings import Settings
 from models.base import Detector
 from models.iforest import IsolationForest
-from models.registry import ModelRegistry, RegistryError, RegistrySettings, TrainedOn
+from iotwatch.settings import RegistrySettings
+from models.registry import ModelRegistry, RegistryError, TrainedOn
 from models.robust_zscore import RobustZScore
 from models.updates import ModelUpdate, UpdatePublisher
 from models.watcher import ModelWatcher

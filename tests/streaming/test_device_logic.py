@@ -168,3 +168,25 @@ def test_state_round_trips_through_json(logic: DeviceLogic) -> None:
     again = DeviceState.from_json(state.to_json())
     assert again == state
     assert len(state.to_json()) < 8_000  # a few numbers per metric, not a model
+
+
+def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from models.iforest import IsolationForest
+
+    rng = np.random.default_rng(0)
+    normal = pd.DataFrame({"temperature_c": rng.normal(21, 0.2, 3000)})
+    model = IsolationForest(seed=0).fit(normal, normal.shift(1).bfill())
+    asked: list[str] = []
+
+    def lookup(device_type: str) -> tuple[str, IsolationForest]:
+        asked.append(device_type)
+        return "isolation_forest@v3", model
+
+    logic = DeviceLogic(StreamSettings(fleet_fire_score=0.7), fleet_models=lookup)
+    series = [record(i, temperature=21 + float(rng.normal(0, 0.2)) + (9.0 if i == 80 else 0.0)) for i in range(100)]
+    alerts = [a for a in alerts_of(run(logic, [series[:50], series[50:]])) if a["rule"] == "fleet_anomaly"]
+    assert alerts and alerts[0]["state"] == "raised" and alerts[0]["first_event_ms"] == T0 + 80 * 1000
+    assert alerts[0]["model_version"] == "isolation_forest@v3" and asked == ["thermostat", "thermostat"]

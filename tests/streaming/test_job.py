@@ -165,3 +165,58 @@ def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(spark, te
     client = InfluxV1Client(settings.influx.model_copy(update={"database": f"{settings.influx.database}_v2"}))
     assert client.query("SELECT count(mean) FROM device_metrics")
     client.close()
+
+
+def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark, test_settings: Settings,
+                                                                          unique: str, tmp_path: Path) -> None:
+    import numpy as np
+    from confluent_kafka import Producer
+
+    from iotwatch.contract import Telemetry
+    from models.iforest import IsolationForest
+    from models.registry import ModelRegistry
+    from models.updates import UpdatePublisher
+
+    settings = _job_settings(test_settings, trigger_interval_s=0.5, fleet_detector="isolation_forest")
+    settings = settings.model_copy(update={"registry": settings.registry.model_copy(update={"path": tmp_path / "reg"})})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    producer = Producer(settings.kafka.client_config())
+    rng = np.random.default_rng(1)
+    t0 = int(time.time() * 1000) - 600_000
+    device = f"fleet-{unique}"
+
+    def send(first: int, count: int, spike_at: int | None = None) -> None:
+        for seq in range(first, first + count):
+            temperature = 21 + float(rng.normal(0, 0.2)) + (9.0 if seq == spike_at else 0.0)
+            message = Telemetry(v=1, device_id=device, device_type="thermostat", site="h", seq=seq,
+                                ts=t0 + seq * 1000, metrics={"temperature_c": temperature})
+            producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
+        producer.flush(10)
+
+    def wait_for(condition, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not condition():
+            time.sleep(0.5)
+        assert condition()
+
+    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
+                query_name=f"fleet_{unique}")
+    try:
+        send(0, 100)
+        wait_for(lambda: job.writer.totals.get("reading_records", 0) >= 100)
+        normal = np.random.default_rng(2).normal(21, 0.2, 3000)
+        frame = pd.DataFrame({"temperature_c": normal})
+        registry = ModelRegistry(settings.registry.path,
+                                 publisher=UpdatePublisher(settings.kafka, settings.topics.model_updates))
+        version = registry.register(IsolationForest(seed=0).fit(frame, frame.shift(1).bfill()), "thermostat")
+        registry.approve("thermostat", "isolation_forest", version.version)
+        time.sleep(2)
+        send(100, 30, spike_at=115)
+
+        def fleet_alert() -> bool:
+            return any(a["rule"] == "fleet_anomaly" and a["model_version"] == "isolation_forest@v1"
+                       and a["first_event_ms"] == t0 + 115_000 for a in _alerts(settings))
+        wait_for(fleet_alert)
+        assert job.query.isActive
+    finally:
+        job.stop()
