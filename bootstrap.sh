@@ -57,7 +57,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
 fi
 
 if [ $# -eq 0 ]; then
-    set -- iotwatch stack up --foreground
+    set -- iotwatch demo
 fi
 export PATH="$PWD/$venv/bin:$PATH"
 exec "$@"

@@ -104,7 +104,7 @@ def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq:
             return None
         episode.status, episode.below, episode.occurrences = "open", 0, episode.above
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
-        return _record("raised", episode, spec, obs, ctx)
+        return _record("raised", episode, spec, obs, ctx, seq)
     # open
     if obs.score >= spec.clear:
         episode.below = 0
@@ -116,7 +116,7 @@ def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq:
     episode.below += 1
     if episode.below < spec.clear_hold:
         return None
-    record = _record("cleared", episode, spec, obs, ctx)
+    record = _record("cleared", episode, spec, obs, ctx, seq)
     episode.status, episode.above, episode.below = "idle", 0, 0
     return record
 
@@ -125,7 +125,8 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext) -> dict[str, Any]:
+def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext,
+            seq: int) -> dict[str, Any]:
     device = ctx.device
     now = ctx.now_ms()
     verb = "raised" if state == "raised" else "cleared"
@@ -147,6 +148,8 @@ def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx:
         "fire_score": spec.fire,
         "clear_score": spec.clear,
         "contributors": [{"metric": m, "value": v, "score": round(s, 4)} for m, v, s in obs.contributors[:3]],
+        "first_seq": episode.start_seq,
+        "seq": seq,  # the reading that raised or cleared the alert
         "first_event_ms": episode.start_ms,
         "first_event_time": _iso(episode.start_ms),
         "last_event_ms": episode.last_ms,

@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, str] = {
     "gateway": "gateway.cli:gateway",
     "stream": "streaming.cli:stream",
     "replay": "streaming.replay:replay",
+    "demo": "iotwatch.cli.demo:demo",
     "bench": "iotwatch.cli.bench:bench",
     "simulate": "devices.cli:simulate",
 }

@@ -1,0 +1,152 @@
+"""The demo's live view: rates per stage, Kafka lag and the alert stream, once a second.
+
+Every number is read from the real components: the gateway's Prometheus endpoint, the
+raw topic's log end, the streaming job's checkpoint (the offsets it has committed to
+processing) and the alert topic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from iotwatch.settings import Settings
+
+SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
+
+
+@dataclass
+class Sample:
+    t: float
+    gateway: dict[str, float]
+    raw_end: int
+    stream_offset: int
+    alerts: int
+
+
+@dataclass
+class LiveState:
+    """Samples over time (for the report's rate plot) and the latest alerts."""
+
+    samples: list[Sample] = field(default_factory=list)
+    recent_alerts: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=8))
+    alerts_seen: int = 0
+
+
+class Probe:
+    """Reads the current counters of every stage."""
+
+    def __init__(self, settings: Settings, gateway_port: int, checkpoint: Path) -> None:
+        self.settings = settings
+        self.gateway_url = f"http://127.0.0.1:{gateway_port}/metrics"
+        self.checkpoint = checkpoint
+        config = {**settings.kafka.client_config(), "enable.auto.commit": False}
+        self.offsets = Consumer({**config, "group.id": "demo-live-offsets"})
+        self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
+        partitions = settings.kafka.partitions
+        self.raw_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
+        self.alerts.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(partitions)])
+
+    def close(self) -> None:
+        self.offsets.close()
+        self.alerts.close()
+
+    def gateway(self) -> dict[str, float]:
+        try:
+            text = requests.get(self.gateway_url, timeout=1).text
+        except requests.RequestException:
+            return {}
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(("_bucket", "_created")):
+                    key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
+                    values[key] = values.get(key, 0.0) + sample.value
+        return values
+
+    def raw_end(self) -> int:
+        total = 0
+        for tp in self.raw_partitions:
+            try:
+                total += self.offsets.get_watermark_offsets(tp, timeout=1.0)[1]
+            except Exception:  # noqa: BLE001 - display only; the final accounting reads the topic
+                pass
+        return total
+
+    def stream_offset(self) -> int:
+        """Records the job has taken up, from its newest checkpointed offsets file."""
+        directory = self.checkpoint / "offsets"
+        files = sorted((p for p in directory.glob("[0-9]*")), key=lambda p: int(p.name)) if directory.exists() else []
+        if not files:
+            return 0
+        last_line = files[-1].read_text().strip().splitlines()[-1]
+        try:
+            offsets = json.loads(last_line)
+        except ValueError:
+            return 0
+        return sum(int(o) for partitions in offsets.values() for o in partitions.values())
+
+    def new_alerts(self) -> list[dict[str, Any]]:
+        out = []
+        for message in self.alerts.consume(500, 0.05):
+            if message.error() is None:
+                out.append(json.loads(message.value()))
+        return out
+
+    def sample(self, state: LiveState) -> Sample:
+        for alert in self.new_alerts():
+            state.alerts_seen += 1
+            state.recent_alerts.appendleft(alert)
+        sample = Sample(time.time(), self.gateway(), self.raw_end(), self.stream_offset(), state.alerts_seen)
+        state.samples.append(sample)
+        return sample
+
+
+def _rate(state: LiveState, pick: Any) -> float:
+    if len(state.samples) < 2:
+        return 0.0
+    a, b = state.samples[-min(len(state.samples), 6)], state.samples[-1]
+    return max(0.0, (pick(b) - pick(a)) / max(b.t - a.t, 1e-6))
+
+
+def render(state: LiveState, started: float, duration: float | None, phase: str) -> Group:
+    """The rich renderable for one refresh."""
+    last = state.samples[-1] if state.samples else Sample(time.time(), {}, 0, 0, 0)
+    elapsed = time.time() - started
+    title = Text(f"iotwatch demo - {phase} - {elapsed:5.0f} s" + (f" / {duration:.0f} s" if duration else ""),
+                 style="bold")
+    stages = Table(title="stages", expand=True)
+    for column in ("stage", "total", "rate /s", "notes"):
+        stages.add_column(column, justify="right" if column in ("total", "rate /s") else "left")
+    gw = last.gateway
+    stages.add_row("gateway received (MQTT)", f"{gw.get('received', 0):.0f}",
+                   f"{_rate(state, lambda s: s.gateway.get('received', 0)):.0f}",
+                   f"in flight {gw.get('inflight', 0):.0f}, dead letters {gw.get('dead_lettered', 0):.0f}")
+    stages.add_row("gateway -> Kafka", f"{gw.get('forwarded', 0):.0f}",
+                   f"{_rate(state, lambda s: s.gateway.get('forwarded', 0)):.0f}",
+                   "kafka up" if gw.get("kafka_up") else "kafka DOWN")
+    stages.add_row("Kafka raw topic", f"{last.raw_end}", f"{_rate(state, lambda s: s.raw_end):.0f}", "")
+    lag = max(0, last.raw_end - last.stream_offset)
+    stages.add_row("stream job (taken up)", f"{last.stream_offset}", f"{_rate(state, lambda s: s.stream_offset):.0f}",
+                   f"lag {lag}")
+    stages.add_row("alerts", f"{last.alerts}", f"{_rate(state, lambda s: s.alerts):.1f}", "")
+    alerts = Table(title="latest alerts", expand=True)
+    for column, width in (("severity", 8), ("state", 7), ("rule", 13), ("device", 24)):
+        alerts.add_column(column, min_width=width, no_wrap=True, overflow="ellipsis")
+    alerts.add_column("message", overflow="ellipsis", no_wrap=True, ratio=1)
+    for alert in state.recent_alerts:
+        style = SEVERITY_STYLE.get(alert.get("severity", ""), "")
+        alerts.add_row(Text(alert.get("severity", ""), style=style), alert.get("state", ""), alert.get("rule", ""),
+                       alert.get("device_id", ""), alert.get("message", ""))
+    return Group(title, stages, alerts)
