@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "iotwatch.cli.demo:demo",
     "bench": "iotwatch.cli.bench:bench",
     "simulate": "devices.cli:simulate",
+    "dashboards": "dashboards.cli:dashboards",
 }
 
 

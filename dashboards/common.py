@@ -1,0 +1,46 @@
+"""InfluxQL fragments and variables the dashboards share.
+
+Queries keep to InfluxQL that InfluxDB 1.x, 2.x (through the DBRP mapping) and 3.x all
+answer: no SLIMIT/SOFFSET, INTEGRAL, SAMPLE, SHOW SERIES or technical-analysis functions;
+selectors, aggregates, ``non_negative_derivative``/``non_negative_difference``, ``top`` and
+subqueries only. Grafana replaces ``$timeFilter``, ``$__interval``, ``$__interval_ms`` and the
+dashboard variables before sending them.
+"""
+
+from __future__ import annotations
+
+from dashboards.builder import Target, Variable
+
+#: Per-second rate divisor for per-batch counts summed over a $__interval bucket.
+PER_SECOND = "* 1000 / $__interval_ms"
+MSG_PER_S = "suffix:msg/s"
+# Alert scores are calibrated to [0, 1]: fire at 0.75, may clear below 0.45 (stream settings).
+SCORE_FIRE, SCORE_CLEAR = 0.75, 0.45
+
+
+def regex(variable: str) -> str:
+    """A tag filter that works for single, multi and All values: ``=~ /^$site$/``."""
+    return f"=~ /^${variable}$/"
+
+
+def site_variable(where: str = "", multi: bool = True) -> Variable:
+    condition = f" WHERE {where}" if where else ""
+    return Variable("site", f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "site"{condition}', label="Site",
+                    multi=multi, include_all=multi)
+
+
+def device_variable(where: str = "", multi: bool = False) -> Variable:
+    """Devices of the selected site(s): chained on ``$site``."""
+    extra = f" AND {where}" if where else ""
+    return Variable("device", f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "device_id" '
+                              f'WHERE "site" {regex("site")}{extra}', label="Device", multi=multi, include_all=multi)
+
+
+def gateway_rate(field: str, alias: str, where: str = "") -> Target:
+    """Per-second rate of a cumulative gateway counter, summed over instances. Each instance's
+    derivative is taken separately (counters restart at 0 with their gateway, which
+    ``non_negative_derivative`` tolerates) and then added up."""
+    condition = f"{where} AND " if where else ""
+    return Target(f'SELECT sum("rate") AS "{alias}" FROM (SELECT non_negative_derivative(last("{field}"), 1s) AS "rate" '
+                  f'FROM "gateway" WHERE {condition}$timeFilter GROUP BY time($__interval), "instance" fill(none)) '
+                  f'WHERE $timeFilter GROUP BY time($__interval) fill(none)')

@@ -1,0 +1,98 @@
+"""Real data for the dashboard queries: a short run of the streaming job plus gateway reports.
+
+The streaming job runs (Spark local, the real Kafka-protocol broker, the real InfluxDB) on
+the scenario of tests/streaming/scenario.py (thermostats, a leak sensor, a vehicle with a
+crash) plus a second vehicle that reports GPS positions; gateway status reports are written
+with gateway.metrics.influx_points from a real GatewayStats snapshot. Everything goes to a
+fresh InfluxDB database.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from gateway.metrics import GatewayStats, influx_points
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract import Telemetry
+from iotwatch.settings import Settings
+from tests.streaming.scenario import write_scenario
+
+
+@dataclass
+class DashboardData:
+    settings: Settings  # its influx.database holds the data
+    site: str
+    device: str  # a thermostat with an anomaly alert
+    vehicles: list[str]  # the crash car and the GPS car
+    instance: str  # gateway instance
+    metric: str = "temperature_c"
+
+
+def dashboard_settings(settings: Settings, run: str) -> Settings:
+    topics = settings.topics.model_copy(update={"raw": f"dash.{run}.raw", "dlq": f"dash.{run}.dlq",
+                                                "alerts": f"dash.{run}.alerts", "model_updates": f"dash.{run}.model"})
+    stream = settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 500})
+    influx = settings.influx.model_copy(update={"database": f"dashboards_{run}"})
+    return settings.model_copy(update={"topics": topics, "stream": stream, "influx": influx})
+
+
+def write_gps_vehicle(settings: Settings, run: str, readings: int = 180) -> str:
+    """A vehicle driving north-east from Lisbon at 1 Hz, over the scenario's hour-old event time."""
+    device = f"gps-{run}"
+    t0 = int(time.time() * 1000) - 3_600_000
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
+    for seq in range(readings):
+        metrics = {"speed_kmh": 60.0, "accel_x_g": 0.01, "lat_deg": 38.72 + seq * 1e-4, "lon_deg": -9.14 + seq * 1e-4,
+                   "coolant_temp_c": 90.0}
+        message = Telemetry(v=1, device_id=device, device_type="vehicle_edr", site=f"site-{run}", seq=seq,
+                            ts=t0 + seq * 1000, metrics=metrics)
+        producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
+    assert producer.flush(30) == 0
+    return device
+
+
+def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -> None:
+    """Status reports a minute apart, as a running gateway writes them (cumulative counters)."""
+    stats = GatewayStats(kafka_up=True, mqtt_connected=True)
+    now = int(time.time() * 1000)
+    client = InfluxV1Client(settings.influx)
+    try:
+        for i in range(reports):
+            with stats.lock:
+                stats.received += 600
+                for _ in range(590):
+                    stats.observe_delivery(0.004 + 0.001 * (i % 3))
+                stats.dead_lettered.update({"invalid_json": 4, "missing_field": 2})
+                stats.duplicates += 3
+                stats.seq_gaps += 1
+                stats.delivery_failures += i % 2
+                stats.inflight, stats.oldest_inflight_s = 4, 0.2
+            client.write_points(influx_points(stats.snapshot(), instance, now - (reports - 1 - i) * 60_000))
+    finally:
+        client.close()
+
+
+def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardData:
+    from streaming.job import start
+
+    settings = dashboard_settings(base, run)
+    client = InfluxV1Client(settings.influx)
+    client.create_database()
+    client.close()
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    scenario = write_scenario(settings, run)
+    gps = write_gps_vehicle(settings, run)
+    job = start(spark, settings, checkpoint_dir=work_dir / "checkpoint", archive_dir=work_dir / "archive",
+                available_now=True, query_name=f"dashboards_{run}")
+    job.await_backlog(300)
+    assert job.query.exception() is None
+    instance = f"gw-{run}"
+    write_gateway_reports(settings, instance)
+    device = next(d for d, rule in scenario.expected_alerts.items() if rule == "anomaly_score")
+    return DashboardData(settings, f"site-{run}", device, [f"car-{run}", gps], instance)
