@@ -11,6 +11,7 @@ tests and sub-processes can change it freely.
 
 from __future__ import annotations
 
+import getpass
 import os
 import tomllib
 from pathlib import Path
@@ -263,6 +264,40 @@ class RegistrySettings(_ConcernSettings):
                        description="directory of the model registry")
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return "anonymous"
+
+
+class AlertsSettings(_ConcernSettings):
+    """``iotwatch alerts tail`` and ``iotwatch alerts forward``."""
+
+    section: ClassVar[str] = "alerts"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
+
+    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{_user()}",
+                               description="consumer group of `alerts tail` (per user, so each on-call "
+                                           "person resumes where they left off)")
+    forward_group_id: str = Field("iotwatch-alerts-forward", description="consumer group of `alerts forward`; "
+                                  "instances sharing it split the partitions")
+    session_timeout_ms: int = Field(10_000, ge=1000, description="how soon the group notices a killed consumer "
+                                    "(its partitions wait this long after kill -9)")
+    webhook_url: str | None = Field(None, description="where `alerts forward` posts alerts")
+    webhook_headers: dict[str, str] = Field(default_factory=dict,
+                                            description="extra HTTP headers, e.g. Authorization (JSON)")
+    webhook_timeout_s: float = Field(10.0, gt=0, description="connect and read timeout of one post")
+    retry_initial_s: float = Field(0.5, gt=0, description="first back-off delay after a failed post")
+    retry_max_s: float = Field(60.0, gt=0, description="upper bound of the back-off delay")
+    retry_after_max_s: float = Field(300.0, ge=0, description="Retry-After is honoured up to this long")
+    state_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "alerts",
+                            description="dedupe store and dead-letter file of `alerts forward`")
+    dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
+    dead_letter_topic: str | None = Field(None, description="also produce undeliverable alerts here "
+                                                            "(the file <state_dir>/dead-letters.jsonl always)")
+
+
 class Settings(BaseModel):
     """Everything a component may need, one frozen object per concern."""
 
@@ -276,6 +311,7 @@ class Settings(BaseModel):
     gateway: GatewaySettings
     stream: StreamSettings
     registry: RegistrySettings
+    alerts: AlertsSettings
 
     def with_endpoints(
         self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
@@ -304,6 +340,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         gateway=GatewaySettings(),
         stream=StreamSettings(),
         registry=RegistrySettings(),
+        alerts=AlertsSettings(),
     )
 
 

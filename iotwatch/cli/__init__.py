@@ -40,6 +40,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "iotwatch.cli.bench:bench",
     "simulate": "devices.cli:simulate",
     "dashboards": "dashboards.cli:dashboards",
+    "alerts": "alerts.cli:alerts",
 }
 
 

@@ -1,0 +1,149 @@
+"""``iotwatch alerts``: the on-call commands (tail, forward)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+
+from alerts.records import SEVERITIES, STATES
+from iotwatch.settings import AlertsSettings
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.errors import IotwatchError
+
+
+def _stop_on_signals() -> threading.Event:
+    """SIGTERM and Ctrl-C end the loop at the next safe point instead of killing it mid-post."""
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def _alerts_settings(**update: Any) -> AlertsSettings:
+    try:
+        base = AlertsSettings()
+    except ValueError as exc:
+        raise IotwatchError(f"alerts settings: {exc}") from exc
+    return base.model_copy(update={k: v for k, v in update.items() if v is not None})
+
+
+@click.group()
+def alerts() -> None:
+    """On-call tools for the alert topic: watch it live, or forward it to a webhook."""
+
+
+def common_options(kind: str, limit_help: str) -> Any:
+    """--group, --from-beginning, --limit, --timeout: both commands must be stoppable by scripts and tests."""
+    options = [
+        click.option("--group", "group_id", help=f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."),
+        click.option("--from-beginning", is_flag=True, help="A group with no committed offsets starts at the oldest "
+                                                            "alert instead of the newest; otherwise it resumes."),
+        click.option("--limit", type=click.IntRange(min=1), help=limit_help),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
+    ]
+
+    def decorate(func: Any) -> Any:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
+@common_options("TAIL", "Stop after showing this many alerts (those passing the filters).")
+@click.option("--severity", type=click.Choice(SEVERITIES), help="Minimum severity shown (critical > major > "
+                                                                "minor > warning).")
+@click.option("--site", "sites", multiple=True, help="Only this site (repeatable).")
+@click.option("--device-type", "device_types", multiple=True, help="Only this device type (repeatable).")
+@click.option("--rule", "rules", multiple=True, help="Only this rule (repeatable).")
+@click.option("--device", "devices", multiple=True, help="Only this device id (repeatable).")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only raised or only cleared.")
+@click.option("--plain", is_flag=True, help="One coloured line per alert instead of the live table "
+                                            "(the default when stdout is not a terminal).")
+@click.option("--rows", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Alerts kept in the live table.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per matching alert per line, no live "
+                                                      "table (for scripts).")
+@pass_app
+def tail(app: AppContext, group_id: str | None, from_beginning: bool, limit: int | None, timeout_s: float | None,
+         severity: str | None, sites: tuple[str, ...], device_types: tuple[str, ...], rules: tuple[str, ...],
+         devices: tuple[str, ...], states: tuple[str, ...], plain: bool, rows: int, as_json: bool) -> None:
+    """Follow the alert topic: a live, colour-coded table of the latest alerts (a clear replaces its raise;
+    ages since the first event and since detection refresh every second).
+
+    --json prints each matching alert as one JSON object per line instead, for scripts.
+    Offsets are committed in the group, so the next run resumes where this one stopped.
+    """
+    from alerts.records import AlertFilter
+    from alerts.tail import TailOptions, run_tail
+
+    settings = app.settings
+    config = _alerts_settings()
+    options = TailOptions(
+        group_id=group_id or config.tail_group_id, from_beginning=from_beginning,
+        alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states), as_json=as_json,
+        limit=limit, timeout_s=timeout_s, live=not plain and sys.stdout.isatty(), max_rows=rows)
+    counts = run_tail(settings, config, options, _stop_on_signals())
+    if not as_json:
+        click.echo(f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, "
+                   f"{counts['malformed']} malformed", err=True)
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
+@click.option("--webhook", "webhook_url", metavar="URL", help="http(s) URL to post to (default "
+                                                              "IOTWATCH_ALERTS_WEBHOOK_URL).")
+@common_options("FORWARD", "Stop after handling this many alert records.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Dedupe store and dead-letter file (default IOTWATCH_ALERTS_STATE_DIR, ~/.iotwatch/alerts).")
+@click.option("--dead-letter-topic", help="Also produce undeliverable alerts to this Kafka topic.")
+@click.option("--webhook-timeout", "webhook_timeout_s", type=click.FloatRange(min=0.001),
+              help="Seconds one post may take (default 10).")
+@click.option("--retry-max", "retry_max_s", type=click.FloatRange(min=0.001),
+              help="Longest back-off between retries in seconds (default 60).")
+@json_option
+@pass_app
+def forward(app: AppContext, webhook_url: str | None, group_id: str | None, from_beginning: bool, limit: int | None,
+            timeout_s: float | None, state_dir: Path | None, dead_letter_topic: str | None,
+            webhook_timeout_s: float | None, retry_max_s: float | None, as_json: bool) -> None:
+    from alerts.forward import ForwardOptions, Forwarder
+    from alerts.webhook import Webhook
+
+    config = _alerts_settings(webhook_url=webhook_url, state_dir=state_dir, dead_letter_topic=dead_letter_topic,
+                              webhook_timeout_s=webhook_timeout_s, retry_max_s=retry_max_s)
+    if not config.webhook_url:
+        raise click.UsageError("--webhook URL (or IOTWATCH_ALERTS_WEBHOOK_URL) is required")
+    parts = urlsplit(config.webhook_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(f"{config.webhook_url!r} is not an http(s) URL", param_hint="--webhook")
+    stop = _stop_on_signals()
+    webhook = Webhook(config.webhook_url, config.webhook_headers, config.webhook_timeout_s)
+    options = ForwardOptions(group_id or config.forward_group_id, from_beginning, limit, timeout_s)
+    counts = Forwarder(app.settings, config, webhook, options, stop).run()
+    emit(counts, as_json, lambda c: click.echo(
+        f"alerts forward: consumed {c['consumed']}, delivered {c['delivered']}, duplicates skipped "
+        f"{c['duplicates']}, dead-lettered {c['dead_lettered']}, retries {c['retries']}"
+        + (", stopped while an alert awaited a retry (resent next run)" if c["interrupted"] else "")))
+
+
+def _forward_help() -> str:
+    import alerts.forward as module
+
+    intro = ("Post each raised/cleared alert as JSON to a webhook, at least once, in a consumer group; "
+             "stop with SIGTERM or Ctrl-C (the post in flight completes and is committed; exit 0). "
+             "--json prints the counters at exit.")
+    # \b keeps click from re-wrapping the documented request format
+    body = "\n\n".join("\b\n" + block for block in (module.__doc__ or "").split("\n\n")[1:])
+    return f"{intro}\n\n{body}"
+
+
+forward.help = _forward_help()

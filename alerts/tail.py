@@ -1,0 +1,215 @@
+"""``iotwatch alerts tail``: follow the alert topic in a consumer group, for people or scripts.
+
+Offsets are committed (per user group by default), so an on-call engineer who reopens the
+tail continues where they stopped; ``--from-beginning`` only matters for a group that has
+committed nothing yet (Kafka's ``auto.offset.reset``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
+from iotwatch.settings import AlertsSettings
+from iotwatch.clients.kafka import list_topics
+from iotwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SEVERITY_STYLE = {"critical": "bold white on red", "major": "bold red", "minor": "yellow", "warning": "cyan"}
+
+
+def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool,
+                   *, auto_commit: bool) -> Consumer:
+    """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after handling."""
+    topics = list_topics(settings.kafka)  # fails fast, in one line, when Kafka is down
+    if settings.topics.alerts not in topics:
+        log.warning("topic %s does not exist yet; waiting for the streaming job to create it", settings.topics.alerts)
+    consumer = Consumer({
+        **settings.kafka.client_config(),
+        "group.id": group_id,
+        "auto.offset.reset": "earliest" if from_beginning else "latest",
+        "enable.auto.commit": auto_commit,
+        "enable.auto.offset.store": False,
+        "session.timeout.ms": alerts.session_timeout_ms,
+        "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
+        "client.id": f"iotwatch-alerts-{group_id}",
+    })
+    consumer.subscribe([settings.topics.alerts])
+    return consumer
+
+
+def age_s(alert: dict[str, Any], field_name: str, now_ms: float) -> float | None:
+    value = alert.get(field_name)
+    return (now_ms - value) / 1000 if isinstance(value, int | float) else None
+
+
+def _detail(alert: dict[str, Any]) -> str:
+    """The message without the ``[SEV] rule raised on X at Y:`` prefix the other columns repeat."""
+    message = headline(alert)
+    return message.split(": ", 1)[1] if ": " in message and message.startswith("[") else message
+
+
+@dataclass
+class TailView:
+    """Latest record per alert_id (a clear replaces its raise), newest first, ages recomputed on render."""
+
+    title: str
+    max_rows: int = 30
+    rows: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
+    shown: int = 0
+    filtered: int = 0
+    malformed: int = 0
+
+    def add(self, alert: dict[str, Any]) -> None:
+        self.rows.pop(alert["alert_id"], None)
+        self.rows[alert["alert_id"]] = alert
+        while len(self.rows) > self.max_rows:
+            self.rows.popitem(last=False)
+
+    def render(self) -> Group:
+        now_ms = time.time() * 1000
+        open_by_sev = {s: 0 for s in SEVERITIES}
+        for alert in self.rows.values():
+            if alert.get("state") == "raised" and alert.get("severity") in open_by_sev:
+                open_by_sev[alert["severity"]] += 1
+        summary = Text(f"{self.title}  ")
+        for sev, count in open_by_sev.items():
+            summary.append(f" {sev} {count} ", style=SEVERITY_STYLE[sev] if count else "dim")
+        summary.append(f"  open of last {len(self.rows)} · {self.shown} shown, {self.filtered} filtered"
+                       + (f", {self.malformed} malformed" if self.malformed else ""), style="dim")
+        table = Table(expand=True, pad_edge=False, show_lines=False)
+        for name, kwargs in (("sev", {"no_wrap": True}), ("state", {"no_wrap": True}),
+                             ("age", {"justify": "right", "no_wrap": True}),
+                             ("detected", {"justify": "right", "no_wrap": True}), ("device", {}), ("type", {}),
+                             ("site", {}), ("rule", {}), ("message", {"ratio": 1})):
+            table.add_column(name, **kwargs)
+        # open alerts first, most severe first, newest first within a severity
+        for alert in sorted(reversed(self.rows.values()),
+                            key=lambda a: (a.get("state") != "raised", severity_rank(a.get("severity")))):
+            table.add_row(*_cells(alert, now_ms))
+        return Group(summary, table)
+
+
+def _cells(alert: dict[str, Any], now_ms: float) -> list[Text | str]:
+    severity = str(alert.get("severity", "?"))
+    cleared = alert.get("state") == "cleared"
+    sev_style = "dim" if cleared else SEVERITY_STYLE.get(severity, "")
+    first, detected = age_s(alert, "first_event_ms", now_ms), age_s(alert, "detected_at_ms", now_ms)
+    return [Text(severity.upper(), style=sev_style),
+            Text(str(alert.get("state")), style="green" if cleared else "bold"),
+            human_age(first) if first is not None else "-", human_age(detected) if detected is not None else "-",
+            str(alert.get("device_id", "?")), str(alert.get("device_type", "?")), str(alert.get("site", "?")),
+            str(alert.get("rule", "?")), Text(_detail(alert), style="dim" if cleared else "")]
+
+
+def line(alert: dict[str, Any], now_ms: float | None = None) -> Text:
+    """One coloured line per alert, for a terminal that is not interactive or ``--plain``."""
+    cells = _cells(alert, now_ms if now_ms is not None else time.time() * 1000)
+    out = Text()
+    for i, cell in enumerate(cells):
+        label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
+        out.append(label + (cell.plain if isinstance(cell, Text) else cell) + " ",
+                   style=cell.style if isinstance(cell, Text) else "")
+    return out
+
+
+@dataclass
+class TailOptions:
+    group_id: str
+    from_beginning: bool = False
+    alert_filter: AlertFilter = field(default_factory=AlertFilter)
+    as_json: bool = False
+    limit: int | None = None
+    timeout_s: float | None = None
+    live: bool = True
+    max_rows: int = 30
+
+
+def run_tail(settings: Settings, alerts: AlertsSettings, options: TailOptions, stop: threading.Event,
+             out: TextIO | None = None) -> dict[str, int]:
+    """Consume and show alerts until ``stop``, ``limit`` shown alerts or ``timeout_s``; returns counts."""
+    out = out if out is not None else sys.stdout
+    consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
+    view = TailView(f"{settings.topics.alerts} · group {options.group_id}", options.max_rows)
+    console = Console(file=out, highlight=False, soft_wrap=not options.live)
+    deadline = time.monotonic() + options.timeout_s if options.timeout_s is not None else None
+    live = Live(get_renderable=view.render, console=console, refresh_per_second=1, transient=False) \
+        if options.live and not options.as_json else None
+    try:
+        if live is not None:
+            live.start()
+        while not stop.is_set() and (options.limit is None or view.shown < options.limit):
+            remaining = deadline - time.monotonic() if deadline is not None else 0.5
+            if remaining <= 0:
+                break
+            message = consumer.poll(min(0.5, remaining))
+            if message is None:
+                continue
+            if message.error() is not None:
+                _log_error(message)
+                continue
+            _handle(message, view, options, console, out)
+            consumer.store_offsets(message=message)
+    finally:
+        if live is not None:
+            live.stop()
+        _commit_positions(consumer)
+        consumer.close()
+    return {"shown": view.shown, "filtered": view.filtered, "malformed": view.malformed}
+
+
+def _handle(message: Message, view: TailView, options: TailOptions, console: Console, out: TextIO) -> None:
+    try:
+        alert = decode(message.value())
+    except BadAlert as exc:
+        view.malformed += 1
+        log.warning("skipping malformed record at %s[%d]@%d: %s", message.topic(), message.partition(),
+                    message.offset(), exc)
+        return
+    if not options.alert_filter.matches(alert):
+        view.filtered += 1
+        return
+    view.shown += 1
+    if options.as_json:
+        out.write(json.dumps(alert, separators=(",", ":")) + "\n")
+        out.flush()
+    elif options.live:
+        view.add(alert)
+    else:
+        console.print(line(alert))
+
+
+def _commit_positions(consumer: Consumer) -> None:
+    """Commit where this run stands on every assigned partition, quiet ones included, so the next
+    run resumes there instead of at the then-latest offset of a partition it never committed."""
+    try:
+        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+        if positions:
+            consumer.commit(offsets=positions, asynchronous=False)
+    except KafkaException as exc:
+        log.warning("could not commit the tail's position: %s", exc)
+
+
+def _log_error(message: Message) -> None:
+    error = message.error()
+    if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        log.debug("alert topic not there yet: %s", error)
+    else:
+        log.warning("Kafka: %s", error)
+
+
+__all__ = ["TailOptions", "TailView", "group_consumer", "line", "run_tail"]

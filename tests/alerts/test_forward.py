@@ -1,0 +1,156 @@
+"""``iotwatch alerts forward`` against the real broker and a webhook that fails on purpose."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from alerts.forward import ForwardOptions, Forwarder
+from iotwatch.settings import AlertsSettings
+from alerts.webhook import Webhook
+from iotwatch.settings import Settings
+from tests.alerts.conftest import alert_run, key, make_alert, produce, wait_for
+from tests.helpers import read_topic
+
+FAST = {"webhook_timeout_s": 0.5, "retry_initial_s": 0.05, "retry_max_s": 0.5, "session_timeout_ms": 6000}
+
+
+def committed_everything(settings: Settings, group: str) -> bool:
+    """The group's committed offset is the log end on every partition that holds records."""
+    records = read_topic(settings.kafka, settings.topics.alerts, idle_s=1.0)
+    ends: dict[int, int] = {}
+    for m in records:
+        ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
+    consumer = Consumer({**settings.kafka.client_config(), "group.id": group})
+    try:
+        committed = consumer.committed([TopicPartition(settings.topics.alerts, p) for p in ends], timeout=10)
+    finally:
+        consumer.close()
+    return all(tp.offset == ends[tp.partition] for tp in committed)
+
+
+def forward_in_thread(settings: Settings, config: AlertsSettings, url: str, options: ForwardOptions,
+                      ) -> tuple[threading.Event, threading.Thread, dict[str, Any]]:
+    stop, result = threading.Event(), {}
+    forwarder = Forwarder(settings, config, Webhook(url, timeout_s=config.webhook_timeout_s), options, stop)
+    thread = threading.Thread(target=lambda: result.update(forwarder.run()), daemon=True)
+    thread.start()
+    return stop, thread, result
+
+
+def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
+        test_settings: Settings, unique: str, tmp_path: Path, webhook: Any) -> None:
+    records = alert_run(12)
+    rejected = make_alert("car-9", "vehicle_edr", "fleet-9", "crash", "critical", "raised", 1)
+    acknowledged = {**records[0], "state": "acknowledged"}
+    produce(test_settings.kafka, test_settings.topics.alerts,
+            [*records[:12], records[0], rejected, b"{not json", acknowledged, *records[12:]])
+    total, expected = len(records) + 4, {key(r) for r in records}
+    hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected["alert_id"]})
+    config = AlertsSettings(state_dir=tmp_path, **FAST)
+
+    stop, thread, counts = forward_in_thread(test_settings, config, url,
+                                             ForwardOptions(f"fwd-{unique}", from_beginning=True, limit=total))
+    thread.join(60)
+    assert not thread.is_alive(), f"forward did not finish: {len(hook.requests)} requests"
+    assert set(hook.delivered) == expected  # none missing, nothing else
+    assert all(k == f"{body['alert_id']}:{body['state']}" and body["text"].startswith(":")
+               for k, _, body in hook.requests)
+    assert counts["delivered"] == len(records) and counts["duplicates"] == 1 and counts["skipped"] == 1
+    assert counts["dead_lettered"] == 2 and counts["interrupted"] == 0
+    assert {"http_503", "http_429", "timeout"} <= set(counts["failures"]), counts
+    dead = [json.loads(line) for line in (tmp_path / "dead-letters.jsonl").read_text().splitlines()]
+    assert sorted(d["reason"] for d in dead) == ["http_400", "malformed"]
+    assert next(d for d in dead if d["reason"] == "http_400")["alert"] == rejected
+    assert committed_everything(test_settings, f"fwd-{unique}")
+    # the stalled request counts as delivered server-side while the client retried: the one repeat
+    assert len(hook.delivered) - len(expected) <= 1
+
+    # another group reading everything again: the store knows what this webhook already has
+    requests_before = len(hook.requests)
+    stop, thread, again = forward_in_thread(test_settings, config, url,
+                                            ForwardOptions(f"fwd2-{unique}", from_beginning=True, limit=total))
+    thread.join(60)
+    assert len(hook.requests) == requests_before
+    assert again["delivered"] == 0 and again["duplicates"] == len(records) + 2  # + the repeat, + the rejected one
+
+
+def forward_command(settings: Settings, url: str, group: str, state_dir: Path,
+                    webhook_timeout_s: float = 0.5) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update({"IOTWATCH_TOPIC_ALERTS": settings.topics.alerts, "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000",
+                "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.05"})
+    argv = [sys.executable, "-m", "iotwatch", "--log-level", "ERROR", "alerts", "forward",
+            "--kafka", settings.kafka.bootstrap_servers, "--webhook", url, "--group", group, "--from-beginning",
+            "--state-dir", str(state_dir), "--webhook-timeout", str(webhook_timeout_s), "--retry-max", "0.5", "--json"]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop_gracefully(process: subprocess.Popen[str]) -> dict[str, Any]:
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    return json.loads(out)
+
+
+def test_acceptance_forward_across_kill_9(test_settings: Settings, unique: str, tmp_path: Path,
+                                          webhook: Any) -> None:
+    records = alert_run(30)
+    produce(test_settings.kafka, test_settings.topics.alerts, records)
+    expected = {key(r) for r in records}
+    hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=7, stall_s=1.0, delay_s=0.03)
+
+    first = forward_command(test_settings, url, f"fwd-{unique}", tmp_path)
+    try:
+        wait_for(lambda: len(set(hook.delivered)) >= 20, 60, "20 deliveries")
+    finally:
+        first.kill()  # SIGKILL: no chance to commit or close
+        first.communicate(timeout=20)
+    at_kill = len(set(hook.delivered))
+    assert at_kill < len(expected), "the run finished before the kill: make it slower"
+
+    second = forward_command(test_settings, url, f"fwd-{unique}", tmp_path)
+    try:
+        wait_for(lambda: set(hook.delivered) >= expected, 90, "every alert delivered")
+    finally:
+        counts = stop_gracefully(second)
+
+    delivered = Counter(hook.delivered)
+    assert set(delivered) == expected  # none missing, no strangers
+    repeats = {k: n for k, n in delivered.items() if n > 1}
+    # a repeat is only ever an alert already delivered (same Idempotency-Key): the stalled request
+    # the client gave up on, and the one in flight at the kill -- not the ~20 committed before it
+    assert sum(n - 1 for n in repeats.values()) <= 2, repeats
+    assert counts["delivered"] + counts["duplicates"] >= len(expected) - at_kill
+    assert counts["interrupted"] == 0 and counts["dead_lettered"] == 0
+    assert committed_everything(test_settings, f"fwd-{unique}")
+
+
+def test_sigterm_finishes_the_post_in_flight(test_settings: Settings, unique: str, tmp_path: Path,
+                                            webhook: Any) -> None:
+    records = alert_run(3)
+    produce(test_settings.kafka, test_settings.topics.alerts, records)
+    hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None, delay_s=0.6)
+    process = forward_command(test_settings, url, f"fwd-{unique}", tmp_path, webhook_timeout_s=5)
+    try:
+        wait_for(lambda: len(hook.requests) >= 2, 60, "a post in flight")
+    finally:
+        counts = stop_gracefully(process)  # while the 2nd post waits for its (slow) answer
+    assert counts["delivered"] == len(hook.requests) == 2 == counts["consumed"]
+
+    # resumes after the 2 committed
+    again = forward_command(test_settings, url, f"fwd-{unique}", tmp_path, webhook_timeout_s=5)
+    try:
+        wait_for(lambda: set(hook.delivered) == {key(r) for r in records}, 60, "the rest")
+    finally:
+        counts = stop_gracefully(again)
+    assert len(hook.delivered) == len(records) and counts["duplicates"] == 0

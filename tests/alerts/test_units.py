@@ -1,0 +1,118 @@
+"""Pure logic of the on-call tools: filters, text, retry policy, dedupe store (no broker)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from email.utils import formatdate
+from pathlib import Path
+
+from rich.console import Console
+
+from alerts.records import AlertFilter, BadAlert, decode, human_age, slack_text
+from alerts.store import DeliveryStore
+from alerts.tail import TailView, line
+from alerts.webhook import Backoff, Webhook, deliver, parse_retry_after, payload
+from tests.alerts.conftest import make_alert
+
+CRASH = make_alert("car-1", "vehicle_edr", "fleet-2", "crash", "critical", "raised", 1_700_000_000_000)
+
+
+def test_decode_rejects_what_is_not_an_alert() -> None:
+    assert decode(b'{"alert_id": "a", "state": "raised"}')["alert_id"] == "a"
+    for bad in (None, b"not json", b"[1]", b'{"state": "raised"}', b'{"alert_id": "a"}'):
+        try:
+            decode(bad)
+        except BadAlert:
+            continue
+        raise AssertionError(f"{bad!r} accepted")
+
+
+def test_filter_minimum_severity_and_allow_lists() -> None:
+    minor = {**CRASH, "severity": "minor", "site": "home-1"}
+    assert AlertFilter.of("major").matches(CRASH) and not AlertFilter.of("major").matches(minor)
+    assert AlertFilter.of("warning").matches(minor)
+    assert AlertFilter.of(sites=["home-1"]).matches(minor) and not AlertFilter.of(sites=["home-1"]).matches(CRASH)
+    assert AlertFilter.of(device_types=["vehicle_edr"], rules=["crash"], states=["raised"]).matches(CRASH)
+    assert not AlertFilter.of(rules=["anomaly"]).matches(CRASH)
+    assert not AlertFilter.of(states=["cleared"]).matches(CRASH)
+
+
+def test_slack_text_and_payload() -> None:
+    assert slack_text(CRASH) == ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: value 31.5"
+    cleared = {**CRASH, "state": "cleared", "message": ""}
+    assert slack_text(cleared) == ":large_green_circle: [CRITICAL] crash cleared on vehicle_edr car-1 at fleet-2"
+    body = payload(CRASH)
+    assert body["text"].startswith(":red_circle:") and {k: v for k, v in body.items() if k != "text"} == CRASH
+
+
+def test_retry_after_and_backoff_are_bounded() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert 8 <= parse_retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10  # type: ignore[operator]
+    backoff = Backoff(0.5, 8.0, rng=random.Random(1))
+    delays = [backoff.delay(n) for n in range(1, 30)]
+    assert 0.25 <= delays[0] <= 0.5 and all(d <= 8.0 for d in delays) and max(delays) >= 4.0
+    assert len({round(d, 6) for d in delays}) > 20  # jittered
+
+
+def test_human_age() -> None:
+    assert [human_age(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m05s", "1h01m", "1d01h"]
+
+
+def test_store_remembers_per_webhook_and_prunes(tmp_path: Path) -> None:
+    store = DeliveryStore(tmp_path / "d.sqlite", "http://a/hook", ttl_s=60)
+    store.record("id1", "raised", "delivered")
+    assert store.outcome("id1", "raised") == "delivered" and store.outcome("id1", "cleared") is None
+    store.close()
+    other = DeliveryStore(tmp_path / "d.sqlite", "http://b/hook", ttl_s=60)
+    assert other.outcome("id1", "raised") is None  # another receiver has not seen it
+    assert other.prune(now_ms=int(time.time() * 1000) + 61_000) == 1
+    other.close()
+    again = DeliveryStore(tmp_path / "d.sqlite", "http://a/hook", ttl_s=60)
+    assert again.outcome("id1", "raised") is None
+    again.close()
+
+
+def test_deliver_retries_transient_failures_and_stops_on_4xx(webhook) -> None:  # type: ignore[no-untyped-def]
+    hook, url = webhook(fail_every=2, retry_after_at=3, stall_at=5, stall_s=0.6)
+    client = Webhook(url, timeout_s=0.3)
+    failures: list[tuple[str, float]] = []
+    stop = threading.Event()
+    started = time.monotonic()
+    for i in range(3):  # requests: 1 ok | 2 503, 3 429 (1 s), 4 503, 5 stall (timeout), 6 503, 7 ok | 8 503, 9 ok
+        alert = {**CRASH, "alert_id": f"a{i}"}
+        result = deliver(client, alert, Backoff(0.01, 0.05), stop,
+                         on_failure=lambda r, w: failures.append((r.reason, w)))
+        assert result is not None and result.outcome == "delivered"
+    reasons = [r for r, _ in failures]
+    assert {"http_503", "http_429", "timeout"} <= set(reasons)
+    assert dict(failures)["http_429"] == 1.0 and time.monotonic() - started >= 1.0  # Retry-After honoured
+    assert all(k.startswith("a") and k.endswith(":raised") for k, _, _ in hook.requests)
+    hook.reject.add("bad")
+    refused = deliver(client, {**CRASH, "alert_id": "bad"}, Backoff(0.01, 0.05), stop)
+    assert refused is not None and (refused.outcome, refused.reason) == ("permanent", "http_400")
+
+
+def test_deliver_gives_up_waiting_when_stopped(webhook) -> None:  # type: ignore[no-untyped-def]
+    _, url = webhook(fail_every=1, retry_after_at=None, stall_at=None)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    assert deliver(Webhook(url, timeout_s=1), CRASH, Backoff(0.05, 0.1), stop) is None
+
+
+def test_table_and_line_render() -> None:
+    view = TailView("t", max_rows=2)
+    now = time.time() * 1000
+    for i in range(3):
+        view.add({**CRASH, "alert_id": f"x{i}", "first_event_ms": now - 65_000, "detected_at_ms": now - 5_000})
+    view.add({**CRASH, "alert_id": "x2", "state": "cleared"})
+    assert list(view.rows) == ["x1", "x2"]
+    console = Console(record=True, width=160)
+    console.print(view.render())
+    text = console.export_text()
+    assert "car-1" in text and "fleet-2" in text and "1m05s" in text and "cleared" in text
+    assert "critical 1" in text  # one still open
+    plain = line(CRASH, now_ms=CRASH["first_event_ms"] + 42_000).plain
+    assert "CRITICAL raised age 42s" in plain and "value 31.5" in plain
