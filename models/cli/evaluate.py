@@ -1,4 +1,5 @@
-"""``iotwatch evaluate``: run detectors over labelled streams and score them as NAB does."""
+"""``iotwatch evaluate``: run detectors over labelled streams and score them as NAB does, or
+(``--simulated``) measure the streaming job's alerts on a simulated fleet."""
 
 from __future__ import annotations
 
@@ -53,11 +54,65 @@ def _render(result: dict[str, Any]) -> None:
                   f"{summary}")
 
 
+def _render_simulated(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    sim = result["simulation"]
+    console.print(f"Simulated fleet: {sim['devices']} devices ({sim['homes']} homes, {sim['vehicles']} vehicles), "
+                  f"{sim['days']:g} days, seed {sim['seed']}, {sim['messages']} messages, home readings every "
+                  f"{sim['home_interval_s']:g} s, vehicle every {sim['vehicle_interval_s']:g} s; "
+                  f"{sum(sim['anomalies'].values())} anomalies; transport faults {'on' if sim['faults'] else 'off'}")
+    goals = result["goals"]
+    for name, run in result["configs"].items():
+        table = Table(title=f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
+                            f"<= {goals['false_alarms_per_device_day']:g} false alarm per device-day, "
+                            f"median delay <= {goals['median_delay_readings']} readings)")
+        for column in ("kind", "windows", "recall", "precision", "F1", "delay rd med", "delay rd p90",
+                       "delay s med", "delay s p90", "rule FA/dev-day", "detected by"):
+            table.add_column(column, justify="left" if column in ("kind", "detected by") else "right")
+        rows = [*run["kinds"].items(), ("[b]overall[/b]", run["overall"])]
+        for label, k in rows:
+            table.add_row(label, f"{k['detected']}/{k['windows']}", _f(k["recall"]), _f(k["precision"]), _f(k["f1"]),
+                          _f(k["median_delay_readings"], 1), _f(k["p90_delay_readings"], 1),
+                          _f(k["median_delay_s"], 0), _f(k["p90_delay_s"], 0),
+                          _f(k["false_alarms_per_device_day"], 3),
+                          ", ".join(f"{r} {n}" for r, n in k.get("detected_by", {}).items()))
+        console.print(table)
+        rules_table = Table(title=f"{name}: raised alerts per rule ({run['overall']['device_days']} device-days)")
+        for column in ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"):
+            rules_table.add_column(column, justify="left" if column == "rule" else "right")
+        for rule, r in run["rules"].items():
+            rules_table.add_row(rule, str(r["alerts"]), str(r["true"]), str(r["related"]), str(r["false"]),
+                                _f(r["precision"]), _f(r["false_alarms_per_device_day"], 3))
+        console.print(rules_table)
+        overrides = run["overrides"]
+        console.print(f"{name} settings: " + (", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                                              if overrides else "the StreamSettings defaults"))
+
+
 def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 @click.command("evaluate")
+@click.option("--simulated", is_flag=True,
+              help="Alerts of the streaming job's per-device logic on a simulated fleet, matched to the "
+                   "simulator's ground truth (current defaults vs recommended settings).")
+@click.option("--homes", default=20, show_default=True, type=click.IntRange(0), help="--simulated: homes.")
+@click.option("--vehicles", default=6, show_default=True, type=click.IntRange(0), help="--simulated: vehicles.")
+@click.option("--days", default=2.0, show_default=True, type=click.FloatRange(0.2), help="--simulated: event-time days.")
+@click.option("--seed", default=7, show_default=True, type=int, help="--simulated: simulator seed.")
+@click.option("--home-interval", "home_interval_s", default=30.0, show_default=True, type=click.FloatRange(0.1),
+              help="--simulated: seconds between readings of home devices (the live default is 1).")
+@click.option("--vehicle-interval", "vehicle_interval_s", default=5.0, show_default=True,
+              type=click.FloatRange(0.05), help="--simulated: seconds between vehicle readings (live: 0.1).")
+@click.option("--anomalies-per-day", default=2.0, show_default=True, type=click.FloatRange(0.0),
+              help="--simulated: injected anomalies per device-day.")
+@click.option("--faults", is_flag=True, help="--simulated: inject transport faults too (2 per device-day).")
+@click.option("--grace", "grace_readings", default=3, show_default=True, type=click.IntRange(0),
+              help="--simulated: readings after an anomaly's end an alert still detects it.")
 @click.option("--dataset", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="NAB-layout directory (data/<group>/<file>.csv, windows.json); default ../shared/datasets/nab-dev.")
 @click.option("--readings", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -69,10 +124,27 @@ def _f(value: float | None, digits: int = 2) -> str:
 @click.option("--profile", default="standard", show_default=True, type=click.Choice(sorted(PROFILES)),
               help="NAB cost profile.")
 @json_option
-def evaluate(dataset: Path | None, readings: Path | None, truth: Path | None, detectors: tuple[str, ...],
+def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int, home_interval_s: float,
+             vehicle_interval_s: float, anomalies_per_day: float, faults: bool, grace_readings: int,
+             dataset: Path | None, readings: Path | None, truth: Path | None, detectors: tuple[str, ...],
              profile: str, as_json: bool) -> None:
     """Run detectors over labelled streams; report NAB score, precision/recall/F1,
-    detection delay and false alarms per device-day, per stream, group and overall."""
+    detection delay and false alarms per device-day, per stream, group and overall.
+
+    With --simulated: generate a deterministic simulated fleet with injected anomalies, run
+    it through the streaming job's per-device logic (rules, detector, alert lifecycle, silence
+    timer) and report, per anomaly kind, the recall, precision, F1 and detection delay of the
+    raised alerts, and the false alarms per device-day per rule."""
+    if simulated:
+        if dataset or readings or truth or detectors:
+            raise IotwatchError("--simulated takes no --dataset, --readings, --truth or --detector")
+        from models.evaluation.simulated import evaluate_simulated
+
+        result = evaluate_simulated(homes, vehicles, days, seed, grace_readings=grace_readings,
+                                    home_interval_s=home_interval_s, vehicle_interval_s=vehicle_interval_s,
+                                    anomalies_per_day=anomalies_per_day, faults=faults)
+        emit(result, as_json, _render_simulated)
+        return
     source: LabelledSource
     if readings or truth:
         if not (readings and truth) or dataset:

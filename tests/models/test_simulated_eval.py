@@ -1,0 +1,118 @@
+"""The simulated end-to-end evaluation: deterministic, and the obvious kinds are alerted on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from iotwatch.cli import cli
+from models.evaluation.simulated import RECOMMENDED, Alert, evaluate_fleet, match, run_alerts, settings_for, simulate
+
+OBVIOUS = ("spike", "leak", "crash", "out_of_range", "dropout")
+MIX = {"thermostat": 1, "smart_meter": 1, "door_sensor": 1, "leak_sensor": 1}
+
+
+def _fleet():
+    # 3 homes of 4 devices + 1 vehicle, 12 h of event time, many anomalies of the obvious kinds
+    return simulate(homes=3, vehicles=1, days=0.5, seed=5, anomalies_per_day=16.0, kinds=OBVIOUS, mix=MIX)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return _fleet()
+
+
+@pytest.fixture(scope="module")
+def defaults(fleet):
+    return evaluate_fleet(fleet)
+
+
+@pytest.fixture(scope="module")
+def recommended(fleet):
+    return evaluate_fleet(fleet, RECOMMENDED)
+
+
+def _strip(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "seconds"}
+
+
+def test_generation_and_evaluation_are_deterministic(fleet, defaults) -> None:
+    again = _fleet()
+    assert again.truth == fleet.truth
+    assert {d: s.messages for d, s in again.devices.items()} == {d: s.messages for d, s in fleet.devices.items()}
+    first, second = defaults, evaluate_fleet(again)
+    assert _strip(first) == _strip(second)
+    json.dumps(first)  # JSON-able
+    assert first["overall"]["windows"] == sum(k["windows"] for k in first["kinds"].values())
+
+
+@pytest.mark.parametrize("kind", ["leak", "crash", "out_of_range", "dropout"])
+def test_rule_kinds_are_detected_with_the_current_defaults(defaults, kind: str) -> None:
+    stats = defaults["kinds"][kind]
+    assert stats["windows"] >= 1, stats
+    assert stats["recall"] >= 0.9, stats
+    assert stats["median_delay_readings"] <= 3, stats
+
+
+def test_spikes_are_partly_detected(defaults, recommended) -> None:
+    """Spikes are alerted on (at once), more with the recommended fire score; the rule kinds stay detected."""
+    spike, better = defaults["kinds"]["spike"], recommended["kinds"]["spike"]
+    assert 0 < spike["detected"] <= better["detected"], (spike, better)
+    assert spike["median_delay_readings"] == 0 and better["median_delay_readings"] == 0
+    for kind in ("leak", "crash", "out_of_range", "dropout"):
+        assert recommended["kinds"][kind]["recall"] >= 0.9, (kind, recommended["kinds"][kind])
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the calibrated ensemble scores most single-reading spikes "
+                                       "0.3-0.7, below any fire score that keeps false alarms near 1 per device-day")
+def test_spikes_are_reliably_detected(defaults, recommended) -> None:
+    assert max(defaults["kinds"]["spike"]["recall"], recommended["kinds"]["spike"]["recall"]) >= 0.8
+
+
+def test_matching_rules() -> None:
+    """Detection needs a plausible rule inside the window (+ grace); the rest are false or related."""
+    fleet = simulate(homes=1, vehicles=0, days=0.3, seed=2, mix={"thermostat": 1})
+    device = next(iter(fleet.devices))
+    step = fleet.devices[device].interval_ms
+    start = fleet.start_ms + 4 * 3600_000
+    fleet.truth = [{"device_id": device, "device_type": "thermostat", "site": "home-00000", "kind": "spike",
+                    "category": "anomaly", "start_ts": start, "end_ts": start, "start_seq": 480, "end_seq": 480,
+                    "messages": 1, "source": "rate", "params": {}}]
+    alerts = [Alert(device, "anomaly_score", start + 2 * step, 482, "a", start),  # detects, 2 readings late
+              Alert(device, "device_silent", start + step, 481, "b", start),  # implausible: related
+              Alert(device, "anomaly_score", start + 3 * 3600_000, 840, "c", start)]  # false alarm
+    report = match(fleet, alerts, grace_readings=3, burn_in_s=3600.0)
+    spike = report["kinds"]["spike"]
+    assert (spike["detected"], spike["median_delay_readings"], spike["median_delay_s"]) == (1, 2.0, 2 * step / 1000)
+    anomaly = report["rules"]["anomaly_score"]
+    assert {k: anomaly[k] for k in ("alerts", "true", "related", "false", "precision")} == {
+        "alerts": 2, "true": 1, "related": 0, "false": 1, "precision": 0.5}
+    assert anomaly["false_alarms_per_device_day"] == pytest.approx(1 / ((0.3 * 86400 - 3600) / 86400), rel=1e-3)
+    assert set(anomaly["false_alarms_per_device_day_by_type"]) == {"thermostat"}
+    assert report["rules"]["device_silent"]["related"] == 1
+    late = match(fleet, alerts[:1], grace_readings=1, burn_in_s=3600.0)
+    assert late["kinds"]["spike"]["detected"] == 0
+
+
+def test_silence_timer_is_simulated() -> None:
+    fleet = simulate(homes=1, vehicles=0, days=0.25, seed=3, mix={"smart_meter": 1})
+    stream = next(iter(fleet.devices.values()))
+    del stream.messages[100:110]  # 10 readings (300 s) missing
+    alerts = run_alerts(fleet, settings_for({"silence_timeout_s": 90.0}))
+    silent = [a for a in alerts if a.rule == "device_silent"]
+    assert len(silent) == 1 and silent[0].raised_ms == stream.messages[99][0] + 90_000
+
+
+def test_cli_simulated_json() -> None:
+    result = CliRunner().invoke(cli, ["evaluate", "--simulated", "--homes", "1", "--vehicles", "0", "--days", "0.3",
+                                      "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert set(doc["configs"]) == {"defaults", "recommended"}
+    assert doc["simulation"]["homes"] == 1 and doc["configs"]["defaults"]["overall"]["device_days"] > 0
+
+    from models.cli.evaluate import _render_simulated
+
+    _render_simulated(doc)  # the rich tables render from the JSON document
