@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from iotwatch.errors import IotwatchError
+from iotwatch.settings import RegistrySettings
 from models.base import Detector
 
 if TYPE_CHECKING:

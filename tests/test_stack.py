@@ -14,7 +14,6 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import psutil
 import pytest
-import requests
 from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 

@@ -85,12 +85,16 @@ class Probe:
         return total
 
     def stream_offset(self) -> int:
-        """Records the job has taken up, from its newest checkpointed offsets file."""
-        directory = self.checkpoint / "offsets"
-        files = sorted((p for p in directory.glob("[0-9]*")), key=lambda p: int(p.name)) if directory.exists() else []
-        if not files:
+        """Records the job has finished (all sinks written): the end offsets of the newest
+        batch that has a commit file in its checkpoint."""
+        commits = self.checkpoint / "commits"
+        done = sorted((int(p.name) for p in commits.glob("[0-9]*") if p.name.isdigit())) if commits.exists() else []
+        if not done:
             return 0
-        last_line = files[-1].read_text().strip().splitlines()[-1]
+        batch = self.checkpoint / "offsets" / str(done[-1])
+        if not batch.exists():
+            return 0
+        last_line = batch.read_text().strip().splitlines()[-1]
         try:
             offsets = json.loads(last_line)
         except ValueError:
@@ -138,7 +142,7 @@ def render(state: LiveState, started: float, duration: float | None, phase: str)
                    "kafka up" if gw.get("kafka_up") else "kafka DOWN")
     stages.add_row("Kafka raw topic", f"{last.raw_end}", f"{_rate(state, lambda s: s.raw_end):.0f}", "")
     lag = max(0, last.raw_end - last.stream_offset)
-    stages.add_row("stream job (taken up)", f"{last.stream_offset}", f"{_rate(state, lambda s: s.stream_offset):.0f}",
+    stages.add_row("stream job (processed)", f"{last.stream_offset}", f"{_rate(state, lambda s: s.stream_offset):.0f}",
                    f"lag {lag}")
     stages.add_row("alerts", f"{last.alerts}", f"{_rate(state, lambda s: s.alerts):.1f}", "")
     alerts = Table(title="latest alerts", expand=True)

@@ -31,7 +31,7 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     series = {
         "gateway received (MQTT)": [s.gateway.get("received", 0.0) for s in samples],
         "gateway -> Kafka": [s.gateway.get("forwarded", 0.0) for s in samples],
-        "stream job taken up": [float(s.stream_offset) for s in samples],
+        "stream job processed": [float(s.stream_offset) for s in samples],
     }
     times = [s.t - t0 for s in samples]
     fig, ax = plt.subplots(figsize=(10, 4.5))

@@ -143,7 +143,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
 def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: DemoOptions,
            children: list[Child], timeout_s: float = 300.0) -> bool:
     """After the simulators end: wait until the gateway has nothing in flight and the job
-    has taken up everything in the raw topic (and a few more batches for its sinks)."""
+    has processed everything in the raw topic (its newest committed batch reached the log end)."""
     deadline = time.monotonic() + timeout_s
     caught_up_since: float | None = None
     while time.monotonic() < deadline:
@@ -151,7 +151,10 @@ def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: D
         view.update(render(live, started, options.duration_s, "draining"))
         if not all(child.running() for child in children if child.name != "simulate"):
             return False
-        idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= sample.raw_end > 0
+        # The gateway is the raw topic's only producer here, so what it forwarded is the log end
+        # (the embedded broker's ListOffsets answer can lag behind the real end).
+        forwarded = int(sample.gateway.get("forwarded", 0))
+        idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
         caught_up_since = (caught_up_since or time.monotonic()) if idle else None
         if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:
             return True
