@@ -153,7 +153,8 @@ class VehicleGroup(DeviceGroup):
         lon = lon + distance * np.sin(heading) / (_M_PER_DEG * np.cos(np.radians(lat)))
         arrived = np.hypot(d_north, d_east) < 40.0
         self.wp[idx] = np.where(arrived, (wp + 1) % _WAYPOINTS, wp)
-        steering = np.degrees(np.arctan(2.7 * yaw_rate / np.maximum(v_new, 1.0))) * 15.0
+        # road-wheel angle limited by the steering lock (+-36 deg), times a 15:1 steering ratio
+        steering = np.clip(np.degrees(np.arctan(2.7 * yaw_rate / np.maximum(v_new, 1.0))), -36.0, 36.0) * 15.0
 
         # engine and pedals
         kmh = v_new * 3.6

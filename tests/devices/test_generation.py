@@ -187,6 +187,16 @@ def test_physics_stays_plausible_over_two_days() -> None:
     assert max(co2) - min(co2) > 300  # occupancy drives CO2 up and ventilation down
 
 
+def test_normal_driving_stays_within_physical_ranges() -> None:
+    config = SimConfig(seed=5, homes=0, vehicles=4, start_ms=START_MS)
+    by_device = telemetry_by_device(generate(config, 1800))
+    for device_id, readings in by_device.items():
+        for m in readings:
+            for metric, value in m["metrics"].items():
+                _, low, high = DEVICE_METRICS["vehicle_edr"][metric]
+                assert low <= value <= high, (device_id, metric, value)
+
+
 def test_stuck_hvac_makes_the_room_run_away(tmp_path: Path) -> None:
     base = SimConfig(seed=4, homes=6, vehicles=0, rate=1 / 30, start_ms=START_MS, mix={"thermostat": 1},
                      tick_ms=30_000)
