@@ -20,12 +20,17 @@ from streaming.device_logic import OUTPUT_COLUMNS, DeviceLogic, InputRecord
 from streaming.device_state import STATE_SCHEMA, DeviceState
 from streaming.fleet import fleet_lookup
 
-_INT_COLUMNS = {"seq": "Int64", "event_ms": "Int64", "kafka_partition": "Int32", "kafka_offset": "Int64"}
+_INT_COLUMNS = ("seq", "event_ms", "kafka_partition", "kafka_offset")
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Plain numpy/object columns only: nullable integers stay Python ints or None in an
+    object column (no pandas extension arrays, whose Arrow conversion can come back chunked)."""
     frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
-    return frame.astype(_INT_COLUMNS)
+    for column in _INT_COLUMNS:
+        if frame[column].dtype != "int64":
+            frame[column] = pd.Series([row.get(column) for row in rows], dtype=object, index=frame.index)
+    return frame
 
 
 class DeviceProcessor(StatefulProcessor):
