@@ -21,14 +21,21 @@ from streaming.device_state import STATE_SCHEMA, DeviceState
 from streaming.fleet import fleet_lookup
 
 _INT_COLUMNS = ("seq", "event_ms", "kafka_partition", "kafka_offset")
+_FLOAT_COLUMNS = ("value", "score")
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Plain numpy/object columns only: nullable integers stay Python ints or None in an
-    object column (no pandas extension arrays, whose Arrow conversion can come back chunked)."""
+    """Columns pandas cannot type from the values are built explicitly: a column that is all
+    None would be inferred as float NaN, and Arrow's conversion of float NaN to a string or
+    binary column comes back chunked, which Spark rejects. Nullable integers stay Python ints
+    or None in object columns (no pandas extension arrays)."""
     frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
-    for column in _INT_COLUMNS:
-        if frame[column].dtype != "int64":
+    for column in OUTPUT_COLUMNS:
+        if column in _FLOAT_COLUMNS:
+            continue
+        if column in _INT_COLUMNS and frame[column].dtype == "int64":
+            continue
+        if frame[column].dtype != object or column in _INT_COLUMNS:
             frame[column] = pd.Series([row.get(column) for row in rows], dtype=object, index=frame.index)
     return frame
 

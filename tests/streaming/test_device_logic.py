@@ -190,3 +190,20 @@ def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
     alerts = [a for a in alerts_of(run(logic, [series[:50], series[50:]])) if a["rule"] == "fleet_anomaly"]
     assert alerts and alerts[0]["state"] == "raised" and alerts[0]["first_event_ms"] == T0 + 80 * 1000
     assert alerts[0]["model_version"] == "isolation_forest@v3" and asked == ["thermostat", "thermostat"]
+
+
+def test_output_of_a_batch_without_readings_converts_to_arrow(logic: DeviceLogic) -> None:
+    """A device whose batch holds only late records emits no metric: the all-None string
+    columns must still convert the way Spark converts them (a float-NaN column did not)."""
+    from pyspark.sql.conversion import PandasToArrowConversion
+
+    from streaming.processor import _frame
+    from streaming.schemas import OUTPUT_SCHEMA
+
+    state = DeviceState()
+    list(logic.process(state, [record(i) for i in range(300, 305)], now_ms=0))
+    rows = list(logic.process(state, [record(1, offset=10), record(2, offset=11)], now_ms=0))
+    assert {r["kind"] for r in rows} == {"late", "tally"}
+    batch = PandasToArrowConversion.convert(_frame(rows), OUTPUT_SCHEMA, timezone="UTC", safecheck=True,
+                                            assign_cols_by_name=True)
+    assert batch.num_rows == len(rows) and batch.column(OUTPUT_SCHEMA.names.index("metric")).null_count == len(rows)
