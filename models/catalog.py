@@ -19,6 +19,8 @@ __all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "make", "names"]
 #: Name -> module that defines it (imported on first use).
 DETECTORS: dict[str, str] = {
     "ensemble": "models.ensemble:CalibratedEnsemble",
+    "tail_ensemble": "models.tail_ensemble:TailEnsemble",
+    "repeat_run": "models.repeat_run:RepeatRun",
     "robust_zscore": "models.robust_zscore:RobustZScore",
     "holt_winters": "models.forecast:HoltWintersResidual",
     "half_space_trees": "models.halfspace:HalfSpaceTrees",

@@ -39,6 +39,11 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         Readings before any score is given.
     z_half
         Residual, in scales, that scores 0.5.
+    reset_after
+        After this many consecutive residuals beyond ``clip`` scales on the same side the
+        level jumps to the reading (0: never). A clipped forecaster would otherwise take
+        hundreds of readings to follow a genuine change of level (a refuelled tank), and
+        report it all along.
 
     Examples
     --------
@@ -54,7 +59,8 @@ class HoltWintersResidual(UnivariateMixin, Detector):
 
     def __init__(self, metric: str | None = None, alpha: float = 0.3, beta: float = 0.01, gamma: float = 0.05,
                  season_buckets: int = 24, season_period_s: float = 86_400.0, halflife: float = 300.0,
-                 clip: float = 3.0, warmup: int = 30, z_half: float = 4.0) -> None:
+                 clip: float = 3.0, warmup: int = 30, z_half: float = 4.0,
+                 reset_after: int = 0) -> None:
         self.metric = metric
         self.alpha = alpha
         self.beta = beta
@@ -65,12 +71,13 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         self.clip = clip
         self.warmup = warmup
         self.z_half = z_half
+        self.reset_after = reset_after
         self._a_var = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
         return {"n": self._n, "level": self._level, "trend": self._trend, "rvar": self._rvar,
-                "season": list(self._season)}
+                "season": list(self._season), "beyond": self._beyond}
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))
@@ -78,6 +85,7 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         self._trend = float(state.get("trend", 0.0))
         self._rvar = float(state.get("rvar", 0.0))
         self._season = [float(v) for v in state.get("season", [0.0] * self.season_buckets)]
+        self._beyond = int(state.get("beyond", 0))  # signed run of clipped residuals
         return self
 
     def _bucket(self, t_ms: int) -> int:
@@ -94,11 +102,16 @@ class HoltWintersResidual(UnivariateMixin, Detector):
     def _scale(self) -> float:
         return math.sqrt(max(self._rvar, (1e-3 * abs(self._level) + 1e-9) ** 2))
 
-    def score_one(self, x: Reading, t_ms: int) -> float:
+    def deviation(self, x: Reading, t_ms: int) -> float | None:
+        """The signed forecast residual in residual scales, or ``None`` while warming up."""
         v = self._value(x)
         if v is None or self._n < self.warmup:
-            return 0.0
-        return z_to_score(abs(v - self.forecast(t_ms)) / self._scale(), self.z_half)
+            return None
+        return (v - self.forecast(t_ms)) / self._scale()
+
+    def score_one(self, x: Reading, t_ms: int) -> float:
+        z = self.deviation(x, t_ms)
+        return 0.0 if z is None else z_to_score(abs(z), self.z_half)
 
     def learn_one(self, x: Reading, t_ms: int) -> None:
         v = self._value(x)
@@ -114,6 +127,14 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         err_var = err
         if self._n > self.warmup:
             bound = self.clip * self._scale()
+            if self.reset_after and abs(err) > bound:
+                side = 1 if err > 0 else -1
+                self._beyond = self._beyond + side if self._beyond * side > 0 else side
+                if abs(self._beyond) >= self.reset_after:
+                    self._level, self._trend, self._beyond = v - season, 0.0, 0
+                    return
+            else:
+                self._beyond = 0
             err = min(max(err, -bound), bound)
             err_var = min(max(err_var, -2.0 * bound), 2.0 * bound)
             a_var = self._a_var

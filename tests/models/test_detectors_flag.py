@@ -11,7 +11,7 @@ from tests.models.generate import ONSET, clean, with_anomaly
 #: Parameters the rules need (limits are facts of the sensor, not learned).
 PARAMS = {"out_of_range": {"low": -50.0, "high": 100.0}, "crash": {"metric": None}}
 #: Alert levels that mean "anomalous" for each detector on the generated data.
-ALERT = {"ensemble": 0.5, "robust_zscore": 0.5, "holt_winters": 0.6}
+ALERT = {"ensemble": 0.5, "robust_zscore": 0.5, "holt_winters": 0.6, "tail_ensemble": 0.45}
 #: Rows after the onset in which the anomaly must be flagged.
 HORIZON = {"drift": 1000}
 
@@ -49,3 +49,25 @@ def test_rules_fire_only_on_their_kind() -> None:
         assert scores[onset:onset + 60].max() == 1.0
         assert scores[:onset].max() == 0.0
     assert ONSET > 1000
+
+
+def test_repeat_run_judges_only_streams_where_runs_are_news() -> None:
+    """A noisy sensor stuck at one value is flagged; a smooth signal holding still at its
+    daily peak, a battery level and a meter idling at zero are not."""
+    from models.repeat_run import RepeatRun
+
+    rng = np.random.default_rng(3)
+    i = np.arange(6000)
+    streams = {
+        "smooth": np.round(20 + 5 * np.sin(2 * np.pi * i / 2880), 2),  # 30 s readings, no noise
+        "battery": np.round(np.linspace(90, 89, len(i)), 1),
+        "idle meter": np.where((i // 500) % 2 == 0, 0.0, np.round(300 + rng.normal(0, 20, len(i)), 1)),
+    }
+    for name, values in streams.items():
+        det = RepeatRun()
+        assert max(det.score_learn_one({"v": float(v)}, k) for k, v in enumerate(values)) == 0.0, name
+    noisy = np.round(20 + rng.normal(0, 0.2, len(i)), 2)
+    noisy[5000:5010] = noisy[5000]
+    det = RepeatRun()
+    scores = [det.score_learn_one({"v": float(v)}, k) for k, v in enumerate(noisy)]
+    assert max(scores[:5000]) < 0.45 < max(scores[5000:5010])
