@@ -236,13 +236,15 @@ class StreamSettings(_ConcernSettings):
     silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
-    device_detector: str = Field("ensemble", description="per-(device, metric) detector from models (compact state)")
+    device_detector: str = Field("tail_ensemble", description="per-(device, metric) detector from models "
+                                                               "(compact state)")
     device_detector_params: dict[str, Any] = Field(
-        default_factory=lambda: {"warmup": 60, "learning_period": 60},
+        default_factory=lambda: {"warmup": 60},
         description="detector parameters (JSON); the warm-up is how many readings a metric is learned "
                     "before it may alert")
-    alert_fire_score: float = Field(0.75, gt=0, le=1, description="calibrated score that fires an anomaly alert")
-    alert_clear_score: float = Field(0.45, ge=0, lt=1, description="score below which an open alert may clear")
+    alert_fire_score: float = Field(0.45, gt=0, le=1, description="calibrated score that fires an anomaly alert "
+                                    "(tail_ensemble: 0.45 is a tail probability of about 1e-4 per reading)")
+    alert_clear_score: float = Field(0.35, ge=0, lt=1, description="score below which an open alert may clear")
     alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
                                                           "(1: the ensemble's calibration already smooths)")
     alert_clear_readings: int = Field(10, ge=1, description="consecutive readings below the clear score before clearing")
@@ -250,8 +252,13 @@ class StreamSettings(_ConcernSettings):
                                                                      "registry (hot-swapped); empty disables")
     fleet_fire_score: float = Field(0.7, gt=0, le=1, description="fleet model score that fires fleet_anomaly")
     crash_decel_g: float = Field(4.0, gt=0, description="longitudinal deceleration that counts as a crash")
-    stuck_hvac_c: float = Field(6.0, gt=0, description="temperature this far from setpoint while heating/cooling")
-    stuck_hvac_readings: int = Field(30, ge=1)
+    harsh_braking_g: float = Field(0.5, gt=0, description="longitudinal deceleration that raises a harsh_braking "
+                                                          "warning (telematics use 0.4-0.5 g)")
+    stuck_hvac_c: float = Field(4.0, gt=0, description="temperature this far from setpoint while heating/cooling")
+    stuck_hvac_overshoot_c: float = Field(1.0, gt=0, description="or this far past the setpoint in the direction "
+                                                                 "the HVAC pushes (heating above, cooling below)")
+    stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
+    stuck_hvac_readings: int = Field(3, ge=1, description="... and for at least this many readings")
 
 
 class RegistrySettings(_ConcernSettings):

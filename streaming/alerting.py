@@ -33,6 +33,7 @@ class RuleSpec:
     hold: int = 1
     clear_hold: int = 1
     detector: str = "rule"
+    hold_ms: int = 0  # and for this long in event time (a condition that must persist, whatever the rate)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq:
         episode.above += 1
         episode.last_ms = event_ms
         episode.peak_score = max(episode.peak_score, obs.score)
-        if episode.above < spec.hold:
+        if episode.above < spec.hold or event_ms - episode.start_ms < spec.hold_ms:
             return None
         episode.status, episode.below, episode.occurrences = "open", 0, episode.above
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)

@@ -1,4 +1,4 @@
-"""Per device type and metric: unit normalisation and physical range checks.
+"""Per device type and metric: unit normalisation, derived metrics and physical range checks.
 
 Readings are flagged, never silently dropped: a value outside its physical range keeps
 its value, gets ``quality = "out_of_range"``, is archived as such, feeds the
@@ -45,6 +45,27 @@ def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
         if alias in out:
             value = out.pop(alias)
             out.setdefault(canonical, convert(value))
+    return out
+
+
+#: Below this apparent power (V x A) a meter's power factor is mostly rounding noise.
+MIN_APPARENT_VA = 20.0
+
+
+def with_derived(device_type: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """The metrics plus derived ones that tie several sensors of a device together.
+
+    A smart meter's real power, voltage and current come from one metering chip, so
+    ``power_factor = P / (V * I)`` is nearly constant for a device. A fault in one of the
+    three (a stuck or spiking power register) breaks it at once, even when the faulty
+    value alone looks like an appliance switching on; the per-metric detectors score the
+    derived metric like any other. A reported ``power_factor`` is kept as it is.
+    """
+    out = dict(metrics)
+    if device_type == "smart_meter" and "power_factor" not in out:
+        p, v, i = out.get("power_w"), out.get("voltage_v"), out.get("current_a")
+        if p is not None and v is not None and i is not None and v * i >= MIN_APPARENT_VA:
+            out["power_factor"] = round(p / (v * i), 4)
     return out
 
 

@@ -27,7 +27,7 @@ from models.base import Detector
 from models.catalog import make
 from streaming import rules
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
-from streaming.cleaning import QUALITY_OK, is_scored, normalise_units, quality_of
+from streaming.cleaning import QUALITY_OK, is_scored, normalise_units, quality_of, with_derived
 from streaming.device_state import DeviceState
 
 #: Columns of every row the per-device logic emits (see :data:`streaming.schemas.OUTPUT_SCHEMA`).
@@ -129,7 +129,7 @@ class DeviceLogic:
     def _score(self, state: DeviceState, record: InputRecord, message: Telemetry,
                detectors: dict[str, Detector], scored: list[tuple[Telemetry, dict[str, float]]]
                ) -> Iterator[dict[str, Any]]:
-        metrics = normalise_units(message.metrics)
+        metrics = with_derived(state.device_type, normalise_units(message.metrics))
         quality = {m: quality_of(state.device_type, m, v) for m, v in metrics.items()}
         scored.append((message, {m: v for m, v in metrics.items() if quality[m] == QUALITY_OK}))
         scores: dict[str, float] = {}

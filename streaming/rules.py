@@ -19,6 +19,7 @@ from streaming.cleaning import physical_range
 ANOMALY = "anomaly_score"
 OUT_OF_RANGE = "out_of_range"
 CRASH = "crash"
+HARSH_BRAKING = "harsh_braking"
 LEAK = "water_leak"
 STUCK_HVAC = "stuck_hvac"
 SILENT = "device_silent"
@@ -32,8 +33,10 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
                           settings.alert_hold_readings, settings.alert_clear_readings, detector),
         OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, "major", 0.5, 0.5, 1, settings.alert_clear_readings),
         CRASH: RuleSpec(CRASH, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
+        HARSH_BRAKING: RuleSpec(HARSH_BRAKING, "warning", 0.5, 0.5, 1, settings.alert_clear_readings),
         LEAK: RuleSpec(LEAK, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
-        STUCK_HVAC: RuleSpec(STUCK_HVAC, "major", 0.5, 0.5, settings.stuck_hvac_readings, settings.alert_clear_readings),
+        STUCK_HVAC: RuleSpec(STUCK_HVAC, "major", 0.5, 0.5, settings.stuck_hvac_readings, settings.alert_clear_readings,
+                             hold_ms=int(settings.stuck_hvac_s * 1000)),
         SILENT: RuleSpec(SILENT, "major", 0.5, 0.5, 1, 1),
         FLEET: RuleSpec(FLEET, "warning", settings.fleet_fire_score, settings.fleet_fire_score - 0.1,
                         settings.alert_hold_readings, settings.alert_clear_readings, settings.fleet_detector or "fleet"),
@@ -56,10 +59,11 @@ def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observ
     observations[OUT_OF_RANGE] = _out_of_range(reading)
     if reading.device_type == "vehicle_edr" or reading.event == "crash":
         observations[CRASH] = _crash(reading, settings.crash_decel_g)
+        observations[HARSH_BRAKING] = _harsh_braking(reading, settings.harsh_braking_g, settings.crash_decel_g)
     if reading.device_type == "leak_sensor" or reading.event == "leak":
         observations[LEAK] = _leak(reading)
     if reading.device_type == "thermostat":
-        stuck = _stuck_hvac(reading, settings.stuck_hvac_c)
+        stuck = _stuck_hvac(reading, settings.stuck_hvac_c, settings.stuck_hvac_overshoot_c)
         if stuck is not None:
             observations[STUCK_HVAC] = stuck
     return observations
@@ -93,6 +97,15 @@ def _crash(reading: ReadingView, decel_g: float) -> Observation:
     return Observation(0.0, "accel_x_g", accel, -decel_g, "no crash deceleration")
 
 
+def _harsh_braking(reading: ReadingView, harsh_g: float, crash_g: float) -> Observation:
+    """Braking hard enough for a driver-behaviour warning, short of a crash (which its own rule reports)."""
+    accel = reading.metrics.get("accel_x_g")
+    if accel is not None and harsh_g <= -accel < crash_g and reading.event != "crash":
+        return Observation(1.0, "accel_x_g", accel, -harsh_g,
+                           f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g")
+    return Observation(0.0, "accel_x_g", accel, -harsh_g, "no harsh braking")
+
+
 def _leak(reading: ReadingView) -> Observation:
     wet = reading.metrics.get("water_detected")
     if reading.event == "leak" or (wet is not None and wet >= 0.5):
@@ -100,15 +113,24 @@ def _leak(reading: ReadingView) -> Observation:
     return Observation(0.0, "water_detected", wet, 0.5, "dry")
 
 
-def _stuck_hvac(reading: ReadingView, max_gap_c: float) -> Observation | None:
+def _stuck_hvac(reading: ReadingView, max_gap_c: float, overshoot_c: float) -> Observation | None:
+    """HVAC running but not doing its job: past the setpoint in the direction it pushes
+    (heating above it, cooling below it: a thermostat's hysteresis switches off within a
+    fraction of a degree), or far from the setpoint either way. Heating or cooling is
+    told by the outside temperature: below the setpoint, the HVAC heats."""
     metrics = reading.metrics
     if not {"temperature_c", "setpoint_c", "hvac_on"} <= metrics.keys():
         return None
-    gap = metrics["temperature_c"] - metrics["setpoint_c"]
+    temperature, setpoint = metrics["temperature_c"], metrics["setpoint_c"]
+    gap = temperature - setpoint
     running = metrics["hvac_on"] >= 0.5
-    if running and abs(gap) > max_gap_c:
-        return Observation(1.0, "temperature_c", metrics["temperature_c"], metrics["setpoint_c"],
-                           f"HVAC running but temperature {metrics['temperature_c']:.1f} C is {gap:+.1f} C "
-                           f"from setpoint {metrics['setpoint_c']:.1f} C")
-    return Observation(0.0, "temperature_c", metrics["temperature_c"], metrics["setpoint_c"],
-                       f"temperature {gap:+.1f} C from setpoint")
+    outside = metrics.get("outside_temperature_c")
+    heating = outside is not None and outside < setpoint
+    cooling = outside is not None and outside > setpoint
+    overshoot = (heating and gap > overshoot_c) or (cooling and gap < -overshoot_c)
+    if running and (overshoot or abs(gap) > max_gap_c):
+        why = f"{'heating' if heating else 'cooling'} past the setpoint" if overshoot else "far from setpoint"
+        return Observation(1.0, "temperature_c", temperature, setpoint,
+                           f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C "
+                           f"from setpoint {setpoint:.1f} C ({why})")
+    return Observation(0.0, "temperature_c", temperature, setpoint, f"temperature {gap:+.1f} C from setpoint")

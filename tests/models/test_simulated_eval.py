@@ -56,19 +56,15 @@ def test_rule_kinds_are_detected_with_the_current_defaults(defaults, kind: str) 
     assert stats["median_delay_readings"] <= 3, stats
 
 
-def test_spikes_are_partly_detected(defaults, recommended) -> None:
-    """Spikes are alerted on (at once), more with the recommended fire score; the rule kinds stay detected."""
-    spike, better = defaults["kinds"]["spike"], recommended["kinds"]["spike"]
-    assert 0 < spike["detected"] <= better["detected"], (spike, better)
-    assert spike["median_delay_readings"] == 0 and better["median_delay_readings"] == 0
-    for kind in ("leak", "crash", "out_of_range", "dropout"):
-        assert recommended["kinds"][kind]["recall"] >= 0.9, (kind, recommended["kinds"][kind])
-
-
-@pytest.mark.xfail(strict=True, reason="known gap: the calibrated ensemble scores most single-reading spikes "
-                                       "0.3-0.7, below any fire score that keeps false alarms near 1 per device-day")
-def test_spikes_are_reliably_detected(defaults, recommended) -> None:
-    assert max(defaults["kinds"]["spike"]["recall"], recommended["kinds"]["spike"]["recall"]) >= 0.8
+def test_spikes_are_reliably_detected_at_once(defaults, recommended) -> None:
+    """Single-reading spikes are alerted on at the spike itself; the recommended settings
+    keep every kind detected."""
+    for report in (defaults, recommended):
+        spike = report["kinds"]["spike"]
+        assert spike["recall"] >= 0.8 and spike["median_delay_readings"] == 0, spike
+        for kind in ("leak", "crash", "out_of_range", "dropout"):
+            assert report["kinds"][kind]["recall"] >= 0.9, (kind, report["kinds"][kind])
+    assert defaults["overall"]["false_alarms_per_device_day"] <= 1.0, defaults["overall"]
 
 
 def test_matching_rules() -> None:

@@ -13,7 +13,7 @@ from iotwatch.contract import Telemetry
 from iotwatch.settings import StreamSettings
 from streaming.alerting import Episode, Observation, RuleSpec, alert_id, step
 from streaming.alerting import AlertContext, DeviceIdentity
-from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of
+from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
 from streaming.device_logic import DeviceLogic, InputRecord
 from streaming.device_state import DeviceState, SeqWindow
 
@@ -122,20 +122,22 @@ def test_anti_flap_hold_and_clear_threshold() -> None:
     assert events[3]["alert_id"] == alert_id("d", "r", 2)
 
 
-def test_rules_fire_for_crash_leak_stuck_hvac_and_out_of_range(logic: DeviceLogic) -> None:
+def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range(logic: DeviceLogic) -> None:
     state = DeviceState()
     crash = [record(0, device="car", device_type="vehicle_edr", temperature=20, speed_kmh=50.0, accel_x_g=-7.0)]
+    harsh = [record(0, device="van", device_type="vehicle_edr", temperature=20, speed_kmh=40.0, accel_x_g=-0.8)]
     leak = [record(0, device="leak", device_type="leak_sensor", water_detected=1.0)]
-    hvac = [record(i, device="th", temperature=30.0, setpoint_c=21.0, hvac_on=1.0) for i in range(31)]
+    hvac = [record(i, device="th", temperature=30.0, setpoint_c=21.0, hvac_on=1.0) for i in range(150)]
     odd = [record(0, device="x", temperature=999.0)]
     raised = {}
-    for batch in (crash, leak, hvac, odd):
+    for batch in (crash, harsh, leak, hvac, odd):
         state = DeviceState()
         for alert in alerts_of(list(logic.process(state, batch, now_ms=0))):
             raised[alert["rule"]] = alert
-    assert set(raised) == {"crash", "water_leak", "stuck_hvac", "out_of_range"}
+    assert set(raised) == {"crash", "harsh_braking", "water_leak", "stuck_hvac", "out_of_range"}
     assert raised["crash"]["severity"] == "critical" and raised["out_of_range"]["value"] == 999.0
-    assert raised["stuck_hvac"]["occurrences"] == 30  # held for the configured 30 readings
+    assert raised["harsh_braking"]["severity"] == "warning" and raised["harsh_braking"]["device_id"] == "van"
+    assert raised["stuck_hvac"]["occurrences"] == 121  # held for the configured 120 s (readings every 1 s)
 
 
 def test_silence_raises_device_silent_and_data_clears_it(logic: DeviceLogic) -> None:
@@ -207,3 +209,36 @@ def test_output_of_a_batch_without_readings_converts_to_arrow(logic: DeviceLogic
     batch = PandasToArrowConversion.convert(_frame(rows), OUTPUT_SCHEMA, timezone="UTC", safecheck=True,
                                             assign_cols_by_name=True)
     assert batch.num_rows == len(rows) and batch.column(OUTPUT_SCHEMA.names.index("metric")).null_count == len(rows)
+
+
+def test_meter_power_factor_is_derived_and_scored(logic: DeviceLogic) -> None:
+    """A power register spike that looks like a kettle in power alone breaks P = V * I * pf."""
+    assert with_derived("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0}) == {
+        "power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0, "power_factor": 1.0}
+    assert "power_factor" not in with_derived("smart_meter", {"power_w": 1.0, "voltage_v": 230.0, "current_a": 0.004})
+    assert "power_factor" not in with_derived("thermostat", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0})
+    rng = random.Random(4)
+    batch = []
+    for i in range(400):
+        power = 300.0 + (1800.0 if i % 37 == 0 else 0.0) + rng.gauss(0, 3)  # kettles: real, consistent
+        voltage = 230.0 + rng.gauss(0, 0.4)
+        current = power / (voltage * 0.93)
+        if i == 350:
+            power += 1800.0  # the register alone jumps
+        batch.append(record(i, device="m", device_type="smart_meter", power_w=round(power, 1),
+                            voltage_v=round(voltage, 1), current_a=round(current, 3)))
+    raised = [a for a in alerts_of(run(logic, [batch])) if a["state"] == "raised"]
+    assert [(a["rule"], a["metric"], a["seq"]) for a in raised] == [("anomaly_score", "power_factor", 350)]
+
+
+def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes(logic: DeviceLogic) -> None:
+    """Heating (outside colder than the setpoint) and running 1.5 C above it: stuck on.
+    Running 1.5 C below it is a normal warm-up; cooling 1.5 C above it is normal too."""
+    def rule_alerts(temperature: float, outside: float) -> list[str]:
+        batch = [record(i, device="th", temperature=temperature, setpoint_c=21.0, hvac_on=1.0,
+                        outside_temperature_c=outside) for i in range(200)]
+        return [a["rule"] for a in alerts_of(list(logic.process(DeviceState(), batch, now_ms=0)))]
+    assert "stuck_hvac" in rule_alerts(22.5, outside=5.0)
+    assert "stuck_hvac" not in rule_alerts(19.5, outside=5.0)
+    assert "stuck_hvac" not in rule_alerts(22.5, outside=30.0)
+    assert "stuck_hvac" in rule_alerts(19.5, outside=30.0)
