@@ -64,7 +64,7 @@ class RepeatRun(UnivariateMixin, Detector):
 
     def __init__(self, metric: str | None = None, tolerance: float = 0.0, halflife: float = 2000.0,
                  prior_rate: float = 0.3, prior_readings: float = 30.0, max_repeat_rate: float = 0.2,
-                 min_steps: float = 5.0) -> None:
+                 min_steps: float = 2.5) -> None:
         self.metric = metric
         self.tolerance = tolerance
         self.halflife = halflife
