@@ -104,9 +104,19 @@ class TailEnsemble(UnivariateMixin, Detector):
         return log_tail_score(min(1.0, 3.0 * min(self.tails(x, t_ms).values())))
 
     def learn_one(self, x: Reading, t_ms: int) -> None:
+        self.score_learn_one(x, t_ms)
+
+    def score_learn_one(self, x: Reading, t_ms: int) -> float:
+        """Score, then learn, computing each view's deviation once (the streaming hot path)."""
         if self._value(x) is None:
-            return
+            return 0.0
         level, change = self._deviations(x, t_ms)
+        score = 0.0
+        if self._n >= self.warmup:
+            tail = min(1.0 if level is None else self._level_tail.tail(level),
+                       1.0 if change is None else self._change_tail.tail(change),
+                       self._stuck.tail(x, t_ms))
+            score = log_tail_score(min(1.0, 3.0 * tail))
         if level is not None:
             self._level_tail.learn(level)
         if change is not None:
@@ -115,3 +125,4 @@ class TailEnsemble(UnivariateMixin, Detector):
         self._change.learn_one(x, t_ms)
         self._stuck.learn_one(x, t_ms)
         self._n += 1
+        return score

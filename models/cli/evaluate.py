@@ -19,7 +19,7 @@ __all__ = ["evaluate", "default_dataset"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
 DEFAULT_EVALUATED = tuple(dict.fromkeys(
-    (DEFAULT_DETECTOR, "half_space_trees", "ensemble", "isolation_forest", "robust_zscore",
+    (DEFAULT_DETECTOR, "half_space_trees", "tail_ensemble", "ensemble", "isolation_forest", "robust_zscore",
      "holt_winters")))
 
 
