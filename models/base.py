@@ -196,15 +196,15 @@ class UnivariateMixin:
         if self.metric is None:
             if len(x) != 1:
                 return None
-            (v,) = x.values()
+            v = next(iter(x.values()))
         else:
             v = x.get(self.metric)
             if v is None:
                 return None
         v = float(v)
-        if not math.isfinite(v):
+        if v - v != 0.0:  # NaN or infinite (the hot path: cheaper than math.isfinite)
             return None
-        return min(max(v, -VALUE_LIMIT), VALUE_LIMIT)
+        return v if -VALUE_LIMIT <= v <= VALUE_LIMIT else math.copysign(VALUE_LIMIT, v)
 
 
 def detector_class(name: str) -> type[Detector]:

@@ -22,11 +22,12 @@ class RepeatRun(UnivariateMixin, Detector):
     this detector reports. A noisy sensor that almost never repeats (``r`` = 0.02) is
     suspicious after four repeats. Two kinds of stream are not judged, because there runs
     are normal and not independent: streams that repeat often by nature (a setpoint, a
-    battery level, a parked vehicle's position: ``r`` above ``max_repeat_rate``), and
-    smooth, noiseless signals that move by only a few steps of their resolution per
-    reading (an outdoor temperature at its daily peak holds still for many readings):
-    their typical change (an exponentially weighted mean of ``|difference|``) is below
-    ``min_steps`` times the smallest change ever seen. The fixed-count :class:`models.flatline.Flatline` rule is the
+    battery level: ``r`` above ``max_repeat_rate``), and streams whose changes are not
+    noise -- a smooth signal (an outdoor temperature holds still at its daily peak) or a
+    level that only falls or rises (a fuel gauge, still while the vehicle is parked). Noise
+    reverses the direction of change about every other reading; the stream is judged only
+    while its rate of reversals (an exponentially weighted mean over changes) is at least
+    ``min_reversals``. The fixed-count :class:`models.flatline.Flatline` rule is the
     alternative when the count is known.
 
     Parameters
@@ -41,8 +42,8 @@ class RepeatRun(UnivariateMixin, Detector):
         Prior repeat rate and its weight in readings.
     max_repeat_rate
         Streams repeating more often than this are not judged.
-    min_steps
-        Streams whose typical change is fewer resolution steps than this are not judged.
+    min_reversals
+        Streams whose changes reverse direction less often than this are not judged.
 
     Examples
     --------
@@ -64,20 +65,20 @@ class RepeatRun(UnivariateMixin, Detector):
 
     def __init__(self, metric: str | None = None, tolerance: float = 0.0, halflife: float = 2000.0,
                  prior_rate: float = 0.3, prior_readings: float = 30.0, max_repeat_rate: float = 0.2,
-                 min_steps: float = 2.5) -> None:
+                 min_reversals: float = 0.3) -> None:
         self.metric = metric
         self.tolerance = tolerance
         self.halflife = halflife
         self.prior_rate = prior_rate
         self.prior_readings = prior_readings
         self.max_repeat_rate = max_repeat_rate
-        self.min_steps = min_steps
+        self.min_reversals = min_reversals
         self._a = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "rate": self._rate, "last": self._last, "run": self._run, "step": self._step,
-                "resolution": self._resolution}
+        return {"n": self._n, "rate": self._rate, "last": self._last, "run": self._run,
+                "reversals": self._reversals, "direction": self._direction}
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))
@@ -85,15 +86,13 @@ class RepeatRun(UnivariateMixin, Detector):
         last = state.get("last")
         self._last = None if last is None else float(last)
         self._run = int(state.get("run", 0))
-        self._step = float(state.get("step", 0.0))
-        resolution = state.get("resolution")
-        self._resolution = None if resolution is None else float(resolution)
+        self._reversals = float(state.get("reversals", 0.0))
+        self._direction = int(state.get("direction", 0))  # sign of the last change
         return self
 
     def judged(self) -> bool:
         """Whether runs on this stream say anything (see the class notes)."""
-        return (self._rate <= self.max_repeat_rate and self._resolution is not None
-                and self._step >= self.min_steps * self._resolution)
+        return self._rate <= self.max_repeat_rate and self._reversals >= self.min_reversals
 
     def run_length(self, x: Reading) -> int | None:
         """Repeats of the previous reading ending with this one (0: it differs)."""
@@ -121,9 +120,10 @@ class RepeatRun(UnivariateMixin, Detector):
             self._n += 1
             a = max(1.0 / (self._n + self.prior_readings), self._a)
             self._rate += a * ((1.0 if run else 0.0) - self._rate)
-            change = abs(v - self._last)
-            self._step += a * (change - self._step)
-            if change > self.tolerance and (self._resolution is None or change < self._resolution):
-                self._resolution = change
+            if run == 0:
+                direction = 1 if v > self._last else -1
+                if self._direction:
+                    self._reversals += a * ((1.0 if direction != self._direction else 0.0) - self._reversals)
+                self._direction = direction
         self._run = run
         self._last = v

@@ -25,19 +25,21 @@ _FLOAT_COLUMNS = ("value", "score")
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Columns pandas cannot type from the values are built explicitly: a column that is all
-    None would be inferred as float NaN, and Arrow's conversion of float NaN to a string or
-    binary column comes back chunked, which Spark rejects. Nullable integers stay Python ints
-    or None in object columns (no pandas extension arrays)."""
-    frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+    """Every column is built with an explicit type: a column that is all None would be
+    inferred as float NaN, and Arrow's conversion of float NaN to a string or binary column
+    comes back chunked, which Spark rejects. Nullable integers stay Python ints or None in
+    object columns (no pandas extension arrays). Column by column is also several times
+    faster than letting pandas infer a frame from the row dicts."""
+    columns: dict[str, pd.Series] = {}
     for column in OUTPUT_COLUMNS:
+        values = [row.get(column) for row in rows]
         if column in _FLOAT_COLUMNS:
-            continue
-        if column in _INT_COLUMNS and frame[column].dtype == "int64":
-            continue
-        if frame[column].dtype != object or column in _INT_COLUMNS:
-            frame[column] = pd.Series([row.get(column) for row in rows], dtype=object, index=frame.index)
-    return frame
+            columns[column] = pd.Series(values, dtype="float64")
+        elif column in _INT_COLUMNS and None not in values:
+            columns[column] = pd.Series(values, dtype="int64")
+        else:
+            columns[column] = pd.Series(values, dtype=object)
+    return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
 
 
 class DeviceProcessor(StatefulProcessor):
