@@ -11,9 +11,9 @@ import yaml
 
 from dashboards import JSON_DIR, build_all, render
 from dashboards.builder import DATASOURCE, FOLDER
+from dashboards.queries import all_panels, is_builtin, queries, variables_used
 from iotwatch.cli import main
 from tests.conftest import REPO_ROOT
-from tests.dashboards.queries import all_panels, is_builtin, queries, variables_used
 
 BUILT = build_all()
 PROVISIONING = REPO_ROOT / "deploy" / "grafana" / "provisioning"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from dashboards import build_all
+from dashboards.queries import Picks, has_data, queries, substitute
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.settings import Settings
 from tests.dashboards.pipeline_data import DashboardData, populate
-from tests.dashboards.queries import queries, substitute
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +41,7 @@ def influx(data: DashboardData) -> Any:
 
 def values_for(data: DashboardData, dashboard_file: str) -> dict[str, str]:
     """The variable values a user would pick; a multi-value pick as Grafana formats it for regexes."""
-    values = {"site": data.site, "device": data.device, "metric": data.metric, "instance": data.instance}
-    if "vehicles" in dashboard_file:
-        values["device"] = "(" + "|".join(data.vehicles) + ")"
-    return values
+    return Picks(data.site, data.device, data.metric, data.instance, data.vehicles).values(dashboard_file)
 
 
 @pytest.mark.parametrize(("dashboard_file", "where", "query"), CASES)
@@ -53,8 +50,7 @@ def test_query_returns_data(data: DashboardData, influx: InfluxV1Client, dashboa
     text = substitute(query, values_for(data, dashboard_file))
     series = influx.query(text)
     assert series, f"no data for {where}: {text}"
-    rows = [row for s in series for row in s.get("values", [])]
-    assert any(value is not None for row in rows for value in row[1:]), f"only nulls for {where}: {text}"
+    assert has_data(series), f"only nulls for {where}: {text}"
 
 
 def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Client) -> None:
