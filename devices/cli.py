@@ -83,6 +83,9 @@ def _time_ms(value: str | None) -> int | None:
               help="Anomalies per device per hour of event time.")
 @click.option("--anomalies", "anomaly_kinds", metavar="KIND,...",
               help="Anomaly kinds --anomaly-rate draws from (default all that apply): " + ", ".join(_ANOMALY_KINDS))
+@click.option("--anomalies-after", "anomalies_after_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              metavar="SECONDS", help="Start --anomaly-rate anomalies only after this many seconds of event time "
+              "(a warm-up for online detectors; --scenario times are kept).")
 @click.option("--fault-rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Transport faults per device per hour of event time.")
 @click.option("--faults", "fault_kinds", metavar="KIND,...",
@@ -163,7 +166,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
         seed=opts["seed"], homes=homes, vehicles=vehicles, mix=_mix(opts["mix"]), rate=opts["rate"],
         vehicle_hz=opts["vehicle_hz"], target_rate=opts["target_rate"], ramp_up_s=opts["ramp_up_s"],
         duration_s=opts["duration_s"], count=opts["count"], anomaly_rate=opts["anomaly_rate"],
-        anomaly_kinds=_kinds(opts["anomaly_kinds"]), fault_rate=opts["fault_rate"],
+        anomaly_kinds=_kinds(opts["anomaly_kinds"]), anomalies_after_s=opts["anomalies_after_s"], fault_rate=opts["fault_rate"],
         fault_kinds=_kinds(opts["fault_kinds"]), scenario=opts["scenario"],
         edr_threshold_g=opts["edr_threshold_g"], edr_pre_event_s=opts["edr_pre_event_s"], replay=replay,
         replay_device_type=opts["replay_type"], replay_metric=opts["replay_metric"],

@@ -35,6 +35,9 @@ class SimConfig(BaseModel):
     # anomalies and transport faults
     anomaly_rate: float = 0.0  # per device per hour
     anomaly_kinds: tuple[str, ...] | None = None
+    #: rate-drawn anomalies start no earlier than this many seconds of event time after the
+    #: start (online detectors need history first); planned (scenario) ones are unaffected
+    anomalies_after_s: float = Field(0.0, ge=0)
     fault_rate: float = 0.0  # per device per hour
     fault_kinds: tuple[str, ...] | None = None
     scenario: Path | None = None

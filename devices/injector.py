@@ -70,6 +70,8 @@ class Injector:
         self.records: list[dict[str, Any]] = []
         self.started: dict[str, int] = {}
         self.rates = {ANOMALY: config.anomaly_rate / 3600.0, TRANSPORT: config.fault_rate / 3600.0}
+        #: event time before which no rate-drawn anomaly starts (transport faults may)
+        self.not_before = {ANOMALY: config.start_ms + int(round(config.anomalies_after_s * 1000)), TRANSPORT: 0}
         self.rate_kinds = [{ANOMALY: kinds_for(g.device_type, ANOMALY, config.anomaly_kinds),
                             TRANSPORT: kinds_for(g.device_type, TRANSPORT, config.fault_kinds)} for g in groups]
         for names in (config.anomaly_kinds, config.fault_kinds):
@@ -127,7 +129,7 @@ class Injector:
             col = _START_COLUMNS[category]
             u = u_all[:, col:col + 2]
             chance = rate * group.interval[idx] * 1e-3
-            for r in np.flatnonzero(u[:, 0] < chance).tolist():
+            for r in np.flatnonzero((u[:, 0] < chance) & (t >= self.not_before[category])).tolist():
                 i = int(idx[r])
                 if any(a.kind.category == category for a in self.active.get((gi, i), ())):
                     continue

@@ -166,6 +166,22 @@ def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> N
         assert record["messages"] >= 1
 
 
+def test_anomalies_after_keeps_the_warm_up_free_of_anomalies_only() -> None:
+    base = SimConfig(seed=9, homes=4, vehicles=1, start_ms=START_MS, anomaly_rate=60.0, fault_rate=60.0,
+                     anomaly_kinds=("spike", "flatline", "dropout", "out_of_range"), tick_ms=1000)
+    records = {}
+    for after in (0.0, 120.0):
+        sim = Simulation(base.model_copy(update={"anomalies_after_s": after}))
+        for _batch in sim.run(300):
+            pass
+        records[after] = sim.injector.records
+    early = [r for r in records[0.0] if r["category"] == "anomaly" and r["start_ts"] < START_MS + 120_000]
+    assert early, "the rate gives anomalies within the first 120 s without a warm-up"
+    anomalies = [r for r in records[120.0] if r["category"] == "anomaly"]
+    assert anomalies and min(r["start_ts"] for r in anomalies) >= START_MS + 120_000
+    assert any(r["category"] == "transport" and r["start_ts"] < START_MS + 120_000 for r in records[120.0])
+
+
 def test_physics_stays_plausible_over_two_days() -> None:
     config = SimConfig(seed=4, homes=12, vehicles=0, rate=1 / 60, start_ms=START_MS, tick_ms=60_000)
     by_device = telemetry_by_device(generate(config, 2 * 86400))
