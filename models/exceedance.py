@@ -11,6 +11,15 @@ family with the Hill estimator, so its state is four numbers:
   exceedances, each clipped to ``clip * xi`` so one wild value cannot numb the stream;
 - how many readings and exceedances were seen (the priors' weights).
 
+Exceedances are *declustered by runs* (Coles, 2001, "An Introduction to Statistical
+Modeling of Extreme Values", 5.3.2): exceedances less than ``run_gap`` readings apart are
+one cluster, the rate counts clusters, and the index learns each cluster's peak once the
+cluster has ended. Without it a long anomaly teaches the tail that it is normal while it
+lasts -- a shifted level, a burst of noise, a stuck actuator would each silence their own
+alert after a few readings -- and the next anomaly on the same stream is judged against a
+tail it inflated. A stream whose normal life holds long excursions (a kettle on a meter)
+still learns one excursion per use.
+
 The tail probability of ``d > u`` is ``rate * (d / u) ** (-1 / xi)``. A stream whose
 normal life holds big jumps (a meter when an appliance switches on, a vehicle) learns a
 larger rate and ``xi``, so the same deviation is judged less rare there than on a quiet
@@ -50,6 +59,9 @@ class ExceedanceTail:
         Prior tail index and its weight in exceedances.
     clip
         Log-excesses learned are clipped to ``clip`` times the current index.
+    run_gap
+        Exceedances fewer than this many readings apart belong to one cluster
+        (0: every exceedance is its own cluster, learned at once).
 
     Examples
     --------
@@ -64,7 +76,7 @@ class ExceedanceTail:
 
     def __init__(self, threshold: float = 3.0, halflife: float = 10_000.0, index_halflife: float = 300.0,
                  prior_rate: float = 0.01, prior_readings: float = 200.0, prior_index: float = 0.25,
-                 prior_peaks: float = 10.0, clip: float = 4.0) -> None:
+                 prior_peaks: float = 10.0, clip: float = 4.0, run_gap: int = 3) -> None:
         if threshold <= 0:
             raise ValueError("threshold must be positive")
         self.threshold = threshold
@@ -75,19 +87,24 @@ class ExceedanceTail:
         self.prior_index = prior_index
         self.prior_peaks = prior_peaks
         self.clip = clip
+        self.run_gap = run_gap
         self._a = _alpha(halflife)
         self._b = _alpha(index_halflife)
         self.set_state([])
 
     def to_state(self) -> list[float]:
-        return [self._n, self._rate, self._peaks, self._index]
+        return [self._n, self._rate, self._peaks, self._index, self._gap, self._cluster_peak]
 
     def set_state(self, state: list[float] | Mapping[str, Any]) -> Self:
-        n, rate, peaks, index = (list(state) + [None] * 4)[:4] if not isinstance(state, Mapping) else [None] * 4
+        values = (list(state) + [None] * 6)[:6] if not isinstance(state, Mapping) else [None] * 6
+        n, rate, peaks, index, gap, cluster_peak = values
         self._n = float(n or 0.0)
         self._rate = self.prior_rate if rate is None else float(rate)
         self._peaks = float(peaks or 0.0)
         self._index = self.prior_index if index is None else float(index)
+        # readings since the last exceedance, counted up to run_gap (a finite, JSON-safe number)
+        self._gap = float(self.run_gap) if gap is None else float(gap)
+        self._cluster_peak = float(cluster_peak or 0.0)  # peak of the open cluster (0: none open)
         return self
 
     def tail(self, d: float) -> float:
@@ -105,11 +122,24 @@ class ExceedanceTail:
         if not math.isfinite(d):
             return
         self._n += 1.0
-        exceeds = d > self.threshold
         a = max(1.0 / (self._n + self.prior_readings), self._a)
-        self._rate += a * ((1.0 if exceeds else 0.0) - self._rate)
-        if exceeds:
-            self._peaks += 1.0
-            b = max(1.0 / (self._peaks + self.prior_peaks), self._b)
-            log_excess = min(math.log(d / self.threshold), self.clip * self._index)
-            self._index += b * (log_excess - self._index)
+        if d <= self.threshold:
+            self._rate -= a * self._rate
+            self._gap = min(self._gap + 1.0, float(self.run_gap))
+            if self._cluster_peak and self._gap >= self.run_gap:
+                self._learn_peak(self._cluster_peak)
+                self._cluster_peak = 0.0
+            return
+        starts_cluster = self._gap >= self.run_gap
+        self._gap = 0.0
+        self._rate += a * ((1.0 if starts_cluster else 0.0) - self._rate)
+        if self.run_gap <= 0:
+            self._learn_peak(d)
+        else:
+            self._cluster_peak = max(self._cluster_peak, d)
+
+    def _learn_peak(self, d: float) -> None:
+        self._peaks += 1.0
+        b = max(1.0 / (self._peaks + self.prior_peaks), self._b)
+        log_excess = min(math.log(d / self.threshold), self.clip * self._index)
+        self._index += b * (log_excess - self._index)
