@@ -166,8 +166,8 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
         seed=opts["seed"], homes=homes, vehicles=vehicles, mix=_mix(opts["mix"]), rate=opts["rate"],
         vehicle_hz=opts["vehicle_hz"], target_rate=opts["target_rate"], ramp_up_s=opts["ramp_up_s"],
         duration_s=opts["duration_s"], count=opts["count"], anomaly_rate=opts["anomaly_rate"],
-        anomaly_kinds=_kinds(opts["anomaly_kinds"]), anomalies_after_s=opts["anomalies_after_s"], fault_rate=opts["fault_rate"],
-        fault_kinds=_kinds(opts["fault_kinds"]), scenario=opts["scenario"],
+        anomaly_kinds=_kinds(opts["anomaly_kinds"]), anomalies_after_s=opts["anomalies_after_s"],
+        fault_rate=opts["fault_rate"], fault_kinds=_kinds(opts["fault_kinds"]), scenario=opts["scenario"],
         edr_threshold_g=opts["edr_threshold_g"], edr_pre_event_s=opts["edr_pre_event_s"], replay=replay,
         replay_device_type=opts["replay_type"], replay_metric=opts["replay_metric"],
         replay_keep_time=opts["replay_keep_time"], replay_loop=opts["replay_loop"], tick_ms=opts["tick_ms"])
