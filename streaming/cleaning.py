@@ -31,11 +31,13 @@ UNIT_ALIASES: Mapping[str, tuple[str, Callable[[float], float]]] = {
     "accel_z_ms2": ("accel_z_g", lambda a: a / 9.80665),
 }
 
-#: Metrics whose values are states, positions or counters: range-checked, archived and
-#: aggregated, but not given to the statistical detectors (rules look at them instead).
+#: Metrics whose values are states, positions, counters or driver inputs: range-checked,
+#: archived and aggregated, but not given to the statistical detectors (rules look at them
+#: instead). A fuel gauge is one too: it falls smoothly and jumps at every refuel, so a
+#: per-metric detector raised an alert at each fill-up (about one per vehicle-day).
 NOT_SCORED = frozenset({"hvac_on", "open", "water_detected", "lat_deg", "lon_deg", "heading_deg", "energy_kwh",
                         "setpoint_c", "steering_angle_deg", "throttle_pct", "brake_pct", "speed_kmh",
-                        "engine_rpm", "accel_x_g", "accel_y_g", "accel_z_g"})
+                        "engine_rpm", "accel_x_g", "accel_y_g", "accel_z_g", "fuel_level_pct"})
 
 
 def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
