@@ -73,24 +73,33 @@ def substitute(query: str, values: Mapping[str, str], time_filter: str = DEFAULT
     return VARIABLE.sub(one, text)
 
 
+def alternation(values: Sequence[str]) -> str:
+    """A multi-value selection as Grafana formats it for a regex: ``(a|b)``."""
+    return "(" + "|".join(values) + ")"
+
+
 @dataclass(frozen=True)
 class Picks:
-    """The variable values an operator would pick: a site, one of its devices and a metric
-    of it (device drill-down), the vehicles and their site (vehicles), a gateway instance."""
+    """The variable values an operator would pick. Single-value pickers (the device
+    drill-down): a site, one of its devices and a metric of it. Multi-value pickers open on
+    All: every site (``sites``, default just ``site``); the only multi-value device picker
+    is the vehicles dashboard's, which gets ``vehicles``. The gateway instance."""
 
     site: str
     device: str
     metric: str
     instance: str
     vehicles: Sequence[str]
-    vehicle_site: str | None = None  # when the vehicles are not at ``site``
+    sites: Sequence[str] = ()
 
-    def values(self, dashboard: str) -> dict[str, str]:
-        """Variable values for one dashboard (its uid or file name)."""
+    def values(self, model: dict[str, Any]) -> dict[str, str]:
+        """Variable values for one dashboard's JSON model."""
+        multi = {v["name"] for v in model["templating"]["list"] if v.get("multi")}
         values = {"site": self.site, "device": self.device, "metric": self.metric, "instance": self.instance}
-        if "vehicles" in dashboard:
-            values["site"] = self.vehicle_site or self.site
-            values["device"] = "(" + "|".join(self.vehicles) + ")"
+        if "site" in multi:
+            values["site"] = alternation(self.sites or [self.site])
+        if "device" in multi:
+            values["device"] = alternation(self.vehicles)
         return values
 
 
@@ -118,7 +127,7 @@ def check_all(models: Iterable[dict[str, Any]], picks: Picks, run: Callable[[str
     fails is recorded with its error, not raised."""
     checks = []
     for model in models:
-        values = picks.values(model["uid"])
+        values = picks.values(model)
         for where, query in queries(model):
             text = substitute(query, values, time_filter)
             try:
@@ -135,5 +144,4 @@ def summarise(checks: Sequence[QueryCheck], picks: Picks) -> dict[str, Any]:
             "empty": [c.name for c in checks if not c.has_data and c.error is None],
             "errors": {c.name: c.error for c in checks if c.error is not None},
             "values": {"site": picks.site, "device": picks.device, "metric": picks.metric,
-                       "instance": picks.instance, "vehicles": list(picks.vehicles),
-                       "vehicle_site": picks.vehicle_site}}
+                       "instance": picks.instance, "vehicles": list(picks.vehicles), "sites": list(picks.sites)}}

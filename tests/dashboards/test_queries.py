@@ -21,8 +21,9 @@ from tests.dashboards.pipeline_data import DashboardData, populate
 
 pytestmark = pytest.mark.slow
 
+BUILT = build_all()
 CASES = [pytest.param(name, where, query, id=f"{model['uid']}: {where}")
-         for name, model in build_all().items() for where, query in queries(model)]
+         for name, model in BUILT.items() for where, query in queries(model)]
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +40,15 @@ def influx(data: DashboardData) -> Any:
     client.close()
 
 
-def values_for(data: DashboardData, dashboard_file: str) -> dict[str, str]:
+def values_for(data: DashboardData, model: dict[str, Any]) -> dict[str, str]:
     """The variable values a user would pick; a multi-value pick as Grafana formats it for regexes."""
-    return Picks(data.site, data.device, data.metric, data.instance, data.vehicles).values(dashboard_file)
+    return Picks(data.site, data.device, data.metric, data.instance, data.vehicles).values(model)
 
 
 @pytest.mark.parametrize(("dashboard_file", "where", "query"), CASES)
 def test_query_returns_data(data: DashboardData, influx: InfluxV1Client, dashboard_file: str, where: str,
                             query: str) -> None:
-    text = substitute(query, values_for(data, dashboard_file))
+    text = substitute(query, values_for(data, BUILT[dashboard_file]))
     series = influx.query(text)
     assert series, f"no data for {where}: {text}"
     assert has_data(series), f"only nulls for {where}: {text}"
@@ -55,21 +56,21 @@ def test_query_returns_data(data: DashboardData, influx: InfluxV1Client, dashboa
 
 def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Client) -> None:
     """Spot checks that the queries return the right things, not just something."""
-    models = {m["uid"]: m for m in build_all().values()}
+    models = {m["uid"]: m for m in BUILT.values()}
 
-    def run(uid: str, where: str, dashboard_file: str = "") -> list[dict[str, Any]]:
+    def run(uid: str, where: str) -> list[dict[str, Any]]:
         query = dict(queries(models[uid]))[where]
-        return influx.query(substitute(query, values_for(data, dashboard_file or uid)))
+        return influx.query(substitute(query, values_for(data, models[uid])))
 
     # Open alerts: the level-shifted thermostat's alert is raised and never cleared.
     table = run("iotwatch-anomalies", "panel 'Open alerts' A")[0]
     open_alerts = [dict(zip(table["columns"], row)) for row in table["values"]]
     assert any(a["rule"] == "anomaly_score" and a["device_id"].endswith("-1") for a in open_alerts), open_alerts
     # Crash markers: the crash car's alert, with the deceleration that triggered it.
-    crashes = run("iotwatch-vehicles", "annotation Crashes", "vehicles")[0]
+    crashes = run("iotwatch-vehicles", "annotation Crashes")[0]
     assert [row[2] for row in crashes["values"]] == [data.vehicles[0]]
     # Positions: latitude per interval for the GPS vehicle only.
-    (lat,) = run("iotwatch-vehicles", "panel 'Positions' A", "vehicles")
+    (lat,) = run("iotwatch-vehicles", "panel 'Positions' A")
     assert lat["tags"] == {"device_id": data.vehicles[1]} and 38.7 < lat["values"][0][1] < 38.8
     # Gateway counters: a rate per second, from cumulative counters (600 received per minute).
     (received,) = run("iotwatch-gateway", "panel 'Received and forwarded' A")
