@@ -7,27 +7,109 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from dashboards import build_all
+from dashboards.queries import queries
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.demo.accounting import END_OF_RUN, FALSE_ALARM, MATCHED, match_alerts
+from iotwatch.settings import InfluxSettings
+from iotwatch.stack import StackState
+
+INTERVALS = {"thermostat": 1000, "vehicle_edr": 100}
 
 
+def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None) -> dict[str, Any]:
+    return {"alert_id": alert_id, "state": "raised", "device_id": device, "rule": rule, "first_seq": first_seq,
+            "seq": first_seq if seq is None else seq, "first_event_ms": 1_700_000_000_000 + first_seq * 1000}
+
+
+def anomaly(kind: str, device: str, start_seq: int, end_seq: int, device_type: str = "thermostat") -> dict[str, Any]:
+    return {"category": "anomaly", "kind": kind, "device_id": device, "device_type": device_type,
+            "start_seq": start_seq, "end_seq": end_seq, "start_ts": 0, "end_ts": 0}
+
+
+def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> None:
+    truth = [anomaly("level_shift", "t1", 100, 200), anomaly("dropout", "t2", 300, 350),
+             anomaly("crash", "car", 5000, 5600, "vehicle_edr")]
+    alerts = [
+        alert("shift", "t1", "anomaly_score", 104),  # 4 readings into the shift
+        alert("silence", "t2", "device_silent", 299),  # the newest reading before the dropout
+        alert("crash", "car", "crash", 5000),
+        alert("braking", "car", "harsh_braking", 5000),  # the crash explains it; it does not detect it
+        alert("stray", "t1", "anomaly_score", 600),  # nothing injected there
+        alert("stopped", "t1", "device_silent", 899),  # t1's last reading: the simulators stopped
+        alert("stall", "t2", "device_silent", 700),  # silent mid-run, no dropout: a false alarm
+        {**alert("shift", "t1", "anomaly_score", 104), "state": "cleared", "seq": 220},
+    ]
+    summary, verdicts = match_alerts(alerts, truth, INTERVALS, {"t1": 899, "t2": 899, "car": 8999})
+    assert verdicts == {"shift": MATCHED, "silence": MATCHED, "crash": MATCHED, "braking": MATCHED,
+                        "stray": FALSE_ALARM, "stopped": END_OF_RUN, "stall": FALSE_ALARM}
+    assert (summary["anomalies_injected"], summary["anomalies_detected"], summary["recall"]) == (3, 3, 1.0)
+    assert summary["alerts_raised"] == 7 and summary["end_of_run_silences"] == 1
+    assert summary["precision"] == round(4 / 6, 3) and summary["false_alarms"] == 2
+    assert summary["false_alarms_by_rule"] == {"anomaly_score": 1, "device_silent": 1}
+    assert summary["by_kind"]["level_shift"]["median_delay_s"] == 4.0
+    assert summary["by_kind"]["dropout"]["median_delay_s"] is None  # silence is judged in wall time
+
+
+@pytest.mark.slow
 def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    run = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "iotwatch", "demo", "--duration", "30", "--homes", "3",
-                             "--vehicles", "1", "--out", str(tmp_path / "run"), "--json"],
+                             "--vehicles", "1", "--anomalies-after", "30", "--keep-stack", "--out", str(run), "--json"],
                             capture_output=True, text=True, env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout)
-    assert summary["completed"] is True
-    assert summary["loss"]["loss"] == 0
-    messages = summary["messages"]
-    assert messages["gateway_received"] == messages["simulated"] > 0
-    assert messages["stream"]["reading_records"] + messages["stream"]["late"] == summary["loss"]["unique_readings_in_kafka"]
-    assert summary["alerts"]["recall"] is not None and summary["alerts"]["anomalies_injected"] > 0
-    report = Path(summary["report"]["folder"])
-    assert (report / "summary.json").exists() and (report / "stage_rates.png").exists()
-    assert any(p.name.startswith("device_") for p in report.glob("*.png"))
-    leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
-    assert not leftovers.strip(), "the demo left processes running"
+    state = StackState.load(run / "stack")
+    try:
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads(result.stdout)
+        assert summary["completed"] is True
+        assert summary["loss"]["loss"] == 0
+        messages = summary["messages"]
+        assert messages["gateway_received"] == messages["simulated"] > 0
+        assert (messages["stream"]["reading_records"] + messages["stream"]["late"]
+                == summary["loss"]["unique_readings_in_kafka"])
+        alerts = summary["alerts"]
+        assert alerts["recall"] is not None and alerts["anomalies_injected"] > 0
+        assert alerts["by_kind"]["crash"]["injected"] == 1  # the demo's planned crash
+        assert (alerts["alerts_matching_an_anomaly"] + alerts["false_alarms"] + alerts["end_of_run_silences"]
+                == alerts["alerts_raised"])
+        assert alerts["end_of_run_silences"] > 0  # every device falls silent when the simulators stop
+        truth = [json.loads(line) for line in (run / "ground_truth.jsonl").read_text().splitlines()]
+        warm_up_end = summary["components"]["simulate"]["start_ms"] + 30_000  # --anomalies-after 30
+        assert all(t["start_ts"] >= warm_up_end for t in truth if t["category"] == "anomaly")
+        report = Path(summary["report"]["folder"])
+        assert (report / "summary.json").exists() and (report / "stage_rates.png").exists()
+        assert (report / "alerts.jsonl").exists()
+        assert any(p.name.startswith("device_") for p in report.glob("*.png"))
+        # Every dashboard query was run against the demo's InfluxDB; each has data or is listed.
+        dashboards = summary["dashboards"]
+        assert dashboards["queries_checked"] == sum(len(list(queries(m))) for m in build_all().values())
+        assert dashboards["errors"] == {}
+        assert dashboards["queries_with_data"] + len(dashboards["empty"]) == dashboards["queries_checked"]
+        assert dashboards["queries_with_data"] > dashboards["queries_checked"] // 2, dashboards["empty"]
+        # --keep-stack: only the stack is left, it answers, and `stack down` stops it.
+        assert state is not None and summary["stack"]["stop"] == f"iotwatch stack down --run-dir {state.run_dir}"
+        status = subprocess.run([sys.executable, "-m", "iotwatch", "stack", "status", "--run-dir", str(state.run_dir),
+                                 "--json"], capture_output=True, text=True, env=env, timeout=120)
+        assert status.returncode == 0, status.stdout + status.stderr
+        influx = InfluxV1Client(InfluxSettings(url=summary["stack"]["endpoints"]["influx"],
+                                               database=summary["stack"]["influx_database"]))
+        try:
+            assert influx.query('SELECT count("raised") FROM "alerts"')
+        finally:
+            influx.close()
+        stack_pids = {svc.process.pid for svc in state.services.values()}
+        assert leftovers(run) <= stack_pids, "the demo left more than the stack running"
+    finally:
+        subprocess.run([sys.executable, "-m", "iotwatch", "stack", "down", "--run-dir", str(run / "stack")],
+                       capture_output=True, env=env, timeout=120)
+    assert not leftovers(run), "stack down left processes running"
+
+
+def leftovers(run: Path) -> set[int]:
+    found = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
+    return {int(pid) for pid in found.split()}

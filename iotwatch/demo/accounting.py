@@ -13,6 +13,7 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,14 @@ from iotwatch.settings import KafkaSettings
 
 #: Rules that count as detecting each anomaly kind the simulator injects.
 RULES_FOR_KIND: dict[str, set[str]] = {
-    "crash": {"crash"}, "harsh_braking": {"crash", "anomaly_score"}, "leak": {"water_leak"},
+    "crash": {"crash"}, "harsh_braking": {"harsh_braking", "crash", "anomaly_score"}, "leak": {"water_leak"},
     "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"}, "dropout": {"device_silent"},
     "out_of_range": {"out_of_range", "anomaly_score"},
 }
 SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range"}
+#: Other rules an anomaly explains (no false alarm), besides its own and the score rules:
+#: a crash's deceleration passes through the harsh-braking band.
+ALSO_EXPLAINS: dict[str, set[str]] = {"crash": {"harsh_braking"}}
 GRACE_MS = 10_000
 
 
@@ -53,34 +57,39 @@ def read_all(kafka: KafkaSettings, topic: str, timeout_s: float = 120.0) -> list
     return records
 
 
-def seqs_by_device(records: Iterable[Any]) -> tuple[dict[str, set[int]], int]:
-    """Device -> seqs of the readings in the raw topic, and the count of unparseable records."""
-    seqs: dict[str, set[int]] = defaultdict(set)
-    unparseable = 0
+@dataclass
+class RawIndex:
+    """The raw topic's readings, indexed by device and seq."""
+
+    seqs: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    #: (device, seq) -> when the reading was appended to the raw topic (first copy), ms
+    appended: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: device -> (device_type, site)
+    identities: dict[str, tuple[str, str]] = field(default_factory=dict)
+    unparseable: int = 0
+
+    def last_seq(self) -> dict[str, int]:
+        return {device: max(seqs) for device, seqs in self.seqs.items() if seqs}
+
+
+def index_raw(records: Iterable[Any]) -> RawIndex:
+    index = RawIndex()
     for record in records:
         try:
             body = json.loads(record.value())
-            seqs[str(body["device_id"])].add(int(body["seq"]))
+            device, seq = str(body["device_id"]), int(body["seq"])
         except (ValueError, KeyError, TypeError):
-            unparseable += 1
-    return seqs, unparseable
+            index.unparseable += 1
+            continue
+        index.seqs[device].add(seq)
+        index.appended.setdefault((device, seq), record.timestamp()[1])
+        index.identities.setdefault(device, (str(body.get("device_type")), str(body.get("site"))))
+    return index
 
 
 #: Ground-truth kinds whose seqs never reach the raw topic as readings: a dropout skips
 #: them, a malformed payload is dead-lettered by the gateway (its seq may be unreadable).
 NOT_IN_RAW = ("dropout", "malformed")
-
-
-def append_times(records: Iterable[Any]) -> dict[tuple[str, int], int]:
-    """(device, seq) -> when the reading was appended to the raw topic (first copy), ms."""
-    times: dict[tuple[str, int], int] = {}
-    for record in records:
-        try:
-            body = json.loads(record.value())
-            times.setdefault((str(body["device_id"]), int(body["seq"])), record.timestamp()[1])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return times
 
 
 def declared_ranges(truth: list[dict[str, Any]]) -> dict[str, list[tuple[int, int]]]:
@@ -113,9 +122,42 @@ def account(raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[
             "loss": lost, "transport_gaps": transport_gaps, "pipeline_missing": pipeline_missing}
 
 
-def match_alerts(alerts: list[dict[str, Any]], truth: list[dict[str, Any]], interval_ms: dict[str, int]
-                 ) -> dict[str, Any]:
-    """Recall per anomaly kind, precision of raised alerts, detection delay (readings, s)."""
+#: What a raised alert was, judged against the ground truth (see :func:`match_alerts`).
+MATCHED, FALSE_ALARM, END_OF_RUN = "matched", "false_alarm", "end_of_run"
+
+
+def _during(anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int,
+            rules: set[str]) -> list[dict[str, Any]]:
+    """Raised alerts of ``rules`` on the anomaly's device whose episode began with a reading
+    of the anomaly (or of the grace period after it), earliest first. Matched by seq, which
+    clock-skew faults leave alone (the ground truth's times are the simulator's; a skewed
+    device reports other event times). A dropout's ``device_silent`` alert carries the
+    newest reading before the silence: one seq before the dropout's first, which never
+    arrives."""
+    dropout = anomaly["kind"] == "dropout"
+    low = int(anomaly["start_seq"]) - (1 if dropout else 0)
+    high = int(anomaly["end_seq"]) + (0 if dropout else GRACE_MS // max(interval_ms, 1))
+    hits = [a for a in raised if a["device_id"] == anomaly["device_id"] and a["rule"] in rules
+            and low <= int(a.get("first_seq", a["seq"])) <= high]
+    return sorted(hits, key=lambda a: int(a.get("first_seq", a["seq"])))
+
+
+def match_alerts(alerts: list[dict[str, Any]], truth: list[dict[str, Any]], interval_ms: dict[str, int],
+                 last_seq: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Recall per anomaly kind, precision of raised alerts, detection delay (readings, s);
+    and each raised alert's verdict (alert id -> matched, false_alarm or end_of_run).
+
+    An anomaly is detected by an alert of its kind's rules (``RULES_FOR_KIND``); an alert
+    is matched (no false alarm) when an injected anomaly on its device explains it: one of
+    those rules, a score rule or ``ALSO_EXPLAINS`` (a score alert on a crashing vehicle's
+    acceleration is right, though only the crash rule counts as detecting the crash).
+
+    ``last_seq`` (device -> its newest seq in the raw topic) tells the end of the run: a
+    ``device_silent`` alert raised after a device's last reading, with no injected dropout
+    to explain it, is the simulators stopping, neither a detection nor a false alarm; it
+    is left out of precision. Delays count readings from the anomaly's first to the one
+    that began the alert (in seconds: times the device's reporting interval); none is
+    given for dropouts, whose silence is judged in wall time."""
     raised = [a for a in alerts if a.get("state") == "raised"]
     anomalies = [t for t in truth if t.get("category") == "anomaly"]
     used: set[str] = set()
@@ -123,34 +165,48 @@ def match_alerts(alerts: list[dict[str, Any]], truth: list[dict[str, Any]], inte
     delays_readings: list[float] = []
     for anomaly in anomalies:
         kind = anomaly["kind"]
+        interval = interval_ms.get(anomaly["device_type"], 1000)
         rules = RULES_FOR_KIND.get(kind, SCORE_RULES)
-        window_end = int(anomaly["end_ts"]) + GRACE_MS
-        hits = sorted((a for a in raised if a["device_id"] == anomaly["device_id"] and a["rule"] in rules
-                       and int(anomaly["start_ts"]) <= int(a["first_event_ms"]) <= window_end),
-                      key=lambda a: a["first_event_ms"])
+        hits = _during(anomaly, raised, interval, rules)
+        explaining = rules if kind == "dropout" else rules | SCORE_RULES | ALSO_EXPLAINS.get(kind, set())
+        explained = _during(anomaly, raised, interval, explaining)
+        used.update(a["alert_id"] for a in explained)
         stats = per_kind.setdefault(kind, {"injected": 0, "detected": 0, "delays_s": []})
         stats["injected"] += 1
         if hits:
             stats["detected"] += 1
-            delay_ms = int(hits[0]["first_event_ms"]) - int(anomaly["start_ts"])
-            stats["delays_s"].append(delay_ms / 1000)
-            delays_readings.append(delay_ms / max(interval_ms.get(anomaly["device_type"], 1000), 1))
-            used.update(a["alert_id"] for a in hits)
+            if kind != "dropout":
+                readings = int(hits[0].get("first_seq", hits[0]["seq"])) - int(anomaly["start_seq"])
+                stats["delays_s"].append(readings * interval / 1000)
+                delays_readings.append(readings)
     for stats in per_kind.values():
         stats["recall"] = round(stats["detected"] / stats["injected"], 3)
         delays = stats.pop("delays_s")
         stats["median_delay_s"] = round(statistics.median(delays), 2) if delays else None
-    false_alarms = [a for a in raised if a["alert_id"] not in used and a["rule"] != "device_silent"]
+    ends = last_seq or {}
+    verdicts: dict[str, str] = {}
+    for alert in raised:
+        if alert["alert_id"] in used:
+            verdicts[alert["alert_id"]] = MATCHED
+        elif alert["rule"] == "device_silent" and int(alert.get("seq", -1)) >= ends.get(alert["device_id"], 1 << 62):
+            verdicts[alert["alert_id"]] = END_OF_RUN
+        else:
+            verdicts[alert["alert_id"]] = FALSE_ALARM
+    false_alarms = [a for a in raised if verdicts[a["alert_id"]] == FALSE_ALARM]
+    matched = sum(1 for a in raised if verdicts[a["alert_id"]] == MATCHED)
+    judged = sum(1 for a in raised if verdicts[a["alert_id"]] != END_OF_RUN)
     injected = sum(s["injected"] for s in per_kind.values())
     detected = sum(s["detected"] for s in per_kind.values())
-    return {"anomalies_injected": injected, "anomalies_detected": detected,
-            "recall": round(detected / injected, 3) if injected else None,
-            "alerts_raised": len(raised), "alerts_matching_an_anomaly": len(used),
-            "precision": round(len(used) / len(raised), 3) if raised else None,
-            "false_alarms": len(false_alarms),
-            "false_alarms_by_rule": dict(sorted(_count(a["rule"] for a in false_alarms).items())),
-            "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
-            "by_kind": dict(sorted(per_kind.items()))}
+    summary = {"anomalies_injected": injected, "anomalies_detected": detected,
+               "recall": round(detected / injected, 3) if injected else None,
+               "alerts_raised": len(raised), "alerts_matching_an_anomaly": matched,
+               "end_of_run_silences": len(raised) - judged,
+               "precision": round(matched / judged, 3) if judged else None,
+               "false_alarms": len(false_alarms),
+               "false_alarms_by_rule": dict(sorted(_count(a["rule"] for a in false_alarms).items())),
+               "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
+               "by_kind": dict(sorted(per_kind.items()))}
+    return summary, verdicts
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

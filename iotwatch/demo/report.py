@@ -22,6 +22,16 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
+def write_alerts(folder: Path, alerts: list[dict[str, Any]], verdicts: dict[str, str]) -> Path:
+    """Every alert record of the run, raised ones with their verdict against the ground truth."""
+    path = folder / "alerts.jsonl"
+    with path.open("w") as out:
+        for alert in alerts:
+            verdict = verdicts.get(alert["alert_id"]) if alert.get("state") == "raised" else None
+            out.write(json.dumps({**alert, "verdict": verdict} if verdict else alert) + "\n")
+    return path
+
+
 def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     """Messages per second at each stage over the run (from the live samples)."""
     samples = live.samples
@@ -31,7 +41,7 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     series = {
         "gateway received (MQTT)": [s.gateway.get("received", 0.0) for s in samples],
         "gateway -> Kafka": [s.gateway.get("forwarded", 0.0) for s in samples],
-        "stream job processed": [float(s.stream_offset) for s in samples],
+        "stream job processed (as each micro-batch commits)": [float(s.stream_offset) for s in samples],
     }
     times = [s.t - t0 for s in samples]
     fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -51,53 +61,76 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     return path
 
 
+#: How an alert is drawn in the device plots, by its verdict (accounting.match_alerts).
+ALERT_STYLE = {"matched": ("tab:green", "--"), "false_alarm": ("tab:red", "--"), "end_of_run": ("grey", ":")}
+
+
+#: The metric that shows a physical anomaly best (measurement anomalies name theirs).
+KIND_METRIC = {"crash": "accel_x_g", "harsh_braking": "accel_x_g"}
+
+
+def choose_devices(anomalies: list[dict[str, Any]], max_devices: int) -> list[tuple[str, str]]:
+    """(device, metric) to plot: planned anomalies first, then one device per anomaly kind
+    (earliest first), then more; the metric is the one the choosing anomaly changed."""
+    eligible = sorted((a for a in anomalies if a["device_type"] in PRIMARY_METRIC),
+                      key=lambda a: (a.get("source") != "scenario", a["start_ts"]))
+    chosen: dict[str, str] = {}
+    kinds: set[str] = set()
+    for fresh_kind_only in (True, False):
+        for item in eligible:
+            if item["device_id"] in chosen or (fresh_kind_only and item["kind"] in kinds):
+                continue
+            chosen[item["device_id"]] = (item.get("params", {}).get("metric") or KIND_METRIC.get(item["kind"])
+                                         or PRIMARY_METRIC[item["device_type"]])
+            kinds.update(a["kind"] for a in eligible if a["device_id"] == item["device_id"])
+    return list(chosen.items())[:max_devices]
+
+
 def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], truth: list[dict[str, Any]],
-                 max_devices: int = 4) -> list[Path]:
-    """A few devices with injected anomalies: the primary metric, its score, the injected
-    window (shaded) and the alerts raised (vertical lines)."""
+                 verdicts: dict[str, str], max_devices: int = 4) -> list[Path]:
+    """A few devices with injected anomalies: the anomalous metric, its score, the injected
+    windows (shaded) and the alerts raised (vertical lines coloured by their verdict against
+    the ground truth). The x axis is the reading's seq, which clock-skew faults leave alone;
+    readings that never arrived (dropouts) or were dropped as late leave gaps."""
     root = archive / "readings"
     if not root.exists():
         return []
     anomalies = [t for t in truth if t.get("category") == "anomaly"]
-    chosen: list[str] = []
-    for item in anomalies:
-        if item["device_id"] not in chosen and item["device_type"] in PRIMARY_METRIC:
-            chosen.append(item["device_id"])
-        if len(chosen) == max_devices:
-            break
+    chosen = choose_devices(anomalies, max_devices)
     if not chosen:
         return []
-    frame = pd.read_parquet(root, columns=["device_id", "metric", "event_ms", "value", "score"],
-                            filters=[("device_id", "in", chosen)])
+    frame = pd.read_parquet(root, columns=["device_id", "metric", "seq", "value", "score"],
+                            filters=[("device_id", "in", [device for device, _ in chosen])])
     paths = []
-    for device in chosen:
-        device_type = next(t["device_type"] for t in anomalies if t["device_id"] == device)
-        metric = next((t.get("params", {}).get("metric") for t in anomalies
-                       if t["device_id"] == device and t.get("params", {}).get("metric")), PRIMARY_METRIC[device_type])
-        rows = frame[(frame["device_id"] == device) & (frame["metric"] == metric)].sort_values("event_ms")
+    for device, metric in chosen:
+        own = [t for t in anomalies if t["device_id"] == device]
+        device_type = own[0]["device_type"]
+        rows = frame[(frame["device_id"] == device) & (frame["metric"] == metric)]
         if rows.empty:
             continue
-        t0 = rows["event_ms"].iloc[0]
+        rows = rows.drop_duplicates("seq").set_index("seq").sort_index()
+        rows = rows.reindex(range(int(rows.index.min()), int(rows.index.max()) + 1))  # NaN: a gap in the line
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True,
                                           gridspec_kw={"height_ratios": [2, 1]})
-        top.plot((rows["event_ms"] - t0) / 1000, rows["value"], lw=1, label=metric)
-        bottom.plot((rows["event_ms"] - t0) / 1000, rows["score"].fillna(0), lw=1, color="tab:orange",
-                    label="anomaly score")
-        for item in anomalies:
-            if item["device_id"] == device:
-                for ax in (top, bottom):
-                    ax.axvspan((item["start_ts"] - t0) / 1000, (item["end_ts"] - t0) / 1000 + 0.5, color="red",
-                               alpha=0.15)
-                top.annotate(item["kind"], ((item["start_ts"] - t0) / 1000, rows["value"].max()), fontsize=8)
+        top.plot(rows.index, rows["value"], lw=1, label=metric)
+        bottom.plot(rows.index, rows["score"], lw=1, color="tab:orange", label="anomaly score")
+        for item in own:
+            for ax in (top, bottom):
+                ax.axvspan(item["start_seq"] - 0.5, item["end_seq"] + 0.5, color="red", alpha=0.15)
+            top.annotate(item["kind"], (item["start_seq"], rows["value"].max()), fontsize=8, va="top")
         for alert in alerts:
-            if alert["device_id"] == device and alert["state"] == "raised":
+            if alert["device_id"] == device and alert.get("state") == "raised":
+                colour, style = ALERT_STYLE.get(verdicts.get(alert["alert_id"], ""), ("black", "--"))
                 for ax in (top, bottom):
-                    ax.axvline((alert["first_event_ms"] - t0) / 1000, color="black", ls="--", lw=0.8)
-        top.set_title(f"{device} ({device_type}): shaded = injected anomaly, dashed = alert raised")
+                    ax.axvline(alert.get("first_seq", alert["seq"]), color=colour, ls=style, lw=1)
+                bottom.annotate(alert["rule"], (alert.get("first_seq", alert["seq"]), 1.0), fontsize=7,
+                                rotation=90, va="top", ha="right", color=colour)
+        top.set_title(f"{device} ({device_type}): shaded = injected anomaly; alert raised: green = detection, "
+                      "red = false alarm, grey = end of run", fontsize=9)
         top.legend(loc="upper left")
         bottom.legend(loc="upper left")
         bottom.set_ylim(0, 1.05)
-        bottom.set_xlabel("event time, seconds")
+        bottom.set_xlabel("reading (seq)")
         path = folder / f"device_{device}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=100)

@@ -22,18 +22,26 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from devices.catalog import DEFAULT_INTERVAL_S
+from dashboards import build_all
+from dashboards.queries import Picks, check_all
+from dashboards.queries import summarise as summarise_checks
+from devices.catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from devices.ground_truth import read_ground_truth
 from gateway.metrics import wait_healthy
+from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
 from iotwatch.demo import accounting, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
+from iotwatch.stack.embedded import StackState
 from iotwatch.stack.process import free_port
 
 log = logging.getLogger(__name__)
+
+#: The demo gateway's client id: its instance tag in InfluxDB.
+GATEWAY_ID = "demo-gateway"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class DemoOptions:
     fault_rate: float
     seed: int
     out: Path
+    anomalies_after_s: float = 60.0
+    keep_stack: bool = False
 
 
 class Child:
@@ -90,6 +100,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     out.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(settings, out / "stack")
     children: list[Child] = []
+    summary: dict[str, Any] | None = None
     try:
         state = stack.up()
         settings = state.apply_to(settings)
@@ -106,13 +117,15 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                    IOTWATCH_REGISTRY_PATH=str(out / "registry"))
         console.print(f"stack up in {out / 'stack'}; starting the streaming job, the gateway and the simulators")
         children.append(Child("stream", _iotwatch("stream", "--trigger", "2", "--json"), env, out))
-        children.append(Child("gateway", _iotwatch("gateway", "--client-id", "demo-gateway", "--metrics-port",
+        children.append(Child("gateway", _iotwatch("gateway", "--client-id", GATEWAY_ID, "--metrics-port",
                                                    str(gateway_port), "--json"), env, out))
         wait_healthy(gateway_port, timeout_s=60)
+        _wait_for_stream(children[0], checkpoint)
         simulator = Child("simulate", _iotwatch(
             "simulate", "--homes", str(options.homes), "--vehicles", str(options.vehicles),
             "--duration", str(options.duration_s * options.speedup), "--speedup", str(options.speedup),
-            "--anomaly-rate", str(options.anomaly_rate), "--fault-rate", str(options.fault_rate),
+            "--anomaly-rate", str(options.anomaly_rate), "--anomalies-after", str(options.anomalies_after_s),
+            "--fault-rate", str(options.fault_rate), *planned_anomalies(options, out / "scenario.json"),
             "--seed", str(options.seed), "--ground-truth", str(truth_path), "--no-progress", "--json"), env, out)
         children.append(simulator)
         live = LiveState()
@@ -133,11 +146,58 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         finally:
             probe.close()
         results = {child.name: child.stop() for child in reversed(children)}
-        return _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
+        summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
+        if options.keep_stack:
+            summary["stack"] = kept_stack(state)
+            report.write_summary(options.out / "report", summary)
+        return summary
     finally:
         for child in children:
             child.stop(timeout_s=30)
-        stack.down()
+        if not (options.keep_stack and stack_running(stack)):
+            stack.down()
+        elif summary is None:
+            console.print(f"[yellow]the stack is left running: iotwatch stack down --run-dir {stack.run_dir}[/yellow]")
+
+
+def _wait_for_stream(stream: Child, checkpoint: Path, timeout_s: float = 180.0) -> None:
+    """Until the streaming query has started (its checkpoint metadata is written), so the
+    devices do not publish into a backlog while Spark starts: silence is judged in
+    processing time, and a dropout inside a backlog the job catches up in one batch passes
+    unseen."""
+    deadline = time.monotonic() + timeout_s
+    while not (checkpoint / "metadata").exists():
+        if not stream.running():
+            raise IotwatchError(f"the streaming job ended while starting: see {stream.log_path}")
+        if time.monotonic() > deadline:
+            raise IotwatchError(f"the streaming job did not start within {timeout_s:.0f} s: see {stream.log_path}")
+        time.sleep(0.5)
+
+
+def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
+    """Simulator arguments for what the demo plans besides the random anomalies: a crash
+    of the first vehicle at 40 % of the run (a random crash is rare in a short run, and the
+    crash rule, the critical alerts and the vehicles dashboard's crash panels should show).
+    It waits until the vehicle drives fast enough."""
+    span_s = options.duration_s * options.speedup
+    at_s = max(options.anomalies_after_s, 0.4 * span_s)
+    if options.vehicles == 0 or at_s >= 0.8 * span_s:
+        return []
+    # Vehicle ids are vehicle-<5 digits> (devices/fleet.py).
+    path.write_text(json.dumps({"anomalies": [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}]}))
+    return ["--scenario", str(path)]
+
+
+def stack_running(stack: EmbeddedStack) -> bool:
+    state = StackState.load(stack.run_dir)
+    return state is not None and all(svc.process.is_running() for svc in state.services.values())
+
+
+def kept_stack(state: StackState) -> dict[str, Any]:
+    """Where the stack left running is, and how to use and stop it."""
+    return {"kept": True, "run_dir": str(state.run_dir), "endpoints": state.endpoints(),
+            "influx_database": state.database, "env": state.env(),
+            "stop": f"iotwatch stack down --run-dir {state.run_dir}"}
 
 
 def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: DemoOptions,
@@ -174,18 +234,17 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
         if key == "stream:late":
             body = json.loads(record.value())
             late.setdefault(body["device_id"], set()).add(int(body["seq"]))
-    raw_records = accounting.read_all(settings.kafka, settings.topics.raw)
-    raw_seqs, unparseable = accounting.seqs_by_device(raw_records)
-    appended = accounting.append_times(raw_records)
+    raw = accounting.index_raw(accounting.read_all(settings.kafka, settings.topics.raw))
+    appended = raw.appended
     alert_records = accounting.read_all(settings.kafka, settings.topics.alerts)
     alerts = [json.loads(r.value()) for r in alert_records]
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     latencies = sorted(r.timestamp()[1] - appended[(a["device_id"], a["seq"])] for r, a in zip(alert_records, alerts)
                        if a.get("state") == "raised" and (a["device_id"], a.get("seq")) in appended)
-    loss = accounting.account(raw_seqs, accounting.archived_seqs(archive), late, truth)
+    loss = accounting.account(raw.seqs, accounting.archived_seqs(archive), late, truth)
     intervals = {kind: int(seconds * 1000) for kind, seconds in DEFAULT_INTERVAL_S.items()}
-    detection = accounting.match_alerts(alerts, truth, intervals)
+    detection, verdicts = accounting.match_alerts(alerts, truth, intervals, raw.last_seq())
     simulator, gateway, stream = results.get("simulate", {}), results.get("gateway", {}), results.get("stream", {})
     summary = {
         "options": {k: str(v) for k, v in options.__dict__.items()},
@@ -194,7 +253,7 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
             "simulated": simulator.get("sent"), "simulated_readings": simulator.get("readings"),
             "gateway_received": gateway.get("received"), "gateway_forwarded": gateway.get("forwarded"),
             "gateway_dead_lettered": gateway.get("dead_lettered"),
-            "kafka_raw_unique_readings": loss["unique_readings_in_kafka"], "kafka_raw_unparseable": unparseable,
+            "kafka_raw_unique_readings": loss["unique_readings_in_kafka"], "kafka_raw_unparseable": raw.unparseable,
             "stream": stream.get("totals", {}),
         },
         "dead_letters_by_stage_and_reason": dict(sorted(dead_reasons.items())),
@@ -206,14 +265,51 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
                        "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
                        "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
                        "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None},
+        "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities),
         "components": results,
     }
     folder = options.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
-    plots = [report.plot_stage_rates(folder, live), *report.plot_devices(folder, archive, alerts, truth)]
+    report.write_alerts(folder, alerts, verdicts)
+    plots = [report.plot_stage_rates(folder, live), *report.plot_devices(folder, archive, alerts, truth, verdicts)]
     summary["report"] = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
     report.write_summary(folder, summary)
     return summary
+
+
+def pick_values(alerts: list[dict[str, Any]], verdicts: dict[str, str],
+                identities: dict[str, tuple[str, str]]) -> Picks | None:
+    """Dashboard variables as an operator would set them after this run: the site of a home
+    device that raised an alert (one matching an injected anomaly if any), that device and
+    the alert's metric; every site and every vehicle where a picker takes several (they
+    open on All); the demo gateway."""
+    homes = sorted(d for d, (kind, _) in identities.items() if kind in PRIMARY_METRIC and kind != "vehicle_edr")
+    if not homes:
+        return None
+    raised = sorted((a for a in alerts if a.get("state") == "raised" and a["device_id"] in homes
+                     and a.get("rule") != "device_silent"),
+                    key=lambda a: (verdicts.get(a["alert_id"]) != "matched", a.get("metric") is None))
+    device, metric = (raised[0]["device_id"], raised[0].get("metric")) if raised else (homes[0], None)
+    device_type, site = identities[device]
+    vehicles = sorted(d for d, (kind, _) in identities.items() if kind == "vehicle_edr")
+    return Picks(site=site, device=device, metric=metric or PRIMARY_METRIC[device_type], instance=GATEWAY_ID,
+                 vehicles=vehicles, sites=sorted({where for _, where in identities.values()}))
+
+
+def check_dashboards(settings: Settings, alerts: list[dict[str, Any]], verdicts: dict[str, str],
+                     identities: dict[str, tuple[str, str]]) -> dict[str, Any] | None:
+    """Run every dashboard query (panels, variables, annotations) against the run's InfluxDB,
+    with the variables set from the run; None when the stack runs without InfluxDB."""
+    if not settings.influx.enabled:
+        return None
+    picks = pick_values(alerts, verdicts, identities)
+    if picks is None:
+        return {"error": "no home device in the raw topic to set the dashboard variables with"}
+    client = InfluxV1Client(settings.influx)
+    try:
+        return summarise_checks(check_all(build_all().values(), picks, client.query), picks)
+    finally:
+        client.close()
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -230,17 +326,55 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
                   f"({loss['unique_readings_in_kafka']} unique readings in Kafka, {loss['archived']} archived, "
                   f"{loss['late']} late, {loss['declared_dropout_or_malformed_seqs']} seqs of injected dropouts or "
                   "malformed payloads)")
-    console.print(f"  alerts vs ground truth: recall {alerts['recall']} ({alerts['anomalies_detected']}/"
-                  f"{alerts['anomalies_injected']}), precision {alerts['precision']}, median delay "
-                  f"{alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}")
+    options = summary["options"]
+    by_rule = ", ".join(f"{rule} {n}" for rule, n in alerts["false_alarms_by_rule"].items())
+    judged = alerts["alerts_raised"] - alerts["end_of_run_silences"]
+    console.print(f"  alerts vs ground truth (anomalies injected after {float(options['anomalies_after_s']):g} s of "
+                  f"event time): recall {alerts['recall']} ({alerts['anomalies_detected']}/"
+                  f"{alerts['anomalies_injected']}), precision {alerts['precision']} "
+                  f"({alerts['alerts_matching_an_anomaly']} of {judged} raised alerts; "
+                  f"{alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
+                  f"median delay {alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}"
+                  + (f" ({by_rule})" if by_rule else ""))
     for kind, stats in alerts["by_kind"].items():
+        delay = "n/a (silence is judged in wall time)" if kind == "dropout" else f"{stats['median_delay_s']} s"
         console.print(f"    {kind:<14} recall {stats['recall']:<6} ({stats['detected']}/{stats['injected']}) "
-                      f"median delay {stats['median_delay_s']} s")
+                      f"median delay {delay}")
     latency = summary["latency_ms"]
     console.print(f"  latency: gateway delivery p50/p99 {latency['gateway_delivery_p50']}/"
                   f"{latency['gateway_delivery_p99']} ms; reading in Kafka to alert in Kafka p50/p99 "
                   f"{latency['raw_append_to_alert_p50']}/{latency['raw_append_to_alert_p99']} ms")
+    print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")
+    if summary.get("stack"):
+        print_kept_stack(console, summary["stack"])
+
+
+def print_dashboards(console: Console, result: dict[str, Any] | None) -> None:
+    if result is None:
+        console.print("  dashboards: not checked (no InfluxDB in the stack)")
+    elif "error" in result:
+        console.print(f"  dashboards: not checked ({result['error']})")
+    else:
+        complete = result["queries_with_data"] == result["queries_checked"]
+        style = "green" if complete else "yellow"
+        console.print(f"  dashboards: [{style}]{result['queries_with_data']}/{result['queries_checked']}[/{style}] "
+                      f"queries return data ({result['dashboards']} dashboards: panels, variables, annotations; "
+                      f"site {result['values']['site']}, device {result['values']['device']})"
+                      + ("" if complete else "; no data: " + ", ".join(result["empty"] + list(result["errors"]))))
+
+
+def print_kept_stack(console: Console, stack: dict[str, Any]) -> None:
+    """Where the stack left running answers, and how to stop it."""
+    console.print(f"  stack left running ({stack['run_dir']}):")
+    for role, endpoint in stack["endpoints"].items():
+        if endpoint:
+            console.print(f"    {role:<7}{endpoint}")
+    if stack["endpoints"].get("influx"):
+        console.print(f"    Grafana: iotwatch dashboards push --url http://GRAFANA:3000 --influx-url "
+                      f"{stack['endpoints']['influx']} --database {stack['influx_database']}")
+    console.print("    other shells: " + " ".join(f"export {k}={v};" for k, v in stack["env"].items()))
+    console.print(f"    stop it with: {stack['stop']}")
 
 
 def check_prerequisites() -> None:
