@@ -169,14 +169,29 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     return RunningJob(spark, sink.start(), writer, reporter)
 
 
-def main() -> None:
-    """Entry point for spark-submit: settings from IOTWATCH_* and IOTWATCH_CONFIG."""
-    from iotwatch.settings import load_settings
+def main(argv: list[str] | None = None) -> None:
+    """Entry point for spark-submit (``spark-submit --master spark://… streaming/job.py``):
+    settings from IOTWATCH_* and IOTWATCH_CONFIG, the master and resources from spark-submit.
+    Runs like ``iotwatch stream``: until SIGTERM, ``--duration``, or with ``--available-now``
+    until the backlog is processed; then prints the totals as JSON."""
+    import argparse
+    import json
 
+    import click
+
+    from iotwatch.settings import load_settings
+    from streaming.cli import run_job
+
+    parser = argparse.ArgumentParser(prog="streaming/job.py", description=main.__doc__)
+    parser.add_argument("--available-now", action="store_true", help="process what is in Kafka now, then stop")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = load_settings()
-    job = start(spark_session(settings.stream), settings)
-    job.query.awaitTermination()
+    try:
+        job = run_job(load_settings(), None, None, available_now=args.available_now, duration=args.duration)
+    except click.ClickException as exc:
+        raise SystemExit(f"iotwatch stream: {exc.message}") from exc
+    print(json.dumps({"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals)}))
 
 
 if __name__ == "__main__":
