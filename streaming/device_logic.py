@@ -47,6 +47,7 @@ class InputRecord:
     value: bytes | None
     partition: int
     offset: int
+    timestamp_ms: int | None = None  # the Kafka record's timestamp (the gateway's produce time)
 
 
 class DeviceLogic:
@@ -87,6 +88,7 @@ class DeviceLogic:
     def _one(self, state: DeviceState, record: InputRecord, detectors: dict[str, Detector],
              scored: list[tuple[Telemetry, dict[str, float]]]) -> Iterator[dict[str, Any]]:
         state.counters.received += 1
+        yield from self._gap(state, record)
         try:
             message = decode_telemetry(record.value or b"")
             if record.key and message.device_id != record.key:
@@ -198,6 +200,24 @@ class DeviceLogic:
                 yield {**row, "body": json.dumps(body)}
 
     # -- silence (called from a processing-time timer) --------------------------------------
+
+    def _gap(self, state: DeviceState, record: InputRecord) -> Iterator[dict[str, Any]]:
+        """A silence found in the log: the record arrived in Kafka more than the silence
+        timeout after the device's previous one. The processing-time timer cannot see it
+        when the gap reaches the job inside one micro-batch (the job catching up on a
+        backlog, a restart, a replay); the log's own timestamps can, the same way on every
+        run. Raised here and cleared by this very reading, with the alert id the timer
+        would have given; nothing is raised when the timer already did."""
+        stamp = record.timestamp_ms
+        if stamp is None or stamp <= 0:
+            return
+        previous, state.last_append_ms = state.last_append_ms, max(state.last_append_ms, stamp)
+        gap_s = (stamp - previous) / 1000
+        if not previous or gap_s <= self.settings.silence_timeout_s or rules.SILENT in state.episodes:
+            return
+        observation = Observation(1.0, None, None, self.settings.silence_timeout_s,
+                                  f"no data for {gap_s:.0f} s in the log (last event time {state.max_event_ms})")
+        yield from self._advance(state, rules.SILENT, observation, max(state.max_event_ms, 0), state.seqs.high)
 
     def silence(self, state: DeviceState, now_ms: int) -> Iterator[dict[str, Any]]:
         """No data for the silence timeout: raise ``device_silent`` and flush open buckets."""

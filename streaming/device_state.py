@@ -64,6 +64,7 @@ class DeviceState:
     seqs: SeqWindow = field(default_factory=SeqWindow)
     max_event_ms: int = -1
     last_wall_ms: int = 0
+    last_append_ms: int = 0  # Kafka timestamp of the device's newest record (0: none seen)
     timer_ms: int = 0
     counters: Counters = field(default_factory=Counters)
     detectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> detector state

@@ -153,7 +153,7 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     raw = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
                             max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source)
     keyed = raw.select(F.coalesce(F.col("key").cast("string"), F.lit("")).alias("device_key"),
-                       "value", "partition", "offset")
+                       "value", "partition", "offset", "timestamp")
     scored = keyed.groupBy("device_key").transformWithStateInPandas(
         statefulProcessor=DeviceProcessor(settings), outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")

@@ -42,6 +42,13 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
 
 
+def _epoch_ms(stamps: pd.Series) -> list[int | None]:
+    """Kafka record timestamps (Spark timestamps, naive or UTC) as epoch milliseconds."""
+    missing = stamps.isna().tolist()
+    millis = pd.to_datetime(stamps, utc=True).astype("int64") // 1_000_000
+    return [None if gone else int(ms) for gone, ms in zip(missing, millis, strict=True)]
+
+
 class DeviceProcessor(StatefulProcessor):
     """Keyed by the Kafka key (the device id); see DeviceLogic for what happens per record."""
 
@@ -63,10 +70,10 @@ class DeviceProcessor(StatefulProcessor):
                         ) -> Iterator[pd.DataFrame]:
         state = self._load()
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        records = [InputRecord(key[0], value, int(partition), int(offset))
+        records = [InputRecord(key[0], value, int(partition), int(offset), stamp)
                    for frame in rows
-                   for value, partition, offset in zip(frame["value"], frame["partition"], frame["offset"],
-                                                       strict=True)]
+                   for value, partition, offset, stamp in zip(frame["value"], frame["partition"], frame["offset"],
+                                                              _epoch_ms(frame["timestamp"]), strict=True)]
         out = list(self.logic.process(state, records, now_ms))
         self._rearm_timer(state, now_ms)
         self.state.update((state.to_json(),))

@@ -185,7 +185,7 @@ def run_alerts(fleet: SimulatedFleet, settings: StreamSettings,
         for offset, (arrival, payload) in enumerate(stream.messages):
             if last_arrival is not None and arrival > last_arrival + timeout_ms:
                 collect(device_id, logic.silence(state, last_arrival + timeout_ms), last_arrival + timeout_ms)
-            collect(device_id, logic.process(state, [InputRecord(device_id, payload, 0, offset)], arrival))
+            collect(device_id, logic.process(state, [InputRecord(device_id, payload, 0, offset, arrival)], arrival))
             last_arrival = arrival
         if last_arrival is not None and fleet.end_ms > last_arrival + timeout_ms:
             collect(device_id, logic.silence(state, last_arrival + timeout_ms), last_arrival + timeout_ms)

@@ -149,6 +149,36 @@ def test_silence_raises_device_silent_and_data_clears_it(logic: DeviceLogic) -> 
     assert [(a["rule"], a["state"], a["alert_id"]) for a in back] == [("device_silent", "cleared", silent[0]["alert_id"])]
 
 
+def _appended(rec: InputRecord, append_ms: int) -> InputRecord:
+    return InputRecord(rec.key, rec.value, rec.partition, rec.offset, append_ms)
+
+
+def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch(logic: DeviceLogic) -> None:
+    """A job catching up on a backlog sees the silence in the records' Kafka timestamps,
+    with the alert id the processing-time timer gives; a gap the timer already reported
+    is not raised twice."""
+    timeout_ms = int(logic.settings.silence_timeout_s * 1000)
+    before = [_appended(record(i), T0 + i * 1000) for i in range(5)]
+    resumed = T0 + 4000 + timeout_ms + 5000
+    after = [_appended(record(5 + i), resumed + i * 1000) for i in range(3)]
+
+    state = DeviceState()
+    in_one_batch = alerts_of(list(logic.process(state, before + after, now_ms=resumed + 3000)))
+    assert [(a["rule"], a["state"]) for a in in_one_batch] == [("device_silent", "raised"),
+                                                              ("device_silent", "cleared")]
+    assert in_one_batch[0]["first_event_ms"] == T0 + 4000 and "in the log" in in_one_batch[0]["message"]
+
+    timed = DeviceState()
+    list(logic.process(timed, before, now_ms=T0 + 4000))
+    by_timer = alerts_of(list(logic.silence(timed, now_ms=T0 + 4000 + timeout_ms)))
+    back = alerts_of(list(logic.process(timed, after, now_ms=resumed + 3000)))
+    assert [(a["state"], a["alert_id"]) for a in by_timer + back] == [
+        ("raised", in_one_batch[0]["alert_id"]), ("cleared", in_one_batch[0]["alert_id"])]
+
+    steady = DeviceState()  # readings closer together than the timeout: nothing
+    assert alerts_of(list(logic.process(steady, [_appended(record(i), T0 + i * 1000) for i in range(50)]))) == []
+
+
 def test_aggregates_are_emitted_once_per_bucket(logic: DeviceLogic) -> None:
     state = DeviceState()
     rows = run(logic, [[record(i) for i in range(0, 100)], [record(i) for i in range(100, 200)]], state)
