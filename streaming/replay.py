@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import click
-from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
-from iotwatch.clients.kafka import list_topics
+from iotwatch.clients.kafka import read_to_end
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import KafkaSettings, Settings
 from streaming.cli import run_job
@@ -37,24 +35,11 @@ def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]
 
 def alert_ids(kafka: KafkaSettings, topic: str) -> dict[str, dict[str, Any]]:
     """alert_id -> its raised record (the whole topic, read from the beginning)."""
-    partitions = list_topics(kafka).get(topic)
-    if not partitions:
-        return {}
-    consumer = Consumer({**kafka.client_config(), "group.id": f"replay-compare-{time.time_ns()}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     found: dict[str, dict[str, Any]] = {}
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 120
-    while len(at_end) < partitions and time.monotonic() < deadline:
-        for message in consumer.consume(1000, 1.0):
-            if message.error():
-                at_end.add(message.partition())
-                continue
-            alert = json.loads(message.value())
-            if alert.get("state") == "raised":
-                found.setdefault(alert["alert_id"], alert)
-    consumer.close()
+    for message in read_to_end(kafka, topic):
+        alert = json.loads(message.value())
+        if alert.get("state") == "raised":
+            found.setdefault(alert["alert_id"], alert)
     return found
 
 

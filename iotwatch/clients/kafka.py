@@ -1,8 +1,10 @@
-"""Kafka admin helpers on confluent-kafka: health checks and topic creation."""
+"""Kafka helpers on confluent-kafka: health checks, topic creation, reading a topic whole."""
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.errors import ServiceUnavailable
@@ -47,3 +49,28 @@ def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float =
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ServiceUnavailable(f"cannot create Kafka topic {name}: {exc}") from exc
     return created
+
+
+def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> list[Message]:
+    """Every record of a topic, from the beginning to the end each partition had when it was
+    reached (partition EOF: the high watermark of the fetch, which is exact on every
+    broker). No group is joined and no offset committed; an unknown topic reads as empty."""
+    partitions = list_topics(settings).get(topic, 0)
+    if not partitions:
+        return []
+    consumer = Consumer({**settings.client_config(), "group.id": f"iotwatch-read-{time.time_ns()}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    records: list[Message] = []
+    at_end: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            for message in consumer.consume(5000, 1.0):
+                if message.error() is None:
+                    records.append(message)
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+    finally:
+        consumer.close()
+    return records

@@ -17,10 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
-from iotwatch.clients.kafka import list_topics
-from iotwatch.settings import KafkaSettings
 
 #: Rules that count as detecting each anomaly kind the simulator injects.
 RULES_FOR_KIND: dict[str, set[str]] = {
@@ -33,28 +29,6 @@ SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range"}
 #: a crash's deceleration passes through the harsh-braking band.
 ALSO_EXPLAINS: dict[str, set[str]] = {"crash": {"harsh_braking"}}
 GRACE_MS = 10_000
-
-
-def read_all(kafka: KafkaSettings, topic: str, timeout_s: float = 120.0) -> list[Any]:
-    """Every record of a topic, from the beginning to its end (reached per partition)."""
-    partitions = list_topics(kafka).get(topic, 0)
-    if not partitions:
-        return []
-    consumer = Consumer({**kafka.client_config(), "group.id": f"demo-accounting-{topic}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    records, at_end = [], set()
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while len(at_end) < partitions and time.monotonic() < deadline:
-        for message in consumer.consume(5000, 1.0):
-            if message.error():
-                at_end.add(message.partition())
-            else:
-                records.append(message)
-    consumer.close()
-    return records
 
 
 @dataclass

@@ -29,6 +29,7 @@ from devices.catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from devices.ground_truth import read_ground_truth
 from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import read_to_end
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
 from iotwatch.demo import accounting, report
 from iotwatch.demo.live import LiveState, Probe, render
@@ -228,15 +229,15 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     late: dict[str, set[int]] = {}
     dead_reasons: dict[str, int] = {}
-    for record in accounting.read_all(settings.kafka, settings.topics.dlq):
+    for record in read_to_end(settings.kafka, settings.topics.dlq):
         key = f"{header_value(record.headers(), H_STAGE)}:{header_value(record.headers(), H_REASON)}"
         dead_reasons[key] = dead_reasons.get(key, 0) + 1
         if key == "stream:late":
             body = json.loads(record.value())
             late.setdefault(body["device_id"], set()).add(int(body["seq"]))
-    raw = accounting.index_raw(accounting.read_all(settings.kafka, settings.topics.raw))
+    raw = accounting.index_raw(read_to_end(settings.kafka, settings.topics.raw))
     appended = raw.appended
-    alert_records = accounting.read_all(settings.kafka, settings.topics.alerts)
+    alert_records = read_to_end(settings.kafka, settings.topics.alerts)
     alerts = [json.loads(r.value()) for r in alert_records]
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
