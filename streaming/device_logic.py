@@ -5,8 +5,10 @@ makes every result independent of how the stream was cut into micro-batches: a r
 from a checkpoint, or a replay, reproduces the same scores and the same alert ids.
 
 Each input record ends as exactly one of: ``dlq`` (contract violation), ``duplicate``
-(seq already seen), ``late`` (event time older than the device's newest minus the allowed
-lateness) or scored ``reading`` rows (one per metric, long format). Alerts and per-bucket
+(seq already seen), ``late`` (arrived after a newer seq of its device, with an event time
+older than the device's newest minus the allowed lateness) or scored ``reading`` rows (one
+per metric, long format). A reading that is newest by seq but far behind in event time is
+a clock that stepped back, not lateness: scored, and counted as a clock step. Alerts and per-bucket
 aggregates are emitted beside them, and one ``tally`` row per device and batch with the
 counts of each outcome (cheap accounting for the sinks, without a shuffle).
 """
@@ -100,6 +102,7 @@ class DeviceLogic:
             return
         if not state.device_id:
             state.device_id, state.device_type, state.site = message.device_id, message.device_type, message.site
+        in_order = message.seq > state.seqs.high
         outcome = state.seqs.observe(message.seq, self.settings.dedup_window)
         if outcome == "duplicate":
             state.counters.duplicates += 1
@@ -108,7 +111,13 @@ class DeviceLogic:
         if outcome == "reset":
             state.counters.seq_resets += 1
             state.seqs.high, state.seqs.bits = message.seq, 1
-        if state.max_event_ms >= 0 and message.ts < state.max_event_ms - self.lateness_ms:
+        behind = state.max_event_ms >= 0 and message.ts < state.max_event_ms - self.lateness_ms
+        if behind and (in_order or outcome == "reset"):
+            # Newer than everything the device sent before, yet far behind in event time: the
+            # device's clock stepped back (a reset or NTP correction), which is not lateness.
+            # The reading is scored; only its aggregate bucket may already be closed.
+            state.counters.clock_steps += 1
+        elif behind:
             state.counters.late += 1
             yield self._row("late", state, record, seq=message.seq, event_ms=message.ts, raw=record.value,
                             body={"reason": "late", "detail": f"event time {message.ts} is more than "
@@ -231,6 +240,8 @@ class DeviceLogic:
 
     def _aggregate(self, state: DeviceState, event_ms: int, metrics: dict[str, float], scores: dict[str, float]) -> None:
         start = event_ms - event_ms % self.bucket_ms
+        if start + self.bucket_ms <= state.max_event_ms - self.bucket_grace_ms:
+            return  # that bucket was emitted already (a clock step back): re-emitting would overwrite it
         bucket = state.buckets.setdefault(start, {})
         for metric, value in metrics.items():
             score = scores.get(metric, 0.0)

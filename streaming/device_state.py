@@ -54,6 +54,7 @@ class Counters:
     dead_lettered: int = 0
     seq_resets: int = 0
     seq_gaps: int = 0
+    clock_steps: int = 0  # scored readings, in seq order, far behind the device's newest event time
 
 
 @dataclass

@@ -39,9 +39,12 @@ def write_scenario(settings: Settings, run: str, per_device: int = 240) -> Scena
     devices = {f"th-{run}-{i}": "thermostat" for i in range(4)}
     devices[f"leak-{run}"] = "leak_sensor"
     devices[f"car-{run}"] = "vehicle_edr"
+    late_device, late_seq = f"th-{run}-3", 50
     for seq in range(per_device):
         for device, kind in devices.items():
             ts = t0 + seq * 1000
+            if (device, seq) == (late_device, late_seq):
+                continue  # held back: it arrives after everything else
             if kind == "thermostat":
                 temp = 21.0 + rng.gauss(0, 0.15)
                 if device.endswith("-0") and seq == 200:
@@ -65,10 +68,10 @@ def write_scenario(settings: Settings, run: str, per_device: int = 240) -> Scena
                            ts=t0 + (seq - 1) * 1000, metrics={"temperature_c": 21.0, "humidity_pct": 45.0,
                                                             "setpoint_c": 21.0, "hvac_on": 0.0}))
             scenario.duplicates += 1
-    late_device = f"th-{run}-3"
-    send(Telemetry(v=1, device_id=late_device, device_type="thermostat", site=f"site-{run}", seq=per_device,
-                   ts=t0 - 600_000, metrics={"temperature_c": 21.0}))  # 10 min before everything: late
-    scenario.late.append((late_device, per_device))
+    # The held-back reading arrives last: its device has moved on by more than the allowed lateness.
+    send(Telemetry(v=1, device_id=late_device, device_type="thermostat", site=f"site-{run}", seq=late_seq,
+                   ts=t0 + late_seq * 1000, metrics={"temperature_c": 21.0}))
+    scenario.late.append((late_device, late_seq))
     for payload in MALFORMED:
         producer.produce(settings.topics.raw, key=f"th-{run}-0".encode(), value=payload)
         scenario.malformed += 1

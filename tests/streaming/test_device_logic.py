@@ -74,18 +74,33 @@ def test_results_do_not_depend_on_how_the_stream_is_cut_into_batches(logic: Devi
 
 def test_duplicates_are_counted_not_scored_and_late_records_are_routed(logic: DeviceLogic) -> None:
     state = DeviceState()
-    records = [record(i) for i in range(10)]
-    records += [record(4, offset=10), record(9, offset=11)]  # re-sent
-    records.append(record(10, ts=T0 - 10 * 60_000, offset=12))  # 10 minutes older than the newest
+    records = [record(i) for i in range(300) if i != 3]
+    records += [record(4, offset=300), record(9, offset=301)]  # re-sent
+    records.append(record(3, offset=302))  # arrives after seq 299: 296 s older than the newest
     rows = list(logic.process(state, records, now_ms=0))
     kinds = Counter(r["kind"] for r in rows)
     assert kinds["duplicate"] == 2 and kinds["late"] == 1
-    assert {r["seq"] for r in rows if r["kind"] == "reading"} == set(range(10))
+    assert {r["seq"] for r in rows if r["kind"] == "reading"} == set(range(300)) - {3}
     late = next(r for r in rows if r["kind"] == "late")
     assert json.loads(late["body"])["reason"] == "late" and late["raw"] == records[-1].value
-    assert (state.counters.received, state.counters.scored, state.counters.duplicates, state.counters.late) == (13, 10, 2, 1)
+    counters = state.counters
+    assert (counters.received, counters.scored, counters.duplicates, counters.late) == (302, 299, 2, 1)
     tally = json.loads(next(r for r in rows if r["kind"] == "tally")["body"])
-    assert (tally["received"], tally["scored"], tally["duplicates"], tally["late"]) == (13, 10, 2, 1)
+    assert (tally["received"], tally["scored"], tally["duplicates"], tally["late"]) == (302, 299, 2, 1)
+
+
+def test_a_clock_stepping_back_is_not_lateness(logic: DeviceLogic) -> None:
+    """Readings that come in seq order but stamped 200 s back (the device's clock was
+    reset) are scored, counted as clock steps, and do not overwrite emitted aggregates."""
+    state = DeviceState()
+    before = list(logic.process(state, [record(i) for i in range(300)], now_ms=0))
+    stepped = [record(300 + i, ts=T0 + (300 + i) * 1000 - 200_000) for i in range(60)]  # into emitted minutes
+    after = list(logic.process(state, stepped, now_ms=0))
+    assert {r["seq"] for r in after if r["kind"] == "reading"} == set(range(300, 360))
+    assert not [r for r in after if r["kind"] == "late"]
+    assert (state.counters.clock_steps, state.counters.late, state.counters.scored) == (60, 0, 360)
+    emitted = {(r["event_ms"], r["metric"]) for r in before if r["kind"] == "aggregate"}
+    assert emitted and not emitted & {(r["event_ms"], r["metric"]) for r in after if r["kind"] == "aggregate"}
 
 
 def test_out_of_order_within_lateness_is_scored(logic: DeviceLogic) -> None:
