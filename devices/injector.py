@@ -32,6 +32,8 @@ _NOISE_STREAM = 7300
 _PICK_STREAM = 7400
 #: a vehicle must be moving this fast (m/s) for a crash or harsh braking to start
 _MIN_SPEED = {"crash": 20.0 / 3.6, "harsh_braking": 30.0 / 3.6}
+#: readings of a device between the end of a rate-drawn anomaly and the end of a bounded run
+_READINGS_AFTER = 5
 
 
 @dataclass
@@ -72,6 +74,10 @@ class Injector:
         self.rates = {ANOMALY: config.anomaly_rate / 3600.0, TRANSPORT: config.fault_rate / 3600.0}
         #: event time before which no rate-drawn anomaly starts (transport faults may)
         self.not_before = {ANOMALY: config.start_ms + int(round(config.anomalies_after_s * 1000)), TRANSPORT: 0}
+        #: event time by which a rate-drawn anomaly must be over, when the run's length is
+        #: known: its ground truth then describes a whole anomaly, not one cut by the end
+        self.run_end_ms = (None if config.duration_s is None
+                           else config.start_ms + int(round(config.duration_s * 1000)))
         self.rate_kinds = [{ANOMALY: kinds_for(g.device_type, ANOMALY, config.anomaly_kinds),
                             TRANSPORT: kinds_for(g.device_type, TRANSPORT, config.fault_kinds)} for g in groups]
         for names in (config.anomaly_kinds, config.fault_kinds):
@@ -134,8 +140,19 @@ class Injector:
                 if any(a.kind.category == category for a in self.active.get((gi, i), ())):
                     continue
                 kind = kinds[int(u[r, 1] * len(kinds))]
-                if self._may_start(group, i, kind):
+                if self._may_start(group, i, kind) and self._fits(group, i, kind, int(t[r])):
                     self._open(gi, group, i, kind, int(t[r]), int(t[r]), int(seq[r]), None, {}, "rate", out)
+
+    def _latest_end(self, group: DeviceGroup, i: int) -> int | None:
+        """When a rate-drawn anomaly must end: a few readings before the run does, so that
+        the readings after it show it is over."""
+        if self.run_end_ms is None:
+            return None
+        return self.run_end_ms - int(_READINGS_AFTER * float(group.interval[i]))
+
+    def _fits(self, group: DeviceGroup, i: int, kind: Kind, t: int) -> bool:
+        latest = self._latest_end(group, i)
+        return latest is None or t + int(kind.duration_s[0] * 1000) <= latest
 
     @staticmethod
     def _may_start(group: DeviceGroup, i: int, kind: Kind) -> bool:
@@ -190,6 +207,9 @@ class Injector:
             low, high = kind.duration_s
             duration_s = low + (high - low) * float(u[0])
         end = max(planned + int(round(duration_s * 1000)), t)
+        latest = self._latest_end(group, i) if source == "rate" else None
+        if latest is not None:
+            end = max(min(end, latest), t)
         active = Active(kind, gi, i, planned, end, params, source)
         self.active.setdefault((gi, i), []).append(active)
         self.flags[gi][i] = True

@@ -182,6 +182,24 @@ def test_anomalies_after_keeps_the_warm_up_free_of_anomalies_only() -> None:
     assert any(r["category"] == "transport" and r["start_ts"] < START_MS + 120_000 for r in records[120.0])
 
 
+def test_a_bounded_run_holds_whole_anomalies_only() -> None:
+    """With --duration known, rate-drawn anomalies end a few readings before the run does
+    (a drift reaches its full size, a dropout is followed by data), so the ground truth
+    never describes an anomaly cut off by the end."""
+    config = SimConfig(seed=5, homes=4, vehicles=0, rate=1.0, start_ms=START_MS, duration_s=600.0,
+                       anomaly_rate=30.0, anomaly_kinds=("drift", "dropout", "level_shift", "flatline"), tick_ms=1000)
+    unbounded = Simulation(config.model_copy(update={"duration_s": None}))
+    bounded = Simulation(config)
+    for sim in (unbounded, bounded):
+        for _batch in sim.run(600):
+            pass
+    run_end = START_MS + 600_000
+    cut = [r for r in unbounded.injector.records if r["category"] == "anomaly" and r["end_ts"] >= run_end - 2000]
+    assert cut, "without a known end some anomalies run into it"
+    anomalies = [r for r in bounded.injector.records if r["category"] == "anomaly"]
+    assert anomalies and max(r["end_ts"] for r in anomalies) <= run_end - 5000
+
+
 def test_physics_stays_plausible_over_two_days() -> None:
     config = SimConfig(seed=4, homes=12, vehicles=0, rate=1 / 60, start_ms=START_MS, tick_ms=60_000)
     by_device = telemetry_by_device(generate(config, 2 * 86400))
