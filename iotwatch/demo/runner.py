@@ -321,7 +321,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"  messages: simulated {messages['simulated']}, gateway received {messages['gateway_received']}, "
                   f"forwarded {messages['gateway_forwarded']}, dead-lettered {messages['gateway_dead_lettered']}; "
                   f"stream scored {stream.get('reading_records')}, duplicates {stream.get('duplicate')}, "
-                  f"late {stream.get('late')}, dead-lettered {stream.get('dlq')}")
+                  f"late {stream.get('late')}, clock steps {stream.get('clock_steps', 0)}, dead-lettered {stream.get('dlq')}")
     style = "green" if loss["loss"] == 0 else "bold red"
     console.print(f"  loss accounted by seq: [{style}]{loss['loss']}[/{style}] "
                   f"({loss['unique_readings_in_kafka']} unique readings in Kafka, {loss['archived']} archived, "

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: Per-device counters (streaming.device_state.Counters) summed per batch -> their names in totals.
 TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates": "duplicate", "late": "late",
-                "dead_lettered": "dlq"}
+                "dead_lettered": "dlq", "clock_steps": "clock_steps"}
 
 def _dead_letters(kafka_config: dict[str, str], topic: str, rows: Iterator[Any]) -> None:
     def records() -> Iterator[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
