@@ -74,8 +74,8 @@ class Injector:
         self.rates = {ANOMALY: config.anomaly_rate / 3600.0, TRANSPORT: config.fault_rate / 3600.0}
         #: event time before which no rate-drawn anomaly starts (transport faults may)
         self.not_before = {ANOMALY: config.start_ms + int(round(config.anomalies_after_s * 1000)), TRANSPORT: 0}
-        #: event time by which a rate-drawn anomaly must be over, when the run's length is
-        #: known: its ground truth then describes a whole anomaly, not one cut by the end
+        #: event time by which a rate-drawn anomaly or fault must be over, when the run's length
+        #: is known: its ground truth then describes a whole one, not one cut by the end
         self.run_end_ms = (None if config.duration_s is None
                            else config.start_ms + int(round(config.duration_s * 1000)))
         self.rate_kinds = [{ANOMALY: kinds_for(g.device_type, ANOMALY, config.anomaly_kinds),
@@ -144,7 +144,7 @@ class Injector:
                     self._open(gi, group, i, kind, int(t[r]), int(t[r]), int(seq[r]), None, {}, "rate", out)
 
     def _latest_end(self, group: DeviceGroup, i: int) -> int | None:
-        """When a rate-drawn anomaly must end: a few readings before the run does, so that
+        """When a rate-drawn anomaly or fault must end: a few readings before the run does, so that
         the readings after it show it is over."""
         if self.run_end_ms is None:
             return None

@@ -8,8 +8,8 @@ Each input record ends as exactly one of: ``dlq`` (contract violation), ``duplic
 (seq already seen), ``late`` (arrived after a newer seq of its device, with an event time
 older than the device's newest minus the allowed lateness) or scored ``reading`` rows (one
 per metric, long format). A reading that is newest by seq but far behind in event time is
-a clock that stepped back, not lateness: scored, and counted as a clock step. Alerts and per-bucket
-aggregates are emitted beside them, and one ``tally`` row per device and batch with the
+a clock that stepped back, not lateness: scored, and counted as a clock step. Alerts and
+per-bucket aggregates are emitted beside them, and one ``tally`` row per device and batch with the
 counts of each outcome (cheap accounting for the sinks, without a shuffle).
 """
 
@@ -224,17 +224,19 @@ class DeviceLogic:
         gap_s = (stamp - previous) / 1000
         if not previous or gap_s <= self.settings.silence_timeout_s or rules.SILENT in state.episodes:
             return
-        observation = Observation(1.0, None, None, self.settings.silence_timeout_s,
-                                  f"no data for {gap_s:.0f} s in the log (last event time {state.max_event_ms})")
-        yield from self._advance(state, rules.SILENT, observation, max(state.max_event_ms, 0), state.seqs.high)
+        yield from self._raise_silent(state, f"no data for {gap_s:.0f} s in the log")
 
     def silence(self, state: DeviceState, now_ms: int) -> Iterator[dict[str, Any]]:
         """No data for the silence timeout: raise ``device_silent`` and flush open buckets."""
-        quiet_s = (now_ms - state.last_wall_ms) / 1000
-        observation = Observation(1.0, None, None, self.settings.silence_timeout_s,
-                                  f"no data for {quiet_s:.0f} s (last event time {state.max_event_ms})")
-        yield from self._advance(state, rules.SILENT, observation, max(state.max_event_ms, 0), state.seqs.high)
+        yield from self._raise_silent(state, f"no data for {(now_ms - state.last_wall_ms) / 1000:.0f} s")
         yield from self._close_buckets(state, final=True)
+
+    def _raise_silent(self, state: DeviceState, what: str) -> Iterator[dict[str, Any]]:
+        """``device_silent`` from the device's newest reading: its event time starts the
+        episode, so the timer and a gap in the log give one silence the same alert id."""
+        observation = Observation(1.0, None, None, self.settings.silence_timeout_s,
+                                  f"{what} (last event time {state.max_event_ms})")
+        yield from self._advance(state, rules.SILENT, observation, max(state.max_event_ms, 0), state.seqs.high)
 
     # -- aggregates ----------------------------------------------------------------------------
 

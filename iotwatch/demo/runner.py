@@ -163,9 +163,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
 
 def _wait_for_stream(stream: Child, checkpoint: Path, timeout_s: float = 180.0) -> None:
     """Until the streaming query has started (its checkpoint metadata is written), so the
-    devices do not publish into a backlog while Spark starts: silence is judged in
-    processing time, and a dropout inside a backlog the job catches up in one batch passes
-    unseen."""
+    devices do not publish into a backlog while Spark starts: alerts then come about as
+    late as the trigger makes them, not after the start-up's backlog."""
     deadline = time.monotonic() + timeout_s
     while not (checkpoint / "metadata").exists():
         if not stream.running():
