@@ -16,7 +16,6 @@ from iotwatch.settings import Settings, load_settings
 from iotwatch.stack import EmbeddedStack, StackState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = REPO_ROOT.parent / "shared"
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +76,8 @@ def spark(base_settings: Settings) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def nab_dev_dir() -> Path:
-    """The labelled NAB development streams in ../shared (present in CI too)."""
-    path = SHARED_DIR / "datasets" / "nab-dev"
-    if not path.exists():
-        pytest.fail(f"{path} is missing: the shared datasets must sit beside the repository")
-    return path
+def nab_dir() -> Path:
+    """The labelled NAB streams shipped in the repository (nothing outside it is needed)."""
+    from models.evaluation.sources import NAB_SAMPLE
+
+    return NAB_SAMPLE

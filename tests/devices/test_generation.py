@@ -289,8 +289,8 @@ def test_leak_raises_events(tmp_path: Path) -> None:
         assert events == [("leak_detected", 1), ("leak_cleared", 0)]
 
 
-def test_replay_streams_a_recorded_csv(nab_dev_dir: Path) -> None:
-    path = nab_dev_dir / "data" / "artificialWithAnomaly" / "art_daily_jumpsup.csv"
+def test_replay_streams_a_recorded_csv(nab_dir: Path) -> None:
+    path = nab_dir / "data" / "artificialWithAnomaly" / "art_daily_jumpsup.csv"
     rows = path.read_text().splitlines()[1:]
     config = SimConfig(seed=1, homes=0, vehicles=0, replay=(path,), start_ms=START_MS, tick_ms=60_000)
     sim = Simulation(config)

@@ -1,4 +1,4 @@
-"""score-csv and evaluate over every nab-dev stream: deterministic, sane output."""
+"""score-csv and evaluate over every shipped NAB stream: deterministic, sane output."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ def _run(args: list[str]) -> str:
     return result.output
 
 
-def test_evaluate_is_deterministic_and_sane(nab_dev_dir: Path) -> None:
-    args = ["evaluate", "--dataset", str(nab_dev_dir), "--detector", "ensemble", "--json"]
+def test_evaluate_is_deterministic_and_sane(nab_dir: Path) -> None:
+    args = ["evaluate", "--dataset", str(nab_dir), "--detector", "ensemble", "--json"]
     first, second = json.loads(_run(args)), json.loads(_run(args))
     for doc in (first, second):
         doc["detectors"]["ensemble"].pop("seconds")
     assert first == second
     report = first["detectors"]["ensemble"]
-    assert first["streams"] == len(NabSource(nab_dev_dir).keys())
+    assert first["streams"] == len(NabSource(nab_dir).keys())
     assert set(report["groups"]) == {"artificialNoAnomaly", "artificialWithAnomaly", "realTraffic", "realTweets"}
     overall = report["overall"]
     assert overall["windows"] == first["windows"] > 0
@@ -37,9 +37,9 @@ def test_evaluate_is_deterministic_and_sane(nab_dev_dir: Path) -> None:
     assert 0 < overall["detected_windows"] <= overall["windows"]
 
 
-def test_score_csv_every_stream(nab_dev_dir: Path, tmp_path: Path) -> None:
-    for key in NabSource(nab_dev_dir).keys():
-        source = nab_dev_dir / "data" / key
+def test_score_csv_every_stream(nab_dir: Path, tmp_path: Path) -> None:
+    for key in NabSource(nab_dir).keys():
+        source = nab_dir / "data" / key
         out_a, out_b = tmp_path / "a.csv", tmp_path / "b.csv"
         _run(["score-csv", str(source), str(out_a), "--detector", "ensemble"])
         _run(["score-csv", str(source), str(out_b), "--detector", "ensemble"])
@@ -50,8 +50,8 @@ def test_score_csv_every_stream(nab_dev_dir: Path, tmp_path: Path) -> None:
         assert scored["anomaly_score"].between(0.0, 1.0).all()
 
 
-def test_score_csv_default_detector_and_errors(nab_dev_dir: Path, tmp_path: Path) -> None:
-    source = nab_dev_dir / "data" / "realTraffic" / "speed_7578.csv"
+def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) -> None:
+    source = nab_dir / "data" / "realTraffic" / "speed_7578.csv"
     out = tmp_path / "out.csv"
     doc = json.loads(_run(["score-csv", str(source), str(out), "--json"]))
     assert doc["rows"] == len(pd.read_csv(source)) and doc["detector"] == DEFAULT_DETECTOR
