@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -91,7 +92,14 @@ def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq:
          ctx: AlertContext) -> dict[str, Any] | None:
     """Advance one rule's episode by one observation; returns an alert record to publish
     (``raised`` or ``cleared``) or None."""
-    firing = obs.score >= spec.fire
+    return advance(episode, spec, obs.score, event_ms, seq, ctx, lambda: obs)
+
+
+def advance(episode: Episode, spec: RuleSpec, score: float, event_ms: int, seq: int, ctx: AlertContext,
+            describe: Callable[[], Observation]) -> dict[str, Any] | None:
+    """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
+    the full observation (message, contributors) when an alert is raised or cleared."""
+    firing = score >= spec.fire
     if episode.status in ("idle", "pending"):
         if not firing:
             episode.status, episode.above = "idle", 0
@@ -100,24 +108,24 @@ def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq:
             episode.status, episode.start_ms, episode.start_seq, episode.peak_score = "pending", event_ms, seq, 0.0
         episode.above += 1
         episode.last_ms = event_ms
-        episode.peak_score = max(episode.peak_score, obs.score)
+        episode.peak_score = max(episode.peak_score, score)
         if episode.above < spec.hold or event_ms - episode.start_ms < spec.hold_ms:
             return None
         episode.status, episode.below, episode.occurrences = "open", 0, episode.above
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
-        return _record("raised", episode, spec, obs, ctx, seq)
+        return _record("raised", episode, spec, describe(), ctx, seq)
     # open
-    if obs.score >= spec.clear:
+    if score >= spec.clear:
         episode.below = 0
         if firing:
             episode.occurrences += 1
             episode.last_ms = event_ms
-            episode.peak_score = max(episode.peak_score, obs.score)
+            episode.peak_score = max(episode.peak_score, score)
         return None
     episode.below += 1
     if episode.below < spec.clear_hold:
         return None
-    record = _record("cleared", episode, spec, obs, ctx, seq)
+    record = _record("cleared", episode, spec, describe(), ctx, seq)
     episode.status, episode.above, episode.below = "idle", 0, 0
     return record
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import numpy as np
+import pandas as pd
+
 from devices.catalog import DEVICE_METRICS
 
 QUALITY_OK = "ok"
@@ -90,3 +93,74 @@ def physical_range(device_type: str, metric: str) -> tuple[float, float] | None:
 
 def is_scored(metric: str) -> bool:
     return metric not in NOT_SCORED
+
+
+# --- the same, over a whole micro-batch at once (the streaming hot path) -----------------------
+
+
+def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened
+    metrics: entry ``k`` is metric ``name[k] = value[k]`` of record ``record[k]``, whose device
+    type is ``device_type[record[k]]``. Returns ``(record, name, value, out_of_range)``
+    sorted by record, then metric name (one reading's metrics in a stable order)."""
+    record, name, value = _normalise_entries(record, name, value)
+    record, name, value = _derive_power_factor(record, name, value, device_type)
+    order = np.lexsort((name.astype(str), record)) if len(record) else np.zeros(0, dtype=np.int64)
+    record, name, value = record[order], name[order], value[order]
+    return record, name, value, _out_of_range(name, value, device_type[record])
+
+
+def _normalise_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keep = np.ones(len(name), dtype=bool)
+    value = value.copy()
+    name = name.copy()
+    for alias, (canonical, convert) in UNIT_ALIASES.items():
+        hits = np.flatnonzero(name == alias)
+        if not len(hits):
+            continue
+        already = set(record[name == canonical].tolist())  # the canonical one wins
+        for k in hits.tolist():
+            if record[k] in already:
+                keep[k] = False
+            else:
+                value[k] = convert(value[k])
+                name[k] = canonical
+                already.add(record[k])
+    return record[keep], name[keep], value[keep]
+
+
+def _derive_power_factor(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    meters = device_type[record] == "smart_meter"
+    if not meters.any():
+        return record, name, value
+    series = {m: pd.Series(value[meters & (name == m)], index=record[meters & (name == m)])
+              for m in ("power_w", "voltage_v", "current_a", "power_factor")}
+    frame = pd.DataFrame({m: s[~s.index.duplicated()] for m, s in series.items()})
+    frame = frame[frame["power_factor"].isna()].dropna(subset=["power_w", "voltage_v", "current_a"])
+    apparent = frame["voltage_v"] * frame["current_a"]
+    frame = frame[apparent >= MIN_APPARENT_VA]
+    if frame.empty:
+        return record, name, value
+    factor = np.round(frame["power_w"].to_numpy() / (frame["voltage_v"] * frame["current_a"]).to_numpy(), 4)
+    return (np.concatenate([record, frame.index.to_numpy(dtype=record.dtype)]),
+            np.concatenate([name, np.full(len(frame), "power_factor", dtype=object)]),
+            np.concatenate([value, factor]))
+
+
+def _out_of_range(name: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> np.ndarray:
+    low = np.full(len(name), -np.inf)
+    high = np.full(len(name), np.inf)
+    if len(name):
+        pairs = pd.MultiIndex.from_arrays([device_type, name])
+        codes, uniques = pd.factorize(pairs)
+        bounds = np.array([physical_range(t, m) or (-np.inf, np.inf) for t, m in uniques], dtype=float)
+        low, high = bounds[codes, 0], bounds[codes, 1]
+    return ~((low <= value) & (value <= high))
+
+
+def scored_names(names: np.ndarray) -> np.ndarray:
+    """Which metric names the statistical detectors see (see :data:`NOT_SCORED`)."""
+    return ~np.isin(names, list(NOT_SCORED))

@@ -1,91 +1,97 @@
-"""The per-device state the streaming job keeps in Spark's state store.
+"""The per-device state the streaming job keeps in Spark's state store: a few arrays of numbers.
 
-A few numbers per metric and per rule, never a model: detector states are the compact
-dicts of :meth:`models.base.Detector.to_state`; duplicate detection is a bitmap of the
-last ``dedup_window`` seqs; aggregates are open event-time buckets (count, sum, min, max,
-last, max score). Serialised as one JSON string so a batch costs one state read and one
-write per device.
+One value per device (a ``MapState`` entry under the device's Kafka partition), with a
+documented fixed layout and no JSON or pickles, so loading and saving a device costs a few
+``numpy.frombuffer``/``tobytes`` calls:
+
+- ``core`` (int64, :data:`CORE_FIELDS`): sequence high-water mark, newest event time,
+  wall and log times of the newest record, the accounting counters;
+- ``seqs`` (uint64 words): a ring bitmap of the last ``dedup_window`` seqs, bit
+  ``seq % window`` (duplicate detection);
+- ``episodes`` (int64, one row per non-idle rule, :data:`EPISODE_FIELDS`) and their peak
+  scores (float64): the alert lifecycle (idle rules keep nothing);
+- ``metrics`` (names) with one detector state row each (float64, the kernel's layout, see
+  :mod:`models.kernels.tail_ensemble`) and the metric's previous value (the fleet model's
+  change features);
+- ``buckets`` (float64 rows, :data:`BUCKET_FIELDS`): open event-time aggregates.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from streaming.alerting import Episode
+import numpy as np
 
-STATE_SCHEMA = "state string"
-STATE_FORMAT = 1
+#: int64 fields of ``DeviceState.core``, by position.
+CORE_FIELDS = ("seq_high", "max_event_ms", "last_wall_ms", "last_append_ms", "received", "scored", "duplicates",
+               "late", "dead_lettered", "seq_resets", "clock_steps", "seq_gaps")
+SEQ_HIGH, MAX_EVENT_MS, LAST_WALL_MS, LAST_APPEND_MS, RECEIVED, SCORED, DUPLICATES, LATE, DEAD_LETTERED, \
+    SEQ_RESETS, CLOCK_STEPS, SEQ_GAPS = range(len(CORE_FIELDS))
+#: Counters summed into the job's totals (a subset of CORE_FIELDS).
+COUNTERS = CORE_FIELDS[RECEIVED:]
 
+#: int64 fields of one episode row (the alert lifecycle of one rule of one device).
+EPISODE_FIELDS = ("rule", "status", "above", "below", "start_ms", "start_seq", "last_ms", "occurrences")
+EP_RULE, EP_STATUS, EP_ABOVE, EP_BELOW, EP_START_MS, EP_START_SEQ, EP_LAST_MS, EP_OCCURRENCES = range(
+    len(EPISODE_FIELDS))
+IDLE, PENDING, OPEN = 0, 1, 2
 
-@dataclass
-class SeqWindow:
-    """Which of the last ``size`` seqs were seen: bit i stands for ``high - i``."""
+#: float64 fields of one open aggregate bucket of one metric.
+BUCKET_FIELDS = ("start_ms", "metric", "count", "sum", "min", "max", "last", "max_score")
 
-    high: int = -1
-    bits: int = 0
+_SEP = "\x1f"
 
-    def observe(self, seq: int, size: int) -> str:
-        """Record ``seq``; returns ``new``, ``duplicate`` or ``reset`` (seq far below the
-        window: a device that restarted its counter)."""
-        if seq > self.high:
-            shift = seq - self.high
-            self.bits = ((self.bits << shift) | 1) & ((1 << size) - 1) if shift < size else 1
-            self.high = seq
-            return "new"
-        offset = self.high - seq
-        if offset >= size:
-            return "reset"
-        if self.bits >> offset & 1:
-            return "duplicate"
-        self.bits |= 1 << offset
-        return "new"
-
-
-@dataclass
-class Counters:
-    """Per-device accounting: every record is exactly one of these outcomes."""
-
-    received: int = 0
-    scored: int = 0
-    duplicates: int = 0
-    late: int = 0
-    dead_lettered: int = 0
-    seq_resets: int = 0
-    seq_gaps: int = 0
-    clock_steps: int = 0  # scored readings, in seq order, far behind the device's newest event time
+def _empty_core() -> np.ndarray:
+    core = np.zeros(len(CORE_FIELDS), dtype=np.int64)
+    core[SEQ_HIGH] = -1
+    core[MAX_EVENT_MS] = -1
+    return core
 
 
 @dataclass
 class DeviceState:
-    device_id: str = ""
+    """One device's state; ``seq_words`` and ``state_size`` fix the array shapes."""
+
     device_type: str = ""
     site: str = ""
-    seqs: SeqWindow = field(default_factory=SeqWindow)
-    max_event_ms: int = -1
-    last_wall_ms: int = 0
-    last_append_ms: int = 0  # Kafka timestamp of the device's newest record (0: none seen)
-    timer_ms: int = 0
-    counters: Counters = field(default_factory=Counters)
-    detectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # metric -> detector state
-    episodes: dict[str, Episode] = field(default_factory=dict)  # rule -> alert episode
-    buckets: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # start ms -> metric -> stats
-    last_metrics: dict[str, float] = field(default_factory=dict)  # previous reading, for the fleet model
-    def to_json(self) -> str:
-        doc = asdict(self)
-        doc["seqs"]["bits"] = format(self.seqs.bits, "x")
-        doc["buckets"] = {str(k): v for k, v in self.buckets.items()}
-        doc["format"] = STATE_FORMAT
-        return json.dumps(doc, separators=(",", ":"))
+    core: np.ndarray = field(default_factory=_empty_core)
+    seqs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    episodes: np.ndarray = field(default_factory=lambda: np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64))
+    peaks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    metrics: list[str] = field(default_factory=list)
+    detectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float64))
+    last: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    buckets: np.ndarray = field(default_factory=lambda: np.zeros((0, len(BUCKET_FIELDS)), dtype=np.float64))
 
     @classmethod
-    def from_json(cls, text: str) -> DeviceState:
-        doc = json.loads(text)
-        if doc.pop("format", None) != STATE_FORMAT:
-            raise ValueError("device state written by an incompatible version; start with a new checkpoint")
-        doc["seqs"] = SeqWindow(doc["seqs"]["high"], int(doc["seqs"]["bits"] or "0", 16))
-        doc["counters"] = Counters(**doc["counters"])
-        doc["episodes"] = {rule: Episode(**episode) for rule, episode in doc["episodes"].items()}
-        doc["buckets"] = {int(k): v for k, v in doc["buckets"].items()}
-        return cls(**doc)
+    def new(cls, seq_words: int, state_size: int) -> DeviceState:
+        return cls(seqs=np.zeros(seq_words, dtype=np.uint64), detectors=np.zeros((0, state_size), dtype=np.float64))
+
+    def to_value(self) -> tuple[Any, ...]:
+        """The state-store value (see :data:`streaming.schemas.DEVICE_STATE_SCHEMA`)."""
+        return (self.device_type, self.site, _SEP.join(self.metrics), self.core.tobytes(), self.seqs.tobytes(),
+                self.episodes.tobytes(), self.peaks.tobytes(), self.detectors.tobytes(), self.last.tobytes(),
+                self.buckets.tobytes())
+
+    @classmethod
+    def from_value(cls, value: tuple[Any, ...], state_size: int) -> DeviceState:
+        device_type, site, metrics, core, seqs, episodes, peaks, detectors, last, buckets = value
+        names = metrics.split(_SEP) if metrics else []
+        return cls(device_type, site, np.frombuffer(core, dtype=np.int64).copy(),
+                   np.frombuffer(seqs, dtype=np.uint64).copy(),
+                   np.frombuffer(episodes, dtype=np.int64).reshape(-1, len(EPISODE_FIELDS)).copy(),
+                   np.frombuffer(peaks, dtype=np.float64).copy(), names,
+                   np.frombuffer(detectors, dtype=np.float64).reshape(-1, state_size).copy(),
+                   np.frombuffer(last, dtype=np.float64).copy(),
+                   np.frombuffer(buckets, dtype=np.float64).reshape(-1, len(BUCKET_FIELDS)).copy())
+
+    def size_bytes(self) -> int:
+        """Bytes this device takes in the state store (the value's payload)."""
+        return sum(len(part) for part in self.to_value())
+
+    def counters(self) -> dict[str, int]:
+        return {name: int(self.core[i]) for i, name in enumerate(CORE_FIELDS) if name in COUNTERS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeviceState) and self.to_value() == other.to_value()

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
-from streaming.processor import DeviceProcessor
-from streaming.schemas import OUTPUT_SCHEMA
+from streaming.packing import pack_records
+from streaming.processor import PartitionProcessor
+from streaming.schemas import OUTPUT_SCHEMA, PACKED_SCHEMA
 from streaming.sinks.batch_writer import BatchWriter
 from streaming.sinks.influx_points import pipeline_point
 
@@ -152,10 +152,9 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     archive = Path(archive_dir or stream.archive_dir).expanduser().resolve()
     raw = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
                             max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source)
-    keyed = raw.select(F.coalesce(F.col("key").cast("string"), F.lit("")).alias("device_key"),
-                       "value", "partition", "offset", "timestamp")
-    scored = keyed.groupBy("device_key").transformWithStateInPandas(
-        statefulProcessor=DeviceProcessor(settings), outputStructType=OUTPUT_SCHEMA,
+    packed = raw.select("key", "value", "partition", "offset", "timestamp").mapInArrow(pack_records, PACKED_SCHEMA)
+    scored = packed.groupBy("partition").transformWithStateInPandas(
+        statefulProcessor=PartitionProcessor(settings), outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")
     writer = BatchWriter(settings, archive)
     reporter = ProgressReporter(settings, query_name)

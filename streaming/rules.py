@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
 
 from iotwatch.settings import StreamSettings
 from models.crash import CrashDeceleration
@@ -134,3 +137,59 @@ def _stuck_hvac(reading: ReadingView, max_gap_c: float, overshoot_c: float) -> O
                            f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C "
                            f"from setpoint {setpoint:.1f} C ({why})")
     return Observation(0.0, "temperature_c", temperature, setpoint, f"temperature {gap:+.1f} C from setpoint")
+
+
+# --- the same rules over a whole micro-batch (scores only; the hot path) ----------------------
+
+
+class BatchReadings(Protocol):
+    """What the vectorised rules read: per-reading columns of one micro-batch."""
+
+    device_type: np.ndarray
+    event: np.ndarray
+    out_of_range: np.ndarray  # any metric of the reading outside its physical range
+
+    def metric(self, name: str) -> np.ndarray:
+        """The metric's value per reading, NaN where the reading lacks it."""
+
+
+def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """For each rule: (applies, score) per reading, equal to :func:`evaluate`'s observations
+    (a rule that does not apply to a reading gives it no observation at all)."""
+    n = len(readings.device_type)
+    everyone = np.ones(n, dtype=bool)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {OUT_OF_RANGE: (everyone, readings.out_of_range.astype(float))}
+    event = readings.event
+    accel = readings.metric("accel_x_g")
+    crash_event = event == "crash"
+    vehicle = (readings.device_type == "vehicle_edr") | crash_event
+    if vehicle.any():
+        crash_g, harsh_g = settings.crash_decel_g, settings.harsh_braking_g
+        with np.errstate(invalid="ignore"):
+            crashed = crash_event | (-accel >= crash_g)
+            harsh = (harsh_g <= -accel) & (-accel < crash_g) & ~crash_event
+        out[CRASH] = (vehicle, crashed.astype(float))
+        out[HARSH_BRAKING] = (vehicle, harsh.astype(float))
+    leak_event = event == "leak"
+    leak = (readings.device_type == "leak_sensor") | leak_event
+    if leak.any():
+        with np.errstate(invalid="ignore"):
+            wet = leak_event | (readings.metric("water_detected") >= 0.5)
+        out[LEAK] = (leak, wet.astype(float))
+    thermostat = readings.device_type == "thermostat"
+    if thermostat.any():
+        out[STUCK_HVAC] = _stuck_hvac_scores(readings, thermostat, settings)
+    return out
+
+
+def _stuck_hvac_scores(readings: BatchReadings, thermostat: np.ndarray, settings: StreamSettings
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    temperature, setpoint, hvac = (readings.metric(m) for m in ("temperature_c", "setpoint_c", "hvac_on"))
+    outside = readings.metric("outside_temperature_c")
+    applies = thermostat & ~np.isnan(temperature) & ~np.isnan(setpoint) & ~np.isnan(hvac)
+    gap = temperature - setpoint
+    with np.errstate(invalid="ignore"):
+        heating, cooling = outside < setpoint, outside > setpoint
+        overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (cooling & (gap < -settings.stuck_hvac_overshoot_c))
+        stuck = (hvac >= 0.5) & (overshoot | (np.abs(gap) > settings.stuck_hvac_c))
+    return applies, (stuck & applies).astype(float)

@@ -9,20 +9,21 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from typing import Any
 
 from influxdb_client import Point
 
+from streaming.schemas import AGGREGATE_STATS
 
-def aggregate_point(row: Any) -> Point:
-    body = json.loads(row.body)
-    point = (Point("device_metrics").tag("site", row.site).tag("device_type", row.device_type)
-             .tag("device_id", row.device_id).tag("metric", row.metric).time(int(row.event_ms), "ms"))
+
+def aggregate_point(row: dict[str, Any]) -> Point:
+    """An ``aggregate`` output row (its ``values`` are :data:`streaming.engine.AGGREGATE_STATS`)."""
+    stats = dict(zip(AGGREGATE_STATS, row["values"], strict=True))
+    point = (Point("device_metrics").tag("site", row["site"]).tag("device_type", row["device_type"])
+             .tag("device_id", row["device_id"]).tag("metric", row["metric"]).time(int(row["event_ms"]), "ms"))
     for name in ("mean", "min", "max", "last", "max_score"):
-        point = point.field(name, float(body[name]))
-    return point.field("count", int(body["count"]))
+        point = point.field(name, float(stats[name]))
+    return point.field("count", int(stats["count"]))
 
 
 def alert_point(alert: dict[str, Any]) -> Point:
@@ -45,6 +46,3 @@ def pipeline_point(fields: dict[str, float | int], ts_ms: int, stage: str = "str
             point = point.field(name, value)
     return point
 
-
-def points_for_partition(rows: Iterable[Any]) -> list[Point]:
-    return [aggregate_point(row) for row in rows]

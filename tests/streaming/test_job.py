@@ -68,7 +68,9 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
     archived = archive.drop_duplicates(["device_id", "seq"]).groupby("device_id")["seq"].apply(sorted).to_dict()
     assert archived == scenario.readings
     assert set(archive["device_type"].astype(str)) == {"thermostat", "leak_sensor", "vehicle_edr"}
-    assert len(archive) == len(archive.drop_duplicates(["device_id", "seq", "metric"]))
+    assert len(archive) == len(archive.drop_duplicates(["device_id", "seq"]))  # one row per reading
+    thermostat = archive[archive["device_type"].astype(str) == "thermostat"].iloc[-1]
+    assert "temperature_c" in dict(thermostat["metrics"]) and "temperature_c" in dict(thermostat["scores"])
 
     # Dead letters: malformed records and the late one, each with a reason.
     dead = read_topic(settings.kafka, settings.topics.dlq, timeout_s=30, idle_s=3)
