@@ -13,7 +13,7 @@ import logging
 from iotwatch.settings import Settings
 from models.registry import ModelRegistry
 from models.watcher import ModelWatcher
-from streaming.device_logic import FleetLookup
+from streaming.engine import FleetLookup
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,13 @@
 
 A deterministic simulated fleet (homes and vehicles with rate-injected anomalies of every
 kind, optionally transport faults) is generated on a virtual clock, with its ground truth.
-Every device's messages go through :class:`streaming.device_logic.DeviceLogic` -- the exact
-per-device step of the Spark job -- one record per call, in the order the simulator emitted
-them (the Kafka order of one partition), with ``now_ms`` the virtual arrival time. The job's
-processing-time silence timer is simulated: when the next message of a device arrives more
-than ``silence_timeout_s`` after the previous one, ``silence(state, last + timeout)`` is
-called first, as the timer would have fired then.
+Every device's messages go through :class:`streaming.engine.PartitionEngine` -- the exact
+step of the Spark job -- in the order the simulator emitted them (the Kafka order of one
+partition), with the virtual arrival time as the Kafka timestamp and ``now_ms``. The job's
+processing-time silence timer is simulated: a device's messages are handed over in runs
+separated by arrivals more than ``silence_timeout_s`` apart, and between two runs
+``silence(..., last + timeout)`` is called, as the timer would have fired then (the
+engine's results do not depend on how a stream is cut into batches).
 
 The *raised* alerts are matched to the ground-truth windows of their device:
 
@@ -47,8 +48,7 @@ from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
 from iotwatch.settings import StreamSettings
 from streaming import rules
-from streaming.device_logic import DeviceLogic, InputRecord
-from streaming.device_state import DeviceState
+from streaming.engine import MemoryStore, PartitionEngine, RecordColumns
 
 __all__ = ["PLAUSIBLE_RULES", "RECOMMENDED", "Alert", "SimulatedFleet", "compare", "evaluate_fleet",
            "evaluate_simulated", "match", "run_alerts", "settings_for", "simulate"]
@@ -161,8 +161,9 @@ class Alert:
 
 def run_alerts(fleet: SimulatedFleet, settings: StreamSettings,
                on_row: Callable[[str, dict[str, Any]], None] | None = None) -> list[Alert]:
-    """Every device's messages through :class:`DeviceLogic`, with the silence timer; the raised alerts."""
-    logic = DeviceLogic(settings)
+    """Every device's messages through :class:`PartitionEngine`, with the silence timer; the raised alerts."""
+    engine = PartitionEngine(settings)
+    store = MemoryStore()
     timeout_ms = int(settings.silence_timeout_s * 1000)
     alerts: list[Alert] = []
 
@@ -180,15 +181,20 @@ def run_alerts(fleet: SimulatedFleet, settings: StreamSettings,
                                 int(body["first_event_ms"])))
 
     for device_id, stream in fleet.devices.items():
-        state = DeviceState()
-        last_arrival: int | None = None
-        for offset, (arrival, payload) in enumerate(stream.messages):
-            if last_arrival is not None and arrival > last_arrival + timeout_ms:
-                collect(device_id, logic.silence(state, last_arrival + timeout_ms), last_arrival + timeout_ms)
-            collect(device_id, logic.process(state, [InputRecord(device_id, payload, 0, offset, arrival)], arrival))
-            last_arrival = arrival
-        if last_arrival is not None and fleet.end_ms > last_arrival + timeout_ms:
-            collect(device_id, logic.silence(state, last_arrival + timeout_ms), last_arrival + timeout_ms)
+        arrivals = [arrival for arrival, _ in stream.messages]
+        cuts = [0] + [i for i in range(1, len(arrivals)) if arrivals[i] > arrivals[i - 1] + timeout_ms] + [len(arrivals)]
+        for start, end in zip(cuts, cuts[1:]):
+            if start:
+                timer = arrivals[start - 1] + timeout_ms
+                collect(device_id, engine.silence(store, [device_id], timer).rows(), timer)
+            run = stream.messages[start:end]
+            records = RecordColumns.from_payloads(0, [payload for _, payload in run], [device_id] * len(run),
+                                                  list(range(start, end)), [arrival for arrival, _ in run],
+                                                  now_ms=run[-1][0])
+            collect(device_id, engine.process(store, records, run[-1][0]).rows())
+        if arrivals and fleet.end_ms > arrivals[-1] + timeout_ms:
+            timer = arrivals[-1] + timeout_ms
+            collect(device_id, engine.silence(store, [device_id], timer).rows(), timer)
     return alerts
 
 
