@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.cli import AppContext, emit, json_option, pass_app
@@ -62,7 +63,7 @@ def _publish(settings: Settings, messages: list[tuple[str, Telemetry]], client_i
             delay = started + index / rate - time.time()
             if delay > 0:
                 time.sleep(delay)
-        body = reading.model_copy(update={"ts": int(time.time() * 1000)}).to_json()
+        body = msgspec.structs.replace(reading, ts=int(time.time() * 1000)).to_json()
         info = client.publish(topic, body, qos=1)
     if info is not None:
         info.wait_for_publish(120)

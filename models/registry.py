@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from iotwatch.contract import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import RegistrySettings
 from models.base import Detector
@@ -67,7 +68,7 @@ METADATA_FILE = "metadata.json"
 
 Status = Literal["candidate", "approved", "retired"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_NAME = re.compile(DEVICE_TYPE_PATTERN)  # device types are registry names: one pattern with the contract
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 
 

@@ -1,0 +1,358 @@
+"""The message contract: its wire form, every reason code, its limits, and the bulk decoder."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from devices.config import SimConfig
+from devices.faults import corrupt
+from devices.simulation import STATUS
+from iotwatch.contract import (DEVICE_TYPE_PATTERN, MAX_METRICS, MAX_PAYLOAD_BYTES, ContractViolation, DecodedBatch,
+                               Telemetry, decode_batch, decode_telemetry)
+from models.registry import ModelRegistry, RegistryError
+from models.robust_zscore import RobustZScore
+from tests.devices.conftest import START_MS, generate
+
+NOW = START_MS + 60_000
+HOUR = 3_600_000
+
+FIELDS: dict[str, Any] = {"v": 1, "device_id": "home-003-thermostat-0", "device_type": "thermostat",
+                          "site": "home-003", "seq": 41, "ts": START_MS,
+                          "metrics": {"temperature_c": 21.4, "humidity_pct": 43.0}}
+
+
+def payload(**changes: Any) -> bytes:
+    """A valid reading with ``changes`` (a value of ... leaves the field out), as compact JSON."""
+    body = {**FIELDS, **changes}
+    return json.dumps({k: v for k, v in body.items() if v is not ...}, separators=(",", ":")).encode()
+
+
+def raw(**literals: str) -> bytes:
+    """A valid reading with fields replaced by JSON text (for what json.dumps cannot write)."""
+    body = {k: json.dumps(v) for k, v in FIELDS.items()} | literals
+    return ("{" + ",".join(f'"{k}":{v}' for k, v in body.items()) + "}").encode()
+
+
+def reason(data: bytes | None, max_bytes: int = MAX_PAYLOAD_BYTES) -> str | None:
+    try:
+        decode_telemetry(b"" if data is None else data, now_ms=NOW, max_bytes=max_bytes)
+    except ContractViolation as exc:
+        return exc.reason
+    return None
+
+
+# --- the wire form ---------------------------------------------------------------------
+
+
+def _old_to_json(message: Telemetry) -> bytes:
+    """What the pydantic model wrote: model_dump(exclude_none=True), compact."""
+    body = msgspec.structs.asdict(message)
+    body["metrics"] = {k: float(v) for k, v in body["metrics"].items()}
+    return json.dumps({k: v for k, v in body.items() if v is not None}, separators=(",", ":")).encode()
+
+
+def test_to_json_is_the_compact_form_byte_for_byte() -> None:
+    message = Telemetry(v=1, device_id="home-003-thermostat-0", device_type="thermostat", site="home-003",
+                        seq=41, ts=1763784000000, metrics={"temperature_c": 21.4, "humidity_pct": 43.0})
+    assert message.to_json() == (b'{"v":1,"device_id":"home-003-thermostat-0","device_type":"thermostat",'
+                                 b'"site":"home-003","seq":41,"ts":1763784000000,'
+                                 b'"metrics":{"temperature_c":21.4,"humidity_pct":43.0}}')
+    assert message.key() == b"home-003-thermostat-0"
+    event = Telemetry(v=1, device_id="v-1", device_type="vehicle_edr", site="fleet", seq=0, ts=5,
+                      metrics={"z": 1e-05, "big": 1.2345678901234568e17, "n": -0.0, "i": 1},
+                      event="crash", event_data={"a": None, "b": [None, 1, 2.5e-07], "\u00e9": "\u00fc\x01"})
+    assert event.to_json() == (b'{"v":1,"device_id":"v-1","device_type":"vehicle_edr","site":"fleet","seq":0,"ts":5,'
+                               b'"metrics":{"z":1e-05,"big":1.2345678901234568e+17,"n":-0.0,"i":1.0},"event":"crash",'
+                               b'"event_data":{"a":null,"b":[null,1,2.5e-07],"\\u00e9":"\\u00fc\\u0001"}}')
+    assert Telemetry(**{**FIELDS, "event_data": {}}).to_json().endswith(b',"event_data":{}}')
+    moved = msgspec.structs.replace(message, ts=7)
+    assert moved.ts == 7 and message.ts == 1763784000000 and moved.to_json() == message.to_json().replace(
+        b'"ts":1763784000000', b'"ts":7')
+
+
+def test_simulator_messages_round_trip_to_the_same_bytes() -> None:
+    config = SimConfig(seed=3, homes=4, vehicles=2, start_ms=START_MS)
+    for _, _, text, group in generate(config, 20):
+        if group == STATUS:
+            continue
+        message = decode_telemetry(text.encode(), now_ms=NOW)
+        assert message.to_json() == _old_to_json(message)
+        assert decode_telemetry(message.to_json(), now_ms=NOW) == message
+
+
+# --- every reason ----------------------------------------------------------------------
+
+INVALID: dict[str, bytes] = {
+    "too_large": payload(event_data={"pad": "x" * 300_000}),
+    "invalid_utf8": payload()[:-2] + b"\xff\xfe}",
+    "invalid_json": payload()[:40],
+    "not_an_object": b'[{"v":1}]',
+    "missing_field": payload(seq=...),
+    "unknown_field": payload(firmware="1.2.3"),
+    "non_finite_number": raw(metrics='{"temperature_c":NaN}'),
+    "invalid_field": payload(seq="41"),
+    "unsupported_version": payload(v=2),
+    "ts_in_future": payload(ts=NOW + 25 * HOUR),
+    "ts_too_old": payload(ts=946_684_799_999),
+    "too_many_metrics": payload(metrics={f"m{i}": 1.0 for i in range(MAX_METRICS + 1)}),
+}
+
+
+@pytest.mark.parametrize("code", sorted(INVALID))
+def test_every_reason_code(code: str) -> None:
+    with pytest.raises(ContractViolation) as caught:
+        decode_telemetry(INVALID[code], now_ms=NOW)
+    assert caught.value.reason == code and caught.value.detail
+    assert str(caught.value).startswith(f"{code}: ")
+
+
+@pytest.mark.parametrize(("data", "code"), [
+    (b"", "invalid_json"), (b"  ", "invalid_json"), (payload() + b"x", "invalid_json"),
+    (payload() + b"{}", "invalid_json"), (b"\xef\xbb\xbf" + payload(), "invalid_json"),
+    (raw(site='"\\ud800"'), "invalid_json"), (raw(site='"\\udc00x"'), "invalid_json"),
+    (raw(metrics='{"t":01}'), "invalid_json"), (raw(metrics='{"t":-NaN}'), "invalid_json"),
+    (raw(ts="1" * 4301), "invalid_json"), (raw(metrics='{"t":%s.0}' % ("1" * 4301)), "invalid_json"),
+    (b'"x"', "not_an_object"), (b"12", "not_an_object"), (b"null", "not_an_object"), (b"NaN", "not_an_object"),
+    (raw(metrics='{"t":Infinity}'), "non_finite_number"), (raw(metrics='{"t":-Infinity}'), "non_finite_number"),
+    (raw(metrics='{"t":1e400}'), "non_finite_number"), (raw(metrics='{"t":%s}' % ("1" * 400)), "non_finite_number"),
+    (raw(event_data='{"a":[1,{"b":NaN}]}'), "non_finite_number"),
+    (payload(seq=41.0), "invalid_field"), (raw(seq="41e0"), "invalid_field"), (payload(seq=True), "invalid_field"),
+    (payload(seq=None), "invalid_field"), (payload(v="1"), "invalid_field"), (payload(v=1.0), "invalid_field"),
+    (raw(seq="Infinity"), "invalid_field"), (payload(ts=1.7e12), "invalid_field"),
+    (payload(metrics={"t": "21"}), "invalid_field"), (payload(metrics={"t": True}), "invalid_field"),
+    (payload(metrics={"t": None}), "invalid_field"), (payload(metrics=[]), "invalid_field"),
+    (payload(device_id="home 3"), "invalid_field"), (payload(device_id="home-3\n"), "invalid_field"),
+    (payload(device_id="_home"), "invalid_field"), (payload(device_id="a" * 129), "invalid_field"),
+    (payload(device_id="h\u00e9"), "invalid_field"), (payload(site=""), "invalid_field"),
+    (payload(event="a b"), "invalid_field"), (payload(event_data=[1]), "invalid_field"),
+    (payload(ts=10**30), "ts_in_future"), (payload(ts=-(10**30)), "ts_too_old"),
+    (payload(v=10**30), "unsupported_version"), (payload(v=2, ts=NOW + 25 * HOUR), "unsupported_version"),
+])
+def test_reasons_of_edge_cases(data: bytes, code: str) -> None:
+    assert reason(data) == code
+
+
+@pytest.mark.parametrize("data", [
+    payload(), payload(device_id="home:3", event="crash", event_data={"a": [1, 2.5, {"b": None}]}),
+    payload(device_id="a" * 128), payload(metrics={}), payload(metrics={"t": 21}), raw(seq="-0"),
+    raw(metrics='{"t":1E5}'), raw(metrics='{"t":%s}' % ("1" * 30)), payload(event=None, event_data=None),
+    raw(site='"home\\u002d003"'), payload(event_data={"big": 10**30}), raw(event_data='{"s":"\\ud83d\\ude00"}'),
+    payload() + b" \n\t\r",
+])
+def test_valid_edge_cases(data: bytes) -> None:
+    assert reason(data) is None
+
+
+def test_strict_types_and_numbers() -> None:
+    message = decode_telemetry(payload(metrics={"t": 21, "u": 21.5}), now_ms=NOW)
+    assert message.metrics == {"t": 21.0, "u": 21.5} and type(message.metrics["t"]) is float
+    assert decode_telemetry(raw(seq="-0"), now_ms=NOW).seq == 0
+
+
+def test_the_first_broken_rule_decides_whatever_the_key_order() -> None:
+    def shuffled(data: bytes, seed: int) -> bytes:
+        items = list(json.loads(data).items())
+        random.Random(seed).shuffle(items)
+        return json.dumps(dict(items), separators=(",", ":")).encode()
+
+    cases = {
+        payload(firmware="x", seq="41"): "invalid_field",  # fields before unknown fields
+        payload(v=..., seq="41"): "missing_field",  # in field order: v comes first
+        payload(seq="x", metrics={"t": True}): "invalid_field",
+        payload(ts=..., firmware=1): "missing_field",
+        payload(v=2, firmware=1): "unknown_field",  # version after the fields
+        payload(device_type="a:b", metrics={f"m{i}": 1.0 for i in range(70)}): "invalid_field",
+        payload(seq=-1, ts=NOW + 25 * HOUR): "invalid_field",
+        payload(metrics={f"m{i}": True for i in range(70)}): "too_many_metrics",  # the count before the entries
+    }
+    for data, code in cases.items():
+        for seed in range(6):
+            assert reason(shuffled(data, seed)) == code, (data, seed)
+    assert reason(raw(v="null", metrics='{"t":NaN}')) == "invalid_field"
+    nan_then_missing_ts = raw(metrics='{"t":NaN}').replace(f'"ts":{START_MS},'.encode(), b"")
+    assert reason(nan_then_missing_ts) == "missing_field"
+    assert reason(raw(metrics='{"a b":NaN}')) == "invalid_field"  # an entry's name before its value
+    assert reason(raw(metrics='{"t":NaN,"a b":1}')) == "non_finite_number"  # entries in order
+
+
+def test_duplicate_keys_the_last_one_counts() -> None:
+    assert decode_telemetry(payload().replace(b'"seq":41', b'"seq":"x","seq":42'), now_ms=NOW).seq == 42
+    assert reason(payload().replace(b'"seq":41', b'"seq":42,"seq":"x"')) == "invalid_field"
+    assert reason(raw(event_data='{"a":NaN},"event_data":null')) is None
+    deep = "[" * 300 + "]" * 300
+    assert reason(raw(event_data=f'{{"a":{deep},"a":1}}')) == "invalid_json"  # parsed, so too deep all the same
+
+
+# --- the limits ------------------------------------------------------------------------
+
+
+def test_seq_fits_int64() -> None:
+    assert decode_telemetry(payload(seq=2**63 - 1), now_ms=NOW).seq == 2**63 - 1
+    assert reason(payload(seq=0)) is None
+    for bad in (2**63, 2**64, 10**30, -1):
+        assert reason(payload(seq=bad)) == "invalid_field", bad
+
+
+def test_device_type_is_a_registry_name(tmp_path: Any) -> None:
+    for good in ("thermostat", "smart_meter", "_x", "a.b-c", "a" * 128):
+        assert reason(payload(device_type=good)) is None, good
+    for bad in ("a:b", "a b", "", "-x", ".x", "a/b", "a" * 129, "thermostat\n"):
+        assert reason(payload(device_type=bad)) == "invalid_field", bad
+    registry = ModelRegistry(tmp_path)
+    for name in ("a:b", "thermostat\n"):
+        with pytest.raises(RegistryError):
+            registry.register(RobustZScore(), name)
+    import models.registry
+    assert models.registry._NAME.pattern == DEVICE_TYPE_PATTERN
+
+
+def test_metrics_count_names_and_values() -> None:
+    assert reason(payload(metrics={f"m{i}": 1.0 for i in range(MAX_METRICS)})) is None
+    for count in (MAX_METRICS + 1, 1000, 12_000):
+        assert reason(payload(metrics={f"m{i}": 1.0 for i in range(count)})) == "too_many_metrics", count
+    for bad in ("a b", "a:b", "", "-t", "t\n", "\u00e9", "a" * 129):
+        assert reason(payload(metrics={"ok": 1.0, bad: 1.0})) == "invalid_field", bad
+    for good in ("_t", "temperature_c", "a.b-c", "a" * 128):
+        assert reason(payload(metrics={good: 1.0})) is None, good
+
+
+def test_size_and_nesting_limits() -> None:
+    assert reason(payload(event_data={"pad": "x" * 2_000_000})) == "too_large"
+    assert reason(payload(event_data={"pad": "x" * 200_000})) is None
+    for data in (b"[" * 100_000 + b"]" * 100_000, raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"),
+                 raw(event_data='{"a":' + "[" * 100_000)):
+        assert reason(data) == "invalid_json"  # not a RecursionError
+    assert reason(b'{"a":' * 100_000 + b"1" + b"}" * 100_000, max_bytes=1 << 20) == "invalid_json"
+    # no value inside more than 200 arrays and objects (the top-level object and event_data count)
+    assert reason(raw(event_data='{"a":' + "[" * 198 + "1" + "]" * 198 + "}")) is None
+    assert reason(raw(event_data='{"a":' + "[" * 199 + "1" + "]" * 199 + "}")) == "invalid_json"
+    assert reason(raw(event_data='{"a":' + "[" * 199 + "]" * 199 + "}")) is None
+    assert reason(raw(event_data='{"a":' + "[" * 200 + "]" * 200 + "}")) == "invalid_json"
+
+
+def test_event_time_window() -> None:
+    assert reason(payload(ts=NOW + 23 * HOUR)) is None
+    assert reason(payload(ts=NOW + 25 * HOUR)) == "ts_in_future"
+    assert reason(payload(ts=946_684_800_000)) is None
+    with pytest.raises(ContractViolation, match="ts_in_future"):
+        decode_telemetry(payload(ts=NOW + 2 * HOUR), now_ms=NOW, max_future_skew_ms=HOUR)
+    with pytest.raises(ContractViolation, match="too_large"):
+        decode_telemetry(payload(), now_ms=NOW, max_bytes=50)
+
+
+def _patterned_fields() -> list[tuple[str, bool]]:
+    """(field, whether the pattern is on its keys) for every string pattern of Telemetry."""
+    out = []
+    for field in msgspec.inspect.type_info(Telemetry).fields:
+        kind = field.type
+        kinds = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+        for each in kinds:
+            if isinstance(each, msgspec.inspect.StrType) and each.pattern:
+                out.append((field.name, False))
+            if isinstance(each, msgspec.inspect.DictType) and getattr(each.key_type, "pattern", None):
+                out.append((field.name, True))
+    return out
+
+
+def test_every_name_pattern_is_checked_also_for_names_seen_before() -> None:
+    fields = _patterned_fields()
+    assert {f for f, _ in fields} == {"device_id", "device_type", "site", "event", "metrics"}
+    for name, of_keys in fields:
+        good = {"metrics": {"t": 1.0}} if of_keys else {name: "known-1"}
+        bad = {"metrics": {"t": 1.0, "not ok": 1.0}} if of_keys else {name: "not ok"}
+        assert reason(payload(**good)) is None
+        assert reason(payload(**bad)) == "invalid_field", name
+        assert reason(payload(**good)) is None
+
+
+# --- the bulk decoder ------------------------------------------------------------------
+
+
+def _corpus() -> tuple[list[bytes | None], list[bytes | None]]:
+    config = SimConfig(seed=7, homes=6, vehicles=2, start_ms=START_MS, fault_rate=30.0, anomaly_rate=30.0)
+    valid = [p.encode() if isinstance(p, str) else p for _, _, p, g in generate(config, 40) if g != STATUS]
+    thermostat = generate(SimConfig(seed=1, homes=1, vehicles=0, start_ms=START_MS, mix={"thermostat": 1}), 2)
+    malformed = [corrupt(thermostat[0][2], variant) for variant in
+                 ("truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan", "unknown_field",
+                  "bad_version")]
+    invalid = list(INVALID.values()) + [m.encode() if isinstance(m, str) else m for m in malformed]
+    invalid += [payload(seq=2**63), payload(device_type="a:b"), payload(metrics={"a b": 1.0}),
+                raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"), payload().replace(
+                    b'"seq":41', b'"seq":"x","seq":42')]
+    rng = random.Random(5)
+    values: list[bytes | None] = valid + invalid + [None, None]
+    rng.shuffle(values)
+    keys: list[bytes | None] = []
+    for value in values:
+        try:
+            device = json.loads(value or b"")["device_id"].encode()
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            device = b"anything"
+        keys.append(rng.choice([device, device, device, None, b"", b"someone-else", device + b"\xff"]))
+    return values, keys
+
+
+def _expected(value: bytes | None, key: bytes | None) -> tuple[Telemetry | None, ContractViolation | None]:
+    try:
+        message = decode_telemetry(value or b"", now_ms=NOW)
+    except ContractViolation as exc:
+        return None, exc
+    if key and key.decode(errors="replace") != message.device_id:
+        key_text = key.decode(errors="replace")
+        return None, ContractViolation("key_mismatch", f"Kafka key {key_text!r} != device_id {message.device_id!r}")
+    return message, None
+
+
+def test_decode_batch_agrees_with_decode_telemetry_record_by_record() -> None:
+    values, keys = _corpus()
+    batch = decode_batch(values, keys, now_ms=NOW)
+    assert isinstance(batch, DecodedBatch) and len(batch) == len(values)
+    assert batch.seq.dtype == batch.ts.dtype == batch.metric_row.dtype == np.int64
+    assert batch.metric_value.dtype == np.float64
+    for column in (batch.reason, batch.detail, batch.device_id, batch.device_type, batch.site, batch.event,
+                   batch.metric_name):
+        assert column.dtype == object and column.ndim == 1
+    reasons = set()
+    at = 0
+    for i, (value, key) in enumerate(zip(values, keys)):
+        message, violation = _expected(value, key)
+        if violation is not None:
+            reasons.add(violation.reason)
+            assert (batch.reason[i], batch.detail[i]) == (violation.reason, violation.detail), i
+            assert batch.device_id[i] is batch.device_type[i] is batch.site[i] is batch.event[i] is None
+            assert batch.seq[i] == batch.ts[i] == 0 and not batch.valid[i]
+            continue
+        assert message is not None and batch.valid[i] and batch.reason[i] is None and batch.detail[i] is None
+        assert (batch.device_id[i], batch.device_type[i], batch.site[i], batch.event[i], batch.seq[i], batch.ts[i]) == (
+            message.device_id, message.device_type, message.site, message.event, message.seq, message.ts)
+        count = len(message.metrics)
+        assert list(batch.metric_row[at:at + count]) == [i] * count
+        assert dict(zip(batch.metric_name[at:at + count], batch.metric_value[at:at + count])) == message.metrics
+        assert list(batch.metric_name[at:at + count]) == list(message.metrics)  # the message's key order
+        at += count
+    assert at == len(batch.metric_row) == len(batch.metric_name) == len(batch.metric_value)
+    assert reasons >= set(INVALID) | {"key_mismatch"}
+    assert batch.valid.sum() > len(values) / 2
+
+
+def test_decode_batch_small_cases() -> None:
+    empty = decode_batch([], now_ms=NOW)
+    assert len(empty) == 0 and empty.metric_value.shape == (0,) and empty.seq.dtype == np.int64
+    batch = decode_batch([None, payload(), payload(device_id="other")], [b"x", b"home-003-thermostat-0", b"k\xff"],
+                         now_ms=NOW)
+    assert list(batch.reason) == ["invalid_json", None, "key_mismatch"]
+    assert batch.detail[2] == "Kafka key 'k\ufffd' != device_id 'other'"
+    assert list(batch.valid) == [False, True, False]
+    assert list(batch.metric_row) == [1, 1] and list(batch.metric_name) == ["temperature_c", "humidity_pct"]
+    assert list(batch.metric_value) == [21.4, 43.0] and list(batch.seq) == [0, 41, 0]
+    unkeyed = decode_batch([payload(device_id="other")], now_ms=NOW)
+    assert list(unkeyed.reason) == [None] and list(unkeyed.device_id) == ["other"]
+    assert decode_batch([payload()], [b""], now_ms=NOW).reason[0] is None  # an empty key is not checked
+    with pytest.raises(ValueError):
+        decode_batch([payload()], [], now_ms=NOW)
