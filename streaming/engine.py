@@ -40,7 +40,7 @@ from models.kernels import tail_ensemble as kernel
 from streaming import rules
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id
 from streaming.cleaning import clean_entries, is_scored, scored_names
-from streaming.device_state import (BUCKET_FIELDS, COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
+from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS, EPISODE_FIELDS,
                                     IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
 from streaming.schemas import AGGREGATE_STATS
@@ -272,7 +272,7 @@ class PartitionEngine:
             "names": _pieces(readings.names, cuts), "values": _pieces(readings.values, cuts),
             "scores": _pieces(readings.entry_scores, cuts), "out_of_range": _pieces(readings.entry_oor, cuts),
         })
-        return frame.reindex(columns=list(OUTPUT_COLUMNS))
+        return _complete(frame)
 
     # -- alerts ------------------------------------------------------------------------------------
 
@@ -456,36 +456,65 @@ class PartitionEngine:
         """Per device, metric and event-time bucket: count, sum, min, max, last and the
         highest score, each bucket emitted once when the device's event time has passed its
         end plus a grace period (a reading for a bucket already emitted -- a clock step
-        back -- is left out rather than overwrite it)."""
+        back -- is left out rather than overwrite it). Open buckets stay in device state."""
+        parts = [np.column_stack([np.full(len(s.buckets), d), s.buckets, np.full(len(s.buckets), -1.0)])
+                 for d, s in enumerate(batch.states) if len(s.buckets)]
         if readings.n:
             er = readings.entry_reading
             start = readings.ts[er] - readings.ts[er] % self.bucket_ms
             newest = batch.newest[batch.scored][er]
-            fresh = start + self.bucket_ms > newest - self.bucket_grace_ms
-            contributions = pd.DataFrame({
-                "device": readings.device[er][fresh], "start_ms": start[fresh].astype(float),
-                "metric": readings.pair_slot[fresh].astype(float), "value": readings.values[fresh],
-                "score": np.nan_to_num(readings.entry_scores[fresh], nan=0.0)})
-            batch.add_to_buckets(contributions)
-        rows: list[dict[str, Any]] = []
-        for device_id, state in zip(batch.devices, batch.states, strict=True):
-            if len(state.buckets):
-                rows.extend(self._close_buckets(device_id, state, final=False))
-        return _frame(rows)
+            fresh = np.flatnonzero(start + self.bucket_ms > newest - self.bucket_grace_ms)
+            value = readings.values[fresh]
+            parts.append(np.column_stack([
+                readings.device[er][fresh], start[fresh], readings.pair_slot[fresh], np.ones(len(fresh)), value,
+                value, value, value, np.nan_to_num(readings.entry_scores[fresh], nan=0.0), fresh.astype(float)]))
+        if not parts:
+            return _frame([])
+        rows = _combine_buckets(np.vstack(parts))
+        device = rows[:, 0].astype(np.int64)
+        closing = rows[:, 1] + self.bucket_ms <= batch.core[device, MAX_EVENT_MS] - self.bucket_grace_ms
+        open_rows, open_device = rows[~closing, 1:], device[~closing]
+        bounds = np.searchsorted(open_device, np.arange(len(batch.states) + 1))
+        for d in np.unique(device).tolist():
+            batch.states[d].buckets = open_rows[bounds[d]:bounds[d + 1]]
+        return _aggregate_frame(list(batch.devices), batch.states, device[closing], rows[closing, 1:])
 
     def _close_buckets(self, device_id: str, state: DeviceState, final: bool) -> list[dict[str, Any]]:
-        horizon = int(state.core[MAX_EVENT_MS]) - self.bucket_grace_ms
-        buckets = state.buckets
-        closing = np.ones(len(buckets), dtype=bool) if final else buckets[:, 0] + self.bucket_ms <= horizon
-        rows = []
-        for start, slot, count, total, low, high, last, top in buckets[closing][
-                np.lexsort((buckets[closing][:, 1], buckets[closing][:, 0]))].tolist():
-            stats = [count, total, low, high, last, top, total / count]
-            rows.append({"kind": "aggregate", "device_id": device_id, "device_type": state.device_type,
-                         "site": state.site, "event_ms": int(start), "metric": state.metrics[int(slot)],
-                         "value": stats[-1], "score": top, "values": np.array(stats)})
-        state.buckets = buckets[~closing]
-        return rows
+        """All of a silent device's open buckets, as aggregate rows."""
+        frame = _aggregate_frame([device_id], [state], np.zeros(len(state.buckets), dtype=np.int64), state.buckets)
+        state.buckets = state.buckets[:0]
+        return frame.to_dict("records")
+
+
+def _combine_buckets(rows: np.ndarray) -> np.ndarray:
+    """Rows of ``device, BUCKET_FIELDS..., order`` combined per (device, start, metric):
+    counts and sums added, extremes kept, ``last`` from the row of highest ``order``."""
+    rows = rows[np.lexsort((rows[:, 9], rows[:, 2], rows[:, 1], rows[:, 0]))]
+    first = np.flatnonzero(np.r_[True, np.any(rows[1:, :3] != rows[:-1, :3], axis=1)])
+    last = np.r_[first[1:], len(rows)] - 1
+    return np.column_stack([rows[first, :3], np.add.reduceat(rows[:, 3], first), np.add.reduceat(rows[:, 4], first),
+                            np.minimum.reduceat(rows[:, 5], first), np.maximum.reduceat(rows[:, 6], first),
+                            rows[last, 7], np.maximum.reduceat(rows[:, 8], first)])
+
+
+def _aggregate_frame(device_ids: list[str], states: list[DeviceState], device: np.ndarray,
+                     buckets: np.ndarray) -> pd.DataFrame:
+    """``aggregate`` output rows for closed buckets (``device`` indexes ``device_ids``)."""
+    if not len(buckets):
+        return _frame([])
+    count, total = buckets[:, 2], buckets[:, 3]
+    stats = np.column_stack([count, total, buckets[:, 4], buckets[:, 5], buckets[:, 6], buckets[:, 7], total / count])
+    n = len(buckets)
+    names = [states[d].metrics[int(slot)] for d, slot in zip(device.tolist(), buckets[:, 1].tolist(), strict=True)]
+    values = np.empty(n, dtype=object)
+    values[:] = list(stats)
+    frame = pd.DataFrame({
+        "kind": np.full(n, "aggregate", dtype=object), "device_id": np.asarray(device_ids, dtype=object)[device],
+        "device_type": np.array([s.device_type for s in states], dtype=object)[device],
+        "site": np.array([s.site for s in states], dtype=object)[device],
+        "event_ms": buckets[:, 0].astype(np.int64), "metric": np.array(names, dtype=object),
+        "value": stats[:, 6], "score": stats[:, 5], "values": values})
+    return _complete(frame)
 
 
 class _Batch:
@@ -645,19 +674,6 @@ class _Batch:
                 frame.iloc[position].to_numpy()
         return frame.reset_index(drop=True), previous.reset_index(drop=True)
 
-    def add_to_buckets(self, contributions: pd.DataFrame) -> None:
-        if contributions.empty:
-            return
-        grouped = contributions.groupby(["device", "start_ms", "metric"], sort=True).agg(
-            count=("value", "size"), sum=("value", "sum"), min=("value", "min"), max=("value", "max"),
-            last=("value", "last"), max_score=("score", "max")).reset_index()
-        for d, rows in grouped.groupby("device", sort=False):
-            state = self.states[int(d)]
-            new = rows[list(BUCKET_FIELDS)].to_numpy(dtype=float)
-            if len(state.buckets):
-                new = _merge_buckets(state.buckets, new)
-            state.buckets = new
-
     # -- alert episodes ---------------------------------------------------------------------------
 
     def open_devices(self, rule: str) -> set[int]:
@@ -728,6 +744,15 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
 
 
+def _complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every output column, in order; missing ones are all-None objects (not
+    float NaN, which Arrow will not turn into strings or arrays)."""
+    for column in OUTPUT_COLUMNS:
+        if column not in frame:
+            frame[column] = np.nan if column in ("value", "score") else np.full(len(frame), None, dtype=object)
+    return frame[list(OUTPUT_COLUMNS)]
+
+
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
     if not frames:
@@ -744,12 +769,3 @@ def _pieces(values: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     out = np.empty(len(cuts) + 1, dtype=object)
     out[:] = np.split(values, cuts)
     return out
-
-
-def _merge_buckets(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """Open bucket rows (see BUCKET_FIELDS) plus this batch's, combined per (start, metric)."""
-    frame = pd.DataFrame(np.vstack([old, new]), columns=list(BUCKET_FIELDS))
-    merged = frame.groupby(["start_ms", "metric"], sort=True).agg(
-        count=("count", "sum"), sum=("sum", "sum"), min=("min", "min"), max=("max", "max"), last=("last", "last"),
-        max_score=("max_score", "max")).reset_index()
-    return merged[list(BUCKET_FIELDS)].to_numpy(dtype=float)
