@@ -229,10 +229,16 @@ class StreamSettings(_ConcernSettings):
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
     max_offsets_per_trigger: int | None = Field(50_000, ge=1)
     trigger_interval_s: float = Field(2.0, ge=0)
-    shuffle_partitions: int = Field(4, ge=1)
+    shuffle_partitions: int = Field(2, ge=1, description="tasks of the stateful operator per micro-batch: the "
+                                    "cores the job has (each Kafka partition is one key; more tasks than cores only "
+                                    "add per-task overhead); fixed when a checkpoint is created")
     allowed_lateness_s: float = Field(120.0, ge=0, description="older than a device's newest event time minus "
                                                               "this is late: counted, archived, not scored")
     dedup_window: int = Field(4096, ge=64, description="seqs per device remembered for duplicate detection")
+    state_shards: int = Field(16, ge=1, le=65536, description="device-state shards per Kafka partition: each "
+                              "micro-batch reads and rewrites the shards it touches (more shards: fewer bytes "
+                              "rewritten per batch with many devices, more state-store calls with few); fixed "
+                              "when a checkpoint is created")
     silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")

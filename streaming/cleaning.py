@@ -53,6 +53,9 @@ def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
+#: Metrics the job computes from others (see :func:`with_derived`).
+DERIVED_METRICS = ("power_factor",)
+
 #: Below this apparent power (V x A) a meter's power factor is mostly rounding noise.
 MIN_APPARENT_VA = 20.0
 
@@ -154,9 +157,11 @@ def _out_of_range(name: np.ndarray, value: np.ndarray, device_type: np.ndarray) 
     low = np.full(len(name), -np.inf)
     high = np.full(len(name), np.inf)
     if len(name):
-        pairs = pd.MultiIndex.from_arrays([device_type, name])
-        codes, uniques = pd.factorize(pairs)
-        bounds = np.array([physical_range(t, m) or (-np.inf, np.inf) for t, m in uniques], dtype=float)
+        type_codes, types = pd.factorize(device_type)
+        name_codes, names = pd.factorize(name)
+        codes, pairs = pd.factorize(type_codes.astype(np.int64) * len(names) + name_codes)
+        bounds = np.array([physical_range(types[p // len(names)], names[p % len(names)]) or (-np.inf, np.inf)
+                           for p in pairs.tolist()], dtype=float).reshape(-1, 2)
         low, high = bounds[codes, 0], bounds[codes, 1]
     return ~((low <= value) & (value <= high))
 

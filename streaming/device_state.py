@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import struct
+
 import numpy as np
 
 #: int64 fields of ``DeviceState.core``, by position.
@@ -41,6 +43,9 @@ IDLE, PENDING, OPEN = 0, 1, 2
 BUCKET_FIELDS = ("start_ms", "metric", "count", "sum", "min", "max", "last", "max_score")
 
 _SEP = "\x1f"
+#: Layout version of the state-store value, and its header: the version and ten part lengths.
+FORMAT = 1
+_HEADER = "<H10I"
 
 def _empty_core() -> np.ndarray:
     core = np.zeros(len(CORE_FIELDS), dtype=np.int64)
@@ -68,15 +73,28 @@ class DeviceState:
     def new(cls, seq_words: int, state_size: int) -> DeviceState:
         return cls(seqs=np.zeros(seq_words, dtype=np.uint64), detectors=np.zeros((0, state_size), dtype=np.float64))
 
-    def to_value(self) -> tuple[Any, ...]:
-        """The state-store value (see :data:`streaming.schemas.DEVICE_STATE_SCHEMA`)."""
-        return (self.device_type, self.site, _SEP.join(self.metrics), self.core.tobytes(), self.seqs.tobytes(),
-                self.episodes.tobytes(), self.peaks.tobytes(), self.detectors.tobytes(), self.last.tobytes(),
-                self.buckets.tobytes())
+    def parts(self) -> tuple[bytes, ...]:
+        return (self.device_type.encode(), self.site.encode(), _SEP.join(self.metrics).encode(), self.core.tobytes(),
+                self.seqs.tobytes(), self.episodes.tobytes(), self.peaks.tobytes(), self.detectors.tobytes(),
+                self.last.tobytes(), self.buckets.tobytes())
+
+    def to_value(self) -> tuple[bytes]:
+        """The state-store value (see :data:`streaming.schemas.DEVICE_STATE_SCHEMA`): the
+        parts' lengths (uint32), then the parts, in one binary field -- one field to convert
+        per state-store call."""
+        parts = self.parts()
+        return (struct.pack(_HEADER, FORMAT, *(len(p) for p in parts)) + b"".join(parts),)
 
     @classmethod
-    def from_value(cls, value: tuple[Any, ...], state_size: int) -> DeviceState:
-        device_type, site, metrics, core, seqs, episodes, peaks, detectors, last, buckets = value
+    def from_value(cls, value: tuple[bytes], state_size: int) -> DeviceState:
+        blob = value[0]
+        version, *lengths = struct.unpack_from(_HEADER, blob)
+        if version != FORMAT:
+            raise ValueError(f"device state format {version} (this version reads {FORMAT}): start from a new checkpoint")
+        offsets = np.cumsum([struct.calcsize(_HEADER), *lengths])
+        raw = [blob[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        device_type, site, metrics = (part.decode() for part in raw[:3])
+        core, seqs, episodes, peaks, detectors, last, buckets = raw[3:]
         names = metrics.split(_SEP) if metrics else []
         return cls(device_type, site, np.frombuffer(core, dtype=np.int64).copy(),
                    np.frombuffer(seqs, dtype=np.uint64).copy(),
@@ -88,7 +106,7 @@ class DeviceState:
 
     def size_bytes(self) -> int:
         """Bytes this device takes in the state store (the value's payload)."""
-        return sum(len(part) for part in self.to_value())
+        return len(self.to_value()[0])
 
     def counters(self) -> dict[str, int]:
         return {name: int(self.core[i]) for i, name in enumerate(CORE_FIELDS) if name in COUNTERS}

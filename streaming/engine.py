@@ -43,12 +43,16 @@ from streaming.cleaning import clean_entries, is_scored, scored_names
 from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS, EPISODE_FIELDS,
                                     IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
-from streaming.schemas import AGGREGATE_STATS
+from streaming.schemas import (AGGREGATE_STATS, OUTPUT_SCHEMA, SCORED_METRICS, WIDE_METRICS, score_column,
+                               value_column)
 from streaming.sequencing import INVALID, LATE_RECORD, SCORED_RECORD, classify
 
-#: Columns of every row the engine emits (see :data:`streaming.schemas.OUTPUT_SCHEMA`).
-OUTPUT_COLUMNS = ("kind", "device_id", "device_type", "site", "seq", "event_ms", "kafka_partition", "kafka_offset",
-                  "metric", "value", "score", "state", "names", "values", "scores", "out_of_range", "body", "raw")
+#: Columns of the reading rows (see :data:`streaming.schemas.OUTPUT_SCHEMA`).
+OUTPUT_COLUMNS = tuple(OUTPUT_SCHEMA.names)
+_WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
+_SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
+#: Columns of the aggregates (one row per device, metric and closed event-time bucket).
+AGGREGATE_COLUMNS = ("device_id", "device_type", "site", "metric", "event_ms", *AGGREGATE_STATS)
 
 #: Rules in the order their alerts are listed for one reading.
 RULE_ORDER = (rules.OUT_OF_RANGE, rules.CRASH, rules.HARSH_BRAKING, rules.LEAK, rules.STUCK_HVAC, rules.ANOMALY,
@@ -89,11 +93,12 @@ class RecordColumns:
 
 
 class DeviceStore(Protocol):
-    """Where per-device state lives between micro-batches (Spark's state store in the job)."""
+    """Where per-device state lives between micro-batches (Spark's state store in the job).
+    Devices are loaded and saved a batch at a time: a store may group them."""
 
-    def load(self, device_id: str) -> DeviceState | None: ...
+    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]: ...
 
-    def save(self, device_id: str, state: DeviceState) -> None: ...
+    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None: ...
 
 
 @dataclass
@@ -103,29 +108,59 @@ class MemoryStore:
     state_size: int = kernel.STATE_SIZE
     values: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
-    def load(self, device_id: str) -> DeviceState | None:
-        value = self.values.get(device_id)
-        return None if value is None else DeviceState.from_value(value, self.state_size)
+    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]:
+        return [None if (value := self.values.get(d)) is None else DeviceState.from_value(value, self.state_size)
+                for d in device_ids]
 
-    def save(self, device_id: str, state: DeviceState) -> None:
-        self.values[device_id] = state.to_value()
+    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None:
+        for device_id, state in zip(device_ids, states, strict=True):
+            self.values[device_id] = state.to_value()
+
+    def load(self, device_id: str) -> DeviceState | None:
+        return self.load_many([device_id])[0]
 
 
 @dataclass
 class BatchOutput:
-    """What one call emits: the output frame and the devices it saw (for silence timers)."""
+    """What one call emits: the scored readings (the archive's rows, in the wide layout of
+    :data:`OUTPUT_COLUMNS`), the alert records, the closed aggregates, the dead letters
+    (contract violations and late records, with reason and original bytes), the devices
+    seen (for the silence timer) and the batch's counters."""
 
-    frame: pd.DataFrame
-    devices: list[str]
-    counters: dict[str, int]
+    readings: pd.DataFrame
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    aggregates: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(AGGREGATE_COLUMNS)))
+    dead_letters: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
 
     def rows(self) -> list[dict[str, Any]]:
-        """Rows as dicts (tests and small tools)."""
-        return self.frame.to_dict("records")
+        """Everything as dicts tagged with a ``kind`` (tests and small tools): readings
+        with their ``metrics`` and ``scores`` as dicts, then alerts (the record as ``body``),
+        aggregates, dead letters and a ``tally``."""
+        rows = [{**r, "metrics": reading_metrics(r), "scores": reading_scores(r)}
+                for r in self.readings.to_dict("records")]
+        rows += [{"kind": "alert", "device_id": a["device_id"], "seq": a["seq"], "event_ms": a["last_event_ms"],
+                  "metric": a["metric"], "body": json.dumps(a)} for a in self.alerts]
+        rows += [{"kind": "aggregate", **r} for r in self.aggregates.to_dict("records")]
+        rows += [dict(d) for d in self.dead_letters]
+        rows.append({"kind": "tally", "body": json.dumps(self.counters)})
+        return rows
 
-    def alerts(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for kind, body in zip(self.frame["kind"], self.frame["body"], strict=True)
-                if kind == "alert"]
+
+def reading_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A reading row's metrics (wide columns and extras) as a dict."""
+    metrics = {m: row[value_column(m)] for m in WIDE_METRICS if not pd.isna(row[value_column(m)])}
+    metrics.update(zip(row["extra_names"] or (), row["extra_values"] if row["extra_names"] else (), strict=True))
+    return metrics
+
+
+def reading_scores(row: dict[str, Any]) -> dict[str, float]:
+    """A reading row's detector scores as a dict (metrics not scored are absent)."""
+    scores = {m: row[score_column(m)] for m in SCORED_METRICS if not pd.isna(row[score_column(m)])}
+    if row["extra_names"]:
+        scores.update((m, s) for m, s in zip(row["extra_names"], row["extra_scores"], strict=True) if not np.isnan(s))
+    return scores
 
 
 class _Readings:
@@ -199,19 +234,18 @@ class PartitionEngine:
         written back to ``store``."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         batch = _Batch.sort(records, self)
-        batch.states = [store.load(d) or self.new_state() for d in batch.devices]
+        batch.states = [s or self.new_state() for s in store.load_many(list(batch.devices))]
         batch.adopt_identity()
         before = batch.classify(now_ms)
         readings, reading_frame = self._score(batch)
-        frames = [batch.dead_letters(), reading_frame, self._alerts(batch, readings), self._aggregates(batch, readings)]
+        alerts = self._alerts(batch, readings)
+        aggregates = self._aggregates(batch, readings)
         counters = {name: int(v) for name, v in zip(CORE_FIELDS, (batch.core - before).sum(axis=0), strict=True)
                     if name in COUNTERS}
         counters["no_device"] = int((batch.codes < 0).sum())
-        frames.append(_frame([{"kind": "tally", "kafka_partition": records.partition, "body": json.dumps(counters)}]))
         batch.pack_episodes()
-        for device_id, state in zip(batch.devices, batch.states, strict=True):
-            store.save(device_id, state)
-        return BatchOutput(_concat(frames), list(batch.devices), counters)
+        store.save_many(list(batch.devices), batch.states, now_ms)
+        return BatchOutput(reading_frame, alerts, aggregates, batch.dead_letters(), list(batch.devices), counters)
 
     # -- scores -----------------------------------------------------------------------------------
 
@@ -257,26 +291,40 @@ class PartitionEngine:
         return readings, self._reading_frame(batch, readings)
 
     def _reading_frame(self, batch: _Batch, readings: _Readings) -> pd.DataFrame:
+        """One row per reading in the wide layout: a column per catalogued metric and score
+        (filled by scattering the entries, no per-row objects), extras only where present."""
         m = readings.n
-        if not m:
-            return _frame([])
-        cuts = readings.starts[1:-1]
         positions = batch.order[batch.scored]
-        ids = np.asarray(batch.devices, dtype=object)[readings.device]
-        sites = np.array([s.site for s in batch.states], dtype=object)[readings.device]
-        frame = pd.DataFrame({
-            "kind": np.full(m, "reading", dtype=object), "device_id": ids, "device_type": readings.device_type,
-            "site": sites, "seq": readings.seq, "event_ms": readings.ts,
+        columns: dict[str, Any] = {
+            "kind": np.full(m, "reading", dtype=object),
+            "device_id": np.asarray(batch.devices, dtype=object)[readings.device] if m else np.zeros(0, dtype=object),
+            "device_type": readings.device_type,
+            "site": np.array([s.site for s in batch.states] or [""], dtype=object)[readings.device],
+            "seq": readings.seq.astype(np.int64), "event_ms": readings.ts.astype(np.int64),
             "kafka_partition": np.full(m, batch.records.partition, dtype=np.int32),
-            "kafka_offset": batch.records.offset[positions],
-            "names": _pieces(readings.names, cuts), "values": _pieces(readings.values, cuts),
-            "scores": _pieces(readings.entry_scores, cuts), "out_of_range": _pieces(readings.entry_oor, cuts),
-        })
-        return _complete(frame)
+            "kafka_offset": batch.records.offset[positions].astype(np.int64),
+            "body": np.full(m, None, dtype=object)}
+        name_codes, names = pd.factorize(readings.names)
+        wide_of = np.array([_WIDE_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
+        scored_of = np.array([_SCORED_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
+        values = np.full((len(WIDE_METRICS), m), np.nan)
+        hit = wide_of >= 0
+        values[wide_of[hit], readings.entry_reading[hit]] = readings.values[hit]
+        scores = np.full((len(SCORED_METRICS), m), np.nan)
+        hit = scored_of >= 0
+        scores[scored_of[hit], readings.entry_reading[hit]] = readings.entry_scores[hit]
+        columns.update((value_column(metric), values[i]) for i, metric in enumerate(WIDE_METRICS))
+        columns.update((score_column(metric), scores[i]) for i, metric in enumerate(SCORED_METRICS))
+        columns["out_of_range"] = _grouped(readings.entry_reading, readings.names, readings.entry_oor, m)
+        extra = wide_of < 0
+        columns["extra_names"] = _grouped(readings.entry_reading, readings.names, extra, m)
+        columns["extra_values"] = _grouped(readings.entry_reading, readings.values, extra, m)
+        columns["extra_scores"] = _grouped(readings.entry_reading, readings.entry_scores, extra, m)
+        return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
 
     # -- alerts ------------------------------------------------------------------------------------
 
-    def _alerts(self, batch: _Batch, readings: _Readings) -> pd.DataFrame:
+    def _alerts(self, batch: _Batch, readings: _Readings) -> list[dict[str, Any]]:
         """Rule scores of every reading, then the lifecycle of each (device, rule) that fires
         or has an alert open -- the only place that loops in Python, and only there."""
         found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
@@ -299,7 +347,7 @@ class PartitionEngine:
                 found.extend(self._run_episode(batch, readings, d, rule, idx, score, firing, describe[rule]))
         found.extend(self._silence_in_log(batch, readings))
         found.sort(key=lambda item: item[0])
-        return _frame([row for _, row in found])
+        return [alert for _, alert in found]
 
     def _run_episode(self, batch: _Batch, readings: _Readings, d: int, rule: str, idx: np.ndarray,
                      score: np.ndarray, firing: np.ndarray, describe: Callable[[int], Observation]
@@ -316,7 +364,7 @@ class PartitionEngine:
             if alert is not None:
                 if rule == rules.FLEET:
                     alert["model_version"] = readings.fleet_versions[readings.device_type[i]]
-                out.append(((d, int(batch.scored[i]), _RULE_INDEX[rule]), self._alert_row(context, alert)))
+                out.append(((d, int(batch.scored[i]), _RULE_INDEX[rule]), alert))
             if episode.status == "idle":
                 later = hot[hot > j]
                 j = int(later[0]) if len(later) else len(idx)
@@ -347,13 +395,6 @@ class PartitionEngine:
                                tuple(ranked[:3]))
         return describe
 
-    def _alert_row(self, context: AlertContext, alert: dict[str, Any]) -> dict[str, Any]:
-        device = context.device
-        return {"kind": "alert", "device_id": device.device_id, "device_type": device.device_type,
-                "site": device.site, "seq": alert["seq"], "event_ms": alert["last_event_ms"],
-                "metric": alert["metric"], "value": alert["value"], "score": alert["score"], "state": alert["state"],
-                "body": json.dumps(alert)}
-
     # -- device silence ------------------------------------------------------------------------------
 
     def _silence_in_log(self, batch: _Batch, readings: _Readings) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
@@ -382,38 +423,42 @@ class PartitionEngine:
                     alert = advance(episode, spec, 1.0, newest, high, context,
                                     lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
                     if alert is not None:
-                        out.append(((d, p, -1), self._alert_row(context, alert)))
+                        out.append(((d, p, -1), alert))
                 i = int(reading_at[p])
                 if i >= 0 and episode.status != "idle":
                     alert = advance(episode, spec, 0.0, int(readings.ts[i]), int(readings.seq[i]), context,
                                     lambda: Observation(0.0, None, None, None, "device reporting again"))
                     if alert is not None:
-                        out.append(((d, p, _RULE_INDEX[rules.SILENT]), self._alert_row(context, alert)))
+                        out.append(((d, p, _RULE_INDEX[rules.SILENT]), alert))
             batch.store_episode(d, rules.SILENT, episode)
         return out
 
     def silence(self, store: DeviceStore, device_ids: Iterable[str], now_ms: int) -> BatchOutput:
         """No data from these devices for the silence timeout (the job's processing-time
         timer): raise ``device_silent`` and flush their open aggregate buckets."""
-        rows: list[dict[str, Any]] = []
-        for device_id in device_ids:
-            state = store.load(device_id)
-            if state is None:
-                continue
+        alerts: list[dict[str, Any]] = []
+        closed = []
+        device_ids = list(device_ids)
+        found = [(d, s) for d, s in zip(device_ids, store.load_many(device_ids), strict=True) if s is not None]
+        for device_id, state in found:
             batch = _Batch.single(device_id, state)
             episode = batch.episode(0, rules.SILENT)
             context = batch.context(0, self.model_version)
             newest = max(int(state.core[MAX_EVENT_MS]), 0)
             what = f"no data for {(now_ms - int(state.core[LAST_WALL_MS])) / 1000:.0f} s (last event time {newest})"
             alert = advance(episode, self.specs[rules.SILENT], 1.0, newest, int(state.core[SEQ_HIGH]), context,
-                            lambda: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
+                            lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
             batch.store_episode(0, rules.SILENT, episode)
-            if alert is not None:
-                rows.append(self._alert_row(context, alert))
-            rows.extend(self._close_buckets(device_id, state, final=True))
             batch.pack_episodes()
-            store.save(device_id, state)
-        return BatchOutput(_frame(rows), list(device_ids), {})
+            if alert is not None:
+                alerts.append(alert)
+            closed.append(_aggregate_frame([device_id], [state], np.zeros(len(state.buckets), dtype=np.int64),
+                                           state.buckets))
+            state.buckets = state.buckets[:0]
+        store.save_many([d for d, _ in found], [s for _, s in found], now_ms)
+        aggregates = pd.concat(closed, ignore_index=True) if closed else _aggregate_frame(
+            [], [], np.zeros(0, dtype=np.int64), np.zeros((0, 8)))
+        return BatchOutput(_empty_readings(), alerts, aggregates, [], device_ids, {})
 
     # -- fleet model (one per device type, trained in batch, hot-swapped) -----------------------------
 
@@ -469,7 +514,7 @@ class PartitionEngine:
                 readings.device[er][fresh], start[fresh], readings.pair_slot[fresh], np.ones(len(fresh)), value,
                 value, value, value, np.nan_to_num(readings.entry_scores[fresh], nan=0.0), fresh.astype(float)]))
         if not parts:
-            return _frame([])
+            return _aggregate_frame([], [], np.zeros(0, dtype=np.int64), np.zeros((0, 8)))
         rows = _combine_buckets(np.vstack(parts))
         device = rows[:, 0].astype(np.int64)
         closing = rows[:, 1] + self.bucket_ms <= batch.core[device, MAX_EVENT_MS] - self.bucket_grace_ms
@@ -478,12 +523,6 @@ class PartitionEngine:
         for d in np.unique(device).tolist():
             batch.states[d].buckets = open_rows[bounds[d]:bounds[d + 1]]
         return _aggregate_frame(list(batch.devices), batch.states, device[closing], rows[closing, 1:])
-
-    def _close_buckets(self, device_id: str, state: DeviceState, final: bool) -> list[dict[str, Any]]:
-        """All of a silent device's open buckets, as aggregate rows."""
-        frame = _aggregate_frame([device_id], [state], np.zeros(len(state.buckets), dtype=np.int64), state.buckets)
-        state.buckets = state.buckets[:0]
-        return frame.to_dict("records")
 
 
 def _combine_buckets(rows: np.ndarray) -> np.ndarray:
@@ -499,22 +538,20 @@ def _combine_buckets(rows: np.ndarray) -> np.ndarray:
 
 def _aggregate_frame(device_ids: list[str], states: list[DeviceState], device: np.ndarray,
                      buckets: np.ndarray) -> pd.DataFrame:
-    """``aggregate`` output rows for closed buckets (``device`` indexes ``device_ids``)."""
-    if not len(buckets):
-        return _frame([])
+    """Closed buckets (rows of BUCKET_FIELDS; ``device`` indexes ``device_ids``) as
+    :data:`AGGREGATE_COLUMNS`."""
+    device = device.astype(np.int64)
     count, total = buckets[:, 2], buckets[:, 3]
-    stats = np.column_stack([count, total, buckets[:, 4], buckets[:, 5], buckets[:, 6], buckets[:, 7], total / count])
-    n = len(buckets)
     names = [states[d].metrics[int(slot)] for d, slot in zip(device.tolist(), buckets[:, 1].tolist(), strict=True)]
-    values = np.empty(n, dtype=object)
-    values[:] = list(stats)
-    frame = pd.DataFrame({
-        "kind": np.full(n, "aggregate", dtype=object), "device_id": np.asarray(device_ids, dtype=object)[device],
-        "device_type": np.array([s.device_type for s in states], dtype=object)[device],
-        "site": np.array([s.site for s in states], dtype=object)[device],
-        "event_ms": buckets[:, 0].astype(np.int64), "metric": np.array(names, dtype=object),
-        "value": stats[:, 6], "score": stats[:, 5], "values": values})
-    return _complete(frame)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / count
+    return pd.DataFrame({
+        "device_id": np.asarray(device_ids or [""], dtype=object)[device],
+        "device_type": np.array([s.device_type for s in states] or [""], dtype=object)[device],
+        "site": np.array([s.site for s in states] or [""], dtype=object)[device],
+        "metric": np.array(names, dtype=object), "event_ms": buckets[:, 0].astype(np.int64),
+        "count": count.astype(np.int64), "sum": total, "min": buckets[:, 4], "max": buckets[:, 5],
+        "last": buckets[:, 6], "max_score": buckets[:, 7], "mean": mean}, columns=list(AGGREGATE_COLUMNS))
 
 
 class _Batch:
@@ -584,7 +621,7 @@ class _Batch:
         self.scored = np.flatnonzero(self.outcome == SCORED_RECORD)
         return before
 
-    def dead_letters(self) -> pd.DataFrame:
+    def dead_letters(self) -> list[dict[str, Any]]:
         """Contract violations and late records, with their reason and original bytes."""
         records, decoded = self.records, self.records.decoded
         rows = []
@@ -592,19 +629,19 @@ class _Batch:
             r = self.order[p]
             d = self.codes[p]
             state = self.states[d] if d >= 0 else None
-            row = {"kind": "dlq", "device_id": self.devices[d] if d >= 0 else None,
+            row: dict[str, Any] = {"kind": "dlq", "device_id": self.devices[d] if d >= 0 else None,
                    "device_type": (state.device_type or None) if state else None,
                    "site": (state.site or None) if state else None,
                    "kafka_partition": records.partition, "kafka_offset": int(records.offset[r]), "raw": records.raw[r]}
             if self.outcome[p] == LATE_RECORD:
                 lateness = self.engine.lateness_ms
-                row.update(kind="late", seq=int(decoded.seq[r]), event_ms=int(decoded.ts[r]), body=json.dumps({
-                    "reason": "late", "detail": f"event time {decoded.ts[r]} is more than {lateness} ms older "
-                                                f"than the device's newest {self.prior_newest[p]}"}))
+                row.update(kind="late", seq=int(decoded.seq[r]), event_ms=int(decoded.ts[r]), reason="late",
+                           detail=f"event time {decoded.ts[r]} is more than {lateness} ms older than the device's "
+                                  f"newest {self.prior_newest[p]}")
             else:
-                row["body"] = json.dumps({"reason": decoded.reason[r], "detail": decoded.detail[r]})
+                row.update(reason=decoded.reason[r], detail=decoded.detail[r])
             rows.append(row)
-        return _frame(rows)
+        return rows
 
     # -- metric slots and detector state ----------------------------------------------------------
 
@@ -731,41 +768,17 @@ class _Batch:
 # --- frames ----------------------------------------------------------------------------------------
 
 
-def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows as a frame of :data:`OUTPUT_COLUMNS`, each column with an explicit type: an
-    all-None column would be inferred as float NaN, which Arrow cannot turn into a string."""
-    columns: dict[str, Any] = {}
-    for column in OUTPUT_COLUMNS:
-        values = [row.get(column) for row in rows]
-        if column in ("value", "score"):
-            columns[column] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        else:
-            columns[column] = pd.Series(values, dtype=object)
-    return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
+def _empty_readings() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=object) for c in OUTPUT_COLUMNS})
 
 
-def _complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with every output column, in order; missing ones are all-None objects (not
-    float NaN, which Arrow will not turn into strings or arrays)."""
-    for column in OUTPUT_COLUMNS:
-        if column not in frame:
-            frame[column] = np.nan if column in ("value", "score") else np.full(len(frame), None, dtype=object)
-    return frame[list(OUTPUT_COLUMNS)]
-
-
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return _frame([])
-    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    for column in OUTPUT_COLUMNS:
-        if column not in ("value", "score"):
-            frame[column] = frame[column].astype(object)
-    return frame
-
-
-def _pieces(values: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """``values`` cut at ``cuts``: one array per reading, as an object column."""
-    out = np.empty(len(cuts) + 1, dtype=object)
-    out[:] = np.split(values, cuts)
+def _grouped(entry_reading: np.ndarray, values: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """Per reading, its entries where ``mask`` holds, as an array (None where it has none):
+    an object column of few non-null cells, cheap to convert."""
+    out = np.full(n, None, dtype=object)
+    hits = np.flatnonzero(mask)
+    if len(hits):
+        rows, starts = np.unique(entry_reading[hits], return_index=True)
+        for row, piece in zip(rows.tolist(), np.split(values[hits], starts[1:]), strict=True):
+            out[row] = piece
     return out

@@ -3,8 +3,9 @@
 The stateful operator is keyed by Kafka partition: every record of a device is in its
 device's partition (the gateway keys by ``device_id``), so one call handles all of a
 partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`).
-Per-device state lives in the RocksDB state store as one ``MapState`` entry per device
-(with a TTL, so devices gone for good are forgotten); a small per-partition roster says
+Per-device state lives in the RocksDB state store, grouped in a few shards per partition
+(:class:`ShardedStore`: one state-store call per shard, not per device; devices gone for
+good are dropped after the state TTL); a small per-partition roster says
 when each device was last heard of, and one processing-time timer per partition fires
 when the next device is due to be reported silent. (Adding partitions to the raw topic
 moves devices between partitions, and their state with them is lost: as with Kafka
@@ -13,6 +14,9 @@ Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
 
 from __future__ import annotations
 
+import json
+import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,30 +24,90 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.types import DoubleType
 
 from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
 from models.kernels import tail_ensemble as kernel
-from streaming.device_state import DeviceState
+from streaming.device_state import LAST_WALL_MS, DeviceState
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
-from streaming.schemas import DEVICE_STATE_SCHEMA, ROSTER_SCHEMA
+from streaming.schemas import DEVICE_SHARD_SCHEMA, OUTPUT_SCHEMA, ROSTER_SCHEMA
+from streaming.sinks.events import EventSinks
 
 _SEP = "\x1f"
 
 
-class MapStateStore:
-    """A partition's device states in a ``MapState`` (one entry per device)."""
+class ShardedStore:
+    """A partition's device states in a ``MapState`` of shards: each shard (a hash of the
+    device id) holds the states of its devices in one value, so a micro-batch costs two
+    state-store calls per shard it touches instead of two per device -- each call is a
+    round trip between the Python worker and the JVM. Devices silent longer than the TTL
+    are dropped when their shard is rewritten (the store's own TTL would keep them, since
+    the shard itself stays busy)."""
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
+    def __init__(self, state: Any, shards: int, ttl_ms: int) -> None:
+        self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
+        self._loaded: dict[int, dict[str, tuple[int, bytes]]] = {}
+
+    def shard_of(self, device_id: str) -> int:
+        return zlib.crc32(device_id.encode()) % self.shards
+
+    def _shard(self, shard: int) -> dict[str, tuple[int, bytes]]:
+        entries = self._loaded.get(shard)
+        if entries is None:
+            value = self.state.getValue((shard,))
+            entries = self._loaded[shard] = {} if value is None else decode_shard(value[0])
+        return entries
+
+    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]:
+        self._loaded = {}
+        out: list[DeviceState | None] = []
+        for device_id in device_ids:
+            entry = self._shard(self.shard_of(device_id)).get(device_id)
+            out.append(None if entry is None else DeviceState.from_value((entry[1],), kernel.STATE_SIZE))
+        return out
+
+    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None:
+        touched: set[int] = set()
+        for device_id, state in zip(device_ids, states, strict=True):
+            shard = self.shard_of(device_id)
+            self._shard(shard)[device_id] = (int(state.core[LAST_WALL_MS]), state.to_value()[0])
+            touched.add(shard)
+        for shard in sorted(touched):
+            entries = {d: e for d, e in self._loaded[shard].items() if e[0] + self.ttl_ms > now_ms}
+            self.state.updateValue((shard,), (encode_shard(entries),))
+        self._loaded = {}
 
     def load(self, device_id: str) -> DeviceState | None:
-        value = self.state.getValue((device_id,))
-        return None if value is None else DeviceState.from_value(value, kernel.STATE_SIZE)
+        return self.load_many([device_id])[0]
 
-    def save(self, device_id: str, state: DeviceState) -> None:
-        self.state.updateValue((device_id,), state.to_value())
+
+_ENTRY = struct.Struct("<IqI")
+
+
+def encode_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
+    """Entries as (id length, last wall ms, state length, id, state), one after another."""
+    out = bytearray()
+    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
+        name = device_id.encode()
+        out += _ENTRY.pack(len(name), last_wall_ms, len(blob))
+        out += name
+        out += blob
+    return bytes(out)
+
+
+def decode_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
+    entries, at = {}, 0
+    view = memoryview(blob)
+    while at < len(blob):
+        name_len, last_wall_ms, blob_len = _ENTRY.unpack_from(blob, at)
+        at += _ENTRY.size
+        name = bytes(view[at:at + name_len]).decode()
+        at += name_len
+        entries[name] = (last_wall_ms, bytes(view[at:at + blob_len]))
+        at += blob_len
+    return entries
 
 
 class Roster:
@@ -95,6 +159,15 @@ class Roster:
         return int(waiting.min()) + timeout_ms if len(waiting) else 0
 
 
+def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
+    """The one ``tally`` output row of a partition and batch: its counts, as JSON."""
+    columns = {f.name: np.array([np.nan]) if isinstance(f.dataType, DoubleType) else np.array([None], dtype=object)
+               for f in OUTPUT_SCHEMA.fields}
+    columns.update(kind=np.array(["tally"], dtype=object), kafka_partition=np.array([partition], dtype=np.int32),
+                   body=np.array([json.dumps(counts)], dtype=object))
+    return pd.DataFrame(columns, columns=OUTPUT_SCHEMA.names)
+
+
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     """Packed rows (``streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
     chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
@@ -126,8 +199,10 @@ class PartitionProcessor(StatefulProcessor):
         self.handle = handle
         kernel.warm()
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
+        self.sinks = EventSinks(self.all_settings)
         ttl_ms = int(self.settings.state_ttl_s * 1000)
-        self.devices = MapStateStore(handle.getMapState("devices", "device_id string", DEVICE_STATE_SCHEMA, ttl_ms))
+        shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA, ttl_ms)
+        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
         self.ttl_ms = ttl_ms
@@ -135,14 +210,14 @@ class PartitionProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
                         ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        records = unpack(rows, int(key[0]))
-        out = self.engine.process(self.devices, records, now_ms)
+        partition = int(key[0])
+        out = self.engine.process(self.devices, unpack(rows, partition), now_ms)
+        tally = {**out.counters, **self.sinks.write(out)}
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
-        frames = [out.frame]
-        frames.extend(self._report_silence(roster, now_ms))
-        if any(len(f) for f in frames):
-            yield pd.concat([f for f in frames if len(f)], ignore_index=True) if len(frames) > 1 else frames[0]
+        for name, count in self._report_silence(roster, now_ms).items():
+            tally[name] = tally.get(name, 0) + count
+        yield pd.concat([out.readings, tally_row(partition, tally)], ignore_index=True)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
                            ) -> Iterator[pd.DataFrame]:
@@ -150,15 +225,16 @@ class PartitionProcessor(StatefulProcessor):
             return
         roster = Roster.load(self.roster.get())
         roster.timer_ms = 0  # this one fired
-        for frame in self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs()):
-            yield frame
+        tally = self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs())
+        if tally:
+            yield tally_row(int(key[0]), tally)
 
-    def _report_silence(self, roster: Roster, now_ms: int) -> list[pd.DataFrame]:
+    def _report_silence(self, roster: Roster, now_ms: int) -> dict[str, int]:
         """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""
-        frames = []
+        counts: dict[str, int] = {}
         due = roster.due(now_ms, self.timeout_ms)
         if due:
-            frames.append(self.engine.silence(self.devices, due, now_ms).frame)
+            counts = self.sinks.write(self.engine.silence(self.devices, due, now_ms))
         roster.forget(now_ms, self.ttl_ms)
         next_ms = roster.next_due_ms(self.timeout_ms)
         if next_ms != roster.timer_ms:
@@ -168,7 +244,7 @@ class PartitionProcessor(StatefulProcessor):
                 self.handle.registerTimer(next_ms)
             roster.timer_ms = next_ms
         self.roster.update(roster.to_value())
-        return [f for f in frames if len(f)]
+        return counts
 
     def close(self) -> None:
         pass

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DoubleType, IntegerType, LongType, StringType,
-                               StructField, StructType)
+from pyspark.sql.types import (ArrayType, BinaryType, DoubleType, IntegerType, LongType, StringType, StructField,
+                               StructType)
+
+from devices.catalog import DEVICE_METRICS
+from streaming.cleaning import DERIVED_METRICS, NOT_SCORED
 
 
 def _arrays(element: object, *names: str) -> list[StructField]:
@@ -23,10 +26,28 @@ PACKED_SCHEMA = StructType([
     *_arrays(BinaryType(), "raw"),
 ])
 
-#: What the stateful operator emits: one wide row type, told apart by ``kind`` (reading |
-#: alert | aggregate | dlq | late | tally). A ``reading`` row carries the reading's metrics
-#: as parallel arrays (``names``, ``values``, their detector ``scores`` -- NaN where not
-#: scored -- and ``out_of_range`` flags). See :mod:`streaming.engine`.
+#: Every metric the catalog knows (and the derived ones): each has a column of its own in
+#: the operator's output and the archive, so a reading costs no per-row Python objects.
+#: Metrics outside the catalog travel in the ``extra_*`` arrays.
+WIDE_METRICS = tuple(sorted({m for metrics in DEVICE_METRICS.values() for m in metrics} | set(DERIVED_METRICS)))
+#: Those the statistical detectors score (a score column each).
+SCORED_METRICS = tuple(m for m in WIDE_METRICS if m not in NOT_SCORED)
+
+
+def value_column(metric: str) -> str:
+    return f"m__{metric}"
+
+
+def score_column(metric: str) -> str:
+    return f"s__{metric}"
+
+
+#: What the stateful operator emits: one row per scored reading (``kind = reading``) in a
+#: fixed wide layout -- a value column per catalogued metric and a score column per scored
+#: one, null where the reading has none; uncatalogued metrics in the ``extra_*`` arrays;
+#: the names of out-of-range metrics -- plus one ``tally`` row per partition and batch
+#: (its counts as JSON in ``body``). Alerts, dead letters and aggregates do not pass through
+#: Spark: the operator writes them itself (:mod:`streaming.sinks.events`).
 OUTPUT_SCHEMA = StructType([
     StructField("kind", StringType(), False),
     StructField("device_id", StringType()),
@@ -36,28 +57,22 @@ OUTPUT_SCHEMA = StructType([
     StructField("event_ms", LongType()),
     StructField("kafka_partition", IntegerType()),
     StructField("kafka_offset", LongType()),
-    StructField("metric", StringType()),
-    StructField("value", DoubleType()),
-    StructField("score", DoubleType()),
-    StructField("state", StringType()),
-    StructField("names", ArrayType(StringType())),
-    StructField("values", ArrayType(DoubleType())),
-    StructField("scores", ArrayType(DoubleType())),
-    StructField("out_of_range", ArrayType(BooleanType())),
     StructField("body", StringType()),
-    StructField("raw", BinaryType()),
+    *(StructField(value_column(m), DoubleType()) for m in WIDE_METRICS),
+    *(StructField(score_column(m), DoubleType()) for m in SCORED_METRICS),
+    StructField("out_of_range", ArrayType(StringType())),
+    StructField("extra_names", ArrayType(StringType())),
+    StructField("extra_values", ArrayType(DoubleType())),
+    StructField("extra_scores", ArrayType(DoubleType())),
 ])
 
-#: The ``values`` of an ``aggregate`` output row, in order.
+#: The statistics of an aggregate (one per device, metric and event-time bucket).
 AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
 
-#: One device's state in the state store (see :class:`streaming.device_state.DeviceState`).
-DEVICE_STATE_SCHEMA = StructType([
-    StructField("device_type", StringType()), StructField("site", StringType()),
-    StructField("metrics", StringType()), StructField("core", BinaryType()), StructField("seqs", BinaryType()),
-    StructField("episodes", BinaryType()), StructField("peaks", BinaryType()), StructField("detectors", BinaryType()),
-    StructField("last", BinaryType()), StructField("buckets", BinaryType()),
-])
+#: One shard of a partition's device states in the state store: its devices' states, each
+#: the value of :meth:`streaming.device_state.DeviceState.to_value` (see
+#: :class:`streaming.processor.ShardedStore`).
+DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
 #: silence was reported (see :class:`streaming.processor.Roster`).
@@ -67,7 +82,7 @@ ROSTER_SCHEMA = StructType([
 ])
 
 #: Columns of the Parquet archive (the batch layer's master dataset): one row per reading,
-#: its metrics and detector scores as maps, plus the partition columns date, device_type
-#: and batch_id.
+#: its metrics and detector scores as structs of the wide layout (uncatalogued ones as
+#: maps), plus the partition columns date, device_type and batch_id.
 ARCHIVE_COLUMNS = ("device_id", "site", "seq", "event_ms", "event_time", "metrics", "scores", "out_of_range",
-                   "detector")
+                   "extra_metrics", "extra_scores", "detector")

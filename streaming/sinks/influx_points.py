@@ -13,12 +13,11 @@ from typing import Any
 
 from influxdb_client import Point
 
-from streaming.schemas import AGGREGATE_STATS
 
 
 def aggregate_point(row: dict[str, Any]) -> Point:
-    """An ``aggregate`` output row (its ``values`` are :data:`streaming.engine.AGGREGATE_STATS`)."""
-    stats = dict(zip(AGGREGATE_STATS, row["values"], strict=True))
+    """One closed aggregate (:data:`streaming.engine.AGGREGATE_COLUMNS`)."""
+    stats = row
     point = (Point("device_metrics").tag("site", row["site"]).tag("device_type", row["device_type"])
              .tag("device_id", row["device_id"]).tag("metric", row["metric"]).time(int(row["event_ms"]), "ms"))
     for name in ("mean", "min", "max", "last", "max_score"):

@@ -11,9 +11,23 @@ from iotwatch.errors import ServiceUnavailable
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
+_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
+
+
+def _producer(config: dict[str, str]) -> Producer:
+    """One idempotent producer per configuration and Python worker, kept for the worker's
+    life: creating one per micro-batch costs connections and metadata round trips."""
+    key = tuple(sorted(config.items()))
+    producer = _producers.get(key)
+    if producer is None:
+        producer = _producers[key] = Producer({**config, "enable.idempotence": True, "acks": "all",
+                                               "linger.ms": 2})
+    return producer
+
+
 def produce_all(config: dict[str, str], topic: str, records: Iterable[Record], timeout_s: float = 60.0) -> int:
     """Produce every (key, value, headers) and wait for all confirmations, or raise."""
-    producer = Producer({**config, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    producer = _producer(config)
     errors: list[KafkaError] = []
 
     def on_delivery(err: KafkaError | None, _msg: object) -> None:
@@ -32,6 +46,7 @@ def produce_all(config: dict[str, str], topic: str, records: Iterable[Record], t
         producer.poll(0)
     remaining = producer.flush(timeout_s)
     if remaining or errors:
+        _producers.pop(tuple(sorted(config.items())), None)  # the next batch starts with a fresh one
         raise ServiceUnavailable(f"{len(errors) + remaining} record(s) to {topic} not confirmed by Kafka "
                                  f"(first error: {errors[0] if errors else 'timeout'})")
     return count

@@ -91,18 +91,19 @@ def test_spike_raises_one_alert_then_clears_and_clean_data_stays_quiet() -> None
 
 
 def _comparable(rows: list[dict[str, Any]]) -> list[Any]:
-    out = []
+    out: list[Any] = []
     for row in rows:
-        if row["kind"] in ("tally",):
-            continue
-        body = json.loads(row["body"]) if row["kind"] == "alert" else None
-        if body:
+        kind = row["kind"]
+        if kind == "reading":
+            out.append((kind, row["device_id"], row["seq"], sorted(row["metrics"].items()),
+                        sorted(row["scores"].items())))
+        elif kind == "alert":
+            body = json.loads(row["body"])
             body.pop("detected_at"), body.pop("detected_at_ms")
-        out.append((row["kind"], row["device_id"], row["seq"], row["event_ms"], row["metric"],
-                    # sums of a bucket split over batches may differ in the last bit
-                    None if row["values"] is None else tuple(np.round(np.asarray(row["values"]), 9).tolist()),
-                    None if row["scores"] is None else tuple(np.nan_to_num(np.asarray(row["scores"]), nan=-1).tolist()),
-                    json.dumps(body, sort_keys=True)))
+            out.append((kind, json.dumps(body, sort_keys=True)))
+        elif kind == "aggregate":  # sums of a bucket split over batches may differ in the last bit
+            out.append((kind, row["device_id"], row["metric"], row["event_ms"], row["count"], round(row["sum"], 9),
+                        row["min"], row["max"], row["last"], row["max_score"]))
     return sorted(out, key=repr)
 
 
@@ -133,7 +134,7 @@ def test_duplicates_are_counted_not_scored_and_late_records_are_routed() -> None
     assert sum(r["kind"] == "late" for r in rows) == 1
     assert {r["seq"] for r in readings_of(rows)} == set(range(300)) - {3}
     late = next(r for r in rows if r["kind"] == "late")
-    assert json.loads(late["body"])["reason"] == "late" and late["raw"] == records[-1].value
+    assert late["reason"] == "late" and late["raw"] == records[-1].value
     counters = harness.counters()
     assert (counters["received"], counters["scored"], counters["duplicates"], counters["late"]) == (302, 299, 2, 1)
     tally = json.loads(next(r for r in rows if r["kind"] == "tally")["body"])
@@ -165,7 +166,7 @@ def test_malformed_and_mismatched_records_go_to_dead_letters() -> None:
     bad = [Rec("th-1", b"{nope", 0), Rec("th-1", None, 1), Rec("th-1", record(0, device="other").value, 2),
            Rec(None, b"[]", 3)]
     rows = [r for r in harness.process(bad) if r["kind"] != "tally"]
-    reasons = [json.loads(r["body"])["reason"] for r in rows]
+    reasons = [r["reason"] for r in rows]
     assert sorted(reasons) == sorted(["invalid_json", "invalid_json", "key_mismatch", "not_an_object"])
     assert all(r["kind"] == "dlq" for r in rows)
     assert sorted(str(r["device_id"]) for r in rows) == ["None", "th-1", "th-1", "th-1"]
@@ -249,7 +250,7 @@ def test_aggregates_are_emitted_once_per_bucket() -> None:
     aggregates = [r for r in rows if r["kind"] == "aggregate" and r["metric"] == "temperature_c"]
     starts = [r["event_ms"] for r in aggregates]
     assert len(starts) == len(set(starts)) >= 2
-    assert aggregates[0]["values"][0] == 60 and aggregates[0]["value"] == pytest.approx(21.0)
+    assert aggregates[0]["count"] == 60 and aggregates[0]["mean"] == pytest.approx(21.0)
 
 
 def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
@@ -258,11 +259,11 @@ def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
     assert quality_of("unknown_type", "whatever", 1e9) == "ok"
     rows = Harness().process([record(0, temperature_f=212.0), Rec("f", Telemetry(
         v=1, device_id="f", device_type="thermostat", site="h", seq=0, ts=T0, metrics={"temperature_f": 50.0}).to_json(), 1)])
-    readings = {r["device_id"]: dict(zip(r["names"], r["values"], strict=True)) for r in readings_of(rows)}
+    readings = {r["device_id"]: r["metrics"] for r in readings_of(rows)}
     assert readings["th-1"] == {"temperature_c": 21.0}  # the canonical metric wins
     assert readings["f"] == {"temperature_c": pytest.approx(10.0)}
     odd = readings_of(Harness().process([record(0, temperature=100.0)]))[0]
-    assert list(odd["out_of_range"]) == [True] and np.isnan(odd["scores"][0])
+    assert list(odd["out_of_range"]) == ["temperature_c"] and odd["scores"] == {}
 
 
 def test_state_is_a_few_numbers_and_round_trips() -> None:
@@ -303,16 +304,26 @@ def test_output_converts_to_arrow_as_spark_converts_it() -> None:
 
     from streaming.schemas import OUTPUT_SCHEMA
 
+    import pandas as pd
+
+    from streaming.processor import tally_row
+
     harness = Harness()
-    frames = [harness.output(noisy_series(300, spike_at=250)).frame,
-              harness.output([record(310, offset=400), record(305, offset=401, ts=T0), Rec("th-1", b"{", 402)]).frame,
-              Harness().output([]).frame]
-    for frame in frames:
+    odd = Rec("x", Telemetry(v=1, device_id="x", device_type="lab", site="h", seq=0, ts=T0,
+                             metrics={"flux": 1.5, "temperature_c": 99.0}).to_json(), 1)
+    outputs = [harness.output(noisy_series(300, spike_at=250)),
+               harness.output([record(310, offset=400), record(305, offset=401, ts=T0), Rec("th-1", b"{", 402), odd]),
+               Harness().output([])]
+    for out in outputs:
+        frame = pd.concat([out.readings, tally_row(0, out.counters)], ignore_index=True)
         batch = PandasToArrowConversion.convert(frame, OUTPUT_SCHEMA, timezone="UTC", safecheck=True,
                                                 assign_cols_by_name=True)
-        assert batch.num_rows == len(frame)
-    kinds = set(frames[0]["kind"]) | set(frames[1]["kind"])
-    assert {"reading", "alert", "aggregate", "late", "dlq", "tally"} <= kinds
+        assert batch.num_rows == len(frame) == len(out.readings) + 1
+    assert outputs[0].alerts and len(outputs[0].aggregates)
+    assert {d["kind"] for d in outputs[1].dead_letters} == {"late", "dlq"}
+    extra = next(r for r in outputs[1].rows() if r["kind"] == "reading" and r["device_id"] == "x")
+    assert extra["metrics"] == {"flux": 1.5, "temperature_c": 99.0}  # a type the catalog does not know
+    assert extra["scores"] == {"flux": 0.0, "temperature_c": 0.0}  # warming up
 
 
 def test_meter_power_factor_is_derived_and_scored() -> None:

@@ -1,0 +1,81 @@
+"""The events of a micro-batch, written from the stateful operator's own task.
+
+Alerts and dead letters go to their Kafka topics, closed aggregates and alert points to
+InfluxDB, straight from the executor that computed them: they never travel through
+Spark, so a micro-batch costs one Spark job (the archive write) instead of several.
+At-least-once holds as it does for ``foreachBatch``: the events are written before the
+micro-batch commits; a batch that fails is re-run from the same offsets and state and
+writes the same events again (alert ids are deterministic, dead letters carry their
+source offsets, InfluxDB points overwrite the same series and time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.deadletter import DeadLetter
+from iotwatch.errors import IotwatchError
+from iotwatch.settings import Settings
+from streaming.sinks.influx_points import aggregate_point, alert_point
+from streaming.sinks.kafka_rows import produce_all
+
+if TYPE_CHECKING:
+    from streaming.engine import BatchOutput
+
+log = logging.getLogger(__name__)
+
+
+def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """A dead-letter row of the engine as a Kafka record: original bytes, why in headers."""
+    key = row["device_id"].encode() if row["device_id"] else None
+    letter = DeadLetter(row["reason"], row["detail"] or "", "stream", bytes(row["raw"] or b""), key)
+    source = [("kafka.partition", str(row["kafka_partition"]).encode()),
+              ("kafka.offset", str(row["kafka_offset"]).encode())]
+    return key, letter.original, letter.headers(source)
+
+
+class EventSinks:
+    """Where one partition's alerts, dead letters and aggregates go."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.kafka_config = settings.kafka.client_config()
+        self.alerts_topic = settings.topics.alerts
+        self.dlq_topic = settings.topics.dlq
+        self.influx = settings.influx if settings.influx.enabled else None
+
+    def write(self, output: BatchOutput) -> dict[str, int]:
+        """Write everything but the readings; the counts for the batch's tally. A Kafka
+        failure raises (the batch fails and is re-run); an InfluxDB failure is counted."""
+        alerts = output.alerts
+        if alerts:
+            produce_all(self.kafka_config, self.alerts_topic,
+                        ((a["device_id"].encode(), json.dumps(a).encode(), [("alert_id", a["alert_id"].encode())])
+                         for a in alerts))
+        if output.dead_letters:
+            produce_all(self.kafka_config, self.dlq_topic, (dead_letter_record(r) for r in output.dead_letters))
+        failures = 0
+        if self.influx is not None and (alerts or len(output.aggregates)):
+            points = [aggregate_point(row) for row in output.aggregates.to_dict("records")]
+            points += [alert_point(a) for a in alerts]
+            failures = self._write_influx(points)
+        return {"alerts_raised": sum(a["state"] == "raised" for a in alerts),
+                "alerts_cleared": sum(a["state"] == "cleared" for a in alerts),
+                "aggregates": len(output.aggregates), "influx_write_failures": failures}
+
+    def _write_influx(self, points: list[Any]) -> int:
+        """Metrics are derived data (recomputable from the archive): a failed write is logged
+        and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
+        assert self.influx is not None
+        client = InfluxV1Client(self.influx)
+        try:
+            for start in range(0, len(points), 5000):
+                client.write_points(points[start:start + 5000])
+            return 0
+        except IotwatchError as exc:
+            log.warning("aggregates not written to InfluxDB: %s", exc)
+            return 1
+        finally:
+            client.close()
