@@ -1,12 +1,13 @@
 """Batch training of fleet models from the Parquet archive, with Spark.
 
-The streaming job archives clean readings in long format::
+The streaming job archives one row per scored reading (:data:`streaming.schemas.ARCHIVE_COLUMNS`)::
 
     <archive>/readings/date=YYYY-MM-DD/device_type=T/batch_id=N/*.parquet
-    device_id, site, seq, event_ms, event_time, metric, value, score, detector, quality
+    device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
+    out_of_range (names), extra_metrics (map), extra_scores (map), detector
 
-For each device type this job keeps the ``quality = 'ok'`` readings in the time range,
-pivots them to one row per ``(device_id, event_ms)`` with one column per metric, carries
+For each device type this job takes the in-range metric values of the readings in the time
+range, as one row per ``(device_id, event_ms)`` with one column per metric, carries
 each metric forward within a device (as the streaming scorer does) and adds the
 device's previous reading, so the change features are right even on a random sample.
 Rows are split deterministically by a hash of ``(device_id, event_ms)``: one in ten is
@@ -68,24 +69,32 @@ def _date(ms: int) -> str:
 
 
 def _readings(spark: SparkSession, config: TrainConfig) -> DataFrame:
+    """The archive's in-range metric values in the time range, in long format
+    (device_type, device_id, event_ms, metric, value)."""
     from pyspark.sql import functions as F
 
     root = config.archive / "readings"
     if not root.is_dir():
         raise IotwatchError(f"{root} does not exist: no archive to train on (see --archive)")
     df = spark.read.option("basePath", str(root)).parquet(str(root))
-    missing = {"device_id", "event_ms", "metric", "value", "quality", "device_type", "date"} - set(df.columns)
+    missing = {"device_id", "event_ms", "metrics", "out_of_range", "device_type", "date"} - set(df.columns)
     if missing:
         raise IotwatchError(f"{root} is not a readings archive: missing columns {', '.join(sorted(missing))}")
-    df = df.where((F.col("quality") == "ok") & F.col("value").isNotNull() & ~F.isnan("value"))
     if config.since_ms is not None:
         df = df.where((F.col("date") >= _date(config.since_ms)) & (F.col("event_ms") >= config.since_ms))
     if config.until_ms is not None:
         df = df.where((F.col("date") <= _date(config.until_ms)) & (F.col("event_ms") < config.until_ms))
     if config.device_types:
         df = df.where(F.col("device_type").isin(list(config.device_types)))
-    return df.select("device_type", "device_id", F.col("event_ms").cast("long"), "metric",
-                     F.col("value").cast("double"))
+    names = [field.name for field in df.schema["metrics"].dataType.fields]
+    catalogued = F.map_from_arrays(F.array(*[F.lit(n) for n in names]), F.array(*[F.col(f"metrics.`{n}`") for n in names]))
+    extras = (F.coalesce(F.col("extra_metrics"), F.create_map().cast("map<string,double>"))
+              if "extra_metrics" in df.columns else F.create_map().cast("map<string,double>"))
+    oor = F.coalesce(F.col("out_of_range"), F.array().cast("array<string>"))
+    in_range = F.map_filter(F.map_concat(catalogued, extras),
+                            lambda k, v: v.isNotNull() & ~F.isnan(v) & ~F.array_contains(oor, k))
+    return df.select("device_type", "device_id", F.col("event_ms").cast("long"),
+                     F.explode(in_range).alias("metric", "value"))
 
 
 def _wide(long: DataFrame, metrics: list[str]) -> DataFrame:
@@ -141,7 +150,7 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
     try:
         types = sorted(r[0] for r in readings.select("device_type").distinct().collect())
         if not types:
-            raise IotwatchError(f"no quality-ok readings in {config.archive} for the chosen range and device types")
+            raise IotwatchError(f"no in-range readings in {config.archive} for the chosen range and device types")
         results = []
         for device_type in types:
             long = readings.where(F.col("device_type") == device_type)

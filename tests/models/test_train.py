@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
@@ -26,7 +28,11 @@ METRICS = {"thermostat": ("humidity_pct", "temperature_c"), "meter": ("power_w",
 
 
 def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
-    """Two days, two device types, three devices each; returns (device, event) rows in range per type."""
+    """Two days, two device types, three devices each, in the streaming job's archive layout
+    (one row per reading, metrics as a struct of the wide layout; a few readings with an
+    out-of-range value); returns (device, event) rows in range per type."""
+    from streaming.schemas import SCORED_METRICS, WIDE_METRICS
+
     rng = np.random.default_rng(0)
     in_range: dict[str, int] = {}
     for device_type, metrics in METRICS.items():
@@ -35,26 +41,43 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
             for d in range(3):
                 i = np.arange(rows_per_device)
                 event_ms = T0 + day * DAY_MS + i * STEP
-                for m, metric in enumerate(metrics):
-                    value = 20.0 + 10 * m + rng.normal(0, 1, len(i))
-                    quality = np.where(i % 50 == 7, "out_of_range", "ok")
-                    value = np.where(quality == "ok", value, 1e6)
-                    frames.append(pd.DataFrame({
-                        "device_id": f"{device_type}-{d}", "site": "site-1", "seq": i.astype("int64"),
-                        "event_ms": event_ms.astype("int64"), "event_time": pd.to_datetime(event_ms, unit="ms", utc=True),
-                        "metric": metric, "value": value, "score": 0.0, "detector": "robust_zscore",
-                        "quality": quality}))
+                bad = i % 50 == 7
+                values = {m: np.where(bad, 1e6, 20.0 + 10 * k + rng.normal(0, 1, len(i))) for k, m in enumerate(metrics)}
+                frames.append(pd.DataFrame({
+                    "device_id": f"{device_type}-{d}", "site": "site-1", "seq": i.astype("int64"),
+                    "event_ms": event_ms.astype("int64"), "event_time": pd.to_datetime(event_ms, unit="ms", utc=True),
+                    "metrics": [{m: float(values[m][j]) if m in values else None for m in WIDE_METRICS}
+                                for j in range(len(i))],
+                    "scores": [{m: 0.0 if m in values else None for m in SCORED_METRICS} for _ in i],
+                    "out_of_range": [list(metrics) if b else None for b in bad], "extra_metrics": None,
+                    "detector": "tail_ensemble"}))
             frame = pd.concat(frames, ignore_index=True)
             date = pd.Timestamp(T0 + day * DAY_MS, unit="ms").strftime("%Y-%m-%d")
             shuffled = frame.sample(frac=1.0, random_state=day)
             for batch_id, part in enumerate((shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2:])):
                 target = root / "readings" / f"date={date}" / f"device_type={device_type}" / f"batch_id={batch_id}"
                 target.mkdir(parents=True)
-                part.to_parquet(target / "part-0.parquet", index=False, coerce_timestamps="us")  # as Spark writes
+                table = pa.Table.from_pandas(part, schema=_ARCHIVE_SCHEMA, preserve_index=False)
+                pq.write_table(table, target / "part-0.parquet", coerce_timestamps="us")  # as Spark writes
             if day == 1:  # only the second day is in the --since range
-                ok = frame[frame["quality"] == "ok"]
+                ok = frame[frame["out_of_range"].isna()]
                 in_range[device_type] = len(ok[["device_id", "event_ms"]].drop_duplicates())
     return in_range
+
+
+def _archive_schema() -> pa.Schema:
+    from streaming.schemas import SCORED_METRICS, WIDE_METRICS
+
+    return pa.schema([
+        ("device_id", pa.string()), ("site", pa.string()), ("seq", pa.int64()), ("event_ms", pa.int64()),
+        ("event_time", pa.timestamp("us", tz="UTC")),
+        ("metrics", pa.struct([(m, pa.float64()) for m in WIDE_METRICS])),
+        ("scores", pa.struct([(m, pa.float64()) for m in SCORED_METRICS])),
+        ("out_of_range", pa.list_(pa.string())), ("extra_metrics", pa.map_(pa.string(), pa.float64())),
+        ("detector", pa.string())])
+
+
+_ARCHIVE_SCHEMA = _archive_schema()
 
 
 def test_train_registers_approves_and_announces(tmp_path: Path, test_settings: Settings,
