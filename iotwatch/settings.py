@@ -228,7 +228,8 @@ class StreamSettings(_ConcernSettings):
     kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
     max_offsets_per_trigger: int | None = Field(50_000, ge=1)
-    trigger_interval_s: float = Field(2.0, ge=0)
+    trigger_interval_s: float = Field(0.0, ge=0, description="seconds between micro-batch starts; 0: the next "
+                                      "starts as soon as the previous one ends (lowest latency)")
     shuffle_partitions: int = Field(2, ge=1, description="tasks of the stateful operator per micro-batch: the "
                                     "cores the job has (each Kafka partition is one key; more tasks than cores only "
                                     "add per-task overhead); fixed when a checkpoint is created")

@@ -1,10 +1,12 @@
 """``iotwatch bench stream``: the streaming job against a plain consumer, same run.
 
 Throughput: the same pre-loaded topic is read (a) by a bare confluent-kafka consumer that
-JSON-parses every record -- the raw path -- and (b) by the whole job (parse, validate,
-deduplicate, score, alert, archive, InfluxDB). Latency: at a stated input rate, readings
-stamped with the current time carry injected spikes; latency is from a spike's event time
-to the append time of its alert on the alert topic.
+JSON-parses every record -- the raw path -- and (b) by the whole job (decode, validate,
+deduplicate, score, alert, aggregate, archive, InfluxDB); the ratio of their records per
+second is the figure, at several fleet sizes (readings of 4 metrics each), with the bytes of
+state the job keeps per device. Latency: at each stated input rate, readings stamped with the
+current time carry injected spikes; latency is from a spike's event time to the append time
+of its alert on the alert topic.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-
 
 
 def _reading(device: int, seq: int, ts: int, rng: random.Random, spike: bool = False) -> Telemetry:
+    """A thermostat reading: four metrics, two of them scored."""
     temperature = 21.0 + rng.gauss(0, 0.2) + (8.0 if spike else 0.0)
     return Telemetry(v=1, device_id=f"bench-th-{device}", device_type="thermostat", site=f"bench-{device % 10}",
                      seq=seq, ts=ts, metrics={"temperature_c": temperature, "humidity_pct": 45 + rng.gauss(0, 0.5),
@@ -44,7 +47,12 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
     for seq in range(per_device):
         for device in range(devices):
             message = _reading(device, seq, t0 + seq * 1000, rng)
-            producer.produce(topic, key=message.device_id.encode(), value=message.to_json())
+            while True:
+                try:
+                    producer.produce(topic, key=message.device_id.encode(), value=message.to_json())
+                    break
+                except BufferError:
+                    producer.poll(0.1)
         producer.poll(0)
     producer.flush(60)
     return devices * per_device
@@ -67,52 +75,74 @@ def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, An
     return {"records": count, "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed, 1)}
 
 
-def measure_job(settings: Settings, workdir: Path, total: int) -> dict[str, Any]:
-    """The whole job over the backlog (availableNow), Spark start-up excluded."""
-    from iotwatch.spark import session_scope
-    from streaming.job import STREAM_CONF, start
+def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dict[str, Any]:
+    """The whole job over the backlog (availableNow); steady state leaves out the first
+    micro-batch, which also pays query planning and Python worker start-up."""
+    from streaming.job import start
 
-    stream = settings.stream
-    with session_scope("iotwatch-bench-stream", stream.spark_master, shuffle_partitions=stream.shuffle_partitions,
-                       conf=STREAM_CONF) as spark:
-        spark.range(1).count()  # JVM and Python workers warm, so start-up is not counted
-        started = time.monotonic()
-        job = start(spark, settings, checkpoint_dir=workdir / "ck-throughput", archive_dir=workdir / "archive",
-                    available_now=True, query_name="bench_throughput")
-        job.await_backlog(1800)
-        elapsed = time.monotonic() - started
+    started = time.monotonic()
+    job = start(spark, settings, checkpoint_dir=workdir / f"ck-{name}", archive_dir=workdir / f"archive-{name}",
+                available_now=True, query_name=f"bench_{name}")
+    job.await_backlog(1800)
+    elapsed = time.monotonic() - started
     records = int(job.writer.totals.get("reading_records", 0))
-    # Steady state: batches after the first (which also pays query planning and worker start-up).
     later = [b for b in job.reporter.history[1:] if b["input_rows"]]
     steady_rows, steady_ms = sum(b["input_rows"] for b in later), sum(b["trigger_ms"] for b in later)
+    last = job.writer.last_batch
+    state_devices = int(last.get("state_devices") or 0)
     return {"records": records, "seconds": round(elapsed, 3), "records_per_s": round(records / elapsed, 1),
             "steady_state_records_per_s": round(steady_rows / steady_ms * 1000, 1) if steady_ms else None,
             "batch_ms": [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]],
-            "batches": int(job.writer.totals.get("batches", 0)), "totals": dict(job.writer.totals)}
+            "batch_rows": [b["input_rows"] for b in job.reporter.history if b["input_rows"]],
+            "state_bytes_per_device": round(last["state_bytes"] / state_devices, 1) if state_devices else None,
+            "totals": dict(job.writer.totals)}
 
 
-def measure_latency(settings: Settings, workdir: Path, rate: float, seconds: float, devices: int) -> dict[str, Any]:
+def measure_throughput(spark: Any, settings: Settings, workdir: Path, run: str, devices: int,
+                       records: int) -> dict[str, Any]:
+    """One fleet size: the plain consumer and the job over the same pre-loaded topic."""
+    topics = settings.topics.model_copy(update={"raw": f"bench.{run}.{devices}.raw", "dlq": f"bench.{run}.{devices}.dlq",
+                                                "alerts": f"bench.{run}.{devices}.alerts"})
+    settings = settings.model_copy(update={"topics": topics})
+    ensure_topics(settings.kafka, topics.kafka_topics())
+    total = preload(settings, topics.raw, devices, max(1, records // devices))
+    raw = measure_consumer(settings, topics.raw, total)
+    job = measure_job(spark, settings, workdir, f"d{devices}")
+    steady = job["steady_state_records_per_s"] or job["records_per_s"]
+    return {"devices": devices, "records": total, "plain_consumer_records_per_s": raw["records_per_s"],
+            "job_records_per_s": job["records_per_s"], "job_steady_state_records_per_s": steady,
+            "ratio": round(steady / raw["records_per_s"], 4) if raw["records_per_s"] else None,
+            "state_bytes_per_device": job["state_bytes_per_device"], "plain_consumer": raw, "job": job}
+
+
+def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, seconds: float, devices: int
+                    ) -> dict[str, Any]:
     """Alerts for injected spikes at a steady input rate: spike event time -> alert append time."""
-    from iotwatch.spark import session_scope
-    from streaming.job import STREAM_CONF, start
+    from streaming.job import start
 
     stream = settings.stream
     stop = threading.Event()
     spikes: dict[str, set[int]] = {}
+    produced = [0]
 
     def produce() -> None:
         producer = Producer({**settings.kafka.client_config(), "linger.ms": 1})
         rng = random.Random(2)
         seq, started = 0, time.monotonic()
-        warmup = int(stream.device_detector_params.get("warmup", 60)) + int(
-            stream.device_detector_params.get("learning_period", 0)) + 5
+        warmup = int(stream.device_detector_params.get("warmup", 60)) + 5
         while not stop.is_set():
             for device in range(devices):
                 spike = seq > warmup and (seq + device) % SPIKE_EVERY == 0
                 message = _reading(device, seq, int(time.time() * 1000), rng, spike)
                 if spike:
                     spikes.setdefault(message.device_id, set()).add(message.ts)
-                producer.produce(settings.topics.raw, key=message.device_id.encode(), value=message.to_json())
+                while True:
+                    try:
+                        producer.produce(settings.topics.raw, key=message.device_id.encode(), value=message.to_json())
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                produced[0] += 1
             producer.poll(0)
             seq += 1
             delay = started + seq * devices / rate - time.monotonic()
@@ -120,17 +150,18 @@ def measure_latency(settings: Settings, workdir: Path, rate: float, seconds: flo
                 time.sleep(delay)
         producer.flush(30)
 
-    with session_scope("iotwatch-bench-stream", stream.spark_master, shuffle_partitions=stream.shuffle_partitions,
-                       conf=STREAM_CONF) as spark:
-        job = start(spark, settings, checkpoint_dir=workdir / "ck-latency", archive_dir=workdir / "archive-latency",
-                    query_name="bench_latency")
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
-        time.sleep(seconds)
-        stop.set()
-        producer.join()
-        time.sleep(3 * max(stream.trigger_interval_s, 1.0))
-        job.stop()
+    job = start(spark, settings, checkpoint_dir=workdir / f"ck-latency-{rate:g}",
+                archive_dir=workdir / f"archive-latency-{rate:g}", query_name=f"bench_latency_{rate:g}")
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    started = time.monotonic()
+    time.sleep(seconds)
+    stop.set()
+    producer.join()
+    achieved = produced[0] / (time.monotonic() - started)
+    time.sleep(3 + 2 * stream.trigger_interval_s)
+    batches = [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]
+    job.stop()
     latencies = []
     consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-lat-{time.time_ns()}",
                          "enable.auto.commit": False})
@@ -146,27 +177,47 @@ def measure_latency(settings: Settings, workdir: Path, rate: float, seconds: flo
                 latencies.append(message.timestamp()[1] - alert["first_event_ms"])
     consumer.close()
     latencies.sort()
+    # the first spikes reach a job that is still starting its Python workers: judge the steady part
+    steady = latencies[len(latencies) // 10:] if len(latencies) >= 20 else latencies
+    quantile = (lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None)
     injected = sum(len(v) for v in spikes.values())
-    quantile = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None)
-    return {"input_rate_records_per_s": rate, "seconds": seconds, "devices": devices, "spikes_injected": injected,
-            "spikes_alerted": len(latencies), "latency_ms": {"p50": quantile(0.5), "p99": quantile(0.99)},
+    return {"input_rate_records_per_s": rate, "achieved_rate_records_per_s": round(achieved, 1), "seconds": seconds,
+            "devices": devices, "spikes_injected": injected, "spikes_alerted": len(latencies),
+            "latency_ms": {"p50": quantile(steady, 0.5), "p99": quantile(steady, 0.99), "max": steady[-1] if steady else None},
+            "batch_ms_p50": sorted(batches)[len(batches) // 2] if batches else None,
             "trigger_interval_s": stream.trigger_interval_s}
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(float(part)) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give comma-separated numbers") from None
+
+
 @click.command("stream")
-@click.option("--records", default=60_000, show_default=True, help="Pre-loaded records for the throughput phase.")
-@click.option("--devices", default=200, show_default=True, help="Devices the records are spread over.")
-@click.option("--rate", default=500.0, show_default=True, help="Input rate (records/s) of the latency phase.")
-@click.option("--latency-seconds", default=40.0, show_default=True, help="Duration of the latency phase.")
-@click.option("--trigger", "trigger_s", default=1.0, show_default=True, help="Micro-batch interval, latency phase.")
+@click.option("--records", default=300_000, show_default=True, help="Pre-loaded records per throughput run.")
+@click.option("--devices", "devices_text", default="1000,10000,100000", show_default=True,
+              help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).")
+@click.option("--rate", "rates_text", default="5000,20000", show_default=True,
+              help="Input rates (records/s) of the latency runs (comma-separated).")
+@click.option("--latency-seconds", default=30.0, show_default=True, help="Duration of each latency run.")
+@click.option("--latency-devices", default=500, show_default=True,
+              help="Devices of the latency runs at 5,000 records/s (scaled with the rate).")
 @json_option
 @pass_app
-def bench_stream(app: AppContext, records: int, devices: int, rate: float, latency_seconds: float,
-                 trigger_s: float, as_json: bool) -> None:
-    """Records/s through the streaming job against a plain consumer, and alert latency.
+def bench_stream(app: AppContext, records: int, devices_text: str, rates_text: str, latency_seconds: float,
+                 latency_devices: int, as_json: bool) -> None:
+    """Records/s through the streaming job against a plain consumer, state per device, and
+    spike-to-alert latency at stated rates.
 
-    Starts its own embedded Kafka-protocol broker and InfluxDB (when installed).
+    Starts its own embedded Kafka-protocol broker and InfluxDB (when installed), and one
+    local Spark session for every run (its start-up is not counted).
     """
+    from iotwatch.spark import session_scope
+    from streaming.job import STREAM_CONF
+
+    fleet_sizes, rates = _ints(devices_text), _ints(rates_text)
     run = str(int(time.time()))
     base = app.settings
     with tempfile.TemporaryDirectory(prefix="iotwatch-bench-stream-") as tmp:
@@ -174,39 +225,47 @@ def bench_stream(app: AppContext, records: int, devices: int, rate: float, laten
         state = stack.up()
         try:
             settings = state.apply_to(base)
-            topics = settings.topics.model_copy(update={"raw": f"bench.{run}.raw", "dlq": f"bench.{run}.dlq",
-                                                        "alerts": f"bench.{run}.alerts"})
-            stream = settings.stream.model_copy(update={"max_offsets_per_trigger": 10_000,
-                                                        "trigger_interval_s": trigger_s})
-            settings = settings.model_copy(update={"topics": topics, "stream": stream})
-            ensure_topics(settings.kafka, topics.kafka_topics())
-            total = preload(settings, topics.raw, devices, max(1, records // devices))
-            raw = measure_consumer(settings, topics.raw, total)
-            job = measure_job(settings, Path(tmp), total)
-            latency_settings = settings.model_copy(update={"topics": topics.model_copy(update={
-                "raw": f"bench.{run}.live", "alerts": f"bench.{run}.live-alerts"})})
-            ensure_topics(settings.kafka, [latency_settings.topics.raw, latency_settings.topics.alerts])
-            latency = measure_latency(latency_settings, Path(tmp), rate, latency_seconds, min(devices, 50))
+            stream = settings.stream
+            with session_scope("iotwatch-bench-stream", stream.spark_master,
+                               shuffle_partitions=stream.shuffle_partitions, conf=STREAM_CONF) as spark:
+                spark.range(1).count()  # the JVM is up before anything is timed
+                throughput = [measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))
+                              for devices in fleet_sizes]
+                latency = []
+                for rate in rates:
+                    topics = settings.topics.model_copy(update={
+                        "raw": f"bench.{run}.live{rate}", "alerts": f"bench.{run}.live{rate}-alerts",
+                        "dlq": f"bench.{run}.live{rate}-dlq"})
+                    live = settings.model_copy(update={"topics": topics, "stream": stream.model_copy(
+                        update={"starting_offsets": "latest"})})
+                    ensure_topics(live.kafka, topics.kafka_topics())
+                    devices = max(1, int(latency_devices * rate / 5000))
+                    latency.append(measure_latency(spark, live, Path(tmp), rate, latency_seconds, devices))
         finally:
             stack.down()
+    first = throughput[0] if throughput else None
     result = {
         "benchmark": "stream",
-        "records": total,
-        "devices": devices,
-        "throughput": {
-            "plain_consumer_records_per_s": raw["records_per_s"],
-            "job_records_per_s": job["records_per_s"],
-            "ratio": round(job["records_per_s"] / raw["records_per_s"], 4) if raw["records_per_s"] else None,
-            "job_steady_state_records_per_s": job["steady_state_records_per_s"],
-            "plain_consumer": raw,
-            "job": job,
-        },
+        "throughput": first,
+        "fleet_sizes": throughput,
+        "throughput_at_largest_vs_smallest_fleet": (
+            round(throughput[-1]["job_steady_state_records_per_s"] / first["job_steady_state_records_per_s"], 4)
+            if first and len(throughput) > 1 else None),
         "latency": latency,
-        "spark_master": settings.stream.spark_master,
+        "spark_master": base.stream.spark_master,
+        "shuffle_partitions": base.stream.shuffle_partitions,
+        "max_offsets_per_trigger": base.stream.max_offsets_per_trigger,
         "cpu_count": os.cpu_count(),
     }
-    emit(result, as_json, lambda r: click.echo(
-        f"throughput: plain consumer {r['throughput']['plain_consumer_records_per_s']:.0f} rec/s, job "
-        f"{r['throughput']['job_records_per_s']:.0f} rec/s (ratio {r['throughput']['ratio']})\n"
-        f"alert latency at {rate:.0f} rec/s: p50 {latency['latency_ms']['p50']} ms, p99 {latency['latency_ms']['p99']} "
-        f"ms ({latency['spikes_alerted']}/{latency['spikes_injected']} spikes alerted)"))
+    emit(result, as_json, _render)
+
+
+def _render(result: dict[str, Any]) -> None:
+    for row in result["fleet_sizes"]:
+        click.echo(f"{row['devices']:>7} devices: plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
+                   f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
+                   f"state {row['state_bytes_per_device']} B/device")
+    for row in result["latency"]:
+        click.echo(f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
+                   f"(achieved {row['achieved_rate_records_per_s']:.0f}): p50 {row['latency_ms']['p50']} ms, "
+                   f"p99 {row['latency_ms']['p99']} ms ({row['spikes_alerted']}/{row['spikes_injected']} spikes)")

@@ -79,7 +79,8 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
                    "directory to resume exactly where the job stopped.")
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).")
-@click.option("--trigger", "trigger_s", type=float, help="Micro-batch interval in seconds (default 2).")
+@click.option("--trigger", "trigger_s", type=float, help="Seconds between micro-batch starts (default 0: each starts "
+                                                       "as soon as the previous one ends).")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), help="Records per micro-batch at most.")
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
 @click.option("--kafka-source", type=click.Choice(["python", "spark"]),

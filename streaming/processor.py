@@ -49,6 +49,7 @@ class ShardedStore:
     def __init__(self, state: Any, shards: int, ttl_ms: int) -> None:
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
         self._loaded: dict[int, dict[str, tuple[int, bytes]]] = {}
+        self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
 
     def shard_of(self, device_id: str) -> int:
         return zlib.crc32(device_id.encode()) % self.shards
@@ -74,9 +75,13 @@ class ShardedStore:
             shard = self.shard_of(device_id)
             self._shard(shard)[device_id] = (int(state.core[LAST_WALL_MS]), state.to_value()[0])
             touched.add(shard)
+        self.written = {"state_bytes": 0, "state_devices": 0}
         for shard in sorted(touched):
             entries = {d: e for d, e in self._loaded[shard].items() if e[0] + self.ttl_ms > now_ms}
-            self.state.updateValue((shard,), (encode_shard(entries),))
+            blob = encode_shard(entries)
+            self.state.updateValue((shard,), (blob,))
+            self.written["state_bytes"] += len(blob)
+            self.written["state_devices"] += len(entries)
         self._loaded = {}
 
     def load(self, device_id: str) -> DeviceState | None:
@@ -212,7 +217,7 @@ class PartitionProcessor(StatefulProcessor):
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         partition = int(key[0])
         out = self.engine.process(self.devices, unpack(rows, partition), now_ms)
-        tally = {**out.counters, **self.sinks.write(out)}
+        tally = {**out.counters, **self.sinks.write(out), **self.devices.written}
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
         for name, count in self._report_silence(roster, now_ms).items():

@@ -86,6 +86,19 @@ def choose_devices(anomalies: list[dict[str, Any]], max_devices: int) -> list[tu
     return list(chosen.items())[:max_devices]
 
 
+def _metric_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One metric of the archive's readings (a struct field, or an uncatalogued extra):
+    ``seq``, ``value`` and ``score``, for the readings that carry it."""
+    def value(row: Any) -> float | None:
+        found = (row.metrics or {}).get(metric)
+        return found if found is not None else dict(row.extra_metrics or ()).get(metric)
+
+    rows = pd.DataFrame({"seq": frame["seq"].to_numpy(),
+                         "value": [value(r) for r in frame.itertuples(index=False)],
+                         "score": [(s or {}).get(metric) for s in frame["scores"]]})
+    return rows.dropna(subset=["value"])
+
+
 def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], truth: list[dict[str, Any]],
                  verdicts: dict[str, str], max_devices: int = 4) -> list[Path]:
     """A few devices with injected anomalies: the anomalous metric, its score, the injected
@@ -99,13 +112,13 @@ def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], trut
     chosen = choose_devices(anomalies, max_devices)
     if not chosen:
         return []
-    frame = pd.read_parquet(root, columns=["device_id", "metric", "seq", "value", "score"],
+    frame = pd.read_parquet(root, columns=["device_id", "seq", "metrics", "scores", "extra_metrics"],
                             filters=[("device_id", "in", [device for device, _ in chosen])])
     paths = []
     for device, metric in chosen:
         own = [t for t in anomalies if t["device_id"] == device]
         device_type = own[0]["device_type"]
-        rows = frame[(frame["device_id"] == device) & (frame["metric"] == metric)]
+        rows = _metric_rows(frame[frame["device_id"] == device], metric)
         if rows.empty:
             continue
         rows = rows.drop_duplicates("seq").set_index("seq").sort_index()

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates": "duplicate", "late": "late",
                 "dead_lettered": "dlq", "clock_steps": "clock_steps", "seq_resets": "seq_resets",
                 "no_device": "no_device", "alerts_raised": "alerts_raised", "alerts_cleared": "alerts_cleared",
-                "aggregates": "aggregate", "influx_write_failures": "influx_write_failures"}
+                "aggregates": "aggregate", "influx_write_failures": "influx_write_failures",
+                "state_bytes": "state_bytes", "state_devices": "state_devices"}
 
 
 class BatchWriter:
