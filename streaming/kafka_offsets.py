@@ -212,8 +212,10 @@ class OffsetClient:
                         log.debug("log-end probe of %s: %s", tp, err)
                         continue
                     _, high = probe.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                    if err is None:  # a record: the log reaches past it, whatever the cached mark says
+                        high = max(high, ends[tp], msg.offset() + 1)
                     if high >= 0:
-                        ends[tp] = high if err is not None else max(high, ends[tp])
+                        ends[tp] = high
                         self._confirmed[tp] = ends[tp]
                     pending.discard(tp)
         finally:
