@@ -21,9 +21,8 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
-from streaming.packing import pack_records
 from streaming.processor import PartitionProcessor
-from streaming.schemas import OUTPUT_SCHEMA, PACKED_SCHEMA
+from streaming.schemas import OUTPUT_SCHEMA
 from streaming.sinks.batch_writer import BatchWriter
 from streaming.sinks.influx_points import pipeline_point
 
@@ -70,11 +69,14 @@ class ProgressReporter(StreamingQueryListener):
         progress = event.progress
         if progress.name != self.query_name:
             return
+        records = kafka_records(progress)
+        trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
+        rows = int(progress.numInputRows)
         fields = {
-            "input_rows": int(progress.numInputRows),
-            "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0),
-            "processed_rows_per_s": float(progress.processedRowsPerSecond or 0.0),
-            "trigger_ms": int(progress.durationMs.get("triggerExecution", 0)),
+            "input_rows": records,  # Kafka records, not Spark rows (the source packs records in chunks)
+            "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0) * records / rows if rows else 0.0,
+            "processed_rows_per_s": records * 1000 / trigger_ms if trigger_ms else 0.0,
+            "trigger_ms": trigger_ms,
             "lag_records": kafka_lag(progress),
             "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
@@ -91,23 +93,40 @@ class ProgressReporter(StreamingQueryListener):
                 client.close()
 
 
-def kafka_lag(progress: Any) -> int | None:
-    """Records between what the last batch read and the log end, over all partitions."""
+def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
+    """A source's offsets in a progress event (JSON text or already parsed)."""
     import json
 
-    lag = 0
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except (TypeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str, int]] | None) -> int | None:
+    """Records between two offset maps, over all partitions."""
+    if since is None or until is None:
+        return None
+    return sum(max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
+               for topic, partitions in until.items() for partition, offset in partitions.items())
+
+
+def kafka_lag(progress: Any) -> int | None:
+    """Records between what the last batch read and the log end, over all partitions."""
+    total = 0
     for source in progress.sources:
-        try:
-            end = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
-            latest = json.loads(source.latestOffset) if isinstance(source.latestOffset, str) else source.latestOffset
-        except (TypeError, ValueError):
+        lag = _distance(_offsets(source.endOffset), _offsets(source.latestOffset))
+        if lag is None:
             return None
-        if not isinstance(end, dict) or not isinstance(latest, dict):
-            return None
-        for topic, partitions in latest.items():
-            for partition, offset in partitions.items():
-                lag += max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
-    return lag
+        total += lag
+    return total
+
+
+def kafka_records(progress: Any) -> int:
+    """Kafka records the batch read (its offset ranges), whatever rows the source made of them."""
+    return sum(_distance(_offsets(source.startOffset) or {}, _offsets(source.endOffset)) or 0
+               for source in progress.sources)
 
 
 @dataclass
@@ -150,9 +169,9 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = Path(archive_dir or stream.archive_dir).expanduser().resolve()
-    raw = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
-                            max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source)
-    packed = raw.select("key", "value", "partition", "offset", "timestamp").mapInArrow(pack_records, PACKED_SCHEMA)
+    packed = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
+                               max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source,
+                               packed=True)
     scored = packed.groupBy("partition").transformWithStateInPandas(
         statefulProcessor=PartitionProcessor(settings), outputStructType=OUTPUT_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")

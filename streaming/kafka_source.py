@@ -77,6 +77,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     poll_timeout_s: float = 120.0
     chunk_rows: int = 10_000
+    packed: bool = False  # layout=packed: decoded chunks (streaming.schemas.PACKED_SCHEMA)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -86,6 +87,7 @@ class ReadOptions:
             fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
             poll_timeout_s=int(opts.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
             chunk_rows=int(opts.get("chunkrows", "10000")),
+            packed=opts.get("layout", "records").lower() == "packed",
         )
 
 
@@ -107,6 +109,15 @@ def _batch(topic: str, partition: int, rows: list[Any]) -> pa.RecordBatch:
         pa.array(offsets, pa.int64()), pa.array(stamps, ARROW_SCHEMA.field("timestamp").type),
         pa.array(kinds, pa.int32()), pa.array(headers, _HEADERS_TYPE),
     ], schema=ARROW_SCHEMA)
+
+
+def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBatch:
+    """Records in the connector's columns, or decoded and packed (the streaming job's layout)."""
+    if not opts.packed:
+        return _batch(part.topic, part.partition, rows)
+    from streaming.packing import pack_messages
+
+    return pack_messages(part.partition, rows)
 
 
 def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
@@ -169,10 +180,10 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
                     "(kafkaConsumer.pollTimeoutMs): the broker is unreachable or lost records it "
                     "reported before")
             if len(rows) >= opts.chunk_rows:
-                yield _batch(part.topic, part.partition, rows)
+                yield _chunk(opts, part, rows)
                 rows = []
         if rows:
-            yield _batch(part.topic, part.partition, rows)
+            yield _chunk(opts, part, rows)
     finally:
         consumer.close()
 
@@ -319,6 +330,10 @@ class KafkaDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
+        if self.options.get("layout", "records").lower() == "packed":
+            from streaming.schemas import PACKED_SCHEMA
+
+            return PACKED_SCHEMA
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -359,11 +374,14 @@ def _register(spark: SparkSession, source: str) -> str:
 
 def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
                       starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None,
-                      source: Literal["python", "spark"] = "python") -> DataFrame:
-    """A streaming DataFrame of ``topics`` with the Kafka connector's columns (headers included).
+                      source: Literal["python", "spark"] = "python", packed: bool = False) -> DataFrame:
+    """A streaming DataFrame of ``topics`` with the Kafka connector's columns (headers included),
+    or with ``packed`` the telemetry decoded and packed in chunks
+    (:data:`streaming.schemas.PACKED_SCHEMA`).
 
     ``source="spark"`` uses Spark's connector (the jar must be on the classpath, as in
-    docker-compose); ``"python"`` this module's source. Offsets checkpoint the same way.
+    docker-compose); ``"python"`` this module's source, which decodes and packs as it reads
+    (no second pass through a Python worker). Offsets checkpoint the same way.
     """
     reader = (spark.readStream.format(_register(spark, source))
               .options(**kafka_options(settings, source))
@@ -372,7 +390,15 @@ def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list
               .option("includeHeaders", "true"))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    return reader.load()
+    if packed and source == "python":
+        return reader.option("layout", "packed").option("chunkRows", "20000").load()
+    frame = reader.load()
+    if not packed:
+        return frame
+    from streaming.packing import pack_records
+    from streaming.schemas import PACKED_SCHEMA
+
+    return frame.select("key", "value", "partition", "offset", "timestamp").mapInArrow(pack_records, PACKED_SCHEMA)
 
 
 def read_kafka_batch(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,

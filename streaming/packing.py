@@ -1,15 +1,17 @@
-"""Kafka records -> decoded, packed chunks (``mapInArrow``, before the stateful operator).
+"""Kafka records -> decoded, packed chunks, before the stateful operator.
 
 Spark's Python stateful operators pay per row (a Python tuple, a pandas frame per key).
 Packing one source task's records into a row per chunk -- every field an array -- makes
 that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
-hands the stateful operator typed columns instead of JSON. It runs in the same task as
-the Kafka read, on whichever executor reads the partition.
+hands the stateful operator typed columns instead of JSON. iotwatch's Kafka source packs as it
+reads (:func:`pack_messages`); behind Spark's own connector, :func:`pack_records` does it in
+a ``mapInArrow``. Either way it runs in the task that reads the partition.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,23 +34,30 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
 
 
-def pack_chunk(partition: int, keys: pa.Array, values: pa.Array, offsets: pa.Array, stamps_ms: pa.Array
-               ) -> pa.RecordBatch:
+def pack_chunk(partition: int, keys: list[bytes | None], values: list[bytes | None], offsets: np.ndarray,
+               stamps_ms: np.ndarray) -> pa.RecordBatch:
     """Decode one chunk of one partition's records into a packed row."""
-    key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys.to_pylist()]
-    decoded = decode_batch(values.to_pylist(), [None if k is None else k.encode() for k in key_text])
+    key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys]
+    decoded = decode_batch(values, keys)
     columns = {
         "partition": pa.array([partition], pa.int32()),
-        "first_offset": pa.array([offsets[0].as_py() if len(offsets) else 0], pa.int64()),
+        "first_offset": pa.array([int(offsets[0]) if len(offsets) else 0], pa.int64()),
         "offset": offsets, "append_ms": stamps_ms, "seq": decoded.seq, "ts": decoded.ts,
         "metric_row": decoded.metric_row, "key": pa.array(key_text, pa.string()), "reason": decoded.reason,
         "detail": decoded.detail, "device_id": decoded.device_id, "device_type": decoded.device_type,
         "site": decoded.site, "event": decoded.event, "metric_name": decoded.metric_name,
-        "metric_value": decoded.metric_value, "raw": values,
+        "metric_value": decoded.metric_value, "raw": pa.array(values, pa.binary()),
     }
     arrays = [columns[f.name] if f.name in ("partition", "first_offset") else _listed(columns[f.name], f.type)
               for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
+
+
+def pack_messages(partition: int, messages: list[Any]) -> pa.RecordBatch:
+    """confluent-kafka messages of one partition (what the Kafka source reads) into a packed row."""
+    offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=len(messages))
+    stamps = np.fromiter((max(m.timestamp()[1], 0) for m in messages), dtype=np.int64, count=len(messages))
+    return pack_chunk(partition, [m.key() for m in messages], [m.value() for m in messages], offsets, stamps)
 
 
 def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -65,5 +74,5 @@ def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             stamps = pc.fill_null(pc.divide(part["timestamp"].combine_chunks().cast(pa.int64()), 1000), 0)
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
-                yield pack_chunk(int(partition), chunk["key"].combine_chunks(), chunk["value"].combine_chunks(),
-                                 chunk["offset"].combine_chunks(), stamps.slice(start, CHUNK_RECORDS))
+                yield pack_chunk(int(partition), chunk["key"].to_pylist(), chunk["value"].to_pylist(),
+                                 chunk["offset"].to_numpy(), stamps.slice(start, CHUNK_RECORDS).to_numpy())

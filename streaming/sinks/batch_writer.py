@@ -50,6 +50,19 @@ class BatchWriter:
         self.totals: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.last_batch: dict[str, Any] = {}
+        self._tally_columns: list[Any] | None = None
+        self._archive_columns: list[Any] | None = None
+
+    def _expressions(self) -> tuple[list[Any], list[Any]]:
+        """The tally sums and the archive's columns, built once: each column expression is a
+        round trip to the JVM, and there are about a hundred of them."""
+        if self._tally_columns is None or self._archive_columns is None:
+            tally = F.col("kind") == "tally"
+            self._tally_columns = [F.count(F.lit(1)).alias("rows"), *[
+                F.sum(F.when(tally, F.get_json_object("body", f"$.{name}").cast("long"))).alias(name)
+                for name in TALLY_FIELDS]]
+            self._archive_columns = self._archive_layout()
+        return self._tally_columns, self._archive_columns
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         started = time.time()
@@ -63,39 +76,37 @@ class BatchWriter:
             self._write_influx_health(counts, batch_id)
 
     def _write(self, frame: DataFrame, batch_id: int) -> dict[str, int]:
-        tally = F.col("kind") == "tally"
+        tally_columns, archive_columns = self._expressions()
         observation = Observation(f"tally_{batch_id}")
-        observed = frame.observe(observation, F.count(F.lit(1)).alias("rows"), *[
-            F.sum(F.when(tally, F.get_json_object("body", f"$.{name}").cast("long"))).alias(name)
-            for name in TALLY_FIELDS])
-        self._archive(observed.where(F.col("kind") == "reading"), batch_id)
+        observed = frame.observe(observation, *tally_columns)
+        (observed.where(F.col("kind") == "reading").select(*archive_columns, F.lit(batch_id).alias("batch_id"))
+         .write.mode("overwrite").partitionBy("date", "device_type", "batch_id").parquet(self.archive_path))
         seen = observation.get
         counts = {label: int(seen.get(name) or 0) for name, label in TALLY_FIELDS.items()}
         counts["reading"] = counts["reading_records"]
         counts["alert"] = counts["alerts_raised"] + counts["alerts_cleared"]
         return counts
 
-    def _archive(self, readings: DataFrame, batch_id: int) -> None:
-        """One row per reading -- metrics and detector scores as structs of the wide layout,
-        uncatalogued metrics as maps -- partitioned by date and device type. The batch id is
-        the innermost partition and written with dynamic overwrite, so a re-run batch
-        replaces its own files instead of duplicating them."""
+    def _archive_layout(self) -> list[Any]:
+        """The archive's columns from a reading row: one row per reading -- metrics and
+        detector scores as structs of the wide layout, uncatalogued metrics as maps --
+        partitioned by date and device type. The batch id is the innermost partition and
+        written with dynamic overwrite, so a re-run batch replaces its own files instead of
+        duplicating them."""
         extra_scores = F.filter(F.arrays_zip(F.col("extra_names").alias("name"), F.col("extra_scores").alias("score")),
                                 lambda p: ~F.isnan(p["score"]))
-        (readings
-         .withColumn("event_time", F.timestamp_millis("event_ms"))
-         .select("device_id", "site", "seq", "event_ms", "event_time",
-                 F.struct(*[F.col(value_column(m)).alias(m) for m in WIDE_METRICS]).alias("metrics"),
-                 F.struct(*[F.col(score_column(m)).alias(m) for m in SCORED_METRICS]).alias("scores"),
-                 "out_of_range",
-                 F.when(F.col("extra_names").isNotNull(), F.map_from_arrays("extra_names", "extra_values"))
-                 .alias("extra_metrics"),
-                 F.when(F.col("extra_names").isNotNull(), F.map_from_entries(F.transform(
-                     extra_scores, lambda p: F.struct(p["name"], p["score"])))).alias("extra_scores"),
-                 F.lit(self.detector).alias("detector"),
-                 F.date_format("event_time", "yyyy-MM-dd").alias("date"), "device_type",
-                 F.lit(batch_id).alias("batch_id"))
-         .write.mode("overwrite").partitionBy("date", "device_type", "batch_id").parquet(self.archive_path))
+        event_time = F.timestamp_millis("event_ms")
+        return [
+            "device_id", "site", "seq", "event_ms", event_time.alias("event_time"),
+            F.struct(*[F.col(value_column(m)).alias(m) for m in WIDE_METRICS]).alias("metrics"),
+            F.struct(*[F.col(score_column(m)).alias(m) for m in SCORED_METRICS]).alias("scores"),
+            "out_of_range",
+            F.when(F.col("extra_names").isNotNull(), F.map_from_arrays("extra_names", "extra_values"))
+            .alias("extra_metrics"),
+            F.when(F.col("extra_names").isNotNull(), F.map_from_entries(F.transform(
+                extra_scores, lambda p: F.struct(p["name"], p["score"])))).alias("extra_scores"),
+            F.lit(self.detector).alias("detector"), F.date_format(event_time, "yyyy-MM-dd").alias("date"),
+            "device_type"]
 
     def _write_influx_health(self, counts: dict[str, int], batch_id: int) -> None:
         assert self.influx is not None
