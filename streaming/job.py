@@ -31,12 +31,13 @@ log = logging.getLogger(__name__)
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-#: The job's Spark settings: RocksDB state store (transformWithState needs it), dynamic
-#: partition overwrite (idempotent archive writes per batch).
+#: The job's Spark settings: RocksDB state store (transformWithState needs it); archive
+#: files written without sorting rows by their partition (one writer per date and device
+#: type open at a time).
 STREAM_CONF = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-    "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    "spark.sql.maxConcurrentOutputFileWriters": "32",
 }
 
 

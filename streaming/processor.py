@@ -206,7 +206,8 @@ class PartitionProcessor(StatefulProcessor):
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
         ttl_ms = int(self.settings.state_ttl_s * 1000)
-        shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA, ttl_ms)
+        # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
+        shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
         self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)

@@ -77,10 +77,13 @@ class BatchWriter:
 
     def _write(self, frame: DataFrame, batch_id: int) -> dict[str, int]:
         tally_columns, archive_columns = self._expressions()
-        observation = Observation(f"tally_{batch_id}")
+        observation = Observation("tally")
         observed = frame.observe(observation, *tally_columns)
-        (observed.where(F.col("kind") == "reading").select(*archive_columns, F.lit(batch_id).alias("batch_id"))
-         .write.mode("overwrite").partitionBy("date", "device_type", "batch_id").parquet(self.archive_path))
+        # The batch id is a directory, not a column: a literal that changes every batch would
+        # make Spark generate and compile the plan's code anew each time.
+        (observed.where(F.col("kind") == "reading").select(*archive_columns)
+         .write.mode("overwrite").partitionBy("date", "device_type")
+         .parquet(f"{self.archive_path}/batch_id={batch_id}"))
         seen = observation.get
         counts = {label: int(seen.get(name) or 0) for name, label in TALLY_FIELDS.items()}
         counts["reading"] = counts["reading_records"]
@@ -90,9 +93,8 @@ class BatchWriter:
     def _archive_layout(self) -> list[Any]:
         """The archive's columns from a reading row: one row per reading -- metrics and
         detector scores as structs of the wide layout, uncatalogued metrics as maps --
-        partitioned by date and device type. The batch id is the innermost partition and
-        written with dynamic overwrite, so a re-run batch replaces its own files instead of
-        duplicating them."""
+        under ``batch_id=N/date=D/device_type=T/``. Each batch overwrites its own directory,
+        so a re-run batch replaces its files instead of duplicating them."""
         extra_scores = F.filter(F.arrays_zip(F.col("extra_names").alias("name"), F.col("extra_scores").alias("score")),
                                 lambda p: ~F.isnan(p["score"]))
         event_time = F.timestamp_millis("event_ms")
