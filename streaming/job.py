@@ -9,6 +9,7 @@ sharded by device over ``shuffle_partitions`` -- not ours.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,7 +186,34 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
         processingTime=f"{stream.trigger_interval_s} seconds")
     log.info("streaming %s from %s; checkpoint %s; archive %s", settings.topics.raw,
              settings.kafka.bootstrap_servers, checkpoint, archive)
+    warm_python_workers(spark)
     return RunningJob(spark, sink.start(), writer, reporter)
+
+
+def _warm_worker(_: object) -> None:
+    """In a Python worker: import the job's modules and load its compiled kernels."""
+    from models.kernels import tail_ensemble
+    from streaming import processor, sequencing  # noqa: F401 - imported for its import cost
+
+    tail_ensemble.warm()
+    sequencing.warm()
+
+
+def warm_python_workers(spark: SparkSession) -> threading.Thread:
+    """Start the executors' Python workers and load the job's modules and compiled kernels
+    while the query plans its first micro-batch, in a background job: workers are reused,
+    so the first batch finds them ready instead of paying their start-up."""
+    slots = max(1, spark.sparkContext.defaultParallelism)
+
+    def run() -> None:
+        try:
+            spark.sparkContext.parallelize(range(slots), slots).foreach(_warm_worker)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the query starts workers itself anyway
+            log.debug("warming Python workers: %s", str(exc).splitlines()[0])
+
+    thread = threading.Thread(target=run, name="warm-python-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,6 +30,7 @@ from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
 from models.kernels import tail_ensemble as kernel
 from streaming.device_state import LAST_WALL_MS, DeviceState
+from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
 from streaming.schemas import DEVICE_SHARD_SCHEMA, OUTPUT_SCHEMA, ROSTER_SCHEMA
@@ -203,6 +204,7 @@ class PartitionProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         kernel.warm()
+        sequencing.warm()
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
         ttl_ms = int(self.settings.state_ttl_s * 1000)

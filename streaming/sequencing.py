@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streaming.device_state import (CLOCK_STEPS, DEAD_LETTERED, DUPLICATES, LAST_APPEND_MS, LATE, MAX_EVENT_MS,
+from streaming.device_state import (CORE_FIELDS, CLOCK_STEPS, DEAD_LETTERED, DUPLICATES, LAST_APPEND_MS, LATE, MAX_EVENT_MS,
                                     RECEIVED, SCORED, SEQ_HIGH, SEQ_RESETS)
 
 #: What a record is (``outcome`` codes).
@@ -111,3 +111,11 @@ def classify(device: np.ndarray, valid: np.ndarray, seq: np.ndarray, ts: np.ndar
         core[d, SCORED] += 1
         newest_ms[i] = core[d, MAX_EVENT_MS]
         outcome[i] = SCORED_RECORD
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) :func:`classify` now, not in the first batch."""
+    empty = np.zeros(0, dtype=np.int64)
+    classify(empty, np.zeros(0, dtype=np.bool_), empty, empty, empty, np.zeros((0, len(CORE_FIELDS)), dtype=np.int64),
+             np.zeros((0, 1), dtype=np.uint64), 64, 0, np.zeros(0, dtype=np.int8), empty.copy(), empty.copy(),
+             empty.copy(), empty.copy())
