@@ -85,9 +85,6 @@ class ShardedStore:
             self.written["state_devices"] += len(entries)
         self._loaded = {}
 
-    def load(self, device_id: str) -> DeviceState | None:
-        return self.load_many([device_id])[0]
-
 
 _ENTRY = struct.Struct("<IqI")
 

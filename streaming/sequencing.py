@@ -20,7 +20,6 @@ from streaming.device_state import (CORE_FIELDS, CLOCK_STEPS, DEAD_LETTERED, DUP
 
 #: What a record is (``outcome`` codes).
 NO_DEVICE, INVALID, DUPLICATE, LATE_RECORD, SCORED_RECORD = 0, 1, 2, 3, 4
-OUTCOME_NAMES = ("no_device", "invalid", "duplicate", "late", "scored")
 
 
 @njit(cache=True, nogil=True)
