@@ -562,6 +562,7 @@ class _Batch:
     codes: np.ndarray
     order: np.ndarray
     states: list[DeviceState]
+    _open: dict[int, set[int]] | None
 
     @classmethod
     def sort(cls, records: RecordColumns, engine: PartitionEngine) -> _Batch:
@@ -579,6 +580,7 @@ class _Batch:
         batch.seq_ts = (decoded.seq[batch.order], decoded.ts[batch.order])
         batch.event = decoded.event[batch.order]
         batch._episodes = {}
+        batch._open = None
         return batch
 
     @classmethod
@@ -587,6 +589,7 @@ class _Batch:
         batch.devices = [device_id]
         batch.states = [state]
         batch._episodes = {}
+        batch._open = None
         return batch
 
     def adopt_identity(self) -> None:
@@ -714,11 +717,16 @@ class _Batch:
     # -- alert episodes ---------------------------------------------------------------------------
 
     def open_devices(self, rule: str) -> set[int]:
-        """Devices with a pending or open alert of ``rule`` (their lifecycle must see every reading)."""
-        code = _RULE_INDEX[rule]
-        return {d for d, s in enumerate(self.states)
-                if (len(s.episodes) and (s.episodes[:, EP_RULE] == code).any())
-                or self._episodes.get((d, rule), Episode()).status != "idle"}
+        """Devices with a pending or open alert of ``rule`` (their lifecycle must see every
+        reading). Read from the stored episodes once per batch, not once per rule: each rule's
+        lifecycle runs once per batch, before any of its episodes is touched."""
+        if self._open is None:
+            self._open = {}
+            for d, state in enumerate(self.states):
+                if len(state.episodes):
+                    for code in state.episodes[:, EP_RULE].tolist():
+                        self._open.setdefault(code, set()).add(d)
+        return set(self._open.get(_RULE_INDEX[rule], ()))
 
     def episode(self, d: int, rule: str) -> Episode:
         found = self._episodes.get((d, rule))
