@@ -2,7 +2,7 @@
 
 The streaming job archives one row per scored reading (:data:`streaming.schemas.ARCHIVE_COLUMNS`)::
 
-    <archive>/readings/batch_id=N/date=YYYY-MM-DD/device_type=T/*.parquet
+    <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
     device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
     out_of_range (names), extra_metrics (map), extra_scores (map), detector
 

@@ -85,17 +85,17 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
                 available_now=True, query_name=f"bench_{name}")
     job.await_backlog(1800)
     elapsed = time.monotonic() - started
-    records = int(job.writer.totals.get("reading_records", 0))
-    later = [b for b in job.reporter.history[1:] if b["input_rows"]]
+    records = int(job.totals.get("reading_records", 0))
+    later = [b for b in list(job.reporter.history)[1:] if b["input_rows"]]
     steady_rows, steady_ms = sum(b["input_rows"] for b in later), sum(b["trigger_ms"] for b in later)
-    totals = job.writer.totals
+    totals = job.totals
     state_devices = int(totals.get("state_devices") or 0)  # devices in the shards written, summed over batches
     return {"records": records, "seconds": round(elapsed, 3), "records_per_s": round(records / elapsed, 1),
             "steady_state_records_per_s": round(steady_rows / steady_ms * 1000, 1) if steady_ms else None,
             "batch_ms": [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]],
             "batch_rows": [b["input_rows"] for b in job.reporter.history if b["input_rows"]],
             "state_bytes_per_device": round(totals["state_bytes"] / state_devices, 1) if state_devices else None,
-            "totals": dict(job.writer.totals)}
+            "totals": dict(job.totals)}
 
 
 def measure_throughput(spark: Any, settings: Settings, workdir: Path, run: str, devices: int,
@@ -154,7 +154,7 @@ def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, 
     job = start(spark, settings, checkpoint_dir=workdir / f"ck-latency-{rate:g}",
                 archive_dir=workdir / f"archive-latency-{rate:g}", query_name=f"bench_latency_{rate:g}")
     deadline = time.monotonic() + 300
-    while job.writer.totals.get("reading_records", 0) < devices and time.monotonic() < deadline:
+    while job.totals.get("reading_records", 0) < devices and time.monotonic() < deadline:
         time.sleep(0.2)
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()

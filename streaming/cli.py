@@ -108,6 +108,6 @@ def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | Non
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
     job = run_job(settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration)
-    summary = {"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals),
+    summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals),
                "last_progress": job.reporter.last}
     emit(summary, as_json, lambda s: click.echo(f"stream stopped after {s['batches']} batches: {s['totals']}"))

@@ -43,12 +43,10 @@ from streaming.cleaning import clean_entries, is_scored, scored_names
 from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS, EPISODE_FIELDS,
                                     IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
-from streaming.schemas import (AGGREGATE_STATS, OUTPUT_SCHEMA, SCORED_METRICS, WIDE_METRICS, score_column,
+from streaming.schemas import (AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column,
                                value_column)
 from streaming.sequencing import INVALID, LATE_RECORD, SCORED_RECORD, classify
 
-#: Columns of the reading rows (see :data:`streaming.schemas.OUTPUT_SCHEMA`).
-OUTPUT_COLUMNS = tuple(OUTPUT_SCHEMA.names)
 _WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
 _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
 #: Columns of the aggregates (one row per device, metric and closed event-time bucket).
@@ -123,7 +121,7 @@ class MemoryStore:
 @dataclass
 class BatchOutput:
     """What one call emits: the scored readings (the archive's rows, in the wide layout of
-    :data:`OUTPUT_COLUMNS`), the alert records, the closed aggregates, the dead letters
+    :data:`READING_COLUMNS`), the alert records, the closed aggregates, the dead letters
     (contract violations and late records, with reason and original bytes), the devices
     seen (for the silence timer) and the batch's counters."""
 
@@ -320,7 +318,7 @@ class PartitionEngine:
         columns["extra_names"] = _grouped(readings.entry_reading, readings.names, extra, m)
         columns["extra_values"] = _grouped(readings.entry_reading, readings.values, extra, m)
         columns["extra_scores"] = _grouped(readings.entry_reading, readings.entry_scores, extra, m)
-        return pd.DataFrame(columns, columns=list(OUTPUT_COLUMNS))
+        return pd.DataFrame(columns, columns=list(READING_COLUMNS))
 
     # -- alerts ------------------------------------------------------------------------------------
 
@@ -777,7 +775,7 @@ class _Batch:
 
 
 def _empty_readings() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype=object) for c in OUTPUT_COLUMNS})
+    return pd.DataFrame({c: pd.Series([], dtype=object) for c in READING_COLUMNS})
 
 
 def _grouped(entry_reading: np.ndarray, values: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:

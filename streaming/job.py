@@ -11,34 +11,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
 from streaming.processor import PartitionProcessor
-from streaming.schemas import OUTPUT_SCHEMA
-from streaming.sinks.batch_writer import BatchWriter
-from streaming.sinks.influx_points import pipeline_point
+from streaming.progress import OBSERVATION, ProgressReporter, tally_sums
+from streaming.schemas import TALLY_SCHEMA
 
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-#: The job's Spark settings: RocksDB state store (transformWithState needs it); archive
-#: files written without sorting rows by their partition (one writer per date and device
-#: type open at a time).
+#: The job's Spark settings: RocksDB state store (transformWithState needs it), committing
+#: each micro-batch as a changelog of the keys it changed instead of a snapshot of the store.
 STREAM_CONF = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
-    "spark.sql.maxConcurrentOutputFileWriters": "32",
 }
 
 
@@ -49,94 +45,16 @@ def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -
     return session(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
 
 
-class ProgressReporter(StreamingQueryListener):
-    """Query progress -> InfluxDB ``pipeline`` points (rates, batch duration, Kafka lag)."""
-
-    def __init__(self, settings: Settings, query_name: str) -> None:
-        self.influx = settings.influx if settings.influx.enabled else None
-        self.query_name = query_name
-        self.last: dict[str, Any] = {}
-        self.history: list[dict[str, Any]] = []  # every batch's fields, for summaries and benchmarks
-
-    def onQueryStarted(self, event: Any) -> None:
-        pass
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        progress = event.progress
-        if progress.name != self.query_name:
-            return
-        records = kafka_records(progress)
-        trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
-        rows = int(progress.numInputRows)
-        fields = {
-            "input_rows": records,  # Kafka records, not Spark rows (the source packs records in chunks)
-            "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0) * records / rows if rows else 0.0,
-            "processed_rows_per_s": records * 1000 / trigger_ms if trigger_ms else 0.0,
-            "trigger_ms": trigger_ms,
-            "lag_records": kafka_lag(progress),
-            "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
-            "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
-        }
-        self.last = fields
-        self.history.append(fields)
-        if self.influx is not None:
-            client = InfluxV1Client(self.influx)
-            try:
-                client.write_points([pipeline_point(fields, int(time.time() * 1000), stage="stream_progress")])
-            except IotwatchError as exc:
-                log.warning("progress not written to InfluxDB: %s", exc)
-            finally:
-                client.close()
-
-
-def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
-    """A source's offsets in a progress event (JSON text or already parsed)."""
-    import json
-
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except (TypeError, ValueError):
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str, int]] | None) -> int | None:
-    """Records between two offset maps, over all partitions."""
-    if since is None or until is None:
-        return None
-    return sum(max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
-               for topic, partitions in until.items() for partition, offset in partitions.items())
-
-
-def kafka_lag(progress: Any) -> int | None:
-    """Records between what the last batch read and the log end, over all partitions."""
-    total = 0
-    for source in progress.sources:
-        lag = _distance(_offsets(source.endOffset), _offsets(source.latestOffset))
-        if lag is None:
-            return None
-        total += lag
-    return total
-
-
-def kafka_records(progress: Any) -> int:
-    """Kafka records the batch read (its offset ranges), whatever rows the source made of them."""
-    return sum(_distance(_offsets(source.startOffset) or {}, _offsets(source.endOffset)) or 0
-               for source in progress.sources)
-
-
 @dataclass
 class RunningJob:
     spark: SparkSession
     query: StreamingQuery
-    writer: BatchWriter
     reporter: ProgressReporter
+
+    @property
+    def totals(self) -> Counter[str]:
+        """Running totals of every micro-batch so far (see :mod:`streaming.progress`)."""
+        return self.reporter.totals
 
     def caught_up(self) -> bool:
         """The backlog is processed: the query ended, or its last batch read nothing and no
@@ -146,7 +64,7 @@ class RunningJob:
             return True
         progress = self.query.lastProgress
         return bool(progress and progress["batchId"] >= 0 and progress["numInputRows"] == 0
-                    and not self.query.status["isDataAvailable"] and self.writer.totals.get("batches", 0) > 0)
+                    and not self.query.status["isDataAvailable"] and self.totals.get("batches", 0) > 0)
 
     def await_backlog(self, timeout_s: float) -> None:
         """Block until :meth:`caught_up` (or the query failed), then stop the query."""
@@ -156,9 +74,13 @@ class RunningJob:
         self.stop()
 
     def stop(self) -> None:
-        """Stop the query (idempotent; tolerates a JVM already shutting down)."""
+        """Stop the query once its last micro-batch is counted (idempotent; tolerates a JVM
+        already shutting down)."""
         try:
             self.query.stop()
+            last = self.query.lastProgress
+            if last is not None and not self.reporter.wait_for(int(last["batchId"])):
+                log.warning("the totals may miss batch %s: its progress event did not arrive", last["batchId"])
             self.spark.streams.removeListener(self.reporter)
         except Exception as exc:  # noqa: BLE001 - py4j errors when the JVM is going away
             log.warning("stopping the query: %s", str(exc).splitlines()[0])
@@ -170,24 +92,25 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     """Start the query; offsets and state are kept in ``checkpoint_dir``."""
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
-    archive = Path(archive_dir or stream.archive_dir).expanduser().resolve()
+    archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     packed = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
                                max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source,
                                packed=True)
-    scored = packed.groupBy("partition").transformWithStateInPandas(
-        statefulProcessor=PartitionProcessor(settings), outputStructType=OUTPUT_SCHEMA,
+    tallies = packed.groupBy("partition").transformWithStateInPandas(
+        statefulProcessor=PartitionProcessor(settings, archive), outputStructType=TALLY_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")
-    writer = BatchWriter(settings, archive)
     reporter = ProgressReporter(settings, query_name)
     spark.streams.addListener(reporter)
-    sink = (scored.writeStream.foreachBatch(writer).queryName(query_name)
+    # Every output is written by the stateful operator itself; what reaches the sink is one
+    # tally row per partition, summed by the observation. The no-op sink runs the batch.
+    sink = (tallies.observe(OBSERVATION, *tally_sums()).writeStream.format("noop").queryName(query_name)
             .option("checkpointLocation", str(checkpoint)))
     sink = sink.trigger(availableNow=True) if available_now else sink.trigger(
         processingTime=f"{stream.trigger_interval_s} seconds")
     log.info("streaming %s from %s; checkpoint %s; archive %s", settings.topics.raw,
              settings.kafka.bootstrap_servers, checkpoint, archive)
     warm_python_workers(spark)
-    return RunningJob(spark, sink.start(), writer, reporter)
+    return RunningJob(spark, sink.start(), reporter)
 
 
 def _warm_worker(_: object) -> None:
@@ -238,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         job = run_job(load_settings(), None, None, available_now=args.available_now, duration=args.duration)
     except click.ClickException as exc:
         raise SystemExit(f"iotwatch stream: {exc.message}") from exc
-    print(json.dumps({"batches": job.writer.totals.get("batches", 0), "totals": dict(job.writer.totals)}))
+    print(json.dumps({"batches": job.totals.get("batches", 0), "totals": dict(job.totals)}))
 
 
 if __name__ == "__main__":

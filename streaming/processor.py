@@ -2,7 +2,9 @@
 
 The stateful operator is keyed by Kafka partition: every record of a device is in its
 device's partition (the gateway keys by ``device_id``), so one call handles all of a
-partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`).
+partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`), and
+writes what comes out -- alerts, dead letters, aggregates, the archive -- itself
+(:mod:`streaming.sinks`); it emits only one tally row of counters per call.
 Per-device state lives in the RocksDB state store, grouped in a few shards per partition
 (:class:`ShardedStore`: one state-store call per shard, not per device; devices gone for
 good are dropped after the state TTL); a small per-partition roster says
@@ -14,7 +16,6 @@ Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
 
 from __future__ import annotations
 
-import json
 import struct
 import zlib
 from collections.abc import Iterator
@@ -24,7 +25,6 @@ import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
-from pyspark.sql.types import DoubleType
 
 from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
@@ -33,7 +33,8 @@ from streaming.device_state import LAST_WALL_MS, DeviceState
 from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
-from streaming.schemas import DEVICE_SHARD_SCHEMA, OUTPUT_SCHEMA, ROSTER_SCHEMA
+from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
+from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
 
 _SEP = "\x1f"
@@ -163,12 +164,10 @@ class Roster:
 
 
 def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
-    """The one ``tally`` output row of a partition and batch: its counts, as JSON."""
-    columns = {f.name: np.array([np.nan]) if isinstance(f.dataType, DoubleType) else np.array([None], dtype=object)
-               for f in OUTPUT_SCHEMA.fields}
-    columns.update(kind=np.array(["tally"], dtype=object), kafka_partition=np.array([partition], dtype=np.int32),
-                   body=np.array([json.dumps(counts)], dtype=object))
-    return pd.DataFrame(columns, columns=OUTPUT_SCHEMA.names)
+    """The one output row of a partition and call: its counters (absent ones are 0)."""
+    columns = {"kafka_partition": np.array([partition], dtype=np.int32),
+               **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS}}
+    return pd.DataFrame(columns, columns=TALLY_SCHEMA.names)
 
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
@@ -194,9 +193,10 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
 class PartitionProcessor(StatefulProcessor):
     """Keyed by Kafka partition; see :class:`streaming.engine.PartitionEngine`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, archive_dir: str) -> None:
         self.all_settings = settings  # the fleet-model watcher needs Kafka and registry settings
         self.settings = settings.stream
+        self.archive_dir = archive_dir
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -204,6 +204,7 @@ class PartitionProcessor(StatefulProcessor):
         sequencing.warm()
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
+        self.archive = ArchiveWriter(self.archive_dir, self.settings.device_detector)
         ttl_ms = int(self.settings.state_ttl_s * 1000)
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
@@ -216,13 +217,17 @@ class PartitionProcessor(StatefulProcessor):
                         ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         partition = int(key[0])
-        out = self.engine.process(self.devices, unpack(rows, partition), now_ms)
+        records = unpack(rows, partition)
+        out = self.engine.process(self.devices, records, now_ms)
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written}
+        if len(records.offset):
+            tally["archive_files"] = self.archive.write(out.readings, partition, int(records.offset.min()),
+                                                        int(records.offset.max()))
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
         for name, count in self._report_silence(roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
-        yield pd.concat([out.readings, tally_row(partition, tally)], ignore_index=True)
+        yield tally_row(partition, tally)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
                            ) -> Iterator[pd.DataFrame]:

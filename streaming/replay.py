@@ -80,7 +80,7 @@ def replay(app: AppContext, tag: str, follow: bool, keep_checkpoint: bool, as_js
                          alert_ids(settings.kafka, settings.topics.alerts))
     result = {"tag": tag, "checkpoint": str(checkpoint), "archive": str(archive),
               "alerts_topic": settings.topics.alerts, "dlq_topic": settings.topics.dlq,
-              "influx_database": settings.influx.database, "totals": dict(job.writer.totals),
+              "influx_database": settings.influx.database, "totals": dict(job.totals),
               "comparison": comparison}
     emit(result, as_json, lambda r: click.echo(
         f"replay {tag}: {r['totals'].get('reading_records', 0)} readings, alerts live {comparison['live_alerts']} / "

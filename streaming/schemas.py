@@ -42,29 +42,32 @@ def score_column(metric: str) -> str:
     return f"s__{metric}"
 
 
-#: What the stateful operator emits: one row per scored reading (``kind = reading``) in a
-#: fixed wide layout -- a value column per catalogued metric and a score column per scored
-#: one, null where the reading has none; uncatalogued metrics in the ``extra_*`` arrays;
-#: the names of out-of-range metrics -- plus one ``tally`` row per partition and batch
-#: (its counts as JSON in ``body``). Alerts, dead letters and aggregates do not pass through
-#: Spark: the operator writes them itself (:mod:`streaming.sinks.events`).
-OUTPUT_SCHEMA = StructType([
-    StructField("kind", StringType(), False),
-    StructField("device_id", StringType()),
-    StructField("device_type", StringType()),
-    StructField("site", StringType()),
-    StructField("seq", LongType()),
-    StructField("event_ms", LongType()),
-    StructField("kafka_partition", IntegerType()),
-    StructField("kafka_offset", LongType()),
-    StructField("body", StringType()),
-    *(StructField(value_column(m), DoubleType()) for m in WIDE_METRICS),
-    *(StructField(score_column(m), DoubleType()) for m in SCORED_METRICS),
-    StructField("out_of_range", ArrayType(StringType())),
-    StructField("extra_names", ArrayType(StringType())),
-    StructField("extra_values", ArrayType(DoubleType())),
-    StructField("extra_scores", ArrayType(DoubleType())),
-])
+#: The rows of scored readings (:attr:`streaming.engine.BatchOutput.readings`): a fixed wide
+#: layout -- a value column per catalogued metric and a score column per scored one, NaN
+#: where the reading has none; uncatalogued metrics in the ``extra_*`` arrays; the names of
+#: out-of-range metrics. The stateful task archives them itself
+#: (:mod:`streaming.sinks.archive`); they do not pass through Spark.
+READING_COLUMNS = (
+    "kind", "device_id", "device_type", "site", "seq", "event_ms", "kafka_partition", "kafka_offset", "body",
+    *(value_column(m) for m in WIDE_METRICS), *(score_column(m) for m in SCORED_METRICS),
+    "out_of_range", "extra_names", "extra_values", "extra_scores",
+)
+
+#: The counters of one partition and micro-batch (or timer firing), as the stateful
+#: operator reports them, mapped to their names in the job's totals.
+TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates": "duplicate", "late": "late",
+                "dead_lettered": "dlq", "clock_steps": "clock_steps", "seq_resets": "seq_resets",
+                "no_device": "no_device", "alerts_raised": "alerts_raised", "alerts_cleared": "alerts_cleared",
+                "aggregates": "aggregate", "archive_files": "archive_files",
+                "influx_write_failures": "influx_write_failures", "state_bytes": "state_bytes",
+                "state_devices": "state_devices"}
+
+#: What the stateful operator emits: one tally row per partition and call, a column per
+#: counter. Alerts, dead letters, aggregates and the archive are written by the operator
+#: itself (:mod:`streaming.sinks`), so only these few numbers reach the driver, summed by
+#: an observation on the stream.
+TALLY_SCHEMA = StructType([StructField("kafka_partition", IntegerType(), False),
+                           *(StructField(name, LongType()) for name in TALLY_FIELDS)])
 
 #: The statistics of an aggregate (one per device, metric and event-time bucket).
 AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
@@ -83,6 +86,6 @@ ROSTER_SCHEMA = StructType([
 
 #: Columns of the Parquet archive (the batch layer's master dataset): one row per reading,
 #: its metrics and detector scores as structs of the wide layout (uncatalogued ones as
-#: maps), plus the partition columns date, device_type and batch_id.
+#: maps), under the partition directories date and device_type (:mod:`streaming.sinks.archive`).
 ARCHIVE_COLUMNS = ("device_id", "site", "seq", "event_ms", "event_time", "metrics", "scores", "out_of_range",
                    "extra_metrics", "extra_scores", "detector")

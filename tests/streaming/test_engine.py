@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from iotwatch.contract import Telemetry
@@ -297,16 +298,15 @@ def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
     assert alerts[0]["model_version"] == "isolation_forest@v3" and asked == ["thermostat", "thermostat"]
 
 
-def test_output_converts_to_arrow_as_spark_converts_it() -> None:
-    """Every kind of row -- readings with arrays, alerts, aggregates, dead letters, a batch
-    with only late records -- converts the way Spark converts the operator's output."""
+def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
+    """Every kind of batch -- readings with arrays and extras, a batch with only late and
+    malformed records, an empty one -- converts to the archive's Arrow layout (what the
+    task writes) and its tally to the operator's Spark output schema."""
     from pyspark.sql.conversion import PandasToArrowConversion
 
-    from streaming.schemas import OUTPUT_SCHEMA
-
-    import pandas as pd
-
     from streaming.processor import tally_row
+    from streaming.schemas import TALLY_SCHEMA
+    from streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
 
     harness = Harness()
     odd = Rec("x", Telemetry(v=1, device_id="x", device_type="lab", site="h", seq=0, ts=T0,
@@ -315,15 +315,28 @@ def test_output_converts_to_arrow_as_spark_converts_it() -> None:
                harness.output([record(310, offset=400), record(305, offset=401, ts=T0), Rec("th-1", b"{", 402), odd]),
                Harness().output([])]
     for out in outputs:
-        frame = pd.concat([out.readings, tally_row(0, out.counters)], ignore_index=True)
-        batch = PandasToArrowConversion.convert(frame, OUTPUT_SCHEMA, timezone="UTC", safecheck=True,
-                                                assign_cols_by_name=True)
-        assert batch.num_rows == len(frame) == len(out.readings) + 1
+        table = archive_table(out.readings, "tail_ensemble")
+        assert table.num_rows == len(out.readings)
+        assert table.drop_columns(["date", "device_type"]).schema == ARCHIVE_SCHEMA
+        tally = PandasToArrowConversion.convert(tally_row(0, out.counters), TALLY_SCHEMA, timezone="UTC",
+                                                safecheck=True, assign_cols_by_name=True)
+        assert tally.num_rows == 1
     assert outputs[0].alerts and len(outputs[0].aggregates)
     assert {d["kind"] for d in outputs[1].dead_letters} == {"late", "dlq"}
     extra = next(r for r in outputs[1].rows() if r["kind"] == "reading" and r["device_id"] == "x")
     assert extra["metrics"] == {"flux": 1.5, "temperature_c": 99.0}  # a type the catalog does not know
     assert extra["scores"] == {"flux": 0.0, "temperature_c": 0.0}  # warming up
+
+    # Written twice for the same offsets (a re-run micro-batch): the same files, no duplicates.
+    writer = ArchiveWriter(str(tmp_path), "tail_ensemble")
+    for _ in range(2):
+        assert writer.write(outputs[1].readings, 3, 400, 402) == 2  # thermostat and lab
+    archived = pd.read_parquet(tmp_path / "readings")
+    assert sorted(archived["device_id"]) == sorted(outputs[1].readings["device_id"])
+    row = archived[archived["device_id"] == "x"].iloc[0]
+    assert dict(row["extra_metrics"]) == {"flux": 1.5} and row["metrics"]["temperature_c"] == 99.0
+    assert row["metrics"]["humidity_pct"] is None or pd.isna(row["metrics"]["humidity_pct"])
+    assert not list((tmp_path / "readings").rglob(".*"))  # no temporary files left behind
 
 
 def test_meter_power_factor_is_derived_and_scored() -> None:

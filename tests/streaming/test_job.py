@@ -41,7 +41,7 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
     job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", available_now=True)
     job.await_backlog(600)
     assert job.query.exception() is None
-    totals = job.writer.totals
+    totals = job.totals
 
     # Alerts: each injected anomaly raised on the alert topic, read with a plain consumer.
     alerts = _alerts(settings)
@@ -205,7 +205,7 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark
                 query_name=f"fleet_{unique}")
     try:
         send(0, 100)
-        wait_for(lambda: job.writer.totals.get("reading_records", 0) >= 100)
+        wait_for(lambda: job.totals.get("reading_records", 0) >= 100)
         normal = np.random.default_rng(2).normal(21, 0.2, 3000)
         frame = pd.DataFrame({"temperature_c": normal})
         registry = ModelRegistry(settings.registry.path,

@@ -1,0 +1,129 @@
+"""The Parquet archive of clean readings (the batch layer's master dataset), written by the
+stateful task that scored them.
+
+Why here and not through Spark's file sink: the readings would otherwise travel from the
+Python worker back into the JVM (one wide row each), through a second Spark stage and
+Spark's Parquet writer -- more than half of a micro-batch's CPU on two cores, paid before
+the next micro-batch can start. Written here, a reading never leaves the worker that
+scored it.
+
+Layout, one row per reading::
+
+    <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
+    device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
+    out_of_range (names), extra_metrics (map), extra_scores (map), detector
+
+Files are named after the Kafka offsets they hold, as Kafka Connect's file sinks name
+theirs: a micro-batch that is re-run after a failure (same offsets, same state) rewrites
+the same files with the same rows instead of adding duplicates. Each file is written under
+a temporary name and renamed into place, so readers never see half a file. On a cluster
+the archive directory must be storage every executor sees (an NFS or other shared mount).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from streaming.schemas import ARCHIVE_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+
+_METRICS_TYPE = pa.struct([pa.field(m, pa.float64()) for m in WIDE_METRICS])
+_SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
+_MAP_TYPE = pa.map_(pa.string(), pa.float64())
+
+#: The archive's file schema (the partition columns ``date`` and ``device_type`` are directories).
+ARCHIVE_SCHEMA = pa.schema([
+    pa.field("device_id", pa.string()), pa.field("site", pa.string()), pa.field("seq", pa.int64()),
+    pa.field("event_ms", pa.int64()), pa.field("event_time", pa.timestamp("us", tz="UTC")),
+    pa.field("metrics", _METRICS_TYPE), pa.field("scores", _SCORES_TYPE),
+    pa.field("out_of_range", pa.list_(pa.string())), pa.field("extra_metrics", _MAP_TYPE),
+    pa.field("extra_scores", _MAP_TYPE), pa.field("detector", pa.string()),
+])
+assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
+
+
+def _doubles(values: Any) -> pa.Array:
+    """NaN is 'absent' in the reading frame and null in the archive."""
+    return pa.array(np.asarray(values, dtype=np.float64), type=pa.float64(), from_pandas=True)
+
+
+def _struct(frame: pd.DataFrame, metrics: tuple[str, ...], column: Any, kind: pa.StructType) -> pa.Array:
+    return pa.StructArray.from_arrays([_doubles(frame[column(m)].to_numpy()) for m in metrics], fields=list(kind))
+
+
+def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
+    """``names[i] -> values[i]`` per row (null where the row has no extras); a NaN value is
+    dropped where ``keep_nan`` is false (an extra metric that was not scored has no score)."""
+    offsets, keys, items, valid = [0], [], [], []
+    for row_names, row_values in zip(names.tolist(), values.tolist(), strict=True):
+        if row_names is None:
+            valid.append(False)
+        else:
+            pairs = [(n, float(v)) for n, v in zip(row_names, row_values, strict=True) if keep_nan or v == v]
+            keys += [n for n, _ in pairs]
+            items += [v for _, v in pairs]
+            valid.append(True)
+        offsets.append(len(keys))
+    mask = pa.array([not v for v in valid], type=pa.bool_())
+    return pa.MapArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(keys, type=pa.string()),
+                                   pa.array(items, type=pa.float64()), type=_MAP_TYPE, mask=mask)
+
+
+def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
+    """The reading rows of :class:`streaming.engine.BatchOutput` in the archive's layout, plus
+    the partition columns ``date`` and ``device_type``."""
+    event_ms = readings["event_ms"].to_numpy(dtype=np.int64)
+    stamps = event_ms.astype("datetime64[ms]")
+    has_extras = readings["extra_names"].notna().any()
+    n = len(readings)
+    no_maps = pa.nulls(n, type=_MAP_TYPE)
+    columns = [
+        pa.array(readings["device_id"].to_numpy(), type=pa.string()),
+        pa.array(readings["site"].to_numpy(), type=pa.string()),
+        pa.array(readings["seq"].to_numpy(dtype=np.int64), type=pa.int64()),
+        pa.array(event_ms, type=pa.int64()),
+        pa.array(stamps.astype("datetime64[us]"), type=pa.timestamp("us")).cast(pa.timestamp("us", tz="UTC")),
+        _struct(readings, WIDE_METRICS, value_column, _METRICS_TYPE),
+        _struct(readings, SCORED_METRICS, score_column, _SCORES_TYPE),
+        pa.array(readings["out_of_range"].tolist(), type=pa.list_(pa.string())),
+        _maps(readings["extra_names"], readings["extra_values"], keep_nan=True) if has_extras else no_maps,
+        _maps(readings["extra_names"], readings["extra_scores"], keep_nan=False) if has_extras else no_maps,
+        pa.array(np.full(n, detector, dtype=object), type=pa.string()),
+    ]
+    table = pa.Table.from_arrays(columns, schema=ARCHIVE_SCHEMA)
+    dates = np.datetime_as_string(stamps.astype("datetime64[D]"), unit="D")
+    return (table.append_column("date", pa.array(dates, type=pa.string()))
+            .append_column("device_type", pa.array(readings["device_type"].to_numpy(), type=pa.string())))
+
+
+class ArchiveWriter:
+    """Writes one partition's readings of one micro-batch: a file per date and device type."""
+
+    def __init__(self, root: str, detector: str) -> None:
+        self.readings_dir = Path(root) / "readings"
+        self.detector = detector
+
+    def write(self, readings: pd.DataFrame, partition: int, first_offset: int, last_offset: int) -> int:
+        """Archive ``readings`` (read from Kafka offsets ``first_offset..last_offset`` of
+        ``partition``); returns the files written."""
+        if readings.empty:
+            return 0
+        table = archive_table(readings, self.detector)
+        keys = pd.MultiIndex.from_arrays([table["date"].to_numpy(), table["device_type"].to_numpy()])
+        codes, groups = pd.factorize(keys)
+        files = table.drop_columns(["date", "device_type"])
+        name = f"part-{partition:05d}-{first_offset:019d}-{last_offset:019d}.parquet"
+        for code, (date, device_type) in enumerate(groups):
+            folder = self.readings_dir / f"date={date}" / f"device_type={device_type}"
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = folder / f".{name}.{uuid.uuid4().hex}.tmp"
+            pq.write_table(files.take(np.flatnonzero(codes == code)), temporary, compression="snappy")
+            os.replace(temporary, folder / name)
+        return len(groups)
