@@ -591,7 +591,10 @@ class _Batch:
         return batch
 
     def adopt_identity(self) -> None:
-        """A device's type and site are those of its first valid record."""
+        """A device's type and site are those of its first valid record; a later record of
+        the same device_id under another type or site is not merged into it but
+        dead-lettered (``identity_conflict``): two devices sharing an id, or a device moved
+        without a new id, must not mix their readings, seqs and detector state."""
         decoded = self.records.decoded
         positions = np.flatnonzero(self.valid & (self.codes >= 0))
         first_codes, first = np.unique(self.codes[positions], return_index=True)
@@ -600,6 +603,13 @@ class _Batch:
             if not state.device_type:
                 record = self.order[p]
                 state.device_type, state.site = decoded.device_type[record], decoded.site[record]
+        records = self.order[positions]
+        known_type = np.array([s.device_type for s in self.states] or [""], dtype=object)[self.codes[positions]]
+        known_site = np.array([s.site for s in self.states] or [""], dtype=object)[self.codes[positions]]
+        conflict = (decoded.device_type[records] != known_type) | (decoded.site[records] != known_site)
+        self.conflict = np.zeros(len(self.order), dtype=bool)
+        self.conflict[positions[conflict]] = True
+        self.valid &= ~self.conflict
 
     def classify(self, now_ms: int) -> np.ndarray:
         """Sequence bookkeeping (compiled); returns the counters as they were before."""
@@ -639,6 +649,10 @@ class _Batch:
                 row.update(kind="late", seq=int(decoded.seq[r]), event_ms=int(decoded.ts[r]), reason="late",
                            detail=f"event time {decoded.ts[r]} is more than {lateness} ms older than the device's "
                                   f"newest {self.prior_newest[p]}")
+            elif self.conflict[p]:
+                row.update(reason="identity_conflict",
+                           detail=f"device {self.devices[d]} is a {state.device_type} at site {state.site}; this "
+                                  f"record says {decoded.device_type[r]} at site {decoded.site[r]}")
             else:
                 row.update(reason=decoded.reason[r], detail=decoded.detail[r])
             rows.append(row)

@@ -6,8 +6,12 @@ decides what each record is, and updates each device's ``core`` counters and seq
 at-least-once transport: ``(device_id, seq)`` identifies a reading, so a seq seen before
 is a duplicate; a record older than the device's newest event time by more than the
 allowed lateness, arriving after a newer seq, is late; a record that is newest by seq yet
-far behind in event time is a device clock that stepped back (scored, counted); a seq far
-below the remembered window is a device that restarted its counter (scored, counted).
+far behind in event time is a device clock that stepped back (scored, counted). A device
+that restarted its counter (a reboot) is told from a duplicate by event time: a seq seen
+before whose event time is newer than anything the device sent is a new reading, as is a
+seq far below the remembered window; both are scored and counted as ``seq_resets``. (A
+copy of a reading from before the restart that arrives after it is scored again: the
+seq window then holds the new counter's seqs only.)
 """
 
 from __future__ import annotations
@@ -94,9 +98,16 @@ def classify(device: np.ndarray, valid: np.ndarray, seq: np.ndarray, ts: np.ndar
             _test_and_set(words, s, window)
             core[d, SEQ_HIGH] = s
         elif _test_and_set(words, s, window):
-            core[d, DUPLICATES] += 1
-            outcome[i] = DUPLICATE
-            continue
+            newest = core[d, MAX_EVENT_MS]
+            if newest < 0 or ts[i] <= newest:  # a copy of a reading (it carries the original's time)
+                core[d, DUPLICATES] += 1
+                outcome[i] = DUPLICATE
+                continue
+            reset = True  # a seq seen before yet newer than anything seen: the device restarted its counter
+            core[d, SEQ_RESETS] += 1
+            words[:] = 0
+            _test_and_set(words, s, window)
+            core[d, SEQ_HIGH] = s
         newest = core[d, MAX_EVENT_MS]
         behind = newest >= 0 and ts[i] < newest - lateness_ms
         if behind and (in_order or reset):

@@ -30,8 +30,9 @@ class Rec:
 
 
 def record(seq: int, *, device: str = "th-1", ts: int | None = None, offset: int | None = None,
-           temperature: float = 21.0, device_type: str = "thermostat", append_ms: int = 0, **metrics: float) -> Rec:
-    message = Telemetry(v=1, device_id=device, device_type=device_type, site="h1", seq=seq,
+           temperature: float = 21.0, device_type: str = "thermostat", append_ms: int = 0, site: str = "h1",
+           **metrics: float) -> Rec:
+    message = Telemetry(v=1, device_id=device, device_type=device_type, site=site, seq=seq,
                         ts=T0 + seq * 1000 if ts is None else ts,
                         metrics={"temperature_c": temperature, **metrics})
     return Rec(device, message.to_json(), seq if offset is None else offset, append_ms)
@@ -126,6 +127,33 @@ def test_results_do_not_depend_on_how_the_stream_is_cut_into_batches() -> None:
     assert len(ids) == 3
 
 
+def test_a_device_that_reboots_and_restarts_at_seq_0_is_scored_not_deduplicated() -> None:
+    """100 readings, a reboot (seq back to 0, time going on), 50 more: all 150 scored and
+    archived, one seq reset; a copy of a reading (same seq and time) is still a duplicate."""
+    harness = Harness()
+    before = [record(i) for i in range(100)]
+    after = [record(i, ts=T0 + (100 + i) * 1000, offset=100 + i) for i in range(50)]
+    copies = [record(10, ts=T0 + 110 * 1000, offset=150), record(12, ts=T0 + 112 * 1000, offset=151)]  # re-sent
+    rows = harness.run([before, after[:20], after[20:] + copies])
+    assert len(readings_of(rows)) == 150
+    assert harness.counters()["seq_resets"] == 1 and harness.counters()["duplicates"] == 2
+    assert sorted(r["seq"] for r in readings_of(rows)) == sorted(list(range(100)) + list(range(50)))
+
+
+def test_a_device_id_seen_under_another_site_or_type_is_dead_lettered_not_merged() -> None:
+    harness = Harness()
+    rows = harness.process([record(i) for i in range(20)])
+    assert len(readings_of(rows)) == 20
+    intruder = [record(i, site="h2", offset=20 + i) for i in range(5)]
+    intruder += [record(30 + i, device_type="leak_sensor", offset=40 + i) for i in range(3)]
+    rows = harness.process(intruder + [record(20, offset=99)])
+    dead = [r for r in rows if r["kind"] == "dlq"]
+    assert [r["reason"] for r in dead] == ["identity_conflict"] * 8
+    assert "thermostat at site h1" in dead[0]["detail"] and "site h2" in dead[0]["detail"]
+    assert [r["seq"] for r in readings_of(rows)] == [20]  # the real device goes on
+    assert harness.state().site == "h1" and harness.counters()["dead_lettered"] == 8
+
+
 def test_duplicates_are_counted_not_scored_and_late_records_are_routed() -> None:
     harness = Harness()
     records = [record(i) for i in range(300) if i != 3]
@@ -176,8 +204,9 @@ def test_malformed_and_mismatched_records_go_to_dead_letters() -> None:
 
 def test_seq_window_detects_duplicates_and_counter_resets() -> None:
     harness = Harness(StreamSettings(dedup_window=64))
-    seqs = [0, 1, 3, 2, 3, 1, 500, 400]
-    rows = harness.process([record(s, offset=i, ts=T0 + i * 1000) for i, s in enumerate(seqs)])
+    seqs = [0, 1, 3, 2, 3, 1, 500, 400]  # copies carry their original's time; 400 is newer than 500
+    times = [0, 1, 3, 2, 3, 1, 500, 501]
+    rows = harness.process([record(s, offset=i, ts=T0 + t * 1000) for i, (s, t) in enumerate(zip(seqs, times))])
     assert [r["seq"] for r in readings_of(rows)] == [0, 1, 3, 2, 500, 400]
     counters = harness.counters()
     assert (counters["duplicates"], counters["seq_resets"]) == (2, 1)
