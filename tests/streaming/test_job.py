@@ -222,3 +222,59 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark
         assert job.query.isActive
     finally:
         job.stop()
+
+
+def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settings: Settings, unique: str,
+                                                            tmp_path: Path) -> None:
+    """One record of each kind that once stopped or wedged a component, straight into the
+    raw topic (as the gateway, or any other producer, would put it there), then 100 valid
+    readings: each poison record is a dead letter with its reason or handled as documented
+    (a reading 23 h ahead is within the contract's skew and scored), and all 100 are scored
+    and archived -- with fleet scoring on."""
+    from confluent_kafka import Producer
+
+    from iotwatch.contract import Telemetry
+
+    settings = _job_settings(test_settings, fleet_detector="isolation_forest")
+    settings = settings.model_copy(update={"registry": settings.registry.model_copy(update={"path": tmp_path / "reg"})})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    now = int(time.time() * 1000)
+    good, victim = f"good-{unique}", f"victim-{unique}"
+
+    def message(device: str = f"poison-{unique}", **fields: object) -> bytes:
+        body = {"v": 1, "device_id": device, "device_type": "thermostat", "site": "h1", "seq": 1, "ts": now - 60_000,
+                "metrics": {"temperature_c": 20.0}, **fields}
+        return json.dumps(body).encode()
+
+    poison = [
+        ("invalid_field", message(seq=2**63)),
+        ("invalid_field", message(seq=-1)),
+        ("invalid_field", message(device_type="a:b")),
+        ("too_many_metrics", message(metrics={f"m{i}": 1.0 for i in range(1000)})),
+        ("too_large", message(metrics={"temperature_c": 20.0, "x" * 300_000: 1.0})),
+        ("invalid_json", b'{"device_id":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        ("identity_conflict", message(victim, site="h2", seq=2)),
+    ]
+    producer = Producer(settings.kafka.client_config())
+    producer.produce(settings.topics.raw, key=victim.encode(), value=message(victim, seq=1))
+    for _, value in poison:
+        key = victim if b"victim" in value[:200] else f"poison-{unique}"
+        producer.produce(settings.topics.raw, key=key.encode(), value=value)
+    ahead = Telemetry(v=1, device_id=f"ahead-{unique}", device_type="thermostat", site="h1", seq=1,
+                      ts=now + 23 * 3600 * 1000, metrics={"temperature_c": 20.0})
+    producer.produce(settings.topics.raw, key=ahead.device_id.encode(), value=ahead.to_json())
+    for seq in range(100):
+        reading = Telemetry(v=1, device_id=good, device_type="thermostat", site="h1", seq=seq,
+                            ts=now - 100_000 + seq * 1000, metrics={"temperature_c": 20.0 + seq % 3 * 0.1})
+        producer.produce(settings.topics.raw, key=good.encode(), value=reading.to_json())
+    assert producer.flush(30) == 0
+
+    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", available_now=True)
+    job.await_backlog(600)
+    assert job.query.exception() is None
+    assert job.totals["reading_records"] == 100 + 2  # the good device, the victim's first reading, the one ahead
+    assert job.totals["dlq"] == len(poison)
+    dead = read_topic(settings.kafka, settings.topics.dlq, expected=len(poison), timeout_s=30, idle_s=3)
+    assert sorted(header_value(m.headers(), H_REASON) for m in dead) == sorted(reason for reason, _ in poison)
+    archive = pd.read_parquet(tmp_path / "archive" / "readings")
+    assert sorted(archive[archive["device_id"] == good]["seq"]) == list(range(100))
