@@ -16,6 +16,7 @@ import pytest
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.deadletter import H_REASON, header_value
+from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.job import start
 from tests.helpers import read_topic
@@ -278,3 +279,89 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settin
     assert sorted(header_value(m.headers(), H_REASON) for m in dead) == sorted(reason for reason, _ in poison)
     archive = pd.read_parquet(tmp_path / "archive" / "readings")
     assert sorted(archive[archive["device_id"] == good]["seq"]) == list(range(100))
+
+
+def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
+        spark, test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    """InfluxDB stopped for 20 s under a running job: the job goes on, the failed writes
+    are counted (metrics are derived data), every reading reaches the archive, and after
+    InfluxDB is back the job writes to it again."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from iotwatch.contract import Telemetry
+    from iotwatch.stack.influxdb import start_influxdb
+    from iotwatch.stack.process import start_process, stop_process
+
+    influx = start_influxdb(tmp_path / "influx", f"outage_{unique}", timeout_s=60)
+    settings = _job_settings(test_settings, trigger_interval_s=0.5, aggregate_interval_s=1)
+    settings = settings.model_copy(update={"influx": settings.influx.model_copy(
+        update={"url": influx.endpoint, "database": f"outage_{unique}"})})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    devices = [f"out-{unique}-{d}" for d in range(5)]
+    sent = {d: [] for d in devices}
+    stop = threading.Event()
+
+    def produce() -> None:
+        producer = Producer(settings.kafka.client_config())
+        seq = 0
+        while not stop.is_set():
+            for device in devices:
+                reading = Telemetry(v=1, device_id=device, device_type="thermostat", site="h1", seq=seq,
+                                    ts=int(time.time() * 1000), metrics={"temperature_c": 21.0 + seq % 5 * 0.1})
+                producer.produce(settings.topics.raw, key=device.encode(), value=reading.to_json())
+                sent[device].append(seq)
+            producer.poll(0)
+            seq += 1
+            time.sleep(0.05)
+        assert producer.flush(30) == 0
+
+    def wait_for(condition, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not condition():
+            time.sleep(0.5)
+        assert condition()
+
+    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
+                query_name=f"outage_{unique}")
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for(lambda: job.totals.get("reading_records", 0) >= 100)
+        client = InfluxV1Client(settings.influx)
+        points = f"SELECT count(mean) FROM device_metrics WHERE device_id = '{devices[0]}'"
+
+        def count() -> int:
+            try:
+                series = client.query(points)
+            except IotwatchError:  # down, or still starting
+                return -1
+            return int(series[0]["values"][0][1]) if series else 0
+        wait_for(lambda: count() > 0)
+        stop_process(influx.process)
+        down_since = time.monotonic()
+        wait_for(lambda: job.totals.get("influx_write_failures", 0) >= 1, timeout_s=60)
+        time.sleep(max(0.0, 20 - (time.monotonic() - down_since)))
+        conf = tmp_path / "influx" / "influxdb" / "influxdb.conf"
+        restarted = start_process("influx", [influx.process.command[0], "-config", str(conf)],
+                                  tmp_path / "influx" / "influxdb" / "influxd-2.log")
+        failures = job.totals["influx_write_failures"]
+        wait_for(lambda: count() >= 0, timeout_s=60)  # up again
+        back = count()
+        wait_for(lambda: count() > back, timeout_s=120)  # and written to again
+        stop.set()
+        producer.join()
+        total = sum(len(s) for s in sent.values())
+        wait_for(lambda: job.totals.get("reading_records", 0) >= total)
+        assert job.query.isActive and job.query.exception() is None
+        assert job.totals["reading_records"] == total and failures >= 1
+    finally:
+        stop.set()
+        producer.join()
+        job.stop()
+        stop_process(influx.process)
+        if "restarted" in locals():
+            stop_process(restarted)
+    archive = pd.read_parquet(tmp_path / "archive" / "readings").drop_duplicates(["device_id", "seq"])
+    assert archive.groupby("device_id")["seq"].apply(sorted).to_dict() == sent
