@@ -45,7 +45,7 @@ from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, E
                                     IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
 from streaming.schemas import (AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column,
                                value_column)
-from streaming.sequencing import INVALID, LATE_RECORD, SCORED_RECORD, classify
+from streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
 
 _WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
 _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
@@ -267,7 +267,11 @@ class PartitionEngine:
         pair_name = np.asarray(name_list, dtype=object)[pair_keys % max(len(name_list), 1)] if len(pair_keys) else \
             np.zeros(0, dtype=object)
         pair_slot, pair_detector = batch.assign_slots(pair_device, pair_name, self.initial_detector)
-        scored = scored_names(names) & ~oor
+        # A reading that arrives after a newer one of its device is archived and goes through
+        # the rules, but the detectors neither learn from it nor score it: fed out of event
+        # time order, a drifting or seasonal metric would look like a jump back.
+        in_order = batch.in_order[er]
+        scored = scored_names(names) & ~oor & in_order
         scores = np.full(len(names), np.nan)
         ts = batch.seq_ts[1][batch.scored]
         if scored.any():
@@ -276,11 +280,12 @@ class PartitionEngine:
             scores[scored] = kernel.score_learn(stacked, stream.astype(np.int64), values[scored],
                                                 ts[er[scored]].astype(np.int64), self.params)
             batch.unstack_detectors(stacked, base)
-        batch.remember_last(pair_device, pair_slot, pair_codes, values, ~oor)
+        batch.remember_last(pair_device, pair_slot, pair_codes, values, ~oor & in_order)
         readings = _Readings(reading_type, batch.event[batch.scored], er, names, values, oor, scores)
         readings.device = reading_device
         readings.ts = ts
         readings.seq = batch.seq_ts[0][batch.scored]
+        readings.in_order = batch.in_order
         readings.pair_slot = pair_slot[pair_codes] if len(pair_codes) else np.zeros(0, dtype=np.int64)
         anomaly = np.zeros(len(batch.scored))
         if scored.any():
@@ -479,7 +484,7 @@ class PartitionEngine:
             frame, previous = batch.fleet_frames(readings, rows)
             result = model.score_paired(frame, previous) if hasattr(model, "score_paired") else \
                 model.score_many(frame)
-            applies[rows] = True
+            applies[rows] = readings.in_order[rows]  # as the detectors: not on readings out of order
             score[rows] = np.asarray(result, dtype=float)
         if not versions:
             return None
@@ -629,7 +634,8 @@ class _Batch:
         for d, state in enumerate(states):
             state.core, state.seqs = self.core[d], seqs[d]
             state.core[LAST_WALL_MS] = now_ms
-        self.scored = np.flatnonzero(self.outcome == SCORED_RECORD)
+        self.scored = np.flatnonzero((self.outcome == SCORED_RECORD) | (self.outcome == OUT_OF_ORDER))
+        self.in_order = self.outcome[self.scored] == SCORED_RECORD
         return before
 
     def dead_letters(self) -> list[dict[str, Any]]:

@@ -22,8 +22,9 @@ from numba import njit
 from streaming.device_state import (CORE_FIELDS, CLOCK_STEPS, DEAD_LETTERED, DUPLICATES, LAST_APPEND_MS, LATE, MAX_EVENT_MS,
                                     RECEIVED, SCORED, SEQ_HIGH, SEQ_RESETS)
 
-#: What a record is (``outcome`` codes).
-NO_DEVICE, INVALID, DUPLICATE, LATE_RECORD, SCORED_RECORD = 0, 1, 2, 3, 4
+#: What a record is (``outcome`` codes). ``OUT_OF_ORDER`` is a reading kept (archived,
+#: rules applied) that arrived after a newer seq of its device, within the allowed lateness.
+NO_DEVICE, INVALID, DUPLICATE, LATE_RECORD, SCORED_RECORD, OUT_OF_ORDER = 0, 1, 2, 3, 4, 5
 
 
 @njit(cache=True, nogil=True)
@@ -120,7 +121,7 @@ def classify(device: np.ndarray, valid: np.ndarray, seq: np.ndarray, ts: np.ndar
             core[d, MAX_EVENT_MS] = ts[i]
         core[d, SCORED] += 1
         newest_ms[i] = core[d, MAX_EVENT_MS]
-        outcome[i] = SCORED_RECORD
+        outcome[i] = SCORED_RECORD if in_order or reset else OUT_OF_ORDER
 
 
 def warm() -> None:

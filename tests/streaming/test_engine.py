@@ -154,6 +154,25 @@ def test_a_device_id_seen_under_another_site_or_type_is_dead_lettered_not_merged
     assert harness.state().site == "h1" and harness.counters()["dead_lettered"] == 8
 
 
+def test_a_reading_out_of_order_within_the_lateness_is_archived_but_raises_no_false_alarm() -> None:
+    """A metric drifting steadily; one reading held back behind 30 newer ones (within the
+    allowed lateness) would look like a sudden drop if fed to the detector now. It is
+    archived, not scored and not learnt from, and raises nothing; in order, it is quiet."""
+    rng = random.Random(5)
+    values = [21 + i * 0.05 + rng.gauss(0, 0.02) for i in range(300)]
+    arrival = list(range(200)) + list(range(201, 231)) + [200] + list(range(231, 300))
+    series = [record(i, temperature=values[i]) for i in range(300)]
+    held = [record(seq, temperature=values[seq], offset=position) for position, seq in enumerate(arrival)]
+    for order in (series, held):
+        harness = Harness()
+        rows = harness.run([order[:150], order[150:]])
+        assert alerts_of(rows) == [], alerts_of(rows)
+        assert len(readings_of(rows)) == 300
+    late = next(r for r in readings_of(rows) if r["seq"] == 200)
+    assert late["scores"] == {} and late["metrics"]["temperature_c"] == values[200]
+    assert Harness().engine.detector_name and harness.counters()["late"] == 0
+
+
 def test_duplicates_are_counted_not_scored_and_late_records_are_routed() -> None:
     harness = Harness()
     records = [record(i) for i in range(300) if i != 3]
