@@ -238,6 +238,12 @@ def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) ->
             assert host in services, f"{name}: {key}={value} names no compose service"
 
 
+def test_iotwatch_services_refuse_placeholder_secrets(compose: dict[str, Any]) -> None:
+    """tests/test_secrets.py shows what the setting does; here, that compose sets it."""
+    for name, service in services_built_here(compose).items():
+        assert environment_of(service).get("IOTWATCH_DEPLOYMENT_REQUIRE_SECRETS") == "true", name
+
+
 def test_compose_variables_are_listed_in_env_example(compose_text: str, env_example: dict[str, str]) -> None:
     referenced = referenced_variables(compose_text)
     assert referenced, "docker-compose.yml references no variables"
