@@ -283,13 +283,44 @@ def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
 
 def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
-    assert set(built) == {"gateway", "stream", "simulator"}
+    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics"}
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
                 for name, svc in built.items()}
     assert "gateway" in commands["gateway"]
     assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
     assert "simulate" in commands["simulator"]
+    assert commands["kafka-topics"][-2:] == ["provision", "topics"]
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+
+
+def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    kafka_env = environment_of(services["kafka"])
+    assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = dict(item.split("://") for item in kafka_env["KAFKA_LISTENERS"].split(","))
+    for name, protocol in protocols.items():
+        # The only unauthenticated listener is KRaft's controller, reachable from loopback only.
+        assert protocol.startswith("SASL_") or (name == "CONTROLLER" and listeners[name].startswith("localhost:")), name
+    assert kafka_env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    entrypoint = host_path(services["kafka"], services["kafka"]["entrypoint"][-1])
+    assert entrypoint is not None and entrypoint.is_file(), "the kafka entry point is not mounted"
+    scram_users = set(re.findall(r"SCRAM-SHA-512=\[name=([a-z]+),", entrypoint.read_text()))
+    clients = {name: environment_of(svc) for name, svc in services.items()
+               if "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS" in environment_of(svc)}
+    assert {"gateway", "stream", "kafka-topics"} <= set(clients)
+    for name, env in clients.items():
+        assert env["IOTWATCH_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
+        assert env["IOTWATCH_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["IOTWATCH_KAFKA_SASL_USERNAME"] in scram_users, f"{name}: no such SCRAM user"
+    # Each service its own user; only the init step is admin.
+    users = {name: env["IOTWATCH_KAFKA_SASL_USERNAME"] for name, env in clients.items()}
+    assert len(set(users.values())) == len(users) and users["kafka-topics"] == "admin", users
+    for name in ("gateway", "stream"):
+        assert services[name]["depends_on"]["kafka-topics"]["condition"] == "service_completed_successfully"
 
 
 # --- service configuration files ---------------------------------------------------------
