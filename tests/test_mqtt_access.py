@@ -27,10 +27,12 @@ from pathlib import Path
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from iotwatch import contract
-from iotwatch.stack.process import free_port, port_open, start_process, stop_process, wait_until
+from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 IOTWATCH = [sys.executable, "-m", "iotwatch"]
@@ -43,12 +45,25 @@ ACCEPTED = (0x00, 0x10)  # PUBACK: success, or success with no subscriber yet
 WAIT_S = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Broker:
     port: int
     tls_port: int
     folder: Path
     passwords: dict[str, str]
+    command: list[str]
+    record: ProcessRecord | None = None
+
+    def start(self) -> None:
+        self.record = start_process("mosquitto-access", self.command, self.folder / "mosquitto.log")
+        wait_until(lambda: port_open("127.0.0.1", self.port) and port_open("127.0.0.1", self.tls_port),
+                   timeout_s=15, what="mosquitto with the deployment's config", record=self.record)
+
+    def stop(self) -> None:
+        """SIGTERM, as ``docker-compose stop`` sends: mosquitto saves its database on the way out."""
+        if self.record is not None:
+            stop_process(self.record)
+            self.record = None
 
 
 def service_password(user: str) -> str:
@@ -93,13 +108,12 @@ def _run_broker(binary: str, folder: Path) -> Iterator[Broker]:
             .replace("/mosquitto/auth", str(folder / "auth")).replace("/mosquitto/data/", f"{data}/"))
     (folder / "mosquitto.conf").write_text(conf)
     (folder / "mosquitto.conf").chmod(0o644)
-    record = start_process("mosquitto-access", [binary, "-c", str(folder / "mosquitto.conf")], folder / "mosquitto.log")
+    broker = Broker(port, tls_port, folder, passwords, [binary, "-c", str(folder / "mosquitto.conf")])
     try:
-        wait_until(lambda: port_open("127.0.0.1", port) and port_open("127.0.0.1", tls_port), timeout_s=15,
-                   what="mosquitto with the deployment's config", record=record)
-        yield Broker(port, tls_port, folder, passwords)
+        broker.start()
+        yield broker
     finally:
-        stop_process(record)
+        broker.stop()
 
 
 def iotwatch(*args: str, env: dict[str, str] | None = None) -> str:
@@ -112,11 +126,11 @@ class Client:
     """One account's MQTT 5 connection, recording what it receives and the broker's answers."""
 
     def __init__(self, broker: Broker, user: str, *, password: str | None = None, tls_ca: Path | None = None,
-                 connect: bool = True) -> None:
+                 connect: bool = True, session: str | None = None) -> None:
         self.received: list[tuple[str, bytes]] = []
         self.connected = threading.Event()
         self.connect_code: int | None = None
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{user}-{uuid.uuid4().hex[:8]}",
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=session or f"{user}-{uuid.uuid4().hex[:8]}",
                                   protocol=MQTTProtocolVersion.MQTTv5)
         self.client.username_pw_set(user, password if password is not None else broker.passwords[user])
         self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
@@ -126,7 +140,11 @@ class Client:
             self.client.tls_set(ca_certs=str(tls_ca) if tls_ca else None, cert_reqs=ssl.CERT_REQUIRED)
             port = broker.tls_port
         if connect:
-            self.client.connect("localhost", port)
+            properties = None
+            if session:  # a persistent session, as the gateway keeps (GatewaySettings.session_expiry_s)
+                properties = Properties(PacketTypes.CONNECT)
+                properties.SessionExpiryInterval = 3600
+            self.client.connect("localhost", port, clean_start=session is None, properties=properties)
             self.client.loop_start()
             assert self.connected.wait(WAIT_S), f"{user}: no CONNACK"
 
@@ -161,6 +179,15 @@ class Client:
         self.client.publish(topic, payload, qos=1)
         assert done.wait(WAIT_S), f"no PUBACK for {topic}"
         return answer[0]
+
+    def publish_many(self, topic: str, payloads: list[bytes]) -> None:
+        """QoS 1 publishes, returning once the broker acknowledged every one."""
+        acked = threading.Semaphore(0)
+        self.client.on_publish = lambda *_args: acked.release()
+        for payload in payloads:
+            self.client.publish(topic, payload, qos=1)
+        for _ in payloads:
+            assert acked.acquire(timeout=WAIT_S), "the broker stopped acknowledging"
 
     def wait_for(self, payload: bytes) -> list[tuple[str, bytes]]:
         """Messages received up to and including ``payload`` (which must arrive)."""
@@ -329,3 +356,28 @@ def test_bad_fleet_file_is_one_line_error(tmp_path: Path, content: str, message:
     assert result.returncode == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_gateway_session_queue_outlasts_the_default_and_a_broker_restart(broker: Broker) -> None:
+    """The gateway is away (a Kafka outage) while a device publishes 5,000 readings, five
+    times mosquitto's default queue of 1,000; the broker restarts in between. Every reading
+    the broker acknowledged reaches the gateway when it comes back (mosquitto.conf's
+    max_queued_messages and persistence)."""
+    session = f"gateway-{uuid.uuid4().hex[:8]}"
+    gateway = Client(broker, "iotwatch", session=session)
+    assert gateway.subscribe(contract.telemetry_topic(*D1)) == 1
+    gateway.close()
+    device = Client(broker, D1[2])
+    payloads = [f"{seq:05d}".encode() for seq in range(5000)]
+    try:
+        device.publish_many(contract.telemetry_topic(*D1), payloads)
+    finally:
+        device.close()
+    broker.stop()
+    broker.start()
+    gateway = Client(broker, "iotwatch", session=session)
+    try:
+        received = gateway.wait_for(payloads[-1])
+        assert [payload for _topic, payload in received] == payloads
+    finally:
+        gateway.close()
