@@ -116,10 +116,10 @@ def _run_broker(binary: str, folder: Path) -> Iterator[Broker]:
         broker.stop()
 
 
-def iotwatch(*args: str, env: dict[str, str] | None = None) -> str:
+def iotwatch(*args: str, env: dict[str, str] | None = None, stdout_only: bool = False) -> str:
     result = subprocess.run([*IOTWATCH, *args], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, f"iotwatch {' '.join(args)} failed: {result.stderr}"
-    return result.stdout + result.stderr
+    return result.stdout if stdout_only else result.stdout + result.stderr
 
 
 class Client:
@@ -331,7 +331,8 @@ def test_reprovisioning_keeps_passwords_and_rotate_changes_them(tmp_path: Path) 
     iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out))
     first = json.loads((out / "devices" / f"{D1[2]}.json").read_text())["password"]
     fleet.write_text(f"site,device_type,device_id\n{','.join(D1)}\n")
-    summary = json.loads(iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out), "--json"))
+    summary = json.loads(iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out), "--json",
+                                  stdout_only=True))
     assert (summary["kept"], summary["removed"]) == (1, 1)
     assert json.loads((out / "devices" / f"{D1[2]}.json").read_text())["password"] == first
     assert not (out / "devices" / f"{D2[2]}.json").exists()
@@ -381,3 +382,18 @@ def test_gateway_session_queue_outlasts_the_default_and_a_broker_restart(broker:
         assert [payload for _topic, payload in received] == payloads
     finally:
         gateway.close()
+
+
+def test_the_simulator_account_runs_the_real_simulator(broker: Broker, gateway: Client) -> None:
+    """The shared simulator account is enough for `iotwatch simulate` (telemetry, retained
+    status, its connection wills): every reading it sends reaches the gateway's account."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env.update(IOTWATCH_MQTT_USERNAME="simulator", IOTWATCH_MQTT_PASSWORD=broker.passwords["simulator"],
+               IOTWATCH_INFLUX_URL="")
+    stdout = iotwatch("simulate", "--mqtt", f"mqtt://127.0.0.1:{broker.port}", "--homes", "1", "--vehicles", "0",
+                      "--count", "30", "--as-fast-as-possible", "--no-progress", "--json", env=env, stdout_only=True)
+    sent = json.loads(stdout[stdout.rfind("\n{") + 1:])["sent"]
+    deadline = time.monotonic() + WAIT_S
+    while len(gateway.received) < sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(gateway.received) == sent >= 30, (sent, len(gateway.received))
