@@ -397,3 +397,14 @@ def test_the_simulator_account_runs_the_real_simulator(broker: Broker, gateway: 
     while len(gateway.received) < sent and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(gateway.received) == sent >= 30, (sent, len(gateway.received))
+
+
+@pytest.mark.parametrize("command", [["tls"], ["mqtt", "--fleet", "fleet.csv"]])
+def test_default_folders_only_from_the_repository_root(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "fleet.csv").write_text(f"site,device_type,device_id\n{','.join(D1)}\n")
+    result = subprocess.run([*IOTWATCH, "provision", *command], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "iotwatch: error: deploy/mosquitto does not exist here: run from the repository root or pass --out"]
+    assert [path.name for path in tmp_path.iterdir()] == ["fleet.csv"]

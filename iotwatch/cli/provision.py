@@ -40,7 +40,7 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
     and a credentials file per device to install on it. Run again after changing the fleet
     file, then restart mosquitto (docker-compose restart mosquitto).
     """
-    result = provision_fleet(read_fleet(fleet_file), out_dir, rotate=rotate)
+    result = provision_fleet(read_fleet(fleet_file), _checked(out_dir), rotate=rotate)
     emit(result.summary(), as_json, _render_summary)
 
 
@@ -60,7 +60,7 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
     mqtts://HOST:8883). An existing CA is kept, so renewing the server certificate does
     not touch the devices.
     """
-    emit(make_certificates(out_dir, list(hosts), days, new_ca=new_ca).summary(), as_json, _render_summary)
+    emit(make_certificates(_checked(out_dir), list(hosts), days, new_ca=new_ca).summary(), as_json, _render_summary)
 
 
 @provision.command()
@@ -76,6 +76,14 @@ def topics(app: AppContext, as_json: bool) -> None:
     created = ensure_topics(settings.kafka, wanted)
     emit({"topics": wanted, "created": created, "partitions": settings.kafka.partitions,
           "replication_factor": settings.kafka.replication_factor}, as_json, _render_summary)
+
+
+def _checked(out_dir: Path) -> Path:
+    """The default folders are where docker-compose mounts them: refuse to scatter secrets
+    into a folder compose will never read when run outside the repository root."""
+    if out_dir in (DEFAULT_FLEET_DIR, DEFAULT_TLS_DIR) and not out_dir.parent.is_dir():
+        raise click.UsageError(f"{out_dir.parent} does not exist here: run from the repository root or pass --out")
+    return out_dir
 
 
 def _render_summary(result: dict[str, Any]) -> None:
