@@ -79,3 +79,23 @@ def test_mosquitto_entrypoint_refuses_placeholder_passwords(tmp_path: Path) -> N
     assert result.stderr.strip().splitlines() == [
         "mosquitto entrypoint: an MQTT_*_PASSWORD is still the .env.example placeholder; set real values in .env"]
     assert not (tmp_path / "auth").exists(), "files were written before the check"
+
+
+@pytest.mark.parametrize("script, env, message", [
+    ("deploy/kafka/entrypoint.sh",
+     {"SCRAM_ADMIN_PASSWORD": "real-admin-secret", "SCRAM_GATEWAY_PASSWORD": "CHANGE_ME-kafka-gateway-password",
+      "SCRAM_STREAM_PASSWORD": "real-stream-secret"},
+     "kafka entrypoint: a KAFKA_*_PASSWORD is still the .env.example placeholder; set real values in .env"),
+    ("deploy/influxdb/initdb/20-iotwatch-auth.sh",
+     {"DOCKER_INFLUXDB_INIT_ORG": "iotwatch", "DOCKER_INFLUXDB_INIT_BUCKET_ID": "0123456789abcdef",
+      "INFLUX_WRITER_USER": "iotwatch", "INFLUX_WRITER_PASSWORD": "real-writer-secret",
+      "INFLUX_READER_USER": "grafana", "INFLUX_READER_PASSWORD": "CHANGE_ME-influxdb-reader-password"},
+     "iotwatch: an INFLUXDB_*_PASSWORD is still the .env.example placeholder; set real values in .env"),
+])
+def test_kafka_and_influxdb_scripts_refuse_placeholder_passwords(script: str, env: dict[str, str], message: str) -> None:
+    """They stop before running anything (the Kafka and InfluxDB tools are not on this machine:
+    reaching them would be a different failure)."""
+    shell = "bash" if script.endswith("auth.sh") else "sh"
+    result = run([shell, str(REPO / script), "true"], clean_env(**env))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [message]
