@@ -245,6 +245,21 @@ def test_device_cannot_publish_as_another_device(broker: Broker, gateway: Client
     assert all(payload != denied for _topic, payload in gateway.wait_for(allowed))
 
 
+@pytest.mark.parametrize("user", ["iotwatch", "responder"])
+def test_services_cannot_write_readings(broker: Broker, gateway: Client, user: str) -> None:
+    """The gateway reads and the responder commands; neither can forge a device's reading."""
+    service, device = Client(broker, user), Client(broker, D1[2])
+    try:
+        forged, real = marker(), marker()
+        assert service.publish(contract.telemetry_topic(*D1), forged) == NOT_AUTHORIZED
+        assert service.publish(contract.status_topic(*D1), forged) == NOT_AUTHORIZED
+        assert device.publish(contract.telemetry_topic(*D1), real) == 0
+        assert all(payload != forged for _topic, payload in gateway.wait_for(real))
+    finally:
+        service.close()
+        device.close()
+
+
 def test_device_cannot_read_other_devices(broker: Broker, device: Client) -> None:
     # mosquitto 2.0's ACL file grants every SUBSCRIBE (the SUBACK says nothing) and checks
     # read access on each delivery: what counts is that nothing of another device arrives.
