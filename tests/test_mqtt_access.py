@@ -363,6 +363,9 @@ def test_reprovisioning_keeps_passwords_and_rotate_changes_them(tmp_path: Path) 
     ("site,device_type,device_id\nhome-1,thermostat,a:b\n", "must not contain ':'"),
     ("site,device_type,device_id\nh,t,x\nh,t,x\n", "listed twice"),
     ("site,device_type,device_id\n", "lists no devices"),
+    ("", "is empty (header: site,device_type,device_id)"),
+    ("site,device_type,device_id\nh,t,x,extra\n", "fleet.csv:2"),
+    ("site,device_type,device_id\nh,t\n", "fleet.csv:2"),
 ])
 def test_bad_fleet_file_is_one_line_error(tmp_path: Path, content: str, message: str) -> None:
     fleet = tmp_path / "fleet.csv"

@@ -80,14 +80,17 @@ def read_fleet(path: Path) -> list[DeviceIdentity]:
     """Devices of a CSV fleet file with the header ``site,device_type,device_id``."""
     try:
         with open(path, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-            header = tuple(rows[0]) if rows else ()
-    except OSError as exc:
-        raise ValueError(f"cannot read fleet file {path}: {exc.strerror}") from exc
-    if not rows:
-        raise ValueError(f"fleet file {path} lists no devices (header: {','.join(FLEET_COLUMNS)})")
+            reader = csv.DictReader(handle)
+            header = tuple(reader.fieldnames or ())
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"cannot read fleet file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if not header:
+        raise ValueError(f"fleet file {path} is empty (header: {','.join(FLEET_COLUMNS)})")
     if header != FLEET_COLUMNS:
-        raise ValueError(f"fleet file {path}: header must be {','.join(FLEET_COLUMNS)}, not {','.join(map(str, header))}")
+        raise ValueError(f"fleet file {path}: header must be {','.join(FLEET_COLUMNS)}, not {','.join(header)}")
+    if not rows:
+        raise ValueError(f"fleet file {path} lists no devices")
     devices: list[DeviceIdentity] = []
     seen: set[str] = set()
     for line, row in enumerate(rows, start=2):
