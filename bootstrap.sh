@@ -7,7 +7,8 @@
 #
 # System packages (apt, when missing and when root or sudo is available): mosquitto and
 # mosquitto-clients (MQTT broker and CLI clients), influxdb (metrics store), docker-compose
-# (compose-file validation only), openjdk-17-jre-headless (Java for Spark), curl.
+# (compose-file validation only), openjdk-17-jre-headless (Java for Spark), curl, openssl
+# (`iotwatch provision tls`).
 # Python packages: the project and its test extras, into ./.venv (IOTWATCH_VENV to change),
 # reinstalled only when pyproject.toml changes.
 set -euo pipefail
@@ -24,6 +25,7 @@ have influxd || missing+=(influxdb)
 have docker-compose || missing+=(docker-compose)
 have java || missing+=(openjdk-17-jre-headless)
 have curl || missing+=(curl)
+have openssl || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null 2>&1; then sudo="sudo"; else sudo="none"; fi
     if [ "$sudo" = none ]; then

@@ -511,6 +511,9 @@ def _objects(items: list[Any]) -> np.ndarray:
 
 TELEMETRY_SUFFIX = "telemetry"
 STATUS_SUFFIX = "status"
+#: Device commands go to ``.../commands``; the device answers on ``.../commands/ack``.
+COMMANDS_SUFFIX = "commands"
+COMMAND_ACK_SUFFIX = "commands/ack"
 
 
 def telemetry_topic(site: str, device_type: str, device_id: str) -> str:
@@ -519,6 +522,14 @@ def telemetry_topic(site: str, device_type: str, device_id: str) -> str:
 
 def status_topic(site: str, device_type: str, device_id: str) -> str:
     return f"iot/{site}/{device_type}/{device_id}/{STATUS_SUFFIX}"
+
+
+def command_topic(site: str, device_type: str, device_id: str) -> str:
+    return f"iot/{site}/{device_type}/{device_id}/{COMMANDS_SUFFIX}"
+
+
+def command_ack_topic(site: str, device_type: str, device_id: str) -> str:
+    return f"iot/{site}/{device_type}/{device_id}/{COMMAND_ACK_SUFFIX}"
 
 
 def parse_device_topic(topic: str) -> tuple[str, str, str, str]:

@@ -313,6 +313,19 @@ class AlertsSettings(_ConcernSettings):
                                                             "(the file <state_dir>/dead-letters.jsonl always)")
 
 
+class DeploymentSettings(_ConcernSettings):
+    """How strict start-up is about configuration: docker-compose sets
+    ``IOTWATCH_DEPLOYMENT_REQUIRE_SECRETS=true`` so a service refuses to run with a secret
+    still at its .env.example placeholder, or with a user name but no password."""
+
+    section: ClassVar[str] = "deployment"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_DEPLOYMENT_", frozen=True, extra="ignore")
+
+    require_secrets: bool = Field(False, description="refuse placeholder (CHANGE_ME) or missing secrets at start")
+    placeholder_markers: list[str] = Field(default_factory=lambda: ["change_me", "change-me", "changeme"],
+                                           description="a secret containing one of these (any case) is a placeholder")
+
+
 class Settings(BaseModel):
     """Everything a component may need, one frozen object per concern."""
 
@@ -327,6 +340,22 @@ class Settings(BaseModel):
     stream: StreamSettings
     registry: RegistrySettings
     alerts: AlertsSettings
+    deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
+
+    def unusable_secrets(self) -> list[str]:
+        """Environment names of secrets that are placeholders, or missing beside a user name."""
+        markers = [marker.lower() for marker in self.deployment.placeholder_markers]
+        problems = []
+        for concern in (getattr(self, name) for name in type(self).model_fields):
+            prefix = concern.model_config.get("env_prefix", "")
+            for name in type(concern).model_fields:
+                value = getattr(concern, name)
+                if isinstance(value, SecretStr) and any(m in value.get_secret_value().lower() for m in markers):
+                    problems.append(f"{prefix}{name.upper()} is a placeholder")
+            for user, secret in _CREDENTIAL_PAIRS:
+                if getattr(concern, user, None) and not getattr(concern, secret, None):
+                    problems.append(f"{prefix}{secret.upper()} is not set (but {prefix}{user.upper()} is)")
+        return problems
 
     def with_endpoints(
         self, *, mqtt: str | None = None, kafka: str | None = None, influx: str | None = None
@@ -342,10 +371,27 @@ class Settings(BaseModel):
         return self.model_copy(update=update)
 
 
+#: (user name field, secret field) pairs: with IOTWATCH_DEPLOYMENT_REQUIRE_SECRETS, a user
+#: name without its secret is refused too (the service would fail later, less clearly).
+_CREDENTIAL_PAIRS = (("username", "password"), ("sasl_username", "sasl_password"))
+
+
 def load_settings(config_file: str | Path | None = None) -> Settings:
-    """Read the environment (and the TOML file, if any) now."""
+    """Read the environment (and the TOML file, if any) now.
+
+    With ``deployment.require_secrets`` a placeholder or missing secret raises
+    :class:`ValueError` naming the variables, so a service exits before it connects.
+    """
     if config_file is not None:
         os.environ[CONFIG_FILE_ENV] = str(config_file)
+    settings = _read_settings()
+    if settings.deployment.require_secrets and (problems := settings.unusable_secrets()):
+        raise ValueError(f"refusing to start with unusable secrets: {'; '.join(problems)} "
+                         "(set real values in .env)")
+    return settings
+
+
+def _read_settings() -> Settings:
     return Settings(
         mqtt=MqttSettings(),
         kafka=KafkaSettings(),
@@ -356,6 +402,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         stream=StreamSettings(),
         registry=RegistrySettings(),
         alerts=AlertsSettings(),
+        deployment=DeploymentSettings(),
     )
 
 

@@ -156,7 +156,11 @@ def test_compose_config_renders_with_env_example(env_example: dict[str, str]) ->
     assert set(rendered["services"]) >= {"mosquitto", "kafka", "influxdb", "grafana", "gateway", "stream", "simulator"}
     gateway_env = environment_of(rendered["services"]["gateway"])
     assert gateway_env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
-    assert gateway_env["IOTWATCH_INFLUX_TOKEN"] == env_example["INFLUXDB_ADMIN_TOKEN"]
+    assert gateway_env["IOTWATCH_INFLUX_PASSWORD"] == env_example["INFLUXDB_WRITER_PASSWORD"]
+    # The admin token stays with the influxdb service (least privilege).
+    for name, service in rendered["services"].items():
+        if name != "influxdb":
+            assert env_example["INFLUXDB_ADMIN_TOKEN"] not in environment_of(service).values(), name
 
 
 # --- paths -----------------------------------------------------------------------------
@@ -219,10 +223,10 @@ def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) ->
     services = compose["services"]
     expected = {
         "gateway": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD",
-                    "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_TOKEN",
-                    "IOTWATCH_INFLUX_DATABASE"},
-        "stream": {"IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_TOKEN",
-                   "IOTWATCH_INFLUX_DATABASE"},
+                    "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_USERNAME",
+                    "IOTWATCH_INFLUX_PASSWORD", "IOTWATCH_INFLUX_DATABASE"},
+        "stream": {"IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_USERNAME",
+                   "IOTWATCH_INFLUX_PASSWORD", "IOTWATCH_INFLUX_DATABASE"},
         "simulator": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD"},
     }
     for name, keys in expected.items():
@@ -236,6 +240,12 @@ def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) ->
             else:
                 continue
             assert host in services, f"{name}: {key}={value} names no compose service"
+
+
+def test_iotwatch_services_refuse_placeholder_secrets(compose: dict[str, Any]) -> None:
+    """tests/test_secrets.py shows what the setting does; here, that compose sets it."""
+    for name, service in services_built_here(compose).items():
+        assert environment_of(service).get("IOTWATCH_DEPLOYMENT_REQUIRE_SECRETS") == "true", name
 
 
 def test_compose_variables_are_listed_in_env_example(compose_text: str, env_example: dict[str, str]) -> None:
@@ -277,13 +287,44 @@ def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
 
 def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
-    assert set(built) == {"gateway", "stream", "simulator"}
+    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics"}
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
                 for name, svc in built.items()}
     assert "gateway" in commands["gateway"]
     assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
     assert "simulate" in commands["simulator"]
+    assert commands["kafka-topics"][-2:] == ["provision", "topics"]
+
+
+# --- Kafka ---------------------------------------------------------------------------------
+
+
+def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    kafka_env = environment_of(services["kafka"])
+    assert kafka_env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = dict(item.split("://") for item in kafka_env["KAFKA_LISTENERS"].split(","))
+    for name, protocol in protocols.items():
+        # The only unauthenticated listener is KRaft's controller, reachable from loopback only.
+        assert protocol.startswith("SASL_") or (name == "CONTROLLER" and listeners[name].startswith("localhost:")), name
+    assert kafka_env["KAFKA_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+    entrypoint = host_path(services["kafka"], services["kafka"]["entrypoint"][-1])
+    assert entrypoint is not None and entrypoint.is_file(), "the kafka entry point is not mounted"
+    scram_users = set(re.findall(r"SCRAM-SHA-512=\[name=([a-z]+),", entrypoint.read_text()))
+    clients = {name: environment_of(svc) for name, svc in services.items()
+               if "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS" in environment_of(svc)}
+    assert {"gateway", "stream", "kafka-topics"} <= set(clients)
+    for name, env in clients.items():
+        assert env["IOTWATCH_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
+        assert env["IOTWATCH_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["IOTWATCH_KAFKA_SASL_USERNAME"] in scram_users, f"{name}: no such SCRAM user"
+    # Each service its own user; only the init step is admin.
+    users = {name: env["IOTWATCH_KAFKA_SASL_USERNAME"] for name, env in clients.items()}
+    assert len(set(users.values())) == len(users) and users["kafka-topics"] == "admin", users
+    for name in ("gateway", "stream"):
+        assert services[name]["depends_on"]["kafka-topics"]["condition"] == "service_completed_successfully"
 
 
 # --- service configuration files ---------------------------------------------------------
@@ -307,8 +348,10 @@ def test_grafana_datasource_uses_influxql(compose: dict[str, Any]) -> None:
         assert json_data.get("version") == "InfluxQL", f"{file}: {ds['name']} must use InfluxQL"
         assert urlsplit(ds["url"]).hostname in compose["services"], f"{file}: {ds['url']} is no compose service"
         assert json_data.get("dbName") or ds.get("database"), f"{file}: no database name"
-        assert json_data.get("httpHeaderName1") == "Authorization"
-        assert str(secure.get("httpHeaderValue1", "")).startswith("Token "), f"{file}: token header missing"
+        # The read-only user of deploy/influxdb/initdb/20-iotwatch-auth.sh, not the admin token.
+        assert ds.get("user") == "$INFLUX_USER" and secure.get("password") == "$INFLUX_PASSWORD", (
+            f"{file}: Grafana must log in as the read-only InfluxDB user")
+        assert grafana_env["INFLUX_PASSWORD"] == "${INFLUXDB_READER_PASSWORD:?set INFLUXDB_READER_PASSWORD in .env}"
 
 
 def test_grafana_dashboards_provider_reads_the_mounted_folder(compose: dict[str, Any]) -> None:
@@ -359,7 +402,14 @@ def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) 
         assert target.endswith(".sh")
         # The image runs them with run-parts, which silently skips non-executable files.
         assert os.access(source, os.X_OK), f"{source.relative_to(REPO)} must be executable (chmod +x)"
-        assert "v1 dbrp create" in source.read_text()
+    texts = [source.read_text() for source, _target in scripts]
+    assert any("v1 dbrp create" in text for text in texts), "no script creates the DBRP mapping"
+    # Least privilege: one write-only and one read-only v1 user on the bucket.
+    auth = "\n".join(texts)
+    assert "--write-bucket" in auth and "--read-bucket" in auth, "no per-service InfluxDB users"
+    influx_env = environment_of(influxdb)
+    for key in ("INFLUX_WRITER_PASSWORD", "INFLUX_READER_PASSWORD"):
+        assert key in influx_env and f"${{{key}" in auth, key
     # One database name everywhere: the DBRP mapping, iotwatch's writes, Grafana's queries.
     database = environment_of(influxdb)["DBRP_DATABASE"]
     assert environment_of(compose["services"]["grafana"])["INFLUX_DATABASE"] == database

@@ -1,0 +1,30 @@
+"""``iotwatch provision topics``, the compose init step for brokers with auto-creation off,
+against the session's real Kafka-protocol broker: it creates the pipeline's topics from the
+settings, and running it again creates nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from iotwatch.clients.kafka import list_topics
+from iotwatch.settings import Settings
+
+
+def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Settings) -> None:
+    topics = test_settings.topics
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env.update(IOTWATCH_TOPIC_RAW=topics.raw, IOTWATCH_TOPIC_DLQ=topics.dlq, IOTWATCH_TOPIC_ALERTS=topics.alerts,
+               IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates, IOTWATCH_KAFKA_PARTITIONS="3")
+    command = [sys.executable, "-m", "iotwatch", "provision", "topics",
+               "--kafka", test_settings.kafka.bootstrap_servers, "--json"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 0, first.stderr
+    assert sorted(json.loads(first.stdout)["created"]) == sorted(topics.kafka_topics())
+    existing = list_topics(test_settings.kafka)
+    assert {name: existing[name] for name in topics.kafka_topics()} == {name: 3 for name in topics.kafka_topics()}
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["created"] == []
