@@ -56,6 +56,7 @@ from iotwatch.settings import AlertsSettings
 from alerts.store import DeliveryStore
 from alerts.tail import group_consumer
 from alerts.webhook import Backoff, PostResult, Webhook, deliver
+from iotwatch.clients.kafka import client_config
 from iotwatch.deadletter import DeadLetter
 from iotwatch.settings import Settings
 
@@ -70,7 +71,7 @@ class DeadLetters:
     def __init__(self, path: Path, settings: Settings, topic: str | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.topic = path, topic
-        self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True}) if topic else None
+        self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True}) if topic else None
 
     def write(self, message: Message, alert: dict[str, Any] | None, reason: str, detail: str) -> None:
         raw = message.value() or b""

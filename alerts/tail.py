@@ -24,7 +24,7 @@ from rich.text import Text
 
 from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
 from iotwatch.settings import AlertsSettings
-from iotwatch.clients.kafka import list_topics
+from iotwatch.clients.kafka import client_config, list_topics
 from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, fr
     if settings.topics.alerts not in topics:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", settings.topics.alerts)
     consumer = Consumer({
-        **settings.kafka.client_config(),
+        **client_config(settings.kafka),
         "group.id": group_id,
         "auto.offset.reset": "earliest" if from_beginning else "latest",
         "enable.auto.commit": auto_commit,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -11,8 +12,17 @@ from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
 
+def client_config(settings: KafkaSettings) -> dict[str, Any]:
+    """Connection properties for a confluent-kafka client, with librdkafka's log lines going
+    through Python logging (repeated connection failures summarised, :mod:`iotwatch.logs`)
+    instead of straight to stderr."""
+    from iotwatch.logs import librdkafka_logger
+
+    return {**settings.client_config(), "logger": librdkafka_logger()}
+
+
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    return AdminClient(settings.client_config())
+    return AdminClient(client_config(settings))
 
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
@@ -58,7 +68,7 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
     partitions = list_topics(settings).get(topic, 0)
     if not partitions:
         return []
-    consumer = Consumer({**settings.client_config(), "group.id": f"iotwatch-read-{time.time_ns()}",
+    consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-read-{time.time_ns()}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Message] = []
