@@ -45,6 +45,7 @@ def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, fr
         "enable.auto.commit": auto_commit,
         "enable.auto.offset.store": False,
         "session.timeout.ms": alerts.session_timeout_ms,
+        "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
         "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
         "client.id": f"iotwatch-alerts-{group_id}",
     })

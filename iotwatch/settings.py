@@ -314,6 +314,8 @@ class AlertsSettings(_ConcernSettings):
                                   "instances sharing it split the partitions")
     session_timeout_ms: int = Field(10_000, ge=1000, description="how soon the group notices a killed consumer "
                                     "(its partitions wait this long after kill -9)")
+    max_poll_interval_ms: int = Field(300_000, ge=1000, description="a consumer silent this long leaves its group "
+                                      "(`alerts forward` polls while a receiver is down, so it never is)")
     webhook_url: str | None = Field(None, description="where `alerts forward` posts alerts")
     webhook_headers: dict[str, str] = Field(default_factory=dict,
                                             description="extra HTTP headers, e.g. Authorization (JSON)")
