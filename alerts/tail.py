@@ -26,6 +26,7 @@ from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, 
 from iotwatch.settings import AlertsSettings
 from iotwatch.clients.kafka import client_config, list_topics
 from iotwatch.settings import Settings
+from streaming.alerting import iso_time
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,20 @@ def _cells(alert: dict[str, Any], now_ms: float) -> list[Text | str]:
             str(alert.get("rule", "?")), Text(_detail(alert), style="dim" if cleared else "")]
 
 
+def detected_time(alert: dict[str, Any]) -> str:
+    """When the job detected the alert, ISO 8601 UTC (from ``detected_at_ms`` when the text is missing)."""
+    text = alert.get("detected_at")
+    if isinstance(text, str) and text:
+        return text
+    ms = alert.get("detected_at_ms")
+    return iso_time(int(ms)) if isinstance(ms, int | float) else "-"
+
+
 def line(alert: dict[str, Any], now_ms: float | None = None) -> Text:
-    """One coloured line per alert, for a terminal that is not interactive or ``--plain``."""
+    """One coloured line per alert, for a terminal that is not interactive or ``--plain``: the
+    clock time of detection (ISO 8601 UTC) first, for logs read later."""
     cells = _cells(alert, now_ms if now_ms is not None else time.time() * 1000)
-    out = Text()
+    out = Text(f"{detected_time(alert)} ")
     for i, cell in enumerate(cells):
         label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
         out.append(label + (cell.plain if isinstance(cell, Text) else cell) + " ",
