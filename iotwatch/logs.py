@@ -58,7 +58,7 @@ class RepeatSummary(logging.Filter):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return logging.getLogger(LIBRDKAFKA).isEnabledFor(logging.DEBUG)
 
 
 def librdkafka_logger() -> logging.Logger:

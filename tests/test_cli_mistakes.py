@@ -80,3 +80,11 @@ def test_score_csv_names_the_row_out_of_time_order_and_the_row_that_is_not_a_num
     result = run_iotwatch(["score-csv", str(source), str(tmp_path / "out.csv")], tmp_path)
     assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
     assert "row 4: value 'n/a' is not a finite number" in result.stderr
+
+
+def test_log_level_debug_brings_the_libraries_detail_back(tmp_path: Path) -> None:
+    result = run_iotwatch(["--log-level", "debug", "alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
+                          tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and lines[-1].startswith("iotwatch: error: Kafka at 127.0.0.1:1 did not answer")
+    assert sum(" DEBUG iotwatch.librdkafka: FAIL " in line for line in lines) >= 2, result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -27,9 +28,12 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
     """Topic name -> partition count, or :class:`ServiceUnavailable`."""
+    admin = admin_client(settings)
     try:
-        metadata = admin_client(settings).list_topics(timeout=timeout_s)
+        metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            admin.poll(0)  # librdkafka's own account of the failure (queued until polled)
         raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
