@@ -210,7 +210,8 @@ class Forwarder:
             self.store.record(alert_id, state, "delivered")
             self.counts["delivered"] += 1
             return True
-        log.error("webhook refused %s:%s (%s %s): dead-lettered", alert_id, state, result.reason, result.detail[:200])
+        log.error("webhook %s refused %s:%s (%s %s): dead-lettered", self.webhook.name, alert_id, state, result.reason,
+                  result.detail[:200])
         self.dead_letters.write(message, alert, result.reason, result.detail)
         self.store.record(alert_id, state, "dead")
         self.counts["dead_lettered"] += 1
