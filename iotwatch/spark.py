@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from iotwatch.errors import StackError
-from iotwatch.logs import spark_log_level
+from iotwatch.logs import librdkafka_logger, spark_log_level
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,6 +44,10 @@ _NOT_NEWS = (("Utils", "Your hostname"), ("Utils", "Set SPARK_LOCAL_IP"), ("Nati
              ("TransformWithStateInPySparkStateServer", "No more data to read"), ("MemoryManager", "Total allocation exceeds"))
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
            "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+#: librdkafka's own stderr format, from Kafka clients in the Python workers:
+#: ``%3|1795479906.881|FAIL|rdkafka#consumer-1| [thrd:...]: ...`` (syslog level, time, facility, client).
+_LIBRDKAFKA_LINE = re.compile(r"^%(\d)\|[\d.]+\|(\w+)\|([^|]+)\| (.*)$")
+_SYSLOG_LEVELS = (logging.CRITICAL,) * 3 + (logging.ERROR, logging.WARNING, logging.INFO, logging.INFO, logging.DEBUG)
 #: Lines that are detail, not news: stack frames, Python tracebacks, pyspark workers' progress prints.
 _DETAIL = re.compile(r"^(\s|Caused by|Traceback|\.\.\. \d+ more|(Starting )?Streaming TransformWithState|"
                      r"WARNING: Using incubator modules|[\w.]+(Exception|Error)\b|$)")
@@ -70,6 +74,12 @@ class JvmOutput:
             self.emit(raw.decode(errors="replace").rstrip())
 
     def emit(self, line: str) -> None:
+        kafka = _LIBRDKAFKA_LINE.match(line)
+        if kafka is not None:  # through the librdkafka logger: repeats summarised like the driver's
+            level = _SYSLOG_LEVELS[int(kafka[1])]
+            librdkafka_logger().log(logging.DEBUG if self.stopping.is_set() else level, "%s [%s] %s",
+                                    kafka[2], kafka[3], kafka[4])
+            return
         match = _LOG4J_LINE.match(line)
         if match is not None:
             short, text = match[2].rsplit(".", 1)[-1], match[3]
