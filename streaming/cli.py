@@ -177,6 +177,8 @@ def render_summary(summary: dict[str, Any]) -> None:
 
     console = Console()
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
+    if not summary["totals"] and not summary["last_progress"]:
+        return
     table = Table()
     table.add_column("total")
     table.add_column("", justify="right")
