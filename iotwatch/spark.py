@@ -41,7 +41,8 @@ _NOT_NEWS = (("Utils", "Your hostname"), ("Utils", "Set SPARK_LOCAL_IP"), ("Nati
              ("ResolveWriteToStream", "spark.sql.adaptive.enabled is not supported"),
              ("MicroBatchExecution", "Disabling AQE"), ("SparkStringUtils", "Truncated the string"),
              ("TransformWithStateInPySparkStateServer", "Map state"),
-             ("TransformWithStateInPySparkStateServer", "No more data to read"), ("MemoryManager", "Total allocation exceeds"))
+             ("TransformWithStateInPySparkStateServer", "No more data to read"),
+             ("MemoryManager", "Total allocation exceeds"))
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
            "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 #: librdkafka's own stderr format, from Kafka clients in the Python workers:

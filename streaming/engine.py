@@ -427,7 +427,8 @@ class PartitionEngine:
             for p in range(bounds[d], bounds[d + 1]):
                 if batch.log_gap[p] > self.timeout_ms and episode.status == "idle":
                     newest, high = max(int(batch.prior_newest[p]), 0), int(batch.prior_high[p])
-                    what = f"no data for {batch.log_gap[p] / 1000:.0f} s in the log (last event time {iso_time(newest)})"
+                    what = (f"no data for {batch.log_gap[p] / 1000:.0f} s in the log "
+                            f"(last event time {iso_time(newest)})")
                     alert = advance(episode, spec, 1.0, newest, high, context,
                                     lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
                     if alert is not None:
