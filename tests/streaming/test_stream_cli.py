@@ -21,10 +21,22 @@ pytestmark = pytest.mark.slow
 TRACE_MARKERS = ("\tat ", "Exception in thread", "Traceback", "Py4JJavaError", "java.lang.", "StackOverflowError")
 
 
+def in_progress(checkpoint: Path, after: int) -> bool:
+    """A micro-batch is planned (its offsets written) and not committed, after ``after`` committed ones."""
+    def ids(folder: str) -> set[int]:
+        return {int(p.name) for p in (checkpoint / folder).glob("[0-9]*") if p.name.isdigit()}
+
+    committed = ids("commits")
+    return len(committed) >= after and bool(ids("offsets") - committed)
+
+
+@pytest.mark.parametrize("committed", [0, 2], ids=["during-the-first-batch", "after-two-batches"])
 def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_table(
-        test_settings: Settings, unique: str, tmp_path: Path) -> None:
-    """Acceptance: a SIGTERM'd stream exits 0 with no Java trace on stderr; one progress line
-    per micro-batch with records; the summary is a table (not a dict)."""
+        test_settings: Settings, unique: str, tmp_path: Path, committed: int) -> None:
+    """Acceptance: a SIGTERM'd stream exits 0 with no Java trace on stderr, and nothing that
+    Spark says about the interrupted work after "stopping" (while the first, slow micro-batch
+    runs, or a later one); one progress line per micro-batch with records; the summary is a
+    table (not a dict)."""
     ensure_topics(test_settings.kafka, test_settings.topics.kafka_topics())
     write_scenario(test_settings, unique)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
@@ -37,19 +49,24 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and len(list((checkpoint / "commits").glob("[0-9]*"))) < 2:
+        while time.monotonic() < deadline and not in_progress(checkpoint, after=committed):
             assert process.poll() is None, process.communicate()
-            time.sleep(0.2)
-        process.send_signal(signal.SIGTERM)  # while batches are still coming (150 records each)
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)  # while a micro-batch (150 records) is being processed
         out, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
+    lines = err.splitlines()
     assert process.returncode == 0, err[-3000:]
-    assert not [line for line in err.splitlines() if any(m in line for m in TRACE_MARKERS)], err[-3000:]
-    progress = [line for line in err.splitlines() if " stream: batch=" in line]
-    assert len(progress) >= 2 and all("records=" in p and "rate=" in p and "lag=" in p and "batch_ms=" in p
-                                      for p in progress), err
-    assert not [line for line in err.splitlines() if "py4j" in line or line.startswith("[Stage")], err[-3000:]
-    assert "iotwatch stream: stopped after" in out and "received" in out and "┃" in out, out
-    assert "{" not in out, out
+    assert not [line for line in lines if any(m in line for m in TRACE_MARKERS)], err[-3000:]
+    assert not [line for line in lines if " ERROR " in line], err[-3000:]
+    stopping = next(i for i, line in enumerate(lines) if " streaming.cli: stopping" in line)
+    assert not [line for line in lines[stopping:] if " WARNING spark." in line], err[-3000:]
+    assert not [line for line in lines if "py4j" in line or line.startswith("[Stage")], err[-3000:]
+    progress = [line for line in lines if " stream: batch=" in line]
+    assert all("records=" in p and "rate=" in p and "lag=" in p and "batch_ms=" in p for p in progress), err
+    assert len(progress) >= committed, err
+    assert "iotwatch stream: stopped after" in out and "{" not in out, out
+    if committed:
+        assert "received" in out and "┃" in out, out
