@@ -67,8 +67,9 @@ def common_options(kind: str, limit_help: str) -> Any:
 @click.option("--rule", "rules", multiple=True, help="Only this rule (repeatable).")
 @click.option("--device", "devices", multiple=True, help="Only this device id (repeatable).")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only raised or only cleared.")
-@click.option("--plain", is_flag=True, help="One coloured line per alert instead of the live table "
-                                            "(the default when stdout is not a terminal).")
+@click.option("--plain", is_flag=True, help="One coloured line per alert, starting with its detection time (ISO 8601 "
+                                            "UTC), instead of the live table (the default when stdout is not a "
+                                            "terminal).")
 @click.option("--rows", type=click.IntRange(min=1), default=30, show_default=True,
               help="Alerts kept in the live table.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per matching alert per line, no live "

@@ -28,6 +28,10 @@ indefinitely (exponential back-off with jitter up to IOTWATCH_ALERTS_RETRY_MAX_S
 Retry-After header). Other 4xx (and 3xx) are final: logged, and the alert is appended with
 the reason to <state_dir>/dead-letters.jsonl (and IOTWATCH_ALERTS_DEAD_LETTER_TOPIC if set).
 
+While a receiver is down the consumer is paused and still polled, so it keeps its place in
+the group (``max.poll.interval.ms``) however long the retries last. ``--timeout`` bounds the
+whole run, retries and posts included.
+
 Guarantees: the Kafka offset of an alert is committed only after it was delivered or
 dead-lettered (manual commits, in order), and (alert_id, state) is remembered in
 <state_dir>/delivered.sqlite first, so a restart neither loses an alert nor resends a
@@ -49,13 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from alerts.records import STATES, BadAlert, decode
 from iotwatch.settings import AlertsSettings
 from alerts.store import DeliveryStore
 from alerts.tail import group_consumer
 from alerts.webhook import Backoff, PostResult, Webhook, deliver
+from iotwatch.clients.kafka import client_config
 from iotwatch.deadletter import DeadLetter
 from iotwatch.settings import Settings
 
@@ -70,7 +75,7 @@ class DeadLetters:
     def __init__(self, path: Path, settings: Settings, topic: str | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.topic = path, topic
-        self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True}) if topic else None
+        self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True}) if topic else None
 
     def write(self, message: Message, alert: dict[str, Any] | None, reason: str, detail: str) -> None:
         raw = message.value() or b""
@@ -86,6 +91,33 @@ class DeadLetters:
             self._producer.produce(self.topic, raw, key=message.key(), headers=dead.headers())
             if self._producer.flush(10) > 0:
                 log.error("dead-letter topic %s did not confirm within 10 s (the file has it)", self.topic)
+
+
+class PausedWhileWaiting:
+    """The consumer while an alert waits for its receiver: paused and still polled, so it
+    keeps its group membership (a consumer that does not poll for ``max.poll.interval.ms``
+    is expelled). A record that arrives anyway (a partition assigned meanwhile) is sought
+    back, to be read after the alert in hand."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.paused: list[TopicPartition] = []
+
+    def poll(self) -> None:
+        if not self.paused:
+            self.paused = list(self.consumer.assignment())
+            self.consumer.pause(self.paused)
+        message = self.consumer.poll(0)
+        if message is not None and message.error() is None:
+            where = TopicPartition(message.topic(), message.partition(), message.offset())
+            self.consumer.pause([where])
+            self.consumer.seek(where)
+            self.paused.append(where)
+
+    def resume(self) -> None:
+        if self.paused:
+            self.consumer.resume(self.paused)
+            self.paused = []
 
 
 @dataclass
@@ -106,6 +138,7 @@ class Forwarder:
         self.dead_letters = DeadLetters(alerts.state_dir / "dead-letters.jsonl", settings, alerts.dead_letter_topic)
         self.backoff = Backoff(alerts.retry_initial_s, alerts.retry_max_s)
         self.counts: Counter[str] = Counter()
+        self.deadline: float | None = None  # time.monotonic() at which --timeout ends the run
         self.failures: Counter[str] = Counter()
 
     def run(self) -> dict[str, Any]:
@@ -113,6 +146,7 @@ class Forwarder:
         consumer = group_consumer(self.settings, self.alerts, self.options.group_id, self.options.from_beginning,
                                   auto_commit=False)
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s is not None else None
+        self.deadline = deadline
         next_prune = 0.0
         try:
             while not self.stop.is_set():
@@ -134,7 +168,7 @@ class Forwarder:
                         log.warning("Kafka: %s", message.error())
                     continue
                 self.counts["consumed"] += 1
-                if self.handle(message):
+                if self.handle(message, PausedWhileWaiting(consumer)):
                     self._commit(consumer, message)
                 else:
                     self.counts["interrupted"] += 1  # left uncommitted: the next run sends it
@@ -146,8 +180,9 @@ class Forwarder:
                                                "retries", "commit_failures", "interrupted")},
                 "failures": dict(self.failures)}
 
-    def handle(self, message: Message) -> bool:
-        """Deliver, dead-letter or skip one record; False if interrupted before its outcome was final."""
+    def handle(self, message: Message, paused: PausedWhileWaiting | None = None) -> bool:
+        """Deliver, dead-letter or skip one record; False if interrupted (stop or ``--timeout``)
+        before its outcome was final. ``paused`` keeps the consumer in its group during retries."""
         try:
             alert = decode(message.value())
         except BadAlert as exc:
@@ -163,15 +198,20 @@ class Forwarder:
             self.counts["duplicates"] += 1
             log.debug("already handled %s:%s", alert_id, state)
             return True
-        result = deliver(self.webhook, alert, self.backoff, self.stop, self.alerts.retry_after_max_s,
-                         self._on_failure)
+        try:
+            result = deliver(self.webhook, alert, self.backoff, self.stop, self.alerts.retry_after_max_s,
+                             self._on_failure, deadline=self.deadline, idle=paused.poll if paused else None)
+        finally:
+            if paused is not None:
+                paused.resume()
         if result is None:
             return False
         if result.outcome == "delivered":
             self.store.record(alert_id, state, "delivered")
             self.counts["delivered"] += 1
             return True
-        log.error("webhook refused %s:%s (%s %s): dead-lettered", alert_id, state, result.reason, result.detail[:200])
+        log.error("webhook %s refused %s:%s (%s %s): dead-lettered", self.webhook.name, alert_id, state, result.reason,
+                  result.detail[:200])
         self.dead_letters.write(message, alert, result.reason, result.detail)
         self.store.record(alert_id, state, "dead")
         self.counts["dead_lettered"] += 1
@@ -180,7 +220,7 @@ class Forwarder:
     def _on_failure(self, result: PostResult, wait_s: float) -> None:
         self.counts["retries"] += 1
         self.failures[result.reason] += 1
-        log.warning("webhook post failed (%s), retrying in %.2f s%s", result.reason, wait_s,
+        log.warning("webhook %s: post failed (%s), retrying in %.2f s%s", self.webhook.name, result.reason, wait_s,
                     " (Retry-After)" if result.retry_after_s is not None else "")
 
     def _commit(self, consumer: Any, message: Message) -> None:

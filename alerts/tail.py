@@ -24,8 +24,9 @@ from rich.text import Text
 
 from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
 from iotwatch.settings import AlertsSettings
-from iotwatch.clients.kafka import list_topics
+from iotwatch.clients.kafka import client_config, list_topics
 from iotwatch.settings import Settings
+from streaming.alerting import iso_time
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,13 @@ def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, fr
     if settings.topics.alerts not in topics:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", settings.topics.alerts)
     consumer = Consumer({
-        **settings.kafka.client_config(),
+        **client_config(settings.kafka),
         "group.id": group_id,
         "auto.offset.reset": "earliest" if from_beginning else "latest",
         "enable.auto.commit": auto_commit,
         "enable.auto.offset.store": False,
         "session.timeout.ms": alerts.session_timeout_ms,
+        "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
         "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
         "client.id": f"iotwatch-alerts-{group_id}",
     })
@@ -116,10 +118,20 @@ def _cells(alert: dict[str, Any], now_ms: float) -> list[Text | str]:
             str(alert.get("rule", "?")), Text(_detail(alert), style="dim" if cleared else "")]
 
 
+def detected_time(alert: dict[str, Any]) -> str:
+    """When the job detected the alert, ISO 8601 UTC (from ``detected_at_ms`` when the text is missing)."""
+    text = alert.get("detected_at")
+    if isinstance(text, str) and text:
+        return text
+    ms = alert.get("detected_at_ms")
+    return iso_time(int(ms)) if isinstance(ms, int | float) else "-"
+
+
 def line(alert: dict[str, Any], now_ms: float | None = None) -> Text:
-    """One coloured line per alert, for a terminal that is not interactive or ``--plain``."""
+    """One coloured line per alert, for a terminal that is not interactive or ``--plain``: the
+    clock time of detection (ISO 8601 UTC) first, for logs read later."""
     cells = _cells(alert, now_ms if now_ms is not None else time.time() * 1000)
-    out = Text()
+    out = Text(f"{detected_time(alert)} ")
     for i, cell in enumerate(cells):
         label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
         out.append(label + (cell.plain if isinstance(cell, Text) else cell) + " ",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -61,6 +62,20 @@ class PostResult:
     retry_after_s: float | None = None
 
 
+def receiver_name(url: str) -> str:
+    """The receiver as logs may show it: scheme, host, port and the path's first segment only
+    (webhook URLs often carry a token in the rest of the path, the query or the user info)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"
+    where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    segments = [s for s in parts.path.split("/") if s]
+    if not segments:
+        return where
+    return f"{where}/{segments[0]}" + ("/…" if len(segments) > 1 or parts.query else "")
+
+
 @dataclass
 class Webhook:
     url: str
@@ -68,12 +83,18 @@ class Webhook:
     timeout_s: float = 10.0
     session: requests.Session = field(default_factory=requests.Session)
 
-    def post(self, alert: dict[str, Any], attempt: int = 1) -> PostResult:
+    @property
+    def name(self) -> str:
+        """Where posts go, without secrets (:func:`receiver_name`)."""
+        return receiver_name(self.url)
+
+    def post(self, alert: dict[str, Any], attempt: int = 1, timeout_s: float | None = None) -> PostResult:
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
                    "Idempotency-Key": idempotency_key(alert), "X-Iotwatch-Attempt": str(attempt), **self.headers}
         body = json.dumps(payload(alert), separators=(",", ":"), default=str).encode()
         try:
-            response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout_s,
+            response = self.session.post(self.url, data=body, headers=headers,
+                                         timeout=self.timeout_s if timeout_s is None else timeout_s,
                                          allow_redirects=False)
         except requests.Timeout as exc:
             return PostResult("retry", "timeout", str(exc))
@@ -102,14 +123,23 @@ class Backoff:
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 
 
+#: Longest stretch without calling ``idle`` while waiting to retry.
+IDLE_EVERY_S = 1.0
+
+
 def deliver(webhook: Webhook, alert: dict[str, Any], backoff: Backoff, stop: threading.Event,
             retry_after_max_s: float = 300.0,
-            on_failure: Callable[[PostResult, float], None] | None = None) -> PostResult | None:
-    """Post until delivered or permanently refused; None when ``stop`` was set while waiting to retry
-    (the post in flight is always finished first, so an accepted alert is never reported as lost)."""
+            on_failure: Callable[[PostResult, float], None] | None = None, *, deadline: float | None = None,
+            idle: Callable[[], None] | None = None) -> PostResult | None:
+    """Post until delivered or permanently refused; None when ``stop`` was set or the
+    ``deadline`` (``time.monotonic()``) passed before that (the post in flight is always
+    finished first, so an accepted alert is never reported as lost; no post outlasts the
+    deadline). ``idle`` is called at least every second while waiting to retry (a
+    consumer polls there to keep its group membership), and after each wait."""
     failures = 0
     while True:
-        result = webhook.post(alert, failures + 1)
+        timeout = None if deadline is None else max(0.001, min(webhook.timeout_s, deadline - time.monotonic()))
+        result = webhook.post(alert, failures + 1, timeout)
         if result.outcome != "retry":
             return result
         failures += 1
@@ -118,5 +148,12 @@ def deliver(webhook: Webhook, alert: dict[str, Any], backoff: Backoff, stop: thr
             wait = min(result.retry_after_s, retry_after_max_s)
         if on_failure is not None:
             on_failure(result, wait)
-        if stop.wait(wait):
-            return None
+        until = time.monotonic() + wait
+        while True:
+            left = until - time.monotonic() if deadline is None else min(until, deadline) - time.monotonic()
+            if stop.wait(max(0.0, min(left, IDLE_EVERY_S))) or (deadline is not None and time.monotonic() >= deadline):
+                return None
+            if idle is not None:
+                idle()
+            if time.monotonic() >= until:
+                break

@@ -22,7 +22,8 @@ from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING
 from iotwatch.contract import DeviceType
 
-__all__ = ["ANOMALY", "KINDS", "TRANSPORT", "Kind", "apply_measurement", "draw_params", "kinds_for", "resolve_kind"]
+__all__ = ["ANOMALY", "KINDS", "TRANSPORT", "Kind", "apply_measurement", "check_kinds", "draw_params", "kinds_for",
+           "resolve_kind"]
 
 ANOMALY = "anomaly"
 TRANSPORT = "transport"
@@ -68,6 +69,26 @@ def resolve_kind(name: str) -> Kind:
     if name not in KINDS:
         raise ValueError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
     return KINDS[name]
+
+
+def check_kinds(names: tuple[str, ...], category: str, device_types: set[str]) -> None:
+    """Every name is a kind of ``category`` that one of ``device_types`` (the fleet) can
+    produce; else a ValueError that says what is wrong and lists only this category's kinds
+    (a kind that cannot happen would otherwise be drawn never, silently)."""
+    option, noun = ("--anomalies", "anomaly") if category == ANOMALY else ("--faults", "transport fault")
+    other_option, other_noun = ("--faults", "a transport fault") if category == ANOMALY else ("--anomalies",
+                                                                                             "an anomaly")
+    valid = sorted(k.name for k in KINDS.values() if k.category == category)
+    for name in names:
+        kind = KINDS.get(ALIASES.get(name, name))
+        if kind is None:
+            raise ValueError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
+        if kind.category != category:
+            raise ValueError(f"{option}: {name!r} is {other_noun} (give it to {other_option}); "
+                             f"{noun} kinds: {', '.join(valid)}")
+        if kind.device_types is not None and not kind.device_types & device_types:
+            raise ValueError(f"{option}: {name!r} happens only to {', '.join(sorted(kind.device_types))} devices and "
+                             f"the fleet has none (it has {', '.join(sorted(device_types)) or 'no devices'})")
 
 
 def kinds_for(device_type: str, category: str, allowed: tuple[str, ...] | None) -> list[Kind]:

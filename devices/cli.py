@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from devices.anomalies import KINDS, TRANSPORT
+from devices import seq_state
+from devices.anomalies import ANOMALY, KINDS, TRANSPORT, check_kinds
 from devices.config import HOME_TYPES, SimConfig
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 
@@ -128,6 +129,11 @@ def _time_ms(value: str | None) -> int | None:
               help="Virtual-time step of the scheduler (part of the determinism key).")
 @click.option("--client-id-prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
 @click.option("--progress/--no-progress", default=None, help="Live progress line on stderr [default: if a terminal].")
+@click.option("--seq-state", "seq_state_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="File each device's seq and event time carry on from, run after run, so a second run is "
+                   "scored like the first (default ~/.iotwatch/simulate/seq-<broker>.json).")
+@click.option("--fresh-seq", is_flag=True, help="Forget the --seq-state file first: every device starts at seq 0 "
+                                                "(for a new pipeline).")
 @endpoint_options(mqtt=True)
 @json_option
 @click.pass_context
@@ -173,6 +179,15 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
         replay_keep_time=opts["replay_keep_time"], replay_loop=opts["replay_loop"], tick_ms=opts["tick_ms"])
     if homes + vehicles + len(replay) == 0:
         raise click.UsageError("nothing to simulate: give --homes, --vehicles or --replay")
+    _check_kinds(config)
+    state_path = opts["seq_state_path"] or seq_state.default_path(mqtt.url)
+    if opts["fresh_seq"]:
+        state_path.unlink(missing_ok=True)
+    try:
+        known = seq_state.load(state_path)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    config = config.model_copy(update={"seq_state": state_path})
     options = RunOptions(mqtt=mqtt, qos=qos, processes=opts["processes"], connections=opts["connections"],
                          per_device=opts["connection_per_device"], speedup=opts["speedup"],
                          as_fast_as_possible=opts["afap"], max_inflight=opts["max_inflight"],
@@ -186,6 +201,8 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
             start = stream_start_ms(replay)
         else:
             start = default_start_ms(config, options)
+            if known:  # event time carries on too: the devices' clocks do not run backwards
+                start = max(start, max(ts for _, ts in known.values()) + config.tick_ms)
     config = config.model_copy(update={"start_ms": start - start % config.tick_ms})
     # validate kinds and scenario before connecting
     from devices.injector import Injector
@@ -195,6 +212,26 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     emit(summary, opts["as_json"], _render)
     if summary["errors"]:
         raise SystemExit(1)
+
+
+def _check_kinds(config: SimConfig) -> None:
+    """--anomalies/--faults name kinds of their own category that this fleet can produce,
+    and are not given without the rate that draws them."""
+    from devices.fleet import fleet_rate
+
+    device_types = set(fleet_rate(config)[1]) | ({config.replay_device_type} if config.replay else set())
+    for names, category, rate, options in ((config.anomaly_kinds, ANOMALY, config.anomaly_rate,
+                                            ("--anomalies", "--anomaly-rate")),
+                                           (config.fault_kinds, TRANSPORT, config.fault_rate,
+                                            ("--faults", "--fault-rate"))):
+        if not names:
+            continue
+        try:
+            check_kinds(names, category, device_types)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        if rate <= 0:
+            raise click.UsageError(f"{options[0]} has no effect without {options[1]} (a rate above 0)")
 
 
 def _render(summary: dict[str, Any]) -> None:
@@ -227,5 +264,12 @@ def _render(summary: dict[str, Any]) -> None:
         console.print("events: " + ", ".join(f"{k} {n}" for k, n in summary["events"].items()))
     if summary.get("ground_truth"):
         console.print(f"ground truth: {summary['ground_truth']['records']} records in {summary['ground_truth']['path']}")
+    state = summary.get("seq_state")
+    if state:
+        if state["carried_on"]:
+            console.print(f"seq: {state['carried_on']:,} of {summary['device_total']:,} devices carried on from the "
+                          f"last run ({state['path']}): this run is scored like the first")
+        else:
+            console.print(f"seq: every device started at 0; the next run carries on from {state['path']}")
     if summary.get("interrupted"):
         console.print("[yellow]interrupted: stopped early")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from devices import seq_state
 from devices.config import SimConfig
 from devices.fleet import fleet_rate
 from devices.ground_truth import write_ground_truth
@@ -109,6 +110,7 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
         "devices": dict(sim.fleet.device_counts), "events": dict(sim.events),
         "anomalies": dict(sim.injector.started), "records": sim.injector.records,
         "virtual_end_ms": sim.now_ms, "connections": publisher.connections, "latencies": latencies,
+        "seq_end": sim.seq_end(), "carried_on": sim.carried_on,
     }
 
 
@@ -235,6 +237,11 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
         parts = [collected[s] for s in sorted(collected)]
     summary = _merge(parts, config, options, target_rate, time.monotonic() - started, device_counts)
     summary["interrupted"] = interrupted
+    if config.seq_state is not None:
+        ends = {device: end for part in parts for device, end in part["seq_end"].items()}
+        seq_state.save(config.seq_state, ends)
+        summary["seq_state"] = {"path": str(config.seq_state), "carried_on": sum(p["carried_on"] for p in parts),
+                                "saved": len(ends)}
     if options.ground_truth is not None:
         records = [r for p in parts for r in p["records"]]
         summary["ground_truth"] = {"path": str(options.ground_truth),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from devices import seq_state
 from devices.anomalies import TRANSPORT
 from devices.config import SimConfig
 from devices.faults import corrupt
@@ -36,6 +37,9 @@ class Simulation:
         self.rng = CounterRng(config.seed)
         self.fleet = build_fleet(config, shard, shards)
         self.groups: list[DeviceGroup] = self.fleet.groups
+        #: devices whose seq carries on from the state file (the others start at 0)
+        self.carried_on = self._carry_on(config)
+        self._first_seq = [group.seq.copy() for group in self.groups]
         self.type_names = [g.device_type for g in self.groups]
         self.injector = Injector(config, self.groups, self.rng)
         self.now_ms = config.start_ms
@@ -45,6 +49,26 @@ class Simulation:
         self.events: dict[str, int] = {}
         self._delayed: list[tuple[int, int, Outgoing]] = []
         self._order = 0
+
+    def _carry_on(self, config: SimConfig) -> int:
+        if config.seq_state is None:
+            return 0
+        known = seq_state.load(config.seq_state)
+        found = 0
+        for group in self.groups:
+            for i, device_id in enumerate(group.device_ids):
+                if device_id in known:
+                    group.seq[i] = known[device_id][0]
+                    found += 1
+        return found
+
+    def seq_end(self) -> seq_state.DeviceSeq:
+        """Next seq and last event time of every device that published in this run."""
+        out: seq_state.DeviceSeq = {}
+        for group, first in zip(self.groups, self._first_seq, strict=True):
+            for i in np.flatnonzero(group.seq > first).tolist():
+                out[group.device_ids[i]] = (int(group.seq[i]), int(group.next_due[i] - group.interval[i]))
+        return out
 
     @property
     def devices(self) -> int:

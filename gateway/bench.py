@@ -28,7 +28,7 @@ import msgspec
 from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.cli import AppContext, emit, json_option, pass_app
-from iotwatch.clients.kafka import ensure_topics
+from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import Telemetry, telemetry_topic
 from iotwatch.settings import Settings
@@ -127,7 +127,7 @@ def measure_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], r
          "--metrics-port", str(port), "--json"], env=env, stdout=subprocess.PIPE, stderr=log)
     try:
         wait_healthy(port)
-        consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-{run}",
+        consumer = Consumer({**client_config(settings.kafka), "group.id": f"bench-{run}",
                              "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
         total, got, latencies, last = len(messages), 0, [], 0.0

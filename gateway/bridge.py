@@ -32,6 +32,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import ContractViolation, Telemetry, decode_telemetry, parse_device_topic
 from iotwatch.deadletter import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter
@@ -88,7 +89,7 @@ class Gateway:
 
     def _make_producer(self) -> Producer:
         return Producer({
-            **self.settings.kafka.client_config(),
+            **client_config(self.settings.kafka),
             "client.id": self.instance,
             "enable.idempotence": True,
             "acks": "all",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CONFIG_FILE_ENV = "IOTWATCH_CONFIG"
@@ -82,6 +82,11 @@ class MqttSettings(_ConcernSettings):
     keepalive_s: int = 30
     qos: Literal[0, 1] = 1
 
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return check_url(value, ("mqtt", "mqtts", "ssl", "tcp", "ws", "wss"))
+
     @property
     def host(self) -> str:
         return _url_host(self.url)
@@ -109,6 +114,11 @@ class KafkaSettings(_ConcernSettings):
     ssl_ca_location: Path | None = None
     partitions: int = Field(4, ge=1, description="partition count for topics iotwatch creates")
     replication_factor: int = Field(1, ge=1)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_servers(cls, value: str) -> str:
+        return check_bootstrap_servers(value)
 
     def client_config(self) -> dict[str, str]:
         """librdkafka connection properties shared by every producer, consumer and admin."""
@@ -158,6 +168,11 @@ class InfluxSettings(_ConcernSettings):
     username: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = Field(None, description="InfluxDB 2.x/3.x API token (sent as 'Token ...')")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        return check_url(value, ("http", "https")) if value else value
 
     @property
     def enabled(self) -> bool:
@@ -299,6 +314,8 @@ class AlertsSettings(_ConcernSettings):
                                   "instances sharing it split the partitions")
     session_timeout_ms: int = Field(10_000, ge=1000, description="how soon the group notices a killed consumer "
                                     "(its partitions wait this long after kill -9)")
+    max_poll_interval_ms: int = Field(300_000, ge=1000, description="a consumer silent this long leaves its group "
+                                      "(`alerts forward` polls while a receiver is down, so it never is)")
     webhook_url: str | None = Field(None, description="where `alerts forward` posts alerts")
     webhook_headers: dict[str, str] = Field(default_factory=dict,
                                             description="extra HTTP headers, e.g. Authorization (JSON)")
@@ -363,11 +380,12 @@ class Settings(BaseModel):
         """A copy with the command-line endpoint overrides applied."""
         update: dict[str, Any] = {}
         if mqtt:
-            update["mqtt"] = self.mqtt.model_copy(update={"url": normalise_mqtt_url(mqtt)})
+            url = check_url(normalise_mqtt_url(mqtt), ("mqtt", "mqtts", "ssl", "tcp", "ws", "wss"))
+            update["mqtt"] = self.mqtt.model_copy(update={"url": url})
         if kafka:
-            update["kafka"] = self.kafka.model_copy(update={"bootstrap_servers": kafka})
+            update["kafka"] = self.kafka.model_copy(update={"bootstrap_servers": check_bootstrap_servers(kafka)})
         if influx is not None:
-            update["influx"] = self.influx.model_copy(update={"url": influx or None})
+            update["influx"] = self.influx.model_copy(update={"url": check_url(influx, ("http", "https")) or None})
         return self.model_copy(update=update)
 
 
@@ -409,6 +427,38 @@ def _read_settings() -> Settings:
 def normalise_mqtt_url(value: str) -> str:
     """Accept ``HOST:PORT`` as well as ``mqtt://HOST:PORT``."""
     return value if "://" in value else f"mqtt://{value}"
+
+
+def _check_port(port: str, where: str) -> None:
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{where}: port {port or '(none)'} is not a TCP port (1-65535)")
+
+
+def check_bootstrap_servers(value: str) -> str:
+    """``HOST:PORT[,HOST:PORT...]`` with every port in 1-65535 (librdkafka would otherwise
+    take an out-of-range port modulo 65536 and quietly connect somewhere else)."""
+    servers = [part.strip() for part in value.split(",")]
+    for server in servers:
+        host, sep, port = server.rpartition(":")
+        if not sep or not host.strip("[]"):
+            raise ValueError(f"Kafka bootstrap server {server!r} is not HOST:PORT")
+        _check_port(port, f"Kafka bootstrap server {server!r}")
+    return ",".join(servers)
+
+
+def check_url(value: str, schemes: tuple[str, ...]) -> str:
+    """A URL with one of ``schemes``, a host and, if given, a port in 1-65535."""
+    if not value:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ValueError(f"{value!r}: the scheme must be one of {', '.join(s + '://' for s in schemes)}")
+    if not parts.hostname:
+        raise ValueError(f"{value!r} names no host")
+    _, sep, port = parts.netloc.rpartition("@")[2].rpartition(":")
+    if sep and not port.endswith("]"):
+        _check_port(port, repr(value))
+    return value
 
 
 def _url_host(url: str) -> str:

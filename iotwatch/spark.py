@@ -2,24 +2,143 @@
 
 Local mode is the embedded default; under ``spark-submit`` the master (and the cluster's
 own settings) come from spark-submit and are left alone.
+
+In local mode the JVM's output goes through Python logging like every other library's
+(:class:`JvmOutput`): log4j at WARN (INFO with ``--log-level debug``) in the layout of
+``iotwatch/log4j2.properties``, no console progress bar, and the Python workers' chatter
+and stack traces at DEBUG, so a user's stderr shows warnings and errors one line each.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from iotwatch.errors import StackError
+from iotwatch.logs import librdkafka_logger, spark_log_level
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+QUIET_AFTER_STOP_S = 3.0
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+_LOG4J_LINE = re.compile(r"^(TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ([\w.$-]+): (.*)$")
+#: (logger, message start) of log4j warnings about this machine or the query plan that a user
+#: cannot act on: logged at DEBUG.
+_NOT_NEWS = (("Utils", "Your hostname"), ("Utils", "Set SPARK_LOCAL_IP"), ("NativeCodeLoader", "Unable to load"),
+             ("ResolveWriteToStream", "spark.sql.adaptive.enabled is not supported"),
+             ("MicroBatchExecution", "Disabling AQE"), ("SparkStringUtils", "Truncated the string"),
+             ("TransformWithStateInPySparkStateServer", "Map state"),
+             ("TransformWithStateInPySparkStateServer", "No more data to read"),
+             ("MemoryManager", "Total allocation exceeds"))
+_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+           "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+#: librdkafka's own stderr format, from Kafka clients in the Python workers:
+#: ``%3|1795479906.881|FAIL|rdkafka#consumer-1| [thrd:...]: ...`` (syslog level, time, facility, client).
+_LIBRDKAFKA_LINE = re.compile(r"^%(\d)\|[\d.]+\|(\w+)\|([^|]+)\| (.*)$")
+_SYSLOG_LEVELS = (logging.CRITICAL,) * 3 + (logging.ERROR, logging.WARNING, logging.INFO, logging.INFO, logging.DEBUG)
+#: Lines that are detail, not news: stack frames, Python tracebacks, pyspark workers' progress prints.
+_DETAIL = re.compile(r"^(\s|Caused by|Traceback|\.\.\. \d+ more|(Starting )?Streaming TransformWithState|"
+                     r"WARNING: Using incubator modules|[\w.]+(Exception|Error)\b|$)")
+
+
+class JvmOutput:
+    """Reads the JVM's merged stdout/stderr and logs each line: log4j lines under
+    ``spark.<logger>`` at their level, detail (stack traces, worker prints) at DEBUG, and
+    everything at DEBUG while :func:`quiet_stop` runs (stopping a query interrupts its
+    threads, which Spark reports with traces that mean nothing to a user)."""
+
+    stopping = threading.Event()
+    #: the JVM's reports reach the reader a little after the stop returned: quiet until then too
+    quiet_until = 0.0
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self._continues: tuple[str, int] | None = None  # (logger, level) of the log4j line being continued
+        self.thread = threading.Thread(target=self._run, name="spark-jvm-output", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for raw in iter(self.stream.readline, b""):
+            self.emit(raw.decode(errors="replace").rstrip())
+
+    def emit(self, line: str) -> None:
+        kafka = _LIBRDKAFKA_LINE.match(line)
+        if kafka is not None:  # through the librdkafka logger: repeats summarised like the driver's
+            level = _SYSLOG_LEVELS[int(kafka[1])]
+            librdkafka_logger().log(logging.DEBUG if self.stopping.is_set() else level, "%s [%s] %s",
+                                    kafka[2], kafka[3], kafka[4])
+            return
+        match = _LOG4J_LINE.match(line)
+        if match is not None:
+            short, text = match[2].rsplit(".", 1)[-1], match[3]
+            level, name = _LEVELS[match[1]], "spark." + short
+            if any(short == logger and text.startswith(start) for logger, start in _NOT_NEWS):
+                level = logging.DEBUG
+            self._continues = (name, min(level, logging.INFO))
+        elif _DETAIL.match(line):
+            level, name, text = logging.DEBUG, "spark.jvm", line
+        elif line.startswith("Exception in thread"):
+            level, name, text = logging.ERROR, "spark.jvm", line
+            self._continues = None
+        elif self._continues is not None:  # the next line of a multi-line log4j message
+            (name, level), text = self._continues, line
+        else:
+            level, name, text = logging.INFO, "spark.jvm", line
+        if self.stopping.is_set() or time.monotonic() < self.quiet_until:
+            level = min(level, logging.DEBUG)
+        logging.getLogger(name).log(level, "%s", text)
+
+
+@contextmanager
+def quiet_stop() -> Iterator[None]:
+    """While stopping a query or Spark: the JVM's and py4j's reports of interrupted work
+    are logged at DEBUG (unless debugging, py4j's callback errors are dropped)."""
+    py4j = logging.getLogger("py4j")
+    previous = py4j.level
+    JvmOutput.stopping.set()
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        py4j.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        py4j.setLevel(previous)
+        JvmOutput.quiet_until = time.monotonic() + QUIET_AFTER_STOP_S
+        JvmOutput.stopping.clear()
+
+
+def _launch_jvm(conf: Mapping[str, str]) -> None:
+    """Start Spark's JVM (as pyspark would) with its output piped to :class:`JvmOutput`."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for key, value in conf.items():
+        spark_conf.set(key, value)
+    gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT})
+    JvmOutput(gateway.proc.stdout)
+    SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+
+
+def local_logging_conf() -> dict[str, str]:
+    """Spark settings for the driver JVM's logging (local mode): iotwatch's log4j layout and
+    level, no console progress bar."""
+    options = f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -Diotwatch.spark.level={spark_log_level()}"
+    return {"spark.ui.showConsoleProgress": "false", "spark.driver.extraJavaOptions": options}
 
 
 def require_java() -> None:
@@ -42,13 +161,17 @@ def spark_session(app_name: str, master: str | None = "local[2]", *, shuffle_par
 
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.appName(app_name)
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions)))
-    if master and not under_spark_submit():
-        builder = builder.master(master).config("spark.ui.enabled", "false")
-    for key, value in (conf or {}).items():
+    settings = {"spark.app.name": app_name, "spark.sql.session.timeZone": "UTC",
+                "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+    local = bool(master) and not under_spark_submit()
+    if local:
+        settings.update({"spark.master": str(master), "spark.ui.enabled": "false", **local_logging_conf()})
+    settings.update(conf or {})
+    if local:
+        _launch_jvm(settings)
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -66,6 +189,7 @@ def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any)
     finally:
         if not existed:
             try:
-                spark.stop()
+                with quiet_stop():
+                    spark.stop()
             except Exception as exc:  # noqa: BLE001 - the JVM may already be shutting down
                 log.warning("stopping Spark: %s", str(exc).splitlines()[0])

@@ -99,6 +99,11 @@ class Detector(abc.ABC):
     def score_one(self, x: Reading, t_ms: int) -> float:
         """Anomaly score of one reading in ``[0, 1]``, without learning from it."""
 
+    def warmup_readings(self) -> int:
+        """Readings this detector learns from before its scores mean anything (it scores 0
+        until then), so tools can warn about a stream shorter than that."""
+        return int(getattr(self, "warmup", 0))
+
     def score_learn_one(self, x: Reading, t_ms: int) -> float:
         """Score a reading, then learn from it: the streaming step (no look-ahead)."""
         score = self.score_one(x, t_ms)

@@ -96,6 +96,9 @@ class CalibratedEnsemble(Detector):
         scores = [m.score_one(x, t_ms) for m in self._members]
         return max(scores) if self.combine == "max" else sum(scores) / len(scores)
 
+    def warmup_readings(self) -> int:
+        return self.warmup + self.learning_period
+
     def score_one(self, x: Reading, t_ms: int) -> float:
         if self._n < self.warmup:
             return 0.0

@@ -72,6 +72,9 @@ class HalfSpaceTrees(Detector):
         )
         self._previous: dict[str, float] = {}
 
+    def warmup_readings(self) -> int:
+        return self.window_size  # the first window fills the trees' reference mass
+
     def score_one(self, x: Reading, t_ms: int) -> float:
         features = with_deltas(x, self._previous, self.features)
         if not features:

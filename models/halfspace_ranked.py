@@ -57,6 +57,9 @@ class RankedHalfSpaceTrees(Detector):
         self._trees = HalfSpaceTrees(features, n_trees, height, window_size, seed)
         self._calibrator = RankCalibrator(history, warmup, suppress)
 
+    def warmup_readings(self) -> int:
+        return max(self.window_size, self.warmup)  # the trees' first window, then the ranks'
+
     def score_one(self, x: Reading, t_ms: int) -> float:
         return self._calibrator.score(self._trees.score_one(x, t_ms))
 

@@ -140,6 +140,9 @@ class IsolationForest(Detector):
             return None
         return [float(x.get(c, np.nan)) for c in self._columns]
 
+    def warmup_readings(self) -> int:
+        return self.min_train  # the first fit
+
     def score_one(self, x: Reading, t_ms: int) -> float:
         row = self._row(x) if x else None
         if row is None or self._forest is None:

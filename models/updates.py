@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Producer
 
-from iotwatch.clients.kafka import ensure_topics
+from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
@@ -85,7 +85,7 @@ class UpdatePublisher:
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             ensure_topics(self.kafka, [self.topic], self.timeout_s)
-            self._producer = Producer({**self.kafka.client_config(), "acks": "all", "enable.idempotence": True,
+            self._producer = Producer({**client_config(self.kafka), "acks": "all", "enable.idempotence": True,
                                        "message.timeout.ms": int(self.timeout_s * 1000)})
         return self._producer
 

@@ -20,7 +20,7 @@ from typing import Self
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
-from iotwatch.clients.kafka import ensure_topics
+from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 from models.base import Detector
@@ -77,7 +77,7 @@ class ModelWatcher:
             if self._consumer is not None:
                 return self
             ensure_topics(self.kafka, [self.topic], self.timeout_s)
-            consumer = Consumer({**self.kafka.client_config(), "group.id": f"iotwatch-model-watcher-{uuid.uuid4().hex}",
+            consumer = Consumer({**client_config(self.kafka), "group.id": f"iotwatch-model-watcher-{uuid.uuid4().hex}",
                                  "enable.auto.commit": False, "auto.offset.reset": "latest",
                                  "enable.partition.eof": False})
             try:

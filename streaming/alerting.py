@@ -62,6 +62,7 @@ class Episode:
     occurrences: int = 0
     peak_score: float = 0.0
     alert_id: str = ""
+    metric: str | None = None  # the metric the alert was raised on: its clear speaks of the same one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,7 +114,9 @@ def advance(episode: Episode, spec: RuleSpec, score: float, event_ms: int, seq: 
             return None
         episode.status, episode.below, episode.occurrences = "open", 0, episode.above
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
-        return _record("raised", episode, spec, describe(), ctx, seq)
+        observation = describe()
+        episode.metric = observation.metric
+        return _record("raised", episode, spec, observation, ctx, seq)
     # open
     if score >= spec.clear:
         episode.below = 0
@@ -126,11 +129,12 @@ def advance(episode: Episode, spec: RuleSpec, score: float, event_ms: int, seq: 
     if episode.below < spec.clear_hold:
         return None
     record = _record("cleared", episode, spec, describe(), ctx, seq)
-    episode.status, episode.above, episode.below = "idle", 0, 0
+    episode.status, episode.above, episode.below, episode.metric = "idle", 0, 0, None
     return record
 
 
-def _iso(ms: int) -> str:
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as ISO 8601 UTC (``2025-11-22T04:00:00.000Z``): every time in an alert's text."""
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -141,6 +145,8 @@ def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx:
     verb = "raised" if state == "raised" else "cleared"
     where = f"{device.device_type} {device.device_id} at {device.site}"
     message = f"[{spec.severity.upper()}] {spec.name} {verb} on {where}: {obs.message}"
+    if state == "cleared" and obs.metric is not None:  # the record's score is the episode's peak
+        message += f"; peak score {episode.peak_score:.2f} while open"
     return {
         "alert_id": episode.alert_id,
         "state": state,
@@ -160,11 +166,11 @@ def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx:
         "first_seq": episode.start_seq,
         "seq": seq,  # the reading that raised or cleared the alert
         "first_event_ms": episode.start_ms,
-        "first_event_time": _iso(episode.start_ms),
+        "first_event_time": iso_time(episode.start_ms),
         "last_event_ms": episode.last_ms,
-        "last_event_time": _iso(episode.last_ms),
+        "last_event_time": iso_time(episode.last_ms),
         "occurrences": episode.occurrences,
-        "detected_at": _iso(now),
+        "detected_at": iso_time(now),
         "detected_at_ms": now,
         "model_version": ctx.model_version,
         "message": message,

@@ -33,9 +33,11 @@ SEQ_HIGH, MAX_EVENT_MS, LAST_WALL_MS, LAST_APPEND_MS, RECEIVED, SCORED, DUPLICAT
 #: Counters summed into the job's totals (a subset of CORE_FIELDS).
 COUNTERS = CORE_FIELDS[RECEIVED:]
 
-#: int64 fields of one episode row (the alert lifecycle of one rule of one device).
-EPISODE_FIELDS = ("rule", "status", "above", "below", "start_ms", "start_seq", "last_ms", "occurrences")
-EP_RULE, EP_STATUS, EP_ABOVE, EP_BELOW, EP_START_MS, EP_START_SEQ, EP_LAST_MS, EP_OCCURRENCES = range(
+#: int64 fields of one episode row (the alert lifecycle of one rule of one device); ``metric``
+#: is the index in ``DeviceState.metrics`` of the metric the alert was raised on (-1: none),
+#: so its clear speaks of the same metric.
+EPISODE_FIELDS = ("rule", "status", "above", "below", "start_ms", "start_seq", "last_ms", "occurrences", "metric")
+EP_RULE, EP_STATUS, EP_ABOVE, EP_BELOW, EP_START_MS, EP_START_SEQ, EP_LAST_MS, EP_OCCURRENCES, EP_METRIC = range(
     len(EPISODE_FIELDS))
 IDLE, PENDING, OPEN = 0, 1, 2
 
@@ -44,7 +46,8 @@ BUCKET_FIELDS = ("start_ms", "metric", "count", "sum", "min", "max", "last", "ma
 
 _SEP = "\x1f"
 #: Layout version of the state-store value, and its header: the version and ten part lengths.
-FORMAT = 1
+#: Version 1 had no episode ``metric`` column; it is read as -1.
+FORMAT = 2
 _HEADER = "<H10I"
 
 def _empty_core() -> np.ndarray:
@@ -89,16 +92,19 @@ class DeviceState:
     def from_value(cls, value: tuple[bytes], state_size: int) -> DeviceState:
         blob = value[0]
         version, *lengths = struct.unpack_from(_HEADER, blob)
-        if version != FORMAT:
+        if version not in (1, FORMAT):
             raise ValueError(f"device state format {version} (this version reads {FORMAT}): start from a new checkpoint")
         offsets = np.cumsum([struct.calcsize(_HEADER), *lengths])
         raw = [blob[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
         device_type, site, metrics = (part.decode() for part in raw[:3])
         core, seqs, episodes, peaks, detectors, last, buckets = raw[3:]
         names = metrics.split(_SEP) if metrics else []
+        width = len(EPISODE_FIELDS) - (1 if version == 1 else 0)
+        rows = np.frombuffer(episodes, dtype=np.int64).reshape(-1, width)
+        if version == 1:
+            rows = np.column_stack([rows, np.full(len(rows), -1, dtype=np.int64)])
         return cls(device_type, site, np.frombuffer(core, dtype=np.int64).copy(),
-                   np.frombuffer(seqs, dtype=np.uint64).copy(),
-                   np.frombuffer(episodes, dtype=np.int64).reshape(-1, len(EPISODE_FIELDS)).copy(),
+                   np.frombuffer(seqs, dtype=np.uint64).copy(), rows.copy(),
                    np.frombuffer(peaks, dtype=np.float64).copy(), names,
                    np.frombuffer(detectors, dtype=np.float64).reshape(-1, state_size).copy(),
                    np.frombuffer(last, dtype=np.float64).copy(),

@@ -38,14 +38,19 @@ from models.base import Detector
 from models.catalog import make
 from models.kernels import tail_ensemble as kernel
 from streaming import rules
-from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id
+from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
+                                iso_time)
 from streaming.cleaning import clean_entries, is_scored, scored_names
 from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
-                                    EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS, EPISODE_FIELDS,
+                                    EP_METRIC, EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS,
+                                    EPISODE_FIELDS,
                                     IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
 from streaming.schemas import (AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column,
                                value_column)
 from streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
+
+#: Describes reading ``i`` for an alert record; the metric is the one an open alert was raised on.
+Describe = Callable[[int, str | None], Observation]
 
 _WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
 _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
@@ -333,7 +338,7 @@ class PartitionEngine:
         found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
         scores = rules.rule_scores(readings, self.settings)
         scores[rules.ANOMALY] = (np.ones(readings.n, dtype=bool), readings.anomaly)
-        describe: dict[str, Callable[[int], Observation]] = {rule: self._describe_rule(readings, rule)
+        describe: dict[str, Describe] = {rule: self._describe_rule(readings, rule)
                                                                for rule in scores}
         describe[rules.ANOMALY] = self._describe_anomaly(readings)
         fleet = self._fleet_scores(batch, readings)
@@ -353,7 +358,7 @@ class PartitionEngine:
         return [alert for _, alert in found]
 
     def _run_episode(self, batch: _Batch, readings: _Readings, d: int, rule: str, idx: np.ndarray,
-                     score: np.ndarray, firing: np.ndarray, describe: Callable[[int], Observation]
+                     score: np.ndarray, firing: np.ndarray, describe: Describe
                      ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
         spec, episode = self.specs[rule], batch.episode(d, rule)
         context = batch.context(d, self.model_version)
@@ -363,7 +368,7 @@ class PartitionEngine:
         while j < len(idx):
             i = int(idx[j])
             alert = advance(episode, spec, float(score[i]), int(readings.ts[i]), int(readings.seq[i]), context,
-                            lambda i=i: describe(i))
+                            lambda i=i: describe(i, episode.metric))
             if alert is not None:
                 if rule == rules.FLEET:
                     alert["model_version"] = readings.fleet_versions[readings.device_type[i]]
@@ -376,25 +381,28 @@ class PartitionEngine:
         batch.store_episode(d, rule, episode)
         return out
 
-    def _describe_rule(self, readings: _Readings, rule: str) -> Callable[[int], Observation]:
+    def _describe_rule(self, readings: _Readings, rule: str) -> Describe:
         settings = self.settings
 
-        def describe(i: int) -> Observation:
+        def describe(i: int, metric: str | None = None) -> Observation:
             return rules.evaluate(readings.view(i), settings)[rule]
         return describe
 
-    def _describe_anomaly(self, readings: _Readings) -> Callable[[int], Observation]:
+    def _describe_anomaly(self, readings: _Readings) -> Describe:
         fire = self.specs[rules.ANOMALY].fire
 
-        def describe(i: int) -> Observation:
+        def describe(i: int, metric: str | None = None) -> Observation:
+            """The most anomalous metric of the reading; or ``metric``, the one the open alert
+            was raised on, so that its clear speaks of the same metric."""
             span = readings.entries(i)
             ranked = sorted(((readings.names[k], float(readings.values[k]), float(readings.entry_scores[k]))
                              for k in span if not np.isnan(readings.entry_scores[k])), key=lambda c: -c[2])
-            if not ranked:
+            chosen = [c for c in ranked if c[0] == metric] or ranked
+            if not chosen:
                 return Observation(0.0, None, None, fire, "no scored metric")
-            metric, value, top = ranked[0]
-            verdict = "is anomalous" if top >= fire else "is within its normal range"
-            return Observation(top, metric, value, fire, f"{metric}={value:g} {verdict} (score {top:.2f})",
+            name, value, score = chosen[0]
+            verdict = "is anomalous" if score >= fire else "is within its normal range"
+            return Observation(score, name, value, fire, f"{name}={value:g} {verdict} (score {score:.2f})",
                                tuple(ranked[:3]))
         return describe
 
@@ -422,7 +430,8 @@ class PartitionEngine:
             for p in range(bounds[d], bounds[d + 1]):
                 if batch.log_gap[p] > self.timeout_ms and episode.status == "idle":
                     newest, high = max(int(batch.prior_newest[p]), 0), int(batch.prior_high[p])
-                    what = f"no data for {batch.log_gap[p] / 1000:.0f} s in the log (last event time {newest})"
+                    what = (f"no data for {batch.log_gap[p] / 1000:.0f} s in the log "
+                            f"(last event time {iso_time(newest)})")
                     alert = advance(episode, spec, 1.0, newest, high, context,
                                     lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
                     if alert is not None:
@@ -448,7 +457,8 @@ class PartitionEngine:
             episode = batch.episode(0, rules.SILENT)
             context = batch.context(0, self.model_version)
             newest = max(int(state.core[MAX_EVENT_MS]), 0)
-            what = f"no data for {(now_ms - int(state.core[LAST_WALL_MS])) / 1000:.0f} s (last event time {newest})"
+            what = (f"no data for {(now_ms - int(state.core[LAST_WALL_MS])) / 1000:.0f} s "
+                    f"(last event time {iso_time(newest)})")
             alert = advance(episode, self.specs[rules.SILENT], 1.0, newest, int(state.core[SEQ_HIGH]), context,
                             lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
             batch.store_episode(0, rules.SILENT, episode)
@@ -466,7 +476,7 @@ class PartitionEngine:
     # -- fleet model (one per device type, trained in batch, hot-swapped) -----------------------------
 
     def _fleet_scores(self, batch: _Batch, readings: _Readings
-                      ) -> tuple[tuple[np.ndarray, np.ndarray], Callable[[int], Observation]] | None:
+                      ) -> tuple[tuple[np.ndarray, np.ndarray], Describe] | None:
         """Every reading of a device type that has an approved fleet model, scored at once
         against the reading before it (the model's change features)."""
         if self.fleet_models is None or not readings.n:
@@ -490,7 +500,7 @@ class PartitionEngine:
             return None
         fire = self.specs[rules.FLEET].fire
 
-        def describe(i: int) -> Observation:
+        def describe(i: int, metric: str | None = None) -> Observation:
             device_type = readings.device_type[i]
             verdict = "unusual for" if score[i] >= fire else "typical of"
             return Observation(float(score[i]), None, None, fire, f"reading is {verdict} the {device_type} fleet "
@@ -758,6 +768,8 @@ class _Batch:
             episode = Episode(_STATUS[int(row[EP_STATUS])], int(row[EP_ABOVE]), int(row[EP_BELOW]),
                               int(row[EP_START_MS]), int(row[EP_START_SEQ]), int(row[EP_LAST_MS]),
                               int(row[EP_OCCURRENCES]), float(state.peaks[rows[0]]))
+            metric = int(row[EP_METRIC])
+            episode.metric = state.metrics[metric] if 0 <= metric < len(state.metrics) else None
             if episode.status == "open":
                 episode.alert_id = alert_id(self.devices[d], rule, episode.start_ms)
         self._episodes[(d, rule)] = episode
@@ -780,8 +792,9 @@ class _Batch:
             for code, e in sorted(episodes.items()):
                 if e.status == "idle":
                     continue
+                metric = state.metrics.index(e.metric) if e.metric in state.metrics else -1
                 rows.append(np.array([code, _STATUS_CODE[e.status], e.above, e.below, e.start_ms, e.start_seq,
-                                      e.last_ms, e.occurrences], dtype=np.int64))
+                                      e.last_ms, e.occurrences, metric], dtype=np.int64))
                 peaks.append(e.peak_score)
             state.episodes = (np.stack(rows) if rows else np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64))
             state.peaks = np.array(peaks, dtype=np.float64)

@@ -191,3 +191,24 @@ def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("iotwatch: error:")
     assert "missing.toml" in bad.stderr
+
+
+def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_run_dir(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env["HOME"] = str(tmp_path / "home")
+    run_dir = (tmp_path / "my-stack").resolve()
+    up = subprocess.run([*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"stop it with: iotwatch stack down --run-dir {run_dir}" in up.stdout.splitlines()
+        status = subprocess.run([*IOTWATCH, "stack", "status", "--json"], env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert json.loads(status.stdout)["run_dir"] == str(run_dir)
+    finally:
+        down = subprocess.run([*IOTWATCH, "stack", "down", "--json"], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert down.returncode == 0 and set(json.loads(down.stdout)["stopped"]) == {"mqtt", "kafka"}, down.stderr
+    after = subprocess.run([*IOTWATCH, "stack", "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert after.returncode == 1 and "no stack in" in after.stdout

@@ -95,8 +95,9 @@ def cli(ctx: click.Context, config_file: Path | None, log_level: str) -> None:
     Devices publish over MQTT, a gateway bridges to Kafka, a PySpark Structured Streaming
     job cleans, scores and alerts, and metrics go to InfluxDB for Grafana.
     """
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from iotwatch.logs import configure
+
+    configure(log_level)
     ctx.obj = AppContext(config_file)
 
 
@@ -107,7 +108,10 @@ def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = 
         def apply(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
             if value is not None:
                 app = ctx.ensure_object(AppContext)
-                app.override_endpoints(**{param.name or "": value})
+                try:
+                    app.override_endpoints(**{param.name or "": value})
+                except ValueError as exc:
+                    raise click.BadParameter(str(exc)) from None
             return value
 
         options = []

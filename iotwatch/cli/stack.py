@@ -11,10 +11,12 @@ import click
 
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.stack import EmbeddedStack
+from iotwatch.stack.embedded import forget_last_stack, remember_last_stack, resolve_run_dir
 
 run_dir_option = click.option(
     "--run-dir", type=click.Path(file_okay=False, path_type=Path),
-    help="Where servers keep config, data, logs and stack.json (default IOTWATCH_STACK_RUN_DIR or ~/.iotwatch/stack).")
+    help="Where servers keep config, data, logs and stack.json (default IOTWATCH_STACK_RUN_DIR or ~/.iotwatch/stack; "
+         "status and down: the last stack started).")
 
 
 @click.group()
@@ -48,7 +50,9 @@ def up(app: AppContext, run_dir: Path | None, partitions: int | None, mqtt_broke
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)
     state = embedded.up()
-    emit(state.to_dict(), as_json, _render_up)
+    if not foreground:
+        remember_last_stack(state.run_dir)
+    emit({**state.to_dict(), "stop": f"iotwatch stack down --run-dir {state.run_dir}"}, as_json, _render_up)
     if foreground:
         _hold_until_stopped()
         embedded.down()
@@ -64,6 +68,7 @@ def _render_up(result: dict[str, Any]) -> None:
     click.echo("point other shells at it with:")
     for name, value in result["env"].items():
         click.echo(f"  export {name}={value}")
+    click.echo(f"stop it with: {result['stop']}")
 
 
 def _hold_until_stopped() -> None:
@@ -83,8 +88,9 @@ def _hold_until_stopped() -> None:
 @pass_app
 def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> None:
     """Stop every server `stack up` started from the run directory."""
-    embedded = EmbeddedStack(app.settings, run_dir)
+    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
     stopped = embedded.down()
+    forget_last_stack(embedded.run_dir)
     if purge:
         embedded.remove_data()
     emit({"run_dir": str(embedded.run_dir), "stopped": stopped, "purged": purge}, as_json,
@@ -97,7 +103,7 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
 @pass_app
 def status(app: AppContext, run_dir: Path | None, as_json: bool) -> None:
     """Report each server: process alive, and a real client's answer. Exit 1 if unhealthy."""
-    result = EmbeddedStack(app.settings, run_dir).status()
+    result = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir)).status()
     emit(result, as_json, _render_status)
     if not result["up"]:
         raise SystemExit(1)

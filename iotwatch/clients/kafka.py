@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -11,15 +13,27 @@ from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
 
+def client_config(settings: KafkaSettings) -> dict[str, Any]:
+    """Connection properties for a confluent-kafka client, with librdkafka's log lines going
+    through Python logging (repeated connection failures summarised, :mod:`iotwatch.logs`)
+    instead of straight to stderr."""
+    from iotwatch.logs import librdkafka_logger
+
+    return {**settings.client_config(), "logger": librdkafka_logger()}
+
+
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    return AdminClient(settings.client_config())
+    return AdminClient(client_config(settings))
 
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
     """Topic name -> partition count, or :class:`ServiceUnavailable`."""
+    admin = admin_client(settings)
     try:
-        metadata = admin_client(settings).list_topics(timeout=timeout_s)
+        metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            admin.poll(0)  # librdkafka's own account of the failure (queued until polled)
         raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
@@ -58,7 +72,7 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
     partitions = list_topics(settings).get(topic, 0)
     if not partitions:
         return []
-    consumer = Consumer({**settings.client_config(), "group.id": f"iotwatch-read-{time.time_ns()}",
+    consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-read-{time.time_ns()}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Message] = []

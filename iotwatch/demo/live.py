@@ -21,6 +21,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from iotwatch.clients.kafka import client_config
 from iotwatch.settings import Settings
 
 SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
@@ -51,7 +52,7 @@ class Probe:
         self.settings = settings
         self.gateway_url = f"http://127.0.0.1:{gateway_port}/metrics"
         self.checkpoint = checkpoint
-        config = {**settings.kafka.client_config(), "enable.auto.commit": False}
+        config = {**client_config(settings.kafka), "enable.auto.commit": False}
         self.offsets = Consumer({**config, "group.id": "demo-live-offsets"})
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions

@@ -36,7 +36,7 @@ from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.embedded import StackState
+from iotwatch.stack.embedded import StackState, remember_last_stack
 from iotwatch.stack.process import free_port
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             "--duration", str(options.duration_s * options.speedup), "--speedup", str(options.speedup),
             "--anomaly-rate", str(options.anomaly_rate), "--anomalies-after", str(options.anomalies_after_s),
             "--fault-rate", str(options.fault_rate), *planned_anomalies(options, out / "scenario.json"),
-            "--seed", str(options.seed), "--ground-truth", str(truth_path), "--no-progress", "--json"), env, out)
+            "--seed", str(options.seed), "--ground-truth", str(truth_path), "--no-progress", "--json",
+            "--seq-state", str(out / "simulate-seq.json")), env, out)  # a new pipeline: every device from seq 0
         children.append(simulator)
         live = LiveState()
         probe = Probe(settings, gateway_port, checkpoint)
@@ -157,7 +158,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             child.stop(timeout_s=30)
         if not (options.keep_stack and stack_running(stack)):
             stack.down()
-        elif summary is None:
+        else:
+            remember_last_stack(stack.run_dir)  # `iotwatch stack status|down` find it
+        if summary is None and options.keep_stack and stack_running(stack):
             console.print(f"[yellow]the stack is left running: iotwatch stack down --run-dir {stack.run_dir}[/yellow]")
 
 

@@ -92,6 +92,42 @@ class StackState:
                    data["started_at"])
 
 
+def last_stack_file() -> Path:
+    """Where ``stack up`` notes its run directory, for ``status`` and ``down`` without ``--run-dir``."""
+    return Path.home() / ".iotwatch" / "last-stack"
+
+
+def remember_last_stack(run_dir: Path) -> None:
+    path = last_stack_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{run_dir}\n")
+
+
+def resolve_run_dir(settings: Settings, run_dir: Path | None) -> Path:
+    """The run directory a command means: ``--run-dir``, else IOTWATCH_STACK_RUN_DIR (or the
+    TOML file's), else the last stack started that is still recorded, else the default."""
+    if run_dir is not None:
+        return Path(run_dir).expanduser().resolve()
+    if "run_dir" not in settings.stack.model_fields_set:
+        try:
+            last = Path(last_stack_file().read_text().strip())
+        except OSError:
+            last = None
+        if last is not None and (last / STATE_FILE).exists():
+            return last
+    return Path(settings.stack.run_dir).expanduser().resolve()
+
+
+def forget_last_stack(run_dir: Path) -> None:
+    """Drop the note of ``run_dir`` (it was stopped)."""
+    path = last_stack_file()
+    try:
+        if Path(path.read_text().strip()) == run_dir:
+            path.unlink()
+    except OSError:
+        pass
+
+
 class EmbeddedStack:
     """Starts and stops the embedded servers for one run directory."""
 

@@ -20,8 +20,10 @@ def _producer(config: dict[str, str]) -> Producer:
     key = tuple(sorted(config.items()))
     producer = _producers.get(key)
     if producer is None:
+        from iotwatch.logs import librdkafka_logger
+
         producer = _producers[key] = Producer({**config, "enable.idempotence": True, "acks": "all",
-                                               "linger.ms": 2})
+                                               "linger.ms": 2, "logger": librdkafka_logger()})
     return producer
 
 

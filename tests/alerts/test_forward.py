@@ -154,3 +154,66 @@ def test_sigterm_finishes_the_post_in_flight(test_settings: Settings, unique: st
     finally:
         counts = stop_gracefully(again)
     assert len(hook.delivered) == len(records) and counts["duplicates"] == 0
+
+
+def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    """Acceptance: ``--timeout 5`` against a receiver that accepts connections and never
+    answers (longer than the default 10 s post timeout) ends within 10 s, exit 0, and says
+    nothing of the secret parts of the URL."""
+    import socket
+    import time
+
+    produce(test_settings.kafka, test_settings.topics.alerts, alert_run(1))
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(16)  # never accepted, never answered
+    port = black_hole.getsockname()[1]
+    url = f"http://user:pw@127.0.0.1:{port}/services/T00/B00/SECRET?token=abc"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update({"IOTWATCH_TOPIC_ALERTS": test_settings.topics.alerts, "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.2",
+                "IOTWATCH_ALERTS_RETRY_MAX_S": "1"})
+    argv = [sys.executable, "-m", "iotwatch", "alerts", "forward", "--kafka", test_settings.kafka.bootstrap_servers,
+            "--webhook", url, "--group", f"fwd-{unique}", "--from-beginning", "--state-dir", str(tmp_path),
+            "--timeout", "5"]
+    started = time.monotonic()
+    try:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        black_hole.close()
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert elapsed <= 10, f"ran {elapsed:.1f} s"
+    assert "SECRET" not in result.stderr + result.stdout and "token" not in result.stderr + result.stdout
+    assert "alerts forward: consumed" in result.stdout
+
+
+def test_forward_keeps_its_group_membership_while_the_receiver_is_down(
+        test_settings: Settings, unique: str, tmp_path: Path, webhook: Any, caplog: Any) -> None:
+    """A receiver down for longer than max.poll.interval.ms: the paused consumer keeps
+    polling, stays in its group, and commits everything once the receiver is back. Each
+    retry names the receiver (scheme, host, port, first path segment), never its secrets."""
+    import logging
+    import time
+
+    caplog.set_level(logging.WARNING, logger="alerts.forward")
+    records = alert_run(3)
+    produce(test_settings.kafka, test_settings.topics.alerts, records)
+    hook, url = webhook(fail_every=1, retry_after_at=None, stall_at=None)
+    base = url.removesuffix("/hook")
+    url = f"{base.replace('http://', 'http://user:secret@')}/hook/T00/SECRET?token=abc"
+    config = AlertsSettings(state_dir=tmp_path, **{**FAST, "max_poll_interval_ms": 7000})
+    stop, thread, result = forward_in_thread(test_settings, config, url,
+                                             ForwardOptions(f"fwd-{unique}", from_beginning=True))
+    try:
+        time.sleep(12)  # every post fails meanwhile: > max.poll.interval.ms on the first alert
+        assert not hook.delivered
+        hook.fail_every = 0
+        wait_for(lambda: set(hook.delivered) == {key(r) for r in records}, 60, "every alert delivered")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert result["commit_failures"] == 0 and result["retries"] > 10, result
+    assert committed_everything(test_settings, f"fwd-{unique}")
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retries and all(m.startswith(f"webhook {base}/hook/…: post failed (http_503)") for m in retries), retries
+    assert not any("secret" in m.lower() or "token" in m for m in retries)

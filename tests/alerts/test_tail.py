@@ -64,4 +64,5 @@ def test_tail_plain_lines(test_settings: Settings, unique: str) -> None:
     out = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(out) == 6, result.output
     assert any("CRITICAL raised" in line and "car-1" in line and "fleet-2" in line for line in out)
+    assert all(line.startswith("2025-01-01T00:00:03.000Z ") for line in out), out  # the clock time of detection
     assert "6 shown" in result.stderr

@@ -116,3 +116,12 @@ def test_table_and_line_render() -> None:
     assert "critical 1" in text  # one still open
     plain = line(CRASH, now_ms=CRASH["first_event_ms"] + 42_000).plain
     assert "CRITICAL raised age 42s" in plain and "value 31.5" in plain
+
+
+def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> None:
+    from alerts.webhook import receiver_name
+
+    assert receiver_name("https://hooks.slack.com/services/T0/B0/XXXX") == "https://hooks.slack.com/services/…"
+    assert receiver_name("https://user:pw@example.org:8443/hook?token=abc") == "https://example.org:8443/hook/…"
+    assert receiver_name("http://[::1]:9000") == "http://[::1]:9000"
+    assert receiver_name("http://example.org/alerts") == "http://example.org/alerts"

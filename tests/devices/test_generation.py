@@ -310,3 +310,35 @@ def test_scenario_errors_are_one_line(tmp_path: Path) -> None:
     toml = tmp_path / "s.toml"
     toml.write_text('[[anomalies]]\nkind = "drift"\ndevices = "home-*"\nat_s = 5\n')
     assert load_scenario(toml).anomalies[0].kind == "drift"
+
+
+def test_a_second_run_carries_on_each_devices_seq_from_the_state_file(tmp_path: Path) -> None:
+    """What the first run ends with (seq_end, saved by the runner) is where the second starts,
+    device by device; a device new to the file starts at 0."""
+    from devices import seq_state
+
+    state = tmp_path / "seq.json"
+    first = Simulation(SimConfig(seed=5, homes=2, vehicles=1, start_ms=START_MS, seq_state=state))
+    first_messages = telemetry_by_device([m for batch in first.run(60) for m in batch])
+    assert first.carried_on == 0
+    ends = first.seq_end()
+    assert {d: seq for d, (seq, _) in ends.items()} == {d: r[-1]["seq"] + 1 for d, r in first_messages.items()}
+    assert all(ts == r[-1]["ts"] for d, r in first_messages.items() for ts in [ends[d][1]])
+    ends.pop("vehicle-00000")  # as if the vehicle were new
+    seq_state.save(state, ends)
+
+    second = Simulation(SimConfig(seed=5, homes=2, vehicles=1, start_ms=START_MS + 60_000, seq_state=state))
+    second_messages = telemetry_by_device([m for batch in second.run(30) for m in batch])
+    assert second.carried_on == len(ends)
+    for device, readings in second_messages.items():
+        start = ends[device][0] if device in ends else 0
+        assert [r["seq"] for r in readings] == list(range(start, start + len(readings)))
+
+
+def test_a_damaged_seq_state_file_is_an_error_that_names_it(tmp_path: Path) -> None:
+    from devices import seq_state
+
+    state = tmp_path / "seq.json"
+    state.write_text("{not json")
+    with pytest.raises(ValueError, match=f"seq state file {state}"):
+        seq_state.load(state)

@@ -129,12 +129,13 @@ def _retained_status(settings: Settings, topic: str, timeout_s: float = 5.0) -> 
 
 
 def test_status_is_retained_and_the_last_will_marks_a_killed_device_offline(stack_settings: Settings,
-                                                                            unique: str) -> None:
+                                                                            unique: str, tmp_path: Path) -> None:
     topic = "iot/home-00000/leak_sensor/home-00000-leak_sensor-0/status"
     env = {**os.environ, "IOTWATCH_MQTT_URL": stack_settings.mqtt.url}
     proc = subprocess.Popen([*IOTWATCH, "simulate", "--homes", "1", "--vehicles", "0", "--mix", "leak_sensor=1",
                              "--duration", "120", "--connection-per-device", "--qos", "1", "--seed", "5",
-                             "--no-progress", "--client-id-prefix", f"test-{unique}"],
+                             "--no-progress", "--client-id-prefix", f"test-{unique}",
+                             "--seq-state", str(tmp_path / "seq.json")],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         sub = Subscriber(stack_settings, topic)
@@ -166,7 +167,7 @@ def test_cli_simulate_json_run(stack_settings: Settings, unique: str, tmp_path: 
     result = subprocess.run([*IOTWATCH, "simulate", "--mqtt", stack_settings.mqtt.url, "--homes", "3",
                              "--vehicles", "1", "--duration", "30", "--as-fast-as-possible", "--qos", "1",
                              "--scenario", str(scenario), "--ground-truth", str(gt), "--json",
-                             "--client-id-prefix", f"test-{unique}"],
+                             "--client-id-prefix", f"test-{unique}", "--seq-state", str(tmp_path / "seq.json")],
                             capture_output=True, text=True, timeout=60)
     sub.wait_for(1, 2)
     sub.close()

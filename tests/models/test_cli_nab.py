@@ -59,3 +59,22 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
     bad.write_text("when,what\n1,2\n")
     result = CliRunner().invoke(cli, ["score-csv", str(bad), str(out)])
     assert result.exit_code != 0
+
+
+def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                                     ) -> None:
+    from models.catalog import make
+    from models.cli.score_csv import score_file
+
+    warmup = make(DEFAULT_DETECTOR).warmup_readings()
+    assert warmup > 200
+    stamps = pd.date_range("2024-01-01", periods=200, freq="5min").strftime("%Y-%m-%d %H:%M:%S")
+    values = [10.0] * 200
+    values[150] = 500.0  # an obvious spike that the warming detector cannot see
+    source = tmp_path / "short.csv"
+    pd.DataFrame({"timestamp": stamps, "value": values}).to_csv(source, index=False)
+    with caplog.at_level("WARNING"):
+        result = score_file(source, tmp_path / "out.csv")
+    assert result["warmup_readings"] == warmup and result["max_score"] == 0.0
+    assert result["warning"] and f"200 rows, fewer than the {warmup} readings" in result["warning"]
+    assert [r.getMessage() for r in caplog.records] == [result["warning"]]

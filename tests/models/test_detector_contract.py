@@ -111,3 +111,17 @@ def test_batch_equals_loop(name: str) -> None:
     expected = [looped.score_learn_one({key: float(v)}, int(ts)) for ts, v in zip(t, values)]
     batch = det.score_learn_many(values.reshape(-1, 1), t, [key])
     np.testing.assert_allclose(batch, expected, rtol=0, atol=1e-12)
+
+
+def test_declared_warm_up_is_when_scores_start(name: str) -> None:
+    """``warmup_readings()`` (what score-csv warns about) is when a detector starts scoring:
+    nothing above 0 before it, and a spike just after it is scored."""
+    det = _catalog_make(name)
+    warmup = det.warmup_readings()
+    rng = np.random.default_rng(3)
+    values = rng.normal(10.0, 1.0, warmup + 80)
+    values[warmup + 30] = 60.0
+    scores = np.nan_to_num(np.array(_feed(det, values)))
+    assert not np.any(scores[:warmup] > 0), np.flatnonzero(scores[:warmup] > 0)[:5]
+    if np.any(scores > 0):
+        assert scores[warmup + 30] > 0

@@ -418,3 +418,42 @@ def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> Non
     assert "stuck_hvac" not in rule_alerts(19.5, outside=5.0)
     assert "stuck_hvac" not in rule_alerts(22.5, outside=30.0)
     assert "stuck_hvac" in rule_alerts(19.5, outside=30.0)
+
+
+def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso() -> None:
+    """The anomaly alert raised on temperature is cleared on temperature (its value and score
+    now), even when another metric is the reading's most unusual; the message mentions the
+    peak score the record's ``score`` holds. Raise and clear in different batches, so the
+    metric goes through the stored state."""
+    rng = random.Random(4)
+    series = [record(i, temperature=21 + rng.gauss(0, 0.2) + (8.0 if i == 300 else 0.0),
+                     humidity_pct=43 + rng.gauss(0, 0.3) + (1.2 if i > 300 else 0.0)) for i in range(400)]
+    alerts = alerts_of(Harness().run([series[:301], series[301:]]))
+    raised, cleared = [a for a in alerts if a["rule"] == "anomaly_score"][:2]
+    assert (raised["state"], cleared["state"]) == ("raised", "cleared") and raised["metric"] == "temperature_c"
+    assert cleared["contributors"][0]["metric"] == "humidity_pct"  # the reading's most unusual metric
+    assert cleared["metric"] == "temperature_c" and cleared["message"].split(": ", 1)[1].startswith("temperature_c=")
+    assert f"peak score {cleared['score']:.2f} while open" in cleared["message"]
+
+    harness = Harness()
+    harness.process([record(i) for i in range(5)], now_ms=1_000)
+    silent = alerts_of(harness.silence("th-1", now_ms=120_000))[0]
+    assert "(last event time 2025-11-22T04:00:04.000Z)" in silent["message"], silent["message"]
+
+
+def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() -> None:
+    """A checkpoint written before episodes kept their metric still loads (metric -1: none)."""
+    import struct
+
+    from streaming.device_state import _HEADER, EP_METRIC, EPISODE_FIELDS
+
+    harness = Harness()
+    harness.run([noisy_series(301, spike_at=300)])
+    state = harness.state()
+    assert len(state.episodes) and state.episodes[0, EP_METRIC] == state.metrics.index("temperature_c")
+    parts = list(state.parts())
+    parts[5] = state.episodes[:, :len(EPISODE_FIELDS) - 1].copy().tobytes()  # version 1 rows
+    old = (struct.pack(_HEADER, 1, *(len(p) for p in parts)) + b"".join(parts),)
+    loaded = DeviceState.from_value(old, state.detectors.shape[1])
+    assert loaded.episodes[:, EP_METRIC].tolist() == [-1] * len(state.episodes)
+    assert (loaded.episodes[:, :EP_METRIC] == state.episodes[:, :EP_METRIC]).all()

@@ -1,0 +1,90 @@
+"""The usual mistakes of a new user: each is one line on stderr and a non-zero exit.
+
+Run as a user runs the commands (a subprocess, the default log level), with HOME in a
+temporary folder so nothing of the developer's own state is read or written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
+    # id: (argv, words the line must hold, words it must not)
+    "anomaly the fleet cannot produce": (
+        ["simulate", "--anomalies", "crash", "--anomaly-rate", "2", "--vehicles", "0", "--duration", "600"],
+        ["--anomalies", "'crash'", "vehicle_edr", "fleet has none"], []),
+    "fault given as an anomaly": (
+        ["simulate", "--anomalies", "duplicate", "--anomaly-rate", "2", "--duration", "600"],
+        ["'duplicate' is a transport fault", "--faults", "spike"], ["out_of_order"]),
+    "anomaly given as a fault": (
+        ["simulate", "--faults", "spike", "--fault-rate", "2", "--duration", "600"],
+        ["'spike' is an anomaly", "--anomalies", "clock_skew"], ["level_shift"]),
+    "unknown fault lists only faults": (
+        ["simulate", "--faults", "telepathy", "--fault-rate", "2", "--duration", "600"],
+        ["unknown transport fault kind 'telepathy'", "clock_skew, duplicate, late, malformed, out_of_order"],
+        ["spike", "crash"]),
+    "unknown anomaly lists only anomalies": (
+        ["simulate", "--anomalies", "gremlins", "--anomaly-rate", "2", "--duration", "600"],
+        ["unknown anomaly kind 'gremlins'", "spike"], ["clock_skew", "malformed"]),
+    "kinds without the rate that draws them": (
+        ["simulate", "--anomalies", "spike", "--duration", "600"], ["--anomalies has no effect without --anomaly-rate"],
+        []),
+    "Kafka port out of range": (["alerts", "tail", "--kafka", "localhost:99999"], ["--kafka", "99999", "1-65535"], []),
+    "Kafka port out of range (stream)": (["stream", "--kafka", "localhost:99999"], ["--kafka", "99999"], []),
+    "MQTT port out of range": (["gateway", "--mqtt", "mqtt://localhost:70000"], ["--mqtt", "70000"], []),
+    "InfluxDB port out of range": (["stream", "--influx", "http://localhost:123456"], ["--influx", "123456"], []),
+    "Kafka that does not answer": (["alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
+                                   ["Kafka at 127.0.0.1:1 did not answer"], ["FAIL", "%3|"]),
+    "MQTT broker that does not answer": (["simulate", "--mqtt", "mqtt://127.0.0.1:1", "--duration", "1"],
+                                         ["mqtt://127.0.0.1:1", "refused"], []),
+}
+
+
+def run_iotwatch(argv: list[str], home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env["HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "iotwatch", *argv], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_mistake_is_one_line_on_stderr_and_a_non_zero_exit(mistake: str, tmp_path: Path) -> None:
+    argv, present, absent = MISTAKES[mistake]
+    result = run_iotwatch(argv, tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0, result
+    assert len(lines) == 1 and lines[0].startswith("iotwatch: error: "), result.stderr
+    for word in present:
+        assert word in lines[0], lines[0]
+    for word in absent:
+        assert word not in lines[0], lines[0]
+    assert not list(tmp_path.rglob("seq-*.json")), "a refused run must not write simulator state"
+
+
+def test_score_csv_names_the_row_out_of_time_order_and_the_row_that_is_not_a_number(tmp_path: Path) -> None:
+    rows = ["timestamp,value", "2024-01-01 00:00:00,1.0", "2024-01-01 00:05:00,2.0", "2024-01-01 00:03:00,3.0",
+            "2024-01-01 00:10:00,4.0"]
+    source = tmp_path / "in.csv"
+    source.write_text("\n".join(rows) + "\n")
+    result = run_iotwatch(["score-csv", str(source), str(tmp_path / "out.csv")], tmp_path)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert "row 3: timestamp 2024-01-01 00:03:00 is earlier than row 2's 2024-01-01 00:05:00" in result.stderr
+
+    rows[3], rows[4] = "2024-01-01 00:07:00,3.0", "2024-01-01 00:10:00,n/a"
+    source.write_text("\n".join(rows) + "\n")
+    result = run_iotwatch(["score-csv", str(source), str(tmp_path / "out.csv")], tmp_path)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert "row 4: value 'n/a' is not a finite number" in result.stderr
+
+
+def test_log_level_debug_brings_the_libraries_detail_back(tmp_path: Path) -> None:
+    result = run_iotwatch(["--log-level", "debug", "alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
+                          tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and lines[-1].startswith("iotwatch: error: Kafka at 127.0.0.1:1 did not answer")
+    assert sum(" DEBUG iotwatch.librdkafka: FAIL " in line for line in lines) >= 2, result.stderr

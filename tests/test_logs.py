@@ -1,0 +1,71 @@
+"""Library output through Python logging: librdkafka's repeated connection failures summarised."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from iotwatch.clients.kafka import client_config
+from iotwatch.logs import LIBRDKAFKA, configure
+from iotwatch.settings import KafkaSettings
+from iotwatch.stack.process import free_port
+
+
+def test_a_producer_that_cannot_connect_logs_one_line_per_broker(caplog: pytest.LogCaptureFixture) -> None:
+    """A long-running client (the gateway's producer) against brokers that refuse: librdkafka
+    retries many times a second; the log shows one WARNING per broker, the rest at DEBUG."""
+    configure("INFO")
+    ports = [free_port(), free_port()]
+    kafka = KafkaSettings(bootstrap_servers=",".join(f"127.0.0.1:{p}" for p in ports))
+    producer = Producer({**client_config(kafka), "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 100})
+    producer.produce("t", b"x")
+    with caplog.at_level(logging.DEBUG, logger=LIBRDKAFKA):
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            producer.poll(0.2)
+    shown = [r for r in caplog.records if r.name == LIBRDKAFKA and r.levelno >= logging.WARNING]
+    assert sorted(r.getMessage().split(":")[0] for r in shown) == ["Kafka broker 127.0.0.1"] * len(ports)
+    assert all("Connection refused (retrying; repeats are logged at DEBUG)" in r.getMessage() for r in shown)
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records if r.name == LIBRDKAFKA) >= 2
+    producer.purge()
+
+
+def test_spark_jvm_output_lines_become_log_records_at_sane_levels(caplog: pytest.LogCaptureFixture) -> None:
+    """What the JVM prints (log4j lines in iotwatch's layout, stack traces, the Python
+    workers' prints and librdkafka lines) as Python log records: news at its level, detail
+    at DEBUG, everything at DEBUG while a stop interrupts work."""
+    import io
+
+    from iotwatch.spark import JvmOutput, quiet_stop
+
+    configure("INFO")
+    output = JvmOutput(io.BytesIO(b""))
+    lines = ["WARN org.apache.spark.scheduler.TaskSetManager: Lost task 1.0", "java.lang.InterruptedException",
+             "\tat org.apache.spark.SparkContext.runJob(SparkContext.scala:2499)",
+             "ERROR org.apache.spark.sql.execution.datasources.FileFormatWriter: Aborting job a85.",
+             "Starting Streaming TransformWithStateInPandas Python worker.",
+             "WARN org.apache.spark.util.Utils: Your hostname, vm, resolves to a loopback address",
+             "%3|1795479906.881|FAIL|rdkafka#consumer-9| [thrd:127.0.0.1:7/bootstrap]: 127.0.0.1:7/bootstrap: "
+             "Connect to ipv4#127.0.0.1:7 failed: Connection refused (after 0ms in state CONNECT)"]
+    with caplog.at_level(logging.DEBUG):
+        for line in lines:
+            output.emit(line)
+        with quiet_stop():
+            output.emit("ERROR org.apache.spark.sql.execution.datasources.FileFormatWriter: Aborting job b96.")
+            output.emit("Exception in thread \"stream execution thread\" java.lang.StackOverflowError")
+    got = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    expected = [("spark.TaskSetManager", "WARNING", "Lost task 1.0"),
+                      ("spark.jvm", "DEBUG", "java.lang.InterruptedException"),
+                      ("spark.jvm", "DEBUG", "\tat org.apache.spark.SparkConte"),
+                      ("spark.FileFormatWriter", "ERROR", "Aborting job a85."),
+                      ("spark.jvm", "DEBUG", "Starting Streaming TransformWit"),
+                      ("spark.Utils", "DEBUG", "Your hostname, vm, resolves to"),
+                      (LIBRDKAFKA, "WARNING", "Kafka broker 127.0.0.1:7: Conne"),
+                      ("spark.FileFormatWriter", "DEBUG", "Aborting job b96."),
+                      ("spark.jvm", "DEBUG", "Exception in thread \"stream ex")]
+    assert len(got) == len(expected), got
+    for (name, level, message), (want_name, want_level, start) in zip(got, expected, strict=True):
+        assert (name, level) == (want_name, want_level) and message.startswith(start), (name, level, message)
