@@ -18,10 +18,9 @@ documented fixed layout and no JSON or pickles, so loading and saving a device c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import struct
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 
@@ -49,6 +48,7 @@ _SEP = "\x1f"
 #: Version 1 had no episode ``metric`` column; it is read as -1.
 FORMAT = 2
 _HEADER = "<H10I"
+_HEADER_STRUCT = struct.Struct(_HEADER)
 
 def _empty_core() -> np.ndarray:
     core = np.zeros(len(CORE_FIELDS), dtype=np.int64)
@@ -86,29 +86,30 @@ class DeviceState:
         parts' lengths (uint32), then the parts, in one binary field -- one field to convert
         per state-store call."""
         parts = self.parts()
-        return (struct.pack(_HEADER, FORMAT, *(len(p) for p in parts)) + b"".join(parts),)
+        return (_HEADER_STRUCT.pack(FORMAT, *(len(p) for p in parts)) + b"".join(parts),)
 
     @classmethod
     def from_value(cls, value: tuple[bytes], state_size: int) -> DeviceState:
-        blob = value[0]
-        version, *lengths = struct.unpack_from(_HEADER, blob)
+        """Parse a value of :meth:`to_value`: one writable copy of the blob, the arrays views
+        of it (a device's state is loaded for every batch it is in: this is per-device cost)."""
+        blob = bytearray(value[0])
+        version, *lengths = _HEADER_STRUCT.unpack_from(blob)
         if version not in (1, FORMAT):
             raise ValueError(f"device state format {version} (this version reads {FORMAT}): start from a new checkpoint")
-        offsets = np.cumsum([struct.calcsize(_HEADER), *lengths])
-        raw = [blob[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
-        device_type, site, metrics = (part.decode() for part in raw[:3])
-        core, seqs, episodes, peaks, detectors, last, buckets = raw[3:]
-        names = metrics.split(_SEP) if metrics else []
+        ends = list(accumulate(lengths, initial=_HEADER_STRUCT.size))
+        device_type, site, metrics = (blob[a:b].decode() for a, b in zip(ends[:3], ends[1:4], strict=True))
+
+        def array(part: int, dtype: type) -> np.ndarray:
+            start = ends[part]
+            return np.frombuffer(blob, dtype=dtype, count=(ends[part + 1] - start) // np.dtype(dtype).itemsize,
+                                 offset=start)
         width = len(EPISODE_FIELDS) - (1 if version == 1 else 0)
-        rows = np.frombuffer(episodes, dtype=np.int64).reshape(-1, width)
+        rows = array(5, np.int64).reshape(-1, width)
         if version == 1:
             rows = np.column_stack([rows, np.full(len(rows), -1, dtype=np.int64)])
-        return cls(device_type, site, np.frombuffer(core, dtype=np.int64).copy(),
-                   np.frombuffer(seqs, dtype=np.uint64).copy(), rows.copy(),
-                   np.frombuffer(peaks, dtype=np.float64).copy(), names,
-                   np.frombuffer(detectors, dtype=np.float64).reshape(-1, state_size).copy(),
-                   np.frombuffer(last, dtype=np.float64).copy(),
-                   np.frombuffer(buckets, dtype=np.float64).reshape(-1, len(BUCKET_FIELDS)).copy())
+        return cls(device_type, site, array(3, np.int64), array(4, np.uint64), rows, array(6, np.float64),
+                   metrics.split(_SEP) if metrics else [], array(7, np.float64).reshape(-1, state_size),
+                   array(8, np.float64), array(9, np.float64).reshape(-1, len(BUCKET_FIELDS)))
 
     def size_bytes(self) -> int:
         """Bytes this device takes in the state store (the value's payload)."""
