@@ -54,7 +54,7 @@ class ProgressLines:
 
     @staticmethod
     def _log(progress: Any) -> None:
-        from streaming.job import kafka_lag, kafka_records
+        from streaming.progress import kafka_lag, kafka_records
 
         records = kafka_records(progress)
         batch_ms = int(progress.durationMs.get("triggerExecution", 0))
