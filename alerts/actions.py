@@ -1,0 +1,71 @@
+"""What an operator does to alerts: acknowledge them, silence and unsilence them.
+
+Each action is one record produced to its compacted topic (:mod:`iotwatch.oncall`) after
+checking it against the folded state (:mod:`alerts.book`), so a typo in an alert id is a
+one-line error, not a record about an alert that never existed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Producer
+
+from alerts.book import AlertBook, AlertView, UnknownAlert
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AckAction, AlertAck, Matchers, Silence, encode, stable_id
+from iotwatch.settings import Settings
+
+
+def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
+    """Produce one record and wait until the broker confirmed it (idempotent producer)."""
+    ensure_topics(settings.kafka, [topic], compacted=True)
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
+    errors: list[str] = []
+    producer.produce(topic, value, key=key.encode(),
+                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
+    if producer.flush(30) > 0 or errors:
+        raise ServiceUnavailable(f"Kafka did not confirm the record on {topic}: {errors[0] if errors else 'timeout'}")
+
+
+def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, note: str | None = None,
+                now_ms: int | None = None) -> AlertView:
+    """Record that ``by`` acknowledged the open alert ``alert_id`` (or a unique prefix of it)."""
+    view = book.find(alert_id)
+    if view.cleared is not None:
+        raise IotwatchError(f"alert {view.alert_id} already cleared; nothing to acknowledge")
+    if view.acked:
+        raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.ack.by}")  # type: ignore[union-attr]
+    ack = AlertAck(ONCALL_SCHEMA_VERSION, view.alert_id, AckAction.ACKNOWLEDGED, by,
+                   now_ms if now_ms is not None else int(time.time() * 1000), note)
+    publish(settings, settings.topics.alert_state, view.alert_id, encode(ack))
+    return book.apply_ack(ack)
+
+
+def add_silence(settings: Settings, matchers: Matchers, duration_s: float, by: str, comment: str | None = None,
+                now_ms: int | None = None) -> Silence:
+    """Silence alerts matching ``matchers`` for ``duration_s`` from now."""
+    if not matchers.describe():
+        raise IotwatchError("a silence needs at least one of --site, --device, --rule, --severity")
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    silence = Silence(ONCALL_SCHEMA_VERSION, stable_id(matchers.describe(), now, by), matchers, now,
+                      now + int(duration_s * 1000), by, comment)
+    publish(settings, settings.topics.silences, silence.silence_id, encode(silence))
+    return silence
+
+
+def revoke_silence(settings: Settings, book: AlertBook, silence_id: str, by: str,
+                   now_ms: int | None = None) -> Silence:
+    """End an active silence now (the record is rewritten with the new end and who ended it)."""
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    silence = book.silences.get(silence_id)
+    if silence is None:
+        raise UnknownAlert(f"no silence with id {silence_id!r}")
+    if silence.ends_at_ms <= now:
+        raise IotwatchError(f"silence {silence_id} is not active (it ended or was revoked)")
+    ended = Silence(ONCALL_SCHEMA_VERSION, silence.silence_id, silence.matchers, silence.starts_at_ms, now,
+                    silence.created_by, silence.comment, by)
+    publish(settings, settings.topics.silences, ended.silence_id, encode(ended))
+    book.apply_silence(ended)
+    return ended
