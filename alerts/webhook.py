@@ -69,9 +69,14 @@ class Webhook:
     session: requests.Session = field(default_factory=requests.Session)
 
     def post(self, alert: dict[str, Any], attempt: int = 1) -> PostResult:
+        """Post one alert record (``alerts forward --webhook``)."""
+        return self.send(payload(alert), idempotency_key(alert), attempt)
+
+    def send(self, document: dict[str, Any], key: str, attempt: int = 1) -> PostResult:
+        """Post ``document`` as JSON with ``key`` as its Idempotency-Key (the same on every retry)."""
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                   "Idempotency-Key": idempotency_key(alert), "X-Iotwatch-Attempt": str(attempt), **self.headers}
-        body = json.dumps(payload(alert), separators=(",", ":"), default=str).encode()
+                   "Idempotency-Key": key, "X-Iotwatch-Attempt": str(attempt), **self.headers}
+        body = json.dumps(document, separators=(",", ":"), default=str).encode()
         try:
             response = self.session.post(self.url, data=body, headers=headers, timeout=self.timeout_s,
                                          allow_redirects=False)
@@ -107,9 +112,16 @@ def deliver(webhook: Webhook, alert: dict[str, Any], backoff: Backoff, stop: thr
             on_failure: Callable[[PostResult, float], None] | None = None) -> PostResult | None:
     """Post until delivered or permanently refused; None when ``stop`` was set while waiting to retry
     (the post in flight is always finished first, so an accepted alert is never reported as lost)."""
+    return deliver_with(lambda attempt: webhook.post(alert, attempt), backoff, stop, retry_after_max_s, on_failure)
+
+
+def deliver_with(post: Callable[[int], PostResult], backoff: Backoff, stop: threading.Event,
+                 retry_after_max_s: float = 300.0,
+                 on_failure: Callable[[PostResult, float], None] | None = None) -> PostResult | None:
+    """:func:`deliver` for any post (``post(attempt)``), e.g. a group notification."""
     failures = 0
     while True:
-        result = webhook.post(alert, failures + 1)
+        result = post(failures + 1)
         if result.outcome != "retry":
             return result
         failures += 1

@@ -1,0 +1,147 @@
+"""``alerts forward --routes``: routing, grouping, silences, acknowledgements, repeats, resolved
+notifications and a restart, against the real broker and real HTTP receivers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alerts.actions import acknowledge, add_silence
+from alerts.book import load_book
+from alerts.dispatch import Dispatcher
+from alerts.routing import RoutingError, parse_routing
+from iotwatch.oncall import Matchers, Notification, decode
+from iotwatch.settings import AlertsSettings, Settings
+from tests.alerts.conftest import make_alert, produce, wait_for
+from tests.helpers import read_topic
+
+GROUP_WAIT, GROUP_INTERVAL, REPEAT = 1.0, 2.0, 4.0
+
+
+def routing(urls: dict[str, str]) -> dict[str, Any]:
+    return {
+        "receivers": {name: {"url": url} for name, url in urls.items()},
+        "route": {
+            "receiver": "default", "group_by": ["site", "rule"], "group_wait": f"{GROUP_WAIT}s",
+            "group_interval": f"{GROUP_INTERVAL}s", "repeat_interval": f"{REPEAT}s",
+            "routes": [
+                {"match": {"severity": "critical"}, "receiver": "pager", "group_by": ["device_id"], "continue": True},
+                {"match": {"site": ["home-1", "home-2"]}, "receiver": "homes"},
+            ],
+        },
+    }
+
+
+class Running:
+    """A dispatcher in a thread, stopped like SIGTERM stops it."""
+
+    def __init__(self, settings: Settings, config: AlertsSettings, tree: Any) -> None:
+        self.stop = threading.Event()
+        self.result: dict[str, Any] = {}
+        self.dispatcher = Dispatcher(settings, config, tree, self.stop)
+        self.thread = threading.Thread(target=lambda: self.result.update(self.dispatcher.run()), daemon=True)
+        self.thread.start()
+
+    def close(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def bodies(hook: Any) -> list[dict[str, Any]]:
+    return [body for _, status, body in hook.requests if status == 200]
+
+
+def listed(body: dict[str, Any], field: str = "alerts") -> set[str]:
+    return {a["alert_id"] for a in body[field]}
+
+
+def test_routing_file_errors_name_the_problem() -> None:
+    with pytest.raises(RoutingError, match="not defined: nowhere"):
+        parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "routes": [
+            {"match": {"site": "s"}, "receiver": "nowhere"}]}})
+    with pytest.raises(RoutingError, match="unknown alert field"):
+        parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_by": ["colour"]}})
+    with pytest.raises(RoutingError, match="not a duration"):
+        parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_wait": "soon"}})
+
+
+def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restart(
+        test_settings: Settings, tmp_path: Path, webhook: Any) -> None:
+    hooks, urls = {}, {}
+    for name in ("default", "pager", "homes"):
+        hooks[name], urls[name] = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    tree = parse_routing(routing(urls))
+    config = AlertsSettings(state_dir=tmp_path, retry_initial_s=0.05, retry_max_s=0.5)
+    kafka, topics = test_settings.kafka, test_settings.topics
+    start = int(time.time() * 1000) - 60_000
+
+    # silenced before it fires: never sent anywhere
+    add_silence(test_settings, Matchers(device_id="car-9"), 3600, "carol", "crash test rig")
+    burst = [make_alert(f"meter-{n}", "smart_meter", "fleet-x", "anomaly_score", "warning", "raised", start + n)
+             for n in range(20)]
+    crash_acked = make_alert("car-1", "vehicle_edr", "fleet-1", "crash", "critical", "raised", start)
+    crash_open = make_alert("car-2", "vehicle_edr", "fleet-1", "crash", "critical", "raised", start)
+    crash_silenced = make_alert("car-9", "vehicle_edr", "fleet-1", "crash", "critical", "raised", start)
+    home_leak = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", start)
+    produce(kafka, topics.alerts, [*burst, crash_acked, crash_open, crash_silenced, home_leak])
+
+    running = Running(test_settings, config, tree)
+    try:
+        # the burst of 20: one notification to the default receiver listing all of them
+        wait_for(lambda: len(bodies(hooks["default"])) >= 1 and len(bodies(hooks["pager"])) >= 3
+                 and len(bodies(hooks["homes"])) >= 1, 30, "first notifications")
+        first = bodies(hooks["default"])
+        assert len(first) == 1 and listed(first[0]) == {a["alert_id"] for a in burst}
+        assert first[0]["text"].startswith(":large_blue_circle: [FIRING:20] site=fleet-x rule=anomaly_score")
+        # critical alerts page per device (and the leak also goes on to the homes receiver); the silenced never
+        paged = {a for body in bodies(hooks["pager"]) for a in listed(body)}
+        assert paged == {crash_acked["alert_id"], crash_open["alert_id"], home_leak["alert_id"]}
+        assert [listed(b) for b in bodies(hooks["homes"])] == [{home_leak["alert_id"]}]
+        assert all(crash_silenced["alert_id"] not in listed(b) for h in hooks.values() for b in bodies(h))
+
+        # car-1 is acknowledged: car-2 (and the unacknowledged leak) repeat after the interval, car-1 does not
+        acknowledge(test_settings, load_book(test_settings), crash_acked["alert_id"], "alice", "driver called")
+        wait_for(lambda: sum(b["kind"] == "repeat" for b in bodies(hooks["pager"])) >= 4, 30,
+                 "two repeats each of the unacknowledged critical alerts")
+        repeats = [b for b in bodies(hooks["pager"]) if b["kind"] == "repeat"]
+        assert {a for b in repeats for a in b["repeated"]} == {crash_open["alert_id"], home_leak["alert_id"]}
+        assert not any(crash_acked["alert_id"] in listed(b) for b in repeats)
+        # the leak repeats at the homes receiver too (critical, unacknowledged), as repeats only
+        assert all(b["kind"] == "repeat" and b["repeated"] == [home_leak["alert_id"]]
+                   for b in bodies(hooks["homes"])[1:])
+    finally:
+        running.close()
+
+    # restart: nothing already sent is sent again; what happened while it was down is sent
+    before = {name: len(bodies(hook)) for name, hook in hooks.items()}
+    cleared = {**crash_open, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}
+    late = make_alert("meter-99", "smart_meter", "fleet-x", "anomaly_score", "warning", "raised", start + 99)
+    produce(kafka, topics.alerts, [cleared, late])
+    running = Running(test_settings, config, tree)
+    try:
+        wait_for(lambda: len(bodies(hooks["default"])) > before["default"], 30, "the alert raised while down")
+        wait_for(lambda: any(b["kind"] == "resolved" for b in bodies(hooks["pager"])), 30, "car-2 resolved")
+        time.sleep(GROUP_INTERVAL)
+        after_restart = bodies(hooks["default"])[before["default"]:]
+        assert [listed(b) for b in after_restart] == [{a["alert_id"] for a in [*burst, late]}]
+        assert "[FIRING:21]" in after_restart[0]["text"]
+        resolved = next(b for b in bodies(hooks["pager"]) if b["kind"] == "resolved")
+        assert listed(resolved, "resolved") == {crash_open["alert_id"]} and resolved["alerts"] == []
+        assert resolved["text"].startswith(":large_green_circle: [RESOLVED:1]")
+        # what each receiver had before is known from the log: no "firing" notification again, only
+        # repeats of the unacknowledged critical alerts and the resolution
+        assert all(b["kind"] == "repeat" for b in bodies(hooks["homes"])[before["homes"]:])
+        assert {b["kind"] for b in bodies(hooks["pager"])[before["pager"]:]} <= {"repeat", "resolved"}
+    finally:
+        counts = running.close()
+    assert counts.get("dead_lettered", 0) == 0 and counts["malformed"] == 0
+
+    # the notification log is the forwarder's state: one key per receiver and group
+    log = [decode(m.value(), Notification) for m in read_topic(kafka, topics.notifications, idle_s=1.0)]
+    assert {(n.receiver, n.group_key) for n in log} >= {("default", "0:{site=fleet-x,rule=anomaly_score}")}
