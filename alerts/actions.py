@@ -12,8 +12,8 @@ import time
 from confluent_kafka import Producer
 
 from alerts.book import AlertBook, AlertView, UnknownAlert
-from iotwatch.clients.kafka import ensure_topics
-from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.clients.kafka import ensure_topics, produce_confirmed
+from iotwatch.errors import IotwatchError
 from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AckAction, AlertAck, Matchers, Silence, encode, stable_id
 from iotwatch.settings import Settings
 
@@ -21,12 +21,8 @@ from iotwatch.settings import Settings
 def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
     """Produce one record and wait until the broker confirmed it (idempotent producer)."""
     ensure_topics(settings.kafka, [topic], compacted=True)
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
-    errors: list[str] = []
-    producer.produce(topic, value, key=key.encode(),
-                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
-    if producer.flush(30) > 0 or errors:
-        raise ServiceUnavailable(f"Kafka did not confirm the record on {topic}: {errors[0] if errors else 'timeout'}")
+    produce_confirmed(Producer({**settings.kafka.client_config(), "enable.idempotence": True}), topic, key.encode(),
+                      value)
 
 
 def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, note: str | None = None,

@@ -38,8 +38,7 @@ from alerts.book import AlertBook, AlertView, book_topics
 from alerts.notification import body
 from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook, deliver_with
-from iotwatch.clients.kafka import TopicFollower, ensure_topics
-from iotwatch.errors import ServiceUnavailable
+from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
 from iotwatch.oncall import ONCALL_SCHEMA_VERSION, BadRecord, Notification, NotificationKind, decode, encode, stable_id
 from iotwatch.settings import AlertsSettings, Settings
 
@@ -175,13 +174,8 @@ class Dispatcher:
                  len(resolved))
 
     def _record(self, record: Notification) -> None:
-        errors: list[str] = []
-        self._producer.produce(self.settings.topics.notifications, encode(record),
-                               key=f"{record.receiver}|{record.group_key}".encode(),
-                               on_delivery=lambda err, _m: errors.append(str(err)) if err is not None else None)
-        if self._producer.flush(30) > 0 or errors:
-            raise ServiceUnavailable(f"Kafka did not confirm the notification record: "
-                                     f"{errors[0] if errors else 'timeout'}")
+        produce_confirmed(self._producer, self.settings.topics.notifications,
+                          f"{record.receiver}|{record.group_key}".encode(), encode(record))
 
     def _dead_letter(self, receiver: str, group_key: str, document: dict[str, Any], result: PostResult) -> None:
         """A receiver refused the notification for good (4xx): kept with the reason, then moved on."""

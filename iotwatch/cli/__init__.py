@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, str] = {
     "simulate": "devices.cli:simulate",
     "dashboards": "dashboards.cli:dashboards",
     "alerts": "alerts.cli:alerts",
+    "respond": "responder.cli:respond",
 }
 
 

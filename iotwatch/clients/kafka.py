@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.errors import ServiceUnavailable
@@ -104,3 +104,14 @@ class TopicFollower:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def produce_confirmed(producer: Producer, topic: str, key: bytes, value: bytes,
+                      headers: list[tuple[str, bytes]] | None = None, timeout_s: float = 30.0) -> None:
+    """Produce one record and wait until the broker confirmed it, or :class:`ServiceUnavailable`:
+    for records whose loss would go unnoticed (an acknowledgement, a notification sent)."""
+    errors: list[str] = []
+    producer.produce(topic, value, key=key, headers=headers or [],
+                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
+    if producer.flush(timeout_s) > 0 or errors:
+        raise ServiceUnavailable(f"Kafka did not confirm a record on {topic}: {errors[0] if errors else 'timeout'}")
