@@ -33,15 +33,15 @@ its own receiver. Children inherit grouping and timing they do not set.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts.records import parse_duration
 from iotwatch.errors import IotwatchError
+from iotwatch.tomlfile import read_toml, validate
 
 #: Alert fields a policy may match on and group by.
 LABELS = ("site", "device_id", "device_type", "rule", "severity", "detector", "metric")
@@ -161,21 +161,11 @@ class _File(BaseModel):
 
 def load_routing(path: Path) -> RoutingTree:
     """The routing tree in ``path``; :class:`RoutingError` naming the first problem."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise RoutingError(f"routing file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RoutingError(f"routing file {path} is not valid TOML: {exc}") from None
-    return parse_routing(data, str(path))
+    return parse_routing(read_toml(path, RoutingError, "routing file"), f"routing file {path}")
 
 
 def parse_routing(data: dict[str, Any], where: str = "routing") -> RoutingTree:
-    try:
-        parsed = _File.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise RoutingError(f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    parsed = validate(data, _File, RoutingError, where)
     if parsed.route.receiver is None:
         raise RoutingError(f"{where}: route.receiver: the root policy needs a receiver")
     missing = sorted(_receivers(parsed.route) - set(parsed.receivers))

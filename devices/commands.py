@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import paho.mqtt.client as paho
-
-from iotwatch.clients.mqtt import make_client
+from iotwatch.clients.mqtt import PersistentSession
 from iotwatch.contract import (COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus, ContractViolation,
                                command_ack_topic, command_topic, decode_command, encode, parse_device_topic)
-from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import MqttSettings
 
 log = logging.getLogger(__name__)
@@ -34,38 +29,14 @@ EXPIRED = "expired"
 Obey = Callable[[str, str, str], str | None]
 
 
-class CommandChannel:
+class CommandChannel(PersistentSession):
     """The MQTT session that carries the commands of a set of devices (site, type, id)."""
 
     def __init__(self, settings: MqttSettings, client_id: str, devices: list[tuple[str, str, str]]) -> None:
-        self.settings, self.client_id = settings, client_id
-        self.topics = [command_topic(*device) for device in devices]
-        self.received: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self._subscribed = threading.Event()
-        self.client = make_client(settings, client_id, clean_session=False)
-        self.client.on_connect = self._on_connect
-        self.client.on_subscribe = lambda *_: self._subscribed.set()
-        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, m.payload))
-
-    def _on_connect(self, client: paho.Client, _u: Any, _flags: Any, reason: Any, _p: Any) -> None:
-        if not reason.is_failure and self.topics:
-            client.subscribe([(topic, 1) for topic in self.topics])  # again on every reconnect
-
-    def connect(self, timeout_s: float = 15.0) -> None:
-        try:
-            self.client.connect(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
-        except OSError as exc:
-            raise ServiceUnavailable(f"MQTT broker {self.settings.url} refused the connection: {exc}") from exc
-        self.client.loop_start()
-        if self.topics and not self._subscribed.wait(timeout_s):
-            raise ServiceUnavailable(f"MQTT broker {self.settings.url} did not confirm the command subscriptions")
+        super().__init__(settings, client_id, [command_topic(*device) for device in devices])
 
     def reply(self, site: str, device_type: str, reply: CommandReply) -> None:
         self.client.publish(command_ack_topic(site, device_type, reply.device_id), encode(reply), qos=1)
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 class DeviceCommands:

@@ -15,14 +15,14 @@ Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts.records import parse_duration
 from iotwatch.errors import IotwatchError
+from iotwatch.tomlfile import load_model
 
 
 class PolicyError(IotwatchError):
@@ -63,17 +63,7 @@ DEFAULT_POLICIES = (
 def load_policies(path: Path | None) -> tuple[CommandPolicy, ...]:
     if path is None:
         return DEFAULT_POLICIES
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyError(f"policy file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"policy file {path} is not valid TOML: {exc}") from None
-    try:
-        policies = tuple(_File.model_validate(data).policies)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise PolicyError(f"policy file {path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    policies = tuple(load_model(path, _File, PolicyError, "policy file").policies)
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise PolicyError(f"policy file {path}: policy names must be unique")

@@ -106,12 +106,3 @@ def replies(stack_settings: Any, unique: str) -> Iterator[Replies]:
     watcher = Replies(stack_settings.mqtt, f"replies-{unique}")
     yield watcher
     watcher.close()
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

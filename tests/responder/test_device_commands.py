@@ -10,7 +10,8 @@ from devices.home.contact import LEAK as LEAK_MODE
 from devices.home.thermostat import HVAC_STUCK
 from iotwatch.settings import Settings
 from responder.issuer import CommandIssuer
-from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, Replies, command, eventually, home_with_faults, mode
+from tests.alerts.conftest import wait_for as eventually
+from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, Replies, command, home_with_faults, mode
 
 
 def test_devices_obey_refuse_expired_and_get_commands_sent_while_offline(
