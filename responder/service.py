@@ -19,6 +19,7 @@ stage ``responder``).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import Counter
@@ -105,8 +106,8 @@ class Responder:
     def handle_replies(self) -> None:
         while True:
             try:
-                topic, payload = self.issuer.replies.get_nowait()
-            except Exception:  # noqa: BLE001 - queue.Empty
+                topic, payload = self.issuer.received.get_nowait()
+            except queue.Empty:
                 return
             self.handle_reply(topic, payload)
 

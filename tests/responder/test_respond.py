@@ -1,0 +1,105 @@
+"""``iotwatch respond`` against the real broker and MQTT, with simulated devices that obey:
+alerts become commands, replies and outcomes land in the audit trail, silence escalates,
+bad replies are dead-lettered, and a restart sends nothing twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from iotwatch.deadletter import H_REASON, H_STAGE, header_value
+from iotwatch.oncall import CommandAudit, decode
+from iotwatch.settings import Settings
+from responder.policy import DEFAULT_POLICIES
+from responder.service import Responder
+from tests.alerts.conftest import make_alert, produce, wait_for
+from tests.helpers import read_topic
+from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
+
+
+class Running:
+    def __init__(self, settings: Settings) -> None:
+        self.stop = threading.Event()
+        self.result: dict[str, Any] = {}
+        self.responder = Responder(settings, DEFAULT_POLICIES, self.stop)
+        self.thread = threading.Thread(target=lambda: self.result.update(self.responder.run()), daemon=True)
+        self.thread.start()
+
+    def close(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
+    """The latest audit record per (device, attempt), read back from the compacted topic."""
+    latest: dict[tuple[str, int], CommandAudit] = {}
+    for m in read_topic(settings.kafka, settings.topics.commands, idle_s=1.0):
+        audit = decode(m.value(), CommandAudit)
+        latest[(audit.device_id, audit.attempt)] = audit
+    return latest
+
+
+def statuses(audit: CommandAudit) -> list[str]:
+    return [step.status.value for step in audit.history]
+
+
+def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
+        test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    settings = test_settings.model_copy(update={"respond": test_settings.respond.model_copy(update={
+        "client_id": f"responder-{unique}", "reply_timeout_s": 3.0, "max_attempts": 2})})
+    sim = home_with_faults(tmp_path)
+    start = int(time.time() * 1000) - 10_000
+    hvac = make_alert(THERMOSTAT, "thermostat", SITE, "stuck_hvac", "major", "raised", start)
+    leak = make_alert(LEAK, "leak_sensor", SITE, "water_leak", "critical", "raised", start)
+    ghost = make_alert("home-00009-thermostat-0", "thermostat", "home-00009", "stuck_hvac", "major", "raised", start)
+    other = make_alert(LEAK, "leak_sensor", SITE, "anomaly_score", "warning", "raised", start)  # no policy
+    produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other])
+
+    devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
+    running = Running(settings)
+    try:
+        wait_for(lambda: mode(sim, THERMOSTAT) == 0 and mode(sim, LEAK) == 0, 30, "both faults ended by commands")
+        # the streaming job sees the recovery and clears the alerts (within the reply timeout, else: retry)
+        now = int(time.time() * 1000)
+        produce(settings.kafka, settings.topics.alerts, [{**hvac, "state": "cleared", "detected_at_ms": now},
+                                                         {**leak, "state": "cleared", "detected_at_ms": now}])
+        wait_for(lambda: trail(settings).get(("home-00009-thermostat-0", 2)) is not None
+                 and trail(settings)[("home-00009-thermostat-0", 2)].status.value == "escalated", 30,
+                 "the device that never answers escalated after two attempts")
+        # a reply that is not one, and one for a command nobody sent: dead letters with a reason
+        devices.channel.client.publish(f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack", b"\xff", qos=1)
+        devices.channel.client.publish(f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack",
+                                       b'{"v":1,"command_id":"nope","device_id":"%s","status":"done","at_ms":1}'
+                                       % THERMOSTAT.encode(), qos=1)
+        wait_for(lambda: running.responder.counts["dead_lettered"] == 2, 15, "two dead letters")
+        time.sleep(3)  # longer than the reply timeout: a done command of a cleared alert is not retried
+    finally:
+        first = running.close()
+    audits = trail(settings)
+    assert statuses(audits[(THERMOSTAT, 1)]) == ["sent", "accepted", "done"]
+    assert statuses(audits[(LEAK, 1)]) == ["sent", "accepted", "done"]
+    assert audits[(LEAK, 1)].name == "close_valve" and audits[(LEAK, 1)].alert_id == leak["alert_id"]
+    assert audits[(THERMOSTAT, 1)].issued_by == "responder" and audits[(THERMOSTAT, 1)].policy == "reset-stuck-hvac"
+    assert statuses(audits[("home-00009-thermostat-0", 1)]) == ["sent", "timed_out"]
+    assert statuses(audits[("home-00009-thermostat-0", 2)]) == ["sent", "timed_out", "escalated"]
+    assert set(audits) == {(THERMOSTAT, 1), (LEAK, 1), ("home-00009-thermostat-0", 1), ("home-00009-thermostat-0", 2)}
+    assert first["commands_sent"] == 4 and first["escalated"] == 1
+    dead = [m for m in read_topic(settings.kafka, settings.topics.dlq, expected=2)]
+    assert sorted(header_value(m.headers(), H_REASON) for m in dead) == ["invalid_json", "unknown_command"]
+    assert {header_value(m.headers(), H_STAGE) for m in dead} == {"responder"}
+    truth = {r["kind"]: r for r in sim.injector.records}
+    assert truth["hvac_stuck"]["ended_by_command"] == audits[(THERMOSTAT, 1)].command_id
+    assert truth["leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
+
+    # a restart rebuilds the state from the topics: nothing is sent again
+    running = Running(settings)
+    try:
+        time.sleep(4)
+    finally:
+        again = running.close()
+        devices.close()
+    assert again.get("commands_sent", 0) == 0, again
