@@ -3,7 +3,6 @@ notifications and a restart, against the real broker and real HTTP receivers."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from alerts.routing import RoutingError, parse_routing
 from iotwatch.oncall import Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import make_alert, produce, wait_for
-from tests.helpers import read_topic
+from tests.helpers import InThread, read_topic
 
 GROUP_WAIT, GROUP_INTERVAL, REPEAT = 1.0, 2.0, 4.0
 
@@ -36,21 +35,8 @@ def routing(urls: dict[str, str]) -> dict[str, Any]:
     }
 
 
-class Running:
-    """A dispatcher in a thread, stopped like SIGTERM stops it."""
-
-    def __init__(self, settings: Settings, config: AlertsSettings, tree: Any) -> None:
-        self.stop = threading.Event()
-        self.result: dict[str, Any] = {}
-        self.dispatcher = Dispatcher(settings, config, tree, self.stop)
-        self.thread = threading.Thread(target=lambda: self.result.update(self.dispatcher.run()), daemon=True)
-        self.thread.start()
-
-    def close(self) -> dict[str, Any]:
-        self.stop.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        return self.result
+def forwarding(settings: Settings, config: AlertsSettings, tree: Any) -> InThread:
+    return InThread(lambda stop: Dispatcher(settings, config, tree, stop))
 
 
 def bodies(hook: Any) -> list[dict[str, Any]]:
@@ -91,7 +77,7 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
     home_leak = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", start)
     produce(kafka, topics.alerts, [*burst, crash_acked, crash_open, crash_silenced, home_leak])
 
-    running = Running(test_settings, config, tree)
+    running = forwarding(test_settings, config, tree)
     try:
         # the burst of 20: one notification to the default receiver listing all of them
         wait_for(lambda: len(bodies(hooks["default"])) >= 1 and len(bodies(hooks["pager"])) >= 3
@@ -123,7 +109,7 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
     cleared = {**crash_open, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}
     late = make_alert("meter-99", "smart_meter", "fleet-x", "anomaly_score", "warning", "raised", start + 99)
     produce(kafka, topics.alerts, [cleared, late])
-    running = Running(test_settings, config, tree)
+    running = forwarding(test_settings, config, tree)
     try:
         wait_for(lambda: len(bodies(hooks["default"])) > before["default"], 30, "the alert raised while down")
         wait_for(lambda: any(b["kind"] == "resolved" for b in bodies(hooks["pager"])), 30, "car-2 resolved")

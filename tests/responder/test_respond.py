@@ -4,7 +4,6 @@ bad replies are dead-lettered, and a restart sends nothing twice."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,23 +14,12 @@ from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from tests.alerts.conftest import make_alert, produce, wait_for
-from tests.helpers import read_topic
+from tests.helpers import InThread, read_topic
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 
 
-class Running:
-    def __init__(self, settings: Settings) -> None:
-        self.stop = threading.Event()
-        self.result: dict[str, Any] = {}
-        self.responder = Responder(settings, DEFAULT_POLICIES, self.stop)
-        self.thread = threading.Thread(target=lambda: self.result.update(self.responder.run()), daemon=True)
-        self.thread.start()
-
-    def close(self) -> dict[str, Any]:
-        self.stop.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        return self.result
+def responding(settings: Settings) -> InThread:
+    return InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))
 
 
 def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
@@ -60,7 +48,7 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
-    running = Running(settings)
+    running = responding(settings)
     try:
         wait_for(lambda: mode(sim, THERMOSTAT) == 0 and mode(sim, LEAK) == 0, 30, "both faults ended by commands")
         # the streaming job sees the recovery and clears the alerts (within the reply timeout, else: retry)
@@ -75,7 +63,7 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         devices.channel.client.publish(f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack",
                                        b'{"v":1,"command_id":"nope","device_id":"%s","status":"done","at_ms":1}'
                                        % THERMOSTAT.encode(), qos=1)
-        wait_for(lambda: running.responder.counts["dead_lettered"] == 2, 15, "two dead letters")
+        wait_for(lambda: running.service.counts["dead_lettered"] == 2, 15, "two dead letters")
         time.sleep(3)  # longer than the reply timeout: a done command of a cleared alert is not retried
     finally:
         first = running.close()
@@ -96,7 +84,7 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert truth["leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
 
     # a restart rebuilds the state from the topics: nothing is sent again
-    running = Running(settings)
+    running = responding(settings)
     try:
         time.sleep(4)
     finally:
