@@ -35,9 +35,11 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from alerts.book import AlertBook, AlertView, book_topics
+from alerts.metrics import LifecycleMetrics
 from alerts.notification import body
 from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook, deliver_with
+from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
 from iotwatch.oncall import ONCALL_SCHEMA_VERSION, BadRecord, Notification, NotificationKind, decode, encode, stable_id
 from iotwatch.settings import AlertsSettings, Settings
@@ -71,6 +73,7 @@ class Dispatcher:
         self.counts: Counter[str] = Counter()
         self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
         self._dead_path = config.state_dir / "dead-notifications.jsonl"
+        self.metrics = LifecycleMetrics(InfluxV1Client(settings.influx)) if settings.influx.enabled else None
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -91,9 +94,14 @@ class Dispatcher:
                 for message in follower.poll(tick_s):
                     self.apply(message)
                 self.evaluate()
+                if self.metrics is not None:
+                    self.metrics.flush(self.book, int(self.clock() * 1000))
         finally:
             follower.close()
             self._producer.flush(10)
+            if self.metrics is not None:
+                self.metrics.flush(self.book, int(self.clock() * 1000), force=True)
+                self.metrics.client.close()
         return {**dict(self.counts), "malformed": self.book.malformed}
 
     def apply(self, message: Message) -> None:
@@ -108,6 +116,8 @@ class Dispatcher:
             self.sent[(record.receiver, record.group_key)] = record
             return
         alert_id = self.book.apply(message, self.settings)
+        if alert_id is not None and self.metrics is not None:
+            self.metrics.observe(self.book.alerts[alert_id])
         if alert_id is not None and message.topic() == self.settings.topics.alerts:
             view = self.book.alerts[alert_id]
             for route in self.tree.routes(view.record):
