@@ -18,7 +18,7 @@ from iotwatch.oncall import Silence
 STATUS_STYLE = {OPEN: "bold red", ACKNOWLEDGED: "yellow"}
 
 
-def _console() -> Console:
+def console() -> Console:
     """The terminal's width, or wide enough for whole rows when piped (grep, less -S)."""
     return Console(highlight=False, width=None if sys.stdout.isatty() else 250)
 
@@ -40,9 +40,9 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
                       human_age((now - raised) / 1000) if raised else "-",
                       f"{ack.by} {human_age((now - ack.at_ms) / 1000)} ago" + (f": {ack.note}" if ack.note else "")
                       if ack else "-", silence.silence_id if silence else "-")
-    console = _console()
-    console.print(table)
-    console.print(f"{len(views)} alert(s)", style="dim")
+    out = console()
+    out.print(table)
+    out.print(f"{len(views)} alert(s)", style="dim")
 
 
 def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
@@ -54,6 +54,6 @@ def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
         ends = f"in {human_age(left)}" if left > 0 else (f"revoked by {item.revoked_by}" if item.revoked_by
                                                           else f"{human_age(-left)} ago")
         table.add_row(item.silence_id, item.matchers.describe(), ends, item.created_by, item.comment or "")
-    console = _console()
-    console.print(table)
-    console.print(f"{len(silences)} silence(s)", style="dim")
+    out = console()
+    out.print(table)
+    out.print(f"{len(silences)} silence(s)", style="dim")

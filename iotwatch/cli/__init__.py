@@ -42,6 +42,7 @@ SUBCOMMANDS: dict[str, str] = {
     "dashboards": "dashboards.cli:dashboards",
     "alerts": "alerts.cli:alerts",
     "respond": "responder.cli:respond",
+    "commands": "responder.cli:commands",
 }
 
 

@@ -4,10 +4,14 @@ bad replies are dead-lettered, and a restart sends nothing twice."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
+from iotwatch.cli import cli
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
 from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
@@ -91,3 +95,13 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         again = running.close()
         devices.close()
     assert again.get("commands_sent", 0) == 0, again
+
+    # operators read the trail with `iotwatch commands`
+    shown = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers, "--device", LEAK,
+                                     "--json"], env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands})
+    assert shown.exit_code == 0, shown.output
+    (listed,) = json.loads(shown.stdout)
+    assert listed["status"] == "done" and [step["status"] for step in listed["history"]] == ["sent", "accepted", "done"]
+    table = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers],
+                               env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands})
+    assert table.exit_code == 0 and "escalated" in table.stdout and "close_valve" in table.stdout
