@@ -17,8 +17,10 @@ State: the alerts, acknowledgements and silences are folded from their topics
 (compacted by receiver and group), which is all the forwarder needs to know what each
 receiver already has. On start it replays the four topics to their end before it sends
 anything, so a restart neither repeats what was sent nor forgets a repeat timer.
-Delivery is at least once: a crash between a post and its record repeats that post with
-the same ``Idempotency-Key``.
+Delivery is at least once: a failed post (5xx, 408, 429, timeout) is tried again after a
+back-off (or Retry-After) while the other groups and receivers go on; a 4xx refusal is
+dead-lettered (<state_dir>/dead-notifications.jsonl) and recorded as handled. A crash
+between a post and its record repeats that post with the same ``Idempotency-Key``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from alerts.book import AlertBook, AlertView, book_topics
 from alerts.metrics import LifecycleMetrics
 from alerts.notification import body
 from alerts.routing import Route, RoutingTree
-from alerts.webhook import Backoff, PostResult, Webhook, deliver_with
+from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
 from iotwatch.oncall import ONCALL_SCHEMA_VERSION, BadRecord, Notification, NotificationKind, decode, encode, stable_id
@@ -56,6 +58,8 @@ class Group:
     route: Route
     alert_ids: set[str] = field(default_factory=set)
     pending_since_ms: int | None = None  # first firing alert not yet notified (group_wait runs from here)
+    failures: int = 0  # failed posts of the notification now due
+    retry_at_ms: int = 0  # ... not tried again before this (the other groups go on meanwhile)
 
 
 class Dispatcher:
@@ -134,6 +138,8 @@ class Dispatcher:
             self._evaluate(gid, group, int(self.clock() * 1000))
 
     def _evaluate(self, gid: GroupId, group: Group, now: int) -> None:
+        if now < group.retry_at_ms:
+            return
         alerts = self.book.alerts
         firing = sorted(a for a in group.alert_ids
                         if alerts[a].firing and self.book.silence_for(alerts[a].record, now) is None)
@@ -168,11 +174,17 @@ class Dispatcher:
         document = body(receiver, self.tree.receivers[receiver].format, group.route, group_key, kind,
                         [views[a] for a in firing], [views[a] for a in resolved], repeated)
         key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
-        webhook = self.webhooks[receiver]
-        result = deliver_with(lambda attempt: webhook.send(document, key, attempt), self.backoff, self.stop,
-                              self.config.retry_after_max_s, self._on_failure)
-        if result is None:
-            return  # stopping while waiting to retry: not recorded, so the next run sends it
+        result = self.webhooks[receiver].send(document, key, group.failures + 1)
+        if result.outcome == "retry":  # not recorded: tried again later, other receivers are not held up
+            group.failures += 1
+            wait_s = self.backoff.delay(group.failures)
+            if result.retry_after_s is not None:
+                wait_s = min(result.retry_after_s, self.config.retry_after_max_s)
+            group.retry_at_ms = now + int(wait_s * 1000)
+            self.counts["retries"] += 1
+            log.warning("notification to %s failed (%s), retrying in %.2f s", receiver, result.reason, wait_s)
+            return
+        group.failures, group.retry_at_ms = 0, 0
         if result.outcome != "delivered":
             self._dead_letter(receiver, group_key, document, result)
         record = Notification(ONCALL_SCHEMA_VERSION, receiver, group_key, kind, now, firing, resolved, repeated)
@@ -197,7 +209,3 @@ class Dispatcher:
             handle.write(json.dumps({"dead_at_ms": int(self.clock() * 1000), "receiver": receiver,
                                      "group_key": group_key, "reason": result.reason,
                                      "detail": result.detail[:1000], "notification": document}, default=str) + "\n")
-
-    def _on_failure(self, result: PostResult, wait_s: float) -> None:
-        self.counts["retries"] += 1
-        log.warning("notification post failed (%s), retrying in %.2f s", result.reason, wait_s)

@@ -112,16 +112,9 @@ def deliver(webhook: Webhook, alert: dict[str, Any], backoff: Backoff, stop: thr
             on_failure: Callable[[PostResult, float], None] | None = None) -> PostResult | None:
     """Post until delivered or permanently refused; None when ``stop`` was set while waiting to retry
     (the post in flight is always finished first, so an accepted alert is never reported as lost)."""
-    return deliver_with(lambda attempt: webhook.post(alert, attempt), backoff, stop, retry_after_max_s, on_failure)
-
-
-def deliver_with(post: Callable[[int], PostResult], backoff: Backoff, stop: threading.Event,
-                 retry_after_max_s: float = 300.0,
-                 on_failure: Callable[[PostResult, float], None] | None = None) -> PostResult | None:
-    """:func:`deliver` for any post (``post(attempt)``), e.g. a group notification."""
     failures = 0
     while True:
-        result = post(failures + 1)
+        result = webhook.post(alert, failures + 1)
         if result.outcome != "retry":
             return result
         failures += 1

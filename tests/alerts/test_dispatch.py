@@ -131,3 +131,36 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
     # the notification log is the forwarder's state: one key per receiver and group
     log = [decode(m.value(), Notification) for m in read_topic(kafka, topics.notifications, idle_s=1.0)]
     assert {(n.receiver, n.group_key) for n in log} >= {("default", "0:{site=fleet-x,rule=anomaly_score}")}
+
+
+def test_a_failing_receiver_holds_up_nobody_and_a_refusing_one_is_dead_lettered(
+        test_settings: Settings, tmp_path: Path, webhook: Any) -> None:
+    down, down_url = webhook(fail_every=1, retry_after_at=None, stall_at=None)  # 503 to everything
+    up, up_url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    start = int(time.time() * 1000) - 60_000
+    crash = make_alert("car-1", "vehicle_edr", "fleet-1", "crash", "critical", "raised", start)
+    meter = make_alert("meter-1", "smart_meter", "home-1", "anomaly_score", "warning", "raised", start)
+    refused = make_alert("door-1", "door_sensor", "home-2", "out_of_range", "major", "raised", start)
+    down.reject.add(refused["alert_id"])  # answered 400: the request itself is wrong
+    tree = parse_routing({"receivers": {"down": {"url": down_url}, "up": {"url": up_url}},
+                          "route": {"receiver": "up", "group_wait": "0s", "routes": [
+                              {"match": {"severity": "critical"}, "receiver": "down"},
+                              {"match": {"rule": "out_of_range"}, "receiver": "down"}]}})
+    produce(test_settings.kafka, test_settings.topics.alerts, [crash, meter, refused])
+    config = AlertsSettings(state_dir=tmp_path, retry_initial_s=0.2, retry_max_s=0.5)
+    running = forwarding(test_settings, config, tree)
+    try:
+        wait_for(lambda: len(bodies(up)) == 1 and sum(s == 503 for _, s, _ in down.requests) >= 3, 30,
+                 "the working receiver notified while the other keeps failing")
+        assert listed(bodies(up)[0]) == {meter["alert_id"]}
+        dead = tmp_path / "dead-notifications.jsonl"
+        wait_for(dead.exists, 10, "the refused notification dead-lettered")
+    finally:
+        counts = running.close()
+    (line,) = dead.read_text().splitlines()
+    assert '"reason": "http_400"' in line and refused["alert_id"] in line
+    assert counts["retries"] >= 3 and counts["dead_lettered"] == 1
+    # the failing group's notification was never recorded as sent: the next run tries it again
+    log = [decode(m.value(), Notification) for m in read_topic(test_settings.kafka, test_settings.topics.notifications,
+                                                                idle_s=1.0)]
+    assert {n.receiver for n in log} == {"up", "down"} and all(crash["alert_id"] not in n.firing for n in log)
