@@ -171,9 +171,9 @@ forward.help = _forward_help()
 
 
 def _user_option(help_text: str) -> Any:
-    from iotwatch.settings import _user
+    from iotwatch.settings import user_name
 
-    return click.option("--by", "by", default=_user, show_default="your user name", help=help_text)
+    return click.option("--by", "by", default=user_name, show_default="your user name", help=help_text)
 
 
 @alerts.command("list")

@@ -297,7 +297,8 @@ class RegistrySettings(_ConcernSettings):
                        description="directory of the model registry")
 
 
-def _user() -> str:
+def user_name() -> str:
+    """The login name: who acted, in on-call records, and whose tail group it is."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers)
@@ -310,7 +311,7 @@ class AlertsSettings(_ConcernSettings):
     section: ClassVar[str] = "alerts"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
 
-    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{_user()}",
+    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{user_name()}",
                                description="consumer group of `alerts tail` (per user, so each on-call "
                                            "person resumes where they left off)")
     forward_group_id: str = Field("iotwatch-alerts-forward", description="consumer group of `alerts forward`; "
