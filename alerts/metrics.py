@@ -19,13 +19,12 @@ InfluxDB failures are logged, not fatal: the dashboard is derived data.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections import Counter
 
 from influxdb_client import Point
 
 from alerts.book import AlertBook, AlertView
-from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.influx import InfluxV1Client, event_time_ns
 from iotwatch.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -97,5 +96,4 @@ def _tagged(point: Point, tags: dict[str, str]) -> Point:
 
 
 def _at(point: Point, ms: int, alert_id: str) -> Point:
-    """The event's time, nanoseconds below the millisecond taken from the alert id."""
-    return point.time(ms * 1_000_000 + zlib.crc32(alert_id.encode()) % 1_000_000, "ns")
+    return point.time(event_time_ns(ms, alert_id), "ns")

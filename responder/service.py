@@ -30,6 +30,7 @@ import msgspec
 from confluent_kafka import Message, Producer
 
 from alerts.book import AlertBook
+from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
 from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation,
                                decode_command_reply, parse_command_ack_topic)
@@ -38,6 +39,7 @@ from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, Com
                              stable_id)
 from iotwatch.settings import Settings
 from responder.issuer import CommandIssuer
+from responder.metrics import write_command
 from responder.policy import CommandPolicy
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Responder:
         self.counts: Counter[str] = Counter()
         self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
         self.issuer = CommandIssuer(settings.mqtt, self.config.client_id)
+        self.influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -81,6 +84,8 @@ class Responder:
             follower.close()
             self.issuer.close()
             self._producer.flush(10)
+            if self.influx is not None:
+                self.influx.close()
         return dict(self.counts)
 
     def apply(self, message: Message) -> None:
@@ -185,6 +190,8 @@ class Responder:
     def _publish(self, audit: CommandAudit) -> CommandAudit:
         self._produce(self.settings.topics.commands, audit.command_id.encode(), encode(audit))
         self._remember(audit)
+        if self.influx is not None and not write_command(self.influx, audit):
+            self.counts["influx_write_failures"] += 1
         return audit
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:

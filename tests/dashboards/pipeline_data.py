@@ -23,6 +23,8 @@ from gateway.metrics import GatewayStats, influx_points
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract import Telemetry
+from iotwatch.oncall import CommandAudit, CommandOutcome
+from responder.metrics import write_command
 from iotwatch.settings import Settings
 from tests.streaming.scenario import write_scenario
 
@@ -83,9 +85,10 @@ def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -
         client.close()
 
 
-def write_oncall_activity(settings: Settings) -> None:
+def write_oncall_activity(settings: Settings, device: str) -> None:
     """On-call acknowledges an alert still open after the run; the lifecycle points are written
-    as the forwarder writes them, from the alerts the run raised and cleared."""
+    as the forwarder writes them, from the alerts the run raised and cleared; and ``device``
+    was sent a command (the point the responder writes for each step of it)."""
     book = load_book(settings)
     view = next(book.select(open_only=True))
     acknowledge(settings, book, view.alert_id, "alice", "checking the sensor")
@@ -95,6 +98,11 @@ def write_oncall_activity(settings: Settings) -> None:
             metrics.observe(alert)
         metrics.flush(book, int(time.time() * 1000), force=True)
         assert not metrics.pending and metrics.failures == 0
+        now = int(time.time() * 1000)
+        command = CommandAudit(1, "c-dash", "reset-stuck-hvac", view.alert_id, "stuck_hvac", device, "thermostat",
+                               view.record["site"], "reset_hvac", "responder", now - 60_000, now, 1,
+                               CommandOutcome.DONE).with_step(CommandOutcome.DONE, now - 59_000)
+        assert write_command(metrics.client, command)
     finally:
         metrics.client.close()
 
@@ -116,5 +124,5 @@ def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardD
     instance = f"gw-{run}"
     write_gateway_reports(settings, instance)
     device = next(d for d, rule in scenario.expected_alerts.items() if rule == "anomaly_score")
-    write_oncall_activity(settings)
+    write_oncall_activity(settings, device)
     return DashboardData(settings, f"site-{run}", device, [f"car-{run}", gps], instance)
