@@ -6,8 +6,9 @@ compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
 ``timed_out``; one that failed, was rejected or timed out -- or was done while the alert
 kept firing for another reply timeout -- is tried again with a new command id, up to
-``max_attempts``, then the audit says ``escalated`` and on-call has to act (logged as an
-error; the alert stays open in ``alerts list``).
+``max_attempts``, then the audit says ``escalated`` and on-call is paged: a critical
+``command_escalation`` alert (:mod:`responder.escalation`) goes on the alert topic, for the
+forwarder to route and repeat until acknowledged; it clears when the original alert does.
 
 At most one command is open per (device, policy). Command ids are hashes of alert, policy
 and attempt, and the responder rebuilds its state from the alert and commands topics on
@@ -18,6 +19,7 @@ stage ``responder``).
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -38,6 +40,8 @@ from iotwatch.deadletter import DeadLetter
 from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, decode, encode,
                              stable_id)
 from iotwatch.settings import Settings
+from responder.escalation import RULE as ESCALATION_RULE
+from responder.escalation import escalation_id, escalation_record
 from responder.issuer import CommandIssuer
 from responder.metrics import write_command
 from responder.policy import CommandPolicy
@@ -62,6 +66,8 @@ class Responder:
         self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
         self.issuer = CommandIssuer(settings.mqtt, self.config.client_id)
         self.influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
+        self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
+        self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -159,6 +165,7 @@ class Responder:
                     last = self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time"))
                 if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
                     self._retry_or_escalate(alert, policy, last, now)
+        self._clear_escalations(now)
 
     def _retry_or_escalate(self, alert: dict[str, Any], policy: CommandPolicy, last: CommandAudit, now: int) -> None:
         if last.attempt < self.config.max_attempts:
@@ -166,10 +173,24 @@ class Responder:
             return
         why = ("the condition did not clear after the command" if last.status == CommandOutcome.DONE
                else f"attempt {last.attempt} {last.status.value}")
-        self._publish(last.with_step(CommandOutcome.ESCALATED, now, why))
+        escalated = self._publish(last.with_step(CommandOutcome.ESCALATED, now, why))
+        self._publish_alert(escalation_record(alert, escalated, "raised", why, now, self._runbook))
         self.counts["escalated"] += 1
         log.error("escalate to on-call: %s on %s at %s still firing, %s (alert %s)", alert.get("rule"),
                   alert.get("device_id"), alert.get("site"), why, alert.get("alert_id"))
+
+    def _clear_escalations(self, now: int) -> None:
+        """Resolve the escalation alerts whose original alert cleared."""
+        for audit in list(self.latest.values()):
+            if audit.status != CommandOutcome.ESCALATED:
+                continue
+            original = self.book.alerts.get(audit.alert_id)
+            escalation = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
+            if (original is None or original.cleared is None or escalation is None or not escalation.firing
+                    or escalation.alert_id in self._cleared):
+                continue
+            self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
+            self._cleared.add(escalation.alert_id)
 
     def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
@@ -193,6 +214,11 @@ class Responder:
         if self.influx is not None and not write_command(self.influx, audit):
             self.counts["influx_write_failures"] += 1
         return audit
+
+    def _publish_alert(self, record: dict[str, Any]) -> None:
+        """An alert record on the alert topic, as the streaming job writes them (key device id)."""
+        self._produce(self.settings.topics.alerts, record["device_id"].encode(), json.dumps(record).encode(),
+                      [("alert_id", record["alert_id"].encode())])
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:
         self.counts["dead_lettered"] += 1

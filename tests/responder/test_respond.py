@@ -35,6 +35,10 @@ def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
     return latest
 
 
+def alerts(settings: Settings) -> list[dict[str, Any]]:
+    return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)]
+
+
 def statuses(audit: CommandAudit) -> list[str]:
     return [step.status.value for step in audit.history]
 
@@ -68,6 +72,16 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
                                        b'{"v":1,"command_id":"nope","device_id":"%s","status":"done","at_ms":1}'
                                        % THERMOSTAT.encode(), qos=1)
         wait_for(lambda: running.service.counts["dead_lettered"] == 2, 15, "two dead letters")
+        # the escalation pages on-call as a critical alert; it clears when the original alert does
+        escalations = lambda: [a for a in alerts(settings) if a["rule"] == "command_escalation"]  # noqa: E731
+        wait_for(lambda: len(escalations()) == 1, 15, "the escalation alert")
+        produce(settings.kafka, settings.topics.alerts,
+                [{**ghost, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}])
+        wait_for(lambda: [a["state"] for a in escalations()] == ["raised", "cleared"], 15, "the escalation cleared")
+        raised = escalations()[0]
+        assert (raised["severity"], raised["device_id"], raised["caused_by"]) == \
+            ("critical", "home-00009-thermostat-0", ghost["alert_id"])
+        assert raised["runbook_url"].endswith("#command_escalation") and "reset_hvac did not fix" in raised["message"]
         time.sleep(3)  # longer than the reply timeout: a done command of a cleared alert is not retried
     finally:
         first = running.close()
@@ -94,7 +108,8 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     finally:
         again = running.close()
         devices.close()
-    assert again.get("commands_sent", 0) == 0, again
+    assert again.get("commands_sent", 0) == 0 and again.get("escalated", 0) == 0, again
+    assert len([a for a in alerts(settings) if a["rule"] == "command_escalation"]) == 2  # nothing written again
 
     # operators read the trail with `iotwatch commands`
     shown = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers, "--device", LEAK,
