@@ -26,14 +26,17 @@ def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
 
 
 def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, note: str | None = None,
-                now_ms: int | None = None) -> AlertView:
-    """Record that ``by`` acknowledged the open alert ``alert_id`` (or a unique prefix of it)."""
+                now_ms: int | None = None, *, action: AckAction = AckAction.ACKNOWLEDGED) -> AlertView:
+    """Record that ``by`` acknowledged the open alert ``alert_id`` (or a unique prefix of it);
+    ``action=UNACKNOWLEDGED`` takes an acknowledgement back (the forwarder repeats it again)."""
     view = book.find(alert_id)
     if view.cleared is not None:
-        raise IotwatchError(f"alert {view.alert_id} already cleared; nothing to acknowledge")
-    if view.acked:
+        raise IotwatchError(f"alert {view.alert_id} already cleared; it cannot be {action.value} any more")
+    if action == AckAction.ACKNOWLEDGED and view.acked:
         raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.ack.by}")  # type: ignore[union-attr]
-    ack = AlertAck(ONCALL_SCHEMA_VERSION, view.alert_id, AckAction.ACKNOWLEDGED, by,
+    if action == AckAction.UNACKNOWLEDGED and not view.acked:
+        raise IotwatchError(f"alert {view.alert_id} is not acknowledged")
+    ack = AlertAck(ONCALL_SCHEMA_VERSION, view.alert_id, action, by,
                    now_ms if now_ms is not None else int(time.time() * 1000), note)
     publish(settings, settings.topics.alert_state, view.alert_id, encode(ack))
     return book.apply_ack(ack)

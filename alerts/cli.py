@@ -219,6 +219,23 @@ def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool
 
 @alerts.command()
 @endpoint_options(kafka=True)
+@click.argument("alert_id")
+@_user_option("Who takes the acknowledgement back.")
+@click.option("--note", help="Why.")
+@json_option
+@pass_app
+def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
+    """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
+    from alerts.actions import acknowledge
+    from alerts.book import load_book
+    from iotwatch.oncall import AckAction
+
+    view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AckAction.UNACKNOWLEDGED)
+    emit(view.as_dict(), as_json, lambda _: click.echo(f"{view.alert_id} is open again ({by})"))
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
 @click.option("--site", help="Alerts of this site.")
 @click.option("--device", "device_id", help="Alerts of this device.")
 @click.option("--rule", help="Alerts of this rule.")
