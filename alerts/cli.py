@@ -197,13 +197,21 @@ def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severi
     emit([v.as_dict() for v in views], as_json, lambda _: alerts_table(views, book))
 
 
+def _ack_options(who: str, note: str) -> Any:
+    """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
+    options = [endpoint_options(kafka=True), click.argument("alert_id"), _user_option(who),
+               click.option("--note", help=note), json_option, pass_app]
+
+    def decorate(func: Any) -> Any:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 @alerts.command()
-@endpoint_options(kafka=True)
-@click.argument("alert_id")
-@_user_option("Who acknowledges (shown to everyone on call).")
-@click.option("--note", help="What you are doing about it.")
-@json_option
-@pass_app
+@_ack_options("Who acknowledges (shown to everyone on call).", "What you are doing about it.")
 def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
     """Acknowledge an open alert (ALERT_ID or a unique prefix of at least 6 characters): the forwarder
     stops repeating it; the acknowledgement is a record on the alert-state topic."""
@@ -218,12 +226,7 @@ def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool
 
 
 @alerts.command()
-@endpoint_options(kafka=True)
-@click.argument("alert_id")
-@_user_option("Who takes the acknowledgement back.")
-@click.option("--note", help="Why.")
-@json_option
-@pass_app
+@_ack_options("Who takes the acknowledgement back.", "Why.")
 def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
     """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
     from alerts.actions import acknowledge
