@@ -347,7 +347,8 @@ class RespondSettings(_ConcernSettings):
                                                               "the responder is down reach it (persistent session)")
     issuer: str = Field("responder", description="who the audit trail names as the issuer")
     command_ttl_s: float = Field(120.0, gt=0, description="a command not executed by then is void")
-    reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then: the attempt timed out")
+    reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then (and a command never answered "
+                                   "not before it expired): the attempt timed out")
     max_attempts: int = Field(2, ge=1, description="attempts per alert before escalating to on-call")
 
 

@@ -4,7 +4,7 @@ For a firing alert that a policy covers, the responder sends the policy's comman
 alerting device and follows it on the commands topic (:class:`~iotwatch.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
-``timed_out``; one that failed, was rejected or timed out -- or was done while the alert
+(and, if the device never answered, not before the command expired) ``timed_out``; one that failed, was rejected or timed out -- or was done while the alert
 kept firing for another reply timeout -- is tried again with a new command id, up to
 ``max_attempts``, then the audit says ``escalated`` and on-call is paged: a critical
 ``command_escalation`` alert (:mod:`responder.escalation`) goes on the alert topic, for the
@@ -161,7 +161,10 @@ class Responder:
                         open_keys.add((alert["device_id"], policy.name))
                     continue
                 since = now - last.history[-1].at_ms if last.history else now - last.issued_at_ms
-                if last.status in OPEN and since >= timeout_ms:
+                # an unanswered command times out only once it expired too: a device that was offline
+                # then never runs an attempt the responder gave up on (it rejects it as expired)
+                unanswered = last.status == CommandOutcome.SENT and now < last.expires_at_ms
+                if last.status in OPEN and since >= timeout_ms and not unanswered:
                     last = self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time"))
                 if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
                     self._retry_or_escalate(alert, policy, last, now)

@@ -46,7 +46,7 @@ def statuses(audit: CommandAudit) -> list[str]:
 def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         test_settings: Settings, unique: str, tmp_path: Path) -> None:
     settings = test_settings.model_copy(update={"respond": test_settings.respond.model_copy(update={
-        "client_id": f"responder-{unique}", "reply_timeout_s": 3.0, "max_attempts": 2})})
+        "client_id": f"responder-{unique}", "reply_timeout_s": 3.0, "command_ttl_s": 5.0, "max_attempts": 2})})
     sim = home_with_faults(tmp_path)
     start = int(time.time() * 1000) - 10_000
     hvac = make_alert(THERMOSTAT, "thermostat", SITE, "stuck_hvac", "major", "raised", start)
@@ -92,6 +92,9 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert audits[(THERMOSTAT, 1)].issued_by == "responder" and audits[(THERMOSTAT, 1)].policy == "reset-stuck-hvac"
     assert statuses(audits[("home-00009-thermostat-0", 1)]) == ["sent", "timed_out"]
     assert statuses(audits[("home-00009-thermostat-0", 2)]) == ["sent", "timed_out", "escalated"]
+    # never answered: timed out only once expired (past the reply timeout), so it can never run late
+    first_attempt = audits[("home-00009-thermostat-0", 1)]
+    assert first_attempt.history[1].at_ms >= first_attempt.expires_at_ms > first_attempt.issued_at_ms + 3_000
     assert set(audits) == {(THERMOSTAT, 1), (LEAK, 1), ("home-00009-thermostat-0", 1), ("home-00009-thermostat-0", 2)}
     assert first["commands_sent"] == 4 and first["escalated"] == 1
     dead = [m for m in read_topic(settings.kafka, settings.topics.dlq, expected=2)]
