@@ -3,6 +3,11 @@ notifications and a restart, against the real broker and real HTTP receivers."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -164,3 +169,35 @@ def test_a_failing_receiver_holds_up_nobody_and_a_refusing_one_is_dead_lettered(
     log = [decode(m.value(), Notification) for m in read_topic(test_settings.kafka, test_settings.topics.notifications,
                                                                 idle_s=1.0)]
     assert {n.receiver for n in log} == {"up", "down"} and all(crash["alert_id"] not in n.firing for n in log)
+
+
+def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
+        test_settings: Settings, tmp_path: Path, webhook: Any) -> None:
+    hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    routes = tmp_path / "routes.toml"
+    routes.write_text(f'[receivers.oncall]\nurl = "{url}"\n\n[route]\nreceiver = "oncall"\ngroup_wait = "0s"\n')
+    leak = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", int(time.time() * 1000))
+    produce(test_settings.kafka, test_settings.topics.alerts, [leak])
+    topics = test_settings.topics
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update({"IOTWATCH_TOPIC_ALERTS": topics.alerts, "IOTWATCH_TOPIC_ALERT_STATE": topics.alert_state,
+                "IOTWATCH_TOPIC_SILENCES": topics.silences, "IOTWATCH_TOPIC_NOTIFICATIONS": topics.notifications,
+                "IOTWATCH_INFLUX_URL": ""})
+    process = subprocess.Popen([sys.executable, "-m", "iotwatch", "--log-level", "ERROR", "alerts", "forward",
+                                "--kafka", test_settings.kafka.bootstrap_servers, "--routes", str(routes),
+                                "--state-dir", str(tmp_path / "state"), "--json"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(bodies(hook)) == 1, 60, "the notification")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert json.loads(out) == {"sent_firing": 1, "malformed": 0}
+    assert listed(bodies(hook)[0]) == {leak["alert_id"]}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[receivers.a]\nurl = "ftp://x"\n[route]\nreceiver = "a"\n')
+    refused = subprocess.run([sys.executable, "-m", "iotwatch", "alerts", "forward", "--kafka",
+                              test_settings.kafka.bootstrap_servers, "--routes", str(bad)],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].startswith("iotwatch: error: routing file")
