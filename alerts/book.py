@@ -63,34 +63,34 @@ class AlertView:
     @property
     def status(self) -> str:
         if self.cleared is not None:
-            return CLEARED_AFTER_ACK if self.acked and self.ack.at_ms <= _ms(self.cleared) else CLEARED  # type: ignore[union-attr]
+            return CLEARED_AFTER_ACK if self.acked and self.ack.at_ms <= detected_ms(self.cleared) else CLEARED  # type: ignore[union-attr]
         return ACKNOWLEDGED if self.acked else OPEN
 
     @property
     def raised_ms(self) -> int | None:
-        return _ms(self.raised) if self.raised else None
+        return detected_ms(self.raised) if self.raised else None
 
     def seconds_to_ack(self) -> float | None:
         if not self.acked or self.raised is None:
             return None
-        return max(0.0, (self.ack.at_ms - _ms(self.raised)) / 1000)  # type: ignore[union-attr]
+        return max(0.0, (self.ack.at_ms - detected_ms(self.raised)) / 1000)  # type: ignore[union-attr]
 
     def seconds_to_clear(self) -> float | None:
         if self.raised is None or self.cleared is None:
             return None
-        return max(0.0, (_ms(self.cleared) - _ms(self.raised)) / 1000)
+        return max(0.0, (detected_ms(self.cleared) - detected_ms(self.raised)) / 1000)
 
     def as_dict(self) -> dict[str, Any]:
         """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
         ack = self.ack if self.acked else None
         return {**self.record, "status": self.status, "raised_at_ms": self.raised_ms,
-                "cleared_at_ms": _ms(self.cleared) if self.cleared else None,
+                "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
                 "acked_by": ack.by if ack else None, "acked_at_ms": ack.at_ms if ack else None,
                 "ack_note": ack.note if ack else None, "seconds_to_ack": self.seconds_to_ack(),
                 "seconds_to_clear": self.seconds_to_clear()}
 
 
-def _ms(record: dict[str, Any]) -> int:
+def detected_ms(record: dict[str, Any]) -> int:
     """When the streaming job detected the raise or clear (wall clock, as acks are)."""
     value = record.get("detected_at_ms")
     return int(value) if isinstance(value, int | float) else 0

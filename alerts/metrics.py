@@ -23,7 +23,7 @@ from collections import Counter
 
 from influxdb_client import Point
 
-from alerts.book import AlertBook, AlertView
+from alerts.book import AlertBook, AlertView, detected_ms
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
 from iotwatch.errors import ServiceUnavailable
 
@@ -55,7 +55,7 @@ class LifecycleMetrics:
             self.written.add((view.alert_id, "clear"))
             point = (Point("alert_resolutions").tag("acked", "true" if view.acked else "false")
                      .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0)).field("alert_id", view.alert_id))
-            self.pending.append(_at(_tagged(point, tags), int(view.cleared["detected_at_ms"]), view.alert_id))
+            self.pending.append(_at(_tagged(point, tags), detected_ms(view.cleared), view.alert_id))
 
     def flush(self, book: AlertBook, now_ms: int, *, force: bool = False) -> None:
         """Write the queued points, and the snapshot when it is due (or ``force``)."""

@@ -34,8 +34,8 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation,
-                               decode_command_reply, parse_command_ack_topic)
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation, DeviceTypeName,
+                               Name, decode_command_reply, parse_command_ack_topic)
 from iotwatch.deadletter import DeadLetter
 from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, decode, encode,
                              stable_id)
@@ -68,6 +68,7 @@ class Responder:
         self.influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
         self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
+        self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -148,9 +149,15 @@ class Responder:
         timeout_ms = int(self.config.reply_timeout_s * 1000)
         open_keys = {(a.device_id, a.policy) for a in self.audits.values() if a.status in OPEN}
         for view in list(self.book.alerts.values()):
-            if not view.firing:
+            if not view.firing or view.alert_id in self._unusable:
                 continue
             alert = view.record
+            if not _addressable(alert):
+                self._unusable.add(view.alert_id)
+                self.counts["alerts_without_device"] += 1
+                log.error("alert %s names no device a command can be sent to (device_id, device_type, site, rule "
+                          "as in the contract): no command", view.alert_id)
+                continue
             for policy in self.policies:
                 if not policy.applies_to(alert):
                     continue
@@ -231,6 +238,17 @@ class Responder:
 
     def _produce(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
         produce_confirmed(self._producer, topic, key, value, headers)
+
+
+def _addressable(alert: dict[str, Any]) -> bool:
+    """Whether the alert's identity fields are contract names (a command topic can be built from them)."""
+    try:
+        for field in ("device_id", "site", "rule"):
+            msgspec.convert(alert.get(field), Name)
+        msgspec.convert(alert.get("device_type"), DeviceTypeName)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def audit_dict(audit: CommandAudit) -> dict[str, Any]:

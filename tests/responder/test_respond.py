@@ -36,7 +36,9 @@ def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
 
 
 def alerts(settings: Settings) -> list[dict[str, Any]]:
-    return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)]
+    """The alert records on the topic (the test also put a record there that is not one)."""
+    return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)
+            if m.value().startswith(b"{")]
 
 
 def statuses(audit: CommandAudit) -> list[str]:
@@ -53,7 +55,10 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     leak = make_alert(LEAK, "leak_sensor", SITE, "water_leak", "critical", "raised", start)
     ghost = make_alert("home-00009-thermostat-0", "thermostat", "home-00009", "stuck_hvac", "major", "raised", start)
     other = make_alert(LEAK, "leak_sensor", SITE, "anomaly_score", "warning", "raised", start)  # no policy
-    produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other])
+    # not an alert, and an alert whose device id cannot be a topic level: reported, no command, no crash
+    unaddressable = {**make_alert("home-1-thermostat-9", "thermostat", "home-1", "stuck_hvac", "major", "raised",
+                                  start), "device_id": "home-1/thermostat+9"}
+    produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other, b"\x00not an alert", unaddressable])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
     running = responding(settings)
@@ -96,7 +101,8 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     first_attempt = audits[("home-00009-thermostat-0", 1)]
     assert first_attempt.history[1].at_ms >= first_attempt.expires_at_ms > first_attempt.issued_at_ms + 6_000
     assert set(audits) == {(THERMOSTAT, 1), (LEAK, 1), ("home-00009-thermostat-0", 1), ("home-00009-thermostat-0", 2)}
-    assert first["commands_sent"] == 4 and first["escalated"] == 1
+    assert first["commands_sent"] == 4 and first["escalated"] == 1 and first["alerts_without_device"] == 1
+    assert running.service.book.malformed == 1
     dead = [m for m in read_topic(settings.kafka, settings.topics.dlq, expected=2)]
     assert sorted(header_value(m.headers(), H_REASON) for m in dead) == ["invalid_json", "unknown_command"]
     assert {header_value(m.headers(), H_STAGE) for m in dead} == {"responder"}
