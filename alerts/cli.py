@@ -193,6 +193,9 @@ def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severi
     from alerts.views import alerts_table
 
     book = load_book(app.settings)
+    if book.malformed:
+        click.echo(f"iotwatch: warning: skipped {book.malformed} record(s) on the alert topics that are not valid "
+                   "(--log-level WARNING names them)", err=True)
     views = list(book.select(open_only=open_only, sites=sites, min_severity=severity))[:limit]
     emit([v.as_dict() for v in views], as_json, lambda _: alerts_table(views, book))
 

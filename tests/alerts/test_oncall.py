@@ -40,7 +40,9 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     hvac = make_alert("hvac-1", "thermostat", "home-2", "stuck_hvac", "major", "raised", 2_000)
     old = make_alert("meter-1", "smart_meter", "home-1", "anomaly_score", "warning", "raised", 3_000)
     produce(test_settings.kafka, test_settings.topics.alerts,
-            [leak, hvac, old, {**old, "state": "cleared", "detected_at_ms": old["detected_at_ms"] + 5000}])
+            [leak, hvac, old, {**old, "state": "cleared", "detected_at_ms": old["detected_at_ms"] + 5000}, b"{oops"])
+    warned = run(test_settings, "list")
+    assert "skipped 1 record(s)" in warned.stderr and "3 alert(s)" in warned.stdout
 
     listed = as_json(run(test_settings, "list", "--json"))
     assert [a["alert_id"] for a in listed] == [leak["alert_id"], hvac["alert_id"], old["alert_id"]]
