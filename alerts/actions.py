@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from alerts.book import AlertBook, AlertView, UnknownAlert
 from iotwatch.clients.kafka import ensure_topics, produce_confirmed
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AckAction, AlertAck, Matchers, Silence, encode, stable_id
+from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AlertStep, AlertState, Matchers, Silence, encode, stable_id
 from iotwatch.settings import Settings
 
 
@@ -26,17 +26,17 @@ def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
 
 
 def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, note: str | None = None,
-                now_ms: int | None = None, *, action: AckAction = AckAction.ACKNOWLEDGED) -> AlertView:
+                now_ms: int | None = None, *, action: AlertStep = AlertStep.ACKNOWLEDGED) -> AlertView:
     """Record that ``by`` acknowledged the open alert ``alert_id`` (or a unique prefix of it);
     ``action=UNACKNOWLEDGED`` takes an acknowledgement back (the forwarder repeats it again)."""
     view = book.find(alert_id)
     if view.cleared is not None:
         raise IotwatchError(f"alert {view.alert_id} already cleared; it cannot be {action.value} any more")
-    if action == AckAction.ACKNOWLEDGED and view.acked:
+    if action == AlertStep.ACKNOWLEDGED and view.acked:
         raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.ack.by}")  # type: ignore[union-attr]
-    if action == AckAction.UNACKNOWLEDGED and not view.acked:
+    if action == AlertStep.UNACKNOWLEDGED and not view.acked:
         raise IotwatchError(f"alert {view.alert_id} is not acknowledged")
-    ack = AlertAck(ONCALL_SCHEMA_VERSION, view.alert_id, action, by,
+    ack = AlertState(ONCALL_SCHEMA_VERSION, view.alert_id, action, by,
                    now_ms if now_ms is not None else int(time.time() * 1000), note)
     publish(settings, settings.topics.alert_state, view.alert_id, encode(ack))
     return book.apply_ack(ack)

@@ -7,7 +7,8 @@ job's ``raised``/``cleared`` records (``iot.alerts``) and the operators' acknowl
 them on start and keeps folding as records arrive, so a restart rebuilds the same state.
 
 Status of an alert: ``open`` (raised, nobody acknowledged it), ``acknowledged``,
-``cleared`` and ``cleared_after_ack`` (the condition ended after someone acknowledged it).
+``cleared`` and ``cleared_after_ack`` (the condition ended after someone acknowledged it;
+the forwarder also records that step on the alert-state topic, carrying the acknowledgement).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from confluent_kafka import Message
 from alerts.records import BadAlert, decode, severity_rank
 from iotwatch.clients.kafka import TopicFollower
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import AckAction, AlertAck, BadRecord, Silence
+from iotwatch.oncall import AlertStep, AlertState, BadRecord, Silence
 from iotwatch.oncall import decode as decode_record
 from iotwatch.settings import Settings
 
@@ -45,7 +46,7 @@ class AlertView:
     alert_id: str
     raised: dict[str, Any] | None = None
     cleared: dict[str, Any] | None = None
-    ack: AlertAck | None = None
+    ack: AlertState | None = None
 
     @property
     def record(self) -> dict[str, Any]:
@@ -54,7 +55,7 @@ class AlertView:
 
     @property
     def acked(self) -> bool:
-        return self.ack is not None and self.ack.action == AckAction.ACKNOWLEDGED
+        return self.ack is not None and self.ack.acknowledged
 
     @property
     def firing(self) -> bool:
@@ -64,7 +65,14 @@ class AlertView:
     def status(self) -> str:
         if self.cleared is not None:
             return CLEARED_AFTER_ACK if self.acked and self.ack.at_ms <= detected_ms(self.cleared) else CLEARED  # type: ignore[union-attr]
+        if self.ack is not None and self.ack.action == AlertStep.CLEARED_AFTER_ACK:
+            return CLEARED_AFTER_ACK  # the alert topic's clear is gone (retention); the state topic keeps it
         return ACKNOWLEDGED if self.acked else OPEN
+
+    def needs_cleared_after_ack(self) -> bool:
+        """Acknowledged, then cleared, and the alert-state topic does not say so yet."""
+        return (self.cleared is not None and self.ack is not None and self.ack.action == AlertStep.ACKNOWLEDGED
+                and self.ack.at_ms <= detected_ms(self.cleared))
 
     @property
     def raised_ms(self) -> int | None:
@@ -112,7 +120,7 @@ class AlertBook:
             view.cleared = alert
         return view
 
-    def apply_ack(self, ack: AlertAck) -> AlertView:
+    def apply_ack(self, ack: AlertState) -> AlertView:
         view = self.alerts.setdefault(ack.alert_id, AlertView(ack.alert_id))
         view.ack = ack
         return view
@@ -128,7 +136,7 @@ class AlertBook:
             if topic == settings.topics.alerts:
                 return self.apply_alert(decode(message.value())).alert_id
             if topic == settings.topics.alert_state:
-                return self.apply_ack(decode_record(message.value(), AlertAck)).alert_id
+                return self.apply_ack(decode_record(message.value(), AlertState)).alert_id
             if topic == settings.topics.silences:
                 self.apply_silence(decode_record(message.value(), Silence))
         except (BadAlert, BadRecord) as exc:

@@ -234,9 +234,9 @@ def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bo
     """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
     from alerts.actions import acknowledge
     from alerts.book import load_book
-    from iotwatch.oncall import AckAction
+    from iotwatch.oncall import AlertStep
 
-    view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AckAction.UNACKNOWLEDGED)
+    view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AlertStep.UNACKNOWLEDGED)
     emit(view.as_dict(), as_json, lambda _: click.echo(f"{view.alert_id} is open again ({by})"))
 
 

@@ -36,14 +36,15 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from alerts.book import AlertBook, AlertView, book_topics
+from alerts.book import AlertBook, AlertView, book_topics, detected_ms
 from alerts.metrics import LifecycleMetrics
 from alerts.notification import body
 from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, ensure_topics, produce_confirmed
-from iotwatch.oncall import ONCALL_SCHEMA_VERSION, BadRecord, Notification, NotificationKind, decode, encode, stable_id
+from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, AlertState, AlertStep, BadRecord, Notification, NotificationKind,
+                             decode, encode, stable_id)
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Dispatcher:
         self.counts: Counter[str] = Counter()
         self._producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
         self._dead_path = config.state_dir / "dead-notifications.jsonl"
+        self._closing: set[str] = set()  # acknowledged alerts that cleared, to record as such
         self.metrics = LifecycleMetrics(InfluxV1Client(settings.influx)) if settings.influx.enabled else None
 
     # -- the loop --------------------------------------------------------------------------
@@ -120,6 +122,8 @@ class Dispatcher:
             self.sent[(record.receiver, record.group_key)] = record
             return
         alert_id = self.book.apply(message, self.settings)
+        if alert_id is not None and self.book.alerts[alert_id].needs_cleared_after_ack():
+            self._closing.add(alert_id)
         if alert_id is not None and self.metrics is not None:
             self.metrics.observe(self.book.alerts[alert_id])
         if alert_id is not None and message.topic() == self.settings.topics.alerts:
@@ -131,7 +135,8 @@ class Dispatcher:
     # -- deciding --------------------------------------------------------------------------
 
     def evaluate(self) -> None:
-        """Send every notification that is due now."""
+        """Record acknowledged alerts that cleared; send every notification that is due now."""
+        self._record_cleared_after_ack()
         for gid, group in list(self.groups.items()):
             if self.stop.is_set():
                 return
@@ -164,6 +169,21 @@ class Dispatcher:
         critical = [a for a in firing if alerts[a].record.get("severity") == "critical" and not alerts[a].acked]
         if critical and now - last.sent_at_ms >= route.repeat_interval_s * 1000:
             self._send(gid, group, NotificationKind.REPEAT, firing, [], critical, last, now)
+
+    def _record_cleared_after_ack(self) -> None:
+        """The ``cleared_after_ack`` step on the alert-state topic, carrying the acknowledgement
+        (decided after the replay, so a step already recorded is not written again)."""
+        for alert_id in sorted(self._closing):
+            view = self.book.alerts[alert_id]
+            if not view.needs_cleared_after_ack():
+                continue
+            ack = view.ack
+            step = AlertState(ONCALL_SCHEMA_VERSION, alert_id, AlertStep.CLEARED_AFTER_ACK, ack.by, ack.at_ms,  # type: ignore[union-attr]
+                              ack.note, detected_ms(view.cleared))  # type: ignore[union-attr,arg-type]
+            produce_confirmed(self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step))
+            self.book.apply_ack(step)
+            self.counts["cleared_after_ack"] += 1
+        self._closing.clear()
 
     # -- sending ---------------------------------------------------------------------------
 

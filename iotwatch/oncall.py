@@ -8,7 +8,7 @@ an alert's state is the fold of both logs (:mod:`alerts.book`).
 ========================  ===============  ==========================================
 topic (settings.topics)   key              record
 ========================  ===============  ==========================================
-``alert_state``           alert id         :class:`AlertAck` (last operator action)
+``alert_state``           alert id         :class:`AlertState` (last on-call step)
 ``silences``              silence id       :class:`Silence` (revoking rewrites it)
 ``notifications``         receiver|group   :class:`Notification` (what was last sent)
 ``commands``              command id       :class:`CommandAudit` (issue, replies, outcome)
@@ -33,20 +33,28 @@ class BadRecord(ValueError):
     """A record on an on-call topic that does not follow this schema."""
 
 
-class AckAction(StrEnum):
-    ACKNOWLEDGED = "acknowledged"
-    UNACKNOWLEDGED = "unacknowledged"
+class AlertStep(StrEnum):
+    ACKNOWLEDGED = "acknowledged"  # an operator (``alerts ack``)
+    UNACKNOWLEDGED = "unacknowledged"  # an operator took it back (``alerts unack``)
+    CLEARED_AFTER_ACK = "cleared_after_ack"  # the acknowledged alert cleared (written by the forwarder)
 
 
-class AlertAck(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """An operator acknowledged an alert (or took the acknowledgement back)."""
+class AlertState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The last on-call step of an alert. ``by``, ``at_ms`` and ``note`` are the acknowledgement's
+    (a ``cleared_after_ack`` record carries them on, so compaction loses nothing) and
+    ``cleared_at_ms`` when the alert cleared."""
 
     v: int
     alert_id: str
-    action: AckAction
+    action: AlertStep
     by: str
     at_ms: int
     note: str | None = None
+    cleared_at_ms: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.action in (AlertStep.ACKNOWLEDGED, AlertStep.CLEARED_AFTER_ACK)
 
 
 class Matchers(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -147,7 +155,7 @@ class CommandAudit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
         return msgspec.structs.replace(self, status=status, history=[*self.history, CommandStep(status, at_ms, reason)])
 
 
-R = TypeVar("R", AlertAck, Silence, Notification, CommandAudit)
+R = TypeVar("R", AlertState, Silence, Notification, CommandAudit)
 
 
 def decode(raw: bytes | None, kind: type[R]) -> R:
@@ -163,7 +171,7 @@ def decode(raw: bytes | None, kind: type[R]) -> R:
     return record
 
 
-def encode(record: AlertAck | Silence | Notification | CommandAudit) -> bytes:
+def encode(record: AlertState | Silence | Notification | CommandAudit) -> bytes:
     return msgspec.json.encode(record)
 
 

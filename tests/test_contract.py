@@ -386,13 +386,13 @@ def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
 
 
 def test_oncall_records_decode_strictly() -> None:
-    from iotwatch.oncall import AckAction, AlertAck, BadRecord, Matchers, Silence, decode, encode
+    from iotwatch.oncall import AlertStep, AlertState, BadRecord, Matchers, Silence, decode, encode
 
-    ack = AlertAck(1, "a1", AckAction.ACKNOWLEDGED, "alice", 5, "on it")
-    assert decode(encode(ack), AlertAck) == ack
+    ack = AlertState(1, "a1", AlertStep.ACKNOWLEDGED, "alice", 5, "on it")
+    assert decode(encode(ack), AlertState) == ack
     silence = Silence(1, "s1", Matchers(site="home-1"), 0, 10, "carol")
     assert decode(encode(silence), Silence).silences({"site": "home-1", "rule": "x"}, 5)
     assert not silence.silences({"site": "home-2"}, 5) and not silence.silences({"site": "home-1"}, 10)
     for raw in (None, b"[]", encode(ack).replace(b'"v":1', b'"v":9'), encode(ack)[:-1] + b',"x":1}'):
         with pytest.raises(BadRecord):
-            decode(raw, AlertAck)
+            decode(raw, AlertState)

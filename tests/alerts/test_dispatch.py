@@ -18,7 +18,7 @@ from alerts.actions import acknowledge, add_silence
 from alerts.book import load_book
 from alerts.dispatch import Dispatcher
 from alerts.routing import RoutingError, parse_routing
-from iotwatch.oncall import Matchers, Notification, decode
+from iotwatch.oncall import AlertState, AlertStep, Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import make_alert, produce, wait_for
 from tests.helpers import InThread, read_topic
@@ -122,7 +122,7 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
         after_restart = bodies(hooks["default"])[before["default"]:]
         assert [listed(b) for b in after_restart] == [{a["alert_id"] for a in [*burst, late]}]
         assert "[FIRING:21]" in after_restart[0]["text"]
-        resolved = next(b for b in bodies(hooks["pager"]) if b["kind"] == "resolved")
+        resolved = next(b for b in bodies(hooks["pager"]) if b["kind"] == "resolved")  # car-2's
         assert listed(resolved, "resolved") == {crash_open["alert_id"]} and resolved["alerts"] == []
         assert resolved["text"].startswith(":large_green_circle: [RESOLVED:1]")
         # what each receiver had before is known from the log: no "firing" notification again, only
@@ -132,6 +132,23 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
     finally:
         counts = running.close()
     assert counts.get("dead_lettered", 0) == 0 and counts["malformed"] == 0
+
+    # the acknowledged crash clears: the forwarder records the step on the alert-state topic, carrying
+    # the acknowledgement (compaction keeps only this record), once -- not again after a restart
+    produce(kafka, topics.alerts, [{**crash_acked, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}])
+    for _ in range(2):
+        running = forwarding(test_settings, config, tree)
+        try:
+            wait_for(lambda: any(decode(m.value(), AlertState).action == AlertStep.CLEARED_AFTER_ACK
+                                 for m in read_topic(kafka, topics.alert_state, idle_s=0.5)), 30, "cleared_after_ack")
+            time.sleep(1.0)
+        finally:
+            running.close()
+    steps = [decode(m.value(), AlertState) for m in read_topic(kafka, topics.alert_state, idle_s=1.0)]
+    assert [(s.action, s.by, s.note) for s in steps] == [(AlertStep.ACKNOWLEDGED, "alice", "driver called"),
+                                                        (AlertStep.CLEARED_AFTER_ACK, "alice", "driver called")]
+    assert steps[1].cleared_at_ms is not None and steps[1].at_ms == steps[0].at_ms
+    assert load_book(test_settings).find(crash_acked["alert_id"]).status == "cleared_after_ack"
 
     # the notification log is the forwarder's state: one key per receiver and group
     log = [decode(m.value(), Notification) for m in read_topic(kafka, topics.notifications, idle_s=1.0)]

@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 from alerts.book import load_book
 from iotwatch.cli import cli
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import AlertAck, Silence, decode
+from iotwatch.oncall import AlertState, Silence, decode
 from iotwatch.settings import Settings
 from tests.alerts.conftest import make_alert, produce
 from tests.helpers import read_topic
@@ -64,7 +64,7 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     assert as_json(run(test_settings, "ack", leak["alert_id"], "--by", "alice", "--note", "valve team called",
                        "--json"))["status"] == "acknowledged"
     state = read_topic(test_settings.kafka, test_settings.topics.alert_state, expected=3)
-    record = decode(state[-1].value(), AlertAck)
+    record = decode(state[-1].value(), AlertState)
     assert {m.key() for m in state} == {leak["alert_id"].encode()} and (record.by, record.note) == \
         ("alice", "valve team called")
 
