@@ -48,6 +48,11 @@ def common_options(kind: str, limit_help: str) -> Any:
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
         click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
     ]
+    return stacked(options)
+
+
+def stacked(options: list[Any]) -> Any:
+    """One decorator applying ``options`` (click decorators) in the order written."""
 
     def decorate(func: Any) -> Any:
         for option in reversed(options):
@@ -202,15 +207,8 @@ def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severi
 
 def _ack_options(who: str, note: str) -> Any:
     """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
-    options = [endpoint_options(kafka=True), click.argument("alert_id"), _user_option(who),
-               click.option("--note", help=note), json_option, pass_app]
-
-    def decorate(func: Any) -> Any:
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    return stacked([endpoint_options(kafka=True), click.argument("alert_id"), _user_option(who),
+                    click.option("--note", help=note), json_option, pass_app])
 
 
 @alerts.command()
