@@ -1,4 +1,4 @@
-"""``iotwatch alerts``: the on-call commands (tail, forward)."""
+"""``iotwatch alerts``: the on-call commands (tail, forward, list, ack, silence, silences, unsilence)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _alerts_settings(**update: Any) -> AlertsSettings:
 
 @click.group()
 def alerts() -> None:
-    """On-call tools for the alert topic: watch it live, or forward it to a webhook."""
+    """On-call tools: watch, list, acknowledge and silence alerts; forward them to receivers."""
 
 
 def common_options(kind: str, limit_help: str) -> Any:
@@ -48,6 +48,11 @@ def common_options(kind: str, limit_help: str) -> Any:
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
         click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
     ]
+    return stacked(options)
+
+
+def stacked(options: list[Any]) -> Any:
+    """One decorator applying ``options`` (click decorators) in the order written."""
 
     def decorate(func: Any) -> Any:
         for option in reversed(options):
@@ -111,16 +116,23 @@ def tail(app: AppContext, group_id: str | None, from_beginning: bool, limit: int
               help="Seconds one post may take (default 10).")
 @click.option("--retry-max", "retry_max_s", type=click.FloatRange(min=0.001),
               help="Longest back-off between retries in seconds (default 60).")
+@click.option("--routes", "routes_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Routing file (TOML): receivers and a policy tree, with grouping, silences, repeats and "
+                   "resolved notifications (default IOTWATCH_ALERTS_ROUTES_FILE). Replaces --webhook.")
 @json_option
 @pass_app
 def forward(app: AppContext, webhook_url: str | None, group_id: str | None, from_beginning: bool, limit: int | None,
             timeout_s: float | None, state_dir: Path | None, dead_letter_topic: str | None,
-            webhook_timeout_s: float | None, retry_max_s: float | None, as_json: bool) -> None:
+            webhook_timeout_s: float | None, retry_max_s: float | None, routes_file: Path | None,
+            as_json: bool) -> None:
     from alerts.forward import ForwardOptions, Forwarder
     from alerts.webhook import Webhook
 
     config = _alerts_settings(webhook_url=webhook_url, state_dir=state_dir, dead_letter_topic=dead_letter_topic,
-                              webhook_timeout_s=webhook_timeout_s, retry_max_s=retry_max_s)
+                              webhook_timeout_s=webhook_timeout_s, retry_max_s=retry_max_s, routes_file=routes_file)
+    if config.routes_file:
+        _forward_routed(app, config, timeout_s, as_json)
+        return
     if not config.webhook_url:
         raise click.UsageError("--webhook URL (or IOTWATCH_ALERTS_WEBHOOK_URL) is required")
     parts = urlsplit(config.webhook_url)
@@ -136,15 +148,161 @@ def forward(app: AppContext, webhook_url: str | None, group_id: str | None, from
         + (", stopped while an alert awaited a retry (resent next run)" if c["interrupted"] else "")))
 
 
+def _forward_routed(app: AppContext, config: AlertsSettings, timeout_s: float | None, as_json: bool) -> None:
+    from alerts.dispatch import Dispatcher
+    from alerts.routing import load_routing
+
+    tree = load_routing(config.routes_file)  # type: ignore[arg-type]
+    counts = Dispatcher(app.settings, config, tree, _stop_on_signals()).run(timeout_s)
+    emit(counts, as_json, lambda c: click.echo(
+        "alerts forward: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))))
+
+
 def _forward_help() -> str:
     import alerts.forward as module
 
+    import alerts.dispatch as routed
+
     intro = ("Post each raised/cleared alert as JSON to a webhook, at least once, in a consumer group; "
              "stop with SIGTERM or Ctrl-C (the post in flight completes and is committed; exit 0). "
-             "--json prints the counters at exit.")
+             "--json prints the counters at exit.\n\nWith --routes FILE: "
+             + (routed.__doc__ or "").split("\n\n", 1)[0].split(": ", 1)[-1] + " (alerts.routing documents the "
+             "file).")
     # \b keeps click from re-wrapping the documented request format
     body = "\n\n".join("\b\n" + block for block in (module.__doc__ or "").split("\n\n")[1:])
     return f"{intro}\n\n{body}"
 
 
 forward.help = _forward_help()
+
+
+def _user_option(help_text: str) -> Any:
+    from iotwatch.settings import user_name
+
+    return click.option("--by", "by", default=user_name, show_default="your user name", help=help_text)
+
+
+@alerts.command("list")
+@endpoint_options(kafka=True)
+@click.option("--open", "open_only", is_flag=True, help="Only alerts still firing (open or acknowledged).")
+@click.option("--site", "sites", multiple=True, help="Only this site (repeatable).")
+@click.option("--severity", type=click.Choice(SEVERITIES), help="Minimum severity (critical > major > minor > "
+                                                                "warning).")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")
+@json_option
+@pass_app
+def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severity: str | None, limit: int,
+                as_json: bool) -> None:
+    """The current state of alerts, folded from the alert and alert-state topics: open first, most
+    severe first, newest first; who acknowledged what, and which silence mutes an alert."""
+    from alerts.book import load_book
+    from alerts.views import alerts_table
+
+    book = load_book(app.settings)
+    if book.malformed:
+        click.echo(f"iotwatch: warning: skipped {book.malformed} record(s) on the alert topics that are not valid "
+                   "(--log-level WARNING names them)", err=True)
+    views = list(book.select(open_only=open_only, sites=sites, min_severity=severity))[:limit]
+    emit([v.as_dict() for v in views], as_json, lambda _: alerts_table(views, book))
+
+
+def _ack_options(who: str, note: str) -> Any:
+    """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
+    return stacked([endpoint_options(kafka=True), click.argument("alert_id"), _user_option(who),
+                    click.option("--note", help=note), json_option, pass_app])
+
+
+@alerts.command()
+@_ack_options("Who acknowledges (shown to everyone on call).", "What you are doing about it.")
+def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
+    """Acknowledge an open alert (ALERT_ID or a unique prefix of at least 6 characters): the forwarder
+    stops repeating it; the acknowledgement is a record on the alert-state topic."""
+    from alerts.actions import acknowledge
+    from alerts.book import load_book
+
+    view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note)
+    record = view.record
+    emit(view.as_dict(), as_json, lambda _: click.echo(
+        f"acknowledged {view.alert_id} ({record.get('severity')} {record.get('rule')} on {record.get('device_id')} "
+        f"at {record.get('site')}) by {by}" + (f": {note}" if note else "")))
+
+
+@alerts.command()
+@_ack_options("Who takes the acknowledgement back.", "Why.")
+def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
+    """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
+    from alerts.actions import acknowledge
+    from alerts.book import load_book
+    from iotwatch.oncall import AlertStep
+
+    view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AlertStep.UNACKNOWLEDGED)
+    emit(view.as_dict(), as_json, lambda _: click.echo(f"{view.alert_id} is open again ({by})"))
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
+@click.option("--site", help="Alerts of this site.")
+@click.option("--device", "device_id", help="Alerts of this device.")
+@click.option("--rule", help="Alerts of this rule.")
+@click.option("--severity", type=click.Choice(SEVERITIES), help="Alerts of this severity.")
+@click.option("--for", "duration", required=True, help="How long, e.g. 30m, 2h, 1d.")
+@click.option("--comment", help="Why (shown with the silence).")
+@_user_option("Who silences.")
+@json_option
+@pass_app
+def silence(app: AppContext, site: str | None, device_id: str | None, rule: str | None, severity: str | None,
+            duration: str, comment: str | None, by: str, as_json: bool) -> None:
+    """Mute notifications of matching alerts for a while (every matcher given must match). Alerts are
+    still recorded and listed; the forwarder does not send them."""
+    from alerts.actions import add_silence
+    from alerts.records import parse_duration
+    from iotwatch.oncall import Matchers
+
+    try:
+        seconds = parse_duration(duration)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--for") from None
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0", param_hint="--for")
+    created = add_silence(app.settings, Matchers(site, device_id, rule, severity), seconds, by, comment)
+    emit(_silence_dict(created), as_json, lambda _: click.echo(
+        f"silence {created.silence_id}: {created.matchers.describe()} for {duration} by {by}"))
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
+@click.option("--all", "show_all", is_flag=True, help="Also silences that ended or were revoked.")
+@json_option
+@pass_app
+def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
+    """Active silences (from the silences topic)."""
+    import time
+
+    from alerts.book import load_book
+    from alerts.views import silences_table
+
+    now = int(time.time() * 1000)
+    chosen = sorted((s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
+                    key=lambda s: -s.starts_at_ms)
+    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now))
+
+
+@alerts.command()
+@endpoint_options(kafka=True)
+@click.argument("silence_id")
+@_user_option("Who ends the silence.")
+@json_option
+@pass_app
+def unsilence(app: AppContext, silence_id: str, by: str, as_json: bool) -> None:
+    """End an active silence now."""
+    from alerts.actions import revoke_silence
+    from alerts.book import load_book
+
+    ended = revoke_silence(app.settings, load_book(app.settings), silence_id, by)
+    emit(_silence_dict(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))
+
+
+def _silence_dict(record: Any) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.to_builtins(record)  # type: ignore[no-any-return]

@@ -6,6 +6,7 @@ Both tools decode the same way so that ``tail`` shows exactly what ``forward`` w
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -97,3 +98,20 @@ def human_age(seconds: float) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1d"`` or ``"1h30m"``; ValueError otherwise."""
+    if isinstance(text, int | float):
+        if text < 0:
+            raise ValueError(f"duration {text} is negative")
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text.strip())
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        if text.strip().replace(".", "", 1).isdigit():
+            return float(text)
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 1d, 1h30m)")
+    return sum(float(n) * _UNITS[u] for n, u in parts)

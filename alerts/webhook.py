@@ -89,9 +89,15 @@ class Webhook:
         return receiver_name(self.url)
 
     def post(self, alert: dict[str, Any], attempt: int = 1, timeout_s: float | None = None) -> PostResult:
+        """Post one alert record (``alerts forward --webhook``)."""
+        return self.send(payload(alert), idempotency_key(alert), attempt, timeout_s)
+
+    def send(self, document: dict[str, Any], key: str, attempt: int = 1, timeout_s: float | None = None
+             ) -> PostResult:
+        """Post ``document`` as JSON with ``key`` as its Idempotency-Key (the same on every retry)."""
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                   "Idempotency-Key": idempotency_key(alert), "X-Iotwatch-Attempt": str(attempt), **self.headers}
-        body = json.dumps(payload(alert), separators=(",", ":"), default=str).encode()
+                   "Idempotency-Key": key, "X-Iotwatch-Attempt": str(attempt), **self.headers}
+        body = json.dumps(document, separators=(",", ":"), default=str).encode()
         try:
             response = self.session.post(self.url, data=body, headers=headers,
                                          timeout=self.timeout_s if timeout_s is None else timeout_s,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 #: Modules with a ``dashboard()`` function, in the order they are listed.
-MODULES = ("fleet_overview", "anomalies", "device_drilldown", "vehicles", "gateway_health")
+MODULES = ("fleet_overview", "anomalies", "oncall", "device_drilldown", "vehicles", "gateway_health")
 
 #: The committed JSON, provisioned by docker-compose (deploy/grafana/provisioning/dashboards).
 JSON_DIR = Path(__file__).resolve().parent / "json"

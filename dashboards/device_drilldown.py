@@ -60,10 +60,14 @@ def dashboard() -> Dashboard:
                                 score_cells(), Override("message", {"custom.width": 560})]),
     ])
     return Dashboard(uid="iotwatch-device", title="iotwatch / Device drill-down",
-                     description="Pick a site, then a device: its metrics, anomaly score and alerts.",
+                     description="Pick a site, then a device: its metrics, anomaly score, alerts and the "
+                                 "commands it was sent.",
                      tags=("iotwatch", "devices"), refresh="1m",
                      variables=[site_variable(multi=False), device_variable(), metric],
                      annotations=[Annotation("Alerts", f'SELECT "message", "rule", "severity", "state" FROM "alerts" '
                                                        f'WHERE {DEVICE} AND $timeFilter', color=RED,
-                                             text_column="message", tags_column="rule,severity,state")],
+                                             text_column="message", tags_column="rule,severity,state"),
+                                  Annotation("Commands", f'SELECT "text", "name", "status" FROM "commands" '
+                                                         f'WHERE {DEVICE} AND $timeFilter', color=BLUE,
+                                             text_column="text", tags_column="name,status")],
                      rows=[overview, metrics, alerts])

@@ -128,6 +128,8 @@ def _time_ms(value: str | None) -> int | None:
 @click.option("--tick-ms", type=click.IntRange(min=10), default=100, show_default=True,
               help="Virtual-time step of the scheduler (part of the determinism key).")
 @click.option("--client-id-prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
+@click.option("--obey-commands", is_flag=True, help="Receive commands for the simulated devices (QoS 1, persistent "
+              "session per --client-id-prefix) and obey them: reset_hvac ends a stuck HVAC, close_valve a leak.")
 @click.option("--progress/--no-progress", default=None, help="Live progress line on stderr [default: if a terminal].")
 @click.option("--seq-state", "seq_state_path", type=click.Path(dir_okay=False, path_type=Path),
               help="File each device's seq and event time carry on from, run after run, so a second run is "
@@ -192,7 +194,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
                          per_device=opts["connection_per_device"], speedup=opts["speedup"],
                          as_fast_as_possible=opts["afap"], max_inflight=opts["max_inflight"],
                          client_prefix=opts["client_id_prefix"], ground_truth=opts["ground_truth"],
-                         progress=sys.stderr.isatty() if opts["progress"] is None else opts["progress"])
+                         obey_commands=opts["obey_commands"], progress=sys.stderr.isatty() if opts["progress"] is None else opts["progress"])
     start = _time_ms(opts["start_time"])
     if start is None:
         if replay and opts["replay_keep_time"]:

@@ -3,7 +3,8 @@
 Fields: ``device_id``, ``device_type``, ``site``, ``kind``, ``category`` (anomaly or
 transport), ``start_ts``/``end_ts`` (event time, ms, of the first and last affected
 reading), ``start_seq``/``end_seq`` (inclusive), ``messages`` (readings affected),
-``source`` (rate or scenario) and ``params``. Lines are sorted (start_ts, device_id,
+``source`` (rate or scenario), ``params``, and ``ended_by_command`` (the command id) when a
+device's command ended it (``simulate --obey-commands``). Lines are sorted (start_ts, device_id,
 kind), so equal runs write byte-identical files.
 """
 

@@ -221,7 +221,17 @@ class Injector:
         if kind.name == "dropout":
             out.append((int(group.uid[i]), group.status_topics[i], status_payload(False, t), STATUS))
 
-    def _close(self, active: Active, t: int, out: list[tuple[int, str, Any, int]]) -> None:
+    def end_by_command(self, gi: int, i: int, kind: str, t: int, command_id: str,
+                       out: list[tuple[int, str, Any, int]]) -> int:
+        """End the device's active ``kind`` anomalies because a command fixed them (the ground
+        truth says which command); returns how many ended."""
+        ended = [a for a in self.active.get((gi, i), ()) if a.kind.name == kind]
+        for active in ended:
+            self._close(active, t, out, ended_by=command_id)
+        return len(ended)
+
+    def _close(self, active: Active, t: int, out: list[tuple[int, str, Any, int]],
+               ended_by: str | None = None) -> None:
         group = self.groups[active.gi]
         key = (active.gi, active.i)
         self.active[key].remove(active)
@@ -239,7 +249,7 @@ class Injector:
                 "site": group.sites[active.i], "kind": active.kind.name, "category": active.kind.category,
                 "start_ts": active.first_ts, "end_ts": active.last_ts, "start_seq": active.first_seq,
                 "end_seq": active.last_seq, "messages": active.messages, "source": active.source,
-                "params": active.params})
+                "params": active.params, **({"ended_by_command": ended_by} if ended_by else {})})
 
     def close_all(self, t: int, out: list[tuple[int, str, Any, int]]) -> None:
         for actives in list(self.active.values()):

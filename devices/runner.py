@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from devices import seq_state
+from devices.commands import CommandChannel, DeviceCommands
 from devices.config import SimConfig
 from devices.fleet import fleet_rate
 from devices.ground_truth import write_ground_truth
@@ -48,6 +49,8 @@ class RunOptions:
     client_prefix: str | None = None
     ground_truth: Path | None = None
     progress: bool = False
+    #: receive commands for the simulated devices and obey them (the closed loop)
+    obey_commands: bool = False
 
 
 def _shard_quota(count: int | None, shard: int, shards: int) -> int | None:
@@ -67,6 +70,7 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
                           device_status=dict(devices) if options.per_device else None,
                           client_prefix=prefix, max_inflight=options.max_inflight)
     publisher.connect()
+    commands = _command_handler(sim, options, shard) if options.obey_commands else None
     if options.qos:
         # paho's network threads must get the GIL often enough to handle PUBACKs while
         # this thread generates; the default 5 ms switch interval makes acks wait
@@ -85,6 +89,8 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
                     stop.wait(delay)
                     if stop.is_set():
                         break
+            if commands is not None:
+                commands.handle_pending()
             batch = sim.tick()
             if first_publish is None and batch:
                 first_publish = time.monotonic()
@@ -98,6 +104,8 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
         publisher.flush()
     finally:
         publisher.close()
+        if commands is not None:
+            commands.channel.close()
     counters[base], counters[base + 1] = publisher.sent, publisher.errors
     counters[base + 2], counters[base + 3] = sim.readings, publisher.status_sent
     latencies = publisher.latencies_ms()
@@ -111,7 +119,17 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
         "anomalies": dict(sim.injector.started), "records": sim.injector.records,
         "virtual_end_ms": sim.now_ms, "connections": publisher.connections, "latencies": latencies,
         "seq_end": sim.seq_end(), "carried_on": sim.carried_on,
+        "commands": commands.counts if commands is not None else {},
     }
+
+
+def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> DeviceCommands:
+    """The shard's command session; its client id is fixed by --client-id-prefix, so a restarted
+    simulator resumes the session and gets the commands sent while it was away."""
+    devices = [(site, g.device_type, device_id) for g in sim.groups for site, device_id in zip(g.sites, g.device_ids)]
+    channel = CommandChannel(options.mqtt, f"{options.client_prefix or 'iotwatch-sim'}-commands-{shard}", devices)
+    channel.connect()
+    return DeviceCommands(channel, sim.obey)
 
 
 def _worker(config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any,
@@ -279,5 +297,6 @@ def _merge(parts: list[dict[str, Any]], config: SimConfig, options: RunOptions, 
         "start_ms": config.start_ms, "virtual_end_ms": virtual_end,
         "virtual_s": round((virtual_end - config.start_ms) / 1000.0, 3),
         "speedup": None if options.as_fast_as_possible else options.speedup,
-        "events": total("events"), "anomalies": total("anomalies"), "pid": os.getpid(),
+        "events": total("events"), "anomalies": total("anomalies"), "commands": total("commands"),
+        "pid": os.getpid(),
     }

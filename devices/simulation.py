@@ -29,6 +29,10 @@ __all__ = ["Outgoing", "STATUS", "Simulation"]
 
 Outgoing = tuple[int, str, Any, int]
 
+#: (device type, command) -> the physical anomaly it ends: a reset clears a stuck HVAC relay,
+#: the leak sensor's shut-off valve stops the water. Other commands are refused.
+OBEYS: dict[tuple[str, str], str] = {("thermostat", "reset_hvac"): "hvac_stuck", ("leak_sensor", "close_valve"): "leak"}
+
 
 class Simulation:
     def __init__(self, config: SimConfig, shard: int = 0, shards: int = 1, *,
@@ -49,6 +53,8 @@ class Simulation:
         self.events: dict[str, int] = {}
         self._delayed: list[tuple[int, int, Outgoing]] = []
         self._order = 0
+        self._where = {device_id: (gi, i) for gi, g in enumerate(self.groups) for i, device_id in enumerate(g.device_ids)}
+        self._extra: list[Outgoing] = []  # messages an obeyed command caused, sent with the next tick
 
     def _carry_on(self, config: SimConfig) -> int:
         if config.seq_state is None:
@@ -85,7 +91,8 @@ class Simulation:
     def tick(self) -> list[Outgoing]:
         """Generate everything due in [now, now + tick) and advance the clock."""
         end = self.now_ms + self.tick_ms
-        out: list[Outgoing] = []
+        out: list[Outgoing] = self._extra
+        self._extra = []
         for gi, group in enumerate(self.groups):
             while True:
                 idx = group.due(end)
@@ -107,6 +114,19 @@ class Simulation:
                 start = self.config.start_ms
                 self.now_ms = max(end, start + (upcoming - start) // self.tick_ms * self.tick_ms)
         return out
+
+    def obey(self, device_id: str, command: str, command_id: str) -> str | None:
+        """Carry out ``command`` on a simulated device: it ends the physical anomaly the command
+        fixes (:data:`OBEYS`). None when done, else why the device cannot do it."""
+        where = self._where.get(device_id)
+        if where is None:
+            return f"unknown device {device_id}"
+        gi, i = where
+        kind = OBEYS.get((self.groups[gi].device_type, command))
+        if kind is None:
+            return f"{self.groups[gi].device_type} does not support {command}"
+        self.injector.end_by_command(gi, i, kind, self.now_ms, command_id, self._extra)
+        return None
 
     def finish(self) -> list[Outgoing]:
         """Deliver what is still held back (late, out of order) and close open anomalies."""

@@ -543,3 +543,106 @@ def parse_device_topic(topic: str) -> tuple[str, str, str, str]:
 def status_payload(online: bool, ts_ms: int) -> bytes:
     """The retained status message (and, for offline, the MQTT last will)."""
     return json.dumps({"v": SCHEMA_VERSION, "state": "online" if online else "offline", "ts": ts_ms}).encode()
+
+
+# --- device commands (schema version 1) ------------------------------------------------
+#
+# The closed loop: a command goes to ``iot/<site>/<device_type>/<device_id>/commands`` at
+# QoS 1 (to a persistent session, so a device that was offline gets it when it reconnects),
+# and the device answers each step on ``.../commands/ack``. A command past ``expires_at_ms``
+# is not executed: the device answers ``rejected`` with reason ``expired``.
+
+COMMAND_SCHEMA_VERSION = 1
+COMMANDS_SUFFIX = "commands"
+COMMAND_ACK_SUFFIX = "commands/ack"
+
+
+class CommandStatus(StrEnum):
+    """A device's answer to a command: ``accepted`` then ``done`` or ``failed``; or ``rejected``."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: Replies after which the device does nothing more about a command.
+FINAL_COMMAND_STATUSES = frozenset({CommandStatus.REJECTED, CommandStatus.DONE, CommandStatus.FAILED})
+
+
+class Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What a device is told to do. ``command_id`` is deterministic where the issuer is
+    (the responder hashes alert, policy and attempt), so a re-sent command is recognised."""
+
+    v: int
+    command_id: Name
+    device_id: Name
+    name: Name  # e.g. reset_hvac, close_valve, limp_mode
+    issued_at_ms: int
+    expires_at_ms: int
+    issued_by: str
+    args: dict[str, Any] = {}
+    reason: str | None = None  # why, e.g. the alert id
+
+    def expired(self, now_ms: int) -> bool:
+        return now_ms >= self.expires_at_ms
+
+
+class CommandReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A device's answer on ``.../commands/ack``; ``reason`` says why it was rejected or failed."""
+
+    v: int
+    command_id: Name
+    device_id: Name
+    status: CommandStatus
+    at_ms: int
+    reason: str | None = None
+
+
+_COMMAND_DECODER = msgspec.json.Decoder(Command)
+_REPLY_DECODER = msgspec.json.Decoder(CommandReply)
+
+
+def _decode_versioned(raw: bytes, decoder: msgspec.json.Decoder[Any], what: str) -> Any:
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise ContractViolation("too_large", f"{what}: {len(raw)} bytes > limit {MAX_PAYLOAD_BYTES}")
+    try:
+        record = decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise ContractViolation("invalid_field", f"{what}: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ContractViolation("invalid_json", f"{what}: {exc}") from None
+    if record.v != COMMAND_SCHEMA_VERSION:
+        raise ContractViolation("unsupported_version", f"{what}: v={record.v}, supported [{COMMAND_SCHEMA_VERSION}]")
+    return record
+
+
+def decode_command(raw: bytes) -> Command:
+    """Parse and validate a command payload, or raise :class:`ContractViolation`."""
+    return _decode_versioned(raw, _COMMAND_DECODER, "command")  # type: ignore[no-any-return]
+
+
+def decode_command_reply(raw: bytes) -> CommandReply:
+    """Parse and validate a command reply, or raise :class:`ContractViolation`."""
+    return _decode_versioned(raw, _REPLY_DECODER, "command reply")  # type: ignore[no-any-return]
+
+
+def encode(record: Command | CommandReply) -> bytes:
+    """Compact JSON of a command or reply."""
+    return msgspec.json.encode(record)
+
+
+def command_topic(site: str, device_type: str, device_id: str) -> str:
+    return f"iot/{site}/{device_type}/{device_id}/{COMMANDS_SUFFIX}"
+
+
+def command_ack_topic(site: str, device_type: str, device_id: str) -> str:
+    return f"iot/{site}/{device_type}/{device_id}/{COMMAND_ACK_SUFFIX}"
+
+
+def parse_command_ack_topic(topic: str) -> tuple[str, str, str]:
+    """``iot/<site>/<type>/<id>/commands/ack`` -> (site, device_type, device_id)."""
+    parts = topic.split("/")
+    if len(parts) != 6 or parts[0] != "iot" or parts[4:] != ["commands", "ack"] or not all(parts):
+        raise ContractViolation("bad_topic", f"{topic!r} is not iot/<site>/<device_type>/<device_id>/commands/ack")
+    return parts[1], parts[2], parts[3]

@@ -149,10 +149,20 @@ class TopicSettings(_ConcernSettings):
     model_updates: str = "iot.model.updates"
     mqtt_telemetry_filter: str = "iot/+/+/+/telemetry"
     mqtt_status_filter: str = "iot/+/+/+/status"
+    alert_state: str = Field("iot.alerts.state", description="operators' acknowledgements, compacted by alert id")
+    silences: str = Field("iot.alerts.silences", description="silences, compacted by silence id")
+    notifications: str = Field("iot.alerts.notifications", description="what the forwarder sent per receiver and "
+                                                                        "group, compacted (its state on restart)")
+    commands: str = Field("iot.commands", description="audit trail of device commands and their replies, "
+                                                      "compacted by command id")
 
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic the pipeline reads or writes."""
         return [self.raw, self.dlq, self.alerts, self.model_updates]
+
+    def compacted_topics(self) -> list[str]:
+        """The on-call topics whose latest record per key is the current state (log compaction)."""
+        return [self.alert_state, self.silences, self.notifications, self.commands]
 
 
 class InfluxSettings(_ConcernSettings):
@@ -282,6 +292,14 @@ class StreamSettings(_ConcernSettings):
                                                                  "the HVAC pushes (heating above, cooling below)")
     stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
     stuck_hvac_readings: int = Field(3, ge=1, description="... and for at least this many readings")
+    runbook_url_template: str = Field("https://github.com/iotwatch/iotwatch/blob/main/docs/runbooks.md#{rule}",
+                                      description="runbook link every alert carries; {rule} is the rule name")
+    runbook_urls: dict[str, str] = Field(default_factory=dict, description="per-rule runbook links (JSON) that "
+                                         "replace the template's")
+
+    def runbook_url(self, rule: str) -> str:
+        """The runbook link of ``rule``'s alerts."""
+        return self.runbook_urls.get(rule) or self.runbook_url_template.format(rule=rule)
 
 
 class RegistrySettings(_ConcernSettings):
@@ -294,7 +312,8 @@ class RegistrySettings(_ConcernSettings):
                        description="directory of the model registry")
 
 
-def _user() -> str:
+def user_name() -> str:
+    """The login name: who acted, in on-call records, and whose tail group it is."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers)
@@ -307,7 +326,7 @@ class AlertsSettings(_ConcernSettings):
     section: ClassVar[str] = "alerts"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
 
-    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{_user()}",
+    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{user_name()}",
                                description="consumer group of `alerts tail` (per user, so each on-call "
                                            "person resumes where they left off)")
     forward_group_id: str = Field("iotwatch-alerts-forward", description="consumer group of `alerts forward`; "
@@ -328,6 +347,26 @@ class AlertsSettings(_ConcernSettings):
     dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
     dead_letter_topic: str | None = Field(None, description="also produce undeliverable alerts here "
                                                             "(the file <state_dir>/dead-letters.jsonl always)")
+    routes_file: Path | None = Field(None, description="routing file (TOML) of `alerts forward`: receivers, "
+                                     "policy tree, grouping; without it every alert goes to webhook_url")
+    book_group_prefix: str = Field("iotwatch-alerts-book", description="prefix of the consumer groups that fold "
+                                   "the on-call topics (no offsets are committed)")
+
+
+class RespondSettings(_ConcernSettings):
+    """``iotwatch respond``: alerts in, corrective device commands out."""
+
+    section: ClassVar[str] = "respond"
+    model_config = SettingsConfigDict(env_prefix="IOTWATCH_RESPOND_", frozen=True, extra="ignore")
+
+    policy_file: Path | None = Field(None, description="TOML policy: which rule's alerts send which command")
+    client_id: str = Field("iotwatch-responder-1", description="MQTT client id; fixed so replies queued while "
+                                                              "the responder is down reach it (persistent session)")
+    issuer: str = Field("responder", description="who the audit trail names as the issuer")
+    command_ttl_s: float = Field(120.0, gt=0, description="a command not executed by then is void")
+    reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then (and a command never answered "
+                                   "not before it expired): the attempt timed out")
+    max_attempts: int = Field(2, ge=1, description="attempts per alert before escalating to on-call")
 
 
 class DeploymentSettings(_ConcernSettings):
@@ -357,6 +396,7 @@ class Settings(BaseModel):
     stream: StreamSettings
     registry: RegistrySettings
     alerts: AlertsSettings
+    respond: RespondSettings
     deployment: DeploymentSettings = Field(default_factory=DeploymentSettings)
 
     def unusable_secrets(self) -> list[str]:
@@ -421,6 +461,7 @@ def _read_settings() -> Settings:
         registry=RegistrySettings(),
         alerts=AlertsSettings(),
         deployment=DeploymentSettings(),
+        respond=RespondSettings(),
     )
 
 

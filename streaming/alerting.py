@@ -35,6 +35,7 @@ class RuleSpec:
     clear_hold: int = 1
     detector: str = "rule"
     hold_ms: int = 0  # and for this long in event time (a condition that must persist, whatever the rate)
+    runbook_url: str | None = None  # what on-call should do about it; carried by every alert of the rule
 
 
 @dataclass(frozen=True)
@@ -174,4 +175,5 @@ def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx:
         "detected_at_ms": now,
         "model_version": ctx.model_version,
         "message": message,
+        "runbook_url": spec.runbook_url,
     }

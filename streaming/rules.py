@@ -8,7 +8,7 @@ raised/cleared lifecycle. Rules that do not apply to a device type return nothin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
@@ -30,8 +30,8 @@ FLEET = "fleet_anomaly"
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
-    """The rules and their anti-flap parameters, from the stream settings."""
-    return {
+    """The rules, their anti-flap parameters and runbook links, from the stream settings."""
+    specs = {
         ANOMALY: RuleSpec(ANOMALY, "warning", settings.alert_fire_score, settings.alert_clear_score,
                           settings.alert_hold_readings, settings.alert_clear_readings, detector),
         OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, "major", 0.5, 0.5, 1, settings.alert_clear_readings),
@@ -44,6 +44,7 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
         FLEET: RuleSpec(FLEET, "warning", settings.fleet_fire_score, settings.fleet_fire_score - 0.1,
                         settings.alert_hold_readings, settings.alert_clear_readings, settings.fleet_detector or "fleet"),
     }
+    return {name: replace(spec, runbook_url=settings.runbook_url(name)) for name, spec in specs.items()}
 
 
 @dataclass(frozen=True)

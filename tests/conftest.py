@@ -57,6 +57,8 @@ def test_settings(stack_settings: Settings, unique: str) -> Settings:
     topics = stack_settings.topics.model_copy(update={
         "raw": f"test.{unique}.raw", "dlq": f"test.{unique}.dlq",
         "alerts": f"test.{unique}.alerts", "model_updates": f"test.{unique}.model",
+        "alert_state": f"test.{unique}.alerts.state", "silences": f"test.{unique}.alerts.silences",
+        "notifications": f"test.{unique}.alerts.notifications", "commands": f"test.{unique}.commands",
     })
     return stack_settings.model_copy(update={"topics": topics})
 

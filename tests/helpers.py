@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -99,3 +100,21 @@ def seqs_by_device(records: Iterable[Message]) -> dict[str, list[int]]:
         body = json.loads(record.value())
         ordered.setdefault(body["device_id"], []).append(body["seq"])
     return ordered
+
+
+class InThread:
+    """A service's ``run()`` in a thread, stopped the way SIGTERM stops it (its stop event);
+    ``make(stop)`` builds the service."""
+
+    def __init__(self, make: Any) -> None:
+        self.stop = threading.Event()
+        self.result: dict[str, Any] = {}
+        self.service = make(self.stop)
+        self.thread = threading.Thread(target=lambda: self.result.update(self.service.run()), daemon=True)
+        self.thread.start()
+
+    def close(self) -> dict[str, Any]:
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the service did not stop"
+        return self.result

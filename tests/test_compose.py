@@ -228,6 +228,8 @@ def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) ->
         "stream": {"IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_USERNAME",
                    "IOTWATCH_INFLUX_PASSWORD", "IOTWATCH_INFLUX_DATABASE"},
         "simulator": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD"},
+        "responder": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD",
+                      "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"},
     }
     for name, keys in expected.items():
         env = environment_of(services[name])
@@ -287,13 +289,14 @@ def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
 
 def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
-    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics"}
+    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"}
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
                 for name, svc in built.items()}
     assert "gateway" in commands["gateway"]
     assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
     assert "simulate" in commands["simulator"]
+    assert "respond" in commands["responder"]
     assert commands["kafka-topics"][-2:] == ["provision", "topics"]
 
 

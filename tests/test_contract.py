@@ -356,3 +356,43 @@ def test_decode_batch_small_cases() -> None:
     assert decode_batch([payload()], [b""], now_ms=NOW).reason[0] is None  # an empty key is not checked
     with pytest.raises(ValueError):
         decode_batch([payload()], [], now_ms=NOW)
+
+
+# --- device commands and the on-call records ---------------------------------------------
+
+
+def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
+    from iotwatch.contract import (Command, CommandReply, CommandStatus, decode_command, decode_command_reply,
+                                   encode, parse_command_ack_topic)
+
+    command = Command(1, "c1", "home-1-thermostat-0", "reset_hvac", 1_000, 61_000, "responder", {"hard": True}, "a1")
+    assert decode_command(encode(command)) == command and command.expired(61_000) and not command.expired(60_999)
+    reply = CommandReply(1, "c1", "home-1-thermostat-0", CommandStatus.REJECTED, 2_000, "expired")
+    assert decode_command_reply(encode(reply)) == reply
+    body = json.loads(encode(command))
+    cases = {b"{nope": "invalid_json", json.dumps({**body, "v": 2}).encode(): "unsupported_version",
+             json.dumps({**body, "extra": 1}).encode(): "invalid_field",
+             json.dumps({k: v for k, v in body.items() if k != "expires_at_ms"}).encode(): "invalid_field",
+             json.dumps({**body, "device_id": "a/b"}).encode(): "invalid_field"}
+    for raw, reason in cases.items():
+        with pytest.raises(ContractViolation) as caught:
+            decode_command(raw)
+        assert caught.value.reason == reason, raw
+    with pytest.raises(ContractViolation, match="invalid_field"):
+        decode_command_reply(json.dumps({**json.loads(encode(reply)), "status": "maybe"}).encode())
+    assert parse_command_ack_topic("iot/h/thermostat/d/commands/ack") == ("h", "thermostat", "d")
+    with pytest.raises(ContractViolation, match="bad_topic"):
+        parse_command_ack_topic("iot/h/thermostat/d/commands")
+
+
+def test_oncall_records_decode_strictly() -> None:
+    from iotwatch.oncall import AlertStep, AlertState, BadRecord, Matchers, Silence, decode, encode
+
+    ack = AlertState(1, "a1", AlertStep.ACKNOWLEDGED, "alice", 5, "on it")
+    assert decode(encode(ack), AlertState) == ack
+    silence = Silence(1, "s1", Matchers(site="home-1"), 0, 10, "carol")
+    assert decode(encode(silence), Silence).silences({"site": "home-1", "rule": "x"}, 5)
+    assert not silence.silences({"site": "home-2"}, 5) and not silence.silences({"site": "home-1"}, 10)
+    for raw in (None, b"[]", encode(ack).replace(b'"v":1', b'"v":9'), encode(ack)[:-1] + b',"x":1}'):
+        with pytest.raises(BadRecord):
+            decode(raw, AlertState)

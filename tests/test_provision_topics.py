@@ -17,14 +17,17 @@ def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Setti
     topics = test_settings.topics
     env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
     env.update(IOTWATCH_TOPIC_RAW=topics.raw, IOTWATCH_TOPIC_DLQ=topics.dlq, IOTWATCH_TOPIC_ALERTS=topics.alerts,
-               IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates, IOTWATCH_KAFKA_PARTITIONS="3")
+               IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates, IOTWATCH_TOPIC_ALERT_STATE=topics.alert_state,
+               IOTWATCH_TOPIC_SILENCES=topics.silences, IOTWATCH_TOPIC_NOTIFICATIONS=topics.notifications,
+               IOTWATCH_TOPIC_COMMANDS=topics.commands, IOTWATCH_KAFKA_PARTITIONS="3")
     command = [sys.executable, "-m", "iotwatch", "provision", "topics",
                "--kafka", test_settings.kafka.bootstrap_servers, "--json"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert first.returncode == 0, first.stderr
-    assert sorted(json.loads(first.stdout)["created"]) == sorted(topics.kafka_topics())
+    every = topics.kafka_topics() + topics.compacted_topics()
+    assert sorted(json.loads(first.stdout)["created"]) == sorted(every)
     existing = list_topics(test_settings.kafka)
-    assert {name: existing[name] for name in topics.kafka_topics()} == {name: 3 for name in topics.kafka_topics()}
+    assert {name: existing[name] for name in every} == {name: 3 for name in every}
     again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["created"] == []

@@ -84,7 +84,8 @@ def test_mosquitto_entrypoint_refuses_placeholder_passwords(tmp_path: Path) -> N
 @pytest.mark.parametrize("script, env, message", [
     ("deploy/kafka/entrypoint.sh",
      {"SCRAM_ADMIN_PASSWORD": "real-admin-secret", "SCRAM_GATEWAY_PASSWORD": "CHANGE_ME-kafka-gateway-password",
-      "SCRAM_STREAM_PASSWORD": "real-stream-secret"},
+      "SCRAM_STREAM_PASSWORD": "real-stream-secret",
+      "SCRAM_RESPONDER_PASSWORD": "real-responder-secret"},
      "kafka entrypoint: a KAFKA_*_PASSWORD is still the .env.example placeholder; set real values in .env"),
     ("deploy/influxdb/initdb/20-iotwatch-auth.sh",
      {"DOCKER_INFLUXDB_INIT_ORG": "iotwatch", "DOCKER_INFLUXDB_INIT_BUCKET_ID": "0123456789abcdef",

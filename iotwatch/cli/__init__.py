@@ -42,6 +42,8 @@ SUBCOMMANDS: dict[str, str] = {
     "dashboards": "dashboards.cli:dashboards",
     "alerts": "alerts.cli:alerts",
     "provision": "iotwatch.cli.provision:provision",
+    "respond": "responder.cli:respond",
+    "commands": "responder.cli:commands",
 }
 
 

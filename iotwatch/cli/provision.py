@@ -68,12 +68,14 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
 @json_option
 @pass_app
 def topics(app: AppContext, as_json: bool) -> None:
-    """Create the pipeline's Kafka topics (for brokers with auto-creation off)."""
+    """Create the pipeline's Kafka topics, the on-call ones compacted (for brokers with
+    auto-creation off)."""
     from iotwatch.clients.kafka import ensure_topics
 
     settings = app.settings
-    wanted = settings.topics.kafka_topics()
-    created = ensure_topics(settings.kafka, wanted)
+    wanted = settings.topics.kafka_topics() + settings.topics.compacted_topics()
+    created = ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    created += ensure_topics(settings.kafka, settings.topics.compacted_topics(), compacted=True)
     emit({"topics": wanted, "created": created, "partitions": settings.kafka.partitions,
           "replication_factor": settings.kafka.replication_factor}, as_json, _render_summary)
 

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.errors import ServiceUnavailable
@@ -38,8 +38,10 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, in
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
 
-def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float = 15.0) -> list[str]:
-    """Create the topics that do not exist yet (with the configured partition count).
+def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float = 15.0, *,
+                  compacted: bool = False) -> list[str]:
+    """Create the topics that do not exist yet (with the configured partition count;
+    ``compacted``: ``cleanup.policy=compact``, the latest record per key is kept).
 
     Returns the names created. An existing topic is left as it is, whatever its
     partition count: changing it would break per-key order for data already there.
@@ -50,7 +52,8 @@ def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float =
         return []
     admin = admin_client(settings)  # keep a reference: the futures die with their client
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor)
+        [NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor,
+                  config={"cleanup.policy": "compact"} if compacted else {})
          for name in missing],
         operation_timeout=timeout_s, request_timeout=timeout_s,
     )
@@ -69,22 +72,60 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
     """Every record of a topic, from the beginning to the end each partition had when it was
     reached (partition EOF: the high watermark of the fetch, which is exact on every
     broker). No group is joined and no offset committed; an unknown topic reads as empty."""
-    partitions = list_topics(settings).get(topic, 0)
-    if not partitions:
-        return []
-    consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-read-{time.time_ns()}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    records: list[Message] = []
-    at_end: set[int] = set()
-    deadline = time.monotonic() + timeout_s
+    follower = TopicFollower(settings, [topic])
     try:
-        while len(at_end) < partitions and time.monotonic() < deadline:
-            for message in consumer.consume(5000, 1.0):
+        return follower.catch_up(timeout_s, strict=False)
+    finally:
+        follower.close()
+
+
+class TopicFollower:
+    """Reads whole topics from the beginning and then follows them: the way a component
+    rebuilds its state from compacted logs on start (event sourcing). Every partition is
+    assigned, no group is joined, no offset committed. Topics missing at start read as empty."""
+
+    def __init__(self, settings: KafkaSettings, topics: list[str]) -> None:
+        existing = list_topics(settings)
+        self.partitions = [TopicPartition(topic, p, 0) for topic in topics for p in range(existing.get(topic, 0))]
+        self._consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-follow-{time.time_ns()}",
+                                   "enable.auto.commit": False, "enable.partition.eof": True})
+        if self.partitions:
+            self._consumer.assign(self.partitions)
+
+    def catch_up(self, timeout_s: float = 120.0, *, strict: bool = True) -> list[Message]:
+        """The records up to the end each partition had when reached (partition EOF);
+        ``strict``: :class:`ServiceUnavailable` when a partition's end was not reached in time."""
+        records: list[Message] = []
+        at_end: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(at_end) < len(self.partitions) and time.monotonic() < deadline:
+            for message in self._consumer.consume(5000, 1.0):
                 if message.error() is None:
                     records.append(message)
                 elif message.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition())
-    finally:
-        consumer.close()
-    return records
+                    at_end.add((message.topic(), message.partition()))
+        if strict and len(at_end) < len(self.partitions):
+            raise ServiceUnavailable(f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
+                                     f"to their end within {timeout_s:.0f} s")
+        return records
+
+    def poll(self, timeout_s: float) -> list[Message]:
+        """New records (errors such as partition EOF left out)."""
+        if not self.partitions:
+            time.sleep(timeout_s)
+            return []
+        return [m for m in self._consumer.consume(5000, timeout_s) if m.error() is None]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def produce_confirmed(producer: Producer, topic: str, key: bytes, value: bytes,
+                      headers: list[tuple[str, bytes]] | None = None, timeout_s: float = 30.0) -> None:
+    """Produce one record and wait until the broker confirmed it, or :class:`ServiceUnavailable`:
+    for records whose loss would go unnoticed (an acknowledgement, a notification sent)."""
+    errors: list[str] = []
+    producer.produce(topic, value, key=key, headers=headers or [],
+                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
+    if producer.flush(timeout_s) > 0 or errors:
+        raise ServiceUnavailable(f"Kafka did not confirm a record on {topic}: {errors[0] if errors else 'timeout'}")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import queue
 import ssl
 import threading
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -61,3 +62,51 @@ def round_trip(settings: MqttSettings, timeout_s: float = 5.0) -> None:
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+class PersistentSession:
+    """A persistent MQTT session (fixed client id, clean session off) that subscribes at QoS 1
+    to ``filters`` on every connect and queues what arrives as (topic, payload). While the
+    client is away the broker keeps the session and queues QoS 1 messages for it: both ends
+    of device commands rely on that."""
+
+    def __init__(self, settings: MqttSettings, client_id: str, filters: list[str]) -> None:
+        self.settings, self.filters = settings, filters
+        self.received: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self._ready = threading.Event()
+        self._refused: str | None = None
+        self.client = make_client(settings, client_id, clean_session=False)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *_: self._ready.set()
+        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, m.payload))
+
+    def _on_connect(self, client: paho.Client, _u: object, _flags: object, reason: Any, _p: object) -> None:
+        if reason.is_failure:
+            self._refused = str(reason)
+            self._ready.set()
+        elif self.filters:
+            client.subscribe([(topic, 1) for topic in self.filters])
+        else:
+            self._ready.set()
+
+    def connect(self, timeout_s: float = 15.0) -> None:
+        """Connect and wait until the subscriptions are confirmed, or :class:`ServiceUnavailable`."""
+        try:
+            self.client.connect(self.settings.host, self.settings.port, keepalive=self.settings.keepalive_s)
+        except OSError as exc:
+            raise ServiceUnavailable(f"MQTT broker {self.settings.url} refused the connection: {exc}") from exc
+        self.client.loop_start()
+        if not self._ready.wait(timeout_s) or self._refused:
+            self.close()
+            raise ServiceUnavailable(f"MQTT broker {self.settings.url}: {self._refused or 'no answer'}")
+
+    def publish(self, topic: str, payload: bytes, timeout_s: float = 15.0) -> None:
+        """Publish at QoS 1 and wait for the broker's PUBACK."""
+        info = self.client.publish(topic, payload, qos=1)
+        info.wait_for_publish(timeout_s)
+        if not info.is_published():
+            raise ServiceUnavailable(f"MQTT broker {self.settings.url} did not acknowledge a message on {topic}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

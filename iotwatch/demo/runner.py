@@ -31,9 +31,10 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
-from iotwatch.demo import accounting, report
+from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.errors import IotwatchError
+from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
@@ -122,12 +123,14 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                                                    str(gateway_port), "--json"), env, out))
         wait_healthy(gateway_port, timeout_s=60)
         _wait_for_stream(children[0], checkpoint)
+        children.append(Child("respond", _iotwatch("respond", "--json"), env, out))  # the closed loop
         simulator = Child("simulate", _iotwatch(
             "simulate", "--homes", str(options.homes), "--vehicles", str(options.vehicles),
             "--duration", str(options.duration_s * options.speedup), "--speedup", str(options.speedup),
             "--anomaly-rate", str(options.anomaly_rate), "--anomalies-after", str(options.anomalies_after_s),
             "--fault-rate", str(options.fault_rate), *planned_anomalies(options, out / "scenario.json"),
-            "--seed", str(options.seed), "--ground-truth", str(truth_path), "--no-progress", "--json",
+            "--seed", str(options.seed), "--ground-truth", str(truth_path), "--obey-commands",
+            "--client-id-prefix", "iotwatch-demo-sim", "--no-progress", "--json",
             "--seq-state", str(out / "simulate-seq.json")), env, out)  # a new pipeline: every device from seq 0
         children.append(simulator)
         live = LiveState()
@@ -181,13 +184,20 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     """Simulator arguments for what the demo plans besides the random anomalies: a crash
     of the first vehicle at 40 % of the run (a random crash is rare in a short run, and the
     crash rule, the critical alerts and the vehicles dashboard's crash panels should show).
-    It waits until the vehicle drives fast enough."""
+    It waits until the vehicle drives fast enough. And a leak in the first homes that lasts
+    the whole run unless the responder's ``close_valve`` ends it (the closed loop)."""
     span_s = options.duration_s * options.speedup
     at_s = max(options.anomalies_after_s, 0.4 * span_s)
-    if options.vehicles == 0 or at_s >= 0.8 * span_s:
+    if at_s >= 0.8 * span_s:
         return []
-    # Vehicle ids are vehicle-<5 digits> (devices/fleet.py).
-    path.write_text(json.dumps({"anomalies": [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}]}))
+    # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
+    planned = [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}] if options.vehicles else []
+    # ... and a leak in the first homes' leak sensors, for the closed loop to close the valve
+    planned += [{"kind": "leak", "devices": "home-0000[0-2]-leak_sensor-*",
+                 "at_s": max(options.anomalies_after_s, 0.2 * span_s), "duration_s": span_s}] if options.homes else []
+    if not planned:
+        return []
+    path.write_text(json.dumps({"anomalies": planned}))
     return ["--scenario", str(path)]
 
 
@@ -268,6 +278,9 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
                        "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
                        "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
                        "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None},
+        "closed_loop": closed_loop.summarise(
+            (decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)),
+            alerts, truth),
         "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities),
         "components": results,
     }
@@ -347,6 +360,15 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"  latency: gateway delivery p50/p99 {latency['gateway_delivery_p50']}/"
                   f"{latency['gateway_delivery_p99']} ms; reading in Kafka to alert in Kafka p50/p99 "
                   f"{latency['raw_append_to_alert_p50']}/{latency['raw_append_to_alert_p99']} ms")
+    loop = summary.get("closed_loop")
+    if loop:
+        def p50_p99(name: str) -> str:
+            return f"{loop[name]['p50']}/{loop[name]['p99']} s"
+
+        console.print(f"  closed loop: {loop['commands']} commands {loop['outcomes']}, "
+                      f"{loop['anomalies_ended_by_command']} anomalies ended by a command; p50/p99 alert to command "
+                      f"{p50_p99('time_to_command_s')}, command to device ack {p50_p99('time_to_device_ack_s')}, "
+                      f"command to alert cleared {p50_p99('time_to_recovery_s')}")
     print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")
     if summary.get("stack"):

@@ -73,7 +73,7 @@ def key(alert: dict[str, Any]) -> str:
 class FlakyWebhook:
     """A receiver that answers 503 to every ``fail_every``-th request, 429 + Retry-After once,
     stalls once past the client's timeout (then answers 200: delivered, though the client gave up),
-    and 400 for alert ids in ``reject``."""
+    and 400 for alert ids in ``reject`` (an alert record, or a group notification listing one)."""
 
     fail_every: int = 3
     retry_after_at: int | None = 4  # request number answered 429 Retry-After: 1
@@ -92,7 +92,8 @@ class FlakyWebhook:
     def answer(self, key_: str, body: dict[str, Any]) -> tuple[int, dict[str, str], float]:
         with self.lock:
             n = len(self.requests) + 1
-            if body.get("alert_id") in self.reject:
+            listed = {body.get("alert_id")} | {a.get("alert_id") for a in body.get("alerts", [])}  # one or a group
+            if listed & self.reject:
                 status, headers, sleep = 400, {}, 0.0
             elif n == self.retry_after_at:
                 status, headers, sleep = 429, {"Retry-After": "1"}, 0.0

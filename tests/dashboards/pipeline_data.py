@@ -16,10 +16,15 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from alerts.actions import acknowledge
+from alerts.book import load_book
+from alerts.metrics import LifecycleMetrics
 from gateway.metrics import GatewayStats, influx_points
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract import Telemetry
+from iotwatch.oncall import CommandAudit, CommandOutcome
+from responder.metrics import write_command
 from iotwatch.settings import Settings
 from tests.streaming.scenario import write_scenario
 
@@ -36,7 +41,9 @@ class DashboardData:
 
 def dashboard_settings(settings: Settings, run: str) -> Settings:
     topics = settings.topics.model_copy(update={"raw": f"dash.{run}.raw", "dlq": f"dash.{run}.dlq",
-                                                "alerts": f"dash.{run}.alerts", "model_updates": f"dash.{run}.model"})
+                                                "alerts": f"dash.{run}.alerts", "model_updates": f"dash.{run}.model",
+                                                "alert_state": f"dash.{run}.alerts.state",
+                                                "silences": f"dash.{run}.alerts.silences"})
     stream = settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 500})
     influx = settings.influx.model_copy(update={"database": f"dashboards_{run}"})
     return settings.model_copy(update={"topics": topics, "stream": stream, "influx": influx})
@@ -78,6 +85,28 @@ def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -
         client.close()
 
 
+def write_oncall_activity(settings: Settings, device: str) -> None:
+    """On-call acknowledges an alert still open after the run; the lifecycle points are written
+    as the forwarder writes them, from the alerts the run raised and cleared; and ``device``
+    was sent a command (the point the responder writes for each step of it)."""
+    book = load_book(settings)
+    view = next(book.select(open_only=True))
+    acknowledge(settings, book, view.alert_id, "alice", "checking the sensor")
+    metrics = LifecycleMetrics(InfluxV1Client(settings.influx))
+    try:
+        for alert in book.alerts.values():
+            metrics.observe(alert)
+        metrics.flush(book, int(time.time() * 1000), force=True)
+        assert not metrics.pending and metrics.failures == 0
+        now = int(time.time() * 1000)
+        command = CommandAudit(1, "c-dash", "reset-stuck-hvac", view.alert_id, "stuck_hvac", device, "thermostat",
+                               view.record["site"], "reset_hvac", "responder", now - 60_000, now, 1,
+                               CommandOutcome.DONE).with_step(CommandOutcome.DONE, now - 59_000)
+        assert write_command(metrics.client, command)
+    finally:
+        metrics.client.close()
+
+
 def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardData:
     from streaming.job import start
 
@@ -95,4 +124,5 @@ def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardD
     instance = f"gw-{run}"
     write_gateway_reports(settings, instance)
     device = next(d for d, rule in scenario.expected_alerts.items() if rule == "anomaly_score")
+    write_oncall_activity(settings, device)
     return DashboardData(settings, f"site-{run}", device, [f"car-{run}", gps], instance)

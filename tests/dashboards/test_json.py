@@ -46,7 +46,7 @@ def test_build_command_writes_the_same_files(tmp_path: Path, capsys: pytest.Capt
 
 def test_uids_and_panel_ids_are_unique() -> None:
     uids = [model["uid"] for model in BUILT.values()]
-    assert len(uids) == len(set(uids)) == 5
+    assert len(uids) == len(set(uids)) == 6
     assert all(len(uid) <= 40 for uid in uids)
     for model in BUILT.values():
         ids = [panel["id"] for panel in all_panels(model)]

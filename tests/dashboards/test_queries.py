@@ -78,3 +78,11 @@ def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Cli
     # Dead letters by reason, restart-safe increase: both reasons seen.
     reasons = {s["tags"]["reason"] for s in run("iotwatch-gateway", "panel 'Dead letters by reason (time range)' A")}
     assert reasons == {"invalid_json", "missing_field"}
+    # On-call: the acknowledged alert is no longer open; its time to acknowledge; clears by acked or not.
+    (acknowledged,) = run("iotwatch-oncall", "panel 'Acknowledged, still firing' A")
+    assert acknowledged["values"][-1][1] == 1
+    (acks,) = run("iotwatch-oncall", "panel 'Recent acknowledgements' A")
+    row = dict(zip(acks["columns"], acks["values"][0]))
+    assert row["by"] == "alice" and row["seconds_to_ack"] > 0
+    cleared = run("iotwatch-oncall", "panel 'Time to clear' A")
+    assert {s["tags"]["acked"] for s in cleared} == {"false"} and all(v[1] >= 0 for s in cleared for v in s["values"])

@@ -258,6 +258,10 @@ def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -
     assert raised["crash"]["severity"] == "critical" and raised["out_of_range"]["value"] == 999.0
     assert raised["harsh_braking"]["severity"] == "warning" and raised["harsh_braking"]["device_id"] == "van"
     assert raised["stuck_hvac"]["occurrences"] == 121  # held for the configured 120 s (readings every 1 s)
+    # each rule's alerts carry the runbook link of the rules' configuration
+    assert all(a["runbook_url"] == StreamSettings().runbook_url(rule) and rule in a["runbook_url"]
+               for rule, a in raised.items())
+    assert StreamSettings(runbook_urls={"crash": "https://wiki/crash"}).runbook_url("crash") == "https://wiki/crash"
 
 
 def test_silence_raises_device_silent_and_data_clears_it() -> None:

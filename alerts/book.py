@@ -1,0 +1,198 @@
+"""The current state of every alert and silence, folded from the event logs.
+
+Nothing here is stored anywhere but Kafka: an alert's state is the fold of the streaming
+job's ``raised``/``cleared`` records (``iot.alerts``) and the operators' acknowledgements
+(``iot.alerts.state``, compacted by alert id); silences are ``iot.alerts.silences``
+(compacted by silence id). The CLI folds the topics once per command; the forwarder folds
+them on start and keeps folding as records arrive, so a restart rebuilds the same state.
+
+Status of an alert: ``open`` (raised, nobody acknowledged it), ``acknowledged``,
+``cleared`` and ``cleared_after_ack`` (the condition ended after someone acknowledged it;
+the forwarder also records that step on the alert-state topic, carrying the acknowledgement).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+from alerts.records import BadAlert, decode, severity_rank
+from iotwatch.clients.kafka import TopicFollower
+from iotwatch.errors import IotwatchError
+from iotwatch.oncall import AlertStep, AlertState, BadRecord, Silence
+from iotwatch.oncall import decode as decode_record
+from iotwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK = "open", "acknowledged", "cleared", "cleared_after_ack"
+STATUSES = (OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK)
+#: The shortest alert-id prefix ``alerts ack`` accepts (ids are 24 hex digits).
+MIN_PREFIX = 6
+
+
+class UnknownAlert(IotwatchError):
+    """No alert (or silence) has this id."""
+
+
+@dataclass
+class AlertView:
+    """One alert: its raise, its clear (once cleared) and the last operator action."""
+
+    alert_id: str
+    raised: dict[str, Any] | None = None
+    cleared: dict[str, Any] | None = None
+    ack: AlertState | None = None
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The alert's fields (the raise's, which describe the condition; the clear's if no raise was seen)."""
+        return self.raised or self.cleared or {"alert_id": self.alert_id}
+
+    @property
+    def acked(self) -> bool:
+        return self.ack is not None and self.ack.acknowledged
+
+    @property
+    def firing(self) -> bool:
+        return self.raised is not None and self.cleared is None
+
+    @property
+    def status(self) -> str:
+        if self.cleared is not None:
+            return CLEARED_AFTER_ACK if self.acked and self.ack.at_ms <= detected_ms(self.cleared) else CLEARED  # type: ignore[union-attr]
+        if self.ack is not None and self.ack.action == AlertStep.CLEARED_AFTER_ACK:
+            return CLEARED_AFTER_ACK  # the alert topic's clear is gone (retention); the state topic keeps it
+        return ACKNOWLEDGED if self.acked else OPEN
+
+    def needs_cleared_after_ack(self) -> bool:
+        """Acknowledged, then cleared, and the alert-state topic does not say so yet."""
+        return (self.cleared is not None and self.ack is not None and self.ack.action == AlertStep.ACKNOWLEDGED
+                and self.ack.at_ms <= detected_ms(self.cleared))
+
+    @property
+    def raised_ms(self) -> int | None:
+        return detected_ms(self.raised) if self.raised else None
+
+    def seconds_to_ack(self) -> float | None:
+        if not self.acked or self.raised is None:
+            return None
+        return max(0.0, (self.ack.at_ms - detected_ms(self.raised)) / 1000)  # type: ignore[union-attr]
+
+    def seconds_to_clear(self) -> float | None:
+        if self.raised is None or self.cleared is None:
+            return None
+        return max(0.0, (detected_ms(self.cleared) - detected_ms(self.raised)) / 1000)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
+        ack = self.ack if self.acked else None
+        return {**self.record, "status": self.status, "raised_at_ms": self.raised_ms,
+                "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
+                "acked_by": ack.by if ack else None, "acked_at_ms": ack.at_ms if ack else None,
+                "ack_note": ack.note if ack else None, "seconds_to_ack": self.seconds_to_ack(),
+                "seconds_to_clear": self.seconds_to_clear()}
+
+
+def detected_ms(record: dict[str, Any]) -> int:
+    """When the streaming job detected the raise or clear (wall clock, as acks are)."""
+    value = record.get("detected_at_ms")
+    return int(value) if isinstance(value, int | float) else 0
+
+
+@dataclass
+class AlertBook:
+    """Alerts by id and silences by id, folded record by record (order within a key is Kafka's)."""
+
+    alerts: dict[str, AlertView] = field(default_factory=dict)
+    silences: dict[str, Silence] = field(default_factory=dict)
+    malformed: int = 0
+
+    def apply_alert(self, alert: dict[str, Any]) -> AlertView:
+        view = self.alerts.setdefault(alert["alert_id"], AlertView(alert["alert_id"]))
+        if alert["state"] == "raised":
+            view.raised = alert
+        elif alert["state"] == "cleared":
+            view.cleared = alert
+        return view
+
+    def apply_ack(self, ack: AlertState) -> AlertView:
+        view = self.alerts.setdefault(ack.alert_id, AlertView(ack.alert_id))
+        view.ack = ack
+        return view
+
+    def apply_silence(self, silence: Silence) -> None:
+        self.silences[silence.silence_id] = silence
+
+    def apply(self, message: Message, settings: Settings) -> str | None:
+        """Fold one record of any of the three topics; returns the alert id it touched, if any.
+        A record that does not decode is counted and logged (one line), never fatal."""
+        topic = message.topic()
+        try:
+            if topic == settings.topics.alerts:
+                return self.apply_alert(decode(message.value())).alert_id
+            if topic == settings.topics.alert_state:
+                return self.apply_ack(decode_record(message.value(), AlertState)).alert_id
+            if topic == settings.topics.silences:
+                self.apply_silence(decode_record(message.value(), Silence))
+        except (BadAlert, BadRecord) as exc:
+            self.malformed += 1
+            log.warning("skipping malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(),
+                        exc)
+        return None
+
+    # -- questions ------------------------------------------------------------------------
+
+    def find(self, alert_id: str) -> AlertView:
+        """The alert with this id or unique id prefix (at least :data:`MIN_PREFIX` characters)."""
+        view = self.alerts.get(alert_id)
+        if view is not None and (view.raised or view.cleared):
+            return view
+        if len(alert_id) >= MIN_PREFIX:
+            matches = [v for k, v in self.alerts.items() if k.startswith(alert_id) and (v.raised or v.cleared)]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                raise UnknownAlert(f"alert id prefix {alert_id!r} is ambiguous ({len(matches)} alerts); give more of it")
+        raise UnknownAlert(f"no alert with id {alert_id!r} on the alert topic")
+
+    def silence_for(self, alert: dict[str, Any], now_ms: int) -> Silence | None:
+        """The active silence that mutes ``alert`` now, if any."""
+        return next((s for s in self.silences.values() if s.silences(alert, now_ms)), None)
+
+    def select(self, *, open_only: bool = False, sites: Iterable[str] = (), min_severity: str | None = None,
+               ) -> Iterator[AlertView]:
+        """Known alerts (seen raised or cleared), open ones first, most severe first, newest first."""
+        sites = frozenset(sites)
+        views = [v for v in self.alerts.values() if v.raised is not None or v.cleared is not None]
+        views.sort(key=lambda v: -(v.raised_ms or 0))
+        views.sort(key=lambda v: (not v.firing, severity_rank(v.record.get("severity"))))
+        for view in views:
+            record = view.record
+            if open_only and not view.firing:
+                continue
+            if sites and record.get("site") not in sites:
+                continue
+            if min_severity and severity_rank(record.get("severity")) > severity_rank(min_severity):
+                continue
+            yield view
+
+
+def load_book(settings: Settings, timeout_s: float = 60.0) -> AlertBook:
+    """Fold the alert, alert-state and silence topics from their beginning to their end now."""
+    follower = TopicFollower(settings.kafka, book_topics(settings))
+    try:
+        book = AlertBook()
+        for message in follower.catch_up(timeout_s):
+            book.apply(message, settings)
+        return book
+    finally:
+        follower.close()
+
+
+def book_topics(settings: Settings) -> list[str]:
+    return [settings.topics.alerts, settings.topics.alert_state, settings.topics.silences]

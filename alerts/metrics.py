@@ -1,0 +1,99 @@
+"""The on-call lifecycle as InfluxDB points, for the on-call dashboard.
+
+The forwarder folds every alert, acknowledgement and silence anyway; it writes:
+
+- ``oncall_alerts`` (tags site, severity; fields ``open``, ``acknowledged``, ``silenced``):
+  how many alerts are firing now, by whether someone acknowledged them, every
+  ``interval_s`` (a severity and site that had firing alerts get a 0 when they have none);
+- ``alert_acks`` (tags site, severity, rule; fields ``seconds_to_ack``, ``by``,
+  ``alert_id``) at the time of each acknowledgement;
+- ``alert_resolutions`` (tags site, severity, rule, acked; fields ``seconds_to_clear``,
+  ``alert_id``) at the time each alert cleared.
+
+The event points are written again when the forwarder replays the topics after a restart;
+their timestamps are the events' own (plus a per-alert offset in nanoseconds, so two events
+in one millisecond stay two points), so a rewrite overwrites and counts nothing twice.
+InfluxDB failures are logged, not fatal: the dashboard is derived data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from influxdb_client import Point
+
+from alerts.book import AlertBook, AlertView, detected_ms
+from iotwatch.clients.influx import InfluxV1Client, event_time_ns
+from iotwatch.errors import ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleMetrics:
+    def __init__(self, client: InfluxV1Client, interval_s: float = 10.0) -> None:
+        self.client, self.interval_ms = client, int(interval_s * 1000)
+        self.pending: list[Point] = []
+        self.written: set[tuple[str, str]] = set()  # (alert id, ack|clear) already queued by this process
+        self.seen_groups: set[tuple[str, str]] = set()
+        self.next_snapshot_ms = 0
+        self.failures = 0
+
+    def observe(self, view: AlertView) -> None:
+        """Queue the event points ``view`` has that were not queued yet."""
+        if view.raised is None:
+            return
+        record = view.record
+        tags = {"site": str(record.get("site")), "severity": str(record.get("severity")),
+                "rule": str(record.get("rule"))}
+        if view.acked and (view.alert_id, "ack") not in self.written:
+            self.written.add((view.alert_id, "ack"))
+            point = Point("alert_acks").field("seconds_to_ack", float(view.seconds_to_ack() or 0.0))
+            point = point.field("by", view.ack.by).field("alert_id", view.alert_id)  # type: ignore[union-attr]
+            self.pending.append(_at(_tagged(point, tags), view.ack.at_ms, view.alert_id))  # type: ignore[union-attr]
+        if view.cleared is not None and (view.alert_id, "clear") not in self.written:
+            self.written.add((view.alert_id, "clear"))
+            point = (Point("alert_resolutions").tag("acked", "true" if view.acked else "false")
+                     .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0)).field("alert_id", view.alert_id))
+            self.pending.append(_at(_tagged(point, tags), detected_ms(view.cleared), view.alert_id))
+
+    def flush(self, book: AlertBook, now_ms: int, *, force: bool = False) -> None:
+        """Write the queued points, and the snapshot when it is due (or ``force``)."""
+        if force or now_ms >= self.next_snapshot_ms:
+            self.pending += self.snapshot(book, now_ms)
+            self.next_snapshot_ms = now_ms + self.interval_ms
+        if not self.pending:
+            return
+        try:
+            self.client.write_points(self.pending, precision="ns")
+            self.pending = []
+        except ServiceUnavailable as exc:
+            self.failures += 1
+            log.warning("InfluxDB write of %d on-call points failed (kept for the next try): %s", len(self.pending),
+                        exc)
+
+    def snapshot(self, book: AlertBook, now_ms: int) -> list[Point]:
+        counts: Counter[tuple[str, str, str]] = Counter()
+        for view in book.alerts.values():
+            if view.firing:
+                record = view.record
+                group = (str(record.get("site")), str(record.get("severity")))
+                state = ("silenced" if book.silence_for(record, now_ms) else
+                         "acknowledged" if view.acked else "open")
+                counts[(*group, state)] += 1
+                self.seen_groups.add(group)
+        return [Point("oncall_alerts").tag("site", site).tag("severity", severity)
+                .field("open", counts[(site, severity, "open")])
+                .field("acknowledged", counts[(site, severity, "acknowledged")])
+                .field("silenced", counts[(site, severity, "silenced")]).time(now_ms * 1_000_000, "ns")
+                for site, severity in sorted(self.seen_groups)]
+
+
+def _tagged(point: Point, tags: dict[str, str]) -> Point:
+    for name, value in tags.items():
+        point = point.tag(name, value)
+    return point
+
+
+def _at(point: Point, ms: int, alert_id: str) -> Point:
+    return point.time(event_time_ns(ms, alert_id), "ns")

@@ -1,0 +1,187 @@
+"""The routing file of ``alerts forward``: receivers and a policy tree, as Grafana's
+notification policies (and Alertmanager's routes) work.
+
+TOML::
+
+    [receivers.oncall]                  # a webhook: JSON body with Slack-compatible "text"
+    url = "https://hooks.example/oncall"
+    [receivers.slack-home]
+    url = "https://hooks.slack.com/services/..."
+    format = "slack"                     # only {"text": ...}: what Slack incoming webhooks take
+    headers = {Authorization = "Bearer ..."}
+
+    [route]                              # the root policy matches every alert
+    receiver = "oncall"
+    group_by = ["site", "rule"]          # one notification per group key per window
+    group_wait = "10s"                   # wait this long after a group's first alert
+    group_interval = "1m"                # then at most one notification per group this often
+    repeat_interval = "4h"               # unacknowledged critical alerts are sent again after this
+
+    [[route.routes]]                     # children, tried in order
+    match = {severity = "critical"}      # every key must match (a list: any of its values)
+    receiver = "pager"
+    continue = true                      # keep trying the next siblings after a match
+    [[route.routes]]
+    match = {site = ["home-1", "home-2"]}
+    receiver = "slack-home"
+
+An alert goes down the tree: at each policy the children are tried in order; a matching
+child takes the alert (and its own children are tried), and unless it says ``continue``
+the siblings after it are not tried. A policy no child took the alert from delivers it to
+its own receiver. Children inherit grouping and timing they do not set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from alerts.records import parse_duration
+from iotwatch.errors import IotwatchError
+from iotwatch.tomlfile import read_toml, validate
+
+#: Alert fields a policy may match on and group by.
+LABELS = ("site", "device_id", "device_type", "rule", "severity", "detector", "metric")
+
+
+class RoutingError(IotwatchError):
+    """The routing file cannot be used."""
+
+
+class Receiver(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    format: Literal["json", "slack"] = "json"
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else parse_duration(value)
+
+
+class Policy(BaseModel):
+    """One node of the tree; unset timing and grouping come from the parent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    receiver: str | None = None
+    match: dict[str, str | list[str]] = Field(default_factory=dict)
+    continue_: bool = Field(False, alias="continue")
+    group_by: list[str] | None = None
+    group_wait: float | None = None
+    group_interval: float | None = None
+    repeat_interval: float | None = None
+    routes: list[Policy] = Field(default_factory=list)
+
+    _durations = field_validator("group_wait", "group_interval", "repeat_interval", mode="before")(
+        lambda cls, v: _seconds(v))
+
+    @field_validator("match", "group_by")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        names = value if isinstance(value, list) else list(value or {})
+        unknown = [n for n in names if n not in LABELS]
+        if unknown:
+            raise ValueError(f"unknown alert field(s) {unknown}; use {', '.join(LABELS)}")
+        return value
+
+    def matches(self, alert: dict[str, Any]) -> bool:
+        for name, wanted in self.match.items():
+            allowed = [wanted] if isinstance(wanted, str) else wanted
+            if alert.get(name) not in allowed:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one alert goes: a receiver, with the grouping and timing that apply there."""
+
+    path: str  # e.g. "0.1": which policy (for the group key: two policies never share groups)
+    receiver: str
+    group_by: tuple[str, ...]
+    group_wait_s: float
+    group_interval_s: float
+    repeat_interval_s: float
+
+    def group_key(self, alert: dict[str, Any]) -> str:
+        labels = ",".join(f"{name}={alert.get(name, '')}" for name in self.group_by)
+        return f"{self.path}:{{{labels}}}"
+
+
+DEFAULTS = {"group_by": ["site", "rule"], "group_wait": 10.0, "group_interval": 60.0, "repeat_interval": 4 * 3600.0}
+
+
+@dataclass(frozen=True)
+class RoutingTree:
+    receivers: dict[str, Receiver]
+    root: Policy
+
+    def routes(self, alert: dict[str, Any]) -> list[Route]:
+        """Every route ``alert`` takes (one per receiver it goes to; several with ``continue``)."""
+        found: list[Route] = []
+        self._walk(self.root, "0", alert, dict(DEFAULTS), found)
+        return found
+
+    def _walk(self, policy: Policy, path: str, alert: dict[str, Any], inherited: dict[str, Any],
+              found: list[Route]) -> None:
+        settings = {**inherited, **{k: getattr(policy, k) for k in DEFAULTS if getattr(policy, k) is not None}}
+        receiver = policy.receiver or inherited.get("receiver")
+        settings["receiver"] = receiver
+        taken = False
+        for n, child in enumerate(policy.routes):
+            if child.matches(alert):
+                self._walk(child, f"{path}.{n}", alert, settings, found)
+                taken = True
+                if not child.continue_:
+                    break
+        if not taken:
+            found.append(Route(path, str(receiver), tuple(settings["group_by"]), settings["group_wait"],
+                               settings["group_interval"], settings["repeat_interval"]))
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    receivers: dict[str, Receiver]
+    route: Policy
+
+
+def load_routing(path: Path) -> RoutingTree:
+    """The routing tree in ``path``; :class:`RoutingError` naming the first problem."""
+    return parse_routing(read_toml(path, RoutingError, "routing file"), f"routing file {path}")
+
+
+def parse_routing(data: dict[str, Any], where: str = "routing") -> RoutingTree:
+    parsed = validate(data, _File, RoutingError, where)
+    if parsed.route.receiver is None:
+        raise RoutingError(f"{where}: route.receiver: the root policy needs a receiver")
+    missing = sorted(_receivers(parsed.route) - set(parsed.receivers))
+    if missing:
+        raise RoutingError(f"{where}: policies name receivers that are not defined: {', '.join(missing)}")
+    return RoutingTree(parsed.receivers, parsed.route)
+
+
+def _receivers(policy: Policy) -> set[str]:
+    names = {policy.receiver} if policy.receiver else set()
+    for child in policy.routes:
+        names |= _receivers(child)
+    return names
+
+
+def single_receiver(url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> RoutingTree:
+    """The tree of ``alerts forward --webhook URL``: every alert to one receiver."""
+    return parse_routing({"receivers": {"webhook": {"url": url, "headers": headers or {}, "timeout_s": timeout_s}},
+                          "route": {"receiver": "webhook"}})

@@ -1,0 +1,59 @@
+"""Tables of ``alerts list`` and ``alerts silences`` (rich, plain when stdout is not a terminal)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
+from alerts.records import human_age
+from alerts.tail import SEVERITY_STYLE
+from iotwatch.oncall import Silence
+
+STATUS_STYLE = {OPEN: "bold red", ACKNOWLEDGED: "yellow"}
+
+
+def console() -> Console:
+    """The terminal's width, or wide enough for whole rows when piped (grep, less -S)."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 250)
+
+
+def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
+    now = int(time.time() * 1000)
+    table = Table(pad_edge=False, box=None, header_style="bold")
+    for name in ("id", "status", "sev", "rule", "device", "site", "age", "acknowledged", "silenced"):
+        table.add_column(name, no_wrap=name != "acknowledged")
+    for view in views:
+        record = view.record
+        severity = str(record.get("severity", "?"))
+        raised = view.raised_ms
+        ack = view.ack if view.acked else None
+        silence = book.silence_for(record, now) if view.firing else None
+        table.add_row(view.alert_id[:12], Text(view.status, style=STATUS_STYLE.get(view.status, "dim")),
+                      Text(severity.upper(), style=SEVERITY_STYLE.get(severity, "") if view.firing else "dim"),
+                      str(record.get("rule", "?")), str(record.get("device_id", "?")), str(record.get("site", "?")),
+                      human_age((now - raised) / 1000) if raised else "-",
+                      f"{ack.by} {human_age((now - ack.at_ms) / 1000)} ago" + (f": {ack.note}" if ack.note else "")
+                      if ack else "-", silence.silence_id if silence else "-")
+    out = console()
+    out.print(table)
+    out.print(f"{len(views)} alert(s)", style="dim")
+
+
+def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
+    table = Table(pad_edge=False, box=None, header_style="bold")
+    for name in ("id", "matchers", "ends", "by", "comment"):
+        table.add_column(name)
+    for item in silences:
+        left = (item.ends_at_ms - now_ms) / 1000
+        ends = f"in {human_age(left)}" if left > 0 else (f"revoked by {item.revoked_by}" if item.revoked_by
+                                                          else f"{human_age(-left)} ago")
+        table.add_row(item.silence_id, item.matchers.describe(), ends, item.created_by, item.comment or "")
+    out = console()
+    out.print(table)
+    out.print(f"{len(silences)} silence(s)", style="dim")

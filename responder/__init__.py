@@ -1,0 +1,2 @@
+"""The closed loop: ``iotwatch respond`` turns alerts into corrective device commands per a
+policy file, follows the devices' replies and keeps the audit trail on the commands topic."""

@@ -1,0 +1,75 @@
+"""``iotwatch respond``: run the responder (alerts -> corrective device commands)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+
+
+@click.command()
+@endpoint_options(mqtt=True, kafka=True)
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Policy file (TOML, see responder/policy.py; default IOTWATCH_RESPOND_POLICY_FILE, else the "
+                   "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds.")
+@json_option
+@pass_app
+def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:
+    """Send corrective commands to devices for firing alerts, per a policy; follow the devices'
+    replies, retry, escalate, and keep the audit trail on the commands topic. Stop with SIGTERM or Ctrl-C."""
+    from alerts.cli import _stop_on_signals
+    from responder.policy import load_policies
+    from responder.service import Responder
+
+    policies = load_policies(policy_file or app.settings.respond.policy_file)
+    counts = Responder(app.settings, policies, _stop_on_signals()).run(timeout_s)
+    emit(counts, as_json, lambda c: click.echo(
+        "respond: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")))
+
+
+@click.command()
+@endpoint_options(kafka=True)
+@click.option("--device", "devices", multiple=True, help="Only this device (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")
+@json_option
+@pass_app
+def commands(app: AppContext, devices: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome."""
+    from iotwatch.clients.kafka import read_to_end
+    from iotwatch.oncall import BadRecord, CommandAudit, decode
+    from responder.service import audit_dict
+
+    latest: dict[str, CommandAudit] = {}
+    for message in read_to_end(app.settings.kafka, app.settings.topics.commands):
+        try:
+            audit = decode(message.value(), CommandAudit)
+        except BadRecord as exc:
+            click.echo(f"iotwatch: warning: skipping a malformed audit record at offset {message.offset()}: {exc}",
+                       err=True)
+            continue
+        latest[audit.command_id] = audit
+    chosen = sorted((a for a in latest.values() if not devices or a.device_id in devices),
+                    key=lambda a: -a.issued_at_ms)[:limit]
+    emit([audit_dict(a) for a in chosen], as_json, lambda _: _commands_table(chosen))
+
+
+def _commands_table(audits: list) -> None:  # type: ignore[type-arg]
+    from rich.table import Table
+
+    from alerts.views import console as make_console
+
+    table = Table(pad_edge=False, box=None, header_style="bold")
+    for name in ("command", "device", "name", "attempt", "outcome", "trail", "alert"):
+        table.add_column(name)
+    for audit in audits:
+        start = audit.issued_at_ms
+        trail = " -> ".join(f"{s.status.value} +{(s.at_ms - start) / 1000:.1f}s" + (f" ({s.reason})" if s.reason and
+                            s.status.value != "sent" else "") for s in audit.history)
+        table.add_row(audit.command_id[:12], audit.device_id, audit.name, str(audit.attempt), audit.status.value,
+                      trail, audit.alert_id[:12])
+    out = make_console()
+    out.print(table)
+    out.print(f"{len(audits)} command(s)", style="dim")

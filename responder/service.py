@@ -1,0 +1,255 @@
+"""``iotwatch respond``: firing alerts in, corrective commands out, every step audited.
+
+For a firing alert that a policy covers, the responder sends the policy's command to the
+alerting device and follows it on the commands topic (:class:`~iotwatch.oncall.CommandAudit`,
+compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
+``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
+(and, if the device never answered, not before the command expired) ``timed_out``; one that failed, was rejected or timed out -- or was done while the alert
+kept firing for another reply timeout -- is tried again with a new command id, up to
+``max_attempts``, then the audit says ``escalated`` and on-call is paged: a critical
+``command_escalation`` alert (:mod:`responder.escalation`) goes on the alert topic, for the
+forwarder to route and repeat until acknowledged; it clears when the original alert does.
+
+At most one command is open per (device, policy). Command ids are hashes of alert, policy
+and attempt, and the responder rebuilds its state from the alert and commands topics on
+start, so a restart sends nothing twice. A reply that is not a command reply, or answers a
+command nobody sent, is dead-lettered with the reason (the telemetry dead-letter topic,
+stage ``responder``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from confluent_kafka import Message, Producer
+
+from alerts.book import AlertBook
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation, DeviceTypeName,
+                               Name, decode_command_reply, parse_command_ack_topic)
+from iotwatch.deadletter import DeadLetter
+from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, decode, encode,
+                             stable_id)
+from iotwatch.settings import Settings
+from responder.escalation import RULE as ESCALATION_RULE
+from responder.escalation import escalation_id, escalation_record
+from responder.issuer import CommandIssuer
+from responder.metrics import write_command
+from responder.policy import CommandPolicy
+
+log = logging.getLogger(__name__)
+
+OPEN = frozenset({CommandOutcome.SENT, CommandOutcome.ACCEPTED})
+RETRYABLE = frozenset({CommandOutcome.REJECTED, CommandOutcome.FAILED, CommandOutcome.TIMED_OUT})
+_REPLY_OUTCOME = {CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED, CommandStatus.REJECTED: CommandOutcome.REJECTED,
+                  CommandStatus.DONE: CommandOutcome.DONE, CommandStatus.FAILED: CommandOutcome.FAILED}
+
+
+class Responder:
+    def __init__(self, settings: Settings, policies: tuple[CommandPolicy, ...], stop: threading.Event,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings, self.policies, self.stop, self.clock = settings, policies, stop, clock
+        self.config = settings.respond
+        self.book = AlertBook()
+        self.audits: dict[str, CommandAudit] = {}
+        self.latest: dict[tuple[str, str], CommandAudit] = {}  # (alert id, policy) -> its last attempt
+        self.counts: Counter[str] = Counter()
+        self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
+        self.issuer = CommandIssuer(settings.mqtt, self.config.client_id)
+        self.influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
+        self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
+        self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
+        self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, timeout_s: float | None = None, tick_s: float = 0.2) -> dict[str, Any]:
+        topics = self.settings.topics
+        ensure_topics(self.settings.kafka, [topics.alerts, topics.dlq])
+        ensure_topics(self.settings.kafka, [topics.commands], compacted=True)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        follower = TopicFollower(self.settings.kafka, [topics.alerts, topics.commands])
+        try:
+            for message in follower.catch_up():
+                self.apply(message)
+            self.issuer.connect()
+            while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                for message in follower.poll(tick_s):
+                    self.apply(message)
+                self.handle_replies()
+                self.evaluate()
+        finally:
+            follower.close()
+            self.issuer.close()
+            self._producer.flush(10)
+            if self.influx is not None:
+                self.influx.close()
+        return dict(self.counts)
+
+    def apply(self, message: Message) -> None:
+        if message.topic() != self.settings.topics.commands:
+            self.book.apply(message, self.settings)
+            return
+        try:
+            audit = decode(message.value(), CommandAudit)
+        except BadRecord as exc:
+            self.counts["malformed_audit"] += 1
+            log.warning("skipping malformed audit record at offset %d: %s", message.offset(), exc)
+            return
+        self._remember(audit)
+
+    def _remember(self, audit: CommandAudit) -> None:
+        self.audits[audit.command_id] = audit
+        key = (audit.alert_id, audit.policy)
+        if key not in self.latest or self.latest[key].attempt <= audit.attempt:
+            self.latest[key] = audit
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def handle_replies(self) -> None:
+        while True:
+            try:
+                topic, payload = self.issuer.received.get_nowait()
+            except queue.Empty:
+                return
+            self.handle_reply(topic, payload)
+
+    def handle_reply(self, topic: str, payload: bytes) -> None:
+        try:
+            _, _, device_id = parse_command_ack_topic(topic)
+            reply = decode_command_reply(payload)
+        except ContractViolation as exc:
+            self._dead_letter(exc.reason, exc.detail, topic, payload)
+            return
+        audit = self.audits.get(reply.command_id)
+        if audit is None or audit.device_id != device_id or reply.device_id != device_id:
+            self._dead_letter("unknown_command", f"reply for command {reply.command_id} of {reply.device_id}, "
+                                                 "which this responder did not send to that device", topic, payload)
+            return
+        outcome = _REPLY_OUTCOME[reply.status]
+        if audit.status not in OPEN or (outcome == CommandOutcome.ACCEPTED and audit.status == outcome):
+            self.counts["late_replies"] += 1  # e.g. a repeat after a timeout: recorded once, not acted on
+            return
+        self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
+        self.counts[f"reply_{outcome.value}"] += 1
+
+    # -- deciding --------------------------------------------------------------------------
+
+    def evaluate(self) -> None:
+        now = int(self.clock() * 1000)
+        timeout_ms = int(self.config.reply_timeout_s * 1000)
+        open_keys = {(a.device_id, a.policy) for a in self.audits.values() if a.status in OPEN}
+        for view in list(self.book.alerts.values()):
+            if not view.firing or view.alert_id in self._unusable:
+                continue
+            alert = view.record
+            if not _addressable(alert):
+                self._unusable.add(view.alert_id)
+                self.counts["alerts_without_device"] += 1
+                log.error("alert %s names no device a command can be sent to (device_id, device_type, site, rule "
+                          "as in the contract): no command", view.alert_id)
+                continue
+            for policy in self.policies:
+                if not policy.applies_to(alert):
+                    continue
+                last = self.latest.get((view.alert_id, policy.name))
+                if last is None:
+                    if (alert["device_id"], policy.name) not in open_keys:
+                        self._issue(alert, policy, 1, now)
+                        open_keys.add((alert["device_id"], policy.name))
+                    continue
+                since = now - last.history[-1].at_ms if last.history else now - last.issued_at_ms
+                # an unanswered command times out only once it expired too: a device that was offline
+                # then never runs an attempt the responder gave up on (it rejects it as expired)
+                unanswered = last.status == CommandOutcome.SENT and now < last.expires_at_ms
+                if last.status in OPEN and since >= timeout_ms and not unanswered:
+                    last = self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time"))
+                if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
+                    self._retry_or_escalate(alert, policy, last, now)
+        self._clear_escalations(now)
+
+    def _retry_or_escalate(self, alert: dict[str, Any], policy: CommandPolicy, last: CommandAudit, now: int) -> None:
+        if last.attempt < self.config.max_attempts:
+            self._issue(alert, policy, last.attempt + 1, now)
+            return
+        why = ("the condition did not clear after the command" if last.status == CommandOutcome.DONE
+               else f"attempt {last.attempt} {last.status.value}")
+        escalated = self._publish(last.with_step(CommandOutcome.ESCALATED, now, why))
+        self._publish_alert(escalation_record(alert, escalated, "raised", why, now, self._runbook))
+        self.counts["escalated"] += 1
+        log.error("escalate to on-call: %s on %s at %s still firing, %s (alert %s)", alert.get("rule"),
+                  alert.get("device_id"), alert.get("site"), why, alert.get("alert_id"))
+
+    def _clear_escalations(self, now: int) -> None:
+        """Resolve the escalation alerts whose original alert cleared."""
+        for audit in list(self.latest.values()):
+            if audit.status != CommandOutcome.ESCALATED:
+                continue
+            original = self.book.alerts.get(audit.alert_id)
+            escalation = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
+            if (original is None or original.cleared is None or escalation is None or not escalation.firing
+                    or escalation.alert_id in self._cleared):
+                continue
+            self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
+            self._cleared.add(escalation.alert_id)
+
+    def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
+        ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
+        command_id = stable_id(alert["alert_id"], policy.name, attempt, length=24)
+        reason = f"alert {alert['alert_id']} ({alert.get('rule')})"
+        command = Command(COMMAND_SCHEMA_VERSION, command_id, alert["device_id"], policy.command, now, now + ttl_ms,
+                          self.config.issuer, policy.args, reason)
+        audit = CommandAudit(ONCALL_SCHEMA_VERSION, command_id, policy.name, alert["alert_id"], alert["rule"],
+                             alert["device_id"], alert["device_type"], alert["site"], policy.command,
+                             self.config.issuer, now, now + ttl_ms, attempt, CommandOutcome.SENT, policy.args)
+        self.issuer.send(alert["site"], alert["device_type"], command)
+        self._publish(audit.with_step(CommandOutcome.SENT, now, reason))
+        self.counts["commands_sent"] += 1
+        log.info("sent %s to %s (attempt %d) for %s", policy.command, alert["device_id"], attempt, reason)
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _publish(self, audit: CommandAudit) -> CommandAudit:
+        self._produce(self.settings.topics.commands, audit.command_id.encode(), encode(audit))
+        self._remember(audit)
+        if self.influx is not None and not write_command(self.influx, audit):
+            self.counts["influx_write_failures"] += 1
+        return audit
+
+    def _publish_alert(self, record: dict[str, Any]) -> None:
+        """An alert record on the alert topic, as the streaming job writes them (key device id)."""
+        self._produce(self.settings.topics.alerts, record["device_id"].encode(), json.dumps(record).encode(),
+                      [("alert_id", record["alert_id"].encode())])
+
+    def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:
+        self.counts["dead_lettered"] += 1
+        log.error("dead-lettered a command reply on %s: %s: %s", topic, reason, detail[:200])
+        dead = DeadLetter(reason, detail, "responder", payload, topic.encode(), mqtt_topic=topic)
+        self._produce(self.settings.topics.dlq, topic.encode(), payload, dead.headers())
+
+    def _produce(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+        produce_confirmed(self._producer, topic, key, value, headers)
+
+
+def _addressable(alert: dict[str, Any]) -> bool:
+    """Whether the alert's identity fields are contract names (a command topic can be built from them)."""
+    try:
+        for field in ("device_id", "site", "rule"):
+            msgspec.convert(alert.get(field), Name)
+        msgspec.convert(alert.get("device_type"), DeviceTypeName)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def audit_dict(audit: CommandAudit) -> dict[str, Any]:
+    return msgspec.to_builtins(audit)  # type: ignore[no-any-return]
