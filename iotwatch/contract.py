@@ -553,8 +553,6 @@ def status_payload(online: bool, ts_ms: int) -> bytes:
 # is not executed: the device answers ``rejected`` with reason ``expired``.
 
 COMMAND_SCHEMA_VERSION = 1
-COMMANDS_SUFFIX = "commands"
-COMMAND_ACK_SUFFIX = "commands/ack"
 
 
 class CommandStatus(StrEnum):
@@ -630,14 +628,6 @@ def decode_command_reply(raw: bytes) -> CommandReply:
 def encode(record: Command | CommandReply) -> bytes:
     """Compact JSON of a command or reply."""
     return msgspec.json.encode(record)
-
-
-def command_topic(site: str, device_type: str, device_id: str) -> str:
-    return f"iot/{site}/{device_type}/{device_id}/{COMMANDS_SUFFIX}"
-
-
-def command_ack_topic(site: str, device_type: str, device_id: str) -> str:
-    return f"iot/{site}/{device_type}/{device_id}/{COMMAND_ACK_SUFFIX}"
 
 
 def parse_command_ack_topic(topic: str) -> tuple[str, str, str]:
