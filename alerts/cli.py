@@ -40,11 +40,20 @@ def alerts() -> None:
 
 
 def common_options(kind: str, limit_help: str) -> Any:
-    """--group, --from-beginning, --limit, --timeout: both commands must be stoppable by scripts and tests."""
+    """--group, where a new group starts, --limit, --timeout: both commands must be stoppable by
+    scripts and tests. A viewer (tail) starts a new group at the newest alert; a delivery
+    pipeline (forward) at the oldest retained one, so alerts raised before its first run are
+    not skipped."""
+    start = (click.option("--from-latest", "from_beginning", flag_value=False, default=True,
+                          help="A group with no committed offsets starts at the newest alert instead of the oldest "
+                               "retained one; otherwise it resumes.")
+             if kind == "FORWARD" else
+             click.option("--from-beginning", is_flag=True, help="A group with no committed offsets starts at the "
+                                                                 "oldest alert instead of the newest; otherwise it "
+                                                                 "resumes."))
     options = [
         click.option("--group", "group_id", help=f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."),
-        click.option("--from-beginning", is_flag=True, help="A group with no committed offsets starts at the oldest "
-                                                            "alert instead of the newest; otherwise it resumes."),
+        start,
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
         click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
     ]

@@ -123,7 +123,7 @@ class PausedWhileWaiting:
 @dataclass
 class ForwardOptions:
     group_id: str
-    from_beginning: bool = False
+    from_beginning: bool = True  # a new group starts at the oldest retained alert
     limit: int | None = None  # stop after this many records handled
     timeout_s: float | None = None
 

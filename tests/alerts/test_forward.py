@@ -90,7 +90,7 @@ def forward_command(settings: Settings, url: str, group: str, state_dir: Path,
     env.update({"IOTWATCH_TOPIC_ALERTS": settings.topics.alerts, "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000",
                 "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.05"})
     argv = [sys.executable, "-m", "iotwatch", "--log-level", "ERROR", "alerts", "forward",
-            "--kafka", settings.kafka.bootstrap_servers, "--webhook", url, "--group", group, "--from-beginning",
+            "--kafka", settings.kafka.bootstrap_servers, "--webhook", url, "--group", group,
             "--state-dir", str(state_dir), "--webhook-timeout", str(webhook_timeout_s), "--retry-max", "0.5", "--json"]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -173,7 +173,7 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
     env.update({"IOTWATCH_TOPIC_ALERTS": test_settings.topics.alerts, "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.2",
                 "IOTWATCH_ALERTS_RETRY_MAX_S": "1"})
     argv = [sys.executable, "-m", "iotwatch", "alerts", "forward", "--kafka", test_settings.kafka.bootstrap_servers,
-            "--webhook", url, "--group", f"fwd-{unique}", "--from-beginning", "--state-dir", str(tmp_path),
+            "--webhook", url, "--group", f"fwd-{unique}", "--state-dir", str(tmp_path),
             "--timeout", "5"]
     started = time.monotonic()
     try:
