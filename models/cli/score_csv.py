@@ -11,18 +11,34 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.cli import emit, json_option
-from iotwatch.errors import IotwatchError
 from models.catalog import DEFAULT_DETECTOR, make, names
 from models.evaluation.sources import read_nab_csv
 
 __all__ = ["score_csv", "score_file"]
 
 
+#: Out-of-order rows listed by line number in the result (all are counted).
+LISTED_OUT_OF_ORDER = 20
+
+
+def out_of_order_lines(t_ms: np.ndarray) -> np.ndarray:
+    """File line numbers (the header is line 1) of rows stamped earlier than the row before.
+
+    >>> out_of_order_lines(np.array([1, 2, 5, 4, 6, 6]))
+    array([5])
+    """
+    return np.flatnonzero(np.diff(t_ms) < 0) + 2 + 1
+
+
 def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> dict[str, Any]:
-    """Score ``source`` (``timestamp,value``) row by row into ``target`` (``+anomaly_score``)."""
+    """Score ``source`` (``timestamp,value``) row by row into ``target`` (``+anomaly_score``).
+
+    Rows are scored in the order of the file, as a streaming detector meets them: a row
+    stamped earlier than the one before is scored where it stands, counted and listed by
+    line number (``out_of_order``), not refused.
+    """
     t_ms, values = read_nab_csv(source)
-    if len(t_ms) > 1 and np.any(np.diff(t_ms) < 0):
-        raise IotwatchError(f"{source}: timestamps are not in time order")
+    late = out_of_order_lines(t_ms)
     scores = make(detector).score_learn_many(values.reshape(-1, 1), t_ms, ["value"])
     scores = np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
     raw = pd.read_csv(source, usecols=["timestamp", "value"], dtype=str, keep_default_na=False)
@@ -32,6 +48,7 @@ def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> 
         for stamp, value, score in zip(raw["timestamp"], raw["value"], scores.tolist(), strict=True):
             writer.writerow([stamp, value, f"{score:.6f}"])
     return {"input": str(source), "output": str(target), "detector": detector, "rows": len(t_ms),
+            "out_of_order": int(len(late)), "out_of_order_lines": late[:LISTED_OUT_OF_ORDER].tolist(),
             "max_score": round(float(scores.max()), 6) if len(scores) else None}
 
 
@@ -44,7 +61,13 @@ def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> 
 def score_csv(source: Path, target: Path, detector: str, as_json: bool) -> None:
     """Score a timestamp,value CSV (NAB format) row by row, in order, with no look-ahead.
 
-    Writes timestamp,value,anomaly_score (six decimals); the output is deterministic.
+    Writes timestamp,value,anomaly_score (six decimals); the output is deterministic. A row
+    stamped earlier than the one before is scored in file order, with a warning naming its line.
     """
     result = score_file(source, target, detector)
+    if result["out_of_order"]:
+        more = result["out_of_order"] - len(result["out_of_order_lines"])
+        click.echo(f"warning: {source}: {result['out_of_order']} row(s) stamped earlier than the row before, "
+                   f"scored in file order: line(s) {', '.join(map(str, result['out_of_order_lines']))}"
+                   + (f" and {more} more" if more > 0 else ""), err=True)
     emit(result, as_json, lambda r: click.echo(f"scored {r['rows']} rows with {r['detector']} -> {r['output']}"))

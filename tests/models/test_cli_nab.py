@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from models.catalog import DEFAULT_DETECTOR
+from models.catalog import DEFAULT_DETECTOR, make
 from models.evaluation.sources import NabSource
 
 pytestmark = pytest.mark.slow
@@ -59,3 +60,25 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
     bad.write_text("when,what\n1,2\n")
     result = CliRunner().invoke(cli, ["score-csv", str(bad), str(out)])
     assert result.exit_code != 0
+
+
+def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp_path: Path) -> None:
+    original = pd.read_csv(nab_dir / "data" / "realTraffic" / "speed_7578.csv", dtype=str)
+    swapped = original.copy()
+    swapped.iloc[[500, 501]] = original.iloc[[501, 500]].to_numpy()  # row 501 is stamped before row 500
+    source = tmp_path / "swapped.csv"
+    swapped.to_csv(source, index=False)
+    out_a, out_b = tmp_path / "a.csv", tmp_path / "b.csv"
+    result = CliRunner().invoke(cli, ["score-csv", str(source), str(out_a), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["out_of_order"] == 1 and doc["out_of_order_lines"] == [503]  # header line 1, row 501 on line 503
+    assert "line(s) 503" in result.stderr
+    _run(["score-csv", str(source), str(out_b)])
+    assert out_a.read_bytes() == out_b.read_bytes()
+    scored = pd.read_csv(out_a, dtype={"timestamp": str, "value": str})
+    assert scored["timestamp"].tolist() == swapped["timestamp"].tolist()  # file order kept
+    values = swapped["value"].astype(float).to_numpy()
+    expected = make(DEFAULT_DETECTOR).score_learn_many(values.reshape(-1, 1), np.zeros(len(values), dtype=np.int64),
+                                                       ["value"])
+    np.testing.assert_allclose(scored["anomaly_score"], np.round(expected, 6), atol=1e-6)
