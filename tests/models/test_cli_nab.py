@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
+from iotwatch.settings import StreamSettings
 from models.catalog import DEFAULT_DETECTOR, make
 from models.evaluation.sources import NabSource
 
@@ -60,6 +61,10 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
     bad.write_text("when,what\n1,2\n")
     result = CliRunner().invoke(cli, ["score-csv", str(bad), str(out)])
     assert result.exit_code != 0
+
+
+def test_score_csv_default_is_the_streaming_jobs_detector() -> None:
+    assert DEFAULT_DETECTOR == StreamSettings().device_detector
 
 
 def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp_path: Path) -> None:
