@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from iotwatch.cli import cli
 from iotwatch.settings import StreamSettings
 from models.catalog import DEFAULT_DETECTOR, make
-from models.evaluation.sources import NabSource
+from models.evaluation.sources import NabSource, split_keys
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +87,13 @@ def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp
     expected = make(DEFAULT_DETECTOR).score_learn_many(values.reshape(-1, 1), np.zeros(len(values), dtype=np.int64),
                                                        ["value"])
     np.testing.assert_allclose(scored["anomaly_score"], np.round(expected, 6), atol=1e-6)
+
+
+def test_evaluate_on_one_half_of_the_split(nab_dir: Path) -> None:
+    tuning, held_out = split_keys("tuning"), split_keys("held_out")
+    assert not tuning & held_out and len(tuning | held_out) == 28
+    doc = json.loads(_run(["evaluate", "--dataset", str(nab_dir), "--split", "held_out", "--detector",
+                           "robust_zscore", "--json"]))
+    streams = set(doc["detectors"]["robust_zscore"]["streams"])
+    assert doc["split"] == "held_out" and streams and streams <= held_out
+    assert streams == held_out & set(NabSource(nab_dir).keys())
