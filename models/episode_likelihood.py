@@ -52,24 +52,29 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
       between or beyond the usual modes).
 
+    As in HTM's anomaly likelihood, a surprise is not thresholded raw: its short
+    exponential average (weight ``short_alpha``) is compared with the long-run mean and
+    variance of that average on this stream (a Gaussian upper tail), so a noisy stream
+    must surprise more than a quiet one; the variance is floored at ``min_variance`` so
+    that a stream whose surprises are nearly constant (a perfect square wave) is not
+    startled by its own regular jumps. Three more views judge at once what averaging
+    would blur:
+
+    - *quiet*: the step view's lower tail (a stream that moves much less than it did);
+    - *instant step*: the step's Pareto tail (:class:`models.exceedance.ExceedanceTail`),
+      counted ``1 / instant_weight`` times rarer (a Pareto tail errs on the side of
+      common), so a lone spike alarms on its own reading;
+    - *stuck*: a run of identical readings (:class:`models.repeat_run.RepeatRun`), judged
+      only on streams that repeat a reading at most ``max_repeat_rate`` of the time (on
+      count data, where repeats are common, runs are not news).
+
     The histograms' range is that of the first ``range_readings`` readings (the stream's
     early, probationary part sets it); their views learn from then on and are judged
     ``histogram_warmup`` readings later, unless ``distribution_views`` is off. They are
     what periodic and count-like streams (NAB's) need; on the simulated sensors, whose
-    readings wander out of their early range, they add false alarms, so the streaming job
-    turns them off (``IOTWATCH_STREAM_DEVICE_DETECTOR_PARAMS``). As in HTM's anomaly likelihood, a surprise is not
-    thresholded raw: its short exponential average (weight ``short_alpha``) is compared
-    with the long-run mean and variance of that average on this stream (a Gaussian upper
-    tail), so a noisy stream must surprise more than a quiet one; the variance is floored
-    at ``min_variance`` so that a stream whose surprises are nearly constant (a perfect
-    square wave) is not startled by its own regular jumps. The step view's *lower* tail is
-    a fifth view, *quiet*: a stream that moves much less than it used to. Averaging
-    delays a lone spike, so the step is also judged at once by its Pareto tail
-    (:class:`models.exceedance.ExceedanceTail`), counted ``1 / instant_weight`` times
-    rarer (a Pareto tail errs on the side of common); and a run of identical readings by
-    :class:`models.repeat_run.RepeatRun`, judged only on streams that repeat a reading at
-    most ``max_repeat_rate`` of the time (a stuck sensor; on count data, where repeats are
-    common, runs are not news). The smallest tail, in decades ``d``, scores ``d / (d + 10)``.
+    readings wander out of their early range, they add false alarms, so the streaming
+    job turns them off (``IOTWATCH_STREAM_DEVICE_DETECTOR_PARAMS``). The smallest tail of
+    all views, in decades ``d``, scores ``d / (d + 10)``.
 
     Benchmarks and operators alike want one alarm per episode: a reading scores only when
     its score exceeds the *held* peak of earlier scores, which decays with half-life
