@@ -79,7 +79,7 @@ import numpy as np
 from models.episode_likelihood import _FLOOR, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, BINS, VIEWS, EpisodeLikelihood
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
-                                          _value, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
+                                          _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
 
 __all__ = ["HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RECENT", "SLOW", "STATE_SIZE", "STEP_TAIL",
            "STEP_VAR", "STUCK", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
@@ -315,22 +315,14 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused:
     the detector counts readings), ``params`` from :func:`params_vector`. A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
-    of range (the readings before it are then already learned).
+    of range, before learning anything.
     """
-    n = values.shape[0]
-    if stream.shape[0] != n or t_ms.shape[0] != n:
-        raise ValueError("stream, values and t_ms must have the same length")
-    if states.shape[1] != STATE_SIZE or params.shape[0] != PARAMS_SIZE:
-        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
+    n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     tail_p = tail_params(params, P_STEP_TAIL)
     stuck_p = (params[P_STUCK], params[P_STUCK + 1], params[P_STUCK + 2], params[P_STUCK + 3], params[P_STUCK + 4])
-    rows = states.shape[0]
     out = np.empty(n)
     for i in range(n):
-        s = stream[i]
-        if s < 0 or s >= rows:
-            raise IndexError("stream index out of range of states")
-        out[i] = _score_learn_one(states[s], values[i], params, tail_p, stuck_p)
+        out[i] = _score_learn_one(states[stream[i]], values[i], params, tail_p, stuck_p)
     return out
 
 

@@ -96,7 +96,7 @@ __all__ = [
     "STUCK_DIRECTION", "STUCK_LAST", "STUCK_N", "STUCK_RATE", "STUCK_REVERSALS", "STUCK_RUN",
     "TAIL_CLUSTER_PEAK", "TAIL_GAP", "TAIL_INDEX", "TAIL_N", "TAIL_PEAKS", "TAIL_RATE", "TAIL_SIZE",
     "TAIL_PARAMS", "from_reference", "initial_state", "params_vector", "put_initial_tail", "put_tail_params",
-    "score_learn", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
+    "check_batch", "score_learn", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -503,6 +503,23 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
 
 
 @_jit
+def check_batch(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray,
+                state_size: int, params_size: int) -> int:
+    """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
+    and every stream index is a row of ``states`` (checked before any reading is learned)."""
+    n = values.shape[0]
+    if stream.shape[0] != n or t_ms.shape[0] != n:
+        raise ValueError("stream, values and t_ms must have the same length")
+    if states.shape[1] != state_size or params.shape[0] != params_size:
+        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
+    rows = states.shape[0]
+    for i in range(n):
+        if stream[i] < 0 or stream[i] >= rows:
+            raise IndexError("stream index out of range of states")
+    return n
+
+
+@_jit
 def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
                 params: np.ndarray) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
@@ -515,21 +532,13 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
     code :func:`warm` compiled (others compile a variant on first use). A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
-    of range (the readings before it are then already learned).
+    of range, before learning anything.
     """
-    n = values.shape[0]
-    if stream.shape[0] != n or t_ms.shape[0] != n:
-        raise ValueError("stream, values and t_ms must have the same length")
-    if states.shape[1] != STATE_SIZE or params.shape[0] != PARAMS_SIZE:
-        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
+    n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     members = _member_params(params)
-    rows = states.shape[0]
     out = np.empty(n)
     for i in range(n):
-        s = stream[i]
-        if s < 0 or s >= rows:
-            raise IndexError("stream index out of range of states")
-        out[i] = _score_learn_one(states[s], values[i], members)
+        out[i] = _score_learn_one(states[stream[i]], values[i], members)
     return out
 
 

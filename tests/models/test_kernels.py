@@ -258,8 +258,10 @@ def test_kernels_refuse_bad_shapes(case: Case) -> None:
     k = case.kernel
     states, params = fresh_states(case.make, 2, k)
     one = np.ones(1)
-    with pytest.raises(IndexError):
-        k.score_learn(states, np.array([2]), one, np.zeros(1, dtype=np.int64), params)
+    before = states.copy()
+    with pytest.raises(IndexError):  # checked before the first reading is learned
+        k.score_learn(states, np.array([0, 2]), np.ones(2), np.zeros(2, dtype=np.int64), params)
+    np.testing.assert_array_equal(states, before)
     with pytest.raises(ValueError):
         k.score_learn(states, np.zeros(2, dtype=np.int64), one, np.zeros(1, dtype=np.int64), params)
     with pytest.raises(ValueError):
