@@ -10,9 +10,9 @@ documented fixed layout and no JSON or pickles, so loading and saving a device c
   ``seq % window`` (duplicate detection);
 - ``episodes`` (int64, one row per non-idle rule, :data:`EPISODE_FIELDS`) and their peak
   scores (float64): the alert lifecycle (idle rules keep nothing);
-- ``metrics`` (names) with one detector state row each (float64, the kernel's layout, see
-  :mod:`models.kernels.tail_ensemble`) and the metric's previous value (the fleet model's
-  change features);
+- ``metrics`` (names) with one detector state row each (float64, in the layout of the
+  device detector's kernel, see :mod:`models.kernels`) and the metric's previous value
+  (the fleet model's change features);
 - ``buckets`` (float64 rows, :data:`BUCKET_FIELDS`): open event-time aggregates.
 """
 

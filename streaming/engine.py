@@ -10,7 +10,7 @@ microseconds per reading, because every step works on whole columns:
 2. cleaning of the readings' metrics (:func:`streaming.cleaning.clean_entries`): units,
    derived metrics, physical ranges;
 3. every scored metric through the per-(device, metric) detector's compiled kernel
-   (:mod:`models.kernels.tail_ensemble`) in one call;
+   (``device_detector``'s, :func:`models.kernels.kernel_for`) in one call;
 4. rule scores per reading (:func:`streaming.rules.rule_scores`), then the alert lifecycle
    (:func:`streaming.alerting.advance`) only where a rule fires or an alert is open;
 5. fleet-model scores per device type, event-time aggregates, and the output frame: one
@@ -36,7 +36,7 @@ from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import StreamSettings
 from models.base import Detector
 from models.catalog import make
-from models.kernels import tail_ensemble as kernel
+from models.kernels import kernel_for
 from streaming import rules
 from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
                                 iso_time)
@@ -108,7 +108,7 @@ class DeviceStore(Protocol):
 class MemoryStore:
     """Device state in a dict, stored in the state store's value form (tests, evaluation)."""
 
-    state_size: int = kernel.STATE_SIZE
+    state_size: int = field(default_factory=lambda: kernel_for(StreamSettings().device_detector).STATE_SIZE)
     values: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def load_many(self, device_ids: list[str]) -> list[DeviceState | None]:
@@ -212,12 +212,10 @@ class PartitionEngine:
         self.settings = settings
         self.fleet_models = fleet_models
         self.detector_name = settings.device_detector
-        if self.detector_name != "tail_ensemble":
-            raise ValueError(f"the streaming job runs detectors that have a compiled kernel (tail_ensemble), "
-                             f"not {self.detector_name!r}")
+        self.kernel = kernel_for(self.detector_name)
         reference = make(self.detector_name, **dict(settings.device_detector_params))
-        self.params = kernel.params_vector(reference)
-        self.initial_detector = kernel.initial_state(self.params)
+        self.params = self.kernel.params_vector(reference)
+        self.initial_detector = self.kernel.initial_state(self.params)
         self.specs: dict[str, RuleSpec] = rules.rule_specs(settings, self.detector_name)
         self.model_version = model_version or f"{self.detector_name}@online"
         self.lateness_ms = int(settings.allowed_lateness_s * 1000)
@@ -228,7 +226,7 @@ class PartitionEngine:
         self.seq_words = self.window // 64
 
     def new_state(self) -> DeviceState:
-        return DeviceState.new(self.seq_words, kernel.STATE_SIZE)
+        return DeviceState.new(self.seq_words, self.kernel.STATE_SIZE)
 
     # -- one micro-batch of one partition ------------------------------------------------------
 
@@ -282,7 +280,7 @@ class PartitionEngine:
         if scored.any():
             stacked, base = batch.stack_detectors()
             stream = base[pair_device[pair_codes[scored]]] + pair_detector[pair_codes[scored]]
-            scores[scored] = kernel.score_learn(stacked, stream.astype(np.int64), values[scored],
+            scores[scored] = self.kernel.score_learn(stacked, stream.astype(np.int64), values[scored],
                                                 ts[er[scored]].astype(np.int64), self.params)
             batch.unstack_detectors(stacked, base)
         batch.remember_last(pair_device, pair_slot, pair_codes, values, ~oor & in_order)

@@ -115,10 +115,10 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
 
 def _warm_worker(_: object) -> None:
     """In a Python worker: import the job's modules and load its compiled kernels."""
-    from models.kernels import tail_ensemble
+    from models.kernels import warm_all
     from streaming import processor, sequencing  # noqa: F401 - imported for its import cost
 
-    tail_ensemble.warm()
+    warm_all()
     sequencing.warm()
 
 

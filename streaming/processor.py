@@ -28,7 +28,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 
 from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
-from models.kernels import tail_ensemble as kernel
+from models.kernels import kernel_for
 from streaming.device_state import LAST_WALL_MS, DeviceState
 from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
@@ -48,8 +48,8 @@ class ShardedStore:
     are dropped when their shard is rewritten (the store's own TTL would keep them, since
     the shard itself stays busy)."""
 
-    def __init__(self, state: Any, shards: int, ttl_ms: int) -> None:
-        self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
+    def __init__(self, state: Any, shards: int, ttl_ms: int, state_size: int) -> None:
+        self.state, self.shards, self.ttl_ms, self.state_size = state, shards, ttl_ms, state_size
         self._loaded: dict[int, dict[str, tuple[int, bytes]]] = {}
         self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
 
@@ -68,7 +68,7 @@ class ShardedStore:
         out: list[DeviceState | None] = []
         for device_id in device_ids:
             entry = self._shard(self.shard_of(device_id)).get(device_id)
-            out.append(None if entry is None else DeviceState.from_value((entry[1],), kernel.STATE_SIZE))
+            out.append(None if entry is None else DeviceState.from_value((entry[1],), self.state_size))
         return out
 
     def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None:
@@ -200,7 +200,7 @@ class PartitionProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        kernel.warm()
+        kernel_for(self.settings.device_detector).warm()
         sequencing.warm()
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
@@ -208,7 +208,8 @@ class PartitionProcessor(StatefulProcessor):
         ttl_ms = int(self.settings.state_ttl_s * 1000)
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
-        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms)
+        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms,
+                                    self.engine.kernel.STATE_SIZE)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
         self.ttl_ms = ttl_ms

@@ -13,14 +13,14 @@ from iotwatch.errors import IotwatchError
 from models.catalog import DEFAULT_DETECTOR, names
 from models.evaluation.nab_scoring import PROFILES
 from models.evaluation.runner import evaluate as run_evaluation
-from models.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource
+from models.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 
 __all__ = ["evaluate", "default_dataset"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
 DEFAULT_EVALUATED = tuple(dict.fromkeys(
-    (DEFAULT_DETECTOR, "half_space_trees", "tail_ensemble", "ensemble", "isolation_forest", "robust_zscore",
-     "holt_winters")))
+    (DEFAULT_DETECTOR, "hst_ranked", "half_space_trees", "tail_ensemble", "ensemble", "isolation_forest",
+     "robust_zscore", "holt_winters")))
 
 
 def default_dataset() -> Path:
@@ -122,13 +122,16 @@ def _f(value: float | None, digits: int = 2) -> str:
               help="Simulator ground-truth JSONL (device_id, kind, start_ts, end_ts).")
 @click.option("--detector", "detectors", multiple=True, type=click.Choice(names()),
               help=f"Detector to evaluate (repeatable; default: {', '.join(DEFAULT_EVALUATED)}).")
+@click.option("--split", "split", type=click.Choice(["tuning", "held_out"]),
+              help="Only the streams of this half of the nab-dev split (models/evaluation/nab_split.json): "
+                   "detector parameters were chosen on 'tuning'; 'held_out' checks them.")
 @click.option("--profile", default="standard", show_default=True, type=click.Choice(sorted(PROFILES)),
               help="NAB cost profile.")
 @json_option
 def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int, home_interval_s: float,
              vehicle_interval_s: float, anomalies_per_day: float, faults: bool, grace_readings: int,
              dataset: Path | None, readings: Path | None, truth: Path | None, detectors: tuple[str, ...],
-             profile: str, as_json: bool) -> None:
+             split: str | None, profile: str, as_json: bool) -> None:
     """Run detectors over labelled streams; report NAB score, precision/recall/F1,
     detection delay and false alarms per device-day, per stream, group and overall.
 
@@ -137,8 +140,8 @@ def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int,
     timer) and report, per anomaly kind, the recall, precision, F1 and detection delay of the
     raised alerts, and the false alarms per device-day per rule."""
     if simulated:
-        if dataset or readings or truth or detectors:
-            raise IotwatchError("--simulated takes no --dataset, --readings, --truth or --detector")
+        if dataset or readings or truth or detectors or split:
+            raise IotwatchError("--simulated takes no --dataset, --readings, --truth, --detector or --split")
         from models.evaluation.simulated import evaluate_simulated
 
         result = evaluate_simulated(homes, vehicles, days, seed, grace_readings=grace_readings,
@@ -148,12 +151,14 @@ def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int,
         return
     source: LabelledSource
     if readings or truth:
-        if not (readings and truth) or dataset:
-            raise IotwatchError("give --readings and --truth together, and not with --dataset")
+        if not (readings and truth) or dataset or split:
+            raise IotwatchError("give --readings and --truth together, and not with --dataset or --split")
         source = SimulatorSource(readings, truth)
     else:
         dataset = dataset or default_dataset()
-        source = NabSource(dataset)
+        source = NabSource(dataset, split_keys(split) if split else None)
+        if not source.keys():
+            raise IotwatchError(f"{dataset} holds none of the streams of the {split} split")
     result = run_evaluation(source.streams(), list(detectors or DEFAULT_EVALUATED), PROFILES[profile])
-    result = {"dataset": str(dataset or readings), "profile": profile, **result}
+    result = {"dataset": str(dataset or readings), "split": split, "profile": profile, **result}
     emit(result, as_json, _render)

@@ -21,11 +21,30 @@ __all__ = ["score_csv", "score_file"]
 log = logging.getLogger(__name__)
 
 
+#: Out-of-order rows listed by line number in the result (all are counted).
+LISTED_OUT_OF_ORDER = 20
+
+
+def out_of_order_lines(t_ms: np.ndarray) -> np.ndarray:
+    """File line numbers (the header is line 1) of rows stamped earlier than the row before.
+
+    >>> out_of_order_lines(np.array([1, 2, 5, 4, 6, 6]))
+    array([5])
+    """
+    return np.flatnonzero(np.diff(t_ms) < 0) + 2 + 1
+
+
 def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> dict[str, Any]:
-    """Score ``source`` (``timestamp,value``) row by row into ``target`` (``+anomaly_score``)."""
+    """Score ``source`` (``timestamp,value``) row by row into ``target`` (``+anomaly_score``).
+
+    Rows are scored in the order of the file, as a streaming detector meets them: a row
+    stamped earlier than the one before is scored where it stands, counted and listed by
+    line number (``out_of_order``), not refused.
+    """
     t_ms, values = read_nab_csv(source)
     raw = pd.read_csv(source, usecols=["timestamp", "value"], dtype=str, keep_default_na=False)
-    check_rows(source, t_ms, values, raw)
+    check_values(source, values, raw)
+    late = out_of_order_lines(t_ms)
     model = make(detector)
     warmup = model.warmup_readings()
     warning = None
@@ -42,17 +61,13 @@ def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> 
             writer.writerow([stamp, value, f"{score:.6f}"])
     return {"input": str(source), "output": str(target), "detector": detector, "rows": len(t_ms),
             "max_score": round(float(scores.max()), 6) if len(scores) else None, "warmup_readings": warmup,
-            "warning": warning}
+            "warning": warning, "out_of_order": int(len(late)),
+            "out_of_order_lines": late[:LISTED_OUT_OF_ORDER].tolist()}
 
 
-def check_rows(source: Path, t_ms: np.ndarray, values: np.ndarray, raw: pd.DataFrame) -> None:
-    """Timestamps in time order and values that are numbers, or an error naming the first
-    row that is not (row 1 is the first after the header)."""
-    backwards = np.flatnonzero(np.diff(t_ms) < 0)
-    if len(backwards):
-        row = int(backwards[0]) + 1  # 0-based index of the later row
-        raise IotwatchError(f"{source}: row {row + 1}: timestamp {raw['timestamp'][row]} is earlier than row {row}'s "
-                            f"{raw['timestamp'][row - 1]} (rows must be in time order)")
+def check_values(source: Path, values: np.ndarray, raw: pd.DataFrame) -> None:
+    """Values that are numbers, or an error naming the first row that is not (row 1 is the
+    first after the header). Timestamps out of order are not refused: see :func:`score_file`."""
     missing = np.flatnonzero(~np.isfinite(values))
     if len(missing):
         row = int(missing[0])
@@ -68,7 +83,13 @@ def check_rows(source: Path, t_ms: np.ndarray, values: np.ndarray, raw: pd.DataF
 def score_csv(source: Path, target: Path, detector: str, as_json: bool) -> None:
     """Score a timestamp,value CSV (NAB format) row by row, in order, with no look-ahead.
 
-    Writes timestamp,value,anomaly_score (six decimals); the output is deterministic.
+    Writes timestamp,value,anomaly_score (six decimals); the output is deterministic. A row
+    stamped earlier than the one before is scored in file order, with a warning naming its line.
     """
     result = score_file(source, target, detector)
+    if result["out_of_order"]:
+        more = result["out_of_order"] - len(result["out_of_order_lines"])
+        click.echo(f"warning: {source}: {result['out_of_order']} row(s) stamped earlier than the row before, "
+                   f"scored in file order: line(s) {', '.join(map(str, result['out_of_order_lines']))}"
+                   + (f" and {more} more" if more > 0 else ""), err=True)
     emit(result, as_json, lambda r: click.echo(f"scored {r['rows']} rows with {r['detector']} -> {r['output']}"))

@@ -163,7 +163,7 @@ def run_alerts(fleet: SimulatedFleet, settings: StreamSettings,
                on_row: Callable[[str, dict[str, Any]], None] | None = None) -> list[Alert]:
     """Every device's messages through :class:`PartitionEngine`, with the silence timer; the raised alerts."""
     engine = PartitionEngine(settings)
-    store = MemoryStore()
+    store = MemoryStore(engine.kernel.STATE_SIZE)
     timeout_ms = int(settings.silence_timeout_s * 1000)
     alerts: list[Alert] = []
 

@@ -25,12 +25,27 @@ import pandas as pd
 
 from iotwatch.errors import IotwatchError
 
-__all__ = ["NAB_SAMPLE", "LabelledSource", "LabelledStream", "NabSource", "SimulatorSource", "read_nab_csv",
-           "windows_to_rows"]
+__all__ = ["NAB_SAMPLE", "NAB_SPLIT", "LabelledSource", "LabelledStream", "NabSource", "SimulatorSource",
+           "read_nab_csv", "split_keys", "windows_to_rows"]
 
 #: Seven labelled NAB streams shipped with iotwatch (MIT licence, see its README): the
 #: default of ``iotwatch evaluate`` and what the tests score, on any clone.
 NAB_SAMPLE = Path(__file__).resolve().parent / "nab_sample"
+#: The split of the nab-dev streams into the half detector parameters were chosen on
+#: (``tuning``) and the half kept back to check them (``held_out``).
+NAB_SPLIT = Path(__file__).resolve().parent / "nab_split.json"
+
+
+def split_keys(part: str) -> set[str]:
+    """Stream keys of one part of :data:`NAB_SPLIT` (``tuning`` or ``held_out``).
+
+    >>> sorted(split_keys("held_out"))[:2]
+    ['artificialNoAnomaly/art_daily_no_noise.csv', 'artificialNoAnomaly/art_daily_small_noise.csv']
+    """
+    parts = json.loads(NAB_SPLIT.read_text())
+    if part not in ("tuning", "held_out"):
+        raise IotwatchError(f"no split part {part!r}: tuning or held_out")
+    return set(parts[part])
 
 
 @dataclass
@@ -94,10 +109,12 @@ def _to_ms(stamp: str) -> int:
 
 
 class NabSource:
-    """Streams of a NAB-layout directory, sorted by ``<group>/<name>.csv``."""
+    """Streams of a NAB-layout directory, sorted by ``<group>/<name>.csv`` (only the keys
+    in ``only`` when given)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, only: set[str] | None = None) -> None:
         self.root = Path(root)
+        self.only = only
         windows_path = self.root / "windows.json"
         if not (self.root / "data").is_dir() or not windows_path.is_file():
             raise IotwatchError(f"{self.root} is not a NAB-layout dataset (needs data/ and windows.json)")
@@ -105,7 +122,8 @@ class NabSource:
 
     def keys(self) -> list[str]:
         data = self.root / "data"
-        return sorted(p.relative_to(data).as_posix() for p in data.glob("*/*.csv"))
+        keys = sorted(p.relative_to(data).as_posix() for p in data.glob("*/*.csv"))
+        return keys if self.only is None else [k for k in keys if k in self.only]
 
     def streams(self) -> Iterator[LabelledStream]:
         for key in self.keys():

@@ -76,6 +76,7 @@ those of a reference detector fed stream 1 alone:
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numba
@@ -85,6 +86,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from models.base import VALUE_LIMIT
+from models.kernels import benchmark, warm_kernel
+from models.exceedance import ExceedanceTail
 from models.tail_ensemble import TailEnsemble
 
 __all__ = [
@@ -92,7 +95,8 @@ __all__ = [
     "LEVEL_MU", "LEVEL_N", "LEVEL_RVAR", "LEVEL_TAIL", "LEVEL_VAR", "PARAMS_SIZE", "STATE_SIZE",
     "STUCK_DIRECTION", "STUCK_LAST", "STUCK_N", "STUCK_RATE", "STUCK_REVERSALS", "STUCK_RUN",
     "TAIL_CLUSTER_PEAK", "TAIL_GAP", "TAIL_INDEX", "TAIL_N", "TAIL_PEAKS", "TAIL_RATE", "TAIL_SIZE",
-    "from_reference", "initial_state", "params_vector", "score_learn", "to_reference", "warm",
+    "TAIL_PARAMS", "from_reference", "initial_state", "params_vector", "put_initial_tail", "put_tail_params",
+    "check_batch", "score_learn", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -148,10 +152,23 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_RATE] = stuck.tolerance, stuck._a, stuck.prior_rate
     p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE] = stuck.prior_readings, stuck.max_repeat_rate
     p[P_STUCK_MIN_REVERSALS] = stuck.min_reversals
-    for base, tail in ((P_LEVEL_TAIL, detector._level_tail), (P_CHANGE_TAIL, detector._change_tail)):
-        p[base:base + TAIL_PARAMS] = (tail.threshold, tail._a, tail._b, tail.prior_rate, tail.prior_readings,
-                                      tail.prior_index, tail.prior_peaks, tail.clip, tail.run_gap)
+    put_tail_params(p, P_LEVEL_TAIL, detector._level_tail)
+    put_tail_params(p, P_CHANGE_TAIL, detector._change_tail)
     return p
+
+
+def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
+    """An :class:`~models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
+    (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
+    p[base:base + TAIL_PARAMS] = (tail.threshold, tail._a, tail._b, tail.prior_rate, tail.prior_readings,
+                                  tail.prior_index, tail.prior_peaks, tail.clip, tail.run_gap)
+
+
+def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
+    """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
+    row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
+    row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
+    row[base + TAIL_GAP] = params[p_base + TP_RUN_GAP]
 
 
 def initial_state(params: np.ndarray) -> np.ndarray:
@@ -160,9 +177,7 @@ def initial_state(params: np.ndarray) -> np.ndarray:
     row[STUCK_RATE] = params[P_STUCK_PRIOR_RATE]
     row[STUCK_LAST] = math.nan
     for base, p_base in ((LEVEL_TAIL, P_LEVEL_TAIL), (CHANGE_TAIL, P_CHANGE_TAIL)):
-        row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
-        row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
-        row[base + TAIL_GAP] = params[p_base + TP_RUN_GAP]
+        put_initial_tail(row, base, params, p_base)
     return row
 
 
@@ -381,7 +396,7 @@ def _repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
 #     params (threshold, a, b, prior_readings, prior_peaks, clip, run_gap) ------------------------------
 
 @_jit
-def _tail_tail(state: Floats, params: Floats, d: float) -> float:
+def tail_tail(state: Floats, params: Floats, d: float) -> float:
     if math.isnan(d):
         return 1.0
     threshold = params[0]
@@ -394,7 +409,7 @@ def _tail_tail(state: Floats, params: Floats, d: float) -> float:
 
 
 @_jit
-def _tail_learn(state: Floats, params: Floats, d: float) -> Floats:
+def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
     if not math.isfinite(d):
         return state
     n, rate, peaks, index, gap, cluster_peak = state
@@ -437,17 +452,17 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
               p[P_CHANGE_RESET_AFTER])
     stuck = (p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE],
              p[P_STUCK_MIN_REVERSALS])
-    return p[P_WARMUP], level, change, stuck, _tail_params(p, P_LEVEL_TAIL), _tail_params(p, P_CHANGE_TAIL)
+    return p[P_WARMUP], level, change, stuck, tail_params(p, P_LEVEL_TAIL), tail_params(p, P_CHANGE_TAIL)
 
 
 @_jit
-def _tail_params(p: np.ndarray, q: int) -> Floats:
+def tail_params(p: np.ndarray, q: int) -> Floats:
     return (p[q + TP_THRESHOLD], p[q + TP_A], p[q + TP_B], p[q + TP_PRIOR_READINGS], p[q + TP_PRIOR_PEAKS],
             p[q + TP_CLIP], p[q + TP_RUN_GAP])
 
 
 @_jit
-def _tail_state(row: np.ndarray, base: int) -> Floats:
+def tail_state(row: np.ndarray, base: int) -> Floats:
     return (row[base + TAIL_N], row[base + TAIL_RATE], row[base + TAIL_PEAKS], row[base + TAIL_INDEX],
             row[base + TAIL_GAP], row[base + TAIL_CLUSTER_PEAK])
 
@@ -470,21 +485,38 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     change_state = (row[CHANGE_N], row[CHANGE_LEVEL], row[CHANGE_TREND], row[CHANGE_RVAR], row[CHANGE_BEYOND])
     stuck_state = (row[STUCK_N], row[STUCK_RATE], row[STUCK_LAST], row[STUCK_RUN], row[STUCK_REVERSALS],
                    row[STUCK_DIRECTION])
-    level_tail, change_tail = _tail_state(row, LEVEL_TAIL), _tail_state(row, CHANGE_TAIL)
+    level_tail, change_tail = tail_state(row, LEVEL_TAIL), tail_state(row, CHANGE_TAIL)
     level = abs(_zscore_deviation(level_state, level_p, v))  # NaN: None, warming up
     change = abs(_hw_deviation(change_state, change_p, v))
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
-        tail = _min(_min(_tail_tail(level_tail, level_tail_p, level), _tail_tail(change_tail, change_tail_p, change)),
+        tail = _min(_min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
                     _repeat_tail(stuck_state, stuck_p, v))
         score = _log_tail_score(_min(1.0, 3.0 * tail))
-    _put(row, LEVEL_TAIL, _tail_learn(level_tail, level_tail_p, level))
-    _put(row, CHANGE_TAIL, _tail_learn(change_tail, change_tail_p, change))
+    _put(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
+    _put(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
     _put(row, LEVEL_N, _zscore_learn(level_state, level_p, v))
     _put(row, CHANGE_N, _hw_learn(change_state, change_p, v))
     _put(row, STUCK_N, _repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score
+
+
+@_jit
+def check_batch(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray,
+                state_size: int, params_size: int) -> int:
+    """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
+    and every stream index is a row of ``states`` (checked before any reading is learned)."""
+    n = values.shape[0]
+    if stream.shape[0] != n or t_ms.shape[0] != n:
+        raise ValueError("stream, values and t_ms must have the same length")
+    if states.shape[1] != state_size or params.shape[0] != params_size:
+        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
+    rows = states.shape[0]
+    for i in range(n):
+        if stream[i] < 0 or stream[i] >= rows:
+            raise IndexError("stream index out of range of states")
+    return n
 
 
 @_jit
@@ -500,53 +532,21 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
     code :func:`warm` compiled (others compile a variant on first use). A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
-    of range (the readings before it are then already learned).
+    of range, before learning anything.
     """
-    n = values.shape[0]
-    if stream.shape[0] != n or t_ms.shape[0] != n:
-        raise ValueError("stream, values and t_ms must have the same length")
-    if states.shape[1] != STATE_SIZE or params.shape[0] != PARAMS_SIZE:
-        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
+    n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     members = _member_params(params)
-    rows = states.shape[0]
     out = np.empty(n)
     for i in range(n):
-        s = stream[i]
-        if s < 0 or s >= rows:
-            raise IndexError("stream index out of range of states")
-        out[i] = _score_learn_one(states[s], values[i], members)
+        out[i] = _score_learn_one(states[stream[i]], values[i], members)
     return out
 
 
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
     worker's first micro-batch does not pay for it."""
-    params = params_vector(TailEnsemble())
-    states = initial_state(params).reshape(1, STATE_SIZE)
-    score_learn(states, np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), params)
-
-
-def _benchmark(streams: int = 1000, readings: int = 200_000, seed: int = 0) -> dict[str, float]:
-    """Nanoseconds a reading, reference loop vs kernel, on interleaved noisy streams."""
-    import time
-
-    rng = np.random.default_rng(seed)
-    stream = rng.integers(0, streams, readings).astype(np.int64)
-    values = np.round(rng.normal(20.0, 1.0, readings) + stream % 7, 2)
-    t_ms = 1_700_000_000_000 + np.arange(readings, dtype=np.int64) * 100
-    warm()
-    params = params_vector(TailEnsemble())
-    states = np.tile(initial_state(params), (streams, 1))
-    start = time.perf_counter()
-    score_learn(states, stream, values, t_ms, params)
-    kernel = time.perf_counter() - start
-    detectors = [TailEnsemble() for _ in range(streams)]
-    start = time.perf_counter()
-    for s, v, t in zip(stream.tolist(), values.tolist(), t_ms.tolist(), strict=True):
-        detectors[s].score_learn_one({"m": v}, t)
-    reference = time.perf_counter() - start
-    return {"reference_ns": reference / readings * 1e9, "kernel_ns": kernel / readings * 1e9}
+    warm_kernel(sys.modules[__name__], TailEnsemble())
 
 
 if __name__ == "__main__":
-    print({k: round(v, 1) for k, v in _benchmark().items()})
+    print(benchmark(sys.modules[__name__], TailEnsemble))

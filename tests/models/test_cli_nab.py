@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from models.catalog import DEFAULT_DETECTOR
-from models.evaluation.sources import NabSource
+from iotwatch.settings import StreamSettings
+from models.catalog import DEFAULT_DETECTOR, make
+from models.evaluation.sources import NabSource, split_keys
 
 pytestmark = pytest.mark.slow
 
@@ -67,14 +69,50 @@ def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(tmp_path: P
     from models.cli.score_csv import score_file
 
     warmup = make(DEFAULT_DETECTOR).warmup_readings()
-    assert warmup > 200
-    stamps = pd.date_range("2024-01-01", periods=200, freq="5min").strftime("%Y-%m-%d %H:%M:%S")
-    values = [10.0] * 200
-    values[150] = 500.0  # an obvious spike that the warming detector cannot see
+    rows = warmup - 20
+    stamps = pd.date_range("2024-01-01", periods=rows, freq="5min").strftime("%Y-%m-%d %H:%M:%S")
+    values = [10.0] * rows
+    values[rows - 10] = 500.0  # an obvious spike that the warming detector cannot see
     source = tmp_path / "short.csv"
     pd.DataFrame({"timestamp": stamps, "value": values}).to_csv(source, index=False)
     with caplog.at_level("WARNING"):
         result = score_file(source, tmp_path / "out.csv")
     assert result["warmup_readings"] == warmup and result["max_score"] == 0.0
-    assert result["warning"] and f"200 rows, fewer than the {warmup} readings" in result["warning"]
+    assert result["warning"] and f"{rows} rows, fewer than the {warmup} readings" in result["warning"]
     assert [r.getMessage() for r in caplog.records] == [result["warning"]]
+
+
+def test_score_csv_default_is_the_streaming_jobs_detector() -> None:
+    assert DEFAULT_DETECTOR == StreamSettings().device_detector
+
+
+def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp_path: Path) -> None:
+    original = pd.read_csv(nab_dir / "data" / "realTraffic" / "speed_7578.csv", dtype=str)
+    swapped = original.copy()
+    swapped.iloc[[500, 501]] = original.iloc[[501, 500]].to_numpy()  # row 501 is stamped before row 500
+    source = tmp_path / "swapped.csv"
+    swapped.to_csv(source, index=False)
+    out_a, out_b = tmp_path / "a.csv", tmp_path / "b.csv"
+    result = CliRunner().invoke(cli, ["score-csv", str(source), str(out_a), "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["out_of_order"] == 1 and doc["out_of_order_lines"] == [503]  # header line 1, row 501 on line 503
+    assert "line(s) 503" in result.stderr
+    _run(["score-csv", str(source), str(out_b)])
+    assert out_a.read_bytes() == out_b.read_bytes()
+    scored = pd.read_csv(out_a, dtype={"timestamp": str, "value": str})
+    assert scored["timestamp"].tolist() == swapped["timestamp"].tolist()  # file order kept
+    values = swapped["value"].astype(float).to_numpy()
+    expected = make(DEFAULT_DETECTOR).score_learn_many(values.reshape(-1, 1), np.zeros(len(values), dtype=np.int64),
+                                                       ["value"])
+    np.testing.assert_allclose(scored["anomaly_score"], np.round(expected, 6), atol=1e-6)
+
+
+def test_evaluate_on_one_half_of_the_split(nab_dir: Path) -> None:
+    tuning, held_out = split_keys("tuning"), split_keys("held_out")
+    assert not tuning & held_out and len(tuning | held_out) == 28
+    doc = json.loads(_run(["evaluate", "--dataset", str(nab_dir), "--split", "held_out", "--detector",
+                           "robust_zscore", "--json"]))
+    streams = set(doc["detectors"]["robust_zscore"]["streams"])
+    assert doc["split"] == "held_out" and streams and streams <= held_out
+    assert streams == held_out & set(NabSource(nab_dir).keys())

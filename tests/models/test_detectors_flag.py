@@ -11,7 +11,7 @@ from tests.models.generate import ONSET, clean, with_anomaly
 #: Parameters the rules need (limits are facts of the sensor, not learned).
 PARAMS = {"out_of_range": {"low": -50.0, "high": 100.0}, "crash": {"metric": None}}
 #: Alert levels that mean "anomalous" for each detector on the generated data.
-ALERT = {"ensemble": 0.5, "robust_zscore": 0.5, "holt_winters": 0.6, "tail_ensemble": 0.45}
+ALERT = {"ensemble": 0.5, "robust_zscore": 0.5, "holt_winters": 0.6, "tail_ensemble": 0.45, "episode_likelihood": 0.4}
 #: Rows after the onset in which the anomaly must be flagged.
 HORIZON = {"drift": 1000}
 

@@ -1,19 +1,27 @@
-"""The compiled tail ensemble (models/kernels/tail_ensemble.py) agrees with its reference
-detector (models/tail_ensemble.py): same scores, same final state, whatever the data."""
+"""Every compiled kernel (models/kernels/) agrees with its reference detector (models/):
+same scores, same final state, whatever the data. The shared checks run over every kernel
+of :data:`models.kernels.KERNELS`; the tail ensemble's own checks follow."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import pytest
 
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
+from iotwatch.settings import StreamSettings
+from models.base import Detector
+from models.episode_likelihood import EpisodeLikelihood
 from models.evaluation.sources import NAB_SAMPLE, NabSource
 from models.exceedance import ExceedanceTail
 from models.forecast import HoltWintersResidual
+from models.kernels import KERNELS, kernel_for
+from models.kernels import episode_likelihood as episode_kernel
 from models.kernels import tail_ensemble as kernel
 from models.repeat_run import RepeatRun
 from models.robust_zscore import RobustZScore
@@ -23,17 +31,46 @@ RTOL, ATOL = 1e-9, 1e-12
 START_MS = 1_763_784_000_000
 
 #: Offsets holding counts and signs: these must agree exactly, not within a tolerance.
+TAIL_COUNTERS = [kernel.TAIL_N, kernel.TAIL_PEAKS, kernel.TAIL_GAP]
 COUNTERS = [kernel.ENSEMBLE_N, kernel.LEVEL_N, kernel.CHANGE_N, kernel.CHANGE_BEYOND, kernel.STUCK_N,
             kernel.STUCK_RUN, kernel.STUCK_DIRECTION] + [
     base + k for base in (kernel.LEVEL_TAIL, kernel.CHANGE_TAIL)
-    for k in (kernel.TAIL_N, kernel.TAIL_PEAKS, kernel.TAIL_GAP)]
+    for k in TAIL_COUNTERS]
 
 Readings = tuple[np.ndarray, np.ndarray, np.ndarray]  # stream (int64), values (float64), t_ms (int64)
 
 
-def reference(make: Callable[[], TailEnsemble], readings: Readings) -> tuple[np.ndarray, dict[int, TailEnsemble]]:
+@dataclass(frozen=True)
+class Case:
+    """A kernel, how to build its reference detector, and its row's exact offsets."""
+
+    kernel: ModuleType
+    make: Callable[[], Detector]
+    counters: list[int]
+
+
+CASES = {
+    "tail_ensemble": Case(kernel, TailEnsemble, COUNTERS),
+    "episode_likelihood": Case(episode_kernel, EpisodeLikelihood,
+                               [episode_kernel.N, episode_kernel.STUCK_RUN, episode_kernel.STUCK_DIRECTION] + [
+                                   episode_kernel.STEP_TAIL + k - 1 for k in (kernel.TAIL_PEAKS, kernel.TAIL_GAP)]),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> Case:
+    return CASES[request.param]
+
+
+def test_every_kernel_is_checked_here() -> None:
+    assert set(CASES) == set(KERNELS)
+    for name, c in CASES.items():
+        assert kernel_for(name) is c.kernel and c.make().name == name
+
+
+def reference(make: Callable[[], Detector], readings: Readings) -> tuple[np.ndarray, dict[int, Detector]]:
     """One reference detector per stream, fed in order: the scores and the detectors."""
-    detectors: dict[int, TailEnsemble] = {}
+    detectors: dict[int, Detector] = {}
     scores = np.empty(len(readings[0]))
     for i, (s, v, t) in enumerate(zip(*(a.tolist() for a in readings), strict=True)):
         if s not in detectors:
@@ -43,29 +80,31 @@ def reference(make: Callable[[], TailEnsemble], readings: Readings) -> tuple[np.
     return scores, detectors
 
 
-def fresh_states(make: Callable[[], TailEnsemble], n_streams: int) -> tuple[np.ndarray, np.ndarray]:
-    params = kernel.params_vector(make())
-    return np.tile(kernel.initial_state(params), (n_streams, 1)), params
+def fresh_states(make: Callable[[], Detector], n_streams: int, k: ModuleType = kernel) -> tuple[np.ndarray, np.ndarray]:
+    params = k.params_vector(make())
+    return np.tile(k.initial_state(params), (n_streams, 1)), params
 
 
-def assert_same_state(row: np.ndarray, detector: TailEnsemble, *, rebuild: bool = True) -> None:
-    expected = kernel.from_reference(detector)
+def assert_same_state(row: np.ndarray, detector: Detector, *, rebuild: bool = True, case: Case = CASES["tail_ensemble"]
+                      ) -> None:
+    k = case.kernel
+    expected = k.from_reference(detector)
     np.testing.assert_allclose(row, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
-    assert row[COUNTERS].tolist() == expected[COUNTERS].tolist()
+    assert row[case.counters].tolist() == expected[case.counters].tolist()
     if rebuild:  # the row rebuilt as a reference detector holds the same state
-        back = kernel.to_reference(row, detector.get_params())
-        np.testing.assert_array_equal(kernel.from_reference(back), row)
+        back = k.to_reference(row, detector.get_params())
+        np.testing.assert_array_equal(k.from_reference(back), row)
 
 
-def assert_agree(make: Callable[[], TailEnsemble], readings: Readings, n_streams: int, *,
-                 rebuild: bool = True) -> np.ndarray:
+def assert_agree(make: Callable[[], Detector], readings: Readings, n_streams: int, *,
+                 rebuild: bool = True, case: Case = CASES["tail_ensemble"]) -> np.ndarray:
     """All readings through one kernel call agree with per-stream reference detectors."""
     ref_scores, detectors = reference(make, readings)
-    states, params = fresh_states(make, n_streams)
-    scores = kernel.score_learn(states, *readings, params)
+    states, params = fresh_states(make, n_streams, case.kernel)
+    scores = case.kernel.score_learn(states, *readings, params)
     np.testing.assert_allclose(scores, ref_scores, rtol=RTOL, atol=ATOL)
     for s in range(n_streams):
-        assert_same_state(states[s], detectors[s] if s in detectors else make(), rebuild=rebuild)
+        assert_same_state(states[s], detectors[s] if s in detectors else make(), rebuild=rebuild, case=case)
     return scores
 
 
@@ -110,41 +149,42 @@ def fleet() -> tuple[Readings, int]:
     return (np.array(stream, dtype=np.int64), np.array(values), np.array(t_ms, dtype=np.int64)), len(keys)
 
 
-def test_nab_sample_every_stream_alone() -> None:
-    kernel.warm()
+def test_nab_sample_every_stream_alone(case: Case) -> None:
+    case.kernel.warm()
     for labelled in NabSource(NAB_SAMPLE).streams():
         readings = (np.zeros(len(labelled), dtype=np.int64), labelled.values[:, 0].astype(float),
                     labelled.t_ms.astype(np.int64))
-        scores = assert_agree(TailEnsemble, readings, 1)
+        scores = assert_agree(case.make, readings, 1, case=case)
         assert scores.max() > 0.0 or labelled.key.endswith("art_flatline.csv"), labelled.key
 
 
-def test_nab_sample_interleaved_in_one_call(nab: Readings) -> None:
-    assert_agree(TailEnsemble, nab, 7)
+def test_nab_sample_interleaved_in_one_call(nab: Readings, case: Case) -> None:
+    assert_agree(case.make, nab, 7, case=case)
 
 
-def test_simulated_fleet_interleaved_in_one_call(fleet: tuple[Readings, int]) -> None:
+def test_simulated_fleet_interleaved_in_one_call(fleet: tuple[Readings, int], case: Case) -> None:
     readings, n_streams = fleet
     assert n_streams > 100 and np.isnan(readings[1]).any()
-    scores = assert_agree(TailEnsemble, readings, n_streams)
+    scores = assert_agree(case.make, readings, n_streams, case=case)
     assert (scores > 0.5).any()  # the injected anomalies score
 
 
-def test_micro_batches_of_uneven_sizes_equal_one_call(fleet: tuple[Readings, int]) -> None:
+def test_micro_batches_of_uneven_sizes_equal_one_call(fleet: tuple[Readings, int], case: Case) -> None:
     readings, n_streams = fleet
-    whole_states, params = fresh_states(TailEnsemble, n_streams)
-    whole = kernel.score_learn(whole_states, *readings, params)
+    k = case.kernel
+    whole_states, params = fresh_states(case.make, n_streams, k)
+    whole = k.score_learn(whole_states, *readings, params)
     rng = np.random.default_rng(8)
     cuts = np.sort(np.concatenate([rng.integers(0, len(whole), 40), [0, 0, 1]]))  # an empty batch, a batch of one
     bounds = np.concatenate([[0], cuts, [len(whole)]])
-    states, _ = fresh_states(TailEnsemble, n_streams)
-    parts = [kernel.score_learn(states, *(a[lo:hi] for a in readings), params)
+    states, _ = fresh_states(case.make, n_streams, k)
+    parts = [k.score_learn(states, *(a[lo:hi] for a in readings), params)
              for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
     np.testing.assert_array_equal(states, whole_states)
 
 
-def test_non_finite_and_extreme_values() -> None:
+def test_non_finite_and_extreme_values(case: Case) -> None:
     rng = np.random.default_rng(11)
     n = 3000
     noisy = np.round(rng.normal(20.0, 0.3, n), 2)
@@ -157,7 +197,7 @@ def test_non_finite_and_extreme_values() -> None:
                rng.choice([np.nan, np.inf, -np.inf, 3.0], n), sticky, np.full(n, -1e308)]
     t = START_MS + np.arange(n, dtype=np.int64) * 1000
     readings = interleave([(c, t) for c in columns], seed=5)
-    scores = assert_agree(TailEnsemble, readings, len(columns))
+    scores = assert_agree(case.make, readings, len(columns), case=case)
     assert np.isfinite(scores).all() and scores.min() >= 0.0 and scores.max() < 1.0
     assert (scores[~np.isfinite(readings[1])] == 0.0).all()
 
@@ -186,32 +226,52 @@ def test_members_built_otherwise_agree(nab: Readings) -> None:
     assert_agree(custom_members, nab, 7, rebuild=False)
 
 
-def test_state_hands_over_mid_stream_both_ways(nab: Readings) -> None:
+def test_state_hands_over_mid_stream_both_ways(nab: Readings, case: Case) -> None:
     """Reference for the first half, kernel for the second, and back: as if one had run it all."""
     stream, values, t_ms = nab
     half = len(values) // 2
-    whole, finished = reference(TailEnsemble, nab)
-    _, detectors = reference(TailEnsemble, (stream[:half], values[:half], t_ms[:half]))
-    states, params = fresh_states(TailEnsemble, 7)
+    whole, finished = reference(case.make, nab)
+    _, detectors = reference(case.make, (stream[:half], values[:half], t_ms[:half]))
+    states, params = fresh_states(case.make, 7, case.kernel)
     for s, det in detectors.items():
-        states[s] = kernel.from_reference(det)
-    second = kernel.score_learn(states, stream[half:], values[half:], t_ms[half:], params)
+        states[s] = case.kernel.from_reference(det)
+    second = case.kernel.score_learn(states, stream[half:], values[half:], t_ms[half:], params)
     np.testing.assert_allclose(second, whole[half:], rtol=RTOL, atol=ATOL)
     for s, det in finished.items():
-        assert_same_state(states[s], det)  # and to_reference() rebuilds each as the whole run left it
+        assert_same_state(states[s], det, case=case)  # and to_reference() rebuilds each as the whole run left it
 
 
-def test_refuses_what_it_cannot_compute() -> None:
+@pytest.mark.parametrize("make", [
+    lambda: EpisodeLikelihood(**StreamSettings().device_detector_params),
+    lambda: EpisodeLikelihood(metric="value", warmup=0, range_readings=10, histogram_warmup=0, short_alpha=0.5,
+                              min_variance=1e-6, hold_halflife=5.0, clip=10.0, recent_halflife=3.0, margin=0.0,
+                              instant_weight=1.0, max_repeat_rate=1.0),
+], ids=["streaming-job", "fast"])
+def test_episode_likelihood_other_parameters_agree(nab: Readings, make: Callable[[], EpisodeLikelihood]) -> None:
+    case = CASES["episode_likelihood"]
+    np.testing.assert_array_equal(episode_kernel.initial_state(episode_kernel.params_vector(make())),
+                                  episode_kernel.from_reference(make()))
+    assert_agree(make, nab, 7, case=case)
+
+
+def test_kernels_refuse_bad_shapes(case: Case) -> None:
+    k = case.kernel
+    states, params = fresh_states(case.make, 2, k)
+    one = np.ones(1)
+    before = states.copy()
+    with pytest.raises(IndexError):  # checked before the first reading is learned
+        k.score_learn(states, np.array([0, 2]), np.ones(2), np.zeros(2, dtype=np.int64), params)
+    np.testing.assert_array_equal(states, before)
+    with pytest.raises(ValueError):
+        k.score_learn(states, np.zeros(2, dtype=np.int64), one, np.zeros(1, dtype=np.int64), params)
+    with pytest.raises(ValueError):
+        k.score_learn(states[:, :10].copy(), np.zeros(1, dtype=np.int64), one, np.zeros(1, dtype=np.int64), params)
+    with pytest.raises(ValueError):
+        kernel_for("isolation_forest")
+
+
+def test_tail_ensemble_refuses_a_seasonal_member() -> None:
     det = TailEnsemble()
     det._level = RobustZScore(season_buckets=24)
     with pytest.raises(ValueError, match="season"):
         kernel.params_vector(det)
-    states, params = fresh_states(TailEnsemble, 2)
-    one = np.ones(1)
-    with pytest.raises(IndexError):
-        kernel.score_learn(states, np.array([2]), one, np.zeros(1, dtype=np.int64), params)
-    with pytest.raises(ValueError):
-        kernel.score_learn(states, np.zeros(2, dtype=np.int64), one, np.zeros(1, dtype=np.int64), params)
-    with pytest.raises(ValueError):
-        kernel.score_learn(states[:, :10].copy(), np.zeros(1, dtype=np.int64), one, np.zeros(1, dtype=np.int64),
-                           params)
