@@ -64,6 +64,21 @@ def write_gps_vehicle(settings: Settings, run: str, readings: int = 180) -> str:
     return device
 
 
+def write_wet_leak_sensor(settings: Settings, run: str, readings: int = 20) -> str:
+    """A leak sensor that turns wet at the end of the run and stays wet: its water_leak alert
+    is still open when the run ends (what on-call acknowledges in the fixture)."""
+    device = f"wet-{run}"
+    t0 = int(time.time() * 1000) - 600_000
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
+    for seq in range(readings):
+        metrics = {"water_detected": 1.0 if seq >= readings // 2 else 0.0, "battery_pct": 80.0, "temperature_c": 18.0}
+        message = Telemetry(v=1, device_id=device, device_type="leak_sensor", site=f"site-{run}", seq=seq,
+                            ts=t0 + seq * 10_000, metrics=metrics)
+        producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
+    assert producer.flush(30) == 0
+    return device
+
+
 def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -> None:
     """Status reports a minute apart, as a running gateway writes them (cumulative counters)."""
     stats = GatewayStats(kafka_up=True, mqtt_connected=True)
@@ -117,6 +132,7 @@ def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardD
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     scenario = write_scenario(settings, run)
     gps = write_gps_vehicle(settings, run)
+    write_wet_leak_sensor(settings, run)
     job = start(spark, settings, checkpoint_dir=work_dir / "checkpoint", archive_dir=work_dir / "archive",
                 available_now=True, query_name=f"dashboards_{run}")
     job.await_backlog(300)
