@@ -19,7 +19,7 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import telemetry_topic
-from iotwatch.deadletter import H_REASON, header_value
+from iotwatch.deadletter import H_ORIGINAL_BYTES, H_REASON, header_value
 from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import start_kafka_broker
 from iotwatch.stack.process import free_port, stop_process
@@ -117,8 +117,12 @@ def test_malformed_inputs_are_dead_lettered_with_reasons_and_valid_traffic_is_un
     dead = read_topic(test_settings.kafka, test_settings.topics.dlq, expected=len(MALFORMED), timeout_s=30)
     assert len(MALFORMED) >= 20 and len(dead) == len(MALFORMED)
     by_payload = {bytes(m.value() or b""): header_value(m.headers(), H_REASON) for m in dead}
+    excerpt = test_settings.gateway.dead_letter_excerpt_bytes
     for reason, payload in MALFORMED:
-        assert by_payload[payload] == reason, payload[:80]
+        carried = payload if len(payload) <= test_settings.gateway.max_payload_bytes else payload[:excerpt]
+        assert by_payload[carried] == reason, payload[:80]
+    oversize = next(m for m in dead if header_value(m.headers(), H_REASON) == "too_large")
+    assert header_value(oversize.headers(), H_ORIGINAL_BYTES) == str(len(next(p for r, p in MALFORMED if r == "too_large")))
     assert all(header_value(m.headers(), "iotwatch.detail") for m in dead)
     valid = read_topic(test_settings.kafka, test_settings.topics.raw, expected=len(MALFORMED), timeout_s=30)
     assert seqs_by_device(valid) == {device: list(range(len(MALFORMED)))}
