@@ -84,7 +84,7 @@ class Gateway:
         self.settings = settings
         self.config = settings.gateway
         self.instance = self.config.client_id
-        self.router = Router(self.config.rules, settings.topics)
+        self.router = self.router_for(settings)
         self.stats = GatewayStats()
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
@@ -103,6 +103,10 @@ class Gateway:
         self._influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
 
     # -- set-up -------------------------------------------------------------------------
+
+    @staticmethod
+    def router_for(settings: Settings) -> Router:
+        return Router(settings.gateway.rules, settings.topics)
 
     def _make_producer(self) -> Producer:
         return Producer({
