@@ -15,7 +15,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.gateway.test_gateway import _gateway_command, _gateway_env
-from tests.helpers import Publisher, read_topic, seqs_by_device
+from tests.helpers import Publisher, assert_no_loss, read_all_seqs
 
 
 def test_two_processes_share_the_load_and_a_kill_minus_nine_loses_nothing(
@@ -37,19 +37,12 @@ def test_two_processes_share_the_load_and_a_kill_minus_nine_loses_nothing(
         victim = max(children, key=lambda c: c.pid)
         victim.send_signal(signal.SIGKILL)  # the supervisor starts it again on its persistent session
         publisher.join()
-        expected = 1500 * len(devices)
-        deadline = time.monotonic() + 90
-        records = read_topic(test_settings.kafka, test_settings.topics.raw, expected=expected, timeout_s=60)
-        while time.monotonic() < deadline and any(
-                len(set(s)) < 1500 for s in seqs_by_device(records).values()):
-            records = read_topic(test_settings.kafka, test_settings.topics.raw, timeout_s=30, idle_s=2)
+        _records, seqs = read_all_seqs(test_settings.kafka, test_settings.topics.raw, devices, 1500)
     finally:
         supervisor.send_signal(signal.SIGTERM)
         out, _ = supervisor.communicate(timeout=90)
     assert supervisor.returncode == 0
-    seqs = seqs_by_device(records)
-    for device in devices:
-        assert set(seqs[device]) == set(range(1500)), f"{device}: missing {set(range(1500)) - set(seqs[device])}"
+    assert_no_loss(seqs, devices, 1500)
     summary = json.loads(out)
     assert summary["processes"] == 2 and summary["restarts"] == 1
     assert summary["inflight"] == 0
