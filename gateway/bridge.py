@@ -193,7 +193,10 @@ class Gateway:
         received_at = time.monotonic()
         now_ms = time.time_ns() // 1_000_000
         self.stats.received += 1
-        topic = message.topic
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:  # paho raises on a topic that is not UTF-8 (mosquitto refuses those)
+            topic = bytes(message._topic).decode("utf-8", "replace")
         payload = message.payload
         qos = message.qos
         headers = [(H_MQTT_TOPIC, topic.encode()), (H_MQTT_QOS, _QOS_BYTES[qos]), (H_INGEST_MS, b"%d" % now_ms),
@@ -367,7 +370,10 @@ class Gateway:
         """Serve delivery reports; recreate the producer after a fatal error or a stall."""
         next_stall_check = time.monotonic() + 1.0
         while not self._stopped.is_set():
-            self._producer.poll(0.1)
+            try:
+                self._producer.poll(0.1)
+            except Exception:  # noqa: BLE001 - a failing report must not end the thread that serves them
+                log.exception("error while serving Kafka delivery reports")
             if time.monotonic() >= next_stall_check:
                 next_stall_check = time.monotonic() + 1.0
                 if self._stalled():
