@@ -294,14 +294,18 @@ class Gateway:
                     log.error("produce failed (%s); will retry after the producer is recreated", exc)
                     self._recreate_producer.set()
                     return
-                if error.code() in _REFUSED_ERRORS:
+                if error.code() in _REFUSED_ERRORS and pending.value:
                     pending = self._refused(pending_id, pending, error)  # this record, not the producer
                     continue
                 log.warning("produce failed (%s); trying again in 1 s", exc)  # e.g. a topic not created yet
                 time.sleep(1.0)
             except (TypeError, ValueError) as exc:  # e.g. a header Kafka cannot carry
+                if not pending.value:  # nothing left to cut: a configuration problem (e.g. the topic name)
+                    log.error("Kafka refuses even the bare dead letter from %s (%s); trying again in 1 s",
+                              pending.mqtt_topic, exc)
+                    time.sleep(1.0)
+                    continue
                 pending = self._refused(pending_id, pending, exc)
-                continue
 
     def _refused(self, pending_id: int, pending: _Pending, error: Any) -> _Pending:
         """Kafka refuses this record for what it is: its dead letter instead, cut to an excerpt

@@ -26,6 +26,8 @@ from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: A process is started again at most this often.
+_MIN_LIFETIME_S = 5.0
 #: Summary fields that add up over processes.
 _SUMMED = ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps",
            "devices_forgotten", "inflight", "tracked_devices")
@@ -85,19 +87,20 @@ class Supervisor:
         self._children[index] = (process, receiver)
         log.info("gateway process %d started (pid %d)", index, process.pid)
 
-    def pids(self) -> list[int]:
-        return [process.pid for process, _ in self._children.values()]
-
     def run(self, stop: threading.Event) -> dict[str, Any]:
+        started: dict[int, float] = {}
         for index in range(self.processes):
             self._start(index)
+            started[index] = time.monotonic()
         while not stop.wait(0.5):
             for index, (process, _results) in list(self._children.items()):
-                if not process.is_alive():
-                    log.error("gateway process %d (pid %d) exited with %s: starting it again (its session keeps "
-                              "what it had not acknowledged)", index, process.pid, process.exitcode)
-                    self.restarts += 1
-                    self._start(index)
+                if process.is_alive() or time.monotonic() - started[index] < _MIN_LIFETIME_S:
+                    continue  # one that died right after starting (e.g. no broker) is not restarted in a loop
+                log.error("gateway process %d (pid %d) exited with %s: starting it again (its session keeps "
+                          "what it had not acknowledged)", index, process.pid, process.exitcode)
+                self.restarts += 1
+                self._start(index)
+                started[index] = time.monotonic()
         return self._stop_all()
 
     def _stop_all(self) -> dict[str, Any]:
