@@ -22,8 +22,8 @@ bounded to an excerpt, instead of being produced again forever.
 
 Where the time goes (the hot path is the paho network thread): per message one contract
 decode (msgspec), one regex match for the rule, one ``produce`` with a callback; the
-delivery reports are served in batches by a second thread blocked in ``poll``, which also
-sends the PUBACKs. Each counter has one writer thread, so nothing on the hot path takes a
+delivery reports are served in batches by a second thread blocked in ``poll``, which then
+sends the PUBACKs of each batch in one write. Each counter has one writer thread, so nothing on the hot path takes a
 lock, logs or builds more than the record's header list.
 """
 
@@ -87,6 +87,7 @@ class Gateway:
         self.router = self.router_for(settings)
         self.stats = GatewayStats()
         self._pending: dict[int, _Pending] = {}
+        self._acks: list[int] = []  # QoS 1 packet ids confirmed by Kafka, not yet acknowledged
         self._ids = itertools.count()
         self._last_seq: dict[str, int] = {}  # device -> last seq, least recently seen first
         self._generation = 0
@@ -356,7 +357,13 @@ class Gateway:
         stats.kafka_up = True
         self._last_delivery_at = now
         if pending.qos and pending.generation == self._generation:
-            self._mqtt.ack(pending.mid, pending.qos)
+            self._acks.append(pending.mid)  # sent together once this poll's reports are served
+
+    def _send_acks(self) -> None:
+        """PUBACK what Kafka confirmed in the last poll, in one write (poller thread)."""
+        if self._acks:
+            acks, self._acks = self._acks, []
+            self._mqtt.ack_many(acks)
 
     def _on_kafka_error(self, err: KafkaError) -> None:
         if err.code() in _KAFKA_DOWN_ERRORS:
@@ -378,6 +385,7 @@ class Gateway:
                 self._producer.poll(0.1)
             except Exception:  # noqa: BLE001 - a failing report must not end the thread that serves them
                 log.exception("error while serving Kafka delivery reports")
+            self._send_acks()
             if time.monotonic() >= next_stall_check:
                 next_stall_check = time.monotonic() + 1.0
                 if self._stalled():

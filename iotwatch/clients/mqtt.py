@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+import struct
 import threading
 import uuid
 from typing import Literal
@@ -12,6 +13,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import MqttSettings
+
+
+_PUBACK_HEADER = (paho.PUBACK << 24) | (2 << 16)  # command byte, remaining length 2, then the packet id
 
 
 class BufferedReadClient(paho.Client):
@@ -43,6 +47,14 @@ class BufferedReadClient(paho.Client):
     def _sock_close(self) -> None:
         self._read_buffer, self._read_at = b"", 0  # bytes of a lost connection never reach the next one
         super()._sock_close()
+
+    def ack_many(self, mids: list[int]) -> None:
+        """PUBACK each QoS 1 message in ``mids`` (manual acks) in one write: stock paho queues
+        each PUBACK as its own packet, with a wake-up of the network thread and a ``send``
+        each. The bytes are those of paho's own PUBACK (MQTT 3.1.1 and 5: a success)."""
+        if mids:
+            packet = struct.pack(f"!{len(mids)}I", *(_PUBACK_HEADER | mid for mid in mids))
+            self._packet_queue(paho.PUBACK, packet, 0, 0)
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
         rc = super().loop_read(max_packets)
