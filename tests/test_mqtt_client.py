@@ -49,3 +49,15 @@ def test_buffered_reads_deliver_the_same_messages_as_stock_paho(stack_settings: 
     buffered = _receive(stack_settings, f"test/{unique}/buffered", payloads, buffered=True)
     assert stock == payloads
     assert buffered == payloads
+
+
+def test_ack_many_writes_the_bytes_of_paho_pubacks() -> None:
+    import struct
+
+    import paho.mqtt.client as paho
+
+    from iotwatch.clients.mqtt import _PUBACK_HEADER
+
+    mids = [1, 2, 300, 65535]
+    batched = struct.pack(f"!{len(mids)}I", *(_PUBACK_HEADER | mid for mid in mids))
+    assert batched == b"".join(struct.pack("!BBH", paho.PUBACK, 2, mid) for mid in mids)
