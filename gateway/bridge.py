@@ -23,8 +23,8 @@ bounded to an excerpt, instead of being produced again forever.
 Where the time goes (the hot path is the paho network thread): per message one contract
 decode (msgspec), one regex match for the rule, one ``produce`` with a callback; the
 delivery reports are served in batches by a second thread blocked in ``poll``, which then
-sends the PUBACKs of each batch in one write. Each counter has one writer thread, so nothing on the hot path takes a
-lock, logs or builds more than the record's header list.
+sends the PUBACKs of each batch in one write. Each counter has one writer thread, so
+nothing on the hot path takes a lock, logs or builds more than the record's header list.
 """
 
 from __future__ import annotations
