@@ -14,40 +14,56 @@ Delivery guarantee (at-least-once, end to end):
   (``message.timeout.ms=0``), so a Kafka outage delays delivery but reorders nothing.
 - A PUBACK belongs to one connection: acknowledgements for messages received before a
   reconnect are dropped (the broker redelivers those), never sent with a reused packet id.
+
+No single input can stop it: every message ends as a Kafka record (the reading, or a dead
+letter with a reason; an unexpected exception is ``processing_error`` with its class), and a
+record Kafka refuses for what it is (too large, invalid) becomes a dead letter in its turn,
+bounded to an excerpt, instead of being produced again forever.
+
+Where the time goes (the hot path is the paho network thread): per message one contract
+decode (msgspec), one regex match for the rule, one ``produce`` with a callback; the
+delivery reports are served in batches by a second thread blocked in ``poll``, which then
+sends the PUBACKs of each batch in one write. Each counter has one writer thread, so
+nothing on the hot path takes a lock, logs or builds more than the record's header list.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+import msgspec
 import paho.mqtt.client as paho
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import ContractViolation, Telemetry, decode_telemetry, parse_device_topic
-from iotwatch.deadletter import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter
+from iotwatch.contract import ContractViolation, decode_telemetry, parse_device_topic
+from iotwatch.deadletter import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.errors import IotwatchError, ServiceUnavailable
-from iotwatch.settings import MappingRule, Settings
-from gateway.mapping import Router, RoutingError
+from iotwatch.settings import Settings
+from gateway.mapping import CompiledRule, Router, RoutingError
 from gateway.metrics import GatewayStats, MetricsServer, influx_points, status_line
 
 log = logging.getLogger(__name__)
 
 _KAFKA_DOWN_ERRORS = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
+#: Kafka refuses the record itself (not the moment): producing it again can never succeed.
+#: (A topic that does not exist yet is not one of these: the gateway waits for it.)
+_REFUSED_ERRORS = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,
+                   KafkaError.INVALID_RECORD, KafkaError.TOPIC_EXCEPTION, KafkaError.RECORD_LIST_TOO_LARGE,
+                   KafkaError._INVALID_ARG, KafkaError._BAD_MSG}
+_QOS_BYTES = (b"0", b"1", b"2")
 
 
-@dataclass
-class _Pending:
+class _Pending(NamedTuple):
     """A received MQTT message whose Kafka record is not confirmed yet."""
 
     mid: int
@@ -58,6 +74,8 @@ class _Pending:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
+    reason: str | None  # the dead-letter reason, None for a forwarded reading
+    mqtt_topic: str
 
 
 class Gateway:
@@ -67,15 +85,16 @@ class Gateway:
         self.settings = settings
         self.config = settings.gateway
         self.instance = self.config.client_id
-        self.router = Router(self.config.rules, settings.topics)
+        self.router = self.router_for(settings)
         self.stats = GatewayStats()
-        self._lock = self.stats.lock
         self._pending: dict[int, _Pending] = {}
+        self._acks: list[int] = []  # QoS 1 packet ids confirmed by Kafka, not yet acknowledged
         self._ids = itertools.count()
-        self._last_seq: dict[str, int] = {}
+        self._last_seq: dict[str, int] = {}  # device -> last seq, least recently seen first
         self._generation = 0
         self._last_delivery_at = time.monotonic()
-        self._accepting = threading.Event()
+        self._open = False  # accepting messages (read on the hot path: a plain attribute)
+        self._instance_bytes = self.instance.encode()
         self._stopped = threading.Event()
         self._recreate_producer = threading.Event()
         self._subscribed = threading.Event()
@@ -87,6 +106,10 @@ class Gateway:
 
     # -- set-up -------------------------------------------------------------------------
 
+    @staticmethod
+    def router_for(settings: Settings) -> Router:
+        return Router(settings.gateway.rules, settings.topics)
+
     def _make_producer(self) -> Producer:
         return Producer({
             **client_config(self.settings.kafka),
@@ -95,13 +118,15 @@ class Gateway:
             "acks": "all",
             "message.timeout.ms": 0,  # retry until delivered: an outage delays, never drops
             "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
             "compression.type": "lz4",
             "error_cb": self._on_kafka_error,
         })
 
     def _make_mqtt(self) -> paho.Client:
         client = make_client(self.settings.mqtt, self.instance, clean_session=False, manual_ack=True,
-                             protocol=self.config.mqtt_protocol)
+                             protocol=self.config.mqtt_protocol, buffered_reads=True)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -116,7 +141,7 @@ class Gateway:
                                                  self.config.metrics_host, self.config.metrics_port)
             self._metrics_server.start()
         self._poller.start()
-        self._accepting.set()
+        self._open = True
         mqtt = self.settings.mqtt
         try:
             if self.config.mqtt_protocol == "5":
@@ -151,131 +176,199 @@ class Gateway:
         if reason_code.is_failure:
             log.error("MQTT broker refused the connection: %s", reason_code)
             return
-        with self._lock:
-            self._generation += 1
-            self.stats.mqtt_connected = True
+        self._generation += 1
+        self.stats.mqtt_connected = True
         session = "resumed" if getattr(flags, "session_present", False) else "new"
         log.info("connected to MQTT (%s session)", session)
         client.subscribe([(f, 1) for f in self._filters()])
 
     def _on_disconnect(self, _client: paho.Client, _userdata: Any, _flags: Any, reason_code: Any, _props: Any) -> None:
-        with self._lock:
-            self.stats.mqtt_connected = False
+        self.stats.mqtt_connected = False
         if not self._stopped.is_set():
             log.warning("MQTT connection lost (%s): reconnecting; unconfirmed messages will be redelivered",
                         reason_code)
 
     def _on_message(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
-        if not self._accepting.is_set():
+        """The hot path: one message to one Kafka record (reading or dead letter)."""
+        if not self._open:
             return  # draining: left unacknowledged, the broker redelivers it to the next session
         received_at = time.monotonic()
-        ingest_ms = str(int(time.time() * 1000)).encode()
-        topic = message.topic
-        headers = [(H_MQTT_TOPIC, topic.encode()), (H_MQTT_QOS, str(message.qos).encode()),
-                   (H_INGEST_MS, ingest_ms), (H_GATEWAY, self.instance.encode())]
-        payload = message.payload
+        now_ms = time.time_ns() // 1_000_000
+        self.stats.received += 1
         try:
-            rule = self.router.rule_for(topic)
-            parsed = self._validate(rule, topic, payload)
-            route = self.router.route(rule, topic, parsed)
-            kafka_topic, key, value = route.kafka_topic, route.key, payload
+            topic = message.topic
+        except UnicodeDecodeError:  # paho raises on a topic that is not UTF-8 (mosquitto refuses those)
+            topic = bytes(message._topic).decode("utf-8", "replace")
+        payload = message.payload
+        qos = message.qos
+        headers = [(H_MQTT_TOPIC, topic.encode()), (H_MQTT_QOS, _QOS_BYTES[qos]), (H_INGEST_MS, b"%d" % now_ms),
+                   (H_GATEWAY, self._instance_bytes)]
+        reason = None
+        try:
+            rule = self.router.match(topic)
+            parsed = self._validate(rule, topic, payload, now_ms)
+            kafka_topic, key = rule.route(topic, parsed)
+            value = payload
         except ContractViolation as exc:
-            kafka_topic, key, value, headers = self._dead_letter(exc.reason, exc.detail, topic, payload, headers)
+            reason, detail = exc.reason, exc.detail
         except RoutingError as exc:
-            kafka_topic, key, value, headers = self._dead_letter("unroutable", str(exc), topic, payload, headers)
-        pending = _Pending(message.mid, message.qos, self._generation, received_at, kafka_topic, key, value, headers)
+            reason, detail = "unroutable", str(exc)
+        except Exception as exc:  # noqa: BLE001 - no input may stop the gateway: it becomes a dead letter
+            reason, detail = "processing_error", f"{type(exc).__name__}: {exc}"
+        if reason is not None:
+            kafka_topic, key, value, headers = self._dead_letter(reason, detail, topic, payload, headers)
+        pending = _Pending(message.mid, qos, self._generation, received_at, kafka_topic, key, value, headers,
+                           reason, topic)
         pending_id = next(self._ids)
-        with self._lock:
-            self.stats.received += 1
-            self._pending[pending_id] = pending
-            self.stats.inflight = len(self._pending)
+        self._pending[pending_id] = pending
+        self.stats.inflight = len(self._pending)
         self._produce(pending_id, pending)
 
-    def _validate(self, rule: MappingRule, topic: str, payload: bytes) -> Telemetry | dict[str, Any]:
+    def _validate(self, rule: CompiledRule, topic: str, payload: bytes, now_ms: int) -> Any:
         if not rule.validate_contract:
             try:
-                parsed = json.loads(payload)
-            except (UnicodeDecodeError, json.JSONDecodeError):
+                parsed = msgspec.json.decode(payload)
+            except msgspec.DecodeError:
                 return {}
             return parsed if isinstance(parsed, dict) else {}
-        reading = decode_telemetry(payload, max_bytes=self.config.max_payload_bytes,
+        reading = decode_telemetry(payload, now_ms=now_ms, max_bytes=self.config.max_payload_bytes,
                                    max_future_skew_ms=self.config.max_future_skew_ms)
         site, device_type, device_id, _kind = parse_device_topic(topic)
-        if (site, device_type, device_id) != (reading.site, reading.device_type, reading.device_id):
+        if device_id != reading.device_id or site != reading.site or device_type != reading.device_type:
             raise ContractViolation("topic_mismatch", f"topic {topic!r} does not match payload site/device_type/"
                                                       f"device_id {reading.site}/{reading.device_type}/{reading.device_id}")
         self._account_seq(reading.device_id, reading.seq)
         return reading
 
     def _account_seq(self, device_id: str, seq: int) -> None:
-        last = self._last_seq.get(device_id)
-        with self._lock:
-            if last is not None and seq <= last:
-                self.stats.duplicates += 1
-                return
-            if last is not None and seq > last + 1:
-                self.stats.seq_gaps += seq - last - 1
-        self._last_seq[device_id] = seq
+        """Duplicates and gaps per device. The map is kept in least-recently-seen order and
+        capped at ``max_devices``: a forgotten device that comes back starts afresh (its
+        next seq is neither a duplicate nor a gap), memory stays bounded."""
+        seen = self._last_seq
+        last = seen.pop(device_id, None)
+        if last is None:
+            seen[device_id] = seq
+            if len(seen) > self.config.max_devices:
+                del seen[next(iter(seen))]
+                self.stats.devices_forgotten += 1
+            return
+        if seq <= last:
+            self.stats.duplicates += 1
+            seen[device_id] = last
+            return
+        if seq > last + 1:
+            self.stats.seq_gaps += seq - last - 1
+        seen[device_id] = seq
+
+    @property
+    def tracked_devices(self) -> int:
+        """Devices whose last seq is remembered (at most ``max_devices``)."""
+        return len(self._last_seq)
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes,
                      headers: list[tuple[str, bytes]]) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
-        with self._lock:
-            self.stats.dead_lettered[reason] += 1
-        log.debug("dead letter from %s: %s: %s", topic, reason, detail)
+        """The dead-letter record: the original bytes, or an excerpt when too large to carry."""
         try:
             key: bytes | None = parse_device_topic(topic)[2].encode()
         except ContractViolation:
             key = topic.encode(errors="replace")
-        letter = DeadLetter(reason, detail, "gateway", payload, key, topic)
         extra = [h for h in headers if h[0] != H_MQTT_TOPIC]
-        return self.settings.topics.dlq, key, payload, letter.headers(extra)
+        value = payload
+        if len(payload) > self.config.max_payload_bytes:
+            value, sizes = excerpt(payload, self.config.dead_letter_excerpt_bytes)
+            extra += sizes
+        letter = DeadLetter(reason, detail, "gateway", value, key, topic)
+        return self.settings.topics.dlq, key, value, letter.headers(extra)
 
     # -- Kafka side ------------------------------------------------------------------------
 
     def _produce(self, pending_id: int, pending: _Pending) -> None:
         while True:
             try:
-                self._producer.produce(
-                    pending.topic, value=pending.value, key=pending.key, headers=pending.headers,
-                    on_delivery=lambda err, msg, pid=pending_id: self._on_delivery(pid, err, msg))
+                self._producer.produce(pending.topic, pending.value, pending.key, headers=pending.headers,
+                                       on_delivery=functools.partial(self._on_delivery, pending_id))
                 return
             except BufferError:
                 time.sleep(0.01)  # local queue full: the poller thread is draining it
-            except Exception as exc:  # noqa: BLE001 - e.g. producer fenced/fatal: handled by recreation
-                log.error("produce failed (%s); will retry after the producer is recreated", exc)
-                self._recreate_producer.set()
-                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.fatal():
+                    log.error("produce failed (%s); will retry after the producer is recreated", exc)
+                    self._recreate_producer.set()
+                    return
+                if error.code() in _REFUSED_ERRORS and pending.value:
+                    pending = self._refused(pending_id, pending, error)  # this record, not the producer
+                    continue
+                log.warning("produce failed (%s); trying again in 1 s", exc)  # e.g. a topic not created yet
+                time.sleep(1.0)
+            except (TypeError, ValueError) as exc:  # e.g. a header Kafka cannot carry
+                if not pending.value:  # nothing left to cut: a configuration problem (e.g. the topic name)
+                    log.error("Kafka refuses even the bare dead letter from %s (%s); trying again in 1 s",
+                              pending.mqtt_topic, exc)
+                    time.sleep(1.0)
+                    continue
+                pending = self._refused(pending_id, pending, exc)
+
+    def _refused(self, pending_id: int, pending: _Pending, error: Any) -> _Pending:
+        """Kafka refuses this record for what it is: its dead letter instead, cut to an excerpt
+        (a dead letter refused in its turn is sent again with no value at all)."""
+        log.warning("Kafka refused a record from %s (%s): dead-lettering it", pending.mqtt_topic, error)
+        headers = [h for h in pending.headers if not h[0].startswith("iotwatch.") or h[0] in (H_INGEST_MS, H_GATEWAY)]
+        if pending.reason is None:
+            topic, key, value, headers = self._dead_letter("kafka_refused", str(error), pending.mqtt_topic,
+                                                           pending.value, headers)
+            if len(value) > self.config.dead_letter_excerpt_bytes:
+                value, sizes = excerpt(pending.value, self.config.dead_letter_excerpt_bytes)
+                headers += sizes
+            reason = "kafka_refused"
+        else:
+            topic, key, value, reason = pending.topic, pending.key, b"", pending.reason
+            headers = [h for h in pending.headers if h[0] != "iotwatch.detail"] + [
+                ("iotwatch.detail", f"dead letter refused by Kafka ({error}): value left out".encode())]
+        replacement = pending._replace(topic=topic, key=key, value=value, headers=headers, reason=reason)
+        self._pending[pending_id] = replacement
+        return replacement
 
     def _on_delivery(self, pending_id: int, err: KafkaError | None, _msg: Message) -> None:
-        with self._lock:
-            pending = self._pending.get(pending_id)
+        """Delivery reports (poller thread): count, then acknowledge to MQTT."""
+        pending = self._pending.get(pending_id)
         if pending is None:
             return
+        stats = self.stats
         if err is not None:
-            if err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            code = err.code()
+            if code in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
                 return  # the replacement producer sends it again
-            with self._lock:
-                self.stats.delivery_failures += 1
+            stats.delivery_failures += 1
+            if code in _REFUSED_ERRORS and pending.value:
+                self._produce(pending_id, self._refused(pending_id, pending, err))
+                return
             log.warning("Kafka delivery failed (%s); producing again", err)
             if err.fatal():
                 self._recreate_producer.set()
             else:
                 self._produce(pending_id, pending)
             return
-        with self._lock:
-            self._pending.pop(pending_id, None)
-            self.stats.inflight = len(self._pending)
-            self.stats.observe_delivery(time.monotonic() - pending.received_at)
-            self.stats.kafka_up = True
-            self._last_delivery_at = time.monotonic()
-            same_connection = pending.generation == self._generation
-        if same_connection and pending.qos > 0:
-            self._mqtt.ack(pending.mid, pending.qos)
+        del self._pending[pending_id]
+        now = time.monotonic()
+        stats.inflight = len(self._pending)
+        stats.observe_delivery(now - pending.received_at)
+        if pending.reason is not None:
+            stats.dead_lettered[pending.reason] += 1
+        stats.kafka_up = True
+        self._last_delivery_at = now
+        if pending.qos and pending.generation == self._generation:
+            self._acks.append(pending.mid)  # sent together once this poll's reports are served
+
+    def _send_acks(self) -> None:
+        """PUBACK what Kafka confirmed in the last poll, in one write (poller thread)."""
+        if self._acks:
+            acks, self._acks = self._acks, []
+            self._mqtt.ack_many(acks)
 
     def _on_kafka_error(self, err: KafkaError) -> None:
         if err.code() in _KAFKA_DOWN_ERRORS:
-            with self._lock:
-                was_up, self.stats.kafka_up = self.stats.kafka_up, False
+            was_up, self.stats.kafka_up = self.stats.kafka_up, False
             if was_up:
                 log.error("Kafka unreachable (%s): holding %d message(s) unacknowledged; the broker keeps the rest",
                           err.str(), self.stats.inflight)
@@ -289,7 +382,11 @@ class Gateway:
         """Serve delivery reports; recreate the producer after a fatal error or a stall."""
         next_stall_check = time.monotonic() + 1.0
         while not self._stopped.is_set():
-            self._producer.poll(0.1)
+            try:
+                self._producer.poll(0.1)
+            except Exception:  # noqa: BLE001 - a failing report must not end the thread that serves them
+                log.exception("error while serving Kafka delivery reports")
+            self._send_acks()
             if time.monotonic() >= next_stall_check:
                 next_stall_check = time.monotonic() + 1.0
                 if self._stalled():
@@ -300,11 +397,13 @@ class Gateway:
                 self._recreate_producer.clear()
                 self._replace_producer()
 
+    def _oldest_pending(self, default: float) -> float:
+        pending = list(self._pending.values())  # a copy: the MQTT thread adds meanwhile
+        return min((p.received_at for p in pending), default=default)
+
     def _stalled(self) -> bool:
         now = time.monotonic()
-        with self._lock:
-            oldest = min((p.received_at for p in self._pending.values()), default=now)
-            last_progress = max(self._last_delivery_at, oldest)
+        last_progress = max(self._last_delivery_at, self._oldest_pending(now))
         if now - last_progress < self.config.stall_timeout_s:
             return False
         try:
@@ -316,9 +415,9 @@ class Gateway:
     def _replace_producer(self) -> None:
         old, self._producer = self._producer, self._make_producer()
         old.purge(in_queue=True, in_flight=True)  # its reports come back as _PURGE_*: ignored
-        with self._lock:
-            self._last_delivery_at = time.monotonic()
-            pending = sorted(self._pending.items())
+        old.poll(0)
+        self._last_delivery_at = time.monotonic()
+        pending = sorted(list(self._pending.items()))
         log.warning("producing %d unconfirmed message(s) again on a new producer", len(pending))
         for pending_id, item in pending:
             self._produce(pending_id, item)
@@ -337,12 +436,14 @@ class Gateway:
 
     def refresh_gauges(self) -> dict[str, Any]:
         now = time.monotonic()
-        with self._lock:
-            oldest = min((p.received_at for p in self._pending.values()), default=now)
-            self.stats.oldest_inflight_s = now - oldest
-            if self._pending and now - oldest > 5:
-                self.stats.kafka_up = False  # nothing confirmed for 5 s while messages wait
-        return self.stats.snapshot()
+        oldest = self._oldest_pending(now)
+        self.stats.oldest_inflight_s = now - oldest
+        self.stats.inflight = len(self._pending)
+        if now - oldest > 5 and now - self._last_delivery_at > 5:
+            self.stats.kafka_up = False  # nothing confirmed for 5 s while messages wait
+        snapshot = self.stats.snapshot()
+        snapshot["tracked_devices"] = self.tracked_devices
+        return snapshot
 
     def report(self) -> dict[str, Any]:
         """Refresh gauges, log the status line, write the InfluxDB points when configured."""
@@ -363,7 +464,7 @@ class Gateway:
     def stop(self, drain: bool = True) -> dict[str, Any]:
         """Stop taking messages, wait for Kafka to confirm those in flight (acking them),
         then disconnect. Unconfirmed leftovers stay unacknowledged: the broker redelivers them."""
-        self._accepting.clear()
+        self._open = False
         if drain:
             deadline = time.monotonic() + self.config.drain_timeout_s
             while self.stats.inflight and time.monotonic() < deadline:

@@ -2,14 +2,16 @@
 
 Templates use Python's format syntax: ``{1}`` is a level of the MQTT topic (from 0),
 ``{payload.device_id}`` a top-level payload field, ``{topics.raw}`` a configured topic name.
+
+Rules are compiled once (the filter to a regular expression, each template to a constant,
+a field lookup or a format call), so routing a message costs a regex match and an
+attribute read, with no per-topic cache that would grow with the number of devices.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
 from typing import Any
-
-from paho.mqtt.client import topic_matches_sub
 
 from iotwatch.settings import MappingRule, TopicSettings
 
@@ -25,18 +27,94 @@ class _Fields:
         self._payload = payload
 
     def __getattr__(self, name: str) -> Any:
-        if isinstance(self._payload, dict):
-            if name in self._payload:
-                return self._payload[name]
-        elif hasattr(self._payload, name):
-            return getattr(self._payload, name)
-        raise RoutingError(f"payload has no field {name!r}")
+        return _field(self._payload, name)
 
 
-@dataclass(frozen=True)
-class Route:
-    kafka_topic: str
-    key: bytes
+def _field(payload: Any, name: str) -> Any:
+    if isinstance(payload, dict):
+        if name in payload:
+            return payload[name]
+    elif hasattr(payload, name):
+        return getattr(payload, name)
+    raise RoutingError(f"payload has no field {name!r}")
+
+
+def filter_regex(mqtt_filter: str) -> re.Pattern[str]:
+    """The MQTT topic filter as a regular expression with the standard's matching rules:
+    ``+`` is one level (possibly empty), a final ``#`` any number of levels including none
+    (``a/#`` matches ``a``), and a wildcard first level never matches a ``$`` topic."""
+    levels = mqtt_filter.split("/")
+    parts: list[str] = []
+    for index, level in enumerate(levels):
+        if level == "#" and index == len(levels) - 1:
+            parts.append("(?:/.*)?" if parts else ".*")
+            continue
+        if parts:
+            parts.append("/")
+        parts.append("[^/]*" if level == "+" else re.escape(level))
+    guard = r"(?!\$)" if levels[0] in ("+", "#") else ""
+    return re.compile(guard + "".join(parts) + r"\Z", re.DOTALL)
+
+
+_FIELD_TEMPLATE = re.compile(r"\{payload\.([A-Za-z_][A-Za-z0-9_]*)\}")
+_LEVEL_TEMPLATE = re.compile(r"\{([0-9]+)\}")
+
+
+class _Template:
+    """A compiled template: a constant, one payload field, one topic level, or a format call."""
+
+    def __init__(self, text: str, topics: TopicSettings) -> None:
+        self.text = text
+        self.topics = topics
+        self.constant: str | None = None
+        self.field: str | None = None
+        self.level: int | None = None
+        try:
+            self.constant = text.format(topics=topics)
+            return
+        except (IndexError, KeyError, AttributeError):
+            pass
+        if match := _FIELD_TEMPLATE.fullmatch(text):
+            self.field = match.group(1)
+        elif match := _LEVEL_TEMPLATE.fullmatch(text):
+            self.level = int(match.group(1))
+
+    def render(self, mqtt_topic: str, payload: Any) -> str:
+        if self.constant is not None:
+            return self.constant
+        if self.field is not None:
+            return str(_field(payload, self.field))
+        levels = mqtt_topic.split("/")
+        if self.level is not None:
+            if self.level >= len(levels):
+                raise RoutingError(f"template {self.text!r} cannot be filled for {mqtt_topic!r}: no level {self.level}")
+            return levels[self.level]
+        try:
+            return self.text.format(*levels, payload=_Fields(payload), topics=self.topics)
+        except (IndexError, KeyError, AttributeError) as exc:
+            raise RoutingError(f"template {self.text!r} cannot be filled for {mqtt_topic!r}: {exc}") from None
+
+
+class CompiledRule:
+    """One rule ready to apply: its filter as a regex match, its templates compiled."""
+
+    def __init__(self, rule: MappingRule, topics: TopicSettings) -> None:
+        self.rule = rule
+        self.validate_contract = rule.validate_contract
+        self.matches = filter_regex(rule.mqtt_filter).match
+        self._topic = _Template(rule.kafka_topic, topics)
+        self._key = _Template(rule.key, topics)
+
+    @property
+    def static_topic(self) -> str | None:
+        return self._topic.constant
+
+    def route(self, mqtt_topic: str, payload: Any) -> tuple[str, bytes]:
+        """The Kafka topic and key for this message, or :class:`RoutingError`."""
+        topic = self._topic.render(mqtt_topic, payload)
+        if not topic:
+            raise RoutingError(f"rule for {self.rule.mqtt_filter!r} produced an empty Kafka topic")
+        return topic, self._key.render(mqtt_topic, payload).encode()
 
 
 class Router:
@@ -47,6 +125,7 @@ class Router:
             raise ValueError("the gateway needs at least one mapping rule")
         self.rules = rules
         self.topics = topics
+        self.compiled = [CompiledRule(rule, topics) for rule in rules]
 
     def subscriptions(self) -> list[str]:
         return list(dict.fromkeys(rule.mqtt_filter for rule in self.rules))
@@ -54,28 +133,11 @@ class Router:
     def static_topics(self) -> list[str]:
         """Kafka topics known before any message arrives (templates using only ``{topics.*}``),
         so they can be created up front."""
-        names = []
-        for rule in self.rules:
-            try:
-                names.append(rule.kafka_topic.format(topics=self.topics))
-            except (IndexError, KeyError, AttributeError):
-                continue  # depends on the message
-        return list(dict.fromkeys(names))
+        return list(dict.fromkeys(c.static_topic for c in self.compiled if c.static_topic is not None))
 
-    def rule_for(self, mqtt_topic: str) -> MappingRule:
-        for rule in self.rules:
-            if topic_matches_sub(rule.mqtt_filter, mqtt_topic):
-                return rule
+    def match(self, mqtt_topic: str) -> CompiledRule:
+        """The first rule whose filter matches, or :class:`RoutingError`."""
+        for compiled in self.compiled:
+            if compiled.matches(mqtt_topic) is not None:
+                return compiled
         raise RoutingError(f"no mapping rule matches MQTT topic {mqtt_topic!r}")
-
-    def route(self, rule: MappingRule, mqtt_topic: str, payload: Any) -> Route:
-        levels = mqtt_topic.split("/")
-        fields = _Fields(payload)
-        try:
-            topic = rule.kafka_topic.format(*levels, payload=fields, topics=self.topics)
-            key = rule.key.format(*levels, payload=fields, topics=self.topics)
-        except (IndexError, KeyError, AttributeError) as exc:
-            raise RoutingError(f"template cannot be filled for {mqtt_topic!r}: {exc}") from None
-        if not topic:
-            raise RoutingError(f"rule for {rule.mqtt_filter!r} produced an empty Kafka topic")
-        return Route(topic, key.encode())

@@ -6,6 +6,7 @@ InfluxDB points and the periodic log line are all views of its snapshot.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -27,7 +28,11 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 @dataclass
 class GatewayStats:
-    """Counters and gauges of one gateway instance (thread-safe)."""
+    """Counters and gauges of one gateway instance.
+
+    Each counter is written by one thread only (received, duplicates, seq_gaps and
+    devices_forgotten by the MQTT thread; the delivery counts by the Kafka poller), so the
+    hot path takes no lock; ``lock`` serialises readers (snapshot, Prometheus)."""
 
     received: int = 0
     forwarded: int = 0
@@ -35,6 +40,7 @@ class GatewayStats:
     delivery_failures: int = 0  # Kafka errors on delivery; the message is produced again
     duplicates: int = 0  # seq not above the device's last forwarded seq (redelivery or device resend)
     seq_gaps: int = 0  # seqs skipped between consecutive messages of a device
+    devices_forgotten: int = 0  # devices dropped from the seq map past its cap (max_devices)
     inflight: int = 0
     oldest_inflight_s: float = 0.0
     kafka_up: bool = False
@@ -46,20 +52,15 @@ class GatewayStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def observe_delivery(self, latency_s: float) -> None:
-        """Called with the lock held."""
+        """Called by the one thread that serves delivery reports (each counter has one writer)."""
         self.forwarded += 1
         self.latency_sum_s += latency_s
         self.recent_latencies_s.append(latency_s)
-        for index, bound in enumerate(LATENCY_BUCKETS_S):
-            if latency_s <= bound:
-                self.latency_buckets[index] += 1
-                break
-        else:
-            self.latency_buckets[-1] += 1
+        self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            latencies = sorted(self.recent_latencies_s)
+            latencies = sorted(list(self.recent_latencies_s))  # list(): one atomic copy
             return {
                 "received": self.received,
                 "forwarded": self.forwarded,
@@ -68,6 +69,7 @@ class GatewayStats:
                 "delivery_failures": self.delivery_failures,
                 "duplicates": self.duplicates,
                 "seq_gaps": self.seq_gaps,
+                "devices_forgotten": self.devices_forgotten,
                 "inflight": self.inflight,
                 "oldest_inflight_s": round(self.oldest_inflight_s, 3),
                 "kafka_up": self.kafka_up,
@@ -99,6 +101,7 @@ class _StatsCollector(Collector):
                 ("delivery_failures", "Kafka delivery errors (message produced again)", s.delivery_failures),
                 ("duplicates", "messages whose seq was not above the device's last one", s.duplicates),
                 ("seq_gaps", "seqs missing between consecutive messages of a device", s.seq_gaps),
+                ("devices_forgotten", "devices dropped from the seq map past max_devices", s.devices_forgotten),
             ):
                 family = CounterMetricFamily(f"iotwatch_gateway_{name}", doc, labels=labels)
                 family.add_metric([self.instance], value)

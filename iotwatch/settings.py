@@ -238,6 +238,13 @@ class GatewaySettings(_ConcernSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for Kafka to confirm in-flight")
     stall_timeout_s: float = Field(30.0, gt=0, description="Kafka answers metadata but confirms nothing for this "
                                                           "long: recreate the producer and send the backlog again")
+    max_devices: int = Field(100_000, ge=1, description="devices whose last seq the gateway remembers (for its "
+                             "duplicate and gap counts); past this the least recently seen is forgotten, so memory "
+                             "stays bounded however many device ids appear")
+    dead_letter_excerpt_bytes: int = Field(4096, ge=0, description="a payload over max_payload_bytes is dead-lettered "
+                                           "as its first this many bytes, with its size and SHA-256 in headers")
+    processes: int = Field(1, ge=1, description="gateway processes on one shared subscription, each with its own "
+                           "persistent session (client id <client_id>-<n>) and Kafka producer")
 
 
 class StreamSettings(_ConcernSettings):

@@ -48,6 +48,9 @@ class Publisher:
             for device in self.devices:
                 message = reading(device, seq, site=self.site)
                 info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
+                while info.rc:  # not connected (e.g. the broker restarts): paho did not take it, try again
+                    time.sleep(0.1)
+                    info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
                 self.published.setdefault(device, []).append((seq, time.time()))
                 if self.rate_per_s:
                     sent = (seq * len(self.devices)) + 1
@@ -118,3 +121,22 @@ class InThread:
         self.thread.join(30)
         assert not self.thread.is_alive(), "the service did not stop"
         return self.result
+
+
+def read_all_seqs(kafka: KafkaSettings, topic: str, devices: list[str], count: int,
+                  timeout_s: float = 120) -> tuple[list[Message], dict[str, list[int]]]:
+    """Read ``topic`` until every device has seqs 0..count-1 (duplicates allowed) or the
+    timeout; the records and the seqs per device, for the caller to assert on."""
+    deadline = time.monotonic() + timeout_s
+    records = read_topic(kafka, topic, expected=count * len(devices), timeout_s=min(60, timeout_s))
+    while time.monotonic() < deadline and any(
+            len(set(seqs_by_device(records).get(device, ()))) < count for device in devices):
+        records = read_topic(kafka, topic, timeout_s=30, idle_s=2)
+    return records, seqs_by_device(records)
+
+
+def assert_no_loss(seqs: dict[str, list[int]], devices: list[str], count: int) -> None:
+    """Every device has every seq from 0 to count-1 at least once."""
+    for device in devices:
+        missing = set(range(count)) - set(seqs.get(device, ()))
+        assert not missing, f"{device}: {len(missing)} seq(s) missing, e.g. {sorted(missing)[:10]}"

@@ -15,14 +15,15 @@ from iotwatch.stack.service import RunningService
 HOST = "127.0.0.1"
 
 
-def start_mqtt_broker(run_dir: Path, choice: str, timeout_s: float) -> RunningService:
+def start_mqtt_broker(run_dir: Path, choice: str, timeout_s: float, port: int | None = None) -> RunningService:
     """Start the broker chosen by ``choice`` (auto, mosquitto, amqtt) and wait until a
-    real client completes a publish/subscribe round trip through it."""
+    real client completes a publish/subscribe round trip through it. ``port``: a fixed one
+    (to restart a broker where its clients expect it), else a free one."""
     mosquitto = shutil.which("mosquitto") or _debian_sbin("mosquitto")
     if choice == "mosquitto" and not mosquitto:
         raise StackError("mosquitto is not installed: apt-get install -y mosquitto mosquitto-clients "
                          "(or set IOTWATCH_STACK_MQTT_BROKER=amqtt)")
-    port = free_port(HOST)
+    port = port or free_port(HOST)
     base = run_dir / "mqtt"
     base.mkdir(parents=True, exist_ok=True)
     if mosquitto and choice != "amqtt":

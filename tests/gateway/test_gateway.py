@@ -8,10 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import requests
 
 from gateway.bridge import Gateway
@@ -19,28 +17,12 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract import telemetry_topic
-from iotwatch.deadletter import H_REASON, header_value
+from iotwatch.deadletter import H_ORIGINAL_BYTES, H_REASON, header_value
 from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import start_kafka_broker
 from iotwatch.stack.process import free_port, stop_process
-from tests.helpers import Publisher, read_topic, reading, seqs_by_device
-
-
-def gateway_settings(settings: Settings, unique: str, **gateway: object) -> Settings:
-    config = settings.gateway.model_copy(update={
-        "client_id": f"gw-{unique}", "metrics_port": 0, "status_interval_s": 1.0, **gateway})
-    influx = settings.influx
-    return settings.model_copy(update={"gateway": config, "influx": influx})
-
-
-@pytest.fixture
-def running_gateway(test_settings: Settings, unique: str) -> Iterator[Gateway]:
-    settings = gateway_settings(test_settings, unique)
-    ensure_topics(settings.kafka, [settings.topics.raw, settings.topics.dlq])
-    bridge = Gateway(settings)
-    bridge.start()
-    yield bridge
-    bridge.stop()
+from tests.gateway.conftest import gateway_settings
+from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device
 
 
 def test_every_message_arrives_once_in_seq_order_per_device(running_gateway: Gateway, test_settings: Settings,
@@ -117,8 +99,12 @@ def test_malformed_inputs_are_dead_lettered_with_reasons_and_valid_traffic_is_un
     dead = read_topic(test_settings.kafka, test_settings.topics.dlq, expected=len(MALFORMED), timeout_s=30)
     assert len(MALFORMED) >= 20 and len(dead) == len(MALFORMED)
     by_payload = {bytes(m.value() or b""): header_value(m.headers(), H_REASON) for m in dead}
+    excerpt = test_settings.gateway.dead_letter_excerpt_bytes
     for reason, payload in MALFORMED:
-        assert by_payload[payload] == reason, payload[:80]
+        carried = payload if len(payload) <= test_settings.gateway.max_payload_bytes else payload[:excerpt]
+        assert by_payload[carried] == reason, payload[:80]
+    oversize = next(m for m in dead if header_value(m.headers(), H_REASON) == "too_large")
+    assert header_value(oversize.headers(), H_ORIGINAL_BYTES) == str(len(next(p for r, p in MALFORMED if r == "too_large")))
     assert all(header_value(m.headers(), "iotwatch.detail") for m in dead)
     valid = read_topic(test_settings.kafka, test_settings.topics.raw, expected=len(MALFORMED), timeout_s=30)
     assert seqs_by_device(valid) == {device: list(range(len(MALFORMED)))}
@@ -155,16 +141,11 @@ def test_kill_minus_nine_and_restart_loses_nothing(test_settings: Settings, uniq
     second = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
     publisher.join()
     expected = 1500 * len(devices)
-    records = read_topic(test_settings.kafka, test_settings.topics.raw, expected=expected, timeout_s=90)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and {len(set(s)) for s in seqs_by_device(records).values()} != {1500}:
-        records = read_topic(test_settings.kafka, test_settings.topics.raw, timeout_s=30, idle_s=2)
+    records, seqs = read_all_seqs(test_settings.kafka, test_settings.topics.raw, devices, 1500)
     second.send_signal(signal.SIGTERM)
     out, _ = second.communicate(timeout=60)
     assert second.returncode == 0
-    seqs = seqs_by_device(records)
-    for device in devices:
-        assert set(seqs[device]) == set(range(1500)), f"{device}: missing {set(range(1500)) - set(seqs[device])}"
+    assert_no_loss(seqs, devices, 1500)
     duplicates = len(records) - expected
     summary = json.loads(out)
     assert summary["inflight"] == 0
