@@ -114,18 +114,21 @@ class SimulatedFleet:
 def simulate(homes: int = 20, vehicles: int = 6, days: float = 2.0, seed: int = 7, *,
              home_interval_s: float = 30.0, vehicle_interval_s: float = 5.0, anomalies_per_day: float = 2.0,
              kinds: tuple[str, ...] | None = None, faults: bool = False, faults_per_day: float = 2.0,
-             mix: dict[str, int] | None = None, tick_ms: int = 5000) -> SimulatedFleet:
+             fault_kinds: tuple[str, ...] | None = None, mix: dict[str, int] | None = None,
+             tick_ms: int = 5000) -> SimulatedFleet:
     """Generate the fleet on a virtual clock (no broker). ``anomalies_per_day`` is per device;
-    ``kinds`` limits the anomaly kinds (default: all that apply to each device type);
+    ``kinds`` limits the anomaly kinds (default: all that apply to each device type),
+    ``fault_kinds`` the transport faults (with ``faults``);
     ``mix`` fixes the devices per home by type (default: each home draws its own)."""
     params = {"homes": homes, "vehicles": vehicles, "days": days, "seed": seed,
               "home_interval_s": home_interval_s, "vehicle_interval_s": vehicle_interval_s,
               "anomalies_per_day": anomalies_per_day, "kinds": list(kinds) if kinds else None,
-              "faults": faults, "faults_per_day": faults_per_day if faults else 0.0, "mix": mix, "tick_ms": tick_ms}
+              "faults": faults, "faults_per_day": faults_per_day if faults else 0.0,
+              "fault_kinds": list(fault_kinds) if fault_kinds else None, "mix": mix, "tick_ms": tick_ms}
     config = SimConfig(seed=seed, homes=homes, vehicles=vehicles, rate=1.0 / home_interval_s,
                        vehicle_hz=1.0 / vehicle_interval_s, start_ms=START_MS, anomaly_rate=anomalies_per_day / 24.0,
-                       anomaly_kinds=kinds, fault_rate=faults_per_day / 24.0 if faults else 0.0, mix=mix,
-                       tick_ms=tick_ms)
+                       anomaly_kinds=kinds, fault_rate=faults_per_day / 24.0 if faults else 0.0,
+                       fault_kinds=fault_kinds, mix=mix, tick_ms=tick_ms)
     sim = Simulation(config)
     devices: dict[str, DeviceStream] = {}
     by_uid: dict[int, DeviceStream] = {}
