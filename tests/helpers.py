@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +140,13 @@ def assert_no_loss(seqs: dict[str, list[int]], devices: list[str], count: int) -
     for device in devices:
         missing = set(range(count)) - set(seqs.get(device, ()))
         assert not missing, f"{device}: {len(missing)} seq(s) missing, e.g. {sorted(missing)[:10]}"
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it holds, or fail naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

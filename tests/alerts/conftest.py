@@ -150,10 +150,3 @@ def webhook() -> Iterator[Callable[..., tuple[FlakyWebhook, str]]]:
         server.server_close()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -17,8 +17,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract import Telemetry
 from iotwatch.settings import AlertsSettings, Settings
 from streaming.job import start
-from tests.alerts.conftest import wait_for
-from tests.helpers import InThread
+from tests.helpers import InThread, wait_for
 
 pytestmark = pytest.mark.slow
 

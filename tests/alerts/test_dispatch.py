@@ -20,8 +20,8 @@ from alerts.dispatch import Dispatcher
 from alerts.routing import RoutingError, parse_routing
 from iotwatch.oncall import AlertState, AlertStep, Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
-from tests.alerts.conftest import make_alert, produce, wait_for
-from tests.helpers import InThread, read_topic
+from tests.alerts.conftest import make_alert, produce
+from tests.helpers import InThread, read_topic, wait_for
 
 GROUP_WAIT, GROUP_INTERVAL, REPEAT = 1.0, 2.0, 4.0
 

@@ -18,8 +18,8 @@ from alerts.forward import ForwardOptions, Forwarder
 from iotwatch.settings import AlertsSettings
 from alerts.webhook import Webhook
 from iotwatch.settings import Settings
-from tests.alerts.conftest import alert_run, key, make_alert, produce, wait_for
-from tests.helpers import read_topic
+from tests.alerts.conftest import alert_run, key, make_alert, produce
+from tests.helpers import read_topic, wait_for
 
 FAST = {"webhook_timeout_s": 0.5, "retry_initial_s": 0.05, "retry_max_s": 0.5, "session_timeout_ms": 6000}
 

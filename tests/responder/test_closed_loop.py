@@ -23,8 +23,7 @@ from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from streaming.job import start
 from streaming.rules import STUCK_HVAC, ReadingView, evaluate
-from tests.alerts.conftest import wait_for
-from tests.helpers import InThread, read_topic
+from tests.helpers import InThread, read_topic, wait_for
 from tests.responder.conftest import LEAK, THERMOSTAT
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from devices.home.contact import LEAK as LEAK_MODE
 from devices.home.thermostat import HVAC_STUCK
 from iotwatch.settings import Settings
 from responder.issuer import CommandIssuer
-from tests.alerts.conftest import wait_for as eventually
+from tests.helpers import wait_for as eventually
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, Replies, command, home_with_faults, mode
 
 

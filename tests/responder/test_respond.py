@@ -17,8 +17,8 @@ from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
-from tests.alerts.conftest import make_alert, produce, wait_for
-from tests.helpers import InThread, read_topic
+from tests.alerts.conftest import make_alert, produce
+from tests.helpers import InThread, read_topic, wait_for
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 
 

@@ -19,7 +19,7 @@ from iotwatch.deadletter import H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.job import start
-from tests.helpers import read_topic
+from tests.helpers import read_topic, wait_for
 from tests.streaming.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -196,17 +196,11 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark
             producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
         producer.flush(10)
 
-    def wait_for(condition, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not condition():
-            time.sleep(0.5)
-        assert condition()
-
     job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
                 query_name=f"fleet_{unique}")
     try:
         send(0, 100)
-        wait_for(lambda: job.totals.get("reading_records", 0) >= 100)
+        wait_for(lambda: job.totals.get("reading_records", 0) >= 100, 120, "the first 100 readings")
         normal = np.random.default_rng(2).normal(21, 0.2, 3000)
         frame = pd.DataFrame({"temperature_c": normal})
         registry = ModelRegistry(settings.registry.path,
@@ -219,7 +213,7 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark
         def fleet_alert() -> bool:
             return any(a["rule"] == "fleet_anomaly" and a["model_version"] == "isolation_forest@v1"
                        and a["first_event_ms"] == t0 + 115_000 for a in _alerts(settings))
-        wait_for(fleet_alert)
+        wait_for(fleet_alert, 120, "the fleet model's alert")
         assert job.query.isActive
     finally:
         job.stop()
@@ -317,18 +311,12 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
             time.sleep(0.05)
         assert producer.flush(30) == 0
 
-    def wait_for(condition, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not condition():
-            time.sleep(0.5)
-        assert condition()
-
     job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
                 query_name=f"outage_{unique}")
     producer = threading.Thread(target=produce)
     producer.start()
     try:
-        wait_for(lambda: job.totals.get("reading_records", 0) >= 100)
+        wait_for(lambda: job.totals.get("reading_records", 0) >= 100, 180, "the first 100 readings")
         client = InfluxV1Client(settings.influx)
         points = f"SELECT count(mean) FROM device_metrics WHERE device_id = '{devices[0]}'"
 
@@ -338,22 +326,22 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
             except IotwatchError:  # down, or still starting
                 return -1
             return int(series[0]["values"][0][1]) if series else 0
-        wait_for(lambda: count() > 0)
+        wait_for(lambda: count() > 0, 180, "aggregates in InfluxDB")
         stop_process(influx.process)
         down_since = time.monotonic()
-        wait_for(lambda: job.totals.get("influx_write_failures", 0) >= 1, timeout_s=60)
+        wait_for(lambda: job.totals.get("influx_write_failures", 0) >= 1, 60, "a counted InfluxDB failure")
         time.sleep(max(0.0, 20 - (time.monotonic() - down_since)))
         conf = tmp_path / "influx" / "influxdb" / "influxdb.conf"
         restarted = start_process("influx", [influx.process.command[0], "-config", str(conf)],
                                   tmp_path / "influx" / "influxdb" / "influxd-2.log")
         failures = job.totals["influx_write_failures"]
-        wait_for(lambda: count() >= 0, timeout_s=60)  # up again
+        wait_for(lambda: count() >= 0, 60, "InfluxDB up again")
         back = count()
-        wait_for(lambda: count() > back, timeout_s=120)  # and written to again
+        wait_for(lambda: count() > back, 120, "the job writing to InfluxDB again")
         stop.set()
         producer.join()
         total = sum(len(s) for s in sent.values())
-        wait_for(lambda: job.totals.get("reading_records", 0) >= total)
+        wait_for(lambda: job.totals.get("reading_records", 0) >= total, 180, "every reading")
         assert job.query.isActive and job.query.exception() is None
         assert job.totals["reading_records"] == total and failures >= 1
     finally:
