@@ -40,11 +40,11 @@ from models.kernels import kernel_for
 from streaming import rules
 from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
                                 iso_time)
-from streaming.cleaning import clean_entries, is_scored, scored_names
-from streaming.device_state import (COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
+from streaming.cleaning import clean_entries, scored_names
+from streaming.device_state import (BUCKET_FIELDS, COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_METRIC, EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS,
-                                    EPISODE_FIELDS,
-                                    IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH, DeviceState)
+                                    EPISODE_FIELDS, IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH)
+from streaming.device_table import DeviceTable
 from streaming.schemas import (AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column,
                                value_column)
 from streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
@@ -96,31 +96,16 @@ class RecordColumns:
 
 
 class DeviceStore(Protocol):
-    """Where per-device state lives between micro-batches (Spark's state store in the job).
-    Devices are loaded and saved a batch at a time: a store may group them."""
+    """Where per-device state lives between micro-batches (Spark's state store in the job;
+    :mod:`streaming.state_store`). Devices are loaded and saved a batch at a time, as one
+    :class:`DeviceTable` in the order asked for (devices not seen before as new rows);
+    ``found`` says which were known."""
 
-    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]: ...
+    found: np.ndarray
 
-    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None: ...
+    def load_many(self, device_ids: list[str]) -> DeviceTable: ...
 
-
-@dataclass
-class MemoryStore:
-    """Device state in a dict, stored in the state store's value form (tests, evaluation)."""
-
-    state_size: int = field(default_factory=lambda: kernel_for(StreamSettings().device_detector).STATE_SIZE)
-    values: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-
-    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]:
-        return [None if (value := self.values.get(d)) is None else DeviceState.from_value(value, self.state_size)
-                for d in device_ids]
-
-    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None:
-        for device_id, state in zip(device_ids, states, strict=True):
-            self.values[device_id] = state.to_value()
-
-    def load(self, device_id: str) -> DeviceState | None:
-        return self.load_many([device_id])[0]
+    def save_many(self, table: DeviceTable, now_ms: int) -> None: ...
 
 
 @dataclass
@@ -225,9 +210,6 @@ class PartitionEngine:
         self.window = -(-settings.dedup_window // 64) * 64
         self.seq_words = self.window // 64
 
-    def new_state(self) -> DeviceState:
-        return DeviceState.new(self.seq_words, self.kernel.STATE_SIZE)
-
     # -- one micro-batch of one partition ------------------------------------------------------
 
     def process(self, store: DeviceStore, records: RecordColumns, now_ms: int | None = None) -> BatchOutput:
@@ -235,7 +217,7 @@ class PartitionEngine:
         written back to ``store``."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         batch = _Batch.sort(records, self)
-        batch.states = [s or self.new_state() for s in store.load_many(list(batch.devices))]
+        batch.table = store.load_many(list(batch.devices))
         batch.adopt_identity()
         before = batch.classify(now_ms)
         readings, reading_frame = self._score(batch)
@@ -245,7 +227,7 @@ class PartitionEngine:
                     if name in COUNTERS}
         counters["no_device"] = int((batch.codes < 0).sum())
         batch.pack_episodes()
-        store.save_many(list(batch.devices), batch.states, now_ms)
+        store.save_many(batch.table, now_ms)
         return BatchOutput(reading_frame, alerts, aggregates, batch.dead_letters(), list(batch.devices), counters)
 
     # -- scores -----------------------------------------------------------------------------------
@@ -259,8 +241,7 @@ class PartitionEngine:
         entry_reading = reading_of[decoded.metric_row]
         keep = entry_reading >= 0
         reading_device = batch.codes[batch.scored]
-        types = np.array([s.device_type for s in batch.states] or [""], dtype=object)
-        reading_type = types[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
+        reading_type = batch.table.device_type[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
         er, names, values, oor = clean_entries(entry_reading[keep], decoded.metric_name[keep],
                                                decoded.metric_value[keep], reading_type)
         entry_device = reading_device[er]
@@ -269,7 +250,7 @@ class PartitionEngine:
         pair_device = (pair_keys // max(len(name_list), 1)).astype(np.int64)
         pair_name = np.asarray(name_list, dtype=object)[pair_keys % max(len(name_list), 1)] if len(pair_keys) else \
             np.zeros(0, dtype=object)
-        pair_slot, pair_detector = batch.assign_slots(pair_device, pair_name, self.initial_detector)
+        pair_row, pair_slot, pair_detector = batch.assign_slots(pair_device, pair_name, self.initial_detector)
         # A reading that arrives after a newer one of its device is archived and goes through
         # the rules, but the detectors neither learn from it nor score it: fed out of event
         # time order, a drifting or seasonal metric would look like a jump back.
@@ -278,12 +259,10 @@ class PartitionEngine:
         scores = np.full(len(names), np.nan)
         ts = batch.seq_ts[1][batch.scored]
         if scored.any():
-            stacked, base = batch.stack_detectors()
-            stream = base[pair_device[pair_codes[scored]]] + pair_detector[pair_codes[scored]]
-            scores[scored] = self.kernel.score_learn(stacked, stream.astype(np.int64), values[scored],
-                                                ts[er[scored]].astype(np.int64), self.params)
-            batch.unstack_detectors(stacked, base)
-        batch.remember_last(pair_device, pair_slot, pair_codes, values, ~oor & in_order)
+            stream = pair_detector[pair_codes[scored]]
+            scores[scored] = self.kernel.score_learn(batch.table.detectors, stream.astype(np.int64), values[scored],
+                                                     ts[er[scored]].astype(np.int64), self.params)
+        batch.remember_last(pair_row, pair_codes, values, ~oor & in_order)
         readings = _Readings(reading_type, batch.event[batch.scored], er, names, values, oor, scores)
         readings.device = reading_device
         readings.ts = ts
@@ -305,7 +284,7 @@ class PartitionEngine:
             "kind": np.full(m, "reading", dtype=object),
             "device_id": np.asarray(batch.devices, dtype=object)[readings.device] if m else np.zeros(0, dtype=object),
             "device_type": readings.device_type,
-            "site": np.array([s.site for s in batch.states] or [""], dtype=object)[readings.device],
+            "site": batch.table.site[readings.device],
             "seq": readings.seq.astype(np.int64), "event_ms": readings.ts.astype(np.int64),
             "kafka_partition": np.full(m, batch.records.partition, dtype=np.int32),
             "kafka_offset": batch.records.offset[positions].astype(np.int64),
@@ -447,28 +426,26 @@ class PartitionEngine:
         """No data from these devices for the silence timeout (the job's processing-time
         timer): raise ``device_silent`` and flush their open aggregate buckets."""
         alerts: list[dict[str, Any]] = []
-        closed = []
         device_ids = list(device_ids)
-        found = [(d, s) for d, s in zip(device_ids, store.load_many(device_ids), strict=True) if s is not None]
-        for device_id, state in found:
-            batch = _Batch.single(device_id, state)
-            episode = batch.episode(0, rules.SILENT)
-            context = batch.context(0, self.model_version)
-            newest = max(int(state.core[MAX_EVENT_MS]), 0)
-            what = (f"no data for {(now_ms - int(state.core[LAST_WALL_MS])) / 1000:.0f} s "
+        store.load_many(device_ids)
+        known = [d for d, found in zip(device_ids, store.found.tolist(), strict=True) if found]
+        batch = _Batch.single(known, store.load_many(known))
+        table = batch.table
+        for d in range(len(known)):
+            episode = batch.episode(d, rules.SILENT)
+            context = batch.context(d, self.model_version)
+            newest = max(int(table.core[d, MAX_EVENT_MS]), 0)
+            what = (f"no data for {(now_ms - int(table.core[d, LAST_WALL_MS])) / 1000:.0f} s "
                     f"(last event time {iso_time(newest)})")
-            alert = advance(episode, self.specs[rules.SILENT], 1.0, newest, int(state.core[SEQ_HIGH]), context,
+            alert = advance(episode, self.specs[rules.SILENT], 1.0, newest, int(table.core[d, SEQ_HIGH]), context,
                             lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
-            batch.store_episode(0, rules.SILENT, episode)
-            batch.pack_episodes()
+            batch.store_episode(d, rules.SILENT, episode)
             if alert is not None:
                 alerts.append(alert)
-            closed.append(_aggregate_frame([device_id], [state], np.zeros(len(state.buckets), dtype=np.int64),
-                                           state.buckets))
-            state.buckets = state.buckets[:0]
-        store.save_many([d for d, _ in found], [s for _, s in found], now_ms)
-        aggregates = pd.concat(closed, ignore_index=True) if closed else _aggregate_frame(
-            [], [], np.zeros(0, dtype=np.int64), np.zeros((0, 8)))
+        batch.pack_episodes()
+        aggregates = _aggregate_frame(table, table.bucket_device, table.buckets)
+        table.bucket_device, table.buckets = table.bucket_device[:0], table.buckets[:0]
+        store.save_many(table, now_ms)
         return BatchOutput(_empty_readings(), alerts, aggregates, [], device_ids, {})
 
     # -- fleet model (one per device type, trained in batch, hot-swapped) -----------------------------
@@ -513,8 +490,8 @@ class PartitionEngine:
         highest score, each bucket emitted once when the device's event time has passed its
         end plus a grace period (a reading for a bucket already emitted -- a clock step
         back -- is left out rather than overwrite it). Open buckets stay in device state."""
-        parts = [np.column_stack([np.full(len(s.buckets), d), s.buckets, np.full(len(s.buckets), -1.0)])
-                 for d, s in enumerate(batch.states) if len(s.buckets)]
+        table = batch.table
+        parts = [np.column_stack([table.bucket_device, table.buckets, np.full(len(table.buckets), -1.0)])]
         if readings.n:
             er = readings.entry_reading
             start = readings.ts[er] - readings.ts[er] % self.bucket_ms
@@ -524,21 +501,18 @@ class PartitionEngine:
             parts.append(np.column_stack([
                 readings.device[er][fresh], start[fresh], readings.pair_slot[fresh], np.ones(len(fresh)), value,
                 value, value, value, np.nan_to_num(readings.entry_scores[fresh], nan=0.0), fresh.astype(float)]))
-        if not parts:
-            return _aggregate_frame([], [], np.zeros(0, dtype=np.int64), np.zeros((0, 8)))
         rows = _combine_buckets(np.vstack(parts))
         device = rows[:, 0].astype(np.int64)
-        closing = rows[:, 1] + self.bucket_ms <= batch.core[device, MAX_EVENT_MS] - self.bucket_grace_ms
-        open_rows, open_device = rows[~closing, 1:], device[~closing]
-        bounds = np.searchsorted(open_device, np.arange(len(batch.states) + 1))
-        for d in np.unique(device).tolist():
-            batch.states[d].buckets = open_rows[bounds[d]:bounds[d + 1]]
-        return _aggregate_frame(list(batch.devices), batch.states, device[closing], rows[closing, 1:])
+        closing = rows[:, 1] + self.bucket_ms <= table.core[device, MAX_EVENT_MS] - self.bucket_grace_ms
+        table.bucket_device, table.buckets = device[~closing], np.ascontiguousarray(rows[~closing, 1:])
+        return _aggregate_frame(table, device[closing], rows[closing, 1:])
 
 
 def _combine_buckets(rows: np.ndarray) -> np.ndarray:
     """Rows of ``device, BUCKET_FIELDS..., order`` combined per (device, start, metric):
     counts and sums added, extremes kept, ``last`` from the row of highest ``order``."""
+    if not len(rows):
+        return np.zeros((0, 1 + len(BUCKET_FIELDS)))
     rows = rows[np.lexsort((rows[:, 9], rows[:, 2], rows[:, 1], rows[:, 0]))]
     first = np.flatnonzero(np.r_[True, np.any(rows[1:, :3] != rows[:-1, :3], axis=1)])
     last = np.r_[first[1:], len(rows)] - 1
@@ -547,32 +521,31 @@ def _combine_buckets(rows: np.ndarray) -> np.ndarray:
                             rows[last, 7], np.maximum.reduceat(rows[:, 8], first)])
 
 
-def _aggregate_frame(device_ids: list[str], states: list[DeviceState], device: np.ndarray,
-                     buckets: np.ndarray) -> pd.DataFrame:
-    """Closed buckets (rows of BUCKET_FIELDS; ``device`` indexes ``device_ids``) as
+def _aggregate_frame(table: DeviceTable, device: np.ndarray, buckets: np.ndarray) -> pd.DataFrame:
+    """Closed buckets (rows of BUCKET_FIELDS; ``device`` indexes ``table``) as
     :data:`AGGREGATE_COLUMNS`."""
     device = device.astype(np.int64)
     count, total = buckets[:, 2], buckets[:, 3]
-    names = [states[d].metrics[int(slot)] for d, slot in zip(device.tolist(), buckets[:, 1].tolist(), strict=True)]
+    names = table.metric_name[table.metric_bounds()[device] + buckets[:, 1].astype(np.int64)] if len(device) else \
+        np.zeros(0, dtype=object)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = total / count
     return pd.DataFrame({
-        "device_id": np.asarray(device_ids or [""], dtype=object)[device],
-        "device_type": np.array([s.device_type for s in states] or [""], dtype=object)[device],
-        "site": np.array([s.site for s in states] or [""], dtype=object)[device],
-        "metric": np.array(names, dtype=object), "event_ms": buckets[:, 0].astype(np.int64),
+        "device_id": table.ids[device], "device_type": table.device_type[device], "site": table.site[device],
+        "metric": names, "event_ms": buckets[:, 0].astype(np.int64),
         "count": count.astype(np.int64), "sum": total, "min": buckets[:, 4], "max": buckets[:, 5],
         "last": buckets[:, 6], "max_score": buckets[:, 7], "mean": mean}, columns=list(AGGREGATE_COLUMNS))
 
 
 class _Batch:
-    """One partition's records sorted by (device, Kafka order), with the devices' state."""
+    """One partition's records sorted by (device, Kafka order), with the devices' state
+    (``table``, one row per device in ``devices`` order)."""
 
     records: RecordColumns
     devices: Any
     codes: np.ndarray
     order: np.ndarray
-    states: list[DeviceState]
+    table: DeviceTable
     _open: dict[int, set[int]] | None
 
     @classmethod
@@ -591,15 +564,18 @@ class _Batch:
         batch.seq_ts = (decoded.seq[batch.order], decoded.ts[batch.order])
         batch.event = decoded.event[batch.order]
         batch._episodes = {}
+        batch._episode_rows = None
         batch._open = None
         return batch
 
     @classmethod
-    def single(cls, device_id: str, state: DeviceState) -> _Batch:
+    def single(cls, device_ids: list[str], table: DeviceTable) -> _Batch:
+        """Devices without records (the silence timer)."""
         batch = cls()
-        batch.devices = [device_id]
-        batch.states = [state]
+        batch.devices = device_ids
+        batch.table = table
         batch._episodes = {}
+        batch._episode_rows = None
         batch._open = None
         return batch
 
@@ -608,55 +584,49 @@ class _Batch:
         the same device_id under another type or site is not merged into it but
         dead-lettered (``identity_conflict``): two devices sharing an id, or a device moved
         without a new id, must not mix their readings, seqs and detector state."""
-        decoded = self.records.decoded
+        decoded, table = self.records.decoded, self.table
         positions = np.flatnonzero(self.valid & (self.codes >= 0))
         first_codes, first = np.unique(self.codes[positions], return_index=True)
-        for d, p in zip(first_codes.tolist(), positions[first].tolist(), strict=True):
-            state = self.states[d]
-            if not state.device_type:
-                record = self.order[p]
-                state.device_type, state.site = decoded.device_type[record], decoded.site[record]
+        new = table.device_type[first_codes] == ""
+        records = self.order[positions[first[new]]]
+        table.device_type[first_codes[new]] = decoded.device_type[records]
+        table.site[first_codes[new]] = decoded.site[records]
         records = self.order[positions]
-        known_type = np.array([s.device_type for s in self.states] or [""], dtype=object)[self.codes[positions]]
-        known_site = np.array([s.site for s in self.states] or [""], dtype=object)[self.codes[positions]]
-        conflict = (decoded.device_type[records] != known_type) | (decoded.site[records] != known_site)
+        conflict = ((decoded.device_type[records] != table.device_type[self.codes[positions]])
+                    | (decoded.site[records] != table.site[self.codes[positions]]))
         self.conflict = np.zeros(len(self.order), dtype=bool)
         self.conflict[positions[conflict]] = True
         self.valid &= ~self.conflict
 
     def classify(self, now_ms: int) -> np.ndarray:
         """Sequence bookkeeping (compiled); returns the counters as they were before."""
-        engine = self.engine
-        states = self.states
-        self.core = (np.stack([s.core for s in states]) if states
-                     else np.zeros((0, len(CORE_FIELDS)), dtype=np.int64))
-        seqs = np.stack([s.seqs for s in states]) if states else np.zeros((0, engine.seq_words), dtype=np.uint64)
+        engine, table = self.engine, self.table
+        table.core = np.ascontiguousarray(table.core, dtype=np.int64)
+        table.seqs = np.ascontiguousarray(table.seqs, dtype=np.uint64)
+        self.core = table.core
         before = self.core.copy()
         n = len(self.order)
         self.outcome = np.zeros(n, dtype=np.int8)
         self.log_gap, self.newest = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.prior_newest, self.prior_high = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         classify(self.codes, self.valid, self.seq_ts[0].astype(np.int64), self.seq_ts[1].astype(np.int64),
-                 self.records.append_ms[self.order].astype(np.int64), self.core, seqs, engine.window,
+                 self.records.append_ms[self.order].astype(np.int64), self.core, table.seqs, engine.window,
                  engine.lateness_ms, self.outcome, self.log_gap, self.newest, self.prior_newest, self.prior_high)
-        for d, state in enumerate(states):
-            state.core, state.seqs = self.core[d], seqs[d]
-            state.core[LAST_WALL_MS] = now_ms
+        self.core[:, LAST_WALL_MS] = now_ms
         self.scored = np.flatnonzero((self.outcome == SCORED_RECORD) | (self.outcome == OUT_OF_ORDER))
         self.in_order = self.outcome[self.scored] == SCORED_RECORD
         return before
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """Contract violations and late records, with their reason and original bytes."""
-        records, decoded = self.records, self.records.decoded
+        records, decoded, table = self.records, self.records.decoded, self.table
         rows = []
         for p in np.flatnonzero((self.outcome <= INVALID) | (self.outcome == LATE_RECORD)).tolist():
             r = self.order[p]
             d = self.codes[p]
-            state = self.states[d] if d >= 0 else None
             row: dict[str, Any] = {"kind": "dlq", "device_id": self.devices[d] if d >= 0 else None,
-                   "device_type": (state.device_type or None) if state else None,
-                   "site": (state.site or None) if state else None,
+                   "device_type": (table.device_type[d] or None) if d >= 0 else None,
+                   "site": (table.site[d] or None) if d >= 0 else None,
                    "kafka_partition": records.partition, "kafka_offset": int(records.offset[r]), "raw": records.raw[r]}
             if self.outcome[p] == LATE_RECORD:
                 lateness = self.engine.lateness_ms
@@ -665,8 +635,8 @@ class _Batch:
                                   f"newest {self.prior_newest[p]}")
             elif self.conflict[p]:
                 row.update(reason="identity_conflict",
-                           detail=f"device {self.devices[d]} is a {state.device_type} at site {state.site}; this "
-                                  f"record says {decoded.device_type[r]} at site {decoded.site[r]}")
+                           detail=f"device {self.devices[d]} is a {table.device_type[d]} at site {table.site[d]}; "
+                                  f"this record says {decoded.device_type[r]} at site {decoded.site[r]}")
             else:
                 row.update(reason=decoded.reason[r], detail=decoded.detail[r])
             rows.append(row)
@@ -675,53 +645,43 @@ class _Batch:
     # -- metric slots and detector state ----------------------------------------------------------
 
     def assign_slots(self, pair_device: np.ndarray, pair_name: np.ndarray, initial: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
-        """The slot of each (device, metric) in its device's state, added when new; and the
-        row of its detector state (-1 for metrics the detectors do not see)."""
-        slots = np.zeros(len(pair_device), dtype=np.int64)
-        detector_rows = np.full(len(pair_device), -1, dtype=np.int64)
-        watched = scored_names(pair_name) if len(pair_name) else np.zeros(0, dtype=bool)
-        lookups: dict[int, tuple[dict[str, int], dict[str, int]]] = {}
-        for k, (d, name) in enumerate(zip(pair_device.tolist(), pair_name.tolist(), strict=True)):
-            state = self.states[d]
-            found = lookups.get(d)
-            if found is None:
-                watched_names = [m for m in state.metrics if is_scored(m)]
-                found = lookups[d] = ({m: i for i, m in enumerate(state.metrics)},
-                                      {m: i for i, m in enumerate(watched_names)})
-            slot_of, row_of = found
-            slot = slot_of.get(name)
-            if slot is None:
-                slot = slot_of[name] = len(state.metrics)
-                state.metrics.append(name)
-                state.last = np.append(state.last, np.nan)
-                if watched[k]:
-                    row_of[name] = len(state.detectors)
-                    state.detectors = np.vstack([state.detectors, initial[None, :]])
-            slots[k] = slot
-            if watched[k]:
-                detector_rows[k] = row_of[name]
-        return slots, detector_rows
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each (device, metric) pair (distinct): its row in the table's metrics, added
+        when new; its slot (rank among its device's metrics); and its detector row (-1 for
+        metrics the detectors do not see)."""
+        table = self.table
+        rows = self._metric_rows(pair_device, pair_name)
+        new = np.flatnonzero(rows < 0)
+        if len(new):
+            watched = scored_names(pair_name[new])
+            known = len(table.metric_device)
+            moved = table.add_metrics(pair_device[new], pair_name[new], watched, initial)
+            found = rows >= 0
+            rows[found] = moved[rows[found]]
+            rows[new] = moved[known:]
+        slots = rows - table.metric_bounds()[pair_device] if len(rows) else rows
+        return rows, slots, table.metric_detector[rows] if len(rows) else rows
 
-    def stack_detectors(self) -> tuple[np.ndarray, np.ndarray]:
-        counts = np.array([len(s.detectors) for s in self.states], dtype=np.int64)
-        base = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        return np.ascontiguousarray(np.concatenate([s.detectors for s in self.states])), base
+    def _metric_rows(self, pair_device: np.ndarray, pair_name: np.ndarray) -> np.ndarray:
+        table = self.table
+        if not len(table.metric_device) or not len(pair_device):
+            return np.full(len(pair_device), -1, dtype=np.int64)
+        codes, names = pd.factorize(np.concatenate([table.metric_name, pair_name.astype(object)]))
+        width = max(len(names), 1)
+        known = table.metric_device * width + codes[:len(table.metric_name)]
+        wanted = pair_device.astype(np.int64) * width + codes[len(table.metric_name):]
+        return pd.Index(known).get_indexer(wanted).astype(np.int64)
 
-    def unstack_detectors(self, stacked: np.ndarray, base: np.ndarray) -> None:
-        for state, start in zip(self.states, base.tolist(), strict=True):
-            state.detectors = stacked[start:start + len(state.detectors)]
-
-    def remember_last(self, pair_device: np.ndarray, pair_slot: np.ndarray, pair_codes: np.ndarray,
-                      values: np.ndarray, ok: np.ndarray) -> None:
+    def remember_last(self, pair_row: np.ndarray, pair_codes: np.ndarray, values: np.ndarray,
+                      ok: np.ndarray) -> None:
         """Each metric's newest in-range value (the fleet model's previous reading)."""
         positions = np.flatnonzero(ok)
         if not len(positions):
             return
-        newest = np.full(len(pair_device), -1, dtype=np.int64)
+        newest = np.full(len(pair_row), -1, dtype=np.int64)
         np.maximum.at(newest, pair_codes[positions], positions)
-        for k in np.flatnonzero(newest >= 0).tolist():
-            self.states[pair_device[k]].last[pair_slot[k]] = values[newest[k]]
+        hit = newest >= 0
+        self.table.metric_last[pair_row[hit]] = values[newest[hit]]
 
     def fleet_frames(self, readings: _Readings, rows: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The readings ``rows`` as a frame (one column per in-range metric) and each one's
@@ -730,15 +690,17 @@ class _Batch:
         long = pd.DataFrame({"reading": readings.entry_reading[in_rows], "metric": readings.names[in_rows],
                              "value": readings.values[in_rows]})
         frame = long.pivot(index="reading", columns="metric", values="value").reindex(rows)
-        previous = frame.shift(1)
+        previous = frame.shift(1).to_numpy(copy=True)
         device = readings.device[rows]
         first = np.flatnonzero(np.r_[True, device[1:] != device[:-1]])
-        for position in first.tolist():
-            state = self.states[device[position]]
-            known = {m: v for m, v in zip(state.metrics, state.last.tolist(), strict=True) if not np.isnan(v)}
-            previous.iloc[position] = [known.get(m, np.nan) for m in frame.columns] if known else \
-                frame.iloc[position].to_numpy()
-        return frame.reset_index(drop=True), previous.reset_index(drop=True)
+        table = self.table
+        kept = np.isin(table.metric_device, device[first]) & ~np.isnan(table.metric_last)
+        last = pd.DataFrame({"device": table.metric_device[kept], "metric": table.metric_name[kept],
+                             "value": table.metric_last[kept]}).pivot(index="device", columns="metric", values="value")
+        known = np.isin(device[first], last.index)
+        previous[first[known]] = last.reindex(index=device[first[known]], columns=frame.columns).to_numpy()
+        previous[first[~known]] = frame.to_numpy()[first[~known]]
+        return frame.reset_index(drop=True), pd.DataFrame(previous, columns=frame.columns)
 
     # -- alert episodes ---------------------------------------------------------------------------
 
@@ -747,27 +709,28 @@ class _Batch:
         reading). Read from the stored episodes once per batch, not once per rule: each rule's
         lifecycle runs once per batch, before any of its episodes is touched."""
         if self._open is None:
-            self._open = {}
-            for d, state in enumerate(self.states):
-                if len(state.episodes):
-                    for code in state.episodes[:, EP_RULE].tolist():
-                        self._open.setdefault(code, set()).add(d)
+            table = self.table
+            self._open = {code: set(table.episode_device[table.episodes[:, EP_RULE] == code].tolist())
+                          for code in np.unique(table.episodes[:, EP_RULE]).tolist()}
         return set(self._open.get(_RULE_INDEX[rule], ()))
 
     def episode(self, d: int, rule: str) -> Episode:
         found = self._episodes.get((d, rule))
         if found is not None:
             return found
-        state, code = self.states[d], _RULE_INDEX[rule]
-        rows = np.flatnonzero(state.episodes[:, EP_RULE] == code) if len(state.episodes) else []
+        table, code = self.table, _RULE_INDEX[rule]
+        if self._episode_rows is None:
+            self._episode_rows = {key: i for i, key in enumerate(zip(table.episode_device.tolist(),
+                                                                     table.episodes[:, EP_RULE].tolist()))}
+        at = self._episode_rows.get((d, code))
         episode = Episode()
-        if len(rows):
-            row = state.episodes[rows[0]]
+        if at is not None:
+            row = table.episodes[at]
             episode = Episode(_STATUS[int(row[EP_STATUS])], int(row[EP_ABOVE]), int(row[EP_BELOW]),
                               int(row[EP_START_MS]), int(row[EP_START_SEQ]), int(row[EP_LAST_MS]),
-                              int(row[EP_OCCURRENCES]), float(state.peaks[rows[0]]))
-            metric = int(row[EP_METRIC])
-            episode.metric = state.metrics[metric] if 0 <= metric < len(state.metrics) else None
+                              int(row[EP_OCCURRENCES]), float(table.peaks[at]))
+            metric, names = int(row[EP_METRIC]), table.metric_names(d)
+            episode.metric = names[metric] if 0 <= metric < len(names) else None
             if episode.status == "open":
                 episode.alert_id = alert_id(self.devices[d], rule, episode.start_ms)
         self._episodes[(d, rule)] = episode
@@ -777,29 +740,36 @@ class _Batch:
         self._episodes[(d, rule)] = episode
 
     def pack_episodes(self) -> None:
-        """Write the episodes this batch touched back into the states' arrays (idle ones
-        are dropped: an idle rule keeps no state)."""
-        touched: dict[int, dict[int, Episode]] = {}
-        for (d, rule), episode in self._episodes.items():
-            touched.setdefault(d, {})[_RULE_INDEX[rule]] = episode
-        for d, episodes in touched.items():
-            state = self.states[d]
-            keep = [i for i in range(len(state.episodes)) if int(state.episodes[i, EP_RULE]) not in episodes]
-            rows = [state.episodes[i] for i in keep]
-            peaks = [float(state.peaks[i]) for i in keep]
-            for code, e in sorted(episodes.items()):
-                if e.status == "idle":
-                    continue
-                metric = state.metrics.index(e.metric) if e.metric in state.metrics else -1
-                rows.append(np.array([code, _STATUS_CODE[e.status], e.above, e.below, e.start_ms, e.start_seq,
-                                      e.last_ms, e.occurrences, metric], dtype=np.int64))
-                peaks.append(e.peak_score)
-            state.episodes = (np.stack(rows) if rows else np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64))
-            state.peaks = np.array(peaks, dtype=np.float64)
+        """Write the episodes this batch touched back into the table (idle ones are
+        dropped: an idle rule keeps no state)."""
+        if not self._episodes:
+            return
+        table = self.table
+        touched = {(d, _RULE_INDEX[rule]) for d, rule in self._episodes}
+        keep = np.array([key not in touched for key in zip(table.episode_device.tolist(),
+                                                            table.episodes[:, EP_RULE].tolist())], dtype=bool)
+        devices, rows, peaks = [], [], []
+        for (d, rule), e in sorted(self._episodes.items(), key=lambda item: (item[0][0], _RULE_INDEX[item[0][1]])):
+            if e.status == "idle":
+                continue
+            names = table.metric_names(d)
+            metric = names.index(e.metric) if e.metric in names else -1
+            devices.append(d)
+            rows.append([_RULE_INDEX[rule], _STATUS_CODE[e.status], e.above, e.below, e.start_ms, e.start_seq,
+                         e.last_ms, e.occurrences, metric])
+            peaks.append(e.peak_score)
+        device = np.concatenate([table.episode_device[keep], np.array(devices, dtype=np.int64)])
+        order = np.argsort(device, kind="stable")
+        table.episode_device = device[order]
+        table.episodes = np.concatenate([table.episodes[keep], np.array(rows, dtype=np.int64).reshape(
+            -1, len(EPISODE_FIELDS))])[order]
+        table.peaks = np.concatenate([table.peaks[keep], np.array(peaks, dtype=np.float64)])[order]
+        self._episode_rows = None
+        self._open = None
 
     def context(self, d: int, model_version: str) -> AlertContext:
-        state = self.states[d]
-        return AlertContext(DeviceIdentity(self.devices[d], state.device_type, state.site), model_version)
+        table = self.table
+        return AlertContext(DeviceIdentity(self.devices[d], table.device_type[d], table.site[d]), model_version)
 
 
 # --- frames ----------------------------------------------------------------------------------------

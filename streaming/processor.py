@@ -5,9 +5,9 @@ device's partition (the gateway keys by ``device_id``), so one call handles all 
 partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`), and
 writes what comes out -- alerts, dead letters, aggregates, the archive -- itself
 (:mod:`streaming.sinks`); it emits only one tally row of counters per call.
-Per-device state lives in the RocksDB state store, grouped in a few shards per partition
-(:class:`ShardedStore`: one state-store call per shard, not per device; devices gone for
-good are dropped after the state TTL); a small per-partition roster says
+Per-device state lives in the RocksDB state store, as columnar shards per partition
+(:class:`streaming.state_store.ShardedStore`: one state-store call per shard, not per
+device; devices gone for good are dropped after the state TTL); a small per-partition roster says
 when each device was last heard of, and one processing-time timer per partition fires
 when the next device is due to be reported silent. (Adding partitions to the raw topic
 moves devices between partitions, and their state with them is lost: as with Kafka
@@ -16,8 +16,6 @@ Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,89 +27,15 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from iotwatch.contract import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
 from models.kernels import kernel_for
-from streaming.device_state import LAST_WALL_MS, DeviceState
 from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
 from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
+from streaming.state_store import ShardedStore
 
 _SEP = "\x1f"
-
-
-class ShardedStore:
-    """A partition's device states in a ``MapState`` of shards: each shard (a hash of the
-    device id) holds the states of its devices in one value, so a micro-batch costs two
-    state-store calls per shard it touches instead of two per device -- each call is a
-    round trip between the Python worker and the JVM. Devices silent longer than the TTL
-    are dropped when their shard is rewritten (the store's own TTL would keep them, since
-    the shard itself stays busy)."""
-
-    def __init__(self, state: Any, shards: int, ttl_ms: int, state_size: int) -> None:
-        self.state, self.shards, self.ttl_ms, self.state_size = state, shards, ttl_ms, state_size
-        self._loaded: dict[int, dict[str, tuple[int, bytes]]] = {}
-        self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
-
-    def shard_of(self, device_id: str) -> int:
-        return zlib.crc32(device_id.encode()) % self.shards
-
-    def _shard(self, shard: int) -> dict[str, tuple[int, bytes]]:
-        entries = self._loaded.get(shard)
-        if entries is None:
-            value = self.state.getValue((shard,))
-            entries = self._loaded[shard] = {} if value is None else decode_shard(value[0])
-        return entries
-
-    def load_many(self, device_ids: list[str]) -> list[DeviceState | None]:
-        self._loaded = {}
-        out: list[DeviceState | None] = []
-        for device_id in device_ids:
-            entry = self._shard(self.shard_of(device_id)).get(device_id)
-            out.append(None if entry is None else DeviceState.from_value((entry[1],), self.state_size))
-        return out
-
-    def save_many(self, device_ids: list[str], states: list[DeviceState], now_ms: int) -> None:
-        touched: set[int] = set()
-        for device_id, state in zip(device_ids, states, strict=True):
-            shard = self.shard_of(device_id)
-            self._shard(shard)[device_id] = (int(state.core[LAST_WALL_MS]), state.to_value()[0])
-            touched.add(shard)
-        self.written = {"state_bytes": 0, "state_devices": 0}
-        for shard in sorted(touched):
-            entries = {d: e for d, e in self._loaded[shard].items() if e[0] + self.ttl_ms > now_ms}
-            blob = encode_shard(entries)
-            self.state.updateValue((shard,), (blob,))
-            self.written["state_bytes"] += len(blob)
-            self.written["state_devices"] += len(entries)
-        self._loaded = {}
-
-
-_ENTRY = struct.Struct("<IqI")
-
-
-def encode_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
-    """Entries as (id length, last wall ms, state length, id, state), one after another."""
-    out = bytearray()
-    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
-        name = device_id.encode()
-        out += _ENTRY.pack(len(name), last_wall_ms, len(blob))
-        out += name
-        out += blob
-    return bytes(out)
-
-
-def decode_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
-    entries, at = {}, 0
-    view = memoryview(blob)
-    while at < len(blob):
-        name_len, last_wall_ms, blob_len = _ENTRY.unpack_from(blob, at)
-        at += _ENTRY.size
-        name = bytes(view[at:at + name_len]).decode()
-        at += name_len
-        entries[name] = (last_wall_ms, bytes(view[at:at + blob_len]))
-        at += blob_len
-    return entries
 
 
 class Roster:
@@ -134,14 +58,13 @@ class Roster:
         return (_SEP.join(self.devices), self.last_wall_ms.tobytes(), self.silent.tobytes(), self.timer_ms)
 
     def heard(self, devices: list[str], now_ms: int) -> None:
-        index = {d: i for i, d in enumerate(self.devices)}
-        new = [d for d in devices if d not in index]
-        if new:
-            self.devices = self.devices + new
+        rows = pd.Index(self.devices).get_indexer(devices) if self.devices else np.full(len(devices), -1)
+        new = np.flatnonzero(rows < 0)
+        if len(new):
+            rows[new] = len(self.devices) + np.arange(len(new))
+            self.devices = self.devices + [devices[i] for i in new.tolist()]
             self.last_wall_ms = np.concatenate([self.last_wall_ms, np.zeros(len(new), dtype=np.int64)])
             self.silent = np.concatenate([self.silent, np.zeros(len(new), dtype=bool)])
-            index = {d: i for i, d in enumerate(self.devices)}
-        rows = np.array([index[d] for d in devices], dtype=np.int64)
         self.last_wall_ms[rows] = now_ms
         self.silent[rows] = False
 
@@ -208,7 +131,7 @@ class PartitionProcessor(StatefulProcessor):
         ttl_ms = int(self.settings.state_ttl_s * 1000)
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
-        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms,
+        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms, self.engine.seq_words,
                                     self.engine.kernel.STATE_SIZE)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)

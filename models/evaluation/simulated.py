@@ -48,7 +48,8 @@ from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
 from iotwatch.settings import StreamSettings
 from streaming import rules
-from streaming.engine import MemoryStore, PartitionEngine, RecordColumns
+from streaming.engine import PartitionEngine, RecordColumns
+from streaming.state_store import MemoryStore
 
 __all__ = ["PLAUSIBLE_RULES", "RECOMMENDED", "Alert", "SimulatedFleet", "compare", "evaluate_fleet",
            "evaluate_simulated", "match", "run_alerts", "settings_for", "simulate"]
@@ -166,7 +167,7 @@ def run_alerts(fleet: SimulatedFleet, settings: StreamSettings,
                on_row: Callable[[str, dict[str, Any]], None] | None = None) -> list[Alert]:
     """Every device's messages through :class:`PartitionEngine`, with the silence timer; the raised alerts."""
     engine = PartitionEngine(settings)
-    store = MemoryStore(engine.kernel.STATE_SIZE)
+    store = MemoryStore(engine.kernel.STATE_SIZE, engine.seq_words)
     timeout_ms = int(settings.silence_timeout_s * 1000)
     alerts: list[Alert] = []
 

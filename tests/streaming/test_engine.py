@@ -16,7 +16,8 @@ from iotwatch.settings import StreamSettings
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
 from streaming.device_state import CORE_FIELDS, DeviceState
-from streaming.engine import BatchOutput, MemoryStore, PartitionEngine, RecordColumns
+from streaming.engine import BatchOutput, PartitionEngine, RecordColumns
+from streaming.state_store import MemoryStore
 
 T0 = 1_763_784_000_000
 
@@ -48,7 +49,7 @@ class Harness:
 
     def __init__(self, settings: StreamSettings | None = None, **kwargs: Any) -> None:
         self.engine = PartitionEngine(settings or StreamSettings(), **kwargs)
-        self.store = MemoryStore(self.engine.kernel.STATE_SIZE)
+        self.store = MemoryStore(self.engine.kernel.STATE_SIZE, self.engine.seq_words)
 
     def process(self, records: list[Rec], now_ms: int = 0) -> list[dict[str, Any]]:
         return self.output(records, now_ms).rows()

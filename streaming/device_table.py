@@ -1,0 +1,273 @@
+"""Many devices' state as columns: what a micro-batch loads, updates and saves.
+
+The per-device layout (:mod:`streaming.device_state`) stays the contract of what a device
+keeps; a :class:`DeviceTable` holds that of many devices at once, one array per field, so
+that loading, updating and saving state costs numpy operations over the batch's devices,
+not Python work per device (at 100k devices a batch touches as many states as readings):
+
+- per device (row ``d``): ``ids``, ``device_type``, ``site``, ``core`` and ``seqs`` rows;
+- per (device, metric), rows grouped by device in slot order (a metric's *slot* is its
+  rank among its device's metrics, the number episodes and buckets refer to):
+  ``metric_device``, ``metric_name``, ``metric_last`` and ``metric_detector``, the row of
+  its detector state in ``detectors`` (-1: a metric the detectors do not see);
+- non-idle alert episodes (``episode_device``, ``episodes``, ``peaks``) and open aggregate
+  buckets (``bucket_device``, ``buckets``), each grouped by device.
+
+A table serialises to one binary value (:meth:`DeviceTable.to_bytes`): a header of counts,
+then each column's bytes, strings as a vocabulary plus integer codes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from streaming.device_state import BUCKET_FIELDS, CORE_FIELDS, EPISODE_FIELDS, MAX_EVENT_MS, SEQ_HIGH, DeviceState
+
+#: First bytes of a serialised table (a state-store value of the previous, per-device
+#: layout starts with a name length, never this large).
+MAGIC = b"IWT1"
+_SEP = "\x1f"
+#: After MAGIC: devices, metrics, detector rows, episodes, buckets, seq words, detector
+#: state size, and the byte lengths of the five string parts.
+_HEADER = struct.Struct("<7I5I")
+
+
+def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _strings(values: Sequence[str] | np.ndarray) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = list(values)
+    return out
+
+
+def _encode_strings(values: np.ndarray) -> tuple[bytes, bytes]:
+    """A vocabulary (joined) and int32 codes: few distinct types, sites and metric names."""
+    codes, uniques = pd.factorize(values) if len(values) else (np.zeros(0, dtype=np.int64), [])
+    return _SEP.join(uniques).encode(), codes.astype(np.int32).tobytes()
+
+
+def _decode_strings(vocabulary: bytes, codes: np.ndarray) -> np.ndarray:
+    if not len(codes):
+        return _strings([])
+    return _strings(vocabulary.decode().split(_SEP))[codes]  # ("" splits into [""]: one empty word)
+
+
+@dataclass
+class DeviceTable:
+    """The state of ``len(ids)`` devices, see the module's docstring."""
+
+    ids: np.ndarray
+    device_type: np.ndarray
+    site: np.ndarray
+    core: np.ndarray
+    seqs: np.ndarray
+    metric_device: np.ndarray
+    metric_name: np.ndarray
+    metric_last: np.ndarray
+    metric_detector: np.ndarray
+    detectors: np.ndarray
+    episode_device: np.ndarray
+    episodes: np.ndarray
+    peaks: np.ndarray
+    bucket_device: np.ndarray
+    buckets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def empty(cls, ids: Sequence[str] | np.ndarray, seq_words: int, state_size: int) -> DeviceTable:
+        """New devices: no type or site yet, nothing seen (seq high-water mark -1)."""
+        n = len(ids)
+        core = np.zeros((n, len(CORE_FIELDS)), dtype=np.int64)
+        core[:, SEQ_HIGH] = -1
+        core[:, MAX_EVENT_MS] = -1
+        none = np.zeros(0, dtype=np.int64)
+        return cls(_strings(ids), _strings([""] * n), _strings([""] * n), core,
+                   np.zeros((n, seq_words), dtype=np.uint64), none, _strings([]), np.zeros(0), none,
+                   np.zeros((0, state_size)), none, np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64), np.zeros(0),
+                   none, np.zeros((0, len(BUCKET_FIELDS))))
+
+    # -- grouped rows ---------------------------------------------------------------------------
+
+    def metric_bounds(self) -> np.ndarray:
+        """Device ``d``'s metric rows are ``bounds[d]:bounds[d + 1]`` (slot ``k`` at ``bounds[d] + k``)."""
+        return np.searchsorted(self.metric_device, np.arange(len(self) + 1))
+
+    def metric_names(self, d: int) -> list[str]:
+        bounds = np.searchsorted(self.metric_device, [d, d + 1])
+        return self.metric_name[bounds[0]:bounds[1]].tolist()
+
+    def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray
+                    ) -> np.ndarray:
+        """Append new (device, metric) rows -- after each device's existing ones, in the given
+        order -- with a fresh detector row for the ``watched`` ones. Rows move: returns where
+        each row went, the existing ones first, then the new ones in the given order."""
+        q = len(self.detectors)
+        detector = np.full(len(device), -1, dtype=np.int64)
+        detector[watched] = q + np.arange(int(watched.sum()))
+        self.detectors = np.ascontiguousarray(np.vstack([self.detectors, np.tile(initial, (int(watched.sum()), 1))]))
+        all_device = np.concatenate([self.metric_device, device.astype(np.int64)])
+        order = np.argsort(all_device, kind="stable")
+        self.metric_device = all_device[order]
+        self.metric_name = np.concatenate([self.metric_name, name.astype(object)])[order]
+        self.metric_last = np.concatenate([self.metric_last, np.full(len(device), np.nan)])[order]
+        self.metric_detector = np.concatenate([self.metric_detector, detector])[order]
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        return position
+
+    # -- selection and assembly -------------------------------------------------------------------
+
+    def take(self, rows: np.ndarray) -> DeviceTable:
+        """The devices ``rows`` (distinct), in that order."""
+        rows = _ints(rows)
+        new_of = np.full(len(self) + 1, -1, dtype=np.int64)
+        new_of[rows] = np.arange(len(rows))
+
+        def grouped(device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            mapped = new_of[device]
+            picked = np.flatnonzero(mapped >= 0)
+            order = picked[np.argsort(mapped[picked], kind="stable")]
+            return order, mapped[order]
+
+        m, metric_device = grouped(self.metric_device)
+        detector = self.metric_detector[m]
+        used = detector >= 0
+        renumbered = np.full(len(m), -1, dtype=np.int64)
+        renumbered[used] = np.arange(int(used.sum()))
+        e, episode_device = grouped(self.episode_device)
+        b, bucket_device = grouped(self.bucket_device)
+        return DeviceTable(self.ids[rows], self.device_type[rows], self.site[rows], self.core[rows], self.seqs[rows],
+                           metric_device, self.metric_name[m], self.metric_last[m], renumbered,
+                           np.ascontiguousarray(self.detectors[detector[used]]), episode_device, self.episodes[e],
+                           self.peaks[e], bucket_device, self.buckets[b])
+
+    def slice(self, lo: int, hi: int) -> DeviceTable:
+        """The devices ``lo:hi`` (a contiguous range: each grouped column is one range too)."""
+        m = slice(*np.searchsorted(self.metric_device, [lo, hi]).tolist())
+        e = slice(*np.searchsorted(self.episode_device, [lo, hi]).tolist())
+        b = slice(*np.searchsorted(self.bucket_device, [lo, hi]).tolist())
+        detector = self.metric_detector[m]
+        used = detector >= 0
+        renumbered = np.full(len(detector), -1, dtype=np.int64)
+        renumbered[used] = np.arange(int(used.sum()))
+        return DeviceTable(self.ids[lo:hi], self.device_type[lo:hi], self.site[lo:hi], self.core[lo:hi],
+                           self.seqs[lo:hi], self.metric_device[m] - lo, self.metric_name[m], self.metric_last[m],
+                           renumbered, np.ascontiguousarray(self.detectors[detector[used]]),
+                           self.episode_device[e] - lo, self.episodes[e], self.peaks[e], self.bucket_device[b] - lo,
+                           self.buckets[b])
+
+    @classmethod
+    def concat(cls, tables: Sequence[DeviceTable]) -> DeviceTable:
+        """The tables' devices one after another (each table's grouping is kept)."""
+        first = tables[0]
+        if len(tables) == 1:
+            return first
+        base = np.cumsum([0] + [len(t) for t in tables[:-1]])
+        detector_base = np.cumsum([0] + [len(t.detectors) for t in tables[:-1]])
+        cat = np.concatenate
+        return cls(cat([t.ids for t in tables]), cat([t.device_type for t in tables]), cat([t.site for t in tables]),
+                   cat([t.core for t in tables]), cat([t.seqs for t in tables]),
+                   cat([t.metric_device + b for t, b in zip(tables, base, strict=True)]),
+                   cat([t.metric_name for t in tables]), cat([t.metric_last for t in tables]),
+                   cat([np.where(t.metric_detector >= 0, t.metric_detector + b, -1)
+                        for t, b in zip(tables, detector_base, strict=True)]),
+                   np.ascontiguousarray(cat([t.detectors for t in tables])),
+                   cat([t.episode_device + b for t, b in zip(tables, base, strict=True)]),
+                   cat([t.episodes for t in tables]), cat([t.peaks for t in tables]),
+                   cat([t.bucket_device + b for t, b in zip(tables, base, strict=True)]),
+                   cat([t.buckets for t in tables]))
+
+    # -- one value in the state store ---------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """The table as one binary value: header, then the columns (see the module's docstring)."""
+        names = [_SEP.join(self.ids.tolist()).encode(), *_encode_strings(self.device_type),
+                 *_encode_strings(self.site), *_encode_strings(self.metric_name)]
+        ids, type_vocabulary, type_codes, site_vocabulary, site_codes, name_vocabulary, name_codes = names
+        header = MAGIC + _HEADER.pack(len(self), len(self.metric_device), len(self.detectors), len(self.episodes),
+                                      len(self.buckets), self.seqs.shape[1], self.detectors.shape[1], len(ids),
+                                      len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0)
+        return b"".join([
+            header, ids, type_vocabulary, site_vocabulary, name_vocabulary, type_codes, site_codes, name_codes,
+            self.core.astype(np.int64).tobytes(), self.seqs.astype(np.uint64).tobytes(),
+            self.metric_device.astype(np.int32).tobytes(), self.metric_last.tobytes(),
+            self.metric_detector.astype(np.int32).tobytes(), self.detectors.tobytes(),
+            self.episode_device.astype(np.int32).tobytes(), self.episodes.astype(np.int64).tobytes(),
+            self.peaks.tobytes(), self.bucket_device.astype(np.int32).tobytes(), self.buckets.tobytes()])
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, state_size: int) -> DeviceTable:
+        if blob[:len(MAGIC)] != MAGIC:
+            raise ValueError("not a device table")
+        n, p, q, e, b, words, size, *lengths = _HEADER.unpack_from(blob, len(MAGIC))
+        if size != state_size:
+            raise ValueError(f"device state holds detector rows of {size} numbers, this detector keeps {state_size}: "
+                             f"the detector changed; start from a new checkpoint")
+        at = len(MAGIC) + _HEADER.size
+        text = []
+        for length in lengths[:4]:
+            text.append(blob[at:at + length])
+            at += length
+
+        def array(dtype: type, count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+            nonlocal at
+            out = np.frombuffer(blob, dtype=dtype, count=count, offset=at).copy()
+            at += out.nbytes
+            return out if shape is None else out.reshape(shape)
+
+        type_codes, site_codes, name_codes = array(np.int32, n), array(np.int32, n), array(np.int32, p)
+        ids = _strings(text[0].decode().split(_SEP)) if n else _strings([])
+        return cls(ids, _decode_strings(text[1], type_codes), _decode_strings(text[2], site_codes),
+                   array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS))),
+                   array(np.uint64, n * words, (n, words)),
+                   array(np.int32, p).astype(np.int64), _decode_strings(text[3], name_codes), array(np.float64, p),
+                   array(np.int32, p).astype(np.int64), array(np.float64, q * size, (q, size)),
+                   array(np.int32, e).astype(np.int64),
+                   array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))), array(np.float64, e),
+                   array(np.int32, b).astype(np.int64), array(np.float64, b * len(BUCKET_FIELDS),
+                                                             (b, len(BUCKET_FIELDS))))
+
+    # -- one device as a record (tests, tools, the previous layout) ------------------------------------
+
+    def state(self, d: int) -> DeviceState:
+        """Device ``d``'s state in the per-device layout."""
+        one = self.take(np.array([d]))
+        detectors = one.detectors[one.metric_detector[one.metric_detector >= 0]]
+        return DeviceState(str(one.device_type[0]), str(one.site[0]), one.core[0].copy(), one.seqs[0].copy(),
+                           one.episodes.copy(), one.peaks.copy(), one.metric_name.tolist(), detectors.copy(),
+                           one.metric_last.copy(), one.buckets.copy())
+
+    @classmethod
+    def from_states(cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
+                    ) -> DeviceTable:
+        """Devices from their per-device states (a checkpoint of the previous layout)."""
+        table = cls.empty(ids, seq_words, state_size)
+        if not states:
+            return table
+        table.device_type = _strings([s.device_type for s in states])
+        table.site = _strings([s.site for s in states])
+        table.core = np.stack([s.core for s in states]).astype(np.int64)
+        table.seqs = np.stack([s.seqs for s in states]).astype(np.uint64)
+        counts = [len(s.metrics) for s in states]
+        table.metric_device = np.repeat(np.arange(len(states)), counts)
+        table.metric_name = _strings([m for s in states for m in s.metrics])
+        table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
+        from streaming.cleaning import scored_names  # which metrics have a detector row, in the previous layout
+        watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
+        table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
+        table.detectors = np.ascontiguousarray(np.concatenate([s.detectors for s in states]).reshape(-1, state_size))
+        table.episode_device = np.repeat(np.arange(len(states)), [len(s.episodes) for s in states])
+        table.episodes = np.concatenate([s.episodes for s in states]).astype(np.int64).reshape(-1, len(EPISODE_FIELDS))
+        table.peaks = np.concatenate([s.peaks for s in states])
+        table.bucket_device = np.repeat(np.arange(len(states)), [len(s.buckets) for s in states])
+        table.buckets = np.concatenate([s.buckets for s in states]).reshape(-1, len(BUCKET_FIELDS))
+        return table

@@ -1,0 +1,95 @@
+"""Device state as columns: the table's layout, the sharded store, and old checkpoints."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from streaming.device_state import LAST_WALL_MS, RECEIVED
+from streaming.device_table import DeviceTable
+from streaming.state_store import MemoryStore, ShardedStore, DictMapState, encode_legacy_shard
+from tests.streaming.test_engine import Harness, _comparable, record
+
+
+def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
+    """A harness whose devices have metrics, detector rows, open buckets and an open episode."""
+    harness = Harness()
+    ids = [f"th-{d}" for d in range(devices)]
+    batch = [record(i, device=d, offset=i * devices + k, temperature=21.0 + (9.0 if (d, i) == ("th-1", 150) else 0),
+                    humidity_pct=40.0 + k)
+             for i in range(151) for k, d in enumerate(ids)]
+    harness.process(batch)
+    return harness, ids
+
+
+def _same(a: DeviceTable, b: DeviceTable) -> None:
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        assert value.shape == other.shape, name
+        if value.dtype == object:
+            assert value.tolist() == other.tolist(), name
+        else:
+            np.testing.assert_array_equal(value, other, err_msg=name)
+
+
+def test_a_table_round_trips_through_bytes_and_take_keeps_each_device_whole() -> None:
+    harness, ids = _filled()
+    table = harness.store.load_many(ids)
+    assert harness.store.found.all()
+    assert len(table.episodes) == 1 and table.ids[table.episode_device[0]] == "th-1"  # the spike's open alert
+    _same(DeviceTable.from_bytes(table.to_bytes(), table.detectors.shape[1]), table)
+    reordered = table.take(np.array([3, 1, 4, 0, 2]))
+    assert reordered.ids.tolist() == ["th-3", "th-1", "th-4", "th-0", "th-2"]
+    for d in range(len(table)):
+        expected, got = table.state(d), reordered.state(reordered.ids.tolist().index(table.ids[d]))
+        assert got == expected
+    assert (np.diff(reordered.metric_device) >= 0).all() and (np.diff(reordered.bucket_device) >= 0).all()
+    _same(DeviceTable.concat([table.take(np.arange(2)), table.take(np.arange(2, 5))]), table)
+    _same(table.slice(1, 4), table.take(np.arange(1, 4)))
+
+
+def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_ones() -> None:
+    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_size=3)
+    table = store.load_many(["a", "b", "c"])
+    assert not store.found.any() and table.core[:, LAST_WALL_MS].tolist() == [0, 0, 0]
+    table.core[:, LAST_WALL_MS] = 100
+    table.core[:, RECEIVED] = [1, 2, 3]
+    store.save_many(table, now_ms=100)
+    again = store.load_many(["c", "d"])
+    assert store.found.tolist() == [True, False] and again.core[:, RECEIVED].tolist() == [3, 0]
+    again.core[:, LAST_WALL_MS] = 2_000
+    store.save_many(again, now_ms=2_000)  # a and b (last heard at 100) are past the TTL if in a rewritten shard
+    left = {d for d in "abcd" if store.load(d) is not None}
+    rewritten = set(store.shard_of(["c", "d"]).tolist())
+    assert left == {"c", "d"} | {d for d in "ab" if int(store.shard_of([d])[0]) not in rewritten}
+
+
+def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
+    harness, ids = _filled(3)
+    states = {d: harness.store.load(d) for d in ids}
+    legacy = DictMapState()
+    legacy.updateValue((0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0])
+                                                   for d, s in states.items()}),))
+    store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_size=harness.engine.kernel.STATE_SIZE)
+    table = store.load_many(ids)
+    assert store.found.all() and [table.state(d) for d in range(3)] == [states[d] for d in ids]
+    store.save_many(table, now_ms=0)
+    assert legacy.values[(0,)][0][:4] == b"IWT1"
+    assert store.load("th-1") == states["th-1"]
+
+
+def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
+    """Shard count is a storage detail: the same records give the same outputs."""
+    rng = random.Random(5)
+    series = [record(i, device=f"th-{d}", offset=i * 4 + d,
+                     temperature=21 + rng.gauss(0, 0.2) + (9 if i == 200 + d else 0))
+              for i in range(300) for d in range(4)]
+    outputs = []
+    for shards in (1, 7):
+        harness = Harness()
+        harness.store = MemoryStore(harness.engine.kernel.STATE_SIZE, harness.engine.seq_words, shards=shards)
+        rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start:start + 200])]
+        outputs.append(_comparable(rows))
+    assert outputs[0] == outputs[1]
+    assert sum(1 for row in outputs[0] if row[0] == "alert") >= 4
