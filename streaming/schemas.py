@@ -72,9 +72,9 @@ TALLY_SCHEMA = StructType([StructField("kafka_partition", IntegerType(), False),
 #: The statistics of an aggregate (one per device, metric and event-time bucket).
 AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
 
-#: One shard of a partition's device states in the state store: its devices' states, each
-#: the value of :meth:`streaming.device_state.DeviceState.to_value` (see
-#: :class:`streaming.processor.ShardedStore`).
+#: One shard of a partition's device states in the state store: its devices' state as one
+#: serialised :class:`streaming.device_table.DeviceTable` (see
+#: :class:`streaming.state_store.ShardedStore`).
 DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
