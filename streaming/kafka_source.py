@@ -17,6 +17,7 @@ built from the options alone, so the same code runs under ``spark-submit`` on a 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -120,33 +121,107 @@ def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBat
     return pack_messages(part.partition, rows)
 
 
+class _Cached:
+    """A consumer kept in a Python worker between tasks, where it stopped reading."""
+
+    def __init__(self, consumer: Any, position: int, leftover: list[Any]) -> None:
+        self.consumer, self.position, self.leftover = consumer, position, leftover
+        self.used_at = time.monotonic()
+
+
+class ConsumerCache:
+    """Consumers kept per ``(config, topic, partition)`` in a Python worker between tasks, as
+    Spark's own Kafka connector keeps them per executor (``spark.kafka.consumer.cache.capacity``).
+
+    Creating a consumer costs a connection, metadata and a first fetch on every range: with
+    micro-batches a fraction of a second apart that is a large share of a batch. A cached
+    consumer keeps prefetching after its range ends, so the next range of its partition is
+    mostly in memory already; it is reused only where it stopped (otherwise re-assigned at
+    the range's start), and dropped on any error or after a minute unused. Spark runs one
+    task at a time per worker.
+    """
+
+    CAPACITY = 16
+    IDLE_S = 60.0
+    #: Prefetch queue per cached consumer (librdkafka's default is 64 MiB).
+    QUEUE_KBYTES = "16384"
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], _Cached] = {}
+
+    def take(self, opts: ReadOptions, part: KafkaRange, reset: str) -> tuple[tuple[Any, ...], _Cached]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        key = (tuple(sorted(opts.config.items())), reset, part.topic, part.partition)
+        cached = self._entries.pop(key, None)
+        if cached is None:
+            from iotwatch.logs import librdkafka_logger
+
+            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, **opts.config,
+                                 "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": reset,
+                                 "logger": librdkafka_logger()})
+            cached = _Cached(consumer, -1, [])
+        if cached.position != part.start:
+            cached.consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+            cached.position, cached.leftover = part.start, []
+        return key, cached
+
+    def give_back(self, key: tuple[Any, ...], cached: _Cached) -> None:
+        cached.used_at = now = time.monotonic()
+        self._entries[key] = cached
+        for old in [k for k, c in self._entries.items() if now - c.used_at > self.IDLE_S]:
+            _close(self._entries.pop(old).consumer)
+        while len(self._entries) > self.CAPACITY:
+            _close(self._entries.pop(next(iter(self._entries))).consumer)
+
+    def close(self) -> None:
+        """Close every cached consumer (tests, a worker shutting down)."""
+        while self._entries:
+            _close(self._entries.popitem()[1].consumer)
+
+
+def _close(consumer: Any) -> None:
+    try:
+        consumer.close()
+    except Exception:  # noqa: BLE001 - closing a consumer that already failed
+        pass
+
+
+_CONSUMERS = ConsumerCache()
+atexit.register(_CONSUMERS.close)
+
+
 def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow batches of ``opts.chunk_rows``.
 
-    assign() + the exact start offset (no group, no commit). Stops at the first record
-    at or past ``end``, or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
-    that never arrive are transaction markers or compacted away). If nothing moves
-    for ``poll_timeout_s`` it raises instead of hanging a task forever.
+    assign() + the exact start offset (no group, no commit), with a consumer of the
+    worker's :class:`ConsumerCache`. Stops at the first record at or past ``end`` (kept
+    for the next range), or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
+    that never arrive are transaction markers or compacted away). If nothing moves for
+    ``poll_timeout_s`` it raises instead of hanging a task forever.
     """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException
 
     reset = "earliest" if not opts.fail_on_data_loss else "error"
-    consumer = Consumer({**opts.config, "enable.auto.commit": False, "enable.partition.eof": True,
-                         "auto.offset.reset": reset})
+    key, cached = _CONSUMERS.take(opts, part, reset)
+    consumer = cached.consumer
     where = f"{part.topic}-{part.partition} [{part.start}, {part.end})"
     try:
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         position, rows = part.start, []
         last_progress = time.monotonic()
+        waiting, cached.leftover = cached.leftover, []
         while position < part.end:
             progressed = False  # a record or an end-of-log answer; error events are not progress
-            for msg in consumer.consume(min(opts.chunk_rows, part.end - position), 0.5):
+            batch = waiting or consumer.consume(min(opts.chunk_rows, part.end - position), 0.5)
+            waiting = []
+            for at, msg in enumerate(batch):
                 err = msg.error()
                 progressed = progressed or err is None or err.code() == KafkaError._PARTITION_EOF
                 if err is None:
                     offset = msg.offset()
                     if offset >= part.end:
                         position = part.end
+                        cached.leftover = [m for m in batch[at:] if m.error() is None]
                         break
                     if offset < position:
                         continue
@@ -184,8 +259,11 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
                 rows = []
         if rows:
             yield _chunk(opts, part, rows)
-    finally:
-        consumer.close()
+    except BaseException:
+        _close(consumer)
+        raise
+    cached.position = position if position >= part.end else -1
+    _CONSUMERS.give_back(key, cached)
 
 
 class _Planner:

@@ -17,7 +17,7 @@ from iotwatch.settings import KafkaSettings, Settings
 from streaming.kafka_offsets import KafkaDataLossError, OffsetClient, fair_share, parse_offsets_option, split_ranges
 from streaming.kafka_source import (
     KafkaDataSource, KafkaRange, KafkaStreamReader, ReadOptions, _Planner, kafka_options,
-    read_kafka_batch, read_kafka_stream, read_range,
+    _CONSUMERS, read_kafka_batch, read_kafka_stream, read_range,
 )
 
 BASE_TS = 1_700_000_000_000
@@ -164,6 +164,30 @@ def test_log_end_is_confirmed_by_fetch_on_batched_records(stack_settings: Settin
     assert [b.num_rows for b in batches] == [3000, 3000, 3000, 1000]
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == list(range(10_000))
+    _CONSUMERS.close()
+
+
+def test_a_worker_reuses_its_consumer_for_the_next_range_and_reads_any_range_exactly(
+        stack_settings: Settings, unique: str) -> None:
+    """Consecutive ranges (the next micro-batch) continue with the cached consumer; a range
+    elsewhere (a replayed batch, a re-read) is served exactly too."""
+    topic = new_topic(stack_settings, unique)
+    produce(stack_settings.kafka, topic, 3000, partitions=1, linger_ms=100)
+    opts = ReadOptions.parse({**kafka_options(stack_settings.kafka, "python"), "chunkRows": "700"})
+
+    def offsets(start: int, end: int) -> list[int]:
+        return [o for b in read_range(opts, KafkaRange(topic, 0, start, end)) for o in b.column("offset").to_pylist()]
+
+    try:
+        assert offsets(0, 1000) == list(range(0, 1000))
+        consumer = next(iter(_CONSUMERS._entries.values())).consumer
+        assert offsets(1000, 2000) == list(range(1000, 2000))
+        assert next(iter(_CONSUMERS._entries.values())).consumer is consumer
+        assert offsets(500, 1500) == list(range(500, 1500))  # replayed: re-assigned at its start
+        assert offsets(1500, 3000) == list(range(1500, 3000))
+        assert len(_CONSUMERS._entries) == 1
+    finally:
+        _CONSUMERS.close()
 
 
 def test_read_past_log_end_times_out_clearly(stack_settings: Settings, unique: str) -> None:
@@ -173,6 +197,7 @@ def test_read_past_log_end_times_out_clearly(stack_settings: Settings, unique: s
                               "kafkaConsumer.pollTimeoutMs": "1500"})
     with pytest.raises(TimeoutError, match="no record after offset 2"):
         list(read_range(opts, KafkaRange(topic, 1, 0, 5)))
+    assert not _CONSUMERS._entries  # a failed read does not keep its consumer
 
 
 # --------------------------------------------------------------------------- Spark
