@@ -48,7 +48,7 @@ class Publisher:
             for device in self.devices:
                 message = reading(device, seq, site=self.site)
                 info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
-                while info.rc:  # not connected (e.g. the broker restarts): paho did not take it, try again
+                while info.rc:  # not connected (broker restarting): publish again, a duplicate at worst
                     time.sleep(0.1)
                     info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
                 self.published.setdefault(device, []).append((seq, time.time()))
