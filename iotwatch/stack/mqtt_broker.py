@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import sys
 from pathlib import Path
@@ -52,12 +51,12 @@ def _mosquitto_command(binary: str, base: Path, port: int) -> list[str]:
     # ``user``: started as root (CI containers), mosquitto would drop to user "mosquitto",
     # which cannot write the run folder (pytest's are 0700): every save of the database
     # failed ("Error: Permission denied"), so a restart lost the sessions and the QoS 1
-    # messages queued in them. It keeps the user that started it instead (a no-op when
-    # that is not root).
+    # messages queued in them. As root it now stays root (a single-user dev stack on
+    # loopback); started by anyone else, mosquitto never switches user.
     conf = base / "mosquitto.conf"
     conf.write_text(
         f"listener {port} {HOST}\n"
-        f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
+        f"{'user root' if os.geteuid() == 0 else ''}\n"
         "allow_anonymous true\n"
         "persistence true\n"
         f"persistence_location {base}/\n"
