@@ -37,29 +37,51 @@ from tests.gateway.conftest import gateway_settings
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, seqs_by_device
 
 
-def test_mosquitto_restart_with_persistence_loses_nothing(test_settings: Settings, unique: str, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.bridge")
-    broker = start_mqtt_broker(tmp_path, "mosquitto", timeout_s=30)
+class Broker:
+    """The test's own mosquitto (the embedded stack's configuration, persistence on), which
+    it restarts the way ``docker-compose restart`` does: SIGTERM, then the same port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.running = start_mqtt_broker(folder, "mosquitto", timeout_s=30)
+        self.endpoint = self.running.endpoint
+
+    def restart(self) -> None:
+        stop_process(self.running.process)  # SIGTERM: mosquitto writes its database and exits
+        assert (self.folder / "mqtt" / "mosquitto.db").exists(), "mosquitto did not save its database on SIGTERM"
+        time.sleep(1.0)
+        self.running = start_mqtt_broker(self.folder, "mosquitto", timeout_s=30,
+                                         port=int(self.endpoint.rsplit(":", 1)[1]))
+
+    def stop(self) -> None:
+        stop_process(self.running.process)
+
+
+def _gateway(test_settings: Settings, unique: str, broker: Broker) -> tuple[Settings, Gateway]:
+    """A started gateway on ``broker`` and this test's topics."""
     mqtt = test_settings.mqtt.model_copy(update={"url": broker.endpoint})
     settings = gateway_settings(test_settings.model_copy(update={"mqtt": mqtt}), unique)
     ensure_topics(settings.kafka, [settings.topics.raw, settings.topics.dlq])
     bridge = Gateway(settings)
     bridge.start()
-    devices = [f"rs-{unique}-{i}" for i in range(4)]
-    publisher = Publisher(mqtt, devices, count=1500, rate_per_s=1000).start()
-    database = tmp_path / "mqtt" / "mosquitto.db"
+    return settings, bridge
+
+
+def test_mosquitto_restart_with_persistence_loses_nothing(test_settings: Settings, unique: str, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.bridge")
+    broker = Broker(tmp_path)
     try:
+        settings, bridge = _gateway(test_settings, unique, broker)
+        devices = [f"rs-{unique}-{i}" for i in range(4)]
+        publisher = Publisher(settings.mqtt, devices, count=1500, rate_per_s=1000).start()
         time.sleep(2.0)
-        stop_process(broker.process)  # SIGTERM: mosquitto writes its persistence file and exits
-        assert database.exists(), "mosquitto did not save its database on SIGTERM"
-        time.sleep(1.0)
-        broker = start_mqtt_broker(tmp_path, "mosquitto", timeout_s=30, port=int(broker.endpoint.rsplit(":", 1)[1]))
+        broker.restart()
         publisher.join(timeout=120)
         _records, seqs = read_all_seqs(settings.kafka, settings.topics.raw, devices, 1500, timeout_s=30)
         summary = bridge.stop()
     finally:
-        stop_process(broker.process)
+        broker.stop()
     assert "connected to MQTT (resumed session)" in caplog.text, "the restarted broker lost the gateway's session"
     dead = read_topic(settings.kafka, settings.topics.dlq, timeout_s=5, idle_s=1)
     assert not dead, [(m.headers(), m.value()[:200]) for m in dead]
@@ -76,25 +98,20 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(test_settings:
     in-flight window, no faults): every reading of every device arrives, and the simulator
     reports no error (a publish while disconnected is kept by paho and sent after the
     reconnect: it used to count as an error and make the simulator exit 1)."""
-    broker = start_mqtt_broker(tmp_path, "mosquitto", timeout_s=30)
-    mqtt = test_settings.mqtt.model_copy(update={"url": broker.endpoint})
-    settings = gateway_settings(test_settings.model_copy(update={"mqtt": mqtt}), unique)
-    ensure_topics(settings.kafka, [settings.topics.raw, settings.topics.dlq])
-    bridge = Gateway(settings)
-    bridge.start()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
-    env["IOTWATCH_INFLUX_URL"] = ""
-    simulator = subprocess.Popen(
-        [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "simulate", "--mqtt", broker.endpoint,
-         "--homes", "2", "--vehicles", "0", "--mix", "thermostat=2", "--target-rate", "500", "--count", "3000",
-         "--qos", "1", "--seq-state", str(tmp_path / "seq-state.json"), "--client-id-prefix", f"sim-{unique}",
-         "--no-progress", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    broker = Broker(tmp_path)
+    simulator: subprocess.Popen[str] | None = None
     try:
+        settings, bridge = _gateway(test_settings, unique, broker)
+        env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+        env["IOTWATCH_INFLUX_URL"] = ""
+        simulator = subprocess.Popen(
+            [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "simulate", "--mqtt", broker.endpoint,
+             "--homes", "2", "--vehicles", "0", "--mix", "thermostat=2", "--target-rate", "500", "--count", "3000",
+             "--qos", "1", "--seq-state", str(tmp_path / "seq-state.json"), "--client-id-prefix", f"sim-{unique}",
+             "--no-progress", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(3.0)
         assert simulator.poll() is None, simulator.communicate()
-        stop_process(broker.process)
-        time.sleep(1.0)
-        broker = start_mqtt_broker(tmp_path, "mosquitto", timeout_s=30, port=int(broker.endpoint.rsplit(":", 1)[1]))
+        broker.restart()
         stdout, stderr = simulator.communicate(timeout=60)
         assert simulator.returncode == 0, (stdout[-2000:], stderr[-2000:])
         report = json.loads(stdout[stdout.rfind("\n{") + 1:])
@@ -102,9 +119,9 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(test_settings:
         records = read_topic(settings.kafka, settings.topics.raw, timeout_s=30, idle_s=3)
         summary = bridge.stop()
     finally:
-        if simulator.poll() is None:
+        if simulator is not None and simulator.poll() is None:
             simulator.kill()
-        stop_process(broker.process)
+        broker.stop()
     assert (report["sent"], report["errors"], report["unacked"]) == (3000, 0, 0), report
     seqs = seqs_by_device(records)
     assert len(seqs) == 4, sorted(seqs)
