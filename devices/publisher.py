@@ -105,6 +105,15 @@ class _Connection:
             self.waiting = False
 
 
+#: paho's answers to a QoS 1 publish that it keeps: sent now, or (not connected, e.g. the
+#: broker restarting) kept in the client and sent after it reconnects, as every message not
+#: yet acknowledged is. Counted as an error before, the simulator exited 1 after a broker
+#: restart that lost nothing; now such a message fills the in-flight window like any other,
+#: so a long outage blocks publishing (ServiceUnavailable after 30 s) instead of queuing
+#: without bound.
+_KEPT = (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN)
+
+
 class Publisher:
     def __init__(self, settings: MqttSettings, *, qos: int, connections: int = 1,
                  device_uids: Sequence[int] | None = None, device_status: dict[int, str] | None = None,
@@ -190,13 +199,13 @@ class Publisher:
                     raise ServiceUnavailable(f"MQTT broker {self.settings.url} acknowledged nothing for 30 s")
                 started = time.perf_counter() if not retain else -1.0
                 info = conn.client.publish(topic, payload, 1, retain)
-                if info.rc == 0:
+                if info.rc in _KEPT:
                     conn.register(info.mid, started)
             elif retain:
                 info = conn.client.publish(topic, payload, 0, True)
             else:
                 info = conn.client.publish(topic, payload, 0, False)
-            if info.rc:
+            if info.rc and not (qos and info.rc in _KEPT):
                 errors += 1
             elif retain:
                 status += 1

@@ -297,7 +297,7 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
     assert "simulate" in commands["simulator"]
     assert "respond" in commands["responder"]
-    assert commands["kafka-topics"][-2:] == ["provision", "topics"]
+    assert commands["kafka-topics"][-3:] == ["provision", "topics", "--acls"]
 
 
 # --- Kafka ---------------------------------------------------------------------------------
@@ -328,6 +328,51 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
     assert len(set(users.values())) == len(users) and users["kafka-topics"] == "admin", users
     for name in ("gateway", "stream"):
         assert services[name]["depends_on"]["kafka-topics"]["condition"] == "service_completed_successfully"
+
+
+def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) -> None:
+    """An authorizer denies by default, admin is the only SASL super user, and the ACLs the
+    init step grants (iotwatch/provision/kafka_acls.py) give each service only the topics
+    its code uses: above all, only the stream and the responder write alerts (pages)."""
+    from iotwatch.provision.kafka_acls import GROUP_PREFIXES, acl_bindings, service_grants
+    from iotwatch.settings import TopicSettings
+
+    services = compose["services"]
+    kafka_env = environment_of(services["kafka"])
+    assert kafka_env["KAFKA_AUTHORIZER_CLASS_NAME"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert kafka_env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert set(kafka_env["KAFKA_SUPER_USERS"].split(";")) == {"User:admin", "User:ANONYMOUS"}
+    # ANONYMOUS is only who connects to the unauthenticated listener, reachable from loopback only.
+    protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = dict(item.split("://") for item in kafka_env["KAFKA_LISTENERS"].split(","))
+    assert all(listeners[name].startswith("localhost:") for name, protocol in protocols.items()
+               if not protocol.startswith("SASL_"))
+    users = {name: environment_of(svc)["IOTWATCH_KAFKA_SASL_USERNAME"] for name, svc in services.items()
+             if "IOTWATCH_KAFKA_SASL_USERNAME" in environment_of(svc)}
+    assert users == {"kafka-topics": "admin", "gateway": "gateway", "stream": "stream", "responder": "responder"}
+
+    topics = TopicSettings()
+    grants = service_grants(topics)
+    assert {grant.user for grant in grants} == set(users.values()) - {"admin"}
+    assert {grant.operation for grant in grants} == {"read", "write"}  # never create, alter, delete or cluster
+    topic_grants = [grant for grant in grants if grant.resource == "topic"]
+    assert not any(grant.prefixed or grant.name in ("*", "") for grant in topic_grants)
+
+    def allowed(user: str, operation: str) -> set[str]:
+        return {g.name for g in topic_grants if g.user == user and g.operation == operation}
+
+    assert (allowed("gateway", "read"), allowed("gateway", "write")) == (set(), {topics.raw, topics.dlq})
+    assert allowed("stream", "read") == {topics.raw, topics.model_updates}
+    assert allowed("stream", "write") == {topics.alerts, topics.dlq}
+    assert allowed("responder", "read") == {topics.alerts, topics.commands}
+    assert allowed("responder", "write") == {topics.commands, topics.alerts, topics.dlq}
+    assert {g.user for g in topic_grants if g.name == topics.alerts and g.operation == "write"} == {"stream",
+                                                                                                     "responder"}
+    assert {g.user for g in topic_grants if g.name == topics.raw and g.operation == "write"} == {"gateway"}
+    groups = {(g.user, g.name) for g in grants if g.resource == "group"}
+    assert groups == {(user, prefix) for user, prefixes in GROUP_PREFIXES.items() for prefix in prefixes}
+    assert all(g.prefixed and g.operation == "read" for g in grants if g.resource == "group")
+    assert len(acl_bindings(grants)) == len(grants)  # each a valid ACL binding for the admin API
 
 
 # --- service configuration files ---------------------------------------------------------

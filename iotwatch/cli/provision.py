@@ -65,19 +65,26 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
 
 @provision.command()
 @endpoint_options(kafka=True)
+@click.option("--acls", is_flag=True, help="Also grant each compose service user (gateway, stream, responder) "
+                                           "its least-privilege ACLs (a broker with an authorizer; as admin).")
 @json_option
 @pass_app
-def topics(app: AppContext, as_json: bool) -> None:
+def topics(app: AppContext, acls: bool, as_json: bool) -> None:
     """Create the pipeline's Kafka topics, the on-call ones compacted (for brokers with
-    auto-creation off)."""
+    auto-creation off), and with --acls the services' ACLs."""
     from iotwatch.clients.kafka import ensure_topics
 
     settings = app.settings
     wanted = settings.topics.kafka_topics() + settings.topics.compacted_topics()
     created = ensure_topics(settings.kafka, settings.topics.kafka_topics())
     created += ensure_topics(settings.kafka, settings.topics.compacted_topics(), compacted=True)
-    emit({"topics": wanted, "created": created, "partitions": settings.kafka.partitions,
-          "replication_factor": settings.kafka.replication_factor}, as_json, _render_summary)
+    summary: dict[str, Any] = {"topics": wanted, "created": created, "partitions": settings.kafka.partitions,
+                               "replication_factor": settings.kafka.replication_factor}
+    if acls:
+        from iotwatch.provision.kafka_acls import apply_grants, service_grants
+
+        summary["acls"] = apply_grants(settings.kafka, service_grants(settings.topics))
+    emit(summary, as_json, _render_summary)
 
 
 def _checked(out_dir: Path) -> Path:

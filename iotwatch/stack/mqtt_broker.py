@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -47,9 +48,15 @@ def _debian_sbin(name: str) -> str | None:
 def _mosquitto_command(binary: str, base: Path, port: int) -> list[str]:
     # Anonymous access on loopback only: the embedded stack is a single-user dev stack.
     # docker-compose runs mosquitto with a password file and ACLs.
+    # ``user``: started as root (CI containers), mosquitto would drop to user "mosquitto",
+    # which cannot write the run folder (pytest's are 0700): every save of the database
+    # failed ("Error: Permission denied"), so a restart lost the sessions and the QoS 1
+    # messages queued in them. As root it now stays root (a single-user dev stack on
+    # loopback); started by anyone else, mosquitto never switches user.
     conf = base / "mosquitto.conf"
     conf.write_text(
         f"listener {port} {HOST}\n"
+        f"{'user root' if os.geteuid() == 0 else ''}\n"
         "allow_anonymous true\n"
         "persistence true\n"
         f"persistence_location {base}/\n"
