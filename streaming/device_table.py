@@ -14,7 +14,10 @@ not Python work per device (at 100k devices a batch touches as many states as re
   buckets (``bucket_device``, ``buckets``), each grouped by device.
 
 A table serialises to one binary value (:meth:`DeviceTable.to_bytes`): a header of counts,
-then each column's bytes, strings as a vocabulary plus integer codes.
+then each column's bytes, strings as a vocabulary plus integer codes, the whole LZ4-compressed
+(about 5x: seq bitmaps and counters are mostly runs). Every byte of state crosses from the
+Python worker to the JVM, into RocksDB and its changelog each time a device is touched, so
+bytes per device are the cost of a large fleet; LZ4 costs under a microsecond a device.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from streaming.device_state import BUCKET_FIELDS, CORE_FIELDS, EPISODE_FIELDS, MAX_EVENT_MS, SEQ_HIGH, DeviceState
 
-#: First bytes of a serialised table (a state-store value of the previous, per-device
-#: layout starts with a name length, never this large).
+#: First bytes of a serialised table, and of a compressed one (a state-store value of the
+#: previous, per-device layout starts with a name length, never this large).
 MAGIC = b"IWT1"
+COMPRESSED = b"IWZ1"
+_RAW_LENGTH = struct.Struct("<Q")
 _SEP = "\x1f"
 #: After MAGIC: devices, metrics, detector rows, episodes, buckets, seq words, detector
 #: state size, and the byte lengths of the five string parts.
@@ -188,8 +194,14 @@ class DeviceTable:
 
     # -- one value in the state store ---------------------------------------------------------------
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, compress: bool = True) -> bytes:
         """The table as one binary value: header, then the columns (see the module's docstring)."""
+        raw = self._raw_bytes()
+        if not compress:
+            return raw
+        return COMPRESSED + _RAW_LENGTH.pack(len(raw)) + pa.compress(raw, codec="lz4", asbytes=True)
+
+    def _raw_bytes(self) -> bytes:
         names = [_SEP.join(self.ids.tolist()).encode(), *_encode_strings(self.device_type),
                  *_encode_strings(self.site), *_encode_strings(self.metric_name)]
         ids, type_vocabulary, type_codes, site_vocabulary, site_codes, name_vocabulary, name_codes = names
@@ -206,6 +218,10 @@ class DeviceTable:
 
     @classmethod
     def from_bytes(cls, blob: bytes, state_size: int) -> DeviceTable:
+        if blob[:len(COMPRESSED)] == COMPRESSED:
+            (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
+            blob = pa.decompress(memoryview(blob)[len(COMPRESSED) + _RAW_LENGTH.size:], decompressed_size=length,
+                                 codec="lz4", asbytes=True)
         if blob[:len(MAGIC)] != MAGIC:
             raise ValueError("not a device table")
         n, p, q, e, b, words, size, *lengths = _HEADER.unpack_from(blob, len(MAGIC))

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from streaming.device_state import LAST_WALL_MS, DeviceState
-from streaming.device_table import MAGIC, DeviceTable
+from streaming.device_table import COMPRESSED, MAGIC, DeviceTable
 
 
 class MapStateLike(Protocol):
@@ -64,7 +64,7 @@ class ShardedStore:
         if value is None:
             return DeviceTable.empty([], self.seq_words, self.state_size)
         blob = value[0]
-        if blob[:len(MAGIC)] == MAGIC:
+        if blob[:len(MAGIC)] in (MAGIC, COMPRESSED):
             return DeviceTable.from_bytes(blob, self.state_size)
         entries = decode_legacy_shard(blob)
         return DeviceTable.from_states(list(entries), [DeviceState.from_value((e[1],), self.state_size)
