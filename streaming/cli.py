@@ -18,7 +18,6 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 
 if TYPE_CHECKING:
-    from pyspark.sql.streaming import StreamingQuery
 
     from streaming.job import RunningJob
 
@@ -27,40 +26,6 @@ log = logging.getLogger(__name__)
 #: Longest wait for a moment between micro-batches before a stop interrupts the one in
 #: progress (it is then re-run from the checkpoint by the next start).
 STOP_WAIT_S = 5.0
-
-
-def progress_line(batch_id: int, records: int, rate: float, lag: int | None, batch_ms: int) -> str:
-    """One micro-batch as one line, in the gateway's ``name=value`` style."""
-    return (f"stream: batch={batch_id} records={records} rate={rate:,.0f}/s "
-            f"lag={'?' if lag is None else lag} batch_ms={batch_ms}")
-
-
-class ProgressLines:
-    """Logs :func:`progress_line` once for every micro-batch the query completed (no-data
-    batches at DEBUG), polled from the query's progress reports by the command's loop."""
-
-    def __init__(self) -> None:
-        self.logged = -1  # the last batch id logged
-
-    def poll(self, query: StreamingQuery) -> None:
-        last = query.lastProgress
-        if last is None or last.batchId <= self.logged:
-            return
-        reports = [last] if last.batchId == self.logged + 1 or self.logged < 0 else query.recentProgress
-        for progress in reports:
-            if progress.batchId > self.logged:
-                self._log(progress)
-                self.logged = progress.batchId
-
-    @staticmethod
-    def _log(progress: Any) -> None:
-        from streaming.progress import kafka_lag, kafka_records
-
-        records = kafka_records(progress)
-        batch_ms = int(progress.durationMs.get("triggerExecution", 0))
-        rate = records * 1000 / batch_ms if batch_ms else 0.0
-        log.log(logging.INFO if records else logging.DEBUG, "%s",
-                progress_line(int(progress.batchId), records, rate, kafka_lag(progress), batch_ms))
 
 
 def stop_between_batches(job: RunningJob, wait_s: float = STOP_WAIT_S) -> None:
@@ -106,7 +71,6 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
     stream_settings = settings.stream
     with session_scope("iotwatch-stream", stream_settings.spark_master,
                        shuffle_partitions=stream_settings.shuffle_partitions, conf=STREAM_CONF) as spark:
-        progress = ProgressLines()
         job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir,
                     available_now=available_now, query_name=query_name)
         started = time.monotonic()
@@ -117,13 +81,11 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
                 if available_now and job.caught_up():
                     break
                 stop.wait(0.5)
-                progress.poll(job.query)
             exception = job.query.exception()
         finally:
             if stop.is_set():
                 log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
             stop_between_batches(job)
-            progress.poll(job.query)
     if exception is not None:
         raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
     return job

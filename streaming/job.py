@@ -78,10 +78,7 @@ class RunningJob:
         already shutting down)."""
         try:
             self.query.stop()
-            last = self.query.lastProgress
-            if last is not None and not self.reporter.wait_for(int(last["batchId"])):
-                log.warning("the totals may miss batch %s: its progress event did not arrive", last["batchId"])
-            self.spark.streams.removeListener(self.reporter)
+            self.reporter.close()
         except Exception as exc:  # noqa: BLE001 - py4j errors when the JVM is going away
             log.warning("stopping the query: %s", str(exc).splitlines()[0])
 
@@ -100,7 +97,6 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
         statefulProcessor=PartitionProcessor(settings, archive), outputStructType=TALLY_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")
     reporter = ProgressReporter(settings, query_name)
-    spark.streams.addListener(reporter)
     # Every output is written by the stateful operator itself; what reaches the sink is one
     # tally row per partition, summed by the observation. The no-op sink runs the batch.
     sink = (tallies.observe(OBSERVATION, *tally_sums()).writeStream.format("noop").queryName(query_name)
@@ -110,7 +106,9 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     log.info("streaming %s from %s; checkpoint %s; archive %s", settings.topics.raw,
              settings.kafka.bootstrap_servers, checkpoint, archive)
     warm_python_workers(spark)
-    return RunningJob(spark, sink.start(), reporter)
+    query = sink.start()
+    reporter.follow(query)
+    return RunningJob(spark, query, reporter)
 
 
 def _warm_worker(_: object) -> None:

@@ -2,12 +2,16 @@
 
 The stateful operator writes every output itself (:mod:`streaming.sinks`) and emits one
 tally row per partition; the query sums them with an observation
-(:data:`OBSERVATION`), so each progress event carries the micro-batch's counts. This
-listener keeps the running totals (what ``iotwatch stream`` prints, what the tests and
-benchmarks read) and sends two points per micro-batch to InfluxDB's ``pipeline``
-measurement: ``stage=stream`` (the counts and the batch duration) and
-``stage=stream_progress`` (rates, Kafka lag, state size). It runs on Spark's listener
-thread, off the micro-batch's path.
+(:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
+reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
+benchmarks read), logs one line per micro-batch, and sends two points per micro-batch to
+InfluxDB's ``pipeline`` measurement: ``stage=stream`` (the counts and the batch duration)
+and ``stage=stream_progress`` (rates, Kafka lag, state size).
+
+It reads the query's progress reports as JSON from a thread of its own, off the
+micro-batch's path, rather than as a ``StreamingQueryListener``: a Python listener gets
+each event through a hundred-odd py4j calls (about 60 ms of CPU a micro-batch here, on the
+same cores as the job), a report as JSON is one call.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.errors import IotwatchError
@@ -33,8 +37,11 @@ log = logging.getLogger(__name__)
 
 #: The name of the observation that sums the tallies of a micro-batch.
 OBSERVATION = "tally"
-#: Progress events kept for summaries and benchmarks (the oldest are dropped).
+#: Progress reports kept for summaries and benchmarks (the oldest are dropped).
 HISTORY = 10_000
+#: How often the reporter reads the query's progress (Spark keeps the last 100 reports:
+#: ``spark.sql.streaming.numRecentProgressUpdates``).
+POLL_S = 0.2
 
 
 def tally_sums() -> list[Column]:
@@ -85,8 +92,15 @@ def batch_counts(observed: Any) -> dict[str, int]:
     return counts
 
 
-class ProgressReporter(StreamingQueryListener):
-    """Running totals and per-batch history of one query, and its ``pipeline`` points."""
+def progress_line(batch_id: int, records: int, rate: float, lag: int | None, batch_ms: int) -> str:
+    """One micro-batch as one line, in the gateway's ``name=value`` style."""
+    return (f"stream: batch={batch_id} records={records} rate={rate:,.0f}/s "
+            f"lag={'?' if lag is None else lag} batch_ms={batch_ms}")
+
+
+class ProgressReporter:
+    """Running totals and per-batch history of one query, its log lines and its ``pipeline``
+    points, from the query's progress reports (:meth:`follow` reads them in a thread)."""
 
     def __init__(self, settings: Settings, query_name: str) -> None:
         self.influx = settings.influx if settings.influx.enabled else None
@@ -97,20 +111,49 @@ class ProgressReporter(StreamingQueryListener):
         self.last_batch: dict[str, Any] = {}
         self.last_batch_id = -1
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._query: StreamingQuery | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def onQueryStarted(self, event: Any) -> None:
-        pass
+    def follow(self, query: StreamingQuery) -> None:
+        """Read ``query``'s progress every :data:`POLL_S` until :meth:`close`."""
+        self._query = query
+        self._thread = threading.Thread(target=self._run, name=f"progress-{self.query_name}", daemon=True)
+        self._thread.start()
 
-    def onQueryIdle(self, event: Any) -> None:
-        pass
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - py4j errors while the JVM goes away
+                log.debug("reading the query's progress: %s", str(exc).splitlines()[0] if str(exc) else exc)
 
-    def onQueryTerminated(self, event: Any) -> None:
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:
-        progress = event.progress
-        if progress.name != self.query_name:
+    def poll(self) -> None:
+        """Count every report newer than the last one counted, in order (thread-safe)."""
+        query = self._query
+        if query is None:
             return
+        with self.lock:
+            last = query.lastProgress
+            if last is None or last.batchId <= self.last_batch_id:
+                return
+            reports = [last] if last.batchId == self.last_batch_id + 1 else query.recentProgress
+            fresh = [p for p in reports if p.batchId > self.last_batch_id]
+            if fresh and fresh[0].batchId > self.last_batch_id + 1 and self.last_batch_id >= 0:
+                log.warning("progress of micro-batches %d-%d was not read in time: the totals miss them",
+                            self.last_batch_id + 1, fresh[0].batchId - 1)
+            for progress in fresh:
+                self.record(progress)
+
+    def close(self) -> None:
+        """Read what is left, then stop following."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.poll()
+
+    def record(self, progress: Any) -> None:
+        """Count one micro-batch's progress report (in batch order)."""
         records = kafka_records(progress)
         trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
         rows = int(progress.numInputRows)
@@ -124,13 +167,15 @@ class ProgressReporter(StreamingQueryListener):
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
         counts = batch_counts(progress.observedMetrics.get(OBSERVATION))
-        with self.lock:
-            self.totals.update(counts)
-            self.totals["batches"] += 1
-            self.last = fields
-            self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
-            self.last_batch_id = int(progress.batchId)
-            self.history.append(fields)
+        self.totals.update(counts)
+        self.totals["batches"] += 1
+        self.last = fields
+        self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
+        self.last_batch_id = int(progress.batchId)
+        self.history.append(fields)
+        log.log(logging.INFO if records else logging.DEBUG, "%s",
+                progress_line(int(progress.batchId), records, fields["processed_rows_per_s"], fields["lag_records"],
+                              trigger_ms))
         if self.influx is not None:
             self._write_influx(fields, {**counts, "batch_duration_ms": trigger_ms, "batch_id": int(progress.batchId)})
 
@@ -142,16 +187,15 @@ class ProgressReporter(StreamingQueryListener):
         try:
             client.write_points([pipeline_point(batch, now_ms), pipeline_point(progress, now_ms, stage="stream_progress")])
         except IotwatchError as exc:
-            with self.lock:
-                self.totals["influx_write_failures"] += 1
+            self.totals["influx_write_failures"] += 1
             log.warning("pipeline health not written to InfluxDB (derived data; the pipeline goes on): %s", exc)
         finally:
             client.close()
 
     def wait_for(self, batch_id: int, timeout_s: float = 10.0) -> bool:
-        """Block until the progress of ``batch_id`` has been counted (listener events arrive
-        asynchronously, after the batch); False on timeout."""
+        """Block until the progress of ``batch_id`` has been counted; False on timeout."""
         deadline = time.monotonic() + timeout_s
         while self.last_batch_id < batch_id and time.monotonic() < deadline:
+            self.poll()
             time.sleep(0.05)
         return self.last_batch_id >= batch_id
