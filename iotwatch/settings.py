@@ -155,6 +155,10 @@ class TopicSettings(_ConcernSettings):
                                                                         "group, compacted (its state on restart)")
     commands: str = Field("iot.commands", description="audit trail of device commands and their replies, "
                                                       "compacted by command id")
+    device_twin: str = Field("iot.devices.twin", description="device twins: desired and reported properties, "
+                                                             "compacted by device id and side")
+    emergencies: str = Field("iot.emergencies", description="emergency notification records (e.g. a vehicle "
+                                                            "crash), compacted by alert id")
 
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic the pipeline reads or writes."""
@@ -162,7 +166,8 @@ class TopicSettings(_ConcernSettings):
 
     def compacted_topics(self) -> list[str]:
         """The on-call topics whose latest record per key is the current state (log compaction)."""
-        return [self.alert_state, self.silences, self.notifications, self.commands]
+        return [self.alert_state, self.silences, self.notifications, self.commands, self.device_twin,
+                self.emergencies]
 
 
 class InfluxSettings(_ConcernSettings):

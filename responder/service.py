@@ -15,6 +15,12 @@ and attempt, and the responder rebuilds its state from the alert and commands to
 start, so a restart sends nothing twice. A reply that is not a command reply, or answers a
 command nobody sent, is dead-lettered with the reason (the telemetry dead-letter topic,
 stage ``responder``).
+
+A policy with ``action = "emergency"`` (a crash) sends no command: the responder writes one
+:class:`~iotwatch.oncall.Emergency` record per alert to the emergencies topic, for the
+emergency services' integration. The responder also records what devices report of their
+twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
+(:mod:`devices.twin` has the operators' side).
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation, DeviceTypeName,
-                               Name, decode_command_reply, parse_command_ack_topic)
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, TWIN_REPORTED_SUFFIX, Command, CommandStatus,
+                               ContractViolation, DeviceTypeName, Name, decode_command_reply, decode_twin_report,
+                               parse_command_ack_topic, parse_twin_reported_topic)
 from iotwatch.deadletter import DeadLetter
-from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, decode, encode,
-                             stable_id)
+from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, Emergency, TwinRecord,
+                             TwinSide, decode, encode, stable_id, twin_key)
 from iotwatch.settings import Settings
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
@@ -69,15 +76,16 @@ class Responder:
         self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
         self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
+        self.notified: set[str] = set()  # alerts an emergency record was written for
 
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, timeout_s: float | None = None, tick_s: float = 0.2) -> dict[str, Any]:
         topics = self.settings.topics
         ensure_topics(self.settings.kafka, [topics.alerts, topics.dlq])
-        ensure_topics(self.settings.kafka, [topics.commands], compacted=True)
+        ensure_topics(self.settings.kafka, [topics.commands, topics.device_twin, topics.emergencies], compacted=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        follower = TopicFollower(self.settings.kafka, [topics.alerts, topics.commands])
+        follower = TopicFollower(self.settings.kafka, [topics.alerts, topics.commands, topics.emergencies])
         try:
             for message in follower.catch_up():
                 self.apply(message)
@@ -96,6 +104,9 @@ class Responder:
         return dict(self.counts)
 
     def apply(self, message: Message) -> None:
+        if message.topic() == self.settings.topics.emergencies:
+            self.notified.add(message.key().decode())
+            return
         if message.topic() != self.settings.topics.commands:
             self.book.apply(message, self.settings)
             return
@@ -124,6 +135,9 @@ class Responder:
             self.handle_reply(topic, payload)
 
     def handle_reply(self, topic: str, payload: bytes) -> None:
+        if topic.endswith("/" + TWIN_REPORTED_SUFFIX):
+            self.record_twin(topic, payload)
+            return
         try:
             _, _, device_id = parse_command_ack_topic(topic)
             reply = decode_command_reply(payload)
@@ -141,6 +155,24 @@ class Responder:
             return
         self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
         self.counts[f"reply_{outcome.value}"] += 1
+
+    def record_twin(self, topic: str, payload: bytes) -> None:
+        """A device's reported twin properties, as the twin's ``reported`` side."""
+        try:
+            site, device_type, device_id = parse_twin_reported_topic(topic)
+            report = decode_twin_report(payload)
+        except ContractViolation as exc:
+            self._dead_letter(exc.reason, exc.detail, topic, payload)
+            return
+        if report.device_id != device_id:
+            self._dead_letter("key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic,
+                              payload)
+            return
+        record = TwinRecord(ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.REPORTED, report.properties,
+                            report.at_ms, device_id)
+        self._produce(self.settings.topics.device_twin, twin_key(device_id, TwinSide.REPORTED).encode(),
+                      encode(record))
+        self.counts["twin_reports"] += 1
 
     # -- deciding --------------------------------------------------------------------------
 
@@ -160,6 +192,9 @@ class Responder:
                 continue
             for policy in self.policies:
                 if not policy.applies_to(alert):
+                    continue
+                if policy.action == "emergency":
+                    self._emergency(alert, policy, now)
                     continue
                 last = self.latest.get((view.alert_id, policy.name))
                 if last is None:
@@ -201,6 +236,20 @@ class Responder:
                 continue
             self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
             self._cleared.add(escalation.alert_id)
+
+    def _emergency(self, alert: dict[str, Any], policy: CommandPolicy, now: int) -> None:
+        """One emergency notification record per alert (a restart finds it on the topic)."""
+        if alert["alert_id"] in self.notified:
+            return
+        location = {k: float(alert[k]) for k in ("lat_deg", "lon_deg") if isinstance(alert.get(k), int | float)}
+        record = Emergency(ONCALL_SCHEMA_VERSION, alert["alert_id"], policy.name, alert["rule"], alert["device_id"],
+                           alert["device_type"], alert["site"], int(alert.get("detected_at_ms") or now), now,
+                           self.config.issuer, str(alert.get("message") or alert["rule"]), location)
+        self._produce(self.settings.topics.emergencies, alert["alert_id"].encode(), encode(record))
+        self.notified.add(alert["alert_id"])
+        self.counts["emergencies"] += 1
+        log.error("emergency notification: %s on %s at %s (alert %s)", alert["rule"], alert["device_id"],
+                  alert["site"], alert["alert_id"])
 
     def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
