@@ -362,6 +362,9 @@ class AlertsSettings(_ConcernSettings):
     dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
     dead_letter_topic: str | None = Field(None, description="also produce undeliverable alerts here "
                                                             "(the file <state_dir>/dead-letters.jsonl always)")
+    forget_after_s: float = Field(600.0, ge=0, description="`alerts forward --routes` drops cleared alerts (once "
+                                  "their resolution was sent), expired silences and quiet groups from memory this "
+                                  "long after they ended; the records stay in Kafka")
     routes_file: Path | None = Field(None, description="routing file (TOML) of `alerts forward`: receivers, "
                                      "policy tree, grouping; without it every alert goes to webhook_url")
     book_group_prefix: str = Field("iotwatch-alerts-book", description="prefix of the consumer groups that fold "
@@ -382,6 +385,8 @@ class RespondSettings(_ConcernSettings):
     reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then (and a command never answered "
                                    "not before it expired): the attempt timed out")
     max_attempts: int = Field(2, ge=1, description="attempts per alert before escalating to on-call")
+    forget_after_s: float = Field(600.0, ge=0, description="cleared alerts and their finished commands are dropped "
+                                  "from the responder's memory this long after they ended (they stay in Kafka)")
 
 
 class DeploymentSettings(_ConcernSettings):

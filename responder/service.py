@@ -16,6 +16,10 @@ start, so a restart sends nothing twice. A reply that is not a command reply, or
 command nobody sent, is dead-lettered with the reason (the telemetry dead-letter topic,
 stage ``responder``).
 
+Memory stays bounded by what is open: a cleared alert, the commands it caused (once final)
+and its emergency mark are dropped ``forget_after_s`` after it cleared (:meth:`Responder.forget`);
+an operator's twin command once it is final and that old. Their records stay in Kafka.
+
 A policy with ``action = "emergency"`` (a crash) sends no command: the responder writes one
 :class:`~iotwatch.oncall.Emergency` record per alert to the emergencies topic, for the
 emergency services' integration. The responder also records what devices report of their
@@ -77,6 +81,7 @@ class Responder:
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
         self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
         self.notified: set[str] = set()  # alerts an emergency record was written for
+        self._forgot_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -211,6 +216,37 @@ class Responder:
                 if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
                     self._retry_or_escalate(alert, policy, last, now)
         self._clear_escalations(now)
+        if self.clock() - self._forgot_at >= 5.0:
+            self.forget(now)
+
+    def forget(self, now: int) -> None:
+        """Drop cleared alerts whose commands are settled (final, or unanswered past expiry and
+        reply timeout; an escalation once its own alert cleared), with those commands and marks;
+        and settled commands of no alert (an operator's) that ended ``forget_after_s`` ago."""
+        self._forgot_at = self.clock()
+        after_ms = int(self.config.forget_after_s * 1000)
+        timeout_ms = int(self.config.reply_timeout_s * 1000)
+
+        def settled(audit: CommandAudit) -> bool:
+            if audit.status == CommandOutcome.ESCALATED:
+                return not self._escalation_firing(audit)
+            return audit.status not in OPEN or now >= audit.expires_at_ms + timeout_ms
+
+        busy = {a.alert_id for a in self.latest.values() if not settled(a)}
+        gone = set(self.book.forget(now, after_ms, keep=lambda view: view.alert_id in busy))
+        cutoff = now - after_ms
+        for command_id in [c for c, a in self.audits.items() if a.alert_id in gone or (
+                a.alert_id not in self.book.alerts and settled(a) and _ended_ms(a) <= cutoff)]:
+            del self.audits[command_id]
+        self.latest = {k: a for k, a in self.latest.items() if a.command_id in self.audits}
+        self.notified -= gone
+        self._unusable -= gone
+        self._cleared -= gone
+        self.counts["forgotten_alerts"] += len(gone)
+
+    def _escalation_firing(self, audit: CommandAudit) -> bool:
+        view = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
+        return view is not None and view.firing and view.alert_id not in self._cleared
 
     def _retry_or_escalate(self, alert: dict[str, Any], policy: CommandPolicy, last: CommandAudit, now: int) -> None:
         if last.attempt < self.config.max_attempts:
@@ -298,6 +334,10 @@ def _addressable(alert: dict[str, Any]) -> bool:
     except msgspec.ValidationError:
         return False
     return True
+
+
+def _ended_ms(audit: CommandAudit) -> int:
+    return audit.history[-1].at_ms if audit.history else audit.issued_at_ms
 
 
 def audit_dict(audit: CommandAudit) -> dict[str, Any]:
