@@ -143,12 +143,10 @@ class Responder:
         if topic.endswith("/" + TWIN_REPORTED_SUFFIX):
             self.record_twin(topic, payload)
             return
-        try:
-            _, _, device_id = parse_command_ack_topic(topic)
-            reply = decode_command_reply(payload)
-        except ContractViolation as exc:
-            self._dead_letter(exc.reason, exc.detail, topic, payload)
+        decoded = self._decoded(topic, payload, parse_command_ack_topic, decode_command_reply)
+        if decoded is None:
             return
+        (_, _, device_id), reply = decoded
         audit = self.audits.get(reply.command_id)
         if audit is None or audit.device_id != device_id or reply.device_id != device_id:
             self._dead_letter("unknown_command", f"reply for command {reply.command_id} of {reply.device_id}, "
@@ -161,14 +159,22 @@ class Responder:
         self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
         self.counts[f"reply_{outcome.value}"] += 1
 
-    def record_twin(self, topic: str, payload: bytes) -> None:
-        """A device's reported twin properties, as the twin's ``reported`` side."""
+    def _decoded(self, topic: str, payload: bytes, parse_topic: Callable[[str], tuple[str, str, str]],
+                 decode_payload: Callable[[bytes], Any]) -> tuple[tuple[str, str, str], Any] | None:
+        """(site, device type, device id) and the payload's record; None, dead-lettered with the
+        reason, when the topic or the payload breaks the contract."""
         try:
-            site, device_type, device_id = parse_twin_reported_topic(topic)
-            report = decode_twin_report(payload)
+            return parse_topic(topic), decode_payload(payload)
         except ContractViolation as exc:
             self._dead_letter(exc.reason, exc.detail, topic, payload)
+            return None
+
+    def record_twin(self, topic: str, payload: bytes) -> None:
+        """A device's reported twin properties, as the twin's ``reported`` side."""
+        decoded = self._decoded(topic, payload, parse_twin_reported_topic, decode_twin_report)
+        if decoded is None:
             return
+        (site, device_type, device_id), report = decoded
         if report.device_id != device_id:
             self._dead_letter("key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic,
                               payload)
