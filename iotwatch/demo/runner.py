@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                     probe.sample(live)
                     view.update(render(live, started, options.duration_s, "running"))
                     time.sleep(1.0)
-                drained = _drain(probe, live, view, started, options, children)
+                drained = _drain(probe, live, view, started, options, children, on_call.step)
         except KeyboardInterrupt:
             interrupted, drained = True, False
             console.print("[yellow]interrupted: stopping everything[/yellow]")
@@ -227,12 +228,14 @@ def kept_stack(state: StackState) -> dict[str, Any]:
 
 
 def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: DemoOptions,
-           children: list[Child], timeout_s: float = 300.0) -> bool:
+           children: list[Child], each_second: Callable[[], None], timeout_s: float = 300.0) -> bool:
     """After the simulators end: wait until the gateway has nothing in flight and the job
-    has processed everything in the raw topic (its newest committed batch reached the log end)."""
+    has processed everything in the raw topic (its newest committed batch reached the log end);
+    ``each_second`` goes on meanwhile (the on-call person: the job's alerts come late)."""
     deadline = time.monotonic() + timeout_s
     caught_up_since: float | None = None
     while time.monotonic() < deadline:
+        each_second()
         sample = probe.sample(live)
         view.update(render(live, started, options.duration_s, "draining"))
         if not all(child.running() for child in children if child.name != "simulate"):
