@@ -57,7 +57,7 @@ def set_(app: AppContext, device_id: str, assignments: tuple[str, ...], by: str,
     emit({"device_id": device_id, "version": record.version, "desired": record.properties.as_dict(),
           "command_id": command.command_id, "sent": command.args},
          as_json, lambda r: click.echo(f"{device_id}: desired version {r['version']} "
-                                       f"{' '.join(f'{k}={v}' for k, v in r['sent'].items())} sent as command "
+                                       f"{' '.join(f'{k}={_text(v)}' for k, v in r['sent'].items())} sent as command "
                                        f"{r['command_id'][:12]} (iotwatch devices show {device_id})"))
 
 

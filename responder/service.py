@@ -34,7 +34,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 
 OPEN = frozenset({CommandOutcome.SENT, CommandOutcome.ACCEPTED})
 RETRYABLE = frozenset({CommandOutcome.REJECTED, CommandOutcome.FAILED, CommandOutcome.TIMED_OUT})
+#: A reply can come before its command's audit record: an operator's ``devices set`` writes the
+#: record to Kafka and then commands the device, which may answer (MQTT) before the responder
+#: has read the record. Such a reply waits this long for it before it is dead-lettered.
+EARLY_REPLY_GRACE_S = 5.0
+_MAX_EARLY_REPLIES = 10_000
 _REPLY_OUTCOME = {CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED, CommandStatus.REJECTED: CommandOutcome.REJECTED,
                   CommandStatus.DONE: CommandOutcome.DONE, CommandStatus.FAILED: CommandOutcome.FAILED}
 
@@ -81,6 +86,8 @@ class Responder:
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
         self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
         self.notified: set[str] = set()  # alerts an emergency record was written for
+        #: replies to commands not known yet, with when to give up: (monotonic deadline, topic, payload)
+        self._early: deque[tuple[float, str, bytes]] = deque(maxlen=_MAX_EARLY_REPLIES)
         self._forgot_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
@@ -132,14 +139,20 @@ class Responder:
     # -- replies ---------------------------------------------------------------------------
 
     def handle_replies(self) -> None:
+        early, self._early = self._early, deque(maxlen=_MAX_EARLY_REPLIES)
+        now = time.monotonic()
+        for deadline, topic, payload in early:
+            self.handle_reply(topic, payload, wait_until=deadline if now < deadline else None)
         while True:
             try:
                 topic, payload = self.issuer.received.get_nowait()
             except queue.Empty:
                 return
-            self.handle_reply(topic, payload)
+            self.handle_reply(topic, payload, wait_until=time.monotonic() + EARLY_REPLY_GRACE_S)
 
-    def handle_reply(self, topic: str, payload: bytes) -> None:
+    def handle_reply(self, topic: str, payload: bytes, wait_until: float | None = None) -> None:
+        """Record a device's reply (or twin report); a reply to a command not known (yet) is kept
+        until ``wait_until`` (monotonic) for its audit record, then dead-lettered."""
         if topic.endswith("/" + TWIN_REPORTED_SUFFIX):
             self.record_twin(topic, payload)
             return
@@ -148,6 +161,9 @@ class Responder:
             return
         (_, _, device_id), reply = decoded
         audit = self.audits.get(reply.command_id)
+        if audit is None and wait_until is not None:
+            self._early.append((wait_until, topic, payload))
+            return
         if audit is None or audit.device_id != device_id or reply.device_id != device_id:
             self._dead_letter("unknown_command", f"reply for command {reply.command_id} of {reply.device_id}, "
                                                  "which this responder did not send to that device", topic, payload)

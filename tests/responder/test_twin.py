@@ -6,17 +6,21 @@ as a command, the device applies it (a closed valve stops the leak) and reports 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
 
+from alerts.actions import publish
 from devices.twin_ops import read_twin
 from iotwatch.cli import cli
+from iotwatch.contract import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
+from iotwatch.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from tests.helpers import InThread, wait_for
-from tests.responder.conftest import LEAK, THERMOSTAT, Obeying, home_with_faults, mode
+from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 
 
 def iotwatch(settings: Settings, *args: str) -> dict:  # type: ignore[type-arg]
@@ -64,6 +68,16 @@ def test_twin_reported_set_applied_and_refused(test_settings: Settings, unique: 
                  and running.service.audits[refused["command_id"]].status.value == "rejected", 30,
                  "the device refused limp mode, and the audit trail says so")
         assert "thermostat has no limp_mode" in running.service.audits[refused["command_id"]].history[-1].reason  # type: ignore[operator]
+        # a device may answer before the responder has read the command's audit record: the reply waits for it
+        early = CommandAudit(ONCALL_SCHEMA_VERSION, "early-1", "operator-twin", "", "", LEAK, "leak_sensor", SITE,
+                             "set_properties", "bob", int(time.time() * 1000), int(time.time() * 1000) + 60_000, 1,
+                             CommandOutcome.SENT)
+        reply = CommandReply(COMMAND_SCHEMA_VERSION, "early-1", LEAK, CommandStatus.DONE, int(time.time() * 1000))
+        devices.channel.reply(SITE, "leak_sensor", reply)
+        time.sleep(1.0)
+        publish(settings, settings.topics.commands, "early-1", encode(early.with_step(CommandOutcome.SENT, 0)))
+        wait_for(lambda: running.service.audits.get("early-1") is not None
+                 and running.service.audits["early-1"].status.value == "done", 15, "the early reply recorded")
         twin = read_twin(settings, THERMOSTAT)
         assert twin.desired.version == 2  # versions count per device  # type: ignore[union-attr]
         assert {r["property"]: r["state"] for r in twin.rows()}["limp_mode"] == "pending"
