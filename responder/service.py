@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message, Producer
 
-from alerts.book import AlertBook
+from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
 from iotwatch.contract import (COMMAND_SCHEMA_VERSION, TWIN_REPORTED_SUFFIX, Command, CommandStatus,
@@ -207,8 +207,15 @@ class Responder:
         now = int(self.clock() * 1000)
         timeout_ms = int(self.config.reply_timeout_s * 1000)
         open_keys = {(a.device_id, a.policy) for a in self.audits.values() if a.status in OPEN}
+        recent_ms = now - int(self.config.forget_after_s * 1000)
         for view in list(self.book.alerts.values()):
-            if not view.firing or view.alert_id in self._unusable:
+            if view.raised is None or view.alert_id in self._unusable:
+                continue
+            if not view.firing:  # a crash alert may clear before the responder saw it firing: still an emergency
+                if view.alert_id not in self.notified and detected_ms(view.raised) >= recent_ms:
+                    for policy in self.policies:
+                        if policy.action == "emergency" and policy.applies_to(view.raised) and _addressable(view.raised):
+                            self._emergency(view.raised, policy, now)
                 continue
             alert = view.record
             if not _addressable(alert):

@@ -1,7 +1,8 @@
 """The vehicle side of the closed loop against the real broker and MQTT: an overheating
 engine's coolant alert sends ``limp_mode``; the simulated vehicle caps its speed, its coolant
 recovers, the ground truth says the command ended the anomaly and the twin reports limp mode.
-A crash alert writes one emergency notification record, also after a responder restart."""
+A crash alert writes one emergency notification record (also when it cleared before the
+responder saw it firing), and no second one after a responder restart."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
                       metric="coolant_temp_c", value=95.0)  # unusual, not overheating: no command
     crash = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "crash", "critical", "raised", start + 1000,
                        metric="accel_x_g", value=-9.5, lat_deg=52.52, lon_deg=13.4)
-    produce(settings.kafka, settings.topics.alerts, [hot, warm, crash])
+    # the crash alert clears within the batch that raised it: the responder never sees it firing
+    crash_cleared = {**crash, "state": "cleared", "detected_at_ms": crash["detected_at_ms"] + 1}
+    produce(settings.kafka, settings.topics.alerts, [hot, warm, crash, crash_cleared])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
     running = InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))
