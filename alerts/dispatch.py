@@ -168,7 +168,8 @@ class Dispatcher:
             del self.sent[gid]
         if self.metrics is not None and gone:
             self.metrics.forget(gone)
-        self.counts["forgotten_alerts"] += len(gone)
+        if gone:
+            self.counts["forgotten_alerts"] += len(gone)
 
     def _evaluate(self, gid: GroupId, group: Group, now: int) -> None:
         if now < group.retry_at_ms:

@@ -271,7 +271,8 @@ class Responder:
         self.notified -= gone
         self._unusable -= gone
         self._cleared -= gone
-        self.counts["forgotten_alerts"] += len(gone)
+        if gone:
+            self.counts["forgotten_alerts"] += len(gone)
 
     def _escalation_firing(self, audit: CommandAudit) -> bool:
         view = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
