@@ -36,13 +36,13 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     start = int(time.time() * 1000) - 10_000
     hot = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start,
                      metric="coolant_temp_c", value=round(coolant, 1))
-    warm = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start - 5000,
-                      metric="coolant_temp_c", value=95.0)  # unusual, not overheating: no command
+    cold = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start - 5000,
+                      metric="coolant_temp_c", value=60.0)  # unusual, but a cold engine: no command
     crash = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "crash", "critical", "raised", start + 1000,
                        metric="accel_x_g", value=-9.5, lat_deg=52.52, lon_deg=13.4)
     # the crash alert clears within the batch that raised it: the responder never sees it firing
     crash_cleared = {**crash, "state": "cleared", "detected_at_ms": crash["detected_at_ms"] + 1}
-    produce(settings.kafka, settings.topics.alerts, [hot, warm, crash, crash_cleared])
+    produce(settings.kafka, settings.topics.alerts, [hot, cold, crash, crash_cleared])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
     running = InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))
@@ -62,7 +62,7 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     audits = [decode(m.value(), CommandAudit) for m in read_topic(settings.kafka, settings.topics.commands, idle_s=1)]
     limp = [a for a in audits if a.alert_id == hot["alert_id"]]
     assert {a.name for a in limp} == {"limp_mode"} and limp[-1].status.value == "done"
-    assert not [a for a in audits if a.alert_id in (warm["alert_id"], crash["alert_id"])]  # no command for those
+    assert not [a for a in audits if a.alert_id in (cold["alert_id"], crash["alert_id"])]  # no command for those
     truth = [r for r in sim.injector.records if r["kind"] == "overheating"]
     assert truth and truth[0]["ended_by_command"] == limp[-1].command_id
     assert counts["emergencies"] == 1
