@@ -198,14 +198,19 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     """Simulator arguments for what the demo plans besides the random anomalies: a crash
     of the first vehicle at 40 % of the run (a random crash is rare in a short run, and the
     crash rule, the critical alerts and the vehicles dashboard's crash panels should show).
-    It waits until the vehicle drives fast enough. And a leak in the first homes that lasts
-    the whole run unless the responder's ``close_valve`` ends it (the closed loop)."""
+    It waits until the vehicle drives fast enough. An overheating engine in the second vehicle
+    and a leak in the first homes that last the whole run unless the responder's ``limp_mode``
+    and ``close_valve`` end them (the closed loop)."""
     span_s = options.duration_s * options.speedup
     at_s = max(options.anomalies_after_s, 0.4 * span_s)
     if at_s >= 0.8 * span_s:
         return []
     # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
     planned = [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}] if options.vehicles else []
+    # ... an overheating engine in the second vehicle, for the responder to put it in limp mode
+    planned += [{"kind": "overheating", "devices": "vehicle-00001", "at_s": max(options.anomalies_after_s,
+                                                                              0.2 * span_s),
+                 "duration_s": span_s}] if options.vehicles > 1 else []
     # ... and a leak in the first homes' leak sensors, for the closed loop to close the valve
     planned += [{"kind": "leak", "devices": "home-0000[0-2]-leak_sensor-*",
                  "at_s": max(options.anomalies_after_s, 0.2 * span_s), "duration_s": span_s}] if options.homes else []
