@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-
 from devices.group import DeviceGroup
 from devices.home.contact import LeakSensorGroup
 from devices.home.thermostat import ThermostatGroup
@@ -36,15 +35,14 @@ class DeviceTwins:
     def reported(self, group: DeviceGroup, i: int) -> TwinProperties:
         """What device ``i`` of ``group`` reports."""
         device_id = group.device_ids[i]
-        properties = TwinProperties(firmware=self.firmware.get(device_id, FIRMWARE))
+        firmware = self.firmware.get(device_id, FIRMWARE)
         if isinstance(group, ThermostatGroup):
-            return TwinProperties(setpoint_c=round(float(group.setpoint[i]), 2), firmware=properties.firmware)
+            return TwinProperties(setpoint_c=round(float(group.setpoint[i]), 2), firmware=firmware)
         if isinstance(group, LeakSensorGroup):
-            return TwinProperties(valve="closed" if device_id in self.valve_closed else "open",
-                                  firmware=properties.firmware)
+            return TwinProperties(valve="closed" if device_id in self.valve_closed else "open", firmware=firmware)
         if isinstance(group, VehicleGroup):
-            return TwinProperties(limp_mode=bool(group.limp[i]), firmware=properties.firmware)
-        return properties
+            return TwinProperties(limp_mode=bool(group.limp[i]), firmware=firmware)
+        return TwinProperties(firmware=firmware)
 
     def obey(self, group: DeviceGroup, i: int, command: str, args: dict[str, Any], end: EndAnomaly,
              command_id: str) -> str | None:
@@ -55,17 +53,18 @@ class DeviceTwins:
             except ContractViolation as exc:
                 return exc.detail
             return self._set(group, i, desired, end, command_id)
-        wanted = {("thermostat", "reset_hvac"): None, ("leak_sensor", "close_valve"): TwinProperties(valve="closed"),
-                  ("vehicle_edr", "limp_mode"): TwinProperties(limp_mode=bool(args.get("on", True)))}
         key = (group.device_type, command)
-        if key not in wanted:
-            return f"{group.device_type} does not support {command}"
-        if key[1] == "reset_hvac":
-            end("hvac_stuck", command_id)
+        if key == ("thermostat", "reset_hvac"):
+            end("hvac_stuck", command_id)  # the relay unsticks
             return None
-        return self._set(group, i, wanted[key], end, command_id)  # type: ignore[arg-type]
+        corrective = {("leak_sensor", "close_valve"): TwinProperties(valve="closed"),
+                      ("vehicle_edr", "limp_mode"): TwinProperties(limp_mode=bool(args.get("on", True)))}
+        if key not in corrective:
+            return f"{group.device_type} does not support {command}"
+        return self._set(group, i, corrective[key], end, command_id)
 
     def _set(self, group: DeviceGroup, i: int, desired: TwinProperties, end: EndAnomaly, command_id: str) -> str | None:
+        """Apply ``desired``, unless it names a property the device does not have."""
         have = self.reported(group, i).as_dict()
         missing = [name for name in desired.as_dict() if name not in have]
         if missing:
