@@ -14,7 +14,7 @@ the forwarder also records that step on the alert-state topic, carrying the ackn
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +98,13 @@ class AlertView:
                 "seconds_to_clear": self.seconds_to_clear()}
 
 
+def _ended_ms(view: AlertView) -> int:
+    """When an alert that is not firing ended: its clear, else its last operator step."""
+    if view.cleared is not None:
+        return detected_ms(view.cleared)
+    return view.ack.at_ms if view.ack is not None else 0
+
+
 def detected_ms(record: dict[str, Any]) -> int:
     """When the streaming job detected the raise or clear (wall clock, as acks are)."""
     value = record.get("detected_at_ms")
@@ -144,6 +151,21 @@ class AlertBook:
             log.warning("skipping malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(),
                         exc)
         return None
+
+    # -- staying bounded (the long-running services) ----------------------------------------
+
+    def forget(self, now_ms: int, after_ms: int, keep: Callable[[AlertView], bool] = lambda _: False) -> list[str]:
+        """Drop the alerts that ended more than ``after_ms`` ago (cleared; or only an operator
+        step seen, no raise) unless ``keep`` wants them still, and the silences that expired
+        that long ago; returns the alert ids dropped. Their records stay in Kafka."""
+        cutoff = now_ms - after_ms
+        gone = [alert_id for alert_id, view in self.alerts.items()
+                if not view.firing and _ended_ms(view) <= cutoff and not keep(view)]
+        for alert_id in gone:
+            del self.alerts[alert_id]
+        for silence_id in [k for k, s in self.silences.items() if s.ends_at_ms <= cutoff]:
+            del self.silences[silence_id]
+        return gone
 
     # -- questions ------------------------------------------------------------------------
 

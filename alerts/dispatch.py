@@ -12,6 +12,10 @@ How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
 - with nothing new, a group with *unacknowledged critical* alerts still firing is sent
   again after ``repeat_interval``; acknowledged ones do not repeat.
 
+Memory stays bounded by what is open: cleared alerts whose resolution every receiver got,
+expired silences and groups with nothing firing are dropped ``forget_after_s`` after they
+ended (:meth:`Dispatcher.forget`); what is left is the open alerts and the recent groups.
+
 State: the alerts, acknowledgements and silences are folded from their topics
 (:mod:`alerts.book`); every notification sent is recorded on the notifications topic
 (compacted by receiver and group), which is all the forwarder needs to know what each
@@ -80,6 +84,7 @@ class Dispatcher:
         self._dead_path = config.state_dir / "dead-notifications.jsonl"
         self._closing: set[str] = set()  # acknowledged alerts that cleared, to record as such
         self.metrics = LifecycleMetrics(InfluxV1Client(settings.influx)) if settings.influx.enabled else None
+        self._forgot_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -141,6 +146,30 @@ class Dispatcher:
             if self.stop.is_set():
                 return
             self._evaluate(gid, group, int(self.clock() * 1000))
+        if self.clock() - self._forgot_at >= 5.0:
+            self.forget(int(self.clock() * 1000))
+
+    def forget(self, now: int) -> None:
+        """Drop what no notification needs any more (see the module doc): cleared alerts no
+        receiver still has as firing, then groups left without alerts whose last notification
+        listed none firing (a new alert in such a group starts it afresh, as a restart would)."""
+        self._forgot_at = self.clock()
+        after_ms = int(self.config.forget_after_s * 1000)
+        still_notified = {a for record in self.sent.values() for a in record.firing}
+        gone = set(self.book.forget(now, after_ms, keep=lambda view: view.alert_id in still_notified
+                                    or view.alert_id in self._closing))
+        for gid, group in list(self.groups.items()):
+            group.alert_ids -= gone
+            last = self.sent.get(gid)
+            if not group.alert_ids and group.pending_since_ms is None and (last is None or not last.firing):
+                del self.groups[gid]
+        for gid in [gid for gid, last in self.sent.items()
+                    if gid not in self.groups and not last.firing and now - last.sent_at_ms > after_ms]:
+            del self.sent[gid]
+        if self.metrics is not None and gone:
+            self.metrics.forget(gone)
+        if gone:
+            self.counts["forgotten_alerts"] += len(gone)
 
     def _evaluate(self, gid: GroupId, group: Group, now: int) -> None:
         if now < group.retry_at_ms:

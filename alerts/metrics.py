@@ -57,6 +57,10 @@ class LifecycleMetrics:
                      .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0)).field("alert_id", view.alert_id))
             self.pending.append(_at(_tagged(point, tags), detected_ms(view.cleared), view.alert_id))
 
+    def forget(self, alert_ids: set[str]) -> None:
+        """Forget that these alerts' points were queued (the forwarder dropped the alerts)."""
+        self.written = {key for key in self.written if key[0] not in alert_ids}
+
     def flush(self, book: AlertBook, now_ms: int, *, force: bool = False) -> None:
         """Write the queued points, and the snapshot when it is due (or ``force``)."""
         if force or now_ms >= self.next_snapshot_ms:

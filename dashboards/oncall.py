@@ -1,10 +1,12 @@
 """On-call: firing alerts by state (open, acknowledged, silenced), time to acknowledge and
-time to clear. The forwarder writes these measurements (alerts/metrics.py)."""
+time to clear (the forwarder writes these measurements, alerts/metrics.py), and the closed
+loop: the device commands and their outcomes, also as annotations on every time series
+(the responder writes them, responder/metrics.py)."""
 
 from __future__ import annotations
 
-from dashboards.builder import (BLUE, GREEN, ORANGE, RED, SEVERITY_COLOURS, YELLOW, Dashboard, Row, Stat, Table,
-                                Target, TimeSeries, colour, thresholds)
+from dashboards.builder import (BLUE, GREEN, ORANGE, RED, SEVERITY_COLOURS, YELLOW, Annotation, Dashboard, Row, Stat,
+                                Table, Target, TimeSeries, colour, thresholds)
 from dashboards.common import regex, site_variable
 
 SITE = f'"site" {regex("site")}'
@@ -65,6 +67,24 @@ def dashboard() -> Dashboard:
               targets=[Target(f'SELECT "by", "rule", "severity", "site", "seconds_to_ack", "alert_id" FROM "alert_acks" '
                               f'WHERE {SITE} AND $timeFilter ORDER BY time DESC LIMIT 100', format="table")]),
     ])
+    loop = Row("Closed loop: device commands", [
+        TimeSeries(title="Command steps by outcome", draw_style="bars", stacking="normal", unit="short",
+                   description="Steps of the device commands' audit trail (sent, accepted, done, rejected, failed, "
+                               "timed out, escalated) per interval.",
+                   targets=[Target(f'SELECT count("command_id") FROM "commands" WHERE {SITE} AND $timeFilter '
+                                   f'GROUP BY time($__interval), "status" fill(none)', alias="$tag_status")],
+                   overrides=[colour("done", GREEN), colour("accepted", BLUE), colour("sent", YELLOW),
+                              colour("rejected", ORANGE), colour("failed", RED), colour("escalated", RED)]),
+        Table(title="Recent commands", sort_by="Time",
+              description="Each step of each command: which device, what, why (iotwatch commands has the trail).",
+              targets=[Target(f'SELECT "device_id", "name", "status", "attempt", "text" FROM "commands" '
+                              f'WHERE {SITE} AND $timeFilter ORDER BY time DESC LIMIT 100', format="table")]),
+    ])
     return Dashboard(uid="iotwatch-oncall", title="iotwatch / On-call",
-                     description="Firing alerts by on-call state, time to acknowledge and time to clear.",
-                     tags=("iotwatch", "alerts", "on-call"), variables=[site_variable()], rows=[now, states, times, log])
+                     description="Firing alerts by on-call state, time to acknowledge and time to clear; the "
+                                 "device commands of the closed loop.",
+                     tags=("iotwatch", "alerts", "on-call"), variables=[site_variable()],
+                     annotations=[Annotation("Commands", f'SELECT "text", "name", "status" FROM "commands" '
+                                                         f'WHERE {SITE} AND $timeFilter', color=BLUE,
+                                             text_column="text", tags_column="name,status")],
+                     rows=[now, states, times, log, loop])

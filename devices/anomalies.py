@@ -4,8 +4,9 @@ Measurement anomalies change one metric of the readings (the type's primary metr
 unless told otherwise): ``spike``, ``level_shift``, ``drift``, ``flatline`` (stuck-at),
 ``noise_burst``, ``out_of_range``; ``dropout`` silences the device (its ``seq`` still
 advances, so the gap is visible). Physical anomalies change the device model itself:
-``hvac_stuck`` (thermostat), ``leak`` (leak sensor), ``harsh_braking`` and ``crash``
-(vehicle). Transport faults (:mod:`devices.faults`) share the same machinery.
+``hvac_stuck`` (thermostat), ``leak`` (leak sensor), ``harsh_braking``, ``crash`` and
+``overheating`` (vehicle; only when named in ``--anomalies`` or a scenario, so seeded runs
+that name no kinds draw what they always drew). Transport faults (:mod:`devices.faults`) share the same machinery.
 Names match the detectors' ``detects`` sets in ``models/``.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 from devices.catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
-from devices.vehicle import CRASH, HARSH_BRAKING
+from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.contract import DeviceType
 
 __all__ = ["ANOMALY", "KINDS", "TRANSPORT", "Kind", "apply_measurement", "check_kinds", "draw_params", "kinds_for",
@@ -37,6 +38,7 @@ class Kind:
     device_types: frozenset[str] | None = None  # None: every type
     mode: int = 0  # physical anomaly: the group's mode while active
     measurement: bool = False  # changes a metric's value
+    drawn_by_default: bool = True  # False: the rate draws it only when named in the allowed kinds
 
 
 _VEHICLE = frozenset({DeviceType.VEHICLE_EDR.value})
@@ -52,6 +54,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
     Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
     Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
+    Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
     Kind("duplicate", TRANSPORT, (0.0, 5.0)),
     Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
     Kind("late", TRANSPORT, (0.0, 10.0)),
@@ -96,7 +99,7 @@ def kinds_for(device_type: str, category: str, allowed: tuple[str, ...] | None) 
     names = None if allowed is None else {resolve_kind(n).name for n in allowed}
     return [k for k in KINDS.values() if k.category == category
             and (k.device_types is None or device_type in k.device_types)
-            and (names is None or k.name in names)]
+            and (k.name in names if names is not None else k.drawn_by_default)]
 
 
 def draw_params(kind: Kind, device_type: str, metrics: tuple[str, ...], u: np.ndarray,

@@ -83,7 +83,9 @@ def _time_ms(value: str | None) -> int | None:
 @click.option("--anomaly-rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Anomalies per device per hour of event time.")
 @click.option("--anomalies", "anomaly_kinds", metavar="KIND,...",
-              help="Anomaly kinds --anomaly-rate draws from (default all that apply): " + ", ".join(_ANOMALY_KINDS))
+              help="Anomaly kinds --anomaly-rate draws from (default all that apply, but those drawn only when named: "
+                   + ", ".join(k for k in _ANOMALY_KINDS if not KINDS[k].drawn_by_default) + "): "
+                   + ", ".join(_ANOMALY_KINDS))
 @click.option("--anomalies-after", "anomalies_after_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
               metavar="SECONDS", help="Start --anomaly-rate anomalies only after this many seconds of event time "
               "(a warm-up for online detectors; --scenario times are kept).")

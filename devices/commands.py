@@ -7,6 +7,10 @@ command the device answers on ``.../commands/ack``: ``accepted`` then ``done`` (
 ``failed``), or ``rejected`` with a reason -- ``expired`` for a command past its expiry,
 which is never executed. A command delivered twice (QoS 1) is answered again, not re-run.
 A payload that is not a command is logged and counted; it cannot stop the simulator.
+
+Each device also reports its twin properties, retained, on ``.../twin/reported``: all of
+them when the channel connects (:meth:`DeviceCommands.report_all`) and a device's again after
+every command it carried out, so the twin's ``reported`` side follows what the device did.
 """
 
 from __future__ import annotations
@@ -15,18 +19,22 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from typing import Any
 
 from iotwatch.clients.mqtt import PersistentSession
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus, ContractViolation,
-                               command_ack_topic, command_topic, decode_command, encode, parse_device_topic)
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus, ContractViolation, TwinProperties,
+                               TwinReport, command_ack_topic, command_topic, decode_command, encode,
+                               parse_device_topic, twin_reported_topic)
 from iotwatch.settings import MqttSettings
 
 log = logging.getLogger(__name__)
 
 #: The reason of a command rejected because it arrived after its expiry (never executed).
 EXPIRED = "expired"
-#: Obeys a command: (device id, command name, command id) -> None when done, else why not.
-Obey = Callable[[str, str, str], str | None]
+#: Obeys a command: (device id, command name, command id, args) -> None when done, else why not.
+Obey = Callable[[str, str, str, dict[str, Any]], str | None]
+#: What a device reports of its twin (None: not one of these devices).
+Reported = Callable[[str], TwinProperties | None]
 
 
 class CommandChannel(PersistentSession):
@@ -34,16 +42,23 @@ class CommandChannel(PersistentSession):
 
     def __init__(self, settings: MqttSettings, client_id: str, devices: list[tuple[str, str, str]]) -> None:
         super().__init__(settings, client_id, [command_topic(*device) for device in devices])
+        self.devices = devices
 
     def reply(self, site: str, device_type: str, reply: CommandReply) -> None:
         self.client.publish(command_ack_topic(site, device_type, reply.device_id), encode(reply), qos=1)
+
+    def report(self, site: str, device_type: str, report: TwinReport) -> None:
+        """The device's twin properties, retained: a subscriber that comes later gets the latest."""
+        self.client.publish(twin_reported_topic(site, device_type, report.device_id), encode(report), qos=1,
+                            retain=True)
 
 
 class DeviceCommands:
     """Turns received commands into actions on the simulation and replies."""
 
-    def __init__(self, channel: CommandChannel, obey: Obey, clock: Callable[[], float] = time.time) -> None:
-        self.channel, self.obey, self.clock = channel, obey, clock
+    def __init__(self, channel: CommandChannel, obey: Obey, clock: Callable[[], float] = time.time,
+                 reported: Reported | None = None) -> None:
+        self.channel, self.obey, self.clock, self.reported = channel, obey, clock, reported
         self.answered: dict[str, CommandReply] = {}  # command id -> final reply
         self.counts: dict[str, int] = {}
 
@@ -79,13 +94,27 @@ class DeviceCommands:
             self.channel.reply(site, device_type, self._reply(command.command_id, device_id,
                                                               CommandStatus.ACCEPTED, now))
             self._count(CommandStatus.ACCEPTED.value)
-            refused = self.obey(device_id, command.name, command.command_id)
+            refused = self.obey(device_id, command.name, command.command_id, command.args)
             final = self._reply(command.command_id, device_id,
                                 CommandStatus.DONE if refused is None else CommandStatus.REJECTED,
                                 int(self.clock() * 1000), refused)
         self.answered[command.command_id] = final
         self.channel.reply(site, device_type, final)
         self._count(final.status.value)
+        if final.status == CommandStatus.DONE:
+            self.report(site, device_type, device_id)
+
+    def report(self, site: str, device_type: str, device_id: str) -> None:
+        """Publish what the device reports of its twin (nothing without ``reported``)."""
+        properties = None if self.reported is None else self.reported(device_id)
+        if properties is not None:
+            report = TwinReport(COMMAND_SCHEMA_VERSION, device_id, int(self.clock() * 1000), properties)
+            self.channel.report(site, device_type, report)
+
+    def report_all(self) -> None:
+        """Every device of the channel reports its twin (at start)."""
+        for site, device_type, device_id in self.channel.devices:
+            self.report(site, device_type, device_id)
 
     @staticmethod
     def _reply(command_id: str, device_id: str, status: CommandStatus, at_ms: int,

@@ -129,7 +129,9 @@ def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> Device
     devices = [(site, g.device_type, device_id) for g in sim.groups for site, device_id in zip(g.sites, g.device_ids)]
     channel = CommandChannel(options.mqtt, f"{options.client_prefix or 'iotwatch-sim'}-commands-{shard}", devices)
     channel.connect()
-    return DeviceCommands(channel, sim.obey)
+    handler = DeviceCommands(channel, sim.obey, reported=sim.reported)
+    handler.report_all()
+    return handler
 
 
 def _worker(config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any,

@@ -24,14 +24,12 @@ from devices.fleet import build_fleet
 from devices.group import DeviceGroup
 from devices.injector import DRAWS, STATUS, Injector
 from devices.rng import CounterRng
+from devices.twin import DeviceTwins
+from iotwatch.contract import TwinProperties
 
 __all__ = ["Outgoing", "STATUS", "Simulation"]
 
 Outgoing = tuple[int, str, Any, int]
-
-#: (device type, command) -> the physical anomaly it ends: a reset clears a stuck HVAC relay,
-#: the leak sensor's shut-off valve stops the water. Other commands are refused.
-OBEYS: dict[tuple[str, str], str] = {("thermostat", "reset_hvac"): "hvac_stuck", ("leak_sensor", "close_valve"): "leak"}
 
 
 class Simulation:
@@ -55,6 +53,7 @@ class Simulation:
         self._order = 0
         self._where = {device_id: (gi, i) for gi, g in enumerate(self.groups) for i, device_id in enumerate(g.device_ids)}
         self._extra: list[Outgoing] = []  # messages an obeyed command caused, sent with the next tick
+        self.twins = DeviceTwins()
 
     def _carry_on(self, config: SimConfig) -> int:
         if config.seq_state is None:
@@ -115,18 +114,24 @@ class Simulation:
                 self.now_ms = max(end, start + (upcoming - start) // self.tick_ms * self.tick_ms)
         return out
 
-    def obey(self, device_id: str, command: str, command_id: str) -> str | None:
-        """Carry out ``command`` on a simulated device: it ends the physical anomaly the command
-        fixes (:data:`OBEYS`). None when done, else why the device cannot do it."""
+    def obey(self, device_id: str, command: str, command_id: str, args: dict[str, Any] | None = None) -> str | None:
+        """Carry out ``command`` on a simulated device (:mod:`devices.twin`): a corrective command
+        ends the physical anomaly it fixes, and the ground truth names the command. None when
+        done, else why the device cannot do it."""
         where = self._where.get(device_id)
         if where is None:
             return f"unknown device {device_id}"
         gi, i = where
-        kind = OBEYS.get((self.groups[gi].device_type, command))
-        if kind is None:
-            return f"{self.groups[gi].device_type} does not support {command}"
-        self.injector.end_by_command(gi, i, kind, self.now_ms, command_id, self._extra)
-        return None
+
+        def end(kind: str, by: str) -> None:
+            self.injector.end_by_command(gi, i, kind, self.now_ms, by, self._extra)
+
+        return self.twins.obey(self.groups[gi], i, command, args or {}, end, command_id)
+
+    def reported(self, device_id: str) -> TwinProperties | None:
+        """The twin properties the device reports (None: not simulated here)."""
+        where = self._where.get(device_id)
+        return None if where is None else self.twins.reported(self.groups[where[0]], where[1])
 
     def finish(self) -> list[Outgoing]:
         """Deliver what is still held back (late, out of order) and close open anomalies."""

@@ -8,7 +8,11 @@ pre-event buffer (readings strictly before the trigger), as real recorders do.
 
 Anomaly modes: ``HARSH_BRAKING`` (0.7-0.95 g stop, below the EDR threshold) and
 ``CRASH`` (armed; the impact happens on the first reading above 15 km/h, then the vehicle
-stays stopped with the engine off while the anomaly lasts).
+stays stopped with the engine off while the anomaly lasts), ``OVERHEATING`` (a failing
+cooling system: the coolant climbs toward ~120 degC under load).
+
+Limp mode (:attr:`VehicleGroup.limp`, set by the ``limp_mode`` command) caps the speed at
+:data:`LIMP_KMH` and the throttle, so an overheating engine's coolant recovers.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from iotwatch.contract import DeviceType
 HARSH_BRAKING = 1
 CRASH = 2
 _CRASHED = 3  # internal: after the impact
+OVERHEATING = 4
+#: Limp mode's speed cap (km/h) and throttle cap (%).
+LIMP_KMH = 40.0
+LIMP_THROTTLE_PCT = 30.0
 
 IDLE, ACCEL, CRUISE, BRAKE = 0, 1, 2, 3
 G = 9.80665
@@ -80,6 +88,7 @@ class VehicleGroup(DeviceGroup):
         self.ambient = self.coolant.copy()
         self.fuel = 25.0 + 75.0 * u[:, 6]
         self.crash_started = np.zeros(n, dtype=bool)
+        self.limp = np.zeros(n, dtype=bool)
         # EDR ring buffer of final readings: (vehicles, slots, 1 + metrics), column 0 is ts
         hz = 1000.0 / max(float(self.interval.min()), 1.0) if n else 1.0
         self.slots = max(1, int(math.ceil(pre_event_s * hz)))
@@ -111,6 +120,9 @@ class VehicleGroup(DeviceGroup):
         target = np.where(resume, new_target, target)
         phase = np.where(resume, ACCEL, np.where(stop, BRAKE, phase))
         decel = np.where(stop & ~resume, 1.5 + 2.0 * u[:, 3], decel)
+
+        limp = self.limp[idx]
+        target = np.where(limp, np.minimum(target, LIMP_KMH / 3.6), target)
 
         harsh = (mode == HARSH_BRAKING) & (v > 1.0) & (phase != BRAKE)
         phase = np.where(harsh, BRAKE, phase)
@@ -162,13 +174,16 @@ class VehicleGroup(DeviceGroup):
         engine_on = ~crashed
         throttle = np.where(acc_phase, 35.0 + 45.0 * np.clip(accel / 3.0, 0.0, 1.0),
                             np.where(phase == CRUISE, np.clip(15.0 + 0.2 * kmh + 8.0 * accel, 0.0, 100.0), 0.0))
-        throttle = np.clip(throttle + 1.5 * noise[:, 1], 0.0, 100.0) * engine_on
+        throttle = np.clip(throttle + 1.5 * noise[:, 1], 0.0, np.where(limp, LIMP_THROTTLE_PCT, 100.0)) * engine_on
         brake = np.where(phase == BRAKE, np.clip(decel / G * 110.0, 0.0, 100.0),
                          np.where((phase == IDLE) & engine_on, 30.0, 0.0))
         rpm = np.where(engine_on, np.maximum(780.0 + 15.0 * noise[:, 2], kmh * _GEAR_RATIO[gear] + 12.0 * throttle), 0.0)
         coolant = self.coolant[idx]
-        coolant_target = np.where(engine_on, 88.0 + 0.04 * throttle, self.ambient[idx])
-        coolant = coolant + (coolant_target - coolant) * np.minimum(dt / 240.0, 1.0)
+        overheating = (mode == OVERHEATING) & ~limp
+        coolant_target = np.where(engine_on, np.where(overheating, 116.0 + 0.08 * throttle, 88.0 + 0.04 * throttle),
+                                  self.ambient[idx])
+        # an overheating engine heats fast; limp mode's light load lets it cool as fast
+        coolant = coolant + (coolant_target - coolant) * np.minimum(dt / np.where(overheating | limp, 90.0, 240.0), 1.0)
         fuel = self.fuel[idx] - dt * engine_on * (2e-4 + 3e-5 * throttle + 1.5e-6 * kmh * kmh / 10.0)
         fuel = np.where(fuel < 6.0, 95.0 + 5.0 * u[:, 3], fuel)  # refuelled
 

@@ -66,7 +66,7 @@ import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -514,6 +514,8 @@ STATUS_SUFFIX = "status"
 #: Device commands go to ``.../commands``; the device answers on ``.../commands/ack``.
 COMMANDS_SUFFIX = "commands"
 COMMAND_ACK_SUFFIX = "commands/ack"
+#: A device's reported twin properties (retained, QoS 1): ``.../twin/reported``.
+TWIN_REPORTED_SUFFIX = "twin/reported"
 
 
 def telemetry_topic(site: str, device_type: str, device_id: str) -> str:
@@ -530,6 +532,10 @@ def command_topic(site: str, device_type: str, device_id: str) -> str:
 
 def command_ack_topic(site: str, device_type: str, device_id: str) -> str:
     return f"iot/{site}/{device_type}/{device_id}/{COMMAND_ACK_SUFFIX}"
+
+
+def twin_reported_topic(site: str, device_type: str, device_id: str) -> str:
+    return f"iot/{site}/{device_type}/{device_id}/{TWIN_REPORTED_SUFFIX}"
 
 
 def parse_device_topic(topic: str) -> tuple[str, str, str, str]:
@@ -625,14 +631,81 @@ def decode_command_reply(raw: bytes) -> CommandReply:
     return _decode_versioned(raw, _REPLY_DECODER, "command reply")  # type: ignore[no-any-return]
 
 
-def encode(record: Command | CommandReply) -> bytes:
-    """Compact JSON of a command or reply."""
+def encode(record: Command | CommandReply | TwinReport) -> bytes:
+    """Compact JSON of a command, a reply or a twin report."""
     return msgspec.json.encode(record)
 
 
 def parse_command_ack_topic(topic: str) -> tuple[str, str, str]:
     """``iot/<site>/<type>/<id>/commands/ack`` -> (site, device_type, device_id)."""
-    parts = topic.split("/")
-    if len(parts) != 6 or parts[0] != "iot" or parts[4:] != ["commands", "ack"] or not all(parts):
-        raise ContractViolation("bad_topic", f"{topic!r} is not iot/<site>/<device_type>/<device_id>/commands/ack")
+    return _parse_suffixed(topic, COMMAND_ACK_SUFFIX)
+
+
+def parse_twin_reported_topic(topic: str) -> tuple[str, str, str]:
+    """``iot/<site>/<type>/<id>/twin/reported`` -> (site, device_type, device_id)."""
+    return _parse_suffixed(topic, TWIN_REPORTED_SUFFIX)
+
+
+def _parse_suffixed(topic: str, suffix: str) -> tuple[str, str, str]:
+    parts, tail = topic.split("/"), suffix.split("/")
+    if len(parts) != 4 + len(tail) or parts[0] != "iot" or parts[4:] != tail or not all(parts):
+        raise ContractViolation("bad_topic", f"{topic!r} is not iot/<site>/<device_type>/<device_id>/{suffix}")
     return parts[1], parts[2], parts[3]
+
+
+# --- device twin properties (schema version 1, with the commands) ----------------------
+#
+# Desired properties reach a device as a ``set_properties`` command (args: the properties to
+# change) over the command path above, so they share its QoS 1 persistent delivery, expiry
+# and replies. A device publishes what it actually has, retained, on ``.../twin/reported``
+# after it starts and after every change; the responder records both sides in the twin topic.
+
+#: The command that applies desired twin properties (``args``: a :class:`TwinProperties` dict).
+SET_PROPERTIES = "set_properties"
+
+
+class TwinProperties(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The properties a twin knows; a device reports those it has (None: not this kind of device)."""
+
+    setpoint_c: FiniteFloat | None = None  # thermostat
+    valve: Literal["open", "closed"] | None = None  # leak sensor's shut-off valve
+    limp_mode: bool | None = None  # vehicle: speed capped, engine load limited
+    firmware: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+    def merged(self, other: TwinProperties) -> TwinProperties:
+        """These properties with ``other``'s set ones on top."""
+        return msgspec.structs.replace(self, **{k: v for k, v in msgspec.structs.asdict(other).items()
+                                                if v is not None})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The properties that are set."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+
+#: The twin property names, for operators' ``key=value`` input.
+TWIN_PROPERTIES = tuple(f.name for f in msgspec.structs.fields(TwinProperties))
+
+
+class TwinReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What a device reports on ``.../twin/reported``."""
+
+    v: int
+    device_id: Name
+    at_ms: int
+    properties: TwinProperties
+
+
+_TWIN_DECODER = msgspec.json.Decoder(TwinReport)
+
+
+def decode_twin_report(raw: bytes) -> TwinReport:
+    """Parse and validate a reported-twin payload, or raise :class:`ContractViolation`."""
+    return _decode_versioned(raw, _TWIN_DECODER, "twin report")  # type: ignore[no-any-return]
+
+
+def twin_properties(values: dict[str, Any]) -> TwinProperties:
+    """Properties from a dict (a command's args, an operator's input), or :class:`ContractViolation`."""
+    try:
+        return msgspec.convert(values, TwinProperties)
+    except msgspec.ValidationError as exc:
+        raise ContractViolation("invalid_field", f"twin properties: {exc}") from None

@@ -12,7 +12,13 @@ topic (settings.topics)   key              record
 ``silences``              silence id       :class:`Silence` (revoking rewrites it)
 ``notifications``         receiver|group   :class:`Notification` (what was last sent)
 ``commands``              command id       :class:`CommandAudit` (issue, replies, outcome)
+``device_twin``           device|side      :class:`TwinRecord` (desired or reported)
+``emergencies``           alert id         :class:`Emergency` (an emergency notification)
 ========================  ===============  ==========================================
+
+A device twin is two records, one per side, each with one writer: operators write
+``desired`` (``devices set``), the responder writes what devices report on MQTT
+(``reported``); the twin is the pair (:func:`twin_key`).
 
 Decoding is strict (unknown fields, wrong types, other versions are :class:`BadRecord`):
 a consumer dead-letters or reports such a record, it never guesses.
@@ -25,6 +31,8 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 import msgspec
+
+from iotwatch.contract import TwinProperties
 
 ONCALL_SCHEMA_VERSION = 1
 
@@ -155,7 +163,51 @@ class CommandAudit(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
         return msgspec.structs.replace(self, status=status, history=[*self.history, CommandStep(status, at_ms, reason)])
 
 
-R = TypeVar("R", AlertState, Silence, Notification, CommandAudit)
+class TwinSide(StrEnum):
+    DESIRED = "desired"  # what operators want (``devices set``)
+    REPORTED = "reported"  # what the device says it has
+
+
+class TwinRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One side of a device twin. ``version`` counts the desired side's changes (the command
+    that delivers version n has a deterministic id from device and n); ``by`` is the operator
+    or, for reported, the device."""
+
+    v: int
+    device_id: str
+    device_type: str
+    site: str
+    side: TwinSide
+    properties: TwinProperties
+    at_ms: int
+    by: str
+    version: int = 0
+    command_id: str | None = None
+
+
+def twin_key(device_id: str, side: TwinSide) -> str:
+    return f"{device_id}|{side.value}"
+
+
+class Emergency(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """An emergency notification record (a crash): what happened, where, and when, for the
+    emergency services' integration to pick up; one per alert."""
+
+    v: int
+    alert_id: str
+    policy: str
+    rule: str
+    device_id: str
+    device_type: str
+    site: str
+    detected_at_ms: int
+    issued_at_ms: int
+    issued_by: str
+    message: str
+    location: dict[str, float] = {}  # lat_deg/lon_deg when the alert carried them
+
+
+R = TypeVar("R", AlertState, Silence, Notification, CommandAudit, TwinRecord, Emergency)
 
 
 def decode(raw: bytes | None, kind: type[R]) -> R:
@@ -171,7 +223,7 @@ def decode(raw: bytes | None, kind: type[R]) -> R:
     return record
 
 
-def encode(record: AlertState | Silence | Notification | CommandAudit) -> bytes:
+def encode(record: AlertState | Silence | Notification | CommandAudit | TwinRecord | Emergency) -> bytes:
     return msgspec.json.encode(record)
 
 

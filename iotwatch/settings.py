@@ -155,6 +155,10 @@ class TopicSettings(_ConcernSettings):
                                                                         "group, compacted (its state on restart)")
     commands: str = Field("iot.commands", description="audit trail of device commands and their replies, "
                                                       "compacted by command id")
+    device_twin: str = Field("iot.devices.twin", description="device twins: desired and reported properties, "
+                                                             "compacted by device id and side")
+    emergencies: str = Field("iot.emergencies", description="emergency notification records (e.g. a vehicle "
+                                                            "crash), compacted by alert id")
 
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic the pipeline reads or writes."""
@@ -162,7 +166,8 @@ class TopicSettings(_ConcernSettings):
 
     def compacted_topics(self) -> list[str]:
         """The on-call topics whose latest record per key is the current state (log compaction)."""
-        return [self.alert_state, self.silences, self.notifications, self.commands]
+        return [self.alert_state, self.silences, self.notifications, self.commands, self.device_twin,
+                self.emergencies]
 
 
 class InfluxSettings(_ConcernSettings):
@@ -357,6 +362,9 @@ class AlertsSettings(_ConcernSettings):
     dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
     dead_letter_topic: str | None = Field(None, description="also produce undeliverable alerts here "
                                                             "(the file <state_dir>/dead-letters.jsonl always)")
+    forget_after_s: float = Field(600.0, ge=0, description="`alerts forward --routes` drops cleared alerts (once "
+                                  "their resolution was sent), expired silences and quiet groups from memory this "
+                                  "long after they ended; the records stay in Kafka")
     routes_file: Path | None = Field(None, description="routing file (TOML) of `alerts forward`: receivers, "
                                      "policy tree, grouping; without it every alert goes to webhook_url")
     book_group_prefix: str = Field("iotwatch-alerts-book", description="prefix of the consumer groups that fold "
@@ -377,6 +385,8 @@ class RespondSettings(_ConcernSettings):
     reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then (and a command never answered "
                                    "not before it expired): the attempt timed out")
     max_attempts: int = Field(2, ge=1, description="attempts per alert before escalating to on-call")
+    forget_after_s: float = Field(600.0, ge=0, description="cleared alerts and their finished commands are dropped "
+                                  "from the responder's memory this long after they ended (they stay in Kafka)")
 
 
 class DeploymentSettings(_ConcernSettings):

@@ -1,6 +1,6 @@
 """The responder's MQTT session: publishes commands at QoS 1, receives the devices' replies.
 
-A persistent session with a fixed client id: replies sent while the responder is down wait
+A persistent session with a fixed client id: replies (and twin reports) sent while the responder is down wait
 at the broker. Commands go to each device's own topic; the broker keeps them for a device's
 persistent session while it is offline (the device rejects them if they expired by then).
 """
@@ -12,13 +12,15 @@ from iotwatch.contract import Command, command_topic, encode
 from iotwatch.settings import MqttSettings
 
 REPLY_FILTER = "iot/+/+/+/commands/ack"
+#: Devices' reported twin properties (the responder records them in the twin topic).
+TWIN_FILTER = "iot/+/+/+/twin/reported"
 
 
 class CommandIssuer(PersistentSession):
     """``listen=False`` for an operator's one-off commands (no replies wanted)."""
 
     def __init__(self, settings: MqttSettings, client_id: str, *, listen: bool = True) -> None:
-        super().__init__(settings, client_id, [REPLY_FILTER] if listen else [])
+        super().__init__(settings, client_id, [REPLY_FILTER, TWIN_FILTER] if listen else [])
 
     def send(self, site: str, device_type: str, command: Command) -> None:
         """Publish at QoS 1 and wait for the broker's PUBACK (the broker has it, for the device)."""

@@ -9,16 +9,26 @@ TOML::
     command = "reset_hvac"         # are answered with this command to the alerting device
     args = {}                      # its arguments
     ttl = "2m"                     # optional: the command is void after this (default IOTWATCH_RESPOND_COMMAND_TTL_S)
+    metric = "coolant_temp_c"      # optional: only alerts raised on this metric ...
+    above = 88.0                   # ... with a value above this
 
-Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve).
+    [[policies]]
+    name = "emergency-on-crash"
+    rule = "crash"
+    action = "emergency"           # no device command: an emergency notification record
+
+Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve,
+coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is an
+``anomaly_score`` alert on ``coolant_temp_c`` above :data:`HOT_COOLANT_C`: the streaming job has no
+rule of its own for it (its rule table lives in streaming/engine.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alerts.records import parse_duration
 from iotwatch.errors import IotwatchError
@@ -34,10 +44,20 @@ class CommandPolicy(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     rule: str
-    command: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    #: ``command``: send ``command`` to the device; ``emergency``: write an emergency notification record
+    action: Literal["command", "emergency"] = "command"
+    command: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:-]*)?$")
     device_type: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     ttl: float | None = None
+    metric: str | None = None
+    above: float | None = None
+
+    @model_validator(mode="after")
+    def _command_given(self) -> CommandPolicy:
+        if self.action == "command" and not self.command:
+            raise ValueError(f"policy {self.name}: a command policy needs a command")
+        return self
 
     @field_validator("ttl", mode="before")
     @classmethod
@@ -45,7 +65,12 @@ class CommandPolicy(BaseModel):
         return None if value is None else parse_duration(value)
 
     def applies_to(self, alert: dict[str, Any]) -> bool:
-        return alert.get("rule") == self.rule and self.device_type in (None, alert.get("device_type"))
+        if alert.get("rule") != self.rule or self.device_type not in (None, alert.get("device_type")):
+            return False
+        if self.metric is not None and alert.get("metric") != self.metric:
+            return False
+        value = alert.get("value")
+        return self.above is None or (isinstance(value, int | float) and value > self.above)
 
 
 class _File(BaseModel):
@@ -54,9 +79,20 @@ class _File(BaseModel):
     policies: list[CommandPolicy]
 
 
+#: A coolant anomaly above this (degC, where a warm engine's thermostat opens) is the cooling
+#: failing, not a cold engine or a sensor reading low. The per-device detector raises at the onset
+#: of an overheating climb (89-104 C in simulated runs, models/evaluation/simulated.py) and clears
+#: as it adapts, so a policy cannot wait for the coolant to pass an overheating mark.
+HOT_COOLANT_C = 88.0
+#: Coolant above this (degC) is overheating: normal running is 88-92.
+OVERHEAT_C = 105.0
+
 DEFAULT_POLICIES = (
     CommandPolicy(name="reset-stuck-hvac", rule="stuck_hvac", device_type="thermostat", command="reset_hvac"),
     CommandPolicy(name="close-valve-on-leak", rule="water_leak", device_type="leak_sensor", command="close_valve"),
+    CommandPolicy(name="limp-mode-on-overheating", rule="anomaly_score", device_type="vehicle_edr",
+                  command="limp_mode", metric="coolant_temp_c", above=HOT_COOLANT_C),
+    CommandPolicy(name="emergency-on-crash", rule="crash", device_type="vehicle_edr", action="emergency"),
 )
 
 

@@ -15,6 +15,16 @@ and attempt, and the responder rebuilds its state from the alert and commands to
 start, so a restart sends nothing twice. A reply that is not a command reply, or answers a
 command nobody sent, is dead-lettered with the reason (the telemetry dead-letter topic,
 stage ``responder``).
+
+Memory stays bounded by what is open: a cleared alert, the commands it caused (once final)
+and its emergency mark are dropped ``forget_after_s`` after it cleared (:meth:`Responder.forget`);
+an operator's twin command once it is final and that old. Their records stay in Kafka.
+
+A policy with ``action = "emergency"`` (a crash) sends no command: the responder writes one
+:class:`~iotwatch.oncall.Emergency` record per alert to the emergencies topic, for the
+emergency services' integration. The responder also records what devices report of their
+twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
+(:mod:`devices.twin` has the operators' side).
 """
 
 from __future__ import annotations
@@ -24,21 +34,22 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from confluent_kafka import Message, Producer
 
-from alerts.book import AlertBook
+from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, Command, CommandStatus, ContractViolation, DeviceTypeName,
-                               Name, decode_command_reply, parse_command_ack_topic)
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, TWIN_REPORTED_SUFFIX, Command, CommandStatus,
+                               ContractViolation, DeviceTypeName, Name, decode_command_reply, decode_twin_report,
+                               parse_command_ack_topic, parse_twin_reported_topic)
 from iotwatch.deadletter import DeadLetter
-from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, decode, encode,
-                             stable_id)
+from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, Emergency, TwinRecord,
+                             TwinSide, decode, encode, stable_id, twin_key)
 from iotwatch.settings import Settings
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
@@ -50,6 +61,11 @@ log = logging.getLogger(__name__)
 
 OPEN = frozenset({CommandOutcome.SENT, CommandOutcome.ACCEPTED})
 RETRYABLE = frozenset({CommandOutcome.REJECTED, CommandOutcome.FAILED, CommandOutcome.TIMED_OUT})
+#: A reply can come before its command's audit record: an operator's ``devices set`` writes the
+#: record to Kafka and then commands the device, which may answer (MQTT) before the responder
+#: has read the record. Such a reply waits this long for it before it is dead-lettered.
+EARLY_REPLY_GRACE_S = 5.0
+_MAX_EARLY_REPLIES = 10_000
 _REPLY_OUTCOME = {CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED, CommandStatus.REJECTED: CommandOutcome.REJECTED,
                   CommandStatus.DONE: CommandOutcome.DONE, CommandStatus.FAILED: CommandOutcome.FAILED}
 
@@ -69,15 +85,19 @@ class Responder:
         self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
         self._unusable: set[str] = set()  # firing alerts whose record cannot address a device
+        self.notified: set[str] = set()  # alerts an emergency record was written for
+        #: replies to commands not known yet, with when to give up: (monotonic deadline, topic, payload)
+        self._early: deque[tuple[float, str, bytes]] = deque(maxlen=_MAX_EARLY_REPLIES)
+        self._forgot_at = 0.0
 
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, timeout_s: float | None = None, tick_s: float = 0.2) -> dict[str, Any]:
         topics = self.settings.topics
         ensure_topics(self.settings.kafka, [topics.alerts, topics.dlq])
-        ensure_topics(self.settings.kafka, [topics.commands], compacted=True)
+        ensure_topics(self.settings.kafka, [topics.commands, topics.device_twin, topics.emergencies], compacted=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        follower = TopicFollower(self.settings.kafka, [topics.alerts, topics.commands])
+        follower = TopicFollower(self.settings.kafka, [topics.alerts, topics.commands, topics.emergencies])
         try:
             for message in follower.catch_up():
                 self.apply(message)
@@ -96,6 +116,9 @@ class Responder:
         return dict(self.counts)
 
     def apply(self, message: Message) -> None:
+        if message.topic() == self.settings.topics.emergencies:
+            self.notified.add(message.key().decode())
+            return
         if message.topic() != self.settings.topics.commands:
             self.book.apply(message, self.settings)
             return
@@ -116,21 +139,31 @@ class Responder:
     # -- replies ---------------------------------------------------------------------------
 
     def handle_replies(self) -> None:
+        early, self._early = self._early, deque(maxlen=_MAX_EARLY_REPLIES)
+        now = time.monotonic()
+        for deadline, topic, payload in early:
+            self.handle_reply(topic, payload, wait_until=deadline if now < deadline else None)
         while True:
             try:
                 topic, payload = self.issuer.received.get_nowait()
             except queue.Empty:
                 return
-            self.handle_reply(topic, payload)
+            self.handle_reply(topic, payload, wait_until=time.monotonic() + EARLY_REPLY_GRACE_S)
 
-    def handle_reply(self, topic: str, payload: bytes) -> None:
-        try:
-            _, _, device_id = parse_command_ack_topic(topic)
-            reply = decode_command_reply(payload)
-        except ContractViolation as exc:
-            self._dead_letter(exc.reason, exc.detail, topic, payload)
+    def handle_reply(self, topic: str, payload: bytes, wait_until: float | None = None) -> None:
+        """Record a device's reply (or twin report); a reply to a command not known (yet) is kept
+        until ``wait_until`` (monotonic) for its audit record, then dead-lettered."""
+        if topic.endswith("/" + TWIN_REPORTED_SUFFIX):
+            self.record_twin(topic, payload)
             return
+        decoded = self._decoded(topic, payload, parse_command_ack_topic, decode_command_reply)
+        if decoded is None:
+            return
+        (_, _, device_id), reply = decoded
         audit = self.audits.get(reply.command_id)
+        if audit is None and wait_until is not None:
+            self._early.append((wait_until, topic, payload))
+            return
         if audit is None or audit.device_id != device_id or reply.device_id != device_id:
             self._dead_letter("unknown_command", f"reply for command {reply.command_id} of {reply.device_id}, "
                                                  "which this responder did not send to that device", topic, payload)
@@ -142,14 +175,47 @@ class Responder:
         self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
         self.counts[f"reply_{outcome.value}"] += 1
 
+    def _decoded(self, topic: str, payload: bytes, parse_topic: Callable[[str], tuple[str, str, str]],
+                 decode_payload: Callable[[bytes], Any]) -> tuple[tuple[str, str, str], Any] | None:
+        """(site, device type, device id) and the payload's record; None, dead-lettered with the
+        reason, when the topic or the payload breaks the contract."""
+        try:
+            return parse_topic(topic), decode_payload(payload)
+        except ContractViolation as exc:
+            self._dead_letter(exc.reason, exc.detail, topic, payload)
+            return None
+
+    def record_twin(self, topic: str, payload: bytes) -> None:
+        """A device's reported twin properties, as the twin's ``reported`` side."""
+        decoded = self._decoded(topic, payload, parse_twin_reported_topic, decode_twin_report)
+        if decoded is None:
+            return
+        (site, device_type, device_id), report = decoded
+        if report.device_id != device_id:
+            self._dead_letter("key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic,
+                              payload)
+            return
+        record = TwinRecord(ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.REPORTED, report.properties,
+                            report.at_ms, device_id)
+        self._produce(self.settings.topics.device_twin, twin_key(device_id, TwinSide.REPORTED).encode(),
+                      encode(record))
+        self.counts["twin_reports"] += 1
+
     # -- deciding --------------------------------------------------------------------------
 
     def evaluate(self) -> None:
         now = int(self.clock() * 1000)
         timeout_ms = int(self.config.reply_timeout_s * 1000)
         open_keys = {(a.device_id, a.policy) for a in self.audits.values() if a.status in OPEN}
+        recent_ms = now - int(self.config.forget_after_s * 1000)
         for view in list(self.book.alerts.values()):
-            if not view.firing or view.alert_id in self._unusable:
+            if view.raised is None or view.alert_id in self._unusable:
+                continue
+            if not view.firing:  # a crash alert may clear before the responder saw it firing: still an emergency
+                if view.alert_id not in self.notified and detected_ms(view.raised) >= recent_ms:
+                    for policy in self.policies:
+                        if policy.action == "emergency" and policy.applies_to(view.raised) and _addressable(view.raised):
+                            self._emergency(view.raised, policy, now)
                 continue
             alert = view.record
             if not _addressable(alert):
@@ -160,6 +226,9 @@ class Responder:
                 continue
             for policy in self.policies:
                 if not policy.applies_to(alert):
+                    continue
+                if policy.action == "emergency":
+                    self._emergency(alert, policy, now)
                     continue
                 last = self.latest.get((view.alert_id, policy.name))
                 if last is None:
@@ -176,6 +245,38 @@ class Responder:
                 if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
                     self._retry_or_escalate(alert, policy, last, now)
         self._clear_escalations(now)
+        if self.clock() - self._forgot_at >= 5.0:
+            self.forget(now)
+
+    def forget(self, now: int) -> None:
+        """Drop cleared alerts whose commands are settled (final, or unanswered past expiry and
+        reply timeout; an escalation once its own alert cleared), with those commands and marks;
+        and settled commands of no alert (an operator's) that ended ``forget_after_s`` ago."""
+        self._forgot_at = self.clock()
+        after_ms = int(self.config.forget_after_s * 1000)
+        timeout_ms = int(self.config.reply_timeout_s * 1000)
+
+        def settled(audit: CommandAudit) -> bool:
+            if audit.status == CommandOutcome.ESCALATED:
+                return not self._escalation_firing(audit)
+            return audit.status not in OPEN or now >= audit.expires_at_ms + timeout_ms
+
+        busy = {a.alert_id for a in self.latest.values() if not settled(a)}
+        gone = set(self.book.forget(now, after_ms, keep=lambda view: view.alert_id in busy))
+        cutoff = now - after_ms
+        for command_id in [c for c, a in self.audits.items() if a.alert_id in gone or (
+                a.alert_id not in self.book.alerts and settled(a) and _ended_ms(a) <= cutoff)]:
+            del self.audits[command_id]
+        self.latest = {k: a for k, a in self.latest.items() if a.command_id in self.audits}
+        self.notified -= gone
+        self._unusable -= gone
+        self._cleared -= gone
+        if gone:
+            self.counts["forgotten_alerts"] += len(gone)
+
+    def _escalation_firing(self, audit: CommandAudit) -> bool:
+        view = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
+        return view is not None and view.firing and view.alert_id not in self._cleared
 
     def _retry_or_escalate(self, alert: dict[str, Any], policy: CommandPolicy, last: CommandAudit, now: int) -> None:
         if last.attempt < self.config.max_attempts:
@@ -201,6 +302,20 @@ class Responder:
                 continue
             self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
             self._cleared.add(escalation.alert_id)
+
+    def _emergency(self, alert: dict[str, Any], policy: CommandPolicy, now: int) -> None:
+        """One emergency notification record per alert (a restart finds it on the topic)."""
+        if alert["alert_id"] in self.notified:
+            return
+        location = {k: float(alert[k]) for k in ("lat_deg", "lon_deg") if isinstance(alert.get(k), int | float)}
+        record = Emergency(ONCALL_SCHEMA_VERSION, alert["alert_id"], policy.name, alert["rule"], alert["device_id"],
+                           alert["device_type"], alert["site"], int(alert.get("detected_at_ms") or now), now,
+                           self.config.issuer, str(alert.get("message") or alert["rule"]), location)
+        self._produce(self.settings.topics.emergencies, alert["alert_id"].encode(), encode(record))
+        self.notified.add(alert["alert_id"])
+        self.counts["emergencies"] += 1
+        log.error("emergency notification: %s on %s at %s (alert %s)", alert["rule"], alert["device_id"],
+                  alert["site"], alert["alert_id"])
 
     def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
@@ -249,6 +364,10 @@ def _addressable(alert: dict[str, Any]) -> bool:
     except msgspec.ValidationError:
         return False
     return True
+
+
+def _ended_ms(audit: CommandAudit) -> int:
+    return audit.history[-1].at_ms if audit.history else audit.issued_at_ms
 
 
 def audit_dict(audit: CommandAudit) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def test_settings(stack_settings: Settings, unique: str) -> Settings:
         "alerts": f"test.{unique}.alerts", "model_updates": f"test.{unique}.model",
         "alert_state": f"test.{unique}.alerts.state", "silences": f"test.{unique}.alerts.silences",
         "notifications": f"test.{unique}.alerts.notifications", "commands": f"test.{unique}.commands",
+        "device_twin": f"test.{unique}.devices.twin", "emergencies": f"test.{unique}.emergencies",
     })
     return stack_settings.model_copy(update={"topics": topics})
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from iotwatch.demo.closed_loop import summarise
+from pathlib import Path
+
+from iotwatch.demo.closed_loop import summarise, timings
+from iotwatch.demo.report import plot_closed_loop
 from iotwatch.oncall import CommandAudit, CommandOutcome
 
 
@@ -28,3 +31,14 @@ def test_times_to_command_ack_and_recovery() -> None:
     assert result["time_to_recovery_s"] == {"p50": 7.5, "p99": 7.5, "n": 1}  # sent at 1.5 s, cleared at 9 s
     assert result["anomalies_ended_by_command"] == 1
     assert summarise([], [], [])["time_to_recovery_s"] == {"p50": None, "p99": None, "n": 0}
+
+
+def test_the_closed_loop_plot(tmp_path: Path) -> None:
+    alerts = [{"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
+              {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000}]
+    trail = [audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800))]
+    _, found = timings(trail, alerts)
+    assert found == {"time_to_command": [500], "time_to_device_ack": [200], "time_to_recovery": [7_500]}
+    path = plot_closed_loop(tmp_path, found)
+    assert path is not None and path.stat().st_size > 1000
+    assert plot_closed_loop(tmp_path, timings([], [])[1]) is None

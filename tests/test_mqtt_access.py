@@ -303,6 +303,14 @@ def test_only_operators_publish_commands(broker: Broker, device: Client) -> None
         reply = marker()
         assert device.publish(contract.command_ack_topic(*D1), reply) == 0
         assert (contract.command_ack_topic(*D1), reply) in responder.wait_for(reply)
+        # ... and reports its twin properties on its own twin topic, which no other device may write
+        assert responder.subscribe(contract.twin_reported_topic(*D1)) == 1
+        forged, report = marker(), marker()
+        assert other.publish(contract.twin_reported_topic(*D1), forged) == NOT_AUTHORIZED
+        assert device.publish(contract.twin_reported_topic(*D1), report) == 0
+        received = responder.wait_for(report)
+        assert (contract.twin_reported_topic(*D1), report) in received
+        assert forged not in {payload for _topic, payload in received}
     finally:
         for client in (responder, gateway, simulator, other):
             client.close()

@@ -19,7 +19,8 @@ def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Setti
     env.update(IOTWATCH_TOPIC_RAW=topics.raw, IOTWATCH_TOPIC_DLQ=topics.dlq, IOTWATCH_TOPIC_ALERTS=topics.alerts,
                IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates, IOTWATCH_TOPIC_ALERT_STATE=topics.alert_state,
                IOTWATCH_TOPIC_SILENCES=topics.silences, IOTWATCH_TOPIC_NOTIFICATIONS=topics.notifications,
-               IOTWATCH_TOPIC_COMMANDS=topics.commands, IOTWATCH_KAFKA_PARTITIONS="3")
+               IOTWATCH_TOPIC_COMMANDS=topics.commands,
+               IOTWATCH_TOPIC_DEVICE_TWIN=topics.device_twin, IOTWATCH_TOPIC_EMERGENCIES=topics.emergencies, IOTWATCH_KAFKA_PARTITIONS="3")
     command = [sys.executable, "-m", "iotwatch", "provision", "topics",
                "--kafka", test_settings.kafka.bootstrap_servers, "--json"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)

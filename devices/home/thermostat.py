@@ -3,7 +3,8 @@
 dT/dt = (T_out - T) / tau + occupants' heat + HVAC; the HVAC switches on below
 setpoint - 0.3 degC (heating homes) or above setpoint + 0.3 (cooling homes) and off past
 the other side. The setpoint follows the household (comfort when awake at home, setback
-otherwise). A stuck HVAC (mode ``HVAC_STUCK``) runs regardless, so the room runs away.
+otherwise) unless an operator set one (:attr:`ThermostatGroup.setpoint_override`, the twin's
+desired ``setpoint_c``). A stuck HVAC (mode ``HVAC_STUCK``) runs regardless, so the room runs away.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class ThermostatGroup(DeviceGroup):
         self.temp = homes.comfort_c[self.home] + (u[:, 0] - 0.5)
         self.humidity = 35.0 + 20.0 * u[:, 1]
         self.hvac = np.zeros(self.size, dtype=bool)
+        self.setpoint_override = np.full(self.size, np.nan)  # NaN: the household's schedule
+        self.setpoint = homes.comfort_c[self.home].astype(float)  # the last one in force, for the twin
 
     def step(self, idx: np.ndarray, t_ms: np.ndarray, seq: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, list[Event]]:
         homes, home = self.homes, self.home[idx]
@@ -46,6 +49,9 @@ class ThermostatGroup(DeviceGroup):
         comfort = homes.comfort_c[home]
         setback = np.where(heating, -3.0, 3.0)
         setpoint = np.where(awake & (people > 0), comfort, comfort + setback)
+        override = self.setpoint_override[idx]
+        setpoint = np.where(np.isnan(override), setpoint, override)
+        self.setpoint[idx] = setpoint
         temp, hvac = self.temp[idx], self.hvac[idx]
         # hysteresis control, or always on when stuck
         low, high = setpoint - 0.3, setpoint + 0.3

@@ -44,6 +44,7 @@ SUBCOMMANDS: dict[str, str] = {
     "provision": "iotwatch.cli.provision:provision",
     "respond": "responder.cli:respond",
     "commands": "responder.cli:commands",
+    "devices": "devices.twin_cli:devices",
 }
 
 

@@ -22,7 +22,7 @@ from typing import Any
 RULES_FOR_KIND: dict[str, set[str]] = {
     "crash": {"crash"}, "harsh_braking": {"harsh_braking", "crash", "anomaly_score"}, "leak": {"water_leak"},
     "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"}, "dropout": {"device_silent"},
-    "out_of_range": {"out_of_range", "anomaly_score"},
+    "out_of_range": {"out_of_range", "anomaly_score"}, "overheating": {"anomaly_score"},
 }
 SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range"}
 #: Other rules an anomaly explains (no false alarm), besides its own and the score rules:

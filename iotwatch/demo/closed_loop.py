@@ -17,28 +17,39 @@ import numpy as np
 from iotwatch.oncall import CommandAudit, CommandOutcome
 
 
-def summarise(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]],
-              truth: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def timings(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]]) -> tuple[dict[str, CommandAudit],
+                                                                                      dict[str, list[int]]]:
+    """The latest record per command, and the three timings in ms (``time_to_command``,
+    ``time_to_device_ack``, ``time_to_recovery``), one value per command that has it."""
     latest: dict[str, CommandAudit] = {}
     for audit in audits:
         latest[audit.command_id] = audit
     alerts = list(alerts)
     raised = {a["alert_id"]: a for a in alerts if a.get("state") == "raised"}
     cleared = {a["alert_id"]: a for a in alerts if a.get("state") == "cleared"}
-    to_command, to_ack, to_recovery = [], [], []
+    found: dict[str, list[int]] = {name: [] for name in TIMINGS}
     for audit in latest.values():
         alert = raised.get(audit.alert_id)
         if alert is not None:
-            to_command.append(audit.issued_at_ms - int(alert["detected_at_ms"]))
+            found["time_to_command"].append(audit.issued_at_ms - int(alert["detected_at_ms"]))
         accepted = next((s for s in audit.history if s.status == CommandOutcome.ACCEPTED), None)
         if accepted is not None:
-            to_ack.append(accepted.at_ms - audit.issued_at_ms)
+            found["time_to_device_ack"].append(accepted.at_ms - audit.issued_at_ms)
         clear = cleared.get(audit.alert_id)
         if clear is not None and audit.status == CommandOutcome.DONE:
-            to_recovery.append(int(clear["detected_at_ms"]) - audit.issued_at_ms)
+            found["time_to_recovery"].append(int(clear["detected_at_ms"]) - audit.issued_at_ms)
+    return latest, found
+
+
+#: The closed loop's timings: alert -> command, command -> device ack, command -> alert cleared.
+TIMINGS = ("time_to_command", "time_to_device_ack", "time_to_recovery")
+
+
+def summarise(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]],
+              truth: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    latest, found = timings(audits, alerts)
     return {"commands": len(latest), "outcomes": dict(Counter(a.status.value for a in latest.values())),
-            "time_to_command_s": _percentiles(to_command), "time_to_device_ack_s": _percentiles(to_ack),
-            "time_to_recovery_s": _percentiles(to_recovery),
+            **{f"{name}_s": _percentiles(found[name]) for name in TIMINGS},
             "anomalies_ended_by_command": sum(1 for r in truth if r.get("ended_by_command"))}
 
 

@@ -32,6 +32,31 @@ def write_alerts(folder: Path, alerts: list[dict[str, Any]], verdicts: dict[str,
     return path
 
 
+def plot_closed_loop(folder: Path, found: dict[str, list[int]]) -> Path | None:
+    """The closed loop's timings per command (alert -> command -> device ack -> alert cleared),
+    one strip each with its p50 and p99 marked; None when no command was sent."""
+    series = [(name.replace("_", " "), [v / 1000.0 for v in values]) for name, values in found.items()]
+    if not any(values for _, values in series):
+        return None
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    for row, (label, values) in enumerate(series):
+        if not values:
+            continue
+        ax.scatter(values, [row] * len(values), alpha=0.6, s=24)
+        for q, marker in ((50, "|"), (99, "x")):
+            ax.scatter([pd.Series(values).quantile(q / 100)], [row + 0.25], marker=marker, s=90, color="black")
+    ax.set_yticks(range(len(series)), [f"{label} (n={len(values)})" for label, values in series])
+    ax.set_ylim(-0.5, len(series) - 0.3)
+    ax.set_xlabel("seconds (wall clock); | p50, x p99")
+    ax.set_title("Closed loop: alert -> command -> device ack -> alert cleared")
+    ax.grid(alpha=0.3, axis="x")
+    path = folder / "closed_loop.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     """Messages per second at each stage over the run (from the live samples)."""
     samples = live.samples

@@ -1,6 +1,7 @@
 """``iotwatch demo``: the whole product on the embedded stack, start to finish.
 
-Starts the stack, the streaming job, the gateway and the simulators (homes and vehicles
+Starts the stack, the streaming job, the gateway, the responder, the forwarder (to a local
+receiver, an on-call person acknowledging alerts) and the simulators (homes and vehicles
 with injected anomalies and transport faults, ground truth written), shows a live view,
 then drains every stage, accounts for every reading by seq, matches alerts to the ground
 truth and writes a report folder. Everything it started is stopped, on Ctrl-C too.
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
 from iotwatch.demo import accounting, closed_loop, report
+from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.errors import IotwatchError
 from iotwatch.oncall import CommandAudit, decode
@@ -103,6 +106,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     stack = EmbeddedStack(settings, out / "stack")
     children: list[Child] = []
     summary: dict[str, Any] | None = None
+    receiver = Receiver()
     try:
         state = stack.up()
         settings = state.apply_to(settings)
@@ -124,6 +128,11 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         wait_healthy(gateway_port, timeout_s=60)
         _wait_for_stream(children[0], checkpoint)
         children.append(Child("respond", _iotwatch("respond", "--json"), env, out))  # the closed loop
+        # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
+        children.append(Child("forward", _iotwatch("alerts", "forward", "--routes",
+                                                   str(receiver.write_routes(out / "routes.toml")), "--json"),
+                              {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")}, out))
+        on_call = OnCallPerson(settings)
         simulator = Child("simulate", _iotwatch(
             "simulate", "--homes", str(options.homes), "--vehicles", str(options.vehicles),
             "--duration", str(options.duration_s * options.speedup), "--speedup", str(options.speedup),
@@ -141,10 +150,11 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             with Live(render(live, started, options.duration_s, "running"), console=console,
                       refresh_per_second=2, transient=False) as view:
                 while simulator.running():
+                    on_call.step()
                     probe.sample(live)
                     view.update(render(live, started, options.duration_s, "running"))
                     time.sleep(1.0)
-                drained = _drain(probe, live, view, started, options, children)
+                drained = _drain(probe, live, view, started, options, children, on_call.step)
         except KeyboardInterrupt:
             interrupted, drained = True, False
             console.print("[yellow]interrupted: stopping everything[/yellow]")
@@ -152,11 +162,15 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             probe.close()
         results = {child.name: child.stop() for child in reversed(children)}
         summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
+        summary["oncall"] = {"notifications_received": receiver.notifications,
+                             "acknowledged_by_demo": len(on_call.acknowledged)}
+        report.write_summary(options.out / "report", summary)
         if options.keep_stack:
             summary["stack"] = kept_stack(state)
             report.write_summary(options.out / "report", summary)
         return summary
     finally:
+        receiver.close()
         for child in children:
             child.stop(timeout_s=30)
         if not (options.keep_stack and stack_running(stack)):
@@ -184,14 +198,19 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     """Simulator arguments for what the demo plans besides the random anomalies: a crash
     of the first vehicle at 40 % of the run (a random crash is rare in a short run, and the
     crash rule, the critical alerts and the vehicles dashboard's crash panels should show).
-    It waits until the vehicle drives fast enough. And a leak in the first homes that lasts
-    the whole run unless the responder's ``close_valve`` ends it (the closed loop)."""
+    It waits until the vehicle drives fast enough. An overheating engine in the second vehicle
+    and a leak in the first homes that last the whole run unless the responder's ``limp_mode``
+    and ``close_valve`` end them (the closed loop)."""
     span_s = options.duration_s * options.speedup
     at_s = max(options.anomalies_after_s, 0.4 * span_s)
     if at_s >= 0.8 * span_s:
         return []
     # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
     planned = [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}] if options.vehicles else []
+    # ... an overheating engine in the second vehicle, for the responder to put it in limp mode
+    planned += [{"kind": "overheating", "devices": "vehicle-00001", "at_s": max(options.anomalies_after_s,
+                                                                              0.2 * span_s),
+                 "duration_s": span_s}] if options.vehicles > 1 else []
     # ... and a leak in the first homes' leak sensors, for the closed loop to close the valve
     planned += [{"kind": "leak", "devices": "home-0000[0-2]-leak_sensor-*",
                  "at_s": max(options.anomalies_after_s, 0.2 * span_s), "duration_s": span_s}] if options.homes else []
@@ -214,12 +233,14 @@ def kept_stack(state: StackState) -> dict[str, Any]:
 
 
 def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: DemoOptions,
-           children: list[Child], timeout_s: float = 300.0) -> bool:
+           children: list[Child], each_second: Callable[[], None], timeout_s: float = 300.0) -> bool:
     """After the simulators end: wait until the gateway has nothing in flight and the job
-    has processed everything in the raw topic (its newest committed batch reached the log end)."""
+    has processed everything in the raw topic (its newest committed batch reached the log end);
+    ``each_second`` goes on meanwhile (the on-call person: the job's alerts come late)."""
     deadline = time.monotonic() + timeout_s
     caught_up_since: float | None = None
     while time.monotonic() < deadline:
+        each_second()
         sample = probe.sample(live)
         view.update(render(live, started, options.duration_s, "draining"))
         if not all(child.running() for child in children if child.name != "simulate"):
@@ -261,6 +282,7 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
     intervals = {kind: int(seconds * 1000) for kind, seconds in DEFAULT_INTERVAL_S.items()}
     detection, verdicts = accounting.match_alerts(alerts, truth, intervals, raw.last_seq())
     simulator, gateway, stream = results.get("simulate", {}), results.get("gateway", {}), results.get("stream", {})
+    audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
     summary = {
         "options": {k: str(v) for k, v in options.__dict__.items()},
         "completed": drained and not interrupted,
@@ -280,16 +302,15 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
                        "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
                        "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
                        "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None},
-        "closed_loop": closed_loop.summarise(
-            (decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)),
-            alerts, truth),
+        "closed_loop": closed_loop.summarise(audits, alerts, truth),
         "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities),
         "components": results,
     }
     folder = options.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
     report.write_alerts(folder, alerts, verdicts)
-    plots = [report.plot_stage_rates(folder, live), *report.plot_devices(folder, archive, alerts, truth, verdicts)]
+    plots = [report.plot_stage_rates(folder, live), report.plot_closed_loop(folder, closed_loop.timings(audits, alerts)[1]),
+             *report.plot_devices(folder, archive, alerts, truth, verdicts)]
     summary["report"] = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
     report.write_summary(folder, summary)
     return summary
@@ -371,6 +392,10 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
                       f"{loop['anomalies_ended_by_command']} anomalies ended by a command; p50/p99 alert to command "
                       f"{p50_p99('time_to_command_s')}, command to device ack {p50_p99('time_to_device_ack_s')}, "
                       f"command to alert cleared {p50_p99('time_to_recovery_s')}")
+    oncall = summary.get("oncall")
+    if oncall:
+        console.print(f"  on-call: {oncall['notifications_received']} notifications to the demo receiver, "
+                      f"{oncall['acknowledged_by_demo']} alerts acknowledged by {ON_CALL}")
     print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")
     if summary.get("stack"):

@@ -5,6 +5,7 @@ Each device logs in as its own ``device_id`` and may only
 
 - publish its telemetry and (retained) status, which is also its last will,
 - subscribe to its own command topic and publish the replies on ``.../commands/ack``,
+- publish its (retained) twin properties on ``.../twin/reported``,
 
 all on the exact topics of its site and type (``user`` blocks, not ``pattern`` lines with
 ``%u``: a pattern would let a device publish under another site's or type's topic with its
@@ -55,6 +56,7 @@ class DeviceIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             "status": contract.status_topic(*ids),
             "commands": contract.command_topic(*ids),
             "command_ack": contract.command_ack_topic(*ids),
+            "twin_reported": contract.twin_reported_topic(*ids),
         }
 
 
@@ -124,7 +126,8 @@ def device_acl(devices: list[DeviceIdentity]) -> str:
                   f"topic write {topics['telemetry']}",
                   f"topic write {topics['status']}",
                   f"topic read {topics['commands']}",
-                  f"topic write {topics['command_ack']}"]
+                  f"topic write {topics['command_ack']}",
+                  f"topic write {topics['twin_reported']}"]
     return "\n".join(lines) + "\n"
 
 

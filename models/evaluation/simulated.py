@@ -72,6 +72,7 @@ PLAUSIBLE_RULES: dict[str, frozenset[str]] = {
     "leak": frozenset({rules.LEAK}),
     "harsh_braking": frozenset({rules.HARSH_BRAKING, rules.CRASH, rules.ANOMALY}),
     "crash": frozenset({rules.CRASH}),
+    "overheating": frozenset({rules.ANOMALY, rules.OUT_OF_RANGE}),
 }
 
 #: The recommended stream settings (overrides of the defaults; the lead sets the defaults).

@@ -21,19 +21,23 @@ from iotwatch.settings import MqttSettings
 
 THERMOSTAT, LEAK = "home-00000-thermostat-0", "home-00000-leak_sensor-0"
 SITE = "home-00000"
+VEHICLE, VEHICLE_SITE = "vehicle-00000", "fleet-000"
 START_MS = int(time.time() * 1000) - 3_600_000
 
 
-def home_with_faults(tmp_path: Path) -> Simulation:
-    """One home (a thermostat and a leak sensor) whose HVAC is stuck and whose pipe leaks from the start."""
+def home_with_faults(tmp_path: Path, *, vehicle_overheats: bool = False, ticks: int = 20) -> Simulation:
+    """One home (a thermostat and a leak sensor) whose HVAC is stuck and whose pipe leaks from the
+    start; with ``vehicle_overheats`` also a vehicle whose engine overheats from the start."""
     scenario = tmp_path / "faults.json"
-    scenario.write_text(json.dumps({"anomalies": [
-        {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
-        {"kind": "leak", "devices": LEAK, "at_s": 0, "duration_s": 3600}]}))
-    config = SimConfig(homes=1, vehicles=0, mix={"thermostat": 1, "leak_sensor": 1}, start_ms=START_MS,
-                       scenario=scenario)
+    anomalies = [{"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
+                 {"kind": "leak", "devices": LEAK, "at_s": 0, "duration_s": 3600}]
+    if vehicle_overheats:
+        anomalies.append({"kind": "overheating", "devices": VEHICLE, "at_s": 0, "duration_s": 7200})
+    scenario.write_text(json.dumps({"anomalies": anomalies}))
+    config = SimConfig(homes=1, vehicles=int(vehicle_overheats), mix={"thermostat": 1, "leak_sensor": 1},
+                       start_ms=START_MS, scenario=scenario)
     sim = Simulation(config)
-    for _ in range(20):
+    for _ in range(ticks):
         sim.tick()
     return sim
 
@@ -62,7 +66,8 @@ class Obeying:
         devices = [(site, g.device_type, d) for g in self.sim.groups for site, d in zip(g.sites, g.device_ids)]
         self.channel = CommandChannel(self.mqtt, self.client_id, devices)
         self.channel.connect()
-        self.handler = DeviceCommands(self.channel, self.sim.obey)
+        self.handler = DeviceCommands(self.channel, self.sim.obey, reported=self.sim.reported)
+        self.handler.report_all()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 

@@ -1,0 +1,124 @@
+"""The operators' side of the device twin: read a device's twin, set desired properties.
+
+``set`` writes the twin's ``desired`` record (version + 1) to the twin topic, an audit record
+to the commands topic (issuer: the operator), and sends a ``set_properties`` command with the
+changed properties over MQTT (QoS 1, persistent delivery: an offline device gets it when it
+reconnects, unless it expired by then). The device carries it out, replies, and reports its
+properties again; the responder records the report and the reply, so ``show`` tells a
+property that is in sync from one still pending.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from confluent_kafka import Producer
+
+from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed, read_to_end
+from iotwatch.contract import (COMMAND_SCHEMA_VERSION, SET_PROPERTIES, TWIN_PROPERTIES, Command, ContractViolation,
+                               TwinProperties, twin_properties)
+from iotwatch.errors import IotwatchError
+from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, TwinRecord, TwinSide,
+                             decode, encode, stable_id, twin_key)
+from iotwatch.settings import Settings
+
+#: The ``policy`` an operator's twin command has in the audit trail.
+OPERATOR_POLICY = "operator-twin"
+
+
+@dataclass
+class Twin:
+    """Both sides of one device's twin (either may be missing)."""
+
+    device_id: str
+    desired: TwinRecord | None = None
+    reported: TwinRecord | None = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per property: desired, reported, and whether the device has what was asked for."""
+        want = self.desired.properties.as_dict() if self.desired else {}
+        have = self.reported.properties.as_dict() if self.reported else {}
+        return [{"property": name, "desired": want.get(name), "reported": have.get(name),
+                 "state": "" if name not in want else "in sync" if want[name] == have.get(name) else "pending"}
+                for name in TWIN_PROPERTIES if name in want or name in have]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device_id": self.device_id, "properties": self.rows(),
+                **{side: msgspec.to_builtins(record) if record else None
+                   for side, record in (("desired", self.desired), ("reported", self.reported))}}
+
+
+def read_twin(settings: Settings, device_id: str) -> Twin:
+    """The device's twin as the twin topic has it now."""
+    twin = Twin(device_id)
+    keys = {twin_key(device_id, side).encode(): side for side in TwinSide}
+    for message in read_to_end(settings.kafka, settings.topics.device_twin):
+        side = keys.get(message.key() or b"")
+        if side is None:
+            continue
+        try:
+            record = decode(message.value(), TwinRecord)
+        except BadRecord:
+            continue  # a later record of the same key is what counts; a bad one is skipped
+        setattr(twin, side.value, record)
+    return twin
+
+
+def parse_assignments(pairs: tuple[str, ...]) -> TwinProperties:
+    """``key=value`` pairs as properties (``limp_mode=true``, ``setpoint_c=19.5``), or an error naming the bad one."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in TWIN_PROPERTIES:
+            raise IotwatchError(f"{pair!r}: expected key=value with key one of {', '.join(TWIN_PROPERTIES)}")
+        values[key] = value
+    try:
+        return msgspec.convert(values, TwinProperties, strict=False)
+    except msgspec.ValidationError as exc:
+        raise IotwatchError(f"twin properties: {exc}") from None
+
+
+def set_desired(settings: Settings, device_id: str, change: TwinProperties, by: str, ttl_s: float,
+                site: str | None = None, device_type: str | None = None, now_ms: int | None = None
+                ) -> tuple[TwinRecord, Command]:
+    """Record the desired change and send it to the device; returns the desired record and the command."""
+    from responder.issuer import CommandIssuer
+
+    if not change.as_dict():
+        raise IotwatchError("nothing to set: give at least one key=value")
+    twin = read_twin(settings, device_id)
+    known = twin.reported or twin.desired
+    site = site or (known.site if known else None)
+    device_type = device_type or (known.device_type if known else None)
+    if not site or not device_type:
+        raise IotwatchError(f"device {device_id} has no twin yet: give --site and --type")
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    version = (twin.desired.version if twin.desired else 0) + 1
+    command_id = stable_id(device_id, SET_PROPERTIES, version, length=24)
+    wanted = (twin.desired.properties if twin.desired else TwinProperties()).merged(change)
+    record = TwinRecord(ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.DESIRED, wanted, now, by,
+                        version, command_id)
+    try:
+        command = Command(COMMAND_SCHEMA_VERSION, command_id, device_id, SET_PROPERTIES, now, now + int(ttl_s * 1000),
+                          by, change.as_dict(), f"twin version {version}")
+        twin_properties(command.args)  # what the device will check
+    except ContractViolation as exc:
+        raise IotwatchError(str(exc)) from None
+    audit = CommandAudit(ONCALL_SCHEMA_VERSION, command_id, OPERATOR_POLICY, "", "", device_id, device_type, site,
+                         SET_PROPERTIES, by, now, command.expires_at_ms, 1, CommandOutcome.SENT, command.args)
+    topics = settings.topics
+    ensure_topics(settings.kafka, [topics.device_twin, topics.commands], compacted=True)
+    producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
+    produce_confirmed(producer, topics.device_twin, twin_key(device_id, TwinSide.DESIRED).encode(), encode(record))
+    produce_confirmed(producer, topics.commands, command_id.encode(),
+                      encode(audit.with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")))
+    issuer = CommandIssuer(settings.mqtt, f"iotwatch-operator-{by}-{time.time_ns()}", listen=False)
+    issuer.connect()
+    try:
+        issuer.send(site, device_type, command)
+    finally:
+        issuer.close()
+    return record, command
