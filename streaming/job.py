@@ -114,10 +114,12 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
 def _warm_worker(_: object) -> None:
     """In a Python worker: import the job's modules and load its compiled kernels."""
     from models.kernels import warm_all
-    from streaming import processor, sequencing  # noqa: F401 - imported for its import cost
+    from streaming import kafka_source, processor, sequencing  # noqa: F401 - imported for its import cost
+    from streaming.worker_heap import freeze_imports
 
     warm_all()
     sequencing.warm()
+    freeze_imports()
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:

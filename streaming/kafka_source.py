@@ -202,6 +202,8 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """
     from confluent_kafka import KafkaError, KafkaException
 
+    from streaming.worker_heap import freeze_imports
+
     reset = "earliest" if not opts.fail_on_data_loss else "error"
     key, cached = _CONSUMERS.take(opts, part, reset)
     consumer = cached.consumer
@@ -264,6 +266,7 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
         raise
     cached.position = position if position >= part.end else -1
     _CONSUMERS.give_back(key, cached)
+    freeze_imports()  # the first range has loaded everything a read needs
 
 
 class _Planner:

@@ -34,6 +34,7 @@ from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, TALLY_FIELDS, 
 from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
 from streaming.state_store import ShardedStore
+from streaming.worker_heap import freeze_imports
 
 _SEP = "\x1f"
 
@@ -125,6 +126,7 @@ class PartitionProcessor(StatefulProcessor):
         self.handle = handle
         kernel_for(self.settings.device_detector).warm()
         sequencing.warm()
+        freeze_imports()
         self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
         self.archive = ArchiveWriter(self.archive_dir, self.settings.device_detector)
