@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: One InfluxDB client (an HTTP session, its connection kept alive) per configuration and
+#: Python worker, kept between micro-batches; dropped after a failed write.
+_influx_clients: dict[str, InfluxV1Client] = {}
+
 
 def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
     """A dead-letter row of the engine as a Kafka record: original bytes, why in headers."""
@@ -69,13 +73,17 @@ class EventSinks:
         """Metrics are derived data (recomputable from the archive): a failed write is logged
         and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
         assert self.influx is not None
-        client = InfluxV1Client(self.influx)
+        key = self.influx.model_dump_json() + repr([secret.get_secret_value() for secret in
+                                                   (self.influx.token, self.influx.password) if secret])
+        client = _influx_clients.get(key)
+        if client is None:
+            client = _influx_clients[key] = InfluxV1Client(self.influx)
         try:
             for start in range(0, len(points), 5000):
                 client.write_points(points[start:start + 5000])
             return 0
         except IotwatchError as exc:
             log.warning("aggregates not written to InfluxDB: %s", exc)
-            return 1
-        finally:
+            _influx_clients.pop(key, None)
             client.close()
+            return 1
