@@ -172,12 +172,15 @@ class PartitionProcessor(StatefulProcessor):
         if due:
             counts = self.sinks.write(self.engine.silence(self.devices, due, now_ms))
         roster.forget(now_ms, self.ttl_ms)
+        # The timer is re-armed only to fire earlier: one that fires before anyone is due
+        # finds nobody and re-arms for the next. (Moving it later on every batch, as devices
+        # keep reporting, cost a timer delete and register per partition and batch, and the
+        # state server's set-up of the timer state for each task.)
         next_ms = roster.next_due_ms(self.timeout_ms)
-        if next_ms != roster.timer_ms:
+        if next_ms and (not roster.timer_ms or next_ms < roster.timer_ms):
             if roster.timer_ms:
                 self.handle.deleteTimer(roster.timer_ms)
-            if next_ms:
-                self.handle.registerTimer(next_ms)
+            self.handle.registerTimer(next_ms)
             roster.timer_ms = next_ms
         self.roster.update(roster.to_value())
         return counts
