@@ -24,6 +24,9 @@ _STEP = 1
 _HISTOGRAM_VIEWS = 2
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
+#: Runs of identical readings in the bins up to this one (below and at the bottom of the
+#: early range) are not judged: a count at zero, a meter at its idle load repeat by nature.
+_FLOOR_BINS = 1
 #: Decades of tail probability that score 0.5.
 _HALF_DECADES = 10.0
 
@@ -98,7 +101,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     name: ClassVar[str] = "episode_likelihood"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
 
-    def __init__(self, metric: str | None = None, warmup: int = 200, range_readings: int = 150,
+    def __init__(self, metric: str | None = None, warmup: int = 200, range_readings: int = 150, range_s: float = 0.0,
                  histogram_warmup: int = 150, distribution_views: bool = True,
                  level_halflife: float = 2000.0, step_halflife: float = 2000.0,
                  likelihood_halflife: float = 10_000.0, short_alpha: float = 0.15, min_variance: float = 0.03,
@@ -108,6 +111,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
+        self.range_s = range_s
         self.histogram_warmup = histogram_warmup
         self.distribution_views = distribution_views
         self.level_halflife = level_halflife
@@ -128,10 +132,17 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self._hold = 1.0 - _decay(hold_halflife)
         self._a_histogram = _decay(histogram_halflife)
         self._a_recent = _decay(recent_halflife)
+        #: Readings the baselines learn unclipped: a short alerting warm-up must not freeze a
+        #: scale learned before the stream showed its regular jumps (a square wave's edges).
+        self._learning = max(warmup, range_readings)
         self.n = 0
         self.mean = self.var = self.step_var = 0.0
         self.last: float | None = None
         self.low, self.high = math.inf, -math.inf
+        #: Event time of the first reading (ms; None: none yet) and the readings learned when
+        #: the range closed (0: still open).
+        self.t0: float | None = None
+        self.range_n = 0
         self.held = 0.0
         #: Per view: short average of the surprise, long-run mean and variance of that average.
         self.views = [[0.0, 0.0, 0.0] for _ in range(VIEWS)]
@@ -177,7 +188,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
 
     def _score(self, v: float, t_ms: int, shorts: list[float]) -> float:
         """The smallest tail on the log scale (before the one-per-episode hold)."""
-        judged = (VIEWS if self.distribution_views and self.n >= self.range_readings + self.histogram_warmup
+        judged = (VIEWS if self.distribution_views and self.range_n and self.n >= self.range_n + self.histogram_warmup
                   else _HISTOGRAM_VIEWS)
         tail = 1.0
         for j in range(judged):
@@ -186,8 +197,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
             tail = min(tail, _upper_tail(z))
             if j == _STEP:
                 tail = min(tail, _upper_tail(-z))
-        tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]),
-                   self.stuck.tail({"value": v}, t_ms))
+        tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))
+        if not self.range_n or self._bin(v) > _FLOOR_BINS:  # a run at the floor (zero counts, an idle load) is not a stuck sensor
+            tail = min(tail, self.stuck.tail({"value": v}, t_ms))
         decades = -math.log10(max(tail, 1e-300))
         return decades / (decades + _HALF_DECADES)
 
@@ -215,25 +227,29 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         n = self.n
         a = max(1.0 / n, self._a_level)
         r = v - self.mean
-        if n > self.warmup:  # past warm-up an outlier moves the baseline by clip deviations at most
+        if n > self._learning:  # past the learning period an outlier moves the baseline by clip deviations at most
             r = max(-self.clip * sd, min(self.clip * sd, r))
         self.mean += a * r
         self.var += a * (r * r - self.var)
         if self.last is not None:
             step = v - self.last
-            if n > self.warmup:
+            if n > self._learning:
                 step = max(-self.clip * step_sd, min(self.clip * step_sd, step))
             self.step_var += max(1.0 / n, self._a_step) * (step * step - self.step_var)
         self.last = v
-        if n <= self.range_readings:
+        if self.t0 is None:
+            self.t0 = float(t_ms)
+        if not self.range_n:
             self.low, self.high = min(self.low, v), max(self.high, v)
+            if n >= self.range_readings and t_ms - self.t0 >= 1000.0 * self.range_s:
+                self.range_n = n
         else:
-            a = max(1.0 / (n - self.range_readings), self._a_histogram)
+            a = max(1.0 / (n - self.range_n), self._a_histogram)
             self.slow = [s + a * ((1.0 if k == b else 0.0) - s) for k, s in enumerate(self.slow)]
         self.recent = self._recent_after(b)
         for j, (view, short) in enumerate(zip(self.views, shorts, strict=True)):
             # the histogram views learn their likelihood once the range is set
-            learned = n if j < _HISTOGRAM_VIEWS else n - self.range_readings
+            learned = n if j < _HISTOGRAM_VIEWS else (n - self.range_n if self.range_n else 0)
             view[0] = short
             if learned > 0:
                 a = max(1.0 / learned, self._a_likelihood)
@@ -245,7 +261,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
 
     def to_state(self) -> dict[str, Any]:
         return {"n": self.n, "mean": self.mean, "var": self.var, "step_var": self.step_var, "last": self.last,
-                "low": self.low, "high": self.high, "held": self.held, "views": [list(v) for v in self.views],
+                "low": self.low, "high": self.high, "t0": self.t0, "range_n": self.range_n, "held": self.held, "views": [list(v) for v in self.views],
                 "slow": list(self.slow), "recent": list(self.recent), "step_tail": self.step_tail.to_state(),
                 "stuck": self.stuck.to_state()}
 
@@ -254,6 +270,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.mean, self.var, self.step_var = float(state["mean"]), float(state["var"]), float(state["step_var"])
         self.last = None if state["last"] is None else float(state["last"])
         self.low, self.high, self.held = float(state["low"]), float(state["high"]), float(state["held"])
+        self.t0 = None if state.get("t0") is None else float(state["t0"])
+        self.range_n = int(state.get("range_n", 0))
         self.views = [[float(x) for x in v] for v in state["views"]]
         self.slow = [float(x) for x in state["slow"]]
         self.recent = [float(x) for x in state["recent"]]

@@ -6,7 +6,7 @@ runs the same arithmetic over a whole micro-batch of interleaved streams in one 
 
 State layout
 ------------
-A row has :data:`STATE_SIZE` (45) numbers; the counter is a float (exact below 2**53),
+A row has :data:`STATE_SIZE` (47) numbers; the counter is a float (exact below 2**53),
 ``last = None`` is NaN and the empty range is ``(+inf, -inf)``:
 
 =====================  ==========================================================
@@ -14,7 +14,10 @@ A row has :data:`STATE_SIZE` (45) numbers; the counter is a float (exact below 2
 ``MEAN``, ``VAR``      the slow level baseline
 ``STEP_VAR``           the variance of steps between readings
 ``LAST``               the previous reading (NaN: none yet)
-``LOW``, ``HIGH``      the histograms' range (set over the first ``range_readings``)
+``LOW``, ``HIGH``      the histograms' range (set over the first ``range_readings``
+                       readings and ``range_s`` of event time)
+``T0``                 the first reading's event time (ms; NaN: none yet)
+``RANGE_N``            readings learned when the range closed (0: still open)
 ``HELD``               the held peak score (one alarm per episode)
 ``VIEW + 3 j + k``     view ``j`` (level, step, recent distribution, rarity): ``k`` = 0
                        short average, 1 its long-run mean, 2 its long-run variance
@@ -76,19 +79,19 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.episode_likelihood import _FLOOR, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, BINS, VIEWS, EpisodeLikelihood
+from models.episode_likelihood import _FLOOR, _FLOOR_BINS, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, BINS, VIEWS, EpisodeLikelihood
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
                                           _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
 
-__all__ = ["HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RECENT", "SLOW", "STATE_SIZE", "STEP_TAIL",
-           "STEP_VAR", "STUCK", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
+__all__ = ["HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT", "SLOW", "STATE_SIZE",
+           "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
            "to_reference", "warm"]
 
 # --- state layout ------------------------------------------------------------------------------
 
-N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD = range(8)
-VIEW = 8
+N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD, T0, RANGE_N = range(10)
+VIEW = 10
 SLOW = VIEW + 3 * VIEWS
 RECENT = SLOW + BINS
 STEP_TAIL = RECENT + BINS
@@ -99,8 +102,8 @@ STATE_SIZE = STUCK + 4
 # --- parameter layout --------------------------------------------------------------------------
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
- P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT) = range(15)
-P_STEP_TAIL = 15
+ P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS) = range(16)
+P_STEP_TAIL = 16
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -117,7 +120,7 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        1.0 if detector.distribution_views else 0.0, detector._a_level, detector._a_step,
                        detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
-                       detector.instant_weight)
+                       detector.instant_weight, 1000.0 * detector.range_s)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -128,7 +131,7 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
 def initial_state(params: np.ndarray) -> np.ndarray:
     """A fresh stream's row: what an untrained reference detector holds."""
     row = np.zeros(STATE_SIZE)
-    row[LAST], row[LOW], row[HIGH] = math.nan, math.inf, -math.inf
+    row[LAST], row[LOW], row[HIGH], row[T0] = math.nan, math.inf, -math.inf, math.nan
     row[SLOW:SLOW + BINS] = row[RECENT:RECENT + BINS] = 1.0 / BINS
     tail = np.zeros(TAIL_SIZE)
     put_initial_tail(tail, 0, params, P_STEP_TAIL)
@@ -147,7 +150,8 @@ def from_reference(detector: EpisodeLikelihood) -> np.ndarray:
         raise ValueError("the detector's members were not fed as it feeds them: no row holds this state")
     row = np.empty(STATE_SIZE)
     row[:VIEW] = (n, state["mean"], state["var"], state["step_var"],
-                  math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"])
+                  math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"],
+                  math.nan if state["t0"] is None else state["t0"], state["range_n"])
     row[VIEW:SLOW] = [x for view in state["views"] for x in view]
     row[SLOW:RECENT] = state["slow"]
     row[RECENT:STEP_TAIL] = state["recent"]
@@ -165,7 +169,7 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> EpisodeLik
     n = int(r[N])
     last = None if math.isnan(r[LAST]) else r[LAST]
     state = {"n": n, "mean": r[MEAN], "var": r[VAR], "step_var": r[STEP_VAR], "last": last, "low": r[LOW],
-             "high": r[HIGH], "held": r[HELD], "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
+             "high": r[HIGH], "held": r[HELD], "t0": None if math.isnan(r[T0]) else r[T0], "range_n": int(r[RANGE_N]), "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
              "slow": r[SLOW:RECENT], "recent": r[RECENT:STEP_TAIL],
              "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
              "stuck": {"n": max(n - 1, 0), "rate": r[STUCK_RATE], "last": last, "run": int(r[STUCK_RUN]),
@@ -220,22 +224,23 @@ def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
 def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float], step: float,
            tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
-    judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[N] >= p[P_RANGE] + p[P_HISTOGRAM_WARMUP]
-              else _HISTOGRAM_VIEWS)
+    judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0
+              and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP] else _HISTOGRAM_VIEWS)
     tail = 1.0
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2], p[P_MIN_VARIANCE]))
         tail = _min(tail, _upper_tail(z))
         if j == _STEP:
             tail = _min(tail, _upper_tail(-z))
-    tail = _min(_min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step)),
-                _repeat_tail(_stuck(row), stuck_p, v))
+    tail = _min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
+    if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
+        tail = _min(tail, _repeat_tail(_stuck(row), stuck_p, v))
     decades = -math.log10(_max(tail, 1e-300))
     return decades / (decades + _HALF_DECADES)
 
 
 @_jit
-def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
+def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row."""
     v = _value(x)
     if math.isnan(v):
@@ -270,23 +275,28 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, st
     n += 1.0
     row[N] = n
     clip = p[P_CLIP]
+    learning = _max(warmup, p[P_RANGE])
     a = _max(1.0 / n, p[P_A_LEVEL])
     r = v - row[MEAN]
-    if n > warmup:
+    if n > learning:
         r = _max(-clip * sd, _min(clip * sd, r))
     row[MEAN] += a * r
     row[VAR] += a * (r * r - row[VAR])
     if not math.isnan(row[LAST]):
         d = v - row[LAST]
-        if n > warmup:
+        if n > learning:
             d = _max(-clip * step_sd, _min(clip * step_sd, d))
         row[STEP_VAR] += _max(1.0 / n, p[P_A_STEP]) * (d * d - row[STEP_VAR])
     row[LAST] = v
     # the histograms
-    if n <= p[P_RANGE]:
+    if math.isnan(row[T0]):
+        row[T0] = t
+    if row[RANGE_N] == 0.0:
         row[LOW], row[HIGH] = _min(row[LOW], v), _max(row[HIGH], v)
+        if n >= p[P_RANGE] and t - row[T0] >= p[P_RANGE_MS]:
+            row[RANGE_N] = n
     else:
-        a = _max(1.0 / (n - p[P_RANGE]), p[P_A_HISTOGRAM])
+        a = _max(1.0 / (n - row[RANGE_N]), p[P_A_HISTOGRAM])
         for k in range(BINS):
             s = row[SLOW + k]
             row[SLOW + k] = s + a * ((1.0 if k == b else 0.0) - s)
@@ -294,7 +304,7 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, st
         row[RECENT + k] = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
     # the views' likelihoods (the histogram views' once the range is set)
     for j in range(VIEWS):
-        learned = n if j < _HISTOGRAM_VIEWS else n - p[P_RANGE]
+        learned = n if j < _HISTOGRAM_VIEWS else (n - row[RANGE_N] if row[RANGE_N] != 0.0 else 0.0)
         row[VIEW + 3 * j] = shorts[j]
         if learned > 0:
             a = _max(1.0 / learned, p[P_A_LIKELIHOOD])
@@ -312,8 +322,8 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
 
     One call takes a whole micro-batch, many streams interleaved; each stream's readings
     must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
-    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused:
-    the detector counts readings), ``params`` from :func:`params_vector`. A non-finite
+    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (they
+    close the histograms' range), ``params`` from :func:`params_vector`. A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
     of range, before learning anything.
     """
@@ -322,7 +332,7 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     stuck_p = (params[P_STUCK], params[P_STUCK + 1], params[P_STUCK + 2], params[P_STUCK + 3], params[P_STUCK + 4])
     out = np.empty(n)
     for i in range(n):
-        out[i] = _score_learn_one(states[stream[i]], values[i], params, tail_p, stuck_p)
+        out[i] = _score_learn_one(states[stream[i]], values[i], float(t_ms[i]), params, tail_p, stuck_p)
     return out
 
 
