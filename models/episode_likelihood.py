@@ -107,7 +107,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
                  likelihood_halflife: float = 10_000.0, short_alpha: float = 0.15, min_variance: float = 0.03,
                  hold_halflife: float = 300.0, clip: float = 3.0, histogram_halflife: float = 1000.0,
                  recent_halflife: float = 20.0, margin: float = 0.1, instant_weight: float = 1e-3,
-                 max_repeat_rate: float = 0.05) -> None:
+                 max_repeat_rate: float = 0.05, histogram_halflife_s: float = 0.0,
+                 recent_halflife_s: float = 0.0) -> None:
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
@@ -126,6 +127,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.margin = margin
         self.instant_weight = instant_weight
         self.max_repeat_rate = max_repeat_rate
+        self.histogram_halflife_s = histogram_halflife_s
+        self.recent_halflife_s = recent_halflife_s
         self._a_level = _decay(level_halflife)
         self._a_step = _decay(step_halflife)
         self._a_likelihood = _decay(likelihood_halflife)
@@ -143,6 +146,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         #: the range closed (0: still open).
         self.t0: float | None = None
         self.range_n = 0
+        #: The histograms' per-reading weights: from the half-lives in readings, or, once the
+        #: range closes, from those in event time over the stream's mean reading interval.
+        self.a_histogram, self.a_recent = self._a_histogram, self._a_recent
         self.held = 0.0
         #: Per view: short average of the surprise, long-run mean and variance of that average.
         self.views = [[0.0, 0.0, 0.0] for _ in range(VIEWS)]
@@ -171,7 +177,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         return 1 + int(position)
 
     def _recent_after(self, b: int) -> list[float]:
-        return [f * (1.0 - self._a_recent) + (self._a_recent if k == b else 0.0) for k, f in enumerate(self.recent)]
+        return [f * (1.0 - self.a_recent) + (self.a_recent if k == b else 0.0) for k, f in enumerate(self.recent)]
 
     def _deviations(self, v: float) -> tuple[float, float]:
         """|level z| and |step z| of ``v``."""
@@ -243,8 +249,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
             self.low, self.high = min(self.low, v), max(self.high, v)
             if n >= self.range_readings and t_ms - self.t0 >= 1000.0 * self.range_s:
                 self.range_n = n
+                self._set_histogram_rates((t_ms - self.t0) / 1000.0 / max(n - 1, 1))
         else:
-            a = max(1.0 / (n - self.range_n), self._a_histogram)
+            a = max(1.0 / (n - self.range_n), self.a_histogram)
             self.slow = [s + a * ((1.0 if k == b else 0.0) - s) for k, s in enumerate(self.slow)]
         self.recent = self._recent_after(b)
         for j, (view, short) in enumerate(zip(self.views, shorts, strict=True)):
@@ -257,11 +264,21 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
                 view[1] += a * delta
                 view[2] += a * (delta * delta - view[2])
 
+    def _set_histogram_rates(self, interval_s: float) -> None:
+        """Half-lives in event time, so a stream read every 30 s and one read every 5 min
+        compare the same hours of their lives (the range period gives the interval)."""
+        if interval_s > 0.0:
+            if self.histogram_halflife_s > 0.0:
+                self.a_histogram = _decay(self.histogram_halflife_s / interval_s)
+            if self.recent_halflife_s > 0.0:
+                self.a_recent = _decay(self.recent_halflife_s / interval_s)
+
     # --- state --------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         return {"n": self.n, "mean": self.mean, "var": self.var, "step_var": self.step_var, "last": self.last,
-                "low": self.low, "high": self.high, "t0": self.t0, "range_n": self.range_n, "held": self.held, "views": [list(v) for v in self.views],
+                "low": self.low, "high": self.high, "t0": self.t0, "range_n": self.range_n,
+                "a_histogram": self.a_histogram, "a_recent": self.a_recent, "held": self.held, "views": [list(v) for v in self.views],
                 "slow": list(self.slow), "recent": list(self.recent), "step_tail": self.step_tail.to_state(),
                 "stuck": self.stuck.to_state()}
 
@@ -272,6 +289,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.low, self.high, self.held = float(state["low"]), float(state["high"]), float(state["held"])
         self.t0 = None if state.get("t0") is None else float(state["t0"])
         self.range_n = int(state.get("range_n", 0))
+        self.a_histogram = float(state.get("a_histogram", self._a_histogram))
+        self.a_recent = float(state.get("a_recent", self._a_recent))
         self.views = [[float(x) for x in v] for v in state["views"]]
         self.slow = [float(x) for x in state["slow"]]
         self.recent = [float(x) for x in state["recent"]]

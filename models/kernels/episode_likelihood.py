@@ -6,7 +6,7 @@ runs the same arithmetic over a whole micro-batch of interleaved streams in one 
 
 State layout
 ------------
-A row has :data:`STATE_SIZE` (47) numbers; the counter is a float (exact below 2**53),
+A row has :data:`STATE_SIZE` (49) numbers; the counter is a float (exact below 2**53),
 ``last = None`` is NaN and the empty range is ``(+inf, -inf)``:
 
 =====================  ==========================================================
@@ -18,6 +18,8 @@ A row has :data:`STATE_SIZE` (47) numbers; the counter is a float (exact below 2
                        readings and ``range_s`` of event time)
 ``T0``                 the first reading's event time (ms; NaN: none yet)
 ``RANGE_N``            readings learned when the range closed (0: still open)
+``A_HISTOGRAM``,       the slow and fast histograms' per-reading weights (set from the
+``A_RECENT``           event-time half-lives when the range closes)
 ``HELD``               the held peak score (one alarm per episode)
 ``VIEW + 3 j + k``     view ``j`` (level, step, recent distribution, rarity): ``k`` = 0
                        short average, 1 its long-run mean, 2 its long-run variance
@@ -84,14 +86,14 @@ from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
                                           _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
 
-__all__ = ["HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT", "SLOW", "STATE_SIZE",
-           "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
+__all__ = ["A_HISTOGRAM", "A_RECENT", "HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT",
+           "SLOW", "STATE_SIZE", "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
            "to_reference", "warm"]
 
 # --- state layout ------------------------------------------------------------------------------
 
-N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD, T0, RANGE_N = range(10)
-VIEW = 10
+N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD, T0, RANGE_N, A_HISTOGRAM, A_RECENT = range(12)
+VIEW = 12
 SLOW = VIEW + 3 * VIEWS
 RECENT = SLOW + BINS
 STEP_TAIL = RECENT + BINS
@@ -102,8 +104,9 @@ STATE_SIZE = STUCK + 4
 # --- parameter layout --------------------------------------------------------------------------
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
- P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS) = range(16)
-P_STEP_TAIL = 16
+ P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
+ P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S) = range(18)
+P_STEP_TAIL = 18
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -120,7 +123,8 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        1.0 if detector.distribution_views else 0.0, detector._a_level, detector._a_step,
                        detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
-                       detector.instant_weight, 1000.0 * detector.range_s)
+                       detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
+                       detector.recent_halflife_s)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -132,6 +136,7 @@ def initial_state(params: np.ndarray) -> np.ndarray:
     """A fresh stream's row: what an untrained reference detector holds."""
     row = np.zeros(STATE_SIZE)
     row[LAST], row[LOW], row[HIGH], row[T0] = math.nan, math.inf, -math.inf, math.nan
+    row[A_HISTOGRAM], row[A_RECENT] = params[P_A_HISTOGRAM], params[P_A_RECENT]
     row[SLOW:SLOW + BINS] = row[RECENT:RECENT + BINS] = 1.0 / BINS
     tail = np.zeros(TAIL_SIZE)
     put_initial_tail(tail, 0, params, P_STEP_TAIL)
@@ -151,7 +156,8 @@ def from_reference(detector: EpisodeLikelihood) -> np.ndarray:
     row = np.empty(STATE_SIZE)
     row[:VIEW] = (n, state["mean"], state["var"], state["step_var"],
                   math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"],
-                  math.nan if state["t0"] is None else state["t0"], state["range_n"])
+                  math.nan if state["t0"] is None else state["t0"], state["range_n"], state["a_histogram"],
+                  state["a_recent"])
     row[VIEW:SLOW] = [x for view in state["views"] for x in view]
     row[SLOW:RECENT] = state["slow"]
     row[RECENT:STEP_TAIL] = state["recent"]
@@ -169,7 +175,9 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> EpisodeLik
     n = int(r[N])
     last = None if math.isnan(r[LAST]) else r[LAST]
     state = {"n": n, "mean": r[MEAN], "var": r[VAR], "step_var": r[STEP_VAR], "last": last, "low": r[LOW],
-             "high": r[HIGH], "held": r[HELD], "t0": None if math.isnan(r[T0]) else r[T0], "range_n": int(r[RANGE_N]), "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
+             "high": r[HIGH], "held": r[HELD], "t0": None if math.isnan(r[T0]) else r[T0], "range_n": int(r[RANGE_N]),
+             "a_histogram": r[A_HISTOGRAM], "a_recent": r[A_RECENT],
+             "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
              "slow": r[SLOW:RECENT], "recent": r[RECENT:STEP_TAIL],
              "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
              "stuck": {"n": max(n - 1, 0), "rate": r[STUCK_RATE], "last": last, "run": int(r[STUCK_RUN]),
@@ -240,6 +248,21 @@ def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float,
 
 
 @_jit
+def _decay(halflife: float) -> float:
+    return 1.0 - 0.5 ** (1.0 / halflife)
+
+
+@_jit
+def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> None:
+    """``EpisodeLikelihood._set_histogram_rates``."""
+    if interval_s > 0.0:
+        if p[P_HISTOGRAM_HALFLIFE_S] > 0.0:
+            row[A_HISTOGRAM] = _decay(p[P_HISTOGRAM_HALFLIFE_S] / interval_s)
+        if p[P_RECENT_HALFLIFE_S] > 0.0:
+            row[A_RECENT] = _decay(p[P_RECENT_HALFLIFE_S] / interval_s)
+
+
+@_jit
 def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row."""
     v = _value(x)
@@ -250,7 +273,7 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     sd, step_sd = _scales(row)
     level = abs(v - row[MEAN]) / sd
     step = abs(v - row[LAST]) / step_sd if not math.isnan(row[LAST]) else 0.0
-    a_recent = p[P_A_RECENT]
+    a_recent = row[A_RECENT]
     entropy = 0.0
     for k in range(BINS):
         f = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
@@ -295,11 +318,13 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
         row[LOW], row[HIGH] = _min(row[LOW], v), _max(row[HIGH], v)
         if n >= p[P_RANGE] and t - row[T0] >= p[P_RANGE_MS]:
             row[RANGE_N] = n
+            _set_histogram_rates(row, p, (t - row[T0]) / 1000.0 / _max(n - 1.0, 1.0))
     else:
-        a = _max(1.0 / (n - row[RANGE_N]), p[P_A_HISTOGRAM])
+        a = _max(1.0 / (n - row[RANGE_N]), row[A_HISTOGRAM])
         for k in range(BINS):
             s = row[SLOW + k]
             row[SLOW + k] = s + a * ((1.0 if k == b else 0.0) - s)
+    a_recent = row[A_RECENT]  # the range may have closed just now
     for k in range(BINS):
         row[RECENT + k] = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
     # the views' likelihoods (the histogram views' once the range is set)
