@@ -95,20 +95,20 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     >>> quiet = max(det.score_learn_one({"t": signal(i)}, t(i)) for i in range(3000))
     >>> spike = [det.score_learn_one({"t": 25.0}, t(3000 + i)) for i in range(3)]
     >>> round(quiet, 2), round(spike[0], 2), spike[1:]  # the spike alarms once, then holds
-    (0.37, 0.52, [0.0, 0.0])
+    (0.38, 0.52, [0.0, 0.0])
     """
 
     name: ClassVar[str] = "episode_likelihood"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
 
-    def __init__(self, metric: str | None = None, warmup: int = 200, range_readings: int = 150, range_s: float = 0.0,
+    def __init__(self, metric: str | None = None, warmup: int = 60, range_readings: int = 150, range_s: float = 86_400.0,
                  histogram_warmup: int = 150, distribution_views: bool = True,
                  level_halflife: float = 2000.0, step_halflife: float = 2000.0,
                  likelihood_halflife: float = 10_000.0, short_alpha: float = 0.15, min_variance: float = 0.03,
                  hold_halflife: float = 300.0, clip: float = 3.0, histogram_halflife: float = 1000.0,
                  recent_halflife: float = 20.0, margin: float = 0.1, instant_weight: float = 1e-3,
-                 max_repeat_rate: float = 0.05, histogram_halflife_s: float = 0.0,
-                 recent_halflife_s: float = 0.0) -> None:
+                 max_repeat_rate: float = 0.2, histogram_halflife_s: float = 300_000.0,
+                 recent_halflife_s: float = 6_000.0, histogram_weight: float = 1000.0) -> None:
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
@@ -129,6 +129,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.max_repeat_rate = max_repeat_rate
         self.histogram_halflife_s = histogram_halflife_s
         self.recent_halflife_s = recent_halflife_s
+        self.histogram_weight = histogram_weight
         self._a_level = _decay(level_halflife)
         self._a_step = _decay(step_halflife)
         self._a_likelihood = _decay(likelihood_halflife)
@@ -200,7 +201,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         for j in range(judged):
             short, mean, var = shorts[j], self.views[j][1], self.views[j][2]
             z = (short - mean) / math.sqrt(max(var, self.min_variance))
-            tail = min(tail, _upper_tail(z))
+            tail = min(tail, _upper_tail(z) * (self.histogram_weight if j >= _HISTOGRAM_VIEWS else 1.0))
             if j == _STEP:
                 tail = min(tail, _upper_tail(-z))
         tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))

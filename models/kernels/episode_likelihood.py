@@ -65,7 +65,7 @@ Examples
 >>> t_ms = 1_700_000_000_000 + np.arange(4000, dtype=np.int64) // 2 * 60_000
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, N])
-(0.39, 0.5, 2000)
+(0.39, 0.51, 2000)
 >>> ref = EpisodeLikelihood()
 >>> ref_scores = [ref.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
 >>> bool(np.allclose(scores[1::2], ref_scores, rtol=1e-9)), bool(np.allclose(from_reference(ref), states[1]))
@@ -105,8 +105,8 @@ STATE_SIZE = STUCK + 4
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
  P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
- P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S) = range(18)
-P_STEP_TAIL = 18
+ P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT) = range(19)
+P_STEP_TAIL = 19
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -124,7 +124,7 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
                        detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
-                       detector.recent_halflife_s)
+                       detector.recent_halflife_s, detector.histogram_weight)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -237,7 +237,7 @@ def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float,
     tail = 1.0
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2], p[P_MIN_VARIANCE]))
-        tail = _min(tail, _upper_tail(z))
+        tail = _min(tail, _upper_tail(z) * (p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else 1.0))
         if j == _STEP:
             tail = _min(tail, _upper_tail(-z))
     tail = _min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
