@@ -6,7 +6,7 @@ runs the same arithmetic over a whole micro-batch of interleaved streams in one 
 
 State layout
 ------------
-A row has :data:`STATE_SIZE` (49) numbers; the counter is a float (exact below 2**53),
+A row has :data:`STATE_SIZE` (52) numbers; the counter is a float (exact below 2**53),
 ``last = None`` is NaN and the empty range is ``(+inf, -inf)``:
 
 =====================  ==========================================================
@@ -21,7 +21,7 @@ A row has :data:`STATE_SIZE` (49) numbers; the counter is a float (exact below 2
 ``A_HISTOGRAM``,       the slow and fast histograms' per-reading weights (set from the
 ``A_RECENT``           event-time half-lives when the range closes)
 ``HELD``               the held peak score (one alarm per episode)
-``VIEW + 3 j + k``     view ``j`` (level, step, recent distribution, rarity): ``k`` = 0
+``VIEW + 3 j + k``     view ``j`` (level, step, trend, recent distribution, rarity): ``k`` = 0
                        short average, 1 its long-run mean, 2 its long-run variance
 ``SLOW + b``           the slow histogram's share of bin ``b``
 ``RECENT + b``         the fast histogram's
@@ -81,7 +81,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.episode_likelihood import _FLOOR, _FLOOR_BINS, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, BINS, VIEWS, EpisodeLikelihood
+from models.episode_likelihood import _FLOOR, _FLOOR_BINS, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, _TREND, BINS, VIEWS, EpisodeLikelihood
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
                                           _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
@@ -105,8 +105,8 @@ STATE_SIZE = STUCK + 4
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
  P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
- P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT) = range(19)
-P_STEP_TAIL = 19
+ P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT, P_TREND_ALPHA, P_TREND_WEIGHT) = range(21)
+P_STEP_TAIL = 21
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -124,7 +124,8 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
                        detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
-                       detector.recent_halflife_s, detector.histogram_weight)
+                       detector.recent_halflife_s, detector.histogram_weight, detector.trend_alpha,
+                       detector.trend_weight)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -229,7 +230,7 @@ def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
 
 
 @_jit
-def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float], step: float,
+def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float, float], step: float,
            tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
     judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0
@@ -237,9 +238,12 @@ def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float,
     tail = 1.0
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2], p[P_MIN_VARIANCE]))
-        tail = _min(tail, _upper_tail(z) * (p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else 1.0))
+        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else p[P_TREND_WEIGHT] if j == _TREND else 1.0
+        tail = _min(tail, _upper_tail(z) * weight)
         if j == _STEP:
             tail = _min(tail, _upper_tail(-z))
+        elif j == _TREND:
+            tail = _min(tail, _upper_tail(-z) * weight)
     tail = _min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
     if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
         tail = _min(tail, _repeat_tail(_stuck(row), stuck_p, v))
@@ -273,6 +277,8 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     sd, step_sd = _scales(row)
     level = abs(v - row[MEAN]) / sd
     step = abs(v - row[LAST]) / step_sd if not math.isnan(row[LAST]) else 0.0
+    clip = p[P_CLIP]
+    signed = _max(-clip, _min(clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
     a_recent = row[A_RECENT]
     entropy = 0.0
     for k in range(BINS):
@@ -282,8 +288,9 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     alpha = p[P_SHORT_ALPHA]
     shorts = (row[VIEW] + alpha * (math.log1p(level) - row[VIEW]),
               row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
-              row[VIEW + 6] + alpha * (entropy - row[VIEW + 6]),
-              row[VIEW + 9] + alpha * (rarity - row[VIEW + 9]))
+              row[VIEW + 6] + p[P_TREND_ALPHA] * (signed - row[VIEW + 6]),
+              row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
+              row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]))
     n = row[N]
     out = 0.0
     if n >= warmup:
