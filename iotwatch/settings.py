@@ -285,7 +285,7 @@ class StreamSettings(_ConcernSettings):
                     "equal) -- see models/episode_likelihood.py")
     alert_fire_score: float = Field(0.40, gt=0, le=1, description="score that fires an anomaly alert "
                                     "(episode_likelihood: 0.40 is a tail probability of about 1e-7; NAB's "
-                                    "optimised threshold on nab-dev is 0.42)")
+                                    "optimised threshold on nab-dev is 0.39)")
     alert_clear_score: float = Field(0.35, ge=0, lt=1, description="score below which an open alert may clear")
     alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
                                                           "(1: the ensemble's calibration already smooths)")
