@@ -84,9 +84,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     event time (a day: a daily cycle seen whole), and the mean reading interval over that
     period turns the histograms' half-lives in event time (``histogram_halflife_s``,
     ``recent_halflife_s``) into per-reading weights, so a sensor read every 30 s and a
-    series sampled every 5 min compare the same hours of their lives. The baselines learn
-    unclipped through that period even when alerts start earlier (``warmup``). The
-    histogram views learn once the range is set and are judged ``histogram_warmup``
+    series sampled every 5 min compare the same hours of their lives. Past ``warmup`` the
+    baselines learn an outlier clipped to ``clip`` deviations (learning a young stream's
+    early spike whole would numb its step view for a day). The histogram views learn once the range is set and are judged ``histogram_warmup``
     readings later, unless ``distribution_views`` is off. The smallest tail of all views,
     in decades ``d``, scores ``d / (d + 10)``.
 
@@ -152,9 +152,6 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self._hold = 1.0 - _decay(hold_halflife)
         self._a_histogram = _decay(histogram_halflife)
         self._a_recent = _decay(recent_halflife)
-        #: Readings the baselines learn unclipped: a short alerting warm-up must not freeze a
-        #: scale learned before the stream showed its regular jumps (a square wave's edges).
-        self._learning = max(warmup, range_readings)
         self.n = 0
         self.mean = self.var = self.step_var = 0.0
         self.last: float | None = None
@@ -255,13 +252,13 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         n = self.n
         a = max(1.0 / n, self._a_level)
         r = v - self.mean
-        if n > self._learning:  # past the learning period an outlier moves the baseline by clip deviations at most
+        if n > self.warmup:  # past warm-up an outlier moves the baseline by clip deviations at most
             r = max(-self.clip * sd, min(self.clip * sd, r))
         self.mean += a * r
         self.var += a * (r * r - self.var)
         if self.last is not None:
             step = v - self.last
-            if n > self._learning:
+            if n > self.warmup:
                 step = max(-self.clip * step_sd, min(self.clip * step_sd, step))
             self.step_var += max(1.0 / n, self._a_step) * (step * step - self.step_var)
         self.last = v

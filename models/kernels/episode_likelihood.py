@@ -305,16 +305,15 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     n += 1.0
     row[N] = n
     clip = p[P_CLIP]
-    learning = _max(warmup, p[P_RANGE])
     a = _max(1.0 / n, p[P_A_LEVEL])
     r = v - row[MEAN]
-    if n > learning:
+    if n > warmup:
         r = _max(-clip * sd, _min(clip * sd, r))
     row[MEAN] += a * r
     row[VAR] += a * (r * r - row[VAR])
     if not math.isnan(row[LAST]):
         d = v - row[LAST]
-        if n > learning:
+        if n > warmup:
             d = _max(-clip * step_sd, _min(clip * step_sd, d))
         row[STEP_VAR] += _max(1.0 / n, p[P_A_STEP]) * (d * d - row[STEP_VAR])
     row[LAST] = v
