@@ -17,13 +17,18 @@ __all__ = ["BINS", "VIEWS", "EpisodeLikelihood"]
 #: each side) and one open bin below and one above it.
 BINS = 8
 #: Smoothed views: level, step, recent distribution (relative entropy), value rarity.
-VIEWS = 4
+VIEWS = 5
 #: The step view's position in ``views``; its lower tail is the *quiet* view.
 _STEP = 1
 #: Views from this position on read the histograms: judged once the range is set.
-_HISTOGRAM_VIEWS = 2
+_HISTOGRAM_VIEWS = 3
+#: The trend view's position: the short average of signed steps (a drift moves one way).
+_TREND = 2
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
+#: Runs of identical readings in the bins up to this one (below and at the bottom of the
+#: early range) are not judged: a count at zero, a meter at its idle load repeat by nature.
+_FLOOR_BINS = 1
 #: Decades of tail probability that score 0.5.
 _HALF_DECADES = 10.0
 
@@ -39,16 +44,20 @@ def _upper_tail(z: float) -> float:
 
 
 class EpisodeLikelihood(UnivariateMixin, Detector):
-    """The per-(device, metric) detector of the streaming job and ``score-csv``'s default.
+    """The per-(device, metric) detector of the streaming job and ``score-csv``'s default,
+    with one set of defaults for both (``StreamSettings.device_detector_params`` is empty).
 
-    Each reading gives four raw *surprises*:
+    Each reading gives five raw *surprises*:
 
-    - *level*: ``log1p`` of the z against a slow exponential baseline (drifts, shifts);
+    - *level*: ``log1p`` of the z against a slow exponential baseline (shifts);
     - *step*: ``log1p`` of the jump from the previous reading in step deviations (spikes,
       the onset of a shift, noise bursts);
-    - *recent distribution*: the relative entropy of a fast histogram of the last tens of
-      readings against a slow one (a change of shape within the usual range: a flat
-      stretch in a daily wave, a missing peak);
+    - *trend*: the signed step in step deviations, averaged with weight ``trend_alpha``
+      and judged both ways: noise reverses direction, a drift keeps going one way, so a
+      ramp shows here readings before its level stands out of a daily swing;
+    - *recent distribution*: the relative entropy of a fast histogram of the last hours
+      against a slow one (a change of shape within the usual range: a flat stretch in a
+      daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
       between or beyond the usual modes).
 
@@ -57,29 +66,34 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     variance of that average on this stream (a Gaussian upper tail), so a noisy stream
     must surprise more than a quiet one; the variance is floored at ``min_variance`` so
     that a stream whose surprises are nearly constant (a perfect square wave) is not
-    startled by its own regular jumps. Three more views judge at once what averaging
-    would blur:
+    startled by its own regular jumps. The trend's tail counts ``trend_weight`` times and
+    the histogram views' ``histogram_weight`` times more common than it is (their
+    Gaussian fit is the roughest: on sensors they would otherwise add false alarms).
+    Three more views judge at once what averaging would blur:
 
     - *quiet*: the step view's lower tail (a stream that moves much less than it did);
     - *instant step*: the step's Pareto tail (:class:`models.exceedance.ExceedanceTail`),
       counted ``1 / instant_weight`` times rarer (a Pareto tail errs on the side of
       common), so a lone spike alarms on its own reading;
     - *stuck*: a run of identical readings (:class:`models.repeat_run.RepeatRun`), judged
-      only on streams that repeat a reading at most ``max_repeat_rate`` of the time (on
-      count data, where repeats are common, runs are not news).
+      only on streams that repeat a reading at most ``max_repeat_rate`` of the time and,
+      once the range is set, not at its floor (a count at zero, an idle load).
 
-    The histograms' range is that of the first ``range_readings`` readings (the stream's
-    early, probationary part sets it); their views learn from then on and are judged
-    ``histogram_warmup`` readings later, unless ``distribution_views`` is off. They are
-    what periodic and count-like streams (NAB's) need; on the simulated sensors, whose
-    readings wander out of their early range, they add false alarms, so the streaming
-    job turns them off (``IOTWATCH_STREAM_DEVICE_DETECTOR_PARAMS``). The smallest tail of
-    all views, in decades ``d``, scores ``d / (d + 10)``.
+    Parameters are set per stream from its early, probationary part: the histograms'
+    range is that of its first ``range_readings`` readings and at least ``range_s`` of
+    event time (a day: a daily cycle seen whole), and the mean reading interval over that
+    period turns the histograms' half-lives in event time (``histogram_halflife_s``,
+    ``recent_halflife_s``) into per-reading weights, so a sensor read every 30 s and a
+    series sampled every 5 min compare the same hours of their lives. Past ``warmup`` the
+    baselines learn an outlier clipped to ``clip`` deviations (learning a young stream's
+    early spike whole would numb its step view for a day). The histogram views learn once the range is set and are judged ``histogram_warmup``
+    readings later, unless ``distribution_views`` is off. The smallest tail of all views,
+    in decades ``d``, scores ``d / (d + 10)``.
 
     Benchmarks and operators alike want one alarm per episode: a reading scores only when
     its score exceeds the *held* peak of earlier scores, which decays with half-life
     ``hold_halflife`` readings; otherwise it scores 0. Whatever the threshold, an episode
-    crosses it once. The state is 45 numbers (:mod:`models.kernels.episode_likelihood`
+    crosses it once. The state is 52 numbers (:mod:`models.kernels.episode_likelihood`
     has the layout and the compiled twin); no score for the first ``warmup`` readings.
 
     Examples
@@ -92,22 +106,25 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     >>> quiet = max(det.score_learn_one({"t": signal(i)}, t(i)) for i in range(3000))
     >>> spike = [det.score_learn_one({"t": 25.0}, t(3000 + i)) for i in range(3)]
     >>> round(quiet, 2), round(spike[0], 2), spike[1:]  # the spike alarms once, then holds
-    (0.37, 0.52, [0.0, 0.0])
+    (0.38, 0.52, [0.0, 0.0])
     """
 
     name: ClassVar[str] = "episode_likelihood"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
 
-    def __init__(self, metric: str | None = None, warmup: int = 200, range_readings: int = 150,
+    def __init__(self, metric: str | None = None, warmup: int = 60, range_readings: int = 150, range_s: float = 86_400.0,
                  histogram_warmup: int = 150, distribution_views: bool = True,
                  level_halflife: float = 2000.0, step_halflife: float = 2000.0,
                  likelihood_halflife: float = 10_000.0, short_alpha: float = 0.15, min_variance: float = 0.03,
                  hold_halflife: float = 300.0, clip: float = 3.0, histogram_halflife: float = 1000.0,
                  recent_halflife: float = 20.0, margin: float = 0.1, instant_weight: float = 1e-3,
-                 max_repeat_rate: float = 0.05) -> None:
+                 max_repeat_rate: float = 0.2, histogram_halflife_s: float = 300_000.0,
+                 recent_halflife_s: float = 6_000.0, histogram_weight: float = 1000.0,
+                 trend_alpha: float = 0.3, trend_weight: float = 1e6) -> None:
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
+        self.range_s = range_s
         self.histogram_warmup = histogram_warmup
         self.distribution_views = distribution_views
         self.level_halflife = level_halflife
@@ -122,6 +139,13 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.margin = margin
         self.instant_weight = instant_weight
         self.max_repeat_rate = max_repeat_rate
+        self.histogram_halflife_s = histogram_halflife_s
+        self.recent_halflife_s = recent_halflife_s
+        self.histogram_weight = histogram_weight
+        self.trend_alpha = trend_alpha
+        self.trend_weight = trend_weight
+        #: Each view's tail counted this many times more common (errs towards fewer alarms).
+        self._weights = (1.0, 1.0, trend_weight) + (histogram_weight,) * (VIEWS - _HISTOGRAM_VIEWS)
         self._a_level = _decay(level_halflife)
         self._a_step = _decay(step_halflife)
         self._a_likelihood = _decay(likelihood_halflife)
@@ -132,6 +156,13 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.mean = self.var = self.step_var = 0.0
         self.last: float | None = None
         self.low, self.high = math.inf, -math.inf
+        #: Event time of the first reading (ms; None: none yet) and the readings learned when
+        #: the range closed (0: still open).
+        self.t0: float | None = None
+        self.range_n = 0
+        #: The histograms' per-reading weights: from the half-lives in readings, or, once the
+        #: range closes, from those in event time over the stream's mean reading interval.
+        self.a_histogram, self.a_recent = self._a_histogram, self._a_recent
         self.held = 0.0
         #: Per view: short average of the surprise, long-run mean and variance of that average.
         self.views = [[0.0, 0.0, 0.0] for _ in range(VIEWS)]
@@ -160,7 +191,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         return 1 + int(position)
 
     def _recent_after(self, b: int) -> list[float]:
-        return [f * (1.0 - self._a_recent) + (self._a_recent if k == b else 0.0) for k, f in enumerate(self.recent)]
+        return [f * (1.0 - self.a_recent) + (self.a_recent if k == b else 0.0) for k, f in enumerate(self.recent)]
 
     def _deviations(self, v: float) -> tuple[float, float]:
         """|level z| and |step z| of ``v``."""
@@ -172,22 +203,28 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         level, step = self._deviations(v)
         entropy = sum(f * math.log((f + _FLOOR) / (s + _FLOOR)) for f, s in zip(self._recent_after(b), self.slow))
         rarity = -math.log(self.slow[b] + _FLOOR)
-        surprises = (math.log1p(level), math.log1p(step), entropy, rarity)
-        return [view[0] + self.short_alpha * (r - view[0]) for view, r in zip(self.views, surprises)]
+        _, step_sd = self._scales()
+        signed = max(-self.clip, min(self.clip, (v - self.last) / step_sd)) if self.last is not None else 0.0
+        surprises = (math.log1p(level), math.log1p(step), signed, entropy, rarity)
+        return [view[0] + (self.trend_alpha if j == _TREND else self.short_alpha) * (r - view[0])
+                for j, (view, r) in enumerate(zip(self.views, surprises))]
 
     def _score(self, v: float, t_ms: int, shorts: list[float]) -> float:
         """The smallest tail on the log scale (before the one-per-episode hold)."""
-        judged = (VIEWS if self.distribution_views and self.n >= self.range_readings + self.histogram_warmup
+        judged = (VIEWS if self.distribution_views and self.range_n and self.n >= self.range_n + self.histogram_warmup
                   else _HISTOGRAM_VIEWS)
         tail = 1.0
         for j in range(judged):
             short, mean, var = shorts[j], self.views[j][1], self.views[j][2]
             z = (short - mean) / math.sqrt(max(var, self.min_variance))
-            tail = min(tail, _upper_tail(z))
+            tail = min(tail, _upper_tail(z) * self._weights[j])
             if j == _STEP:
                 tail = min(tail, _upper_tail(-z))
-        tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]),
-                   self.stuck.tail({"value": v}, t_ms))
+            elif j == _TREND:
+                tail = min(tail, _upper_tail(-z) * self._weights[j])
+        tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))
+        if not self.range_n or self._bin(v) > _FLOOR_BINS:  # a run at the floor (zero counts, an idle load) is not a stuck sensor
+            tail = min(tail, self.stuck.tail({"value": v}, t_ms))
         decades = -math.log10(max(tail, 1e-300))
         return decades / (decades + _HALF_DECADES)
 
@@ -225,15 +262,20 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
                 step = max(-self.clip * step_sd, min(self.clip * step_sd, step))
             self.step_var += max(1.0 / n, self._a_step) * (step * step - self.step_var)
         self.last = v
-        if n <= self.range_readings:
+        if self.t0 is None:
+            self.t0 = float(t_ms)
+        if not self.range_n:
             self.low, self.high = min(self.low, v), max(self.high, v)
+            if n >= self.range_readings and t_ms - self.t0 >= 1000.0 * self.range_s:
+                self.range_n = n
+                self._set_histogram_rates((t_ms - self.t0) / 1000.0 / max(n - 1, 1))
         else:
-            a = max(1.0 / (n - self.range_readings), self._a_histogram)
+            a = max(1.0 / (n - self.range_n), self.a_histogram)
             self.slow = [s + a * ((1.0 if k == b else 0.0) - s) for k, s in enumerate(self.slow)]
         self.recent = self._recent_after(b)
         for j, (view, short) in enumerate(zip(self.views, shorts, strict=True)):
             # the histogram views learn their likelihood once the range is set
-            learned = n if j < _HISTOGRAM_VIEWS else n - self.range_readings
+            learned = n if j < _HISTOGRAM_VIEWS else (n - self.range_n if self.range_n else 0)
             view[0] = short
             if learned > 0:
                 a = max(1.0 / learned, self._a_likelihood)
@@ -241,11 +283,21 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
                 view[1] += a * delta
                 view[2] += a * (delta * delta - view[2])
 
+    def _set_histogram_rates(self, interval_s: float) -> None:
+        """Half-lives in event time, so a stream read every 30 s and one read every 5 min
+        compare the same hours of their lives (the range period gives the interval)."""
+        if interval_s > 0.0:
+            if self.histogram_halflife_s > 0.0:
+                self.a_histogram = _decay(self.histogram_halflife_s / interval_s)
+            if self.recent_halflife_s > 0.0:
+                self.a_recent = _decay(self.recent_halflife_s / interval_s)
+
     # --- state --------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
         return {"n": self.n, "mean": self.mean, "var": self.var, "step_var": self.step_var, "last": self.last,
-                "low": self.low, "high": self.high, "held": self.held, "views": [list(v) for v in self.views],
+                "low": self.low, "high": self.high, "t0": self.t0, "range_n": self.range_n,
+                "a_histogram": self.a_histogram, "a_recent": self.a_recent, "held": self.held, "views": [list(v) for v in self.views],
                 "slow": list(self.slow), "recent": list(self.recent), "step_tail": self.step_tail.to_state(),
                 "stuck": self.stuck.to_state()}
 
@@ -254,6 +306,10 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.mean, self.var, self.step_var = float(state["mean"]), float(state["var"]), float(state["step_var"])
         self.last = None if state["last"] is None else float(state["last"])
         self.low, self.high, self.held = float(state["low"]), float(state["high"]), float(state["held"])
+        self.t0 = None if state.get("t0") is None else float(state["t0"])
+        self.range_n = int(state.get("range_n", 0))
+        self.a_histogram = float(state.get("a_histogram", self._a_histogram))
+        self.a_recent = float(state.get("a_recent", self._a_recent))
         self.views = [[float(x) for x in v] for v in state["views"]]
         self.slow = [float(x) for x in state["slow"]]
         self.recent = [float(x) for x in state["recent"]]

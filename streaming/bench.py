@@ -28,6 +28,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract import Telemetry
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
+from models.catalog import make
 
 SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-up)
 
@@ -129,7 +130,7 @@ def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, 
         producer = Producer({**settings.kafka.client_config(), "linger.ms": 1})
         rng = random.Random(2)
         seq, started = 1, time.monotonic()
-        warmup = int(stream.device_detector_params.get("warmup", 60)) + 5
+        warmup = make(stream.device_detector, **stream.device_detector_params).warmup_readings() + 5
         while not stop.is_set():
             for device in range(devices):
                 spike = seq > warmup and (seq + device) % SPIKE_EVERY == 0

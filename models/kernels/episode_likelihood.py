@@ -6,7 +6,7 @@ runs the same arithmetic over a whole micro-batch of interleaved streams in one 
 
 State layout
 ------------
-A row has :data:`STATE_SIZE` (45) numbers; the counter is a float (exact below 2**53),
+A row has :data:`STATE_SIZE` (52) numbers; the counter is a float (exact below 2**53),
 ``last = None`` is NaN and the empty range is ``(+inf, -inf)``:
 
 =====================  ==========================================================
@@ -14,9 +14,14 @@ A row has :data:`STATE_SIZE` (45) numbers; the counter is a float (exact below 2
 ``MEAN``, ``VAR``      the slow level baseline
 ``STEP_VAR``           the variance of steps between readings
 ``LAST``               the previous reading (NaN: none yet)
-``LOW``, ``HIGH``      the histograms' range (set over the first ``range_readings``)
+``LOW``, ``HIGH``      the histograms' range (set over the first ``range_readings``
+                       readings and ``range_s`` of event time)
+``T0``                 the first reading's event time (ms; NaN: none yet)
+``RANGE_N``            readings learned when the range closed (0: still open)
+``A_HISTOGRAM``,       the slow and fast histograms' per-reading weights (set from the
+``A_RECENT``           event-time half-lives when the range closes)
 ``HELD``               the held peak score (one alarm per episode)
-``VIEW + 3 j + k``     view ``j`` (level, step, recent distribution, rarity): ``k`` = 0
+``VIEW + 3 j + k``     view ``j`` (level, step, trend, recent distribution, rarity): ``k`` = 0
                        short average, 1 its long-run mean, 2 its long-run variance
 ``SLOW + b``           the slow histogram's share of bin ``b``
 ``RECENT + b``         the fast histogram's
@@ -60,7 +65,7 @@ Examples
 >>> t_ms = 1_700_000_000_000 + np.arange(4000, dtype=np.int64) // 2 * 60_000
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, N])
-(0.39, 0.5, 2000)
+(0.39, 0.51, 2000)
 >>> ref = EpisodeLikelihood()
 >>> ref_scores = [ref.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
 >>> bool(np.allclose(scores[1::2], ref_scores, rtol=1e-9)), bool(np.allclose(from_reference(ref), states[1]))
@@ -76,19 +81,19 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.episode_likelihood import _FLOOR, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, BINS, VIEWS, EpisodeLikelihood
+from models.episode_likelihood import _FLOOR, _FLOOR_BINS, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, _TREND, BINS, VIEWS, EpisodeLikelihood
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
                                           _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
 
-__all__ = ["HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RECENT", "SLOW", "STATE_SIZE", "STEP_TAIL",
-           "STEP_VAR", "STUCK", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
+__all__ = ["A_HISTOGRAM", "A_RECENT", "HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT",
+           "SLOW", "STATE_SIZE", "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
            "to_reference", "warm"]
 
 # --- state layout ------------------------------------------------------------------------------
 
-N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD = range(8)
-VIEW = 8
+N, MEAN, VAR, STEP_VAR, LAST, LOW, HIGH, HELD, T0, RANGE_N, A_HISTOGRAM, A_RECENT = range(12)
+VIEW = 12
 SLOW = VIEW + 3 * VIEWS
 RECENT = SLOW + BINS
 STEP_TAIL = RECENT + BINS
@@ -99,8 +104,9 @@ STATE_SIZE = STUCK + 4
 # --- parameter layout --------------------------------------------------------------------------
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
- P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT) = range(15)
-P_STEP_TAIL = 15
+ P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
+ P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT, P_TREND_ALPHA, P_TREND_WEIGHT) = range(21)
+P_STEP_TAIL = 21
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -117,7 +123,9 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        1.0 if detector.distribution_views else 0.0, detector._a_level, detector._a_step,
                        detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
-                       detector.instant_weight)
+                       detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
+                       detector.recent_halflife_s, detector.histogram_weight, detector.trend_alpha,
+                       detector.trend_weight)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -128,7 +136,8 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
 def initial_state(params: np.ndarray) -> np.ndarray:
     """A fresh stream's row: what an untrained reference detector holds."""
     row = np.zeros(STATE_SIZE)
-    row[LAST], row[LOW], row[HIGH] = math.nan, math.inf, -math.inf
+    row[LAST], row[LOW], row[HIGH], row[T0] = math.nan, math.inf, -math.inf, math.nan
+    row[A_HISTOGRAM], row[A_RECENT] = params[P_A_HISTOGRAM], params[P_A_RECENT]
     row[SLOW:SLOW + BINS] = row[RECENT:RECENT + BINS] = 1.0 / BINS
     tail = np.zeros(TAIL_SIZE)
     put_initial_tail(tail, 0, params, P_STEP_TAIL)
@@ -147,7 +156,9 @@ def from_reference(detector: EpisodeLikelihood) -> np.ndarray:
         raise ValueError("the detector's members were not fed as it feeds them: no row holds this state")
     row = np.empty(STATE_SIZE)
     row[:VIEW] = (n, state["mean"], state["var"], state["step_var"],
-                  math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"])
+                  math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"],
+                  math.nan if state["t0"] is None else state["t0"], state["range_n"], state["a_histogram"],
+                  state["a_recent"])
     row[VIEW:SLOW] = [x for view in state["views"] for x in view]
     row[SLOW:RECENT] = state["slow"]
     row[RECENT:STEP_TAIL] = state["recent"]
@@ -165,7 +176,9 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> EpisodeLik
     n = int(r[N])
     last = None if math.isnan(r[LAST]) else r[LAST]
     state = {"n": n, "mean": r[MEAN], "var": r[VAR], "step_var": r[STEP_VAR], "last": last, "low": r[LOW],
-             "high": r[HIGH], "held": r[HELD], "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
+             "high": r[HIGH], "held": r[HELD], "t0": None if math.isnan(r[T0]) else r[T0], "range_n": int(r[RANGE_N]),
+             "a_histogram": r[A_HISTOGRAM], "a_recent": r[A_RECENT],
+             "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
              "slow": r[SLOW:RECENT], "recent": r[RECENT:STEP_TAIL],
              "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
              "stuck": {"n": max(n - 1, 0), "rate": r[STUCK_RATE], "last": last, "run": int(r[STUCK_RUN]),
@@ -217,25 +230,44 @@ def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
 
 
 @_jit
-def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float], step: float,
+def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float, float], step: float,
            tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
-    judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[N] >= p[P_RANGE] + p[P_HISTOGRAM_WARMUP]
-              else _HISTOGRAM_VIEWS)
+    judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0
+              and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP] else _HISTOGRAM_VIEWS)
     tail = 1.0
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2], p[P_MIN_VARIANCE]))
-        tail = _min(tail, _upper_tail(z))
+        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else p[P_TREND_WEIGHT] if j == _TREND else 1.0
+        tail = _min(tail, _upper_tail(z) * weight)
         if j == _STEP:
             tail = _min(tail, _upper_tail(-z))
-    tail = _min(_min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step)),
-                _repeat_tail(_stuck(row), stuck_p, v))
+        elif j == _TREND:
+            tail = _min(tail, _upper_tail(-z) * weight)
+    tail = _min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
+    if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
+        tail = _min(tail, _repeat_tail(_stuck(row), stuck_p, v))
     decades = -math.log10(_max(tail, 1e-300))
     return decades / (decades + _HALF_DECADES)
 
 
 @_jit
-def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
+def _decay(halflife: float) -> float:
+    return 1.0 - 0.5 ** (1.0 / halflife)
+
+
+@_jit
+def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> None:
+    """``EpisodeLikelihood._set_histogram_rates``."""
+    if interval_s > 0.0:
+        if p[P_HISTOGRAM_HALFLIFE_S] > 0.0:
+            row[A_HISTOGRAM] = _decay(p[P_HISTOGRAM_HALFLIFE_S] / interval_s)
+        if p[P_RECENT_HALFLIFE_S] > 0.0:
+            row[A_RECENT] = _decay(p[P_RECENT_HALFLIFE_S] / interval_s)
+
+
+@_jit
+def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row."""
     v = _value(x)
     if math.isnan(v):
@@ -245,7 +277,9 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, st
     sd, step_sd = _scales(row)
     level = abs(v - row[MEAN]) / sd
     step = abs(v - row[LAST]) / step_sd if not math.isnan(row[LAST]) else 0.0
-    a_recent = p[P_A_RECENT]
+    clip = p[P_CLIP]
+    signed = _max(-clip, _min(clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
+    a_recent = row[A_RECENT]
     entropy = 0.0
     for k in range(BINS):
         f = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
@@ -254,8 +288,9 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, st
     alpha = p[P_SHORT_ALPHA]
     shorts = (row[VIEW] + alpha * (math.log1p(level) - row[VIEW]),
               row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
-              row[VIEW + 6] + alpha * (entropy - row[VIEW + 6]),
-              row[VIEW + 9] + alpha * (rarity - row[VIEW + 9]))
+              row[VIEW + 6] + p[P_TREND_ALPHA] * (signed - row[VIEW + 6]),
+              row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
+              row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]))
     n = row[N]
     out = 0.0
     if n >= warmup:
@@ -283,18 +318,24 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, tail_p: tuple, st
         row[STEP_VAR] += _max(1.0 / n, p[P_A_STEP]) * (d * d - row[STEP_VAR])
     row[LAST] = v
     # the histograms
-    if n <= p[P_RANGE]:
+    if math.isnan(row[T0]):
+        row[T0] = t
+    if row[RANGE_N] == 0.0:
         row[LOW], row[HIGH] = _min(row[LOW], v), _max(row[HIGH], v)
+        if n >= p[P_RANGE] and t - row[T0] >= p[P_RANGE_MS]:
+            row[RANGE_N] = n
+            _set_histogram_rates(row, p, (t - row[T0]) / 1000.0 / _max(n - 1.0, 1.0))
     else:
-        a = _max(1.0 / (n - p[P_RANGE]), p[P_A_HISTOGRAM])
+        a = _max(1.0 / (n - row[RANGE_N]), row[A_HISTOGRAM])
         for k in range(BINS):
             s = row[SLOW + k]
             row[SLOW + k] = s + a * ((1.0 if k == b else 0.0) - s)
+    a_recent = row[A_RECENT]  # the range may have closed just now
     for k in range(BINS):
         row[RECENT + k] = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
     # the views' likelihoods (the histogram views' once the range is set)
     for j in range(VIEWS):
-        learned = n if j < _HISTOGRAM_VIEWS else n - p[P_RANGE]
+        learned = n if j < _HISTOGRAM_VIEWS else (n - row[RANGE_N] if row[RANGE_N] != 0.0 else 0.0)
         row[VIEW + 3 * j] = shorts[j]
         if learned > 0:
             a = _max(1.0 / learned, p[P_A_LIKELIHOOD])
@@ -312,8 +353,8 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
 
     One call takes a whole micro-batch, many streams interleaved; each stream's readings
     must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
-    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused:
-    the detector counts readings), ``params`` from :func:`params_vector`. A non-finite
+    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (they
+    close the histograms' range), ``params`` from :func:`params_vector`. A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
     of range, before learning anything.
     """
@@ -322,7 +363,7 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     stuck_p = (params[P_STUCK], params[P_STUCK + 1], params[P_STUCK + 2], params[P_STUCK + 3], params[P_STUCK + 4])
     out = np.empty(n)
     for i in range(n):
-        out[i] = _score_learn_one(states[stream[i]], values[i], params, tail_p, stuck_p)
+        out[i] = _score_learn_one(states[stream[i]], values[i], float(t_ms[i]), params, tail_p, stuck_p)
     return out
 
 

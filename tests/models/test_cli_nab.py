@@ -82,8 +82,12 @@ def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(tmp_path: P
     assert [r.getMessage() for r in caplog.records] == [result["warning"]]
 
 
-def test_score_csv_default_is_the_streaming_jobs_detector() -> None:
-    assert DEFAULT_DETECTOR == StreamSettings().device_detector
+def test_score_csv_default_is_the_streaming_jobs_detector_with_its_parameters() -> None:
+    """NAB and score-csv must measure what the job runs: same detector, same parameters."""
+    stream = StreamSettings()
+    job = make(stream.device_detector, **stream.device_detector_params)
+    assert DEFAULT_DETECTOR == stream.device_detector
+    assert make(DEFAULT_DETECTOR).get_params() == job.get_params()
 
 
 def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp_path: Path) -> None:

@@ -243,10 +243,12 @@ def test_state_hands_over_mid_stream_both_ways(nab: Readings, case: Case) -> Non
 
 @pytest.mark.parametrize("make", [
     lambda: EpisodeLikelihood(**StreamSettings().device_detector_params),
+    lambda: EpisodeLikelihood(warmup=200, range_s=0.0, histogram_halflife_s=0.0, recent_halflife_s=0.0,
+                              histogram_weight=1.0, trend_weight=1.0, max_repeat_rate=0.05),
     lambda: EpisodeLikelihood(metric="value", warmup=0, range_readings=10, histogram_warmup=0, short_alpha=0.5,
                               min_variance=1e-6, hold_halflife=5.0, clip=10.0, recent_halflife=3.0, margin=0.0,
                               instant_weight=1.0, max_repeat_rate=1.0),
-], ids=["streaming-job", "fast"])
+], ids=["streaming-job", "counted-in-readings", "fast"])
 def test_episode_likelihood_other_parameters_agree(nab: Readings, make: Callable[[], EpisodeLikelihood]) -> None:
     case = CASES["episode_likelihood"]
     np.testing.assert_array_equal(episode_kernel.initial_state(episode_kernel.params_vector(make())),
