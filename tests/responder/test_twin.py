@@ -17,7 +17,6 @@ from iotwatch.cli import cli
 from iotwatch.contract import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
 from iotwatch.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.settings import Settings
-from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from tests.helpers import InThread, wait_for
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
