@@ -183,7 +183,24 @@ def spark_session(app_name: str, master: str | None = "local[2]", *, shuffle_par
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    _quiet_accumulator_server(spark)
+    return spark
+
+
+def _quiet_accumulator_server(spark: SparkSession) -> None:
+    """PySpark's accumulator server is a ``socketserver`` that prints a traceback to stderr
+    when the JVM closes a connection mid-update -- as it does when a stop interrupts a job
+    (a SIGTERM during the first micro-batch, with the workers' warm-up job still running).
+    It means nothing to a user: log it at DEBUG like the JVM's reports of interrupted work."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+
+    def handle_error(request: object, client_address: object) -> None:
+        log.debug("accumulator update from %s ended early (Spark stopping)", client_address, exc_info=True)
+
+    server.handle_error = handle_error
 
 
 @contextmanager
