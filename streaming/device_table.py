@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from streaming.cleaning import scored_names
 from streaming.device_state import BUCKET_FIELDS, CORE_FIELDS, EPISODE_FIELDS, MAX_EVENT_MS, SEQ_HIGH, DeviceState
 
 #: First bytes of a serialised table, and of a compressed one (a state-store value of the
@@ -135,7 +136,7 @@ class DeviceTable:
     def take(self, rows: np.ndarray) -> DeviceTable:
         """The devices ``rows`` (distinct), in that order."""
         rows = _ints(rows)
-        new_of = np.full(len(self) + 1, -1, dtype=np.int64)
+        new_of = np.full(len(self), -1, dtype=np.int64)
         new_of[rows] = np.arange(len(rows))
 
         def grouped(device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +278,7 @@ class DeviceTable:
         table.metric_device = np.repeat(np.arange(len(states)), counts)
         table.metric_name = _strings([m for s in states for m in s.metrics])
         table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
-        from streaming.cleaning import scored_names  # which metrics have a detector row, in the previous layout
+        # the previous layout kept a detector row for each scored metric, in metric order
         watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
         table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
         table.detectors = np.ascontiguousarray(np.concatenate([s.detectors for s in states]).reshape(-1, state_size))

@@ -427,11 +427,9 @@ class PartitionEngine:
         timer): raise ``device_silent`` and flush their open aggregate buckets."""
         alerts: list[dict[str, Any]] = []
         device_ids = list(device_ids)
-        store.load_many(device_ids)
-        known = [d for d, found in zip(device_ids, store.found.tolist(), strict=True) if found]
-        batch = _Batch.single(known, store.load_many(known))
+        batch = _Batch.single(device_ids, store.load_many(device_ids))
         table = batch.table
-        for d in range(len(known)):
+        for d in np.flatnonzero(store.found).tolist():  # the store keeps nothing of devices never heard from
             episode = batch.episode(d, rules.SILENT)
             context = batch.context(d, self.model_version)
             newest = max(int(table.core[d, MAX_EVENT_MS]), 0)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from streaming.device_state import LAST_WALL_MS, DeviceState
+from streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
 from streaming.device_table import COMPRESSED, MAGIC, DeviceTable
 
 
@@ -89,11 +89,16 @@ class ShardedStore:
 
     def save_many(self, table: DeviceTable, now_ms: int) -> None:
         """Write back the devices of the last :meth:`load_many` (``table``, same order), with
-        the rest of their shards; devices silent past the TTL are dropped."""
+        the rest of their shards; devices silent past the TTL are dropped, and so are rows
+        of devices never heard from (asked for, not found, given no record)."""
         self.written = {"state_bytes": 0, "state_devices": 0}
-        order = np.argsort(self._shard_of, kind="stable")
+        shard_of = self._shard_of
+        heard = table.core[:, RECEIVED] > 0
+        if not heard.all():
+            table, shard_of = table.take(np.flatnonzero(heard)), shard_of[heard]
+        order = np.argsort(shard_of, kind="stable")
         by_shard = table.take(order)
-        shard_of = self._shard_of[order]
+        shard_of = shard_of[order]
         bounds = np.searchsorted(shard_of, np.array(sorted(self._loaded) + [self.shards]))
         for (shard, old), lo, hi in zip(sorted(self._loaded.items()), bounds[:-1], bounds[1:], strict=True):
             fresh = by_shard.slice(lo, hi)
@@ -138,12 +143,3 @@ def decode_legacy_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
         entries[name] = (last_wall_ms, bytes(view[at:at + blob_len]))
         at += blob_len
     return entries
-
-
-def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
-    """The previous layout (tests of :func:`decode_legacy_shard`)."""
-    out = bytearray()
-    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
-        name = device_id.encode()
-        out += _ENTRY.pack(len(name), last_wall_ms, len(blob)) + name + blob
-    return bytes(out)

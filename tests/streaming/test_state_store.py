@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import random
+import struct
 
 import numpy as np
 
 from streaming.device_state import LAST_WALL_MS, RECEIVED
 from streaming.device_table import DeviceTable
-from streaming.state_store import MemoryStore, ShardedStore, DictMapState, encode_legacy_shard
+from streaming.state_store import DictMapState, MemoryStore, ShardedStore
 from tests.streaming.test_engine import Harness, _comparable, record
+
+
+def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
+    """A shard of the previous layout: (id length, last wall ms, state length, id, state) each."""
+    out = bytearray()
+    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
+        name = device_id.encode()
+        out += struct.pack("<IqI", len(name), last_wall_ms, len(blob)) + name + blob
+    return bytes(out)
 
 
 def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
@@ -61,10 +71,14 @@ def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_
     again = store.load_many(["c", "d"])
     assert store.found.tolist() == [True, False] and again.core[:, RECEIVED].tolist() == [3, 0]
     again.core[:, LAST_WALL_MS] = 2_000
+    again.core[1, RECEIVED] = 1  # d sent a record this batch
     store.save_many(again, now_ms=2_000)  # a and b (last heard at 100) are past the TTL if in a rewritten shard
     left = {d for d in "abcd" if store.load(d) is not None}
     rewritten = set(store.shard_of(["c", "d"]).tolist())
     assert left == {"c", "d"} | {d for d in "ab" if int(store.shard_of([d])[0]) not in rewritten}
+    store.load_many(["c", "e"])  # e asked for (say, by the silence timer) but never heard from
+    store.save_many(store.load_many(["c", "e"]), now_ms=2_000)
+    assert store.load("e") is None and store.load("c") is not None
 
 
 def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
