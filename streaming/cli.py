@@ -18,7 +18,6 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 
 if TYPE_CHECKING:
-
     from streaming.job import RunningJob
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.influx import drop_kept_client, kept_client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.schemas import TALLY_FIELDS
@@ -183,19 +183,10 @@ class ProgressReporter:
         """Metrics are derived data: a failed write is logged and counted, not fatal."""
         assert self.influx is not None
         now_ms = int(time.time() * 1000)
-        client = InfluxV1Client(self.influx)
         try:
-            client.write_points([pipeline_point(batch, now_ms), pipeline_point(progress, now_ms, stage="stream_progress")])
+            kept_client(self.influx).write_points([pipeline_point(batch, now_ms),
+                                                   pipeline_point(progress, now_ms, stage="stream_progress")])
         except IotwatchError as exc:
+            drop_kept_client(self.influx)
             self.totals["influx_write_failures"] += 1
             log.warning("pipeline health not written to InfluxDB (derived data; the pipeline goes on): %s", exc)
-        finally:
-            client.close()
-
-    def wait_for(self, batch_id: int, timeout_s: float = 10.0) -> bool:
-        """Block until the progress of ``batch_id`` has been counted; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.last_batch_id < batch_id and time.monotonic() < deadline:
-            self.poll()
-            time.sleep(0.05)
-        return self.last_batch_id >= batch_id

@@ -86,6 +86,32 @@ class InfluxV1Client:
         return list(first.get("series", []))
 
 
+#: Clients kept by :func:`kept_client`, one per configuration.
+_kept: dict[str, InfluxV1Client] = {}
+
+
+def _key(settings: InfluxSettings) -> str:
+    secrets = [secret.get_secret_value() for secret in (settings.token, settings.password) if secret]
+    return settings.model_dump_json() + repr(secrets)
+
+
+def kept_client(settings: InfluxSettings) -> InfluxV1Client:
+    """A client kept for the process's life (its HTTP connection stays open), for writers
+    that write every few hundred milliseconds; :func:`drop_kept_client` after a failure."""
+    key = _key(settings)
+    client = _kept.get(key)
+    if client is None:
+        client = _kept[key] = InfluxV1Client(settings)
+    return client
+
+
+def drop_kept_client(settings: InfluxSettings) -> None:
+    """Close and forget the kept client (the next :func:`kept_client` opens a fresh one)."""
+    client = _kept.pop(_key(settings), None)
+    if client is not None:
+        client.close()
+
+
 def event_time_ns(ms: int, key: str) -> int:
     """An event's time in nanoseconds: its millisecond plus an offset taken from ``key`` (an
     alert or command id), so two events in one millisecond stay two points and writing the

@@ -15,7 +15,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.influx import drop_kept_client, kept_client
 from iotwatch.deadletter import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from streaming.engine import BatchOutput
 
 log = logging.getLogger(__name__)
-
-#: One InfluxDB client (an HTTP session, its connection kept alive) per configuration and
-#: Python worker, kept between micro-batches; dropped after a failed write.
-_influx_clients: dict[str, InfluxV1Client] = {}
 
 
 def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
@@ -73,17 +69,12 @@ class EventSinks:
         """Metrics are derived data (recomputable from the archive): a failed write is logged
         and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
         assert self.influx is not None
-        key = self.influx.model_dump_json() + repr([secret.get_secret_value() for secret in
-                                                   (self.influx.token, self.influx.password) if secret])
-        client = _influx_clients.get(key)
-        if client is None:
-            client = _influx_clients[key] = InfluxV1Client(self.influx)
+        client = kept_client(self.influx)  # one HTTP session per worker, kept between micro-batches
         try:
             for start in range(0, len(points), 5000):
                 client.write_points(points[start:start + 5000])
             return 0
         except IotwatchError as exc:
             log.warning("aggregates not written to InfluxDB: %s", exc)
-            _influx_clients.pop(key, None)
-            client.close()
+            drop_kept_client(self.influx)
             return 1
