@@ -21,7 +21,7 @@ import atexit
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -121,12 +121,15 @@ def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBat
     return pack_messages(part.partition, rows)
 
 
+@dataclass
 class _Cached:
-    """A consumer kept in a Python worker between tasks, where it stopped reading."""
+    """A consumer kept in a Python worker between tasks: the offset it will deliver next
+    (-1: unknown, re-assign) and the records it read past the last range's end."""
 
-    def __init__(self, consumer: Any, position: int, leftover: list[Any]) -> None:
-        self.consumer, self.position, self.leftover = consumer, position, leftover
-        self.used_at = time.monotonic()
+    consumer: Any
+    position: int = -1
+    leftover: list[Any] = field(default_factory=list)
+    used_at: float = field(default_factory=time.monotonic)
 
 
 class ConsumerCache:
@@ -160,7 +163,7 @@ class ConsumerCache:
             consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, **opts.config,
                                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": reset,
                                  "logger": librdkafka_logger()})
-            cached = _Cached(consumer, -1, [])
+            cached = _Cached(consumer)
         if cached.position != part.start:
             cached.consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
             cached.position, cached.leftover = part.start, []
