@@ -131,6 +131,12 @@ class Responder:
         self._remember(audit)
 
     def _remember(self, audit: CommandAudit) -> None:
+        """Keep the newest step of each command. The follower reads back this responder's own
+        records after it acted on them, so an older step of a command must not replace a newer
+        one (it would re-run the step: a second escalation, seen in CI)."""
+        known = self.audits.get(audit.command_id)
+        if known is not None and len(known.history) > len(audit.history):
+            return
         self.audits[audit.command_id] = audit
         key = (audit.alert_id, audit.policy)
         if key not in self.latest or self.latest[key].attempt <= audit.attempt:

@@ -5,6 +5,7 @@ bad replies are dead-lettered, and a restart sends nothing twice."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 
 from iotwatch.cli import cli
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
-from iotwatch.oncall import CommandAudit, decode
+from iotwatch.oncall import CommandAudit, CommandOutcome, decode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
@@ -129,3 +130,17 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     table = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers],
                                env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands})
     assert table.exit_code == 0 and "escalated" in table.stdout and "close_valve" in table.stdout
+
+
+def test_a_step_read_back_after_a_newer_one_does_not_undo_it(test_settings: Settings) -> None:
+    """The responder follows the command topic it writes: its own older records come back after
+    it moved on. Taking them as news re-ran the timeout and escalated a second time (CI)."""
+    responder = Responder(test_settings, DEFAULT_POLICIES, threading.Event())
+    sent = CommandAudit(1, "c1", "reset-stuck-hvac", "a1", "stuck_hvac", THERMOSTAT, "thermostat", SITE,
+                        "reset_hvac", "responder", 1_000, 9_000, 2, CommandOutcome.SENT).with_step(
+        CommandOutcome.SENT, 1_000)
+    escalated = sent.with_step(CommandOutcome.TIMED_OUT, 9_000).with_step(CommandOutcome.ESCALATED, 9_000)
+    responder._remember(escalated)
+    responder._remember(sent)  # read back from the topic
+    assert responder.audits["c1"].status == CommandOutcome.ESCALATED
+    assert responder.latest[("a1", "reset-stuck-hvac")].status == CommandOutcome.ESCALATED
