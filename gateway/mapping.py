@@ -101,7 +101,9 @@ class CompiledRule:
     def __init__(self, rule: MappingRule, topics: TopicSettings) -> None:
         self.rule = rule
         self.validate_contract = rule.validate_contract
-        self.matches = filter_regex(rule.mqtt_filter).match
+        #: the filter, with ``{topics.*}`` filled (the default rule's is the telemetry filter setting)
+        self.mqtt_filter = rule.mqtt_filter.format(topics=topics) if "{" in rule.mqtt_filter else rule.mqtt_filter
+        self.matches = filter_regex(self.mqtt_filter).match
         self._topic = _Template(rule.kafka_topic, topics)
         self._key = _Template(rule.key, topics)
 
@@ -128,7 +130,7 @@ class Router:
         self.compiled = [CompiledRule(rule, topics) for rule in rules]
 
     def subscriptions(self) -> list[str]:
-        return list(dict.fromkeys(rule.mqtt_filter for rule in self.rules))
+        return list(dict.fromkeys(compiled.mqtt_filter for compiled in self.compiled))
 
     def static_topics(self) -> list[str]:
         """Kafka topics known before any message arrives (templates using only ``{topics.*}``),

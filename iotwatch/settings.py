@@ -207,7 +207,8 @@ class StackSettings(_ConcernSettings):
 
 
 class MappingRule(BaseModel):
-    """Routes MQTT messages matching ``mqtt_filter`` to a Kafka topic.
+    """Routes MQTT messages matching ``mqtt_filter`` (``{topics.*}`` filled: the default is the
+    ``[topics] mqtt_telemetry_filter`` setting) to a Kafka topic.
 
     ``kafka_topic`` and ``key`` are templates: ``{1}`` is the MQTT topic's second level
     (levels count from 0), ``{payload.device_id}`` a top-level payload field, and ``{topics.raw}``
@@ -217,7 +218,7 @@ class MappingRule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mqtt_filter: str = "iot/+/+/+/telemetry"
+    mqtt_filter: str = "{topics.mqtt_telemetry_filter}"
     kafka_topic: str = "{topics.raw}"
     key: str = "{payload.device_id}"
     validate_contract: bool = Field(True, description="check the telemetry contract; invalid -> dead letters")

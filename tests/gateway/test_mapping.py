@@ -36,3 +36,15 @@ def test_templates_route_by_constant_field_level_and_format() -> None:
         router.match("x/y").route("x/y", {})
     with pytest.raises(RoutingError):
         router.match("nothing/here")
+
+
+def test_the_default_rule_subscribes_to_the_telemetry_filter_setting() -> None:
+    """``[topics] mqtt_telemetry_filter`` narrows what the gateway takes (the benchmark's
+    gateways took every site's telemetry, queued in their sessions after they stopped)."""
+    topics = TopicSettings(mqtt_telemetry_filter="iot/site-7/+/+/telemetry")
+    router = Router([MappingRule()], topics)
+    assert router.subscriptions() == ["iot/site-7/+/+/telemetry"]
+    assert router.match("iot/site-7/thermostat/d1/telemetry")
+    with pytest.raises(RoutingError):
+        router.match("iot/site-8/thermostat/d1/telemetry")
+    assert Router([MappingRule()], TopicSettings()).subscriptions() == ["iot/+/+/+/telemetry"]
