@@ -121,6 +121,22 @@ def split_ranges(ranges: list[tuple[str, int, int, int]], min_partitions: int | 
     return out
 
 
+def group_ranges(ranges: list[tuple[str, int, int, int]], max_groups: int | None
+                 ) -> list[list[tuple[str, int, int, int]]]:
+    """Ranges in at most ``max_groups`` groups of about equal size (largest first, each to
+    the smallest group so far), so a micro-batch with more moving partitions than cores is
+    read by one task per core rather than in waves of tasks that each cost a set-up."""
+    if not max_groups or len(ranges) <= max_groups:
+        return [[r] for r in ranges]
+    groups: list[list[tuple[str, int, int, int]]] = [[] for _ in range(max_groups)]
+    sizes = [0] * max_groups
+    for r in sorted(ranges, key=lambda r: r[2] - r[3]):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(r)
+        sizes[smallest] += r[3] - r[2]
+    return [sorted(g) for g in groups if g]
+
+
 class OffsetClient:
     """Partition discovery, earliest offsets and confirmed log ends, for the driver.
 

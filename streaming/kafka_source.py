@@ -4,15 +4,16 @@ Why it exists: Spark's own Kafka connector is a Maven jar (``spark-sql-kafka-0-1
 that cannot be installed where iotwatch is developed and tested, and PySpark ships
 none. This source reads Kafka with confluent-kafka and behaves like the connector:
 same columns, same option names (``kafka.*``, ``subscribe``, ``startingOffsets``,
-``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``), offsets kept in
+``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``; plus ``maxPartitions``), offsets kept in
 Spark's checkpoint as ``{topic: {"partition": next_offset}}``. Deployments that do
 have the jar choose it with ``read_kafka_stream(..., source="spark")``.
 
 Layout: the driver keeps one long-lived :class:`KafkaStreamReader` (Spark runs it in a
 Python process for the life of the query) that plans offset ranges with
 :class:`~streaming.kafka_offsets.OffsetClient`; each range becomes one
-:class:`KafkaRange` task whose ``read()`` runs on an executor with its own consumer,
-built from the options alone, so the same code runs under ``spark-submit`` on a cluster.
+:class:`KafkaRange` task (or ranges are grouped into ``maxPartitions`` tasks) whose
+``read()`` runs on an executor with its own consumer, built from the options alone, so
+the same code runs under ``spark-submit`` on a cluster.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pyspark.sql.types import (
 
 from streaming.kafka_offsets import (
     EARLIEST, LATEST, TP, KafkaDataLossError, OffsetClient, client_config, fair_share,
-    from_json, parse_offsets_option, split_ranges, to_json,
+    from_json, group_ranges, parse_offsets_option, split_ranges, to_json,
 )
 
 if TYPE_CHECKING:
@@ -68,6 +69,13 @@ class KafkaRange(InputPartition):
     partition: int
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class KafkaRanges(InputPartition):
+    """Several ranges read one after another by one task (option ``maxPartitions``)."""
+
+    ranges: tuple[KafkaRange, ...]
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,11 @@ class ConsumerCache:
     IDLE_S = 60.0
     #: Prefetch queue per cached consumer (librdkafka's default is 64 MiB).
     QUEUE_KBYTES = "16384"
+    #: How long the broker may hold a fetch that finds nothing new (librdkafka's default
+    #: is 500 ms). A cached consumer has a fetch outstanding when the next range starts; a
+    #: broker that does not answer it as soon as records arrive (the embedded Tansu) made
+    #: the read wait for up to this long: 70-450 ms of each read task at 5,000 readings/s.
+    FETCH_WAIT_MS = "10"
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], _Cached] = {}
@@ -160,7 +173,8 @@ class ConsumerCache:
         if cached is None:
             from iotwatch.logs import librdkafka_logger
 
-            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, **opts.config,
+            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES,
+                                 "fetch.wait.max.ms": self.FETCH_WAIT_MS, **opts.config,
                                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": reset,
                                  "logger": librdkafka_logger()})
             cached = _Cached(consumer)
@@ -272,6 +286,17 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     freeze_imports()  # the first range has loaded everything a read needs
 
 
+def read_task(opts: ReadOptions, task: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The records of one read task: a range, or a group of ranges in turn."""
+    if isinstance(task, KafkaRanges):
+        for part in task.ranges:
+            yield from read_range(opts, part)
+    elif isinstance(task, KafkaRange):
+        yield from read_range(opts, task)
+    else:
+        raise TypeError(f"not a Kafka read task: {task!r}")
+
+
 class _Planner:
     """Offset planning shared by the streaming and the batch reader (driver side)."""
 
@@ -282,8 +307,9 @@ class _Planner:
             raise ValueError("option 'subscribe' (comma-separated topics) is required; "
                              "subscribePattern and assign are not supported")
         self.topics = [t.strip() for t in opts["subscribe"].split(",") if t.strip()]
-        min_parts = opts.get("minpartitions")
+        min_parts, max_parts = opts.get("minpartitions"), opts.get("maxpartitions")
         self.min_partitions = int(min_parts) if min_parts else None
+        self.max_partitions = int(max_parts) if max_parts else None
         self.client = OffsetClient(self.read_options.config,
                                    probe_timeout_s=int(opts.get("logendprobetimeoutms", "2000")) / 1000)
         self.lows: dict[TP, int] = {}
@@ -298,6 +324,12 @@ class _Planner:
             wanted = spec.get(tp, EARLIEST) if isinstance(spec, dict) else (LATEST if spec == "latest" else EARLIEST)
             resolved[tp] = ends[tp] if wanted == LATEST else self.lows[tp] if wanted == EARLIEST else wanted
         return resolved
+
+    def tasks(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[InputPartition]:
+        """The read tasks: :meth:`ranges`, grouped into ``maxPartitions`` tasks at most."""
+        groups = group_ranges([(r.topic, r.partition, r.start, r.end) for r in self.ranges(start, end)],
+                              self.max_partitions)
+        return [KafkaRange(*g[0]) if len(g) == 1 else KafkaRanges(tuple(KafkaRange(*r) for r in g)) for g in groups]
 
     def ranges(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[KafkaRange]:
         """One range per partition that moved (split further for ``minPartitions``)."""
@@ -368,12 +400,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return to_json(self._latest) if self._latest else None
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
-        return self._plan.ranges(from_json(start), from_json(end))
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return self._plan.tasks(from_json(start), from_json(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaRange)
-        return read_range(self._plan.read_options, partition)
+        return read_task(self._plan.read_options, partition)
 
     def commit(self, end: dict) -> None:
         """Offsets live in Spark's checkpoint; nothing is committed to Kafka."""
@@ -391,7 +422,7 @@ class KafkaBatchReader(DataSourceReader):
         try:
             start = plan.resolve(parse_offsets_option(opts.get("startingoffsets"), "earliest"))
             end = plan.resolve(parse_offsets_option(opts.get("endingoffsets"), "latest"))
-            self._ranges = plan.ranges(start, end)
+            self._ranges = plan.tasks(start, end)
         finally:
             plan.client.close()
         self._read_options = plan.read_options
@@ -400,10 +431,9 @@ class KafkaBatchReader(DataSourceReader):
         return list(self._ranges) or [KafkaRange("", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaRange)
-        if partition.end <= partition.start:
+        if isinstance(partition, KafkaRange) and partition.end <= partition.start:
             return iter(())
-        return read_range(self._read_options, partition)
+        return read_task(self._read_options, partition)
 
 
 class KafkaDataSource(DataSource):
@@ -475,7 +505,10 @@ def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     if packed and source == "python":
-        return reader.option("layout", "packed").option("chunkRows", "20000").load()
+        # one read task per core: with more Kafka partitions than cores, tasks in waves
+        # would each pay a task's set-up in every micro-batch
+        return (reader.option("layout", "packed").option("chunkRows", "20000")
+                .option("maxPartitions", str(spark.sparkContext.defaultParallelism)).load())
     frame = reader.load()
     if not packed:
         return frame

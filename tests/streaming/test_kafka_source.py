@@ -14,7 +14,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import KafkaSettings, Settings
-from streaming.kafka_offsets import KafkaDataLossError, OffsetClient, fair_share, parse_offsets_option, split_ranges
+from streaming.kafka_offsets import (
+    KafkaDataLossError, OffsetClient, fair_share, group_ranges, parse_offsets_option, split_ranges,
+)
 from streaming.kafka_source import (
     KafkaDataSource, KafkaRange, KafkaStreamReader, ReadOptions, _Planner, kafka_options,
     _CONSUMERS, read_kafka_batch, read_kafka_stream, read_range,
@@ -301,3 +303,17 @@ def test_batch_read(spark, stack_settings: Settings, unique: str) -> None:
              .option("subscribe", topic).option("minPartitions", "8").load())
     assert split.rdd.getNumPartitions() == 8
     assert split.select("partition", "offset").distinct().count() == 1000
+    # more moving partitions than maxPartitions: tasks read several ranges in turn
+    grouped = (spark.read.format("iotwatch-kafka").options(**kafka_options(stack_settings.kafka, "python"))
+               .option("subscribe", topic).option("maxPartitions", "2").load())
+    assert grouped.rdd.getNumPartitions() == 2
+    assert grouped.select("partition", "offset").distinct().count() == grouped.count() == 1000
+
+
+def test_group_ranges_for_max_partitions() -> None:
+    ranges = [("t", p, 0, size) for p, size in enumerate([500, 400, 300, 200, 100, 100])]
+    groups = group_ranges(ranges, 2)
+    assert len(groups) == 2 and sorted(r for g in groups for r in g) == ranges
+    assert sorted(sum(e - s for _, _, s, e in g) for g in groups) == [800, 800]
+    assert group_ranges(ranges, None) == [[r] for r in ranges] == group_ranges(ranges, 6)
+
