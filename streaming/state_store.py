@@ -105,7 +105,9 @@ class ShardedStore:
             keep = old.core[:, LAST_WALL_MS] + self.ttl_ms > now_ms
             if len(old):
                 keep &= pd.Index(fresh.ids).get_indexer(old.ids) < 0
-            merged = DeviceTable.concat([old.take(np.flatnonzero(keep)), fresh])
+            # (a shard whose devices all reported, or none did, needs no selection)
+            merged = fresh if not keep.any() else DeviceTable.concat([old if keep.all() else old.take(
+                np.flatnonzero(keep)), fresh])
             blob = merged.to_bytes()
             self.state.updateValue((shard,), (blob,))
             self.written["state_bytes"] += len(blob)
