@@ -117,7 +117,7 @@ class Gateway:
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": 0,  # retry until delivered: an outage delays, never drops
-            "linger.ms": 5,
+            "linger.ms": self.config.linger_ms,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
             "compression.type": "lz4",

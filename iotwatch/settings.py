@@ -235,6 +235,8 @@ class GatewaySettings(_ConcernSettings):
     mqtt_protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT 5 bounds in-flight messages with Receive Maximum")
     session_expiry_s: int = Field(7 * 24 * 3600, description="how long the broker queues for a stopped gateway (MQTT 5)")
     max_inflight: int = Field(2000, ge=1, description="messages received but not yet confirmed by Kafka")
+    linger_ms: int = Field(10, ge=0, description="how long the Kafka producer waits to fill a batch: added latency "
+                           "against fewer, larger produce requests (under load batches fill while a request is out)")
     max_payload_bytes: int = Field(256 * 1024, ge=1)
     max_future_skew_ms: int = Field(24 * 3600 * 1000, ge=0)
     rules: list[MappingRule] = Field(default_factory=lambda: [MappingRule()])
