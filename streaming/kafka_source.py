@@ -156,11 +156,6 @@ class ConsumerCache:
     IDLE_S = 60.0
     #: Prefetch queue per cached consumer (librdkafka's default is 64 MiB).
     QUEUE_KBYTES = "16384"
-    #: How long the broker may hold a fetch that finds nothing new (librdkafka's default
-    #: is 500 ms). A cached consumer has a fetch outstanding when the next range starts; a
-    #: broker that does not answer it as soon as records arrive (the embedded Tansu) made
-    #: the read wait for up to this long: 70-450 ms of each read task at 5,000 readings/s.
-    FETCH_WAIT_MS = "10"
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], _Cached] = {}
@@ -173,8 +168,7 @@ class ConsumerCache:
         if cached is None:
             from iotwatch.logs import librdkafka_logger
 
-            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES,
-                                 "fetch.wait.max.ms": self.FETCH_WAIT_MS, **opts.config,
+            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, **opts.config,
                                  "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": reset,
                                  "logger": librdkafka_logger()})
             cached = _Cached(consumer)
