@@ -229,10 +229,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         return min(max(2.0 - self.step_tail._rate / self.trend_clip_rate, 0.0), 1.0)
 
     def _trend_clip(self) -> float:
-        """How many step deviations one step may add to the trend: ``trend_clip`` on a stream
-        whose steps beyond 3 deviations are at most ``trend_clip_rate`` of them (about a
-        Gaussian's rate: a big step there is rare, and a drift's steps are big), ``clip`` from
-        twice that rate on (heavy-tailed steps: a count stream's bursts, an appliance switching)."""
+        """How many step deviations one step may add to the trend: ``clip``, up to
+        ``trend_clip`` on a light-tailed stream (:meth:`_light`), where a drift's steps are big."""
         return self.clip + (self.trend_clip - self.clip) * self._light()
 
     def _trend_tail_weight(self) -> float:
