@@ -9,17 +9,25 @@ range of each metric the simulators publish; the streaming job's range checks an
 ('degC', -10.0, 45.0)
 >>> metric_range("vehicle_edr", "speed_kmh")
 (0.0, 250.0)
+
+``DANGER_LIMITS[device_type][metric]`` is where a metric becomes dangerous, well inside its
+physical range: a warning and a critical limit and the streaming job's rule that alerts on
+them, so a drift into danger alerts when it gets dangerous, not when the sensor saturates.
+
+>>> DANGER_LIMITS["vehicle_edr"]["coolant_temp_c"].describe("coolant_temp_c", 107.5)
+'coolant_temp_c=107.5 above its warning limit 105 (critical 115): coolant overheating'
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
 from iotwatch.contract import DeviceType
 
-__all__ = ["DEVICE_METRICS", "DEFAULT_INTERVAL_S", "PRIMARY_METRIC", "METRIC_DECIMALS", "metric_range",
-           "metric_span"]
+__all__ = ["DANGER_LIMITS", "DEVICE_METRICS", "DEFAULT_INTERVAL_S", "PRIMARY_METRIC", "METRIC_DECIMALS", "DangerLimit",
+           "danger_limits", "metric_range", "metric_span"]
 
 MetricRange = tuple[str, float, float]
 
@@ -72,6 +80,63 @@ _METRICS: dict[str, dict[str, MetricRange]] = {
 #: device_type -> metric -> (unit, min, max). Read-only.
 DEVICE_METRICS: Mapping[str, Mapping[str, MetricRange]] = MappingProxyType(
     {str(t): MappingProxyType(m) for t, m in _METRICS.items()})
+
+
+
+@dataclass(frozen=True)
+class DangerLimit:
+    """Where a metric is dangerous: beyond ``warning`` (above it, or below it when ``above``
+    is false), worse beyond ``critical``; ``rule`` names the alert, ``severity`` its
+    severity, ``what`` the danger in words."""
+
+    rule: str
+    above: bool
+    warning: float
+    critical: float
+    severity: str
+    what: str
+
+    def level(self, value: float) -> float:
+        """0 inside the limits, 0.5 beyond the warning limit, 1 beyond the critical one."""
+        sign = 1.0 if self.above else -1.0
+        if sign * (value - self.critical) >= 0.0:
+            return 1.0
+        return 0.5 if sign * (value - self.warning) >= 0.0 else 0.0
+
+    def describe(self, metric: str, value: float) -> str:
+        """What a reading's value of ``metric`` says against the limits."""
+        side = "above" if self.above else "below"
+        level = self.level(value)
+        name = f"{metric}={value:g}"
+        if level == 0.0:
+            return f"{name} within its limits (warning {side} {self.warning:g}, critical {self.critical:g})"
+        which = "critical" if level == 1.0 else "warning"
+        other = f" (critical {self.critical:g})" if level < 1.0 else ""
+        return f"{name} {side} its {which} limit {self.critical if level == 1.0 else self.warning:g}{other}: {self.what}"
+
+
+_LIMITS: dict[str, dict[str, DangerLimit]] = {
+    # a warm engine runs at 88-92 C (its thermostat opens at about 88); past 105 the cooling is
+    # failing, past 115 the engine is at risk (boiling even under a pressurised cap)
+    DeviceType.VEHICLE_EDR: {
+        "coolant_temp_c": DangerLimit("coolant_overheating", True, 105.0, 115.0, "critical", "coolant overheating"),
+    },
+    # a coin cell this low gives out within weeks, and the sensor (a leak's alarm) with it
+    DeviceType.DOOR_SENSOR: {"battery_pct": DangerLimit("battery_low", False, 15.0, 5.0, "minor", "battery low")},
+    DeviceType.LEAK_SENSOR: {"battery_pct": DangerLimit("battery_low", False, 15.0, 5.0, "minor", "battery low")},
+    # indoor air this humid for long grows mould (kept below 60-70 %RH by building guidance)
+    DeviceType.THERMOSTAT: {"humidity_pct": DangerLimit("humidity_high", True, 70.0, 80.0, "warning", "humid air")},
+}
+
+#: device_type -> metric -> :class:`DangerLimit`, for the metrics that have one. Read-only.
+DANGER_LIMITS: Mapping[str, Mapping[str, DangerLimit]] = MappingProxyType(
+    {str(t): MappingProxyType(m) for t, m in _LIMITS.items()})
+
+
+def danger_limits() -> list[tuple[str, str, DangerLimit]]:
+    """Every (device_type, metric, limit), in a fixed order."""
+    return [(t, m, limit) for t, metrics in DANGER_LIMITS.items() for m, limit in metrics.items()]
+
 
 #: Decimal places each metric is published with (payload size and realism).
 METRIC_DECIMALS: Mapping[str, int] = MappingProxyType({

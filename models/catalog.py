@@ -36,7 +36,7 @@ DETECTORS: dict[str, str] = {
 #: The detector ``score-csv`` uses unless told otherwise, and the streaming job's
 #: (``StreamSettings.device_detector``, run with its own defaults; a test holds detector and
 #: parameters equal): compact state, a compiled kernel, one alarm per episode. NAB standard
-#: profile on nab-dev: 58.9 (tuning half 62.2, held-out half 66.0) against 58.3 for
+#: profile on nab-dev: 58.8 (tuning half 62.2, held-out half 66.5) against 58.3 for
 #: hst_ranked and 28.7 for tail_ensemble (README).
 DEFAULT_DETECTOR = "episode_likelihood"
 

@@ -52,9 +52,17 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     - *level*: ``log1p`` of the z against a slow exponential baseline (shifts);
     - *step*: ``log1p`` of the jump from the previous reading in step deviations (spikes,
       the onset of a shift, noise bursts);
-    - *trend*: the signed step in step deviations, averaged with weight ``trend_alpha``
-      and judged both ways: noise reverses direction, a drift keeps going one way, so a
-      ramp shows here readings before its level stands out of a daily swing;
+    - *trend*: the signed step in step deviations, averaged over ``trend_halflife_s`` of
+      event time (over the stream's mean reading interval so far; never with more weight
+      than ``trend_alpha`` a reading) and judged both ways: noise reverses direction, a
+      drift keeps going one way, so a ramp shows here before its level stands out of a
+      daily swing -- within the same seconds on a sensor read every second as on one read
+      every 30 s (an average over more readings varies less, so its variance floor shrinks
+      with its weight). A step adds at most ``clip`` deviations to it, and up to
+      ``trend_clip`` on a light-tailed stream: one whose steps beyond 3 deviations are at
+      most ``trend_clip_rate`` of them, about a Gaussian's share (none from twice that
+      share on); there a big step is rare and a drift's steps are big, while on a count
+      stream's bursts or a meter's appliances a big step is common;
     - *recent distribution*: the relative entropy of a fast histogram of the last hours
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
@@ -66,7 +74,8 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     variance of that average on this stream (a Gaussian upper tail), so a noisy stream
     must surprise more than a quiet one; the variance is floored at ``min_variance`` so
     that a stream whose surprises are nearly constant (a perfect square wave) is not
-    startled by its own regular jumps. The trend's tail counts ``trend_weight`` times and
+    startled by its own regular jumps. The trend's tail counts ``trend_weight`` times
+    (``light_trend_weight`` on a light-tailed stream, geometrically between) and
     the histogram views' ``histogram_weight`` times more common than it is (their
     Gaussian fit is the roughest: on sensors they would otherwise add false alarms).
     Three more views judge at once what averaging would blur:
@@ -106,7 +115,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     >>> quiet = max(det.score_learn_one({"t": signal(i)}, t(i)) for i in range(3000))
     >>> spike = [det.score_learn_one({"t": 25.0}, t(3000 + i)) for i in range(3)]
     >>> round(quiet, 2), round(spike[0], 2), spike[1:]  # the spike alarms once, then holds
-    (0.38, 0.52, [0.0, 0.0])
+    (0.38, 0.68, [0.0, 0.0])
     """
 
     name: ClassVar[str] = "episode_likelihood"
@@ -120,7 +129,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
                  recent_halflife: float = 20.0, margin: float = 0.1, instant_weight: float = 1e-3,
                  max_repeat_rate: float = 0.2, histogram_halflife_s: float = 300_000.0,
                  recent_halflife_s: float = 6_000.0, histogram_weight: float = 1000.0,
-                 trend_alpha: float = 0.3, trend_weight: float = 1e6) -> None:
+                 trend_alpha: float = 0.3, trend_weight: float = 1e6, trend_halflife_s: float = 60.0,
+                 trend_clip: float = 8.0, trend_clip_rate: float = 0.0035,
+                 light_trend_weight: float | None = 100.0) -> None:
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
@@ -144,6 +155,10 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.histogram_weight = histogram_weight
         self.trend_alpha = trend_alpha
         self.trend_weight = trend_weight
+        self.trend_clip = trend_clip
+        self.trend_clip_rate = trend_clip_rate
+        self.light_trend_weight = trend_weight if light_trend_weight is None else light_trend_weight
+        self.trend_halflife_s = trend_halflife_s
         #: Each view's tail counted this many times more common (errs towards fewer alarms).
         self._weights = (1.0, 1.0, trend_weight) + (histogram_weight,) * (VIEWS - _HISTOGRAM_VIEWS)
         self._a_level = _decay(level_halflife)
@@ -198,15 +213,45 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         sd, step_sd = self._scales()
         return abs(v - self.mean) / sd, abs(v - self.last) / step_sd if self.last is not None else 0.0
 
-    def _shorts(self, v: float, b: int) -> list[float]:
-        """Each view's short average once ``v`` (in bin ``b``) is counted."""
+    def _trend_weight(self, t_ms: float) -> float:
+        """The trend's per-reading weight: a half-life of ``trend_halflife_s`` of event time
+        over the stream's mean reading interval so far, never more than ``trend_alpha``."""
+        if self.trend_halflife_s > 0.0 and self.t0 is not None and self.n > 0 and t_ms > self.t0:
+            return min(self.trend_alpha, _decay(self.trend_halflife_s * self.n / ((t_ms - self.t0) / 1000.0)))
+        return self.trend_alpha
+
+    def _light(self) -> float:
+        """1 on a stream whose steps beyond 3 deviations are at most ``trend_clip_rate`` of them
+        (about a Gaussian's rate: a big step there is rare), 0 from twice that rate on
+        (heavy-tailed steps: a count stream's bursts, an appliance switching), linear between."""
+        if self.trend_clip_rate <= 0.0:
+            return 1.0
+        return min(max(2.0 - self.step_tail._rate / self.trend_clip_rate, 0.0), 1.0)
+
+    def _trend_clip(self) -> float:
+        """How many step deviations one step may add to the trend: ``clip``, up to
+        ``trend_clip`` on a light-tailed stream (:meth:`_light`), where a drift's steps are big."""
+        return self.clip + (self.trend_clip - self.clip) * self._light()
+
+    def _trend_tail_weight(self) -> float:
+        """How many times more common the trend's tail counts: ``trend_weight``, and
+        ``light_trend_weight`` on a light-tailed stream (geometric between)."""
+        if self.light_trend_weight == self.trend_weight:
+            return self.trend_weight
+        return math.exp(math.log(self.trend_weight) + (math.log(self.light_trend_weight) - math.log(self.trend_weight))
+                        * self._light())
+
+    def _shorts(self, v: float, b: int, t_ms: float) -> list[float]:
+        """Each view's short average once ``v`` (in bin ``b``, at event time ``t_ms``) is counted."""
         level, step = self._deviations(v)
         entropy = sum(f * math.log((f + _FLOOR) / (s + _FLOOR)) for f, s in zip(self._recent_after(b), self.slow))
         rarity = -math.log(self.slow[b] + _FLOOR)
         _, step_sd = self._scales()
-        signed = max(-self.clip, min(self.clip, (v - self.last) / step_sd)) if self.last is not None else 0.0
+        trend_clip = self._trend_clip()
+        signed = max(-trend_clip, min(trend_clip, (v - self.last) / step_sd)) if self.last is not None else 0.0
         surprises = (math.log1p(level), math.log1p(step), signed, entropy, rarity)
-        return [view[0] + (self.trend_alpha if j == _TREND else self.short_alpha) * (r - view[0])
+        trend_alpha = self._trend_weight(t_ms)
+        return [view[0] + (trend_alpha if j == _TREND else self.short_alpha) * (r - view[0])
                 for j, (view, r) in enumerate(zip(self.views, surprises))]
 
     def _score(self, v: float, t_ms: int, shorts: list[float]) -> float:
@@ -214,14 +259,17 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         judged = (VIEWS if self.distribution_views and self.range_n and self.n >= self.range_n + self.histogram_warmup
                   else _HISTOGRAM_VIEWS)
         tail = 1.0
+        # an average over more readings varies less: the trend's floor shrinks with its weight
+        trend_floor = self.min_variance * (self._trend_weight(t_ms) / self.trend_alpha) ** 2
         for j in range(judged):
             short, mean, var = shorts[j], self.views[j][1], self.views[j][2]
-            z = (short - mean) / math.sqrt(max(var, self.min_variance))
-            tail = min(tail, _upper_tail(z) * self._weights[j])
+            z = (short - mean) / math.sqrt(max(var, trend_floor if j == _TREND else self.min_variance))
+            weight = self._trend_tail_weight() if j == _TREND else self._weights[j]
+            tail = min(tail, _upper_tail(z) * weight)
             if j == _STEP:
                 tail = min(tail, _upper_tail(-z))
             elif j == _TREND:
-                tail = min(tail, _upper_tail(-z) * self._weights[j])
+                tail = min(tail, _upper_tail(-z) * weight)
         tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))
         if not self.range_n or self._bin(v) > _FLOOR_BINS:  # a run at the floor (zero counts, an idle load) is not a stuck sensor
             tail = min(tail, self.stuck.tail({"value": v}, t_ms))
@@ -234,7 +282,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         v = self._value(x)
         if v is None or self.n < self.warmup:
             return 0.0
-        score = self._score(v, t_ms, self._shorts(v, self._bin(v)))
+        score = self._score(v, t_ms, self._shorts(v, self._bin(v), t_ms))
         return score if score > self.held else 0.0
 
     def learn_one(self, x: Reading, t_ms: int) -> None:
@@ -242,7 +290,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         if v is None:
             return
         b = self._bin(v)
-        shorts = self._shorts(v, b)
+        shorts = self._shorts(v, b, t_ms)
         if self.n >= self.warmup:
             self.held = max(self.held * self._hold, self._score(v, t_ms, shorts))
             self.step_tail.learn(self._deviations(v)[1])

@@ -13,7 +13,8 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 @endpoint_options(mqtt=True, kafka=True)
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Policy file (TOML, see responder/policy.py; default IOTWATCH_RESPOND_POLICY_FILE, else the "
-                   "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve).")
+                   "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
+                   "crash -> emergency record).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds.")
 @json_option
 @pass_app

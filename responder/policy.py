@@ -18,9 +18,10 @@ TOML::
     action = "emergency"           # no device command: an emergency notification record
 
 Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve,
-coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is an
-``anomaly_score`` alert on ``coolant_temp_c`` above :data:`HOT_COOLANT_C`: the streaming job has no
-rule of its own for it (its rule table lives in streaming/engine.py).
+coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is the
+streaming job's ``coolant_overheating`` rule: the coolant past its warning limit in the metric
+catalogue (``devices.catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
+the climb.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alerts.records import parse_duration
+from devices.catalog import DANGER_LIMITS
 from iotwatch.errors import IotwatchError
 from iotwatch.tomlfile import load_model
 
@@ -79,19 +81,15 @@ class _File(BaseModel):
     policies: list[CommandPolicy]
 
 
-#: A coolant anomaly above this (degC, where a warm engine's thermostat opens) is the cooling
-#: failing, not a cold engine or a sensor reading low. The per-device detector raises at the onset
-#: of an overheating climb (89-104 C in simulated runs, models/evaluation/simulated.py) and clears
-#: as it adapts, so a policy cannot wait for the coolant to pass an overheating mark.
-HOT_COOLANT_C = 88.0
-#: Coolant above this (degC) is overheating: normal running is 88-92.
-OVERHEAT_C = 105.0
+#: Coolant above this (degC) is overheating (normal running is 88-92): the catalogue's warning
+#: limit, where the ``coolant_overheating`` rule raises.
+OVERHEAT_C = DANGER_LIMITS["vehicle_edr"]["coolant_temp_c"].warning
 
 DEFAULT_POLICIES = (
     CommandPolicy(name="reset-stuck-hvac", rule="stuck_hvac", device_type="thermostat", command="reset_hvac"),
     CommandPolicy(name="close-valve-on-leak", rule="water_leak", device_type="leak_sensor", command="close_valve"),
-    CommandPolicy(name="limp-mode-on-overheating", rule="anomaly_score", device_type="vehicle_edr",
-                  command="limp_mode", metric="coolant_temp_c", above=HOT_COOLANT_C),
+    CommandPolicy(name="limp-mode-on-overheating", rule="coolant_overheating", device_type="vehicle_edr",
+                  command="limp_mode"),
     CommandPolicy(name="emergency-on-crash", rule="crash", device_type="vehicle_edr", action="emergency"),
 )
 

@@ -57,9 +57,10 @@ _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
 #: Columns of the aggregates (one row per device, metric and closed event-time bucket).
 AGGREGATE_COLUMNS = ("device_id", "device_type", "site", "metric", "event_ms", *AGGREGATE_STATS)
 
-#: Rules in the order their alerts are listed for one reading.
+#: Rules in the order their alerts are listed for one reading; a rule's position is its code
+#: in the saved episodes (``EP_RULE``), so new rules go at the end.
 RULE_ORDER = (rules.OUT_OF_RANGE, rules.CRASH, rules.HARSH_BRAKING, rules.LEAK, rules.STUCK_HVAC, rules.ANOMALY,
-              rules.SILENT, rules.FLEET)
+              rules.SILENT, rules.FLEET, rules.COOLANT, rules.BATTERY, rules.HUMIDITY)
 _RULE_INDEX = {name: i for i, name in enumerate(RULE_ORDER)}
 _STATUS = {IDLE: "idle", PENDING: "pending", OPEN: "open"}
 _STATUS_CODE = {name: code for code, name in _STATUS.items()}

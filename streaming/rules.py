@@ -3,6 +3,12 @@
 Every rule turns one reading into an :class:`~streaming.alerting.Observation` (a score in
 [0, 1] plus what to say about it); :mod:`streaming.alerting` turns observations into a
 raised/cleared lifecycle. Rules that do not apply to a device type return nothing.
+
+The danger rules (:data:`DANGER_RULES`: coolant overheating, low battery, humid air) judge a
+metric against its physical danger limits in the metric catalogue
+(:data:`devices.catalog.DANGER_LIMITS`): 0.5 past the warning limit, 1 past the critical one,
+so a drift into danger alerts when it crosses the warning limit, whatever the detector
+learned on the way there.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from devices.catalog import danger_limits
 from iotwatch.settings import StreamSettings
 from models.crash import CrashDeceleration
 from streaming.alerting import Observation, RuleSpec
@@ -27,6 +34,13 @@ LEAK = "water_leak"
 STUCK_HVAC = "stuck_hvac"
 SILENT = "device_silent"
 FLEET = "fleet_anomaly"
+COOLANT = "coolant_overheating"
+BATTERY = "battery_low"
+HUMIDITY = "humidity_high"
+#: The rules of the catalogue's danger limits, and their severities.
+DANGER_RULES: dict[str, str] = {limit.rule: limit.severity for _, _, limit in danger_limits()}
+if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
+    raise RuntimeError(f"the metric catalogue's danger rules {sorted(DANGER_RULES)} are not the engine's")
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
@@ -44,6 +58,8 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
         FLEET: RuleSpec(FLEET, "warning", settings.fleet_fire_score, settings.fleet_fire_score - 0.1,
                         settings.alert_hold_readings, settings.alert_clear_readings, settings.fleet_detector or "fleet"),
     }
+    for rule, severity in DANGER_RULES.items():
+        specs[rule] = RuleSpec(rule, severity, 0.5, 0.5, 1, settings.alert_clear_readings)
     return {name: replace(spec, runbook_url=settings.runbook_url(name)) for name, spec in specs.items()}
 
 
@@ -70,6 +86,11 @@ def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observ
         stuck = _stuck_hvac(reading, settings.stuck_hvac_c, settings.stuck_hvac_overshoot_c)
         if stuck is not None:
             observations[STUCK_HVAC] = stuck
+    for device_type, metric, limit in danger_limits():
+        value = reading.metrics.get(metric)
+        if device_type == reading.device_type and value is not None and value == value:  # NaN: no reading
+            observations[limit.rule] = Observation(limit.level(value), metric, value, limit.warning,
+                                                   limit.describe(metric, value))
     return observations
 
 
@@ -180,6 +201,19 @@ def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, 
     thermostat = readings.device_type == "thermostat"
     if thermostat.any():
         out[STUCK_HVAC] = _stuck_hvac_scores(readings, thermostat, settings)
+    for device_type, metric, limit in danger_limits():
+        of_type = readings.device_type == device_type
+        if not of_type.any():
+            continue
+        value = readings.metric(metric)
+        applies = of_type & ~np.isnan(value)
+        with np.errstate(invalid="ignore"):
+            beyond = (value - limit.warning) * (1.0 if limit.above else -1.0) >= 0.0
+            critical = (value - limit.critical) * (1.0 if limit.above else -1.0) >= 0.0
+        score = np.where(critical, 1.0, np.where(beyond, 0.5, 0.0)) * applies
+        if limit.rule in out:  # a rule of several device types (a battery on door and leak sensors)
+            applies, score = applies | out[limit.rule][0], np.maximum(score, out[limit.rule][1])
+        out[limit.rule] = (applies, score)
     return out
 
 

@@ -22,9 +22,10 @@ from typing import Any
 RULES_FOR_KIND: dict[str, set[str]] = {
     "crash": {"crash"}, "harsh_braking": {"harsh_braking", "crash", "anomaly_score"}, "leak": {"water_leak"},
     "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"}, "dropout": {"device_silent"},
-    "out_of_range": {"out_of_range", "anomaly_score"}, "overheating": {"anomaly_score"},
+    "out_of_range": {"out_of_range", "anomaly_score"}, "overheating": {"anomaly_score", "coolant_overheating"},
 }
-SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range"}
+#: Rules that may report any anomaly of a metric (the danger rules: a drift into danger).
+SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range", "coolant_overheating", "battery_low", "humidity_high"}
 #: Other rules an anomaly explains (no false alarm), besides its own and the score rules:
 #: a crash's deceleration passes through the harsh-braking band.
 ALSO_EXPLAINS: dict[str, set[str]] = {"crash": {"harsh_braking"}}

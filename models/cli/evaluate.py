@@ -67,7 +67,8 @@ def _render_simulated(result: dict[str, Any]) -> None:
     for name, run in result["configs"].items():
         table = Table(title=f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
                             f"<= {goals['false_alarms_per_device_day']:g} false alarm per device-day, "
-                            f"median delay <= {goals['median_delay_readings']} readings)")
+                            f"median delay <= {goals['median_delay_readings']} readings, drift median delay "
+                            f"<= {goals['drift_median_delay_s']:g} s)")
         for column in ("kind", "windows", "recall", "precision", "F1", "delay rd med", "delay rd p90",
                        "delay s med", "delay s p90", "rule FA/dev-day", "detected by"):
             table.add_column(column, justify="left" if column in ("kind", "detected by") else "right")
@@ -86,6 +87,11 @@ def _render_simulated(result: dict[str, Any]) -> None:
             rules_table.add_row(rule, str(r["alerts"]), str(r["true"]), str(r["related"]), str(r["false"]),
                                 _f(r["precision"]), _f(r["false_alarms_per_device_day"], 3))
         console.print(rules_table)
+        met = run.get("goals", {})
+        if met:
+            console.print(f"{name} goals: " + ", ".join(
+                f"{goal} {_f(g['value'], 3)} ({'>=' if goal == 'recall' else '<='} {g['goal']:g}: "
+                f"{'met' if g['met'] else 'NOT met'})" for goal, g in met.items()))
         overrides = run["overrides"]
         console.print(f"{name} settings: " + (", ".join(f"{k}={v!r}" for k, v in overrides.items())
                                               if overrides else "the StreamSettings defaults"))

@@ -65,7 +65,7 @@ Examples
 >>> t_ms = 1_700_000_000_000 + np.arange(4000, dtype=np.int64) // 2 * 60_000
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, N])
-(0.39, 0.51, 2000)
+(0.39, 0.73, 2000)
 >>> ref = EpisodeLikelihood()
 >>> ref_scores = [ref.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
 >>> bool(np.allclose(scores[1::2], ref_scores, rtol=1e-9)), bool(np.allclose(from_reference(ref), states[1]))
@@ -105,8 +105,9 @@ STATE_SIZE = STUCK + 4
 
 (P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
  P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
- P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT, P_TREND_ALPHA, P_TREND_WEIGHT) = range(21)
-P_STEP_TAIL = 21
+ P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT, P_TREND_ALPHA, P_TREND_WEIGHT, P_TREND_CLIP,
+ P_TREND_CLIP_RATE, P_LIGHT_TREND_WEIGHT, P_TREND_HALFLIFE_S) = range(25)
+P_STEP_TAIL = 25
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -125,7 +126,8 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
                        detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
                        detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
                        detector.recent_halflife_s, detector.histogram_weight, detector.trend_alpha,
-                       detector.trend_weight)
+                       detector.trend_weight, detector.trend_clip, detector.trend_clip_rate, detector.light_trend_weight,
+                       detector.trend_halflife_s)
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
     p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
@@ -230,15 +232,41 @@ def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
 
 
 @_jit
+def _light(row: np.ndarray, p: np.ndarray) -> float:
+    """``EpisodeLikelihood._light``: 1 on a stream whose steps are light-tailed, 0 on a heavy-tailed one."""
+    if p[P_TREND_CLIP_RATE] <= 0.0:
+        return 1.0
+    return _min(_max(2.0 - row[STEP_TAIL] / p[P_TREND_CLIP_RATE], 0.0), 1.0)
+
+
+@_jit
+def _trend_clip(row: np.ndarray, p: np.ndarray) -> float:
+    """``EpisodeLikelihood._trend_clip``: wider on a stream whose steps are light-tailed."""
+    return p[P_CLIP] + (p[P_TREND_CLIP] - p[P_CLIP]) * _light(row, p)
+
+
+@_jit
+def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
+    """``EpisodeLikelihood._trend_tail_weight``."""
+    if p[P_LIGHT_TREND_WEIGHT] == p[P_TREND_WEIGHT]:
+        return p[P_TREND_WEIGHT]
+    return math.exp(math.log(p[P_TREND_WEIGHT]) + (math.log(p[P_LIGHT_TREND_WEIGHT]) - math.log(p[P_TREND_WEIGHT]))
+                    * _light(row, p))
+
+
+@_jit
 def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float, float], step: float,
-           tail_p: tuple, stuck_p: tuple) -> float:
+           trend_alpha: float, tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
     judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0
               and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP] else _HISTOGRAM_VIEWS)
     tail = 1.0
+    trend_weight = _trend_tail_weight(row, p)
+    trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
     for j in range(judged):
-        z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2], p[P_MIN_VARIANCE]))
-        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else p[P_TREND_WEIGHT] if j == _TREND else 1.0
+        z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2],
+                                                                  trend_floor if j == _TREND else p[P_MIN_VARIANCE]))
+        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else trend_weight if j == _TREND else 1.0
         tail = _min(tail, _upper_tail(z) * weight)
         if j == _STEP:
             tail = _min(tail, _upper_tail(-z))
@@ -267,6 +295,14 @@ def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> N
 
 
 @_jit
+def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
+    """``EpisodeLikelihood._trend_weight``: the event-time half-life over the mean interval so far."""
+    if p[P_TREND_HALFLIFE_S] > 0.0 and not math.isnan(row[T0]) and row[N] > 0.0 and t > row[T0]:
+        return _min(p[P_TREND_ALPHA], _decay(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
+    return p[P_TREND_ALPHA]
+
+
+@_jit
 def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row."""
     v = _value(x)
@@ -277,8 +313,8 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     sd, step_sd = _scales(row)
     level = abs(v - row[MEAN]) / sd
     step = abs(v - row[LAST]) / step_sd if not math.isnan(row[LAST]) else 0.0
-    clip = p[P_CLIP]
-    signed = _max(-clip, _min(clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
+    trend_clip = _trend_clip(row, p)
+    signed = _max(-trend_clip, _min(trend_clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
     a_recent = row[A_RECENT]
     entropy = 0.0
     for k in range(BINS):
@@ -286,15 +322,16 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
         entropy += f * math.log((f + _FLOOR) / (row[SLOW + k] + _FLOOR))
     rarity = -math.log(row[SLOW + b] + _FLOOR)
     alpha = p[P_SHORT_ALPHA]
+    trend_alpha = _trend_weight(row, p, t)
     shorts = (row[VIEW] + alpha * (math.log1p(level) - row[VIEW]),
               row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
-              row[VIEW + 6] + p[P_TREND_ALPHA] * (signed - row[VIEW + 6]),
+              row[VIEW + 6] + trend_alpha * (signed - row[VIEW + 6]),
               row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
               row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]))
     n = row[N]
     out = 0.0
     if n >= warmup:
-        score = _score(row, p, v, shorts, step, tail_p, stuck_p)
+        score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p)
         if score > row[HELD]:
             out = score
         row[HELD] = _max(row[HELD] * p[P_HOLD], score)

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from models.evaluation.simulated import RECOMMENDED, Alert, evaluate_fleet, match, run_alerts, settings_for, simulate
+from models.evaluation.simulated import (GOALS, RECOMMENDED, Alert, check_goals, evaluate_fleet, match, run_alerts,
+                                        settings_for, simulate)
 
 OBVIOUS = ("spike", "leak", "crash", "out_of_range", "dropout")
 MIX = {"thermostat": 1, "smart_meter": 1, "door_sensor": 1, "leak_sensor": 1}
@@ -78,6 +79,24 @@ def test_the_detection_goals_hold_on_a_mixed_fleet() -> None:
     assert overall["median_delay_readings"] <= 3, overall
 
 
+def test_evaluate_reports_each_goal_with_its_verdict_drift_delay_in_seconds_included() -> None:
+    """``evaluate --simulated`` reports every goal of the issue per configuration -- the drift
+    median delay in seconds of event time among them -- with the measured value and whether
+    it is met; a kind the fleet did not inject is reported as not met, not as met."""
+    report = evaluate_fleet(simulate(homes=2, vehicles=0, days=0.5, seed=11, anomalies_per_day=8.0,
+                                     kinds=("drift",), mix={"door_sensor": 1, "leak_sensor": 1}))
+    drift = report["kinds"]["drift"]
+    assert drift["windows"] >= 3 and drift["median_delay_s"] is not None, drift
+    goals = check_goals(report)
+    assert set(goals) == set(GOALS)
+    assert goals["drift_median_delay_s"] == {"value": drift["median_delay_s"], "goal": 60.0,
+                                             "met": drift["median_delay_s"] <= 60.0}
+    assert goals["recall"] == {"value": report["overall"]["recall"], "goal": 0.95,
+                               "met": report["overall"]["recall"] >= 0.95}
+    no_drift = {**report, "kinds": {k: v for k, v in report["kinds"].items() if k != "drift"}}
+    assert check_goals(no_drift)["drift_median_delay_s"] == {"value": None, "goal": 60.0, "met": False}
+
+
 def test_matching_rules() -> None:
     """Detection needs a plausible rule inside the window (+ grace); the rest are false or related."""
     fleet = simulate(homes=1, vehicles=0, days=0.3, seed=2, mix={"thermostat": 1})
@@ -119,6 +138,8 @@ def test_cli_simulated_json() -> None:
     doc = json.loads(result.output)
     assert set(doc["configs"]) == {"defaults", "recommended"}
     assert doc["simulation"]["homes"] == 1 and doc["configs"]["defaults"]["overall"]["device_days"] > 0
+    assert doc["goals"]["drift_median_delay_s"] == 60.0
+    assert set(doc["configs"]["defaults"]["goals"]) == set(doc["goals"])
 
     from models.cli.evaluate import _render_simulated
 

@@ -34,10 +34,10 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     coolant, _ = vehicle_state(sim)
     assert coolant > OVERHEAT_C and mode(sim, VEHICLE) == OVERHEATING
     start = int(time.time() * 1000) - 10_000
-    hot = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start,
+    hot = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "coolant_overheating", "critical", "raised", start,
                      metric="coolant_temp_c", value=round(coolant, 1))
     cold = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start - 5000,
-                      metric="coolant_temp_c", value=60.0)  # unusual, but a cold engine: no command
+                      metric="coolant_temp_c", value=60.0)  # unusual, but not the danger rule: no command
     crash = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "crash", "critical", "raised", start + 1000,
                        metric="accel_x_g", value=-9.5, lat_deg=52.52, lon_deg=13.4)
     # the crash alert clears within the batch that raised it: the responder never sees it firing

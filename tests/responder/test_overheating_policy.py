@@ -1,7 +1,8 @@
 """The limp-mode policy against what the streaming engine really raises for an overheating
 vehicle (the engine run offline on simulated readings, as models/evaluation/simulated.py
-does; no brokers needed): its coolant alert is one the default policy answers with limp_mode,
-and healthy vehicles raise none."""
+does; no brokers needed): the coolant passing the catalogue's danger limit raises
+``coolant_overheating``, which the default policy answers with limp_mode, before the sensor
+saturates; the detector's own coolant alerts send nothing, and healthy vehicles raise none."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from typing import Any
 
 from models.evaluation.simulated import run_alerts, settings_for, simulate
-from responder.policy import DEFAULT_POLICIES
+from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
 
 
 def raised(kinds: tuple[str, ...], rate: float, seed: int) -> list[dict[str, Any]]:
@@ -25,9 +26,13 @@ def limp_policies(alert: dict[str, Any]) -> list[str]:
     return [p.name for p in DEFAULT_POLICIES if p.applies_to(alert)]
 
 
-def test_an_overheating_vehicles_coolant_alert_gets_limp_mode_and_healthy_ones_raise_none() -> None:
+def test_an_overheating_vehicle_raises_coolant_overheating_and_gets_limp_mode_and_healthy_ones_raise_none() -> None:
     alerts = raised(("overheating",), 20.0, seed=3)
-    coolant = [a for a in alerts if a["metric"] == "coolant_temp_c"]
-    assert coolant, alerts
-    assert all(limp_policies(a) == ["limp-mode-on-overheating"] for a in coolant), coolant
-    assert not [a for a in raised(("harsh_braking",), 0.0001, seed=4) if a["metric"] == "coolant_temp_c"]
+    hot = [a for a in alerts if a["rule"] == "coolant_overheating"]
+    assert hot, alerts
+    assert all(limp_policies(a) == ["limp-mode-on-overheating"] for a in hot), hot
+    # raised where it gets dangerous (105 C), far below the sensor's 130 C ceiling
+    assert all(OVERHEAT_C <= a["value"] < 115.0 and a["severity"] == "critical" for a in hot), hot
+    assert all(a["runbook_url"].endswith("#coolant_overheating") for a in hot)
+    assert not [a for a in alerts if a["rule"] != "coolant_overheating" and limp_policies(a)]
+    assert not [a for a in raised(("harsh_braking",), 0.0001, seed=4) if a["rule"] == "coolant_overheating"]
