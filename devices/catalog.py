@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+import numpy as np
+
 from iotwatch.contract import DeviceType
 
 __all__ = ["DANGER_LIMITS", "DEVICE_METRICS", "DEFAULT_INTERVAL_S", "PRIMARY_METRIC", "METRIC_DECIMALS", "DangerLimit",
@@ -96,12 +98,18 @@ class DangerLimit:
     severity: str
     what: str
 
-    def level(self, value: float) -> float:
-        """0 inside the limits, 0.5 beyond the warning limit, 1 beyond the critical one."""
+    def levels(self, values: np.ndarray) -> np.ndarray:
+        """Per value: 0 inside the limits (or NaN), 0.5 beyond the warning limit, 1 beyond
+        the critical one."""
         sign = 1.0 if self.above else -1.0
-        if sign * (value - self.critical) >= 0.0:
-            return 1.0
-        return 0.5 if sign * (value - self.warning) >= 0.0 else 0.0
+        with np.errstate(invalid="ignore"):
+            critical = sign * (values - self.critical) >= 0.0
+            beyond = sign * (values - self.warning) >= 0.0
+        return np.where(critical, 1.0, np.where(beyond, 0.5, 0.0))
+
+    def level(self, value: float) -> float:
+        """:meth:`levels` of one value."""
+        return float(self.levels(np.asarray(value, dtype=float)))
 
     def describe(self, metric: str, value: float) -> str:
         """What a reading's value of ``metric`` says against the limits."""

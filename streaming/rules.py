@@ -207,10 +207,7 @@ def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, 
             continue
         value = readings.metric(metric)
         applies = of_type & ~np.isnan(value)
-        with np.errstate(invalid="ignore"):
-            beyond = (value - limit.warning) * (1.0 if limit.above else -1.0) >= 0.0
-            critical = (value - limit.critical) * (1.0 if limit.above else -1.0) >= 0.0
-        score = np.where(critical, 1.0, np.where(beyond, 0.5, 0.0)) * applies
+        score = limit.levels(value) * applies
         if limit.rule in out:  # a rule of several device types (a battery on door and leak sensors)
             applies, score = applies | out[limit.rule][0], np.maximum(score, out[limit.rule][1])
         out[limit.rule] = (applies, score)
