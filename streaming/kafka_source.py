@@ -131,12 +131,9 @@ def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBat
 
 @dataclass
 class _Cached:
-    """A consumer kept in a Python worker between tasks: the offset it will deliver next
-    (-1: unknown, re-assign) and the records it read past the last range's end."""
+    """A consumer kept in a Python worker between tasks, unassigned while idle."""
 
     consumer: Any
-    position: int = -1
-    leftover: list[Any] = field(default_factory=list)
     used_at: float = field(default_factory=time.monotonic)
 
 
@@ -144,23 +141,31 @@ class ConsumerCache:
     """Consumers kept per ``(config, topic, partition)`` in a Python worker between tasks, as
     Spark's own Kafka connector keeps them per executor (``spark.kafka.consumer.cache.capacity``).
 
-    Creating a consumer costs a connection, metadata and a first fetch on every range: with
-    micro-batches a fraction of a second apart that is a large share of a batch. A cached
-    consumer keeps prefetching after its range ends, so the next range of its partition is
-    mostly in memory already; it is reused only where it stopped (otherwise re-assigned at
-    the range's start), and dropped on any error or after a minute unused. Spark runs one
-    task at a time per worker.
+    Creating a consumer costs a connection and metadata on every range: with micro-batches a
+    fraction of a second apart that is a large share of a batch. A cached consumer keeps its
+    connection but is unassigned between tasks and assigned at each range's start: an idle
+    consumer sends no fetches, so none is parked at the broker when the next range's records
+    are already there. (Measured against the embedded broker, which holds a fetch for most
+    of ``fetch.wait.max.ms`` even when records are waiting: a consumer that kept fetching
+    between ranges, or was paused and resumed, delivered a range's first record 200-400 ms
+    after the task asked for it; a fresh assign, within a few milliseconds.) Dropped on any
+    error or after a minute unused. Spark runs one task at a time per worker.
     """
 
     CAPACITY = 16
     IDLE_S = 60.0
     #: Prefetch queue per cached consumer (librdkafka's default is 64 MiB).
     QUEUE_KBYTES = "16384"
+    #: A read task asks only for records the driver saw on the broker, so a fetch never has
+    #: to wait for data: the embedded broker answers after this wait even when it has
+    #: records (librdkafka's default of 500 ms cost up to 250 ms per fetch there).
+    FETCH_WAIT_MS = "10"
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], _Cached] = {}
 
     def take(self, opts: ReadOptions, part: KafkaRange, reset: str) -> tuple[tuple[Any, ...], _Cached]:
+        """A consumer assigned to ``part``'s partition at its start offset."""
         from confluent_kafka import Consumer, TopicPartition
 
         key = (tuple(sorted(opts.config.items())), reset, part.topic, part.partition)
@@ -168,16 +173,16 @@ class ConsumerCache:
         if cached is None:
             from iotwatch.logs import librdkafka_logger
 
-            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, **opts.config,
-                                 "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": reset,
-                                 "logger": librdkafka_logger()})
+            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, "fetch.wait.max.ms": self.FETCH_WAIT_MS,
+                                 **opts.config, "enable.auto.commit": False, "enable.partition.eof": True,
+                                 "auto.offset.reset": reset, "logger": librdkafka_logger()})
             cached = _Cached(consumer)
-        if cached.position != part.start:
-            cached.consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
-            cached.position, cached.leftover = part.start, []
+        cached.consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         return key, cached
 
     def give_back(self, key: tuple[Any, ...], cached: _Cached) -> None:
+        """Keep ``cached`` (unassigned: it stops fetching) for the next range of its partition."""
+        cached.consumer.unassign()
         cached.used_at = now = time.monotonic()
         self._entries[key] = cached
         for old in [k for k, c in self._entries.items() if now - c.used_at > self.IDLE_S]:
@@ -206,8 +211,7 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow batches of ``opts.chunk_rows``.
 
     assign() + the exact start offset (no group, no commit), with a consumer of the
-    worker's :class:`ConsumerCache`. Stops at the first record at or past ``end`` (kept
-    for the next range), or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
+    worker's :class:`ConsumerCache`. Stops at the first record at or past ``end``, or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
     that never arrive are transaction markers or compacted away). If nothing moves for
     ``poll_timeout_s`` it raises instead of hanging a task forever.
     """
@@ -222,19 +226,16 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     try:
         position, rows = part.start, []
         last_progress = time.monotonic()
-        waiting, cached.leftover = cached.leftover, []
         while position < part.end:
             progressed = False  # a record or an end-of-log answer; error events are not progress
-            batch = waiting or consumer.consume(min(opts.chunk_rows, part.end - position), 0.5)
-            waiting = []
-            for at, msg in enumerate(batch):
+            batch = consumer.consume(min(opts.chunk_rows, part.end - position), 0.5)
+            for msg in batch:
                 err = msg.error()
                 progressed = progressed or err is None or err.code() == KafkaError._PARTITION_EOF
                 if err is None:
                     offset = msg.offset()
                     if offset >= part.end:
                         position = part.end
-                        cached.leftover = [m for m in batch[at:] if m.error() is None]
                         break
                     if offset < position:
                         continue
@@ -275,7 +276,6 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     except BaseException:
         _close(consumer)
         raise
-    cached.position = position if position >= part.end else -1
     _CONSUMERS.give_back(key, cached)
     freeze_imports()  # the first range has loaded everything a read needs
 
