@@ -60,9 +60,13 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
 
 
 def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, Any]:
-    """The raw path: read and JSON-parse every record."""
+    """The raw path: read and JSON-parse every record, fetching as the job's source does (see
+    :class:`~streaming.kafka_source.ConsumerCache`: with librdkafka's default wait the embedded
+    broker would hold every fetch, and the plain consumer would measure that)."""
+    from streaming.kafka_source import ConsumerCache
+
     consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-raw-{time.time_ns()}",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": ConsumerCache.FETCH_WAIT_MS})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
     started, count = time.monotonic(), 0
     deadline = started + 600
