@@ -24,7 +24,7 @@ from rich.text import Text
 
 from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
 from iotwatch.settings import AlertsSettings
-from iotwatch.clients.kafka import client_config, list_topics
+from iotwatch.clients.kafka import FOLLOW_FETCH_WAIT_MS, client_config, list_topics
 from iotwatch.settings import Settings
 from streaming.alerting import iso_time
 
@@ -49,6 +49,7 @@ def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, fr
         "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
         "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
         "client.id": f"iotwatch-alerts-{group_id}",
+        "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
     })
     consumer.subscribe([settings.topics.alerts])
     return consumer

@@ -79,6 +79,14 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
         follower.close()
 
 
+#: ``fetch.wait.max.ms`` of consumers that follow a topic for people or devices waiting on it
+#: (the responder, alert dispatch, ``iotwatch alerts tail``). librdkafka's 500 ms default costs
+#: nothing on Apache Kafka, which answers a fetch as soon as a record arrives, but the embedded
+#: broker holds every fetch for most of its wait: alert-to-command took about 0.55 s there.
+#: An idle follower then asks 10 times a second.
+FOLLOW_FETCH_WAIT_MS = 100
+
+
 class TopicFollower:
     """Reads whole topics from the beginning and then follows them: the way a component
     rebuilds its state from compacted logs on start (event sourcing). Every partition is
@@ -88,7 +96,8 @@ class TopicFollower:
         existing = list_topics(settings)
         self.partitions = [TopicPartition(topic, p, 0) for topic in topics for p in range(existing.get(topic, 0))]
         self._consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-follow-{time.time_ns()}",
-                                   "enable.auto.commit": False, "enable.partition.eof": True})
+                                   "enable.auto.commit": False, "enable.partition.eof": True,
+                                   "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS})
         if self.partitions:
             self._consumer.assign(self.partitions)
 
