@@ -20,6 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
+from streaming.operator_key import OPERATOR_KEY
 from streaming.processor import PartitionProcessor
 from streaming.progress import OBSERVATION, ProgressReporter, tally_sums
 from streaming.schemas import TALLY_SCHEMA
@@ -104,10 +105,11 @@ def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | Non
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too
     packed = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
                                max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source,
-                               packed=True)
-    tallies = packed.groupBy("partition").transformWithStateInPandas(
+                               packed=True, operator_tasks=tasks)
+    tallies = packed.groupBy(OPERATOR_KEY).transformWithStateInPandas(
         statefulProcessor=PartitionProcessor(settings, archive), outputStructType=TALLY_SCHEMA,
         outputMode="Append", timeMode="ProcessingTime")
     reporter = ProgressReporter(settings, query_name)

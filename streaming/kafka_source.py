@@ -4,7 +4,8 @@ Why it exists: Spark's own Kafka connector is a Maven jar (``spark-sql-kafka-0-1
 that cannot be installed where iotwatch is developed and tested, and PySpark ships
 none. This source reads Kafka with confluent-kafka and behaves like the connector:
 same columns, same option names (``kafka.*``, ``subscribe``, ``startingOffsets``,
-``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``; plus ``maxPartitions``), offsets kept in
+``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``; plus ``maxPartitions``, and
+``layout``, ``chunkRows`` and ``operatorTasks`` for the job's packed rows), offsets kept in
 Spark's checkpoint as ``{topic: {"partition": next_offset}}``. Deployments that do
 have the jar choose it with ``read_kafka_stream(..., source="spark")``.
 
@@ -87,6 +88,7 @@ class ReadOptions:
     poll_timeout_s: float = 120.0
     chunk_rows: int = 10_000
     packed: bool = False  # layout=packed: decoded chunks (streaming.schemas.PACKED_SCHEMA)
+    operator_tasks: int = 1  # packed: keyed for a stateful operator of this many tasks
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -97,6 +99,7 @@ class ReadOptions:
             poll_timeout_s=int(opts.get("kafkaconsumer.polltimeoutms", "120000")) / 1000,
             chunk_rows=int(opts.get("chunkrows", "10000")),
             packed=opts.get("layout", "records").lower() == "packed",
+            operator_tasks=int(opts.get("operatortasks", "1")),
         )
 
 
@@ -126,7 +129,7 @@ def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBat
         return _batch(part.topic, part.partition, rows)
     from streaming.packing import pack_messages
 
-    return pack_messages(part.partition, rows)
+    return pack_messages(part.partition, rows, opts.operator_tasks)
 
 
 @dataclass
@@ -482,10 +485,12 @@ def _register(spark: SparkSession, source: str) -> str:
 
 def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
                       starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None,
-                      source: Literal["python", "spark"] = "python", packed: bool = False) -> DataFrame:
+                      source: Literal["python", "spark"] = "python", packed: bool = False,
+                      operator_tasks: int = 1) -> DataFrame:
     """A streaming DataFrame of ``topics`` with the Kafka connector's columns (headers included),
     or with ``packed`` the telemetry decoded and packed in chunks
-    (:data:`streaming.schemas.PACKED_SCHEMA`).
+    (:data:`streaming.schemas.PACKED_SCHEMA`), keyed for a stateful operator of
+    ``operator_tasks`` tasks (:mod:`streaming.operator_key`).
 
     ``source="spark"`` uses Spark's connector (the jar must be on the classpath, as in
     docker-compose); ``"python"`` this module's source, which decodes and packs as it reads
@@ -502,14 +507,18 @@ def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list
         # one read task per core: with more Kafka partitions than cores, tasks in waves
         # would each pay a task's set-up in every micro-batch
         return (reader.option("layout", "packed").option("chunkRows", "20000")
+                .option("operatorTasks", str(operator_tasks))
                 .option("maxPartitions", str(spark.sparkContext.defaultParallelism)).load())
     frame = reader.load()
     if not packed:
         return frame
+    from functools import partial
+
     from streaming.packing import pack_records
     from streaming.schemas import PACKED_SCHEMA
 
-    return frame.select("key", "value", "partition", "offset", "timestamp").mapInArrow(pack_records, PACKED_SCHEMA)
+    return frame.select("key", "value", "partition", "offset", "timestamp").mapInArrow(
+        partial(pack_records, tasks=operator_tasks), PACKED_SCHEMA)
 
 
 def read_kafka_batch(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from iotwatch.contract import decode_batch
+from streaming.operator_key import operator_key
 from streaming.schemas import PACKED_SCHEMA
 
 #: Records per packed row (a chunk of one partition's consecutive records).
@@ -34,13 +35,15 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
 
 
-def pack_chunk(partition: int, keys: list[bytes | None], values: list[bytes | None], offsets: np.ndarray,
-               stamps_ms: np.ndarray) -> pa.RecordBatch:
-    """Decode one chunk of one partition's records into a packed row."""
+def pack_chunk(partition: int, tasks: int, keys: list[bytes | None], values: list[bytes | None],
+               offsets: np.ndarray, stamps_ms: np.ndarray) -> pa.RecordBatch:
+    """Decode one chunk of one partition's records into a packed row, keyed for a stateful
+    operator of ``tasks`` tasks."""
     key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys]
     decoded = decode_batch(values, keys)
     columns = {
         "partition": pa.array([partition], pa.int32()),
+        "operator_key": pa.array([operator_key(partition, tasks)], pa.int64()),
         "first_offset": pa.array([int(offsets[0]) if len(offsets) else 0], pa.int64()),
         "offset": offsets, "append_ms": stamps_ms, "seq": decoded.seq, "ts": decoded.ts,
         "metric_row": decoded.metric_row, "key": pa.array(key_text, pa.string()), "reason": decoded.reason,
@@ -48,21 +51,22 @@ def pack_chunk(partition: int, keys: list[bytes | None], values: list[bytes | No
         "site": decoded.site, "event": decoded.event, "metric_name": decoded.metric_name,
         "metric_value": decoded.metric_value, "raw": pa.array(values, pa.binary()),
     }
-    arrays = [columns[f.name] if f.name in ("partition", "first_offset") else _listed(columns[f.name], f.type)
+    arrays = [columns[f.name] if f.name in ("partition", "operator_key", "first_offset") else _listed(columns[f.name], f.type)
               for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
 
 
-def pack_messages(partition: int, messages: list[Any]) -> pa.RecordBatch:
+def pack_messages(partition: int, messages: list[Any], tasks: int = 1) -> pa.RecordBatch:
     """confluent-kafka messages of one partition (what the Kafka source reads) into a packed row."""
     offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=len(messages))
     stamps = np.fromiter((max(m.timestamp()[1], 0) for m in messages), dtype=np.int64, count=len(messages))
-    return pack_chunk(partition, [m.key() for m in messages], [m.value() for m in messages], offsets, stamps)
+    return pack_chunk(partition, tasks, [m.key() for m in messages], [m.value() for m in messages], offsets, stamps)
 
 
-def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: ``key, value, partition, offset, timestamp`` rows in,
-    :data:`streaming.schemas.PACKED_SCHEMA` rows out (per partition, in offset order)."""
+def pack_records(batches: Iterator[pa.RecordBatch], tasks: int = 1) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function (``tasks`` bound with :func:`functools.partial`): ``key,
+    value, partition, offset, timestamp`` rows in, :data:`streaming.schemas.PACKED_SCHEMA`
+    rows out (per partition, in offset order)."""
     for batch in batches:
         if not batch.num_rows:
             continue
@@ -74,5 +78,5 @@ def pack_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             stamps = pc.fill_null(pc.divide(part["timestamp"].combine_chunks().cast(pa.int64()), 1000), 0)
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
-                yield pack_chunk(int(partition), chunk["key"].to_pylist(), chunk["value"].to_pylist(),
+                yield pack_chunk(int(partition), tasks, chunk["key"].to_pylist(), chunk["value"].to_pylist(),
                                  chunk["offset"].to_numpy(), stamps.slice(start, CHUNK_RECORDS).to_numpy())

@@ -1,6 +1,7 @@
 """The Spark side of the per-partition logic: ``transformWithStateInPandas`` glue.
 
-The stateful operator is keyed by Kafka partition: every record of a device is in its
+The stateful operator is keyed by Kafka partition (salted to spread the partitions over its
+tasks: :mod:`streaming.operator_key`): every record of a device is in its
 device's partition (the gateway keys by ``device_id``), so one call handles all of a
 partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`), and
 writes what comes out -- alerts, dead letters, aggregates, the archive -- itself
@@ -30,6 +31,7 @@ from models.kernels import kernel_for
 from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
+from streaming.operator_key import partition_of
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
 from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
@@ -142,7 +144,7 @@ class PartitionProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
                         ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        partition = int(key[0])
+        partition = partition_of(key)
         records = unpack(rows, partition)
         out = self.engine.process(self.devices, records, now_ms)
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written}
@@ -163,7 +165,7 @@ class PartitionProcessor(StatefulProcessor):
         roster.timer_ms = 0  # this one fired
         tally = self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs())
         if tally:
-            yield tally_row(int(key[0]), tally)
+            yield tally_row(partition_of(key), tally)
 
     def _report_silence(self, roster: Roster, now_ms: int) -> dict[str, int]:
         """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""

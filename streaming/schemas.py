@@ -19,6 +19,7 @@ def _arrays(element: object, *names: str) -> list[StructField]:
 #: per-row costs in the stateful operator do not count.
 PACKED_SCHEMA = StructType([
     StructField("partition", IntegerType(), False),
+    StructField("operator_key", LongType(), False),  # the grouping key: streaming.operator_key
     StructField("first_offset", LongType(), False),
     *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
     *_arrays(StringType(), "key", "reason", "detail", "device_id", "device_type", "site", "event", "metric_name"),
