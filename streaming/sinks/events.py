@@ -20,7 +20,7 @@ from iotwatch.deadletter import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.sinks.influx_points import aggregate_point, alert_point
-from streaming.sinks.kafka_rows import produce_all
+from streaming.sinks.kafka_rows import produce_all, warm_producer
 
 if TYPE_CHECKING:
     from streaming.engine import BatchOutput
@@ -45,6 +45,7 @@ class EventSinks:
         self.alerts_topic = settings.topics.alerts
         self.dlq_topic = settings.topics.dlq
         self.influx = settings.influx if settings.influx.enabled else None
+        warm_producer(self.kafka_config)  # once per worker: the first alert is not kept waiting
 
     def write(self, output: BatchOutput) -> dict[str, int]:
         """Write everything but the readings; the counts for the batch's tally. A Kafka
