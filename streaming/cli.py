@@ -86,8 +86,20 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
                 log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
             stop_between_batches(job)
     if exception is not None:
-        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}")
+        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
+
+
+#: Spark's error classes for a checkpoint whose state an earlier version laid out otherwise.
+_STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
+
+
+def _hint(error: str) -> str:
+    """What to do about a failure a user can fix, appended to its message."""
+    if any(name in error for name in _STATE_LAYOUT_ERRORS):
+        return (" -- the checkpoint was written by an earlier iotwatch with another state layout: "
+                "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)")
+    return ""
 
 
 @click.command()

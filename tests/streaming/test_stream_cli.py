@@ -70,3 +70,13 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     assert "iotwatch stream: stopped after" in out and "{" not in out, out
     if committed:
         assert "received" in out and "┃" in out, out
+
+
+def test_a_checkpoint_of_another_state_layout_gets_a_hint_others_none() -> None:
+    """Spark's words for a checkpoint an earlier version wrote, plus what to do about it."""
+    from streaming.cli import _hint
+
+    spark_error = ("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing "
+                   "state key schema.")
+    assert "new --checkpoint directory" in _hint(spark_error)
+    assert _hint("[STREAM_FAILED] something else") == ""
