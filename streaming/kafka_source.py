@@ -141,12 +141,13 @@ class _Cached:
 
 
 class ConsumerCache:
-    """Consumers kept per ``(config, topic, partition)`` in a Python worker between tasks, as
-    Spark's own Kafka connector keeps them per executor (``spark.kafka.consumer.cache.capacity``).
+    """A consumer kept per client configuration in a Python worker between tasks, as Spark's
+    own Kafka connector keeps them per executor (``spark.kafka.consumer.cache.capacity``).
 
     Creating a consumer costs a connection and metadata on every range: with micro-batches a
     fraction of a second apart that is a large share of a batch. A cached consumer keeps its
-    connection but is unassigned between tasks and assigned at each range's start: an idle
+    connection but is unassigned between ranges and assigned at each range's start (any
+    topic and partition: a task's ranges are read one after another), so an idle
     consumer sends no fetches, so none is parked at the broker when the next range's records
     are already there. (Measured against the embedded broker, which holds a fetch for most
     of ``fetch.wait.max.ms`` even when records are waiting: a consumer that kept fetching
@@ -171,7 +172,7 @@ class ConsumerCache:
         """A consumer assigned to ``part``'s partition at its start offset."""
         from confluent_kafka import Consumer, TopicPartition
 
-        key = (tuple(sorted(opts.config.items())), reset, part.topic, part.partition)
+        key = (tuple(sorted(opts.config.items())), reset)
         cached = self._entries.pop(key, None)
         if cached is None:
             from iotwatch.logs import librdkafka_logger
@@ -184,7 +185,7 @@ class ConsumerCache:
         return key, cached
 
     def give_back(self, key: tuple[Any, ...], cached: _Cached) -> None:
-        """Keep ``cached`` (unassigned: it stops fetching) for the next range of its partition."""
+        """Keep ``cached`` (unassigned: it stops fetching) for the next range."""
         cached.consumer.unassign()
         cached.used_at = now = time.monotonic()
         self._entries[key] = cached
@@ -214,8 +215,9 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow batches of ``opts.chunk_rows``.
 
     assign() + the exact start offset (no group, no commit), with a consumer of the
-    worker's :class:`ConsumerCache`. Stops at the first record at or past ``end``, or at ``_PARTITION_EOF`` at/after ``end`` (offsets in between
-    that never arrive are transaction markers or compacted away). If nothing moves for
+    worker's :class:`ConsumerCache`. Stops at the first record at or past ``end``, or at
+    ``_PARTITION_EOF`` at/after ``end`` (offsets in between that never arrive are
+    transaction markers or compacted away). If nothing moves for
     ``poll_timeout_s`` it raises instead of hanging a task forever.
     """
     from confluent_kafka import KafkaError, KafkaException

@@ -51,8 +51,7 @@ def pack_chunk(partition: int, tasks: int, keys: list[bytes | None], values: lis
         "site": decoded.site, "event": decoded.event, "metric_name": decoded.metric_name,
         "metric_value": decoded.metric_value, "raw": pa.array(values, pa.binary()),
     }
-    arrays = [columns[f.name] if f.name in ("partition", "operator_key", "first_offset") else _listed(columns[f.name], f.type)
-              for f in _SCHEMA]
+    arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
 
 
