@@ -99,6 +99,12 @@ class Detector(abc.ABC):
     def score_one(self, x: Reading, t_ms: int) -> float:
         """Anomaly score of one reading in ``[0, 1]``, without learning from it."""
 
+    def surprise_one(self, x: Reading, t_ms: int) -> float:
+        """How surprising one reading is, without learning from it: its score before any
+        one-alarm-per-episode hold (a held detector scores 0 while an episode goes on, though
+        the reading may be as surprising as the one that began it). Without a hold: the score."""
+        return self.score_one(x, t_ms)
+
     def warmup_readings(self) -> int:
         """Readings this detector learns from before its scores mean anything (it scores 0
         until then), so tools can warn about a stream shorter than that."""

@@ -285,6 +285,12 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         score = self._score(v, t_ms, self._shorts(v, self._bin(v), t_ms))
         return score if score > self.held else 0.0
 
+    def surprise_one(self, x: Reading, t_ms: int) -> float:
+        v = self._value(x)
+        if v is None or self.n < self.warmup:
+            return 0.0
+        return self._score(v, t_ms, self._shorts(v, self._bin(v), t_ms))
+
     def learn_one(self, x: Reading, t_ms: int) -> None:
         v = self._value(x)
         if v is None:

@@ -41,6 +41,7 @@ from streaming import rules
 from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
                                 iso_time)
 from streaming.cleaning import clean_entries, scored_names
+from streaming.coupling import explained_entries
 from streaming.device_state import (BUCKET_FIELDS, COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_METRIC, EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS,
                                     EPISODE_FIELDS, IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH)
@@ -165,6 +166,8 @@ class _Readings:
         self.values = values
         self.entry_oor = out_of_range
         self.entry_scores = scores
+        #: The scores the anomaly rule reads: the detectors' but those a coupling explains (0).
+        self.alert_scores = scores
         self.out_of_range = np.bincount(entry_reading[out_of_range], minlength=self.n) > 0
         self.starts = np.searchsorted(entry_reading, np.arange(self.n + 1))
         self._by_name: dict[str, np.ndarray] = {}
@@ -258,11 +261,15 @@ class PartitionEngine:
         in_order = batch.in_order[er]
         scored = scored_names(names) & ~oor & in_order
         scores = np.full(len(names), np.nan)
+        surprises = np.full(len(names), np.nan)
         ts = batch.seq_ts[1][batch.scored]
         if scored.any():
             stream = pair_detector[pair_codes[scored]]
-            scores[scored] = self.kernel.score_learn(batch.table.detectors, stream.astype(np.int64), values[scored],
-                                                     ts[er[scored]].astype(np.int64), self.params)
+            surprise = np.empty(int(scored.sum()))
+            scores[scored] = self.kernel.score_learn_into(batch.table.detectors, stream.astype(np.int64),
+                                                          values[scored], ts[er[scored]].astype(np.int64), self.params,
+                                                          surprise)
+            surprises[scored] = surprise
         batch.remember_last(pair_row, pair_codes, values, ~oor & in_order)
         readings = _Readings(reading_type, batch.event[batch.scored], er, names, values, oor, scores)
         readings.device = reading_device
@@ -270,9 +277,12 @@ class PartitionEngine:
         readings.seq = batch.seq_ts[0][batch.scored]
         readings.in_order = batch.in_order
         readings.pair_slot = pair_slot[pair_codes] if len(pair_codes) else np.zeros(0, dtype=np.int64)
+        spec = self.specs[rules.ANOMALY]
+        explained = explained_entries(reading_type, er, names, surprises, moved=spec.clear, broken=spec.fire)
+        readings.alert_scores = np.where(explained, 0.0, scores)
         anomaly = np.zeros(len(batch.scored))
         if scored.any():
-            np.maximum.at(anomaly, er[scored], scores[scored])
+            np.maximum.at(anomaly, er[scored], readings.alert_scores[scored])
         readings.anomaly = anomaly
         return readings, self._reading_frame(batch, readings)
 
@@ -373,8 +383,8 @@ class PartitionEngine:
             """The most anomalous metric of the reading; or ``metric``, the one the open alert
             was raised on, so that its clear speaks of the same metric."""
             span = readings.entries(i)
-            ranked = sorted(((readings.names[k], float(readings.values[k]), float(readings.entry_scores[k]))
-                             for k in span if not np.isnan(readings.entry_scores[k])), key=lambda c: -c[2])
+            ranked = sorted(((readings.names[k], float(readings.values[k]), float(readings.alert_scores[k]))
+                             for k in span if not np.isnan(readings.alert_scores[k])), key=lambda c: -c[2])
             chosen = [c for c in ranked if c[0] == metric] or ranked
             if not chosen:
                 return Observation(0.0, None, None, fire, "no scored metric")

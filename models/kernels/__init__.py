@@ -39,8 +39,9 @@ KERNELS: dict[str, str] = {
 
 class Kernel(Protocol):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
-    the parameter vector read from a reference detector, a fresh row, the batch step, and a
-    warm-up that compiles (or loads) the step before the first micro-batch."""
+    the parameter vector read from a reference detector, a fresh row, the batch step (also
+    giving each reading's surprise before the hold, :meth:`models.base.Detector.surprise_one`),
+    and a warm-up that compiles (or loads) the step before the first micro-batch."""
 
     STATE_SIZE: int
 
@@ -50,6 +51,9 @@ class Kernel(Protocol):
 
     def score_learn(self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
                     params: np.ndarray) -> np.ndarray: ...
+
+    def score_learn_into(self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
+                         params: np.ndarray, surprise: np.ndarray) -> np.ndarray: ...
 
     def warm(self) -> None: ...
 

@@ -87,7 +87,7 @@ from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _p
                                           _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
 
 __all__ = ["A_HISTOGRAM", "A_RECENT", "HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT",
-           "SLOW", "STATE_SIZE", "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn",
+           "SLOW", "STATE_SIZE", "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn", "score_learn_into",
            "to_reference", "warm"]
 
 # --- state layout ------------------------------------------------------------------------------
@@ -113,6 +113,8 @@ P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
 
 _jit = numba.njit(cache=True, nogil=True)
+#: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
+_NO_SURPRISE = np.empty(0)
 
 
 # --- conversion to and from the reference ------------------------------------------------------
@@ -303,11 +305,13 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
 
 
 @_jit
-def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple) -> float:
-    """``EpisodeLikelihood.score_learn_one`` on one stream's row."""
+def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
+                     ) -> tuple[float, float]:
+    """``EpisodeLikelihood.score_learn_one`` on one stream's row, and the reading's
+    surprise (``surprise_one``: the score before the hold)."""
     v = _value(x)
     if math.isnan(v):
-        return 0.0
+        return 0.0, 0.0
     warmup = p[P_WARMUP]
     b = _bin(row[LOW], row[HIGH], p[P_MARGIN], v)
     sd, step_sd = _scales(row)
@@ -329,7 +333,7 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
               row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
               row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]))
     n = row[N]
-    out = 0.0
+    out = score = 0.0
     if n >= warmup:
         score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p)
         if score > row[HELD]:
@@ -379,14 +383,16 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
             delta = shorts[j] - row[VIEW + 3 * j + 1]
             row[VIEW + 3 * j + 1] += a * delta
             row[VIEW + 3 * j + 2] += a * (delta * delta - row[VIEW + 3 * j + 2])
-    return out
+    return out, score
 
 
 @_jit
-def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                params: np.ndarray) -> np.ndarray:
+def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
+                     params: np.ndarray, surprise: np.ndarray) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place): ``EpisodeLikelihood.score_learn_one({"m": values[i]}, t_ms[i])``.
+    (updated in place): ``EpisodeLikelihood.score_learn_one({"m": values[i]}, t_ms[i])``;
+    each reading's ``surprise_one`` goes to ``surprise`` when it has the batch's length
+    (pass an empty array to skip it).
 
     One call takes a whole micro-batch, many streams interleaved; each stream's readings
     must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
@@ -398,10 +404,19 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     tail_p = tail_params(params, P_STEP_TAIL)
     stuck_p = (params[P_STUCK], params[P_STUCK + 1], params[P_STUCK + 2], params[P_STUCK + 3], params[P_STUCK + 4])
+    keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
-        out[i] = _score_learn_one(states[stream[i]], values[i], float(t_ms[i]), params, tail_p, stuck_p)
+        out[i], raw = _score_learn_one(states[stream[i]], values[i], float(t_ms[i]), params, tail_p, stuck_p)
+        if keep:
+            surprise[i] = raw
     return out
+
+
+def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
+                params: np.ndarray) -> np.ndarray:
+    """:func:`score_learn_into` without the surprises: the scores alone."""
+    return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
 
 
 def warm() -> None:

@@ -96,7 +96,7 @@ __all__ = [
     "STUCK_DIRECTION", "STUCK_LAST", "STUCK_N", "STUCK_RATE", "STUCK_REVERSALS", "STUCK_RUN",
     "TAIL_CLUSTER_PEAK", "TAIL_GAP", "TAIL_INDEX", "TAIL_N", "TAIL_PEAKS", "TAIL_RATE", "TAIL_SIZE",
     "TAIL_PARAMS", "from_reference", "initial_state", "params_vector", "put_initial_tail", "put_tail_params",
-    "check_batch", "score_learn", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
+    "check_batch", "score_learn", "score_learn_into", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -128,6 +128,8 @@ P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
 
 _jit = numba.njit(cache=True, nogil=True)
+#: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
+_NO_SURPRISE = np.empty(0)
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
 Floats = tuple[float, ...]
 
@@ -520,10 +522,12 @@ def check_batch(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
 
 
 @_jit
-def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                params: np.ndarray) -> np.ndarray:
+def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
+                     params: np.ndarray, surprise: np.ndarray) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place): ``TailEnsemble.score_learn_one({"m": values[i]}, t_ms[i])``.
+    (updated in place): ``TailEnsemble.score_learn_one({"m": values[i]}, t_ms[i])``; the
+    ensemble holds nothing, so each reading's surprise is its score, copied to
+    ``surprise`` when it has the batch's length (pass an empty array to skip it).
 
     One call takes a whole micro-batch, many streams interleaved; each stream's readings
     must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
@@ -536,10 +540,19 @@ def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
     """
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     members = _member_params(params)
+    keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
         out[i] = _score_learn_one(states[stream[i]], values[i], members)
+        if keep:
+            surprise[i] = out[i]
     return out
+
+
+def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
+                params: np.ndarray) -> np.ndarray:
+    """:func:`score_learn_into` without the surprises: the scores alone."""
+    return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
 
 
 def warm() -> None:

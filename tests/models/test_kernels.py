@@ -68,15 +68,20 @@ def test_every_kernel_is_checked_here() -> None:
         assert kernel_for(name) is c.kernel and c.make().name == name
 
 
-def reference(make: Callable[[], Detector], readings: Readings) -> tuple[np.ndarray, dict[int, Detector]]:
-    """One reference detector per stream, fed in order: the scores and the detectors."""
+def reference(make: Callable[[], Detector], readings: Readings, surprises: np.ndarray | None = None
+              ) -> tuple[np.ndarray, dict[int, Detector]]:
+    """One reference detector per stream, fed in order: the scores and the detectors (and
+    each reading's ``surprise_one`` into ``surprises``)."""
     detectors: dict[int, Detector] = {}
     scores = np.empty(len(readings[0]))
     for i, (s, v, t) in enumerate(zip(*(a.tolist() for a in readings), strict=True)):
         if s not in detectors:
             detectors[s] = make()
         det = detectors[s]
-        scores[i] = det.score_learn_one({det.metric or "m": v}, t)
+        x = {det.metric or "m": v}
+        if surprises is not None:
+            surprises[i] = det.surprise_one(x, t)
+        scores[i] = det.score_learn_one(x, t)
     return scores, detectors
 
 
@@ -98,11 +103,16 @@ def assert_same_state(row: np.ndarray, detector: Detector, *, rebuild: bool = Tr
 
 def assert_agree(make: Callable[[], Detector], readings: Readings, n_streams: int, *,
                  rebuild: bool = True, case: Case = CASES["tail_ensemble"]) -> np.ndarray:
-    """All readings through one kernel call agree with per-stream reference detectors."""
-    ref_scores, detectors = reference(make, readings)
+    """All readings through one kernel call agree with per-stream reference detectors, and
+    so do the surprises (the scores before any hold)."""
+    ref_surprises = np.empty(len(readings[0]))
+    ref_scores, detectors = reference(make, readings, ref_surprises)
     states, params = fresh_states(make, n_streams, case.kernel)
-    scores = case.kernel.score_learn(states, *readings, params)
+    surprises = np.full(len(readings[0]), np.nan)
+    scores = case.kernel.score_learn_into(states, *readings, params, surprises)
     np.testing.assert_allclose(scores, ref_scores, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(surprises, ref_surprises, rtol=RTOL, atol=ATOL)
+    assert (surprises >= scores).all()  # a hold only ever lowers a score
     for s in range(n_streams):
         assert_same_state(states[s], detectors[s] if s in detectors else make(), rebuild=rebuild, case=case)
     return scores

