@@ -22,22 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Longest wait for a moment between micro-batches before a stop interrupts the one in
-#: progress (it is then re-run from the checkpoint by the next start).
-STOP_WAIT_S = 5.0
-
-
-def stop_between_batches(job: RunningJob, wait_s: float = STOP_WAIT_S) -> None:
-    """Stop the query, if possible between micro-batches (a stop interrupts the batch in
-    progress, which Spark reports with stack traces: those are logged at DEBUG)."""
-    from iotwatch.spark import quiet_stop
-
-    deadline = time.monotonic() + wait_s
-    while job.query.isActive and job.query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    with quiet_stop():
-        job.stop()
-
 
 def root_cause(text: str) -> str:
     """The most telling line of a Spark/py4j error: the last Python exception line, or the first."""
@@ -61,7 +45,7 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
             duration: float | None, query_name: str = "iotwatch_stream") -> RunningJob:
     """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done."""
     from iotwatch.spark import session_scope
-    from streaming.job import STREAM_CONF, start
+    from streaming.job import STOP_WAIT_S, STREAM_CONF, start
 
     prepare_outputs(settings)
     stop = threading.Event()
@@ -84,7 +68,7 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
         finally:
             if stop.is_set():
                 log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
-            stop_between_batches(job)
+            job.stop()
     if exception is not None:
         raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job

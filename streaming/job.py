@@ -27,6 +27,10 @@ from streaming.schemas import TALLY_SCHEMA
 
 log = logging.getLogger(__name__)
 
+#: Longest wait for a moment between micro-batches before a stop interrupts the one in
+#: progress (it is then re-run from the checkpoint by the next start).
+STOP_WAIT_S = 5.0
+
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -88,11 +92,19 @@ class RunningJob:
             time.sleep(0.5)
         self.stop()
 
-    def stop(self) -> None:
-        """Stop the query once its last micro-batch is counted (idempotent; tolerates a JVM
-        already shutting down)."""
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop the query, if possible between micro-batches (waiting up to ``wait_s``): a
+        stop interrupts the micro-batch in progress, which Spark reports with stack traces,
+        logged at DEBUG here (the batch re-runs from the checkpoint on the next start).
+        Idempotent; tolerates a JVM already shutting down."""
+        from iotwatch.spark import quiet_stop
+
+        deadline = time.monotonic() + wait_s
         try:
-            self.query.stop()
+            while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            with quiet_stop():
+                self.query.stop()
             self.reporter.close()
         except Exception as exc:  # noqa: BLE001 - py4j errors when the JVM is going away
             log.warning("stopping the query: %s", str(exc).splitlines()[0])

@@ -476,12 +476,18 @@ def kafka_options(settings: KafkaSettings, source: Literal["python", "spark"]) -
     return opts
 
 
+#: Session setting that marks the source as registered in this Spark session.
+_REGISTERED = "iotwatch.kafkaSource.registered"
+
+
 def _register(spark: SparkSession, source: str) -> str:
     if source == "spark":
         return "kafka"
     if source != "python":
         raise ValueError(f"source must be 'python' or 'spark', not {source!r}")
-    spark.dataSource.register(KafkaDataSource)
+    if spark.conf.get(_REGISTERED, "false") != "true":  # again would log a warning per query
+        spark.dataSource.register(KafkaDataSource)
+        spark.conf.set(_REGISTERED, "true")
     return FORMAT
 
 
