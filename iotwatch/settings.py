@@ -267,8 +267,10 @@ class StreamSettings(_ConcernSettings):
                               description="Parquet master dataset: clean readings by date and device type")
     kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
-    max_offsets_per_trigger: int | None = Field(100_000, ge=1, description="records per micro-batch at most: "
-                                                "larger batches spread its fixed cost when catching up on a backlog")
+    max_offsets_per_trigger: int | None = Field(200_000, ge=1, description="records per micro-batch at most: "
+                                                "larger batches spread its fixed cost when catching up on a backlog "
+                                                "(with a large fleet, each device's state is read and written once "
+                                                "a batch, however many of its readings the batch holds)")
     trigger_interval_s: float = Field(0.0, ge=0, description="seconds between micro-batch starts; 0: the next "
                                       "starts as soon as the previous one ends (lowest latency)")
     shuffle_partitions: int = Field(2, ge=1, description="tasks of the stateful operator per micro-batch: the "

@@ -204,7 +204,8 @@ def _ints(text: str) -> list[int]:
 
 
 @click.command("stream")
-@click.option("--records", default=300_000, show_default=True, help="Pre-loaded records per throughput run.")
+@click.option("--records", default=600_000, show_default=True,
+              help="Pre-loaded records per throughput run (three micro-batches of the default size).")
 @click.option("--devices", "devices_text", default="1000,10000,100000", show_default=True,
               help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).")
 @click.option("--rate", "rates_text", default="5000,20000", show_default=True,

@@ -68,7 +68,7 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
         finally:
             if stop.is_set():
                 log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
-            job.stop()
+            job.stop(STOP_WAIT_S)
     if exception is not None:
         raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
