@@ -15,6 +15,7 @@ from dashboards import build_all
 from dashboards.queries import queries
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.demo.accounting import END_OF_RUN, FALSE_ALARM, MATCHED, match_alerts
+from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
 
@@ -53,6 +54,19 @@ def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> 
     assert summary["false_alarms_by_rule"] == {"anomaly_score": 1, "device_silent": 1}
     assert summary["by_kind"]["level_shift"]["median_delay_s"] == 4.0
     assert summary["by_kind"]["dropout"]["median_delay_s"] is None  # silence is judged in wall time
+
+
+def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
+    """The device dashboard annotates commands: the demo checks it on a device that had one
+    (so that query can return data), else on one whose alert matched an injected anomaly."""
+    identities = {"h-door": ("door_sensor", "h"), "h-leak": ("leak_sensor", "h"), "car": ("vehicle_edr", "road")}
+    alerts = [{**alert("door", "h-door", "anomaly_score", 10), "metric": "temperature_c"},
+              {**alert("leak", "h-leak", "water_leak", 20), "metric": "water_detected"}]
+    verdicts = {"door": MATCHED, "leak": MATCHED}
+    picked = pick_values(alerts, verdicts, identities, frozenset({"h-leak", "car"}))
+    assert picked is not None and (picked.device, picked.metric, picked.vehicles) == ("h-leak", "water_detected", ["car"])
+    picked = pick_values(alerts, {"door": MATCHED, "leak": FALSE_ALARM}, identities)
+    assert picked is not None and (picked.device, picked.site) == ("h-door", "h")
 
 
 @pytest.mark.slow

@@ -303,7 +303,8 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
                        "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
                        "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None},
         "closed_loop": closed_loop.summarise(audits, alerts, truth),
-        "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities),
+        "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities,
+                                       frozenset(a.device_id for a in audits)),
         "components": results,
     }
     folder = options.out / "report"
@@ -317,17 +318,19 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
 
 
 def pick_values(alerts: list[dict[str, Any]], verdicts: dict[str, str],
-                identities: dict[str, tuple[str, str]]) -> Picks | None:
+                identities: dict[str, tuple[str, str]], commanded: frozenset[str] = frozenset()) -> Picks | None:
     """Dashboard variables as an operator would set them after this run: the site of a home
-    device that raised an alert (one matching an injected anomaly if any), that device and
-    the alert's metric; every site and every vehicle where a picker takes several (they
-    open on All); the demo gateway."""
+    device that raised an alert (one that was sent a command if any, so the device
+    dashboard's command annotations have something to show; then one matching an injected
+    anomaly), that device and the alert's metric; every site and every vehicle where a
+    picker takes several (they open on All); the demo gateway."""
     homes = sorted(d for d, (kind, _) in identities.items() if kind in PRIMARY_METRIC and kind != "vehicle_edr")
     if not homes:
         return None
     raised = sorted((a for a in alerts if a.get("state") == "raised" and a["device_id"] in homes
                      and a.get("rule") != "device_silent"),
-                    key=lambda a: (verdicts.get(a["alert_id"]) != "matched", a.get("metric") is None))
+                    key=lambda a: (a["device_id"] not in commanded, verdicts.get(a["alert_id"]) != "matched",
+                                   a.get("metric") is None))
     device, metric = (raised[0]["device_id"], raised[0].get("metric")) if raised else (homes[0], None)
     device_type, site = identities[device]
     vehicles = sorted(d for d, (kind, _) in identities.items() if kind == "vehicle_edr")
@@ -336,12 +339,13 @@ def pick_values(alerts: list[dict[str, Any]], verdicts: dict[str, str],
 
 
 def check_dashboards(settings: Settings, alerts: list[dict[str, Any]], verdicts: dict[str, str],
-                     identities: dict[str, tuple[str, str]]) -> dict[str, Any] | None:
+                     identities: dict[str, tuple[str, str]], commanded: frozenset[str] = frozenset()
+                     ) -> dict[str, Any] | None:
     """Run every dashboard query (panels, variables, annotations) against the run's InfluxDB,
     with the variables set from the run; None when the stack runs without InfluxDB."""
     if not settings.influx.enabled:
         return None
-    picks = pick_values(alerts, verdicts, identities)
+    picks = pick_values(alerts, verdicts, identities, commanded)
     if picks is None:
         return {"error": "no home device in the raw topic to set the dashboard variables with"}
     client = InfluxV1Client(settings.influx)
