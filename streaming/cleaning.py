@@ -101,6 +101,15 @@ def is_scored(metric: str) -> bool:
 # --- the same, over a whole micro-batch at once (the streaming hot path) -----------------------
 
 
+def entry_column(n: int, entry_reading: np.ndarray, names: np.ndarray, values: np.ndarray, metric: str) -> np.ndarray:
+    """One metric's entry values (a value, a score) as a column over ``n`` readings: NaN
+    where a reading lacks the metric."""
+    column = np.full(n, np.nan)
+    hits = names == metric
+    column[entry_reading[hits]] = values[hits]
+    return column
+
+
 def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened

@@ -40,7 +40,7 @@ from models.kernels import kernel_for
 from streaming import rules
 from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
                                 iso_time)
-from streaming.cleaning import clean_entries, scored_names
+from streaming.cleaning import clean_entries, entry_column, scored_names
 from streaming.coupling import explained_entries
 from streaming.device_state import (BUCKET_FIELDS, COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
                                     EP_METRIC, EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS,
@@ -175,9 +175,7 @@ class _Readings:
     def metric(self, name: str) -> np.ndarray:
         column = self._by_name.get(name)
         if column is None:
-            column = np.full(self.n, np.nan)
-            hits = self.names == name
-            column[self.entry_reading[hits]] = self.values[hits]
+            column = entry_column(self.n, self.entry_reading, self.names, self.values, name)
             self._by_name[name] = column
         return column
 
