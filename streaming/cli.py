@@ -15,7 +15,7 @@ import click
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.settings import Settings
+from iotwatch.settings import Settings, StreamSettings
 
 if TYPE_CHECKING:
     from streaming.job import RunningJob
@@ -95,7 +95,10 @@ def _hint(error: str) -> str:
               help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).")
 @click.option("--trigger", "trigger_s", type=float, help="Seconds between micro-batch starts (default 0: each starts "
                                                        "as soon as the previous one ends).")
-@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), help="Records per micro-batch at most.")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1),
+              help="Records per micro-batch at most (default IOTWATCH_STREAM_MAX_OFFSETS_PER_TRIGGER, "
+                   f"{StreamSettings.model_fields['max_offsets_per_trigger'].default:,}): larger batches catch up "
+                   "on a backlog faster, most of all with a large fleet.")
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
 @click.option("--kafka-source", type=click.Choice(["python", "spark"]),
               help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).")
