@@ -283,6 +283,9 @@ class StreamSettings(_ConcernSettings):
                               "micro-batch reads and rewrites the shards it touches (more shards: fewer bytes "
                               "rewritten per batch with many devices, more state-store calls with few); fixed "
                               "when a checkpoint is created")
+    shard_cache: bool = Field(True, description="serve device-state shards from a local copy kept by the "
+                              "executor when the state store says it is current (streaming/shard_cache.py): "
+                              "saves the state-store read, the cost that grows most with the fleet")
     silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")

@@ -32,9 +32,10 @@ from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
 from streaming.operator_key import partition_of
-from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
+from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
 from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
+from streaming.shard_cache import ShardCache
 from streaming.state_store import ShardedStore
 from streaming.worker_heap import freeze_imports
 
@@ -136,7 +137,9 @@ class PartitionProcessor(StatefulProcessor):
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
         self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms, self.engine.seq_words,
-                                    self.engine.kernel.STATE_SIZE)
+                                    self.engine.kernel.STATE_SIZE,
+                                    handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA))
+        self.cache: ShardCache | None = None  # made on first use: init also runs on the driver
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
         self.ttl_ms = ttl_ms
@@ -144,10 +147,10 @@ class PartitionProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
                         ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        partition = partition_of(key)
+        partition = self._serve(key)
         records = unpack(rows, partition)
         out = self.engine.process(self.devices, records, now_ms)
-        tally = {**out.counters, **self.sinks.write(out), **self.devices.written}
+        tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
         if len(records.offset):
             tally["archive_files"] = self.archive.write(out.readings, partition, int(records.offset.min()),
                                                         int(records.offset.max()))
@@ -161,11 +164,20 @@ class PartitionProcessor(StatefulProcessor):
                            ) -> Iterator[pd.DataFrame]:
         if not self.roster.exists():
             return
+        partition = self._serve(key)
         roster = Roster.load(self.roster.get())
         roster.timer_ms = 0  # this one fired
         tally = self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs())
         if tally:
-            yield tally_row(partition_of(key), tally)
+            yield tally_row(partition, tally)
+
+    def _serve(self, key: Any) -> int:
+        """The key's Kafka partition, which the device store now serves."""
+        if self.cache is None and self.settings.shard_cache:
+            self.cache = ShardCache.on_worker()
+        partition = partition_of(key)
+        self.devices.serve(partition, self.cache)
+        return partition
 
     def _report_silence(self, roster: Roster, now_ms: int) -> dict[str, int]:
         """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""

@@ -61,7 +61,8 @@ TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates
                 "no_device": "no_device", "alerts_raised": "alerts_raised", "alerts_cleared": "alerts_cleared",
                 "aggregates": "aggregate", "archive_files": "archive_files",
                 "influx_write_failures": "influx_write_failures", "state_bytes": "state_bytes",
-                "state_devices": "state_devices"}
+                "state_devices": "state_devices", "state_shards_read": "state_shards_read",
+                "state_shards_cached": "state_shards_cached"}
 
 #: What the stateful operator emits: one tally row per partition and call, a column per
 #: counter. Alerts, dead letters, aggregates and the archive are written by the operator
@@ -77,6 +78,10 @@ AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
 #: serialised :class:`streaming.device_table.DeviceTable` (see
 #: :class:`streaming.state_store.ShardedStore`).
 DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
+
+#: Per Kafka partition: the token of each shard's local copy, an int64 per shard
+#: (:mod:`streaming.shard_cache`).
+SHARD_TOKENS_SCHEMA = StructType([StructField("tokens", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
 #: silence was reported (see :class:`streaming.processor.Roster`).

@@ -5,12 +5,15 @@ one value per shard holds its devices' state as one serialised table, so a micro
 costs two state-store calls per shard it touches -- each call a round trip between the
 Python worker and the JVM -- and numpy work over the shard's columns, never Python work
 per device. Devices silent longer than the TTL are dropped when their shard is rewritten
-(the store's own TTL would keep them, since the shard itself stays busy). Tests and the
-simulated evaluation use the same store over a dict (:class:`MemoryStore`).
+(the store's own TTL would keep them, since the shard itself stays busy). In the job, a
+shard read is served from the executor's local copy when the state store says that copy
+is current (:mod:`streaming.shard_cache`). Tests and the simulated evaluation use the same
+store over a dict (:class:`MemoryStore`).
 """
 
 from __future__ import annotations
 
+import secrets
 import struct
 import zlib
 from collections.abc import Sequence
@@ -21,6 +24,7 @@ import pandas as pd
 
 from streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
 from streaming.device_table import COMPRESSED, MAGIC, DeviceTable
+from streaming.shard_cache import ShardCache
 
 
 class MapStateLike(Protocol):
@@ -29,6 +33,16 @@ class MapStateLike(Protocol):
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None: ...
+
+
+class ValueStateLike(Protocol):
+    """The part of Spark's ``ValueState`` the store uses."""
+
+    def exists(self) -> bool: ...
+
+    def get(self) -> tuple[Any, ...] | None: ...
+
+    def update(self, value: tuple[Any, ...]) -> None: ...
 
 
 class DictMapState:
@@ -44,26 +58,84 @@ class DictMapState:
         self.values[key] = value
 
 
+class DictValueState:
+    """A ``ValueState`` in an attribute: the shard tokens without Spark (tests)."""
+
+    def __init__(self) -> None:
+        self.value: tuple[Any, ...] | None = None
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple[Any, ...] | None:
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+
+
 class ShardedStore:
     """A partition's device states in shards; see the module's docstring."""
 
-    def __init__(self, state: MapStateLike, shards: int, ttl_ms: int, seq_words: int, state_size: int) -> None:
+    def __init__(self, state: MapStateLike, shards: int, ttl_ms: int, seq_words: int, state_size: int,
+                 tokens: ValueStateLike | None = None) -> None:
+        """``tokens``: where the state store keeps the token of each shard's cached copy
+        (without it, no cache is used)."""
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
         self.seq_words, self.state_size = seq_words, state_size
+        self.tokens = tokens
+        self.cache: ShardCache | None = None
+        self.partition = 0  # the grouping key the state handles serve now (see serve)
+        self._token = np.zeros(shards, dtype=np.int64)
         self._loaded: dict[int, DeviceTable] = {}
         self._shard_of = np.zeros(0, dtype=np.int64)
         self.found = np.zeros(0, dtype=bool)  # which devices of the last load_many were known
         self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
+        self.read = {"state_shards_read": 0, "state_shards_cached": 0}  # by the last load_many
 
     def shard_of(self, device_ids: Sequence[str]) -> np.ndarray:
         return np.fromiter((zlib.crc32(d.encode()) % self.shards for d in device_ids), dtype=np.int64,
                            count=len(device_ids))
 
-    def _read(self, shard: int) -> DeviceTable:
+    def serve(self, partition: int, cache: ShardCache | None = None) -> None:
+        """Say which grouping key (Kafka partition) Spark's state handles serve now -- like
+        them, the store works for one key at a time, and its cached shards are named by
+        it -- and the executor's shard cache, if any (used only with ``tokens``)."""
+        self.partition = partition
+        self.cache = cache if self.tokens is not None else None
+
+    def _cache_name(self, shard: int) -> str:
+        return f"{self.partition}-{shard}"
+
+    def _read_tokens(self) -> np.ndarray:
+        if self.tokens is None or not self.tokens.exists():
+            return np.zeros(self.shards, dtype=np.int64)
+        value = self.tokens.get()
+        tokens = np.frombuffer(value[0], dtype=np.int64) if value else np.zeros(0, dtype=np.int64)
+        return tokens.copy() if len(tokens) == self.shards else np.zeros(self.shards, dtype=np.int64)
+
+    def _read_value(self, shard: int) -> bytes | None:
+        token = int(self._token[shard])
+        self.read["state_shards_read"] += 1
+        if self.cache is not None and token:
+            blob = self.cache.get(self._cache_name(shard), token)
+            if blob is not None:
+                self.read["state_shards_cached"] += 1
+                return blob
         value = self.state.getValue((shard,))
-        if value is None:
+        return None if value is None else value[0]
+
+    def _write_value(self, shard: int, blob: bytes) -> None:
+        self.state.updateValue((shard,), (blob,))
+        if self.cache is not None:
+            token = secrets.randbits(62) + 1  # 0 means "no copy"
+            self._token[shard] = token
+            self.cache.put(self._cache_name(shard), token, blob)
+
+    def _read(self, shard: int) -> DeviceTable:
+        blob = self._read_value(shard)
+        if blob is None:
             return DeviceTable.empty([], self.seq_words, self.state_size)
-        blob = value[0]
         if blob[:len(MAGIC)] in (MAGIC, COMPRESSED):
             return DeviceTable.from_bytes(blob, self.state_size)
         entries = decode_legacy_shard(blob)
@@ -74,6 +146,8 @@ class ShardedStore:
         """The devices' state in the given order (new devices empty); remembered for :meth:`save_many`."""
         ids = np.asarray(list(device_ids), dtype=object)
         self._shard_of = self.shard_of(ids.tolist())
+        self._token = self._read_tokens()
+        self.read = {"state_shards_read": 0, "state_shards_cached": 0}
         self._loaded = {s: self._read(s) for s in np.unique(self._shard_of).tolist()}
         if not self._loaded:
             self.found = np.zeros(0, dtype=bool)
@@ -109,13 +183,16 @@ class ShardedStore:
             merged = fresh if not keep.any() else DeviceTable.concat([old if keep.all() else old.take(
                 np.flatnonzero(keep)), fresh])
             blob = merged.to_bytes()
-            self.state.updateValue((shard,), (blob,))
+            self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
             self.written["state_devices"] += len(merged)
+        if self.tokens is not None and self._loaded:
+            self.tokens.update((self._token.tobytes(),))
         self._loaded = {}
 
     def load(self, device_id: str) -> DeviceState | None:
         """One device's state in the per-device layout, None when unknown (tests, tools)."""
+        self._token = self._read_tokens()
         table = self._read(int(self.shard_of([device_id])[0]))
         rows = np.flatnonzero(table.ids == device_id)
         return table.state(int(rows[0])) if len(rows) else None

@@ -63,6 +63,8 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
     assert totals["duplicate"] == scenario.duplicates
     assert totals["late"] == len(scenario.late)
     assert totals["dlq"] == scenario.malformed
+    # State: after the first micro-batches, shards come from the executor's copy (streaming/shard_cache.py).
+    assert 0 < totals["state_shards_cached"] < totals["state_shards_read"]
 
     # Archive: clean readings in Parquet, partitioned by date and device type, each (device, seq) once.
     archive = pd.read_parquet(tmp_path / "archive" / "readings")

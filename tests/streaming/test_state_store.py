@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import struct
+from pathlib import Path
 
 import numpy as np
 
 from streaming.device_state import LAST_WALL_MS, RECEIVED
 from streaming.device_table import DeviceTable
-from streaming.state_store import DictMapState, MemoryStore, ShardedStore
+from streaming.shard_cache import ShardCache
+from streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
 from tests.streaming.test_engine import Harness, _comparable, record
 
 
@@ -79,6 +81,53 @@ def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_
     store.load_many(["c", "e"])  # e asked for (say, by the silence timer) but never heard from
     store.save_many(store.load_many(["c", "e"]), now_ms=2_000)
     assert store.load("e") is None and store.load("c") is not None
+
+
+def test_the_shard_cache_answers_only_for_the_token_it_was_written_with(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "cache")
+    assert cache.get("0-1", 7) is None
+    cache.put("0-1", 7, b"shard")
+    assert cache.get("0-1", 7) == b"shard" and cache.get("0-1", 8) is None and cache.get("1-1", 7) is None
+    cache.put("0-1", 8, b"newer")
+    assert cache.get("0-1", 7) is None and cache.get("0-1", 8) == b"newer"
+    (tmp_path / "cache" / "0-1").write_bytes(b"\x08")  # a file cut short reads as no copy
+    assert cache.get("0-1", 8) is None
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["0-1"]  # no partial files left
+
+
+def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_copy(tmp_path: Path) -> None:
+    """The state store stays the truth: a rolled-back version, another executor's write or a
+    copy from another partition never serves a read."""
+    ids = [f"dev-{i}" for i in range(40)]
+    state, tokens = DictMapState(), DictValueState()
+
+    def executor(name: str, partition: int = 0) -> ShardedStore:
+        store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3, tokens=tokens)
+        store.serve(partition, ShardCache(tmp_path / name))
+        return store
+
+    def batch(store: ShardedStore, received: int) -> dict[str, int]:
+        """One micro-batch touching every device; what its read came from."""
+        table = store.load_many(ids)
+        seen = table.core[:, RECEIVED].tolist()
+        table.core[:, RECEIVED] = received
+        store.save_many(table, now_ms=0)
+        return {**store.read, "received_before": seen[0] if len(set(seen)) == 1 else -1}
+
+    one = executor("one")
+    assert batch(one, 1) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 0}
+    assert batch(one, 2) == {"state_shards_read": 4, "state_shards_cached": 4, "received_before": 1}
+    version_2 = (dict(state.values), tokens.value)
+    assert batch(one, 3)["state_shards_cached"] == 4  # the cache now holds version 3
+    state.values, tokens.value = dict(version_2[0]), version_2[1]  # version 3's task failed: rolled back
+    assert batch(one, 4) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 2}
+    assert batch(executor("two"), 5)["state_shards_cached"] == 0  # another executor's cache is empty...
+    assert batch(one, 6) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 5}  # ...and wins
+    other_partition = executor("one", partition=1)
+    tokens.value = None  # (a partition's tokens are its own state: this one has none yet)
+    assert batch(other_partition, 7)["state_shards_cached"] == 0
+    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3)
+    assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 7}
 
 
 def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
