@@ -14,19 +14,28 @@ from confluent_kafka import Producer
 from alerts.book import AlertBook, AlertView, UnknownAlert
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AlertStep, AlertState, Matchers, Silence, encode, stable_id
+from iotwatch.oncall import ONCALL_SCHEMA_VERSION, AlertState, AlertStep, Matchers, Silence, encode, stable_id
 from iotwatch.settings import Settings
 
 
 def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
     """Produce one record and wait until the broker confirmed it (idempotent producer)."""
     ensure_topics(settings.kafka, [topic], compacted=True)
-    produce_confirmed(Producer({**client_config(settings.kafka), "enable.idempotence": True}), topic, key.encode(),
-                      value)
+    produce_confirmed(
+        Producer({**client_config(settings.kafka), "enable.idempotence": True}), topic, key.encode(), value
+    )
 
 
-def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, note: str | None = None,
-                now_ms: int | None = None, *, action: AlertStep = AlertStep.ACKNOWLEDGED) -> AlertView:
+def acknowledge(
+    settings: Settings,
+    book: AlertBook,
+    alert_id: str,
+    by: str,
+    note: str | None = None,
+    now_ms: int | None = None,
+    *,
+    action: AlertStep = AlertStep.ACKNOWLEDGED,
+) -> AlertView:
     """Record that ``by`` acknowledged the open alert ``alert_id`` (or a unique prefix of it);
     ``action=UNACKNOWLEDGED`` takes an acknowledgement back (the forwarder repeats it again)."""
     view = book.find(alert_id)
@@ -36,26 +45,44 @@ def acknowledge(settings: Settings, book: AlertBook, alert_id: str, by: str, not
         raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.ack.by}")  # type: ignore[union-attr]
     if action == AlertStep.UNACKNOWLEDGED and not view.acked:
         raise IotwatchError(f"alert {view.alert_id} is not acknowledged")
-    ack = AlertState(ONCALL_SCHEMA_VERSION, view.alert_id, action, by,
-                   now_ms if now_ms is not None else int(time.time() * 1000), note)
+    ack = AlertState(
+        ONCALL_SCHEMA_VERSION,
+        view.alert_id,
+        action,
+        by,
+        now_ms if now_ms is not None else int(time.time() * 1000),
+        note,
+    )
     publish(settings, settings.topics.alert_state, view.alert_id, encode(ack))
     return book.apply_ack(ack)
 
 
-def add_silence(settings: Settings, matchers: Matchers, duration_s: float, by: str, comment: str | None = None,
-                now_ms: int | None = None) -> Silence:
+def add_silence(
+    settings: Settings,
+    matchers: Matchers,
+    duration_s: float,
+    by: str,
+    comment: str | None = None,
+    now_ms: int | None = None,
+) -> Silence:
     """Silence alerts matching ``matchers`` for ``duration_s`` from now."""
     if not matchers.describe():
         raise IotwatchError("a silence needs at least one of --site, --device, --rule, --severity")
     now = now_ms if now_ms is not None else int(time.time() * 1000)
-    silence = Silence(ONCALL_SCHEMA_VERSION, stable_id(matchers.describe(), now, by), matchers, now,
-                      now + int(duration_s * 1000), by, comment)
+    silence = Silence(
+        ONCALL_SCHEMA_VERSION,
+        stable_id(matchers.describe(), now, by),
+        matchers,
+        now,
+        now + int(duration_s * 1000),
+        by,
+        comment,
+    )
     publish(settings, settings.topics.silences, silence.silence_id, encode(silence))
     return silence
 
 
-def revoke_silence(settings: Settings, book: AlertBook, silence_id: str, by: str,
-                   now_ms: int | None = None) -> Silence:
+def revoke_silence(settings: Settings, book: AlertBook, silence_id: str, by: str, now_ms: int | None = None) -> Silence:
     """End an active silence now (the record is rewritten with the new end and who ended it)."""
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     silence = book.silences.get(silence_id)
@@ -63,8 +90,16 @@ def revoke_silence(settings: Settings, book: AlertBook, silence_id: str, by: str
         raise UnknownAlert(f"no silence with id {silence_id!r}")
     if silence.ends_at_ms <= now:
         raise IotwatchError(f"silence {silence_id} is not active (it ended or was revoked)")
-    ended = Silence(ONCALL_SCHEMA_VERSION, silence.silence_id, silence.matchers, silence.starts_at_ms, now,
-                    silence.created_by, silence.comment, by)
+    ended = Silence(
+        ONCALL_SCHEMA_VERSION,
+        silence.silence_id,
+        silence.matchers,
+        silence.starts_at_ms,
+        now,
+        silence.created_by,
+        silence.comment,
+        by,
+    )
     publish(settings, settings.topics.silences, ended.silence_id, encode(ended))
     book.apply_silence(ended)
     return ended

@@ -23,7 +23,7 @@ from confluent_kafka import Message
 from alerts.records import BadAlert, decode, severity_rank
 from iotwatch.clients.kafka import TopicFollower
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import AlertStep, AlertState, BadRecord, Silence
+from iotwatch.oncall import AlertState, AlertStep, BadRecord, Silence
 from iotwatch.oncall import decode as decode_record
 from iotwatch.settings import Settings
 
@@ -71,8 +71,12 @@ class AlertView:
 
     def needs_cleared_after_ack(self) -> bool:
         """Acknowledged, then cleared, and the alert-state topic does not say so yet."""
-        return (self.cleared is not None and self.ack is not None and self.ack.action == AlertStep.ACKNOWLEDGED
-                and self.ack.at_ms <= detected_ms(self.cleared))
+        return (
+            self.cleared is not None
+            and self.ack is not None
+            and self.ack.action == AlertStep.ACKNOWLEDGED
+            and self.ack.at_ms <= detected_ms(self.cleared)
+        )
 
     @property
     def raised_ms(self) -> int | None:
@@ -91,11 +95,17 @@ class AlertView:
     def as_dict(self) -> dict[str, Any]:
         """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
         ack = self.ack if self.acked else None
-        return {**self.record, "status": self.status, "raised_at_ms": self.raised_ms,
-                "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
-                "acked_by": ack.by if ack else None, "acked_at_ms": ack.at_ms if ack else None,
-                "ack_note": ack.note if ack else None, "seconds_to_ack": self.seconds_to_ack(),
-                "seconds_to_clear": self.seconds_to_clear()}
+        return {
+            **self.record,
+            "status": self.status,
+            "raised_at_ms": self.raised_ms,
+            "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
+            "acked_by": ack.by if ack else None,
+            "acked_at_ms": ack.at_ms if ack else None,
+            "ack_note": ack.note if ack else None,
+            "seconds_to_ack": self.seconds_to_ack(),
+            "seconds_to_clear": self.seconds_to_clear(),
+        }
 
 
 def _ended_ms(view: AlertView) -> int:
@@ -148,8 +158,7 @@ class AlertBook:
                 self.apply_silence(decode_record(message.value(), Silence))
         except (BadAlert, BadRecord) as exc:
             self.malformed += 1
-            log.warning("skipping malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(),
-                        exc)
+            log.warning("skipping malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(), exc)
         return None
 
     # -- staying bounded (the long-running services) ----------------------------------------
@@ -159,8 +168,11 @@ class AlertBook:
         step seen, no raise) unless ``keep`` wants them still, and the silences that expired
         that long ago; returns the alert ids dropped. Their records stay in Kafka."""
         cutoff = now_ms - after_ms
-        gone = [alert_id for alert_id, view in self.alerts.items()
-                if not view.firing and _ended_ms(view) <= cutoff and not keep(view)]
+        gone = [
+            alert_id
+            for alert_id, view in self.alerts.items()
+            if not view.firing and _ended_ms(view) <= cutoff and not keep(view)
+        ]
         for alert_id in gone:
             del self.alerts[alert_id]
         for silence_id in [k for k, s in self.silences.items() if s.ends_at_ms <= cutoff]:
@@ -179,15 +191,22 @@ class AlertBook:
             if len(matches) == 1:
                 return matches[0]
             if len(matches) > 1:
-                raise UnknownAlert(f"alert id prefix {alert_id!r} is ambiguous ({len(matches)} alerts); give more of it")
+                raise UnknownAlert(
+                    f"alert id prefix {alert_id!r} is ambiguous ({len(matches)} alerts); give more of it"
+                )
         raise UnknownAlert(f"no alert with id {alert_id!r} on the alert topic")
 
     def silence_for(self, alert: dict[str, Any], now_ms: int) -> Silence | None:
         """The active silence that mutes ``alert`` now, if any."""
         return next((s for s in self.silences.values() if s.silences(alert, now_ms)), None)
 
-    def select(self, *, open_only: bool = False, sites: Iterable[str] = (), min_severity: str | None = None,
-               ) -> Iterator[AlertView]:
+    def select(
+        self,
+        *,
+        open_only: bool = False,
+        sites: Iterable[str] = (),
+        min_severity: str | None = None,
+    ) -> Iterator[AlertView]:
         """Known alerts (seen raised or cleared), open ones first, most severe first, newest first."""
         sites = frozenset(sites)
         views = [v for v in self.alerts.values() if v.raised is not None or v.cleared is not None]

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import click
 
 from alerts.records import SEVERITIES, STATES
-from iotwatch.settings import AlertsSettings
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.errors import IotwatchError
+from iotwatch.settings import AlertsSettings
 
 
 def _stop_on_signals() -> threading.Event:
@@ -44,13 +44,24 @@ def common_options(kind: str, limit_help: str) -> Any:
     scripts and tests. A viewer (tail) starts a new group at the newest alert; a delivery
     pipeline (forward) at the oldest retained one, so alerts raised before its first run are
     not skipped."""
-    start = (click.option("--from-latest", "from_beginning", flag_value=False, default=True,
-                          help="A group with no committed offsets starts at the newest alert instead of the oldest "
-                               "retained one; otherwise it resumes.")
-             if kind == "FORWARD" else
-             click.option("--from-beginning", is_flag=True, help="A group with no committed offsets starts at the "
-                                                                 "oldest alert instead of the newest; otherwise it "
-                                                                 "resumes."))
+    start = (
+        click.option(
+            "--from-latest",
+            "from_beginning",
+            flag_value=False,
+            default=True,
+            help="A group with no committed offsets starts at the newest alert instead of the oldest "
+            "retained one; otherwise it resumes.",
+        )
+        if kind == "FORWARD"
+        else click.option(
+            "--from-beginning",
+            is_flag=True,
+            help="A group with no committed offsets starts at the "
+            "oldest alert instead of the newest; otherwise it "
+            "resumes.",
+        )
+    )
     options = [
         click.option("--group", "group_id", help=f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."),
         start,
@@ -74,24 +85,44 @@ def stacked(options: list[Any]) -> Any:
 @alerts.command()
 @endpoint_options(kafka=True)
 @common_options("TAIL", "Stop after showing this many alerts (those passing the filters).")
-@click.option("--severity", type=click.Choice(SEVERITIES), help="Minimum severity shown (critical > major > "
-                                                                "minor > warning).")
+@click.option(
+    "--severity", type=click.Choice(SEVERITIES), help="Minimum severity shown (critical > major > minor > warning)."
+)
 @click.option("--site", "sites", multiple=True, help="Only this site (repeatable).")
 @click.option("--device-type", "device_types", multiple=True, help="Only this device type (repeatable).")
 @click.option("--rule", "rules", multiple=True, help="Only this rule (repeatable).")
 @click.option("--device", "devices", multiple=True, help="Only this device id (repeatable).")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only raised or only cleared.")
-@click.option("--plain", is_flag=True, help="One coloured line per alert, starting with its detection time (ISO 8601 "
-                                            "UTC), instead of the live table (the default when stdout is not a "
-                                            "terminal).")
-@click.option("--rows", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Alerts kept in the live table.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per matching alert per line, no live "
-                                                      "table (for scripts).")
+@click.option(
+    "--plain",
+    is_flag=True,
+    help="One coloured line per alert, starting with its detection time (ISO 8601 "
+    "UTC), instead of the live table (the default when stdout is not a "
+    "terminal).",
+)
+@click.option(
+    "--rows", type=click.IntRange(min=1), default=30, show_default=True, help="Alerts kept in the live table."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per matching alert per line, no live table (for scripts)."
+)
 @pass_app
-def tail(app: AppContext, group_id: str | None, from_beginning: bool, limit: int | None, timeout_s: float | None,
-         severity: str | None, sites: tuple[str, ...], device_types: tuple[str, ...], rules: tuple[str, ...],
-         devices: tuple[str, ...], states: tuple[str, ...], plain: bool, rows: int, as_json: bool) -> None:
+def tail(
+    app: AppContext,
+    group_id: str | None,
+    from_beginning: bool,
+    limit: int | None,
+    timeout_s: float | None,
+    severity: str | None,
+    sites: tuple[str, ...],
+    device_types: tuple[str, ...],
+    rules: tuple[str, ...],
+    devices: tuple[str, ...],
+    states: tuple[str, ...],
+    plain: bool,
+    rows: int,
+    as_json: bool,
+) -> None:
     """Follow the alert topic: a live, colour-coded table of the latest alerts (a clear replaces its raise;
     ages since the first event and since detection refresh every second).
 
@@ -104,41 +135,81 @@ def tail(app: AppContext, group_id: str | None, from_beginning: bool, limit: int
     settings = app.settings
     config = _alerts_settings()
     options = TailOptions(
-        group_id=group_id or config.tail_group_id, from_beginning=from_beginning,
-        alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states), as_json=as_json,
-        limit=limit, timeout_s=timeout_s, live=not plain and sys.stdout.isatty(), max_rows=rows)
+        group_id=group_id or config.tail_group_id,
+        from_beginning=from_beginning,
+        alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states),
+        as_json=as_json,
+        limit=limit,
+        timeout_s=timeout_s,
+        live=not plain and sys.stdout.isatty(),
+        max_rows=rows,
+    )
     counts = run_tail(settings, config, options, _stop_on_signals())
     if not as_json:
-        click.echo(f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, "
-                   f"{counts['malformed']} malformed", err=True)
+        click.echo(
+            f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, {counts['malformed']} malformed",
+            err=True,
+        )
 
 
 @alerts.command()
 @endpoint_options(kafka=True)
-@click.option("--webhook", "webhook_url", metavar="URL", help="http(s) URL to post to (default "
-                                                              "IOTWATCH_ALERTS_WEBHOOK_URL).")
+@click.option(
+    "--webhook", "webhook_url", metavar="URL", help="http(s) URL to post to (default IOTWATCH_ALERTS_WEBHOOK_URL)."
+)
 @common_options("FORWARD", "Stop after handling this many alert records.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Dedupe store and dead-letter file (default IOTWATCH_ALERTS_STATE_DIR, ~/.iotwatch/alerts).")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Dedupe store and dead-letter file (default IOTWATCH_ALERTS_STATE_DIR, ~/.iotwatch/alerts).",
+)
 @click.option("--dead-letter-topic", help="Also produce undeliverable alerts to this Kafka topic.")
-@click.option("--webhook-timeout", "webhook_timeout_s", type=click.FloatRange(min=0.001),
-              help="Seconds one post may take (default 10).")
-@click.option("--retry-max", "retry_max_s", type=click.FloatRange(min=0.001),
-              help="Longest back-off between retries in seconds (default 60).")
-@click.option("--routes", "routes_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Routing file (TOML): receivers and a policy tree, with grouping, silences, repeats and "
-                   "resolved notifications (default IOTWATCH_ALERTS_ROUTES_FILE). Replaces --webhook.")
+@click.option(
+    "--webhook-timeout",
+    "webhook_timeout_s",
+    type=click.FloatRange(min=0.001),
+    help="Seconds one post may take (default 10).",
+)
+@click.option(
+    "--retry-max",
+    "retry_max_s",
+    type=click.FloatRange(min=0.001),
+    help="Longest back-off between retries in seconds (default 60).",
+)
+@click.option(
+    "--routes",
+    "routes_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Routing file (TOML): receivers and a policy tree, with grouping, silences, repeats and "
+    "resolved notifications (default IOTWATCH_ALERTS_ROUTES_FILE). Replaces --webhook.",
+)
 @json_option
 @pass_app
-def forward(app: AppContext, webhook_url: str | None, group_id: str | None, from_beginning: bool, limit: int | None,
-            timeout_s: float | None, state_dir: Path | None, dead_letter_topic: str | None,
-            webhook_timeout_s: float | None, retry_max_s: float | None, routes_file: Path | None,
-            as_json: bool) -> None:
-    from alerts.forward import ForwardOptions, Forwarder
+def forward(
+    app: AppContext,
+    webhook_url: str | None,
+    group_id: str | None,
+    from_beginning: bool,
+    limit: int | None,
+    timeout_s: float | None,
+    state_dir: Path | None,
+    dead_letter_topic: str | None,
+    webhook_timeout_s: float | None,
+    retry_max_s: float | None,
+    routes_file: Path | None,
+    as_json: bool,
+) -> None:
+    from alerts.forward import Forwarder, ForwardOptions
     from alerts.webhook import Webhook
 
-    config = _alerts_settings(webhook_url=webhook_url, state_dir=state_dir, dead_letter_topic=dead_letter_topic,
-                              webhook_timeout_s=webhook_timeout_s, retry_max_s=retry_max_s, routes_file=routes_file)
+    config = _alerts_settings(
+        webhook_url=webhook_url,
+        state_dir=state_dir,
+        dead_letter_topic=dead_letter_topic,
+        webhook_timeout_s=webhook_timeout_s,
+        retry_max_s=retry_max_s,
+        routes_file=routes_file,
+    )
     if config.routes_file:
         _forward_routed(app, config, timeout_s, as_json)
         return
@@ -151,10 +222,15 @@ def forward(app: AppContext, webhook_url: str | None, group_id: str | None, from
     webhook = Webhook(config.webhook_url, config.webhook_headers, config.webhook_timeout_s)
     options = ForwardOptions(group_id or config.forward_group_id, from_beginning, limit, timeout_s)
     counts = Forwarder(app.settings, config, webhook, options, stop).run()
-    emit(counts, as_json, lambda c: click.echo(
-        f"alerts forward: consumed {c['consumed']}, delivered {c['delivered']}, duplicates skipped "
-        f"{c['duplicates']}, dead-lettered {c['dead_lettered']}, retries {c['retries']}"
-        + (", stopped while an alert awaited a retry (resent next run)" if c["interrupted"] else "")))
+    emit(
+        counts,
+        as_json,
+        lambda c: click.echo(
+            f"alerts forward: consumed {c['consumed']}, delivered {c['delivered']}, duplicates skipped "
+            f"{c['duplicates']}, dead-lettered {c['dead_lettered']}, retries {c['retries']}"
+            + (", stopped while an alert awaited a retry (resent next run)" if c["interrupted"] else "")
+        ),
+    )
 
 
 def _forward_routed(app: AppContext, config: AlertsSettings, timeout_s: float | None, as_json: bool) -> None:
@@ -163,20 +239,27 @@ def _forward_routed(app: AppContext, config: AlertsSettings, timeout_s: float | 
 
     tree = load_routing(config.routes_file)  # type: ignore[arg-type]
     counts = Dispatcher(app.settings, config, tree, _stop_on_signals()).run(timeout_s)
-    emit(counts, as_json, lambda c: click.echo(
-        "alerts forward: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))))
+    emit(
+        counts,
+        as_json,
+        lambda c: click.echo(
+            "alerts forward: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))
+        ),
+    )
 
 
 def _forward_help() -> str:
+    import alerts.dispatch as routed
     import alerts.forward as module
 
-    import alerts.dispatch as routed
-
-    intro = ("Post each raised/cleared alert as JSON to a webhook, at least once, in a consumer group; "
-             "stop with SIGTERM or Ctrl-C (the post in flight completes and is committed; exit 0). "
-             "--json prints the counters at exit.\n\nWith --routes FILE: "
-             + (routed.__doc__ or "").split("\n\n", 1)[0].split(": ", 1)[-1] + " (alerts.routing documents the "
-             "file).")
+    intro = (
+        "Post each raised/cleared alert as JSON to a webhook, at least once, in a consumer group; "
+        "stop with SIGTERM or Ctrl-C (the post in flight completes and is committed; exit 0). "
+        "--json prints the counters at exit.\n\nWith --routes FILE: "
+        + (routed.__doc__ or "").split("\n\n", 1)[0].split(": ", 1)[-1]
+        + " (alerts.routing documents the "
+        "file)."
+    )
     # \b keeps click from re-wrapping the documented request format
     body = "\n\n".join("\b\n" + block for block in (module.__doc__ or "").split("\n\n")[1:])
     return f"{intro}\n\n{body}"
@@ -195,13 +278,15 @@ def _user_option(help_text: str) -> Any:
 @endpoint_options(kafka=True)
 @click.option("--open", "open_only", is_flag=True, help="Only alerts still firing (open or acknowledged).")
 @click.option("--site", "sites", multiple=True, help="Only this site (repeatable).")
-@click.option("--severity", type=click.Choice(SEVERITIES), help="Minimum severity (critical > major > minor > "
-                                                                "warning).")
+@click.option(
+    "--severity", type=click.Choice(SEVERITIES), help="Minimum severity (critical > major > minor > warning)."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")
 @json_option
 @pass_app
-def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severity: str | None, limit: int,
-                as_json: bool) -> None:
+def list_alerts(
+    app: AppContext, open_only: bool, sites: tuple[str, ...], severity: str | None, limit: int, as_json: bool
+) -> None:
     """The current state of alerts, folded from the alert and alert-state topics: open first, most
     severe first, newest first; who acknowledged what, and which silence mutes an alert."""
     from alerts.book import load_book
@@ -209,16 +294,27 @@ def list_alerts(app: AppContext, open_only: bool, sites: tuple[str, ...], severi
 
     book = load_book(app.settings)
     if book.malformed:
-        click.echo(f"iotwatch: warning: skipped {book.malformed} record(s) on the alert topics that are not valid "
-                   "(--log-level WARNING names them)", err=True)
+        click.echo(
+            f"iotwatch: warning: skipped {book.malformed} record(s) on the alert topics that are not valid "
+            "(--log-level WARNING names them)",
+            err=True,
+        )
     views = list(book.select(open_only=open_only, sites=sites, min_severity=severity))[:limit]
     emit([v.as_dict() for v in views], as_json, lambda _: alerts_table(views, book))
 
 
 def _ack_options(who: str, note: str) -> Any:
     """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
-    return stacked([endpoint_options(kafka=True), click.argument("alert_id"), _user_option(who),
-                    click.option("--note", help=note), json_option, pass_app])
+    return stacked(
+        [
+            endpoint_options(kafka=True),
+            click.argument("alert_id"),
+            _user_option(who),
+            click.option("--note", help=note),
+            json_option,
+            pass_app,
+        ]
+    )
 
 
 @alerts.command()
@@ -231,9 +327,14 @@ def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool
 
     view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note)
     record = view.record
-    emit(view.as_dict(), as_json, lambda _: click.echo(
-        f"acknowledged {view.alert_id} ({record.get('severity')} {record.get('rule')} on {record.get('device_id')} "
-        f"at {record.get('site')}) by {by}" + (f": {note}" if note else "")))
+    emit(
+        view.as_dict(),
+        as_json,
+        lambda _: click.echo(
+            f"acknowledged {view.alert_id} ({record.get('severity')} {record.get('rule')} on {record.get('device_id')} "
+            f"at {record.get('site')}) by {by}" + (f": {note}" if note else "")
+        ),
+    )
 
 
 @alerts.command()
@@ -259,8 +360,17 @@ def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bo
 @_user_option("Who silences.")
 @json_option
 @pass_app
-def silence(app: AppContext, site: str | None, device_id: str | None, rule: str | None, severity: str | None,
-            duration: str, comment: str | None, by: str, as_json: bool) -> None:
+def silence(
+    app: AppContext,
+    site: str | None,
+    device_id: str | None,
+    rule: str | None,
+    severity: str | None,
+    duration: str,
+    comment: str | None,
+    by: str,
+    as_json: bool,
+) -> None:
     """Mute notifications of matching alerts for a while (every matcher given must match). Alerts are
     still recorded and listed; the forwarder does not send them."""
     from alerts.actions import add_silence
@@ -274,8 +384,11 @@ def silence(app: AppContext, site: str | None, device_id: str | None, rule: str 
     if seconds <= 0:
         raise click.BadParameter("must be longer than 0", param_hint="--for")
     created = add_silence(app.settings, Matchers(site, device_id, rule, severity), seconds, by, comment)
-    emit(_silence_dict(created), as_json, lambda _: click.echo(
-        f"silence {created.silence_id}: {created.matchers.describe()} for {duration} by {by}"))
+    emit(
+        _silence_dict(created),
+        as_json,
+        lambda _: click.echo(f"silence {created.silence_id}: {created.matchers.describe()} for {duration} by {by}"),
+    )
 
 
 @alerts.command()
@@ -291,8 +404,10 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
     from alerts.views import silences_table
 
     now = int(time.time() * 1000)
-    chosen = sorted((s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
-                    key=lambda s: -s.starts_at_ms)
+    chosen = sorted(
+        (s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
+        key=lambda s: -s.starts_at_ms,
+    )
     emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now))
 
 

@@ -47,8 +47,17 @@ from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, AlertState, AlertStep, BadRecord, Notification, NotificationKind,
-                             decode, encode, stable_id)
+from iotwatch.oncall import (
+    ONCALL_SCHEMA_VERSION,
+    AlertState,
+    AlertStep,
+    BadRecord,
+    Notification,
+    NotificationKind,
+    decode,
+    encode,
+    stable_id,
+)
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -70,14 +79,22 @@ class Group:
 class Dispatcher:
     """Folds the on-call topics and sends what the policy tree says, when it says."""
 
-    def __init__(self, settings: Settings, config: AlertsSettings, tree: RoutingTree, stop: threading.Event,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config: AlertsSettings,
+        tree: RoutingTree,
+        stop: threading.Event,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings, self.config, self.tree, self.stop, self.clock = settings, config, tree, stop, clock
         self.book = AlertBook()
         self.groups: dict[GroupId, Group] = {}
         self.sent: dict[GroupId, Notification] = {}
-        self.webhooks = {name: Webhook(r.url, {**config.webhook_headers, **r.headers}, r.timeout_s)
-                         for name, r in tree.receivers.items()}
+        self.webhooks = {
+            name: Webhook(r.url, {**config.webhook_headers, **r.headers}, r.timeout_s)
+            for name, r in tree.receivers.items()
+        }
         self.backoff = Backoff(config.retry_initial_s, config.retry_max_s)
         self.counts: Counter[str] = Counter()
         self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
@@ -92,15 +109,18 @@ class Dispatcher:
         """Replay the topics, then follow them and notify until ``stop`` or ``timeout_s``."""
         topics = self.settings.topics
         ensure_topics(self.settings.kafka, [topics.alerts])
-        ensure_topics(self.settings.kafka, [topics.alert_state, topics.silences, topics.notifications],
-                      compacted=True)
+        ensure_topics(self.settings.kafka, [topics.alert_state, topics.silences, topics.notifications], compacted=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         follower = TopicFollower(self.settings.kafka, [*book_topics(self.settings), topics.notifications])
         try:
             for message in follower.catch_up():
                 self.apply(message)
-            log.info("alerts forward: state rebuilt (%d alerts, %d silences, %d groups notified before)",
-                     len(self.book.alerts), len(self.book.silences), len(self.sent))
+            log.info(
+                "alerts forward: state rebuilt (%d alerts, %d silences, %d groups notified before)",
+                len(self.book.alerts),
+                len(self.book.silences),
+                len(self.sent),
+            )
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 for message in follower.poll(tick_s):
                     self.apply(message)
@@ -156,15 +176,21 @@ class Dispatcher:
         self._forgot_at = self.clock()
         after_ms = int(self.config.forget_after_s * 1000)
         still_notified = {a for record in self.sent.values() for a in record.firing}
-        gone = set(self.book.forget(now, after_ms, keep=lambda view: view.alert_id in still_notified
-                                    or view.alert_id in self._closing))
+        gone = set(
+            self.book.forget(
+                now, after_ms, keep=lambda view: view.alert_id in still_notified or view.alert_id in self._closing
+            )
+        )
         for gid, group in list(self.groups.items()):
             group.alert_ids -= gone
             last = self.sent.get(gid)
             if not group.alert_ids and group.pending_since_ms is None and (last is None or not last.firing):
                 del self.groups[gid]
-        for gid in [gid for gid, last in self.sent.items()
-                    if gid not in self.groups and not last.firing and now - last.sent_at_ms > after_ms]:
+        for gid in [
+            gid
+            for gid, last in self.sent.items()
+            if gid not in self.groups and not last.firing and now - last.sent_at_ms > after_ms
+        ]:
             del self.sent[gid]
         if self.metrics is not None and gone:
             self.metrics.forget(gone)
@@ -175,8 +201,9 @@ class Dispatcher:
         if now < group.retry_at_ms:
             return
         alerts = self.book.alerts
-        firing = sorted(a for a in group.alert_ids
-                        if alerts[a].firing and self.book.silence_for(alerts[a].record, now) is None)
+        firing = sorted(
+            a for a in group.alert_ids if alerts[a].firing and self.book.silence_for(alerts[a].record, now) is None
+        )
         last = self.sent.get(gid)
         notified = set(last.firing) if last else set()
         new = [a for a in firing if a not in notified]
@@ -207,8 +234,15 @@ class Dispatcher:
             if not view.needs_cleared_after_ack():
                 continue
             ack = view.ack
-            step = AlertState(ONCALL_SCHEMA_VERSION, alert_id, AlertStep.CLEARED_AFTER_ACK, ack.by, ack.at_ms,  # type: ignore[union-attr]
-                              ack.note, detected_ms(view.cleared))  # type: ignore[union-attr,arg-type]
+            step = AlertState(
+                ONCALL_SCHEMA_VERSION,
+                alert_id,
+                AlertStep.CLEARED_AFTER_ACK,
+                ack.by,
+                ack.at_ms,  # type: ignore[union-attr]
+                ack.note,
+                detected_ms(view.cleared),
+            )  # type: ignore[union-attr,arg-type]
             produce_confirmed(self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step))
             self.book.apply_ack(step)
             self.counts["cleared_after_ack"] += 1
@@ -216,12 +250,29 @@ class Dispatcher:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _send(self, gid: GroupId, group: Group, kind: NotificationKind, firing: list[str], resolved: list[str],
-              repeated: list[str], last: Notification | None, now: int) -> None:
+    def _send(
+        self,
+        gid: GroupId,
+        group: Group,
+        kind: NotificationKind,
+        firing: list[str],
+        resolved: list[str],
+        repeated: list[str],
+        last: Notification | None,
+        now: int,
+    ) -> None:
         receiver, group_key = gid
         views: dict[str, AlertView] = self.book.alerts
-        document = body(receiver, self.tree.receivers[receiver].format, group.route, group_key, kind,
-                        [views[a] for a in firing], [views[a] for a in resolved], repeated)
+        document = body(
+            receiver,
+            self.tree.receivers[receiver].format,
+            group.route,
+            group_key,
+            kind,
+            [views[a] for a in firing],
+            [views[a] for a in resolved],
+            repeated,
+        )
         key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
         result = self.webhooks[receiver].send(document, key, group.failures + 1)
         if result.outcome == "retry":  # not recorded: tried again later, other receivers are not held up
@@ -241,20 +292,42 @@ class Dispatcher:
         self.sent[gid] = record
         group.pending_since_ms = None
         self.counts[f"sent_{kind.value}"] += result.outcome == "delivered"
-        log.info("notified %s: %s %s (%d firing, %d resolved)", receiver, kind.value, group_key, len(firing),
-                 len(resolved))
+        log.info(
+            "notified %s: %s %s (%d firing, %d resolved)", receiver, kind.value, group_key, len(firing), len(resolved)
+        )
 
     def _record(self, record: Notification) -> None:
-        produce_confirmed(self._producer, self.settings.topics.notifications,
-                          f"{record.receiver}|{record.group_key}".encode(), encode(record))
+        produce_confirmed(
+            self._producer,
+            self.settings.topics.notifications,
+            f"{record.receiver}|{record.group_key}".encode(),
+            encode(record),
+        )
 
     def _dead_letter(self, receiver: str, group_key: str, document: dict[str, Any], result: PostResult) -> None:
         """A receiver refused the notification for good (4xx): kept with the reason, then moved on."""
         self.counts["dead_lettered"] += 1
-        log.error("receiver %s refused a notification for %s (%s %s): dead-lettered to %s", receiver, group_key,
-                  result.reason, result.detail[:200], self._dead_path)
+        log.error(
+            "receiver %s refused a notification for %s (%s %s): dead-lettered to %s",
+            receiver,
+            group_key,
+            result.reason,
+            result.detail[:200],
+            self._dead_path,
+        )
         self._dead_path.parent.mkdir(parents=True, exist_ok=True)
         with self._dead_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"dead_at_ms": int(self.clock() * 1000), "receiver": receiver,
-                                     "group_key": group_key, "reason": result.reason,
-                                     "detail": result.detail[:1000], "notification": document}, default=str) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "dead_at_ms": int(self.clock() * 1000),
+                        "receiver": receiver,
+                        "group_key": group_key,
+                        "reason": result.reason,
+                        "detail": result.detail[:1000],
+                        "notification": document,
+                    },
+                    default=str,
+                )
+                + "\n"
+            )

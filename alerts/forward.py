@@ -56,13 +56,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from alerts.records import STATES, BadAlert, decode
-from iotwatch.settings import AlertsSettings
 from alerts.store import DeliveryStore
 from alerts.tail import group_consumer
 from alerts.webhook import Backoff, PostResult, Webhook, deliver
 from iotwatch.clients.kafka import client_config
 from iotwatch.deadletter import DeadLetter
-from iotwatch.settings import Settings
+from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +78,16 @@ class DeadLetters:
 
     def write(self, message: Message, alert: dict[str, Any] | None, reason: str, detail: str) -> None:
         raw = message.value() or b""
-        entry = {"dead_at_ms": int(time.time() * 1000), "reason": reason, "detail": detail[:1000],
-                 "topic": message.topic(), "partition": message.partition(), "offset": message.offset(),
-                 "alert": alert, "raw": None if alert is not None else raw.decode(errors="replace")}
+        entry = {
+            "dead_at_ms": int(time.time() * 1000),
+            "reason": reason,
+            "detail": detail[:1000],
+            "topic": message.topic(),
+            "partition": message.partition(),
+            "offset": message.offset(),
+            "alert": alert,
+            "raw": None if alert is not None else raw.decode(errors="replace"),
+        }
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry, default=str) + "\n")
             handle.flush()
@@ -131,8 +137,14 @@ class ForwardOptions:
 class Forwarder:
     """Consume the alert topic in a group, post each alert, commit each offset after the outcome is final."""
 
-    def __init__(self, settings: Settings, alerts: AlertsSettings, webhook: Webhook, options: ForwardOptions,
-                 stop: threading.Event) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        alerts: AlertsSettings,
+        webhook: Webhook,
+        options: ForwardOptions,
+        stop: threading.Event,
+    ) -> None:
         self.settings, self.alerts, self.webhook, self.options, self.stop = settings, alerts, webhook, options, stop
         self.store = DeliveryStore(alerts.state_dir / "delivered.sqlite", webhook.url, alerts.dedupe_ttl_s)
         self.dead_letters = DeadLetters(alerts.state_dir / "dead-letters.jsonl", settings, alerts.dead_letter_topic)
@@ -143,8 +155,9 @@ class Forwarder:
 
     def run(self) -> dict[str, Any]:
         """Forward until ``stop``, ``limit`` or ``timeout_s``; returns the counters."""
-        consumer = group_consumer(self.settings, self.alerts, self.options.group_id, self.options.from_beginning,
-                                  auto_commit=False)
+        consumer = group_consumer(
+            self.settings, self.alerts, self.options.group_id, self.options.from_beginning, auto_commit=False
+        )
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s is not None else None
         self.deadline = deadline
         next_prune = 0.0
@@ -157,8 +170,9 @@ class Forwarder:
                 if time.monotonic() >= next_prune:
                     pruned = self.store.prune()
                     if pruned:
-                        log.info("dedupe store: forgot %d deliveries older than %.0f s", pruned,
-                                 self.alerts.dedupe_ttl_s)
+                        log.info(
+                            "dedupe store: forgot %d deliveries older than %.0f s", pruned, self.alerts.dedupe_ttl_s
+                        )
                     next_prune = time.monotonic() + PRUNE_EVERY_S
                 message = consumer.poll(0.5)
                 if message is None:
@@ -176,9 +190,22 @@ class Forwarder:
         finally:
             consumer.close()  # nothing is auto-committed: only what _commit committed counts
             self.store.close()
-        return {**{k: self.counts[k] for k in ("consumed", "delivered", "duplicates", "dead_lettered", "skipped",
-                                               "retries", "commit_failures", "interrupted")},
-                "failures": dict(self.failures)}
+        return {
+            **{
+                k: self.counts[k]
+                for k in (
+                    "consumed",
+                    "delivered",
+                    "duplicates",
+                    "dead_lettered",
+                    "skipped",
+                    "retries",
+                    "commit_failures",
+                    "interrupted",
+                )
+            },
+            "failures": dict(self.failures),
+        }
 
     def handle(self, message: Message, paused: PausedWhileWaiting | None = None) -> bool:
         """Deliver, dead-letter or skip one record; False if interrupted (stop or ``--timeout``)
@@ -199,8 +226,16 @@ class Forwarder:
             log.debug("already handled %s:%s", alert_id, state)
             return True
         try:
-            result = deliver(self.webhook, alert, self.backoff, self.stop, self.alerts.retry_after_max_s,
-                             self._on_failure, deadline=self.deadline, idle=paused.poll if paused else None)
+            result = deliver(
+                self.webhook,
+                alert,
+                self.backoff,
+                self.stop,
+                self.alerts.retry_after_max_s,
+                self._on_failure,
+                deadline=self.deadline,
+                idle=paused.poll if paused else None,
+            )
         finally:
             if paused is not None:
                 paused.resume()
@@ -210,8 +245,14 @@ class Forwarder:
             self.store.record(alert_id, state, "delivered")
             self.counts["delivered"] += 1
             return True
-        log.error("webhook %s refused %s:%s (%s %s): dead-lettered", self.webhook.name, alert_id, state, result.reason,
-                  result.detail[:200])
+        log.error(
+            "webhook %s refused %s:%s (%s %s): dead-lettered",
+            self.webhook.name,
+            alert_id,
+            state,
+            result.reason,
+            result.detail[:200],
+        )
         self.dead_letters.write(message, alert, result.reason, result.detail)
         self.store.record(alert_id, state, "dead")
         self.counts["dead_lettered"] += 1
@@ -220,8 +261,13 @@ class Forwarder:
     def _on_failure(self, result: PostResult, wait_s: float) -> None:
         self.counts["retries"] += 1
         self.failures[result.reason] += 1
-        log.warning("webhook %s: post failed (%s), retrying in %.2f s%s", self.webhook.name, result.reason, wait_s,
-                    " (Retry-After)" if result.retry_after_s is not None else "")
+        log.warning(
+            "webhook %s: post failed (%s), retrying in %.2f s%s",
+            self.webhook.name,
+            result.reason,
+            wait_s,
+            " (Retry-After)" if result.retry_after_s is not None else "",
+        )
 
     def _commit(self, consumer: Any, message: Message) -> None:
         offset = TopicPartition(message.topic(), message.partition(), message.offset() + 1)

@@ -44,8 +44,11 @@ class LifecycleMetrics:
         if view.raised is None:
             return
         record = view.record
-        tags = {"site": str(record.get("site")), "severity": str(record.get("severity")),
-                "rule": str(record.get("rule"))}
+        tags = {
+            "site": str(record.get("site")),
+            "severity": str(record.get("severity")),
+            "rule": str(record.get("rule")),
+        }
         if view.acked and (view.alert_id, "ack") not in self.written:
             self.written.add((view.alert_id, "ack"))
             point = Point("alert_acks").field("seconds_to_ack", float(view.seconds_to_ack() or 0.0))
@@ -53,8 +56,12 @@ class LifecycleMetrics:
             self.pending.append(_at(_tagged(point, tags), view.ack.at_ms, view.alert_id))  # type: ignore[union-attr]
         if view.cleared is not None and (view.alert_id, "clear") not in self.written:
             self.written.add((view.alert_id, "clear"))
-            point = (Point("alert_resolutions").tag("acked", "true" if view.acked else "false")
-                     .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0)).field("alert_id", view.alert_id))
+            point = (
+                Point("alert_resolutions")
+                .tag("acked", "true" if view.acked else "false")
+                .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0))
+                .field("alert_id", view.alert_id)
+            )
             self.pending.append(_at(_tagged(point, tags), detected_ms(view.cleared), view.alert_id))
 
     def forget(self, alert_ids: set[str]) -> None:
@@ -73,8 +80,9 @@ class LifecycleMetrics:
             self.pending = []
         except ServiceUnavailable as exc:
             self.failures += 1
-            log.warning("InfluxDB write of %d on-call points failed (kept for the next try): %s", len(self.pending),
-                        exc)
+            log.warning(
+                "InfluxDB write of %d on-call points failed (kept for the next try): %s", len(self.pending), exc
+            )
 
     def snapshot(self, book: AlertBook, now_ms: int) -> list[Point]:
         counts: Counter[tuple[str, str, str]] = Counter()
@@ -82,15 +90,19 @@ class LifecycleMetrics:
             if view.firing:
                 record = view.record
                 group = (str(record.get("site")), str(record.get("severity")))
-                state = ("silenced" if book.silence_for(record, now_ms) else
-                         "acknowledged" if view.acked else "open")
+                state = "silenced" if book.silence_for(record, now_ms) else "acknowledged" if view.acked else "open"
                 counts[(*group, state)] += 1
                 self.seen_groups.add(group)
-        return [Point("oncall_alerts").tag("site", site).tag("severity", severity)
-                .field("open", counts[(site, severity, "open")])
-                .field("acknowledged", counts[(site, severity, "acknowledged")])
-                .field("silenced", counts[(site, severity, "silenced")]).time(now_ms * 1_000_000, "ns")
-                for site, severity in sorted(self.seen_groups)]
+        return [
+            Point("oncall_alerts")
+            .tag("site", site)
+            .tag("severity", severity)
+            .field("open", counts[(site, severity, "open")])
+            .field("acknowledged", counts[(site, severity, "acknowledged")])
+            .field("silenced", counts[(site, severity, "silenced")])
+            .time(now_ms * 1_000_000, "ns")
+            for site, severity in sorted(self.seen_groups)
+        ]
 
 
 def _tagged(point: Point, tags: dict[str, str]) -> Point:

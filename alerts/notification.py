@@ -22,15 +22,31 @@ from alerts.routing import Route
 from iotwatch.oncall import NotificationKind
 
 
-def body(receiver: str, receiver_format: str, route: Route, group_key: str, kind: NotificationKind,
-         firing: list[AlertView], resolved: list[AlertView], repeated: list[str]) -> dict[str, Any]:
+def body(
+    receiver: str,
+    receiver_format: str,
+    route: Route,
+    group_key: str,
+    kind: NotificationKind,
+    firing: list[AlertView],
+    resolved: list[AlertView],
+    repeated: list[str],
+) -> dict[str, Any]:
     labels = {name: (firing or resolved)[0].record.get(name) for name in route.group_by} if firing or resolved else {}
     text = _text(kind, labels, firing, resolved, repeated)
     if receiver_format == "slack":
         return {"text": text}
-    return {"receiver": receiver, "status": "firing" if firing else "resolved", "kind": kind.value,
-            "group_key": group_key, "group_labels": labels, "alerts": [_alert(v) for v in firing],
-            "resolved": [_alert(v) for v in resolved], "repeated": repeated, "text": text}
+    return {
+        "receiver": receiver,
+        "status": "firing" if firing else "resolved",
+        "kind": kind.value,
+        "group_key": group_key,
+        "group_labels": labels,
+        "alerts": [_alert(v) for v in firing],
+        "resolved": [_alert(v) for v in resolved],
+        "repeated": repeated,
+        "text": text,
+    }
 
 
 def _alert(view: AlertView) -> dict[str, Any]:
@@ -38,8 +54,13 @@ def _alert(view: AlertView) -> dict[str, Any]:
     return {**state, "runbook_url": view.record.get("runbook_url")}
 
 
-def _text(kind: NotificationKind, labels: dict[str, Any], firing: list[AlertView], resolved: list[AlertView],
-          repeated: list[str]) -> str:
+def _text(
+    kind: NotificationKind,
+    labels: dict[str, Any],
+    firing: list[AlertView],
+    resolved: list[AlertView],
+    repeated: list[str],
+) -> str:
     where = " ".join(f"{k}={v}" for k, v in labels.items())
     lines = []
     if firing:

@@ -14,8 +14,12 @@ from typing import Any
 SEVERITIES = ("critical", "major", "minor", "warning")  # most to least severe
 STATES = ("raised", "cleared")
 #: Slack emoji per severity; a cleared alert is green whatever its severity.
-EMOJI = {"critical": ":red_circle:", "major": ":large_orange_circle:", "minor": ":large_yellow_circle:",
-         "warning": ":large_blue_circle:"}
+EMOJI = {
+    "critical": ":red_circle:",
+    "major": ":large_orange_circle:",
+    "minor": ":large_yellow_circle:",
+    "warning": ":large_blue_circle:",
+}
 CLEARED_EMOJI = ":large_green_circle:"
 
 
@@ -56,16 +60,34 @@ class AlertFilter:
     states: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, min_severity: str | None = None, sites: Iterable[str] = (), device_types: Iterable[str] = (),
-           rules: Iterable[str] = (), devices: Iterable[str] = (), states: Iterable[str] = ()) -> AlertFilter:
-        return cls(min_severity, frozenset(sites), frozenset(device_types), frozenset(rules), frozenset(devices),
-                   frozenset(states))
+    def of(
+        cls,
+        min_severity: str | None = None,
+        sites: Iterable[str] = (),
+        device_types: Iterable[str] = (),
+        rules: Iterable[str] = (),
+        devices: Iterable[str] = (),
+        states: Iterable[str] = (),
+    ) -> AlertFilter:
+        return cls(
+            min_severity,
+            frozenset(sites),
+            frozenset(device_types),
+            frozenset(rules),
+            frozenset(devices),
+            frozenset(states),
+        )
 
     def matches(self, alert: dict[str, Any]) -> bool:
         if self.min_severity and severity_rank(alert.get("severity")) > severity_rank(self.min_severity):
             return False
-        for allowed, name in ((self.sites, "site"), (self.device_types, "device_type"), (self.rules, "rule"),
-                              (self.devices, "device_id"), (self.states, "state")):
+        for allowed, name in (
+            (self.sites, "site"),
+            (self.device_types, "device_type"),
+            (self.rules, "rule"),
+            (self.devices, "device_id"),
+            (self.states, "state"),
+        ):
             if allowed and alert.get(name) not in allowed:
                 return False
         return True

@@ -86,7 +86,8 @@ class Policy(BaseModel):
     routes: list[Policy] = Field(default_factory=list)
 
     _durations = field_validator("group_wait", "group_interval", "repeat_interval", mode="before")(
-        lambda cls, v: _seconds(v))
+        lambda cls, v: _seconds(v)
+    )
 
     @field_validator("match", "group_by")
     @classmethod
@@ -135,8 +136,9 @@ class RoutingTree:
         self._walk(self.root, "0", alert, dict(DEFAULTS), found)
         return found
 
-    def _walk(self, policy: Policy, path: str, alert: dict[str, Any], inherited: dict[str, Any],
-              found: list[Route]) -> None:
+    def _walk(
+        self, policy: Policy, path: str, alert: dict[str, Any], inherited: dict[str, Any], found: list[Route]
+    ) -> None:
         settings = {**inherited, **{k: getattr(policy, k) for k in DEFAULTS if getattr(policy, k) is not None}}
         receiver = policy.receiver or inherited.get("receiver")
         settings["receiver"] = receiver
@@ -148,8 +150,16 @@ class RoutingTree:
                 if not child.continue_:
                     break
         if not taken:
-            found.append(Route(path, str(receiver), tuple(settings["group_by"]), settings["group_wait"],
-                               settings["group_interval"], settings["repeat_interval"]))
+            found.append(
+                Route(
+                    path,
+                    str(receiver),
+                    tuple(settings["group_by"]),
+                    settings["group_wait"],
+                    settings["group_interval"],
+                    settings["repeat_interval"],
+                )
+            )
 
 
 class _File(BaseModel):
@@ -183,5 +193,9 @@ def _receivers(policy: Policy) -> set[str]:
 
 def single_receiver(url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> RoutingTree:
     """The tree of ``alerts forward --webhook URL``: every alert to one receiver."""
-    return parse_routing({"receivers": {"webhook": {"url": url, "headers": headers or {}, "timeout_s": timeout_s}},
-                          "route": {"receiver": "webhook"}})
+    return parse_routing(
+        {
+            "receivers": {"webhook": {"url": url, "headers": headers or {}, "timeout_s": timeout_s}},
+            "route": {"receiver": "webhook"},
+        }
+    )

@@ -41,13 +41,16 @@ class DeliveryStore:
         self._db.executescript(SCHEMA)
 
     def outcome(self, alert_id: str, state: str) -> str | None:
-        row = self._db.execute("SELECT outcome FROM handled WHERE target=? AND alert_id=? AND state=?",
-                               (self.target, alert_id, state)).fetchone()
+        row = self._db.execute(
+            "SELECT outcome FROM handled WHERE target=? AND alert_id=? AND state=?", (self.target, alert_id, state)
+        ).fetchone()
         return row[0] if row else None
 
     def record(self, alert_id: str, state: str, outcome: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO handled VALUES (?, ?, ?, ?, ?)",
-                         (self.target, alert_id, state, outcome, int(time.time() * 1000)))
+        self._db.execute(
+            "INSERT OR REPLACE INTO handled VALUES (?, ?, ?, ?, ?)",
+            (self.target, alert_id, state, outcome, int(time.time() * 1000)),
+        )
 
     def prune(self, now_ms: int | None = None) -> int:
         """Forget entries older than the TTL (every webhook's); returns how many."""

@@ -23,9 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
-from iotwatch.settings import AlertsSettings
 from iotwatch.clients.kafka import FOLLOW_FETCH_WAIT_MS, client_config, list_topics
-from iotwatch.settings import Settings
+from iotwatch.settings import AlertsSettings, Settings
 from streaming.alerting import iso_time
 
 log = logging.getLogger(__name__)
@@ -33,24 +32,27 @@ log = logging.getLogger(__name__)
 SEVERITY_STYLE = {"critical": "bold white on red", "major": "bold red", "minor": "yellow", "warning": "cyan"}
 
 
-def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool,
-                   *, auto_commit: bool) -> Consumer:
+def group_consumer(
+    settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool, *, auto_commit: bool
+) -> Consumer:
     """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after handling."""
     topics = list_topics(settings.kafka)  # fails fast, in one line, when Kafka is down
     if settings.topics.alerts not in topics:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", settings.topics.alerts)
-    consumer = Consumer({
-        **client_config(settings.kafka),
-        "group.id": group_id,
-        "auto.offset.reset": "earliest" if from_beginning else "latest",
-        "enable.auto.commit": auto_commit,
-        "enable.auto.offset.store": False,
-        "session.timeout.ms": alerts.session_timeout_ms,
-        "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
-        "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
-        "client.id": f"iotwatch-alerts-{group_id}",
-        "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
-    })
+    consumer = Consumer(
+        {
+            **client_config(settings.kafka),
+            "group.id": group_id,
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "enable.auto.commit": auto_commit,
+            "enable.auto.offset.store": False,
+            "session.timeout.ms": alerts.session_timeout_ms,
+            "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
+            "heartbeat.interval.ms": max(500, alerts.session_timeout_ms // 5),
+            "client.id": f"iotwatch-alerts-{group_id}",
+            "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
+        }
+    )
     consumer.subscribe([settings.topics.alerts])
     return consumer
 
@@ -92,17 +94,28 @@ class TailView:
         summary = Text(f"{self.title}  ")
         for sev, count in open_by_sev.items():
             summary.append(f" {sev} {count} ", style=SEVERITY_STYLE[sev] if count else "dim")
-        summary.append(f"  open of last {len(self.rows)} · {self.shown} shown, {self.filtered} filtered"
-                       + (f", {self.malformed} malformed" if self.malformed else ""), style="dim")
+        summary.append(
+            f"  open of last {len(self.rows)} · {self.shown} shown, {self.filtered} filtered"
+            + (f", {self.malformed} malformed" if self.malformed else ""),
+            style="dim",
+        )
         table = Table(expand=True, pad_edge=False, show_lines=False)
-        for name, kwargs in (("sev", {"no_wrap": True}), ("state", {"no_wrap": True}),
-                             ("age", {"justify": "right", "no_wrap": True}),
-                             ("detected", {"justify": "right", "no_wrap": True}), ("device", {}), ("type", {}),
-                             ("site", {}), ("rule", {}), ("message", {"ratio": 1})):
+        for name, kwargs in (
+            ("sev", {"no_wrap": True}),
+            ("state", {"no_wrap": True}),
+            ("age", {"justify": "right", "no_wrap": True}),
+            ("detected", {"justify": "right", "no_wrap": True}),
+            ("device", {}),
+            ("type", {}),
+            ("site", {}),
+            ("rule", {}),
+            ("message", {"ratio": 1}),
+        ):
             table.add_column(name, **kwargs)
         # open alerts first, most severe first, newest first within a severity
-        for alert in sorted(reversed(self.rows.values()),
-                            key=lambda a: (a.get("state") != "raised", severity_rank(a.get("severity")))):
+        for alert in sorted(
+            reversed(self.rows.values()), key=lambda a: (a.get("state") != "raised", severity_rank(a.get("severity")))
+        ):
             table.add_row(*_cells(alert, now_ms))
         return Group(summary, table)
 
@@ -112,11 +125,17 @@ def _cells(alert: dict[str, Any], now_ms: float) -> list[Text | str]:
     cleared = alert.get("state") == "cleared"
     sev_style = "dim" if cleared else SEVERITY_STYLE.get(severity, "")
     first, detected = age_s(alert, "first_event_ms", now_ms), age_s(alert, "detected_at_ms", now_ms)
-    return [Text(severity.upper(), style=sev_style),
-            Text(str(alert.get("state")), style="green" if cleared else "bold"),
-            human_age(first) if first is not None else "-", human_age(detected) if detected is not None else "-",
-            str(alert.get("device_id", "?")), str(alert.get("device_type", "?")), str(alert.get("site", "?")),
-            str(alert.get("rule", "?")), Text(_detail(alert), style="dim" if cleared else "")]
+    return [
+        Text(severity.upper(), style=sev_style),
+        Text(str(alert.get("state")), style="green" if cleared else "bold"),
+        human_age(first) if first is not None else "-",
+        human_age(detected) if detected is not None else "-",
+        str(alert.get("device_id", "?")),
+        str(alert.get("device_type", "?")),
+        str(alert.get("site", "?")),
+        str(alert.get("rule", "?")),
+        Text(_detail(alert), style="dim" if cleared else ""),
+    ]
 
 
 def detected_time(alert: dict[str, Any]) -> str:
@@ -135,8 +154,10 @@ def line(alert: dict[str, Any], now_ms: float | None = None) -> Text:
     out = Text(f"{detected_time(alert)} ")
     for i, cell in enumerate(cells):
         label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
-        out.append(label + (cell.plain if isinstance(cell, Text) else cell) + " ",
-                   style=cell.style if isinstance(cell, Text) else "")
+        out.append(
+            label + (cell.plain if isinstance(cell, Text) else cell) + " ",
+            style=cell.style if isinstance(cell, Text) else "",
+        )
     return out
 
 
@@ -152,16 +173,20 @@ class TailOptions:
     max_rows: int = 30
 
 
-def run_tail(settings: Settings, alerts: AlertsSettings, options: TailOptions, stop: threading.Event,
-             out: TextIO | None = None) -> dict[str, int]:
+def run_tail(
+    settings: Settings, alerts: AlertsSettings, options: TailOptions, stop: threading.Event, out: TextIO | None = None
+) -> dict[str, int]:
     """Consume and show alerts until ``stop``, ``limit`` shown alerts or ``timeout_s``; returns counts."""
     out = out if out is not None else sys.stdout
     consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
     view = TailView(f"{settings.topics.alerts} · group {options.group_id}", options.max_rows)
     console = Console(file=out, highlight=False, soft_wrap=not options.live)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s is not None else None
-    live = Live(get_renderable=view.render, console=console, refresh_per_second=1, transient=False) \
-        if options.live and not options.as_json else None
+    live = (
+        Live(get_renderable=view.render, console=console, refresh_per_second=1, transient=False)
+        if options.live and not options.as_json
+        else None
+    )
     try:
         if live is not None:
             live.start()
@@ -190,8 +215,9 @@ def _handle(message: Message, view: TailView, options: TailOptions, console: Con
         alert = decode(message.value())
     except BadAlert as exc:
         view.malformed += 1
-        log.warning("skipping malformed record at %s[%d]@%d: %s", message.topic(), message.partition(),
-                    message.offset(), exc)
+        log.warning(
+            "skipping malformed record at %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc
+        )
         return
     if not options.alert_filter.matches(alert):
         view.filtered += 1

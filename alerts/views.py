@@ -34,12 +34,19 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
         raised = view.raised_ms
         ack = view.ack if view.acked else None
         silence = book.silence_for(record, now) if view.firing else None
-        table.add_row(view.alert_id[:12], Text(view.status, style=STATUS_STYLE.get(view.status, "dim")),
-                      Text(severity.upper(), style=SEVERITY_STYLE.get(severity, "") if view.firing else "dim"),
-                      str(record.get("rule", "?")), str(record.get("device_id", "?")), str(record.get("site", "?")),
-                      human_age((now - raised) / 1000) if raised else "-",
-                      f"{ack.by} {human_age((now - ack.at_ms) / 1000)} ago" + (f": {ack.note}" if ack.note else "")
-                      if ack else "-", silence.silence_id if silence else "-")
+        table.add_row(
+            view.alert_id[:12],
+            Text(view.status, style=STATUS_STYLE.get(view.status, "dim")),
+            Text(severity.upper(), style=SEVERITY_STYLE.get(severity, "") if view.firing else "dim"),
+            str(record.get("rule", "?")),
+            str(record.get("device_id", "?")),
+            str(record.get("site", "?")),
+            human_age((now - raised) / 1000) if raised else "-",
+            f"{ack.by} {human_age((now - ack.at_ms) / 1000)} ago" + (f": {ack.note}" if ack.note else "")
+            if ack
+            else "-",
+            silence.silence_id if silence else "-",
+        )
     out = console()
     out.print(table)
     out.print(f"{len(views)} alert(s)", style="dim")
@@ -51,8 +58,11 @@ def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
         table.add_column(name)
     for item in silences:
         left = (item.ends_at_ms - now_ms) / 1000
-        ends = f"in {human_age(left)}" if left > 0 else (f"revoked by {item.revoked_by}" if item.revoked_by
-                                                          else f"{human_age(-left)} ago")
+        ends = (
+            f"in {human_age(left)}"
+            if left > 0
+            else (f"revoked by {item.revoked_by}" if item.revoked_by else f"{human_age(-left)} ago")
+        )
         table.add_row(item.silence_id, item.matchers.describe(), ends, item.created_by, item.comment or "")
     out = console()
     out.print(table)

@@ -92,16 +92,24 @@ class Webhook:
         """Post one alert record (``alerts forward --webhook``)."""
         return self.send(payload(alert), idempotency_key(alert), attempt, timeout_s)
 
-    def send(self, document: dict[str, Any], key: str, attempt: int = 1, timeout_s: float | None = None
-             ) -> PostResult:
+    def send(self, document: dict[str, Any], key: str, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
         """Post ``document`` as JSON with ``key`` as its Idempotency-Key (the same on every retry)."""
-        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                   "Idempotency-Key": key, "X-Iotwatch-Attempt": str(attempt), **self.headers}
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "Idempotency-Key": key,
+            "X-Iotwatch-Attempt": str(attempt),
+            **self.headers,
+        }
         body = json.dumps(document, separators=(",", ":"), default=str).encode()
         try:
-            response = self.session.post(self.url, data=body, headers=headers,
-                                         timeout=self.timeout_s if timeout_s is None else timeout_s,
-                                         allow_redirects=False)
+            response = self.session.post(
+                self.url,
+                data=body,
+                headers=headers,
+                timeout=self.timeout_s if timeout_s is None else timeout_s,
+                allow_redirects=False,
+            )
         except requests.Timeout as exc:
             return PostResult("retry", "timeout", str(exc))
         except requests.ConnectionError as exc:
@@ -133,10 +141,17 @@ class Backoff:
 IDLE_EVERY_S = 1.0
 
 
-def deliver(webhook: Webhook, alert: dict[str, Any], backoff: Backoff, stop: threading.Event,
-            retry_after_max_s: float = 300.0,
-            on_failure: Callable[[PostResult, float], None] | None = None, *, deadline: float | None = None,
-            idle: Callable[[], None] | None = None) -> PostResult | None:
+def deliver(
+    webhook: Webhook,
+    alert: dict[str, Any],
+    backoff: Backoff,
+    stop: threading.Event,
+    retry_after_max_s: float = 300.0,
+    on_failure: Callable[[PostResult, float], None] | None = None,
+    *,
+    deadline: float | None = None,
+    idle: Callable[[], None] | None = None,
+) -> PostResult | None:
     """Post until delivered or permanently refused; None when ``stop`` was set or the
     ``deadline`` (``time.monotonic()``) passed before that (the post in flight is always
     finished first, so an accepted alert is never reported as lost; no post outlasts the

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.builder import (GREEN, ORANGE, RED, SEVERITY_COLOURS, YELLOW, BarGauge, Dashboard, Override, Row,
-                                Stat, Table, Target, TimeSeries, colour, thresholds, value_text)
+from dashboards.builder import (
+    GREEN,
+    ORANGE,
+    RED,
+    SEVERITY_COLOURS,
+    YELLOW,
+    BarGauge,
+    Dashboard,
+    Override,
+    Row,
+    Stat,
+    Table,
+    Target,
+    TimeSeries,
+    colour,
+    thresholds,
+    value_text,
+)
 from dashboards.common import SCORE_CLEAR, SCORE_FIRE, regex, site_variable
 
 SITE = f'"site" {regex("site")}'
@@ -19,14 +35,29 @@ def coloured_cells(column: str, mappings: list[dict[str, Any]]) -> Override:
 
 
 def score_cells(column: str = "score") -> Override:
-    return Override(column, {"thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
-                             "custom.cellOptions": {"type": "color-text"}, "decimals": 2})
+    return Override(
+        column,
+        {
+            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+            "custom.cellOptions": {"type": "color-text"},
+            "decimals": 2,
+        },
+    )
 
 
 #: A device id cell opens that device's drill-down (same time range).
-DRILL_DOWN = Override("device_id", {"links": [{
-    "title": "Device drill-down",
-    "url": "/d/iotwatch-device/device?var-site=${__data.fields.site}&var-device=${__value.raw}&${__url_time_range}"}]})
+DRILL_DOWN = Override(
+    "device_id",
+    {
+        "links": [
+            {
+                "title": "Device drill-down",
+                "url": "/d/iotwatch-device/device?var-site=${__data.fields.site}"
+                "&var-device=${__value.raw}&${__url_time_range}",
+            }
+        ]
+    },
+)
 
 
 def hide_time() -> dict[str, Any]:
@@ -35,75 +66,200 @@ def hide_time() -> dict[str, Any]:
 
 def top_devices(title: str, inner: str, column: str, unit: str, th: Any, description: str) -> BarGauge:
     """The 10 largest values of ``column`` per device (``top`` over a per-device subquery)."""
-    return BarGauge(title=title, unit=unit, thresholds=th, all_values=True, height=10, description=description,
-                    targets=[Target(f'SELECT top("{column}", "device_id", 10) AS "{column}" FROM ({inner}) '
-                                    f'WHERE $timeFilter', format="table")],
-                    transformations=[{"id": "sortBy", "options": {"sort": [{"field": column, "desc": True}]}},
-                                     hide_time()])
+    return BarGauge(
+        title=title,
+        unit=unit,
+        thresholds=th,
+        all_values=True,
+        height=10,
+        description=description,
+        targets=[
+            Target(
+                f'SELECT top("{column}", "device_id", 10) AS "{column}" FROM ({inner}) WHERE $timeFilter',
+                format="table",
+            )
+        ],
+        transformations=[{"id": "sortBy", "options": {"sort": [{"field": column, "desc": True}]}}, hide_time()],
+    )
 
 
 def dashboard() -> Dashboard:
-    summary = Row("Summary", [
-        Stat(title="Alerts raised", reduce="sum", thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)), width=6,
-             description="Alerts raised in the time range, all rules.",
-             targets=[Target(f"SELECT count(\"raised\") FROM \"alerts\" WHERE \"state\" = 'raised' AND {SITE} AND "
-                             f"$timeFilter GROUP BY time($__interval) fill(none)")]),
-        Stat(title="Critical raised", reduce="sum", thresholds=thresholds(GREEN, (1, RED)), width=6,
-             description="Critical alerts (crash, water leak) raised in the time range.",
-             targets=[Target(f"SELECT count(\"raised\") FROM \"alerts\" WHERE \"state\" = 'raised' AND "
-                             f"\"severity\" = 'critical' AND {SITE} AND $timeFilter GROUP BY time($__interval) fill(none)")]),
-        Stat(title="Alerts open now", graph=False, thresholds=thresholds(GREEN, (1, ORANGE), (10, RED)), width=6,
-             description="Alerts whose last state in the time range is raised (no later cleared).",
-             targets=[Target(f'SELECT sum("open") FROM (SELECT last("raised") AS "open" FROM "alerts" WHERE {SITE} '
-                             f'AND $timeFilter GROUP BY "device_id", "rule") WHERE $timeFilter')]),
-        Stat(title="Peak anomaly score", reduce="max", thresholds=SCORE, decimals=2, min=0, max=1, width=6,
-             description="Highest per-minute anomaly score of any device (alerts fire at 0.75).",
-             targets=[Target(f'SELECT max("max_score") FROM "device_metrics" WHERE {SITE} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')], min_interval="1m"),
-    ])
-    over_time = Row("Alerts over time", [
-        TimeSeries(title="Alerts raised by severity", draw_style="bars", stacking="normal", unit="short",
-                   legend_calcs=("sum",), description="Raised alerts per interval, by severity.",
-                   targets=[Target(f"SELECT count(\"raised\") FROM \"alerts\" WHERE \"state\" = 'raised' AND {SITE} "
-                                   f"AND $timeFilter GROUP BY time($__interval), \"severity\" fill(none)",
-                                   alias="$tag_severity")],
-                   overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()]),
-        TimeSeries(title="Alerts raised by rule", draw_style="bars", stacking="normal", unit="short",
-                   legend_calcs=("sum",), description="Raised alerts per interval, by rule.",
-                   targets=[Target(f"SELECT count(\"raised\") FROM \"alerts\" WHERE \"state\" = 'raised' AND {SITE} "
-                                   f"AND $timeFilter GROUP BY time($__interval), \"rule\" fill(none)",
-                                   alias="$tag_rule")],
-                   overrides=[colour("crash", RED), colour("water_leak", "dark-red"), colour("anomaly_score", YELLOW),
-                              colour("out_of_range", ORANGE)]),
-    ])
-    devices = Row("Most anomalous devices", [
-        top_devices("Top devices by anomaly score",
-                    f'SELECT max("max_score") AS "score" FROM "device_metrics" WHERE {SITE} AND $timeFilter '
-                    f'GROUP BY "device_id"', "score", "none", SCORE,
-                    "The 10 devices with the highest per-minute anomaly score in the range (0 to 1; fires at 0.75)."),
-        top_devices("Top devices by alerts raised",
-                    f"SELECT count(\"raised\") AS \"alerts\" FROM \"alerts\" WHERE \"state\" = 'raised' AND {SITE} AND "
-                    f"$timeFilter GROUP BY \"device_id\"", "alerts", "short", thresholds(YELLOW, (5, ORANGE), (20, RED)),
-                    "The 10 devices that raised the most alerts in the range."),
-    ])
-    alert_columns = [coloured_cells("severity", SEVERITY_MAPPING), coloured_cells("state", STATE_MAPPING),
-                     score_cells(), Override("message", {"custom.width": 520}), DRILL_DOWN]
-    tables = Row("Alerts", [
-        Table(title="Open alerts", width=24, height=9, sort_by="Time",
-              description="Per device and rule, alerts whose latest state in the time range is raised: no cleared "
-                          "has followed yet. Time is when the alert was raised.",
-              targets=[Target(f'SELECT "severity", "rule", "site", "device_id", "message", "score", "occurrences" '
-                              f'FROM (SELECT last("raised") AS "open", "message", "score", "occurrences" FROM "alerts" '
-                              f'WHERE {SITE} AND $timeFilter GROUP BY "severity", "rule", "site", "device_id") '
-                              f'WHERE "open" = 1 AND $timeFilter', format="table")],
-              column_overrides=alert_columns),
-        Table(title="Recent alerts", width=24, height=10, sort_by="Time",
-              description="The last 200 raised and cleared alerts.",
-              targets=[Target(f'SELECT "severity", "state", "rule", "site", "device_id", "message", "score", "value" '
-                              f'FROM "alerts" WHERE {SITE} AND $timeFilter ORDER BY time DESC LIMIT 200',
-                              format="table")],
-              column_overrides=alert_columns),
-    ])
-    return Dashboard(uid="iotwatch-anomalies", title="iotwatch / Anomalies",
-                     description="Alerts by severity and rule, the most anomalous devices and the open alerts.",
-                     tags=("iotwatch", "alerts"), variables=[site_variable()], rows=[summary, over_time, devices, tables])
+    summary = Row(
+        "Summary",
+        [
+            Stat(
+                title="Alerts raised",
+                reduce="sum",
+                thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
+                width=6,
+                description="Alerts raised in the time range, all rules.",
+                targets=[
+                    Target(
+                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} AND '
+                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Critical raised",
+                reduce="sum",
+                thresholds=thresholds(GREEN, (1, RED)),
+                width=6,
+                description="Critical alerts (crash, water leak) raised in the time range.",
+                targets=[
+                    Target(
+                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND '
+                        f"\"severity\" = 'critical' AND {SITE} AND $timeFilter GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Alerts open now",
+                graph=False,
+                thresholds=thresholds(GREEN, (1, ORANGE), (10, RED)),
+                width=6,
+                description="Alerts whose last state in the time range is raised (no later cleared).",
+                targets=[
+                    Target(
+                        f'SELECT sum("open") FROM (SELECT last("raised") AS "open" FROM "alerts" WHERE {SITE} '
+                        f'AND $timeFilter GROUP BY "device_id", "rule") WHERE $timeFilter'
+                    )
+                ],
+            ),
+            Stat(
+                title="Peak anomaly score",
+                reduce="max",
+                thresholds=SCORE,
+                decimals=2,
+                min=0,
+                max=1,
+                width=6,
+                description="Highest per-minute anomaly score of any device (alerts fire at 0.75).",
+                targets=[
+                    Target(
+                        f'SELECT max("max_score") FROM "device_metrics" WHERE {SITE} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+                min_interval="1m",
+            ),
+        ],
+    )
+    over_time = Row(
+        "Alerts over time",
+        [
+            TimeSeries(
+                title="Alerts raised by severity",
+                draw_style="bars",
+                stacking="normal",
+                unit="short",
+                legend_calcs=("sum",),
+                description="Raised alerts per interval, by severity.",
+                targets=[
+                    Target(
+                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} '
+                        f'AND $timeFilter GROUP BY time($__interval), "severity" fill(none)',
+                        alias="$tag_severity",
+                    )
+                ],
+                overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
+            ),
+            TimeSeries(
+                title="Alerts raised by rule",
+                draw_style="bars",
+                stacking="normal",
+                unit="short",
+                legend_calcs=("sum",),
+                description="Raised alerts per interval, by rule.",
+                targets=[
+                    Target(
+                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} '
+                        f'AND $timeFilter GROUP BY time($__interval), "rule" fill(none)',
+                        alias="$tag_rule",
+                    )
+                ],
+                overrides=[
+                    colour("crash", RED),
+                    colour("water_leak", "dark-red"),
+                    colour("anomaly_score", YELLOW),
+                    colour("out_of_range", ORANGE),
+                ],
+            ),
+        ],
+    )
+    devices = Row(
+        "Most anomalous devices",
+        [
+            top_devices(
+                "Top devices by anomaly score",
+                f'SELECT max("max_score") AS "score" FROM "device_metrics" WHERE {SITE} AND $timeFilter '
+                f'GROUP BY "device_id"',
+                "score",
+                "none",
+                SCORE,
+                "The 10 devices with the highest per-minute anomaly score in the range (0 to 1; fires at 0.75).",
+            ),
+            top_devices(
+                "Top devices by alerts raised",
+                f'SELECT count("raised") AS "alerts" FROM "alerts" WHERE "state" = \'raised\' AND {SITE} AND '
+                f'$timeFilter GROUP BY "device_id"',
+                "alerts",
+                "short",
+                thresholds(YELLOW, (5, ORANGE), (20, RED)),
+                "The 10 devices that raised the most alerts in the range.",
+            ),
+        ],
+    )
+    alert_columns = [
+        coloured_cells("severity", SEVERITY_MAPPING),
+        coloured_cells("state", STATE_MAPPING),
+        score_cells(),
+        Override("message", {"custom.width": 520}),
+        DRILL_DOWN,
+    ]
+    tables = Row(
+        "Alerts",
+        [
+            Table(
+                title="Open alerts",
+                width=24,
+                height=9,
+                sort_by="Time",
+                description="Per device and rule, alerts whose latest state in the time range is raised: no cleared "
+                "has followed yet. Time is when the alert was raised.",
+                targets=[
+                    Target(
+                        f'SELECT "severity", "rule", "site", "device_id", "message", "score", "occurrences" '
+                        f'FROM (SELECT last("raised") AS "open", "message", "score", "occurrences" FROM "alerts" '
+                        f'WHERE {SITE} AND $timeFilter GROUP BY "severity", "rule", "site", "device_id") '
+                        f'WHERE "open" = 1 AND $timeFilter',
+                        format="table",
+                    )
+                ],
+                column_overrides=alert_columns,
+            ),
+            Table(
+                title="Recent alerts",
+                width=24,
+                height=10,
+                sort_by="Time",
+                description="The last 200 raised and cleared alerts.",
+                targets=[
+                    Target(
+                        f'SELECT "severity", "state", "rule", "site", "device_id", "message", "score", "value" '
+                        f'FROM "alerts" WHERE {SITE} AND $timeFilter ORDER BY time DESC LIMIT 200',
+                        format="table",
+                    )
+                ],
+                column_overrides=alert_columns,
+            ),
+        ],
+    )
+    return Dashboard(
+        uid="iotwatch-anomalies",
+        title="iotwatch / Anomalies",
+        description="Alerts by severity and rule, the most anomalous devices and the open alerts.",
+        tags=("iotwatch", "alerts"),
+        variables=[site_variable()],
+        rows=[summary, over_time, devices, tables],
+    )

@@ -62,8 +62,13 @@ class Target:
     format: Literal["time_series", "table"] = "time_series"
 
     def to_dict(self, ref_id: str) -> dict[str, Any]:
-        target: dict[str, Any] = {"datasource": _ds(), "refId": ref_id, "query": self.query, "rawQuery": True,
-                                  "resultFormat": self.format}
+        target: dict[str, Any] = {
+            "datasource": _ds(),
+            "refId": ref_id,
+            "query": self.query,
+            "rawQuery": True,
+            "resultFormat": self.format,
+        }
         if self.alias:
             target["alias"] = self.alias
         return target
@@ -78,8 +83,10 @@ class Override:
     regex: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"matcher": {"id": "byRegexp" if self.regex else "byName", "options": self.match},
-                "properties": [{"id": key, "value": value} for key, value in self.properties.items()]}
+        return {
+            "matcher": {"id": "byRegexp" if self.regex else "byName", "options": self.match},
+            "properties": [{"id": key, "value": value} for key, value in self.properties.items()],
+        }
 
 
 def colour(match: str, color: str, regex: bool = False, **extra: Any) -> Override:
@@ -92,8 +99,10 @@ def colour(match: str, color: str, regex: bool = False, **extra: Any) -> Overrid
 
 def value_text(mapping: dict[str | int, tuple[str, str]]) -> list[dict[str, Any]]:
     """Value mappings: ``{1: ("UP", GREEN), 0: ("DOWN", RED)}``."""
-    options = {str(value): {"text": text, "color": color, "index": index}
-               for index, (value, (text, color)) in enumerate(mapping.items())}
+    options = {
+        str(value): {"text": text, "color": color, "index": index}
+        for index, (value, (text, color)) in enumerate(mapping.items())
+    }
     return [{"type": "value", "options": options}]
 
 
@@ -223,9 +232,15 @@ class Stat(Panel):
         self.type = "stat"
 
     def options(self) -> dict[str, Any]:
-        return {"reduceOptions": {"calcs": [self.reduce], "fields": "", "values": False},
-                "orientation": "auto", "textMode": self.text_mode, "colorMode": self.stat_color,
-                "graphMode": "area" if self.graph else "none", "justifyMode": "auto", "wideLayout": True}
+        return {
+            "reduceOptions": {"calcs": [self.reduce], "fields": "", "values": False},
+            "orientation": "auto",
+            "textMode": self.text_mode,
+            "colorMode": self.stat_color,
+            "graphMode": "area" if self.graph else "none",
+            "justifyMode": "auto",
+            "wideLayout": True,
+        }
 
 
 @dataclass(kw_only=True)
@@ -244,8 +259,11 @@ class Table(Panel):
         return {"align": "auto", "cellOptions": {"type": self.cell_colour}, "filterable": True}
 
     def options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"showHeader": True, "cellHeight": "sm",
-                                   "footer": {"show": False, "reducer": ["sum"], "fields": ""}}
+        options: dict[str, Any] = {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+        }
         if self.sort_by:
             options["sortBy"] = [{"displayName": self.sort_by, "desc": self.sort_desc}]
         return options
@@ -267,9 +285,18 @@ class BarGauge(Panel):
         reduce: dict[str, Any] = {"calcs": [self.reduce], "fields": "", "values": self.all_values}
         if self.limit:
             reduce["limit"] = self.limit
-        return {"reduceOptions": reduce, "orientation": self.orientation, "displayMode": self.display,
-                "showUnfilled": True, "valueMode": "color", "namePlacement": "auto", "sizing": "auto",
-                "minVizHeight": 16, "minVizWidth": 8, "maxVizHeight": 300}
+        return {
+            "reduceOptions": reduce,
+            "orientation": self.orientation,
+            "displayMode": self.display,
+            "showUnfilled": True,
+            "valueMode": "color",
+            "namePlacement": "auto",
+            "sizing": "auto",
+            "minVizHeight": 16,
+            "minVizWidth": 8,
+            "maxVizHeight": 300,
+        }
 
 
 @dataclass(kw_only=True)
@@ -295,13 +322,23 @@ class Geomap(Panel):
             "view": {"id": "fit", "lat": lat, "lon": lon, "zoom": self.zoom, "allLayers": True},
             "controls": {"showZoom": True, "mouseWheelZoom": True, "showAttribution": True},
             "basemap": {"type": "default", "name": "Basemap"},
-            "layers": [{
-                "type": "markers", "name": self.layer_name, "tooltip": True,
-                "location": {"mode": "coords", "latitude": self.latitude, "longitude": self.longitude},
-                "config": {"showLegend": False, "style": {
-                    "color": {"fixed": self.marker_colour}, "opacity": 0.8, "symbol": {"fixed": "img/icons/marker/circle.svg", "mode": "fixed"},
-                    "size": {"fixed": 6, "min": 4, "max": 12}}},
-            }],
+            "layers": [
+                {
+                    "type": "markers",
+                    "name": self.layer_name,
+                    "tooltip": True,
+                    "location": {"mode": "coords", "latitude": self.latitude, "longitude": self.longitude},
+                    "config": {
+                        "showLegend": False,
+                        "style": {
+                            "color": {"fixed": self.marker_colour},
+                            "opacity": 0.8,
+                            "symbol": {"fixed": "img/icons/marker/circle.svg", "mode": "fixed"},
+                            "size": {"fixed": 6, "min": 4, "max": 12},
+                        },
+                    },
+                }
+            ],
             "tooltip": {"mode": "details"},
         }
 
@@ -330,10 +367,19 @@ class Variable:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "label": self.label or self.name, "type": "query", "datasource": _ds(),
-            "query": self.query, "definition": self.query, "regex": self.regex,
-            "refresh": 1 if self.refresh == "load" else 2, "sort": 1,
-            "multi": self.multi, "includeAll": self.include_all, "hide": 0, "options": [],
+            "name": self.name,
+            "label": self.label or self.name,
+            "type": "query",
+            "datasource": _ds(),
+            "query": self.query,
+            "definition": self.query,
+            "regex": self.regex,
+            "refresh": 1 if self.refresh == "load" else 2,
+            "sort": 1,
+            "multi": self.multi,
+            "includeAll": self.include_all,
+            "hide": 0,
+            "options": [],
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]} if self.include_all else {},
         }
 
@@ -355,14 +401,29 @@ class Annotation:
     enabled: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datasource": _ds(), "enable": self.enabled, "hide": False,
-                "iconColor": self.color, "query": self.query, "textColumn": self.text_column,
-                "tagsColumn": self.tags_column, "titleColumn": self.title_column}
+        return {
+            "name": self.name,
+            "datasource": _ds(),
+            "enable": self.enabled,
+            "hide": False,
+            "iconColor": self.color,
+            "query": self.query,
+            "textColumn": self.text_column,
+            "tagsColumn": self.tags_column,
+            "titleColumn": self.title_column,
+        }
 
 
 def _builtin_annotation() -> dict[str, Any]:
-    return {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
+    return {
+        "builtIn": 1,
+        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        "enable": True,
+        "hide": True,
+        "iconColor": "rgba(0, 211, 255, 1)",
+        "name": "Annotations & Alerts",
+        "type": "dashboard",
+    }
 
 
 @dataclass
@@ -388,8 +449,14 @@ class Dashboard:
         panels: list[dict[str, Any]] = []
         next_id, y = 1, 0
         for row in self.rows:
-            header: dict[str, Any] = {"id": next_id, "type": "row", "title": row.title, "collapsed": row.collapsed,
-                                      "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}, "panels": []}
+            header: dict[str, Any] = {
+                "id": next_id,
+                "type": "row",
+                "title": row.title,
+                "collapsed": row.collapsed,
+                "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y},
+                "panels": [],
+            }
             next_id, y = next_id + 1, y + 1
             row_panels: list[dict[str, Any]] = []
             x, line_height = 0, 0
@@ -421,9 +488,20 @@ class Dashboard:
             "version": 1,
             "fiscalYearStartMonth": 0,
             "liveNow": False,
-            "links": [{"type": "dashboards", "tags": ["iotwatch"], "asDropdown": True, "title": "iotwatch",
-                       "includeVars": False, "keepTime": True, "icon": "external link", "targetBlank": False,
-                       "tooltip": "", "url": ""}],
+            "links": [
+                {
+                    "type": "dashboards",
+                    "tags": ["iotwatch"],
+                    "asDropdown": True,
+                    "title": "iotwatch",
+                    "includeVars": False,
+                    "keepTime": True,
+                    "icon": "external link",
+                    "targetBlank": False,
+                    "tooltip": "",
+                    "url": "",
+                }
+            ],
             "annotations": {"list": [_builtin_annotation(), *(a.to_dict() for a in self.annotations)]},
             "templating": {"list": [v.to_dict() for v in self.variables]},
             "panels": panels,

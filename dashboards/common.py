@@ -25,15 +25,25 @@ def regex(variable: str) -> str:
 
 def site_variable(where: str = "", multi: bool = True) -> Variable:
     condition = f" WHERE {where}" if where else ""
-    return Variable("site", f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "site"{condition}', label="Site",
-                    multi=multi, include_all=multi)
+    return Variable(
+        "site",
+        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "site"{condition}',
+        label="Site",
+        multi=multi,
+        include_all=multi,
+    )
 
 
 def device_variable(where: str = "", multi: bool = False) -> Variable:
     """Devices of the selected site(s): chained on ``$site``."""
     extra = f" AND {where}" if where else ""
-    return Variable("device", f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "device_id" '
-                              f'WHERE "site" {regex("site")}{extra}', label="Device", multi=multi, include_all=multi)
+    return Variable(
+        "device",
+        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "device_id" WHERE "site" {regex("site")}{extra}',
+        label="Device",
+        multi=multi,
+        include_all=multi,
+    )
 
 
 def gateway_rate(field: str, alias: str, where: str = "") -> Target:
@@ -41,6 +51,8 @@ def gateway_rate(field: str, alias: str, where: str = "") -> Target:
     derivative is taken separately (counters restart at 0 with their gateway, which
     ``non_negative_derivative`` tolerates) and then added up."""
     condition = f"{where} AND " if where else ""
-    return Target(f'SELECT sum("rate") AS "{alias}" FROM (SELECT non_negative_derivative(last("{field}"), 1s) AS "rate" '
-                  f'FROM "gateway" WHERE {condition}$timeFilter GROUP BY time($__interval), "instance" fill(none)) '
-                  f'WHERE $timeFilter GROUP BY time($__interval) fill(none)')
+    return Target(
+        f'SELECT sum("rate") AS "{alias}" FROM (SELECT non_negative_derivative(last("{field}"), 1s) AS "rate" '
+        f'FROM "gateway" WHERE {condition}$timeFilter GROUP BY time($__interval), "instance" fill(none)) '
+        f"WHERE $timeFilter GROUP BY time($__interval) fill(none)"
+    )

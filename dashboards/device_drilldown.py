@@ -2,72 +2,192 @@
 
 from __future__ import annotations
 
-from dashboards.anomalies import SCORE, coloured_cells, score_cells, SEVERITY_MAPPING, STATE_MAPPING
-from dashboards.builder import (BLUE, GREEN, ORANGE, RED, Annotation, Dashboard, Override, Row, Stat, Table, Target,
-                                TimeSeries, Variable, colour, thresholds)
+from dashboards.anomalies import SCORE, SEVERITY_MAPPING, STATE_MAPPING, coloured_cells, score_cells
+from dashboards.builder import (
+    BLUE,
+    GREEN,
+    ORANGE,
+    RED,
+    Annotation,
+    Dashboard,
+    Override,
+    Row,
+    Stat,
+    Table,
+    Target,
+    TimeSeries,
+    Variable,
+    colour,
+    thresholds,
+)
 from dashboards.common import device_variable, regex, site_variable
 
 DEVICE = f'"device_id" {regex("device")}'
 
 
 def dashboard() -> Dashboard:
-    metric = Variable("metric", f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "metric" WHERE {DEVICE}',
-                      label="Metric", multi=True, include_all=True)
-    overview = Row("Device", [
-        Stat(title="Readings", reduce="sum", thresholds=thresholds(BLUE), width=6, min_interval="1m",
-             description="Readings of this device in the time range, per selected metric.",
-             targets=[Target(f'SELECT sum("count") FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} '
-                             f'AND $timeFilter GROUP BY time($__interval), "metric" fill(none)', alias="$tag_metric")]),
-        Stat(title="Peak anomaly score", reduce="max", thresholds=SCORE, decimals=2, min=0, max=1, width=6,
-             min_interval="1m", description="Highest per-minute anomaly score of any metric (alerts fire at 0.75).",
-             targets=[Target(f'SELECT max("max_score") FROM "device_metrics" WHERE {DEVICE} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')]),
-        Stat(title="Alerts raised", reduce="sum", thresholds=thresholds(GREEN, (1, ORANGE), (5, RED)), width=6,
-             description="Alerts this device raised in the time range.",
-             targets=[Target(f"SELECT count(\"raised\") FROM \"alerts\" WHERE \"state\" = 'raised' AND {DEVICE} AND "
-                             f"$timeFilter GROUP BY time($__interval) fill(none)")]),
-        Stat(title="Alerts open now", graph=False, thresholds=thresholds(GREEN, (1, RED)), width=6,
-             description="Rules whose latest alert state for this device is raised.",
-             targets=[Target(f'SELECT sum("open") FROM (SELECT last("raised") AS "open" FROM "alerts" WHERE {DEVICE} '
-                             f'AND $timeFilter GROUP BY "rule") WHERE $timeFilter')]),
-    ])
-    metrics = Row("Metrics (one panel per metric)", [
-        TimeSeries(title="$metric", repeat="metric", width=12, height=8, min_interval="1m", fill_opacity=0,
-                   legend_calcs=("min", "mean", "max"),
-                   description="Per-minute mean with min and max (event time), and the anomaly score of the "
-                               "same minutes on the right axis (0 to 1, alerts fire at 0.75). Red markers: alerts.",
-                   targets=[Target(f'SELECT mean("mean") AS "mean", min("min") AS "min", max("max") AS "max" '
-                                   f'FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} AND '
-                                   f'$timeFilter GROUP BY time($__interval) fill(none)'),
-                            Target(f'SELECT max("max_score") AS "anomaly score" FROM "device_metrics" WHERE {DEVICE} '
-                                   f'AND "metric" {regex("metric")} AND $timeFilter GROUP BY time($__interval) fill(none)')],
-                   overrides=[colour("mean", BLUE, custom__lineWidth=2),
-                              colour("min", "light-blue", custom__lineStyle={"fill": "dash", "dash": [4, 4]}),
-                              colour("max", "light-blue", custom__lineStyle={"fill": "dash", "dash": [4, 4]}),
-                              Override("anomaly score", {
-                                  "custom.axisPlacement": "right", "min": 0, "max": 1, "unit": "none",
-                                  "custom.drawStyle": "bars", "custom.fillOpacity": 40,
-                                  "color": {"mode": "thresholds"},
-                                  "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]}})]),
-    ])
-    alerts = Row("Alerts", [
-        Table(title="Alerts of this device", width=24, height=8, sort_by="Time",
-              description="Raised and cleared alerts of this device in the time range.",
-              targets=[Target(f'SELECT "severity", "state", "rule", "message", "score", "value", "occurrences" '
-                              f'FROM "alerts" WHERE {DEVICE} AND $timeFilter ORDER BY time DESC LIMIT 200',
-                              format="table")],
-              column_overrides=[coloured_cells("severity", SEVERITY_MAPPING), coloured_cells("state", STATE_MAPPING),
-                                score_cells(), Override("message", {"custom.width": 560})]),
-    ])
-    return Dashboard(uid="iotwatch-device", title="iotwatch / Device drill-down",
-                     description="Pick a site, then a device: its metrics, anomaly score, alerts and the "
-                                 "commands it was sent.",
-                     tags=("iotwatch", "devices"), refresh="1m",
-                     variables=[site_variable(multi=False), device_variable(), metric],
-                     annotations=[Annotation("Alerts", f'SELECT "message", "rule", "severity", "state" FROM "alerts" '
-                                                       f'WHERE {DEVICE} AND $timeFilter', color=RED,
-                                             text_column="message", tags_column="rule,severity,state"),
-                                  Annotation("Commands", f'SELECT "text", "name", "status" FROM "commands" '
-                                                         f'WHERE {DEVICE} AND $timeFilter', color=BLUE,
-                                             text_column="text", tags_column="name,status")],
-                     rows=[overview, metrics, alerts])
+    metric = Variable(
+        "metric",
+        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "metric" WHERE {DEVICE}',
+        label="Metric",
+        multi=True,
+        include_all=True,
+    )
+    overview = Row(
+        "Device",
+        [
+            Stat(
+                title="Readings",
+                reduce="sum",
+                thresholds=thresholds(BLUE),
+                width=6,
+                min_interval="1m",
+                description="Readings of this device in the time range, per selected metric.",
+                targets=[
+                    Target(
+                        f'SELECT sum("count") FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} '
+                        f'AND $timeFilter GROUP BY time($__interval), "metric" fill(none)',
+                        alias="$tag_metric",
+                    )
+                ],
+            ),
+            Stat(
+                title="Peak anomaly score",
+                reduce="max",
+                thresholds=SCORE,
+                decimals=2,
+                min=0,
+                max=1,
+                width=6,
+                min_interval="1m",
+                description="Highest per-minute anomaly score of any metric (alerts fire at 0.75).",
+                targets=[
+                    Target(
+                        f'SELECT max("max_score") FROM "device_metrics" WHERE {DEVICE} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Alerts raised",
+                reduce="sum",
+                thresholds=thresholds(GREEN, (1, ORANGE), (5, RED)),
+                width=6,
+                description="Alerts this device raised in the time range.",
+                targets=[
+                    Target(
+                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {DEVICE} AND '
+                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Alerts open now",
+                graph=False,
+                thresholds=thresholds(GREEN, (1, RED)),
+                width=6,
+                description="Rules whose latest alert state for this device is raised.",
+                targets=[
+                    Target(
+                        f'SELECT sum("open") FROM (SELECT last("raised") AS "open" FROM "alerts" WHERE {DEVICE} '
+                        f'AND $timeFilter GROUP BY "rule") WHERE $timeFilter'
+                    )
+                ],
+            ),
+        ],
+    )
+    metrics = Row(
+        "Metrics (one panel per metric)",
+        [
+            TimeSeries(
+                title="$metric",
+                repeat="metric",
+                width=12,
+                height=8,
+                min_interval="1m",
+                fill_opacity=0,
+                legend_calcs=("min", "mean", "max"),
+                description="Per-minute mean with min and max (event time), and the anomaly score of the "
+                "same minutes on the right axis (0 to 1, alerts fire at 0.75). Red markers: alerts.",
+                targets=[
+                    Target(
+                        f'SELECT mean("mean") AS "mean", min("min") AS "min", max("max") AS "max" '
+                        f'FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} AND '
+                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    ),
+                    Target(
+                        f'SELECT max("max_score") AS "anomaly score" FROM "device_metrics" WHERE {DEVICE} '
+                        f'AND "metric" {regex("metric")} AND $timeFilter GROUP BY time($__interval) fill(none)'
+                    ),
+                ],
+                overrides=[
+                    colour("mean", BLUE, custom__lineWidth=2),
+                    colour("min", "light-blue", custom__lineStyle={"fill": "dash", "dash": [4, 4]}),
+                    colour("max", "light-blue", custom__lineStyle={"fill": "dash", "dash": [4, 4]}),
+                    Override(
+                        "anomaly score",
+                        {
+                            "custom.axisPlacement": "right",
+                            "min": 0,
+                            "max": 1,
+                            "unit": "none",
+                            "custom.drawStyle": "bars",
+                            "custom.fillOpacity": 40,
+                            "color": {"mode": "thresholds"},
+                            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+                        },
+                    ),
+                ],
+            ),
+        ],
+    )
+    alerts = Row(
+        "Alerts",
+        [
+            Table(
+                title="Alerts of this device",
+                width=24,
+                height=8,
+                sort_by="Time",
+                description="Raised and cleared alerts of this device in the time range.",
+                targets=[
+                    Target(
+                        f'SELECT "severity", "state", "rule", "message", "score", "value", "occurrences" '
+                        f'FROM "alerts" WHERE {DEVICE} AND $timeFilter ORDER BY time DESC LIMIT 200',
+                        format="table",
+                    )
+                ],
+                column_overrides=[
+                    coloured_cells("severity", SEVERITY_MAPPING),
+                    coloured_cells("state", STATE_MAPPING),
+                    score_cells(),
+                    Override("message", {"custom.width": 560}),
+                ],
+            ),
+        ],
+    )
+    return Dashboard(
+        uid="iotwatch-device",
+        title="iotwatch / Device drill-down",
+        description="Pick a site, then a device: its metrics, anomaly score, alerts and the commands it was sent.",
+        tags=("iotwatch", "devices"),
+        refresh="1m",
+        variables=[site_variable(multi=False), device_variable(), metric],
+        annotations=[
+            Annotation(
+                "Alerts",
+                f'SELECT "message", "rule", "severity", "state" FROM "alerts" WHERE {DEVICE} AND $timeFilter',
+                color=RED,
+                text_column="message",
+                tags_column="rule,severity,state",
+            ),
+            Annotation(
+                "Commands",
+                f'SELECT "text", "name", "status" FROM "commands" WHERE {DEVICE} AND $timeFilter',
+                color=BLUE,
+                text_column="text",
+                tags_column="name,status",
+            ),
+        ],
+        rows=[overview, metrics, alerts],
+    )

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
-from dashboards.builder import (BLUE, GREEN, ORANGE, PURPLE, RED, YELLOW, Dashboard, Row, Stat, Target, TimeSeries,
-                                colour, thresholds, value_text)
+from dashboards.builder import (
+    BLUE,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    RED,
+    YELLOW,
+    Dashboard,
+    Row,
+    Stat,
+    Target,
+    TimeSeries,
+    colour,
+    thresholds,
+    value_text,
+)
 from dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate
 
 PROGRESS = "\"stage\" = 'stream_progress'"
@@ -14,81 +28,205 @@ BATCH_MS = thresholds(GREEN, (2_000, ORANGE), (10_000, RED))
 
 
 def dashboard() -> Dashboard:
-    now = Row("Now", [
-        Stat(title="Gateway forwarded", unit=MSG_PER_S, decimals=1, thresholds=thresholds(BLUE),
-             description="Messages per second confirmed by Kafka, all gateway instances.",
-             targets=[gateway_rate("forwarded", "forwarded")]),
-        Stat(title="Stream processed", unit=MSG_PER_S, decimals=1, thresholds=thresholds(BLUE),
-             description="Rows per second the streaming job processed in its last micro-batch.",
-             targets=[Target(f'SELECT mean("processed_rows_per_s") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')]),
-        Stat(title="Kafka lag", unit="short", thresholds=LAG,
-             description="Records between what the job has read and the end of the raw topic. Growing = falling behind.",
-             targets=[Target(f'SELECT last("lag_records") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')]),
-        Stat(title="Batch duration", unit="ms", thresholds=BATCH_MS,
-             description="Wall time of the last micro-batch (all sinks). Above the trigger interval = falling behind.",
-             targets=[Target(f'SELECT max("batch_duration_ms") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')]),
-        Stat(title="Alerts raised", unit="short", reduce="sum", thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
-             description="Alerts raised by the streaming job in the time range.",
-             targets=[Target(f'SELECT sum("alerts_raised") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                             f'GROUP BY time($__interval) fill(none)')]),
-        Stat(title="Kafka reachable", reduce="min", graph=False, thresholds=thresholds(RED, (1, GREEN)),
-             mappings=value_text({1: ("UP", GREEN), 0: ("DOWN", RED)}),
-             description="Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
-             targets=[Target('SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
-                             'GROUP BY "instance") WHERE $timeFilter')]),
-    ])
-    ingest = Row("Ingest rate per stage", [
-        TimeSeries(title="Messages per second by stage", unit=MSG_PER_S, width=16, height=9,
-                   description="Gateway received and forwarded (rate of its cumulative counters, all instances) "
-                               "and the streaming job's input and processed rows per second. The lines should "
-                               "track each other; a gap between received and forwarded is data waiting in the gateway.",
-                   targets=[gateway_rate("received", "gateway received"),
-                            gateway_rate("forwarded", "gateway forwarded"),
-                            Target(f'SELECT mean("input_rows_per_s") AS "stream input", '
-                                   f'mean("processed_rows_per_s") AS "stream processed" FROM "pipeline" '
-                                   f'WHERE {PROGRESS} AND $timeFilter GROUP BY time($__interval) fill(none)')],
-                   overrides=[colour("gateway received", BLUE), colour("gateway forwarded", GREEN),
-                              colour("stream input", PURPLE), colour("stream processed", YELLOW)]),
-        TimeSeries(title="Kafka lag over time", unit="short", width=8, height=9, thresholds=LAG, threshold_style="dashed",
-                   color_mode="fixed", fixed_color=ORANGE, legend_calcs=("max", "lastNotNull"),
-                   description="Records not yet read by the streaming job, over all raw-topic partitions.",
-                   targets=[Target(f'SELECT max("lag_records") AS "lag" FROM "pipeline" WHERE {PROGRESS} AND '
-                                   f'$timeFilter GROUP BY time($__interval) fill(none)')]),
-    ])
-    batches = Row("Streaming job", [
-        TimeSeries(title="Micro-batch duration", unit="ms", thresholds=BATCH_MS, threshold_style="dashed",
-                   description="Batch wall time (reading, scoring and every sink) and Spark's trigger execution time.",
-                   targets=[Target(f'SELECT mean("batch_duration_ms") AS "batch mean", max("batch_duration_ms") AS '
-                                   f'"batch max" FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                                   f'GROUP BY time($__interval) fill(none)'),
-                            Target(f'SELECT mean("trigger_ms") AS "trigger" FROM "pipeline" WHERE {PROGRESS} AND '
-                                   f'$timeFilter GROUP BY time($__interval) fill(none)')],
-                   overrides=[colour("batch max", RED), colour("batch mean", BLUE), colour("trigger", PURPLE)]),
-        TimeSeries(title="Streaming state", unit="short",
-                   description="Rows held in per-device state and the memory the state store uses.",
-                   targets=[Target(f'SELECT last("state_rows") AS "state rows", last("state_memory_bytes") AS '
-                                   f'"state memory" FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                                   f'GROUP BY time($__interval) fill(none)')],
-                   overrides=[colour("state memory", PURPLE, unit="bytes", custom__axisPlacement="right")]),
-    ])
-    rejected = Row("Rejected and repeated data", [
-        TimeSeries(title="Dead-letter, late and duplicate rate", unit=MSG_PER_S, draw_style="bars",
-                   stacking="normal", legend_calcs=("sum", "max"), width=24,
-                   description="Records per second the stream dead-lettered (malformed), dropped as late (behind the "
-                               "watermark) or removed as duplicates, and what the gateway dead-lettered or saw "
-                               "repeated. Any dead letter needs a look at the DLQ topic.",
-                   targets=[Target(f'SELECT sum("dlq") {PER_SECOND} AS "stream dead-lettered", sum("late") {PER_SECOND} '
-                                   f'AS "stream late", sum("duplicate") {PER_SECOND} AS "stream duplicates" '
-                                   f'FROM "pipeline" WHERE {BATCH} AND $timeFilter GROUP BY time($__interval) fill(none)'),
-                            gateway_rate("dead_lettered", "gateway dead-lettered"),
-                            gateway_rate("duplicates", "gateway duplicates")],
-                   overrides=[colour("stream dead-lettered", RED), colour("gateway dead-lettered", "dark-red"),
-                              colour("stream late", ORANGE), colour("stream duplicates", YELLOW),
-                              colour("gateway duplicates", "light-yellow")]),
-    ])
-    return Dashboard(uid="iotwatch-fleet-overview", title="iotwatch / Fleet overview",
-                     description="Ingest rate per stage, Kafka lag, micro-batch duration and rejected data.",
-                     tags=("iotwatch", "pipeline"), rows=[now, ingest, batches, rejected])
+    now = Row(
+        "Now",
+        [
+            Stat(
+                title="Gateway forwarded",
+                unit=MSG_PER_S,
+                decimals=1,
+                thresholds=thresholds(BLUE),
+                description="Messages per second confirmed by Kafka, all gateway instances.",
+                targets=[gateway_rate("forwarded", "forwarded")],
+            ),
+            Stat(
+                title="Stream processed",
+                unit=MSG_PER_S,
+                decimals=1,
+                thresholds=thresholds(BLUE),
+                description="Rows per second the streaming job processed in its last micro-batch.",
+                targets=[
+                    Target(
+                        f'SELECT mean("processed_rows_per_s") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Kafka lag",
+                unit="short",
+                thresholds=LAG,
+                description="Records between what the job has read and the end of the raw topic. "
+                "Growing = falling behind.",
+                targets=[
+                    Target(
+                        f'SELECT last("lag_records") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Batch duration",
+                unit="ms",
+                thresholds=BATCH_MS,
+                description="Wall time of the last micro-batch (all sinks). "
+                "Above the trigger interval = falling behind.",
+                targets=[
+                    Target(
+                        f'SELECT max("batch_duration_ms") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Alerts raised",
+                unit="short",
+                reduce="sum",
+                thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
+                description="Alerts raised by the streaming job in the time range.",
+                targets=[
+                    Target(
+                        f'SELECT sum("alerts_raised") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+            Stat(
+                title="Kafka reachable",
+                reduce="min",
+                graph=False,
+                thresholds=thresholds(RED, (1, GREEN)),
+                mappings=value_text({1: ("UP", GREEN), 0: ("DOWN", RED)}),
+                description="Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
+                targets=[
+                    Target(
+                        'SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
+                        'GROUP BY "instance") WHERE $timeFilter'
+                    )
+                ],
+            ),
+        ],
+    )
+    ingest = Row(
+        "Ingest rate per stage",
+        [
+            TimeSeries(
+                title="Messages per second by stage",
+                unit=MSG_PER_S,
+                width=16,
+                height=9,
+                description="Gateway received and forwarded (rate of its cumulative counters, all instances) "
+                "and the streaming job's input and processed rows per second. The lines should "
+                "track each other; a gap between received and forwarded is data waiting in the gateway.",
+                targets=[
+                    gateway_rate("received", "gateway received"),
+                    gateway_rate("forwarded", "gateway forwarded"),
+                    Target(
+                        f'SELECT mean("input_rows_per_s") AS "stream input", '
+                        f'mean("processed_rows_per_s") AS "stream processed" FROM "pipeline" '
+                        f"WHERE {PROGRESS} AND $timeFilter GROUP BY time($__interval) fill(none)"
+                    ),
+                ],
+                overrides=[
+                    colour("gateway received", BLUE),
+                    colour("gateway forwarded", GREEN),
+                    colour("stream input", PURPLE),
+                    colour("stream processed", YELLOW),
+                ],
+            ),
+            TimeSeries(
+                title="Kafka lag over time",
+                unit="short",
+                width=8,
+                height=9,
+                thresholds=LAG,
+                threshold_style="dashed",
+                color_mode="fixed",
+                fixed_color=ORANGE,
+                legend_calcs=("max", "lastNotNull"),
+                description="Records not yet read by the streaming job, over all raw-topic partitions.",
+                targets=[
+                    Target(
+                        f'SELECT max("lag_records") AS "lag" FROM "pipeline" WHERE {PROGRESS} AND '
+                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+            ),
+        ],
+    )
+    batches = Row(
+        "Streaming job",
+        [
+            TimeSeries(
+                title="Micro-batch duration",
+                unit="ms",
+                thresholds=BATCH_MS,
+                threshold_style="dashed",
+                description="Batch wall time (reading, scoring and every sink) and Spark's trigger execution time.",
+                targets=[
+                    Target(
+                        f'SELECT mean("batch_duration_ms") AS "batch mean", max("batch_duration_ms") AS '
+                        f'"batch max" FROM "pipeline" WHERE {BATCH} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    ),
+                    Target(
+                        f'SELECT mean("trigger_ms") AS "trigger" FROM "pipeline" WHERE {PROGRESS} AND '
+                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    ),
+                ],
+                overrides=[colour("batch max", RED), colour("batch mean", BLUE), colour("trigger", PURPLE)],
+            ),
+            TimeSeries(
+                title="Streaming state",
+                unit="short",
+                description="Rows held in per-device state and the memory the state store uses.",
+                targets=[
+                    Target(
+                        f'SELECT last("state_rows") AS "state rows", last("state_memory_bytes") AS '
+                        f'"state memory" FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
+                        f"GROUP BY time($__interval) fill(none)"
+                    )
+                ],
+                overrides=[colour("state memory", PURPLE, unit="bytes", custom__axisPlacement="right")],
+            ),
+        ],
+    )
+    rejected = Row(
+        "Rejected and repeated data",
+        [
+            TimeSeries(
+                title="Dead-letter, late and duplicate rate",
+                unit=MSG_PER_S,
+                draw_style="bars",
+                stacking="normal",
+                legend_calcs=("sum", "max"),
+                width=24,
+                description="Records per second the stream dead-lettered (malformed), dropped as late (behind the "
+                "watermark) or removed as duplicates, and what the gateway dead-lettered or saw "
+                "repeated. Any dead letter needs a look at the DLQ topic.",
+                targets=[
+                    Target(
+                        f'SELECT sum("dlq") {PER_SECOND} AS "stream dead-lettered", sum("late") {PER_SECOND} '
+                        f'AS "stream late", sum("duplicate") {PER_SECOND} AS "stream duplicates" '
+                        f'FROM "pipeline" WHERE {BATCH} AND $timeFilter GROUP BY time($__interval) fill(none)'
+                    ),
+                    gateway_rate("dead_lettered", "gateway dead-lettered"),
+                    gateway_rate("duplicates", "gateway duplicates"),
+                ],
+                overrides=[
+                    colour("stream dead-lettered", RED),
+                    colour("gateway dead-lettered", "dark-red"),
+                    colour("stream late", ORANGE),
+                    colour("stream duplicates", YELLOW),
+                    colour("gateway duplicates", "light-yellow"),
+                ],
+            ),
+        ],
+    )
+    return Dashboard(
+        uid="iotwatch-fleet-overview",
+        title="iotwatch / Fleet overview",
+        description="Ingest rate per stage, Kafka lag, micro-batch duration and rejected data.",
+        tags=("iotwatch", "pipeline"),
+        rows=[now, ingest, batches, rejected],
+    )

@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
-from dashboards.builder import (BLUE, GREEN, ORANGE, PURPLE, RED, YELLOW, BarGauge, Dashboard, Row, Stat, Target,
-                                TimeSeries, Variable, colour, thresholds, value_text)
+from dashboards.builder import (
+    BLUE,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    RED,
+    YELLOW,
+    BarGauge,
+    Dashboard,
+    Row,
+    Stat,
+    Target,
+    TimeSeries,
+    Variable,
+    colour,
+    thresholds,
+    value_text,
+)
 from dashboards.common import MSG_PER_S, regex
 
 INSTANCE = f'"instance" {regex("instance")}'
@@ -13,83 +29,205 @@ INFLIGHT_S = thresholds(GREEN, (5, ORANGE), (30, RED))
 
 
 def last(field: str, alias: str = "$tag_instance") -> Target:
-    return Target(f'SELECT last("{field}") FROM "gateway" WHERE {INSTANCE} AND $timeFilter '
-                  f'GROUP BY time($__interval), "instance" fill(none)', alias=alias)
+    return Target(
+        f'SELECT last("{field}") FROM "gateway" WHERE {INSTANCE} AND $timeFilter '
+        f'GROUP BY time($__interval), "instance" fill(none)',
+        alias=alias,
+    )
 
 
-def rate(field: str, label: str, measurement: str = "gateway", by: str = '"instance"',
-         alias: str = "$tag_instance") -> Target:
-    return Target(f'SELECT non_negative_derivative(last("{field}"), 1s) AS "{label}" FROM "{measurement}" '
-                  f'WHERE {INSTANCE} AND $timeFilter GROUP BY time($__interval), {by} fill(none)', alias=alias)
+def rate(
+    field: str, label: str, measurement: str = "gateway", by: str = '"instance"', alias: str = "$tag_instance"
+) -> Target:
+    return Target(
+        f'SELECT non_negative_derivative(last("{field}"), 1s) AS "{label}" FROM "{measurement}" '
+        f"WHERE {INSTANCE} AND $timeFilter GROUP BY time($__interval), {by} fill(none)",
+        alias=alias,
+    )
 
 
 def dashboard() -> Dashboard:
-    instance = Variable("instance", 'SHOW TAG VALUES FROM "gateway" WITH KEY = "instance"', label="Gateway",
-                        multi=True, include_all=True)
-    status = Row("Status (last report per instance)", [
-        Stat(title="Kafka", graph=False, thresholds=thresholds(RED, (1, GREEN)), mappings=UP_DOWN, width=4,
-             description="1 while the instance can reach Kafka.", targets=[last("kafka_up")]),
-        Stat(title="MQTT", graph=False, thresholds=thresholds(RED, (1, GREEN)), mappings=UP_DOWN, width=4,
-             description="1 while the instance is connected to the MQTT broker.", targets=[last("mqtt_connected")]),
-        Stat(title="In flight", unit="short", thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)), width=4,
-             description="Messages received but not yet confirmed by Kafka (not yet acknowledged to MQTT).",
-             targets=[last("inflight")]),
-        Stat(title="Oldest in flight", unit="s", decimals=1, thresholds=INFLIGHT_S, width=4,
-             description="Age of the oldest unconfirmed message: grows while Kafka is down.",
-             targets=[last("oldest_inflight_s")]),
-        Stat(title="Delivery latency p99", unit="ms", thresholds=LATENCY, width=4,
-             description="MQTT receipt to Kafka confirmation, 99th percentile of recent deliveries.",
-             targets=[last("delivery_latency_ms_p99")]),
-        Stat(title="Forwarded", unit=MSG_PER_S, decimals=1, thresholds=thresholds(BLUE), width=4,
-             description="Messages per second confirmed by Kafka.", targets=[rate("forwarded", "forwarded")]),
-    ])
-    flow = Row("Throughput and backlog", [
-        TimeSeries(title="Received and forwarded", unit=MSG_PER_S,
-                   description="Per-second rates of the cumulative counters (restarts at 0 are ignored).",
-                   targets=[rate("received", "received", alias="$tag_instance received"),
-                            rate("forwarded", "forwarded", alias="$tag_instance forwarded")],
-                   overrides=[colour(".* received$", BLUE, regex=True), colour(".* forwarded$", GREEN, regex=True)]),
-        TimeSeries(title="In flight and oldest age", unit="short", thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
-                   description="Unconfirmed messages (left) and the age of the oldest one (right, seconds).",
-                   targets=[last("inflight", alias="$tag_instance in flight"),
-                            last("oldest_inflight_s", alias="$tag_instance oldest (s)")],
-                   overrides=[colour(".* oldest \\(s\\)$", ORANGE, regex=True, unit="s",
-                                     custom__axisPlacement="right")]),
-    ])
-    latency = Row("Delivery", [
-        TimeSeries(title="Delivery latency p50 / p99", unit="ms", thresholds=LATENCY, threshold_style="dashed",
-                   description="MQTT receipt to Kafka confirmation.",
-                   targets=[last("delivery_latency_ms_p50", alias="$tag_instance p50"),
-                            last("delivery_latency_ms_p99", alias="$tag_instance p99")],
-                   overrides=[colour(".* p50$", GREEN, regex=True), colour(".* p99$", PURPLE, regex=True)]),
-        TimeSeries(title="Connectivity", min=0, max=1, line_interpolation="stepAfter", fill_opacity=30,
-                   mappings=UP_DOWN, legend_calcs=("min", "lastNotNull"),
-                   description="Kafka reachable and MQTT connected per instance (1 = up, 0 = down).",
-                   targets=[last("kafka_up", alias="$tag_instance kafka"),
-                            last("mqtt_connected", alias="$tag_instance mqtt")]),
-    ])
-    errors = Row("Dead letters and delivery problems", [
-        TimeSeries(title="Dead letters by reason", unit=MSG_PER_S, draw_style="bars", stacking="normal",
-                   legend_calcs=("sum", "max"), description="Messages per second sent to the dead-letter topic.",
-                   targets=[rate("count", "dead letters", "gateway_dead_letters", '"instance", "reason"',
-                                 alias="$tag_reason ($tag_instance)")]),
-        BarGauge(title="Dead letters by reason (time range)", unit="short", reduce="sum",
-                 thresholds=thresholds(ORANGE, (100, RED)),
-                 description="Dead-lettered messages per reason in the time range (restart-safe increase).",
-                 targets=[Target(f'SELECT sum("n") FROM (SELECT non_negative_difference(last("count")) AS "n" '
-                                 f'FROM "gateway_dead_letters" WHERE {INSTANCE} AND $timeFilter '
-                                 f'GROUP BY time($__interval), "instance", "reason" fill(none)) WHERE $timeFilter '
-                                 f'GROUP BY "reason"', alias="$tag_reason")]),
-        TimeSeries(title="Delivery failures, duplicates and sequence gaps", unit=MSG_PER_S, width=24,
-                   description="Kafka delivery errors (re-produced), repeated messages (redelivery or device "
-                               "resend) and seqs missing between a device's messages (possible loss upstream).",
-                   targets=[rate("delivery_failures", "failures", alias="$tag_instance delivery failures"),
-                            rate("duplicates", "duplicates", alias="$tag_instance duplicates"),
-                            rate("seq_gaps", "gaps", alias="$tag_instance seq gaps")],
-                   overrides=[colour(".* delivery failures$", RED, regex=True),
-                              colour(".* duplicates$", YELLOW, regex=True),
-                              colour(".* seq gaps$", ORANGE, regex=True)]),
-    ])
-    return Dashboard(uid="iotwatch-gateway", title="iotwatch / Gateway health",
-                     description="MQTT to Kafka gateway: connectivity, backlog, latency and dead letters.",
-                     tags=("iotwatch", "gateway"), variables=[instance], rows=[status, flow, latency, errors])
+    instance = Variable(
+        "instance",
+        'SHOW TAG VALUES FROM "gateway" WITH KEY = "instance"',
+        label="Gateway",
+        multi=True,
+        include_all=True,
+    )
+    status = Row(
+        "Status (last report per instance)",
+        [
+            Stat(
+                title="Kafka",
+                graph=False,
+                thresholds=thresholds(RED, (1, GREEN)),
+                mappings=UP_DOWN,
+                width=4,
+                description="1 while the instance can reach Kafka.",
+                targets=[last("kafka_up")],
+            ),
+            Stat(
+                title="MQTT",
+                graph=False,
+                thresholds=thresholds(RED, (1, GREEN)),
+                mappings=UP_DOWN,
+                width=4,
+                description="1 while the instance is connected to the MQTT broker.",
+                targets=[last("mqtt_connected")],
+            ),
+            Stat(
+                title="In flight",
+                unit="short",
+                thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
+                width=4,
+                description="Messages received but not yet confirmed by Kafka (not yet acknowledged to MQTT).",
+                targets=[last("inflight")],
+            ),
+            Stat(
+                title="Oldest in flight",
+                unit="s",
+                decimals=1,
+                thresholds=INFLIGHT_S,
+                width=4,
+                description="Age of the oldest unconfirmed message: grows while Kafka is down.",
+                targets=[last("oldest_inflight_s")],
+            ),
+            Stat(
+                title="Delivery latency p99",
+                unit="ms",
+                thresholds=LATENCY,
+                width=4,
+                description="MQTT receipt to Kafka confirmation, 99th percentile of recent deliveries.",
+                targets=[last("delivery_latency_ms_p99")],
+            ),
+            Stat(
+                title="Forwarded",
+                unit=MSG_PER_S,
+                decimals=1,
+                thresholds=thresholds(BLUE),
+                width=4,
+                description="Messages per second confirmed by Kafka.",
+                targets=[rate("forwarded", "forwarded")],
+            ),
+        ],
+    )
+    flow = Row(
+        "Throughput and backlog",
+        [
+            TimeSeries(
+                title="Received and forwarded",
+                unit=MSG_PER_S,
+                description="Per-second rates of the cumulative counters (restarts at 0 are ignored).",
+                targets=[
+                    rate("received", "received", alias="$tag_instance received"),
+                    rate("forwarded", "forwarded", alias="$tag_instance forwarded"),
+                ],
+                overrides=[colour(".* received$", BLUE, regex=True), colour(".* forwarded$", GREEN, regex=True)],
+            ),
+            TimeSeries(
+                title="In flight and oldest age",
+                unit="short",
+                thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
+                description="Unconfirmed messages (left) and the age of the oldest one (right, seconds).",
+                targets=[
+                    last("inflight", alias="$tag_instance in flight"),
+                    last("oldest_inflight_s", alias="$tag_instance oldest (s)"),
+                ],
+                overrides=[colour(".* oldest \\(s\\)$", ORANGE, regex=True, unit="s", custom__axisPlacement="right")],
+            ),
+        ],
+    )
+    latency = Row(
+        "Delivery",
+        [
+            TimeSeries(
+                title="Delivery latency p50 / p99",
+                unit="ms",
+                thresholds=LATENCY,
+                threshold_style="dashed",
+                description="MQTT receipt to Kafka confirmation.",
+                targets=[
+                    last("delivery_latency_ms_p50", alias="$tag_instance p50"),
+                    last("delivery_latency_ms_p99", alias="$tag_instance p99"),
+                ],
+                overrides=[colour(".* p50$", GREEN, regex=True), colour(".* p99$", PURPLE, regex=True)],
+            ),
+            TimeSeries(
+                title="Connectivity",
+                min=0,
+                max=1,
+                line_interpolation="stepAfter",
+                fill_opacity=30,
+                mappings=UP_DOWN,
+                legend_calcs=("min", "lastNotNull"),
+                description="Kafka reachable and MQTT connected per instance (1 = up, 0 = down).",
+                targets=[
+                    last("kafka_up", alias="$tag_instance kafka"),
+                    last("mqtt_connected", alias="$tag_instance mqtt"),
+                ],
+            ),
+        ],
+    )
+    errors = Row(
+        "Dead letters and delivery problems",
+        [
+            TimeSeries(
+                title="Dead letters by reason",
+                unit=MSG_PER_S,
+                draw_style="bars",
+                stacking="normal",
+                legend_calcs=("sum", "max"),
+                description="Messages per second sent to the dead-letter topic.",
+                targets=[
+                    rate(
+                        "count",
+                        "dead letters",
+                        "gateway_dead_letters",
+                        '"instance", "reason"',
+                        alias="$tag_reason ($tag_instance)",
+                    )
+                ],
+            ),
+            BarGauge(
+                title="Dead letters by reason (time range)",
+                unit="short",
+                reduce="sum",
+                thresholds=thresholds(ORANGE, (100, RED)),
+                description="Dead-lettered messages per reason in the time range (restart-safe increase).",
+                targets=[
+                    Target(
+                        f'SELECT sum("n") FROM (SELECT non_negative_difference(last("count")) AS "n" '
+                        f'FROM "gateway_dead_letters" WHERE {INSTANCE} AND $timeFilter '
+                        f'GROUP BY time($__interval), "instance", "reason" fill(none)) WHERE $timeFilter '
+                        f'GROUP BY "reason"',
+                        alias="$tag_reason",
+                    )
+                ],
+            ),
+            TimeSeries(
+                title="Delivery failures, duplicates and sequence gaps",
+                unit=MSG_PER_S,
+                width=24,
+                description="Kafka delivery errors (re-produced), repeated messages (redelivery or device "
+                "resend) and seqs missing between a device's messages (possible loss upstream).",
+                targets=[
+                    rate("delivery_failures", "failures", alias="$tag_instance delivery failures"),
+                    rate("duplicates", "duplicates", alias="$tag_instance duplicates"),
+                    rate("seq_gaps", "gaps", alias="$tag_instance seq gaps"),
+                ],
+                overrides=[
+                    colour(".* delivery failures$", RED, regex=True),
+                    colour(".* duplicates$", YELLOW, regex=True),
+                    colour(".* seq gaps$", ORANGE, regex=True),
+                ],
+            ),
+        ],
+    )
+    return Dashboard(
+        uid="iotwatch-gateway",
+        title="iotwatch / Gateway health",
+        description="MQTT to Kafka gateway: connectivity, backlog, latency and dead letters.",
+        tags=("iotwatch", "gateway"),
+        variables=[instance],
+        rows=[status, flow, latency, errors],
+    )

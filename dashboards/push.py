@@ -51,8 +51,13 @@ def folder_uid(name: str) -> str:
 def datasource_model(influx: InfluxTarget) -> dict[str, Any]:
     """The same datasource docker-compose provisions (deploy/grafana/provisioning/datasources)."""
     model: dict[str, Any] = {
-        "name": DATASOURCE_NAME, "uid": DATASOURCE_UID, "type": "influxdb", "access": "proxy", "url": influx.url,
-        "database": influx.database, "isDefault": False,
+        "name": DATASOURCE_NAME,
+        "uid": DATASOURCE_UID,
+        "type": "influxdb",
+        "access": "proxy",
+        "url": influx.url,
+        "database": influx.database,
+        "isDefault": False,
         "jsonData": {"version": "InfluxQL", "dbName": influx.database, "httpMode": "GET", "timeInterval": "10s"},
     }
     secure: dict[str, str] = {}
@@ -109,12 +114,23 @@ def push(api: GrafanaApi, folder: str = FOLDER, influx: InfluxTarget | None = No
         if influx is not None:
             result.datasource = _upsert_datasource(api, datasource_model(influx))
         for file_name, model in build_all().items():
-            body = {"dashboard": {**model, "id": None}, "folderUid": result.folder.get("uid", folder_uid(folder)),
-                    "overwrite": True, "message": "iotwatch dashboards push"}
+            body = {
+                "dashboard": {**model, "id": None},
+                "folderUid": result.folder.get("uid", folder_uid(folder)),
+                "overwrite": True,
+                "message": "iotwatch dashboards push",
+            }
             answer = api.dashboard.update_dashboard(body) or {}
-            result.dashboards.append({"file": file_name, "uid": model["uid"], "title": model["title"],
-                                      "status": answer.get("status"), "url": answer.get("url"),
-                                      "version": answer.get("version")})
+            result.dashboards.append(
+                {
+                    "file": file_name,
+                    "uid": model["uid"],
+                    "title": model["title"],
+                    "status": answer.get("status"),
+                    "url": answer.get("url"),
+                    "version": answer.get("version"),
+                }
+            )
     except GrafanaException as exc:
         raise IotwatchError(f"Grafana refused the request: {exc.message}") from exc
     except niquests.exceptions.RequestException as exc:

@@ -14,8 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Variables Grafana defines itself.
-BUILTINS = {"timeFilter", "__interval", "__interval_ms", "__range", "__from", "__to", "__timeFilter", "tag_", "col",
-            "m"}
+BUILTINS = {
+    "timeFilter",
+    "__interval",
+    "__interval_ms",
+    "__range",
+    "__from",
+    "__to",
+    "__timeFilter",
+    "tag_",
+    "col",
+    "m",
+}
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 #: What Grafana sends for ``$timeFilter`` with the dashboards' default range (last 6 hours).
 DEFAULT_TIME_FILTER = "time > now() - 6h"
@@ -57,8 +67,9 @@ def _duration(ms: int) -> str:
     return f"{ms}ms"
 
 
-def substitute(query: str, values: Mapping[str, str], time_filter: str = DEFAULT_TIME_FILTER,
-               interval_ms: int = 60_000) -> str:
+def substitute(
+    query: str, values: Mapping[str, str], time_filter: str = DEFAULT_TIME_FILTER, interval_ms: int = 60_000
+) -> str:
     """Grafana's interpolation: ``$timeFilter`` and ``$__interval`` fixed, dashboard variables
     from ``values`` (a multi-value selection given as a regex alternation, as Grafana formats it)."""
     text = query.replace("$timeFilter", time_filter)
@@ -121,8 +132,12 @@ class QueryCheck:
         return f"{self.dashboard}: {self.where}"
 
 
-def check_all(models: Iterable[dict[str, Any]], picks: Picks, run: Callable[[str], list[dict[str, Any]]],
-              time_filter: str = DEFAULT_TIME_FILTER) -> list[QueryCheck]:
+def check_all(
+    models: Iterable[dict[str, Any]],
+    picks: Picks,
+    run: Callable[[str], list[dict[str, Any]]],
+    time_filter: str = DEFAULT_TIME_FILTER,
+) -> list[QueryCheck]:
     """Run every query of every dashboard with ``run`` (InfluxQL -> series); a query that
     fails is recorded with its error, not raised."""
     checks = []
@@ -132,16 +147,25 @@ def check_all(models: Iterable[dict[str, Any]], picks: Picks, run: Callable[[str
             text = substitute(query, values, time_filter)
             try:
                 checks.append(QueryCheck(model["uid"], where, text, has_data(run(text))))
-            except Exception as exc:  # noqa: BLE001 - reported per query
+            except Exception as exc:
                 checks.append(QueryCheck(model["uid"], where, text, False, f"{type(exc).__name__}: {exc}"))
     return checks
 
 
 def summarise(checks: Sequence[QueryCheck], picks: Picks) -> dict[str, Any]:
     """Counts, the queries without data and the variable values used (JSON-ready)."""
-    return {"queries_checked": len(checks), "queries_with_data": sum(c.has_data for c in checks),
-            "dashboards": len({c.dashboard for c in checks}),
-            "empty": [c.name for c in checks if not c.has_data and c.error is None],
-            "errors": {c.name: c.error for c in checks if c.error is not None},
-            "values": {"site": picks.site, "device": picks.device, "metric": picks.metric,
-                       "instance": picks.instance, "vehicles": list(picks.vehicles), "sites": list(picks.sites)}}
+    return {
+        "queries_checked": len(checks),
+        "queries_with_data": sum(c.has_data for c in checks),
+        "dashboards": len({c.dashboard for c in checks}),
+        "empty": [c.name for c in checks if not c.has_data and c.error is None],
+        "errors": {c.name: c.error for c in checks if c.error is not None},
+        "values": {
+            "site": picks.site,
+            "device": picks.device,
+            "metric": picks.metric,
+            "instance": picks.instance,
+            "vehicles": list(picks.vehicles),
+            "sites": list(picks.sites),
+        },
+    }

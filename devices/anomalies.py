@@ -23,8 +23,17 @@ from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.contract import DeviceType
 
-__all__ = ["ANOMALY", "KINDS", "TRANSPORT", "Kind", "apply_measurement", "check_kinds", "draw_params", "kinds_for",
-           "resolve_kind"]
+__all__ = [
+    "ANOMALY",
+    "KINDS",
+    "TRANSPORT",
+    "Kind",
+    "apply_measurement",
+    "check_kinds",
+    "draw_params",
+    "kinds_for",
+    "resolve_kind",
+]
 
 ANOMALY = "anomaly"
 TRANSPORT = "transport"
@@ -42,29 +51,47 @@ class Kind:
 
 
 _VEHICLE = frozenset({DeviceType.VEHICLE_EDR.value})
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("spike", ANOMALY, (0.0, 0.0), measurement=True),
-    Kind("level_shift", ANOMALY, (60.0, 600.0), measurement=True),
-    Kind("drift", ANOMALY, (300.0, 1800.0), measurement=True),
-    Kind("flatline", ANOMALY, (120.0, 900.0), measurement=True),
-    Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
-    Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
-    Kind("dropout", ANOMALY, (30.0, 300.0)),
-    Kind("hvac_stuck", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
-    Kind("leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
-    Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
-    Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
-    Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
-    Kind("duplicate", TRANSPORT, (0.0, 5.0)),
-    Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
-    Kind("late", TRANSPORT, (0.0, 10.0)),
-    Kind("clock_skew", TRANSPORT, (60.0, 600.0)),
-    Kind("malformed", TRANSPORT, (0.0, 0.0)),
-)}
-ALIASES = {"stuck": "flatline", "stuck_at": "flatline", "noise": "noise_burst", "shift": "level_shift",
-           "duplicates": "duplicate", "reorder": "out_of_order", "skew": "clock_skew"}
-MALFORMED_VARIANTS = ("truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan",
-                      "unknown_field", "bad_version")
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("spike", ANOMALY, (0.0, 0.0), measurement=True),
+        Kind("level_shift", ANOMALY, (60.0, 600.0), measurement=True),
+        Kind("drift", ANOMALY, (300.0, 1800.0), measurement=True),
+        Kind("flatline", ANOMALY, (120.0, 900.0), measurement=True),
+        Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
+        Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
+        Kind("dropout", ANOMALY, (30.0, 300.0)),
+        Kind("hvac_stuck", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
+        Kind("leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
+        Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
+        Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
+        Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
+        Kind("duplicate", TRANSPORT, (0.0, 5.0)),
+        Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
+        Kind("late", TRANSPORT, (0.0, 10.0)),
+        Kind("clock_skew", TRANSPORT, (60.0, 600.0)),
+        Kind("malformed", TRANSPORT, (0.0, 0.0)),
+    )
+}
+ALIASES = {
+    "stuck": "flatline",
+    "stuck_at": "flatline",
+    "noise": "noise_burst",
+    "shift": "level_shift",
+    "duplicates": "duplicate",
+    "reorder": "out_of_order",
+    "skew": "clock_skew",
+}
+MALFORMED_VARIANTS = (
+    "truncated",
+    "not_json",
+    "invalid_utf8",
+    "missing_field",
+    "wrong_type",
+    "nan",
+    "unknown_field",
+    "bad_version",
+)
 
 
 def resolve_kind(name: str) -> Kind:
@@ -79,31 +106,40 @@ def check_kinds(names: tuple[str, ...], category: str, device_types: set[str]) -
     produce; else a ValueError that says what is wrong and lists only this category's kinds
     (a kind that cannot happen would otherwise be drawn never, silently)."""
     option, noun = ("--anomalies", "anomaly") if category == ANOMALY else ("--faults", "transport fault")
-    other_option, other_noun = ("--faults", "a transport fault") if category == ANOMALY else ("--anomalies",
-                                                                                             "an anomaly")
+    other_option, other_noun = (
+        ("--faults", "a transport fault") if category == ANOMALY else ("--anomalies", "an anomaly")
+    )
     valid = sorted(k.name for k in KINDS.values() if k.category == category)
     for name in names:
         kind = KINDS.get(ALIASES.get(name, name))
         if kind is None:
             raise ValueError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
         if kind.category != category:
-            raise ValueError(f"{option}: {name!r} is {other_noun} (give it to {other_option}); "
-                             f"{noun} kinds: {', '.join(valid)}")
+            raise ValueError(
+                f"{option}: {name!r} is {other_noun} (give it to {other_option}); {noun} kinds: {', '.join(valid)}"
+            )
         if kind.device_types is not None and not kind.device_types & device_types:
-            raise ValueError(f"{option}: {name!r} happens only to {', '.join(sorted(kind.device_types))} devices and "
-                             f"the fleet has none (it has {', '.join(sorted(device_types)) or 'no devices'})")
+            raise ValueError(
+                f"{option}: {name!r} happens only to {', '.join(sorted(kind.device_types))} devices and "
+                f"the fleet has none (it has {', '.join(sorted(device_types)) or 'no devices'})"
+            )
 
 
 def kinds_for(device_type: str, category: str, allowed: tuple[str, ...] | None) -> list[Kind]:
     """Kinds of ``category`` that apply to ``device_type`` (filtered by ``allowed``)."""
     names = None if allowed is None else {resolve_kind(n).name for n in allowed}
-    return [k for k in KINDS.values() if k.category == category
-            and (k.device_types is None or device_type in k.device_types)
-            and (k.name in names if names is not None else k.drawn_by_default)]
+    return [
+        k
+        for k in KINDS.values()
+        if k.category == category
+        and (k.device_types is None or device_type in k.device_types)
+        and (k.name in names if names is not None else k.drawn_by_default)
+    ]
 
 
-def draw_params(kind: Kind, device_type: str, metrics: tuple[str, ...], u: np.ndarray,
-                given: dict[str, Any] | None = None) -> dict[str, Any]:
+def draw_params(
+    kind: Kind, device_type: str, metrics: tuple[str, ...], u: np.ndarray, given: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The kind's parameters: ``given`` ones (scenario) win, the rest drawn from ``u``
     (uniforms in [0, 1), at least 4)."""
     given = dict(given or {})
@@ -150,8 +186,15 @@ def draw_params(kind: Kind, device_type: str, metrics: tuple[str, ...], u: np.nd
     return params
 
 
-def apply_measurement(kind: str, params: dict[str, Any], value: float, elapsed_ms: float, duration_ms: float,
-                      state: dict[str, Any], noise: float) -> float:
+def apply_measurement(
+    kind: str,
+    params: dict[str, Any],
+    value: float,
+    elapsed_ms: float,
+    duration_ms: float,
+    state: dict[str, Any],
+    noise: float,
+) -> float:
     """The anomalous value of one reading (before clipping to the physical range)."""
     if kind in ("spike", "level_shift"):
         return value + params["delta"]

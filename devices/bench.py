@@ -49,8 +49,18 @@ def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tu
     return out
 
 
-def _raw_worker(mqtt: MqttSettings, config: SimConfig, shard: int, shards: int, quota: int, qos: int,
-                connections: int, max_inflight: int, barrier: Any, results: Any) -> None:
+def _raw_worker(
+    mqtt: MqttSettings,
+    config: SimConfig,
+    shard: int,
+    shards: int,
+    quota: int,
+    qos: int,
+    connections: int,
+    max_inflight: int,
+    barrier: Any,
+    results: Any,
+) -> None:
     """A bare paho loop over pre-serialised payloads: the ceiling for Python + paho."""
     import threading
 
@@ -81,7 +91,7 @@ def _raw_worker(mqtt: MqttSettings, config: SimConfig, shard: int, shards: int, 
             clients[uid % connections].publish(topic, payload, qos)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if (acked[0] >= len(messages)) if qos else all(not c._out_packet for c in clients):  # noqa: SLF001
+            if (acked[0] >= len(messages)) if qos else all(not c._out_packet for c in clients):
                 break
             time.sleep(0.002)
         wall = time.monotonic() - started
@@ -89,20 +99,35 @@ def _raw_worker(mqtt: MqttSettings, config: SimConfig, shard: int, shards: int, 
             client.disconnect()
             client.loop_stop()
         results.put((shard, len(messages), wall, None))
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
-def _raw_paho(mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int,
-              max_inflight: int) -> dict[str, Any]:
+def _raw_paho(
+    mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int, max_inflight: int
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     count = config.count or 0
-    workers = [ctx.Process(target=_raw_worker, args=(mqtt, config, s, processes,
-                                                     count // processes + (1 if s < count % processes else 0),
-                                                     qos, connections, max_inflight, barrier, results))
-               for s in range(processes)]
+    workers = [
+        ctx.Process(
+            target=_raw_worker,
+            args=(
+                mqtt,
+                config,
+                s,
+                processes,
+                count // processes + (1 if s < count % processes else 0),
+                qos,
+                connections,
+                max_inflight,
+                barrier,
+                results,
+            ),
+        )
+        for s in range(processes)
+    ]
     for worker in workers:
         worker.start()
     parts = [results.get(timeout=600) for _ in workers]
@@ -125,9 +150,25 @@ def _mosquitto_pub(mqtt: MqttSettings, config: SimConfig, qos: int) -> dict[str,
         stdin.write(b"\n".join(payloads) + b"\n")
         stdin.seek(0)
         started = time.monotonic()
-        proc = subprocess.run([binary, "-h", mqtt.host, "-p", str(mqtt.port), "-q", str(qos), "-l",
-                               "-t", "iotwatch/bench/mosquitto_pub", "-i", f"iotwatch-bench-pub-{time.monotonic_ns()}"],
-                              stdin=stdin, capture_output=True, timeout=600)
+        proc = subprocess.run(
+            [
+                binary,
+                "-h",
+                mqtt.host,
+                "-p",
+                str(mqtt.port),
+                "-q",
+                str(qos),
+                "-l",
+                "-t",
+                "iotwatch/bench/mosquitto_pub",
+                "-i",
+                f"iotwatch-bench-pub-{time.monotonic_ns()}",
+            ],
+            stdin=stdin,
+            capture_output=True,
+            timeout=600,
+        )
         wall = time.monotonic() - started
     if proc.returncode != 0:
         return {"error": proc.stderr.decode(errors="replace").strip()[:200]}
@@ -142,24 +183,45 @@ def _own_broker(run_dir: Path) -> tuple[str, Any]:
 
 
 @click.command("simulate")
-@click.option("--mqtt", "mqtt_url", metavar="mqtt://HOST:PORT",
-              help="Broker to measure against (default: start a private mosquitto).")
-@click.option("--messages", type=click.IntRange(min=1000), default=100_000, show_default=True,
-              help="Messages per measurement.")
+@click.option(
+    "--mqtt",
+    "mqtt_url",
+    metavar="mqtt://HOST:PORT",
+    help="Broker to measure against (default: start a private mosquitto).",
+)
+@click.option(
+    "--messages", type=click.IntRange(min=1000), default=100_000, show_default=True, help="Messages per measurement."
+)
 @click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--connections", type=click.IntRange(min=1), default=2, show_default=True,
-              help="MQTT connections per process.")
+@click.option(
+    "--connections", type=click.IntRange(min=1), default=2, show_default=True, help="MQTT connections per process."
+)
 @click.option("--homes", type=click.IntRange(min=0), default=2000, show_default=True)
 @click.option("--vehicles", type=click.IntRange(min=0), default=100, show_default=True)
-@click.option("--qos", "qos_levels", type=click.Choice(["0", "1"]), multiple=True,
-              help="QoS levels to measure (repeatable) [default: 0 and 1].")
+@click.option(
+    "--qos",
+    "qos_levels",
+    type=click.Choice(["0", "1"]),
+    multiple=True,
+    help="QoS levels to measure (repeatable) [default: 0 and 1].",
+)
 @click.option("--max-inflight", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--no-mosquitto-pub", is_flag=True, help="Skip the mosquitto_pub -l reference.")
 @json_option
 @pass_app
-def bench_simulate(app: AppContext, mqtt_url: str | None, messages: int, processes: int, connections: int,
-                   homes: int, vehicles: int, qos_levels: tuple[str, ...], max_inflight: int,
-                   no_mosquitto_pub: bool, as_json: bool) -> None:
+def bench_simulate(
+    app: AppContext,
+    mqtt_url: str | None,
+    messages: int,
+    processes: int,
+    connections: int,
+    homes: int,
+    vehicles: int,
+    qos_levels: tuple[str, ...],
+    max_inflight: int,
+    no_mosquitto_pub: bool,
+    as_json: bool,
+) -> None:
     """Simulator msg/s vs a bare paho loop (and mosquitto_pub -l) with the same payloads."""
     from iotwatch.settings import normalise_mqtt_url
     from iotwatch.stack.process import stop_process
@@ -178,19 +240,40 @@ def bench_simulate(app: AppContext, mqtt_url: str | None, messages: int, process
         endpoint, broker = _own_broker(Path(run_dir))
         mqtt = MqttSettings(url=endpoint)
     config = _config(homes, vehicles, messages)
-    result: dict[str, Any] = {"broker": mqtt.url, "own_broker": broker is not None, "messages": messages,
-                              "processes": processes, "connections_per_process": connections,
-                              "homes": homes, "vehicles": vehicles, "results": {}}
+    result: dict[str, Any] = {
+        "broker": mqtt.url,
+        "own_broker": broker is not None,
+        "messages": messages,
+        "processes": processes,
+        "connections_per_process": connections,
+        "homes": homes,
+        "vehicles": vehicles,
+        "results": {},
+    }
     try:
         for qos in levels:
-            options = RunOptions(mqtt=mqtt, qos=qos, processes=processes, connections=connections,
-                                 as_fast_as_possible=True, max_inflight=max_inflight)
+            options = RunOptions(
+                mqtt=mqtt,
+                qos=qos,
+                processes=processes,
+                connections=connections,
+                as_fast_as_possible=True,
+                max_inflight=max_inflight,
+            )
             summary = run(config, options)
-            simulator = {"sent": summary["sent"], "wall_s": summary["wall_s"], "rate": summary["achieved_rate"],
-                         "errors": summary["errors"], "publish_latency": summary["publish_latency"]}
+            simulator = {
+                "sent": summary["sent"],
+                "wall_s": summary["wall_s"],
+                "rate": summary["achieved_rate"],
+                "errors": summary["errors"],
+                "publish_latency": summary["publish_latency"],
+            }
             raw = _raw_paho(mqtt, config, processes, qos, connections, max_inflight)
-            entry: dict[str, Any] = {"simulator": simulator, "raw_paho": raw,
-                                     "ratio_vs_raw_paho": round(simulator["rate"] / raw["rate"], 3)}
+            entry: dict[str, Any] = {
+                "simulator": simulator,
+                "raw_paho": raw,
+                "ratio_vs_raw_paho": round(simulator["rate"] / raw["rate"], 3),
+            }
             if not no_mosquitto_pub:
                 reference = _mosquitto_pub(mqtt, config, qos)
                 if reference is not None:
@@ -208,12 +291,16 @@ def bench_simulate(app: AppContext, mqtt_url: str | None, messages: int, process
 
 
 def _render(result: dict[str, Any]) -> None:
-    click.echo(f"bench simulate: {result['messages']:,} messages, {result['processes']} process(es) x "
-               f"{result['connections_per_process']} connection(s), broker {result['broker']}")
+    click.echo(
+        f"bench simulate: {result['messages']:,} messages, {result['processes']} process(es) x "
+        f"{result['connections_per_process']} connection(s), broker {result['broker']}"
+    )
     for level, entry in result["results"].items():
         sim, raw = entry["simulator"], entry["raw_paho"]
-        line = (f"  {level}: simulator {sim['rate']:>10,.0f} msg/s   raw paho {raw['rate']:>10,.0f} msg/s   "
-                f"ratio {entry['ratio_vs_raw_paho']:.2f}")
+        line = (
+            f"  {level}: simulator {sim['rate']:>10,.0f} msg/s   raw paho {raw['rate']:>10,.0f} msg/s   "
+            f"ratio {entry['ratio_vs_raw_paho']:.2f}"
+        )
         if "mosquitto_pub" in entry and "rate" in entry["mosquitto_pub"]:
             line += f"   mosquitto_pub -l {entry['mosquitto_pub']['rate']:,.0f} msg/s"
         click.echo(line)

@@ -20,16 +20,25 @@ them, so a drift into danger alerts when it gets dangerous, not when the sensor 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 import numpy as np
 
 from iotwatch.contract import DeviceType
 
-__all__ = ["DANGER_LIMITS", "DEVICE_METRICS", "DEFAULT_INTERVAL_S", "PRIMARY_METRIC", "METRIC_DECIMALS", "DangerLimit",
-           "danger_limits", "metric_range", "metric_span"]
+__all__ = [
+    "DANGER_LIMITS",
+    "DEVICE_METRICS",
+    "DEFAULT_INTERVAL_S",
+    "PRIMARY_METRIC",
+    "METRIC_DECIMALS",
+    "DangerLimit",
+    "danger_limits",
+    "metric_range",
+    "metric_span",
+]
 
 MetricRange = tuple[str, float, float]
 
@@ -81,8 +90,8 @@ _METRICS: dict[str, dict[str, MetricRange]] = {
 
 #: device_type -> metric -> (unit, min, max). Read-only.
 DEVICE_METRICS: Mapping[str, Mapping[str, MetricRange]] = MappingProxyType(
-    {str(t): MappingProxyType(m) for t, m in _METRICS.items()})
-
+    {str(t): MappingProxyType(m) for t, m in _METRICS.items()}
+)
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,9 @@ class DangerLimit:
             return f"{name} within its limits (warning {side} {self.warning:g}, critical {self.critical:g})"
         which = "critical" if level == 1.0 else "warning"
         other = f" (critical {self.critical:g})" if level < 1.0 else ""
-        return f"{name} {side} its {which} limit {self.critical if level == 1.0 else self.warning:g}{other}: {self.what}"
+        return (
+            f"{name} {side} its {which} limit {self.critical if level == 1.0 else self.warning:g}{other}: {self.what}"
+        )
 
 
 _LIMITS: dict[str, dict[str, DangerLimit]] = {
@@ -138,7 +149,8 @@ _LIMITS: dict[str, dict[str, DangerLimit]] = {
 
 #: device_type -> metric -> :class:`DangerLimit`, for the metrics that have one. Read-only.
 DANGER_LIMITS: Mapping[str, Mapping[str, DangerLimit]] = MappingProxyType(
-    {str(t): MappingProxyType(m) for t, m in _LIMITS.items()})
+    {str(t): MappingProxyType(m) for t, m in _LIMITS.items()}
+)
 
 
 def danger_limits() -> list[tuple[str, str, DangerLimit]]:
@@ -147,30 +159,62 @@ def danger_limits() -> list[tuple[str, str, DangerLimit]]:
 
 
 #: Decimal places each metric is published with (payload size and realism).
-METRIC_DECIMALS: Mapping[str, int] = MappingProxyType({
-    "temperature_c": 2, "humidity_pct": 1, "setpoint_c": 1, "hvac_on": 0, "outside_temperature_c": 2,
-    "power_w": 1, "voltage_v": 1, "current_a": 3, "energy_kwh": 4,
-    "co2_ppm": 1, "pm25_ugm3": 1, "open": 0, "battery_pct": 1, "water_detected": 0,
-    "speed_kmh": 2, "engine_rpm": 0, "throttle_pct": 1, "brake_pct": 1, "steering_angle_deg": 1,
-    "accel_x_g": 3, "accel_y_g": 3, "accel_z_g": 3, "lat_deg": 6, "lon_deg": 6, "heading_deg": 1,
-    "coolant_temp_c": 1, "fuel_level_pct": 2, "value": 6,
-})
+METRIC_DECIMALS: Mapping[str, int] = MappingProxyType(
+    {
+        "temperature_c": 2,
+        "humidity_pct": 1,
+        "setpoint_c": 1,
+        "hvac_on": 0,
+        "outside_temperature_c": 2,
+        "power_w": 1,
+        "voltage_v": 1,
+        "current_a": 3,
+        "energy_kwh": 4,
+        "co2_ppm": 1,
+        "pm25_ugm3": 1,
+        "open": 0,
+        "battery_pct": 1,
+        "water_detected": 0,
+        "speed_kmh": 2,
+        "engine_rpm": 0,
+        "throttle_pct": 1,
+        "brake_pct": 1,
+        "steering_angle_deg": 1,
+        "accel_x_g": 3,
+        "accel_y_g": 3,
+        "accel_z_g": 3,
+        "lat_deg": 6,
+        "lon_deg": 6,
+        "heading_deg": 1,
+        "coolant_temp_c": 1,
+        "fuel_level_pct": 2,
+        "value": 6,
+    }
+)
 
 #: The metric measurement anomalies (spike, drift, ...) change unless told otherwise.
-PRIMARY_METRIC: Mapping[str, str] = MappingProxyType({
-    DeviceType.THERMOSTAT: "temperature_c",
-    DeviceType.SMART_METER: "power_w",
-    DeviceType.AIR_QUALITY: "co2_ppm",
-    DeviceType.DOOR_SENSOR: "temperature_c",
-    DeviceType.LEAK_SENSOR: "temperature_c",
-    DeviceType.VEHICLE_EDR: "coolant_temp_c",
-})
+PRIMARY_METRIC: Mapping[str, str] = MappingProxyType(
+    {
+        DeviceType.THERMOSTAT: "temperature_c",
+        DeviceType.SMART_METER: "power_w",
+        DeviceType.AIR_QUALITY: "co2_ppm",
+        DeviceType.DOOR_SENSOR: "temperature_c",
+        DeviceType.LEAK_SENSOR: "temperature_c",
+        DeviceType.VEHICLE_EDR: "coolant_temp_c",
+    }
+)
 
 #: Default reporting interval per device type, seconds (``--rate``/``--vehicle-hz`` change it).
-DEFAULT_INTERVAL_S: Mapping[str, float] = MappingProxyType({
-    DeviceType.THERMOSTAT: 1.0, DeviceType.SMART_METER: 1.0, DeviceType.AIR_QUALITY: 1.0,
-    DeviceType.DOOR_SENSOR: 1.0, DeviceType.LEAK_SENSOR: 1.0, DeviceType.VEHICLE_EDR: 0.1,
-})
+DEFAULT_INTERVAL_S: Mapping[str, float] = MappingProxyType(
+    {
+        DeviceType.THERMOSTAT: 1.0,
+        DeviceType.SMART_METER: 1.0,
+        DeviceType.AIR_QUALITY: 1.0,
+        DeviceType.DOOR_SENSOR: 1.0,
+        DeviceType.LEAK_SENSOR: 1.0,
+        DeviceType.VEHICLE_EDR: 0.1,
+    }
+)
 
 
 def metric_range(device_type: str, metric: str) -> tuple[float, float]:

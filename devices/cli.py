@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,9 @@ def _mix(value: str | None) -> dict[str, int] | None:
         name, _, number = part.partition("=")
         name = name.strip()
         if name not in HOME_TYPES:
-            raise click.BadParameter(f"unknown home device type {name!r}; choose from {', '.join(HOME_TYPES)}",
-                                     param_hint="--mix")
+            raise click.BadParameter(
+                f"unknown home device type {name!r}; choose from {', '.join(HOME_TYPES)}", param_hint="--mix"
+            )
         try:
             mix[name] = int(number or "1")
         except ValueError:
@@ -56,88 +57,206 @@ def _time_ms(value: str | None) -> int | None:
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO time or epoch seconds/ms", param_hint="--start-time") from None
+        raise click.BadParameter(
+            f"{value!r} is not an ISO time or epoch seconds/ms", param_hint="--start-time"
+        ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
 @click.command()
 @click.option("--homes", type=click.IntRange(min=0), default=10, show_default=True, help="Homes to simulate.")
-@click.option("--vehicles", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Vehicles with event data recorders.")
-@click.option("--mix", metavar="TYPE=N,...", help="Devices per home, e.g. 'thermostat=1,door_sensor=2' "
-              "(types: " + ", ".join(HOME_TYPES) + "); default: each home draws its own mix.")
+@click.option(
+    "--vehicles", type=click.IntRange(min=0), default=2, show_default=True, help="Vehicles with event data recorders."
+)
+@click.option(
+    "--mix",
+    metavar="TYPE=N,...",
+    help="Devices per home, e.g. 'thermostat=1,door_sensor=2' "
+    "(types: " + ", ".join(HOME_TYPES) + "); default: each home draws its own mix.",
+)
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Readings/s per home device [default: 1].")
-@click.option("--vehicle-hz", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="Readings/s per vehicle.")
-@click.option("--target-rate", type=click.FloatRange(min=0, min_open=True),
-              help="Aggregate msg/s of the fleet (scales every device's rate).")
-@click.option("--ramp-up", "ramp_up_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds over which devices come online one after another.")
-@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True),
-              help="Seconds of event time to simulate (default: until --count, end of replay or Ctrl-C).")
+@click.option(
+    "--vehicle-hz",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Readings/s per vehicle.",
+)
+@click.option(
+    "--target-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Aggregate msg/s of the fleet (scales every device's rate).",
+)
+@click.option(
+    "--ramp-up",
+    "ramp_up_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds over which devices come online one after another.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds of event time to simulate (default: until --count, end of replay or Ctrl-C).",
+)
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many readings.")
 @click.option("--qos", type=click.Choice(["0", "1"]), help="MQTT QoS [default: IOTWATCH_MQTT_QOS, 1].")
 @click.option("--seed", type=int, default=1, show_default=True, help="Same seed and options, same messages.")
-@click.option("--anomaly-rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Anomalies per device per hour of event time.")
-@click.option("--anomalies", "anomaly_kinds", metavar="KIND,...",
-              help="Anomaly kinds --anomaly-rate draws from (default all that apply, but those drawn only when named: "
-                   + ", ".join(k for k in _ANOMALY_KINDS if not KINDS[k].drawn_by_default) + "): "
-                   + ", ".join(_ANOMALY_KINDS))
-@click.option("--anomalies-after", "anomalies_after_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              metavar="SECONDS", help="Start --anomaly-rate anomalies only after this many seconds of event time "
-              "(a warm-up for online detectors; --scenario times are kept).")
-@click.option("--fault-rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Transport faults per device per hour of event time.")
-@click.option("--faults", "fault_kinds", metavar="KIND,...",
-              help="Transport faults --fault-rate draws from (default all): " + ", ".join(_FAULT_KINDS))
-@click.option("--scenario", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSON or TOML file of planned anomalies/faults (see devices/scenario.py).")
-@click.option("--ground-truth", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write injected anomalies and faults here as JSONL.")
-@click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
-              help="Event time runs this many times faster than wall-clock time.")
-@click.option("--as-fast-as-possible", "afap", is_flag=True,
-              help="No pacing: stamp event times on a virtual clock and publish as fast as the broker takes.")
-@click.option("--start-time", metavar="ISO|EPOCH",
-              help="Event time of the start (default: now; accelerated runs end about now).")
-@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Worker processes (the fleet is split by home and vehicle).")
-@click.option("--connections", type=click.IntRange(min=1), default=2, show_default=True,
-              help="MQTT connections per process shared by its devices.")
-@click.option("--connection-per-device", is_flag=True,
-              help="One MQTT connection per device, each with its own last will (small fleets).")
-@click.option("--max-inflight", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Unacknowledged QoS 1 messages per connection.")
+@click.option(
+    "--anomaly-rate",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Anomalies per device per hour of event time.",
+)
+@click.option(
+    "--anomalies",
+    "anomaly_kinds",
+    metavar="KIND,...",
+    help="Anomaly kinds --anomaly-rate draws from (default all that apply, but those drawn only when named: "
+    + ", ".join(k for k in _ANOMALY_KINDS if not KINDS[k].drawn_by_default)
+    + "): "
+    + ", ".join(_ANOMALY_KINDS),
+)
+@click.option(
+    "--anomalies-after",
+    "anomalies_after_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Start --anomaly-rate anomalies only after this many seconds of event time "
+    "(a warm-up for online detectors; --scenario times are kept).",
+)
+@click.option(
+    "--fault-rate",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Transport faults per device per hour of event time.",
+)
+@click.option(
+    "--faults",
+    "fault_kinds",
+    metavar="KIND,...",
+    help="Transport faults --fault-rate draws from (default all): " + ", ".join(_FAULT_KINDS),
+)
+@click.option(
+    "--scenario",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON or TOML file of planned anomalies/faults (see devices/scenario.py).",
+)
+@click.option(
+    "--ground-truth",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write injected anomalies and faults here as JSONL.",
+)
+@click.option(
+    "--speedup",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Event time runs this many times faster than wall-clock time.",
+)
+@click.option(
+    "--as-fast-as-possible",
+    "afap",
+    is_flag=True,
+    help="No pacing: stamp event times on a virtual clock and publish as fast as the broker takes.",
+)
+@click.option(
+    "--start-time", metavar="ISO|EPOCH", help="Event time of the start (default: now; accelerated runs end about now)."
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes (the fleet is split by home and vehicle).",
+)
+@click.option(
+    "--connections",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="MQTT connections per process shared by its devices.",
+)
+@click.option(
+    "--connection-per-device",
+    is_flag=True,
+    help="One MQTT connection per device, each with its own last will (small fleets).",
+)
+@click.option(
+    "--max-inflight",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Unacknowledged QoS 1 messages per connection.",
+)
 @click.option("--username", help="MQTT user name (overrides IOTWATCH_MQTT_USERNAME).")
 @click.option("--password", help="MQTT password (prefer IOTWATCH_MQTT_PASSWORD).")
-@click.option("--tls-ca-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="CA bundle for mqtts:// brokers.")
+@click.option(
+    "--tls-ca-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA bundle for mqtts:// brokers.",
+)
 @click.option("--tls-insecure", is_flag=True, default=None, help="Skip TLS certificate verification (testing).")
-@click.option("--edr-threshold-g", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
-              help="Deceleration (g) that triggers a vehicle's crash event.")
-@click.option("--edr-pre-event-s", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="Seconds of readings the crash event carries.")
-@click.option("--replay", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True,
-              help="Replay a timestamp,value CSV as a device (repeatable); replaces the simulated fleet "
-                   "unless --homes/--vehicles are given too.")
+@click.option(
+    "--edr-threshold-g",
+    type=click.FloatRange(min=0, min_open=True),
+    default=4.0,
+    show_default=True,
+    help="Deceleration (g) that triggers a vehicle's crash event.",
+)
+@click.option(
+    "--edr-pre-event-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds of readings the crash event carries.",
+)
+@click.option(
+    "--replay",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    help="Replay a timestamp,value CSV as a device (repeatable); replaces the simulated fleet "
+    "unless --homes/--vehicles are given too.",
+)
 @click.option("--replay-type", default="replay", show_default=True, help="device_type of replayed streams.")
 @click.option("--replay-metric", default="value", show_default=True, help="Metric name of replayed values.")
 @click.option("--replay-keep-time", is_flag=True, help="Keep the recorded timestamps instead of starting now.")
 @click.option("--replay-loop", is_flag=True, help="Start a stream over when it ends.")
-@click.option("--tick-ms", type=click.IntRange(min=10), default=100, show_default=True,
-              help="Virtual-time step of the scheduler (part of the determinism key).")
+@click.option(
+    "--tick-ms",
+    type=click.IntRange(min=10),
+    default=100,
+    show_default=True,
+    help="Virtual-time step of the scheduler (part of the determinism key).",
+)
 @click.option("--client-id-prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
-@click.option("--obey-commands", is_flag=True, help="Receive commands for the simulated devices (QoS 1, persistent "
-              "session per --client-id-prefix) and obey them: reset_hvac ends a stuck HVAC, close_valve a leak.")
+@click.option(
+    "--obey-commands",
+    is_flag=True,
+    help="Receive commands for the simulated devices (QoS 1, persistent "
+    "session per --client-id-prefix) and obey them: reset_hvac ends a stuck HVAC, close_valve a leak.",
+)
 @click.option("--progress/--no-progress", default=None, help="Live progress line on stderr [default: if a terminal].")
-@click.option("--seq-state", "seq_state_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="File each device's seq and event time carry on from, run after run, so a second run is "
-                   "scored like the first (default ~/.iotwatch/simulate/seq-<broker>.json).")
-@click.option("--fresh-seq", is_flag=True, help="Forget the --seq-state file first: every device starts at seq 0 "
-                                                "(for a new pipeline).")
+@click.option(
+    "--seq-state",
+    "seq_state_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File each device's seq and event time carry on from, run after run, so a second run is "
+    "scored like the first (default ~/.iotwatch/simulate/seq-<broker>.json).",
+)
+@click.option(
+    "--fresh-seq",
+    is_flag=True,
+    help="Forget the --seq-state file first: every device starts at seq 0 (for a new pipeline).",
+)
 @endpoint_options(mqtt=True)
 @json_option
 @click.pass_context
@@ -167,20 +286,38 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     mqtt = mqtt.model_copy(update=update)
     qos = int(opts["qos"]) if opts["qos"] is not None else mqtt.qos
     replay = tuple(opts["replay"])
-    fleet_given = any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-                      for name in ("homes", "vehicles"))
+    fleet_given = any(
+        ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in ("homes", "vehicles")
+    )
     homes, vehicles = opts["homes"], opts["vehicles"]
     if replay and not fleet_given:
         homes, vehicles = 0, 0
     config = SimConfig(
-        seed=opts["seed"], homes=homes, vehicles=vehicles, mix=_mix(opts["mix"]), rate=opts["rate"],
-        vehicle_hz=opts["vehicle_hz"], target_rate=opts["target_rate"], ramp_up_s=opts["ramp_up_s"],
-        duration_s=opts["duration_s"], count=opts["count"], anomaly_rate=opts["anomaly_rate"],
-        anomaly_kinds=_kinds(opts["anomaly_kinds"]), anomalies_after_s=opts["anomalies_after_s"],
-        fault_rate=opts["fault_rate"], fault_kinds=_kinds(opts["fault_kinds"]), scenario=opts["scenario"],
-        edr_threshold_g=opts["edr_threshold_g"], edr_pre_event_s=opts["edr_pre_event_s"], replay=replay,
-        replay_device_type=opts["replay_type"], replay_metric=opts["replay_metric"],
-        replay_keep_time=opts["replay_keep_time"], replay_loop=opts["replay_loop"], tick_ms=opts["tick_ms"])
+        seed=opts["seed"],
+        homes=homes,
+        vehicles=vehicles,
+        mix=_mix(opts["mix"]),
+        rate=opts["rate"],
+        vehicle_hz=opts["vehicle_hz"],
+        target_rate=opts["target_rate"],
+        ramp_up_s=opts["ramp_up_s"],
+        duration_s=opts["duration_s"],
+        count=opts["count"],
+        anomaly_rate=opts["anomaly_rate"],
+        anomaly_kinds=_kinds(opts["anomaly_kinds"]),
+        anomalies_after_s=opts["anomalies_after_s"],
+        fault_rate=opts["fault_rate"],
+        fault_kinds=_kinds(opts["fault_kinds"]),
+        scenario=opts["scenario"],
+        edr_threshold_g=opts["edr_threshold_g"],
+        edr_pre_event_s=opts["edr_pre_event_s"],
+        replay=replay,
+        replay_device_type=opts["replay_type"],
+        replay_metric=opts["replay_metric"],
+        replay_keep_time=opts["replay_keep_time"],
+        replay_loop=opts["replay_loop"],
+        tick_ms=opts["tick_ms"],
+    )
     if homes + vehicles + len(replay) == 0:
         raise click.UsageError("nothing to simulate: give --homes, --vehicles or --replay")
     _check_kinds(config)
@@ -192,11 +329,20 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     config = config.model_copy(update={"seq_state": state_path})
-    options = RunOptions(mqtt=mqtt, qos=qos, processes=opts["processes"], connections=opts["connections"],
-                         per_device=opts["connection_per_device"], speedup=opts["speedup"],
-                         as_fast_as_possible=opts["afap"], max_inflight=opts["max_inflight"],
-                         client_prefix=opts["client_id_prefix"], ground_truth=opts["ground_truth"],
-                         obey_commands=opts["obey_commands"], progress=sys.stderr.isatty() if opts["progress"] is None else opts["progress"])
+    options = RunOptions(
+        mqtt=mqtt,
+        qos=qos,
+        processes=opts["processes"],
+        connections=opts["connections"],
+        per_device=opts["connection_per_device"],
+        speedup=opts["speedup"],
+        as_fast_as_possible=opts["afap"],
+        max_inflight=opts["max_inflight"],
+        client_prefix=opts["client_id_prefix"],
+        ground_truth=opts["ground_truth"],
+        obey_commands=opts["obey_commands"],
+        progress=sys.stderr.isatty() if opts["progress"] is None else opts["progress"],
+    )
     start = _time_ms(opts["start_time"])
     if start is None:
         if replay and opts["replay_keep_time"]:
@@ -224,10 +370,10 @@ def _check_kinds(config: SimConfig) -> None:
     from devices.fleet import fleet_rate
 
     device_types = set(fleet_rate(config)[1]) | ({config.replay_device_type} if config.replay else set())
-    for names, category, rate, options in ((config.anomaly_kinds, ANOMALY, config.anomaly_rate,
-                                            ("--anomalies", "--anomaly-rate")),
-                                           (config.fault_kinds, TRANSPORT, config.fault_rate,
-                                            ("--faults", "--fault-rate"))):
+    for names, category, rate, options in (
+        (config.anomaly_kinds, ANOMALY, config.anomaly_rate, ("--anomalies", "--anomaly-rate")),
+        (config.fault_kinds, TRANSPORT, config.fault_rate, ("--faults", "--fault-rate")),
+    ):
         if not names:
             continue
         try:
@@ -251,28 +397,43 @@ def _render(summary: dict[str, Any]) -> None:
         table.add_row(name, f"{summary['devices'].get(name, 0):,}", f"{n:,}")
     table.add_row("[b]total", f"{summary['device_total']:,}", f"[b]{summary['sent']:,}")
     console.print(table)
-    target = (f"{summary['target_rate']:,.0f}/s" if summary["target_rate"]
-              else "as fast as possible" if summary["speedup"] is None else "n/a")
-    console.print(f"achieved {summary['achieved_rate']:,.0f} msg/s (target {target}) over {summary['wall_s']:.1f} s; "
-                  f"{summary['virtual_s']:,.0f} s of event time; qos {summary['qos']}; "
-                  f"{summary['processes']} process(es), {summary['connections']} connection(s)")
-    console.print(f"readings {summary['readings']:,}, status messages {summary['status_messages']:,}, "
-                  f"errors {summary['errors']:,}")
+    target = (
+        f"{summary['target_rate']:,.0f}/s"
+        if summary["target_rate"]
+        else "as fast as possible"
+        if summary["speedup"] is None
+        else "n/a"
+    )
+    console.print(
+        f"achieved {summary['achieved_rate']:,.0f} msg/s (target {target}) over {summary['wall_s']:.1f} s; "
+        f"{summary['virtual_s']:,.0f} s of event time; qos {summary['qos']}; "
+        f"{summary['processes']} process(es), {summary['connections']} connection(s)"
+    )
+    console.print(
+        f"readings {summary['readings']:,}, status messages {summary['status_messages']:,}, "
+        f"errors {summary['errors']:,}"
+    )
     if summary["publish_latency"]:
         lat = summary["publish_latency"]
-        console.print(f"publish latency (PUBACK): p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, "
-                      f"max {lat['max_ms']:.2f} ms")
+        console.print(
+            f"publish latency (PUBACK): p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, "
+            f"max {lat['max_ms']:.2f} ms"
+        )
     if summary["anomalies"]:
         console.print("injected: " + ", ".join(f"{k} {n}" for k, n in summary["anomalies"].items()))
     if summary["events"]:
         console.print("events: " + ", ".join(f"{k} {n}" for k, n in summary["events"].items()))
     if summary.get("ground_truth"):
-        console.print(f"ground truth: {summary['ground_truth']['records']} records in {summary['ground_truth']['path']}")
+        console.print(
+            f"ground truth: {summary['ground_truth']['records']} records in {summary['ground_truth']['path']}"
+        )
     state = summary.get("seq_state")
     if state:
         if state["carried_on"]:
-            console.print(f"seq: {state['carried_on']:,} of {summary['device_total']:,} devices carried on from the "
-                          f"last run ({state['path']}): this run is scored like the first")
+            console.print(
+                f"seq: {state['carried_on']:,} of {summary['device_total']:,} devices carried on from the "
+                f"last run ({state['path']}): this run is scored like the first"
+            )
         else:
             console.print(f"seq: every device started at 0; the next run carries on from {state['path']}")
     if summary.get("interrupted"):

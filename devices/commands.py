@@ -22,9 +22,20 @@ from collections.abc import Callable
 from typing import Any
 
 from iotwatch.clients.mqtt import PersistentSession
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus, ContractViolation, TwinProperties,
-                               TwinReport, command_ack_topic, command_topic, decode_command, encode,
-                               parse_device_topic, twin_reported_topic)
+from iotwatch.contract import (
+    COMMAND_SCHEMA_VERSION,
+    CommandReply,
+    CommandStatus,
+    ContractViolation,
+    TwinProperties,
+    TwinReport,
+    command_ack_topic,
+    command_topic,
+    decode_command,
+    encode,
+    parse_device_topic,
+    twin_reported_topic,
+)
 from iotwatch.settings import MqttSettings
 
 log = logging.getLogger(__name__)
@@ -49,15 +60,21 @@ class CommandChannel(PersistentSession):
 
     def report(self, site: str, device_type: str, report: TwinReport) -> None:
         """The device's twin properties, retained: a subscriber that comes later gets the latest."""
-        self.client.publish(twin_reported_topic(site, device_type, report.device_id), encode(report), qos=1,
-                            retain=True)
+        self.client.publish(
+            twin_reported_topic(site, device_type, report.device_id), encode(report), qos=1, retain=True
+        )
 
 
 class DeviceCommands:
     """Turns received commands into actions on the simulation and replies."""
 
-    def __init__(self, channel: CommandChannel, obey: Obey, clock: Callable[[], float] = time.time,
-                 reported: Reported | None = None) -> None:
+    def __init__(
+        self,
+        channel: CommandChannel,
+        obey: Obey,
+        clock: Callable[[], float] = time.time,
+        reported: Reported | None = None,
+    ) -> None:
         self.channel, self.obey, self.clock, self.reported = channel, obey, clock, reported
         self.answered: dict[str, CommandReply] = {}  # command id -> final reply
         self.counts: dict[str, int] = {}
@@ -85,19 +102,29 @@ class DeviceCommands:
             return
         now = int(self.clock() * 1000)
         if command.device_id != device_id:
-            final = self._reply(command.command_id, device_id, CommandStatus.REJECTED, now,
-                                f"command for {command.device_id} on {device_id}'s topic")
+            final = self._reply(
+                command.command_id,
+                device_id,
+                CommandStatus.REJECTED,
+                now,
+                f"command for {command.device_id} on {device_id}'s topic",
+            )
         elif command.expired(now):
             final = self._reply(command.command_id, device_id, CommandStatus.REJECTED, now, EXPIRED)
             self._count(EXPIRED)
         else:
-            self.channel.reply(site, device_type, self._reply(command.command_id, device_id,
-                                                              CommandStatus.ACCEPTED, now))
+            self.channel.reply(
+                site, device_type, self._reply(command.command_id, device_id, CommandStatus.ACCEPTED, now)
+            )
             self._count(CommandStatus.ACCEPTED.value)
             refused = self.obey(device_id, command.name, command.command_id, command.args)
-            final = self._reply(command.command_id, device_id,
-                                CommandStatus.DONE if refused is None else CommandStatus.REJECTED,
-                                int(self.clock() * 1000), refused)
+            final = self._reply(
+                command.command_id,
+                device_id,
+                CommandStatus.DONE if refused is None else CommandStatus.REJECTED,
+                int(self.clock() * 1000),
+                refused,
+            )
         self.answered[command.command_id] = final
         self.channel.reply(site, device_type, final)
         self._count(final.status.value)
@@ -117,8 +144,9 @@ class DeviceCommands:
             self.report(site, device_type, device_id)
 
     @staticmethod
-    def _reply(command_id: str, device_id: str, status: CommandStatus, at_ms: int,
-               reason: str | None = None) -> CommandReply:
+    def _reply(
+        command_id: str, device_id: str, status: CommandStatus, at_ms: int, reason: str | None = None
+    ) -> CommandReply:
         return CommandReply(COMMAND_SCHEMA_VERSION, command_id, device_id, status, at_ms, reason)
 
     def _count(self, name: str) -> None:

@@ -8,8 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from iotwatch.contract import DeviceType
 
-HOME_TYPES = (DeviceType.THERMOSTAT.value, DeviceType.SMART_METER.value, DeviceType.AIR_QUALITY.value,
-              DeviceType.DOOR_SENSOR.value, DeviceType.LEAK_SENSOR.value)
+HOME_TYPES = (
+    DeviceType.THERMOSTAT.value,
+    DeviceType.SMART_METER.value,
+    DeviceType.AIR_QUALITY.value,
+    DeviceType.DOOR_SENSOR.value,
+    DeviceType.LEAK_SENSOR.value,
+)
 
 
 class SimConfig(BaseModel):

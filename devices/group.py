@@ -66,11 +66,12 @@ class DeviceGroup:
         #: time the current mode started (ms), for models that need it
         self.mode_since = np.zeros(self.size, dtype=np.int64)
         self.prefixes = [
-            '{"v":%d,"device_id":%s,"device_type":%s,"site":%s,"seq":' % (
-                SCHEMA_VERSION, json.dumps(s.device_id), json.dumps(s.device_type), json.dumps(s.site))
-            for s in specs]
-        body = ",".join('"%s":%%.%df' % (m, METRIC_DECIMALS.get(m, 3)) for m in self.metrics)
-        self._format = '%s%d,"ts":%d,"metrics":{' + body + '}}'
+            f'{{"v":{SCHEMA_VERSION},"device_id":{json.dumps(s.device_id)},'
+            f'"device_type":{json.dumps(s.device_type)},"site":{json.dumps(s.site)},"seq":'
+            for s in specs
+        ]
+        body = ",".join(f'"{m}":%.{METRIC_DECIMALS.get(m, 3)}f' for m in self.metrics)
+        self._format = '%s%d,"ts":%d,"metrics":{' + body + "}}"
         self.decimals = np.array([METRIC_DECIMALS.get(m, 3) for m in self.metrics])
         self.metric_index = {m: i for i, m in enumerate(self.metrics)}
 
@@ -89,8 +90,7 @@ class DeviceGroup:
 
     # -- physics (subclasses) ----------------------------------------------------------
 
-    def step(self, idx: np.ndarray, t_ms: np.ndarray, seq: np.ndarray,
-             u: np.ndarray) -> tuple[np.ndarray, list[Event]]:
+    def step(self, idx: np.ndarray, t_ms: np.ndarray, seq: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, list[Event]]:
         """Advance the state of devices ``idx`` to their readings at ``t_ms``; return
         the readings ``(len(idx), len(metrics))`` and any events. ``u`` holds
         ``draws`` uniforms per reading, keyed by (seed, device, seq)."""
@@ -110,14 +110,25 @@ class DeviceGroup:
         fmt = self._format
         prefixes = self.prefixes
         columns = [values[:, j].tolist() for j in range(values.shape[1])]
-        return [fmt % row for row in zip([prefixes[i] for i in idx.tolist()], seq.tolist(), ts.tolist(), *columns)]
+        return [
+            fmt % row
+            for row in zip([prefixes[i] for i in idx.tolist()], seq.tolist(), ts.tolist(), *columns, strict=True)
+        ]
 
-    def event_payload(self, i: int, seq: int, ts: int, row: np.ndarray, event: str,
-                      event_data: dict[str, Any] | None) -> str:
-        metrics = {m: round(float(v), int(d)) for m, v, d in zip(self.metrics, row, self.decimals)}
-        message: dict[str, Any] = {"v": SCHEMA_VERSION, "device_id": self.device_ids[i],
-                                   "device_type": self.device_type, "site": self.sites[i], "seq": int(seq),
-                                   "ts": int(ts), "metrics": metrics, "event": event}
+    def event_payload(
+        self, i: int, seq: int, ts: int, row: np.ndarray, event: str, event_data: dict[str, Any] | None
+    ) -> str:
+        metrics = {m: round(float(v), int(d)) for m, v, d in zip(self.metrics, row, self.decimals, strict=True)}
+        message: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "device_id": self.device_ids[i],
+            "device_type": self.device_type,
+            "site": self.sites[i],
+            "seq": int(seq),
+            "ts": int(ts),
+            "metrics": metrics,
+            "event": event,
+        }
         if event_data is not None:
             message["event_data"] = event_data
         return json.dumps(message, separators=(",", ":"))

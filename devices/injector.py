@@ -76,10 +76,14 @@ class Injector:
         self.not_before = {ANOMALY: config.start_ms + int(round(config.anomalies_after_s * 1000)), TRANSPORT: 0}
         #: event time by which a rate-drawn anomaly or fault must be over, when the run's length
         #: is known: its ground truth then describes a whole one, not one cut by the end
-        self.run_end_ms = (None if config.duration_s is None
-                           else config.start_ms + int(round(config.duration_s * 1000)))
-        self.rate_kinds = [{ANOMALY: kinds_for(g.device_type, ANOMALY, config.anomaly_kinds),
-                            TRANSPORT: kinds_for(g.device_type, TRANSPORT, config.fault_kinds)} for g in groups]
+        self.run_end_ms = None if config.duration_s is None else config.start_ms + int(round(config.duration_s * 1000))
+        self.rate_kinds = [
+            {
+                ANOMALY: kinds_for(g.device_type, ANOMALY, config.anomaly_kinds),
+                TRANSPORT: kinds_for(g.device_type, TRANSPORT, config.fault_kinds),
+            }
+            for g in groups
+        ]
         for names in (config.anomaly_kinds, config.fault_kinds):
             for name in names or ():
                 resolve_kind(name)  # unknown names fail early
@@ -97,7 +101,10 @@ class Injector:
                 for i, device_id in enumerate(group.device_ids):
                     if not entry.matches(device_id, group.device_type):
                         continue
-                    if entry.fraction < 1.0 and self.rng.scalar_uniform(int(group.uid[i]), n, _PICK_STREAM) >= entry.fraction:
+                    if (
+                        entry.fraction < 1.0
+                        and self.rng.scalar_uniform(int(group.uid[i]), n, _PICK_STREAM) >= entry.fraction
+                    ):
                         continue
                     self.pending[gi].append((start, i, kind, entry.duration_s, entry.params()))
         for pending in self.pending:
@@ -105,8 +112,16 @@ class Injector:
 
     # -- per batch --------------------------------------------------------------------
 
-    def begin(self, gi: int, group: DeviceGroup, idx: np.ndarray, t: np.ndarray, seq: np.ndarray,
-              u_all: np.ndarray, out: list[tuple[int, str, Any, int]]) -> None:
+    def begin(
+        self,
+        gi: int,
+        group: DeviceGroup,
+        idx: np.ndarray,
+        t: np.ndarray,
+        seq: np.ndarray,
+        u_all: np.ndarray,
+        out: list[tuple[int, str, Any, int]],
+    ) -> None:
         """End what is over and start what is due, before the devices step."""
         if self.n_active[gi]:
             for r in np.flatnonzero(self.flags[gi][idx]).tolist():
@@ -121,10 +136,16 @@ class Injector:
             for item in pending:
                 start, i, kind, duration_s, params = item
                 pos = int(np.searchsorted(idx, i))
-                if start <= tmax and pos < len(idx) and idx[pos] == i and t[pos] >= start \
-                        and self._may_start(group, i, kind):
-                    self._open(gi, group, i, kind, start, int(t[pos]), int(seq[pos]), duration_s, params,
-                               "scenario", out)
+                if (
+                    start <= tmax
+                    and pos < len(idx)
+                    and idx[pos] == i
+                    and t[pos] >= start
+                    and self._may_start(group, i, kind)
+                ):
+                    self._open(
+                        gi, group, i, kind, start, int(t[pos]), int(seq[pos]), duration_s, params, "scenario", out
+                    )
                 else:
                     keep.append(item)
             self.pending[gi] = keep
@@ -133,7 +154,7 @@ class Injector:
             if rate <= 0.0 or not kinds:
                 continue
             col = _START_COLUMNS[category]
-            u = u_all[:, col:col + 2]
+            u = u_all[:, col : col + 2]
             chance = rate * group.interval[idx] * 1e-3
             for r in np.flatnonzero((u[:, 0] < chance) & (t >= self.not_before[category])).tolist():
                 i = int(idx[r])
@@ -159,8 +180,9 @@ class Injector:
         minimum = _MIN_SPEED.get(kind.name)
         return minimum is None or float(group.speed[i]) > minimum  # type: ignore[attr-defined]
 
-    def apply(self, gi: int, group: DeviceGroup, idx: np.ndarray, t: np.ndarray, seq: np.ndarray,
-              values: np.ndarray) -> Effects | None:
+    def apply(
+        self, gi: int, group: DeviceGroup, idx: np.ndarray, t: np.ndarray, seq: np.ndarray, values: np.ndarray
+    ) -> Effects | None:
         """Change this batch's readings; say which messages to drop, re-time or alter."""
         if not self.n_active[gi]:
             return None
@@ -180,9 +202,16 @@ class Injector:
                     j = group.metric_index[metric]
                     noise = 0.0
                     if kind.name == "noise_burst":
-                        noise = float(self.rng.normal(group.uid[i:i + 1], seq[r:r + 1], _NOISE_STREAM)[0, 0])
-                    value = apply_measurement(kind.name, active.params, float(values[r, j]), ts - active.start_ms,
-                                              active.end_ms - active.start_ms, active.state, noise)
+                        noise = float(self.rng.normal(group.uid[i : i + 1], seq[r : r + 1], _NOISE_STREAM)[0, 0])
+                    value = apply_measurement(
+                        kind.name,
+                        active.params,
+                        float(values[r, j]),
+                        ts - active.start_ms,
+                        active.end_ms - active.start_ms,
+                        active.state,
+                        noise,
+                    )
                     if kind.name != "out_of_range" and metric in ranges:
                         _, low, high = ranges[metric]
                         value = min(max(value, low), high)
@@ -197,10 +226,21 @@ class Injector:
 
     # -- start / end --------------------------------------------------------------------
 
-    def _open(self, gi: int, group: DeviceGroup, i: int, kind: Kind, planned: int, t: int, seq: int,
-              duration_s: float | None, given: dict[str, Any], source: str,
-              out: list[tuple[int, str, Any, int]]) -> None:
-        uid = group.uid[i:i + 1]
+    def _open(
+        self,
+        gi: int,
+        group: DeviceGroup,
+        i: int,
+        kind: Kind,
+        planned: int,
+        t: int,
+        seq: int,
+        duration_s: float | None,
+        given: dict[str, Any],
+        source: str,
+        out: list[tuple[int, str, Any, int]],
+    ) -> None:
+        uid = group.uid[i : i + 1]
         u = self.rng.uniform(uid, np.array([seq], dtype=np.int64), _PARAM_STREAM, 4)[0]
         params = draw_params(kind, group.device_type, group.metrics, u, given)
         if duration_s is None:
@@ -221,8 +261,9 @@ class Injector:
         if kind.name == "dropout":
             out.append((int(group.uid[i]), group.status_topics[i], status_payload(False, t), STATUS))
 
-    def end_by_command(self, gi: int, i: int, kind: str, t: int, command_id: str,
-                       out: list[tuple[int, str, Any, int]]) -> int:
+    def end_by_command(
+        self, gi: int, i: int, kind: str, t: int, command_id: str, out: list[tuple[int, str, Any, int]]
+    ) -> int:
         """End the device's active ``kind`` anomalies because a command fixed them (the ground
         truth says which command); returns how many ended."""
         ended = [a for a in self.active.get((gi, i), ()) if a.kind.name == kind]
@@ -230,8 +271,7 @@ class Injector:
             self._close(active, t, out, ended_by=command_id)
         return len(ended)
 
-    def _close(self, active: Active, t: int, out: list[tuple[int, str, Any, int]],
-               ended_by: str | None = None) -> None:
+    def _close(self, active: Active, t: int, out: list[tuple[int, str, Any, int]], ended_by: str | None = None) -> None:
         group = self.groups[active.gi]
         key = (active.gi, active.i)
         self.active[key].remove(active)
@@ -244,12 +284,23 @@ class Injector:
         if active.kind.name == "dropout":
             out.append((int(group.uid[active.i]), group.status_topics[active.i], status_payload(True, t), STATUS))
         if active.messages:
-            self.records.append({
-                "device_id": group.device_ids[active.i], "device_type": group.device_type,
-                "site": group.sites[active.i], "kind": active.kind.name, "category": active.kind.category,
-                "start_ts": active.first_ts, "end_ts": active.last_ts, "start_seq": active.first_seq,
-                "end_seq": active.last_seq, "messages": active.messages, "source": active.source,
-                "params": active.params, **({"ended_by_command": ended_by} if ended_by else {})})
+            self.records.append(
+                {
+                    "device_id": group.device_ids[active.i],
+                    "device_type": group.device_type,
+                    "site": group.sites[active.i],
+                    "kind": active.kind.name,
+                    "category": active.kind.category,
+                    "start_ts": active.first_ts,
+                    "end_ts": active.last_ts,
+                    "start_seq": active.first_seq,
+                    "end_seq": active.last_seq,
+                    "messages": active.messages,
+                    "source": active.source,
+                    "params": active.params,
+                    **({"ended_by_command": ended_by} if ended_by else {}),
+                }
+            )
 
     def close_all(self, t: int, out: list[tuple[int, str, Any, int]]) -> None:
         for actives in list(self.active.values()):

@@ -115,9 +115,18 @@ _KEPT = (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN)
 
 
 class Publisher:
-    def __init__(self, settings: MqttSettings, *, qos: int, connections: int = 1,
-                 device_uids: Sequence[int] | None = None, device_status: dict[int, str] | None = None,
-                 client_prefix: str | None = None, max_inflight: int = 200, connect_timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        qos: int,
+        connections: int = 1,
+        device_uids: Sequence[int] | None = None,
+        device_status: dict[int, str] | None = None,
+        client_prefix: str | None = None,
+        max_inflight: int = 200,
+        connect_timeout_s: float = 15.0,
+    ) -> None:
         """``device_uids`` given means one connection per device, each with the will
         ``offline`` on ``device_status[uid]``."""
         self.settings = settings
@@ -130,8 +139,10 @@ class Publisher:
         self._by_uid: dict[int, _Connection] = {}
         if device_uids is not None:
             if len(device_uids) > MAX_DEVICE_CONNECTIONS:
-                raise ValueError(f"--connection-per-device supports up to {MAX_DEVICE_CONNECTIONS} devices "
-                                 f"per process, this one has {len(device_uids)}")
+                raise ValueError(
+                    f"--connection-per-device supports up to {MAX_DEVICE_CONNECTIONS} devices "
+                    f"per process, this one has {len(device_uids)}"
+                )
             for uid in device_uids:
                 topic = (device_status or {})[uid]
                 conn = self._make(f"{prefix}-{uid}", topic)
@@ -171,16 +182,22 @@ class Publisher:
         for conn in self._conns:
             if not conn.connected.wait(max(0.0, deadline - time.monotonic())):
                 self.close(wait_s=0)
-                raise ServiceUnavailable(f"MQTT broker {self.settings.url} did not accept a connection "
-                                         f"within {self.connect_timeout_s:.0f} s")
+                raise ServiceUnavailable(
+                    f"MQTT broker {self.settings.url} did not accept a connection within {self.connect_timeout_s:.0f} s"
+                )
             if conn.connect_error:
                 self.close(wait_s=0)
-                raise ServiceUnavailable(f"MQTT broker {self.settings.url} refused the connection: "
-                                         f"{conn.connect_error}")
+                raise ServiceUnavailable(
+                    f"MQTT broker {self.settings.url} refused the connection: {conn.connect_error}"
+                )
         if not self.per_device:
             for conn in self._conns:
-                conn.client.publish(f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
-                                    status_payload(True, int(time.time() * 1000)), qos=self.qos, retain=True)
+                conn.client.publish(
+                    f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
+                    status_payload(True, int(time.time() * 1000)),
+                    qos=self.qos,
+                    retain=True,
+                )
 
     def _conn(self, uid: int) -> _Connection:
         return self._by_uid[uid] if self.per_device else self._conns[uid % len(self._conns)]
@@ -234,7 +251,7 @@ class Publisher:
         """Wait until every QoS 1 message is acknowledged and QoS 0 ones are written."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if self.unacked() == 0 and all(not conn.client._out_packet for conn in self._conns):  # noqa: SLF001
+            if self.unacked() == 0 and all(not conn.client._out_packet for conn in self._conns):
                 return True
             time.sleep(0.01)
         return False
@@ -245,8 +262,12 @@ class Publisher:
             self.flush(wait_s)
         for conn in self._conns:
             if not self.per_device and conn.connected.is_set():
-                conn.client.publish(f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
-                                    status_payload(False, int(time.time() * 1000)), qos=self.qos, retain=True)
+                conn.client.publish(
+                    f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
+                    status_payload(False, int(time.time() * 1000)),
+                    qos=self.qos,
+                    retain=True,
+                )
         if wait_s:
             self.flush(min(wait_s, 5.0))
         for conn in self._conns:

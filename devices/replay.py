@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ def _parse_time(text: str) -> int:
         return int(number if number > 1e11 else number * 1000)
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -92,8 +92,11 @@ class ReplayGroup(DeviceGroup):
             times = times + offset
             self.streams.append((times, values))
             step = int(np.median(np.diff(times))) if len(times) > 1 else 1000
-            specs.append(DeviceSpec(uid_base + n, device_id_for(path), config.replay_device_type, "replay",
-                                    max(step, 1), int(times[0])))
+            specs.append(
+                DeviceSpec(
+                    uid_base + n, device_id_for(path), config.replay_device_type, "replay", max(step, 1), int(times[0])
+                )
+            )
         super().__init__(specs, rng)
         self.row = np.zeros(self.size, dtype=np.int64)
         self.lap_offset = np.zeros(self.size, dtype=np.int64)
@@ -121,4 +124,4 @@ class ReplayGroup(DeviceGroup):
         return bool(np.all(self.next_due >= _NEVER))
 
     def describe(self) -> dict[str, Any]:
-        return {d: len(s[0]) for d, s in zip(self.device_ids, self.streams)}
+        return {d: len(s[0]) for d, s in zip(self.device_ids, self.streams, strict=True)}

@@ -56,4 +56,4 @@ class CounterRng:
 def normal_from(u: np.ndarray) -> np.ndarray:
     """Standard normal draws from an (n, 2k) block of uniforms (Box-Muller) -> (n, k)."""
     k = u.shape[1] // 2
-    return np.sqrt(-2.0 * np.log1p(-u[:, :k])) * np.cos(2.0 * np.pi * u[:, k:2 * k])
+    return np.sqrt(-2.0 * np.log1p(-u[:, :k])) * np.cos(2.0 * np.pi * u[:, k : 2 * k])

@@ -59,16 +59,24 @@ def _shard_quota(count: int | None, shard: int, shards: int) -> int | None:
     return count // shards + (1 if shard < count % shards else 0)
 
 
-def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any,
-               stop: Any) -> dict[str, Any]:
+def _run_shard(
+    config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any
+) -> dict[str, Any]:
     """One shard from connect to disconnect; returns its partial summary."""
     sim = Simulation(config, shard, shards, count_limit=_shard_quota(config.count, shard, shards))
-    devices = [(int(uid), topic) for g in sim.groups for uid, topic in zip(g.uid.tolist(), g.status_topics)]
+    devices = [
+        (int(uid), topic) for g in sim.groups for uid, topic in zip(g.uid.tolist(), g.status_topics, strict=True)
+    ]
     prefix = options.client_prefix and f"{options.client_prefix}-{shard}"
-    publisher = Publisher(options.mqtt, qos=options.qos, connections=options.connections,
-                          device_uids=[uid for uid, _ in devices] if options.per_device else None,
-                          device_status=dict(devices) if options.per_device else None,
-                          client_prefix=prefix, max_inflight=options.max_inflight)
+    publisher = Publisher(
+        options.mqtt,
+        qos=options.qos,
+        connections=options.connections,
+        device_uids=[uid for uid, _ in devices] if options.per_device else None,
+        device_status=dict(devices) if options.per_device else None,
+        client_prefix=prefix,
+        max_inflight=options.max_inflight,
+    )
     publisher.connect()
     commands = _command_handler(sim, options, shard) if options.obey_commands else None
     if options.qos:
@@ -112,13 +120,22 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
     if len(latencies) > _LATENCY_SAMPLES:
         latencies = list(np.random.default_rng(0).choice(latencies, _LATENCY_SAMPLES, replace=False))
     return {
-        "sent": publisher.sent, "errors": publisher.errors, "status_messages": publisher.status_sent,
-        "readings": sim.readings, "unacked": publisher.unacked(), "wall_s": wall,
+        "sent": publisher.sent,
+        "errors": publisher.errors,
+        "status_messages": publisher.status_sent,
+        "readings": sim.readings,
+        "unacked": publisher.unacked(),
+        "wall_s": wall,
         "by_device_type": {sim.type_names[g]: n for g, n in publisher.by_group.items()},
-        "devices": dict(sim.fleet.device_counts), "events": dict(sim.events),
-        "anomalies": dict(sim.injector.started), "records": sim.injector.records,
-        "virtual_end_ms": sim.now_ms, "connections": publisher.connections, "latencies": latencies,
-        "seq_end": sim.seq_end(), "carried_on": sim.carried_on,
+        "devices": dict(sim.fleet.device_counts),
+        "events": dict(sim.events),
+        "anomalies": dict(sim.injector.started),
+        "records": sim.injector.records,
+        "virtual_end_ms": sim.now_ms,
+        "connections": publisher.connections,
+        "latencies": latencies,
+        "seq_end": sim.seq_end(),
+        "carried_on": sim.carried_on,
         "commands": commands.counts if commands is not None else {},
     }
 
@@ -126,7 +143,11 @@ def _run_shard(config: SimConfig, options: RunOptions, shard: int, shards: int, 
 def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> DeviceCommands:
     """The shard's command session; its client id is fixed by --client-id-prefix, so a restarted
     simulator resumes the session and gets the commands sent while it was away."""
-    devices = [(site, g.device_type, device_id) for g in sim.groups for site, device_id in zip(g.sites, g.device_ids)]
+    devices = [
+        (site, g.device_type, device_id)
+        for g in sim.groups
+        for site, device_id in zip(g.sites, g.device_ids, strict=True)
+    ]
     channel = CommandChannel(options.mqtt, f"{options.client_prefix or 'iotwatch-sim'}-commands-{shard}", devices)
     channel.connect()
     handler = DeviceCommands(channel, sim.obey, reported=sim.reported)
@@ -134,12 +155,13 @@ def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> Device
     return handler
 
 
-def _worker(config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any,
-            results: Any) -> None:
+def _worker(
+    config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any, results: Any
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     try:
         results.put((shard, _run_shard(config, options, shard, shards, counters, stop)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+    except BaseException as exc:
         results.put((shard, {"error": f"{type(exc).__name__}: {exc}"}))
 
 
@@ -173,8 +195,10 @@ class _Progress:
             self._rate = (sent - before) / (now - then)
             self._last = (now, sent)
         target = f"{self.target_rate:,.0f}/s" if self.target_rate else "max"
-        return Text(f"simulate  {now - self.started:6.1f}s  target {target}  achieved {self._rate:,.0f}/s  "
-                    f"sent {sent:,}  readings {readings:,}  errors {errors:,}")
+        return Text(
+            f"simulate  {now - self.started:6.1f}s  target {target}  achieved {self._rate:,.0f}/s  "
+            f"sent {sent:,}  readings {readings:,}  errors {errors:,}"
+        )
 
     def __enter__(self) -> _Progress:
         if self.enabled:
@@ -228,8 +252,15 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
         counters = ctx.Array("q", processes * _COUNTERS, lock=False)
         stop = ctx.Event()
         results = ctx.Queue()
-        workers = [ctx.Process(target=_worker, args=(config, options, shard, processes, counters, stop, results),
-                               name=f"iotwatch-sim-{shard}", daemon=True) for shard in range(processes)]
+        workers = [
+            ctx.Process(
+                target=_worker,
+                args=(config, options, shard, processes, counters, stop, results),
+                name=f"iotwatch-sim-{shard}",
+                daemon=True,
+            )
+            for shard in range(processes)
+        ]
         for worker in workers:
             worker.start()
         collected: dict[int, dict[str, Any]] = {}
@@ -244,7 +275,7 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
                 except KeyboardInterrupt:
                     interrupted = True
                     stop.set()
-                except Exception:  # noqa: BLE001 - queue.Empty
+                except Exception:
                     if not any(w.is_alive() for w in workers) and results.empty():
                         break
         for worker in workers:
@@ -260,17 +291,28 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
     if config.seq_state is not None:
         ends = {device: end for part in parts for device, end in part["seq_end"].items()}
         seq_state.save(config.seq_state, ends)
-        summary["seq_state"] = {"path": str(config.seq_state), "carried_on": sum(p["carried_on"] for p in parts),
-                                "saved": len(ends)}
+        summary["seq_state"] = {
+            "path": str(config.seq_state),
+            "carried_on": sum(p["carried_on"] for p in parts),
+            "saved": len(ends),
+        }
     if options.ground_truth is not None:
         records = [r for p in parts for r in p["records"]]
-        summary["ground_truth"] = {"path": str(options.ground_truth),
-                                   "records": write_ground_truth(options.ground_truth, records)}
+        summary["ground_truth"] = {
+            "path": str(options.ground_truth),
+            "records": write_ground_truth(options.ground_truth, records),
+        }
     return summary
 
 
-def _merge(parts: list[dict[str, Any]], config: SimConfig, options: RunOptions, target_rate: float | None,
-           elapsed: float, device_counts: dict[str, int]) -> dict[str, Any]:
+def _merge(
+    parts: list[dict[str, Any]],
+    config: SimConfig,
+    options: RunOptions,
+    target_rate: float | None,
+    elapsed: float,
+    device_counts: dict[str, int],
+) -> dict[str, Any]:
     def total(key: str) -> dict[str, int]:
         merged: dict[str, int] = {}
         for part in parts:
@@ -284,21 +326,37 @@ def _merge(parts: list[dict[str, Any]], config: SimConfig, options: RunOptions, 
     latency = None
     if options.qos == 1 and len(latencies):
         p50, p99 = np.percentile(latencies, [50, 99])
-        latency = {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
-                   "max_ms": round(float(latencies.max()), 3), "samples": int(len(latencies))}
+        latency = {
+            "p50_ms": round(float(p50), 3),
+            "p99_ms": round(float(p99), 3),
+            "max_ms": round(float(latencies.max()), 3),
+            "samples": int(len(latencies)),
+        }
     virtual_end = max(p["virtual_end_ms"] for p in parts)
     return {
-        "sent": sent, "errors": sum(p["errors"] for p in parts), "readings": sum(p["readings"] for p in parts),
-        "status_messages": sum(p["status_messages"] for p in parts), "unacked": sum(p["unacked"] for p in parts),
-        "by_device_type": total("by_device_type"), "devices": total("devices"),
+        "sent": sent,
+        "errors": sum(p["errors"] for p in parts),
+        "readings": sum(p["readings"] for p in parts),
+        "status_messages": sum(p["status_messages"] for p in parts),
+        "unacked": sum(p["unacked"] for p in parts),
+        "by_device_type": total("by_device_type"),
+        "devices": total("devices"),
         "device_total": sum(total("devices").values()),
-        "achieved_rate": round(sent / wall, 1), "target_rate": None if target_rate is None else round(target_rate, 1),
-        "wall_s": round(wall, 3), "elapsed_s": round(elapsed, 3), "qos": options.qos,
-        "publish_latency": latency, "processes": max(1, options.processes),
-        "connections": sum(p["connections"] for p in parts), "seed": config.seed,
-        "start_ms": config.start_ms, "virtual_end_ms": virtual_end,
+        "achieved_rate": round(sent / wall, 1),
+        "target_rate": None if target_rate is None else round(target_rate, 1),
+        "wall_s": round(wall, 3),
+        "elapsed_s": round(elapsed, 3),
+        "qos": options.qos,
+        "publish_latency": latency,
+        "processes": max(1, options.processes),
+        "connections": sum(p["connections"] for p in parts),
+        "seed": config.seed,
+        "start_ms": config.start_ms,
+        "virtual_end_ms": virtual_end,
         "virtual_s": round((virtual_end - config.start_ms) / 1000.0, 3),
         "speedup": None if options.as_fast_as_possible else options.speedup,
-        "events": total("events"), "anomalies": total("anomalies"), "commands": total("commands"),
+        "events": total("events"),
+        "anomalies": total("anomalies"),
+        "commands": total("commands"),
         "pid": os.getpid(),
     }

@@ -33,8 +33,7 @@ Outgoing = tuple[int, str, Any, int]
 
 
 class Simulation:
-    def __init__(self, config: SimConfig, shard: int = 0, shards: int = 1, *,
-                 count_limit: int | None = None) -> None:
+    def __init__(self, config: SimConfig, shard: int = 0, shards: int = 1, *, count_limit: int | None = None) -> None:
         self.config = config
         self.rng = CounterRng(config.seed)
         self.fleet = build_fleet(config, shard, shards)
@@ -51,7 +50,9 @@ class Simulation:
         self.events: dict[str, int] = {}
         self._delayed: list[tuple[int, int, Outgoing]] = []
         self._order = 0
-        self._where = {device_id: (gi, i) for gi, g in enumerate(self.groups) for i, device_id in enumerate(g.device_ids)}
+        self._where = {
+            device_id: (gi, i) for gi, g in enumerate(self.groups) for i, device_id in enumerate(g.device_ids)
+        }
         self._extra: list[Outgoing] = []  # messages an obeyed command caused, sent with the next tick
         self.twins = DeviceTwins()
 
@@ -155,8 +156,8 @@ class Simulation:
         self.readings += len(idx)
         injector = self.injector
         u = self.rng.uniform(group.uid[idx], seq, 0, group.draws + DRAWS)
-        injector.begin(gi, group, idx, t, seq, u[:, group.draws:], out)
-        values, events = group.step(idx, t, seq, u[:, :group.draws])
+        injector.begin(gi, group, idx, t, seq, u[:, group.draws :], out)
+        values, events = group.step(idx, t, seq, u[:, : group.draws])
         effects = injector.apply(gi, group, idx, t, seq, values)
         events += group.finalize(idx, t, seq, values)
         ts = t
@@ -171,9 +172,9 @@ class Simulation:
         uids = group.uid[idx].tolist()
         topics = group.topics
         if effects is None or not (effects.suppress or effects.transport):
-            out.extend(zip(uids, [topics[i] for i in idx.tolist()], payloads, [gi] * len(payloads)))
+            out.extend(zip(uids, [topics[i] for i in idx.tolist()], payloads, [gi] * len(payloads), strict=True))
         else:
-            for r, (uid, i, payload) in enumerate(zip(uids, idx.tolist(), payloads)):
+            for r, (uid, i, payload) in enumerate(zip(uids, idx.tolist(), payloads, strict=True)):
                 if r in effects.suppress:
                     continue
                 message = (uid, topics[i], payload, gi)

@@ -44,8 +44,9 @@ class DeviceTwins:
             return TwinProperties(limp_mode=bool(group.limp[i]), firmware=firmware)
         return TwinProperties(firmware=firmware)
 
-    def obey(self, group: DeviceGroup, i: int, command: str, args: dict[str, Any], end: EndAnomaly,
-             command_id: str) -> str | None:
+    def obey(
+        self, group: DeviceGroup, i: int, command: str, args: dict[str, Any], end: EndAnomaly, command_id: str
+    ) -> str | None:
         """Carry out ``command``: None when done, else why the device cannot."""
         if command == SET_PROPERTIES:
             try:
@@ -57,8 +58,10 @@ class DeviceTwins:
         if key == ("thermostat", "reset_hvac"):
             end("hvac_stuck", command_id)  # the relay unsticks
             return None
-        corrective = {("leak_sensor", "close_valve"): TwinProperties(valve="closed"),
-                      ("vehicle_edr", "limp_mode"): TwinProperties(limp_mode=bool(args.get("on", True)))}
+        corrective = {
+            ("leak_sensor", "close_valve"): TwinProperties(valve="closed"),
+            ("vehicle_edr", "limp_mode"): TwinProperties(limp_mode=bool(args.get("on", True))),
+        }
         if key not in corrective:
             return f"{group.device_type} does not support {command}"
         return self._set(group, i, corrective[key], end, command_id)
@@ -85,5 +88,3 @@ class DeviceTwins:
             if desired.limp_mode:
                 end("overheating", command_id)  # a light load: the cooling keeps up again
         return None
-
-

@@ -35,15 +35,28 @@ def show(app: AppContext, device_id: str, as_json: bool) -> None:
 @click.argument("device_id")
 @click.argument("assignments", nargs=-1, required=True, metavar="KEY=VALUE...")
 @click.option("--by", default=getpass.getuser, show_default="your user name", help="Who sets it (the audit trail).")
-@click.option("--ttl", "ttl", default="10m", show_default=True,
-              help="The device must get the change within this (an offline device: when it reconnects).")
+@click.option(
+    "--ttl",
+    "ttl",
+    default="10m",
+    show_default=True,
+    help="The device must get the change within this (an offline device: when it reconnects).",
+)
 @click.option("--site", help="The device's site, when it never reported its twin.")
 @click.option("--type", "device_type", help="The device's type, when it never reported its twin.")
 @endpoint_options(mqtt=True, kafka=True)
 @json_option
 @pass_app
-def set_(app: AppContext, device_id: str, assignments: tuple[str, ...], by: str, ttl: str, site: str | None,
-         device_type: str | None, as_json: bool) -> None:
+def set_(
+    app: AppContext,
+    device_id: str,
+    assignments: tuple[str, ...],
+    by: str,
+    ttl: str,
+    site: str | None,
+    device_type: str | None,
+    as_json: bool,
+) -> None:
     """Set desired properties (e.g. setpoint_c=19.5, valve=closed, limp_mode=true) and send them to the device."""
     from alerts.records import parse_duration
     from devices.twin_ops import parse_assignments, set_desired
@@ -52,13 +65,22 @@ def set_(app: AppContext, device_id: str, assignments: tuple[str, ...], by: str,
         ttl_s = parse_duration(ttl)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ttl") from None
-    record, command = set_desired(app.settings, device_id, parse_assignments(assignments), by, ttl_s, site,
-                                  device_type)
-    emit({"device_id": device_id, "version": record.version, "desired": record.properties.as_dict(),
-          "command_id": command.command_id, "sent": command.args},
-         as_json, lambda r: click.echo(f"{device_id}: desired version {r['version']} "
-                                       f"{' '.join(f'{k}={_text(v)}' for k, v in r['sent'].items())} sent as command "
-                                       f"{r['command_id'][:12]} (iotwatch devices show {device_id})"))
+    record, command = set_desired(app.settings, device_id, parse_assignments(assignments), by, ttl_s, site, device_type)
+    emit(
+        {
+            "device_id": device_id,
+            "version": record.version,
+            "desired": record.properties.as_dict(),
+            "command_id": command.command_id,
+            "sent": command.args,
+        },
+        as_json,
+        lambda r: click.echo(
+            f"{device_id}: desired version {r['version']} "
+            f"{' '.join(f'{k}={_text(v)}' for k, v in r['sent'].items())} sent as command "
+            f"{r['command_id'][:12]} (iotwatch devices show {device_id})"
+        ),
+    )
 
 
 def _render(twin: dict[str, Any]) -> None:

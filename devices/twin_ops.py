@@ -18,11 +18,28 @@ import msgspec
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed, read_to_end
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, SET_PROPERTIES, TWIN_PROPERTIES, Command, ContractViolation,
-                               TwinProperties, twin_properties)
+from iotwatch.contract import (
+    COMMAND_SCHEMA_VERSION,
+    SET_PROPERTIES,
+    TWIN_PROPERTIES,
+    Command,
+    ContractViolation,
+    TwinProperties,
+    twin_properties,
+)
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, TwinRecord, TwinSide,
-                             decode, encode, stable_id, twin_key)
+from iotwatch.oncall import (
+    ONCALL_SCHEMA_VERSION,
+    BadRecord,
+    CommandAudit,
+    CommandOutcome,
+    TwinRecord,
+    TwinSide,
+    decode,
+    encode,
+    stable_id,
+    twin_key,
+)
 from iotwatch.settings import Settings
 
 #: The ``policy`` an operator's twin command has in the audit trail.
@@ -41,14 +58,26 @@ class Twin:
         """Per property: desired, reported, and whether the device has what was asked for."""
         want = self.desired.properties.as_dict() if self.desired else {}
         have = self.reported.properties.as_dict() if self.reported else {}
-        return [{"property": name, "desired": want.get(name), "reported": have.get(name),
-                 "state": "" if name not in want else "in sync" if want[name] == have.get(name) else "pending"}
-                for name in TWIN_PROPERTIES if name in want or name in have]
+        return [
+            {
+                "property": name,
+                "desired": want.get(name),
+                "reported": have.get(name),
+                "state": "" if name not in want else "in sync" if want[name] == have.get(name) else "pending",
+            }
+            for name in TWIN_PROPERTIES
+            if name in want or name in have
+        ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"device_id": self.device_id, "properties": self.rows(),
-                **{side: msgspec.to_builtins(record) if record else None
-                   for side, record in (("desired", self.desired), ("reported", self.reported))}}
+        return {
+            "device_id": self.device_id,
+            "properties": self.rows(),
+            **{
+                side: msgspec.to_builtins(record) if record else None
+                for side, record in (("desired", self.desired), ("reported", self.reported))
+            },
+        }
 
 
 def read_twin(settings: Settings, device_id: str) -> Twin:
@@ -81,9 +110,16 @@ def parse_assignments(pairs: tuple[str, ...]) -> TwinProperties:
         raise IotwatchError(f"twin properties: {exc}") from None
 
 
-def set_desired(settings: Settings, device_id: str, change: TwinProperties, by: str, ttl_s: float,
-                site: str | None = None, device_type: str | None = None, now_ms: int | None = None
-                ) -> tuple[TwinRecord, Command]:
+def set_desired(
+    settings: Settings,
+    device_id: str,
+    change: TwinProperties,
+    by: str,
+    ttl_s: float,
+    site: str | None = None,
+    device_type: str | None = None,
+    now_ms: int | None = None,
+) -> tuple[TwinRecord, Command]:
     """Record the desired change and send it to the device; returns the desired record and the command."""
     from responder.issuer import CommandIssuer
 
@@ -99,22 +135,51 @@ def set_desired(settings: Settings, device_id: str, change: TwinProperties, by: 
     version = (twin.desired.version if twin.desired else 0) + 1
     command_id = stable_id(device_id, SET_PROPERTIES, version, length=24)
     wanted = (twin.desired.properties if twin.desired else TwinProperties()).merged(change)
-    record = TwinRecord(ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.DESIRED, wanted, now, by,
-                        version, command_id)
+    record = TwinRecord(
+        ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.DESIRED, wanted, now, by, version, command_id
+    )
     try:
-        command = Command(COMMAND_SCHEMA_VERSION, command_id, device_id, SET_PROPERTIES, now, now + int(ttl_s * 1000),
-                          by, change.as_dict(), f"twin version {version}")
+        command = Command(
+            COMMAND_SCHEMA_VERSION,
+            command_id,
+            device_id,
+            SET_PROPERTIES,
+            now,
+            now + int(ttl_s * 1000),
+            by,
+            change.as_dict(),
+            f"twin version {version}",
+        )
         twin_properties(command.args)  # what the device will check
     except ContractViolation as exc:
         raise IotwatchError(str(exc)) from None
-    audit = CommandAudit(ONCALL_SCHEMA_VERSION, command_id, OPERATOR_POLICY, "", "", device_id, device_type, site,
-                         SET_PROPERTIES, by, now, command.expires_at_ms, 1, CommandOutcome.SENT, command.args)
+    audit = CommandAudit(
+        ONCALL_SCHEMA_VERSION,
+        command_id,
+        OPERATOR_POLICY,
+        "",
+        "",
+        device_id,
+        device_type,
+        site,
+        SET_PROPERTIES,
+        by,
+        now,
+        command.expires_at_ms,
+        1,
+        CommandOutcome.SENT,
+        command.args,
+    )
     topics = settings.topics
     ensure_topics(settings.kafka, [topics.device_twin, topics.commands], compacted=True)
     producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
     produce_confirmed(producer, topics.device_twin, twin_key(device_id, TwinSide.DESIRED).encode(), encode(record))
-    produce_confirmed(producer, topics.commands, command_id.encode(),
-                      encode(audit.with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")))
+    produce_confirmed(
+        producer,
+        topics.commands,
+        command_id.encode(),
+        encode(audit.with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")),
+    )
     issuer = CommandIssuer(settings.mqtt, f"iotwatch-operator-{by}-{time.time_ns()}", listen=False)
     issuer.connect()
     try:

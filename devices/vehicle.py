@@ -40,8 +40,20 @@ _STREAM = 600
 _WAYPOINTS = 6
 _M_PER_DEG = 111_320.0
 #: (lat, lon) of home towns vehicles start around
-_TOWNS = np.array([(52.52, 13.40), (48.14, 11.58), (51.51, -0.13), (40.42, -3.70), (45.46, 9.19),
-                   (59.33, 18.07), (47.37, 8.54), (50.08, 14.44), (41.39, 2.17), (53.35, -6.26)])
+_TOWNS = np.array(
+    [
+        (52.52, 13.40),
+        (48.14, 11.58),
+        (51.51, -0.13),
+        (40.42, -3.70),
+        (45.46, 9.19),
+        (59.33, 18.07),
+        (47.37, 8.54),
+        (50.08, 14.44),
+        (41.39, 2.17),
+        (53.35, -6.26),
+    ]
+)
 #: rpm per km/h in each gear, and the speeds (km/h) where gears change up
 _GEAR_RATIO = np.array([110.0, 62.0, 44.0, 34.0, 28.0, 24.0])
 _GEAR_UP_KMH = np.array([15.0, 30.0, 48.0, 65.0, 85.0])
@@ -53,13 +65,30 @@ DEFAULT_PRE_EVENT_S = 5.0
 class VehicleGroup(DeviceGroup):
     device_type: ClassVar[str] = DeviceType.VEHICLE_EDR.value
     metrics: ClassVar[tuple[str, ...]] = (
-        "speed_kmh", "engine_rpm", "throttle_pct", "brake_pct", "steering_angle_deg",
-        "accel_x_g", "accel_y_g", "accel_z_g", "lat_deg", "lon_deg", "heading_deg",
-        "coolant_temp_c", "fuel_level_pct")
+        "speed_kmh",
+        "engine_rpm",
+        "throttle_pct",
+        "brake_pct",
+        "steering_angle_deg",
+        "accel_x_g",
+        "accel_y_g",
+        "accel_z_g",
+        "lat_deg",
+        "lon_deg",
+        "heading_deg",
+        "coolant_temp_c",
+        "fuel_level_pct",
+    )
     draws: ClassVar[int] = 14
 
-    def __init__(self, specs: list[DeviceSpec], rng: CounterRng, *, threshold_g: float = DEFAULT_THRESHOLD_G,
-                 pre_event_s: float = DEFAULT_PRE_EVENT_S) -> None:
+    def __init__(
+        self,
+        specs: list[DeviceSpec],
+        rng: CounterRng,
+        *,
+        threshold_g: float = DEFAULT_THRESHOLD_G,
+        pre_event_s: float = DEFAULT_PRE_EVENT_S,
+    ) -> None:
         super().__init__(specs, rng)
         n = self.size
         self.threshold_g = threshold_g
@@ -82,7 +111,9 @@ class VehicleGroup(DeviceGroup):
         self.speed = np.zeros(n)  # m/s
         self.target = np.zeros(n)
         self.phase = np.zeros(n, dtype=np.int8)
-        self.phase_until = np.array([s.first_due_ms for s in specs], dtype=np.int64) + (u[:, 4] * 20_000).astype(np.int64)
+        self.phase_until = np.array([s.first_due_ms for s in specs], dtype=np.int64) + (u[:, 4] * 20_000).astype(
+            np.int64
+        )
         self.decel = np.full(n, 2.5)
         self.coolant = 12.0 + 12.0 * u[:, 5]
         self.ambient = self.coolant.copy()
@@ -172,16 +203,23 @@ class VehicleGroup(DeviceGroup):
         kmh = v_new * 3.6
         gear = np.searchsorted(_GEAR_UP_KMH, kmh)
         engine_on = ~crashed
-        throttle = np.where(acc_phase, 35.0 + 45.0 * np.clip(accel / 3.0, 0.0, 1.0),
-                            np.where(phase == CRUISE, np.clip(15.0 + 0.2 * kmh + 8.0 * accel, 0.0, 100.0), 0.0))
+        throttle = np.where(
+            acc_phase,
+            35.0 + 45.0 * np.clip(accel / 3.0, 0.0, 1.0),
+            np.where(phase == CRUISE, np.clip(15.0 + 0.2 * kmh + 8.0 * accel, 0.0, 100.0), 0.0),
+        )
         throttle = np.clip(throttle + 1.5 * noise[:, 1], 0.0, np.where(limp, LIMP_THROTTLE_PCT, 100.0)) * engine_on
-        brake = np.where(phase == BRAKE, np.clip(decel / G * 110.0, 0.0, 100.0),
-                         np.where((phase == IDLE) & engine_on, 30.0, 0.0))
-        rpm = np.where(engine_on, np.maximum(780.0 + 15.0 * noise[:, 2], kmh * _GEAR_RATIO[gear] + 12.0 * throttle), 0.0)
+        brake = np.where(
+            phase == BRAKE, np.clip(decel / G * 110.0, 0.0, 100.0), np.where((phase == IDLE) & engine_on, 30.0, 0.0)
+        )
+        rpm = np.where(
+            engine_on, np.maximum(780.0 + 15.0 * noise[:, 2], kmh * _GEAR_RATIO[gear] + 12.0 * throttle), 0.0
+        )
         coolant = self.coolant[idx]
         overheating = (mode == OVERHEATING) & ~limp
-        coolant_target = np.where(engine_on, np.where(overheating, 116.0 + 0.08 * throttle, 88.0 + 0.04 * throttle),
-                                  self.ambient[idx])
+        coolant_target = np.where(
+            engine_on, np.where(overheating, 116.0 + 0.08 * throttle, 88.0 + 0.04 * throttle), self.ambient[idx]
+        )
         # an overheating engine heats fast; limp mode's light load lets it cool as fast
         coolant = coolant + (coolant_target - coolant) * np.minimum(dt / np.where(overheating | limp, 90.0, 240.0), 1.0)
         fuel = self.fuel[idx] - dt * engine_on * (2e-4 + 3e-5 * throttle + 1.5e-6 * kmh * kmh / 10.0)
@@ -195,8 +233,23 @@ class VehicleGroup(DeviceGroup):
         self.phase_until[idx], self.decel[idx] = until, decel
         self.lat[idx], self.lon[idx], self.heading[idx] = lat, lon, heading
         self.coolant[idx], self.fuel[idx] = coolant, fuel
-        values = np.column_stack([kmh, rpm, throttle, brake, steering, accel_x, accel_y, accel_z,
-                                  lat, lon, np.degrees(heading), coolant, fuel])
+        values = np.column_stack(
+            [
+                kmh,
+                rpm,
+                throttle,
+                brake,
+                steering,
+                accel_x,
+                accel_y,
+                accel_z,
+                lat,
+                lon,
+                np.degrees(heading),
+                coolant,
+                fuel,
+            ]
+        )
         return values, []
 
     # -- event data recorder -------------------------------------------------------------------
@@ -226,5 +279,9 @@ class VehicleGroup(DeviceGroup):
         readings: dict[str, Any] = {"ts": [int(x) for x in rows[:, 0]]}
         for j, metric in enumerate(self.metrics):
             readings[metric] = rows[:, 1 + j].tolist()
-        return {"trigger": {"metric": "accel_x_g", "value_g": round(trigger_g, 3), "threshold_g": self.threshold_g},
-                "pre_event_s": self.pre_event_s, "samples": count, "readings": readings}
+        return {
+            "trigger": {"metric": "accel_x_g", "value_g": round(trigger_g, 3), "threshold_g": self.threshold_g},
+            "pre_event_s": self.pre_event_s,
+            "samples": count,
+            "readings": readings,
+        }

@@ -64,14 +64,26 @@ def _payloads(devices: int, per_device: int, site: str) -> list[tuple[str, Telem
     for seq in range(per_device):
         for d in range(devices):
             device = f"{site}-{d}"
-            out.append((telemetry_topic(site, "smart_meter", device),
-                        Telemetry(v=1, device_id=device, device_type="smart_meter", site=site, seq=seq,
-                                  ts=0, metrics={"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0})))
+            out.append(
+                (
+                    telemetry_topic(site, "smart_meter", device),
+                    Telemetry(
+                        v=1,
+                        device_id=device,
+                        device_type="smart_meter",
+                        site=site,
+                        seq=seq,
+                        ts=0,
+                        metrics={"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0},
+                    ),
+                )
+            )
     return out
 
 
-def _publish_share(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float,
-                   start_at: float) -> None:
+def _publish_share(
+    mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float, start_at: float
+) -> None:
     """Publish at QoS 1 from ``start_at`` (epoch s), paced at ``rate`` msg/s (0: as fast as the
     broker accepts); ``ts`` is stamped at publish time."""
     client = make_client(mqtt, client_id)
@@ -103,15 +115,25 @@ def _publish_share(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], cl
     client.loop_stop()
 
 
-def _publish(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float = 0.0,
-             publishers: int = _PUBLISHERS) -> float:
+def _publish(
+    mqtt: MqttSettings,
+    messages: list[tuple[str, Telemetry]],
+    client_id: str,
+    rate: float = 0.0,
+    publishers: int = _PUBLISHERS,
+) -> float:
     """Publish from ``publishers`` processes (one Python publisher falls short of 5,000 msg/s
     on a busy machine), each with the devices of its share in order; returns the start time."""
     start_at = time.time() + 3.0  # the processes start and connect meanwhile
     shares = [[m for m in messages if zlib.crc32(m[0].encode()) % publishers == i] for i in range(publishers)]
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_publish_share, args=(mqtt, share, f"{client_id}-{i}",
-                                                            rate * len(share) / len(messages), start_at)) for i, share in enumerate(shares) if share]
+    workers = [
+        context.Process(
+            target=_publish_share, args=(mqtt, share, f"{client_id}-{i}", rate * len(share) / len(messages), start_at)
+        )
+        for i, share in enumerate(shares)
+        if share
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -133,8 +155,14 @@ def _rate(count: int, first: float, last: float) -> float:
 # -- backlog drain ---------------------------------------------------------------------------
 
 
-def _session(mqtt: MqttSettings, client_id: str, mqtt_filter: str, receive_maximum: int,
-             on_message: Any = None, buffered_reads: bool = False) -> Any:
+def _session(
+    mqtt: MqttSettings,
+    client_id: str,
+    mqtt_filter: str,
+    receive_maximum: int,
+    on_message: Any = None,
+    buffered_reads: bool = False,
+) -> Any:
     """A connected MQTT 5 client on a persistent session subscribed to ``mqtt_filter``."""
     client = make_client(mqtt, client_id, protocol="5", buffered_reads=buffered_reads)
     subscribed = threading.Event()
@@ -151,8 +179,15 @@ def _session(mqtt: MqttSettings, client_id: str, mqtt_filter: str, receive_maxim
     return client
 
 
-def _bare_drain(mqtt: MqttSettings, client_id: str, mqtt_filter: str, receive_maximum: int, idle_s: float,
-                buffered_reads: bool, results: Queue) -> None:  # type: ignore[type-arg]
+def _bare_drain(
+    mqtt: MqttSettings,
+    client_id: str,
+    mqtt_filter: str,
+    receive_maximum: int,
+    idle_s: float,
+    buffered_reads: bool,
+    results: Queue,
+) -> None:  # type: ignore[type-arg]
     """A bare subscriber process: resume the session, count until idle, report (count, first, last)."""
     stamps = [0, 0.0, 0.0]
 
@@ -171,8 +206,14 @@ def _bare_drain(mqtt: MqttSettings, client_id: str, mqtt_filter: str, receive_ma
     results.put(tuple(stamps))
 
 
-def drain_bare(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site: str, processes: int,
-               receive_maximum: int, buffered_reads: bool = False) -> dict[str, Any]:
+def drain_bare(
+    mqtt: MqttSettings,
+    messages: list[tuple[str, Telemetry]],
+    site: str,
+    processes: int,
+    receive_maximum: int,
+    buffered_reads: bool = False,
+) -> dict[str, Any]:
     """Backlog drained by ``processes`` bare subscribers (one shared subscription when > 1);
     ``buffered_reads``: with the gateway's socket reading, to see the broker's own ceiling."""
     mqtt_filter = f"iot/{site}/+/+/telemetry" if processes == 1 else f"$share/{site}/iot/{site}/+/+/telemetry"
@@ -184,9 +225,12 @@ def drain_bare(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site: 
     _publish(mqtt, messages, f"{site}-pub")
     context = multiprocessing.get_context("spawn")
     results: Queue = context.Queue()  # type: ignore[type-arg]
-    workers = [context.Process(target=_bare_drain, args=(mqtt, client_id, mqtt_filter, receive_maximum, 3.0,
-                                                                buffered_reads, results))
-               for client_id in ids]
+    workers = [
+        context.Process(
+            target=_bare_drain, args=(mqtt, client_id, mqtt_filter, receive_maximum, 3.0, buffered_reads, results)
+        )
+        for client_id in ids
+    ]
     for worker in workers:
         worker.start()
     reports = [results.get(timeout=600) for _ in workers]
@@ -195,20 +239,46 @@ def drain_bare(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site: 
     count = sum(r[0] for r in reports)
     first = min(r[1] for r in reports if r[0])
     last = max(r[2] for r in reports if r[0])
-    return {"processes": processes, "messages": count, "seconds": round(last - first, 3),
-            "msgs_per_s": _rate(count, first, last)}
+    return {
+        "processes": processes,
+        "messages": count,
+        "seconds": round(last - first, 3),
+        "msgs_per_s": _rate(count, first, last),
+    }
 
 
-def _gateway_process(settings: Settings, site: str, topic: str, processes: int, workdir: Path,
-                     name: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+def _gateway_process(
+    settings: Settings, site: str, topic: str, processes: int, workdir: Path, name: str
+) -> tuple[subprocess.Popen[bytes], list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_TOPIC_RAW=topic, IOTWATCH_TOPIC_DLQ=f"{topic}.dlq",
-               IOTWATCH_TOPIC_MQTT_TELEMETRY_FILTER=f"iot/{site}/+/+/telemetry")
+    env.update(
+        IOTWATCH_TOPIC_RAW=topic,
+        IOTWATCH_TOPIC_DLQ=f"{topic}.dlq",
+        IOTWATCH_TOPIC_MQTT_TELEMETRY_FILTER=f"iot/{site}/+/+/telemetry",
+    )
     port = free_port()
     ports = [port + i for i in range(processes)] if processes > 1 else [port]
-    command = [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "gateway", "--mqtt", settings.mqtt.url,
-               "--kafka", settings.kafka.bootstrap_servers, "--influx", "", "--client-id", f"{site}-gw",
-               "--metrics-port", str(port), "--processes", str(processes), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "--log-level",
+        "WARNING",
+        "gateway",
+        "--mqtt",
+        settings.mqtt.url,
+        "--kafka",
+        settings.kafka.bootstrap_servers,
+        "--influx",
+        "",
+        "--client-id",
+        f"{site}-gw",
+        "--metrics-port",
+        str(port),
+        "--processes",
+        str(processes),
+        "--json",
+    ]
     log = open(workdir / f"{name}.log", "ab")
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
     for each in ports:
@@ -237,8 +307,9 @@ def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float =
     return out
 
 
-def drain_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], site: str, processes: int,
-                  workdir: Path) -> dict[str, Any]:
+def drain_gateway(
+    settings: Settings, messages: list[tuple[str, Telemetry]], site: str, processes: int, workdir: Path
+) -> dict[str, Any]:
     """Backlog drained by ``iotwatch gateway --processes N`` into Kafka."""
     topic = f"bench.{site}.raw"
     ensure_topics(settings.kafka, [topic, f"{topic}.dlq"])
@@ -252,9 +323,14 @@ def drain_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], sit
         summary = _stop(process)
     created = [c for c, _ts in records]
     first, last = (min(created) / 1000, max(created) / 1000) if created else (0.0, 0.0)
-    return {"processes": processes, "messages": len(records), "seconds": round(last - first, 3),
-            "msgs_per_s": _rate(len(records), first, last), "forwarded": summary.get("forwarded"),
-            "dead_lettered": summary.get("dead_lettered")}
+    return {
+        "processes": processes,
+        "messages": len(records),
+        "seconds": round(last - first, 3),
+        "msgs_per_s": _rate(len(records), first, last),
+        "forwarded": summary.get("forwarded"),
+        "dead_lettered": summary.get("dead_lettered"),
+    }
 
 
 # -- paced latency ----------------------------------------------------------------------------
@@ -295,12 +371,12 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     client.disconnect()
     client.loop_stop()
     counted = _counted(latencies, started)
-    return {"messages": len(counted), "input_msgs_per_s": _offered_rate(latencies),
-            "latency_ms": _quantiles(counted)}
+    return {"messages": len(counted), "input_msgs_per_s": _offered_rate(latencies), "latency_ms": _quantiles(counted)}
 
 
-def latency_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], site: str, rate: float,
-                    workdir: Path) -> dict[str, Any]:
+def latency_gateway(
+    settings: Settings, messages: list[tuple[str, Telemetry]], site: str, rate: float, workdir: Path
+) -> dict[str, Any]:
     """Publish-to-Kafka latency through one gateway process: to the record's create time
     (the gateway's produce call) and to when a consumer can read it (Kafka confirmed it)."""
     topic = f"bench.{site}.raw"
@@ -311,8 +387,14 @@ def latency_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], s
     stop = threading.Event()
 
     def consume() -> None:
-        consumer = Consumer({**client_config(settings.kafka), "group.id": f"bench-{topic}",
-                             "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+        consumer = Consumer(
+            {
+                **client_config(settings.kafka),
+                "group.id": f"bench-{topic}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+            }
+        )
         consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
         decode = msgspec.json.Decoder(Telemetry).decode
         while not stop.is_set() and len(readable) < len(messages):
@@ -333,11 +415,14 @@ def latency_gateway(settings: Settings, messages: list[tuple[str, Telemetry]], s
     finally:
         stop.set()
         summary = _stop(process)
-    return {"messages": len(_counted(readable, started)), "received": len(readable),
-            "input_msgs_per_s": _offered_rate(readable),
-            "latency_ms": _quantiles(_counted(readable, started)),
-            "publish_to_create_time_ms": _quantiles(_counted(created, started)),
-            "gateway_delivery_ms": {q: summary.get(f"delivery_latency_ms_{q}") for q in ("p50", "p99")}}
+    return {
+        "messages": len(_counted(readable, started)),
+        "received": len(readable),
+        "input_msgs_per_s": _offered_rate(readable),
+        "latency_ms": _quantiles(_counted(readable, started)),
+        "publish_to_create_time_ms": _quantiles(_counted(created, started)),
+        "gateway_delivery_ms": {q: summary.get(f"delivery_latency_ms_{q}") for q in ("p50", "p99")},
+    }
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -347,14 +432,20 @@ def _ratio(a: float, b: float) -> float | None:
 @click.command("gateway")
 @click.option("--messages", "total", default=100_000, show_default=True, help="Backlog size per drain run.")
 @click.option("--devices", default=100, show_default=True, help="Devices the messages are spread over.")
-@click.option("--processes", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Processes of the multi-process runs (bare subscribers and gateway).")
+@click.option(
+    "--processes",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes of the multi-process runs (bare subscribers and gateway).",
+)
 @click.option("--rate", default=5000.0, show_default=True, help="Input rate (msg/s) of the latency phase.")
 @click.option("--latency-seconds", default=10.0, show_default=True, help="Duration of the latency phase.")
 @json_option
 @pass_app
-def bench_gateway(app: AppContext, total: int, devices: int, processes: int, rate: float, latency_seconds: float,
-                  as_json: bool) -> None:
+def bench_gateway(
+    app: AppContext, total: int, devices: int, processes: int, rate: float, latency_seconds: float, as_json: bool
+) -> None:
     """The gateway's ceiling (backlog drain) and added latency, against bare MQTT subscribers.
 
     Starts its own embedded MQTT and Kafka brokers (no InfluxDB). Each drain run queues
@@ -378,23 +469,27 @@ def bench_gateway(app: AppContext, total: int, devices: int, processes: int, rat
                 site = f"b{run}r{n}"
                 raw = drain_bare(settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum)
                 site = f"b{run}f{n}"
-                fast = drain_bare(settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum,
-                                  buffered_reads=True)
+                fast = drain_bare(
+                    settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum, buffered_reads=True
+                )
                 site = f"b{run}g{n}"
                 through = drain_gateway(settings, _payloads(devices, per_device, site), site, n, Path(tmp))
-                drains[str(n)] = {"bare_subscriber_msgs_per_s": raw["msgs_per_s"],
-                                  "gateway_msgs_per_s": through["msgs_per_s"],
-                                  "ratio": _ratio(through["msgs_per_s"], raw["msgs_per_s"]),
-                                  # against a subscriber reading the socket as the gateway does:
-                                  # what the gateway's own work costs
-                                  "bare_buffered_msgs_per_s": fast["msgs_per_s"],
-                                  "ratio_to_buffered": _ratio(through["msgs_per_s"], fast["msgs_per_s"]),
-                                  "bare": raw, "bare_buffered": fast, "gateway": through}
+                drains[str(n)] = {
+                    "bare_subscriber_msgs_per_s": raw["msgs_per_s"],
+                    "gateway_msgs_per_s": through["msgs_per_s"],
+                    "ratio": _ratio(through["msgs_per_s"], raw["msgs_per_s"]),
+                    # against a subscriber reading the socket as the gateway does:
+                    # what the gateway's own work costs
+                    "bare_buffered_msgs_per_s": fast["msgs_per_s"],
+                    "ratio_to_buffered": _ratio(through["msgs_per_s"], fast["msgs_per_s"]),
+                    "bare": raw,
+                    "bare_buffered": fast,
+                    "gateway": through,
+                }
             site = f"b{run}lr"
             raw_paced = latency_raw(settings.mqtt, _payloads(devices, paced_per_device, site), site, rate)
             site = f"b{run}lg"
-            gateway_paced = latency_gateway(settings, _payloads(devices, paced_per_device, site), site, rate,
-                                            Path(tmp))
+            gateway_paced = latency_gateway(settings, _payloads(devices, paced_per_device, site), site, rate, Path(tmp))
         finally:
             stack.down()
     one, many = drains["1"], drains[str(processes)]
@@ -418,14 +513,31 @@ def bench_gateway(app: AppContext, total: int, devices: int, processes: int, rat
             # Below the asked rate, the publishers (not the paths) were the limit: the
             # latencies then include their own queueing and say little about either path.
             "input_rate_reached": min(raw_paced["input_msgs_per_s"], gateway_paced["input_msgs_per_s"]) >= 0.95 * rate,
-            "added_ms": {q: (round(gateway_paced["latency_ms"][q] - raw_paced["latency_ms"][q], 2)
-                             if gateway_paced["latency_ms"][q] is not None and raw_paced["latency_ms"][q] is not None
-                             else None) for q in ("p50", "p99")},
+            "added_ms": {
+                q: (
+                    round(gateway_paced["latency_ms"][q] - raw_paced["latency_ms"][q], 2)
+                    if gateway_paced["latency_ms"][q] is not None and raw_paced["latency_ms"][q] is not None
+                    else None
+                )
+                for q in ("p50", "p99")
+            },
         },
         "cpu_count": os.cpu_count(),
     }
-    emit(result, as_json, lambda r: click.echo("\n".join(
-        [f"backlog drain, {n} process(es): bare subscriber {d['bare_subscriber_msgs_per_s']:.0f} msg/s, "
-         f"gateway {d['gateway_msgs_per_s']:.0f} msg/s, ratio {d['ratio']}" for n, d in drains.items()]
-        + [f"latency at {rate:.0f} msg/s: raw {r['latency']['raw_publish_to_subscriber_ms']}, "
-           f"gateway {r['latency']['gateway_publish_to_kafka_readable_ms']}, added {r['latency']['added_ms']}"])))
+    emit(
+        result,
+        as_json,
+        lambda r: click.echo(
+            "\n".join(
+                [
+                    f"backlog drain, {n} process(es): bare subscriber {d['bare_subscriber_msgs_per_s']:.0f} msg/s, "
+                    f"gateway {d['gateway_msgs_per_s']:.0f} msg/s, ratio {d['ratio']}"
+                    for n, d in drains.items()
+                ]
+                + [
+                    f"latency at {rate:.0f} msg/s: raw {r['latency']['raw_publish_to_subscriber_ms']}, "
+                    f"gateway {r['latency']['gateway_publish_to_kafka_readable_ms']}, added {r['latency']['added_ms']}"
+                ]
+            )
+        ),
+    )

@@ -42,6 +42,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gateway.mapping import CompiledRule, Router, RoutingError
+from gateway.metrics import GatewayStats, MetricsServer, influx_points, status_line
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
@@ -49,17 +51,22 @@ from iotwatch.contract import ContractViolation, decode_telemetry, parse_device_
 from iotwatch.deadletter import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.errors import IotwatchError, ServiceUnavailable
 from iotwatch.settings import Settings
-from gateway.mapping import CompiledRule, Router, RoutingError
-from gateway.metrics import GatewayStats, MetricsServer, influx_points, status_line
 
 log = logging.getLogger(__name__)
 
 _KAFKA_DOWN_ERRORS = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
 #: Kafka refuses the record itself (not the moment): producing it again can never succeed.
 #: (A topic that does not exist yet is not one of these: the gateway waits for it.)
-_REFUSED_ERRORS = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,
-                   KafkaError.INVALID_RECORD, KafkaError.TOPIC_EXCEPTION, KafkaError.RECORD_LIST_TOO_LARGE,
-                   KafkaError._INVALID_ARG, KafkaError._BAD_MSG}
+_REFUSED_ERRORS = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError._INVALID_ARG,
+    KafkaError._BAD_MSG,
+}
 _QOS_BYTES = (b"0", b"1", b"2")
 
 
@@ -111,22 +118,30 @@ class Gateway:
         return Router(settings.gateway.rules, settings.topics)
 
     def _make_producer(self) -> Producer:
-        return Producer({
-            **client_config(self.settings.kafka),
-            "client.id": self.instance,
-            "enable.idempotence": True,
-            "acks": "all",
-            "message.timeout.ms": 0,  # retry until delivered: an outage delays, never drops
-            "linger.ms": self.config.linger_ms,
-            "batch.num.messages": 10_000,
-            "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
-            "compression.type": "lz4",
-            "error_cb": self._on_kafka_error,
-        })
+        return Producer(
+            {
+                **client_config(self.settings.kafka),
+                "client.id": self.instance,
+                "enable.idempotence": True,
+                "acks": "all",
+                "message.timeout.ms": 0,  # retry until delivered: an outage delays, never drops
+                "linger.ms": self.config.linger_ms,
+                "batch.num.messages": 10_000,
+                "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
+                "compression.type": "lz4",
+                "error_cb": self._on_kafka_error,
+            }
+        )
 
     def _make_mqtt(self) -> paho.Client:
-        client = make_client(self.settings.mqtt, self.instance, clean_session=False, manual_ack=True,
-                             protocol=self.config.mqtt_protocol, buffered_reads=True)
+        client = make_client(
+            self.settings.mqtt,
+            self.instance,
+            clean_session=False,
+            manual_ack=True,
+            protocol=self.config.mqtt_protocol,
+            buffered_reads=True,
+        )
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -137,8 +152,9 @@ class Gateway:
     def start(self, wait_subscribed_s: float = 15.0) -> None:
         """Connect to both sides, start serving metrics; returns once subscribed."""
         if self.config.metrics_port is not None:
-            self._metrics_server = MetricsServer(self.stats, self.instance, self.health,
-                                                 self.config.metrics_host, self.config.metrics_port)
+            self._metrics_server = MetricsServer(
+                self.stats, self.instance, self.health, self.config.metrics_host, self.config.metrics_port
+            )
             self._metrics_server.start()
         self._poller.start()
         self._open = True
@@ -148,8 +164,9 @@ class Gateway:
                 properties = Properties(PacketTypes.CONNECT)
                 properties.SessionExpiryInterval = self.config.session_expiry_s
                 properties.ReceiveMaximum = min(self.config.max_inflight, 65535)
-                self._mqtt.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s, clean_start=False,
-                                   properties=properties)
+                self._mqtt.connect(
+                    mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s, clean_start=False, properties=properties
+                )
             else:
                 self._mqtt.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
         except OSError as exc:
@@ -159,8 +176,13 @@ class Gateway:
         if not self._subscribed.wait(wait_subscribed_s):
             self.stop(drain=False)
             raise ServiceUnavailable(f"MQTT broker {mqtt.url} did not confirm the subscription")
-        log.info("gateway %s: %s -> Kafka %s (max in flight %d)", self.instance,
-                 ", ".join(self._filters()), self.settings.kafka.bootstrap_servers, self.config.max_inflight)
+        log.info(
+            "gateway %s: %s -> Kafka %s (max in flight %d)",
+            self.instance,
+            ", ".join(self._filters()),
+            self.settings.kafka.bootstrap_servers,
+            self.config.max_inflight,
+        )
 
     @property
     def metrics_port(self) -> int | None:
@@ -185,8 +207,9 @@ class Gateway:
     def _on_disconnect(self, _client: paho.Client, _userdata: Any, _flags: Any, reason_code: Any, _props: Any) -> None:
         self.stats.mqtt_connected = False
         if not self._stopped.is_set():
-            log.warning("MQTT connection lost (%s): reconnecting; unconfirmed messages will be redelivered",
-                        reason_code)
+            log.warning(
+                "MQTT connection lost (%s): reconnecting; unconfirmed messages will be redelivered", reason_code
+            )
 
     def _on_message(self, _client: paho.Client, _userdata: Any, message: paho.MQTTMessage) -> None:
         """The hot path: one message to one Kafka record (reading or dead letter)."""
@@ -201,8 +224,12 @@ class Gateway:
             topic = bytes(message._topic).decode("utf-8", "replace")
         payload = message.payload
         qos = message.qos
-        headers = [(H_MQTT_TOPIC, topic.encode()), (H_MQTT_QOS, _QOS_BYTES[qos]), (H_INGEST_MS, b"%d" % now_ms),
-                   (H_GATEWAY, self._instance_bytes)]
+        headers = [
+            (H_MQTT_TOPIC, topic.encode()),
+            (H_MQTT_QOS, _QOS_BYTES[qos]),
+            (H_INGEST_MS, b"%d" % now_ms),
+            (H_GATEWAY, self._instance_bytes),
+        ]
         reason = None
         try:
             rule = self.router.match(topic)
@@ -213,12 +240,13 @@ class Gateway:
             reason, detail = exc.reason, exc.detail
         except RoutingError as exc:
             reason, detail = "unroutable", str(exc)
-        except Exception as exc:  # noqa: BLE001 - no input may stop the gateway: it becomes a dead letter
+        except Exception as exc:
             reason, detail = "processing_error", f"{type(exc).__name__}: {exc}"
         if reason is not None:
             kafka_topic, key, value, headers = self._dead_letter(reason, detail, topic, payload, headers)
-        pending = _Pending(message.mid, qos, self._generation, received_at, kafka_topic, key, value, headers,
-                           reason, topic)
+        pending = _Pending(
+            message.mid, qos, self._generation, received_at, kafka_topic, key, value, headers, reason, topic
+        )
         pending_id = next(self._ids)
         self._pending[pending_id] = pending
         self.stats.inflight = len(self._pending)
@@ -231,12 +259,19 @@ class Gateway:
             except msgspec.DecodeError:
                 return {}
             return parsed if isinstance(parsed, dict) else {}
-        reading = decode_telemetry(payload, now_ms=now_ms, max_bytes=self.config.max_payload_bytes,
-                                   max_future_skew_ms=self.config.max_future_skew_ms)
+        reading = decode_telemetry(
+            payload,
+            now_ms=now_ms,
+            max_bytes=self.config.max_payload_bytes,
+            max_future_skew_ms=self.config.max_future_skew_ms,
+        )
         site, device_type, device_id, _kind = parse_device_topic(topic)
         if device_id != reading.device_id or site != reading.site or device_type != reading.device_type:
-            raise ContractViolation("topic_mismatch", f"topic {topic!r} does not match payload site/device_type/"
-                                                      f"device_id {reading.site}/{reading.device_type}/{reading.device_id}")
+            raise ContractViolation(
+                "topic_mismatch",
+                f"topic {topic!r} does not match payload site/device_type/"
+                f"device_id {reading.site}/{reading.device_type}/{reading.device_id}",
+            )
         self._account_seq(reading.device_id, reading.seq)
         return reading
 
@@ -265,8 +300,9 @@ class Gateway:
         """Devices whose last seq is remembered (at most ``max_devices``)."""
         return len(self._last_seq)
 
-    def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes,
-                     headers: list[tuple[str, bytes]]) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
+    def _dead_letter(
+        self, reason: str, detail: str, topic: str, payload: bytes, headers: list[tuple[str, bytes]]
+    ) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
         """The dead-letter record: the original bytes, or an excerpt when too large to carry."""
         try:
             key: bytes | None = parse_device_topic(topic)[2].encode()
@@ -285,8 +321,13 @@ class Gateway:
     def _produce(self, pending_id: int, pending: _Pending) -> None:
         while True:
             try:
-                self._producer.produce(pending.topic, pending.value, pending.key, headers=pending.headers,
-                                       on_delivery=functools.partial(self._on_delivery, pending_id))
+                self._producer.produce(
+                    pending.topic,
+                    pending.value,
+                    pending.key,
+                    headers=pending.headers,
+                    on_delivery=functools.partial(self._on_delivery, pending_id),
+                )
                 return
             except BufferError:
                 time.sleep(0.01)  # local queue full: the poller thread is draining it
@@ -303,8 +344,11 @@ class Gateway:
                 time.sleep(1.0)
             except (TypeError, ValueError) as exc:  # e.g. a header Kafka cannot carry
                 if not pending.value:  # nothing left to cut: a configuration problem (e.g. the topic name)
-                    log.error("Kafka refuses even the bare dead letter from %s (%s); trying again in 1 s",
-                              pending.mqtt_topic, exc)
+                    log.error(
+                        "Kafka refuses even the bare dead letter from %s (%s); trying again in 1 s",
+                        pending.mqtt_topic,
+                        exc,
+                    )
                     time.sleep(1.0)
                     continue
                 pending = self._refused(pending_id, pending, exc)
@@ -315,8 +359,9 @@ class Gateway:
         log.warning("Kafka refused a record from %s (%s): dead-lettering it", pending.mqtt_topic, error)
         headers = [h for h in pending.headers if not h[0].startswith("iotwatch.") or h[0] in (H_INGEST_MS, H_GATEWAY)]
         if pending.reason is None:
-            topic, key, value, headers = self._dead_letter("kafka_refused", str(error), pending.mqtt_topic,
-                                                           pending.value, headers)
+            topic, key, value, headers = self._dead_letter(
+                "kafka_refused", str(error), pending.mqtt_topic, pending.value, headers
+            )
             if len(value) > self.config.dead_letter_excerpt_bytes:
                 value, sizes = excerpt(pending.value, self.config.dead_letter_excerpt_bytes)
                 headers += sizes
@@ -324,7 +369,8 @@ class Gateway:
         else:
             topic, key, value, reason = pending.topic, pending.key, b"", pending.reason
             headers = [h for h in pending.headers if h[0] != "iotwatch.detail"] + [
-                ("iotwatch.detail", f"dead letter refused by Kafka ({error}): value left out".encode())]
+                ("iotwatch.detail", f"dead letter refused by Kafka ({error}): value left out".encode())
+            ]
         replacement = pending._replace(topic=topic, key=key, value=value, headers=headers, reason=reason)
         self._pending[pending_id] = replacement
         return replacement
@@ -370,8 +416,11 @@ class Gateway:
         if err.code() in _KAFKA_DOWN_ERRORS:
             was_up, self.stats.kafka_up = self.stats.kafka_up, False
             if was_up:
-                log.error("Kafka unreachable (%s): holding %d message(s) unacknowledged; the broker keeps the rest",
-                          err.str(), self.stats.inflight)
+                log.error(
+                    "Kafka unreachable (%s): holding %d message(s) unacknowledged; the broker keeps the rest",
+                    err.str(),
+                    self.stats.inflight,
+                )
         elif err.fatal():
             log.error("Kafka producer fatal error (%s): recreating the producer", err.str())
             self._recreate_producer.set()
@@ -384,14 +433,17 @@ class Gateway:
         while not self._stopped.is_set():
             try:
                 self._producer.poll(0.1)
-            except Exception:  # noqa: BLE001 - a failing report must not end the thread that serves them
+            except Exception:
                 log.exception("error while serving Kafka delivery reports")
             self._send_acks()
             if time.monotonic() >= next_stall_check:
                 next_stall_check = time.monotonic() + 1.0
                 if self._stalled():
-                    log.error("Kafka is reachable but has confirmed nothing for %.0f s (e.g. the broker lost its "
-                              "producer state on restart)", self.config.stall_timeout_s)
+                    log.error(
+                        "Kafka is reachable but has confirmed nothing for %.0f s (e.g. the broker lost its "
+                        "producer state on restart)",
+                        self.config.stall_timeout_s,
+                    )
                     self._recreate_producer.set()
             if self._recreate_producer.is_set():
                 self._recreate_producer.clear()
@@ -408,7 +460,7 @@ class Gateway:
             return False
         try:
             self._producer.list_topics(timeout=2.0)  # reachable? then the producer itself is stuck
-        except Exception:  # noqa: BLE001 - unreachable: an outage, not a stall; keep waiting
+        except Exception:
             return False
         return True
 
@@ -470,8 +522,10 @@ class Gateway:
             while self.stats.inflight and time.monotonic() < deadline:
                 time.sleep(0.05)
             if self.stats.inflight:
-                log.warning("%d message(s) not confirmed by Kafka before the drain timeout: left unacknowledged "
-                            "for redelivery", self.stats.inflight)
+                log.warning(
+                    "%d message(s) not confirmed by Kafka before the drain timeout: left unacknowledged for redelivery",
+                    self.stats.inflight,
+                )
         time.sleep(0.1)  # let the network thread send the last PUBACKs
         self._mqtt.disconnect()
         self._mqtt.loop_stop()

@@ -106,13 +106,20 @@ class _StatsCollector(Collector):
                 family = CounterMetricFamily(f"iotwatch_gateway_{name}", doc, labels=labels)
                 family.add_metric([self.instance], value)
                 yield family
-            dead = CounterMetricFamily("iotwatch_gateway_dead_lettered", "messages sent to the dead-letter topic",
-                                       labels=["instance", "reason"])
+            dead = CounterMetricFamily(
+                "iotwatch_gateway_dead_lettered",
+                "messages sent to the dead-letter topic",
+                labels=["instance", "reason"],
+            )
             for reason, count in sorted(s.dead_lettered.items()):
                 dead.add_metric([self.instance, reason], count)
             yield dead
             for name, doc, value in (
-                ("inflight", "messages received, not yet confirmed by Kafka (not yet acknowledged to MQTT)", s.inflight),
+                (
+                    "inflight",
+                    "messages received, not yet confirmed by Kafka (not yet acknowledged to MQTT)",
+                    s.inflight,
+                ),
                 ("oldest_inflight_seconds", "age of the oldest unconfirmed message", s.oldest_inflight_s),
                 ("kafka_up", "1 while Kafka is reachable", int(s.kafka_up)),
                 ("mqtt_connected", "1 while connected to the MQTT broker", int(s.mqtt_connected)),
@@ -124,8 +131,9 @@ class _StatsCollector(Collector):
             for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
                 cumulative += count
                 buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
-            histogram = HistogramMetricFamily("iotwatch_gateway_delivery_latency_seconds",
-                                              "MQTT receipt to Kafka confirmation", labels=labels)
+            histogram = HistogramMetricFamily(
+                "iotwatch_gateway_delivery_latency_seconds", "MQTT receipt to Kafka confirmation", labels=labels
+            )
             histogram.add_metric([self.instance], buckets, s.latency_sum_s)
             yield histogram
 
@@ -133,8 +141,9 @@ class _StatsCollector(Collector):
 class MetricsServer:
     """Serves ``/metrics`` (Prometheus text) and ``/health`` (200 or 503 with a reason)."""
 
-    def __init__(self, stats: GatewayStats, instance: str, health: Callable[[], tuple[bool, str]],
-                 host: str, port: int) -> None:
+    def __init__(
+        self, stats: GatewayStats, instance: str, health: Callable[[], tuple[bool, str]], host: str, port: int
+    ) -> None:
         registry = CollectorRegistry()
         registry.register(_StatsCollector(stats, instance))
         metrics_app = make_wsgi_app(registry)
@@ -142,13 +151,14 @@ class MetricsServer:
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
             if environ.get("PATH_INFO") == "/health":
                 healthy, reason = health()
-                start_response("200 OK" if healthy else "503 Service Unavailable",
-                               [("Content-Type", "text/plain; charset=utf-8")])
+                start_response(
+                    "200 OK" if healthy else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")]
+                )
                 return [f"{'ok' if healthy else 'unhealthy'}: {reason}\n".encode()]
             return metrics_app(environ, start_response)
 
         class _QuietHandler(WSGIRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server: WSGIServer = make_server(host, port, app, handler_class=_QuietHandler)
@@ -191,14 +201,21 @@ def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[P
             point = point.field(f"delivery_latency_ms_{quantile}", float(value))
     points = [point]
     for reason, count in snapshot["dead_letter_reasons"].items():
-        points.append(Point("gateway_dead_letters").tag("instance", instance).tag("reason", reason)
-                      .field("count", int(count)).time(ts_ms, "ms"))
+        points.append(
+            Point("gateway_dead_letters")
+            .tag("instance", instance)
+            .tag("reason", reason)
+            .field("count", int(count))
+            .time(ts_ms, "ms")
+        )
     return points
 
 
 def status_line(snapshot: dict[str, Any]) -> str:
-    return ("gateway: received={received} forwarded={forwarded} dead_lettered={dead_lettered} "
-            "inflight={inflight} failures={delivery_failures} duplicates={duplicates} gaps={seq_gaps} "
-            "kafka={kafka} mqtt={mqtt} latency_p99_ms={delivery_latency_ms_p99}").format(
-        kafka="up" if snapshot["kafka_up"] else "DOWN", mqtt="up" if snapshot["mqtt_connected"] else "DOWN",
-        **snapshot)
+    return (
+        "gateway: received={received} forwarded={forwarded} dead_lettered={dead_lettered} "
+        "inflight={inflight} failures={delivery_failures} duplicates={duplicates} gaps={seq_gaps} "
+        "kafka={kafka} mqtt={mqtt} latency_p99_ms={delivery_latency_ms_p99}"
+    ).format(
+        kafka="up" if snapshot["kafka_up"] else "DOWN", mqtt="up" if snapshot["mqtt_connected"] else "DOWN", **snapshot
+    )

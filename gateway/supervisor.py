@@ -29,8 +29,17 @@ log = logging.getLogger(__name__)
 #: A process is started again at most this often.
 _MIN_LIFETIME_S = 5.0
 #: Summary fields that add up over processes.
-_SUMMED = ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps",
-           "devices_forgotten", "inflight", "tracked_devices")
+_SUMMED = (
+    "received",
+    "forwarded",
+    "dead_lettered",
+    "delivery_failures",
+    "duplicates",
+    "seq_gaps",
+    "devices_forgotten",
+    "inflight",
+    "tracked_devices",
+)
 
 
 def instance_settings(settings: Settings, index: int) -> Settings:
@@ -39,9 +48,18 @@ def instance_settings(settings: Settings, index: int) -> Settings:
     port = config.metrics_port
     if port:  # 0 (a free port) and None (no server) stay as they are
         port += index
-    return settings.model_copy(update={"gateway": config.model_copy(update={
-        "client_id": f"{config.client_id}-{index}", "shared_group": config.shared_group or config.client_id,
-        "metrics_port": port, "processes": 1})})
+    return settings.model_copy(
+        update={
+            "gateway": config.model_copy(
+                update={
+                    "client_id": f"{config.client_id}-{index}",
+                    "shared_group": config.shared_group or config.client_id,
+                    "metrics_port": port,
+                    "processes": 1,
+                }
+            )
+        }
+    )
 
 
 def serve(settings: Settings, stop: threading.Event) -> dict[str, Any]:
@@ -51,8 +69,9 @@ def serve(settings: Settings, stop: threading.Event) -> dict[str, Any]:
     bridge = Gateway(settings)
     bridge.start()
     if bridge.metrics_port is not None:
-        log.info("metrics on http://%s:%d/metrics, health on /health", settings.gateway.metrics_host,
-                 bridge.metrics_port)
+        log.info(
+            "metrics on http://%s:%d/metrics, health on /health", settings.gateway.metrics_host, bridge.metrics_port
+        )
     bridge.run(stop)
     log.info("stopping %s: draining in-flight messages", settings.gateway.client_id)
     return bridge.stop(drain=True)
@@ -79,9 +98,12 @@ class Supervisor:
 
     def _start(self, index: int) -> None:
         receiver, sender = self._context.Pipe(duplex=False)
-        process = self._context.Process(target=_child, name=f"gateway-{index}", daemon=False,
-                                        args=(instance_settings(self.settings, index),
-                                              logging.getLogger().getEffectiveLevel(), sender))
+        process = self._context.Process(
+            target=_child,
+            name=f"gateway-{index}",
+            daemon=False,
+            args=(instance_settings(self.settings, index), logging.getLogger().getEffectiveLevel(), sender),
+        )
         process.start()
         sender.close()
         self._children[index] = (process, receiver)
@@ -96,8 +118,13 @@ class Supervisor:
             for index, (process, _results) in list(self._children.items()):
                 if process.is_alive() or time.monotonic() - started[index] < _MIN_LIFETIME_S:
                     continue  # one that died right after starting (e.g. no broker) is not restarted in a loop
-                log.error("gateway process %d (pid %d) exited with %s: starting it again (its session keeps "
-                          "what it had not acknowledged)", index, process.pid, process.exitcode)
+                log.error(
+                    "gateway process %d (pid %d) exited with %s: starting it again (its session keeps "
+                    "what it had not acknowledged)",
+                    index,
+                    process.pid,
+                    process.exitcode,
+                )
                 self.restarts += 1
                 self._start(index)
                 started[index] = time.monotonic()
@@ -124,6 +151,5 @@ class Supervisor:
         for s in summaries:
             for reason, count in (s.get("dead_letter_reasons") or {}).items():
                 reasons[reason] = reasons.get(reason, 0) + count
-        total.update(dead_letter_reasons=reasons, processes=self.processes, restarts=self.restarts,
-                     instances=summaries)
+        total.update(dead_letter_reasons=reasons, processes=self.processes, restarts=self.restarts, instances=summaries)
         return total

@@ -226,11 +226,21 @@ def _names_match(wire: Any) -> bool:
     """Whether the names in ``wire`` (the twin) match the patterns of their Telemetry fields.
     tests/test_contract.py checks that each patterned field is covered here."""
     names, device_types, metrics = _NAMES.seen, _DEVICE_TYPES.seen, _METRIC_NAMES.seen
-    if (wire.device_id in names and wire.site in names and wire.device_type in device_types
-            and metrics.issuperset(wire.metrics) and (wire.event is None or wire.event in names)):
+    if (
+        wire.device_id in names
+        and wire.site in names
+        and wire.device_type in device_types
+        and metrics.issuperset(wire.metrics)
+        and (wire.event is None or wire.event in names)
+    ):
         return True
-    return (_NAMES.learn(wire.device_id) and _NAMES.learn(wire.site) and _DEVICE_TYPES.learn(wire.device_type)
-            and all(map(_METRIC_NAMES.learn, wire.metrics)) and (wire.event is None or _NAMES.learn(wire.event)))
+    return (
+        _NAMES.learn(wire.device_id)
+        and _NAMES.learn(wire.site)
+        and _DEVICE_TYPES.learn(wire.device_type)
+        and all(map(_METRIC_NAMES.learn, wire.metrics))
+        and (wire.event is None or _NAMES.learn(wire.event))
+    )
 
 
 def _without_patterns(kind: Any) -> Any:
@@ -249,18 +259,36 @@ def _without_patterns(kind: Any) -> Any:
         base = _without_patterns(args[0])
         return Annotated[(base, *metas)] if metas else base  # type: ignore[valid-type]
     if origin in (typing.Union, types.UnionType):
-        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # type: ignore[misc]
+        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # type: ignore[misc]  # noqa: UP007 (built from a tuple)
     if origin is dict:
         return dict[_without_patterns(args[0]), _without_patterns(args[1])]  # type: ignore[misc]
     return kind
 
 
-_META_ATTRIBUTES = ("gt", "ge", "lt", "le", "multiple_of", "min_length", "max_length", "tz", "title",
-                    "description", "examples", "extra_json_schema", "extra")
+_META_ATTRIBUTES = (
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "multiple_of",
+    "min_length",
+    "max_length",
+    "tz",
+    "title",
+    "description",
+    "examples",
+    "extra_json_schema",
+    "extra",
+)
 # gc=False: a batch holds on to many; a decoded message cannot be part of a reference cycle.
 _WIRE = msgspec.defstruct(
-    "_WireTelemetry", [(f.name, _without_patterns(f.type), f.default) for f in _FIELDS], frozen=True,
-    forbid_unknown_fields=True, omit_defaults=True, gc=False)
+    "_WireTelemetry",
+    [(f.name, _without_patterns(f.type), f.default) for f in _FIELDS],
+    frozen=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    gc=False,
+)
 _WIRE_DECODER = msgspec.json.Decoder(_WIRE)
 _astuple = msgspec.structs.astuple
 
@@ -298,7 +326,8 @@ def _needs_diagnosis(raw: bytes) -> bool:
     or a number of too many digits."""
     return len(raw) > 2 * MAX_JSON_DEPTH and (
         raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
-        or (len(raw) > _MAX_DIGITS and _LONG_NUMBER.search(raw) is not None))
+        or (len(raw) > _MAX_DIGITS and _LONG_NUMBER.search(raw) is not None)
+    )
 
 
 def _diagnose(raw: bytes) -> Telemetry:
@@ -407,7 +436,8 @@ def _values(doc: Any) -> Iterator[tuple[Any, int]]:
 
 def _kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
+        type(value), "number"
+    )
 
 
 # --- many records at once, for the streaming job -----------------------------------------
@@ -441,8 +471,9 @@ class DecodedBatch:
         return np.equal(self.reason, None)
 
 
-def decode_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None, *,
-                 now_ms: int | None = None) -> DecodedBatch:
+def decode_batch(
+    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None, *, now_ms: int | None = None
+) -> DecodedBatch:
     """Decode Kafka records into columns; each record gets the reason :func:`decode_telemetry`
     gives its value (``None`` reads as ``b""``), and a valid record whose key (UTF-8, when not
     empty) is not its ``device_id`` is ``key_mismatch``. ``now_ms`` is read once per batch."""
@@ -456,15 +487,16 @@ def decode_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] | 
     rows: list[int] = []
     messages: list[Any] = []  # the twins (or Telemetry) of the valid records
     decode_wire, current = _decode_wire, _current
-    for i, (raw, key) in enumerate(zip(values, itertools.repeat(None) if keys is None else keys)):
+    for i, (raw, key) in enumerate(zip(values, itertools.repeat(None) if keys is None else keys, strict=False)):
         raw = b"" if raw is None else raw
         message = decode_wire(raw) if len(raw) <= MAX_PAYLOAD_BYTES else None
         if message is None or not current(message, latest_ts) or (key and key != message.device_id.encode()):
             try:  # the reason, or valid after all (a message only the diagnosis accepts)
                 message = _decode(raw, MAX_PAYLOAD_BYTES, latest_ts, MAX_FUTURE_SKEW_MS)
                 if key and key != message.device_id.encode():
-                    raise ContractViolation("key_mismatch", f"Kafka key {key.decode(errors='replace')!r} != "
-                                                            f"device_id {message.device_id!r}")
+                    raise ContractViolation(
+                        "key_mismatch", f"Kafka key {key.decode(errors='replace')!r} != device_id {message.device_id!r}"
+                    )
             except ContractViolation as exc:
                 reason[i] = exc.reason
                 detail[i] = exc.detail
@@ -475,12 +507,17 @@ def decode_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] | 
     metrics = list(map(_get_metrics, messages))
     counts = np.fromiter(map(len, metrics), dtype=np.int64, count=len(metrics))
     return DecodedBatch(
-        reason=_objects(reason), detail=_objects(detail),
+        reason=_objects(reason),
+        detail=_objects(detail),
         **{name: _scatter(n, at, messages, name, None) for name in ("device_id", "device_type", "site", "event")},
-        seq=_scatter(n, at, messages, "seq", 0), ts=_scatter(n, at, messages, "ts", 0),
-        metric_row=np.repeat(at, counts), metric_name=_objects(list(itertools.chain.from_iterable(metrics))),
-        metric_value=np.fromiter(itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64,
-                                 count=int(counts.sum())))
+        seq=_scatter(n, at, messages, "seq", 0),
+        ts=_scatter(n, at, messages, "ts", 0),
+        metric_row=np.repeat(at, counts),
+        metric_name=_objects(list(itertools.chain.from_iterable(metrics))),
+        metric_value=np.fromiter(
+            itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64, count=int(counts.sum())
+        ),
+    )
 
 
 _get_metrics = operator.attrgetter("metrics")
@@ -674,8 +711,9 @@ class TwinProperties(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
 
     def merged(self, other: TwinProperties) -> TwinProperties:
         """These properties with ``other``'s set ones on top."""
-        return msgspec.structs.replace(self, **{k: v for k, v in msgspec.structs.asdict(other).items()
-                                                if v is not None})
+        return msgspec.structs.replace(
+            self, **{k: v for k, v in msgspec.structs.asdict(other).items() if v is not None}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The properties that are set."""

@@ -151,14 +151,19 @@ class TopicSettings(_ConcernSettings):
     mqtt_status_filter: str = "iot/+/+/+/status"
     alert_state: str = Field("iot.alerts.state", description="operators' acknowledgements, compacted by alert id")
     silences: str = Field("iot.alerts.silences", description="silences, compacted by silence id")
-    notifications: str = Field("iot.alerts.notifications", description="what the forwarder sent per receiver and "
-                                                                        "group, compacted (its state on restart)")
-    commands: str = Field("iot.commands", description="audit trail of device commands and their replies, "
-                                                      "compacted by command id")
-    device_twin: str = Field("iot.devices.twin", description="device twins: desired and reported properties, "
-                                                             "compacted by device id and side")
-    emergencies: str = Field("iot.emergencies", description="emergency notification records (e.g. a vehicle "
-                                                            "crash), compacted by alert id")
+    notifications: str = Field(
+        "iot.alerts.notifications",
+        description="what the forwarder sent per receiver and group, compacted (its state on restart)",
+    )
+    commands: str = Field(
+        "iot.commands", description="audit trail of device commands and their replies, compacted by command id"
+    )
+    device_twin: str = Field(
+        "iot.devices.twin", description="device twins: desired and reported properties, compacted by device id and side"
+    )
+    emergencies: str = Field(
+        "iot.emergencies", description="emergency notification records (e.g. a vehicle crash), compacted by alert id"
+    )
 
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic the pipeline reads or writes."""
@@ -166,8 +171,7 @@ class TopicSettings(_ConcernSettings):
 
     def compacted_topics(self) -> list[str]:
         """The on-call topics whose latest record per key is the current state (log compaction)."""
-        return [self.alert_state, self.silences, self.notifications, self.commands, self.device_twin,
-                self.emergencies]
+        return [self.alert_state, self.silences, self.notifications, self.commands, self.device_twin, self.emergencies]
 
 
 class InfluxSettings(_ConcernSettings):
@@ -230,13 +234,25 @@ class GatewaySettings(_ConcernSettings):
     section: ClassVar[str] = "gateway"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_GATEWAY_", frozen=True, extra="ignore")
 
-    client_id: str = Field("iotwatch-gateway-1", description="MQTT client id; fixed so the persistent session survives restarts")
-    shared_group: str | None = Field(None, description="subscribe through $share/<group>/... so instances split the load")
-    mqtt_protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT 5 bounds in-flight messages with Receive Maximum")
-    session_expiry_s: int = Field(7 * 24 * 3600, description="how long the broker queues for a stopped gateway (MQTT 5)")
+    client_id: str = Field(
+        "iotwatch-gateway-1", description="MQTT client id; fixed so the persistent session survives restarts"
+    )
+    shared_group: str | None = Field(
+        None, description="subscribe through $share/<group>/... so instances split the load"
+    )
+    mqtt_protocol: Literal["5", "3.1.1"] = Field(
+        "5", description="MQTT 5 bounds in-flight messages with Receive Maximum"
+    )
+    session_expiry_s: int = Field(
+        7 * 24 * 3600, description="how long the broker queues for a stopped gateway (MQTT 5)"
+    )
     max_inflight: int = Field(2000, ge=1, description="messages received but not yet confirmed by Kafka")
-    linger_ms: int = Field(10, ge=0, description="how long the Kafka producer waits to fill a batch: added latency "
-                           "against fewer, larger produce requests (under load batches fill while a request is out)")
+    linger_ms: int = Field(
+        10,
+        ge=0,
+        description="how long the Kafka producer waits to fill a batch: added latency "
+        "against fewer, larger produce requests (under load batches fill while a request is out)",
+    )
     max_payload_bytes: int = Field(256 * 1024, ge=1)
     max_future_skew_ms: int = Field(24 * 3600 * 1000, ge=0)
     rules: list[MappingRule] = Field(default_factory=lambda: [MappingRule()])
@@ -244,15 +260,31 @@ class GatewaySettings(_ConcernSettings):
     metrics_port: int | None = Field(9108, description="Prometheus /metrics and /health; empty disables")
     status_interval_s: float = Field(10.0, gt=0, description="period of the status log line and InfluxDB metrics")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for Kafka to confirm in-flight")
-    stall_timeout_s: float = Field(30.0, gt=0, description="Kafka answers metadata but confirms nothing for this "
-                                                          "long: recreate the producer and send the backlog again")
-    max_devices: int = Field(100_000, ge=1, description="devices whose last seq the gateway remembers (for its "
-                             "duplicate and gap counts); past this the least recently seen is forgotten, so memory "
-                             "stays bounded however many device ids appear")
-    dead_letter_excerpt_bytes: int = Field(4096, ge=0, description="a payload over max_payload_bytes is dead-lettered "
-                                           "as its first this many bytes, with its size and SHA-256 in headers")
-    processes: int = Field(1, ge=1, description="gateway processes on one shared subscription, each with its own "
-                           "persistent session (client id <client_id>-<n>) and Kafka producer")
+    stall_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Kafka answers metadata but confirms nothing for this "
+        "long: recreate the producer and send the backlog again",
+    )
+    max_devices: int = Field(
+        100_000,
+        ge=1,
+        description="devices whose last seq the gateway remembers (for its "
+        "duplicate and gap counts); past this the least recently seen is forgotten, so memory "
+        "stays bounded however many device ids appear",
+    )
+    dead_letter_excerpt_bytes: int = Field(
+        4096,
+        ge=0,
+        description="a payload over max_payload_bytes is dead-lettered "
+        "as its first this many bytes, with its size and SHA-256 in headers",
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        description="gateway processes on one shared subscription, each with its own "
+        "persistent session (client id <client_id>-<n>) and Kafka producer",
+    )
 
 
 class StreamSettings(_ConcernSettings):
@@ -263,61 +295,111 @@ class StreamSettings(_ConcernSettings):
 
     spark_master: str | None = Field("local[2]", description="empty when spark-submit sets the master")
     checkpoint_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "checkpoints" / "stream")
-    archive_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "archive",
-                              description="Parquet master dataset: clean readings by date and device type")
+    archive_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".iotwatch" / "archive",
+        description="Parquet master dataset: clean readings by date and device type",
+    )
     kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
-    max_offsets_per_trigger: int | None = Field(200_000, ge=1, description="records per micro-batch at most: "
-                                                "larger batches spread its fixed cost when catching up on a backlog "
-                                                "(with a large fleet, each device's state is read and written once "
-                                                "a batch, however many of its readings the batch holds)")
-    trigger_interval_s: float = Field(0.0, ge=0, description="seconds between micro-batch starts; 0: the next "
-                                      "starts as soon as the previous one ends (lowest latency)")
-    shuffle_partitions: int = Field(2, ge=1, description="tasks of the stateful operator per micro-batch: the "
-                                    "cores the job has (each Kafka partition is one key; more tasks than cores only "
-                                    "add per-task overhead); fixed when a checkpoint is created")
-    allowed_lateness_s: float = Field(120.0, ge=0, description="older than a device's newest event time minus "
-                                                              "this is late: counted, archived, not scored")
+    max_offsets_per_trigger: int | None = Field(
+        200_000,
+        ge=1,
+        description="records per micro-batch at most: "
+        "larger batches spread its fixed cost when catching up on a backlog "
+        "(with a large fleet, each device's state is read and written once "
+        "a batch, however many of its readings the batch holds)",
+    )
+    trigger_interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="seconds between micro-batch starts; 0: the next "
+        "starts as soon as the previous one ends (lowest latency)",
+    )
+    shuffle_partitions: int = Field(
+        2,
+        ge=1,
+        description="tasks of the stateful operator per micro-batch: the "
+        "cores the job has (each Kafka partition is one key; more tasks than cores only "
+        "add per-task overhead); fixed when a checkpoint is created",
+    )
+    allowed_lateness_s: float = Field(
+        120.0,
+        ge=0,
+        description="older than a device's newest event time minus this is late: counted, archived, not scored",
+    )
     dedup_window: int = Field(4096, ge=64, description="seqs per device remembered for duplicate detection")
-    state_shards: int = Field(16, ge=1, le=65536, description="device-state shards per Kafka partition: each "
-                              "micro-batch reads and rewrites the shards it touches (more shards: fewer bytes "
-                              "rewritten per batch with many devices, more state-store calls with few); fixed "
-                              "when a checkpoint is created")
-    shard_cache: bool = Field(True, description="serve device-state shards from a local copy kept by the "
-                              "executor when the state store says it is current (streaming/shard_cache.py): "
-                              "saves the state-store read, the cost that grows most with the fleet")
+    state_shards: int = Field(
+        16,
+        ge=1,
+        le=65536,
+        description="device-state shards per Kafka partition: each "
+        "micro-batch reads and rewrites the shards it touches (more shards: fewer bytes "
+        "rewritten per batch with many devices, more state-store calls with few); fixed "
+        "when a checkpoint is created",
+    )
+    shard_cache: bool = Field(
+        True,
+        description="serve device-state shards from a local copy kept by the "
+        "executor when the state store says it is current (streaming/shard_cache.py): "
+        "saves the state-store read, the cost that grows most with the fleet",
+    )
     silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
-    device_detector: str = Field("episode_likelihood", description="per-(device, metric) detector from models "
-                                 "with a compiled kernel (models.kernels.KERNELS; also score-csv's default)")
+    device_detector: str = Field(
+        "episode_likelihood",
+        description="per-(device, metric) detector from models "
+        "with a compiled kernel (models.kernels.KERNELS; also score-csv's default)",
+    )
     device_detector_params: dict[str, Any] = Field(
         default_factory=dict,
         description="detector parameters (JSON) overriding the detector's own defaults; empty by default, so "
-                    "the job runs exactly what score-csv and `iotwatch evaluate` measure (a test holds them "
-                    "equal) -- see models/episode_likelihood.py")
-    alert_fire_score: float = Field(0.40, gt=0, le=1, description="score that fires an anomaly alert "
-                                    "(episode_likelihood: 0.40 is a tail probability of about 1e-7; NAB's "
-                                    "optimised threshold on nab-dev is 0.39)")
+        "the job runs exactly what score-csv and `iotwatch evaluate` measure (a test holds them "
+        "equal) -- see models/episode_likelihood.py",
+    )
+    alert_fire_score: float = Field(
+        0.40,
+        gt=0,
+        le=1,
+        description="score that fires an anomaly alert "
+        "(episode_likelihood: 0.40 is a tail probability of about 1e-7; NAB's "
+        "optimised threshold on nab-dev is 0.39)",
+    )
     alert_clear_score: float = Field(0.35, ge=0, lt=1, description="score below which an open alert may clear")
-    alert_hold_readings: int = Field(1, ge=1, description="consecutive readings above the fire score before raising "
-                                                          "(1: the ensemble's calibration already smooths)")
-    alert_clear_readings: int = Field(10, ge=1, description="consecutive readings below the clear score before clearing")
-    fleet_detector: str | None = Field("isolation_forest", description="fleet model per device type from the "
-                                                                     "registry (hot-swapped); empty disables")
+    alert_hold_readings: int = Field(
+        1,
+        ge=1,
+        description="consecutive readings above the fire score before raising "
+        "(1: the ensemble's calibration already smooths)",
+    )
+    alert_clear_readings: int = Field(
+        10, ge=1, description="consecutive readings below the clear score before clearing"
+    )
+    fleet_detector: str | None = Field(
+        "isolation_forest", description="fleet model per device type from the registry (hot-swapped); empty disables"
+    )
     fleet_fire_score: float = Field(0.7, gt=0, le=1, description="fleet model score that fires fleet_anomaly")
     crash_decel_g: float = Field(4.0, gt=0, description="longitudinal deceleration that counts as a crash")
-    harsh_braking_g: float = Field(0.5, gt=0, description="longitudinal deceleration that raises a harsh_braking "
-                                                          "warning (telematics use 0.4-0.5 g)")
+    harsh_braking_g: float = Field(
+        0.5,
+        gt=0,
+        description="longitudinal deceleration that raises a harsh_braking warning (telematics use 0.4-0.5 g)",
+    )
     stuck_hvac_c: float = Field(4.0, gt=0, description="temperature this far from setpoint while heating/cooling")
-    stuck_hvac_overshoot_c: float = Field(1.0, gt=0, description="or this far past the setpoint in the direction "
-                                                                 "the HVAC pushes (heating above, cooling below)")
+    stuck_hvac_overshoot_c: float = Field(
+        1.0,
+        gt=0,
+        description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below)",
+    )
     stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
     stuck_hvac_readings: int = Field(3, ge=1, description="... and for at least this many readings")
-    runbook_url_template: str = Field("https://github.com/iotwatch/iotwatch/blob/main/docs/runbooks.md#{rule}",
-                                      description="runbook link every alert carries; {rule} is the rule name")
-    runbook_urls: dict[str, str] = Field(default_factory=dict, description="per-rule runbook links (JSON) that "
-                                         "replace the template's")
+    runbook_url_template: str = Field(
+        "https://github.com/iotwatch/iotwatch/blob/main/docs/runbooks.md#{rule}",
+        description="runbook link every alert carries; {rule} is the rule name",
+    )
+    runbook_urls: dict[str, str] = Field(
+        default_factory=dict, description="per-rule runbook links (JSON) that replace the template's"
+    )
 
     def runbook_url(self, rule: str) -> str:
         """The runbook link of ``rule``'s alerts."""
@@ -330,8 +412,9 @@ class RegistrySettings(_ConcernSettings):
     section: ClassVar[str] = "registry"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_REGISTRY_", frozen=True, extra="ignore")
 
-    path: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "registry",
-                       description="directory of the model registry")
+    path: Path = Field(
+        default_factory=lambda: Path.home() / ".iotwatch" / "registry", description="directory of the model registry"
+    )
 
 
 def user_name() -> str:
@@ -348,34 +431,57 @@ class AlertsSettings(_ConcernSettings):
     section: ClassVar[str] = "alerts"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
 
-    tail_group_id: str = Field(default_factory=lambda: f"iotwatch-alerts-tail-{user_name()}",
-                               description="consumer group of `alerts tail` (per user, so each on-call "
-                                           "person resumes where they left off)")
-    forward_group_id: str = Field("iotwatch-alerts-forward", description="consumer group of `alerts forward`; "
-                                  "instances sharing it split the partitions")
-    session_timeout_ms: int = Field(10_000, ge=1000, description="how soon the group notices a killed consumer "
-                                    "(its partitions wait this long after kill -9)")
-    max_poll_interval_ms: int = Field(300_000, ge=1000, description="a consumer silent this long leaves its group "
-                                      "(`alerts forward` polls while a receiver is down, so it never is)")
+    tail_group_id: str = Field(
+        default_factory=lambda: f"iotwatch-alerts-tail-{user_name()}",
+        description="consumer group of `alerts tail` (per user, so each on-call person resumes where they left off)",
+    )
+    forward_group_id: str = Field(
+        "iotwatch-alerts-forward",
+        description="consumer group of `alerts forward`; instances sharing it split the partitions",
+    )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="how soon the group notices a killed consumer (its partitions wait this long after kill -9)",
+    )
+    max_poll_interval_ms: int = Field(
+        300_000,
+        ge=1000,
+        description="a consumer silent this long leaves its group "
+        "(`alerts forward` polls while a receiver is down, so it never is)",
+    )
     webhook_url: str | None = Field(None, description="where `alerts forward` posts alerts")
-    webhook_headers: dict[str, str] = Field(default_factory=dict,
-                                            description="extra HTTP headers, e.g. Authorization (JSON)")
+    webhook_headers: dict[str, str] = Field(
+        default_factory=dict, description="extra HTTP headers, e.g. Authorization (JSON)"
+    )
     webhook_timeout_s: float = Field(10.0, gt=0, description="connect and read timeout of one post")
     retry_initial_s: float = Field(0.5, gt=0, description="first back-off delay after a failed post")
     retry_max_s: float = Field(60.0, gt=0, description="upper bound of the back-off delay")
     retry_after_max_s: float = Field(300.0, ge=0, description="Retry-After is honoured up to this long")
-    state_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "alerts",
-                            description="dedupe store and dead-letter file of `alerts forward`")
+    state_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".iotwatch" / "alerts",
+        description="dedupe store and dead-letter file of `alerts forward`",
+    )
     dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
-    dead_letter_topic: str | None = Field(None, description="also produce undeliverable alerts here "
-                                                            "(the file <state_dir>/dead-letters.jsonl always)")
-    forget_after_s: float = Field(600.0, ge=0, description="`alerts forward --routes` drops cleared alerts (once "
-                                  "their resolution was sent), expired silences and quiet groups from memory this "
-                                  "long after they ended; the records stay in Kafka")
-    routes_file: Path | None = Field(None, description="routing file (TOML) of `alerts forward`: receivers, "
-                                     "policy tree, grouping; without it every alert goes to webhook_url")
-    book_group_prefix: str = Field("iotwatch-alerts-book", description="prefix of the consumer groups that fold "
-                                   "the on-call topics (no offsets are committed)")
+    dead_letter_topic: str | None = Field(
+        None, description="also produce undeliverable alerts here (the file <state_dir>/dead-letters.jsonl always)"
+    )
+    forget_after_s: float = Field(
+        600.0,
+        ge=0,
+        description="`alerts forward --routes` drops cleared alerts (once "
+        "their resolution was sent), expired silences and quiet groups from memory this "
+        "long after they ended; the records stay in Kafka",
+    )
+    routes_file: Path | None = Field(
+        None,
+        description="routing file (TOML) of `alerts forward`: receivers, "
+        "policy tree, grouping; without it every alert goes to webhook_url",
+    )
+    book_group_prefix: str = Field(
+        "iotwatch-alerts-book",
+        description="prefix of the consumer groups that fold the on-call topics (no offsets are committed)",
+    )
 
 
 class RespondSettings(_ConcernSettings):
@@ -385,15 +491,25 @@ class RespondSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_RESPOND_", frozen=True, extra="ignore")
 
     policy_file: Path | None = Field(None, description="TOML policy: which rule's alerts send which command")
-    client_id: str = Field("iotwatch-responder-1", description="MQTT client id; fixed so replies queued while "
-                                                              "the responder is down reach it (persistent session)")
+    client_id: str = Field(
+        "iotwatch-responder-1",
+        description="MQTT client id; fixed so replies queued while the responder is down reach it (persistent session)",
+    )
     issuer: str = Field("responder", description="who the audit trail names as the issuer")
     command_ttl_s: float = Field(120.0, gt=0, description="a command not executed by then is void")
-    reply_timeout_s: float = Field(60.0, gt=0, description="no final reply by then (and a command never answered "
-                                   "not before it expired): the attempt timed out")
+    reply_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="no final reply by then (and a command never answered "
+        "not before it expired): the attempt timed out",
+    )
     max_attempts: int = Field(2, ge=1, description="attempts per alert before escalating to on-call")
-    forget_after_s: float = Field(600.0, ge=0, description="cleared alerts and their finished commands are dropped "
-                                  "from the responder's memory this long after they ended (they stay in Kafka)")
+    forget_after_s: float = Field(
+        600.0,
+        ge=0,
+        description="cleared alerts and their finished commands are dropped "
+        "from the responder's memory this long after they ended (they stay in Kafka)",
+    )
 
 
 class DeploymentSettings(_ConcernSettings):
@@ -405,8 +521,10 @@ class DeploymentSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_DEPLOYMENT_", frozen=True, extra="ignore")
 
     require_secrets: bool = Field(False, description="refuse placeholder (CHANGE_ME) or missing secrets at start")
-    placeholder_markers: list[str] = Field(default_factory=lambda: ["change_me", "change-me", "changeme"],
-                                           description="a secret containing one of these (any case) is a placeholder")
+    placeholder_markers: list[str] = Field(
+        default_factory=lambda: ["change_me", "change-me", "changeme"],
+        description="a secret containing one of these (any case) is a placeholder",
+    )
 
 
 class Settings(BaseModel):
@@ -471,8 +589,7 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
         os.environ[CONFIG_FILE_ENV] = str(config_file)
     settings = _read_settings()
     if settings.deployment.require_secrets and (problems := settings.unusable_secrets()):
-        raise ValueError(f"refusing to start with unusable secrets: {'; '.join(problems)} "
-                         "(set real values in .env)")
+        raise ValueError(f"refusing to start with unusable secrets: {'; '.join(problems)} (set real values in .env)")
     return settings
 
 

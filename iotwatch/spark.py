@@ -37,21 +37,34 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 _LOG4J_LINE = re.compile(r"^(TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ([\w.$-]+): (.*)$")
 #: (logger, message start) of log4j warnings about this machine or the query plan that a user
 #: cannot act on: logged at DEBUG.
-_NOT_NEWS = (("Utils", "Your hostname"), ("Utils", "Set SPARK_LOCAL_IP"), ("NativeCodeLoader", "Unable to load"),
-             ("ResolveWriteToStream", "spark.sql.adaptive.enabled is not supported"),
-             ("MicroBatchExecution", "Disabling AQE"), ("SparkStringUtils", "Truncated the string"),
-             ("TransformWithStateInPySparkStateServer", "Map state"),
-             ("TransformWithStateInPySparkStateServer", "No more data to read"),
-             ("MemoryManager", "Total allocation exceeds"))
-_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
-           "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+_NOT_NEWS = (
+    ("Utils", "Your hostname"),
+    ("Utils", "Set SPARK_LOCAL_IP"),
+    ("NativeCodeLoader", "Unable to load"),
+    ("ResolveWriteToStream", "spark.sql.adaptive.enabled is not supported"),
+    ("MicroBatchExecution", "Disabling AQE"),
+    ("SparkStringUtils", "Truncated the string"),
+    ("TransformWithStateInPySparkStateServer", "Map state"),
+    ("TransformWithStateInPySparkStateServer", "No more data to read"),
+    ("MemoryManager", "Total allocation exceeds"),
+)
+_LEVELS = {
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "FATAL": logging.CRITICAL,
+}
 #: librdkafka's own stderr format, from Kafka clients in the Python workers:
 #: ``%3|1795479906.881|FAIL|rdkafka#consumer-1| [thrd:...]: ...`` (syslog level, time, facility, client).
 _LIBRDKAFKA_LINE = re.compile(r"^%(\d)\|[\d.]+\|(\w+)\|([^|]+)\| (.*)$")
 _SYSLOG_LEVELS = (logging.CRITICAL,) * 3 + (logging.ERROR, logging.WARNING, logging.INFO, logging.INFO, logging.DEBUG)
 #: Lines that are detail, not news: stack frames, Python tracebacks, pyspark workers' progress prints.
-_DETAIL = re.compile(r"^(\s|Caused by|Traceback|\.\.\. \d+ more|(Starting )?Streaming TransformWithState|"
-                     r"WARNING: Using incubator modules|[\w.]+(Exception|Error)\b|$)")
+_DETAIL = re.compile(
+    r"^(\s|Caused by|Traceback|\.\.\. \d+ more|(Starting )?Streaming TransformWithState|"
+    r"WARNING: Using incubator modules|[\w.]+(Exception|Error)\b|$)"
+)
 
 
 class JvmOutput:
@@ -78,8 +91,9 @@ class JvmOutput:
         kafka = _LIBRDKAFKA_LINE.match(line)
         if kafka is not None:  # through the librdkafka logger: repeats summarised like the driver's
             level = _SYSLOG_LEVELS[int(kafka[1])]
-            librdkafka_logger().log(logging.DEBUG if self.stopping.is_set() else level, "%s [%s] %s",
-                                    kafka[2], kafka[3], kafka[4])
+            librdkafka_logger().log(
+                logging.DEBUG if self.stopping.is_set() else level, "%s [%s] %s", kafka[2], kafka[3], kafka[4]
+            )
             return
         match = _LOG4J_LINE.match(line)
         if match is not None:
@@ -146,8 +160,10 @@ LOCAL_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 def local_jvm_conf() -> dict[str, str]:
     """Spark settings for the driver JVM (local mode): iotwatch's log4j layout and level, no
     console progress bar, and :data:`LOCAL_JIT_OPTIONS`."""
-    options = (f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -Diotwatch.spark.level={spark_log_level()} "
-               f"{LOCAL_JIT_OPTIONS}")
+    options = (
+        f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -Diotwatch.spark.level={spark_log_level()} "
+        f"{LOCAL_JIT_OPTIONS}"
+    )
     return {"spark.ui.showConsoleProgress": "false", "spark.driver.extraJavaOptions": options}
 
 
@@ -163,17 +179,25 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_session(app_name: str, master: str | None = "local[2]", *, shuffle_partitions: int = 4,
-                  conf: Mapping[str, str] | None = None) -> SparkSession:
+def spark_session(
+    app_name: str,
+    master: str | None = "local[2]",
+    *,
+    shuffle_partitions: int = 4,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """A session with UTC time, Arrow transfers and the given extra ``conf``; Python workers
     use this interpreter (its venv has the project's packages) unless told otherwise."""
     from pyspark.sql import SparkSession
 
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings = {"spark.app.name": app_name, "spark.sql.session.timeZone": "UTC",
-                "spark.sql.execution.arrow.pyspark.enabled": "true",
-                "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+    settings = {
+        "spark.app.name": app_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+    }
     local = bool(master) and not under_spark_submit()
     if local:
         settings.update({"spark.master": str(master), "spark.ui.enabled": "false", **local_jvm_conf()})
@@ -218,5 +242,5 @@ def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any)
             try:
                 with quiet_stop():
                     spark.stop()
-            except Exception as exc:  # noqa: BLE001 - the JVM may already be shutting down
+            except Exception as exc:
                 log.warning("stopping Spark: %s", str(exc).splitlines()[0])

@@ -42,9 +42,18 @@ __all__ = [
 Reading = Mapping[str, float]
 
 #: The anomaly kinds the tests generate; each detector lists those it claims in ``detects``.
-ANOMALY_KINDS = frozenset({
-    "spike", "level_shift", "drift", "flatline", "noise_burst", "out_of_range", "dropout", "crash",
-})
+ANOMALY_KINDS = frozenset(
+    {
+        "spike",
+        "level_shift",
+        "drift",
+        "flatline",
+        "noise_burst",
+        "out_of_range",
+        "dropout",
+        "crash",
+    }
+)
 
 #: Values are clipped to +-this before arithmetic, so squares never overflow.
 VALUE_LIMIT = 1e100
@@ -162,8 +171,7 @@ class Detector(abc.ABC):
     def dumps(self) -> bytes:
         """Serialise the whole detector: JSON for compact state, pickle for fleet models."""
         if self.compact_state:
-            doc = {"format": _FORMAT, "detector": self.name, "params": self.get_params(),
-                   "state": self.to_state()}
+            doc = {"format": _FORMAT, "detector": self.name, "params": self.get_params(), "state": self.to_state()}
             return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -175,7 +183,7 @@ class Detector(abc.ABC):
             if doc.get("format") != _FORMAT:
                 raise ValueError(f"unsupported detector payload format {doc.get('format')!r}")
             return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
-        obj = pickle.loads(payload)  # noqa: S301 - fleet models come from our own registry
+        obj = pickle.loads(payload)
         if not isinstance(obj, Detector):
             raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
         return obj

@@ -62,5 +62,9 @@ def make(name: str, **params: Any) -> Detector:
 def describe(name: str) -> dict[str, Any]:
     """Name, kind of state, claimed anomaly kinds and the first docstring line of a detector."""
     cls = _class(name)
-    return {"name": name, "state": "compact" if cls.compact_state else "fleet",
-            "detects": sorted(cls.detects), "summary": (cls.__doc__ or "").strip().splitlines()[0]}
+    return {
+        "name": name,
+        "state": "compact" if cls.compact_state else "fleet",
+        "detects": sorted(cls.detects),
+        "summary": (cls.__doc__ or "").strip().splitlines()[0],
+    }

@@ -53,4 +53,3 @@ class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
             return 0.0
         decel_g = -v / STANDARD_GRAVITY if self.units == "m/s2" else -v
         return 1.0 if decel_g >= self.threshold_g else 0.0
-

@@ -42,8 +42,9 @@ class Dropout(Detector):
     name: ClassVar[str] = "dropout"
     detects: ClassVar[frozenset[str]] = frozenset({"dropout"})
 
-    def __init__(self, k: float = 5.0, expected_interval_ms: float | None = None, halflife: float = 50.0,
-                 warmup: int = 5) -> None:
+    def __init__(
+        self, k: float = 5.0, expected_interval_ms: float | None = None, halflife: float = 50.0, warmup: int = 5
+    ) -> None:
         self.k = k
         self.expected_interval_ms = expected_interval_ms
         self.halflife = halflife

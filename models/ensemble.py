@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
-import models.forecast  # noqa: F401 - registers the default components
+import models.forecast
 import models.robust_zscore  # noqa: F401
 from models.base import Detector, Reading, detector_class
 from models.likelihood import AnomalyLikelihood
@@ -58,9 +58,16 @@ class CalibratedEnsemble(Detector):
     name: ClassVar[str] = "ensemble"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
 
-    def __init__(self, components: Sequence[Sequence[Any]] = DEFAULT_COMPONENTS, combine: str = "max",
-                 warmup: int = 150, short_window: int = 10, halflife: float = 1000.0,
-                 learning_period: int = 150, instant: bool = True) -> None:
+    def __init__(
+        self,
+        components: Sequence[Sequence[Any]] = DEFAULT_COMPONENTS,
+        combine: str = "max",
+        warmup: int = 150,
+        short_window: int = 10,
+        halflife: float = 1000.0,
+        learning_period: int = 150,
+        instant: bool = True,
+    ) -> None:
         if combine not in ("max", "mean"):
             raise ValueError(f"combine must be 'max' or 'mean', not {combine!r}")
         self.components = [[str(n), dict(p)] for n, p in components]
@@ -80,8 +87,11 @@ class CalibratedEnsemble(Detector):
         self._n = 0
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "members": [m.to_state() for m in self._members],
-                "likelihood": self._calibrator.to_state()}
+        return {
+            "n": self._n,
+            "members": [m.to_state() for m in self._members],
+            "likelihood": self._calibrator.to_state(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))
@@ -119,4 +129,3 @@ class CalibratedEnsemble(Detector):
         if self._n >= self.warmup:
             self._calibrator.learn(raw)
         self._n += 1
-

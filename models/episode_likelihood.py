@@ -95,9 +95,10 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     ``recent_halflife_s``) into per-reading weights, so a sensor read every 30 s and a
     series sampled every 5 min compare the same hours of their lives. Past ``warmup`` the
     baselines learn an outlier clipped to ``clip`` deviations (learning a young stream's
-    early spike whole would numb its step view for a day). The histogram views learn once the range is set and are judged ``histogram_warmup``
-    readings later, unless ``distribution_views`` is off. The smallest tail of all views,
-    in decades ``d``, scores ``d / (d + 10)``.
+    early spike whole would numb its step view for a day). The histogram views learn once
+    the range is set and are judged ``histogram_warmup`` readings later, unless
+    ``distribution_views`` is off. The smallest tail of all views, in decades ``d``, scores
+    ``d / (d + 10)``.
 
     Benchmarks and operators alike want one alarm per episode: a reading scores only when
     its score exceeds the *held* peak of earlier scores, which decays with half-life
@@ -121,17 +122,36 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     name: ClassVar[str] = "episode_likelihood"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
 
-    def __init__(self, metric: str | None = None, warmup: int = 60, range_readings: int = 150, range_s: float = 86_400.0,
-                 histogram_warmup: int = 150, distribution_views: bool = True,
-                 level_halflife: float = 2000.0, step_halflife: float = 2000.0,
-                 likelihood_halflife: float = 10_000.0, short_alpha: float = 0.15, min_variance: float = 0.03,
-                 hold_halflife: float = 300.0, clip: float = 3.0, histogram_halflife: float = 1000.0,
-                 recent_halflife: float = 20.0, margin: float = 0.1, instant_weight: float = 1e-3,
-                 max_repeat_rate: float = 0.2, histogram_halflife_s: float = 300_000.0,
-                 recent_halflife_s: float = 6_000.0, histogram_weight: float = 1000.0,
-                 trend_alpha: float = 0.3, trend_weight: float = 1e6, trend_halflife_s: float = 60.0,
-                 trend_clip: float = 8.0, trend_clip_rate: float = 0.0035,
-                 light_trend_weight: float | None = 100.0) -> None:
+    def __init__(
+        self,
+        metric: str | None = None,
+        warmup: int = 60,
+        range_readings: int = 150,
+        range_s: float = 86_400.0,
+        histogram_warmup: int = 150,
+        distribution_views: bool = True,
+        level_halflife: float = 2000.0,
+        step_halflife: float = 2000.0,
+        likelihood_halflife: float = 10_000.0,
+        short_alpha: float = 0.15,
+        min_variance: float = 0.03,
+        hold_halflife: float = 300.0,
+        clip: float = 3.0,
+        histogram_halflife: float = 1000.0,
+        recent_halflife: float = 20.0,
+        margin: float = 0.1,
+        instant_weight: float = 1e-3,
+        max_repeat_rate: float = 0.2,
+        histogram_halflife_s: float = 300_000.0,
+        recent_halflife_s: float = 6_000.0,
+        histogram_weight: float = 1000.0,
+        trend_alpha: float = 0.3,
+        trend_weight: float = 1e6,
+        trend_halflife_s: float = 60.0,
+        trend_clip: float = 8.0,
+        trend_clip_rate: float = 0.0035,
+        light_trend_weight: float | None = 100.0,
+    ) -> None:
         self.metric = metric
         self.warmup = warmup
         self.range_readings = range_readings
@@ -238,26 +258,35 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         ``light_trend_weight`` on a light-tailed stream (geometric between)."""
         if self.light_trend_weight == self.trend_weight:
             return self.trend_weight
-        return math.exp(math.log(self.trend_weight) + (math.log(self.light_trend_weight) - math.log(self.trend_weight))
-                        * self._light())
+        return math.exp(
+            math.log(self.trend_weight)
+            + (math.log(self.light_trend_weight) - math.log(self.trend_weight)) * self._light()
+        )
 
     def _shorts(self, v: float, b: int, t_ms: float) -> list[float]:
         """Each view's short average once ``v`` (in bin ``b``, at event time ``t_ms``) is counted."""
         level, step = self._deviations(v)
-        entropy = sum(f * math.log((f + _FLOOR) / (s + _FLOOR)) for f, s in zip(self._recent_after(b), self.slow))
+        entropy = sum(
+            f * math.log((f + _FLOOR) / (s + _FLOOR)) for f, s in zip(self._recent_after(b), self.slow, strict=True)
+        )
         rarity = -math.log(self.slow[b] + _FLOOR)
         _, step_sd = self._scales()
         trend_clip = self._trend_clip()
         signed = max(-trend_clip, min(trend_clip, (v - self.last) / step_sd)) if self.last is not None else 0.0
         surprises = (math.log1p(level), math.log1p(step), signed, entropy, rarity)
         trend_alpha = self._trend_weight(t_ms)
-        return [view[0] + (trend_alpha if j == _TREND else self.short_alpha) * (r - view[0])
-                for j, (view, r) in enumerate(zip(self.views, surprises))]
+        return [
+            view[0] + (trend_alpha if j == _TREND else self.short_alpha) * (r - view[0])
+            for j, (view, r) in enumerate(zip(self.views, surprises, strict=True))
+        ]
 
     def _score(self, v: float, t_ms: int, shorts: list[float]) -> float:
         """The smallest tail on the log scale (before the one-per-episode hold)."""
-        judged = (VIEWS if self.distribution_views and self.range_n and self.n >= self.range_n + self.histogram_warmup
-                  else _HISTOGRAM_VIEWS)
+        judged = (
+            VIEWS
+            if self.distribution_views and self.range_n and self.n >= self.range_n + self.histogram_warmup
+            else _HISTOGRAM_VIEWS
+        )
         tail = 1.0
         # an average over more readings varies less: the trend's floor shrinks with its weight
         trend_floor = self.min_variance * (self._trend_weight(t_ms) / self.trend_alpha) ** 2
@@ -271,7 +300,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
             elif j == _TREND:
                 tail = min(tail, _upper_tail(-z) * weight)
         tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))
-        if not self.range_n or self._bin(v) > _FLOOR_BINS:  # a run at the floor (zero counts, an idle load) is not a stuck sensor
+        if (
+            not self.range_n or self._bin(v) > _FLOOR_BINS
+        ):  # a run at the floor (zero counts, an idle load) is not a stuck sensor
             tail = min(tail, self.stuck.tail({"value": v}, t_ms))
         decades = -math.log10(max(tail, 1e-300))
         return decades / (decades + _HALF_DECADES)
@@ -349,11 +380,25 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     # --- state --------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self.n, "mean": self.mean, "var": self.var, "step_var": self.step_var, "last": self.last,
-                "low": self.low, "high": self.high, "t0": self.t0, "range_n": self.range_n,
-                "a_histogram": self.a_histogram, "a_recent": self.a_recent, "held": self.held, "views": [list(v) for v in self.views],
-                "slow": list(self.slow), "recent": list(self.recent), "step_tail": self.step_tail.to_state(),
-                "stuck": self.stuck.to_state()}
+        return {
+            "n": self.n,
+            "mean": self.mean,
+            "var": self.var,
+            "step_var": self.step_var,
+            "last": self.last,
+            "low": self.low,
+            "high": self.high,
+            "t0": self.t0,
+            "range_n": self.range_n,
+            "a_histogram": self.a_histogram,
+            "a_recent": self.a_recent,
+            "held": self.held,
+            "views": [list(v) for v in self.views],
+            "slow": list(self.slow),
+            "recent": list(self.recent),
+            "step_tail": self.step_tail.to_state(),
+            "stuck": self.stuck.to_state(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self.n = int(state["n"])

@@ -74,9 +74,18 @@ class ExceedanceTail:
     (1.0, True, True)
     """
 
-    def __init__(self, threshold: float = 3.0, halflife: float = 10_000.0, index_halflife: float = 300.0,
-                 prior_rate: float = 0.01, prior_readings: float = 200.0, prior_index: float = 0.25,
-                 prior_peaks: float = 10.0, clip: float = 4.0, run_gap: int = 3) -> None:
+    def __init__(
+        self,
+        threshold: float = 3.0,
+        halflife: float = 10_000.0,
+        index_halflife: float = 300.0,
+        prior_rate: float = 0.01,
+        prior_readings: float = 200.0,
+        prior_index: float = 0.25,
+        prior_peaks: float = 10.0,
+        clip: float = 4.0,
+        run_gap: int = 3,
+    ) -> None:
         if threshold <= 0:
             raise ValueError("threshold must be positive")
         self.threshold = threshold

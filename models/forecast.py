@@ -57,10 +57,20 @@ class HoltWintersResidual(UnivariateMixin, Detector):
     name: ClassVar[str] = "holt_winters"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
 
-    def __init__(self, metric: str | None = None, alpha: float = 0.3, beta: float = 0.01, gamma: float = 0.05,
-                 season_buckets: int = 24, season_period_s: float = 86_400.0, halflife: float = 300.0,
-                 clip: float = 3.0, warmup: int = 30, z_half: float = 4.0,
-                 reset_after: int = 0) -> None:
+    def __init__(
+        self,
+        metric: str | None = None,
+        alpha: float = 0.3,
+        beta: float = 0.01,
+        gamma: float = 0.05,
+        season_buckets: int = 24,
+        season_period_s: float = 86_400.0,
+        halflife: float = 300.0,
+        clip: float = 3.0,
+        warmup: int = 30,
+        z_half: float = 4.0,
+        reset_after: int = 0,
+    ) -> None:
         self.metric = metric
         self.alpha = alpha
         self.beta = beta
@@ -76,8 +86,14 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "level": self._level, "trend": self._trend, "rvar": self._rvar,
-                "season": list(self._season), "beyond": self._beyond}
+        return {
+            "n": self._n,
+            "level": self._level,
+            "trend": self._trend,
+            "rvar": self._rvar,
+            "season": list(self._season),
+            "beyond": self._beyond,
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))

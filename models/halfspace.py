@@ -59,8 +59,14 @@ class HalfSpaceTrees(Detector):
     #: (tests/models), so it claims no kind; it earns its place on nab-dev.
     detects: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, features: list[str] | None = None, n_trees: int = 10, height: int = 8,
-                 window_size: int = 250, seed: int = 42) -> None:
+    def __init__(
+        self,
+        features: list[str] | None = None,
+        n_trees: int = 10,
+        height: int = 8,
+        window_size: int = 250,
+        seed: int = 42,
+    ) -> None:
         self.features = features
         self.n_trees = n_trees
         self.height = height

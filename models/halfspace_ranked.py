@@ -43,9 +43,17 @@ class RankedHalfSpaceTrees(Detector):
     compact_state: ClassVar[bool] = False
     detects: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, features: list[str] | None = None, n_trees: int = 10, height: int = 8,
-                 window_size: int = 250, seed: int = 42, history: int = 5000, warmup: int = 100,
-                 suppress: int = 200) -> None:
+    def __init__(
+        self,
+        features: list[str] | None = None,
+        n_trees: int = 10,
+        height: int = 8,
+        window_size: int = 250,
+        seed: int = 42,
+        history: int = 5000,
+        warmup: int = 100,
+        suppress: int = 200,
+    ) -> None:
         self.features = features
         self.n_trees = n_trees
         self.height = height

@@ -50,8 +50,16 @@ class IsolationForest(Detector):
     compact_state: ClassVar[bool] = False
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
 
-    def __init__(self, metrics: list[str] | None = None, n_estimators: int = 100, max_samples: int = 256,
-                 min_train: int = 300, refit_every: int = 1000, max_train: int = 5000, seed: int = 42) -> None:
+    def __init__(
+        self,
+        metrics: list[str] | None = None,
+        n_estimators: int = 100,
+        max_samples: int = 256,
+        min_train: int = 300,
+        refit_every: int = 1000,
+        max_train: int = 5000,
+        seed: int = 42,
+    ) -> None:
         self.metrics = metrics
         self.n_estimators = n_estimators
         self.max_samples = max_samples
@@ -108,9 +116,9 @@ class IsolationForest(Detector):
         self._fit_features(self._features(rows))
 
     def _fit_features(self, features: np.ndarray) -> None:
-        self._forest = _SkIsolationForest(n_estimators=self.n_estimators,
-                                          max_samples=min(self.max_samples, len(features)),
-                                          random_state=self.seed).fit(features)
+        self._forest = _SkIsolationForest(
+            n_estimators=self.n_estimators, max_samples=min(self.max_samples, len(features)), random_state=self.seed
+        ).fit(features)
 
     def score_paired(self, frame: pd.DataFrame, previous: pd.DataFrame) -> np.ndarray:
         """Scores of rows that each carry their previous reading (see :meth:`fit`)."""
@@ -155,7 +163,7 @@ class IsolationForest(Detector):
         if row is None:
             return
         self._buffer.append(row)
-        del self._buffer[:-self.max_train]
+        del self._buffer[: -self.max_train]
         self._since_fit += 1
         due = self._since_fit >= (self.refit_every if self._forest is not None else self.min_train)
         if due and len(self._buffer) >= self.min_train:
@@ -168,7 +176,8 @@ class IsolationForest(Detector):
             self._columns = list(metrics) if self.metrics is None else list(self.metrics)
         index = [metrics.index(c) if c in metrics else -1 for c in self._columns]
         rows = np.array([[r[i] if i >= 0 else np.nan for i in index] for r in values.tolist()]).reshape(
-            len(values), len(self._columns))
+            len(values), len(self._columns)
+        )
         out = np.zeros(len(rows))
         i = 0
         while i < len(rows):

@@ -29,6 +29,7 @@ from typing import Any, Self
 
 __all__ = ["AnomalyLikelihood", "log_tail_score"]
 
+
 def log_tail_score(tail: float) -> float:
     """Log scale of a tail probability, in ``[0, 1)``: 0.5 at 1e-5.
 
@@ -71,8 +72,14 @@ class AnomalyLikelihood:
     (0.02, [0.9, 0.89, 0.89])
     """
 
-    def __init__(self, short_window: int = 10, halflife: float = 2000.0, learning_period: int = 300,
-                 min_std: float = math.sqrt(0.0003), instant: bool = True) -> None:
+    def __init__(
+        self,
+        short_window: int = 10,
+        halflife: float = 2000.0,
+        learning_period: int = 300,
+        min_std: float = math.sqrt(0.0003),
+        instant: bool = True,
+    ) -> None:
         self.short_window = short_window
         self.halflife = halflife
         self.learning_period = learning_period
@@ -82,12 +89,23 @@ class AnomalyLikelihood:
         self.set_state({})
 
     def get_params(self) -> dict[str, Any]:
-        return {"short_window": self.short_window, "halflife": self.halflife,
-                "learning_period": self.learning_period, "min_std": self.min_std, "instant": self.instant}
+        return {
+            "short_window": self.short_window,
+            "halflife": self.halflife,
+            "learning_period": self.learning_period,
+            "min_std": self.min_std,
+            "instant": self.instant,
+        }
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "mean": self._mean, "var": self._var, "raw_mean": self._raw_mean,
-                "raw_var": self._raw_var, "recent": list(self._recent)}
+        return {
+            "n": self._n,
+            "mean": self._mean,
+            "var": self._var,
+            "raw_mean": self._raw_mean,
+            "raw_var": self._raw_var,
+            "recent": list(self._recent),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))
@@ -99,7 +117,7 @@ class AnomalyLikelihood:
         return self
 
     def _average_with(self, raw: float) -> float:
-        window = [*self._recent, raw][-self.short_window:]
+        window = [*self._recent, raw][-self.short_window :]
         return sum(window) / len(window)
 
     def _gauss_tail(self, value: float, mean: float, var: float) -> float:
@@ -122,7 +140,7 @@ class AnomalyLikelihood:
     def learn(self, raw: float) -> None:
         """Append ``raw`` to the recent window and update the long-run fit."""
         avg = self._average_with(raw)
-        self._recent = [*self._recent, raw][-self.short_window:]
+        self._recent = [*self._recent, raw][-self.short_window :]
         self._n += 1
         a = 1.0 / self._n if self._n <= self.learning_period else self._a
         self._mean, self._var = _ewm(avg, self._mean, self._var, a)

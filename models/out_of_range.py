@@ -46,4 +46,3 @@ class OutOfRange(StatelessMixin, UnivariateMixin, Detector):
         if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
             return 1.0
         return 0.0
-

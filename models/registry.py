@@ -60,8 +60,16 @@ from models.base import Detector
 if TYPE_CHECKING:
     from models.updates import UpdatePublisher
 
-__all__ = ["MODEL_FILE", "METADATA_FILE", "ModelRegistry", "ModelVersion", "RegistryError", "RegistrySettings",
-           "Status", "TrainedOn"]
+__all__ = [
+    "MODEL_FILE",
+    "METADATA_FILE",
+    "ModelRegistry",
+    "ModelVersion",
+    "RegistryError",
+    "RegistrySettings",
+    "Status",
+    "TrainedOn",
+]
 
 MODEL_FILE = "model.bin"
 METADATA_FILE = "metadata.json"
@@ -109,8 +117,14 @@ class ModelVersion(BaseModel):
 
     def event(self) -> dict[str, Any]:
         """The model-update event announcing this version's current status."""
-        return {"device_type": self.device_type, "detector": self.detector, "version": self.version,
-                "status": self.status, "path": str(self.model_path), "created_at": self.created_at.isoformat()}
+        return {
+            "device_type": self.device_type,
+            "detector": self.detector,
+            "version": self.version,
+            "status": self.status,
+            "path": str(self.model_path),
+            "created_at": self.created_at.isoformat(),
+        }
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -195,8 +209,14 @@ class ModelRegistry:
 
     # --- writing --------------------------------------------------------------------
 
-    def register(self, detector: Detector, device_type: str, *, trained_on: TrainedOn | Mapping[str, Any] | None = None,
-                 evaluation: Mapping[str, Any] | None = None) -> ModelVersion:
+    def register(
+        self,
+        detector: Detector,
+        device_type: str,
+        *,
+        trained_on: TrainedOn | Mapping[str, Any] | None = None,
+        evaluation: Mapping[str, Any] | None = None,
+    ) -> ModelVersion:
         """Store ``detector`` as the next version for ``(device_type, detector.name)``, a candidate."""
         if not detector.name:
             raise RegistryError(f"{type(detector).__name__} has no catalog name")
@@ -206,10 +226,16 @@ class ModelRegistry:
             numbers = self._version_numbers(family)
             version = (numbers[-1] if numbers else 0) + 1
             target = family / f"v{version:06d}"
-            meta = ModelVersion(device_type=device_type, detector=detector.name, version=version,
-                                params=json.loads(json.dumps(detector.get_params(), default=str)),
-                                trained_on=trained, evaluation=dict(evaluation or {}),
-                                created_at=datetime.now(UTC), path=target)
+            meta = ModelVersion(
+                device_type=device_type,
+                detector=detector.name,
+                version=version,
+                params=json.loads(json.dumps(detector.get_params(), default=str)),
+                trained_on=trained,
+                evaluation=dict(evaluation or {}),
+                created_at=datetime.now(UTC),
+                path=target,
+            )
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=family))
             try:
                 for name, data in ((MODEL_FILE, payload), (METADATA_FILE, _metadata_bytes(meta))):
@@ -233,8 +259,9 @@ class ModelRegistry:
                 raise RegistryError(f"no version {version} of {detector} for {device_type} in {self.root}")
             meta = self._read(path)
             if meta.status == "retired" and status == "approved":
-                raise RegistryError(f"version {version} of {detector} for {device_type} is retired; "
-                                    "register it again to bring it back")
+                raise RegistryError(
+                    f"version {version} of {detector} for {device_type} is retired; register it again to bring it back"
+                )
             if meta.status != status:
                 meta = meta.model_copy(update={"status": status, "status_changed_at": datetime.now(UTC)})
                 _atomic_write(path / METADATA_FILE, _metadata_bytes(meta))
@@ -259,8 +286,9 @@ class ModelRegistry:
             raise RegistryError(f"no version {version} of {detector} for {device_type} in {self.root}")
         return self._read(path)
 
-    def versions(self, device_type: str | None = None, detector: str | None = None,
-                 status: Status | None = None) -> list[ModelVersion]:
+    def versions(
+        self, device_type: str | None = None, detector: str | None = None, status: Status | None = None
+    ) -> list[ModelVersion]:
         """Registered versions, optionally filtered, by device type, detector and version."""
         out = []
         for family in self._families(device_type, detector):
@@ -273,15 +301,21 @@ class ModelRegistry:
     def _families(self, device_type: str | None, detector: str | None) -> list[Path]:
         if not self.root.is_dir():
             return []
-        types = [device_type] if device_type is not None else sorted(
-            p.name for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name))
+        types = (
+            [device_type]
+            if device_type is not None
+            else sorted(p.name for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name))
+        )
         families = []
         for dt in types:
             base = self.root / _check_name("device type", dt)
             if not base.is_dir():
                 continue
-            names = [detector] if detector is not None else sorted(
-                p.name for p in base.iterdir() if p.is_dir() and _NAME.match(p.name))
+            names = (
+                [detector]
+                if detector is not None
+                else sorted(p.name for p in base.iterdir() if p.is_dir() and _NAME.match(p.name))
+            )
             families.extend(base / _check_name("detector", n) for n in names)
         return families
 

@@ -63,9 +63,16 @@ class RepeatRun(UnivariateMixin, Detector):
     name: ClassVar[str] = "repeat_run"
     detects: ClassVar[frozenset[str]] = frozenset({"flatline"})
 
-    def __init__(self, metric: str | None = None, tolerance: float = 0.0, halflife: float = 2000.0,
-                 prior_rate: float = 0.3, prior_readings: float = 30.0, max_repeat_rate: float = 0.2,
-                 min_reversals: float = 0.3) -> None:
+    def __init__(
+        self,
+        metric: str | None = None,
+        tolerance: float = 0.0,
+        halflife: float = 2000.0,
+        prior_rate: float = 0.3,
+        prior_readings: float = 30.0,
+        max_repeat_rate: float = 0.2,
+        min_reversals: float = 0.3,
+    ) -> None:
         self.metric = metric
         self.tolerance = tolerance
         self.halflife = halflife
@@ -77,8 +84,14 @@ class RepeatRun(UnivariateMixin, Detector):
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "rate": self._rate, "last": self._last, "run": self._run,
-                "reversals": self._reversals, "direction": self._direction}
+        return {
+            "n": self._n,
+            "rate": self._rate,
+            "last": self._last,
+            "run": self._run,
+            "reversals": self._reversals,
+            "direction": self._direction,
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))

@@ -69,9 +69,18 @@ class RobustZScore(UnivariateMixin, Detector):
     name: ClassVar[str] = "robust_zscore"
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "drift", "noise_burst"})
 
-    def __init__(self, metric: str | None = None, halflife: float = 500.0, season_buckets: int = 24,
-                 season_period_s: float = 86_400.0, season_halflife: float = 10.0, season_warmup: int = 4,
-                 clip: float = 3.0, warmup: int = 30, z_half: float = 4.0) -> None:
+    def __init__(
+        self,
+        metric: str | None = None,
+        halflife: float = 500.0,
+        season_buckets: int = 24,
+        season_period_s: float = 86_400.0,
+        season_halflife: float = 10.0,
+        season_warmup: int = 4,
+        clip: float = 3.0,
+        warmup: int = 30,
+        z_half: float = 4.0,
+    ) -> None:
         self.metric = metric
         self.halflife = halflife
         self.season_buckets = season_buckets
@@ -88,8 +97,14 @@ class RobustZScore(UnivariateMixin, Detector):
     # --- state ----------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "mu": self._mu, "var": self._var, "rvar": self._rvar,
-                "smu": list(self._smu), "sn": list(self._sn)}
+        return {
+            "n": self._n,
+            "mu": self._mu,
+            "var": self._var,
+            "rvar": self._rvar,
+            "smu": list(self._smu),
+            "sn": list(self._sn),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         k = self.season_buckets

@@ -54,9 +54,16 @@ class TailEnsemble(UnivariateMixin, Detector):
     #: the seasonal :class:`~models.robust_zscore.RobustZScore`'s job (not claimed here).
     detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
 
-    def __init__(self, metric: str | None = None, warmup: int = 60, level_halflife: float = 500.0,
-                 change_alpha: float = 0.3, z_threshold: float = 3.0, tail_index_prior: float = 0.15,
-                 max_repeat_rate: float = 0.2) -> None:
+    def __init__(
+        self,
+        metric: str | None = None,
+        warmup: int = 60,
+        level_halflife: float = 500.0,
+        change_alpha: float = 0.3,
+        z_threshold: float = 3.0,
+        tail_index_prior: float = 0.15,
+        max_repeat_rate: float = 0.2,
+    ) -> None:
         self.metric = metric
         self.warmup = warmup
         self.level_halflife = level_halflife
@@ -66,17 +73,21 @@ class TailEnsemble(UnivariateMixin, Detector):
         self.max_repeat_rate = max_repeat_rate
         members = min(warmup, 30)
         self._level = RobustZScore(metric, halflife=level_halflife, season_buckets=0, warmup=members)
-        self._change = HoltWintersResidual(metric, alpha=change_alpha, season_buckets=0, warmup=members,
-                                           reset_after=3)
+        self._change = HoltWintersResidual(metric, alpha=change_alpha, season_buckets=0, warmup=members, reset_after=3)
         self._stuck = RepeatRun(metric, max_repeat_rate=max_repeat_rate)
         self._level_tail = ExceedanceTail(threshold=z_threshold, prior_index=tail_index_prior)
         self._change_tail = ExceedanceTail(threshold=z_threshold, prior_index=tail_index_prior)
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
-        return {"n": self._n, "level": self._level.to_state(), "change": self._change.to_state(),
-                "stuck": self._stuck.to_state(), "level_tail": self._level_tail.to_state(),
-                "change_tail": self._change_tail.to_state()}
+        return {
+            "n": self._n,
+            "level": self._level.to_state(),
+            "change": self._change.to_state(),
+            "stuck": self._stuck.to_state(),
+            "level_tail": self._level_tail.to_state(),
+            "change_tail": self._change_tail.to_state(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         self._n = int(state.get("n", 0))
@@ -94,9 +105,11 @@ class TailEnsemble(UnivariateMixin, Detector):
     def tails(self, x: Reading, t_ms: int) -> dict[str, float]:
         """Each view's tail probability for this reading (1.0 while a view warms up)."""
         level, change = self._deviations(x, t_ms)
-        return {"level": 1.0 if level is None else self._level_tail.tail(level),
-                "change": 1.0 if change is None else self._change_tail.tail(change),
-                "stuck": self._stuck.tail(x, t_ms)}
+        return {
+            "level": 1.0 if level is None else self._level_tail.tail(level),
+            "change": 1.0 if change is None else self._change_tail.tail(change),
+            "stuck": self._stuck.tail(x, t_ms),
+        }
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         if self._n < self.warmup or self._value(x) is None:
@@ -113,9 +126,11 @@ class TailEnsemble(UnivariateMixin, Detector):
         level, change = self._deviations(x, t_ms)
         score = 0.0
         if self._n >= self.warmup:
-            tail = min(1.0 if level is None else self._level_tail.tail(level),
-                       1.0 if change is None else self._change_tail.tail(change),
-                       self._stuck.tail(x, t_ms))
+            tail = min(
+                1.0 if level is None else self._level_tail.tail(level),
+                1.0 if change is None else self._change_tail.tail(change),
+                self._stuck.tail(x, t_ms),
+            )
             score = log_tail_score(min(1.0, 3.0 * tail))
         if level is not None:
             self._level_tail.learn(level)

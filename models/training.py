@@ -87,14 +87,21 @@ def _readings(spark: SparkSession, config: TrainConfig) -> DataFrame:
     if config.device_types:
         df = df.where(F.col("device_type").isin(list(config.device_types)))
     names = [field.name for field in df.schema["metrics"].dataType.fields]
-    catalogued = F.map_from_arrays(F.array(*[F.lit(n) for n in names]), F.array(*[F.col(f"metrics.`{n}`") for n in names]))
-    extras = (F.coalesce(F.col("extra_metrics"), F.create_map().cast("map<string,double>"))
-              if "extra_metrics" in df.columns else F.create_map().cast("map<string,double>"))
+    catalogued = F.map_from_arrays(
+        F.array(*[F.lit(n) for n in names]), F.array(*[F.col(f"metrics.`{n}`") for n in names])
+    )
+    extras = (
+        F.coalesce(F.col("extra_metrics"), F.create_map().cast("map<string,double>"))
+        if "extra_metrics" in df.columns
+        else F.create_map().cast("map<string,double>")
+    )
     oor = F.coalesce(F.col("out_of_range"), F.array().cast("array<string>"))
-    in_range = F.map_filter(F.map_concat(catalogued, extras),
-                            lambda k, v: v.isNotNull() & ~F.isnan(v) & ~F.array_contains(oor, k))
-    return df.select("device_type", "device_id", F.col("event_ms").cast("long"),
-                     F.explode(in_range).alias("metric", "value"))
+    in_range = F.map_filter(
+        F.map_concat(catalogued, extras), lambda k, v: v.isNotNull() & ~F.isnan(v) & ~F.array_contains(oor, k)
+    )
+    return df.select(
+        "device_type", "device_id", F.col("event_ms").cast("long"), F.explode(in_range).alias("metric", "value")
+    )
 
 
 def _wide(long: DataFrame, metrics: list[str]) -> DataFrame:
@@ -105,8 +112,9 @@ def _wide(long: DataFrame, metrics: list[str]) -> DataFrame:
     wide = long.groupBy("device_id", "event_ms").pivot("metric", metrics).agg(F.avg("value"))
     order = Window.partitionBy("device_id").orderBy("event_ms")
     upto = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    filled = wide.select("device_id", "event_ms",
-                         *(F.last(F.col(f"`{m}`"), ignorenulls=True).over(upto).alias(m) for m in metrics))
+    filled = wide.select(
+        "device_id", "event_ms", *(F.last(F.col(f"`{m}`"), ignorenulls=True).over(upto).alias(m) for m in metrics)
+    )
     with_prev = filled.select("*", *(F.lag(F.col(f"`{m}`")).over(order).alias(f"prev__{m}") for m in metrics))
     bucket = F.pmod(F.xxhash64("device_id", "event_ms"), F.lit(HOLDOUT_EVERY))
     return with_prev.withColumn("_holdout", bucket == 0)
@@ -157,9 +165,13 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
             metrics = sorted(r[0] for r in long.select("metric").distinct().collect())
             wide = _wide(long, metrics).cache()
             try:
-                stats = wide.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct("device_id").alias("devices"),
-                                 F.min("event_ms").alias("from_ms"), F.max("event_ms").alias("to_ms"),
-                                 F.sum(F.col("_holdout").cast("int")).alias("holdout")).first()
+                stats = wide.agg(
+                    F.count(F.lit(1)).alias("rows"),
+                    F.countDistinct("device_id").alias("devices"),
+                    F.min("event_ms").alias("from_ms"),
+                    F.max("event_ms").alias("to_ms"),
+                    F.sum(F.col("_holdout").cast("int")).alias("holdout"),
+                ).first()
                 train = _sample(wide, False, config.max_rows, config.seed)
                 held = _sample(wide, True, max(config.max_rows // 4, 1), config.seed)
             finally:
@@ -168,20 +180,38 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
                 log.warning("%s: only %d rows, not training", device_type, len(train))
                 results.append({"device_type": device_type, "skipped": f"only {len(train)} training rows"})
                 continue
-            detector = IsolationForest(metrics=metrics, n_estimators=config.n_estimators,
-                                       max_samples=config.max_samples, seed=config.seed, **config.params)
+            detector = IsolationForest(
+                metrics=metrics,
+                n_estimators=config.n_estimators,
+                max_samples=config.max_samples,
+                seed=config.seed,
+                **config.params,
+            )
             detector.fit(*_split(train, metrics))
             evaluation = {
                 "train": evaluation_figures(detector.score_paired(*_split(train, metrics)), config.threshold),
                 "holdout": evaluation_figures(detector.score_paired(*_split(held, metrics)), config.threshold),
                 "metrics": metrics,
             }
-            trained_on = TrainedOn(from_ms=stats["from_ms"], to_ms=stats["to_ms"], rows=len(train),
-                                   devices=stats["devices"], eligible_rows=stats["rows"],
-                                   holdout_rows=len(held), since_ms=config.since_ms, until_ms=config.until_ms)
+            trained_on = TrainedOn(
+                from_ms=stats["from_ms"],
+                to_ms=stats["to_ms"],
+                rows=len(train),
+                devices=stats["devices"],
+                eligible_rows=stats["rows"],
+                holdout_rows=len(held),
+                since_ms=config.since_ms,
+                until_ms=config.until_ms,
+            )
             version = registry.register(detector, device_type, trained_on=trained_on, evaluation=evaluation)
-            log.info("%s: registered %s version %d (%d rows from %d devices)", device_type, version.detector,
-                     version.version, len(train), stats["devices"])
+            log.info(
+                "%s: registered %s version %d (%d rows from %d devices)",
+                device_type,
+                version.detector,
+                version.version,
+                len(train),
+                stats["devices"],
+            )
             results.append(_summary(version))
         return results
     finally:
@@ -189,6 +219,12 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
 
 
 def _summary(version: ModelVersion) -> dict[str, Any]:
-    return {"device_type": version.device_type, "detector": version.detector, "version": version.version,
-            "status": version.status, "path": str(version.path),
-            "trained_on": version.trained_on.model_dump(), "evaluation": version.evaluation}
+    return {
+        "device_type": version.device_type,
+        "detector": version.detector,
+        "version": version.version,
+        "status": version.status,
+        "path": str(version.path),
+        "trained_on": version.trained_on.model_dump(),
+        "evaluation": version.evaluation,
+    }

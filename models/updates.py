@@ -32,7 +32,8 @@ __all__ = ["ModelUpdate", "UpdatePublisher"]
 class ModelUpdate:
     """One model-update event.
 
-    >>> event = ModelUpdate("thermostat", "isolation_forest", 3, "approved", "/r/v000003/model.bin", "2025-01-01T00:00:00+00:00")
+    >>> event = ModelUpdate("thermostat", "isolation_forest", 3, "approved", "/r/v000003/model.bin",
+    ...                     "2025-01-01T00:00:00+00:00")
     >>> ModelUpdate.from_bytes(event.to_bytes()) == event
     True
     """
@@ -52,9 +53,14 @@ class ModelUpdate:
         """Parse an event; :class:`ValueError` when it is not one."""
         try:
             doc: dict[str, Any] = json.loads(payload)
-            return cls(device_type=str(doc["device_type"]), detector=str(doc["detector"]),
-                       version=int(doc["version"]), status=str(doc.get("status", "approved")),
-                       path=str(doc.get("path", "")), created_at=str(doc.get("created_at", "")))
+            return cls(
+                device_type=str(doc["device_type"]),
+                detector=str(doc["detector"]),
+                version=int(doc["version"]),
+                status=str(doc.get("status", "approved")),
+                path=str(doc.get("path", "")),
+                created_at=str(doc.get("created_at", "")),
+            )
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"not a model-update event: {exc}") from None
 
@@ -85,8 +91,14 @@ class UpdatePublisher:
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             ensure_topics(self.kafka, [self.topic], self.timeout_s)
-            self._producer = Producer({**client_config(self.kafka), "acks": "all", "enable.idempotence": True,
-                                       "message.timeout.ms": int(self.timeout_s * 1000)})
+            self._producer = Producer(
+                {
+                    **client_config(self.kafka),
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "message.timeout.ms": int(self.timeout_s * 1000),
+                }
+            )
         return self._producer
 
     def publish(self, version: ModelVersion | ModelUpdate) -> ModelUpdate:
@@ -104,8 +116,9 @@ class UpdatePublisher:
         except (KafkaException, BufferError) as exc:
             raise ServiceUnavailable(f"cannot publish model update to {self.topic}: {exc}") from exc
         if producer.flush(self.timeout_s) > 0:
-            raise ServiceUnavailable(f"Kafka at {self.kafka.bootstrap_servers} did not confirm the model update "
-                                     f"within {self.timeout_s:g} s")
+            raise ServiceUnavailable(
+                f"Kafka at {self.kafka.bootstrap_servers} did not confirm the model update within {self.timeout_s:g} s"
+            )
         if errors:
             raise ServiceUnavailable(f"model update to {self.topic} failed: {errors[0]}")
         return event

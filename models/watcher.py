@@ -54,8 +54,15 @@ class ModelWatcher:
     returned detectors are shared: a scorer that lets them learn changes the shared copy.
     """
 
-    def __init__(self, registry: ModelRegistry, kafka: KafkaSettings, topic: str, *,
-                 check_interval_s: float = 1.0, timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        kafka: KafkaSettings,
+        topic: str,
+        *,
+        check_interval_s: float = 1.0,
+        timeout_s: float = 15.0,
+    ) -> None:
         self.registry = registry
         self.kafka = kafka
         self.topic = topic
@@ -77,9 +84,15 @@ class ModelWatcher:
             if self._consumer is not None:
                 return self
             ensure_topics(self.kafka, [self.topic], self.timeout_s)
-            consumer = Consumer({**client_config(self.kafka), "group.id": f"iotwatch-model-watcher-{uuid.uuid4().hex}",
-                                 "enable.auto.commit": False, "auto.offset.reset": "latest",
-                                 "enable.partition.eof": False})
+            consumer = Consumer(
+                {
+                    **client_config(self.kafka),
+                    "group.id": f"iotwatch-model-watcher-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "latest",
+                    "enable.partition.eof": False,
+                }
+            )
             try:
                 metadata = consumer.list_topics(self.topic, timeout=self.timeout_s)
                 partitions = sorted(metadata.topics[self.topic].partitions)
@@ -92,7 +105,9 @@ class ModelWatcher:
                 consumer.assign(assignment)
             except KafkaException as exc:
                 consumer.close()
-                raise ServiceUnavailable(f"cannot follow {self.topic} at {self.kafka.bootstrap_servers}: {exc}") from exc
+                raise ServiceUnavailable(
+                    f"cannot follow {self.topic} at {self.kafka.bootstrap_servers}: {exc}"
+                ) from exc
             except BaseException:
                 consumer.close()
                 raise
@@ -181,7 +196,7 @@ class ModelWatcher:
             return
         try:
             detector = self.registry.load(latest)
-        except Exception as exc:  # noqa: BLE001 - a bad artefact must not stop the scorer
+        except Exception as exc:
             log.error("cannot load %s/%s version %d: %s; keeping the current model", *family, latest.version, exc)
             self._models.setdefault(family, None)
             return

@@ -11,10 +11,14 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 
 @click.command()
 @endpoint_options(mqtt=True, kafka=True)
-@click.option("--policy", "policy_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Policy file (TOML, see responder/policy.py; default IOTWATCH_RESPOND_POLICY_FILE, else the "
-                   "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
-                   "crash -> emergency record).")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Policy file (TOML, see responder/policy.py; default IOTWATCH_RESPOND_POLICY_FILE, else the "
+    "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
+    "crash -> emergency record).",
+)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds.")
 @json_option
 @pass_app
@@ -27,8 +31,13 @@ def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, 
 
     policies = load_policies(policy_file or app.settings.respond.policy_file)
     counts = Responder(app.settings, policies, _stop_on_signals()).run(timeout_s)
-    emit(counts, as_json, lambda c: click.echo(
-        "respond: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")))
+    emit(
+        counts,
+        as_json,
+        lambda c: click.echo(
+            "respond: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")
+        ),
+    )
 
 
 @click.command()
@@ -48,12 +57,14 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, as_json: boo
         try:
             audit = decode(message.value(), CommandAudit)
         except BadRecord as exc:
-            click.echo(f"iotwatch: warning: skipping a malformed audit record at offset {message.offset()}: {exc}",
-                       err=True)
+            click.echo(
+                f"iotwatch: warning: skipping a malformed audit record at offset {message.offset()}: {exc}", err=True
+            )
             continue
         latest[audit.command_id] = audit
-    chosen = sorted((a for a in latest.values() if not devices or a.device_id in devices),
-                    key=lambda a: -a.issued_at_ms)[:limit]
+    chosen = sorted(
+        (a for a in latest.values() if not devices or a.device_id in devices), key=lambda a: -a.issued_at_ms
+    )[:limit]
     emit([audit_dict(a) for a in chosen], as_json, lambda _: _commands_table(chosen))
 
 
@@ -67,10 +78,20 @@ def _commands_table(audits: list) -> None:  # type: ignore[type-arg]
         table.add_column(name)
     for audit in audits:
         start = audit.issued_at_ms
-        trail = " -> ".join(f"{s.status.value} +{(s.at_ms - start) / 1000:.1f}s" + (f" ({s.reason})" if s.reason and
-                            s.status.value != "sent" else "") for s in audit.history)
-        table.add_row(audit.command_id[:12], audit.device_id, audit.name, str(audit.attempt), audit.status.value,
-                      trail, audit.alert_id[:12])
+        trail = " -> ".join(
+            f"{s.status.value} +{(s.at_ms - start) / 1000:.1f}s"
+            + (f" ({s.reason})" if s.reason and s.status.value != "sent" else "")
+            for s in audit.history
+        )
+        table.add_row(
+            audit.command_id[:12],
+            audit.device_id,
+            audit.name,
+            str(audit.attempt),
+            audit.status.value,
+            trail,
+            audit.alert_id[:12],
+        )
     out = make_console()
     out.print(table)
     out.print(f"{len(audits)} command(s)", style="dim")

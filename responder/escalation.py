@@ -19,21 +19,39 @@ def escalation_id(alert_id: str, policy: str) -> str:
     return stable_id(alert_id, policy, RULE, length=24)
 
 
-def escalation_record(original: dict[str, Any], audit: CommandAudit, state: str, why: str, now_ms: int,
-                      runbook_url: str) -> dict[str, Any]:
+def escalation_record(
+    original: dict[str, Any], audit: CommandAudit, state: str, why: str, now_ms: int, runbook_url: str
+) -> dict[str, Any]:
     """The ``raised`` or ``cleared`` alert record (the fields of streaming.alerting's records
     that apply) for the escalation of ``audit``'s alert."""
     where = f"{audit.device_type} {audit.device_id} at {audit.site}"
     verb = "raised" if state == "raised" else "cleared"
-    detail = (f"{audit.name} did not fix {audit.rule} after {audit.attempt} attempt(s): {why}"
-              if state == "raised" else f"{audit.rule} cleared")
+    detail = (
+        f"{audit.name} did not fix {audit.rule} after {audit.attempt} attempt(s): {why}"
+        if state == "raised"
+        else f"{audit.rule} cleared"
+    )
     first_ms = int(original.get("first_event_ms") or now_ms)
     return {
-        "alert_id": escalation_id(audit.alert_id, audit.policy), "state": state, "severity": SEVERITY, "rule": RULE,
-        "detector": "responder", "device_id": audit.device_id, "device_type": audit.device_type, "site": audit.site,
-        "metric": None, "value": None, "score": 1.0, "contributors": [], "first_event_ms": first_ms,
-        "first_event_time": _iso(first_ms), "detected_at": _iso(now_ms), "detected_at_ms": now_ms,
-        "caused_by": audit.alert_id, "command_id": audit.command_id, "policy": audit.policy,
+        "alert_id": escalation_id(audit.alert_id, audit.policy),
+        "state": state,
+        "severity": SEVERITY,
+        "rule": RULE,
+        "detector": "responder",
+        "device_id": audit.device_id,
+        "device_type": audit.device_type,
+        "site": audit.site,
+        "metric": None,
+        "value": None,
+        "score": 1.0,
+        "contributors": [],
+        "first_event_ms": first_ms,
+        "first_event_time": _iso(first_ms),
+        "detected_at": _iso(now_ms),
+        "detected_at_ms": now_ms,
+        "caused_by": audit.alert_id,
+        "command_id": audit.command_id,
+        "policy": audit.policy,
         "message": f"[{SEVERITY.upper()}] {RULE} {verb} on {where}: {detail} (alert {audit.alert_id})",
         "runbook_url": runbook_url,
     }

@@ -26,10 +26,18 @@ def command_point(audit: CommandAudit) -> Point:
     text = f"{audit.name} {audit.status.value} (attempt {audit.attempt}, {audit.issued_by}, rule {audit.rule})"
     if step is not None and step.reason and step.status.value != "sent":
         text += f": {step.reason}"
-    return (Point("commands").tag("site", audit.site).tag("device_type", audit.device_type)
-            .tag("device_id", audit.device_id).tag("name", audit.name).tag("status", audit.status.value)
-            .field("text", text).field("command_id", audit.command_id).field("attempt", audit.attempt)
-            .time(event_time_ns(at_ms, audit.command_id), "ns"))
+    return (
+        Point("commands")
+        .tag("site", audit.site)
+        .tag("device_type", audit.device_type)
+        .tag("device_id", audit.device_id)
+        .tag("name", audit.name)
+        .tag("status", audit.status.value)
+        .field("text", text)
+        .field("command_id", audit.command_id)
+        .field("attempt", audit.attempt)
+        .time(event_time_ns(at_ms, audit.command_id), "ns")
+    )
 
 
 def write_command(client: InfluxV1Client, audit: CommandAudit) -> bool:

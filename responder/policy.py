@@ -88,8 +88,9 @@ OVERHEAT_C = DANGER_LIMITS["vehicle_edr"]["coolant_temp_c"].warning
 DEFAULT_POLICIES = (
     CommandPolicy(name="reset-stuck-hvac", rule="stuck_hvac", device_type="thermostat", command="reset_hvac"),
     CommandPolicy(name="close-valve-on-leak", rule="water_leak", device_type="leak_sensor", command="close_valve"),
-    CommandPolicy(name="limp-mode-on-overheating", rule="coolant_overheating", device_type="vehicle_edr",
-                  command="limp_mode"),
+    CommandPolicy(
+        name="limp-mode-on-overheating", rule="coolant_overheating", device_type="vehicle_edr", command="limp_mode"
+    ),
     CommandPolicy(name="emergency-on-crash", rule="crash", device_type="vehicle_edr", action="emergency"),
 )
 

@@ -4,9 +4,10 @@ For a firing alert that a policy covers, the responder sends the policy's comman
 alerting device and follows it on the commands topic (:class:`~iotwatch.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
-(and, if the device never answered, not before the command expired) ``timed_out``; one that failed, was rejected or timed out -- or was done while the alert
-kept firing for another reply timeout -- is tried again with a new command id, up to
-``max_attempts``, then the audit says ``escalated`` and on-call is paged: a critical
+(and, if the device never answered, not before the command expired) ``timed_out``; one
+that failed, was rejected or timed out -- or was done while the alert kept firing for
+another reply timeout -- is tried again with a new command id, up to ``max_attempts``,
+then the audit says ``escalated`` and on-call is paged: a critical
 ``command_escalation`` alert (:mod:`responder.escalation`) goes on the alert topic, for the
 forwarder to route and repeat until acknowledged; it clears when the original alert does.
 
@@ -44,12 +45,33 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.contract import (COMMAND_SCHEMA_VERSION, TWIN_REPORTED_SUFFIX, Command, CommandStatus,
-                               ContractViolation, DeviceTypeName, Name, decode_command_reply, decode_twin_report,
-                               parse_command_ack_topic, parse_twin_reported_topic)
+from iotwatch.contract import (
+    COMMAND_SCHEMA_VERSION,
+    TWIN_REPORTED_SUFFIX,
+    Command,
+    CommandStatus,
+    ContractViolation,
+    DeviceTypeName,
+    Name,
+    decode_command_reply,
+    decode_twin_report,
+    parse_command_ack_topic,
+    parse_twin_reported_topic,
+)
 from iotwatch.deadletter import DeadLetter
-from iotwatch.oncall import (ONCALL_SCHEMA_VERSION, BadRecord, CommandAudit, CommandOutcome, Emergency, TwinRecord,
-                             TwinSide, decode, encode, stable_id, twin_key)
+from iotwatch.oncall import (
+    ONCALL_SCHEMA_VERSION,
+    BadRecord,
+    CommandAudit,
+    CommandOutcome,
+    Emergency,
+    TwinRecord,
+    TwinSide,
+    decode,
+    encode,
+    stable_id,
+    twin_key,
+)
 from iotwatch.settings import Settings
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
@@ -66,13 +88,22 @@ RETRYABLE = frozenset({CommandOutcome.REJECTED, CommandOutcome.FAILED, CommandOu
 #: has read the record. Such a reply waits this long for it before it is dead-lettered.
 EARLY_REPLY_GRACE_S = 5.0
 _MAX_EARLY_REPLIES = 10_000
-_REPLY_OUTCOME = {CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED, CommandStatus.REJECTED: CommandOutcome.REJECTED,
-                  CommandStatus.DONE: CommandOutcome.DONE, CommandStatus.FAILED: CommandOutcome.FAILED}
+_REPLY_OUTCOME = {
+    CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED,
+    CommandStatus.REJECTED: CommandOutcome.REJECTED,
+    CommandStatus.DONE: CommandOutcome.DONE,
+    CommandStatus.FAILED: CommandOutcome.FAILED,
+}
 
 
 class Responder:
-    def __init__(self, settings: Settings, policies: tuple[CommandPolicy, ...], stop: threading.Event,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        policies: tuple[CommandPolicy, ...],
+        stop: threading.Event,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings, self.policies, self.stop, self.clock = settings, policies, stop, clock
         self.config = settings.respond
         self.book = AlertBook()
@@ -171,8 +202,13 @@ class Responder:
             self._early.append((wait_until, topic, payload))
             return
         if audit is None or audit.device_id != device_id or reply.device_id != device_id:
-            self._dead_letter("unknown_command", f"reply for command {reply.command_id} of {reply.device_id}, "
-                                                 "which this responder did not send to that device", topic, payload)
+            self._dead_letter(
+                "unknown_command",
+                f"reply for command {reply.command_id} of {reply.device_id}, "
+                "which this responder did not send to that device",
+                topic,
+                payload,
+            )
             return
         outcome = _REPLY_OUTCOME[reply.status]
         if audit.status not in OPEN or (outcome == CommandOutcome.ACCEPTED and audit.status == outcome):
@@ -181,8 +217,13 @@ class Responder:
         self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
         self.counts[f"reply_{outcome.value}"] += 1
 
-    def _decoded(self, topic: str, payload: bytes, parse_topic: Callable[[str], tuple[str, str, str]],
-                 decode_payload: Callable[[bytes], Any]) -> tuple[tuple[str, str, str], Any] | None:
+    def _decoded(
+        self,
+        topic: str,
+        payload: bytes,
+        parse_topic: Callable[[str], tuple[str, str, str]],
+        decode_payload: Callable[[bytes], Any],
+    ) -> tuple[tuple[str, str, str], Any] | None:
         """(site, device type, device id) and the payload's record; None, dead-lettered with the
         reason, when the topic or the payload breaks the contract."""
         try:
@@ -198,13 +239,21 @@ class Responder:
             return
         (site, device_type, device_id), report = decoded
         if report.device_id != device_id:
-            self._dead_letter("key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic,
-                              payload)
+            self._dead_letter(
+                "key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic, payload
+            )
             return
-        record = TwinRecord(ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.REPORTED, report.properties,
-                            report.at_ms, device_id)
-        self._produce(self.settings.topics.device_twin, twin_key(device_id, TwinSide.REPORTED).encode(),
-                      encode(record))
+        record = TwinRecord(
+            ONCALL_SCHEMA_VERSION,
+            device_id,
+            device_type,
+            site,
+            TwinSide.REPORTED,
+            report.properties,
+            report.at_ms,
+            device_id,
+        )
+        self._produce(self.settings.topics.device_twin, twin_key(device_id, TwinSide.REPORTED).encode(), encode(record))
         self.counts["twin_reports"] += 1
 
     # -- deciding --------------------------------------------------------------------------
@@ -220,15 +269,22 @@ class Responder:
             if not view.firing:  # a crash alert may clear before the responder saw it firing: still an emergency
                 if view.alert_id not in self.notified and detected_ms(view.raised) >= recent_ms:
                     for policy in self.policies:
-                        if policy.action == "emergency" and policy.applies_to(view.raised) and _addressable(view.raised):
+                        if (
+                            policy.action == "emergency"
+                            and policy.applies_to(view.raised)
+                            and _addressable(view.raised)
+                        ):
                             self._emergency(view.raised, policy, now)
                 continue
             alert = view.record
             if not _addressable(alert):
                 self._unusable.add(view.alert_id)
                 self.counts["alerts_without_device"] += 1
-                log.error("alert %s names no device a command can be sent to (device_id, device_type, site, rule "
-                          "as in the contract): no command", view.alert_id)
+                log.error(
+                    "alert %s names no device a command can be sent to (device_id, device_type, site, rule "
+                    "as in the contract): no command",
+                    view.alert_id,
+                )
                 continue
             for policy in self.policies:
                 if not policy.applies_to(alert):
@@ -270,8 +326,11 @@ class Responder:
         busy = {a.alert_id for a in self.latest.values() if not settled(a)}
         gone = set(self.book.forget(now, after_ms, keep=lambda view: view.alert_id in busy))
         cutoff = now - after_ms
-        for command_id in [c for c, a in self.audits.items() if a.alert_id in gone or (
-                a.alert_id not in self.book.alerts and settled(a) and _ended_ms(a) <= cutoff)]:
+        for command_id in [
+            c
+            for c, a in self.audits.items()
+            if a.alert_id in gone or (a.alert_id not in self.book.alerts and settled(a) and _ended_ms(a) <= cutoff)
+        ]:
             del self.audits[command_id]
         self.latest = {k: a for k, a in self.latest.items() if a.command_id in self.audits}
         self.notified -= gone
@@ -288,13 +347,22 @@ class Responder:
         if last.attempt < self.config.max_attempts:
             self._issue(alert, policy, last.attempt + 1, now)
             return
-        why = ("the condition did not clear after the command" if last.status == CommandOutcome.DONE
-               else f"attempt {last.attempt} {last.status.value}")
+        why = (
+            "the condition did not clear after the command"
+            if last.status == CommandOutcome.DONE
+            else f"attempt {last.attempt} {last.status.value}"
+        )
         escalated = self._publish(last.with_step(CommandOutcome.ESCALATED, now, why))
         self._publish_alert(escalation_record(alert, escalated, "raised", why, now, self._runbook))
         self.counts["escalated"] += 1
-        log.error("escalate to on-call: %s on %s at %s still firing, %s (alert %s)", alert.get("rule"),
-                  alert.get("device_id"), alert.get("site"), why, alert.get("alert_id"))
+        log.error(
+            "escalate to on-call: %s on %s at %s still firing, %s (alert %s)",
+            alert.get("rule"),
+            alert.get("device_id"),
+            alert.get("site"),
+            why,
+            alert.get("alert_id"),
+        )
 
     def _clear_escalations(self, now: int) -> None:
         """Resolve the escalation alerts whose original alert cleared."""
@@ -303,8 +371,13 @@ class Responder:
                 continue
             original = self.book.alerts.get(audit.alert_id)
             escalation = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
-            if (original is None or original.cleared is None or escalation is None or not escalation.firing
-                    or escalation.alert_id in self._cleared):
+            if (
+                original is None
+                or original.cleared is None
+                or escalation is None
+                or not escalation.firing
+                or escalation.alert_id in self._cleared
+            ):
                 continue
             self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
             self._cleared.add(escalation.alert_id)
@@ -314,24 +387,63 @@ class Responder:
         if alert["alert_id"] in self.notified:
             return
         location = {k: float(alert[k]) for k in ("lat_deg", "lon_deg") if isinstance(alert.get(k), int | float)}
-        record = Emergency(ONCALL_SCHEMA_VERSION, alert["alert_id"], policy.name, alert["rule"], alert["device_id"],
-                           alert["device_type"], alert["site"], int(alert.get("detected_at_ms") or now), now,
-                           self.config.issuer, str(alert.get("message") or alert["rule"]), location)
+        record = Emergency(
+            ONCALL_SCHEMA_VERSION,
+            alert["alert_id"],
+            policy.name,
+            alert["rule"],
+            alert["device_id"],
+            alert["device_type"],
+            alert["site"],
+            int(alert.get("detected_at_ms") or now),
+            now,
+            self.config.issuer,
+            str(alert.get("message") or alert["rule"]),
+            location,
+        )
         self._produce(self.settings.topics.emergencies, alert["alert_id"].encode(), encode(record))
         self.notified.add(alert["alert_id"])
         self.counts["emergencies"] += 1
-        log.error("emergency notification: %s on %s at %s (alert %s)", alert["rule"], alert["device_id"],
-                  alert["site"], alert["alert_id"])
+        log.error(
+            "emergency notification: %s on %s at %s (alert %s)",
+            alert["rule"],
+            alert["device_id"],
+            alert["site"],
+            alert["alert_id"],
+        )
 
     def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
         command_id = stable_id(alert["alert_id"], policy.name, attempt, length=24)
         reason = f"alert {alert['alert_id']} ({alert.get('rule')})"
-        command = Command(COMMAND_SCHEMA_VERSION, command_id, alert["device_id"], policy.command, now, now + ttl_ms,
-                          self.config.issuer, policy.args, reason)
-        audit = CommandAudit(ONCALL_SCHEMA_VERSION, command_id, policy.name, alert["alert_id"], alert["rule"],
-                             alert["device_id"], alert["device_type"], alert["site"], policy.command,
-                             self.config.issuer, now, now + ttl_ms, attempt, CommandOutcome.SENT, policy.args)
+        command = Command(
+            COMMAND_SCHEMA_VERSION,
+            command_id,
+            alert["device_id"],
+            policy.command,
+            now,
+            now + ttl_ms,
+            self.config.issuer,
+            policy.args,
+            reason,
+        )
+        audit = CommandAudit(
+            ONCALL_SCHEMA_VERSION,
+            command_id,
+            policy.name,
+            alert["alert_id"],
+            alert["rule"],
+            alert["device_id"],
+            alert["device_type"],
+            alert["site"],
+            policy.command,
+            self.config.issuer,
+            now,
+            now + ttl_ms,
+            attempt,
+            CommandOutcome.SENT,
+            policy.args,
+        )
         self.issuer.send(alert["site"], alert["device_type"], command)
         self._publish(audit.with_step(CommandOutcome.SENT, now, reason))
         self.counts["commands_sent"] += 1
@@ -348,8 +460,12 @@ class Responder:
 
     def _publish_alert(self, record: dict[str, Any]) -> None:
         """An alert record on the alert topic, as the streaming job writes them (key device id)."""
-        self._produce(self.settings.topics.alerts, record["device_id"].encode(), json.dumps(record).encode(),
-                      [("alert_id", record["alert_id"].encode())])
+        self._produce(
+            self.settings.topics.alerts,
+            record["device_id"].encode(),
+            json.dumps(record).encode(),
+            [("alert_id", record["alert_id"].encode())],
+        )
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:
         self.counts["dead_lettered"] += 1

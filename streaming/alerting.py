@@ -90,15 +90,23 @@ class AlertContext:
     now_ms: Any = field(default=lambda: int(time.time() * 1000))
 
 
-def step(episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int,
-         ctx: AlertContext) -> dict[str, Any] | None:
+def step(
+    episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int, ctx: AlertContext
+) -> dict[str, Any] | None:
     """Advance one rule's episode by one observation; returns an alert record to publish
     (``raised`` or ``cleared``) or None."""
     return advance(episode, spec, obs.score, event_ms, seq, ctx, lambda: obs)
 
 
-def advance(episode: Episode, spec: RuleSpec, score: float, event_ms: int, seq: int, ctx: AlertContext,
-            describe: Callable[[], Observation]) -> dict[str, Any] | None:
+def advance(
+    episode: Episode,
+    spec: RuleSpec,
+    score: float,
+    event_ms: int,
+    seq: int,
+    ctx: AlertContext,
+    describe: Callable[[], Observation],
+) -> dict[str, Any] | None:
     """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
     the full observation (message, contributors) when an alert is raised or cleared."""
     firing = score >= spec.fire
@@ -139,8 +147,9 @@ def iso_time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _record(state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext,
-            seq: int) -> dict[str, Any]:
+def _record(
+    state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext, seq: int
+) -> dict[str, Any]:
     device = ctx.device
     now = ctx.now_ms()
     verb = "raised" if state == "raised" else "cleared"

@@ -36,9 +36,20 @@ SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-
 def _reading(device: int, seq: int, ts: int, rng: random.Random, spike: bool = False) -> Telemetry:
     """A thermostat reading: four metrics, two of them scored."""
     temperature = 21.0 + rng.gauss(0, 0.2) + (8.0 if spike else 0.0)
-    return Telemetry(v=1, device_id=f"bench-th-{device}", device_type="thermostat", site=f"bench-{device % 10}",
-                     seq=seq, ts=ts, metrics={"temperature_c": temperature, "humidity_pct": 45 + rng.gauss(0, 0.5),
-                                              "setpoint_c": 21.0, "hvac_on": 0.0})
+    return Telemetry(
+        v=1,
+        device_id=f"bench-th-{device}",
+        device_type="thermostat",
+        site=f"bench-{device % 10}",
+        seq=seq,
+        ts=ts,
+        metrics={
+            "temperature_c": temperature,
+            "humidity_pct": 45 + rng.gauss(0, 0.5),
+            "setpoint_c": 21.0,
+            "hvac_on": 0.0,
+        },
+    )
 
 
 def preload(settings: Settings, topic: str, devices: int, per_device: int) -> int:
@@ -65,8 +76,14 @@ def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, An
     broker would hold every fetch, and the plain consumer would measure that)."""
     from streaming.kafka_source import ConsumerCache
 
-    consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-raw-{time.time_ns()}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": ConsumerCache.FETCH_WAIT_MS})
+    consumer = Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": f"bench-raw-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": ConsumerCache.FETCH_WAIT_MS,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
     started, count = time.monotonic(), 0
     deadline = started + 600
@@ -86,8 +103,14 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
     from streaming.job import start
 
     started = time.monotonic()
-    job = start(spark, settings, checkpoint_dir=workdir / f"ck-{name}", archive_dir=workdir / f"archive-{name}",
-                available_now=True, query_name=f"bench_{name}")
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=workdir / f"ck-{name}",
+        archive_dir=workdir / f"archive-{name}",
+        available_now=True,
+        query_name=f"bench_{name}",
+    )
     job.await_backlog(1800)
     elapsed = time.monotonic() - started
     records = int(job.totals.get("reading_records", 0))
@@ -95,33 +118,51 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
     steady_rows, steady_ms = sum(b["input_rows"] for b in later), sum(b["trigger_ms"] for b in later)
     totals = job.totals
     state_devices = int(totals.get("state_devices") or 0)  # devices in the shards written, summed over batches
-    return {"records": records, "seconds": round(elapsed, 3), "records_per_s": round(records / elapsed, 1),
-            "steady_state_records_per_s": round(steady_rows / steady_ms * 1000, 1) if steady_ms else None,
-            "batch_ms": [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]],
-            "batch_rows": [b["input_rows"] for b in job.reporter.history if b["input_rows"]],
-            "state_bytes_per_device": round(totals["state_bytes"] / state_devices, 1) if state_devices else None,
-            "totals": dict(job.totals)}
+    return {
+        "records": records,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(records / elapsed, 1),
+        "steady_state_records_per_s": round(steady_rows / steady_ms * 1000, 1) if steady_ms else None,
+        "batch_ms": [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]],
+        "batch_rows": [b["input_rows"] for b in job.reporter.history if b["input_rows"]],
+        "state_bytes_per_device": round(totals["state_bytes"] / state_devices, 1) if state_devices else None,
+        "totals": dict(job.totals),
+    }
 
 
-def measure_throughput(spark: Any, settings: Settings, workdir: Path, run: str, devices: int,
-                       records: int) -> dict[str, Any]:
+def measure_throughput(
+    spark: Any, settings: Settings, workdir: Path, run: str, devices: int, records: int
+) -> dict[str, Any]:
     """One fleet size: the plain consumer and the job over the same pre-loaded topic."""
-    topics = settings.topics.model_copy(update={"raw": f"bench.{run}.{devices}.raw", "dlq": f"bench.{run}.{devices}.dlq",
-                                                "alerts": f"bench.{run}.{devices}.alerts"})
+    topics = settings.topics.model_copy(
+        update={
+            "raw": f"bench.{run}.{devices}.raw",
+            "dlq": f"bench.{run}.{devices}.dlq",
+            "alerts": f"bench.{run}.{devices}.alerts",
+        }
+    )
     settings = settings.model_copy(update={"topics": topics})
     ensure_topics(settings.kafka, topics.kafka_topics())
     total = preload(settings, topics.raw, devices, max(1, records // devices))
     raw = measure_consumer(settings, topics.raw, total)
     job = measure_job(spark, settings, workdir, f"d{devices}")
     steady = job["steady_state_records_per_s"] or job["records_per_s"]
-    return {"devices": devices, "records": total, "plain_consumer_records_per_s": raw["records_per_s"],
-            "job_records_per_s": job["records_per_s"], "job_steady_state_records_per_s": steady,
-            "ratio": round(steady / raw["records_per_s"], 4) if raw["records_per_s"] else None,
-            "state_bytes_per_device": job["state_bytes_per_device"], "plain_consumer": raw, "job": job}
+    return {
+        "devices": devices,
+        "records": total,
+        "plain_consumer_records_per_s": raw["records_per_s"],
+        "job_records_per_s": job["records_per_s"],
+        "job_steady_state_records_per_s": steady,
+        "ratio": round(steady / raw["records_per_s"], 4) if raw["records_per_s"] else None,
+        "state_bytes_per_device": job["state_bytes_per_device"],
+        "plain_consumer": raw,
+        "job": job,
+    }
 
 
-def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, seconds: float, devices: int
-                    ) -> dict[str, Any]:
+def measure_latency(
+    spark: Any, settings: Settings, workdir: Path, rate: float, seconds: float, devices: int
+) -> dict[str, Any]:
     """Alerts for injected spikes at a steady input rate: spike event time -> alert append time."""
     from streaming.job import start
 
@@ -156,8 +197,13 @@ def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, 
         producer.flush(30)
 
     preload(settings, settings.topics.raw, devices, 1)  # seq 0 of every device: the job warms up on it
-    job = start(spark, settings, checkpoint_dir=workdir / f"ck-latency-{rate:g}",
-                archive_dir=workdir / f"archive-latency-{rate:g}", query_name=f"bench_latency_{rate:g}")
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=workdir / f"ck-latency-{rate:g}",
+        archive_dir=workdir / f"archive-latency-{rate:g}",
+        query_name=f"bench_latency_{rate:g}",
+    )
     deadline = time.monotonic() + 300
     while job.totals.get("reading_records", 0) < devices and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -172,8 +218,9 @@ def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, 
     batches = [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]
     job.stop()
     latencies = []
-    consumer = Consumer({**settings.kafka.client_config(), "group.id": f"bench-lat-{time.time_ns()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": f"bench-lat-{time.time_ns()}", "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(settings.kafka.partitions)])
     idle_since = time.monotonic()
     while time.monotonic() - idle_since < 3:
@@ -186,14 +233,23 @@ def measure_latency(spark: Any, settings: Settings, workdir: Path, rate: float, 
                 latencies.append(message.timestamp()[1] - alert["first_event_ms"])
     consumer.close()
     latencies.sort()
-    quantile = (lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None)  # noqa: E731
+    quantile = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None  # noqa: E731
     injected = sum(len(v) for v in spikes.values())
-    return {"input_rate_records_per_s": rate, "achieved_rate_records_per_s": round(achieved, 1), "seconds": seconds,
-            "devices": devices, "spikes_injected": injected, "spikes_alerted": len(latencies),
-            "latency_ms": {"p50": quantile(latencies, 0.5), "p99": quantile(latencies, 0.99),
-                           "max": latencies[-1] if latencies else None},
-            "batch_ms_p50": sorted(batches)[len(batches) // 2] if batches else None,
-            "trigger_interval_s": stream.trigger_interval_s}
+    return {
+        "input_rate_records_per_s": rate,
+        "achieved_rate_records_per_s": round(achieved, 1),
+        "seconds": seconds,
+        "devices": devices,
+        "spikes_injected": injected,
+        "spikes_alerted": len(latencies),
+        "latency_ms": {
+            "p50": quantile(latencies, 0.5),
+            "p99": quantile(latencies, 0.99),
+            "max": latencies[-1] if latencies else None,
+        },
+        "batch_ms_p50": sorted(batches)[len(batches) // 2] if batches else None,
+        "trigger_interval_s": stream.trigger_interval_s,
+    }
 
 
 def _ints(text: str) -> list[int]:
@@ -204,19 +260,44 @@ def _ints(text: str) -> list[int]:
 
 
 @click.command("stream")
-@click.option("--records", default=600_000, show_default=True,
-              help="Pre-loaded records per throughput run (three micro-batches of the default size).")
-@click.option("--devices", "devices_text", default="1000,10000,100000", show_default=True,
-              help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).")
-@click.option("--rate", "rates_text", default="5000,20000", show_default=True,
-              help="Input rates (records/s) of the latency runs (comma-separated).")
+@click.option(
+    "--records",
+    default=600_000,
+    show_default=True,
+    help="Pre-loaded records per throughput run (three micro-batches of the default size).",
+)
+@click.option(
+    "--devices",
+    "devices_text",
+    default="1000,10000,100000",
+    show_default=True,
+    help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).",
+)
+@click.option(
+    "--rate",
+    "rates_text",
+    default="5000,20000",
+    show_default=True,
+    help="Input rates (records/s) of the latency runs (comma-separated).",
+)
 @click.option("--latency-seconds", default=30.0, show_default=True, help="Duration of each latency run.")
-@click.option("--latency-devices", default=500, show_default=True,
-              help="Devices of the latency runs at 5,000 records/s (scaled with the rate).")
+@click.option(
+    "--latency-devices",
+    default=500,
+    show_default=True,
+    help="Devices of the latency runs at 5,000 records/s (scaled with the rate).",
+)
 @json_option
 @pass_app
-def bench_stream(app: AppContext, records: int, devices_text: str, rates_text: str, latency_seconds: float,
-                 latency_devices: int, as_json: bool) -> None:
+def bench_stream(
+    app: AppContext,
+    records: int,
+    devices_text: str,
+    rates_text: str,
+    latency_seconds: float,
+    latency_devices: int,
+    as_json: bool,
+) -> None:
     """Records/s through the streaming job against a plain consumer, state per device, and
     spike-to-alert latency at stated rates.
 
@@ -235,16 +316,26 @@ def bench_stream(app: AppContext, records: int, devices_text: str, rates_text: s
         try:
             settings = state.apply_to(base)
             stream = settings.stream
-            with session_scope("iotwatch-bench-stream", stream.spark_master,
-                               shuffle_partitions=stream.shuffle_partitions, conf=STREAM_CONF) as spark:
+            with session_scope(
+                "iotwatch-bench-stream",
+                stream.spark_master,
+                shuffle_partitions=stream.shuffle_partitions,
+                conf=STREAM_CONF,
+            ) as spark:
                 spark.range(1).count()  # the JVM is up before anything is timed
-                throughput = [measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))
-                              for devices in fleet_sizes]
+                throughput = [
+                    measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))
+                    for devices in fleet_sizes
+                ]
                 latency = []
                 for rate in rates:
-                    topics = settings.topics.model_copy(update={
-                        "raw": f"bench.{run}.live{rate}", "alerts": f"bench.{run}.live{rate}-alerts",
-                        "dlq": f"bench.{run}.live{rate}-dlq"})
+                    topics = settings.topics.model_copy(
+                        update={
+                            "raw": f"bench.{run}.live{rate}",
+                            "alerts": f"bench.{run}.live{rate}-alerts",
+                            "dlq": f"bench.{run}.live{rate}-dlq",
+                        }
+                    )
                     live = settings.model_copy(update={"topics": topics})
                     ensure_topics(live.kafka, topics.kafka_topics())
                     devices = max(1, int(latency_devices * rate / 5000))
@@ -258,7 +349,9 @@ def bench_stream(app: AppContext, records: int, devices_text: str, rates_text: s
         "fleet_sizes": throughput,
         "throughput_at_largest_vs_smallest_fleet": (
             round(throughput[-1]["job_steady_state_records_per_s"] / first["job_steady_state_records_per_s"], 4)
-            if first and len(throughput) > 1 else None),
+            if first and len(throughput) > 1
+            else None
+        ),
         "latency": latency,
         "spark_master": base.stream.spark_master,
         "shuffle_partitions": base.stream.shuffle_partitions,
@@ -270,10 +363,14 @@ def bench_stream(app: AppContext, records: int, devices_text: str, rates_text: s
 
 def _render(result: dict[str, Any]) -> None:
     for row in result["fleet_sizes"]:
-        click.echo(f"{row['devices']:>7} devices: plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
-                   f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
-                   f"state {row['state_bytes_per_device']} B/device")
+        click.echo(
+            f"{row['devices']:>7} devices: plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
+            f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
+            f"state {row['state_bytes_per_device']} B/device"
+        )
     for row in result["latency"]:
-        click.echo(f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
-                   f"(achieved {row['achieved_rate_records_per_s']:.0f}): p50 {row['latency_ms']['p50']} ms, "
-                   f"p99 {row['latency_ms']['p99']} ms ({row['spikes_alerted']}/{row['spikes_injected']} spikes)")
+        click.echo(
+            f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
+            f"(achieved {row['achieved_rate_records_per_s']:.0f}): p50 {row['latency_ms']['p50']} ms, "
+            f"p99 {row['latency_ms']['p99']} ms ({row['spikes_alerted']}/{row['spikes_injected']} spikes)"
+        )

@@ -38,9 +38,27 @@ UNIT_ALIASES: Mapping[str, tuple[str, Callable[[float], float]]] = {
 #: archived and aggregated, but not given to the statistical detectors (rules look at them
 #: instead). A fuel gauge is one too: it falls smoothly and jumps at every refuel, so a
 #: per-metric detector raised an alert at each fill-up (about one per vehicle-day).
-NOT_SCORED = frozenset({"hvac_on", "open", "water_detected", "lat_deg", "lon_deg", "heading_deg", "energy_kwh",
-                        "setpoint_c", "steering_angle_deg", "throttle_pct", "brake_pct", "speed_kmh",
-                        "engine_rpm", "accel_x_g", "accel_y_g", "accel_z_g", "fuel_level_pct"})
+NOT_SCORED = frozenset(
+    {
+        "hvac_on",
+        "open",
+        "water_detected",
+        "lat_deg",
+        "lon_deg",
+        "heading_deg",
+        "energy_kwh",
+        "setpoint_c",
+        "steering_angle_deg",
+        "throttle_pct",
+        "brake_pct",
+        "speed_kmh",
+        "engine_rpm",
+        "accel_x_g",
+        "accel_y_g",
+        "accel_z_g",
+        "fuel_level_pct",
+    }
+)
 
 
 def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -110,8 +128,9 @@ def entry_column(n: int, entry_reading: np.ndarray, names: np.ndarray, values: n
     return column
 
 
-def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def clean_entries(
+    record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened
     metrics: entry ``k`` is metric ``name[k] = value[k]`` of record ``record[k]``, whose device
     type is ``device_type[record[k]]``. Returns ``(record, name, value, out_of_range)``
@@ -123,8 +142,9 @@ def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, devic
     return record, name, value, _out_of_range(name, value, device_type[record])
 
 
-def _normalise_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _normalise_entries(
+    record: np.ndarray, name: np.ndarray, value: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     keep = np.ones(len(name), dtype=bool)
     value = value.copy()
     name = name.copy()
@@ -143,13 +163,16 @@ def _normalise_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray
     return record[keep], name[keep], value[keep]
 
 
-def _derive_power_factor(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _derive_power_factor(
+    record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     meters = device_type[record] == "smart_meter"
     if not meters.any():
         return record, name, value
-    series = {m: pd.Series(value[meters & (name == m)], index=record[meters & (name == m)])
-              for m in ("power_w", "voltage_v", "current_a", "power_factor")}
+    series = {
+        m: pd.Series(value[meters & (name == m)], index=record[meters & (name == m)])
+        for m in ("power_w", "voltage_v", "current_a", "power_factor")
+    }
     frame = pd.DataFrame({m: s[~s.index.duplicated()] for m, s in series.items()})
     frame = frame[frame["power_factor"].isna()].dropna(subset=["power_w", "voltage_v", "current_a"])
     apparent = frame["voltage_v"] * frame["current_a"]
@@ -157,9 +180,11 @@ def _derive_power_factor(record: np.ndarray, name: np.ndarray, value: np.ndarray
     if frame.empty:
         return record, name, value
     factor = np.round(frame["power_w"].to_numpy() / (frame["voltage_v"] * frame["current_a"]).to_numpy(), 4)
-    return (np.concatenate([record, frame.index.to_numpy(dtype=record.dtype)]),
-            np.concatenate([name, np.full(len(frame), "power_factor", dtype=object)]),
-            np.concatenate([value, factor]))
+    return (
+        np.concatenate([record, frame.index.to_numpy(dtype=record.dtype)]),
+        np.concatenate([name, np.full(len(frame), "power_factor", dtype=object)]),
+        np.concatenate([value, factor]),
+    )
 
 
 def _out_of_range(name: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> np.ndarray:
@@ -169,8 +194,13 @@ def _out_of_range(name: np.ndarray, value: np.ndarray, device_type: np.ndarray) 
         type_codes, types = pd.factorize(device_type)
         name_codes, names = pd.factorize(name)
         codes, pairs = pd.factorize(type_codes.astype(np.int64) * len(names) + name_codes)
-        bounds = np.array([physical_range(types[p // len(names)], names[p % len(names)]) or (-np.inf, np.inf)
-                           for p in pairs.tolist()], dtype=float).reshape(-1, 2)
+        bounds = np.array(
+            [
+                physical_range(types[p // len(names)], names[p % len(names)]) or (-np.inf, np.inf)
+                for p in pairs.tolist()
+            ],
+            dtype=float,
+        ).reshape(-1, 2)
         low, high = bounds[codes, 0], bounds[codes, 1]
     return ~((low <= value) & (value <= high))
 

@@ -41,8 +41,15 @@ def prepare_outputs(settings: Settings) -> None:
         log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
 
 
-def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path | None, *, available_now: bool,
-            duration: float | None, query_name: str = "iotwatch_stream") -> RunningJob:
+def run_job(
+    settings: Settings,
+    checkpoint_dir: Path | None,
+    archive_dir: Path | None,
+    *,
+    available_now: bool,
+    duration: float | None,
+    query_name: str = "iotwatch_stream",
+) -> RunningJob:
     """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done."""
     from iotwatch.spark import session_scope
     from streaming.job import STOP_WAIT_S, STREAM_CONF, start
@@ -52,10 +59,20 @@ def run_job(settings: Settings, checkpoint_dir: Path | None, archive_dir: Path |
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stream_settings = settings.stream
-    with session_scope("iotwatch-stream", stream_settings.spark_master,
-                       shuffle_partitions=stream_settings.shuffle_partitions, conf=STREAM_CONF) as spark:
-        job = start(spark, settings, checkpoint_dir=checkpoint_dir, archive_dir=archive_dir,
-                    available_now=available_now, query_name=query_name)
+    with session_scope(
+        "iotwatch-stream",
+        stream_settings.spark_master,
+        shuffle_partitions=stream_settings.shuffle_partitions,
+        conf=STREAM_CONF,
+    ) as spark:
+        job = start(
+            spark,
+            settings,
+            checkpoint_dir=checkpoint_dir,
+            archive_dir=archive_dir,
+            available_now=available_now,
+            query_name=query_name,
+        )
         started = time.monotonic()
         try:
             while job.query.isActive and not stop.is_set():
@@ -81,35 +98,67 @@ _STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VA
 def _hint(error: str) -> str:
     """What to do about a failure a user can fix, appended to its message."""
     if any(name in error for name in _STATE_LAYOUT_ERRORS):
-        return (" -- the checkpoint was written by an earlier iotwatch with another state layout: "
-                "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)")
+        return (
+            " -- the checkpoint was written by an earlier iotwatch with another state layout: "
+            "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)"
+        )
     return ""
 
 
 @click.command()
 @endpoint_options(kafka=True, influx=True)
-@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR); restart with the same "
-                   "directory to resume exactly where the job stopped.")
-@click.option("--archive", "archive_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).")
-@click.option("--trigger", "trigger_s", type=float, help="Seconds between micro-batch starts (default 0: each starts "
-                                                       "as soon as the previous one ends).")
-@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1),
-              help="Records per micro-batch at most (default IOTWATCH_STREAM_MAX_OFFSETS_PER_TRIGGER, "
-                   f"{StreamSettings.model_fields['max_offsets_per_trigger'].default:,}): larger batches catch up "
-                   "on a backlog faster, most of all with a large fleet.")
+@click.option(
+    "--checkpoint",
+    "checkpoint_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR); restart with the same "
+    "directory to resume exactly where the job stopped.",
+)
+@click.option(
+    "--archive",
+    "archive_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).",
+)
+@click.option(
+    "--trigger",
+    "trigger_s",
+    type=float,
+    help="Seconds between micro-batch starts (default 0: each starts as soon as the previous one ends).",
+)
+@click.option(
+    "--max-offsets-per-trigger",
+    type=click.IntRange(min=1),
+    help="Records per micro-batch at most (default IOTWATCH_STREAM_MAX_OFFSETS_PER_TRIGGER, "
+    f"{StreamSettings.model_fields['max_offsets_per_trigger'].default:,}): larger batches catch up "
+    "on a backlog faster, most of all with a large fleet.",
+)
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
-@click.option("--kafka-source", type=click.Choice(["python", "spark"]),
-              help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).")
-@click.option("--available-now", is_flag=True, help="Process what is in Kafka now, then stop (same state and "
-                                                   "checkpoint as a continuous run).")
+@click.option(
+    "--kafka-source",
+    type=click.Choice(["python", "spark"]),
+    help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).",
+)
+@click.option(
+    "--available-now",
+    is_flag=True,
+    help="Process what is in Kafka now, then stop (same state and checkpoint as a continuous run).",
+)
 @click.option("--duration", type=float, help="Stop after this many seconds.")
 @json_option
 @pass_app
-def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | None, trigger_s: float | None,
-           max_offsets_per_trigger: int | None, starting_offsets: str | None, kafka_source: str | None,
-           available_now: bool, duration: float | None, as_json: bool) -> None:
+def stream(
+    app: AppContext,
+    checkpoint_dir: Path | None,
+    archive_dir: Path | None,
+    trigger_s: float | None,
+    max_offsets_per_trigger: int | None,
+    starting_offsets: str | None,
+    kafka_source: str | None,
+    available_now: bool,
+    duration: float | None,
+    as_json: bool,
+) -> None:
     """Run the PySpark Structured Streaming job: clean, deduplicate, score, alert.
 
     Reads the raw telemetry topic, validates every record against the message contract
@@ -119,14 +168,20 @@ def stream(app: AppContext, checkpoint_dir: Path | None, archive_dir: Path | Non
     to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
     topics and the InfluxDB database.
     """
-    update: dict[str, Any] = {k: v for k, v in {
-        "trigger_interval_s": trigger_s, "max_offsets_per_trigger": max_offsets_per_trigger,
-        "starting_offsets": starting_offsets, "kafka_source": kafka_source}.items() if v is not None}
+    update: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "trigger_interval_s": trigger_s,
+            "max_offsets_per_trigger": max_offsets_per_trigger,
+            "starting_offsets": starting_offsets,
+            "kafka_source": kafka_source,
+        }.items()
+        if v is not None
+    }
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
     job = run_job(settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration)
-    summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals),
-               "last_progress": job.reporter.last}
+    summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals), "last_progress": job.reporter.last}
     emit(summary, as_json, render_summary)
 
 

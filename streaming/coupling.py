@@ -51,8 +51,16 @@ class Coupling:
 COUPLINGS: tuple[Coupling, ...] = (Coupling("smart_meter", ("power_w", "current_a"), "power_factor"),)
 
 
-def explained_entries(reading_type: np.ndarray, entry_reading: np.ndarray, names: np.ndarray, surprises: np.ndarray,
-                      *, moved: float, broken: float, couplings: tuple[Coupling, ...] = COUPLINGS) -> np.ndarray:
+def explained_entries(
+    reading_type: np.ndarray,
+    entry_reading: np.ndarray,
+    names: np.ndarray,
+    surprises: np.ndarray,
+    *,
+    moved: float,
+    broken: float,
+    couplings: tuple[Coupling, ...] = COUPLINGS,
+) -> np.ndarray:
     """Which metric entries' scores a coupling explains (boolean, one per entry).
 
     ``reading_type`` is each reading's device type, ``entry_reading`` each entry's reading
@@ -75,4 +83,3 @@ def explained_entries(reading_type: np.ndarray, entry_reading: np.ndarray, names
         if together.any():
             explained[mine] |= together[reading] & np.isin(name, coupling.moving)
     return explained
-

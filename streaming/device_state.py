@@ -25,10 +25,34 @@ from itertools import accumulate
 import numpy as np
 
 #: int64 fields of ``DeviceState.core``, by position.
-CORE_FIELDS = ("seq_high", "max_event_ms", "last_wall_ms", "last_append_ms", "received", "scored", "duplicates",
-               "late", "dead_lettered", "seq_resets", "clock_steps", "seq_gaps")
-SEQ_HIGH, MAX_EVENT_MS, LAST_WALL_MS, LAST_APPEND_MS, RECEIVED, SCORED, DUPLICATES, LATE, DEAD_LETTERED, \
-    SEQ_RESETS, CLOCK_STEPS, SEQ_GAPS = range(len(CORE_FIELDS))
+CORE_FIELDS = (
+    "seq_high",
+    "max_event_ms",
+    "last_wall_ms",
+    "last_append_ms",
+    "received",
+    "scored",
+    "duplicates",
+    "late",
+    "dead_lettered",
+    "seq_resets",
+    "clock_steps",
+    "seq_gaps",
+)
+(
+    SEQ_HIGH,
+    MAX_EVENT_MS,
+    LAST_WALL_MS,
+    LAST_APPEND_MS,
+    RECEIVED,
+    SCORED,
+    DUPLICATES,
+    LATE,
+    DEAD_LETTERED,
+    SEQ_RESETS,
+    CLOCK_STEPS,
+    SEQ_GAPS,
+) = range(len(CORE_FIELDS))
 #: Counters summed into the job's totals (a subset of CORE_FIELDS).
 COUNTERS = CORE_FIELDS[RECEIVED:]
 
@@ -37,7 +61,8 @@ COUNTERS = CORE_FIELDS[RECEIVED:]
 #: so its clear speaks of the same metric.
 EPISODE_FIELDS = ("rule", "status", "above", "below", "start_ms", "start_seq", "last_ms", "occurrences", "metric")
 EP_RULE, EP_STATUS, EP_ABOVE, EP_BELOW, EP_START_MS, EP_START_SEQ, EP_LAST_MS, EP_OCCURRENCES, EP_METRIC = range(
-    len(EPISODE_FIELDS))
+    len(EPISODE_FIELDS)
+)
 IDLE, PENDING, OPEN = 0, 1, 2
 
 #: float64 fields of one open aggregate bucket of one metric.
@@ -49,6 +74,7 @@ _SEP = "\x1f"
 FORMAT = 2
 _HEADER = "<H10I"
 _HEADER_STRUCT = struct.Struct(_HEADER)
+
 
 def _empty_core() -> np.ndarray:
     core = np.zeros(len(CORE_FIELDS), dtype=np.int64)
@@ -77,9 +103,18 @@ class DeviceState:
         return cls(seqs=np.zeros(seq_words, dtype=np.uint64), detectors=np.zeros((0, state_size), dtype=np.float64))
 
     def parts(self) -> tuple[bytes, ...]:
-        return (self.device_type.encode(), self.site.encode(), _SEP.join(self.metrics).encode(), self.core.tobytes(),
-                self.seqs.tobytes(), self.episodes.tobytes(), self.peaks.tobytes(), self.detectors.tobytes(),
-                self.last.tobytes(), self.buckets.tobytes())
+        return (
+            self.device_type.encode(),
+            self.site.encode(),
+            _SEP.join(self.metrics).encode(),
+            self.core.tobytes(),
+            self.seqs.tobytes(),
+            self.episodes.tobytes(),
+            self.peaks.tobytes(),
+            self.detectors.tobytes(),
+            self.last.tobytes(),
+            self.buckets.tobytes(),
+        )
 
     def to_value(self) -> tuple[bytes]:
         """The state-store value (see :data:`streaming.schemas.DEVICE_STATE_SCHEMA`): the
@@ -95,21 +130,34 @@ class DeviceState:
         blob = bytearray(value[0])
         version, *lengths = _HEADER_STRUCT.unpack_from(blob)
         if version not in (1, FORMAT):
-            raise ValueError(f"device state format {version} (this version reads {FORMAT}): start from a new checkpoint")
+            raise ValueError(
+                f"device state format {version} (this version reads {FORMAT}): start from a new checkpoint"
+            )
         ends = list(accumulate(lengths, initial=_HEADER_STRUCT.size))
         device_type, site, metrics = (blob[a:b].decode() for a, b in zip(ends[:3], ends[1:4], strict=True))
 
         def array(part: int, dtype: type) -> np.ndarray:
             start = ends[part]
-            return np.frombuffer(blob, dtype=dtype, count=(ends[part + 1] - start) // np.dtype(dtype).itemsize,
-                                 offset=start)
+            return np.frombuffer(
+                blob, dtype=dtype, count=(ends[part + 1] - start) // np.dtype(dtype).itemsize, offset=start
+            )
+
         width = len(EPISODE_FIELDS) - (1 if version == 1 else 0)
         rows = array(5, np.int64).reshape(-1, width)
         if version == 1:
             rows = np.column_stack([rows, np.full(len(rows), -1, dtype=np.int64)])
-        return cls(device_type, site, array(3, np.int64), array(4, np.uint64), rows, array(6, np.float64),
-                   metrics.split(_SEP) if metrics else [], array(7, np.float64).reshape(-1, state_size),
-                   array(8, np.float64), array(9, np.float64).reshape(-1, len(BUCKET_FIELDS)))
+        return cls(
+            device_type,
+            site,
+            array(3, np.int64),
+            array(4, np.uint64),
+            rows,
+            array(6, np.float64),
+            metrics.split(_SEP) if metrics else [],
+            array(7, np.float64).reshape(-1, state_size),
+            array(8, np.float64),
+            array(9, np.float64).reshape(-1, len(BUCKET_FIELDS)),
+        )
 
     def size_bytes(self) -> int:
         """Bytes this device takes in the state store (the value's payload)."""

@@ -97,10 +97,23 @@ class DeviceTable:
         core[:, SEQ_HIGH] = -1
         core[:, MAX_EVENT_MS] = -1
         none = np.zeros(0, dtype=np.int64)
-        return cls(_strings(ids), _strings([""] * n), _strings([""] * n), core,
-                   np.zeros((n, seq_words), dtype=np.uint64), none, _strings([]), np.zeros(0), none,
-                   np.zeros((0, state_size)), none, np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64), np.zeros(0),
-                   none, np.zeros((0, len(BUCKET_FIELDS))))
+        return cls(
+            _strings(ids),
+            _strings([""] * n),
+            _strings([""] * n),
+            core,
+            np.zeros((n, seq_words), dtype=np.uint64),
+            none,
+            _strings([]),
+            np.zeros(0),
+            none,
+            np.zeros((0, state_size)),
+            none,
+            np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64),
+            np.zeros(0),
+            none,
+            np.zeros((0, len(BUCKET_FIELDS))),
+        )
 
     # -- grouped rows ---------------------------------------------------------------------------
 
@@ -110,10 +123,9 @@ class DeviceTable:
 
     def metric_names(self, d: int) -> list[str]:
         bounds = np.searchsorted(self.metric_device, [d, d + 1])
-        return self.metric_name[bounds[0]:bounds[1]].tolist()
+        return self.metric_name[bounds[0] : bounds[1]].tolist()
 
-    def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray
-                    ) -> np.ndarray:
+    def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray) -> np.ndarray:
         """Append new (device, metric) rows -- after each device's existing ones, in the given
         order -- with a fresh detector row for the ``watched`` ones. Rows move: returns where
         each row went, the existing ones first, then the new ones in the given order."""
@@ -152,10 +164,23 @@ class DeviceTable:
         renumbered[used] = np.arange(int(used.sum()))
         e, episode_device = grouped(self.episode_device)
         b, bucket_device = grouped(self.bucket_device)
-        return DeviceTable(self.ids[rows], self.device_type[rows], self.site[rows], self.core[rows], self.seqs[rows],
-                           metric_device, self.metric_name[m], self.metric_last[m], renumbered,
-                           np.ascontiguousarray(self.detectors[detector[used]]), episode_device, self.episodes[e],
-                           self.peaks[e], bucket_device, self.buckets[b])
+        return DeviceTable(
+            self.ids[rows],
+            self.device_type[rows],
+            self.site[rows],
+            self.core[rows],
+            self.seqs[rows],
+            metric_device,
+            self.metric_name[m],
+            self.metric_last[m],
+            renumbered,
+            np.ascontiguousarray(self.detectors[detector[used]]),
+            episode_device,
+            self.episodes[e],
+            self.peaks[e],
+            bucket_device,
+            self.buckets[b],
+        )
 
     def slice(self, lo: int, hi: int) -> DeviceTable:
         """The devices ``lo:hi`` (a contiguous range: each grouped column is one range too)."""
@@ -166,11 +191,23 @@ class DeviceTable:
         used = detector >= 0
         renumbered = np.full(len(detector), -1, dtype=np.int64)
         renumbered[used] = np.arange(int(used.sum()))
-        return DeviceTable(self.ids[lo:hi], self.device_type[lo:hi], self.site[lo:hi], self.core[lo:hi],
-                           self.seqs[lo:hi], self.metric_device[m] - lo, self.metric_name[m], self.metric_last[m],
-                           renumbered, np.ascontiguousarray(self.detectors[detector[used]]),
-                           self.episode_device[e] - lo, self.episodes[e], self.peaks[e], self.bucket_device[b] - lo,
-                           self.buckets[b])
+        return DeviceTable(
+            self.ids[lo:hi],
+            self.device_type[lo:hi],
+            self.site[lo:hi],
+            self.core[lo:hi],
+            self.seqs[lo:hi],
+            self.metric_device[m] - lo,
+            self.metric_name[m],
+            self.metric_last[m],
+            renumbered,
+            np.ascontiguousarray(self.detectors[detector[used]]),
+            self.episode_device[e] - lo,
+            self.episodes[e],
+            self.peaks[e],
+            self.bucket_device[b] - lo,
+            self.buckets[b],
+        )
 
     @classmethod
     def concat(cls, tables: Sequence[DeviceTable]) -> DeviceTable:
@@ -181,17 +218,28 @@ class DeviceTable:
         base = np.cumsum([0] + [len(t) for t in tables[:-1]])
         detector_base = np.cumsum([0] + [len(t.detectors) for t in tables[:-1]])
         cat = np.concatenate
-        return cls(cat([t.ids for t in tables]), cat([t.device_type for t in tables]), cat([t.site for t in tables]),
-                   cat([t.core for t in tables]), cat([t.seqs for t in tables]),
-                   cat([t.metric_device + b for t, b in zip(tables, base, strict=True)]),
-                   cat([t.metric_name for t in tables]), cat([t.metric_last for t in tables]),
-                   cat([np.where(t.metric_detector >= 0, t.metric_detector + b, -1)
-                        for t, b in zip(tables, detector_base, strict=True)]),
-                   np.ascontiguousarray(cat([t.detectors for t in tables])),
-                   cat([t.episode_device + b for t, b in zip(tables, base, strict=True)]),
-                   cat([t.episodes for t in tables]), cat([t.peaks for t in tables]),
-                   cat([t.bucket_device + b for t, b in zip(tables, base, strict=True)]),
-                   cat([t.buckets for t in tables]))
+        return cls(
+            cat([t.ids for t in tables]),
+            cat([t.device_type for t in tables]),
+            cat([t.site for t in tables]),
+            cat([t.core for t in tables]),
+            cat([t.seqs for t in tables]),
+            cat([t.metric_device + b for t, b in zip(tables, base, strict=True)]),
+            cat([t.metric_name for t in tables]),
+            cat([t.metric_last for t in tables]),
+            cat(
+                [
+                    np.where(t.metric_detector >= 0, t.metric_detector + b, -1)
+                    for t, b in zip(tables, detector_base, strict=True)
+                ]
+            ),
+            np.ascontiguousarray(cat([t.detectors for t in tables])),
+            cat([t.episode_device + b for t, b in zip(tables, base, strict=True)]),
+            cat([t.episodes for t in tables]),
+            cat([t.peaks for t in tables]),
+            cat([t.bucket_device + b for t, b in zip(tables, base, strict=True)]),
+            cat([t.buckets for t in tables]),
+        )
 
     # -- one value in the state store ---------------------------------------------------------------
 
@@ -203,36 +251,73 @@ class DeviceTable:
         return COMPRESSED + _RAW_LENGTH.pack(len(raw)) + pa.compress(raw, codec="lz4", asbytes=True)
 
     def _raw_bytes(self) -> bytes:
-        names = [_SEP.join(self.ids.tolist()).encode(), *_encode_strings(self.device_type),
-                 *_encode_strings(self.site), *_encode_strings(self.metric_name)]
+        names = [
+            _SEP.join(self.ids.tolist()).encode(),
+            *_encode_strings(self.device_type),
+            *_encode_strings(self.site),
+            *_encode_strings(self.metric_name),
+        ]
         ids, type_vocabulary, type_codes, site_vocabulary, site_codes, name_vocabulary, name_codes = names
-        header = MAGIC + _HEADER.pack(len(self), len(self.metric_device), len(self.detectors), len(self.episodes),
-                                      len(self.buckets), self.seqs.shape[1], self.detectors.shape[1], len(ids),
-                                      len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0)
-        return b"".join([
-            header, ids, type_vocabulary, site_vocabulary, name_vocabulary, type_codes, site_codes, name_codes,
-            self.core.astype(np.int64).tobytes(), self.seqs.astype(np.uint64).tobytes(),
-            self.metric_device.astype(np.int32).tobytes(), self.metric_last.tobytes(),
-            self.metric_detector.astype(np.int32).tobytes(), self.detectors.tobytes(),
-            self.episode_device.astype(np.int32).tobytes(), self.episodes.astype(np.int64).tobytes(),
-            self.peaks.tobytes(), self.bucket_device.astype(np.int32).tobytes(), self.buckets.tobytes()])
+        header = MAGIC + _HEADER.pack(
+            len(self),
+            len(self.metric_device),
+            len(self.detectors),
+            len(self.episodes),
+            len(self.buckets),
+            self.seqs.shape[1],
+            self.detectors.shape[1],
+            len(ids),
+            len(type_vocabulary),
+            len(site_vocabulary),
+            len(name_vocabulary),
+            0,
+        )
+        return b"".join(
+            [
+                header,
+                ids,
+                type_vocabulary,
+                site_vocabulary,
+                name_vocabulary,
+                type_codes,
+                site_codes,
+                name_codes,
+                self.core.astype(np.int64).tobytes(),
+                self.seqs.astype(np.uint64).tobytes(),
+                self.metric_device.astype(np.int32).tobytes(),
+                self.metric_last.tobytes(),
+                self.metric_detector.astype(np.int32).tobytes(),
+                self.detectors.tobytes(),
+                self.episode_device.astype(np.int32).tobytes(),
+                self.episodes.astype(np.int64).tobytes(),
+                self.peaks.tobytes(),
+                self.bucket_device.astype(np.int32).tobytes(),
+                self.buckets.tobytes(),
+            ]
+        )
 
     @classmethod
     def from_bytes(cls, blob: bytes, state_size: int) -> DeviceTable:
-        if blob[:len(COMPRESSED)] == COMPRESSED:
+        if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
-            blob = pa.decompress(memoryview(blob)[len(COMPRESSED) + _RAW_LENGTH.size:], decompressed_size=length,
-                                 codec="lz4", asbytes=True)
-        if blob[:len(MAGIC)] != MAGIC:
+            blob = pa.decompress(
+                memoryview(blob)[len(COMPRESSED) + _RAW_LENGTH.size :],
+                decompressed_size=length,
+                codec="lz4",
+                asbytes=True,
+            )
+        if blob[: len(MAGIC)] != MAGIC:
             raise ValueError("not a device table")
         n, p, q, e, b, words, size, *lengths = _HEADER.unpack_from(blob, len(MAGIC))
         if size != state_size:
-            raise ValueError(f"device state holds detector rows of {size} numbers, this detector keeps {state_size}: "
-                             f"the detector changed; start from a new checkpoint")
+            raise ValueError(
+                f"device state holds detector rows of {size} numbers, this detector keeps {state_size}: "
+                f"the detector changed; start from a new checkpoint"
+            )
         at = len(MAGIC) + _HEADER.size
         text = []
         for length in lengths[:4]:
-            text.append(blob[at:at + length])
+            text.append(blob[at : at + length])
             at += length
 
         def array(dtype: type, count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -243,15 +328,23 @@ class DeviceTable:
 
         type_codes, site_codes, name_codes = array(np.int32, n), array(np.int32, n), array(np.int32, p)
         ids = _strings(text[0].decode().split(_SEP)) if n else _strings([])
-        return cls(ids, _decode_strings(text[1], type_codes), _decode_strings(text[2], site_codes),
-                   array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS))),
-                   array(np.uint64, n * words, (n, words)),
-                   array(np.int32, p).astype(np.int64), _decode_strings(text[3], name_codes), array(np.float64, p),
-                   array(np.int32, p).astype(np.int64), array(np.float64, q * size, (q, size)),
-                   array(np.int32, e).astype(np.int64),
-                   array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))), array(np.float64, e),
-                   array(np.int32, b).astype(np.int64), array(np.float64, b * len(BUCKET_FIELDS),
-                                                             (b, len(BUCKET_FIELDS))))
+        return cls(
+            ids,
+            _decode_strings(text[1], type_codes),
+            _decode_strings(text[2], site_codes),
+            array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS))),
+            array(np.uint64, n * words, (n, words)),
+            array(np.int32, p).astype(np.int64),
+            _decode_strings(text[3], name_codes),
+            array(np.float64, p),
+            array(np.int32, p).astype(np.int64),
+            array(np.float64, q * size, (q, size)),
+            array(np.int32, e).astype(np.int64),
+            array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))),
+            array(np.float64, e),
+            array(np.int32, b).astype(np.int64),
+            array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
+        )
 
     # -- one device as a record (tests, tools, the previous layout) ------------------------------------
 
@@ -259,13 +352,23 @@ class DeviceTable:
         """Device ``d``'s state in the per-device layout."""
         one = self.take(np.array([d]))
         detectors = one.detectors[one.metric_detector[one.metric_detector >= 0]]
-        return DeviceState(str(one.device_type[0]), str(one.site[0]), one.core[0].copy(), one.seqs[0].copy(),
-                           one.episodes.copy(), one.peaks.copy(), one.metric_name.tolist(), detectors.copy(),
-                           one.metric_last.copy(), one.buckets.copy())
+        return DeviceState(
+            str(one.device_type[0]),
+            str(one.site[0]),
+            one.core[0].copy(),
+            one.seqs[0].copy(),
+            one.episodes.copy(),
+            one.peaks.copy(),
+            one.metric_name.tolist(),
+            detectors.copy(),
+            one.metric_last.copy(),
+            one.buckets.copy(),
+        )
 
     @classmethod
-    def from_states(cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
-                    ) -> DeviceTable:
+    def from_states(
+        cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
+    ) -> DeviceTable:
         """Devices from their per-device states (a checkpoint of the previous layout)."""
         table = cls.empty(ids, seq_words, state_size)
         if not states:

@@ -38,16 +38,32 @@ from models.base import Detector
 from models.catalog import make
 from models.kernels import kernel_for
 from streaming import rules
-from streaming.alerting import (AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id,
-                                iso_time)
+from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id, iso_time
 from streaming.cleaning import clean_entries, entry_column, scored_names
 from streaming.coupling import explained_entries
-from streaming.device_state import (BUCKET_FIELDS, COUNTERS, CORE_FIELDS, EP_ABOVE, EP_BELOW, EP_LAST_MS,
-                                    EP_METRIC, EP_OCCURRENCES, EP_RULE, EP_START_MS, EP_START_SEQ, EP_STATUS,
-                                    EPISODE_FIELDS, IDLE, LAST_WALL_MS, MAX_EVENT_MS, OPEN, PENDING, SEQ_HIGH)
+from streaming.device_state import (
+    BUCKET_FIELDS,
+    CORE_FIELDS,
+    COUNTERS,
+    EP_ABOVE,
+    EP_BELOW,
+    EP_LAST_MS,
+    EP_METRIC,
+    EP_OCCURRENCES,
+    EP_RULE,
+    EP_START_MS,
+    EP_START_SEQ,
+    EP_STATUS,
+    EPISODE_FIELDS,
+    IDLE,
+    LAST_WALL_MS,
+    MAX_EVENT_MS,
+    OPEN,
+    PENDING,
+    SEQ_HIGH,
+)
 from streaming.device_table import DeviceTable
-from streaming.schemas import (AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column,
-                               value_column)
+from streaming.schemas import AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
 from streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
 
 #: Describes reading ``i`` for an alert record; the metric is the one an open alert was raised on.
@@ -60,8 +76,19 @@ AGGREGATE_COLUMNS = ("device_id", "device_type", "site", "metric", "event_ms", *
 
 #: Rules in the order their alerts are listed for one reading; a rule's position is its code
 #: in the saved episodes (``EP_RULE``), so new rules go at the end.
-RULE_ORDER = (rules.OUT_OF_RANGE, rules.CRASH, rules.HARSH_BRAKING, rules.LEAK, rules.STUCK_HVAC, rules.ANOMALY,
-              rules.SILENT, rules.FLEET, rules.COOLANT, rules.BATTERY, rules.HUMIDITY)
+RULE_ORDER = (
+    rules.OUT_OF_RANGE,
+    rules.CRASH,
+    rules.HARSH_BRAKING,
+    rules.LEAK,
+    rules.STUCK_HVAC,
+    rules.ANOMALY,
+    rules.SILENT,
+    rules.FLEET,
+    rules.COOLANT,
+    rules.BATTERY,
+    rules.HUMIDITY,
+)
 _RULE_INDEX = {name: i for i, name in enumerate(RULE_ORDER)}
 _STATUS = {IDLE: "idle", PENDING: "pending", OPEN: "open"}
 _STATUS_CODE = {name: code for code, name in _STATUS.items()}
@@ -85,16 +112,27 @@ class RecordColumns:
         return len(self.offset)
 
     @classmethod
-    def from_payloads(cls, partition: int, payloads: list[bytes | None], keys: list[str | None],
-                      offsets: list[int], append_ms: list[int] | None = None,
-                      now_ms: int | None = None) -> RecordColumns:
+    def from_payloads(
+        cls,
+        partition: int,
+        payloads: list[bytes | None],
+        keys: list[str | None],
+        offsets: list[int],
+        append_ms: list[int] | None = None,
+        now_ms: int | None = None,
+    ) -> RecordColumns:
         """Decode raw Kafka values (what the packing stage does in the job)."""
         decoded = decode_batch(payloads, [None if k is None else k.encode() for k in keys], now_ms=now_ms)
         raw = np.empty(len(payloads), dtype=object)
         raw[:] = payloads
-        return cls(partition, np.asarray(offsets, dtype=np.int64),
-                   np.asarray(append_ms if append_ms is not None else [0] * len(payloads), dtype=np.int64),
-                   np.array(keys, dtype=object), raw, decoded)
+        return cls(
+            partition,
+            np.asarray(offsets, dtype=np.int64),
+            np.asarray(append_ms if append_ms is not None else [0] * len(payloads), dtype=np.int64),
+            np.array(keys, dtype=object),
+            raw,
+            decoded,
+        )
 
 
 class DeviceStore(Protocol):
@@ -128,10 +166,20 @@ class BatchOutput:
         """Everything as dicts tagged with a ``kind`` (tests and small tools): readings
         with their ``metrics`` and ``scores`` as dicts, then alerts (the record as ``body``),
         aggregates, dead letters and a ``tally``."""
-        rows = [{**r, "metrics": reading_metrics(r), "scores": reading_scores(r)}
-                for r in self.readings.to_dict("records")]
-        rows += [{"kind": "alert", "device_id": a["device_id"], "seq": a["seq"], "event_ms": a["last_event_ms"],
-                  "metric": a["metric"], "body": json.dumps(a)} for a in self.alerts]
+        rows = [
+            {**r, "metrics": reading_metrics(r), "scores": reading_scores(r)} for r in self.readings.to_dict("records")
+        ]
+        rows += [
+            {
+                "kind": "alert",
+                "device_id": a["device_id"],
+                "seq": a["seq"],
+                "event_ms": a["last_event_ms"],
+                "metric": a["metric"],
+                "body": json.dumps(a),
+            }
+            for a in self.alerts
+        ]
         rows += [{"kind": "aggregate", **r} for r in self.aggregates.to_dict("records")]
         rows += [dict(d) for d in self.dead_letters]
         rows.append({"kind": "tally", "body": json.dumps(self.counters)})
@@ -156,8 +204,16 @@ def reading_scores(row: dict[str, Any]) -> dict[str, float]:
 class _Readings:
     """Per-reading columns of the scored records, for the vectorised rules and messages."""
 
-    def __init__(self, device_type: np.ndarray, event: np.ndarray, entry_reading: np.ndarray, names: np.ndarray,
-                 values: np.ndarray, out_of_range: np.ndarray, scores: np.ndarray) -> None:
+    def __init__(
+        self,
+        device_type: np.ndarray,
+        event: np.ndarray,
+        entry_reading: np.ndarray,
+        names: np.ndarray,
+        values: np.ndarray,
+        out_of_range: np.ndarray,
+        scores: np.ndarray,
+    ) -> None:
         self.device_type = device_type
         self.event = event
         self.n = len(device_type)
@@ -194,8 +250,9 @@ class _Readings:
 class PartitionEngine:
     """The per-partition step, configured once per job from the stream settings."""
 
-    def __init__(self, settings: StreamSettings, model_version: str | None = None,
-                 fleet_models: FleetLookup | None = None) -> None:
+    def __init__(
+        self, settings: StreamSettings, model_version: str | None = None, fleet_models: FleetLookup | None = None
+    ) -> None:
         self.settings = settings
         self.fleet_models = fleet_models
         self.detector_name = settings.device_detector
@@ -225,8 +282,11 @@ class PartitionEngine:
         readings, reading_frame = self._score(batch)
         alerts = self._alerts(batch, readings)
         aggregates = self._aggregates(batch, readings)
-        counters = {name: int(v) for name, v in zip(CORE_FIELDS, (batch.core - before).sum(axis=0), strict=True)
-                    if name in COUNTERS}
+        counters = {
+            name: int(v)
+            for name, v in zip(CORE_FIELDS, (batch.core - before).sum(axis=0), strict=True)
+            if name in COUNTERS
+        }
         counters["no_device"] = int((batch.codes < 0).sum())
         batch.pack_episodes()
         store.save_many(batch.table, now_ms)
@@ -244,14 +304,18 @@ class PartitionEngine:
         keep = entry_reading >= 0
         reading_device = batch.codes[batch.scored]
         reading_type = batch.table.device_type[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
-        er, names, values, oor = clean_entries(entry_reading[keep], decoded.metric_name[keep],
-                                               decoded.metric_value[keep], reading_type)
+        er, names, values, oor = clean_entries(
+            entry_reading[keep], decoded.metric_name[keep], decoded.metric_value[keep], reading_type
+        )
         entry_device = reading_device[er]
         name_codes, name_list = pd.factorize(names)
         pair_codes, pair_keys = pd.factorize(entry_device.astype(np.int64) * max(len(name_list), 1) + name_codes)
         pair_device = (pair_keys // max(len(name_list), 1)).astype(np.int64)
-        pair_name = np.asarray(name_list, dtype=object)[pair_keys % max(len(name_list), 1)] if len(pair_keys) else \
-            np.zeros(0, dtype=object)
+        pair_name = (
+            np.asarray(name_list, dtype=object)[pair_keys % max(len(name_list), 1)]
+            if len(pair_keys)
+            else np.zeros(0, dtype=object)
+        )
         pair_row, pair_slot, pair_detector = batch.assign_slots(pair_device, pair_name, self.initial_detector)
         # A reading that arrives after a newer one of its device is archived and goes through
         # the rules, but the detectors neither learn from it nor score it: fed out of event
@@ -264,9 +328,14 @@ class PartitionEngine:
         if scored.any():
             stream = pair_detector[pair_codes[scored]]
             surprise = np.empty(int(scored.sum()))
-            scores[scored] = self.kernel.score_learn_into(batch.table.detectors, stream.astype(np.int64),
-                                                          values[scored], ts[er[scored]].astype(np.int64), self.params,
-                                                          surprise)
+            scores[scored] = self.kernel.score_learn_into(
+                batch.table.detectors,
+                stream.astype(np.int64),
+                values[scored],
+                ts[er[scored]].astype(np.int64),
+                self.params,
+                surprise,
+            )
             surprises[scored] = surprise
         batch.remember_last(pair_row, pair_codes, values, ~oor & in_order)
         readings = _Readings(reading_type, batch.event[batch.scored], er, names, values, oor, scores)
@@ -294,10 +363,12 @@ class PartitionEngine:
             "device_id": np.asarray(batch.devices, dtype=object)[readings.device] if m else np.zeros(0, dtype=object),
             "device_type": readings.device_type,
             "site": batch.table.site[readings.device],
-            "seq": readings.seq.astype(np.int64), "event_ms": readings.ts.astype(np.int64),
+            "seq": readings.seq.astype(np.int64),
+            "event_ms": readings.ts.astype(np.int64),
             "kafka_partition": np.full(m, batch.records.partition, dtype=np.int32),
             "kafka_offset": batch.records.offset[positions].astype(np.int64),
-            "body": np.full(m, None, dtype=object)}
+            "body": np.full(m, None, dtype=object),
+        }
         name_codes, names = pd.factorize(readings.names)
         wide_of = np.array([_WIDE_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
         scored_of = np.array([_SCORED_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
@@ -324,8 +395,7 @@ class PartitionEngine:
         found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
         scores = rules.rule_scores(readings, self.settings)
         scores[rules.ANOMALY] = (np.ones(readings.n, dtype=bool), readings.anomaly)
-        describe: dict[str, Describe] = {rule: self._describe_rule(readings, rule)
-                                                               for rule in scores}
+        describe: dict[str, Describe] = {rule: self._describe_rule(readings, rule) for rule in scores}
         describe[rules.ANOMALY] = self._describe_anomaly(readings)
         fleet = self._fleet_scores(batch, readings)
         if fleet is not None:
@@ -343,9 +413,17 @@ class PartitionEngine:
         found.sort(key=lambda item: item[0])
         return [alert for _, alert in found]
 
-    def _run_episode(self, batch: _Batch, readings: _Readings, d: int, rule: str, idx: np.ndarray,
-                     score: np.ndarray, firing: np.ndarray, describe: Describe
-                     ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+    def _run_episode(
+        self,
+        batch: _Batch,
+        readings: _Readings,
+        d: int,
+        rule: str,
+        idx: np.ndarray,
+        score: np.ndarray,
+        firing: np.ndarray,
+        describe: Describe,
+    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
         spec, episode = self.specs[rule], batch.episode(d, rule)
         context = batch.context(d, self.model_version)
         hot = np.flatnonzero(firing[idx])
@@ -353,8 +431,15 @@ class PartitionEngine:
         j = 0 if episode.status != "idle" else (int(hot[0]) if len(hot) else len(idx))
         while j < len(idx):
             i = int(idx[j])
-            alert = advance(episode, spec, float(score[i]), int(readings.ts[i]), int(readings.seq[i]), context,
-                            lambda i=i: describe(i, episode.metric))
+            alert = advance(
+                episode,
+                spec,
+                float(score[i]),
+                int(readings.ts[i]),
+                int(readings.seq[i]),
+                context,
+                lambda i=i: describe(i, episode.metric),
+            )
             if alert is not None:
                 if rule == rules.FLEET:
                     alert["model_version"] = readings.fleet_versions[readings.device_type[i]]
@@ -372,6 +457,7 @@ class PartitionEngine:
 
         def describe(i: int, metric: str | None = None) -> Observation:
             return rules.evaluate(readings.view(i), settings)[rule]
+
         return describe
 
     def _describe_anomaly(self, readings: _Readings) -> Describe:
@@ -381,15 +467,23 @@ class PartitionEngine:
             """The most anomalous metric of the reading; or ``metric``, the one the open alert
             was raised on, so that its clear speaks of the same metric."""
             span = readings.entries(i)
-            ranked = sorted(((readings.names[k], float(readings.values[k]), float(readings.alert_scores[k]))
-                             for k in span if not np.isnan(readings.alert_scores[k])), key=lambda c: -c[2])
+            ranked = sorted(
+                (
+                    (readings.names[k], float(readings.values[k]), float(readings.alert_scores[k]))
+                    for k in span
+                    if not np.isnan(readings.alert_scores[k])
+                ),
+                key=lambda c: -c[2],
+            )
             chosen = [c for c in ranked if c[0] == metric] or ranked
             if not chosen:
                 return Observation(0.0, None, None, fire, "no scored metric")
             name, value, score = chosen[0]
             verdict = "is anomalous" if score >= fire else "is within its normal range"
-            return Observation(score, name, value, fire, f"{name}={value:g} {verdict} (score {score:.2f})",
-                               tuple(ranked[:3]))
+            return Observation(
+                score, name, value, fire, f"{name}={value:g} {verdict} (score {score:.2f})", tuple(ranked[:3])
+            )
+
         return describe
 
     # -- device silence ------------------------------------------------------------------------------
@@ -416,16 +510,31 @@ class PartitionEngine:
             for p in range(bounds[d], bounds[d + 1]):
                 if batch.log_gap[p] > self.timeout_ms and episode.status == "idle":
                     newest, high = max(int(batch.prior_newest[p]), 0), int(batch.prior_high[p])
-                    what = (f"no data for {batch.log_gap[p] / 1000:.0f} s in the log "
-                            f"(last event time {iso_time(newest)})")
-                    alert = advance(episode, spec, 1.0, newest, high, context,
-                                    lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
+                    what = (
+                        f"no data for {batch.log_gap[p] / 1000:.0f} s in the log (last event time {iso_time(newest)})"
+                    )
+                    alert = advance(
+                        episode,
+                        spec,
+                        1.0,
+                        newest,
+                        high,
+                        context,
+                        lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what),
+                    )
                     if alert is not None:
                         out.append(((d, p, -1), alert))
                 i = int(reading_at[p])
                 if i >= 0 and episode.status != "idle":
-                    alert = advance(episode, spec, 0.0, int(readings.ts[i]), int(readings.seq[i]), context,
-                                    lambda: Observation(0.0, None, None, None, "device reporting again"))
+                    alert = advance(
+                        episode,
+                        spec,
+                        0.0,
+                        int(readings.ts[i]),
+                        int(readings.seq[i]),
+                        context,
+                        lambda: Observation(0.0, None, None, None, "device reporting again"),
+                    )
                     if alert is not None:
                         out.append(((d, p, _RULE_INDEX[rules.SILENT]), alert))
             batch.store_episode(d, rules.SILENT, episode)
@@ -442,10 +551,19 @@ class PartitionEngine:
             episode = batch.episode(d, rules.SILENT)
             context = batch.context(d, self.model_version)
             newest = max(int(table.core[d, MAX_EVENT_MS]), 0)
-            what = (f"no data for {(now_ms - int(table.core[d, LAST_WALL_MS])) / 1000:.0f} s "
-                    f"(last event time {iso_time(newest)})")
-            alert = advance(episode, self.specs[rules.SILENT], 1.0, newest, int(table.core[d, SEQ_HIGH]), context,
-                            lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what))
+            what = (
+                f"no data for {(now_ms - int(table.core[d, LAST_WALL_MS])) / 1000:.0f} s "
+                f"(last event time {iso_time(newest)})"
+            )
+            alert = advance(
+                episode,
+                self.specs[rules.SILENT],
+                1.0,
+                newest,
+                int(table.core[d, SEQ_HIGH]),
+                context,
+                lambda what=what: Observation(1.0, None, None, self.settings.silence_timeout_s, what),
+            )
             batch.store_episode(d, rules.SILENT, episode)
             if alert is not None:
                 alerts.append(alert)
@@ -457,8 +575,9 @@ class PartitionEngine:
 
     # -- fleet model (one per device type, trained in batch, hot-swapped) -----------------------------
 
-    def _fleet_scores(self, batch: _Batch, readings: _Readings
-                      ) -> tuple[tuple[np.ndarray, np.ndarray], Describe] | None:
+    def _fleet_scores(
+        self, batch: _Batch, readings: _Readings
+    ) -> tuple[tuple[np.ndarray, np.ndarray], Describe] | None:
         """Every reading of a device type that has an approved fleet model, scored at once
         against the reading before it (the model's change features)."""
         if self.fleet_models is None or not readings.n:
@@ -474,8 +593,7 @@ class PartitionEngine:
             versions[device_type] = version
             rows = np.flatnonzero(readings.device_type == device_type)
             frame, previous = batch.fleet_frames(readings, rows)
-            result = model.score_paired(frame, previous) if hasattr(model, "score_paired") else \
-                model.score_many(frame)
+            result = model.score_paired(frame, previous) if hasattr(model, "score_paired") else model.score_many(frame)
             applies[rows] = readings.in_order[rows]  # as the detectors: not on readings out of order
             score[rows] = np.asarray(result, dtype=float)
         if not versions:
@@ -485,8 +603,14 @@ class PartitionEngine:
         def describe(i: int, metric: str | None = None) -> Observation:
             device_type = readings.device_type[i]
             verdict = "unusual for" if score[i] >= fire else "typical of"
-            return Observation(float(score[i]), None, None, fire, f"reading is {verdict} the {device_type} fleet "
-                               f"(model {versions[device_type]}, score {score[i]:.2f})")
+            return Observation(
+                float(score[i]),
+                None,
+                None,
+                fire,
+                f"reading is {verdict} the {device_type} fleet (model {versions[device_type]}, score {score[i]:.2f})",
+            )
+
         readings.fleet_versions = versions
         return (applies, score), describe
 
@@ -505,9 +629,22 @@ class PartitionEngine:
             newest = batch.newest[batch.scored][er]
             fresh = np.flatnonzero(start + self.bucket_ms > newest - self.bucket_grace_ms)
             value = readings.values[fresh]
-            parts.append(np.column_stack([
-                readings.device[er][fresh], start[fresh], readings.pair_slot[fresh], np.ones(len(fresh)), value,
-                value, value, value, np.nan_to_num(readings.entry_scores[fresh], nan=0.0), fresh.astype(float)]))
+            parts.append(
+                np.column_stack(
+                    [
+                        readings.device[er][fresh],
+                        start[fresh],
+                        readings.pair_slot[fresh],
+                        np.ones(len(fresh)),
+                        value,
+                        value,
+                        value,
+                        value,
+                        np.nan_to_num(readings.entry_scores[fresh], nan=0.0),
+                        fresh.astype(float),
+                    ]
+                )
+            )
         rows = _combine_buckets(np.vstack(parts))
         device = rows[:, 0].astype(np.int64)
         closing = rows[:, 1] + self.bucket_ms <= table.core[device, MAX_EVENT_MS] - self.bucket_grace_ms
@@ -523,9 +660,17 @@ def _combine_buckets(rows: np.ndarray) -> np.ndarray:
     rows = rows[np.lexsort((rows[:, 9], rows[:, 2], rows[:, 1], rows[:, 0]))]
     first = np.flatnonzero(np.r_[True, np.any(rows[1:, :3] != rows[:-1, :3], axis=1)])
     last = np.r_[first[1:], len(rows)] - 1
-    return np.column_stack([rows[first, :3], np.add.reduceat(rows[:, 3], first), np.add.reduceat(rows[:, 4], first),
-                            np.minimum.reduceat(rows[:, 5], first), np.maximum.reduceat(rows[:, 6], first),
-                            rows[last, 7], np.maximum.reduceat(rows[:, 8], first)])
+    return np.column_stack(
+        [
+            rows[first, :3],
+            np.add.reduceat(rows[:, 3], first),
+            np.add.reduceat(rows[:, 4], first),
+            np.minimum.reduceat(rows[:, 5], first),
+            np.maximum.reduceat(rows[:, 6], first),
+            rows[last, 7],
+            np.maximum.reduceat(rows[:, 8], first),
+        ]
+    )
 
 
 def _aggregate_frame(table: DeviceTable, device: np.ndarray, buckets: np.ndarray) -> pd.DataFrame:
@@ -533,15 +678,30 @@ def _aggregate_frame(table: DeviceTable, device: np.ndarray, buckets: np.ndarray
     :data:`AGGREGATE_COLUMNS`."""
     device = device.astype(np.int64)
     count, total = buckets[:, 2], buckets[:, 3]
-    names = table.metric_name[table.metric_bounds()[device] + buckets[:, 1].astype(np.int64)] if len(device) else \
-        np.zeros(0, dtype=object)
+    names = (
+        table.metric_name[table.metric_bounds()[device] + buckets[:, 1].astype(np.int64)]
+        if len(device)
+        else np.zeros(0, dtype=object)
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = total / count
-    return pd.DataFrame({
-        "device_id": table.ids[device], "device_type": table.device_type[device], "site": table.site[device],
-        "metric": names, "event_ms": buckets[:, 0].astype(np.int64),
-        "count": count.astype(np.int64), "sum": total, "min": buckets[:, 4], "max": buckets[:, 5],
-        "last": buckets[:, 6], "max_score": buckets[:, 7], "mean": mean}, columns=list(AGGREGATE_COLUMNS))
+    return pd.DataFrame(
+        {
+            "device_id": table.ids[device],
+            "device_type": table.device_type[device],
+            "site": table.site[device],
+            "metric": names,
+            "event_ms": buckets[:, 0].astype(np.int64),
+            "count": count.astype(np.int64),
+            "sum": total,
+            "min": buckets[:, 4],
+            "max": buckets[:, 5],
+            "last": buckets[:, 6],
+            "max_score": buckets[:, 7],
+            "mean": mean,
+        },
+        columns=list(AGGREGATE_COLUMNS),
+    )
 
 
 class _Batch:
@@ -599,8 +759,9 @@ class _Batch:
         table.device_type[first_codes[new]] = decoded.device_type[records]
         table.site[first_codes[new]] = decoded.site[records]
         records = self.order[positions]
-        conflict = ((decoded.device_type[records] != table.device_type[self.codes[positions]])
-                    | (decoded.site[records] != table.site[self.codes[positions]]))
+        conflict = (decoded.device_type[records] != table.device_type[self.codes[positions]]) | (
+            decoded.site[records] != table.site[self.codes[positions]]
+        )
         self.conflict = np.zeros(len(self.order), dtype=bool)
         self.conflict[positions[conflict]] = True
         self.valid &= ~self.conflict
@@ -616,9 +777,22 @@ class _Batch:
         self.outcome = np.zeros(n, dtype=np.int8)
         self.log_gap, self.newest = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.prior_newest, self.prior_high = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        classify(self.codes, self.valid, self.seq_ts[0].astype(np.int64), self.seq_ts[1].astype(np.int64),
-                 self.records.append_ms[self.order].astype(np.int64), self.core, table.seqs, engine.window,
-                 engine.lateness_ms, self.outcome, self.log_gap, self.newest, self.prior_newest, self.prior_high)
+        classify(
+            self.codes,
+            self.valid,
+            self.seq_ts[0].astype(np.int64),
+            self.seq_ts[1].astype(np.int64),
+            self.records.append_ms[self.order].astype(np.int64),
+            self.core,
+            table.seqs,
+            engine.window,
+            engine.lateness_ms,
+            self.outcome,
+            self.log_gap,
+            self.newest,
+            self.prior_newest,
+            self.prior_high,
+        )
         self.core[:, LAST_WALL_MS] = now_ms
         self.scored = np.flatnonzero((self.outcome == SCORED_RECORD) | (self.outcome == OUT_OF_ORDER))
         self.in_order = self.outcome[self.scored] == SCORED_RECORD
@@ -631,19 +805,31 @@ class _Batch:
         for p in np.flatnonzero((self.outcome <= INVALID) | (self.outcome == LATE_RECORD)).tolist():
             r = self.order[p]
             d = self.codes[p]
-            row: dict[str, Any] = {"kind": "dlq", "device_id": self.devices[d] if d >= 0 else None,
-                   "device_type": (table.device_type[d] or None) if d >= 0 else None,
-                   "site": (table.site[d] or None) if d >= 0 else None,
-                   "kafka_partition": records.partition, "kafka_offset": int(records.offset[r]), "raw": records.raw[r]}
+            row: dict[str, Any] = {
+                "kind": "dlq",
+                "device_id": self.devices[d] if d >= 0 else None,
+                "device_type": (table.device_type[d] or None) if d >= 0 else None,
+                "site": (table.site[d] or None) if d >= 0 else None,
+                "kafka_partition": records.partition,
+                "kafka_offset": int(records.offset[r]),
+                "raw": records.raw[r],
+            }
             if self.outcome[p] == LATE_RECORD:
                 lateness = self.engine.lateness_ms
-                row.update(kind="late", seq=int(decoded.seq[r]), event_ms=int(decoded.ts[r]), reason="late",
-                           detail=f"event time {decoded.ts[r]} is more than {lateness} ms older than the device's "
-                                  f"newest {self.prior_newest[p]}")
+                row.update(
+                    kind="late",
+                    seq=int(decoded.seq[r]),
+                    event_ms=int(decoded.ts[r]),
+                    reason="late",
+                    detail=f"event time {decoded.ts[r]} is more than {lateness} ms older than the device's "
+                    f"newest {self.prior_newest[p]}",
+                )
             elif self.conflict[p]:
-                row.update(reason="identity_conflict",
-                           detail=f"device {self.devices[d]} is a {table.device_type[d]} at site {table.site[d]}; "
-                                  f"this record says {decoded.device_type[r]} at site {decoded.site[r]}")
+                row.update(
+                    reason="identity_conflict",
+                    detail=f"device {self.devices[d]} is a {table.device_type[d]} at site {table.site[d]}; "
+                    f"this record says {decoded.device_type[r]} at site {decoded.site[r]}",
+                )
             else:
                 row.update(reason=decoded.reason[r], detail=decoded.detail[r])
             rows.append(row)
@@ -651,8 +837,9 @@ class _Batch:
 
     # -- metric slots and detector state ----------------------------------------------------------
 
-    def assign_slots(self, pair_device: np.ndarray, pair_name: np.ndarray, initial: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def assign_slots(
+        self, pair_device: np.ndarray, pair_name: np.ndarray, initial: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each (device, metric) pair (distinct): its row in the table's metrics, added
         when new; its slot (rank among its device's metrics); and its detector row (-1 for
         metrics the detectors do not see)."""
@@ -675,12 +862,11 @@ class _Batch:
             return np.full(len(pair_device), -1, dtype=np.int64)
         codes, names = pd.factorize(np.concatenate([table.metric_name, pair_name.astype(object)]))
         width = max(len(names), 1)
-        known = table.metric_device * width + codes[:len(table.metric_name)]
-        wanted = pair_device.astype(np.int64) * width + codes[len(table.metric_name):]
+        known = table.metric_device * width + codes[: len(table.metric_name)]
+        wanted = pair_device.astype(np.int64) * width + codes[len(table.metric_name) :]
         return pd.Index(known).get_indexer(wanted).astype(np.int64)
 
-    def remember_last(self, pair_row: np.ndarray, pair_codes: np.ndarray, values: np.ndarray,
-                      ok: np.ndarray) -> None:
+    def remember_last(self, pair_row: np.ndarray, pair_codes: np.ndarray, values: np.ndarray, ok: np.ndarray) -> None:
         """Each metric's newest in-range value (the fleet model's previous reading)."""
         positions = np.flatnonzero(ok)
         if not len(positions):
@@ -694,16 +880,22 @@ class _Batch:
         """The readings ``rows`` as a frame (one column per in-range metric) and each one's
         previous reading (from the device's state for its first one in the batch)."""
         in_rows = np.isin(readings.entry_reading, rows) & ~readings.entry_oor
-        long = pd.DataFrame({"reading": readings.entry_reading[in_rows], "metric": readings.names[in_rows],
-                             "value": readings.values[in_rows]})
+        long = pd.DataFrame(
+            {
+                "reading": readings.entry_reading[in_rows],
+                "metric": readings.names[in_rows],
+                "value": readings.values[in_rows],
+            }
+        )
         frame = long.pivot(index="reading", columns="metric", values="value").reindex(rows)
         previous = frame.shift(1).to_numpy(copy=True)
         device = readings.device[rows]
         first = np.flatnonzero(np.r_[True, device[1:] != device[:-1]])
         table = self.table
         kept = np.isin(table.metric_device, device[first]) & ~np.isnan(table.metric_last)
-        last = pd.DataFrame({"device": table.metric_device[kept], "metric": table.metric_name[kept],
-                             "value": table.metric_last[kept]}).pivot(index="device", columns="metric", values="value")
+        last = pd.DataFrame(
+            {"device": table.metric_device[kept], "metric": table.metric_name[kept], "value": table.metric_last[kept]}
+        ).pivot(index="device", columns="metric", values="value")
         known = np.isin(device[first], last.index)
         previous[first[known]] = last.reindex(index=device[first[known]], columns=frame.columns).to_numpy()
         previous[first[~known]] = frame.to_numpy()[first[~known]]
@@ -717,8 +909,10 @@ class _Batch:
         lifecycle runs once per batch, before any of its episodes is touched."""
         if self._open is None:
             table = self.table
-            self._open = {code: set(table.episode_device[table.episodes[:, EP_RULE] == code].tolist())
-                          for code in np.unique(table.episodes[:, EP_RULE]).tolist()}
+            self._open = {
+                code: set(table.episode_device[table.episodes[:, EP_RULE] == code].tolist())
+                for code in np.unique(table.episodes[:, EP_RULE]).tolist()
+            }
         return set(self._open.get(_RULE_INDEX[rule], ()))
 
     def episode(self, d: int, rule: str) -> Episode:
@@ -727,15 +921,26 @@ class _Batch:
             return found
         table, code = self.table, _RULE_INDEX[rule]
         if self._episode_rows is None:
-            self._episode_rows = {key: i for i, key in enumerate(zip(table.episode_device.tolist(),
-                                                                     table.episodes[:, EP_RULE].tolist()))}
+            self._episode_rows = {
+                key: i
+                for i, key in enumerate(
+                    zip(table.episode_device.tolist(), table.episodes[:, EP_RULE].tolist(), strict=True)
+                )
+            }
         at = self._episode_rows.get((d, code))
         episode = Episode()
         if at is not None:
             row = table.episodes[at]
-            episode = Episode(_STATUS[int(row[EP_STATUS])], int(row[EP_ABOVE]), int(row[EP_BELOW]),
-                              int(row[EP_START_MS]), int(row[EP_START_SEQ]), int(row[EP_LAST_MS]),
-                              int(row[EP_OCCURRENCES]), float(table.peaks[at]))
+            episode = Episode(
+                _STATUS[int(row[EP_STATUS])],
+                int(row[EP_ABOVE]),
+                int(row[EP_BELOW]),
+                int(row[EP_START_MS]),
+                int(row[EP_START_SEQ]),
+                int(row[EP_LAST_MS]),
+                int(row[EP_OCCURRENCES]),
+                float(table.peaks[at]),
+            )
             metric, names = int(row[EP_METRIC]), table.metric_names(d)
             episode.metric = names[metric] if 0 <= metric < len(names) else None
             if episode.status == "open":
@@ -753,8 +958,13 @@ class _Batch:
             return
         table = self.table
         touched = {(d, _RULE_INDEX[rule]) for d, rule in self._episodes}
-        keep = np.array([key not in touched for key in zip(table.episode_device.tolist(),
-                                                            table.episodes[:, EP_RULE].tolist())], dtype=bool)
+        keep = np.array(
+            [
+                key not in touched
+                for key in zip(table.episode_device.tolist(), table.episodes[:, EP_RULE].tolist(), strict=True)
+            ],
+            dtype=bool,
+        )
         devices, rows, peaks = [], [], []
         for (d, rule), e in sorted(self._episodes.items(), key=lambda item: (item[0][0], _RULE_INDEX[item[0][1]])):
             if e.status == "idle":
@@ -762,14 +972,26 @@ class _Batch:
             names = table.metric_names(d)
             metric = names.index(e.metric) if e.metric in names else -1
             devices.append(d)
-            rows.append([_RULE_INDEX[rule], _STATUS_CODE[e.status], e.above, e.below, e.start_ms, e.start_seq,
-                         e.last_ms, e.occurrences, metric])
+            rows.append(
+                [
+                    _RULE_INDEX[rule],
+                    _STATUS_CODE[e.status],
+                    e.above,
+                    e.below,
+                    e.start_ms,
+                    e.start_seq,
+                    e.last_ms,
+                    e.occurrences,
+                    metric,
+                ]
+            )
             peaks.append(e.peak_score)
         device = np.concatenate([table.episode_device[keep], np.array(devices, dtype=np.int64)])
         order = np.argsort(device, kind="stable")
         table.episode_device = device[order]
-        table.episodes = np.concatenate([table.episodes[keep], np.array(rows, dtype=np.int64).reshape(
-            -1, len(EPISODE_FIELDS))])[order]
+        table.episodes = np.concatenate(
+            [table.episodes[keep], np.array(rows, dtype=np.int64).reshape(-1, len(EPISODE_FIELDS))]
+        )[order]
         table.peaks = np.concatenate([table.peaks[keep], np.array(peaks, dtype=np.float64)])[order]
         self._episode_rows = None
         self._open = None

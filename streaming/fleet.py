@@ -29,9 +29,10 @@ def fleet_lookup(settings: Settings) -> FleetLookup | None:
     watcher = _watchers.get(key)
     if watcher is None:
         try:
-            watcher = ModelWatcher(ModelRegistry(settings.registry.path), settings.kafka,
-                                   settings.topics.model_updates).start()
-        except Exception as exc:  # noqa: BLE001 - per-device scoring goes on; say why fleet scoring is off
+            watcher = ModelWatcher(
+                ModelRegistry(settings.registry.path), settings.kafka, settings.topics.model_updates
+            ).start()
+        except Exception as exc:
             log.error("fleet models disabled in this worker: cannot follow %s: %s", settings.topics.model_updates, exc)
             return None
         _watchers[key] = watcher

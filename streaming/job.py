@@ -82,8 +82,13 @@ class RunningJob:
         if not self.query.isActive:
             return True
         progress = self.query.lastProgress
-        return bool(progress and progress["batchId"] >= 0 and progress["numInputRows"] == 0
-                    and not self.query.status["isDataAvailable"] and self.totals.get("batches", 0) > 0)
+        return bool(
+            progress
+            and progress["batchId"] >= 0
+            and progress["numInputRows"] == 0
+            and not self.query.status["isDataAvailable"]
+            and self.totals.get("batches", 0) > 0
+        )
 
     def await_backlog(self, timeout_s: float) -> None:
         """Block until :meth:`caught_up` (or the query failed), then stop the query."""
@@ -112,33 +117,61 @@ class RunningJob:
             with quiet_stop():
                 self.query.stop()
             self.reporter.close()
-        except Exception as exc:  # noqa: BLE001 - py4j errors when the JVM is going away
+        except Exception as exc:
             log.warning("stopping the query: %s", str(exc).splitlines()[0])
 
 
-def start(spark: SparkSession, settings: Settings, *, checkpoint_dir: Path | None = None,
-          archive_dir: Path | None = None, available_now: bool = False,
-          query_name: str = "iotwatch_stream") -> RunningJob:
+def start(
+    spark: SparkSession,
+    settings: Settings,
+    *,
+    checkpoint_dir: Path | None = None,
+    archive_dir: Path | None = None,
+    available_now: bool = False,
+    query_name: str = "iotwatch_stream",
+) -> RunningJob:
     """Start the query; offsets and state are kept in ``checkpoint_dir``."""
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too
-    packed = read_kafka_stream(spark, settings.kafka, [settings.topics.raw], starting_offsets=stream.starting_offsets,
-                               max_offsets_per_trigger=stream.max_offsets_per_trigger, source=stream.kafka_source,
-                               packed=True, operator_tasks=tasks)
+    packed = read_kafka_stream(
+        spark,
+        settings.kafka,
+        [settings.topics.raw],
+        starting_offsets=stream.starting_offsets,
+        max_offsets_per_trigger=stream.max_offsets_per_trigger,
+        source=stream.kafka_source,
+        packed=True,
+        operator_tasks=tasks,
+    )
     tallies = packed.groupBy(OPERATOR_KEY).transformWithStateInPandas(
-        statefulProcessor=PartitionProcessor(settings, archive), outputStructType=TALLY_SCHEMA,
-        outputMode="Append", timeMode="ProcessingTime")
+        statefulProcessor=PartitionProcessor(settings, archive),
+        outputStructType=TALLY_SCHEMA,
+        outputMode="Append",
+        timeMode="ProcessingTime",
+    )
     reporter = ProgressReporter(settings, query_name)
     # Every output is written by the stateful operator itself; what reaches the sink is one
     # tally row per partition, summed by the observation. The no-op sink runs the batch.
-    sink = (tallies.observe(OBSERVATION, *tally_sums()).writeStream.format("noop").queryName(query_name)
-            .option("checkpointLocation", str(checkpoint)))
-    sink = sink.trigger(availableNow=True) if available_now else sink.trigger(
-        processingTime=f"{stream.trigger_interval_s} seconds")
-    log.info("streaming %s from %s; checkpoint %s; archive %s", settings.topics.raw,
-             settings.kafka.bootstrap_servers, checkpoint, archive)
+    sink = (
+        tallies.observe(OBSERVATION, *tally_sums())
+        .writeStream.format("noop")
+        .queryName(query_name)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    sink = (
+        sink.trigger(availableNow=True)
+        if available_now
+        else sink.trigger(processingTime=f"{stream.trigger_interval_s} seconds")
+    )
+    log.info(
+        "streaming %s from %s; checkpoint %s; archive %s",
+        settings.topics.raw,
+        settings.kafka.bootstrap_servers,
+        checkpoint,
+        archive,
+    )
     warm_python_workers(spark)
     query = sink.start()
     reporter.follow(query)
@@ -165,7 +198,7 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     def run() -> None:
         try:
             spark.sparkContext.parallelize(range(slots), slots).foreach(_warm_worker)
-        except Exception as exc:  # noqa: BLE001 - an optimisation: the query starts workers itself anyway
+        except Exception as exc:
             log.debug("warming Python workers: %s", str(exc).splitlines()[0])
 
     thread = threading.Thread(target=run, name="warm-python-workers", daemon=True)

@@ -40,7 +40,7 @@ class KafkaDataLossError(RuntimeError):
 def client_config(options: Mapping[str, str]) -> dict[str, str]:
     """librdkafka properties from the ``kafka.*`` options (prefix removed), like Spark's
     connector passes ``kafka.*`` to its Java consumer."""
-    config = {k[len("kafka."):]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
+    config = {k[len("kafka.") :]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
     if "bootstrap.servers" not in config:
         raise ValueError("option 'kafka.bootstrap.servers' is required")
     for key in _OWNED & config.keys():
@@ -73,8 +73,9 @@ def parse_offsets_option(value: str | None, default: str) -> str | dict[TP, int]
         parsed = json.loads(value)
         return from_json(parsed)
     except (ValueError, AttributeError, TypeError) as exc:
-        raise ValueError(f"offsets option must be earliest, latest or JSON like "
-                         f'{{"topic":{{"0":23,"1":-2}}}}, got {value!r}') from exc
+        raise ValueError(
+            f'offsets option must be earliest, latest or JSON like {{"topic":{{"0":23,"1":-2}}}}, got {value!r}'
+        ) from exc
 
 
 def fair_share(backlog: Mapping[TP, int], limit: int) -> dict[TP, int]:
@@ -106,7 +107,9 @@ def fair_share(backlog: Mapping[TP, int], limit: int) -> dict[TP, int]:
     return share
 
 
-def split_ranges(ranges: list[tuple[str, int, int, int]], min_partitions: int | None) -> list[tuple[str, int, int, int]]:
+def split_ranges(
+    ranges: list[tuple[str, int, int, int]], min_partitions: int | None
+) -> list[tuple[str, int, int, int]]:
     """Cut ``(topic, partition, start, end)`` ranges so there are about ``min_partitions``,
     big ranges into proportionally more pieces (as Spark's connector does), so one busy
     Kafka partition can still be read by several tasks."""
@@ -117,12 +120,13 @@ def split_ranges(ranges: list[tuple[str, int, int, int]], min_partitions: int | 
     for topic, partition, start, end in ranges:
         parts = max(1, round((end - start) / total * min_partitions))
         bounds = [start + (end - start) * i // parts for i in range(parts + 1)]
-        out += [(topic, partition, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        out += [(topic, partition, a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     return out
 
 
-def group_ranges(ranges: list[tuple[str, int, int, int]], max_groups: int | None
-                 ) -> list[list[tuple[str, int, int, int]]]:
+def group_ranges(
+    ranges: list[tuple[str, int, int, int]], max_groups: int | None
+) -> list[list[tuple[str, int, int, int]]]:
     """Ranges in at most ``max_groups`` groups of about equal size (largest first, each to
     the smallest group so far), so a micro-batch with more moving partitions than cores is
     read by one task per core rather than in waves of tasks that each cost a set-up."""
@@ -160,11 +164,17 @@ class OffsetClient:
 
     def _probe_consumer(self) -> Consumer:
         if self._probe is None:
-            self._probe = Consumer({
-                **self._config, "enable.auto.commit": False, "enable.partition.eof": True,
-                "auto.offset.reset": "latest", "fetch.wait.max.ms": 10,
-                "max.partition.fetch.bytes": 65536, "fetch.max.bytes": 1048576,
-            })
+            self._probe = Consumer(
+                {
+                    **self._config,
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "latest",
+                    "fetch.wait.max.ms": 10,
+                    "max.partition.fetch.bytes": 65536,
+                    "fetch.max.bytes": 1048576,
+                }
+            )
         return self._probe
 
     def partitions(self, topics: Iterable[str]) -> list[TP]:
@@ -188,8 +198,7 @@ class OffsetClient:
         consumer, tps = self._metadata_consumer(), list(tps)
         for attempt in range(3):
             try:
-                return {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=self._timeout_s)
-                        for tp in tps}
+                return {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=self._timeout_s) for tp in tps}
             except KafkaException as exc:
                 if attempt == 2:
                     raise
@@ -239,8 +248,11 @@ class OffsetClient:
         for tp in pending:
             ends[tp] = max(ends[tp], (floor or {}).get(tp, -1), self._confirmed.get(tp, -1))
         if pending:
-            log.info("log-end probe got no fetch answer for %s within %.1fs; using ListOffsets values",
-                     sorted(pending), self._probe_timeout_s)
+            log.info(
+                "log-end probe got no fetch answer for %s within %.1fs; using ListOffsets values",
+                sorted(pending),
+                self._probe_timeout_s,
+            )
         return lows, ends
 
     def close(self) -> None:

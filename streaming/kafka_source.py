@@ -31,12 +31,29 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
-    ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
 )
 
 from streaming.kafka_offsets import (
-    EARLIEST, LATEST, TP, KafkaDataLossError, OffsetClient, client_config, fair_share,
-    from_json, group_ranges, parse_offsets_option, split_ranges, to_json,
+    EARLIEST,
+    LATEST,
+    TP,
+    KafkaDataLossError,
+    OffsetClient,
+    client_config,
+    fair_share,
+    from_json,
+    group_ranges,
+    parse_offsets_option,
+    split_ranges,
+    to_json,
 )
 
 if TYPE_CHECKING:
@@ -48,13 +65,20 @@ log = logging.getLogger(__name__)
 
 FORMAT = "iotwatch-kafka"
 # Built explicitly: parsing a DDL string needs a JVM, absent at import on executors.
-SCHEMA = StructType([
-    StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("topic", StringType()),
-    StructField("partition", IntegerType()), StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()), StructField("timestampType", IntegerType()),
-    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
-                                                 StructField("value", BinaryType())]))),
-])
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+        ),
+    ]
+)
 # Exactly the Arrow schema Spark checks yielded batches against.
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
@@ -115,12 +139,19 @@ def _batch(topic: str, partition: int, rows: list[Any]) -> pa.RecordBatch:
         hdrs = msg.headers()
         headers.append([{"key": k, "value": v} for k, v in hdrs] if hdrs else None)
     n = len(rows)
-    return pa.RecordBatch.from_arrays([
-        pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-        pa.array([topic] * n, pa.string()), pa.array([partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()), pa.array(stamps, ARROW_SCHEMA.field("timestamp").type),
-        pa.array(kinds, pa.int32()), pa.array(headers, _HEADERS_TYPE),
-    ], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, ARROW_SCHEMA.field("timestamp").type),
+            pa.array(kinds, pa.int32()),
+            pa.array(headers, _HEADERS_TYPE),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def _chunk(opts: ReadOptions, part: KafkaRange, rows: list[Any]) -> pa.RecordBatch:
@@ -177,9 +208,17 @@ class ConsumerCache:
         if cached is None:
             from iotwatch.logs import librdkafka_logger
 
-            consumer = Consumer({"queued.max.messages.kbytes": self.QUEUE_KBYTES, "fetch.wait.max.ms": self.FETCH_WAIT_MS,
-                                 **opts.config, "enable.auto.commit": False, "enable.partition.eof": True,
-                                 "auto.offset.reset": reset, "logger": librdkafka_logger()})
+            consumer = Consumer(
+                {
+                    "queued.max.messages.kbytes": self.QUEUE_KBYTES,
+                    "fetch.wait.max.ms": self.FETCH_WAIT_MS,
+                    **opts.config,
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": reset,
+                    "logger": librdkafka_logger(),
+                }
+            )
             cached = _Cached(consumer)
         cached.consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         return key, cached
@@ -203,7 +242,7 @@ class ConsumerCache:
 def _close(consumer: Any) -> None:
     try:
         consumer.close()
-    except Exception:  # noqa: BLE001 - closing a consumer that already failed
+    except Exception:
         pass
 
 
@@ -245,8 +284,12 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
                     if offset < position:
                         continue
                     if offset > part.start and position == part.start and not opts.fail_on_data_loss:
-                        log.warning("%s: records from %d to %d are gone from the broker; skipped "
-                                    "(failOnDataLoss=false)", where, part.start, offset)
+                        log.warning(
+                            "%s: records from %d to %d are gone from the broker; skipped (failOnDataLoss=false)",
+                            where,
+                            part.start,
+                            offset,
+                        )
                     rows.append(msg)
                     position = offset + 1
                 elif err.code() == KafkaError._PARTITION_EOF:
@@ -257,7 +300,8 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
                     raise KafkaDataLossError(
                         f"{where}: offset {position} is no longer available on the broker ({err.str()}): "
                         "records were deleted by retention or the topic was re-created. Set "
-                        "failOnDataLoss=false to skip them, or restart with a fresh checkpoint.")
+                        "failOnDataLoss=false to skip them, or restart with a fresh checkpoint."
+                    )
                 elif err.fatal() or not err.retriable():
                     raise KafkaException(err)
                 else:
@@ -266,13 +310,18 @@ def read_range(opts: ReadOptions, part: KafkaRange) -> Iterator[pa.RecordBatch]:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > opts.poll_timeout_s:
                 if not opts.fail_on_data_loss:
-                    log.warning("%s: nothing after offset %d for %.0fs; ending the range early "
-                                "(failOnDataLoss=false)", where, position, opts.poll_timeout_s)
+                    log.warning(
+                        "%s: nothing after offset %d for %.0fs; ending the range early (failOnDataLoss=false)",
+                        where,
+                        position,
+                        opts.poll_timeout_s,
+                    )
                     break
                 raise TimeoutError(
                     f"{where}: no record after offset {position} within {opts.poll_timeout_s:.0f}s "
                     "(kafkaConsumer.pollTimeoutMs): the broker is unreachable or lost records it "
-                    "reported before")
+                    "reported before"
+                )
             if len(rows) >= opts.chunk_rows:
                 yield _chunk(opts, part, rows)
                 rows = []
@@ -303,14 +352,16 @@ class _Planner:
         opts = {k.lower(): v for k, v in options.items()}
         self.read_options = ReadOptions.parse(opts)
         if "subscribe" not in opts:
-            raise ValueError("option 'subscribe' (comma-separated topics) is required; "
-                             "subscribePattern and assign are not supported")
+            raise ValueError(
+                "option 'subscribe' (comma-separated topics) is required; subscribePattern and assign are not supported"
+            )
         self.topics = [t.strip() for t in opts["subscribe"].split(",") if t.strip()]
         min_parts, max_parts = opts.get("minpartitions"), opts.get("maxpartitions")
         self.min_partitions = int(min_parts) if min_parts else None
         self.max_partitions = int(max_parts) if max_parts else None
-        self.client = OffsetClient(self.read_options.config,
-                                   probe_timeout_s=int(opts.get("logendprobetimeoutms", "2000")) / 1000)
+        self.client = OffsetClient(
+            self.read_options.config, probe_timeout_s=int(opts.get("logendprobetimeoutms", "2000")) / 1000
+        )
         self.lows: dict[TP, int] = {}
 
     def resolve(self, spec: str | dict[TP, int]) -> dict[TP, int]:
@@ -326,8 +377,9 @@ class _Planner:
 
     def tasks(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[InputPartition]:
         """The read tasks: :meth:`ranges`, grouped into ``maxPartitions`` tasks at most."""
-        groups = group_ranges([(r.topic, r.partition, r.start, r.end) for r in self.ranges(start, end)],
-                              self.max_partitions)
+        groups = group_ranges(
+            [(r.topic, r.partition, r.start, r.end) for r in self.ranges(start, end)], self.max_partitions
+        )
         return [KafkaRange(*g[0]) if len(g) == 1 else KafkaRanges(tuple(KafkaRange(*r) for r in g)) for g in groups]
 
     def ranges(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[KafkaRange]:
@@ -339,12 +391,15 @@ class _Planner:
             low = self.lows.get(tp, 0)
             since = start.get(tp, low)  # a partition new since the last batch starts at earliest
             if since < low or since > until:
-                problem = (f"{tp[0]}-{tp[1]}: offsets {since}..{min(low, until)} are gone from the broker"
-                           if since < low else
-                           f"{tp[0]}-{tp[1]}: the log end went back from {since} to {until} (topic re-created?)")
+                problem = (
+                    f"{tp[0]}-{tp[1]}: offsets {since}..{min(low, until)} are gone from the broker"
+                    if since < low
+                    else f"{tp[0]}-{tp[1]}: the log end went back from {since} to {until} (topic re-created?)"
+                )
                 if self.read_options.fail_on_data_loss:
-                    raise KafkaDataLossError(problem + ". Set failOnDataLoss=false to skip, or restart "
-                                             "the query with a fresh checkpoint.")
+                    raise KafkaDataLossError(
+                        problem + ". Set failOnDataLoss=false to skip, or restart the query with a fresh checkpoint."
+                    )
                 log.warning("%s; reading from the earliest offset %d instead (failOnDataLoss=false)", problem, low)
                 since = low
             if until > since:
@@ -461,15 +516,18 @@ def kafka_options(settings: KafkaSettings, source: Literal["python", "spark"]) -
     credentials differently (``sasl.username`` vs a JAAS line, a CA file vs a PEM truststore)."""
     if source == "python":
         return {f"kafka.{k}": v for k, v in settings.client_config().items()}
-    opts = {"kafka.bootstrap.servers": settings.bootstrap_servers,
-            "kafka.security.protocol": settings.security_protocol}
+    opts = {
+        "kafka.bootstrap.servers": settings.bootstrap_servers,
+        "kafka.security.protocol": settings.security_protocol,
+    }
     if settings.sasl_mechanism:
         opts["kafka.sasl.mechanism"] = settings.sasl_mechanism
-        module = ("plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN"
-                  else "scram.ScramLoginModule")
+        module = "plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN" else "scram.ScramLoginModule"
         password = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
-        opts["kafka.sasl.jaas.config"] = (f'org.apache.kafka.common.security.{module} required '
-                                          f'username="{settings.sasl_username or ""}" password="{password}";')
+        opts["kafka.sasl.jaas.config"] = (
+            f"org.apache.kafka.common.security.{module} required "
+            f'username="{settings.sasl_username or ""}" password="{password}";'
+        )
     if settings.ssl_ca_location:
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = str(settings.ssl_ca_location)
@@ -491,10 +549,17 @@ def _register(spark: SparkSession, source: str) -> str:
     return FORMAT
 
 
-def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
-                      starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None,
-                      source: Literal["python", "spark"] = "python", packed: bool = False,
-                      operator_tasks: int = 1) -> DataFrame:
+def read_kafka_stream(
+    spark: SparkSession,
+    settings: KafkaSettings,
+    topics: list[str],
+    *,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    source: Literal["python", "spark"] = "python",
+    packed: bool = False,
+    operator_tasks: int = 1,
+) -> DataFrame:
     """A streaming DataFrame of ``topics`` with the Kafka connector's columns (headers included),
     or with ``packed`` the telemetry decoded and packed in chunks
     (:data:`streaming.schemas.PACKED_SCHEMA`), keyed for a stateful operator of
@@ -504,19 +569,25 @@ def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list
     docker-compose); ``"python"`` this module's source, which decodes and packs as it reads
     (no second pass through a Python worker). Offsets checkpoint the same way.
     """
-    reader = (spark.readStream.format(_register(spark, source))
-              .options(**kafka_options(settings, source))
-              .option("subscribe", ",".join(topics))
-              .option("startingOffsets", starting_offsets)
-              .option("includeHeaders", "true"))
+    reader = (
+        spark.readStream.format(_register(spark, source))
+        .options(**kafka_options(settings, source))
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+        .option("includeHeaders", "true")
+    )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     if packed and source == "python":
         # one read task per core: with more Kafka partitions than cores, tasks in waves
         # would each pay a task's set-up in every micro-batch
-        return (reader.option("layout", "packed").option("chunkRows", "20000")
-                .option("operatorTasks", str(operator_tasks))
-                .option("maxPartitions", str(spark.sparkContext.defaultParallelism)).load())
+        return (
+            reader.option("layout", "packed")
+            .option("chunkRows", "20000")
+            .option("operatorTasks", str(operator_tasks))
+            .option("maxPartitions", str(spark.sparkContext.defaultParallelism))
+            .load()
+        )
     frame = reader.load()
     if not packed:
         return frame
@@ -526,17 +597,26 @@ def read_kafka_stream(spark: SparkSession, settings: KafkaSettings, topics: list
     from streaming.schemas import PACKED_SCHEMA
 
     return frame.select("key", "value", "partition", "offset", "timestamp").mapInArrow(
-        partial(pack_records, tasks=operator_tasks), PACKED_SCHEMA)
+        partial(pack_records, tasks=operator_tasks), PACKED_SCHEMA
+    )
 
 
-def read_kafka_batch(spark: SparkSession, settings: KafkaSettings, topics: list[str], *,
-                     starting_offsets: str = "earliest", ending_offsets: str = "latest",
-                     source: Literal["python", "spark"] = "python") -> DataFrame:
+def read_kafka_batch(
+    spark: SparkSession,
+    settings: KafkaSettings,
+    topics: list[str],
+    *,
+    starting_offsets: str = "earliest",
+    ending_offsets: str = "latest",
+    source: Literal["python", "spark"] = "python",
+) -> DataFrame:
     """The records of ``topics`` between two offsets as a batch DataFrame (e.g. for replay)."""
-    return (spark.read.format(_register(spark, source))
-            .options(**kafka_options(settings, source))
-            .option("subscribe", ",".join(topics))
-            .option("startingOffsets", starting_offsets)
-            .option("endingOffsets", ending_offsets)
-            .option("includeHeaders", "true")
-            .load())
+    return (
+        spark.read.format(_register(spark, source))
+        .options(**kafka_options(settings, source))
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+        .option("endingOffsets", ending_offsets)
+        .option("includeHeaders", "true")
+        .load()
+    )

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from iotwatch.contract import decode_batch
@@ -35,8 +34,14 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
 
 
-def pack_chunk(partition: int, tasks: int, keys: list[bytes | None], values: list[bytes | None],
-               offsets: np.ndarray, stamps_ms: np.ndarray) -> pa.RecordBatch:
+def pack_chunk(
+    partition: int,
+    tasks: int,
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    offsets: np.ndarray,
+    stamps_ms: np.ndarray,
+) -> pa.RecordBatch:
     """Decode one chunk of one partition's records into a packed row, keyed for a stateful
     operator of ``tasks`` tasks."""
     key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys]
@@ -45,11 +50,21 @@ def pack_chunk(partition: int, tasks: int, keys: list[bytes | None], values: lis
         "partition": pa.array([partition], pa.int32()),
         "operator_key": pa.array([operator_key(partition, tasks)], pa.int64()),
         "first_offset": pa.array([int(offsets[0]) if len(offsets) else 0], pa.int64()),
-        "offset": offsets, "append_ms": stamps_ms, "seq": decoded.seq, "ts": decoded.ts,
-        "metric_row": decoded.metric_row, "key": pa.array(key_text, pa.string()), "reason": decoded.reason,
-        "detail": decoded.detail, "device_id": decoded.device_id, "device_type": decoded.device_type,
-        "site": decoded.site, "event": decoded.event, "metric_name": decoded.metric_name,
-        "metric_value": decoded.metric_value, "raw": pa.array(values, pa.binary()),
+        "offset": offsets,
+        "append_ms": stamps_ms,
+        "seq": decoded.seq,
+        "ts": decoded.ts,
+        "metric_row": decoded.metric_row,
+        "key": pa.array(key_text, pa.string()),
+        "reason": decoded.reason,
+        "detail": decoded.detail,
+        "device_id": decoded.device_id,
+        "device_type": decoded.device_type,
+        "site": decoded.site,
+        "event": decoded.event,
+        "metric_name": decoded.metric_name,
+        "metric_value": decoded.metric_value,
+        "raw": pa.array(values, pa.binary()),
     }
     arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
@@ -77,5 +92,11 @@ def pack_records(batches: Iterator[pa.RecordBatch], tasks: int = 1) -> Iterator[
             stamps = pc.fill_null(pc.divide(part["timestamp"].combine_chunks().cast(pa.int64()), 1000), 0)
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
-                yield pack_chunk(int(partition), tasks, chunk["key"].to_pylist(), chunk["value"].to_pylist(),
-                                 chunk["offset"].to_numpy(), stamps.slice(start, CHUNK_RECORDS).to_numpy())
+                yield pack_chunk(
+                    int(partition),
+                    tasks,
+                    chunk["key"].to_pylist(),
+                    chunk["value"].to_pylist(),
+                    chunk["offset"].to_numpy(),
+                    stamps.slice(start, CHUNK_RECORDS).to_numpy(),
+                )

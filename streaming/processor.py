@@ -33,9 +33,9 @@ from streaming.engine import PartitionEngine, RecordColumns
 from streaming.fleet import fleet_lookup
 from streaming.operator_key import partition_of
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
+from streaming.shard_cache import ShardCache
 from streaming.sinks.archive import ArchiveWriter
 from streaming.sinks.events import EventSinks
-from streaming.shard_cache import ShardCache
 from streaming.state_store import ShardedStore
 from streaming.worker_heap import freeze_imports
 
@@ -55,8 +55,12 @@ class Roster:
         if value is None:
             return cls([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
         devices, last, silent, timer_ms = value
-        return cls(devices.split(_SEP) if devices else [], np.frombuffer(last, dtype=np.int64).copy(),
-                   np.frombuffer(silent, dtype=np.bool_).copy(), int(timer_ms))
+        return cls(
+            devices.split(_SEP) if devices else [],
+            np.frombuffer(last, dtype=np.int64).copy(),
+            np.frombuffer(silent, dtype=np.bool_).copy(),
+            int(timer_ms),
+        )
 
     def to_value(self) -> tuple[Any, ...]:
         return (_SEP.join(self.devices), self.last_wall_ms.tobytes(), self.silent.tobytes(), self.timer_ms)
@@ -92,8 +96,10 @@ class Roster:
 
 def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
     """The one output row of a partition and call: its counters (absent ones are 0)."""
-    columns = {"kafka_partition": np.array([partition], dtype=np.int32),
-               **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS}}
+    columns = {
+        "kafka_partition": np.array([partition], dtype=np.int32),
+        **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS},
+    }
     return pd.DataFrame(columns, columns=TALLY_SCHEMA.names)
 
 
@@ -102,19 +108,28 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
     if not chunks:
         empty = np.zeros(0, dtype=np.int64)
-        return RecordColumns(partition, empty, empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object),
-                             decode_batch([]))
+        return RecordColumns(
+            partition, empty, empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object), decode_batch([])
+        )
     cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
     sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
     row_base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]), [len(c.metric_row) for c in chunks])
     decoded = DecodedBatch(
-        reason=cat("reason", object), detail=cat("detail", object), device_id=cat("device_id", object),
-        device_type=cat("device_type", object), site=cat("site", object), event=cat("event", object),
-        seq=cat("seq", np.int64), ts=cat("ts", np.int64),
-        metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64), metric_name=cat("metric_name", object),
-        metric_value=cat("metric_value", np.float64))
-    return RecordColumns(partition, cat("offset", np.int64), cat("append_ms", np.int64), cat("key", object),
-                         cat("raw", object), decoded)
+        reason=cat("reason", object),
+        detail=cat("detail", object),
+        device_id=cat("device_id", object),
+        device_type=cat("device_type", object),
+        site=cat("site", object),
+        event=cat("event", object),
+        seq=cat("seq", np.int64),
+        ts=cat("ts", np.int64),
+        metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64),
+        metric_name=cat("metric_name", object),
+        metric_value=cat("metric_value", np.float64),
+    )
+    return RecordColumns(
+        partition, cat("offset", np.int64), cat("append_ms", np.int64), cat("key", object), cat("raw", object), decoded
+    )
 
 
 class PartitionProcessor(StatefulProcessor):
@@ -136,32 +151,40 @@ class PartitionProcessor(StatefulProcessor):
         ttl_ms = int(self.settings.state_ttl_s * 1000)
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
-        self.devices = ShardedStore(shards, self.settings.state_shards, ttl_ms, self.engine.seq_words,
-                                    self.engine.kernel.STATE_SIZE,
-                                    handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA))
+        self.devices = ShardedStore(
+            shards,
+            self.settings.state_shards,
+            ttl_ms,
+            self.engine.seq_words,
+            self.engine.kernel.STATE_SIZE,
+            handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA),
+        )
         self.cache: ShardCache | None = None  # made on first use: init also runs on the driver
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
         self.ttl_ms = ttl_ms
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-                        ) -> Iterator[pd.DataFrame]:
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         partition = self._serve(key)
         records = unpack(rows, partition)
         out = self.engine.process(self.devices, records, now_ms)
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
         if len(records.offset):
-            tally["archive_files"] = self.archive.write(out.readings, partition, int(records.offset.min()),
-                                                        int(records.offset.max()))
+            tally["archive_files"] = self.archive.write(
+                out.readings, partition, int(records.offset.min()), int(records.offset.max())
+            )
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
         for name, count in self._report_silence(roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
         yield tally_row(partition, tally)
 
-    def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-                           ) -> Iterator[pd.DataFrame]:
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
         if not self.roster.exists():
             return
         partition = self._serve(key)

@@ -62,8 +62,11 @@ def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str
     """Records between two offset maps, over all partitions."""
     if since is None or until is None:
         return None
-    return sum(max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
-               for topic, partitions in until.items() for partition, offset in partitions.items())
+    return sum(
+        max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
+        for topic, partitions in until.items()
+        for partition, offset in partitions.items()
+    )
 
 
 def kafka_lag(progress: Any) -> int | None:
@@ -79,8 +82,9 @@ def kafka_lag(progress: Any) -> int | None:
 
 def kafka_records(progress: Any) -> int:
     """Kafka records the batch read (its offset ranges), whatever rows the source made of them."""
-    return sum(_distance(_offsets(source.startOffset) or {}, _offsets(source.endOffset)) or 0
-               for source in progress.sources)
+    return sum(
+        _distance(_offsets(source.startOffset) or {}, _offsets(source.endOffset)) or 0 for source in progress.sources
+    )
 
 
 def batch_counts(observed: Any) -> dict[str, int]:
@@ -94,8 +98,10 @@ def batch_counts(observed: Any) -> dict[str, int]:
 
 def progress_line(batch_id: int, records: int, rate: float, lag: int | None, batch_ms: int) -> str:
     """One micro-batch as one line, in the gateway's ``name=value`` style."""
-    return (f"stream: batch={batch_id} records={records} rate={rate:,.0f}/s "
-            f"lag={'?' if lag is None else lag} batch_ms={batch_ms}")
+    return (
+        f"stream: batch={batch_id} records={records} rate={rate:,.0f}/s "
+        f"lag={'?' if lag is None else lag} batch_ms={batch_ms}"
+    )
 
 
 class ProgressReporter:
@@ -125,7 +131,7 @@ class ProgressReporter:
         while not self._stop.wait(POLL_S):
             try:
                 self.poll()
-            except Exception as exc:  # noqa: BLE001 - py4j errors while the JVM goes away
+            except Exception as exc:
                 log.debug("reading the query's progress: %s", str(exc).splitlines()[0] if str(exc) else exc)
 
     def poll(self) -> None:
@@ -140,8 +146,11 @@ class ProgressReporter:
             reports = [last] if last.batchId == self.last_batch_id + 1 else query.recentProgress
             fresh = [p for p in reports if p.batchId > self.last_batch_id]
             if fresh and fresh[0].batchId > self.last_batch_id + 1 and self.last_batch_id >= 0:
-                log.warning("progress of micro-batches %d-%d was not read in time: the totals miss them",
-                            self.last_batch_id + 1, fresh[0].batchId - 1)
+                log.warning(
+                    "progress of micro-batches %d-%d was not read in time: the totals miss them",
+                    self.last_batch_id + 1,
+                    fresh[0].batchId - 1,
+                )
             for progress in fresh:
                 self.record(progress)
 
@@ -173,9 +182,13 @@ class ProgressReporter:
         self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
         self.last_batch_id = int(progress.batchId)
         self.history.append(fields)
-        log.log(logging.INFO if records else logging.DEBUG, "%s",
-                progress_line(int(progress.batchId), records, fields["processed_rows_per_s"], fields["lag_records"],
-                              trigger_ms))
+        log.log(
+            logging.INFO if records else logging.DEBUG,
+            "%s",
+            progress_line(
+                int(progress.batchId), records, fields["processed_rows_per_s"], fields["lag_records"], trigger_ms
+            ),
+        )
         if self.influx is not None:
             self._write_influx(fields, {**counts, "batch_duration_ms": trigger_ms, "batch_id": int(progress.batchId)})
 
@@ -184,8 +197,9 @@ class ProgressReporter:
         assert self.influx is not None
         now_ms = int(time.time() * 1000)
         try:
-            kept_client(self.influx).write_points([pipeline_point(batch, now_ms),
-                                                   pipeline_point(progress, now_ms, stage="stream_progress")])
+            kept_client(self.influx).write_points(
+                [pipeline_point(batch, now_ms), pipeline_point(progress, now_ms, stage="stream_progress")]
+            )
         except IotwatchError as exc:
             drop_kept_client(self.influx)
             self.totals["influx_write_failures"] += 1

@@ -24,13 +24,17 @@ from streaming.cli import run_job
 
 def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]:
     """Settings whose outputs are all separate from the live job's, plus checkpoint and archive dirs."""
-    topics = settings.topics.model_copy(update={"alerts": f"{settings.topics.alerts}.{tag}",
-                                                "dlq": f"{settings.topics.dlq}.{tag}"})
+    topics = settings.topics.model_copy(
+        update={"alerts": f"{settings.topics.alerts}.{tag}", "dlq": f"{settings.topics.dlq}.{tag}"}
+    )
     influx = settings.influx.model_copy(update={"database": f"{settings.influx.database}_{tag}"})
     stream = settings.stream.model_copy(update={"starting_offsets": "earliest"})
     root = Path(settings.stream.checkpoint_dir).expanduser().resolve().parent
-    return (settings.model_copy(update={"topics": topics, "influx": influx, "stream": stream}),
-            root / f"replay-{tag}", Path(settings.stream.archive_dir).expanduser().resolve().parent / f"archive-{tag}")
+    return (
+        settings.model_copy(update={"topics": topics, "influx": influx, "stream": stream}),
+        root / f"replay-{tag}",
+        Path(settings.stream.archive_dir).expanduser().resolve().parent / f"archive-{tag}",
+    )
 
 
 def alert_ids(kafka: KafkaSettings, topic: str) -> dict[str, dict[str, Any]]:
@@ -45,6 +49,7 @@ def alert_ids(kafka: KafkaSettings, topic: str) -> dict[str, dict[str, Any]]:
 
 def compare(live: dict[str, dict[str, Any]], replayed: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What the replay raised that the live job did not, and the reverse, by rule."""
+
     def by_rule(ids: set[str], source: dict[str, dict[str, Any]]) -> dict[str, int]:
         counts: dict[str, int] = {}
         for alert_id in ids:
@@ -52,8 +57,13 @@ def compare(live: dict[str, dict[str, Any]], replayed: dict[str, dict[str, Any]]
         return dict(sorted(counts.items()))
 
     both = set(live) & set(replayed)
-    return {"live_alerts": len(live), "replay_alerts": len(replayed), "same": len(both),
-            "only_live": by_rule(set(live) - both, live), "only_replay": by_rule(set(replayed) - both, replayed)}
+    return {
+        "live_alerts": len(live),
+        "replay_alerts": len(replayed),
+        "same": len(both),
+        "only_live": by_rule(set(live) - both, live),
+        "only_replay": by_rule(set(replayed) - both, replayed),
+    }
 
 
 @click.command()
@@ -76,13 +86,26 @@ def replay(app: AppContext, tag: str, follow: bool, keep_checkpoint: bool, as_js
     if checkpoint.exists() and not keep_checkpoint:
         shutil.rmtree(checkpoint)
     job = run_job(settings, checkpoint, archive, available_now=not follow, duration=None, query_name=f"replay_{tag}")
-    comparison = compare(alert_ids(settings.kafka, app.settings.topics.alerts),
-                         alert_ids(settings.kafka, settings.topics.alerts))
-    result = {"tag": tag, "checkpoint": str(checkpoint), "archive": str(archive),
-              "alerts_topic": settings.topics.alerts, "dlq_topic": settings.topics.dlq,
-              "influx_database": settings.influx.database, "totals": dict(job.totals),
-              "comparison": comparison}
-    emit(result, as_json, lambda r: click.echo(
-        f"replay {tag}: {r['totals'].get('reading_records', 0)} readings, alerts live {comparison['live_alerts']} / "
-        f"replay {comparison['replay_alerts']} / same {comparison['same']}; only live {comparison['only_live']}, "
-        f"only replay {comparison['only_replay']}"))
+    comparison = compare(
+        alert_ids(settings.kafka, app.settings.topics.alerts), alert_ids(settings.kafka, settings.topics.alerts)
+    )
+    result = {
+        "tag": tag,
+        "checkpoint": str(checkpoint),
+        "archive": str(archive),
+        "alerts_topic": settings.topics.alerts,
+        "dlq_topic": settings.topics.dlq,
+        "influx_database": settings.influx.database,
+        "totals": dict(job.totals),
+        "comparison": comparison,
+    }
+    emit(
+        result,
+        as_json,
+        lambda r: click.echo(
+            f"replay {tag}: {r['totals'].get('reading_records', 0)} readings, "
+            f"alerts live {comparison['live_alerts']} / "
+            f"replay {comparison['replay_alerts']} / same {comparison['same']}; only live {comparison['only_live']}, "
+            f"only replay {comparison['only_replay']}"
+        ),
+    )

@@ -46,17 +46,38 @@ if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     """The rules, their anti-flap parameters and runbook links, from the stream settings."""
     specs = {
-        ANOMALY: RuleSpec(ANOMALY, "warning", settings.alert_fire_score, settings.alert_clear_score,
-                          settings.alert_hold_readings, settings.alert_clear_readings, detector),
+        ANOMALY: RuleSpec(
+            ANOMALY,
+            "warning",
+            settings.alert_fire_score,
+            settings.alert_clear_score,
+            settings.alert_hold_readings,
+            settings.alert_clear_readings,
+            detector,
+        ),
         OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, "major", 0.5, 0.5, 1, settings.alert_clear_readings),
         CRASH: RuleSpec(CRASH, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
         HARSH_BRAKING: RuleSpec(HARSH_BRAKING, "warning", 0.5, 0.5, 1, settings.alert_clear_readings),
         LEAK: RuleSpec(LEAK, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
-        STUCK_HVAC: RuleSpec(STUCK_HVAC, "major", 0.5, 0.5, settings.stuck_hvac_readings, settings.alert_clear_readings,
-                             hold_ms=int(settings.stuck_hvac_s * 1000)),
+        STUCK_HVAC: RuleSpec(
+            STUCK_HVAC,
+            "major",
+            0.5,
+            0.5,
+            settings.stuck_hvac_readings,
+            settings.alert_clear_readings,
+            hold_ms=int(settings.stuck_hvac_s * 1000),
+        ),
         SILENT: RuleSpec(SILENT, "major", 0.5, 0.5, 1, 1),
-        FLEET: RuleSpec(FLEET, "warning", settings.fleet_fire_score, settings.fleet_fire_score - 0.1,
-                        settings.alert_hold_readings, settings.alert_clear_readings, settings.fleet_detector or "fleet"),
+        FLEET: RuleSpec(
+            FLEET,
+            "warning",
+            settings.fleet_fire_score,
+            settings.fleet_fire_score - 0.1,
+            settings.alert_hold_readings,
+            settings.alert_clear_readings,
+            settings.fleet_detector or "fleet",
+        ),
     }
     for rule, severity in DANGER_RULES.items():
         specs[rule] = RuleSpec(rule, severity, 0.5, 0.5, 1, settings.alert_clear_readings)
@@ -89,8 +110,9 @@ def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observ
     for device_type, metric, limit in danger_limits():
         value = reading.metrics.get(metric)
         if device_type == reading.device_type and value is not None and value == value:  # NaN: no reading
-            observations[limit.rule] = Observation(limit.level(value), metric, value, limit.warning,
-                                                   limit.describe(metric, value))
+            observations[limit.rule] = Observation(
+                limit.level(value), metric, value, limit.warning, limit.describe(metric, value)
+            )
     return observations
 
 
@@ -101,9 +123,14 @@ def _out_of_range(reading: ReadingView) -> Observation:
     value = reading.metrics[metric]
     bounds = physical_range(reading.device_type, metric) or (float("nan"), float("nan"))
     limit = bounds[0] if value < bounds[0] else bounds[1]
-    return Observation(1.0, metric, value, limit,
-                       f"{metric}={value:g} outside its physical range [{bounds[0]:g}, {bounds[1]:g}]",
-                       tuple((m, reading.metrics[m], 1.0) for m in reading.out_of_range))
+    return Observation(
+        1.0,
+        metric,
+        value,
+        limit,
+        f"{metric}={value:g} outside its physical range [{bounds[0]:g}, {bounds[1]:g}]",
+        tuple((m, reading.metrics[m], 1.0) for m in reading.out_of_range),
+    )
 
 
 @lru_cache(maxsize=8)
@@ -117,8 +144,9 @@ def _crash(reading: ReadingView, decel_g: float) -> Observation:
         detail = f"crash event reported (longitudinal {accel:g} g)" if accel is not None else "crash event reported"
         return Observation(1.0, "accel_x_g", accel, -decel_g, detail)
     if _crash_detector(decel_g).score_one(reading.metrics, 0) >= 1.0:
-        return Observation(1.0, "accel_x_g", accel, -decel_g,
-                           f"deceleration {-accel:.1f} g beyond the crash threshold {decel_g:g} g")
+        return Observation(
+            1.0, "accel_x_g", accel, -decel_g, f"deceleration {-accel:.1f} g beyond the crash threshold {decel_g:g} g"
+        )
     return Observation(0.0, "accel_x_g", accel, -decel_g, "no crash deceleration")
 
 
@@ -126,8 +154,9 @@ def _harsh_braking(reading: ReadingView, harsh_g: float, crash_g: float) -> Obse
     """Braking hard enough for a driver-behaviour warning, short of a crash (which its own rule reports)."""
     accel = reading.metrics.get("accel_x_g")
     if accel is not None and harsh_g <= -accel < crash_g and reading.event != "crash":
-        return Observation(1.0, "accel_x_g", accel, -harsh_g,
-                           f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g")
+        return Observation(
+            1.0, "accel_x_g", accel, -harsh_g, f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g"
+        )
     return Observation(0.0, "accel_x_g", accel, -harsh_g, "no harsh braking")
 
 
@@ -155,9 +184,13 @@ def _stuck_hvac(reading: ReadingView, max_gap_c: float, overshoot_c: float) -> O
     overshoot = (heating and gap > overshoot_c) or (cooling and gap < -overshoot_c)
     if running and (overshoot or abs(gap) > max_gap_c):
         why = f"{'heating' if heating else 'cooling'} past the setpoint" if overshoot else "far from setpoint"
-        return Observation(1.0, "temperature_c", temperature, setpoint,
-                           f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C "
-                           f"from setpoint {setpoint:.1f} C ({why})")
+        return Observation(
+            1.0,
+            "temperature_c",
+            temperature,
+            setpoint,
+            f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C from setpoint {setpoint:.1f} C ({why})",
+        )
     return Observation(0.0, "temperature_c", temperature, setpoint, f"temperature {gap:+.1f} C from setpoint")
 
 
@@ -214,14 +247,17 @@ def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, 
     return out
 
 
-def _stuck_hvac_scores(readings: BatchReadings, thermostat: np.ndarray, settings: StreamSettings
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def _stuck_hvac_scores(
+    readings: BatchReadings, thermostat: np.ndarray, settings: StreamSettings
+) -> tuple[np.ndarray, np.ndarray]:
     temperature, setpoint, hvac = (readings.metric(m) for m in ("temperature_c", "setpoint_c", "hvac_on"))
     outside = readings.metric("outside_temperature_c")
     applies = thermostat & ~np.isnan(temperature) & ~np.isnan(setpoint) & ~np.isnan(hvac)
     gap = temperature - setpoint
     with np.errstate(invalid="ignore"):
         heating, cooling = outside < setpoint, outside > setpoint
-        overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (cooling & (gap < -settings.stuck_hvac_overshoot_c))
+        overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (
+            cooling & (gap < -settings.stuck_hvac_overshoot_c)
+        )
         stuck = (hvac >= 0.5) & (overshoot | (np.abs(gap) > settings.stuck_hvac_c))
     return applies, (stuck & applies).astype(float)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from pyspark.sql.types import (ArrayType, BinaryType, DoubleType, IntegerType, LongType, StringType, StructField,
-                               StructType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from devices.catalog import DEVICE_METRICS
 from streaming.cleaning import DERIVED_METRICS, NOT_SCORED
@@ -17,15 +25,17 @@ def _arrays(element: object, *names: str) -> list[StructField]:
 #: records of one Kafka partition, each column an array with one element per record (the
 #: metrics flattened, ``metric_row`` pointing at their record). Few rows, so Spark's
 #: per-row costs in the stateful operator do not count.
-PACKED_SCHEMA = StructType([
-    StructField("partition", IntegerType(), False),
-    StructField("operator_key", LongType(), False),  # the grouping key: streaming.operator_key
-    StructField("first_offset", LongType(), False),
-    *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
-    *_arrays(StringType(), "key", "reason", "detail", "device_id", "device_type", "site", "event", "metric_name"),
-    *_arrays(DoubleType(), "metric_value"),
-    *_arrays(BinaryType(), "raw"),
-])
+PACKED_SCHEMA = StructType(
+    [
+        StructField("partition", IntegerType(), False),
+        StructField("operator_key", LongType(), False),  # the grouping key: streaming.operator_key
+        StructField("first_offset", LongType(), False),
+        *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
+        *_arrays(StringType(), "key", "reason", "detail", "device_id", "device_type", "site", "event", "metric_name"),
+        *_arrays(DoubleType(), "metric_value"),
+        *_arrays(BinaryType(), "raw"),
+    ]
+)
 
 #: Every metric the catalog knows (and the derived ones): each has a column of its own in
 #: the operator's output and the archive, so a reading costs no per-row Python objects.
@@ -49,27 +59,52 @@ def score_column(metric: str) -> str:
 #: out-of-range metrics. The stateful task archives them itself
 #: (:mod:`streaming.sinks.archive`); they do not pass through Spark.
 READING_COLUMNS = (
-    "kind", "device_id", "device_type", "site", "seq", "event_ms", "kafka_partition", "kafka_offset", "body",
-    *(value_column(m) for m in WIDE_METRICS), *(score_column(m) for m in SCORED_METRICS),
-    "out_of_range", "extra_names", "extra_values", "extra_scores",
+    "kind",
+    "device_id",
+    "device_type",
+    "site",
+    "seq",
+    "event_ms",
+    "kafka_partition",
+    "kafka_offset",
+    "body",
+    *(value_column(m) for m in WIDE_METRICS),
+    *(score_column(m) for m in SCORED_METRICS),
+    "out_of_range",
+    "extra_names",
+    "extra_values",
+    "extra_scores",
 )
 
 #: The counters of one partition and micro-batch (or timer firing), as the stateful
 #: operator reports them, mapped to their names in the job's totals.
-TALLY_FIELDS = {"received": "received", "scored": "reading_records", "duplicates": "duplicate", "late": "late",
-                "dead_lettered": "dlq", "clock_steps": "clock_steps", "seq_resets": "seq_resets",
-                "no_device": "no_device", "alerts_raised": "alerts_raised", "alerts_cleared": "alerts_cleared",
-                "aggregates": "aggregate", "archive_files": "archive_files",
-                "influx_write_failures": "influx_write_failures", "state_bytes": "state_bytes",
-                "state_devices": "state_devices", "state_shards_read": "state_shards_read",
-                "state_shards_cached": "state_shards_cached"}
+TALLY_FIELDS = {
+    "received": "received",
+    "scored": "reading_records",
+    "duplicates": "duplicate",
+    "late": "late",
+    "dead_lettered": "dlq",
+    "clock_steps": "clock_steps",
+    "seq_resets": "seq_resets",
+    "no_device": "no_device",
+    "alerts_raised": "alerts_raised",
+    "alerts_cleared": "alerts_cleared",
+    "aggregates": "aggregate",
+    "archive_files": "archive_files",
+    "influx_write_failures": "influx_write_failures",
+    "state_bytes": "state_bytes",
+    "state_devices": "state_devices",
+    "state_shards_read": "state_shards_read",
+    "state_shards_cached": "state_shards_cached",
+}
 
 #: What the stateful operator emits: one tally row per partition and call, a column per
 #: counter. Alerts, dead letters, aggregates and the archive are written by the operator
 #: itself (:mod:`streaming.sinks`), so only these few numbers reach the driver, summed by
 #: an observation on the stream.
-TALLY_SCHEMA = StructType([StructField("kafka_partition", IntegerType(), False),
-                           *(StructField(name, LongType()) for name in TALLY_FIELDS)])
+TALLY_SCHEMA = StructType(
+    [StructField("kafka_partition", IntegerType(), False), *(StructField(name, LongType()) for name in TALLY_FIELDS)]
+)
 
 #: The statistics of an aggregate (one per device, metric and event-time bucket).
 AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
@@ -85,13 +120,28 @@ SHARD_TOKENS_SCHEMA = StructType([StructField("tokens", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
 #: silence was reported (see :class:`streaming.processor.Roster`).
-ROSTER_SCHEMA = StructType([
-    StructField("devices", StringType()), StructField("last_wall_ms", BinaryType()),
-    StructField("silent", BinaryType()), StructField("timer_ms", LongType()),
-])
+ROSTER_SCHEMA = StructType(
+    [
+        StructField("devices", StringType()),
+        StructField("last_wall_ms", BinaryType()),
+        StructField("silent", BinaryType()),
+        StructField("timer_ms", LongType()),
+    ]
+)
 
 #: Columns of the Parquet archive (the batch layer's master dataset): one row per reading,
 #: its metrics and detector scores as structs of the wide layout (uncatalogued ones as
 #: maps), under the partition directories date and device_type (:mod:`streaming.sinks.archive`).
-ARCHIVE_COLUMNS = ("device_id", "site", "seq", "event_ms", "event_time", "metrics", "scores", "out_of_range",
-                   "extra_metrics", "extra_scores", "detector")
+ARCHIVE_COLUMNS = (
+    "device_id",
+    "site",
+    "seq",
+    "event_ms",
+    "event_time",
+    "metrics",
+    "scores",
+    "out_of_range",
+    "extra_metrics",
+    "extra_scores",
+    "detector",
+)

@@ -19,8 +19,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streaming.device_state import (CORE_FIELDS, CLOCK_STEPS, DEAD_LETTERED, DUPLICATES, LAST_APPEND_MS, LATE, MAX_EVENT_MS,
-                                    RECEIVED, SCORED, SEQ_HIGH, SEQ_RESETS)
+from streaming.device_state import (
+    CLOCK_STEPS,
+    CORE_FIELDS,
+    DEAD_LETTERED,
+    DUPLICATES,
+    LAST_APPEND_MS,
+    LATE,
+    MAX_EVENT_MS,
+    RECEIVED,
+    SCORED,
+    SEQ_HIGH,
+    SEQ_RESETS,
+)
 
 #: What a record is (``outcome`` codes). ``OUT_OF_ORDER`` is a reading kept (archived,
 #: rules applied) that arrived after a newer seq of its device, within the allowed lateness.
@@ -48,10 +59,22 @@ def _advance(words: np.ndarray, high: int, seq: int, window: int) -> None:
 
 
 @njit(cache=True, nogil=True)
-def classify(device: np.ndarray, valid: np.ndarray, seq: np.ndarray, ts: np.ndarray, append_ms: np.ndarray,
-             core: np.ndarray, seqs: np.ndarray, window: int, lateness_ms: int,
-             outcome: np.ndarray, log_gap_ms: np.ndarray, newest_ms: np.ndarray, prior_newest_ms: np.ndarray,
-             prior_high: np.ndarray) -> None:
+def classify(
+    device: np.ndarray,
+    valid: np.ndarray,
+    seq: np.ndarray,
+    ts: np.ndarray,
+    append_ms: np.ndarray,
+    core: np.ndarray,
+    seqs: np.ndarray,
+    window: int,
+    lateness_ms: int,
+    outcome: np.ndarray,
+    log_gap_ms: np.ndarray,
+    newest_ms: np.ndarray,
+    prior_newest_ms: np.ndarray,
+    prior_high: np.ndarray,
+) -> None:
     """Classify each record and update ``core`` (n_devices, CORE) and ``seqs`` (n_devices, words).
 
     ``device`` is the record's row in ``core`` (-1: no device could be told); ``append_ms``
@@ -127,6 +150,19 @@ def classify(device: np.ndarray, valid: np.ndarray, seq: np.ndarray, ts: np.ndar
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`classify` now, not in the first batch."""
     empty = np.zeros(0, dtype=np.int64)
-    classify(empty, np.zeros(0, dtype=np.bool_), empty, empty, empty, np.zeros((0, len(CORE_FIELDS)), dtype=np.int64),
-             np.zeros((0, 1), dtype=np.uint64), 64, 0, np.zeros(0, dtype=np.int8), empty.copy(), empty.copy(),
-             empty.copy(), empty.copy())
+    classify(
+        empty,
+        np.zeros(0, dtype=np.bool_),
+        empty,
+        empty,
+        empty,
+        np.zeros((0, len(CORE_FIELDS)), dtype=np.int64),
+        np.zeros((0, 1), dtype=np.uint64),
+        64,
+        0,
+        np.zeros(0, dtype=np.int8),
+        empty.copy(),
+        empty.copy(),
+        empty.copy(),
+        empty.copy(),
+    )

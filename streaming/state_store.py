@@ -77,8 +77,15 @@ class DictValueState:
 class ShardedStore:
     """A partition's device states in shards; see the module's docstring."""
 
-    def __init__(self, state: MapStateLike, shards: int, ttl_ms: int, seq_words: int, state_size: int,
-                 tokens: ValueStateLike | None = None) -> None:
+    def __init__(
+        self,
+        state: MapStateLike,
+        shards: int,
+        ttl_ms: int,
+        seq_words: int,
+        state_size: int,
+        tokens: ValueStateLike | None = None,
+    ) -> None:
         """``tokens``: where the state store keeps the token of each shard's cached copy
         (without it, no cache is used)."""
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
@@ -94,8 +101,9 @@ class ShardedStore:
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}  # by the last load_many
 
     def shard_of(self, device_ids: Sequence[str]) -> np.ndarray:
-        return np.fromiter((zlib.crc32(d.encode()) % self.shards for d in device_ids), dtype=np.int64,
-                           count=len(device_ids))
+        return np.fromiter(
+            (zlib.crc32(d.encode()) % self.shards for d in device_ids), dtype=np.int64, count=len(device_ids)
+        )
 
     def serve(self, partition: int, cache: ShardCache | None = None) -> None:
         """Say which grouping key (Kafka partition) Spark's state handles serve now -- like
@@ -136,11 +144,15 @@ class ShardedStore:
         blob = self._read_value(shard)
         if blob is None:
             return DeviceTable.empty([], self.seq_words, self.state_size)
-        if blob[:len(MAGIC)] in (MAGIC, COMPRESSED):
+        if blob[: len(MAGIC)] in (MAGIC, COMPRESSED):
             return DeviceTable.from_bytes(blob, self.state_size)
         entries = decode_legacy_shard(blob)
-        return DeviceTable.from_states(list(entries), [DeviceState.from_value((e[1],), self.state_size)
-                                                        for e in entries.values()], self.seq_words, self.state_size)
+        return DeviceTable.from_states(
+            list(entries),
+            [DeviceState.from_value((e[1],), self.state_size) for e in entries.values()],
+            self.seq_words,
+            self.state_size,
+        )
 
     def load_many(self, device_ids: Sequence[str]) -> DeviceTable:
         """The devices' state in the given order (new devices empty); remembered for :meth:`save_many`."""
@@ -180,8 +192,11 @@ class ShardedStore:
             if len(old):
                 keep &= pd.Index(fresh.ids).get_indexer(old.ids) < 0
             # (a shard whose devices all reported, or none did, needs no selection)
-            merged = fresh if not keep.any() else DeviceTable.concat([old if keep.all() else old.take(
-                np.flatnonzero(keep)), fresh])
+            merged = (
+                fresh
+                if not keep.any()
+                else DeviceTable.concat([old if keep.all() else old.take(np.flatnonzero(keep)), fresh])
+            )
             blob = merged.to_bytes()
             self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
@@ -217,8 +232,8 @@ def decode_legacy_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
     while at < len(blob):
         name_len, last_wall_ms, blob_len = _ENTRY.unpack_from(blob, at)
         at += _ENTRY.size
-        name = bytes(view[at:at + name_len]).decode()
+        name = bytes(view[at : at + name_len]).decode()
         at += name_len
-        entries[name] = (last_wall_ms, bytes(view[at:at + blob_len]))
+        entries[name] = (last_wall_ms, bytes(view[at : at + blob_len]))
         at += blob_len
     return entries

@@ -54,13 +54,20 @@ def unique() -> str:
 @pytest.fixture
 def test_settings(stack_settings: Settings, unique: str) -> Settings:
     """Stack settings with this test's own Kafka topics, so tests never see each other's data."""
-    topics = stack_settings.topics.model_copy(update={
-        "raw": f"test.{unique}.raw", "dlq": f"test.{unique}.dlq",
-        "alerts": f"test.{unique}.alerts", "model_updates": f"test.{unique}.model",
-        "alert_state": f"test.{unique}.alerts.state", "silences": f"test.{unique}.alerts.silences",
-        "notifications": f"test.{unique}.alerts.notifications", "commands": f"test.{unique}.commands",
-        "device_twin": f"test.{unique}.devices.twin", "emergencies": f"test.{unique}.emergencies",
-    })
+    topics = stack_settings.topics.model_copy(
+        update={
+            "raw": f"test.{unique}.raw",
+            "dlq": f"test.{unique}.dlq",
+            "alerts": f"test.{unique}.alerts",
+            "model_updates": f"test.{unique}.model",
+            "alert_state": f"test.{unique}.alerts.state",
+            "silences": f"test.{unique}.alerts.silences",
+            "notifications": f"test.{unique}.alerts.notifications",
+            "commands": f"test.{unique}.commands",
+            "device_twin": f"test.{unique}.devices.twin",
+            "emergencies": f"test.{unique}.emergencies",
+        }
+    )
     return stack_settings.model_copy(update={"topics": topics})
 
 

@@ -16,10 +16,24 @@ from iotwatch.contract import Telemetry, telemetry_topic
 from iotwatch.settings import KafkaSettings, MqttSettings
 
 
-def reading(device: str, seq: int, *, site: str = "home-1", device_type: str = "thermostat",
-            ts: int | None = None, value: float = 21.0) -> Telemetry:
-    return Telemetry(v=1, device_id=device, device_type=device_type, site=site, seq=seq,
-                     ts=ts if ts is not None else int(time.time() * 1000), metrics={"temperature_c": value})
+def reading(
+    device: str,
+    seq: int,
+    *,
+    site: str = "home-1",
+    device_type: str = "thermostat",
+    ts: int | None = None,
+    value: float = 21.0,
+) -> Telemetry:
+    return Telemetry(
+        v=1,
+        device_id=device,
+        device_type=device_type,
+        site=site,
+        seq=seq,
+        ts=ts if ts is not None else int(time.time() * 1000),
+        metrics={"temperature_c": value},
+    )
 
 
 @dataclass
@@ -66,14 +80,22 @@ class Publisher:
         assert self.done.wait(timeout), "publisher did not finish"
 
 
-def read_topic(kafka: KafkaSettings, topic: str, *, expected: int | None = None, timeout_s: float = 30,
-               idle_s: float = 3.0, partitions: int | None = None) -> list[Message]:
+def read_topic(
+    kafka: KafkaSettings,
+    topic: str,
+    *,
+    expected: int | None = None,
+    timeout_s: float = 30,
+    idle_s: float = 3.0,
+    partitions: int | None = None,
+) -> list[Message]:
     """Every record of ``topic`` from the beginning: until ``expected`` arrived, or nothing new for ``idle_s``."""
     from iotwatch.clients.kafka import list_topics
 
     count = partitions or list_topics(kafka)[topic]
-    consumer = Consumer({**kafka.client_config(), "group.id": f"reader-{time.monotonic_ns()}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {**kafka.client_config(), "group.id": f"reader-{time.monotonic_ns()}", "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
     records: list[Message] = []
     deadline = time.monotonic() + timeout_s
@@ -123,14 +145,16 @@ class InThread:
         return self.result
 
 
-def read_all_seqs(kafka: KafkaSettings, topic: str, devices: list[str], count: int,
-                  timeout_s: float = 120) -> tuple[list[Message], dict[str, list[int]]]:
+def read_all_seqs(
+    kafka: KafkaSettings, topic: str, devices: list[str], count: int, timeout_s: float = 120
+) -> tuple[list[Message], dict[str, list[int]]]:
     """Read ``topic`` until every device has seqs 0..count-1 (duplicates allowed) or the
     timeout; the records and the seqs per device, for the caller to assert on."""
     deadline = time.monotonic() + timeout_s
     records = read_topic(kafka, topic, expected=count * len(devices), timeout_s=min(60, timeout_s))
     while time.monotonic() < deadline and any(
-            len(set(seqs_by_device(records).get(device, ()))) < count for device in devices):
+        len(set(seqs_by_device(records).get(device, ()))) < count for device in devices
+    ):
         records = read_topic(kafka, topic, timeout_s=30, idle_s=2)
     return records, seqs_by_device(records)
 

@@ -17,39 +17,57 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
     # id: (argv, words the line must hold, words it must not)
     "anomaly the fleet cannot produce": (
         ["simulate", "--anomalies", "crash", "--anomaly-rate", "2", "--vehicles", "0", "--duration", "600"],
-        ["--anomalies", "'crash'", "vehicle_edr", "fleet has none"], []),
+        ["--anomalies", "'crash'", "vehicle_edr", "fleet has none"],
+        [],
+    ),
     "fault given as an anomaly": (
         ["simulate", "--anomalies", "duplicate", "--anomaly-rate", "2", "--duration", "600"],
-        ["'duplicate' is a transport fault", "--faults", "spike"], ["out_of_order"]),
+        ["'duplicate' is a transport fault", "--faults", "spike"],
+        ["out_of_order"],
+    ),
     "anomaly given as a fault": (
         ["simulate", "--faults", "spike", "--fault-rate", "2", "--duration", "600"],
-        ["'spike' is an anomaly", "--anomalies", "clock_skew"], ["level_shift"]),
+        ["'spike' is an anomaly", "--anomalies", "clock_skew"],
+        ["level_shift"],
+    ),
     "unknown fault lists only faults": (
         ["simulate", "--faults", "telepathy", "--fault-rate", "2", "--duration", "600"],
         ["unknown transport fault kind 'telepathy'", "clock_skew, duplicate, late, malformed, out_of_order"],
-        ["spike", "crash"]),
+        ["spike", "crash"],
+    ),
     "unknown anomaly lists only anomalies": (
         ["simulate", "--anomalies", "gremlins", "--anomaly-rate", "2", "--duration", "600"],
-        ["unknown anomaly kind 'gremlins'", "spike"], ["clock_skew", "malformed"]),
+        ["unknown anomaly kind 'gremlins'", "spike"],
+        ["clock_skew", "malformed"],
+    ),
     "kinds without the rate that draws them": (
-        ["simulate", "--anomalies", "spike", "--duration", "600"], ["--anomalies has no effect without --anomaly-rate"],
-        []),
+        ["simulate", "--anomalies", "spike", "--duration", "600"],
+        ["--anomalies has no effect without --anomaly-rate"],
+        [],
+    ),
     "Kafka port out of range": (["alerts", "tail", "--kafka", "localhost:99999"], ["--kafka", "99999", "1-65535"], []),
     "Kafka port out of range (stream)": (["stream", "--kafka", "localhost:99999"], ["--kafka", "99999"], []),
     "MQTT port out of range": (["gateway", "--mqtt", "mqtt://localhost:70000"], ["--mqtt", "70000"], []),
     "InfluxDB port out of range": (["stream", "--influx", "http://localhost:123456"], ["--influx", "123456"], []),
-    "Kafka that does not answer": (["alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
-                                   ["Kafka at 127.0.0.1:1 did not answer"], ["FAIL", "%3|"]),
-    "MQTT broker that does not answer": (["simulate", "--mqtt", "mqtt://127.0.0.1:1", "--duration", "1"],
-                                         ["mqtt://127.0.0.1:1", "refused"], []),
+    "Kafka that does not answer": (
+        ["alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
+        ["Kafka at 127.0.0.1:1 did not answer"],
+        ["FAIL", "%3|"],
+    ),
+    "MQTT broker that does not answer": (
+        ["simulate", "--mqtt", "mqtt://127.0.0.1:1", "--duration", "1"],
+        ["mqtt://127.0.0.1:1", "refused"],
+        [],
+    ),
 }
 
 
 def run_iotwatch(argv: list[str], home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "iotwatch", *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "iotwatch", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("mistake", list(MISTAKES))
@@ -67,8 +85,13 @@ def test_a_mistake_is_one_line_on_stderr_and_a_non_zero_exit(mistake: str, tmp_p
 
 
 def test_score_csv_names_the_row_that_is_not_a_number(tmp_path: Path) -> None:
-    rows = ["timestamp,value", "2024-01-01 00:00:00,1.0", "2024-01-01 00:05:00,2.0", "2024-01-01 00:07:00,3.0",
-            "2024-01-01 00:10:00,n/a"]
+    rows = [
+        "timestamp,value",
+        "2024-01-01 00:00:00,1.0",
+        "2024-01-01 00:05:00,2.0",
+        "2024-01-01 00:07:00,3.0",
+        "2024-01-01 00:10:00,n/a",
+    ]
     source = tmp_path / "in.csv"
     source.write_text("\n".join(rows) + "\n")
     result = run_iotwatch(["score-csv", str(source), str(tmp_path / "out.csv")], tmp_path)
@@ -77,8 +100,9 @@ def test_score_csv_names_the_row_that_is_not_a_number(tmp_path: Path) -> None:
 
 
 def test_log_level_debug_brings_the_libraries_detail_back(tmp_path: Path) -> None:
-    result = run_iotwatch(["--log-level", "debug", "alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
-                          tmp_path)
+    result = run_iotwatch(
+        ["--log-level", "debug", "alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"], tmp_path
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and lines[-1].startswith("iotwatch: error: Kafka at 127.0.0.1:1 did not answer")
     assert sum(" DEBUG iotwatch.librdkafka: FAIL " in line for line in lines) >= 2, result.stderr

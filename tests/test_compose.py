@@ -149,7 +149,11 @@ def test_compose_config_renders_with_env_example(env_example: dict[str, str]) ->
     env = {k: v for k, v in os.environ.items() if k not in env_example and not k.startswith("COMPOSE_")}
     result = subprocess.run(
         [*command, "--env-file", str(ENV_EXAMPLE), "-f", str(COMPOSE_FILE), "config"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, f"compose config failed:\n{result.stderr}"
     rendered = yaml.safe_load(result.stdout)
@@ -184,8 +188,10 @@ def test_mounted_and_built_paths_exist(compose: dict[str, Any]) -> None:
 
 
 def test_dockerfile_copy_sources_exist(compose: dict[str, Any]) -> None:
-    dockerfiles = {REPO / svc["build"].get("context", ".") / svc["build"].get("dockerfile", "Dockerfile")
-                   for svc in services_built_here(compose).values()}
+    dockerfiles = {
+        REPO / svc["build"].get("context", ".") / svc["build"].get("dockerfile", "Dockerfile")
+        for svc in services_built_here(compose).values()
+    }
     assert dockerfiles, "no service is built from a Dockerfile"
     for dockerfile in dockerfiles:
         for line in dockerfile.read_text().splitlines():
@@ -222,14 +228,30 @@ def test_iotwatch_env_names_are_real_settings(compose: dict[str, Any], compose_t
 def test_iotwatch_services_point_at_compose_services(compose: dict[str, Any]) -> None:
     services = compose["services"]
     expected = {
-        "gateway": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD",
-                    "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_USERNAME",
-                    "IOTWATCH_INFLUX_PASSWORD", "IOTWATCH_INFLUX_DATABASE"},
-        "stream": {"IOTWATCH_KAFKA_BOOTSTRAP_SERVERS", "IOTWATCH_INFLUX_URL", "IOTWATCH_INFLUX_USERNAME",
-                   "IOTWATCH_INFLUX_PASSWORD", "IOTWATCH_INFLUX_DATABASE"},
+        "gateway": {
+            "IOTWATCH_MQTT_URL",
+            "IOTWATCH_MQTT_USERNAME",
+            "IOTWATCH_MQTT_PASSWORD",
+            "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS",
+            "IOTWATCH_INFLUX_URL",
+            "IOTWATCH_INFLUX_USERNAME",
+            "IOTWATCH_INFLUX_PASSWORD",
+            "IOTWATCH_INFLUX_DATABASE",
+        },
+        "stream": {
+            "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS",
+            "IOTWATCH_INFLUX_URL",
+            "IOTWATCH_INFLUX_USERNAME",
+            "IOTWATCH_INFLUX_PASSWORD",
+            "IOTWATCH_INFLUX_DATABASE",
+        },
         "simulator": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD"},
-        "responder": {"IOTWATCH_MQTT_URL", "IOTWATCH_MQTT_USERNAME", "IOTWATCH_MQTT_PASSWORD",
-                      "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"},
+        "responder": {
+            "IOTWATCH_MQTT_URL",
+            "IOTWATCH_MQTT_USERNAME",
+            "IOTWATCH_MQTT_PASSWORD",
+            "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS",
+        },
     }
     for name, keys in expected.items():
         env = environment_of(services[name])
@@ -272,7 +294,8 @@ def test_secrets_come_from_the_environment(compose: dict[str, Any]) -> None:
         for key, value in environment_of(service).items():
             if re.search(r"PASSWORD|TOKEN", key):
                 assert value.startswith("${") and ":?" in value, (
-                    f"{name}: {key} must be a required variable (${{VAR:?...}}), not {value!r}")
+                    f"{name}: {key} must be a required variable (${{VAR:?...}}), not {value!r}"
+                )
 
 
 def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
@@ -291,8 +314,10 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
     assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"}
     assert len({svc.get("image") for svc in built.values()}) == 1
-    commands = {name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
-                for name, svc in built.items()}
+    commands = {
+        name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
+        for name, svc in built.items()
+    }
     assert "gateway" in commands["gateway"]
     assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
     assert "simulate" in commands["simulator"]
@@ -316,8 +341,11 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
     entrypoint = host_path(services["kafka"], services["kafka"]["entrypoint"][-1])
     assert entrypoint is not None and entrypoint.is_file(), "the kafka entry point is not mounted"
     scram_users = set(re.findall(r"SCRAM-SHA-512=\[name=([a-z]+),", entrypoint.read_text()))
-    clients = {name: environment_of(svc) for name, svc in services.items()
-               if "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS" in environment_of(svc)}
+    clients = {
+        name: environment_of(svc)
+        for name, svc in services.items()
+        if "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS" in environment_of(svc)
+    }
     assert {"gateway", "stream", "kafka-topics"} <= set(clients)
     for name, env in clients.items():
         assert env["IOTWATCH_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
@@ -345,10 +373,16 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
     # ANONYMOUS is only who connects to the unauthenticated listener, reachable from loopback only.
     protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     listeners = dict(item.split("://") for item in kafka_env["KAFKA_LISTENERS"].split(","))
-    assert all(listeners[name].startswith("localhost:") for name, protocol in protocols.items()
-               if not protocol.startswith("SASL_"))
-    users = {name: environment_of(svc)["IOTWATCH_KAFKA_SASL_USERNAME"] for name, svc in services.items()
-             if "IOTWATCH_KAFKA_SASL_USERNAME" in environment_of(svc)}
+    assert all(
+        listeners[name].startswith("localhost:")
+        for name, protocol in protocols.items()
+        if not protocol.startswith("SASL_")
+    )
+    users = {
+        name: environment_of(svc)["IOTWATCH_KAFKA_SASL_USERNAME"]
+        for name, svc in services.items()
+        if "IOTWATCH_KAFKA_SASL_USERNAME" in environment_of(svc)
+    }
     assert users == {"kafka-topics": "admin", "gateway": "gateway", "stream": "stream", "responder": "responder"}
 
     topics = TopicSettings()
@@ -366,8 +400,10 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
     assert allowed("stream", "write") == {topics.alerts, topics.dlq}
     assert allowed("responder", "read") == {topics.alerts, topics.commands}
     assert allowed("responder", "write") == {topics.commands, topics.alerts, topics.dlq}
-    assert {g.user for g in topic_grants if g.name == topics.alerts and g.operation == "write"} == {"stream",
-                                                                                                     "responder"}
+    assert {g.user for g in topic_grants if g.name == topics.alerts and g.operation == "write"} == {
+        "stream",
+        "responder",
+    }
     assert {g.user for g in topic_grants if g.name == topics.raw and g.operation == "write"} == {"gateway"}
     groups = {(g.user, g.name) for g in grants if g.resource == "group"}
     assert groups == {(user, prefix) for user, prefixes in GROUP_PREFIXES.items() for prefix in prefixes}
@@ -398,7 +434,8 @@ def test_grafana_datasource_uses_influxql(compose: dict[str, Any]) -> None:
         assert json_data.get("dbName") or ds.get("database"), f"{file}: no database name"
         # The read-only user of deploy/influxdb/initdb/20-iotwatch-auth.sh, not the admin token.
         assert ds.get("user") == "$INFLUX_USER" and secure.get("password") == "$INFLUX_PASSWORD", (
-            f"{file}: Grafana must log in as the read-only InfluxDB user")
+            f"{file}: Grafana must log in as the read-only InfluxDB user"
+        )
         assert grafana_env["INFLUX_PASSWORD"] == "${INFLUXDB_READER_PASSWORD:?set INFLUXDB_READER_PASSWORD in .env}"
 
 
@@ -406,13 +443,16 @@ def test_grafana_dashboards_provider_reads_the_mounted_folder(compose: dict[str,
     grafana = compose["services"]["grafana"]
     provisioning = host_path(grafana, "/etc/grafana/provisioning")
     assert provisioning is not None
-    paths = [provider["options"]["path"]
-             for file in sorted((provisioning / "dashboards").glob("*.y*ml"))
-             for provider in yaml.safe_load(file.read_text()).get("providers") or []]
+    paths = [
+        provider["options"]["path"]
+        for file in sorted((provisioning / "dashboards").glob("*.y*ml"))
+        for provider in yaml.safe_load(file.read_text()).get("providers") or []
+    ]
     assert paths, "no dashboard provider is provisioned"
     for path in paths:
         assert host_path(grafana, path) == (REPO / "dashboards" / "json").resolve(), (
-            f"dashboard provider path {path} is not where dashboards/json is mounted")
+            f"dashboard provider path {path} is not where dashboards/json is mounted"
+        )
 
 
 def test_mosquitto_refuses_anonymous_clients(compose: dict[str, Any]) -> None:
@@ -443,8 +483,11 @@ def test_mosquitto_refuses_anonymous_clients(compose: dict[str, Any]) -> None:
 
 def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) -> None:
     influxdb = compose["services"]["influxdb"]
-    scripts = [(source, target) for source, target in bind_mounts(influxdb)
-               if target.startswith("/docker-entrypoint-initdb.d/")]
+    scripts = [
+        (source, target)
+        for source, target in bind_mounts(influxdb)
+        if target.startswith("/docker-entrypoint-initdb.d/")
+    ]
     assert scripts, "no init script is mounted in /docker-entrypoint-initdb.d"
     for source, target in scripts:
         assert target.endswith(".sh")

@@ -13,8 +13,16 @@ import pytest
 from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.simulation import STATUS
-from iotwatch.contract import (DEVICE_TYPE_PATTERN, MAX_METRICS, MAX_PAYLOAD_BYTES, ContractViolation, DecodedBatch,
-                               Telemetry, decode_batch, decode_telemetry)
+from iotwatch.contract import (
+    DEVICE_TYPE_PATTERN,
+    MAX_METRICS,
+    MAX_PAYLOAD_BYTES,
+    ContractViolation,
+    DecodedBatch,
+    Telemetry,
+    decode_batch,
+    decode_telemetry,
+)
 from models.registry import ModelRegistry, RegistryError
 from models.robust_zscore import RobustZScore
 from tests.devices.conftest import START_MS, generate
@@ -22,9 +30,15 @@ from tests.devices.conftest import START_MS, generate
 NOW = START_MS + 60_000
 HOUR = 3_600_000
 
-FIELDS: dict[str, Any] = {"v": 1, "device_id": "home-003-thermostat-0", "device_type": "thermostat",
-                          "site": "home-003", "seq": 41, "ts": START_MS,
-                          "metrics": {"temperature_c": 21.4, "humidity_pct": 43.0}}
+FIELDS: dict[str, Any] = {
+    "v": 1,
+    "device_id": "home-003-thermostat-0",
+    "device_type": "thermostat",
+    "site": "home-003",
+    "seq": 41,
+    "ts": START_MS,
+    "metrics": {"temperature_c": 21.4, "humidity_pct": 43.0},
+}
 
 
 def payload(**changes: Any) -> bytes:
@@ -58,22 +72,44 @@ def _old_to_json(message: Telemetry) -> bytes:
 
 
 def test_to_json_is_the_compact_form_byte_for_byte() -> None:
-    message = Telemetry(v=1, device_id="home-003-thermostat-0", device_type="thermostat", site="home-003",
-                        seq=41, ts=1763784000000, metrics={"temperature_c": 21.4, "humidity_pct": 43.0})
-    assert message.to_json() == (b'{"v":1,"device_id":"home-003-thermostat-0","device_type":"thermostat",'
-                                 b'"site":"home-003","seq":41,"ts":1763784000000,'
-                                 b'"metrics":{"temperature_c":21.4,"humidity_pct":43.0}}')
+    message = Telemetry(
+        v=1,
+        device_id="home-003-thermostat-0",
+        device_type="thermostat",
+        site="home-003",
+        seq=41,
+        ts=1763784000000,
+        metrics={"temperature_c": 21.4, "humidity_pct": 43.0},
+    )
+    assert message.to_json() == (
+        b'{"v":1,"device_id":"home-003-thermostat-0","device_type":"thermostat",'
+        b'"site":"home-003","seq":41,"ts":1763784000000,'
+        b'"metrics":{"temperature_c":21.4,"humidity_pct":43.0}}'
+    )
     assert message.key() == b"home-003-thermostat-0"
-    event = Telemetry(v=1, device_id="v-1", device_type="vehicle_edr", site="fleet", seq=0, ts=5,
-                      metrics={"z": 1e-05, "big": 1.2345678901234568e17, "n": -0.0, "i": 1},
-                      event="crash", event_data={"a": None, "b": [None, 1, 2.5e-07], "\u00e9": "\u00fc\x01"})
-    assert event.to_json() == (b'{"v":1,"device_id":"v-1","device_type":"vehicle_edr","site":"fleet","seq":0,"ts":5,'
-                               b'"metrics":{"z":1e-05,"big":1.2345678901234568e+17,"n":-0.0,"i":1.0},"event":"crash",'
-                               b'"event_data":{"a":null,"b":[null,1,2.5e-07],"\\u00e9":"\\u00fc\\u0001"}}')
+    event = Telemetry(
+        v=1,
+        device_id="v-1",
+        device_type="vehicle_edr",
+        site="fleet",
+        seq=0,
+        ts=5,
+        metrics={"z": 1e-05, "big": 1.2345678901234568e17, "n": -0.0, "i": 1},
+        event="crash",
+        event_data={"a": None, "b": [None, 1, 2.5e-07], "\u00e9": "\u00fc\x01"},
+    )
+    assert event.to_json() == (
+        b'{"v":1,"device_id":"v-1","device_type":"vehicle_edr","site":"fleet","seq":0,"ts":5,'
+        b'"metrics":{"z":1e-05,"big":1.2345678901234568e+17,"n":-0.0,"i":1.0},"event":"crash",'
+        b'"event_data":{"a":null,"b":[null,1,2.5e-07],"\\u00e9":"\\u00fc\\u0001"}}'
+    )
     assert Telemetry(**{**FIELDS, "event_data": {}}).to_json().endswith(b',"event_data":{}}')
     moved = msgspec.structs.replace(message, ts=7)
-    assert moved.ts == 7 and message.ts == 1763784000000 and moved.to_json() == message.to_json().replace(
-        b'"ts":1763784000000', b'"ts":7')
+    assert (
+        moved.ts == 7
+        and message.ts == 1763784000000
+        and moved.to_json() == message.to_json().replace(b'"ts":1763784000000', b'"ts":7')
+    )
 
 
 def test_simulator_messages_round_trip_to_the_same_bytes() -> None:
@@ -112,39 +148,77 @@ def test_every_reason_code(code: str) -> None:
     assert str(caught.value).startswith(f"{code}: ")
 
 
-@pytest.mark.parametrize(("data", "code"), [
-    (b"", "invalid_json"), (b"  ", "invalid_json"), (payload() + b"x", "invalid_json"),
-    (payload() + b"{}", "invalid_json"), (b"\xef\xbb\xbf" + payload(), "invalid_json"),
-    (raw(site='"\\ud800"'), "invalid_json"), (raw(site='"\\udc00x"'), "invalid_json"),
-    (raw(metrics='{"t":01}'), "invalid_json"), (raw(metrics='{"t":-NaN}'), "invalid_json"),
-    (raw(ts="1" * 4301), "invalid_json"), (raw(metrics='{"t":%s.0}' % ("1" * 4301)), "invalid_json"),
-    (b'"x"', "not_an_object"), (b"12", "not_an_object"), (b"null", "not_an_object"), (b"NaN", "not_an_object"),
-    (raw(metrics='{"t":Infinity}'), "non_finite_number"), (raw(metrics='{"t":-Infinity}'), "non_finite_number"),
-    (raw(metrics='{"t":1e400}'), "non_finite_number"), (raw(metrics='{"t":%s}' % ("1" * 400)), "non_finite_number"),
-    (raw(event_data='{"a":[1,{"b":NaN}]}'), "non_finite_number"),
-    (payload(seq=41.0), "invalid_field"), (raw(seq="41e0"), "invalid_field"), (payload(seq=True), "invalid_field"),
-    (payload(seq=None), "invalid_field"), (payload(v="1"), "invalid_field"), (payload(v=1.0), "invalid_field"),
-    (raw(seq="Infinity"), "invalid_field"), (payload(ts=1.7e12), "invalid_field"),
-    (payload(metrics={"t": "21"}), "invalid_field"), (payload(metrics={"t": True}), "invalid_field"),
-    (payload(metrics={"t": None}), "invalid_field"), (payload(metrics=[]), "invalid_field"),
-    (payload(device_id="home 3"), "invalid_field"), (payload(device_id="home-3\n"), "invalid_field"),
-    (payload(device_id="_home"), "invalid_field"), (payload(device_id="a" * 129), "invalid_field"),
-    (payload(device_id="h\u00e9"), "invalid_field"), (payload(site=""), "invalid_field"),
-    (payload(event="a b"), "invalid_field"), (payload(event_data=[1]), "invalid_field"),
-    (payload(ts=10**30), "ts_in_future"), (payload(ts=-(10**30)), "ts_too_old"),
-    (payload(v=10**30), "unsupported_version"), (payload(v=2, ts=NOW + 25 * HOUR), "unsupported_version"),
-])
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"", "invalid_json"),
+        (b"  ", "invalid_json"),
+        (payload() + b"x", "invalid_json"),
+        (payload() + b"{}", "invalid_json"),
+        (b"\xef\xbb\xbf" + payload(), "invalid_json"),
+        (raw(site='"\\ud800"'), "invalid_json"),
+        (raw(site='"\\udc00x"'), "invalid_json"),
+        (raw(metrics='{"t":01}'), "invalid_json"),
+        (raw(metrics='{"t":-NaN}'), "invalid_json"),
+        (raw(ts="1" * 4301), "invalid_json"),
+        (raw(metrics='{"t":%s.0}' % ("1" * 4301)), "invalid_json"),
+        (b'"x"', "not_an_object"),
+        (b"12", "not_an_object"),
+        (b"null", "not_an_object"),
+        (b"NaN", "not_an_object"),
+        (raw(metrics='{"t":Infinity}'), "non_finite_number"),
+        (raw(metrics='{"t":-Infinity}'), "non_finite_number"),
+        (raw(metrics='{"t":1e400}'), "non_finite_number"),
+        (raw(metrics='{"t":%s}' % ("1" * 400)), "non_finite_number"),
+        (raw(event_data='{"a":[1,{"b":NaN}]}'), "non_finite_number"),
+        (payload(seq=41.0), "invalid_field"),
+        (raw(seq="41e0"), "invalid_field"),
+        (payload(seq=True), "invalid_field"),
+        (payload(seq=None), "invalid_field"),
+        (payload(v="1"), "invalid_field"),
+        (payload(v=1.0), "invalid_field"),
+        (raw(seq="Infinity"), "invalid_field"),
+        (payload(ts=1.7e12), "invalid_field"),
+        (payload(metrics={"t": "21"}), "invalid_field"),
+        (payload(metrics={"t": True}), "invalid_field"),
+        (payload(metrics={"t": None}), "invalid_field"),
+        (payload(metrics=[]), "invalid_field"),
+        (payload(device_id="home 3"), "invalid_field"),
+        (payload(device_id="home-3\n"), "invalid_field"),
+        (payload(device_id="_home"), "invalid_field"),
+        (payload(device_id="a" * 129), "invalid_field"),
+        (payload(device_id="h\u00e9"), "invalid_field"),
+        (payload(site=""), "invalid_field"),
+        (payload(event="a b"), "invalid_field"),
+        (payload(event_data=[1]), "invalid_field"),
+        (payload(ts=10**30), "ts_in_future"),
+        (payload(ts=-(10**30)), "ts_too_old"),
+        (payload(v=10**30), "unsupported_version"),
+        (payload(v=2, ts=NOW + 25 * HOUR), "unsupported_version"),
+    ],
+)
 def test_reasons_of_edge_cases(data: bytes, code: str) -> None:
     assert reason(data) == code
 
 
-@pytest.mark.parametrize("data", [
-    payload(), payload(device_id="home:3", event="crash", event_data={"a": [1, 2.5, {"b": None}]}),
-    payload(device_id="a" * 128), payload(metrics={}), payload(metrics={"t": 21}), raw(seq="-0"),
-    raw(metrics='{"t":1E5}'), raw(metrics='{"t":%s}' % ("1" * 30)), payload(event=None, event_data=None),
-    raw(site='"home\\u002d003"'), payload(event_data={"big": 10**30}), raw(event_data='{"s":"\\ud83d\\ude00"}'),
-    payload() + b" \n\t\r",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        payload(),
+        payload(device_id="home:3", event="crash", event_data={"a": [1, 2.5, {"b": None}]}),
+        payload(device_id="a" * 128),
+        payload(metrics={}),
+        payload(metrics={"t": 21}),
+        raw(seq="-0"),
+        raw(metrics='{"t":1E5}'),
+        raw(metrics='{"t":%s}' % ("1" * 30)),
+        payload(event=None, event_data=None),
+        raw(site='"home\\u002d003"'),
+        payload(event_data={"big": 10**30}),
+        raw(event_data='{"s":"\\ud83d\\ude00"}'),
+        payload() + b" \n\t\r",
+    ],
+)
 def test_valid_edge_cases(data: bytes) -> None:
     assert reason(data) is None
 
@@ -209,6 +283,7 @@ def test_device_type_is_a_registry_name(tmp_path: Any) -> None:
         with pytest.raises(RegistryError):
             registry.register(RobustZScore(), name)
     import models.registry
+
     assert models.registry._NAME.pattern == DEVICE_TYPE_PATTERN
 
 
@@ -225,8 +300,11 @@ def test_metrics_count_names_and_values() -> None:
 def test_size_and_nesting_limits() -> None:
     assert reason(payload(event_data={"pad": "x" * 2_000_000})) == "too_large"
     assert reason(payload(event_data={"pad": "x" * 200_000})) is None
-    for data in (b"[" * 100_000 + b"]" * 100_000, raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"),
-                 raw(event_data='{"a":' + "[" * 100_000)):
+    for data in (
+        b"[" * 100_000 + b"]" * 100_000,
+        raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"),
+        raw(event_data='{"a":' + "[" * 100_000),
+    ):
         assert reason(data) == "invalid_json"  # not a RecursionError
     assert reason(b'{"a":' * 100_000 + b"1" + b"}" * 100_000, max_bytes=1 << 20) == "invalid_json"
     # no value inside more than 200 arrays and objects (the top-level object and event_data count)
@@ -278,13 +356,27 @@ def _corpus() -> tuple[list[bytes | None], list[bytes | None]]:
     config = SimConfig(seed=7, homes=6, vehicles=2, start_ms=START_MS, fault_rate=30.0, anomaly_rate=30.0)
     valid = [p.encode() if isinstance(p, str) else p for _, _, p, g in generate(config, 40) if g != STATUS]
     thermostat = generate(SimConfig(seed=1, homes=1, vehicles=0, start_ms=START_MS, mix={"thermostat": 1}), 2)
-    malformed = [corrupt(thermostat[0][2], variant) for variant in
-                 ("truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan", "unknown_field",
-                  "bad_version")]
+    malformed = [
+        corrupt(thermostat[0][2], variant)
+        for variant in (
+            "truncated",
+            "not_json",
+            "invalid_utf8",
+            "missing_field",
+            "wrong_type",
+            "nan",
+            "unknown_field",
+            "bad_version",
+        )
+    ]
     invalid = list(INVALID.values()) + [m.encode() if isinstance(m, str) else m for m in malformed]
-    invalid += [payload(seq=2**63), payload(device_type="a:b"), payload(metrics={"a b": 1.0}),
-                raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"), payload().replace(
-                    b'"seq":41', b'"seq":"x","seq":42')]
+    invalid += [
+        payload(seq=2**63),
+        payload(device_type="a:b"),
+        payload(metrics={"a b": 1.0}),
+        raw(event_data='{"a":' + "[" * 100_000 + "]" * 100_000 + "}"),
+        payload().replace(b'"seq":41', b'"seq":"x","seq":42'),
+    ]
     rng = random.Random(5)
     values: list[bytes | None] = valid + invalid + [None, None]
     rng.shuffle(values)
@@ -315,12 +407,19 @@ def test_decode_batch_agrees_with_decode_telemetry_record_by_record() -> None:
     assert isinstance(batch, DecodedBatch) and len(batch) == len(values)
     assert batch.seq.dtype == batch.ts.dtype == batch.metric_row.dtype == np.int64
     assert batch.metric_value.dtype == np.float64
-    for column in (batch.reason, batch.detail, batch.device_id, batch.device_type, batch.site, batch.event,
-                   batch.metric_name):
+    for column in (
+        batch.reason,
+        batch.detail,
+        batch.device_id,
+        batch.device_type,
+        batch.site,
+        batch.event,
+        batch.metric_name,
+    ):
         assert column.dtype == object and column.ndim == 1
     reasons = set()
     at = 0
-    for i, (value, key) in enumerate(zip(values, keys)):
+    for i, (value, key) in enumerate(zip(values, keys, strict=True)):
         message, violation = _expected(value, key)
         if violation is not None:
             reasons.add(violation.reason)
@@ -330,11 +429,20 @@ def test_decode_batch_agrees_with_decode_telemetry_record_by_record() -> None:
             continue
         assert message is not None and batch.valid[i] and batch.reason[i] is None and batch.detail[i] is None
         assert (batch.device_id[i], batch.device_type[i], batch.site[i], batch.event[i], batch.seq[i], batch.ts[i]) == (
-            message.device_id, message.device_type, message.site, message.event, message.seq, message.ts)
+            message.device_id,
+            message.device_type,
+            message.site,
+            message.event,
+            message.seq,
+            message.ts,
+        )
         count = len(message.metrics)
-        assert list(batch.metric_row[at:at + count]) == [i] * count
-        assert dict(zip(batch.metric_name[at:at + count], batch.metric_value[at:at + count])) == message.metrics
-        assert list(batch.metric_name[at:at + count]) == list(message.metrics)  # the message's key order
+        assert list(batch.metric_row[at : at + count]) == [i] * count
+        assert (
+            dict(zip(batch.metric_name[at : at + count], batch.metric_value[at : at + count], strict=True))
+            == message.metrics
+        )
+        assert list(batch.metric_name[at : at + count]) == list(message.metrics)  # the message's key order
         at += count
     assert at == len(batch.metric_row) == len(batch.metric_name) == len(batch.metric_value)
     assert reasons >= set(INVALID) | {"key_mismatch"}
@@ -344,8 +452,9 @@ def test_decode_batch_agrees_with_decode_telemetry_record_by_record() -> None:
 def test_decode_batch_small_cases() -> None:
     empty = decode_batch([], now_ms=NOW)
     assert len(empty) == 0 and empty.metric_value.shape == (0,) and empty.seq.dtype == np.int64
-    batch = decode_batch([None, payload(), payload(device_id="other")], [b"x", b"home-003-thermostat-0", b"k\xff"],
-                         now_ms=NOW)
+    batch = decode_batch(
+        [None, payload(), payload(device_id="other")], [b"x", b"home-003-thermostat-0", b"k\xff"], now_ms=NOW
+    )
     assert list(batch.reason) == ["invalid_json", None, "key_mismatch"]
     assert batch.detail[2] == "Kafka key 'k\ufffd' != device_id 'other'"
     assert list(batch.valid) == [False, True, False]
@@ -362,18 +471,28 @@ def test_decode_batch_small_cases() -> None:
 
 
 def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
-    from iotwatch.contract import (Command, CommandReply, CommandStatus, decode_command, decode_command_reply,
-                                   encode, parse_command_ack_topic)
+    from iotwatch.contract import (
+        Command,
+        CommandReply,
+        CommandStatus,
+        decode_command,
+        decode_command_reply,
+        encode,
+        parse_command_ack_topic,
+    )
 
     command = Command(1, "c1", "home-1-thermostat-0", "reset_hvac", 1_000, 61_000, "responder", {"hard": True}, "a1")
     assert decode_command(encode(command)) == command and command.expired(61_000) and not command.expired(60_999)
     reply = CommandReply(1, "c1", "home-1-thermostat-0", CommandStatus.REJECTED, 2_000, "expired")
     assert decode_command_reply(encode(reply)) == reply
     body = json.loads(encode(command))
-    cases = {b"{nope": "invalid_json", json.dumps({**body, "v": 2}).encode(): "unsupported_version",
-             json.dumps({**body, "extra": 1}).encode(): "invalid_field",
-             json.dumps({k: v for k, v in body.items() if k != "expires_at_ms"}).encode(): "invalid_field",
-             json.dumps({**body, "device_id": "a/b"}).encode(): "invalid_field"}
+    cases = {
+        b"{nope": "invalid_json",
+        json.dumps({**body, "v": 2}).encode(): "unsupported_version",
+        json.dumps({**body, "extra": 1}).encode(): "invalid_field",
+        json.dumps({k: v for k, v in body.items() if k != "expires_at_ms"}).encode(): "invalid_field",
+        json.dumps({**body, "device_id": "a/b"}).encode(): "invalid_field",
+    }
     for raw, reason in cases.items():
         with pytest.raises(ContractViolation) as caught:
             decode_command(raw)
@@ -386,7 +505,7 @@ def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
 
 
 def test_oncall_records_decode_strictly() -> None:
-    from iotwatch.oncall import AlertStep, AlertState, BadRecord, Matchers, Silence, decode, encode
+    from iotwatch.oncall import AlertState, AlertStep, BadRecord, Matchers, Silence, decode, encode
 
     ack = AlertState(1, "a1", AlertStep.ACKNOWLEDGED, "alice", 5, "on it")
     assert decode(encode(ack), AlertState) == ack

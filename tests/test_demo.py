@@ -23,18 +23,36 @@ INTERVALS = {"thermostat": 1000, "vehicle_edr": 100}
 
 
 def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None) -> dict[str, Any]:
-    return {"alert_id": alert_id, "state": "raised", "device_id": device, "rule": rule, "first_seq": first_seq,
-            "seq": first_seq if seq is None else seq, "first_event_ms": 1_700_000_000_000 + first_seq * 1000}
+    return {
+        "alert_id": alert_id,
+        "state": "raised",
+        "device_id": device,
+        "rule": rule,
+        "first_seq": first_seq,
+        "seq": first_seq if seq is None else seq,
+        "first_event_ms": 1_700_000_000_000 + first_seq * 1000,
+    }
 
 
 def anomaly(kind: str, device: str, start_seq: int, end_seq: int, device_type: str = "thermostat") -> dict[str, Any]:
-    return {"category": "anomaly", "kind": kind, "device_id": device, "device_type": device_type,
-            "start_seq": start_seq, "end_seq": end_seq, "start_ts": 0, "end_ts": 0}
+    return {
+        "category": "anomaly",
+        "kind": kind,
+        "device_id": device,
+        "device_type": device_type,
+        "start_seq": start_seq,
+        "end_seq": end_seq,
+        "start_ts": 0,
+        "end_ts": 0,
+    }
 
 
 def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> None:
-    truth = [anomaly("level_shift", "t1", 100, 200), anomaly("dropout", "t2", 300, 350),
-             anomaly("crash", "car", 5000, 5600, "vehicle_edr")]
+    truth = [
+        anomaly("level_shift", "t1", 100, 200),
+        anomaly("dropout", "t2", 300, 350),
+        anomaly("crash", "car", 5000, 5600, "vehicle_edr"),
+    ]
     alerts = [
         alert("shift", "t1", "anomaly_score", 104),  # 4 readings into the shift
         alert("silence", "t2", "device_silent", 299),  # the newest reading before the dropout
@@ -46,8 +64,15 @@ def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> 
         {**alert("shift", "t1", "anomaly_score", 104), "state": "cleared", "seq": 220},
     ]
     summary, verdicts = match_alerts(alerts, truth, INTERVALS, {"t1": 899, "t2": 899, "car": 8999})
-    assert verdicts == {"shift": MATCHED, "silence": MATCHED, "crash": MATCHED, "braking": MATCHED,
-                        "stray": FALSE_ALARM, "stopped": END_OF_RUN, "stall": FALSE_ALARM}
+    assert verdicts == {
+        "shift": MATCHED,
+        "silence": MATCHED,
+        "crash": MATCHED,
+        "braking": MATCHED,
+        "stray": FALSE_ALARM,
+        "stopped": END_OF_RUN,
+        "stall": FALSE_ALARM,
+    }
     assert (summary["anomalies_injected"], summary["anomalies_detected"], summary["recall"]) == (3, 3, 1.0)
     assert summary["alerts_raised"] == 7 and summary["end_of_run_silences"] == 1
     assert summary["precision"] == round(4 / 6, 3) and summary["false_alarms"] == 2
@@ -60,11 +85,17 @@ def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
     """The device dashboard annotates commands: the demo checks it on a device that had one
     (so that query can return data), else on one whose alert matched an injected anomaly."""
     identities = {"h-door": ("door_sensor", "h"), "h-leak": ("leak_sensor", "h"), "car": ("vehicle_edr", "road")}
-    alerts = [{**alert("door", "h-door", "anomaly_score", 10), "metric": "temperature_c"},
-              {**alert("leak", "h-leak", "water_leak", 20), "metric": "water_detected"}]
+    alerts = [
+        {**alert("door", "h-door", "anomaly_score", 10), "metric": "temperature_c"},
+        {**alert("leak", "h-leak", "water_leak", 20), "metric": "water_detected"},
+    ]
     verdicts = {"door": MATCHED, "leak": MATCHED}
     picked = pick_values(alerts, verdicts, identities, frozenset({"h-leak", "car"}))
-    assert picked is not None and (picked.device, picked.metric, picked.vehicles) == ("h-leak", "water_detected", ["car"])
+    assert picked is not None and (picked.device, picked.metric, picked.vehicles) == (
+        "h-leak",
+        "water_detected",
+        ["car"],
+    )
     picked = pick_values(alerts, {"door": MATCHED, "leak": FALSE_ALARM}, identities)
     assert picked is not None and (picked.device, picked.site) == ("h-door", "h")
 
@@ -73,9 +104,30 @@ def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
 def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     run = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "iotwatch", "demo", "--duration", "30", "--homes", "3",
-                             "--vehicles", "1", "--anomalies-after", "30", "--keep-stack", "--out", str(run), "--json"],
-                            capture_output=True, text=True, env=env, timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "iotwatch",
+            "demo",
+            "--duration",
+            "30",
+            "--homes",
+            "3",
+            "--vehicles",
+            "1",
+            "--anomalies-after",
+            "30",
+            "--keep-stack",
+            "--out",
+            str(run),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     state = StackState.load(run / "stack")
     try:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -84,13 +136,17 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         assert summary["loss"]["loss"] == 0
         messages = summary["messages"]
         assert messages["gateway_received"] == messages["simulated"] > 0
-        assert (messages["stream"]["reading_records"] + messages["stream"]["late"]
-                == summary["loss"]["unique_readings_in_kafka"])
+        assert (
+            messages["stream"]["reading_records"] + messages["stream"]["late"]
+            == summary["loss"]["unique_readings_in_kafka"]
+        )
         alerts = summary["alerts"]
         assert alerts["recall"] is not None and alerts["anomalies_injected"] > 0
         assert alerts["by_kind"]["crash"]["injected"] == 1  # the demo's planned crash
-        assert (alerts["alerts_matching_an_anomaly"] + alerts["false_alarms"] + alerts["end_of_run_silences"]
-                == alerts["alerts_raised"])
+        assert (
+            alerts["alerts_matching_an_anomaly"] + alerts["false_alarms"] + alerts["end_of_run_silences"]
+            == alerts["alerts_raised"]
+        )
         assert alerts["end_of_run_silences"] > 0  # every device falls silent when the simulators stop
         truth = [json.loads(line) for line in (run / "ground_truth.jsonl").read_text().splitlines()]
         warm_up_end = summary["components"]["simulate"]["start_ms"] + 30_000  # --anomalies-after 30
@@ -104,8 +160,11 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         # these shared cores (tests/responder/test_closed_loop.py proves the whole loop); when it
         # obeyed, the ground truth and the timings say so.
         loop = summary["closed_loop"]
-        leaks = {a["alert_id"] for a in map(json.loads, (report / "alerts.jsonl").read_text().splitlines())
-                 if a["rule"] == "water_leak" and a["state"] == "raised"}
+        leaks = {
+            a["alert_id"]
+            for a in map(json.loads, (report / "alerts.jsonl").read_text().splitlines())
+            if a["rule"] == "water_leak" and a["state"] == "raised"
+        }
         assert loop["commands"] >= len(leaks) and loop["time_to_command_s"]["n"] == loop["commands"], loop
         assert loop["anomalies_ended_by_command"] == loop["outcomes"].get("done", 0), loop
         assert loop["time_to_recovery_s"]["n"] <= loop["outcomes"].get("done", 0), loop
@@ -117,11 +176,17 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         assert dashboards["queries_with_data"] > dashboards["queries_checked"] // 2, dashboards["empty"]
         # --keep-stack: only the stack is left, it answers, and `stack down` stops it.
         assert state is not None and summary["stack"]["stop"] == f"iotwatch stack down --run-dir {state.run_dir}"
-        status = subprocess.run([sys.executable, "-m", "iotwatch", "stack", "status", "--run-dir", str(state.run_dir),
-                                 "--json"], capture_output=True, text=True, env=env, timeout=120)
+        status = subprocess.run(
+            [sys.executable, "-m", "iotwatch", "stack", "status", "--run-dir", str(state.run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert status.returncode == 0, status.stdout + status.stderr
-        influx = InfluxV1Client(InfluxSettings(url=summary["stack"]["endpoints"]["influx"],
-                                               database=summary["stack"]["influx_database"]))
+        influx = InfluxV1Client(
+            InfluxSettings(url=summary["stack"]["endpoints"]["influx"], database=summary["stack"]["influx_database"])
+        )
         try:
             assert influx.query('SELECT count("raised") FROM "alerts"')
         finally:
@@ -129,8 +194,12 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         stack_pids = {svc.process.pid for svc in state.services.values()}
         assert leftovers(run) <= stack_pids, "the demo left more than the stack running"
     finally:
-        subprocess.run([sys.executable, "-m", "iotwatch", "stack", "down", "--run-dir", str(run / "stack")],
-                       capture_output=True, env=env, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "iotwatch", "stack", "down", "--run-dir", str(run / "stack")],
+            capture_output=True,
+            env=env,
+            timeout=120,
+        )
     assert not leftovers(run), "stack down left processes running"
 
 

@@ -10,20 +10,38 @@ from iotwatch.oncall import CommandAudit, CommandOutcome
 
 
 def audit(command_id: str, alert_id: str, issued: int, *steps: tuple[str, int]) -> CommandAudit:
-    record = CommandAudit(1, command_id, "p", alert_id, "water_leak", "d", "leak_sensor", "s", "close_valve",
-                          "responder", issued, issued + 60_000, 1, CommandOutcome.SENT)
+    record = CommandAudit(
+        1,
+        command_id,
+        "p",
+        alert_id,
+        "water_leak",
+        "d",
+        "leak_sensor",
+        "s",
+        "close_valve",
+        "responder",
+        issued,
+        issued + 60_000,
+        1,
+        CommandOutcome.SENT,
+    )
     for status, at in steps:
         record = record.with_step(CommandOutcome(status), at)
     return record
 
 
 def test_times_to_command_ack_and_recovery() -> None:
-    alerts = [{"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
-              {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000},
-              {"alert_id": "a2", "state": "raised", "detected_at_ms": 2_000}]
-    trail = [audit("c1", "a1", 1_500, ("sent", 1_500)),  # superseded by its later record
-             audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800)),
-             audit("c2", "a2", 4_000, ("sent", 4_000), ("timed_out", 64_000))]
+    alerts = [
+        {"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
+        {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000},
+        {"alert_id": "a2", "state": "raised", "detected_at_ms": 2_000},
+    ]
+    trail = [
+        audit("c1", "a1", 1_500, ("sent", 1_500)),  # superseded by its later record
+        audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800)),
+        audit("c2", "a2", 4_000, ("sent", 4_000), ("timed_out", 64_000)),
+    ]
     result = summarise(trail, alerts, [{"kind": "leak", "ended_by_command": "c1"}, {"kind": "spike"}])
     assert result["commands"] == 2 and result["outcomes"] == {"done": 1, "timed_out": 1}
     assert result["time_to_command_s"]["n"] == 2 and result["time_to_command_s"]["p50"] == 1.25  # 0.5 s and 2 s
@@ -34,8 +52,10 @@ def test_times_to_command_ack_and_recovery() -> None:
 
 
 def test_the_closed_loop_plot(tmp_path: Path) -> None:
-    alerts = [{"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
-              {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000}]
+    alerts = [
+        {"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
+        {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000},
+    ]
     trail = [audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800))]
     _, found = timings(trail, alerts)
     assert found == {"time_to_command": [500], "time_to_device_ack": [200], "time_to_recovery": [7_500]}

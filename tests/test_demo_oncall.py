@@ -17,12 +17,13 @@ from tests.alerts.conftest import make_alert, produce
 
 def test_on_call_person_acknowledges_the_oldest_open_alert(test_settings: Settings, tmp_path: Path) -> None:
     start = int(time.time() * 1000) - 60_000
-    old = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", start,
-                     detected_at_ms=start)
-    newer = make_alert("t-1", "thermostat", "home-1", "stuck_hvac", "major", "raised", start + 10,
-                       detected_at_ms=start + 10_000)
-    silent = make_alert("d-1", "door_sensor", "home-1", "device_silent", "major", "raised", start - 10,
-                        detected_at_ms=start - 10_000)
+    old = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", start, detected_at_ms=start)
+    newer = make_alert(
+        "t-1", "thermostat", "home-1", "stuck_hvac", "major", "raised", start + 10, detected_at_ms=start + 10_000
+    )
+    silent = make_alert(
+        "d-1", "door_sensor", "home-1", "device_silent", "major", "raised", start - 10, detected_at_ms=start - 10_000
+    )
     produce(test_settings.kafka, test_settings.topics.alerts, [old, newer, silent])
     person = OnCallPerson(test_settings, every_s=0, min_age_s=1)
     person.step()

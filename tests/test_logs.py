@@ -43,29 +43,34 @@ def test_spark_jvm_output_lines_become_log_records_at_sane_levels(caplog: pytest
 
     configure("INFO")
     output = JvmOutput(io.BytesIO(b""))
-    lines = ["WARN org.apache.spark.scheduler.TaskSetManager: Lost task 1.0", "java.lang.InterruptedException",
-             "\tat org.apache.spark.SparkContext.runJob(SparkContext.scala:2499)",
-             "ERROR org.apache.spark.sql.execution.datasources.FileFormatWriter: Aborting job a85.",
-             "Starting Streaming TransformWithStateInPandas Python worker.",
-             "WARN org.apache.spark.util.Utils: Your hostname, vm, resolves to a loopback address",
-             "%3|1795479906.881|FAIL|rdkafka#consumer-9| [thrd:127.0.0.1:7/bootstrap]: 127.0.0.1:7/bootstrap: "
-             "Connect to ipv4#127.0.0.1:7 failed: Connection refused (after 0ms in state CONNECT)"]
+    lines = [
+        "WARN org.apache.spark.scheduler.TaskSetManager: Lost task 1.0",
+        "java.lang.InterruptedException",
+        "\tat org.apache.spark.SparkContext.runJob(SparkContext.scala:2499)",
+        "ERROR org.apache.spark.sql.execution.datasources.FileFormatWriter: Aborting job a85.",
+        "Starting Streaming TransformWithStateInPandas Python worker.",
+        "WARN org.apache.spark.util.Utils: Your hostname, vm, resolves to a loopback address",
+        "%3|1795479906.881|FAIL|rdkafka#consumer-9| [thrd:127.0.0.1:7/bootstrap]: 127.0.0.1:7/bootstrap: "
+        "Connect to ipv4#127.0.0.1:7 failed: Connection refused (after 0ms in state CONNECT)",
+    ]
     with caplog.at_level(logging.DEBUG):
         for line in lines:
             output.emit(line)
         with quiet_stop():
             output.emit("ERROR org.apache.spark.sql.execution.datasources.FileFormatWriter: Aborting job b96.")
-            output.emit("Exception in thread \"stream execution thread\" java.lang.StackOverflowError")
+            output.emit('Exception in thread "stream execution thread" java.lang.StackOverflowError')
     got = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
-    expected = [("spark.TaskSetManager", "WARNING", "Lost task 1.0"),
-                      ("spark.jvm", "DEBUG", "java.lang.InterruptedException"),
-                      ("spark.jvm", "DEBUG", "\tat org.apache.spark.SparkConte"),
-                      ("spark.FileFormatWriter", "ERROR", "Aborting job a85."),
-                      ("spark.jvm", "DEBUG", "Starting Streaming TransformWit"),
-                      ("spark.Utils", "DEBUG", "Your hostname, vm, resolves to"),
-                      (LIBRDKAFKA, "WARNING", "Kafka broker 127.0.0.1:7: Conne"),
-                      ("spark.FileFormatWriter", "DEBUG", "Aborting job b96."),
-                      ("spark.jvm", "DEBUG", "Exception in thread \"stream ex")]
+    expected = [
+        ("spark.TaskSetManager", "WARNING", "Lost task 1.0"),
+        ("spark.jvm", "DEBUG", "java.lang.InterruptedException"),
+        ("spark.jvm", "DEBUG", "\tat org.apache.spark.SparkConte"),
+        ("spark.FileFormatWriter", "ERROR", "Aborting job a85."),
+        ("spark.jvm", "DEBUG", "Starting Streaming TransformWit"),
+        ("spark.Utils", "DEBUG", "Your hostname, vm, resolves to"),
+        (LIBRDKAFKA, "WARNING", "Kafka broker 127.0.0.1:7: Conne"),
+        ("spark.FileFormatWriter", "DEBUG", "Aborting job b96."),
+        ("spark.jvm", "DEBUG", 'Exception in thread "stream ex'),
+    ]
     assert len(got) == len(expected), got
     for (name, level, message), (want_name, want_level, start) in zip(got, expected, strict=True):
         assert (name, level) == (want_name, want_level) and message.startswith(start), (name, level, message)

@@ -36,8 +36,11 @@ from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_pr
 
 REPO = Path(__file__).resolve().parent.parent
 IOTWATCH = [sys.executable, "-m", "iotwatch"]
-SERVICE_ACCOUNTS = {"MQTT_USERNAME": "iotwatch", "MQTT_RESPONDER_USERNAME": "responder",
-                    "MQTT_DEVICE_USERNAME": "simulator"}
+SERVICE_ACCOUNTS = {
+    "MQTT_USERNAME": "iotwatch",
+    "MQTT_RESPONDER_USERNAME": "responder",
+    "MQTT_DEVICE_USERNAME": "simulator",
+}
 D1 = ("home-1", "thermostat", "home-1-thermostat-0")
 D2 = ("home-1", "leak_sensor", "home-1-leak_sensor-0")
 NOT_AUTHORIZED = 0x87
@@ -56,8 +59,12 @@ class Broker:
 
     def start(self) -> None:
         self.record = start_process("mosquitto-access", self.command, self.folder / "mosquitto.log")
-        wait_until(lambda: port_open("127.0.0.1", self.port) and port_open("127.0.0.1", self.tls_port),
-                   timeout_s=15, what="mosquitto with the deployment's config", record=self.record)
+        wait_until(
+            lambda: port_open("127.0.0.1", self.port) and port_open("127.0.0.1", self.tls_port),
+            timeout_s=15,
+            what="mosquitto with the deployment's config",
+            record=self.record,
+        )
 
     def stop(self) -> None:
         """SIGTERM, as ``docker-compose stop`` sends: mosquitto saves its database on the way out."""
@@ -93,9 +100,14 @@ def _run_broker(binary: str, folder: Path) -> Iterator[Broker]:
         credentials = json.loads((folder / "fleet" / "devices" / f"{device}.json").read_text())
         assert credentials["password"] not in provisioned, "provision printed a device password"
         passwords[device] = credentials["password"]
-    env = {**os.environ, "MQTT_AUTH_DIR": str(folder / "auth"), "MQTT_FLEET_DIR": str(folder / "fleet"),
-           "MQTT_TLS_DIR": str(folder / "tls"), **SERVICE_ACCOUNTS,
-           **{key.replace("USERNAME", "PASSWORD"): service_password(user) for key, user in SERVICE_ACCOUNTS.items()}}
+    env = {
+        **os.environ,
+        "MQTT_AUTH_DIR": str(folder / "auth"),
+        "MQTT_FLEET_DIR": str(folder / "fleet"),
+        "MQTT_TLS_DIR": str(folder / "tls"),
+        **SERVICE_ACCOUNTS,
+        **{key.replace("USERNAME", "PASSWORD"): service_password(user) for key, user in SERVICE_ACCOUNTS.items()},
+    }
     subprocess.run(["sh", str(REPO / "deploy/mosquitto/entrypoint.sh"), "true"], env=env, check=True, timeout=60)
     port, tls_port = free_port(), free_port()
     data = folder / "data"
@@ -103,9 +115,12 @@ def _run_broker(binary: str, folder: Path) -> Iterator[Broker]:
     shutil.chown(data, "mosquitto", "mosquitto")
     conf = (REPO / "deploy/mosquitto/mosquitto.conf").read_text()
     assert "listener 1883\n" in conf and "listener 8883\n" in conf
-    conf = (conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
-            .replace("listener 8883\n", f"listener {tls_port} 127.0.0.1\n")
-            .replace("/mosquitto/auth", str(folder / "auth")).replace("/mosquitto/data/", f"{data}/"))
+    conf = (
+        conf.replace("listener 1883\n", f"listener {port} 127.0.0.1\n")
+        .replace("listener 8883\n", f"listener {tls_port} 127.0.0.1\n")
+        .replace("/mosquitto/auth", str(folder / "auth"))
+        .replace("/mosquitto/data/", f"{data}/")
+    )
     (folder / "mosquitto.conf").write_text(conf)
     (folder / "mosquitto.conf").chmod(0o644)
     broker = Broker(port, tls_port, folder, passwords, [binary, "-c", str(folder / "mosquitto.conf")])
@@ -125,13 +140,24 @@ def iotwatch(*args: str, env: dict[str, str] | None = None, stdout_only: bool = 
 class Client:
     """One account's MQTT 5 connection, recording what it receives and the broker's answers."""
 
-    def __init__(self, broker: Broker, user: str, *, password: str | None = None, tls_ca: Path | None = None,
-                 connect: bool = True, session: str | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        user: str,
+        *,
+        password: str | None = None,
+        tls_ca: Path | None = None,
+        connect: bool = True,
+        session: str | None = None,
+    ) -> None:
         self.received: list[tuple[str, bytes]] = []
         self.connected = threading.Event()
         self.connect_code: int | None = None
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=session or f"{user}-{uuid.uuid4().hex[:8]}",
-                                  protocol=MQTTProtocolVersion.MQTTv5)
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=session or f"{user}-{uuid.uuid4().hex[:8]}",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
         self.client.username_pw_set(user, password if password is not None else broker.passwords[user])
         self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
         self.client.on_connect = self._on_connect
@@ -230,12 +256,15 @@ def test_device_publishes_its_own_telemetry_and_status(gateway: Client, device: 
     assert device.publish(contract.status_topic(*D1), contract.status_payload(True, 0)) in ACCEPTED
 
 
-@pytest.mark.parametrize("topic", [
-    contract.telemetry_topic(*D2),                              # another device
-    contract.telemetry_topic("home-2", D1[1], D1[2]),           # its own id under another site
-    contract.telemetry_topic(D1[0], "smart_meter", D1[2]),      # ... or another type
-    contract.command_topic(*D2),                                # a command to another device
-])
+@pytest.mark.parametrize(
+    "topic",
+    [
+        contract.telemetry_topic(*D2),  # another device
+        contract.telemetry_topic("home-2", D1[1], D1[2]),  # its own id under another site
+        contract.telemetry_topic(D1[0], "smart_meter", D1[2]),  # ... or another type
+        contract.command_topic(*D2),  # a command to another device
+    ],
+)
 def test_device_cannot_publish_as_another_device(broker: Broker, gateway: Client, device: Client, topic: str) -> None:
     denied, allowed = marker(), marker()
     assert device.publish(topic, denied) == NOT_AUTHORIZED
@@ -263,8 +292,14 @@ def test_services_cannot_write_readings(broker: Broker, gateway: Client, user: s
 def test_device_cannot_read_other_devices(broker: Broker, device: Client) -> None:
     # mosquitto 2.0's ACL file grants every SUBSCRIBE (the SUBACK says nothing) and checks
     # read access on each delivery: what counts is that nothing of another device arrives.
-    for topic in (contract.command_topic(*D2), contract.telemetry_topic(*D2), contract.status_topic(*D2),
-                  "iot/+/+/+/commands", "iot/#", "#"):
+    for topic in (
+        contract.command_topic(*D2),
+        contract.telemetry_topic(*D2),
+        contract.status_topic(*D2),
+        "iot/+/+/+/commands",
+        "iot/#",
+        "#",
+    ):
         device.subscribe(topic)
     other, responder = Client(broker, D2[2]), Client(broker, "responder")
     try:
@@ -287,7 +322,9 @@ def test_device_cannot_read_other_devices(broker: Broker, device: Client) -> Non
 
 def test_only_operators_publish_commands(broker: Broker, device: Client) -> None:
     assert device.subscribe(contract.command_topic(*D1)) == 1
-    responder, gateway, simulator, other = (Client(broker, user) for user in ("responder", "iotwatch", "simulator", D2[2]))
+    responder, gateway, simulator, other = (
+        Client(broker, user) for user in ("responder", "iotwatch", "simulator", D2[2])
+    )
     try:
         refused = [marker() for _ in range(3)]
         assert gateway.publish(contract.command_topic(*D1), refused[0]) == NOT_AUTHORIZED
@@ -316,8 +353,9 @@ def test_only_operators_publish_commands(broker: Broker, device: Client) -> None
             client.close()
 
 
-@pytest.mark.parametrize("user, password", [(D1[2], "wrong-password"), ("iotwatch", "wrong-password"),
-                                            ("nobody", "whatever"), (D1[2], "")])
+@pytest.mark.parametrize(
+    "user, password", [(D1[2], "wrong-password"), ("iotwatch", "wrong-password"), ("nobody", "whatever"), (D1[2], "")]
+)
 def test_wrong_password_is_refused(broker: Broker, user: str, password: str) -> None:
     client = Client(broker, user, password=password)
     try:
@@ -354,32 +392,42 @@ def test_reprovisioning_keeps_passwords_and_rotate_changes_them(tmp_path: Path) 
     iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out))
     first = json.loads((out / "devices" / f"{D1[2]}.json").read_text())["password"]
     fleet.write_text(f"site,device_type,device_id\n{','.join(D1)}\n")
-    summary = json.loads(iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out), "--json",
-                                  stdout_only=True))
+    summary = json.loads(
+        iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out), "--json", stdout_only=True)
+    )
     assert (summary["kept"], summary["removed"]) == (1, 1)
     assert json.loads((out / "devices" / f"{D1[2]}.json").read_text())["password"] == first
     assert not (out / "devices" / f"{D2[2]}.json").exists()
     iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(out), "--rotate")
     assert json.loads((out / "devices" / f"{D1[2]}.json").read_text())["password"] != first
-    assert {oct(path.stat().st_mode & 0o777) for path in (out / "passwd", out / "acl", *out.glob("devices/*"))} == {"0o600"}
+    assert {oct(path.stat().st_mode & 0o777) for path in (out / "passwd", out / "acl", *out.glob("devices/*"))} == {
+        "0o600"
+    }
 
 
-@pytest.mark.parametrize("content, message", [
-    ("site,device_id\nhome-1,x\n", "header must be site,device_type,device_id"),
-    ("site,device_type,device_id\nhome-1,a:b,x\n", "fleet.csv:2"),
-    ("site,device_type,device_id\nhome-1,thermostat,a/b\n", "fleet.csv:2"),
-    ("site,device_type,device_id\nhome-1,thermostat,a:b\n", "must not contain ':'"),
-    ("site,device_type,device_id\nh,t,x\nh,t,x\n", "listed twice"),
-    ("site,device_type,device_id\n", "lists no devices"),
-    ("", "is empty (header: site,device_type,device_id)"),
-    ("site,device_type,device_id\nh,t,x,extra\n", "fleet.csv:2"),
-    ("site,device_type,device_id\nh,t\n", "fleet.csv:2"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("site,device_id\nhome-1,x\n", "header must be site,device_type,device_id"),
+        ("site,device_type,device_id\nhome-1,a:b,x\n", "fleet.csv:2"),
+        ("site,device_type,device_id\nhome-1,thermostat,a/b\n", "fleet.csv:2"),
+        ("site,device_type,device_id\nhome-1,thermostat,a:b\n", "must not contain ':'"),
+        ("site,device_type,device_id\nh,t,x\nh,t,x\n", "listed twice"),
+        ("site,device_type,device_id\n", "lists no devices"),
+        ("", "is empty (header: site,device_type,device_id)"),
+        ("site,device_type,device_id\nh,t,x,extra\n", "fleet.csv:2"),
+        ("site,device_type,device_id\nh,t\n", "fleet.csv:2"),
+    ],
+)
 def test_bad_fleet_file_is_one_line_error(tmp_path: Path, content: str, message: str) -> None:
     fleet = tmp_path / "fleet.csv"
     fleet.write_text(content)
-    result = subprocess.run([*IOTWATCH, "provision", "mqtt", "--fleet", str(fleet), "--out", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*IOTWATCH, "provision", "mqtt", "--fleet", str(fleet), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "out").exists()
@@ -414,11 +462,26 @@ def test_the_simulator_account_runs_the_real_simulator(broker: Broker, gateway: 
     """The shared simulator account is enough for `iotwatch simulate` (telemetry, retained
     status, its connection wills): every reading it sends reaches the gateway's account."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_MQTT_USERNAME="simulator", IOTWATCH_MQTT_PASSWORD=broker.passwords["simulator"],
-               IOTWATCH_INFLUX_URL="")
-    stdout = iotwatch("simulate", "--mqtt", f"mqtt://127.0.0.1:{broker.port}", "--homes", "1", "--vehicles", "0",
-                      "--count", "30", "--as-fast-as-possible", "--no-progress", "--json", env=env, stdout_only=True)
-    sent = json.loads(stdout[stdout.rfind("\n{") + 1:])["sent"]
+    env.update(
+        IOTWATCH_MQTT_USERNAME="simulator", IOTWATCH_MQTT_PASSWORD=broker.passwords["simulator"], IOTWATCH_INFLUX_URL=""
+    )
+    stdout = iotwatch(
+        "simulate",
+        "--mqtt",
+        f"mqtt://127.0.0.1:{broker.port}",
+        "--homes",
+        "1",
+        "--vehicles",
+        "0",
+        "--count",
+        "30",
+        "--as-fast-as-possible",
+        "--no-progress",
+        "--json",
+        env=env,
+        stdout_only=True,
+    )
+    sent = json.loads(stdout[stdout.rfind("\n{") + 1 :])["sent"]
     deadline = time.monotonic() + WAIT_S
     while len(gateway.received) < sent and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -428,9 +491,11 @@ def test_the_simulator_account_runs_the_real_simulator(broker: Broker, gateway: 
 @pytest.mark.parametrize("command", [["tls"], ["mqtt", "--fleet", "fleet.csv"]])
 def test_default_folders_only_from_the_repository_root(tmp_path: Path, command: list[str]) -> None:
     (tmp_path / "fleet.csv").write_text(f"site,device_type,device_id\n{','.join(D1)}\n")
-    result = subprocess.run([*IOTWATCH, "provision", *command], capture_output=True, text=True, timeout=60,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [*IOTWATCH, "provision", *command], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "iotwatch: error: deploy/mosquitto does not exist here: run from the repository root or pass --out"]
+        "iotwatch: error: deploy/mosquitto does not exist here: run from the repository root or pass --out"
+    ]
     assert [path.name for path in tmp_path.iterdir()] == ["fleet.csv"]

@@ -16,13 +16,29 @@ from iotwatch.settings import Settings
 def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Settings) -> None:
     topics = test_settings.topics
     env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_TOPIC_RAW=topics.raw, IOTWATCH_TOPIC_DLQ=topics.dlq, IOTWATCH_TOPIC_ALERTS=topics.alerts,
-               IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates, IOTWATCH_TOPIC_ALERT_STATE=topics.alert_state,
-               IOTWATCH_TOPIC_SILENCES=topics.silences, IOTWATCH_TOPIC_NOTIFICATIONS=topics.notifications,
-               IOTWATCH_TOPIC_COMMANDS=topics.commands,
-               IOTWATCH_TOPIC_DEVICE_TWIN=topics.device_twin, IOTWATCH_TOPIC_EMERGENCIES=topics.emergencies, IOTWATCH_KAFKA_PARTITIONS="3")
-    command = [sys.executable, "-m", "iotwatch", "provision", "topics",
-               "--kafka", test_settings.kafka.bootstrap_servers, "--json"]
+    env.update(
+        IOTWATCH_TOPIC_RAW=topics.raw,
+        IOTWATCH_TOPIC_DLQ=topics.dlq,
+        IOTWATCH_TOPIC_ALERTS=topics.alerts,
+        IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates,
+        IOTWATCH_TOPIC_ALERT_STATE=topics.alert_state,
+        IOTWATCH_TOPIC_SILENCES=topics.silences,
+        IOTWATCH_TOPIC_NOTIFICATIONS=topics.notifications,
+        IOTWATCH_TOPIC_COMMANDS=topics.commands,
+        IOTWATCH_TOPIC_DEVICE_TWIN=topics.device_twin,
+        IOTWATCH_TOPIC_EMERGENCIES=topics.emergencies,
+        IOTWATCH_KAFKA_PARTITIONS="3",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "provision",
+        "topics",
+        "--kafka",
+        test_settings.kafka.bootstrap_servers,
+        "--json",
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert first.returncode == 0, first.stderr
     every = topics.kafka_topics() + topics.compacted_topics()

@@ -11,14 +11,16 @@ from tests.test_cli_mistakes import run_iotwatch
 
 def command_line_section() -> str:
     text = (REPO_ROOT / "README.md").read_text()
-    return text[text.index("## Command line"):text.index("## Full deployment")]
+    return text[text.index("## Command line") : text.index("## Full deployment")]
 
 
 def test_the_error_lines_shown_are_what_the_commands_print(tmp_path: Path) -> None:
     section = command_line_section()
-    for argv in (["alerts", "tail", "--kafka", "localhost:99999"],
-                 ["alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
-                 ["simulate", "--anomalies", "crash", "--anomaly-rate", "2", "--vehicles", "0", "--duration", "60"]):
+    for argv in (
+        ["alerts", "tail", "--kafka", "localhost:99999"],
+        ["alerts", "tail", "--kafka", "127.0.0.1:1", "--timeout", "1"],
+        ["simulate", "--anomalies", "crash", "--anomaly-rate", "2", "--vehicles", "0", "--duration", "60"],
+    ):
         result = run_iotwatch(argv, tmp_path)
         assert result.stderr.strip() in section, result.stderr
 

@@ -30,32 +30,58 @@ IOTWATCH = [sys.executable, "-m", "iotwatch"]
 
 def _env(settings: Settings, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(HOME=str(home), IOTWATCH_TOPIC_RAW=settings.topics.raw, IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
-               IOTWATCH_TOPIC_ALERTS=settings.topics.alerts, IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600",
-               IOTWATCH_MQTT_URL=settings.mqtt.url, IOTWATCH_KAFKA_BOOTSTRAP_SERVERS=settings.kafka.bootstrap_servers,
-               IOTWATCH_INFLUX_URL="")
+    env.update(
+        HOME=str(home),
+        IOTWATCH_TOPIC_RAW=settings.topics.raw,
+        IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
+        IOTWATCH_TOPIC_ALERTS=settings.topics.alerts,
+        IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600",
+        IOTWATCH_MQTT_URL=settings.mqtt.url,
+        IOTWATCH_KAFKA_BOOTSTRAP_SERVERS=settings.kafka.bootstrap_servers,
+        IOTWATCH_INFLUX_URL="",
+    )
     return env
 
 
 def _anomaly_alerts(settings: Settings) -> list[dict[str, Any]]:
     records = read_topic(settings.kafka, settings.topics.alerts, timeout_s=10, idle_s=2)
-    return [a for a in (json.loads(m.value()) for m in records)
-            if a["state"] == "raised" and a["rule"] == "anomaly_score"]
+    return [
+        a for a in (json.loads(m.value()) for m in records) if a["state"] == "raised" and a["rule"] == "anomaly_score"
+    ]
 
 
-def test_a_repeated_simulate_run_is_scored_and_alerts_like_the_first(test_settings: Settings, unique: str,
-                                                                     tmp_path: Path) -> None:
+def test_a_repeated_simulate_run_is_scored_and_alerts_like_the_first(
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     ensure_topics(test_settings.kafka, test_settings.topics.kafka_topics())
     env = _env(test_settings, tmp_path)
     scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps({"anomalies": [{"kind": "spike", "devices": "home-*-thermostat-0", "at_s": 200,
-                                                   "magnitude": 12.0}]}))
-    stream = subprocess.Popen([*IOTWATCH, "stream", "--checkpoint", str(tmp_path / "ck"), "--archive",
-                               str(tmp_path / "ar"), "--trigger", "1"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    gateway = subprocess.Popen([*IOTWATCH, "gateway", "--client-id", f"gw-{unique}", "--metrics-port",
-                                str(free_port())], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True)
+    scenario.write_text(
+        json.dumps({"anomalies": [{"kind": "spike", "devices": "home-*-thermostat-0", "at_s": 200, "magnitude": 12.0}]})
+    )
+    stream = subprocess.Popen(
+        [
+            *IOTWATCH,
+            "stream",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--archive",
+            str(tmp_path / "ar"),
+            "--trigger",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    gateway = subprocess.Popen(
+        [*IOTWATCH, "gateway", "--client-id", f"gw-{unique}", "--metrics-port", str(free_port())],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     try:
         deadline = time.monotonic() + 240
@@ -65,10 +91,36 @@ def test_a_repeated_simulate_run_is_scored_and_alerts_like_the_first(test_settin
         for run in (1, 2):
             truth = tmp_path / f"truth-{run}.jsonl"
             result = subprocess.run(
-                [*IOTWATCH, "simulate", "--homes", "2", "--vehicles", "0", "--mix", "thermostat=1", "--rate", "1",
-                 "--duration", "300", "--speedup", "30", "--scenario", str(scenario), "--ground-truth", str(truth),
-                 "--seq-state", str(tmp_path / "seq.json"), "--client-id-prefix", f"sim-{unique}-{run}", "--json"],
-                env=env, capture_output=True, text=True, timeout=180)
+                [
+                    *IOTWATCH,
+                    "simulate",
+                    "--homes",
+                    "2",
+                    "--vehicles",
+                    "0",
+                    "--mix",
+                    "thermostat=1",
+                    "--rate",
+                    "1",
+                    "--duration",
+                    "300",
+                    "--speedup",
+                    "30",
+                    "--scenario",
+                    str(scenario),
+                    "--ground-truth",
+                    str(truth),
+                    "--seq-state",
+                    str(tmp_path / "seq.json"),
+                    "--client-id-prefix",
+                    f"sim-{unique}-{run}",
+                    "--json",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
             assert result.returncode == 0, result.stderr
             runs.append((json.loads(result.stdout), [json.loads(line) for line in truth.read_text().splitlines()]))
         (first, first_truth), (second, second_truth) = runs
@@ -78,8 +130,12 @@ def test_a_repeated_simulate_run_is_scored_and_alerts_like_the_first(test_settin
 
         def alerted(truth: list[dict[str, Any]]) -> set[str]:
             found = _anomaly_alerts(test_settings)
-            return {t["device_id"] for t in truth for a in found if a["device_id"] == t["device_id"]
-                    and t["start_seq"] <= a["first_seq"] <= t["end_seq"] + 3}
+            return {
+                t["device_id"]
+                for t in truth
+                for a in found
+                if a["device_id"] == t["device_id"] and t["start_seq"] <= a["first_seq"] <= t["end_seq"] + 3
+            }
 
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and alerted(second_truth) != {t["device_id"] for t in second_truth}:

@@ -95,15 +95,22 @@ def test_influx_line_protocol_write_read_back_with_influxql(stack_settings: Sett
     assert series and series[0]["values"][0][1:] == [10, 5]
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_pub") is None and os.environ.get("CI") != "true",
-                    reason="mosquitto-clients not installed (CI installs it)")
+@pytest.mark.skipif(
+    shutil.which("mosquitto_pub") is None and os.environ.get("CI") != "true",
+    reason="mosquitto-clients not installed (CI installs it)",
+)
 def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique: str) -> None:
     """`stack up --json` endpoints work as they are with mosquitto_pub/sub, kafka-python and curl;
     `stack down` leaves no process behind."""
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    up = subprocess.run([*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--json"],
-                        capture_output=True, text=True, env=env, timeout=120)
+    up = subprocess.run(
+        [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     pids = [svc["process"]["pid"] for svc in state["services"].values()]
@@ -111,8 +118,9 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
         ends = state["endpoints"]
         # MQTT: mosquitto_sub receives what mosquitto_pub sends, using the URL as printed.
         topic = f"iot/s-{unique}/door_sensor/d1/telemetry"
-        sub = subprocess.Popen(["mosquitto_sub", "-L", f"{ends['mqtt']}/{topic}", "-C", "1", "-W", "10"],
-                               stdout=subprocess.PIPE, text=True)
+        sub = subprocess.Popen(
+            ["mosquitto_sub", "-L", f"{ends['mqtt']}/{topic}", "-C", "1", "-W", "10"], stdout=subprocess.PIPE, text=True
+        )
         time.sleep(0.5)
         deadline = time.monotonic() + 8
         while sub.poll() is None and time.monotonic() < deadline:
@@ -123,6 +131,7 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
         # Kafka: kafka-python (not the project's client) produces and consumes on a created topic.
         from kafka import KafkaConsumer, KafkaProducer
         from kafka import TopicPartition as KTopicPartition
+
         producer = KafkaProducer(bootstrap_servers=ends["kafka"])
         producer.send("iot.telemetry.raw", key=b"d1", value=b"from-kafka-python").get(timeout=10)
         producer.close()
@@ -136,19 +145,41 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
 
         # InfluxDB: curl writes line protocol and reads it back with InfluxQL.
         influx, db = ends["influx"], state["influx_database"]
-        subprocess.run(["curl", "-sf", "-XPOST", f"{influx}/write?db={db}", "--data-binary", "curl_test value=42"],
-                       check=True)
-        out = subprocess.run(["curl", "-sfG", f"{influx}/query", "--data-urlencode", f"db={db}",
-                              "--data-urlencode", "q=SELECT last(value) FROM curl_test"],
-                             check=True, capture_output=True, text=True).stdout
+        subprocess.run(
+            ["curl", "-sf", "-XPOST", f"{influx}/write?db={db}", "--data-binary", "curl_test value=42"], check=True
+        )
+        out = subprocess.run(
+            [
+                "curl",
+                "-sfG",
+                f"{influx}/query",
+                "--data-urlencode",
+                f"db={db}",
+                "--data-urlencode",
+                "q=SELECT last(value) FROM curl_test",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         assert json.loads(out)["results"][0]["series"][0]["values"][0][1] == 42
 
-        status = subprocess.run([*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
-                                capture_output=True, text=True, env=env, timeout=60)
+        status = subprocess.run(
+            [*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert status.returncode == 0 and json.loads(status.stdout)["up"] is True
     finally:
-        down = subprocess.run([*IOTWATCH, "stack", "down", "--run-dir", str(run_dir), "--json"],
-                              capture_output=True, text=True, env=env, timeout=60)
+        down = subprocess.run(
+            [*IOTWATCH, "stack", "down", "--run-dir", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     assert down.returncode == 0, down.stderr
     assert sorted(json.loads(down.stdout)["stopped"]) == sorted(state["services"])
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
@@ -163,13 +194,18 @@ def test_failed_start_stops_what_was_already_started(tmp_path: Path, base_settin
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "influxdb").write_text("a file where influxd wants a directory")
-    settings = base_settings.model_copy(update={
-        "stack": base_settings.stack.model_copy(update={"influxdb": "influxd"})})
+    settings = base_settings.model_copy(
+        update={"stack": base_settings.stack.model_copy(update={"influxdb": "influxd"})}
+    )
     before = {p.pid for p in psutil.process_iter()}
     with pytest.raises((StackError, OSError)):
         EmbeddedStack(settings, run_dir).up()
-    leftovers = [p for p in psutil.process_iter(["name"]) if p.pid not in before
-                 and any(server in (p.info["name"] or "") for server in ("mosquitto", "tansu", "influxd", "amqtt"))]
+    leftovers = [
+        p
+        for p in psutil.process_iter(["name"])
+        if p.pid not in before
+        and any(server in (p.info["name"] or "") for server in ("mosquitto", "tansu", "influxd", "amqtt"))
+    ]
     assert not leftovers
     assert StackState.load(run_dir) is None
 
@@ -183,11 +219,16 @@ def test_second_up_on_a_running_run_dir_is_refused(stack: StackState, base_setti
 
 
 def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
-    result = subprocess.run([*IOTWATCH, "stack", "status", "--run-dir", str(tmp_path / "none")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*IOTWATCH, "stack", "status", "--run-dir", str(tmp_path / "none")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1 and "no stack" in result.stdout
-    bad = subprocess.run([*IOTWATCH, "--config", str(tmp_path / "missing.toml"), "stack", "status"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*IOTWATCH, "--config", str(tmp_path / "missing.toml"), "stack", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("iotwatch: error:")
     assert "missing.toml" in bad.stderr
@@ -197,18 +238,25 @@ def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_ru
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["HOME"] = str(tmp_path / "home")
     run_dir = (tmp_path / "my-stack").resolve()
-    up = subprocess.run([*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"], env=env,
-                        capture_output=True, text=True, timeout=120)
+    up = subprocess.run(
+        [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     try:
         assert up.returncode == 0, up.stderr
         assert f"stop it with: iotwatch stack down --run-dir {run_dir}" in up.stdout.splitlines()
-        status = subprocess.run([*IOTWATCH, "stack", "status", "--json"], env=env, capture_output=True, text=True,
-                                timeout=60)
+        status = subprocess.run(
+            [*IOTWATCH, "stack", "status", "--json"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert status.returncode == 0, status.stdout + status.stderr
         assert json.loads(status.stdout)["run_dir"] == str(run_dir)
     finally:
-        down = subprocess.run([*IOTWATCH, "stack", "down", "--json"], env=env, capture_output=True, text=True,
-                              timeout=60)
+        down = subprocess.run(
+            [*IOTWATCH, "stack", "down", "--json"], env=env, capture_output=True, text=True, timeout=60
+        )
     assert down.returncode == 0 and set(json.loads(down.stdout)["stopped"]) == {"mqtt", "kafka"}, down.stderr
     after = subprocess.run([*IOTWATCH, "stack", "status"], env=env, capture_output=True, text=True, timeout=60)
     assert after.returncode == 1 and "no stack in" in after.stdout

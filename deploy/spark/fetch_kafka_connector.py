@@ -60,9 +60,12 @@ def resolve(spark_home: Path, coordinate: str, work: Path, repository: str | Non
     noop_app.write_text("")
     command = [
         str(spark_home / "bin" / "spark-submit"),
-        "--master", "local[1]",
-        "--conf", f"spark.jars.ivy={ivy_dir}",
-        "--packages", coordinate,
+        "--master",
+        "local[1]",
+        "--conf",
+        f"spark.jars.ivy={ivy_dir}",
+        "--packages",
+        coordinate,
     ]
     if repository:
         command += ["--repositories", repository]
@@ -105,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark-version", default="", help="default: the installed pyspark's version")
     parser.add_argument("--scala-version", default="", help="default: the installed pyspark's Scala version")
     parser.add_argument("--repository", default="", help="extra Maven repository (e.g. a mirror) for Ivy")
-    parser.add_argument("--jars-from", type=Path, help="install Ivy-named jars from this directory instead of resolving")
+    parser.add_argument(
+        "--jars-from", type=Path, help="install Ivy-named jars from this directory instead of resolving"
+    )
     parser.add_argument("--verify", action="store_true", help="load the connector in a Spark session afterwards")
     args = parser.parse_args(argv)
 
@@ -116,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     spark_version = args.spark_version or pyspark.__version__
     scala = args.scala_version or scala_binary_version(jars_dir)
     if spark_version != pyspark.__version__:
-        print(f"warning: connector {spark_version} != pyspark {pyspark.__version__}; they should match",
-              file=sys.stderr)
+        print(
+            f"warning: connector {spark_version} != pyspark {pyspark.__version__}; they should match", file=sys.stderr
+        )
     coordinate = f"org.apache.spark:{CONNECTOR_ARTIFACT}_{scala}:{spark_version}"
 
     with tempfile.TemporaryDirectory(prefix="spark-kafka-") as tmp:

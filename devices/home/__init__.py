@@ -6,5 +6,4 @@ from devices.home.context import HomeContext
 from devices.home.meter import SmartMeterGroup
 from devices.home.thermostat import ThermostatGroup
 
-__all__ = ["AirQualityGroup", "DoorSensorGroup", "HomeContext", "LeakSensorGroup", "SmartMeterGroup",
-           "ThermostatGroup"]
+__all__ = ["AirQualityGroup", "DoorSensorGroup", "HomeContext", "LeakSensorGroup", "SmartMeterGroup", "ThermostatGroup"]

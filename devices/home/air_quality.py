@@ -47,7 +47,11 @@ class AirQualityGroup(DeviceGroup):
         pm = self.pm[idx]
         pm = pm + (cooking * 60.0 - (ach + 0.5) * (pm - self.outdoor_pm[idx])) * np.minimum(dt_h, 1.0)
         self.co2[idx], self.pm[idx] = co2, pm
-        values = np.column_stack([np.maximum(co2 + 8.0 * noise[:, 0], 380.0),
-                                  np.maximum(pm + 0.8 * noise[:, 1], 0.0),
-                                  homes.room_temp_c[home] + 0.1 * noise[:, 2]])
+        values = np.column_stack(
+            [
+                np.maximum(co2 + 8.0 * noise[:, 0], 380.0),
+                np.maximum(pm + 0.8 * noise[:, 1], 0.0),
+                homes.room_temp_c[home] + 0.1 * noise[:, 2],
+            ]
+        )
         return values, []

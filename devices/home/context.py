@@ -56,8 +56,9 @@ class HomeContext:
         hours = self.local_hours(home, t_ms)
         days = t_ms / DAY_MS
         daily = -np.cos(_TWO_PI * (hours - 3.0) / 24.0)
-        weather = (2.5 * np.sin(_TWO_PI * days / 3.7 + self.weather_phase[home, 0])
-                   + 1.0 * np.sin(_TWO_PI * days / 0.83 + self.weather_phase[home, 1]))
+        weather = 2.5 * np.sin(_TWO_PI * days / 3.7 + self.weather_phase[home, 0]) + 1.0 * np.sin(
+            _TWO_PI * days / 0.83 + self.weather_phase[home, 1]
+        )
         return self.outside_mean_c[home] + self.outside_amp_c[home] * daily + weather
 
     def schedule(self, home: np.ndarray, t_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

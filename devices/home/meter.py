@@ -45,11 +45,14 @@ class SmartMeterGroup(DeviceGroup):
         meals = np.exp(-0.5 * ((hours - 7.5) / 0.4) ** 2) + 1.3 * np.exp(-0.5 * ((hours - 19.0) / 0.6) ** 2)
         evening_light = ((hours > 17.5) & (hours < 23.5)).astype(np.float64)
         occupied = (people > 0) & awake
-        power = (homes.base_load_w[home] + 110.0 * fridge
-                 + occupied * (90.0 * people + 180.0 * evening_light + 1800.0 * meals)
-                 + homes.hvac_on[home] * self.hvac_w[idx]
-                 # a kettle or hair dryer: about three an hour when someone is up
-                 + (burst[:, 0] < dt * occupied * 3.0 / 3600.0) * (1500.0 + 800.0 * burst[:, 1]))
+        power = (
+            homes.base_load_w[home]
+            + 110.0 * fridge
+            + occupied * (90.0 * people + 180.0 * evening_light + 1800.0 * meals)
+            + homes.hvac_on[home] * self.hvac_w[idx]
+            # a kettle or hair dryer: about three an hour when someone is up
+            + (burst[:, 0] < dt * occupied * 3.0 / 3600.0) * (1500.0 + 800.0 * burst[:, 1])
+        )
         power = np.maximum(power * (1.0 + 0.01 * noise[:, 0]), 0.0)
         evening_peak = np.exp(-0.5 * ((hours - 19.0) / 1.5) ** 2)
         voltage = self.nominal_v[idx] - 3.0 * evening_peak - power / 2500.0 + 0.4 * noise[:, 1]
@@ -57,5 +60,3 @@ class SmartMeterGroup(DeviceGroup):
         energy = self.energy[idx] + power * dt / 3.6e6
         self.energy[idx] = energy
         return np.column_stack([power, voltage, current, energy]), []
-
-

@@ -24,8 +24,13 @@ _STREAM = 100
 
 class ThermostatGroup(DeviceGroup):
     device_type: ClassVar[str] = DeviceType.THERMOSTAT.value
-    metrics: ClassVar[tuple[str, ...]] = ("temperature_c", "humidity_pct", "setpoint_c", "hvac_on",
-                                          "outside_temperature_c")
+    metrics: ClassVar[tuple[str, ...]] = (
+        "temperature_c",
+        "humidity_pct",
+        "setpoint_c",
+        "hvac_on",
+        "outside_temperature_c",
+    )
     draws: ClassVar[int] = 6
 
     def __init__(self, specs: list[DeviceSpec], rng: CounterRng, homes: HomeContext) -> None:
@@ -55,14 +60,23 @@ class ThermostatGroup(DeviceGroup):
         temp, hvac = self.temp[idx], self.hvac[idx]
         # hysteresis control, or always on when stuck
         low, high = setpoint - 0.3, setpoint + 0.3
-        want = np.where(heating, np.where(temp < low, True, np.where(temp > high, False, hvac)),
-                        np.where(temp > high, True, np.where(temp < low, False, hvac)))
+        want = np.where(
+            heating,
+            np.where(temp < low, True, np.where(temp > high, False, hvac)),
+            np.where(temp > high, True, np.where(temp < low, False, hvac)),
+        )
         hvac = want | (self.mode[idx] == HVAC_STUCK)
         # heat flows, degC per hour; the heater's output falls as the room nears 40 degC
         # and a cooler's as it nears 12 degC
         power = homes.hvac_power_c_per_h[home]
-        hvac_flow = np.where(heating, power * np.clip((40.0 - temp) / 10.0, 0.0, 1.0),
-                             -power * np.clip((temp - 12.0) / 8.0, 0.0, 1.0)) * hvac
+        hvac_flow = (
+            np.where(
+                heating,
+                power * np.clip((40.0 - temp) / 10.0, 0.0, 1.0),
+                -power * np.clip((temp - 12.0) / 8.0, 0.0, 1.0),
+            )
+            * hvac
+        )
         flow = (t_out - temp) / homes.insulation_tau_h[home] + 0.12 * people + hvac_flow
         temp = temp + flow * dt / 3600.0 + 0.004 * np.sqrt(dt) * noise[:, 0]
         target_rh = 40.0 + 2.5 * people - np.where(heating, 0.0, 8.0) * hvac

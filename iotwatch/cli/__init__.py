@@ -84,12 +84,20 @@ pass_app = click.make_pass_decorator(AppContext)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="TOML settings file ([mqtt], [kafka], [topics], [influx], [stack] tables); "
-                   "also IOTWATCH_CONFIG. Environment variables IOTWATCH_* take precedence over it.")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-              help="Logging threshold for messages on stderr.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML settings file ([mqtt], [kafka], [topics], [influx], [stack] tables); "
+    "also IOTWATCH_CONFIG. Environment variables IOTWATCH_* take precedence over it.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Logging threshold for messages on stderr.",
+)
 @click.version_option(package_name="iotwatch")
 @click.pass_context
 def cli(ctx: click.Context, config_file: Path | None, log_level: str) -> None:
@@ -119,14 +127,35 @@ def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = 
 
         options = []
         if mqtt:
-            options.append(click.option("--mqtt", metavar="mqtt://HOST:PORT", expose_value=False, callback=apply,
-                                        help="MQTT broker (overrides IOTWATCH_MQTT_URL)."))
+            options.append(
+                click.option(
+                    "--mqtt",
+                    metavar="mqtt://HOST:PORT",
+                    expose_value=False,
+                    callback=apply,
+                    help="MQTT broker (overrides IOTWATCH_MQTT_URL).",
+                )
+            )
         if kafka:
-            options.append(click.option("--kafka", metavar="HOST:PORT", expose_value=False, callback=apply,
-                                        help="Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS)."))
+            options.append(
+                click.option(
+                    "--kafka",
+                    metavar="HOST:PORT",
+                    expose_value=False,
+                    callback=apply,
+                    help="Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS).",
+                )
+            )
         if influx:
-            options.append(click.option("--influx", metavar="http://HOST:PORT", expose_value=False, callback=apply,
-                                        help="InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL)."))
+            options.append(
+                click.option(
+                    "--influx",
+                    metavar="http://HOST:PORT",
+                    expose_value=False,
+                    callback=apply,
+                    help="InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL).",
+                )
+            )
         for option in reversed(options):
             func = option(func)
         return func
@@ -134,8 +163,9 @@ def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = 
     return decorate
 
 
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="Print a machine-readable JSON result as the last thing on stdout.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print a machine-readable JSON result as the last thing on stdout."
+)
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
@@ -166,10 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     except (IotwatchError, OSError, ValueError) as exc:
         click.echo(f"iotwatch: error: {_one_line(str(exc))}", err=True)
         sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a bug: still one line, traceback on demand
+    except Exception as exc:
         logging.getLogger("iotwatch").debug("unexpected error", exc_info=True)
-        click.echo(f"iotwatch: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} "
-                   "(--log-level DEBUG shows the traceback)", err=True)
+        click.echo(
+            f"iotwatch: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} "
+            "(--log-level DEBUG shows the traceback)",
+            err=True,
+        )
         sys.exit(1)
 
 

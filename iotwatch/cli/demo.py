@@ -15,25 +15,57 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
 @click.option("--duration", default=90.0, show_default=True, help="Seconds the simulators run (wall clock).")
 @click.option("--homes", default=6, show_default=True, help="Simulated homes (several devices each).")
 @click.option("--vehicles", default=2, show_default=True, help="Simulated vehicles with event data recorders.")
-@click.option("--speedup", default=10.0, show_default=True,
-              help="Event time runs this many times faster than the wall clock (detectors need history).")
+@click.option(
+    "--speedup",
+    default=10.0,
+    show_default=True,
+    help="Event time runs this many times faster than the wall clock (detectors need history).",
+)
 @click.option("--anomaly-rate", default=6.0, show_default=True, help="Anomalies per device per hour of event time.")
-@click.option("--fault-rate", default=3.0, show_default=True,
-              help="Transport faults (duplicates, late, out of order, malformed) per device-hour of event time.")
-@click.option("--anomalies-after", "anomalies_after", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              metavar="SECONDS", help="Seconds of event time before the first injected anomaly: the detectors warm "
-              "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.")
+@click.option(
+    "--fault-rate",
+    default=3.0,
+    show_default=True,
+    help="Transport faults (duplicates, late, out of order, malformed) per device-hour of event time.",
+)
+@click.option(
+    "--anomalies-after",
+    "anomalies_after",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds of event time before the first injected anomaly: the detectors warm "
+    "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.",
+)
 @click.option("--seed", default=1, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Run folder (stack, checkpoint, archive, logs, report); default ~/.iotwatch/demo/<time>.")
-@click.option("--keep-stack", is_flag=True,
-              help="Leave MQTT, Kafka and InfluxDB running afterwards (to query them or point Grafana at them); "
-                   "prints their URLs and the `iotwatch stack down` command that stops them.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run folder (stack, checkpoint, archive, logs, report); default ~/.iotwatch/demo/<time>.",
+)
+@click.option(
+    "--keep-stack",
+    is_flag=True,
+    help="Leave MQTT, Kafka and InfluxDB running afterwards (to query them or point Grafana at them); "
+    "prints their URLs and the `iotwatch stack down` command that stops them.",
+)
 @json_option
 @pass_app
-def demo(app: AppContext, duration: float, homes: int, vehicles: int, speedup: float, anomaly_rate: float,
-         fault_rate: float, anomalies_after: float, seed: int, out: Path | None, keep_stack: bool,
-         as_json: bool) -> None:
+def demo(
+    app: AppContext,
+    duration: float,
+    homes: int,
+    vehicles: int,
+    speedup: float,
+    anomaly_rate: float,
+    fault_rate: float,
+    anomalies_after: float,
+    seed: int,
+    out: Path | None,
+    keep_stack: bool,
+    as_json: bool,
+) -> None:
     """Run the whole pipeline on the embedded stack and report what happened.
 
     Starts MQTT, Kafka and InfluxDB servers, the streaming job, the gateway and the device
@@ -49,8 +81,18 @@ def demo(app: AppContext, duration: float, homes: int, vehicles: int, speedup: f
     check_prerequisites()
     folder = out or Path.home() / ".iotwatch" / "demo" / time.strftime("%Y%m%d-%H%M%S")
     console = Console(stderr=as_json)
-    options = DemoOptions(duration, homes, vehicles, speedup, anomaly_rate, fault_rate, seed, folder.resolve(),
-                          anomalies_after, keep_stack)
+    options = DemoOptions(
+        duration,
+        homes,
+        vehicles,
+        speedup,
+        anomaly_rate,
+        fault_rate,
+        seed,
+        folder.resolve(),
+        anomalies_after,
+        keep_stack,
+    )
     summary = run_demo(app.settings, options, console)
     if as_json:
         if summary.get("stack"):

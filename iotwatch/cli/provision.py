@@ -25,11 +25,22 @@ def provision() -> None:
 
 
 @provision.command()
-@click.option("--fleet", "fleet_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="CSV file with the header site,device_type,device_id, one device a line.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_FLEET_DIR,
-              show_default=True, help="Folder for passwd, acl and devices/<device_id>.json "
-                                      "(the compose mosquitto service reads deploy/mosquitto/fleet).")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CSV file with the header site,device_type,device_id, one device a line.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_FLEET_DIR,
+    show_default=True,
+    help="Folder for passwd, acl and devices/<device_id>.json "
+    "(the compose mosquitto service reads deploy/mosquitto/fleet).",
+)
 @click.option("--rotate", is_flag=True, help="New passwords for every device (default: existing ones are kept).")
 @json_option
 def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
@@ -45,12 +56,25 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
 
 
 @provision.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_TLS_DIR,
-              show_default=True, help="Folder for ca.crt, ca.key, server.crt, server.key.")
-@click.option("--host", "hosts", multiple=True, default=("mosquitto", "localhost", "127.0.0.1"), show_default=True,
-              help="Host name or IP address clients use to reach the broker (repeatable).")
-@click.option("--days", type=click.IntRange(min=1), default=825, show_default=True,
-              help="Validity of the certificates.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_TLS_DIR,
+    show_default=True,
+    help="Folder for ca.crt, ca.key, server.crt, server.key.",
+)
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    default=("mosquitto", "localhost", "127.0.0.1"),
+    show_default=True,
+    help="Host name or IP address clients use to reach the broker (repeatable).",
+)
+@click.option(
+    "--days", type=click.IntRange(min=1), default=825, show_default=True, help="Validity of the certificates."
+)
 @click.option("--new-ca", is_flag=True, help="Replace the CA too (devices must then trust the new ca.crt).")
 @json_option
 def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json: bool) -> None:
@@ -65,8 +89,12 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
 
 @provision.command()
 @endpoint_options(kafka=True)
-@click.option("--acls", is_flag=True, help="Also grant each compose service user (gateway, stream, responder) "
-                                           "its least-privilege ACLs (a broker with an authorizer; as admin).")
+@click.option(
+    "--acls",
+    is_flag=True,
+    help="Also grant each compose service user (gateway, stream, responder) "
+    "its least-privilege ACLs (a broker with an authorizer; as admin).",
+)
 @json_option
 @pass_app
 def topics(app: AppContext, acls: bool, as_json: bool) -> None:
@@ -78,8 +106,12 @@ def topics(app: AppContext, acls: bool, as_json: bool) -> None:
     wanted = settings.topics.kafka_topics() + settings.topics.compacted_topics()
     created = ensure_topics(settings.kafka, settings.topics.kafka_topics())
     created += ensure_topics(settings.kafka, settings.topics.compacted_topics(), compacted=True)
-    summary: dict[str, Any] = {"topics": wanted, "created": created, "partitions": settings.kafka.partitions,
-                               "replication_factor": settings.kafka.replication_factor}
+    summary: dict[str, Any] = {
+        "topics": wanted,
+        "created": created,
+        "partitions": settings.kafka.partitions,
+        "replication_factor": settings.kafka.replication_factor,
+    }
     if acls:
         from iotwatch.provision.kafka_acls import apply_grants, service_grants
 

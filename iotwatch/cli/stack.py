@@ -14,9 +14,11 @@ from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import forget_last_stack, remember_last_stack, resolve_run_dir
 
 run_dir_option = click.option(
-    "--run-dir", type=click.Path(file_okay=False, path_type=Path),
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
     help="Where servers keep config, data, logs and stack.json (default IOTWATCH_STACK_RUN_DIR or ~/.iotwatch/stack; "
-         "status and down: the last stack started).")
+    "status and down: the last stack started).",
+)
 
 
 @click.group()
@@ -26,15 +28,27 @@ def stack() -> None:
 
 @stack.command()
 @run_dir_option
-@click.option("--partitions", type=click.IntRange(min=1), help="Partitions per topic (default IOTWATCH_KAFKA_PARTITIONS, 4).")
-@click.option("--mqtt-broker", type=click.Choice(["auto", "mosquitto", "amqtt"]),
-              help="MQTT server: mosquitto when on PATH (auto), or the pip-installed amqtt.")
+@click.option(
+    "--partitions", type=click.IntRange(min=1), help="Partitions per topic (default IOTWATCH_KAFKA_PARTITIONS, 4)."
+)
+@click.option(
+    "--mqtt-broker",
+    type=click.Choice(["auto", "mosquitto", "amqtt"]),
+    help="MQTT server: mosquitto when on PATH (auto), or the pip-installed amqtt.",
+)
 @click.option("--no-influx", is_flag=True, help="Run without InfluxDB.")
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
 @json_option
 @pass_app
-def up(app: AppContext, run_dir: Path | None, partitions: int | None, mqtt_broker: str | None,
-       no_influx: bool, foreground: bool, as_json: bool) -> None:
+def up(
+    app: AppContext,
+    run_dir: Path | None,
+    partitions: int | None,
+    mqtt_broker: str | None,
+    no_influx: bool,
+    foreground: bool,
+    as_json: bool,
+) -> None:
     """Start the servers on free loopback ports, create topics and the database.
 
     Each server is health-checked with a real client before this returns. The servers keep
@@ -93,8 +107,11 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
     forget_last_stack(embedded.run_dir)
     if purge:
         embedded.remove_data()
-    emit({"run_dir": str(embedded.run_dir), "stopped": stopped, "purged": purge}, as_json,
-         lambda r: click.echo(f"stopped: {', '.join(r['stopped']) or 'nothing was running'}"))
+    emit(
+        {"run_dir": str(embedded.run_dir), "stopped": stopped, "purged": purge},
+        as_json,
+        lambda r: click.echo(f"stopped: {', '.join(r['stopped']) or 'nothing was running'}"),
+    )
 
 
 @stack.command()

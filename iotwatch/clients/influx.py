@@ -8,7 +8,6 @@ dashboards everywhere. Points are serialised with influxdb-client's ``Point``.
 from __future__ import annotations
 
 import zlib
-
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,8 +62,9 @@ class InfluxV1Client:
         if self.settings.retention_policy:
             params["rp"] = self.settings.retention_policy
         try:
-            response = self.session.post(f"{self.base_url}/write", params=params,
-                                         data="\n".join(lines).encode(), timeout=self.timeout_s)
+            response = self.session.post(
+                f"{self.base_url}/write", params=params, data="\n".join(lines).encode(), timeout=self.timeout_s
+            )
         except requests.RequestException as exc:
             raise ServiceUnavailable(f"InfluxDB write to {self.base_url} failed: {exc}") from exc
         if response.status_code != 204:

@@ -38,8 +38,9 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, in
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
 
 
-def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float = 15.0, *,
-                  compacted: bool = False) -> list[str]:
+def ensure_topics(
+    settings: KafkaSettings, topics: list[str], timeout_s: float = 15.0, *, compacted: bool = False
+) -> list[str]:
     """Create the topics that do not exist yet (with the configured partition count;
     ``compacted``: ``cleanup.policy=compact``, the latest record per key is kept).
 
@@ -52,10 +53,17 @@ def ensure_topics(settings: KafkaSettings, topics: list[str], timeout_s: float =
         return []
     admin = admin_client(settings)  # keep a reference: the futures die with their client
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=settings.partitions, replication_factor=settings.replication_factor,
-                  config={"cleanup.policy": "compact"} if compacted else {})
-         for name in missing],
-        operation_timeout=timeout_s, request_timeout=timeout_s,
+        [
+            NewTopic(
+                name,
+                num_partitions=settings.partitions,
+                replication_factor=settings.replication_factor,
+                config={"cleanup.policy": "compact"} if compacted else {},
+            )
+            for name in missing
+        ],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
     )
     created = []
     for name, future in futures.items():
@@ -95,9 +103,15 @@ class TopicFollower:
     def __init__(self, settings: KafkaSettings, topics: list[str]) -> None:
         existing = list_topics(settings)
         self.partitions = [TopicPartition(topic, p, 0) for topic in topics for p in range(existing.get(topic, 0))]
-        self._consumer = Consumer({**client_config(settings), "group.id": f"iotwatch-follow-{time.time_ns()}",
-                                   "enable.auto.commit": False, "enable.partition.eof": True,
-                                   "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS})
+        self._consumer = Consumer(
+            {
+                **client_config(settings),
+                "group.id": f"iotwatch-follow-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
+            }
+        )
         if self.partitions:
             self._consumer.assign(self.partitions)
 
@@ -114,8 +128,10 @@ class TopicFollower:
                 elif message.error().code() == KafkaError._PARTITION_EOF:
                     at_end.add((message.topic(), message.partition()))
         if strict and len(at_end) < len(self.partitions):
-            raise ServiceUnavailable(f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
-                                     f"to their end within {timeout_s:.0f} s")
+            raise ServiceUnavailable(
+                f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
+                f"to their end within {timeout_s:.0f} s"
+            )
         return records
 
     def poll(self, timeout_s: float) -> list[Message]:
@@ -129,12 +145,23 @@ class TopicFollower:
         self._consumer.close()
 
 
-def produce_confirmed(producer: Producer, topic: str, key: bytes, value: bytes,
-                      headers: list[tuple[str, bytes]] | None = None, timeout_s: float = 30.0) -> None:
+def produce_confirmed(
+    producer: Producer,
+    topic: str,
+    key: bytes,
+    value: bytes,
+    headers: list[tuple[str, bytes]] | None = None,
+    timeout_s: float = 30.0,
+) -> None:
     """Produce one record and wait until the broker confirmed it, or :class:`ServiceUnavailable`:
     for records whose loss would go unnoticed (an acknowledgement, a notification sent)."""
     errors: list[str] = []
-    producer.produce(topic, value, key=key, headers=headers or [],
-                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
+    producer.produce(
+        topic,
+        value,
+        key=key,
+        headers=headers or [],
+        on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None,
+    )
     if producer.flush(timeout_s) > 0 or errors:
         raise ServiceUnavailable(f"Kafka did not confirm a record on {topic}: {errors[0] if errors else 'timeout'}")

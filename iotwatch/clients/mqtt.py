@@ -15,7 +15,6 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import MqttSettings
 
-
 _PUBACK_HEADER = (paho.PUBACK << 24) | (2 << 16)  # command byte, remaining length 2, then the packet id
 
 
@@ -43,7 +42,7 @@ class BufferedReadClient(paho.Client):
             self._read_buffer, self._read_at = data, 0
         start = self._read_at
         self._read_at = min(start + bufsize, len(self._read_buffer))
-        return self._read_buffer[start:self._read_at]
+        return self._read_buffer[start : self._read_at]
 
     def _sock_close(self) -> None:
         self._read_buffer, self._read_at = b"", 0  # bytes of a lost connection never reach the next one
@@ -59,15 +58,22 @@ class BufferedReadClient(paho.Client):
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
         rc = super().loop_read(max_packets)
-        while rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._sock is not None \
-                and self._read_at < len(self._read_buffer):
+        while (
+            rc == MQTTErrorCode.MQTT_ERR_SUCCESS and self._sock is not None and self._read_at < len(self._read_buffer)
+        ):
             rc = super().loop_read(max_packets)
         return rc
 
 
-def make_client(settings: MqttSettings, client_id: str = "", *, clean_session: bool = True,
-                manual_ack: bool = False, protocol: Literal["3.1.1", "5"] = "3.1.1",
-                buffered_reads: bool = False) -> paho.Client:
+def make_client(
+    settings: MqttSettings,
+    client_id: str = "",
+    *,
+    clean_session: bool = True,
+    manual_ack: bool = False,
+    protocol: Literal["3.1.1", "5"] = "3.1.1",
+    buffered_reads: bool = False,
+) -> paho.Client:
     """An unconnected MQTT client with credentials and TLS applied.
 
     MQTT 5 has no clean-session flag at construction: pass ``clean_start`` and session
@@ -76,17 +82,25 @@ def make_client(settings: MqttSettings, client_id: str = "", *, clean_session: b
     """
     kind = BufferedReadClient if buffered_reads else paho.Client
     if protocol == "5":
-        client = kind(CallbackAPIVersion.VERSION2, client_id=client_id,
-                      protocol=MQTTProtocolVersion.MQTTv5, manual_ack=manual_ack)
+        client = kind(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5, manual_ack=manual_ack
+        )
     else:
-        client = kind(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean_session,
-                      protocol=MQTTProtocolVersion.MQTTv311, manual_ack=manual_ack)
+        client = kind(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=clean_session,
+            protocol=MQTTProtocolVersion.MQTTv311,
+            manual_ack=manual_ack,
+        )
     if settings.username:
         password = settings.password.get_secret_value() if settings.password else None
         client.username_pw_set(settings.username, password)
     if settings.use_tls:
-        client.tls_set(ca_certs=str(settings.tls_ca_file) if settings.tls_ca_file else None,
-                       cert_reqs=ssl.CERT_NONE if settings.tls_insecure else ssl.CERT_REQUIRED)
+        client.tls_set(
+            ca_certs=str(settings.tls_ca_file) if settings.tls_ca_file else None,
+            cert_reqs=ssl.CERT_NONE if settings.tls_insecure else ssl.CERT_REQUIRED,
+        )
         client.tls_insecure_set(settings.tls_insecure)
     return client
 

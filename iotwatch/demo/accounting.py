@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 #: Rules that count as detecting each anomaly kind the simulator injects.
 RULES_FOR_KIND: dict[str, set[str]] = {
-    "crash": {"crash"}, "harsh_braking": {"harsh_braking", "crash", "anomaly_score"}, "leak": {"water_leak"},
-    "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"}, "dropout": {"device_silent"},
-    "out_of_range": {"out_of_range", "anomaly_score"}, "overheating": {"anomaly_score", "coolant_overheating"},
+    "crash": {"crash"},
+    "harsh_braking": {"harsh_braking", "crash", "anomaly_score"},
+    "leak": {"water_leak"},
+    "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"},
+    "dropout": {"device_silent"},
+    "out_of_range": {"out_of_range", "anomaly_score"},
+    "overheating": {"anomaly_score", "coolant_overheating"},
 }
 #: Rules that may report any anomaly of a metric (the danger rules: a drift into danger).
 SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range", "coolant_overheating", "battery_low", "humidity_high"}
@@ -75,8 +78,9 @@ def declared_ranges(truth: list[dict[str, Any]]) -> dict[str, list[tuple[int, in
     return ranges
 
 
-def account(raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[str, set[int]],
-            truth: list[dict[str, Any]]) -> dict[str, Any]:
+def account(
+    raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[str, set[int]], truth: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Loss by seq at the transport and in the pipeline (both must be 0)."""
     dropouts = declared_ranges(truth)
     transport_gaps: dict[str, list[int]] = {}
@@ -91,18 +95,25 @@ def account(raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[
         if missing:
             pipeline_missing[device] = missing[:20]
     lost = sum(len(v) for v in transport_gaps.values()) + sum(len(v) for v in pipeline_missing.values())
-    return {"devices": len(raw), "unique_readings_in_kafka": sum(len(s) for s in raw.values()),
-            "archived": sum(len(s) for s in archived.values()), "late": sum(len(s) for s in late.values()),
-            "declared_dropout_or_malformed_seqs": sum(e - s + 1 for r in dropouts.values() for s, e in r),
-            "loss": lost, "transport_gaps": transport_gaps, "pipeline_missing": pipeline_missing}
+    return {
+        "devices": len(raw),
+        "unique_readings_in_kafka": sum(len(s) for s in raw.values()),
+        "archived": sum(len(s) for s in archived.values()),
+        "late": sum(len(s) for s in late.values()),
+        "declared_dropout_or_malformed_seqs": sum(e - s + 1 for r in dropouts.values() for s, e in r),
+        "loss": lost,
+        "transport_gaps": transport_gaps,
+        "pipeline_missing": pipeline_missing,
+    }
 
 
 #: What a raised alert was, judged against the ground truth (see :func:`match_alerts`).
 MATCHED, FALSE_ALARM, END_OF_RUN = "matched", "false_alarm", "end_of_run"
 
 
-def _during(anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int,
-            rules: set[str]) -> list[dict[str, Any]]:
+def _during(
+    anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int, rules: set[str]
+) -> list[dict[str, Any]]:
     """Raised alerts of ``rules`` on the anomaly's device whose episode began with a reading
     of the anomaly (or of the grace period after it), earliest first. Matched by seq, which
     clock-skew faults leave alone (the ground truth's times are the simulator's; a skewed
@@ -112,13 +123,22 @@ def _during(anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: 
     dropout = anomaly["kind"] == "dropout"
     low = int(anomaly["start_seq"]) - (1 if dropout else 0)
     high = int(anomaly["end_seq"]) + (0 if dropout else GRACE_MS // max(interval_ms, 1))
-    hits = [a for a in raised if a["device_id"] == anomaly["device_id"] and a["rule"] in rules
-            and low <= int(a.get("first_seq", a["seq"])) <= high]
+    hits = [
+        a
+        for a in raised
+        if a["device_id"] == anomaly["device_id"]
+        and a["rule"] in rules
+        and low <= int(a.get("first_seq", a["seq"])) <= high
+    ]
     return sorted(hits, key=lambda a: int(a.get("first_seq", a["seq"])))
 
 
-def match_alerts(alerts: list[dict[str, Any]], truth: list[dict[str, Any]], interval_ms: dict[str, int],
-                 last_seq: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def match_alerts(
+    alerts: list[dict[str, Any]],
+    truth: list[dict[str, Any]],
+    interval_ms: dict[str, int],
+    last_seq: dict[str, int] | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Recall per anomaly kind, precision of raised alerts, detection delay (readings, s);
     and each raised alert's verdict (alert id -> matched, false_alarm or end_of_run).
 
@@ -172,15 +192,19 @@ def match_alerts(alerts: list[dict[str, Any]], truth: list[dict[str, Any]], inte
     judged = sum(1 for a in raised if verdicts[a["alert_id"]] != END_OF_RUN)
     injected = sum(s["injected"] for s in per_kind.values())
     detected = sum(s["detected"] for s in per_kind.values())
-    summary = {"anomalies_injected": injected, "anomalies_detected": detected,
-               "recall": round(detected / injected, 3) if injected else None,
-               "alerts_raised": len(raised), "alerts_matching_an_anomaly": matched,
-               "end_of_run_silences": len(raised) - judged,
-               "precision": round(matched / judged, 3) if judged else None,
-               "false_alarms": len(false_alarms),
-               "false_alarms_by_rule": dict(sorted(_count(a["rule"] for a in false_alarms).items())),
-               "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
-               "by_kind": dict(sorted(per_kind.items()))}
+    summary = {
+        "anomalies_injected": injected,
+        "anomalies_detected": detected,
+        "recall": round(detected / injected, 3) if injected else None,
+        "alerts_raised": len(raised),
+        "alerts_matching_an_anomaly": matched,
+        "end_of_run_silences": len(raised) - judged,
+        "precision": round(matched / judged, 3) if judged else None,
+        "false_alarms": len(false_alarms),
+        "false_alarms_by_rule": dict(sorted(_count(a["rule"] for a in false_alarms).items())),
+        "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
+        "by_kind": dict(sorted(per_kind.items())),
+    }
     return summary, verdicts
 
 

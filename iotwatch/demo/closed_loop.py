@@ -17,8 +17,9 @@ import numpy as np
 from iotwatch.oncall import CommandAudit, CommandOutcome
 
 
-def timings(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]]) -> tuple[dict[str, CommandAudit],
-                                                                                      dict[str, list[int]]]:
+def timings(
+    audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]]
+) -> tuple[dict[str, CommandAudit], dict[str, list[int]]]:
     """The latest record per command, and the three timings in ms (``time_to_command``,
     ``time_to_device_ack``, ``time_to_recovery``), one value per command that has it."""
     latest: dict[str, CommandAudit] = {}
@@ -45,12 +46,16 @@ def timings(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]]) ->
 TIMINGS = ("time_to_command", "time_to_device_ack", "time_to_recovery")
 
 
-def summarise(audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]],
-              truth: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summarise(
+    audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]], truth: Iterable[dict[str, Any]]
+) -> dict[str, Any]:
     latest, found = timings(audits, alerts)
-    return {"commands": len(latest), "outcomes": dict(Counter(a.status.value for a in latest.values())),
-            **{f"{name}_s": _percentiles(found[name]) for name in TIMINGS},
-            "anomalies_ended_by_command": sum(1 for r in truth if r.get("ended_by_command"))}
+    return {
+        "commands": len(latest),
+        "outcomes": dict(Counter(a.status.value for a in latest.values())),
+        **{f"{name}_s": _percentiles(found[name]) for name in TIMINGS},
+        "anomalies_ended_by_command": sum(1 for r in truth if r.get("ended_by_command")),
+    }
 
 
 def _percentiles(values_ms: list[int]) -> dict[str, float | None]:

@@ -31,7 +31,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.notifications += 1
                 self.send_response(200)
@@ -48,9 +48,11 @@ class Receiver:
 
     def write_routes(self, path: Path) -> Path:
         """A routing file: everything to this receiver, grouped by site and rule."""
-        path.write_text(f'[receivers.demo]\nurl = "{self.url}"\n\n[route]\nreceiver = "demo"\n'
-                        'group_by = ["site", "rule"]\ngroup_wait = "2s"\ngroup_interval = "10s"\n'
-                        'repeat_interval = "1m"\n')
+        path.write_text(
+            f'[receivers.demo]\nurl = "{self.url}"\n\n[route]\nreceiver = "demo"\n'
+            'group_by = ["site", "rule"]\ngroup_wait = "2s"\ngroup_interval = "10s"\n'
+            'repeat_interval = "1m"\n'
+        )
         return path
 
     def close(self) -> None:
@@ -72,8 +74,11 @@ class OnCallPerson:
         self._next = time.monotonic() + self.every_s
         now = int(time.time() * 1000)
         book = load_book(self.settings, timeout_s=10)
-        waiting = [v for v in book.select(open_only=True) if not v.acked and v.record.get("rule") != "device_silent"
-                   and (v.raised_ms or now) <= now - self.min_age_ms]
+        waiting = [
+            v
+            for v in book.select(open_only=True)
+            if not v.acked and v.record.get("rule") != "device_silent" and (v.raised_ms or now) <= now - self.min_age_ms
+        ]
         if not waiting:
             return
         oldest = min(waiting, key=lambda v: v.raised_ms or 0)

@@ -9,11 +9,11 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from devices.catalog import PRIMARY_METRIC  # noqa: E402
-from iotwatch.demo.live import LiveState  # noqa: E402
+from devices.catalog import PRIMARY_METRIC
+from iotwatch.demo.live import LiveState
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
@@ -39,7 +39,7 @@ def plot_closed_loop(folder: Path, found: dict[str, list[int]]) -> Path | None:
     if not any(values for _, values in series):
         return None
     fig, ax = plt.subplots(figsize=(9, 3.5))
-    for row, (label, values) in enumerate(series):
+    for row, (_label, values) in enumerate(series):
         if not values:
             continue
         ax.scatter(values, [row] * len(values), alpha=0.6, s=24)
@@ -71,8 +71,9 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     times = [s.t - t0 for s in samples]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for label, values in series.items():
-        rates = [0.0] + [max(0.0, (values[i] - values[i - 1]) / max(times[i] - times[i - 1], 1e-6))
-                         for i in range(1, len(values))]
+        rates = [0.0] + [
+            max(0.0, (values[i] - values[i - 1]) / max(times[i] - times[i - 1], 1e-6)) for i in range(1, len(values))
+        ]
         ax.plot(times, pd.Series(rates).rolling(3, min_periods=1).mean(), label=label)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("messages / s")
@@ -97,16 +98,21 @@ KIND_METRIC = {"crash": "accel_x_g", "harsh_braking": "accel_x_g"}
 def choose_devices(anomalies: list[dict[str, Any]], max_devices: int) -> list[tuple[str, str]]:
     """(device, metric) to plot: planned anomalies first, then one device per anomaly kind
     (earliest first), then more; the metric is the one the choosing anomaly changed."""
-    eligible = sorted((a for a in anomalies if a["device_type"] in PRIMARY_METRIC),
-                      key=lambda a: (a.get("source") != "scenario", a["start_ts"]))
+    eligible = sorted(
+        (a for a in anomalies if a["device_type"] in PRIMARY_METRIC),
+        key=lambda a: (a.get("source") != "scenario", a["start_ts"]),
+    )
     chosen: dict[str, str] = {}
     kinds: set[str] = set()
     for fresh_kind_only in (True, False):
         for item in eligible:
             if item["device_id"] in chosen or (fresh_kind_only and item["kind"] in kinds):
                 continue
-            chosen[item["device_id"]] = (item.get("params", {}).get("metric") or KIND_METRIC.get(item["kind"])
-                                         or PRIMARY_METRIC[item["device_type"]])
+            chosen[item["device_id"]] = (
+                item.get("params", {}).get("metric")
+                or KIND_METRIC.get(item["kind"])
+                or PRIMARY_METRIC[item["device_type"]]
+            )
             kinds.update(a["kind"] for a in eligible if a["device_id"] == item["device_id"])
     return list(chosen.items())[:max_devices]
 
@@ -114,18 +120,29 @@ def choose_devices(anomalies: list[dict[str, Any]], max_devices: int) -> list[tu
 def _metric_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One metric of the archive's readings (a struct field, or an uncatalogued extra):
     ``seq``, ``value`` and ``score``, for the readings that carry it."""
+
     def value(row: Any) -> float | None:
         found = (row.metrics or {}).get(metric)
         return found if found is not None else dict(row.extra_metrics or ()).get(metric)
 
-    rows = pd.DataFrame({"seq": frame["seq"].to_numpy(),
-                         "value": [value(r) for r in frame.itertuples(index=False)],
-                         "score": [(s or {}).get(metric) for s in frame["scores"]]})
+    rows = pd.DataFrame(
+        {
+            "seq": frame["seq"].to_numpy(),
+            "value": [value(r) for r in frame.itertuples(index=False)],
+            "score": [(s or {}).get(metric) for s in frame["scores"]],
+        }
+    )
     return rows.dropna(subset=["value"])
 
 
-def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], truth: list[dict[str, Any]],
-                 verdicts: dict[str, str], max_devices: int = 4) -> list[Path]:
+def plot_devices(
+    folder: Path,
+    archive: Path,
+    alerts: list[dict[str, Any]],
+    truth: list[dict[str, Any]],
+    verdicts: dict[str, str],
+    max_devices: int = 4,
+) -> list[Path]:
     """A few devices with injected anomalies: the anomalous metric, its score, the injected
     windows (shaded) and the alerts raised (vertical lines coloured by their verdict against
     the ground truth). The x axis is the reading's seq, which clock-skew faults leave alone;
@@ -137,8 +154,11 @@ def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], trut
     chosen = choose_devices(anomalies, max_devices)
     if not chosen:
         return []
-    frame = pd.read_parquet(root, columns=["device_id", "seq", "metrics", "scores", "extra_metrics"],
-                            filters=[("device_id", "in", [device for device, _ in chosen])])
+    frame = pd.read_parquet(
+        root,
+        columns=["device_id", "seq", "metrics", "scores", "extra_metrics"],
+        filters=[("device_id", "in", [device for device, _ in chosen])],
+    )
     paths = []
     for device, metric in chosen:
         own = [t for t in anomalies if t["device_id"] == device]
@@ -148,8 +168,7 @@ def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], trut
             continue
         rows = rows.drop_duplicates("seq").set_index("seq").sort_index()
         rows = rows.reindex(range(int(rows.index.min()), int(rows.index.max()) + 1))  # NaN: a gap in the line
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True,
-                                          gridspec_kw={"height_ratios": [2, 1]})
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
         top.plot(rows.index, rows["value"], lw=1, label=metric)
         bottom.plot(rows.index, rows["score"], lw=1, color="tab:orange", label="anomaly score")
         for item in own:
@@ -161,10 +180,20 @@ def plot_devices(folder: Path, archive: Path, alerts: list[dict[str, Any]], trut
                 colour, style = ALERT_STYLE.get(verdicts.get(alert["alert_id"], ""), ("black", "--"))
                 for ax in (top, bottom):
                     ax.axvline(alert.get("first_seq", alert["seq"]), color=colour, ls=style, lw=1)
-                bottom.annotate(alert["rule"], (alert.get("first_seq", alert["seq"]), 1.0), fontsize=7,
-                                rotation=90, va="top", ha="right", color=colour)
-        top.set_title(f"{device} ({device_type}): shaded = injected anomaly; alert raised: green = detection, "
-                      "red = false alarm, grey = end of run", fontsize=9)
+                bottom.annotate(
+                    alert["rule"],
+                    (alert.get("first_seq", alert["seq"]), 1.0),
+                    fontsize=7,
+                    rotation=90,
+                    va="top",
+                    ha="right",
+                    color=colour,
+                )
+        top.set_title(
+            f"{device} ({device_type}): shaded = injected anomaly; alert raised: green = detection, "
+            "red = false alarm, grey = end of run",
+            fontsize=9,
+        )
         top.legend(loc="upper left")
         bottom.legend(loc="upper left")
         bottom.set_ylim(0, 1.05)

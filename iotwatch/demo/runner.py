@@ -34,8 +34,8 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.deadletter import H_REASON, H_STAGE, header_value
 from iotwatch.demo import accounting, closed_loop, report
-from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
 from iotwatch.demo.live import LiveState, Probe, render
+from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
 from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
@@ -70,8 +70,13 @@ class Child:
         self.name = name
         self.stdout_path = folder / f"{name}.json"
         self.log_path = folder / f"{name}.log"
-        self.process = subprocess.Popen(command, env=env, stdout=open(self.stdout_path, "wb"),
-                                        stderr=open(self.log_path, "wb"), start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=open(self.stdout_path, "wb"),
+            stderr=open(self.log_path, "wb"),
+            start_new_session=True,
+        )
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -91,7 +96,7 @@ class Child:
         text = self.stdout_path.read_text().strip()
         start = text.rfind("\n{")
         try:
-            return json.loads(text[start + 1:] if start >= 0 else text) if text else {}
+            return json.loads(text[start + 1 :] if start >= 0 else text) if text else {}
         except ValueError:
             return {"unparsed_output": text[-500:]}
 
@@ -111,44 +116,90 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         state = stack.up()
         settings = state.apply_to(settings)
         if state.services.get("influx") is None:
-            console.print("[yellow]InfluxDB is not installed: metrics go to the report only "
-                          "(apt-get install -y influxdb for dashboards)[/yellow]")
+            console.print(
+                "[yellow]InfluxDB is not installed: metrics go to the report only "
+                "(apt-get install -y influxdb for dashboards)[/yellow]"
+            )
         checkpoint, archive, truth_path = out / "checkpoint", out / "archive", out / "ground_truth.jsonl"
         gateway_port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
         env.update(state.env())
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
-        env.update(IOTWATCH_STREAM_CHECKPOINT_DIR=str(checkpoint), IOTWATCH_STREAM_ARCHIVE_DIR=str(archive),
-                   IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(max(5.0, 30.0 / options.speedup)),
-                   IOTWATCH_REGISTRY_PATH=str(out / "registry"))
+        env.update(
+            IOTWATCH_STREAM_CHECKPOINT_DIR=str(checkpoint),
+            IOTWATCH_STREAM_ARCHIVE_DIR=str(archive),
+            IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(max(5.0, 30.0 / options.speedup)),
+            IOTWATCH_REGISTRY_PATH=str(out / "registry"),
+        )
         console.print(f"stack up in {out / 'stack'}; starting the streaming job, the gateway and the simulators")
         children.append(Child("stream", _iotwatch("stream", "--json"), env, out))
-        children.append(Child("gateway", _iotwatch("gateway", "--client-id", GATEWAY_ID, "--metrics-port",
-                                                   str(gateway_port), "--json"), env, out))
+        children.append(
+            Child(
+                "gateway",
+                _iotwatch("gateway", "--client-id", GATEWAY_ID, "--metrics-port", str(gateway_port), "--json"),
+                env,
+                out,
+            )
+        )
         wait_healthy(gateway_port, timeout_s=60)
         _wait_for_stream(children[0], checkpoint)
         children.append(Child("respond", _iotwatch("respond", "--json"), env, out))  # the closed loop
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
-        children.append(Child("forward", _iotwatch("alerts", "forward", "--routes",
-                                                   str(receiver.write_routes(out / "routes.toml")), "--json"),
-                              {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")}, out))
+        children.append(
+            Child(
+                "forward",
+                _iotwatch("alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"),
+                {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
+                out,
+            )
+        )
         on_call = OnCallPerson(settings)
-        simulator = Child("simulate", _iotwatch(
-            "simulate", "--homes", str(options.homes), "--vehicles", str(options.vehicles),
-            "--duration", str(options.duration_s * options.speedup), "--speedup", str(options.speedup),
-            "--anomaly-rate", str(options.anomaly_rate), "--anomalies-after", str(options.anomalies_after_s),
-            "--fault-rate", str(options.fault_rate), *planned_anomalies(options, out / "scenario.json"),
-            "--seed", str(options.seed), "--ground-truth", str(truth_path), "--obey-commands",
-            "--client-id-prefix", "iotwatch-demo-sim", "--no-progress", "--json",
-            "--seq-state", str(out / "simulate-seq.json")), env, out)  # a new pipeline: every device from seq 0
+        simulator = Child(
+            "simulate",
+            _iotwatch(
+                "simulate",
+                "--homes",
+                str(options.homes),
+                "--vehicles",
+                str(options.vehicles),
+                "--duration",
+                str(options.duration_s * options.speedup),
+                "--speedup",
+                str(options.speedup),
+                "--anomaly-rate",
+                str(options.anomaly_rate),
+                "--anomalies-after",
+                str(options.anomalies_after_s),
+                "--fault-rate",
+                str(options.fault_rate),
+                *planned_anomalies(options, out / "scenario.json"),
+                "--seed",
+                str(options.seed),
+                "--ground-truth",
+                str(truth_path),
+                "--obey-commands",
+                "--client-id-prefix",
+                "iotwatch-demo-sim",
+                "--no-progress",
+                "--json",
+                "--seq-state",
+                str(out / "simulate-seq.json"),
+            ),
+            env,
+            out,
+        )  # a new pipeline: every device from seq 0
         children.append(simulator)
         live = LiveState()
         probe = Probe(settings, gateway_port, checkpoint)
         started = time.time()
         interrupted = False
         try:
-            with Live(render(live, started, options.duration_s, "running"), console=console,
-                      refresh_per_second=2, transient=False) as view:
+            with Live(
+                render(live, started, options.duration_s, "running"),
+                console=console,
+                refresh_per_second=2,
+                transient=False,
+            ) as view:
                 while simulator.running():
                     on_call.step()
                     probe.sample(live)
@@ -162,8 +213,10 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             probe.close()
         results = {child.name: child.stop() for child in reversed(children)}
         summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
-        summary["oncall"] = {"notifications_received": receiver.notifications,
-                             "acknowledged_by_demo": len(on_call.acknowledged)}
+        summary["oncall"] = {
+            "notifications_received": receiver.notifications,
+            "acknowledged_by_demo": len(on_call.acknowledged),
+        }
         report.write_summary(options.out / "report", summary)
         if options.keep_stack:
             summary["stack"] = kept_stack(state)
@@ -208,12 +261,31 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
     planned = [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}] if options.vehicles else []
     # ... an overheating engine in the second vehicle, for the responder to put it in limp mode
-    planned += [{"kind": "overheating", "devices": "vehicle-00001", "at_s": max(options.anomalies_after_s,
-                                                                              0.2 * span_s),
-                 "duration_s": span_s}] if options.vehicles > 1 else []
+    planned += (
+        [
+            {
+                "kind": "overheating",
+                "devices": "vehicle-00001",
+                "at_s": max(options.anomalies_after_s, 0.2 * span_s),
+                "duration_s": span_s,
+            }
+        ]
+        if options.vehicles > 1
+        else []
+    )
     # ... and a leak in the first homes' leak sensors, for the closed loop to close the valve
-    planned += [{"kind": "leak", "devices": "home-0000[0-2]-leak_sensor-*",
-                 "at_s": max(options.anomalies_after_s, 0.2 * span_s), "duration_s": span_s}] if options.homes else []
+    planned += (
+        [
+            {
+                "kind": "leak",
+                "devices": "home-0000[0-2]-leak_sensor-*",
+                "at_s": max(options.anomalies_after_s, 0.2 * span_s),
+                "duration_s": span_s,
+            }
+        ]
+        if options.homes
+        else []
+    )
     if not planned:
         return []
     path.write_text(json.dumps({"anomalies": planned}))
@@ -227,13 +299,26 @@ def stack_running(stack: EmbeddedStack) -> bool:
 
 def kept_stack(state: StackState) -> dict[str, Any]:
     """Where the stack left running is, and how to use and stop it."""
-    return {"kept": True, "run_dir": str(state.run_dir), "endpoints": state.endpoints(),
-            "influx_database": state.database, "env": state.env(),
-            "stop": f"iotwatch stack down --run-dir {state.run_dir}"}
+    return {
+        "kept": True,
+        "run_dir": str(state.run_dir),
+        "endpoints": state.endpoints(),
+        "influx_database": state.database,
+        "env": state.env(),
+        "stop": f"iotwatch stack down --run-dir {state.run_dir}",
+    }
 
 
-def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: DemoOptions,
-           children: list[Child], each_second: Callable[[], None], timeout_s: float = 300.0) -> bool:
+def _drain(
+    probe: Probe,
+    live: LiveState,
+    view: Live,
+    started: float,
+    options: DemoOptions,
+    children: list[Child],
+    each_second: Callable[[], None],
+    timeout_s: float = 300.0,
+) -> bool:
     """After the simulators end: wait until the gateway has nothing in flight and the job
     has processed everything in the raw topic (its newest committed batch reached the log end);
     ``each_second`` goes on meanwhile (the on-call person: the job's alerts come late)."""
@@ -257,8 +342,17 @@ def _drain(probe: Probe, live: LiveState, view: Live, started: float, options: D
     return False
 
 
-def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any], live: LiveState, drained: bool,
-               interrupted: bool, checkpoint: Path, archive: Path, truth_path: Path) -> dict[str, Any]:
+def _summarise(
+    settings: Settings,
+    options: DemoOptions,
+    results: dict[str, Any],
+    live: LiveState,
+    drained: bool,
+    interrupted: bool,
+    checkpoint: Path,
+    archive: Path,
+    truth_path: Path,
+) -> dict[str, Any]:
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     late: dict[str, set[int]] = {}
     dead_reasons: dict[str, int] = {}
@@ -275,9 +369,13 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
-    latencies = sorted(r.timestamp()[1] - appended[(a["device_id"], a["seq"])] for r, a in zip(alert_records, alerts)
-                       if a.get("state") == "raised" and a.get("rule") != "device_silent"
-                       and (a["device_id"], a.get("seq")) in appended)
+    latencies = sorted(
+        r.timestamp()[1] - appended[(a["device_id"], a["seq"])]
+        for r, a in zip(alert_records, alerts, strict=True)
+        if a.get("state") == "raised"
+        and a.get("rule") != "device_silent"
+        and (a["device_id"], a.get("seq")) in appended
+    )
     loss = accounting.account(raw.seqs, accounting.archived_seqs(archive), late, truth)
     intervals = {kind: int(seconds * 1000) for kind, seconds in DEFAULT_INTERVAL_S.items()}
     detection, verdicts = accounting.match_alerts(alerts, truth, intervals, raw.last_seq())
@@ -287,38 +385,53 @@ def _summarise(settings: Settings, options: DemoOptions, results: dict[str, Any]
         "options": {k: str(v) for k, v in options.__dict__.items()},
         "completed": drained and not interrupted,
         "messages": {
-            "simulated": simulator.get("sent"), "simulated_readings": simulator.get("readings"),
-            "gateway_received": gateway.get("received"), "gateway_forwarded": gateway.get("forwarded"),
+            "simulated": simulator.get("sent"),
+            "simulated_readings": simulator.get("readings"),
+            "gateway_received": gateway.get("received"),
+            "gateway_forwarded": gateway.get("forwarded"),
             "gateway_dead_lettered": gateway.get("dead_lettered"),
-            "kafka_raw_unique_readings": loss["unique_readings_in_kafka"], "kafka_raw_unparseable": raw.unparseable,
+            "kafka_raw_unique_readings": loss["unique_readings_in_kafka"],
+            "kafka_raw_unparseable": raw.unparseable,
             "stream": stream.get("totals", {}),
         },
         "dead_letters_by_stage_and_reason": dict(sorted(dead_reasons.items())),
         "loss": loss,
-        "duplicates": {"gateway_seen": gateway.get("duplicates"),
-                       "stream_removed": stream.get("totals", {}).get("duplicate")},
+        "duplicates": {
+            "gateway_seen": gateway.get("duplicates"),
+            "stream_removed": stream.get("totals", {}).get("duplicate"),
+        },
         "alerts": detection,
-        "latency_ms": {"gateway_delivery_p50": gateway.get("delivery_latency_ms_p50"),
-                       "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
-                       "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
-                       "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None},
+        "latency_ms": {
+            "gateway_delivery_p50": gateway.get("delivery_latency_ms_p50"),
+            "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
+            "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
+            "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+        },
         "closed_loop": closed_loop.summarise(audits, alerts, truth),
-        "dashboards": check_dashboards(settings, alerts, verdicts, raw.identities,
-                                       frozenset(a.device_id for a in audits)),
+        "dashboards": check_dashboards(
+            settings, alerts, verdicts, raw.identities, frozenset(a.device_id for a in audits)
+        ),
         "components": results,
     }
     folder = options.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
     report.write_alerts(folder, alerts, verdicts)
-    plots = [report.plot_stage_rates(folder, live), report.plot_closed_loop(folder, closed_loop.timings(audits, alerts)[1]),
-             *report.plot_devices(folder, archive, alerts, truth, verdicts)]
+    plots = [
+        report.plot_stage_rates(folder, live),
+        report.plot_closed_loop(folder, closed_loop.timings(audits, alerts)[1]),
+        *report.plot_devices(folder, archive, alerts, truth, verdicts),
+    ]
     summary["report"] = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
     report.write_summary(folder, summary)
     return summary
 
 
-def pick_values(alerts: list[dict[str, Any]], verdicts: dict[str, str],
-                identities: dict[str, tuple[str, str]], commanded: frozenset[str] = frozenset()) -> Picks | None:
+def pick_values(
+    alerts: list[dict[str, Any]],
+    verdicts: dict[str, str],
+    identities: dict[str, tuple[str, str]],
+    commanded: frozenset[str] = frozenset(),
+) -> Picks | None:
     """Dashboard variables as an operator would set them after this run: the site of a home
     device that raised an alert (one that was sent a command if any, so the device
     dashboard's command annotations have something to show; then one matching an injected
@@ -327,20 +440,38 @@ def pick_values(alerts: list[dict[str, Any]], verdicts: dict[str, str],
     homes = sorted(d for d, (kind, _) in identities.items() if kind in PRIMARY_METRIC and kind != "vehicle_edr")
     if not homes:
         return None
-    raised = sorted((a for a in alerts if a.get("state") == "raised" and a["device_id"] in homes
-                     and a.get("rule") != "device_silent"),
-                    key=lambda a: (a["device_id"] not in commanded, verdicts.get(a["alert_id"]) != "matched",
-                                   a.get("metric") is None))
+    raised = sorted(
+        (
+            a
+            for a in alerts
+            if a.get("state") == "raised" and a["device_id"] in homes and a.get("rule") != "device_silent"
+        ),
+        key=lambda a: (
+            a["device_id"] not in commanded,
+            verdicts.get(a["alert_id"]) != "matched",
+            a.get("metric") is None,
+        ),
+    )
     device, metric = (raised[0]["device_id"], raised[0].get("metric")) if raised else (homes[0], None)
     device_type, site = identities[device]
     vehicles = sorted(d for d, (kind, _) in identities.items() if kind == "vehicle_edr")
-    return Picks(site=site, device=device, metric=metric or PRIMARY_METRIC[device_type], instance=GATEWAY_ID,
-                 vehicles=vehicles, sites=sorted({where for _, where in identities.values()}))
+    return Picks(
+        site=site,
+        device=device,
+        metric=metric or PRIMARY_METRIC[device_type],
+        instance=GATEWAY_ID,
+        vehicles=vehicles,
+        sites=sorted({where for _, where in identities.values()}),
+    )
 
 
-def check_dashboards(settings: Settings, alerts: list[dict[str, Any]], verdicts: dict[str, str],
-                     identities: dict[str, tuple[str, str]], commanded: frozenset[str] = frozenset()
-                     ) -> dict[str, Any] | None:
+def check_dashboards(
+    settings: Settings,
+    alerts: list[dict[str, Any]],
+    verdicts: dict[str, str],
+    identities: dict[str, tuple[str, str]],
+    commanded: frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
     """Run every dashboard query (panels, variables, annotations) against the run's InfluxDB,
     with the variables set from the run; None when the stack runs without InfluxDB."""
     if not settings.influx.enabled:
@@ -358,48 +489,64 @@ def check_dashboards(settings: Settings, alerts: list[dict[str, Any]], verdicts:
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     messages, loss, alerts = summary["messages"], summary["loss"], summary["alerts"]
     stream = messages["stream"]
-    console.print("\n[bold]iotwatch demo summary[/bold]" + ("" if summary["completed"] else
-                                                          " [yellow](not fully drained)[/yellow]"))
-    console.print(f"  messages: simulated {messages['simulated']}, gateway received {messages['gateway_received']}, "
-                  f"forwarded {messages['gateway_forwarded']}, dead-lettered {messages['gateway_dead_lettered']}; "
-                  f"stream scored {stream.get('reading_records')}, duplicates {stream.get('duplicate')}, "
-                  f"late {stream.get('late')}, clock steps {stream.get('clock_steps', 0)}, dead-lettered {stream.get('dlq')}")
+    console.print(
+        "\n[bold]iotwatch demo summary[/bold]"
+        + ("" if summary["completed"] else " [yellow](not fully drained)[/yellow]")
+    )
+    console.print(
+        f"  messages: simulated {messages['simulated']}, gateway received {messages['gateway_received']}, "
+        f"forwarded {messages['gateway_forwarded']}, dead-lettered {messages['gateway_dead_lettered']}; "
+        f"stream scored {stream.get('reading_records')}, duplicates {stream.get('duplicate')}, "
+        f"late {stream.get('late')}, clock steps {stream.get('clock_steps', 0)}, dead-lettered {stream.get('dlq')}"
+    )
     style = "green" if loss["loss"] == 0 else "bold red"
-    console.print(f"  loss accounted by seq: [{style}]{loss['loss']}[/{style}] "
-                  f"({loss['unique_readings_in_kafka']} unique readings in Kafka, {loss['archived']} archived, "
-                  f"{loss['late']} late, {loss['declared_dropout_or_malformed_seqs']} seqs of injected dropouts or "
-                  "malformed payloads)")
+    console.print(
+        f"  loss accounted by seq: [{style}]{loss['loss']}[/{style}] "
+        f"({loss['unique_readings_in_kafka']} unique readings in Kafka, {loss['archived']} archived, "
+        f"{loss['late']} late, {loss['declared_dropout_or_malformed_seqs']} seqs of injected dropouts or "
+        "malformed payloads)"
+    )
     options = summary["options"]
     by_rule = ", ".join(f"{rule} {n}" for rule, n in alerts["false_alarms_by_rule"].items())
     judged = alerts["alerts_raised"] - alerts["end_of_run_silences"]
-    console.print(f"  alerts vs ground truth (anomalies injected after {float(options['anomalies_after_s']):g} s of "
-                  f"event time): recall {alerts['recall']} ({alerts['anomalies_detected']}/"
-                  f"{alerts['anomalies_injected']}), precision {alerts['precision']} "
-                  f"({alerts['alerts_matching_an_anomaly']} of {judged} raised alerts; "
-                  f"{alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
-                  f"median delay {alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}"
-                  + (f" ({by_rule})" if by_rule else ""))
+    console.print(
+        f"  alerts vs ground truth (anomalies injected after {float(options['anomalies_after_s']):g} s of "
+        f"event time): recall {alerts['recall']} ({alerts['anomalies_detected']}/"
+        f"{alerts['anomalies_injected']}), precision {alerts['precision']} "
+        f"({alerts['alerts_matching_an_anomaly']} of {judged} raised alerts; "
+        f"{alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
+        f"median delay {alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}"
+        + (f" ({by_rule})" if by_rule else "")
+    )
     for kind, stats in alerts["by_kind"].items():
         delay = "n/a (silence is judged in wall time)" if kind == "dropout" else f"{stats['median_delay_s']} s"
-        console.print(f"    {kind:<14} recall {stats['recall']:<6} ({stats['detected']}/{stats['injected']}) "
-                      f"median delay {delay}")
+        console.print(
+            f"    {kind:<14} recall {stats['recall']:<6} ({stats['detected']}/{stats['injected']}) median delay {delay}"
+        )
     latency = summary["latency_ms"]
-    console.print(f"  latency: gateway delivery p50/p99 {latency['gateway_delivery_p50']}/"
-                  f"{latency['gateway_delivery_p99']} ms; reading in Kafka to alert in Kafka p50/p99 "
-                  f"{latency['raw_append_to_alert_p50']}/{latency['raw_append_to_alert_p99']} ms")
+    console.print(
+        f"  latency: gateway delivery p50/p99 {latency['gateway_delivery_p50']}/"
+        f"{latency['gateway_delivery_p99']} ms; reading in Kafka to alert in Kafka p50/p99 "
+        f"{latency['raw_append_to_alert_p50']}/{latency['raw_append_to_alert_p99']} ms"
+    )
     loop = summary.get("closed_loop")
     if loop:
+
         def p50_p99(name: str) -> str:
             return f"{loop[name]['p50']}/{loop[name]['p99']} s"
 
-        console.print(f"  closed loop: {loop['commands']} commands {loop['outcomes']}, "
-                      f"{loop['anomalies_ended_by_command']} anomalies ended by a command; p50/p99 alert to command "
-                      f"{p50_p99('time_to_command_s')}, command to device ack {p50_p99('time_to_device_ack_s')}, "
-                      f"command to alert cleared {p50_p99('time_to_recovery_s')}")
+        console.print(
+            f"  closed loop: {loop['commands']} commands {loop['outcomes']}, "
+            f"{loop['anomalies_ended_by_command']} anomalies ended by a command; p50/p99 alert to command "
+            f"{p50_p99('time_to_command_s')}, command to device ack {p50_p99('time_to_device_ack_s')}, "
+            f"command to alert cleared {p50_p99('time_to_recovery_s')}"
+        )
     oncall = summary.get("oncall")
     if oncall:
-        console.print(f"  on-call: {oncall['notifications_received']} notifications to the demo receiver, "
-                      f"{oncall['acknowledged_by_demo']} alerts acknowledged by {ON_CALL}")
+        console.print(
+            f"  on-call: {oncall['notifications_received']} notifications to the demo receiver, "
+            f"{oncall['acknowledged_by_demo']} alerts acknowledged by {ON_CALL}"
+        )
     print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")
     if summary.get("stack"):
@@ -414,10 +561,12 @@ def print_dashboards(console: Console, result: dict[str, Any] | None) -> None:
     else:
         complete = result["queries_with_data"] == result["queries_checked"]
         style = "green" if complete else "yellow"
-        console.print(f"  dashboards: [{style}]{result['queries_with_data']}/{result['queries_checked']}[/{style}] "
-                      f"queries return data ({result['dashboards']} dashboards: panels, variables, annotations; "
-                      f"site {result['values']['site']}, device {result['values']['device']})"
-                      + ("" if complete else "; no data: " + ", ".join(result["empty"] + list(result["errors"]))))
+        console.print(
+            f"  dashboards: [{style}]{result['queries_with_data']}/{result['queries_checked']}[/{style}] "
+            f"queries return data ({result['dashboards']} dashboards: panels, variables, annotations; "
+            f"site {result['values']['site']}, device {result['values']['device']})"
+            + ("" if complete else "; no data: " + ", ".join(result["empty"] + list(result["errors"])))
+        )
 
 
 def print_kept_stack(console: Console, stack: dict[str, Any]) -> None:
@@ -427,8 +576,10 @@ def print_kept_stack(console: Console, stack: dict[str, Any]) -> None:
         if endpoint:
             console.print(f"    {role:<7}{endpoint}")
     if stack["endpoints"].get("influx"):
-        console.print(f"    Grafana: iotwatch dashboards push --url http://GRAFANA:3000 --influx-url "
-                      f"{stack['endpoints']['influx']} --database {stack['influx_database']}")
+        console.print(
+            f"    Grafana: iotwatch dashboards push --url http://GRAFANA:3000 --influx-url "
+            f"{stack['endpoints']['influx']} --database {stack['influx_database']}"
+        )
     console.print("    other shells: " + " ".join(f"export {k}={v};" for k, v in stack["env"].items()))
     console.print(f"    stop it with: {stack['stop']}")
 
@@ -437,5 +588,3 @@ def check_prerequisites() -> None:
     from iotwatch.spark import require_java
 
     require_java()
-    if sys.version_info < (3, 11):
-        raise IotwatchError("Python 3.11 or newer is needed")

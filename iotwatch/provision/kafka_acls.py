@@ -49,13 +49,19 @@ def service_grants(topics: TopicSettings) -> list[Grant]:
     access: dict[str, dict[Operation, list[str]]] = {
         "gateway": {"read": [], "write": [topics.raw, topics.dlq]},
         "stream": {"read": [topics.raw, topics.model_updates], "write": [topics.alerts, topics.dlq]},
-        "responder": {"read": [topics.alerts, topics.commands],
-                      "write": [topics.commands, topics.alerts, topics.dlq]},
+        "responder": {"read": [topics.alerts, topics.commands], "write": [topics.commands, topics.alerts, topics.dlq]},
     }
-    grants = [Grant(user, "topic", topic, operation)
-              for user, by_operation in access.items() for operation, names in by_operation.items() for topic in names]
-    grants += [Grant(user, "group", prefix, "read", prefixed=True)
-               for user, prefixes in GROUP_PREFIXES.items() for prefix in prefixes]
+    grants = [
+        Grant(user, "topic", topic, operation)
+        for user, by_operation in access.items()
+        for operation, names in by_operation.items()
+        for topic in names
+    ]
+    grants += [
+        Grant(user, "group", prefix, "read", prefixed=True)
+        for user, prefixes in GROUP_PREFIXES.items()
+        for prefix in prefixes
+    ]
     return grants
 
 
@@ -63,12 +69,18 @@ def acl_bindings(grants: list[Grant]) -> list[Any]:
     """The confluent-kafka ``AclBinding`` of each grant (any host)."""
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-    return [AclBinding(ResourceType.TOPIC if grant.resource == "topic" else ResourceType.GROUP, grant.name,
-                       ResourcePatternType.PREFIXED if grant.prefixed else ResourcePatternType.LITERAL,
-                       f"User:{grant.user}", "*",
-                       AclOperation.READ if grant.operation == "read" else AclOperation.WRITE,
-                       AclPermissionType.ALLOW)
-            for grant in grants]
+    return [
+        AclBinding(
+            ResourceType.TOPIC if grant.resource == "topic" else ResourceType.GROUP,
+            grant.name,
+            ResourcePatternType.PREFIXED if grant.prefixed else ResourcePatternType.LITERAL,
+            f"User:{grant.user}",
+            "*",
+            AclOperation.READ if grant.operation == "read" else AclOperation.WRITE,
+            AclPermissionType.ALLOW,
+        )
+        for grant in grants
+    ]
 
 
 def apply_grants(settings: KafkaSettings, grants: list[Grant], timeout_s: float = 15.0) -> int:

@@ -72,10 +72,17 @@ class FleetCredentials:
     removed: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
-        return {"out_dir": str(self.out_dir), "devices": self.devices, "created": len(self.created),
-                "kept": len(self.kept), "rotated": len(self.rotated), "removed": len(self.removed),
-                "password_file": str(self.out_dir / PASSWD_FILE), "acl_file": str(self.out_dir / ACL_FILE),
-                "credentials_dir": str(self.out_dir / CREDENTIALS_DIR)}
+        return {
+            "out_dir": str(self.out_dir),
+            "devices": self.devices,
+            "created": len(self.created),
+            "kept": len(self.kept),
+            "rotated": len(self.rotated),
+            "removed": len(self.removed),
+            "password_file": str(self.out_dir / PASSWD_FILE),
+            "acl_file": str(self.out_dir / ACL_FILE),
+            "credentials_dir": str(self.out_dir / CREDENTIALS_DIR),
+        }
 
 
 def read_fleet(path: Path) -> list[DeviceIdentity]:
@@ -101,8 +108,9 @@ def read_fleet(path: Path) -> list[DeviceIdentity]:
         except msgspec.ValidationError as exc:
             raise ValueError(f"fleet file {path}:{line}: {exc}") from exc
         if ":" in device.device_id:
-            raise ValueError(f"fleet file {path}:{line}: device_id {device.device_id!r} is a user name here "
-                             "and must not contain ':'")
+            raise ValueError(
+                f"fleet file {path}:{line}: device_id {device.device_id!r} is a user name here and must not contain ':'"
+            )
         if device.device_id in seen:
             raise ValueError(f"fleet file {path}:{line}: device_id {device.device_id!r} is listed twice")
         seen.add(device.device_id)
@@ -122,12 +130,15 @@ def device_acl(devices: list[DeviceIdentity]) -> str:
     lines = ["# iotwatch provision mqtt: one block per device; regenerate, do not edit"]
     for device in devices:
         topics = device.topics()
-        lines += ["", f"user {device.device_id}",
-                  f"topic write {topics['telemetry']}",
-                  f"topic write {topics['status']}",
-                  f"topic read {topics['commands']}",
-                  f"topic write {topics['command_ack']}",
-                  f"topic write {topics['twin_reported']}"]
+        lines += [
+            "",
+            f"user {device.device_id}",
+            f"topic write {topics['telemetry']}",
+            f"topic write {topics['status']}",
+            f"topic read {topics['commands']}",
+            f"topic write {topics['command_ack']}",
+            f"topic write {topics['twin_reported']}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -148,9 +159,20 @@ def provision_fleet(devices: list[DeviceIdentity], out_dir: Path, *, rotate: boo
             password = secrets.token_urlsafe(24)
         else:
             result.kept.append(device.device_id)
-        write_private(path, json.dumps({"username": device.device_id, "password": password,
-                                        "client_id": device.device_id, **msgspec.to_builtins(device),
-                                        "topics": device.topics()}, indent=2) + "\n")
+        write_private(
+            path,
+            json.dumps(
+                {
+                    "username": device.device_id,
+                    "password": password,
+                    "client_id": device.device_id,
+                    **msgspec.to_builtins(device),
+                    "topics": device.topics(),
+                },
+                indent=2,
+            )
+            + "\n",
+        )
         passwd_lines.append(f"{device.device_id}:{hash_password(password)}\n")
     write_private(out_dir / PASSWD_FILE, "".join(passwd_lines))
     write_private(out_dir / ACL_FILE, device_acl(devices))
@@ -168,8 +190,10 @@ def _existing_password(path: Path) -> str | None:
     try:
         password = json.loads(path.read_text())["password"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path} is not a credentials file written by iotwatch provision mqtt "
-                         f"({type(exc).__name__}); delete it or pass --rotate") from exc
+        raise ValueError(
+            f"{path} is not a credentials file written by iotwatch provision mqtt "
+            f"({type(exc).__name__}); delete it or pass --rotate"
+        ) from exc
     if not isinstance(password, str) or not password:
         raise ValueError(f"{path} holds no password; delete it or pass --rotate")
     return password

@@ -32,8 +32,12 @@ class TlsFiles:
     days: int
 
     def summary(self) -> dict[str, object]:
-        return {"out_dir": str(self.out_dir), "hosts": list(self.hosts), "days": self.days,
-                **{name.replace(".", "_"): str(self.out_dir / name) for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)}}
+        return {
+            "out_dir": str(self.out_dir),
+            "hosts": list(self.hosts),
+            "days": self.days,
+            **{name.replace(".", "_"): str(self.out_dir / name) for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)},
+        }
 
 
 def subject_alt_names(hosts: list[str]) -> str:
@@ -66,18 +70,50 @@ def make_certificates(out_dir: Path, hosts: list[str], days: int = 825, *, new_c
     out_dir.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = out_dir / CA_CERT, out_dir / CA_KEY
     if new_ca or not (ca_cert.exists() and ca_key.exists()):
-        _run(openssl, "req", "-x509", *_EC_KEY, "-keyout", ca_key, "-out", ca_cert, "-days", str(days),
-             "-subj", "/CN=iotwatch MQTT CA",
-             "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        _run(
+            openssl,
+            "req",
+            "-x509",
+            *_EC_KEY,
+            "-keyout",
+            ca_key,
+            "-out",
+            ca_cert,
+            "-days",
+            str(days),
+            "-subj",
+            "/CN=iotwatch MQTT CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE,pathlen:0",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
     csr, extensions = out_dir / "server.csr", out_dir / "server.ext"
-    _run(openssl, "req", "-new", *_EC_KEY, "-keyout", out_dir / SERVER_KEY, "-out", csr,
-         "-subj", f"/CN={hosts[0]}")
-    extensions.write_text(f"basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-                          f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n")
+    _run(openssl, "req", "-new", *_EC_KEY, "-keyout", out_dir / SERVER_KEY, "-out", csr, "-subj", f"/CN={hosts[0]}")
+    extensions.write_text(
+        f"basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n"
+    )
     try:
-        _run(openssl, "x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial",
-             "-out", out_dir / SERVER_CERT, "-days", str(days), "-sha256", "-extfile", extensions)
+        _run(
+            openssl,
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca_cert,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            out_dir / SERVER_CERT,
+            "-days",
+            str(days),
+            "-sha256",
+            "-extfile",
+            extensions,
+        )
     finally:
         csr.unlink(missing_ok=True)
         extensions.unlink(missing_ok=True)

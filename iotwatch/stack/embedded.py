@@ -46,8 +46,9 @@ class StackState:
     started_at: float = field(default_factory=time.time)
 
     def endpoints(self) -> dict[str, str | None]:
-        return {role: (svc.endpoint if (svc := self.services.get(role)) else None)
-                for role in ("mqtt", "kafka", "influx")}
+        return {
+            role: (svc.endpoint if (svc := self.services.get(role)) else None) for role in ("mqtt", "kafka", "influx")
+        }
 
     def apply_to(self, settings: Settings) -> Settings:
         """The settings with this stack's endpoints (InfluxDB disabled if it did not start)."""
@@ -57,8 +58,11 @@ class StackState:
     def env(self) -> dict[str, str]:
         """IOTWATCH_* variables pointing another process at this stack."""
         ends = self.endpoints()
-        variables = {"IOTWATCH_MQTT_URL": ends["mqtt"] or "", "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS": ends["kafka"] or "",
-                     "IOTWATCH_INFLUX_URL": ends["influx"] or ""}
+        variables = {
+            "IOTWATCH_MQTT_URL": ends["mqtt"] or "",
+            "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS": ends["kafka"] or "",
+            "IOTWATCH_INFLUX_URL": ends["influx"] or "",
+        }
         if self.database:
             variables["IOTWATCH_INFLUX_DATABASE"] = self.database
         return variables
@@ -88,8 +92,7 @@ class StackState:
             return None
         data = json.loads(path.read_text())
         services = {role: RunningService.from_dict(svc) for role, svc in data["services"].items()}
-        return cls(run_dir, services, data["topics"], data["partitions"], data["influx_database"],
-                   data["started_at"])
+        return cls(run_dir, services, data["topics"], data["partitions"], data["influx_database"], data["started_at"])
 
 
 def last_stack_file() -> Path:
@@ -143,8 +146,10 @@ class EmbeddedStack:
         existing = StackState.load(self.run_dir)
         if existing is not None:
             if all(svc.process.is_running() for svc in existing.services.values()):
-                raise StackError(f"a stack is already running from {self.run_dir} "
-                                 f"(iotwatch stack down --run-dir {self.run_dir} first)")
+                raise StackError(
+                    f"a stack is already running from {self.run_dir} "
+                    f"(iotwatch stack down --run-dir {self.run_dir} first)"
+                )
             self._stop_services(existing)  # stale: some servers died; clear the rest
             (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -173,8 +178,10 @@ class EmbeddedStack:
         if choice == "none":
             return False
         if choice == "auto" and influxd_binary() is None:
-            log.warning("influxd not found: the stack runs without InfluxDB "
-                        "(apt-get install -y influxdb to get metrics and dashboards)")
+            log.warning(
+                "influxd not found: the stack runs without InfluxDB "
+                "(apt-get install -y influxdb to get metrics and dashboards)"
+            )
             return False
         return True
 
@@ -225,14 +232,22 @@ class EmbeddedStack:
         if state is None:
             return {"run_dir": str(self.run_dir), "up": False, "services": {}}
         services = {role: _service_status(svc, state) for role, svc in state.services.items()}
-        return {"run_dir": str(self.run_dir), "up": all(s["healthy"] for s in services.values()),
-                "endpoints": state.endpoints(), "services": services}
+        return {
+            "run_dir": str(self.run_dir),
+            "up": all(s["healthy"] for s in services.values()),
+            "endpoints": state.endpoints(),
+            "services": services,
+        }
 
 
 def _service_status(service: RunningService, state: StackState) -> dict[str, Any]:
-    result: dict[str, Any] = {"implementation": service.implementation, "endpoint": service.endpoint,
-                              "pid": service.process.pid, "running": service.process.is_running(),
-                              "log": service.process.log_file}
+    result: dict[str, Any] = {
+        "implementation": service.implementation,
+        "endpoint": service.endpoint,
+        "pid": service.process.pid,
+        "running": service.process.is_running(),
+        "log": service.process.log_file,
+    }
     if not result["running"]:
         return {**result, "healthy": False, "detail": "process is not running"}
     try:

@@ -22,8 +22,10 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float) -> RunningSer
     """Start influxd on free ports (HTTP and its RPC bind), wait for /ping, create the database."""
     binary = influxd_binary()
     if not binary:
-        raise StackError("influxd is not installed: apt-get install -y influxdb "
-                         "(or set IOTWATCH_STACK_INFLUXDB=none to run without metrics)")
+        raise StackError(
+            "influxd is not installed: apt-get install -y influxdb "
+            "(or set IOTWATCH_STACK_INFLUXDB=none to run without metrics)"
+        )
     base = run_dir / "influxdb"
     for sub in ("meta", "data", "wal"):
         (base / sub).mkdir(parents=True, exist_ok=True)
@@ -42,8 +44,12 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float) -> RunningSer
     endpoint = f"http://{HOST}:{http_port}"
     client = InfluxV1Client(InfluxSettings(url=endpoint, database=database))
     versions: list[str] = []
-    wait_until(lambda: bool(versions.append(client.ping()) or True), timeout_s=timeout_s,
-               what=f"InfluxDB on port {http_port}", record=record)
+    wait_until(
+        lambda: bool(versions.append(client.ping()) or True),
+        timeout_s=timeout_s,
+        what=f"InfluxDB on port {http_port}",
+        record=record,
+    )
     client.create_database()
     client.close()
     return RunningService("influx", f"influxd {versions[-1]}", endpoint, record)

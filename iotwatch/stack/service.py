@@ -18,10 +18,13 @@ class RunningService:
     process: ProcessRecord
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "implementation": self.implementation, "endpoint": self.endpoint,
-                "process": self.process.to_dict()}
+        return {
+            "role": self.role,
+            "implementation": self.implementation,
+            "endpoint": self.endpoint,
+            "process": self.process.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunningService:
-        return cls(data["role"], data["implementation"], data["endpoint"],
-                   ProcessRecord.from_dict(data["process"]))
+        return cls(data["role"], data["implementation"], data["endpoint"], ProcessRecord.from_dict(data["process"]))

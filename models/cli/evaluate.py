@@ -18,9 +18,20 @@ from models.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, Sim
 __all__ = ["evaluate", "default_dataset"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
-DEFAULT_EVALUATED = tuple(dict.fromkeys(
-    (DEFAULT_DETECTOR, "hst_ranked", "half_space_trees", "tail_ensemble", "ensemble", "isolation_forest",
-     "robust_zscore", "holt_winters")))
+DEFAULT_EVALUATED = tuple(
+    dict.fromkeys(
+        (
+            DEFAULT_DETECTOR,
+            "hst_ranked",
+            "half_space_trees",
+            "tail_ensemble",
+            "ensemble",
+            "isolation_forest",
+            "robust_zscore",
+            "holt_winters",
+        )
+    )
+)
 
 
 def default_dataset() -> Path:
@@ -35,22 +46,47 @@ def _render(result: dict[str, Any]) -> None:
     console = Console()
     for name, det in result["detectors"].items():
         table = Table(title=f"{name}  (threshold {det['threshold']:.6g}, profile {result['profile']})")
-        for column in ("stream / group", "NAB", "windows", "recall", "precision", "F1",
-                       "delay rows", "delay h", "FA/day"):
+        for column in (
+            "stream / group",
+            "NAB",
+            "windows",
+            "recall",
+            "precision",
+            "F1",
+            "delay rows",
+            "delay h",
+            "FA/day",
+        ):
             first = column == "stream / group"
-            table.add_column(column, justify="left" if first else "right", overflow="fold" if first else "ellipsis",
-                             min_width=20 if first else None)
-        rows = [*det["streams"].items(), *((f"[b]{g}[/b]", s) for g, s in det["groups"].items()),
-                ("[b]overall[/b]", det["overall"])]
+            table.add_column(
+                column,
+                justify="left" if first else "right",
+                overflow="fold" if first else "ellipsis",
+                min_width=20 if first else None,
+            )
+        rows = [
+            *det["streams"].items(),
+            *((f"[b]{g}[/b]", s) for g, s in det["groups"].items()),
+            ("[b]overall[/b]", det["overall"]),
+        ]
         for label, s in rows:
             delay_h = None if s["median_delay_s"] is None else s["median_delay_s"] / 3600
-            table.add_row(label, _f(s["nab_score"], 1), f"{s['detected_windows']}/{s['windows']}", _f(s["recall"]),
-                          _f(s["precision"]), _f(s["f1"]), _f(s["median_delay_rows"], 0), _f(delay_h, 1),
-                          _f(s["false_alarms_per_device_day"], 3))
+            table.add_row(
+                label,
+                _f(s["nab_score"], 1),
+                f"{s['detected_windows']}/{s['windows']}",
+                _f(s["recall"]),
+                _f(s["precision"]),
+                _f(s["f1"]),
+                _f(s["median_delay_rows"], 0),
+                _f(delay_h, 1),
+                _f(s["false_alarms_per_device_day"], 3),
+            )
         console.print(table)
     summary = ", ".join(f"{n} {d['overall']['nab_score']}" for n, d in result["detectors"].items())
-    console.print(f"NAB {result['profile']} score on {result['streams']} streams / {result['windows']} windows: "
-                  f"{summary}")
+    console.print(
+        f"NAB {result['profile']} score on {result['streams']} streams / {result['windows']} windows: {summary}"
+    )
 
 
 def _render_simulated(result: dict[str, Any]) -> None:
@@ -59,42 +95,79 @@ def _render_simulated(result: dict[str, Any]) -> None:
 
     console = Console()
     sim = result["simulation"]
-    console.print(f"Simulated fleet: {sim['devices']} devices ({sim['homes']} homes, {sim['vehicles']} vehicles), "
-                  f"{sim['days']:g} days, seed {sim['seed']}, {sim['messages']} messages, home readings every "
-                  f"{sim['home_interval_s']:g} s, vehicle every {sim['vehicle_interval_s']:g} s; "
-                  f"{sum(sim['anomalies'].values())} anomalies; transport faults {'on' if sim['faults'] else 'off'}")
+    console.print(
+        f"Simulated fleet: {sim['devices']} devices ({sim['homes']} homes, {sim['vehicles']} vehicles), "
+        f"{sim['days']:g} days, seed {sim['seed']}, {sim['messages']} messages, home readings every "
+        f"{sim['home_interval_s']:g} s, vehicle every {sim['vehicle_interval_s']:g} s; "
+        f"{sum(sim['anomalies'].values())} anomalies; transport faults {'on' if sim['faults'] else 'off'}"
+    )
     goals = result["goals"]
     for name, run in result["configs"].items():
-        table = Table(title=f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
-                            f"<= {goals['false_alarms_per_device_day']:g} false alarm per device-day, "
-                            f"median delay <= {goals['median_delay_readings']} readings, drift median delay "
-                            f"<= {goals['drift_median_delay_s']:g} s)")
-        for column in ("kind", "windows", "recall", "precision", "F1", "delay rd med", "delay rd p90",
-                       "delay s med", "delay s p90", "rule FA/dev-day", "detected by"):
+        table = Table(
+            title=f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
+            f"<= {goals['false_alarms_per_device_day']:g} false alarm per device-day, "
+            f"median delay <= {goals['median_delay_readings']} readings, drift median delay "
+            f"<= {goals['drift_median_delay_s']:g} s)"
+        )
+        for column in (
+            "kind",
+            "windows",
+            "recall",
+            "precision",
+            "F1",
+            "delay rd med",
+            "delay rd p90",
+            "delay s med",
+            "delay s p90",
+            "rule FA/dev-day",
+            "detected by",
+        ):
             table.add_column(column, justify="left" if column in ("kind", "detected by") else "right")
         rows = [*run["kinds"].items(), ("[b]overall[/b]", run["overall"])]
         for label, k in rows:
-            table.add_row(label, f"{k['detected']}/{k['windows']}", _f(k["recall"]), _f(k["precision"]), _f(k["f1"]),
-                          _f(k["median_delay_readings"], 1), _f(k["p90_delay_readings"], 1),
-                          _f(k["median_delay_s"], 0), _f(k["p90_delay_s"], 0),
-                          _f(k["false_alarms_per_device_day"], 3),
-                          ", ".join(f"{r} {n}" for r, n in k.get("detected_by", {}).items()))
+            table.add_row(
+                label,
+                f"{k['detected']}/{k['windows']}",
+                _f(k["recall"]),
+                _f(k["precision"]),
+                _f(k["f1"]),
+                _f(k["median_delay_readings"], 1),
+                _f(k["p90_delay_readings"], 1),
+                _f(k["median_delay_s"], 0),
+                _f(k["p90_delay_s"], 0),
+                _f(k["false_alarms_per_device_day"], 3),
+                ", ".join(f"{r} {n}" for r, n in k.get("detected_by", {}).items()),
+            )
         console.print(table)
         rules_table = Table(title=f"{name}: raised alerts per rule ({run['overall']['device_days']} device-days)")
         for column in ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"):
             rules_table.add_column(column, justify="left" if column == "rule" else "right")
         for rule, r in run["rules"].items():
-            rules_table.add_row(rule, str(r["alerts"]), str(r["true"]), str(r["related"]), str(r["false"]),
-                                _f(r["precision"]), _f(r["false_alarms_per_device_day"], 3))
+            rules_table.add_row(
+                rule,
+                str(r["alerts"]),
+                str(r["true"]),
+                str(r["related"]),
+                str(r["false"]),
+                _f(r["precision"]),
+                _f(r["false_alarms_per_device_day"], 3),
+            )
         console.print(rules_table)
         met = run.get("goals", {})
         if met:
-            console.print(f"{name} goals: " + ", ".join(
-                f"{goal} {_f(g['value'], 3)} ({'>=' if goal == 'recall' else '<='} {g['goal']:g}: "
-                f"{'met' if g['met'] else 'NOT met'})" for goal, g in met.items()))
+            console.print(
+                f"{name} goals: "
+                + ", ".join(
+                    f"{goal} {_f(g['value'], 3)} ({'>=' if goal == 'recall' else '<='} {g['goal']:g}: "
+                    f"{'met' if g['met'] else 'NOT met'})"
+                    for goal, g in met.items()
+                )
+            )
         overrides = run["overrides"]
-        console.print(f"{name} settings: " + (", ".join(f"{k}={v!r}" for k, v in overrides.items())
-                                              if overrides else "the StreamSettings defaults"))
+        console.print(
+            f"{name} settings: "
+            + (", ".join(f"{k}={v!r}" for k, v in overrides.items()) if overrides else "the StreamSettings defaults")
+        )
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -102,42 +175,104 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 
 @click.command("evaluate")
-@click.option("--simulated", is_flag=True,
-              help="Alerts of the streaming job's per-device logic on a simulated fleet, matched to the "
-                   "simulator's ground truth (current defaults vs recommended settings).")
+@click.option(
+    "--simulated",
+    is_flag=True,
+    help="Alerts of the streaming job's per-device logic on a simulated fleet, matched to the "
+    "simulator's ground truth (current defaults vs recommended settings).",
+)
 @click.option("--homes", default=20, show_default=True, type=click.IntRange(0), help="--simulated: homes.")
 @click.option("--vehicles", default=6, show_default=True, type=click.IntRange(0), help="--simulated: vehicles.")
-@click.option("--days", default=2.0, show_default=True, type=click.FloatRange(0.2), help="--simulated: event-time days.")
+@click.option(
+    "--days", default=2.0, show_default=True, type=click.FloatRange(0.2), help="--simulated: event-time days."
+)
 @click.option("--seed", default=7, show_default=True, type=int, help="--simulated: simulator seed.")
-@click.option("--home-interval", "home_interval_s", default=30.0, show_default=True, type=click.FloatRange(0.1),
-              help="--simulated: seconds between readings of home devices (the live default is 1).")
-@click.option("--vehicle-interval", "vehicle_interval_s", default=5.0, show_default=True,
-              type=click.FloatRange(0.05), help="--simulated: seconds between vehicle readings (live: 0.1).")
-@click.option("--anomalies-per-day", default=2.0, show_default=True, type=click.FloatRange(0.0),
-              help="--simulated: injected anomalies per device-day.")
+@click.option(
+    "--home-interval",
+    "home_interval_s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    help="--simulated: seconds between readings of home devices (the live default is 1).",
+)
+@click.option(
+    "--vehicle-interval",
+    "vehicle_interval_s",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.05),
+    help="--simulated: seconds between vehicle readings (live: 0.1).",
+)
+@click.option(
+    "--anomalies-per-day",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.0),
+    help="--simulated: injected anomalies per device-day.",
+)
 @click.option("--faults", is_flag=True, help="--simulated: inject transport faults too (2 per device-day).")
-@click.option("--grace", "grace_readings", default=3, show_default=True, type=click.IntRange(0),
-              help="--simulated: readings after an anomaly's end an alert still detects it.")
-@click.option("--dataset", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="NAB-layout directory (data/<group>/<file>.csv, windows.json); default: the NAB sample "
-                   "shipped with iotwatch (7 streams; pass the whole NAB corpus for figures comparable with "
-                   "NAB's scoreboard).")
-@click.option("--readings", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Simulator readings JSONL (use with --truth instead of --dataset).")
-@click.option("--truth", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Simulator ground-truth JSONL (device_id, kind, start_ts, end_ts).")
-@click.option("--detector", "detectors", multiple=True, type=click.Choice(names()),
-              help=f"Detector to evaluate (repeatable; default: {', '.join(DEFAULT_EVALUATED)}).")
-@click.option("--split", "split", type=click.Choice(["tuning", "held_out"]),
-              help="Only the streams of this half of the nab-dev split (models/evaluation/nab_split.json): "
-                   "detector parameters were chosen on 'tuning'; 'held_out' checks them.")
-@click.option("--profile", default="standard", show_default=True, type=click.Choice(sorted(PROFILES)),
-              help="NAB cost profile.")
+@click.option(
+    "--grace",
+    "grace_readings",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
+    help="--simulated: readings after an anomaly's end an alert still detects it.",
+)
+@click.option(
+    "--dataset",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="NAB-layout directory (data/<group>/<file>.csv, windows.json); default: the NAB sample "
+    "shipped with iotwatch (7 streams; pass the whole NAB corpus for figures comparable with "
+    "NAB's scoreboard).",
+)
+@click.option(
+    "--readings",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Simulator readings JSONL (use with --truth instead of --dataset).",
+)
+@click.option(
+    "--truth",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Simulator ground-truth JSONL (device_id, kind, start_ts, end_ts).",
+)
+@click.option(
+    "--detector",
+    "detectors",
+    multiple=True,
+    type=click.Choice(names()),
+    help=f"Detector to evaluate (repeatable; default: {', '.join(DEFAULT_EVALUATED)}).",
+)
+@click.option(
+    "--split",
+    "split",
+    type=click.Choice(["tuning", "held_out"]),
+    help="Only the streams of this half of the nab-dev split (models/evaluation/nab_split.json): "
+    "detector parameters were chosen on 'tuning'; 'held_out' checks them.",
+)
+@click.option(
+    "--profile", default="standard", show_default=True, type=click.Choice(sorted(PROFILES)), help="NAB cost profile."
+)
 @json_option
-def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int, home_interval_s: float,
-             vehicle_interval_s: float, anomalies_per_day: float, faults: bool, grace_readings: int,
-             dataset: Path | None, readings: Path | None, truth: Path | None, detectors: tuple[str, ...],
-             split: str | None, profile: str, as_json: bool) -> None:
+def evaluate(
+    simulated: bool,
+    homes: int,
+    vehicles: int,
+    days: float,
+    seed: int,
+    home_interval_s: float,
+    vehicle_interval_s: float,
+    anomalies_per_day: float,
+    faults: bool,
+    grace_readings: int,
+    dataset: Path | None,
+    readings: Path | None,
+    truth: Path | None,
+    detectors: tuple[str, ...],
+    split: str | None,
+    profile: str,
+    as_json: bool,
+) -> None:
     """Run detectors over labelled streams; report NAB score, precision/recall/F1,
     detection delay and false alarms per device-day, per stream, group and overall.
 
@@ -150,9 +285,17 @@ def evaluate(simulated: bool, homes: int, vehicles: int, days: float, seed: int,
             raise IotwatchError("--simulated takes no --dataset, --readings, --truth, --detector or --split")
         from models.evaluation.simulated import evaluate_simulated
 
-        result = evaluate_simulated(homes, vehicles, days, seed, grace_readings=grace_readings,
-                                    home_interval_s=home_interval_s, vehicle_interval_s=vehicle_interval_s,
-                                    anomalies_per_day=anomalies_per_day, faults=faults)
+        result = evaluate_simulated(
+            homes,
+            vehicles,
+            days,
+            seed,
+            grace_readings=grace_readings,
+            home_interval_s=home_interval_s,
+            vehicle_interval_s=vehicle_interval_s,
+            anomalies_per_day=anomalies_per_day,
+            faults=faults,
+        )
         emit(result, as_json, _render_simulated)
         return
     source: LabelledSource

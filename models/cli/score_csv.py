@@ -49,8 +49,10 @@ def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> 
     warmup = model.warmup_readings()
     warning = None
     if len(t_ms) < warmup:
-        warning = (f"{source.name} has {len(t_ms)} rows, fewer than the {warmup} readings {detector} learns from "
-                   f"before it scores: every score is 0 (a detector with a shorter warm-up: --detector robust_zscore)")
+        warning = (
+            f"{source.name} has {len(t_ms)} rows, fewer than the {warmup} readings {detector} learns from "
+            f"before it scores: every score is 0 (a detector with a shorter warm-up: --detector robust_zscore)"
+        )
         log.warning("%s", warning)
     scores = model.score_learn_many(values.reshape(-1, 1), t_ms, ["value"])
     scores = np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
@@ -59,10 +61,17 @@ def score_file(source: Path, target: Path, detector: str = DEFAULT_DETECTOR) -> 
         writer.writerow(["timestamp", "value", "anomaly_score"])
         for stamp, value, score in zip(raw["timestamp"], raw["value"], scores.tolist(), strict=True):
             writer.writerow([stamp, value, f"{score:.6f}"])
-    return {"input": str(source), "output": str(target), "detector": detector, "rows": len(t_ms),
-            "max_score": round(float(scores.max()), 6) if len(scores) else None, "warmup_readings": warmup,
-            "warning": warning, "out_of_order": int(len(late)),
-            "out_of_order_lines": late[:LISTED_OUT_OF_ORDER].tolist()}
+    return {
+        "input": str(source),
+        "output": str(target),
+        "detector": detector,
+        "rows": len(t_ms),
+        "max_score": round(float(scores.max()), 6) if len(scores) else None,
+        "warmup_readings": warmup,
+        "warning": warning,
+        "out_of_order": int(len(late)),
+        "out_of_order_lines": late[:LISTED_OUT_OF_ORDER].tolist(),
+    }
 
 
 def check_values(source: Path, values: np.ndarray, raw: pd.DataFrame) -> None:
@@ -77,8 +86,13 @@ def check_values(source: Path, values: np.ndarray, raw: pd.DataFrame) -> None:
 @click.command("score-csv")
 @click.argument("source", metavar="IN.csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("target", metavar="OUT.csv", type=click.Path(dir_okay=False, writable=True, path_type=Path))
-@click.option("--detector", default=DEFAULT_DETECTOR, show_default=True, type=click.Choice(names()),
-              help="Detector from the catalog.")
+@click.option(
+    "--detector",
+    default=DEFAULT_DETECTOR,
+    show_default=True,
+    type=click.Choice(names()),
+    help="Detector from the catalog.",
+)
 @json_option
 def score_csv(source: Path, target: Path, detector: str, as_json: bool) -> None:
     """Score a timestamp,value CSV (NAB format) row by row, in order, with no look-ahead.
@@ -89,7 +103,10 @@ def score_csv(source: Path, target: Path, detector: str, as_json: bool) -> None:
     result = score_file(source, target, detector)
     if result["out_of_order"]:
         more = result["out_of_order"] - len(result["out_of_order_lines"])
-        click.echo(f"warning: {source}: {result['out_of_order']} row(s) stamped earlier than the row before, "
-                   f"scored in file order: line(s) {', '.join(map(str, result['out_of_order_lines']))}"
-                   + (f" and {more} more" if more > 0 else ""), err=True)
+        click.echo(
+            f"warning: {source}: {result['out_of_order']} row(s) stamped earlier than the row before, "
+            f"scored in file order: line(s) {', '.join(map(str, result['out_of_order_lines']))}"
+            + (f" and {more} more" if more > 0 else ""),
+            err=True,
+        )
     emit(result, as_json, lambda r: click.echo(f"scored {r['rows']} rows with {r['detector']} -> {r['output']}"))

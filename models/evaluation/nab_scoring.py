@@ -92,8 +92,13 @@ class ScoredStream:
     n_windows: int
 
 
-def sweep_stream(key: str, anomaly_scores: np.ndarray, windows: list[tuple[int, int]],
-                 profile: CostProfile, probation_percent: float = PROBATION_PERCENT) -> ScoredStream:
+def sweep_stream(
+    key: str,
+    anomaly_scores: np.ndarray,
+    windows: list[tuple[int, int]],
+    profile: CostProfile,
+    probation_percent: float = PROBATION_PERCENT,
+) -> ScoredStream:
     """Per-row weighted scores of one stream (NAB's ``calcSweepScore``).
 
     ``windows`` are inclusive ``(left, right)`` row indices, sorted and disjoint.
@@ -126,8 +131,9 @@ def sweep_stream(key: str, anomaly_scores: np.ndarray, windows: list[tuple[int, 
             sweep[i] = scaled_sigmoid(position) * profile.fp
     keep = np.arange(n) >= probationary_length(n, probation_percent)
     scored_windows = {int(w) for w in window_of[keep] if w >= 0}
-    return ScoredStream(key, np.asarray(anomaly_scores, dtype=float)[keep], sweep[keep], window_of[keep],
-                        len(scored_windows))
+    return ScoredStream(
+        key, np.asarray(anomaly_scores, dtype=float)[keep], sweep[keep], window_of[keep], len(scored_windows)
+    )
 
 
 def scores_by_threshold(streams: list[ScoredStream], profile: CostProfile) -> list[tuple[float, float]]:

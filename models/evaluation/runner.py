@@ -43,8 +43,9 @@ def score_stream(detector_name: str, stream: LabelledStream, params: dict[str, A
     return np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
 
 
-def _stream_metrics(stream: LabelledStream, scores: np.ndarray, threshold: float,
-                    profile: CostProfile) -> dict[str, Any]:
+def _stream_metrics(
+    stream: LabelledStream, scores: np.ndarray, threshold: float, profile: CostProfile
+) -> dict[str, Any]:
     n = len(stream)
     start = probationary_length(n, PROBATION_PERCENT)
     detected = scores >= threshold
@@ -52,13 +53,13 @@ def _stream_metrics(stream: LabelledStream, scores: np.ndarray, threshold: float
     scored = [(w, left, right) for w, (left, right) in enumerate(stream.windows) if right >= start]
     in_window = np.zeros(n, dtype=bool)
     for _, left, right in scored:
-        in_window[max(left, start):right + 1] = True
+        in_window[max(left, start) : right + 1] = True
     swept = sweep_stream(stream.key, scores, stream.windows, profile)
     det_scored = detected[start:]
     raw = float(swept.sweep[det_scored & (swept.window < 0)].sum())
     delays_rows, delays_s, hit = [], [], 0
     for w, left, right in scored:
-        rows = np.flatnonzero(detected[max(left, start):right + 1])
+        rows = np.flatnonzero(detected[max(left, start) : right + 1])
         if len(rows) == 0:
             raw -= profile.fn
             continue
@@ -71,10 +72,20 @@ def _stream_metrics(stream: LabelledStream, scores: np.ndarray, threshold: float
     alarms = int(rising.sum())
     true_alarms = int((rising & in_window).sum())
     span_days = max(float(stream.t_ms[-1] - stream.t_ms[min(start, n - 1)]) / _DAY_MS, 1e-9) if n else 1e-9
-    return {"key": stream.key, "group": stream.group, "rows": n, "windows": len(scored),
-            "detected_windows": hit, "alarms": alarms, "true_alarms": true_alarms,
-            "false_alarms": alarms - true_alarms, "days": span_days, "raw": raw,
-            "delays_rows": delays_rows, "delays_s": delays_s}
+    return {
+        "key": stream.key,
+        "group": stream.group,
+        "rows": n,
+        "windows": len(scored),
+        "detected_windows": hit,
+        "alarms": alarms,
+        "true_alarms": true_alarms,
+        "false_alarms": alarms - true_alarms,
+        "days": span_days,
+        "raw": raw,
+        "delays_rows": delays_rows,
+        "delays_s": delays_s,
+    }
 
 
 def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any]:
@@ -85,16 +96,25 @@ def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any
     raw = sum(p["raw"] for p in parts)
     precision = true_alarms / alarms if alarms else None
     recall = hit / windows if windows else None
-    f1 = (2 * precision * recall / (precision + recall)
-          if precision is not None and recall is not None and precision + recall > 0 else None)
+    f1 = (
+        2 * precision * recall / (precision + recall)
+        if precision is not None and recall is not None and precision + recall > 0
+        else None
+    )
     delays_rows = [d for p in parts for d in p["delays_rows"]]
     delays_s = [d for p in parts for d in p["delays_s"]]
     days = sum(p["days"] for p in parts)
     score = normalised(raw, windows, profile)
     return {
-        "nab_score": None if score is None else round(score, 3), "nab_raw": round(raw, 4),
-        "windows": windows, "detected_windows": hit, "alarms": alarms, "false_alarms": alarms - true_alarms,
-        "precision": _r(precision), "recall": _r(recall), "f1": _r(f1),
+        "nab_score": None if score is None else round(score, 3),
+        "nab_raw": round(raw, 4),
+        "windows": windows,
+        "detected_windows": hit,
+        "alarms": alarms,
+        "false_alarms": alarms - true_alarms,
+        "precision": _r(precision),
+        "recall": _r(recall),
+        "f1": _r(f1),
         "median_delay_rows": _r(statistics.median(delays_rows) if delays_rows else None),
         "median_delay_s": _r(statistics.median(delays_s) if delays_s else None),
         "false_alarms_per_device_day": _r((alarms - true_alarms) / days if days > 1e-6 else None),
@@ -105,12 +125,15 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-def evaluate(streams: Iterable[LabelledStream], detectors: list[str], profile: CostProfile,
-             params: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def evaluate(
+    streams: Iterable[LabelledStream],
+    detectors: list[str],
+    profile: CostProfile,
+    params: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Evaluate ``detectors`` on ``streams``; the JSON-able report (deterministic but for ``seconds``)."""
     streams = list(streams)
-    report: dict[str, Any] = {"streams": len(streams), "windows": sum(len(s.windows) for s in streams),
-                              "detectors": {}}
+    report: dict[str, Any] = {"streams": len(streams), "windows": sum(len(s.windows) for s in streams), "detectors": {}}
     for name in detectors:
         began = time.perf_counter()
         scores = [score_stream(name, s, (params or {}).get(name)) for s in streams]

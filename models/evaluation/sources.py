@@ -25,8 +25,17 @@ import pandas as pd
 
 from iotwatch.errors import IotwatchError
 
-__all__ = ["NAB_SAMPLE", "NAB_SPLIT", "LabelledSource", "LabelledStream", "NabSource", "SimulatorSource",
-           "read_nab_csv", "split_keys", "windows_to_rows"]
+__all__ = [
+    "NAB_SAMPLE",
+    "NAB_SPLIT",
+    "LabelledSource",
+    "LabelledStream",
+    "NabSource",
+    "SimulatorSource",
+    "read_nab_csv",
+    "split_keys",
+    "windows_to_rows",
+]
 
 #: Seven labelled NAB streams shipped with iotwatch (MIT licence, see its README): the
 #: default of ``iotwatch evaluate`` and what the tests score, on any clone.
@@ -129,8 +138,14 @@ class NabSource:
         for key in self.keys():
             t_ms, values = read_nab_csv(self.root / "data" / key)
             limits = [(_to_ms(a), _to_ms(b)) for a, b in self.windows.get(key, [])]
-            yield LabelledStream(key=key, group=key.split("/")[0], metrics=["value"], t_ms=t_ms,
-                                 values=values.reshape(-1, 1), windows=windows_to_rows(t_ms, limits))
+            yield LabelledStream(
+                key=key,
+                group=key.split("/")[0],
+                metrics=["value"],
+                t_ms=t_ms,
+                values=values.reshape(-1, 1),
+                windows=windows_to_rows(t_ms, limits),
+            )
 
 
 class SimulatorSource:
@@ -166,7 +181,12 @@ class SimulatorSource:
             t_ms = np.array([r[0] for r in rows], dtype=np.int64)
             records = truth.get(device, [])
             limits = [(int(r["start_ts"]), int(r["end_ts"])) for r in records]
-            yield LabelledStream(key=f"{device}/{metric}", group=types[device], metrics=[metric], t_ms=t_ms,
-                                 values=np.array([[r[2]] for r in rows], dtype=float).reshape(-1, 1),
-                                 windows=windows_to_rows(t_ms, limits),
-                                 kinds=sorted({str(r.get("kind", "")) for r in records}))
+            yield LabelledStream(
+                key=f"{device}/{metric}",
+                group=types[device],
+                metrics=[metric],
+                t_ms=t_ms,
+                values=np.array([[r[2]] for r in rows], dtype=float).reshape(-1, 1),
+                windows=windows_to_rows(t_ms, limits),
+                kinds=sorted({str(r.get("kind", "")) for r in records}),
+            )

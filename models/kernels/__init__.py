@@ -49,11 +49,19 @@ class Kernel(Protocol):
 
     def initial_state(self, params: np.ndarray) -> np.ndarray: ...
 
-    def score_learn(self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                    params: np.ndarray) -> np.ndarray: ...
+    def score_learn(
+        self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
+    ) -> np.ndarray: ...
 
-    def score_learn_into(self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                         params: np.ndarray, surprise: np.ndarray) -> np.ndarray: ...
+    def score_learn_into(
+        self,
+        states: np.ndarray,
+        stream: np.ndarray,
+        values: np.ndarray,
+        t_ms: np.ndarray,
+        params: np.ndarray,
+        surprise: np.ndarray,
+    ) -> np.ndarray: ...
 
     def warm(self) -> None: ...
 
@@ -63,8 +71,10 @@ def kernel_for(detector: str) -> Kernel:
     try:
         module: ModuleType = importlib.import_module(KERNELS[detector])
     except KeyError:
-        raise ValueError(f"the streaming job runs detectors that have a compiled kernel "
-                         f"({', '.join(sorted(KERNELS))}), not {detector!r}") from None
+        raise ValueError(
+            f"the streaming job runs detectors that have a compiled kernel "
+            f"({', '.join(sorted(KERNELS))}), not {detector!r}"
+        ) from None
     return cast(Kernel, module)
 
 
@@ -83,8 +93,9 @@ def warm_kernel(kernel: Kernel, detector: Detector) -> None:
     kernel.score_learn(states, np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), params)
 
 
-def benchmark(kernel: Kernel, make: Callable[[], Detector], streams: int = 1000, readings: int = 200_000,
-              seed: int = 0) -> dict[str, float]:
+def benchmark(
+    kernel: Kernel, make: Callable[[], Detector], streams: int = 1000, readings: int = 200_000, seed: int = 0
+) -> dict[str, float]:
     """Nanoseconds a reading, reference loop (a dict a reading, as the job once called it)
     vs kernel, on interleaved noisy streams, after warm-up."""
     rng = np.random.default_rng(seed)

@@ -81,14 +81,63 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.episode_likelihood import _FLOOR, _FLOOR_BINS, _HALF_DECADES, _HISTOGRAM_VIEWS, _STEP, _TREND, BINS, VIEWS, EpisodeLikelihood
+from models.episode_likelihood import (
+    _FLOOR,
+    _FLOOR_BINS,
+    _HALF_DECADES,
+    _HISTOGRAM_VIEWS,
+    _STEP,
+    _TREND,
+    BINS,
+    VIEWS,
+    EpisodeLikelihood,
+)
 from models.kernels import benchmark, warm_kernel
-from models.kernels.tail_ensemble import (TAIL_PARAMS, TAIL_SIZE, _max, _min, _put, _repeat_learn, _repeat_tail,
-                                          _value, check_batch, put_initial_tail, put_tail_params, tail_learn, tail_params, tail_tail)
+from models.kernels.tail_ensemble import (
+    TAIL_PARAMS,
+    TAIL_SIZE,
+    _max,
+    _min,
+    _put,
+    _repeat_learn,
+    _repeat_tail,
+    _value,
+    check_batch,
+    put_initial_tail,
+    put_tail_params,
+    tail_learn,
+    tail_params,
+    tail_tail,
+)
 
-__all__ = ["A_HISTOGRAM", "A_RECENT", "HELD", "HIGH", "LAST", "LOW", "MEAN", "N", "PARAMS_SIZE", "RANGE_N", "RECENT",
-           "SLOW", "STATE_SIZE", "STEP_TAIL", "STEP_VAR", "STUCK", "T0", "VAR", "VIEW", "from_reference", "initial_state", "params_vector", "score_learn", "score_learn_into",
-           "to_reference", "warm"]
+__all__ = [
+    "A_HISTOGRAM",
+    "A_RECENT",
+    "HELD",
+    "HIGH",
+    "LAST",
+    "LOW",
+    "MEAN",
+    "N",
+    "PARAMS_SIZE",
+    "RANGE_N",
+    "RECENT",
+    "SLOW",
+    "STATE_SIZE",
+    "STEP_TAIL",
+    "STEP_VAR",
+    "STUCK",
+    "T0",
+    "VAR",
+    "VIEW",
+    "from_reference",
+    "initial_state",
+    "params_vector",
+    "score_learn",
+    "score_learn_into",
+    "to_reference",
+    "warm",
+]
 
 # --- state layout ------------------------------------------------------------------------------
 
@@ -103,10 +152,33 @@ STATE_SIZE = STUCK + 4
 
 # --- parameter layout --------------------------------------------------------------------------
 
-(P_WARMUP, P_RANGE, P_HISTOGRAM_WARMUP, P_DISTRIBUTION_VIEWS, P_A_LEVEL, P_A_STEP, P_A_LIKELIHOOD, P_SHORT_ALPHA,
- P_MIN_VARIANCE, P_HOLD, P_CLIP, P_A_HISTOGRAM, P_A_RECENT, P_MARGIN, P_INSTANT_WEIGHT, P_RANGE_MS,
- P_HISTOGRAM_HALFLIFE_S, P_RECENT_HALFLIFE_S, P_HISTOGRAM_WEIGHT, P_TREND_ALPHA, P_TREND_WEIGHT, P_TREND_CLIP,
- P_TREND_CLIP_RATE, P_LIGHT_TREND_WEIGHT, P_TREND_HALFLIFE_S) = range(25)
+(
+    P_WARMUP,
+    P_RANGE,
+    P_HISTOGRAM_WARMUP,
+    P_DISTRIBUTION_VIEWS,
+    P_A_LEVEL,
+    P_A_STEP,
+    P_A_LIKELIHOOD,
+    P_SHORT_ALPHA,
+    P_MIN_VARIANCE,
+    P_HOLD,
+    P_CLIP,
+    P_A_HISTOGRAM,
+    P_A_RECENT,
+    P_MARGIN,
+    P_INSTANT_WEIGHT,
+    P_RANGE_MS,
+    P_HISTOGRAM_HALFLIFE_S,
+    P_RECENT_HALFLIFE_S,
+    P_HISTOGRAM_WEIGHT,
+    P_TREND_ALPHA,
+    P_TREND_WEIGHT,
+    P_TREND_CLIP,
+    P_TREND_CLIP_RATE,
+    P_LIGHT_TREND_WEIGHT,
+    P_TREND_HALFLIFE_S,
+) = range(25)
 P_STEP_TAIL = 25
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
@@ -119,21 +191,47 @@ _NO_SURPRISE = np.empty(0)
 
 # --- conversion to and from the reference ------------------------------------------------------
 
+
 def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
     """Every number the kernel's arithmetic needs, read from a reference detector (its very floats)."""
     p = np.empty(PARAMS_SIZE)
-    p[:P_STEP_TAIL] = (detector.warmup, detector.range_readings, detector.histogram_warmup,
-                       1.0 if detector.distribution_views else 0.0, detector._a_level, detector._a_step,
-                       detector._a_likelihood, detector.short_alpha, detector.min_variance, detector._hold,
-                       detector.clip, detector._a_histogram, detector._a_recent, detector.margin,
-                       detector.instant_weight, 1000.0 * detector.range_s, detector.histogram_halflife_s,
-                       detector.recent_halflife_s, detector.histogram_weight, detector.trend_alpha,
-                       detector.trend_weight, detector.trend_clip, detector.trend_clip_rate, detector.light_trend_weight,
-                       detector.trend_halflife_s)
+    p[:P_STEP_TAIL] = (
+        detector.warmup,
+        detector.range_readings,
+        detector.histogram_warmup,
+        1.0 if detector.distribution_views else 0.0,
+        detector._a_level,
+        detector._a_step,
+        detector._a_likelihood,
+        detector.short_alpha,
+        detector.min_variance,
+        detector._hold,
+        detector.clip,
+        detector._a_histogram,
+        detector._a_recent,
+        detector.margin,
+        detector.instant_weight,
+        1000.0 * detector.range_s,
+        detector.histogram_halflife_s,
+        detector.recent_halflife_s,
+        detector.histogram_weight,
+        detector.trend_alpha,
+        detector.trend_weight,
+        detector.trend_clip,
+        detector.trend_clip_rate,
+        detector.light_trend_weight,
+        detector.trend_halflife_s,
+    )
     put_tail_params(p, P_STEP_TAIL, detector.step_tail)
     stuck = detector.stuck
-    p[P_STUCK:] = (stuck.tolerance, stuck._a, stuck.prior_readings, stuck.max_repeat_rate, stuck.min_reversals,
-                   stuck.prior_rate)
+    p[P_STUCK:] = (
+        stuck.tolerance,
+        stuck._a,
+        stuck.prior_readings,
+        stuck.max_repeat_rate,
+        stuck.min_reversals,
+        stuck.prior_rate,
+    )
     return p
 
 
@@ -142,7 +240,7 @@ def initial_state(params: np.ndarray) -> np.ndarray:
     row = np.zeros(STATE_SIZE)
     row[LAST], row[LOW], row[HIGH], row[T0] = math.nan, math.inf, -math.inf, math.nan
     row[A_HISTOGRAM], row[A_RECENT] = params[P_A_HISTOGRAM], params[P_A_RECENT]
-    row[SLOW:SLOW + BINS] = row[RECENT:RECENT + BINS] = 1.0 / BINS
+    row[SLOW : SLOW + BINS] = row[RECENT : RECENT + BINS] = 1.0 / BINS
     tail = np.zeros(TAIL_SIZE)
     put_initial_tail(tail, 0, params, P_STEP_TAIL)
     row[STEP_TAIL:STUCK] = tail[1:]
@@ -155,14 +253,27 @@ def from_reference(detector: EpisodeLikelihood) -> np.ndarray:
     the row does not store are not what it would derive (a detector fed otherwise)."""
     state = detector.to_state()
     n, stuck = state["n"], state["stuck"]
-    if (state["step_tail"][0], stuck["n"], stuck["last"]) != (max(n - detector.warmup, 0), max(n - 1, 0),
-                                                               state["last"]):
+    if (state["step_tail"][0], stuck["n"], stuck["last"]) != (
+        max(n - detector.warmup, 0),
+        max(n - 1, 0),
+        state["last"],
+    ):
         raise ValueError("the detector's members were not fed as it feeds them: no row holds this state")
     row = np.empty(STATE_SIZE)
-    row[:VIEW] = (n, state["mean"], state["var"], state["step_var"],
-                  math.nan if state["last"] is None else state["last"], state["low"], state["high"], state["held"],
-                  math.nan if state["t0"] is None else state["t0"], state["range_n"], state["a_histogram"],
-                  state["a_recent"])
+    row[:VIEW] = (
+        n,
+        state["mean"],
+        state["var"],
+        state["step_var"],
+        math.nan if state["last"] is None else state["last"],
+        state["low"],
+        state["high"],
+        state["held"],
+        math.nan if state["t0"] is None else state["t0"],
+        state["range_n"],
+        state["a_histogram"],
+        state["a_recent"],
+    )
     row[VIEW:SLOW] = [x for view in state["views"] for x in view]
     row[SLOW:RECENT] = state["slow"]
     row[RECENT:STEP_TAIL] = state["recent"]
@@ -179,18 +290,37 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> EpisodeLik
     detector = EpisodeLikelihood(**detector_params)
     n = int(r[N])
     last = None if math.isnan(r[LAST]) else r[LAST]
-    state = {"n": n, "mean": r[MEAN], "var": r[VAR], "step_var": r[STEP_VAR], "last": last, "low": r[LOW],
-             "high": r[HIGH], "held": r[HELD], "t0": None if math.isnan(r[T0]) else r[T0], "range_n": int(r[RANGE_N]),
-             "a_histogram": r[A_HISTOGRAM], "a_recent": r[A_RECENT],
-             "views": [r[VIEW + 3 * j:VIEW + 3 * j + 3] for j in range(VIEWS)],
-             "slow": r[SLOW:RECENT], "recent": r[RECENT:STEP_TAIL],
-             "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
-             "stuck": {"n": max(n - 1, 0), "rate": r[STUCK_RATE], "last": last, "run": int(r[STUCK_RUN]),
-                       "reversals": r[STUCK_REVERSALS], "direction": int(r[STUCK_DIRECTION])}}
+    state = {
+        "n": n,
+        "mean": r[MEAN],
+        "var": r[VAR],
+        "step_var": r[STEP_VAR],
+        "last": last,
+        "low": r[LOW],
+        "high": r[HIGH],
+        "held": r[HELD],
+        "t0": None if math.isnan(r[T0]) else r[T0],
+        "range_n": int(r[RANGE_N]),
+        "a_histogram": r[A_HISTOGRAM],
+        "a_recent": r[A_RECENT],
+        "views": [r[VIEW + 3 * j : VIEW + 3 * j + 3] for j in range(VIEWS)],
+        "slow": r[SLOW:RECENT],
+        "recent": r[RECENT:STEP_TAIL],
+        "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
+        "stuck": {
+            "n": max(n - 1, 0),
+            "rate": r[STUCK_RATE],
+            "last": last,
+            "run": int(r[STUCK_RUN]),
+            "reversals": r[STUCK_REVERSALS],
+            "direction": int(r[STUCK_DIRECTION]),
+        },
+    }
     return detector.set_state(state)
 
 
 # --- the step, mirroring the reference's methods -----------------------------------------------
+
 
 @_jit
 def _bin(low: float, high: float, margin: float, v: float) -> int:
@@ -222,15 +352,27 @@ def _upper_tail(z: float) -> float:
 @_jit
 def _step_tail(row: np.ndarray, warmup: float) -> tuple[float, float, float, float, float, float]:
     """The step tail's state tuple, its count derived from ``N``."""
-    return (_max(row[N] - warmup, 0.0), row[STEP_TAIL], row[STEP_TAIL + 1], row[STEP_TAIL + 2], row[STEP_TAIL + 3],
-            row[STEP_TAIL + 4])
+    return (
+        _max(row[N] - warmup, 0.0),
+        row[STEP_TAIL],
+        row[STEP_TAIL + 1],
+        row[STEP_TAIL + 2],
+        row[STEP_TAIL + 3],
+        row[STEP_TAIL + 4],
+    )
 
 
 @_jit
 def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
     """The run detector's state tuple, its count and last value derived from ``N`` and ``LAST``."""
-    return (_max(row[N] - 1.0, 0.0), row[STUCK_RATE], row[LAST], row[STUCK_RUN], row[STUCK_REVERSALS],
-            row[STUCK_DIRECTION])
+    return (
+        _max(row[N] - 1.0, 0.0),
+        row[STUCK_RATE],
+        row[LAST],
+        row[STUCK_RUN],
+        row[STUCK_REVERSALS],
+        row[STUCK_DIRECTION],
+    )
 
 
 @_jit
@@ -252,22 +394,35 @@ def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
     """``EpisodeLikelihood._trend_tail_weight``."""
     if p[P_LIGHT_TREND_WEIGHT] == p[P_TREND_WEIGHT]:
         return p[P_TREND_WEIGHT]
-    return math.exp(math.log(p[P_TREND_WEIGHT]) + (math.log(p[P_LIGHT_TREND_WEIGHT]) - math.log(p[P_TREND_WEIGHT]))
-                    * _light(row, p))
+    return math.exp(
+        math.log(p[P_TREND_WEIGHT]) + (math.log(p[P_LIGHT_TREND_WEIGHT]) - math.log(p[P_TREND_WEIGHT])) * _light(row, p)
+    )
 
 
 @_jit
-def _score(row: np.ndarray, p: np.ndarray, v: float, shorts: tuple[float, float, float, float, float], step: float,
-           trend_alpha: float, tail_p: tuple, stuck_p: tuple) -> float:
+def _score(
+    row: np.ndarray,
+    p: np.ndarray,
+    v: float,
+    shorts: tuple[float, float, float, float, float],
+    step: float,
+    trend_alpha: float,
+    tail_p: tuple,
+    stuck_p: tuple,
+) -> float:
     """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
-    judged = (VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0
-              and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP] else _HISTOGRAM_VIEWS)
+    judged = (
+        VIEWS
+        if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0 and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP]
+        else _HISTOGRAM_VIEWS
+    )
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
     for j in range(judged):
-        z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(_max(row[VIEW + 3 * j + 2],
-                                                                  trend_floor if j == _TREND else p[P_MIN_VARIANCE]))
+        z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
+            _max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
+        )
         weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else trend_weight if j == _TREND else 1.0
         tail = _min(tail, _upper_tail(z) * weight)
         if j == _STEP:
@@ -305,8 +460,9 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
 
 
 @_jit
-def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
-                     ) -> tuple[float, float]:
+def _score_learn_one(
+    row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
+) -> tuple[float, float]:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row, and the reading's
     surprise (``surprise_one``: the score before the hold)."""
     v = _value(x)
@@ -327,11 +483,13 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
     rarity = -math.log(row[SLOW + b] + _FLOOR)
     alpha = p[P_SHORT_ALPHA]
     trend_alpha = _trend_weight(row, p, t)
-    shorts = (row[VIEW] + alpha * (math.log1p(level) - row[VIEW]),
-              row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
-              row[VIEW + 6] + trend_alpha * (signed - row[VIEW + 6]),
-              row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
-              row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]))
+    shorts = (
+        row[VIEW] + alpha * (math.log1p(level) - row[VIEW]),
+        row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
+        row[VIEW + 6] + trend_alpha * (signed - row[VIEW + 6]),
+        row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
+        row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]),
+    )
     n = row[N]
     out = score = 0.0
     if n >= warmup:
@@ -387,8 +545,14 @@ def _score_learn_one(row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p:
 
 
 @_jit
-def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                     params: np.ndarray, surprise: np.ndarray) -> np.ndarray:
+def score_learn_into(
+    states: np.ndarray,
+    stream: np.ndarray,
+    values: np.ndarray,
+    t_ms: np.ndarray,
+    params: np.ndarray,
+    surprise: np.ndarray,
+) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
     (updated in place): ``EpisodeLikelihood.score_learn_one({"m": values[i]}, t_ms[i])``;
     each reading's ``surprise_one`` goes to ``surprise`` when it has the batch's length
@@ -413,8 +577,9 @@ def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray,
     return out
 
 
-def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                params: np.ndarray) -> np.ndarray:
+def score_learn(
+    states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
+) -> np.ndarray:
     """:func:`score_learn_into` without the surprises: the scores alone."""
     return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
 

@@ -86,17 +86,53 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from models.base import VALUE_LIMIT
-from models.kernels import benchmark, warm_kernel
 from models.exceedance import ExceedanceTail
+from models.kernels import benchmark, warm_kernel
 from models.tail_ensemble import TailEnsemble
 
 __all__ = [
-    "CHANGE_BEYOND", "CHANGE_LEVEL", "CHANGE_N", "CHANGE_RVAR", "CHANGE_TAIL", "CHANGE_TREND", "ENSEMBLE_N",
-    "LEVEL_MU", "LEVEL_N", "LEVEL_RVAR", "LEVEL_TAIL", "LEVEL_VAR", "PARAMS_SIZE", "STATE_SIZE",
-    "STUCK_DIRECTION", "STUCK_LAST", "STUCK_N", "STUCK_RATE", "STUCK_REVERSALS", "STUCK_RUN",
-    "TAIL_CLUSTER_PEAK", "TAIL_GAP", "TAIL_INDEX", "TAIL_N", "TAIL_PEAKS", "TAIL_RATE", "TAIL_SIZE",
-    "TAIL_PARAMS", "from_reference", "initial_state", "params_vector", "put_initial_tail", "put_tail_params",
-    "check_batch", "score_learn", "score_learn_into", "tail_learn", "tail_params", "tail_state", "tail_tail", "to_reference", "warm",
+    "CHANGE_BEYOND",
+    "CHANGE_LEVEL",
+    "CHANGE_N",
+    "CHANGE_RVAR",
+    "CHANGE_TAIL",
+    "CHANGE_TREND",
+    "ENSEMBLE_N",
+    "LEVEL_MU",
+    "LEVEL_N",
+    "LEVEL_RVAR",
+    "LEVEL_TAIL",
+    "LEVEL_VAR",
+    "PARAMS_SIZE",
+    "STATE_SIZE",
+    "STUCK_DIRECTION",
+    "STUCK_LAST",
+    "STUCK_N",
+    "STUCK_RATE",
+    "STUCK_REVERSALS",
+    "STUCK_RUN",
+    "TAIL_CLUSTER_PEAK",
+    "TAIL_GAP",
+    "TAIL_INDEX",
+    "TAIL_N",
+    "TAIL_PEAKS",
+    "TAIL_RATE",
+    "TAIL_SIZE",
+    "TAIL_PARAMS",
+    "from_reference",
+    "initial_state",
+    "params_vector",
+    "put_initial_tail",
+    "put_tail_params",
+    "check_batch",
+    "score_learn",
+    "score_learn_into",
+    "tail_learn",
+    "tail_params",
+    "tail_state",
+    "tail_tail",
+    "to_reference",
+    "warm",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -117,11 +153,26 @@ STATE_SIZE = CHANGE_TAIL + TAIL_SIZE
 P_WARMUP = 0
 P_LEVEL_WARMUP, P_LEVEL_A, P_LEVEL_CLIP = 1, 2, 3
 P_CHANGE_WARMUP, P_CHANGE_ALPHA, P_CHANGE_BETA, P_CHANGE_A_VAR, P_CHANGE_CLIP, P_CHANGE_RESET_AFTER = 4, 5, 6, 7, 8, 9
-(P_STUCK_TOLERANCE, P_STUCK_A, P_STUCK_PRIOR_RATE, P_STUCK_PRIOR_READINGS, P_STUCK_MAX_RATE,
- P_STUCK_MIN_REVERSALS) = 10, 11, 12, 13, 14, 15
+(P_STUCK_TOLERANCE, P_STUCK_A, P_STUCK_PRIOR_RATE, P_STUCK_PRIOR_READINGS, P_STUCK_MAX_RATE, P_STUCK_MIN_REVERSALS) = (
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+)
 #: An ExceedanceTail's parameters, relative to its base.
-(TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP,
- TP_RUN_GAP) = 0, 1, 2, 3, 4, 5, 6, 7, 8
+(TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+)
 TAIL_PARAMS = 9
 P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
@@ -135,6 +186,7 @@ Floats = tuple[float, ...]
 
 
 # --- conversion to and from the reference --------------------------------------------------------
+
 
 def params_vector(detector: TailEnsemble) -> np.ndarray:
     """Every number the kernel's arithmetic needs, read from a reference detector.
@@ -162,8 +214,17 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
 def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
     """An :class:`~models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
     (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
-    p[base:base + TAIL_PARAMS] = (tail.threshold, tail._a, tail._b, tail.prior_rate, tail.prior_readings,
-                                  tail.prior_index, tail.prior_peaks, tail.clip, tail.run_gap)
+    p[base : base + TAIL_PARAMS] = (
+        tail.threshold,
+        tail._a,
+        tail._b,
+        tail.prior_rate,
+        tail.prior_readings,
+        tail.prior_index,
+        tail.prior_peaks,
+        tail.clip,
+        tail.run_gap,
+    )
 
 
 def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
@@ -191,12 +252,22 @@ def from_reference(detector: TailEnsemble) -> np.ndarray:
     row[ENSEMBLE_N] = state["n"]
     row[[LEVEL_N, LEVEL_MU, LEVEL_VAR, LEVEL_RVAR]] = level["n"], level["mu"], level["var"], level["rvar"]
     row[[CHANGE_N, CHANGE_LEVEL, CHANGE_TREND, CHANGE_RVAR, CHANGE_BEYOND]] = (
-        change["n"], change["level"], change["trend"], change["rvar"], change["beyond"])
+        change["n"],
+        change["level"],
+        change["trend"],
+        change["rvar"],
+        change["beyond"],
+    )
     row[[STUCK_N, STUCK_RATE, STUCK_LAST, STUCK_RUN, STUCK_REVERSALS, STUCK_DIRECTION]] = (
-        stuck["n"], stuck["rate"], math.nan if stuck["last"] is None else stuck["last"], stuck["run"],
-        stuck["reversals"], stuck["direction"])
-    row[LEVEL_TAIL:LEVEL_TAIL + TAIL_SIZE] = state["level_tail"]
-    row[CHANGE_TAIL:CHANGE_TAIL + TAIL_SIZE] = state["change_tail"]
+        stuck["n"],
+        stuck["rate"],
+        math.nan if stuck["last"] is None else stuck["last"],
+        stuck["run"],
+        stuck["reversals"],
+        stuck["direction"],
+    )
+    row[LEVEL_TAIL : LEVEL_TAIL + TAIL_SIZE] = state["level_tail"]
+    row[CHANGE_TAIL : CHANGE_TAIL + TAIL_SIZE] = state["change_tail"]
     return row
 
 
@@ -209,14 +280,32 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemb
     last = r[STUCK_LAST]
     state = {
         "n": int(r[ENSEMBLE_N]),
-        "level": {"n": int(r[LEVEL_N]), "mu": r[LEVEL_MU], "var": r[LEVEL_VAR], "rvar": r[LEVEL_RVAR],
-                  "smu": [], "sn": []},
-        "change": {"n": int(r[CHANGE_N]), "level": r[CHANGE_LEVEL], "trend": r[CHANGE_TREND],
-                   "rvar": r[CHANGE_RVAR], "season": [], "beyond": int(r[CHANGE_BEYOND])},
-        "stuck": {"n": int(r[STUCK_N]), "rate": r[STUCK_RATE], "last": None if math.isnan(last) else last,
-                  "run": int(r[STUCK_RUN]), "reversals": r[STUCK_REVERSALS], "direction": int(r[STUCK_DIRECTION])},
-        "level_tail": r[LEVEL_TAIL:LEVEL_TAIL + TAIL_SIZE],
-        "change_tail": r[CHANGE_TAIL:CHANGE_TAIL + TAIL_SIZE],
+        "level": {
+            "n": int(r[LEVEL_N]),
+            "mu": r[LEVEL_MU],
+            "var": r[LEVEL_VAR],
+            "rvar": r[LEVEL_RVAR],
+            "smu": [],
+            "sn": [],
+        },
+        "change": {
+            "n": int(r[CHANGE_N]),
+            "level": r[CHANGE_LEVEL],
+            "trend": r[CHANGE_TREND],
+            "rvar": r[CHANGE_RVAR],
+            "season": [],
+            "beyond": int(r[CHANGE_BEYOND]),
+        },
+        "stuck": {
+            "n": int(r[STUCK_N]),
+            "rate": r[STUCK_RATE],
+            "last": None if math.isnan(last) else last,
+            "run": int(r[STUCK_RUN]),
+            "reversals": r[STUCK_REVERSALS],
+            "direction": int(r[STUCK_DIRECTION]),
+        },
+        "level_tail": r[LEVEL_TAIL : LEVEL_TAIL + TAIL_SIZE],
+        "change_tail": r[CHANGE_TAIL : CHANGE_TAIL + TAIL_SIZE],
     }
     return TailEnsemble(**detector_params).set_state(state)
 
@@ -228,12 +317,14 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemb
 # numba reference-counts every array handed to a function (two atomic calls a call, which
 # cost more than the arithmetic). Only the ensemble step touches the row.
 
+
 @intrinsic
 def _libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
     """libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness).
 
     Declared ``nobuiltin`` so LLVM cannot rewrite ``pow(x, 2.0)`` into ``x * x``.
     """
+
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         fnty = ir.FunctionType(ir.DoubleType(), [ir.DoubleType(), ir.DoubleType()])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "pow")
@@ -278,6 +369,7 @@ def _scale(var: float, level: float) -> float:
 
 # --- RobustZScore (season_buckets=0): state (n, mu, var), params (warmup, a, clip) ---------------------
 
+
 @_jit
 def _zscore_deviation(state: Floats, params: Floats, v: float) -> float:
     n, mu, var = state
@@ -310,6 +402,7 @@ def _zscore_learn(state: Floats, params: Floats, v: float) -> Floats:
 
 # --- HoltWintersResidual (season_buckets=0): state (n, level, trend, rvar, beyond),
 #     params (warmup, alpha, beta, a_var, clip, reset_after) -------------------------------------------
+
 
 @_jit
 def _hw_forecast(level: float, trend: float) -> float:
@@ -358,6 +451,7 @@ def _hw_learn(state: Floats, params: Floats, v: float) -> Floats:
 # --- RepeatRun: state (n, rate, last, run, reversals, direction),
 #     params (tolerance, a, prior_readings, max_repeat_rate, min_reversals) -----------------------------
 
+
 @_jit
 def _repeat_run_length(state: Floats, params: Floats, v: float) -> float:
     last, run = state[2], state[3]
@@ -396,6 +490,7 @@ def _repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
 
 # --- ExceedanceTail: state (n, rate, peaks, index, gap, cluster_peak),
 #     params (threshold, a, b, prior_readings, prior_peaks, clip, run_gap) ------------------------------
+
 
 @_jit
 def tail_tail(state: Floats, params: Floats, d: float) -> float:
@@ -446,27 +541,52 @@ def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tu
 
 # --- TailEnsemble --------------------------------------------------------------------------------------
 
+
 @_jit
 def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats, Floats]:
     """The parameter vector as the members' tuples, once a batch."""
     level = (p[P_LEVEL_WARMUP], p[P_LEVEL_A], p[P_LEVEL_CLIP])
-    change = (p[P_CHANGE_WARMUP], p[P_CHANGE_ALPHA], p[P_CHANGE_BETA], p[P_CHANGE_A_VAR], p[P_CHANGE_CLIP],
-              p[P_CHANGE_RESET_AFTER])
-    stuck = (p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE],
-             p[P_STUCK_MIN_REVERSALS])
+    change = (
+        p[P_CHANGE_WARMUP],
+        p[P_CHANGE_ALPHA],
+        p[P_CHANGE_BETA],
+        p[P_CHANGE_A_VAR],
+        p[P_CHANGE_CLIP],
+        p[P_CHANGE_RESET_AFTER],
+    )
+    stuck = (
+        p[P_STUCK_TOLERANCE],
+        p[P_STUCK_A],
+        p[P_STUCK_PRIOR_READINGS],
+        p[P_STUCK_MAX_RATE],
+        p[P_STUCK_MIN_REVERSALS],
+    )
     return p[P_WARMUP], level, change, stuck, tail_params(p, P_LEVEL_TAIL), tail_params(p, P_CHANGE_TAIL)
 
 
 @_jit
 def tail_params(p: np.ndarray, q: int) -> Floats:
-    return (p[q + TP_THRESHOLD], p[q + TP_A], p[q + TP_B], p[q + TP_PRIOR_READINGS], p[q + TP_PRIOR_PEAKS],
-            p[q + TP_CLIP], p[q + TP_RUN_GAP])
+    return (
+        p[q + TP_THRESHOLD],
+        p[q + TP_A],
+        p[q + TP_B],
+        p[q + TP_PRIOR_READINGS],
+        p[q + TP_PRIOR_PEAKS],
+        p[q + TP_CLIP],
+        p[q + TP_RUN_GAP],
+    )
 
 
 @_jit
 def tail_state(row: np.ndarray, base: int) -> Floats:
-    return (row[base + TAIL_N], row[base + TAIL_RATE], row[base + TAIL_PEAKS], row[base + TAIL_INDEX],
-            row[base + TAIL_GAP], row[base + TAIL_CLUSTER_PEAK])
+    return (
+        row[base + TAIL_N],
+        row[base + TAIL_RATE],
+        row[base + TAIL_PEAKS],
+        row[base + TAIL_INDEX],
+        row[base + TAIL_GAP],
+        row[base + TAIL_CLUSTER_PEAK],
+    )
 
 
 @_jit
@@ -485,15 +605,23 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
         return 0.0
     level_state = (row[LEVEL_N], row[LEVEL_MU], row[LEVEL_VAR])
     change_state = (row[CHANGE_N], row[CHANGE_LEVEL], row[CHANGE_TREND], row[CHANGE_RVAR], row[CHANGE_BEYOND])
-    stuck_state = (row[STUCK_N], row[STUCK_RATE], row[STUCK_LAST], row[STUCK_RUN], row[STUCK_REVERSALS],
-                   row[STUCK_DIRECTION])
+    stuck_state = (
+        row[STUCK_N],
+        row[STUCK_RATE],
+        row[STUCK_LAST],
+        row[STUCK_RUN],
+        row[STUCK_REVERSALS],
+        row[STUCK_DIRECTION],
+    )
     level_tail, change_tail = tail_state(row, LEVEL_TAIL), tail_state(row, CHANGE_TAIL)
     level = abs(_zscore_deviation(level_state, level_p, v))  # NaN: None, warming up
     change = abs(_hw_deviation(change_state, change_p, v))
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
-        tail = _min(_min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
-                    _repeat_tail(stuck_state, stuck_p, v))
+        tail = _min(
+            _min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
+            _repeat_tail(stuck_state, stuck_p, v),
+        )
         score = _log_tail_score(_min(1.0, 3.0 * tail))
     _put(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
     _put(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
@@ -505,8 +633,15 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
 
 
 @_jit
-def check_batch(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray,
-                state_size: int, params_size: int) -> int:
+def check_batch(
+    states: np.ndarray,
+    stream: np.ndarray,
+    values: np.ndarray,
+    t_ms: np.ndarray,
+    params: np.ndarray,
+    state_size: int,
+    params_size: int,
+) -> int:
     """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
     and every stream index is a row of ``states`` (checked before any reading is learned)."""
     n = values.shape[0]
@@ -522,8 +657,14 @@ def check_batch(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms
 
 
 @_jit
-def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                     params: np.ndarray, surprise: np.ndarray) -> np.ndarray:
+def score_learn_into(
+    states: np.ndarray,
+    stream: np.ndarray,
+    values: np.ndarray,
+    t_ms: np.ndarray,
+    params: np.ndarray,
+    surprise: np.ndarray,
+) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
     (updated in place): ``TailEnsemble.score_learn_one({"m": values[i]}, t_ms[i])``; the
     ensemble holds nothing, so each reading's surprise is its score, copied to
@@ -549,8 +690,9 @@ def score_learn_into(states: np.ndarray, stream: np.ndarray, values: np.ndarray,
     return out
 
 
-def score_learn(states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray,
-                params: np.ndarray) -> np.ndarray:
+def score_learn(
+    states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
+) -> np.ndarray:
     """:func:`score_learn_into` without the surprises: the scores alone."""
     return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
 

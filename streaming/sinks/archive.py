@@ -39,13 +39,21 @@ _SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
 _MAP_TYPE = pa.map_(pa.string(), pa.float64())
 
 #: The archive's file schema (the partition columns ``date`` and ``device_type`` are directories).
-ARCHIVE_SCHEMA = pa.schema([
-    pa.field("device_id", pa.string()), pa.field("site", pa.string()), pa.field("seq", pa.int64()),
-    pa.field("event_ms", pa.int64()), pa.field("event_time", pa.timestamp("us", tz="UTC")),
-    pa.field("metrics", _METRICS_TYPE), pa.field("scores", _SCORES_TYPE),
-    pa.field("out_of_range", pa.list_(pa.string())), pa.field("extra_metrics", _MAP_TYPE),
-    pa.field("extra_scores", _MAP_TYPE), pa.field("detector", pa.string()),
-])
+ARCHIVE_SCHEMA = pa.schema(
+    [
+        pa.field("device_id", pa.string()),
+        pa.field("site", pa.string()),
+        pa.field("seq", pa.int64()),
+        pa.field("event_ms", pa.int64()),
+        pa.field("event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("metrics", _METRICS_TYPE),
+        pa.field("scores", _SCORES_TYPE),
+        pa.field("out_of_range", pa.list_(pa.string())),
+        pa.field("extra_metrics", _MAP_TYPE),
+        pa.field("extra_scores", _MAP_TYPE),
+        pa.field("detector", pa.string()),
+    ]
+)
 assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
 
 
@@ -72,8 +80,13 @@ def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
             valid.append(True)
         offsets.append(len(keys))
     mask = pa.array([not v for v in valid], type=pa.bool_())
-    return pa.MapArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(keys, type=pa.string()),
-                                   pa.array(items, type=pa.float64()), type=_MAP_TYPE, mask=mask)
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        pa.array(keys, type=pa.string()),
+        pa.array(items, type=pa.float64()),
+        type=_MAP_TYPE,
+        mask=mask,
+    )
 
 
 def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
@@ -99,8 +112,9 @@ def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
     ]
     table = pa.Table.from_arrays(columns, schema=ARCHIVE_SCHEMA)
     dates = np.datetime_as_string(stamps.astype("datetime64[D]"), unit="D")
-    return (table.append_column("date", pa.array(dates, type=pa.string()))
-            .append_column("device_type", pa.array(readings["device_type"].to_numpy(), type=pa.string())))
+    return table.append_column("date", pa.array(dates, type=pa.string())).append_column(
+        "device_type", pa.array(readings["device_type"].to_numpy(), type=pa.string())
+    )
 
 
 class ArchiveWriter:

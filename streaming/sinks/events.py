@@ -32,8 +32,10 @@ def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[t
     """A dead-letter row of the engine as a Kafka record: original bytes, why in headers."""
     key = row["device_id"].encode() if row["device_id"] else None
     letter = DeadLetter(row["reason"], row["detail"] or "", "stream", bytes(row["raw"] or b""), key)
-    source = [("kafka.partition", str(row["kafka_partition"]).encode()),
-              ("kafka.offset", str(row["kafka_offset"]).encode())]
+    source = [
+        ("kafka.partition", str(row["kafka_partition"]).encode()),
+        ("kafka.offset", str(row["kafka_offset"]).encode()),
+    ]
     return key, letter.original, letter.headers(source)
 
 
@@ -52,9 +54,14 @@ class EventSinks:
         failure raises (the batch fails and is re-run); an InfluxDB failure is counted."""
         alerts = output.alerts
         if alerts:
-            produce_all(self.kafka_config, self.alerts_topic,
-                        ((a["device_id"].encode(), json.dumps(a).encode(), [("alert_id", a["alert_id"].encode())])
-                         for a in alerts))
+            produce_all(
+                self.kafka_config,
+                self.alerts_topic,
+                (
+                    (a["device_id"].encode(), json.dumps(a).encode(), [("alert_id", a["alert_id"].encode())])
+                    for a in alerts
+                ),
+            )
         if output.dead_letters:
             produce_all(self.kafka_config, self.dlq_topic, (dead_letter_record(r) for r in output.dead_letters))
         failures = 0
@@ -62,9 +69,12 @@ class EventSinks:
             points = [aggregate_point(row) for row in output.aggregates.to_dict("records")]
             points += [alert_point(a) for a in alerts]
             failures = self._write_influx(points)
-        return {"alerts_raised": sum(a["state"] == "raised" for a in alerts),
-                "alerts_cleared": sum(a["state"] == "cleared" for a in alerts),
-                "aggregates": len(output.aggregates), "influx_write_failures": failures}
+        return {
+            "alerts_raised": sum(a["state"] == "raised" for a in alerts),
+            "alerts_cleared": sum(a["state"] == "cleared" for a in alerts),
+            "aggregates": len(output.aggregates),
+            "influx_write_failures": failures,
+        }
 
     def _write_influx(self, points: list[Any]) -> int:
         """Metrics are derived data (recomputable from the archive): a failed write is logged
@@ -73,7 +83,7 @@ class EventSinks:
         client = kept_client(self.influx)  # one HTTP session per worker, kept between micro-batches
         try:
             for start in range(0, len(points), 5000):
-                client.write_points(points[start:start + 5000])
+                client.write_points(points[start : start + 5000])
             return 0
         except IotwatchError as exc:
             log.warning("aggregates not written to InfluxDB: %s", exc)

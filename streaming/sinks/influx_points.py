@@ -14,23 +14,37 @@ from typing import Any
 from influxdb_client import Point
 
 
-
 def aggregate_point(row: dict[str, Any]) -> Point:
     """One closed aggregate (:data:`streaming.engine.AGGREGATE_COLUMNS`)."""
     stats = row
-    point = (Point("device_metrics").tag("site", row["site"]).tag("device_type", row["device_type"])
-             .tag("device_id", row["device_id"]).tag("metric", row["metric"]).time(int(row["event_ms"]), "ms"))
+    point = (
+        Point("device_metrics")
+        .tag("site", row["site"])
+        .tag("device_type", row["device_type"])
+        .tag("device_id", row["device_id"])
+        .tag("metric", row["metric"])
+        .time(int(row["event_ms"]), "ms")
+    )
     for name in ("mean", "min", "max", "last", "max_score"):
         point = point.field(name, float(stats[name]))
     return point.field("count", int(stats["count"]))
 
 
 def alert_point(alert: dict[str, Any]) -> Point:
-    point = (Point("alerts").tag("severity", alert["severity"]).tag("rule", alert["rule"]).tag("state", alert["state"])
-             .tag("site", alert["site"]).tag("device_type", alert["device_type"]).tag("device_id", alert["device_id"])
-             .field("alert_id", alert["alert_id"]).field("message", alert["message"])
-             .field("occurrences", int(alert["occurrences"])).field("raised", 1 if alert["state"] == "raised" else 0)
-             .time(int(alert["detected_at_ms"]), "ms"))
+    point = (
+        Point("alerts")
+        .tag("severity", alert["severity"])
+        .tag("rule", alert["rule"])
+        .tag("state", alert["state"])
+        .tag("site", alert["site"])
+        .tag("device_type", alert["device_type"])
+        .tag("device_id", alert["device_id"])
+        .field("alert_id", alert["alert_id"])
+        .field("message", alert["message"])
+        .field("occurrences", int(alert["occurrences"]))
+        .field("raised", 1 if alert["state"] == "raised" else 0)
+        .time(int(alert["detected_at_ms"]), "ms")
+    )
     if alert.get("score") is not None:
         point = point.field("score", float(alert["score"]))
     if alert.get("value") is not None:
@@ -44,4 +58,3 @@ def pipeline_point(fields: dict[str, float | int], ts_ms: int, stage: str = "str
         if value is not None:
             point = point.field(name, value)
     return point
-

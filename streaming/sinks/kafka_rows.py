@@ -25,8 +25,9 @@ def _producer(config: dict[str, str]) -> Producer:
     if producer is None:
         from iotwatch.logs import librdkafka_logger
 
-        producer = _producers[key] = Producer({**config, "enable.idempotence": True, "acks": "all",
-                                               "linger.ms": 2, "logger": librdkafka_logger()})
+        producer = _producers[key] = Producer(
+            {**config, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "logger": librdkafka_logger()}
+        )
         # Connect and load the metadata now: a fresh idempotent producer's first record
         # waited about 0.5 s for it (the embedded broker), which fell on the first
         # micro-batch with an alert. Warm, the first record is confirmed in a millisecond.
@@ -64,6 +65,8 @@ def produce_all(config: dict[str, str], topic: str, records: Iterable[Record], t
     remaining = producer.flush(timeout_s)
     if remaining or errors:
         _producers.pop(tuple(sorted(config.items())), None)  # the next batch starts with a fresh one
-        raise ServiceUnavailable(f"{len(errors) + remaining} record(s) to {topic} not confirmed by Kafka "
-                                 f"(first error: {errors[0] if errors else 'timeout'})")
+        raise ServiceUnavailable(
+            f"{len(errors) + remaining} record(s) to {topic} not confirmed by Kafka "
+            f"(first error: {errors[0] if errors else 'timeout'})"
+        )
     return count

@@ -17,24 +17,48 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import KafkaSettings
 from streaming.alerting import alert_id
 
-DEVICES = [("car-1", "vehicle_edr", "fleet-2"), ("car-2", "vehicle_edr", "fleet-1"),
-           ("hvac-1", "thermostat", "home-1"), ("hvac-2", "thermostat", "home-2"), ("meter-1", "smart_meter", "home-1")]
+DEVICES = [
+    ("car-1", "vehicle_edr", "fleet-2"),
+    ("car-2", "vehicle_edr", "fleet-1"),
+    ("hvac-1", "thermostat", "home-1"),
+    ("hvac-2", "thermostat", "home-2"),
+    ("meter-1", "smart_meter", "home-1"),
+]
 RULES = [("crash", "critical"), ("stuck_hvac", "major"), ("anomaly", "minor"), ("device_silent", "warning")]
 
 
-def make_alert(device_id: str, device_type: str, site: str, rule: str, severity: str, state: str,
-               start_ms: int, **extra: Any) -> dict[str, Any]:
+def make_alert(
+    device_id: str, device_type: str, site: str, rule: str, severity: str, state: str, start_ms: int, **extra: Any
+) -> dict[str, Any]:
     """A record in the format streaming.alerting publishes."""
     now = int(time.time() * 1000)
     verb = "raised" if state == "raised" else "cleared"
     return {
-        "alert_id": alert_id(device_id, rule, start_ms), "state": state, "severity": severity, "rule": rule,
-        "detector": "rule", "device_id": device_id, "device_type": device_type, "site": site,
-        "metric": "temperature_c", "value": 31.5, "score": 0.91, "threshold": 6.0, "fire_score": 0.75,
-        "clear_score": 0.45, "contributors": [{"metric": "temperature_c", "value": 31.5, "score": 0.91}],
-        "first_seq": 1, "seq": 3, "first_event_ms": start_ms, "first_event_time": "2025-01-01T00:00:00.000Z",
-        "last_event_ms": start_ms + 2000, "last_event_time": "2025-01-01T00:00:02.000Z", "occurrences": 3,
-        "detected_at": "2025-01-01T00:00:03.000Z", "detected_at_ms": now, "model_version": "test",
+        "alert_id": alert_id(device_id, rule, start_ms),
+        "state": state,
+        "severity": severity,
+        "rule": rule,
+        "detector": "rule",
+        "device_id": device_id,
+        "device_type": device_type,
+        "site": site,
+        "metric": "temperature_c",
+        "value": 31.5,
+        "score": 0.91,
+        "threshold": 6.0,
+        "fire_score": 0.75,
+        "clear_score": 0.45,
+        "contributors": [{"metric": "temperature_c", "value": 31.5, "score": 0.91}],
+        "first_seq": 1,
+        "seq": 3,
+        "first_event_ms": start_ms,
+        "first_event_time": "2025-01-01T00:00:00.000Z",
+        "last_event_ms": start_ms + 2000,
+        "last_event_time": "2025-01-01T00:00:02.000Z",
+        "occurrences": 3,
+        "detected_at": "2025-01-01T00:00:03.000Z",
+        "detected_at_ms": now,
+        "model_version": "test",
         "message": f"[{severity.upper()}] {rule} {verb} on {device_type} {device_id} at {site}: value 31.5",
         **extra,
     }
@@ -60,8 +84,12 @@ def produce(kafka: KafkaSettings, topic: str, records: list[dict[str, Any] | byt
         if isinstance(record, bytes):
             producer.produce(topic, record, key=b"garbage")
             continue
-        producer.produce(topic, json.dumps(record).encode(), key=record["device_id"].encode(),
-                         headers=[("alert_id", record["alert_id"].encode())])
+        producer.produce(
+            topic,
+            json.dumps(record).encode(),
+            key=record["device_id"].encode(),
+            headers=[("alert_id", record["alert_id"].encode())],
+        )
     assert producer.flush(30) == 0
 
 
@@ -110,7 +138,7 @@ class FlakyWebhook:
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status, headers, sleep = hook.answer(self.headers.get("Idempotency-Key", ""), body)
                 time.sleep(sleep)
@@ -148,5 +176,3 @@ def webhook() -> Iterator[Callable[..., tuple[FlakyWebhook, str]]]:
     for server in servers:
         server.shutdown()
         server.server_close()
-
-

@@ -25,7 +25,8 @@ DEVICES, SITES = 10_000, 5
 
 
 def test_ten_thousand_silent_devices_become_one_notification_per_site(
-        spark: Any, test_settings: Settings, unique: str, tmp_path: Path, webhook: Any) -> None:
+    spark: Any, test_settings: Settings, unique: str, tmp_path: Path, webhook: Any
+) -> None:
     stream = test_settings.stream.model_copy(update={"silence_timeout_s": 3.0, "trigger_interval_s": 0.5})
     settings = test_settings.model_copy(update={"stream": stream})
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
@@ -33,14 +34,22 @@ def test_ten_thousand_silent_devices_become_one_notification_per_site(
     now = int(time.time() * 1000)
     sites = [f"storm-{unique}-{s}" for s in range(SITES)]
     for d in range(DEVICES):
-        reading = Telemetry(v=1, device_id=f"storm-{unique}-{d}", device_type="door_sensor", site=sites[d % SITES],
-                            seq=0, ts=now, metrics={"open": 0.0, "battery_pct": 90.0})
+        reading = Telemetry(
+            v=1,
+            device_id=f"storm-{unique}-{d}",
+            device_type="door_sensor",
+            site=sites[d % SITES],
+            seq=0,
+            ts=now,
+            metrics={"open": 0.0, "battery_pct": 90.0},
+        )
         producer.produce(settings.topics.raw, key=reading.device_id.encode(), value=reading.to_json())
         producer.poll(0)
     assert producer.flush(60) == 0
 
-    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
-                query_name=f"storm_{unique}")
+    job = start(
+        spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", query_name=f"storm_{unique}"
+    )
     try:
         wait_for(lambda: job.totals.get("alerts_raised", 0) >= DEVICES, 300, "every device reported silent")
         assert job.totals["reading_records"] == DEVICES and job.totals["alerts_raised"] == DEVICES
@@ -48,8 +57,12 @@ def test_ten_thousand_silent_devices_become_one_notification_per_site(
         job.stop()
 
     hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
-    tree = parse_routing({"receivers": {"oncall": {"url": url}},
-                          "route": {"receiver": "oncall", "group_wait": "2s", "group_interval": "5m"}})
+    tree = parse_routing(
+        {
+            "receivers": {"oncall": {"url": url}},
+            "route": {"receiver": "oncall", "group_wait": "2s", "group_interval": "5m"},
+        }
+    )
     running = InThread(lambda stop: Dispatcher(settings, AlertsSettings(state_dir=tmp_path / "fwd"), tree, stop))
     try:
         notified = lambda: [body for _, status, body in hook.requests if status == 200]  # noqa: E731
@@ -58,7 +71,9 @@ def test_ten_thousand_silent_devices_become_one_notification_per_site(
         bodies = notified()
         assert len(bodies) == SITES
         assert sorted(body["group_labels"]["site"] for body in bodies) == sorted(sites)
-        assert all(body["group_labels"]["rule"] == "device_silent" and len(body["alerts"]) == DEVICES // SITES
-                   for body in bodies)
+        assert all(
+            body["group_labels"]["rule"] == "device_silent" and len(body["alerts"]) == DEVICES // SITES
+            for body in bodies
+        )
     finally:
         running.close()

@@ -26,18 +26,25 @@ SITES, PER_SITE, OPEN = 40, 10, 3
 
 def wave(n: int, start_ms: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``SITES * PER_SITE`` raised alerts of wave ``n`` and the clears of all but the first ``OPEN``."""
-    raised = [make_alert(f"w{n}-d{s}-{i}", "thermostat", f"site-{s}", "stuck_hvac", "major", "raised", start_ms + i)
-              for s in range(SITES) for i in range(PER_SITE)]
+    raised = [
+        make_alert(f"w{n}-d{s}-{i}", "thermostat", f"site-{s}", "stuck_hvac", "major", "raised", start_ms + i)
+        for s in range(SITES)
+        for i in range(PER_SITE)
+    ]
     cleared = [{**a, "state": "cleared", "detected_at_ms": int(time.time() * 1000)} for a in raised[OPEN:]]
     return raised, cleared
 
 
 def test_forwarder_memory_holds_only_open_alerts_and_recent_groups(
-        test_settings: Settings, tmp_path: Path, webhook: Any) -> None:
+    test_settings: Settings, tmp_path: Path, webhook: Any
+) -> None:
     hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
-    tree = parse_routing({"receivers": {"oncall": {"url": url}},
-                          "route": {"receiver": "oncall", "group_by": ["site"], "group_wait": "0s",
-                                    "group_interval": "1s"}})
+    tree = parse_routing(
+        {
+            "receivers": {"oncall": {"url": url}},
+            "route": {"receiver": "oncall", "group_by": ["site"], "group_wait": "0s", "group_interval": "1s"},
+        }
+    )
     config = AlertsSettings(state_dir=tmp_path, forget_after_s=0)
     add_silence(test_settings, Matchers(site="site-0"), 0.5, "carol", "expires at once")
     start = int(time.time() * 1000) - 60_000
@@ -47,12 +54,27 @@ def test_forwarder_memory_holds_only_open_alerts_and_recent_groups(
         for n in range(2):
             raised, cleared = wave(n, start + n * 10_000)
             produce(test_settings.kafka, test_settings.topics.alerts, raised)
-            wait_for(lambda: len({a for _, s, b in hook.requests if s == 200 and b["status"] == "firing"
-                                  for a in (x["alert_id"] for x in b["alerts"])}) >= len(raised) * (n + 1), 60,
-                     f"wave {n} notified")
+            wait_for(
+                lambda raised=raised, n=n: (
+                    len(
+                        {
+                            a
+                            for _, s, b in hook.requests
+                            if s == 200 and b["status"] == "firing"
+                            for a in (x["alert_id"] for x in b["alerts"])
+                        }
+                    )
+                    >= len(raised) * (n + 1)
+                ),
+                60,
+                f"wave {n} notified",
+            )
             produce(test_settings.kafka, test_settings.topics.alerts, cleared)
-            wait_for(lambda: dispatcher.counts["forgotten_alerts"] >= len(cleared) * (n + 1), 60,
-                     f"wave {n}'s cleared alerts resolved and forgotten")
+            wait_for(
+                lambda cleared=cleared, n=n: dispatcher.counts["forgotten_alerts"] >= len(cleared) * (n + 1),
+                60,
+                f"wave {n}'s cleared alerts resolved and forgotten",
+            )
         # two waves of 400 alerts went through; what is left is what is open
         open_ids = {a["alert_id"] for n in range(2) for a in wave(n, start + n * 10_000)[0][:OPEN]}
         assert set(dispatcher.book.alerts) == open_ids
@@ -64,18 +86,38 @@ def test_forwarder_memory_holds_only_open_alerts_and_recent_groups(
 
 
 def test_responder_memory_holds_only_open_alerts_and_unsettled_commands(test_settings: Settings, unique: str) -> None:
-    settings = test_settings.model_copy(update={"respond": test_settings.respond.model_copy(update={
-        "client_id": f"responder-{unique}", "forget_after_s": 0})})
+    settings = test_settings.model_copy(
+        update={
+            "respond": test_settings.respond.model_copy(
+                update={"client_id": f"responder-{unique}", "forget_after_s": 0}
+            )
+        }
+    )
     start = int(time.time() * 1000) - 60_000
     raised, cleared = wave(0, start)
     produce(settings.kafka, settings.topics.alerts, raised + cleared)
     now = int(time.time() * 1000)
     done = [raised[-1], raised[-2]]  # cleared alerts whose commands are final
     waiting = raised[-3]  # cleared, its command still unanswered and not expired: kept until it settles
-    audits = [CommandAudit(ONCALL_SCHEMA_VERSION, f"c-{i}", "reset-stuck-hvac", a["alert_id"], "stuck_hvac",
-                           a["device_id"], "thermostat", a["site"], "reset_hvac", "responder", now - 5000,
-                           now + 600_000, 1, CommandOutcome.SENT).with_step(CommandOutcome.SENT, now - 5000)
-              for i, a in enumerate([*done, waiting])]
+    audits = [
+        CommandAudit(
+            ONCALL_SCHEMA_VERSION,
+            f"c-{i}",
+            "reset-stuck-hvac",
+            a["alert_id"],
+            "stuck_hvac",
+            a["device_id"],
+            "thermostat",
+            a["site"],
+            "reset_hvac",
+            "responder",
+            now - 5000,
+            now + 600_000,
+            1,
+            CommandOutcome.SENT,
+        ).with_step(CommandOutcome.SENT, now - 5000)
+        for i, a in enumerate([*done, waiting])
+    ]
     audits = [a.with_step(CommandOutcome.DONE, now - 4000) if a.alert_id != waiting["alert_id"] else a for a in audits]
     ensure_topics(settings.kafka, [settings.topics.commands], compacted=True)
     producer = Producer(settings.kafka.client_config())
@@ -88,6 +130,8 @@ def test_responder_memory_holds_only_open_alerts_and_unsettled_commands(test_set
     try:
         wait_for(lambda: responder.counts["forgotten_alerts"] == len(cleared) - 1, 30, "cleared alerts forgotten")
         assert set(responder.book.alerts) == {a["alert_id"] for a in raised[:OPEN]} | {waiting["alert_id"]}
-        assert set(responder.audits) == {"c-2"} and list(responder.latest) == [(waiting["alert_id"], "reset-stuck-hvac")]
+        assert set(responder.audits) == {"c-2"} and list(responder.latest) == [
+            (waiting["alert_id"], "reset-stuck-hvac")
+        ]
     finally:
         running.close()

@@ -14,10 +14,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from alerts.forward import ForwardOptions, Forwarder
-from iotwatch.settings import AlertsSettings
+from alerts.forward import Forwarder, ForwardOptions
 from alerts.webhook import Webhook
-from iotwatch.settings import Settings
+from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import alert_run, key, make_alert, produce
 from tests.helpers import read_topic, wait_for
 
@@ -38,8 +37,12 @@ def committed_everything(settings: Settings, group: str) -> bool:
     return all(tp.offset == ends[tp.partition] for tp in committed)
 
 
-def forward_in_thread(settings: Settings, config: AlertsSettings, url: str, options: ForwardOptions,
-                      ) -> tuple[threading.Event, threading.Thread, dict[str, Any]]:
+def forward_in_thread(
+    settings: Settings,
+    config: AlertsSettings,
+    url: str,
+    options: ForwardOptions,
+) -> tuple[threading.Event, threading.Thread, dict[str, Any]]:
     stop, result = threading.Event(), {}
     forwarder = Forwarder(settings, config, Webhook(url, timeout_s=config.webhook_timeout_s), options, stop)
     thread = threading.Thread(target=lambda: result.update(forwarder.run()), daemon=True)
@@ -48,23 +51,29 @@ def forward_in_thread(settings: Settings, config: AlertsSettings, url: str, opti
 
 
 def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
-        test_settings: Settings, unique: str, tmp_path: Path, webhook: Any) -> None:
+    test_settings: Settings, unique: str, tmp_path: Path, webhook: Any
+) -> None:
     records = alert_run(12)
     rejected = make_alert("car-9", "vehicle_edr", "fleet-9", "crash", "critical", "raised", 1)
     acknowledged = {**records[0], "state": "acknowledged"}
-    produce(test_settings.kafka, test_settings.topics.alerts,
-            [*records[:12], records[0], rejected, b"{not json", acknowledged, *records[12:]])
+    produce(
+        test_settings.kafka,
+        test_settings.topics.alerts,
+        [*records[:12], records[0], rejected, b"{not json", acknowledged, *records[12:]],
+    )
     total, expected = len(records) + 4, {key(r) for r in records}
     hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected["alert_id"]})
     config = AlertsSettings(state_dir=tmp_path, **FAST)
 
-    stop, thread, counts = forward_in_thread(test_settings, config, url,
-                                             ForwardOptions(f"fwd-{unique}", from_beginning=True, limit=total))
+    stop, thread, counts = forward_in_thread(
+        test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True, limit=total)
+    )
     thread.join(60)
     assert not thread.is_alive(), f"forward did not finish: {len(hook.requests)} requests"
     assert set(hook.delivered) == expected  # none missing, nothing else
-    assert all(k == f"{body['alert_id']}:{body['state']}" and body["text"].startswith(":")
-               for k, _, body in hook.requests)
+    assert all(
+        k == f"{body['alert_id']}:{body['state']}" and body["text"].startswith(":") for k, _, body in hook.requests
+    )
     assert counts["delivered"] == len(records) and counts["duplicates"] == 1 and counts["skipped"] == 1
     assert counts["dead_lettered"] == 2 and counts["interrupted"] == 0
     assert {"http_503", "http_429", "timeout"} <= set(counts["failures"]), counts
@@ -77,21 +86,47 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
 
     # another group reading everything again: the store knows what this webhook already has
     requests_before = len(hook.requests)
-    stop, thread, again = forward_in_thread(test_settings, config, url,
-                                            ForwardOptions(f"fwd2-{unique}", from_beginning=True, limit=total))
+    stop, thread, again = forward_in_thread(
+        test_settings, config, url, ForwardOptions(f"fwd2-{unique}", from_beginning=True, limit=total)
+    )
     thread.join(60)
     assert len(hook.requests) == requests_before
     assert again["delivered"] == 0 and again["duplicates"] == len(records) + 2  # + the repeat, + the rejected one
 
 
-def forward_command(settings: Settings, url: str, group: str, state_dir: Path,
-                    webhook_timeout_s: float = 0.5) -> subprocess.Popen[str]:
+def forward_command(
+    settings: Settings, url: str, group: str, state_dir: Path, webhook_timeout_s: float = 0.5
+) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update({"IOTWATCH_TOPIC_ALERTS": settings.topics.alerts, "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000",
-                "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.05"})
-    argv = [sys.executable, "-m", "iotwatch", "--log-level", "ERROR", "alerts", "forward",
-            "--kafka", settings.kafka.bootstrap_servers, "--webhook", url, "--group", group,
-            "--state-dir", str(state_dir), "--webhook-timeout", str(webhook_timeout_s), "--retry-max", "0.5", "--json"]
+    env.update(
+        {
+            "IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
+            "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000",
+            "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.05",
+        }
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "--log-level",
+        "ERROR",
+        "alerts",
+        "forward",
+        "--kafka",
+        settings.kafka.bootstrap_servers,
+        "--webhook",
+        url,
+        "--group",
+        group,
+        "--state-dir",
+        str(state_dir),
+        "--webhook-timeout",
+        str(webhook_timeout_s),
+        "--retry-max",
+        "0.5",
+        "--json",
+    ]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -102,8 +137,7 @@ def stop_gracefully(process: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(out)
 
 
-def test_acceptance_forward_across_kill_9(test_settings: Settings, unique: str, tmp_path: Path,
-                                          webhook: Any) -> None:
+def test_acceptance_forward_across_kill_9(test_settings: Settings, unique: str, tmp_path: Path, webhook: Any) -> None:
     records = alert_run(30)
     produce(test_settings.kafka, test_settings.topics.alerts, records)
     expected = {key(r) for r in records}
@@ -135,8 +169,9 @@ def test_acceptance_forward_across_kill_9(test_settings: Settings, unique: str, 
     assert committed_everything(test_settings, f"fwd-{unique}")
 
 
-def test_sigterm_finishes_the_post_in_flight(test_settings: Settings, unique: str, tmp_path: Path,
-                                            webhook: Any) -> None:
+def test_sigterm_finishes_the_post_in_flight(
+    test_settings: Settings, unique: str, tmp_path: Path, webhook: Any
+) -> None:
     records = alert_run(3)
     produce(test_settings.kafka, test_settings.topics.alerts, records)
     hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None, delay_s=0.6)
@@ -170,11 +205,30 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
     port = black_hole.getsockname()[1]
     url = f"http://user:pw@127.0.0.1:{port}/services/T00/B00/SECRET?token=abc"
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update({"IOTWATCH_TOPIC_ALERTS": test_settings.topics.alerts, "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.2",
-                "IOTWATCH_ALERTS_RETRY_MAX_S": "1"})
-    argv = [sys.executable, "-m", "iotwatch", "alerts", "forward", "--kafka", test_settings.kafka.bootstrap_servers,
-            "--webhook", url, "--group", f"fwd-{unique}", "--state-dir", str(tmp_path),
-            "--timeout", "5"]
+    env.update(
+        {
+            "IOTWATCH_TOPIC_ALERTS": test_settings.topics.alerts,
+            "IOTWATCH_ALERTS_RETRY_INITIAL_S": "0.2",
+            "IOTWATCH_ALERTS_RETRY_MAX_S": "1",
+        }
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "alerts",
+        "forward",
+        "--kafka",
+        test_settings.kafka.bootstrap_servers,
+        "--webhook",
+        url,
+        "--group",
+        f"fwd-{unique}",
+        "--state-dir",
+        str(tmp_path),
+        "--timeout",
+        "5",
+    ]
     started = time.monotonic()
     try:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -188,7 +242,8 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
 
 
 def test_forward_keeps_its_group_membership_while_the_receiver_is_down(
-        test_settings: Settings, unique: str, tmp_path: Path, webhook: Any, caplog: Any) -> None:
+    test_settings: Settings, unique: str, tmp_path: Path, webhook: Any, caplog: Any
+) -> None:
     """A receiver down for longer than max.poll.interval.ms: the paused consumer keeps
     polling, stays in its group, and commits everything once the receiver is back. Each
     retry names the receiver (scheme, host, port, first path segment), never its secrets."""
@@ -202,8 +257,9 @@ def test_forward_keeps_its_group_membership_while_the_receiver_is_down(
     base = url.removesuffix("/hook")
     url = f"{base.replace('http://', 'http://user:secret@')}/hook/T00/SECRET?token=abc"
     config = AlertsSettings(state_dir=tmp_path, **{**FAST, "max_poll_interval_ms": 7000})
-    stop, thread, result = forward_in_thread(test_settings, config, url,
-                                             ForwardOptions(f"fwd-{unique}", from_beginning=True))
+    stop, thread, result = forward_in_thread(
+        test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True)
+    )
     try:
         time.sleep(12)  # every post fails meanwhile: > max.poll.interval.ms on the first alert
         assert not hook.delivered

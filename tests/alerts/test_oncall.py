@@ -21,10 +21,18 @@ def run(settings: Settings, *args: str, refused: bool = False) -> Result:
     """The command line in-process, pointed at this test's broker and topics; ``refused``: the
     command must fail with an error (what ``iotwatch`` prints as one line)."""
     topics = settings.topics
-    env = {"IOTWATCH_TOPIC_ALERTS": topics.alerts, "IOTWATCH_TOPIC_ALERT_STATE": topics.alert_state,
-           "IOTWATCH_TOPIC_SILENCES": topics.silences, "IOTWATCH_TOPIC_NOTIFICATIONS": topics.notifications}
-    result = CliRunner().invoke(cli, ["alerts", args[0], "--kafka", settings.kafka.bootstrap_servers, *args[1:]],
-                                env=env, catch_exceptions=refused)
+    env = {
+        "IOTWATCH_TOPIC_ALERTS": topics.alerts,
+        "IOTWATCH_TOPIC_ALERT_STATE": topics.alert_state,
+        "IOTWATCH_TOPIC_SILENCES": topics.silences,
+        "IOTWATCH_TOPIC_NOTIFICATIONS": topics.notifications,
+    }
+    result = CliRunner().invoke(
+        cli,
+        ["alerts", args[0], "--kafka", settings.kafka.bootstrap_servers, *args[1:]],
+        env=env,
+        catch_exceptions=refused,
+    )
     if refused:
         assert result.exit_code != 0 and isinstance(result.exception, IotwatchError), result.output
     return result
@@ -39,38 +47,55 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     leak = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", 1_000)
     hvac = make_alert("hvac-1", "thermostat", "home-2", "stuck_hvac", "major", "raised", 2_000)
     old = make_alert("meter-1", "smart_meter", "home-1", "anomaly_score", "warning", "raised", 3_000)
-    produce(test_settings.kafka, test_settings.topics.alerts,
-            [leak, hvac, old, {**old, "state": "cleared", "detected_at_ms": old["detected_at_ms"] + 5000}, b"{oops"])
+    produce(
+        test_settings.kafka,
+        test_settings.topics.alerts,
+        [leak, hvac, old, {**old, "state": "cleared", "detected_at_ms": old["detected_at_ms"] + 5000}, b"{oops"],
+    )
     warned = run(test_settings, "list")
     assert "skipped 1 record(s)" in warned.stderr and "3 alert(s)" in warned.stdout
 
     listed = as_json(run(test_settings, "list", "--json"))
     assert [a["alert_id"] for a in listed] == [leak["alert_id"], hvac["alert_id"], old["alert_id"]]
     assert [a["status"] for a in listed] == ["open", "open", "cleared"]
-    assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--open", "--json"))] == \
-        [leak["alert_id"], hvac["alert_id"]]
-    assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--site", "home-1", "--severity", "critical",
-                                               "--json"))] == [leak["alert_id"]]
+    assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--open", "--json"))] == [
+        leak["alert_id"],
+        hvac["alert_id"],
+    ]
+    assert [
+        a["alert_id"]
+        for a in as_json(run(test_settings, "list", "--site", "home-1", "--severity", "critical", "--json"))
+    ] == [leak["alert_id"]]
 
     # acknowledge by a unique prefix; the table names who and why
-    acked = as_json(run(test_settings, "ack", leak["alert_id"][:8], "--by", "alice", "--note", "valve team called",
-                        "--json"))
+    acked = as_json(
+        run(test_settings, "ack", leak["alert_id"][:8], "--by", "alice", "--note", "valve team called", "--json")
+    )
     assert acked["status"] == "acknowledged" and acked["acked_by"] == "alice"
     table = run(test_settings, "list")
     assert table.exit_code == 0 and "alice" in table.stdout and "valve team called" in table.stdout
     # taken back and given again: the last action per alert is what counts (compaction keeps it)
     assert as_json(run(test_settings, "unack", leak["alert_id"], "--by", "alice", "--json"))["status"] == "open"
     assert "not acknowledged" in str(run(test_settings, "unack", leak["alert_id"], "--by", "x", refused=True).exception)
-    assert as_json(run(test_settings, "ack", leak["alert_id"], "--by", "alice", "--note", "valve team called",
-                       "--json"))["status"] == "acknowledged"
+    assert (
+        as_json(run(test_settings, "ack", leak["alert_id"], "--by", "alice", "--note", "valve team called", "--json"))[
+            "status"
+        ]
+        == "acknowledged"
+    )
     state = read_topic(test_settings.kafka, test_settings.topics.alert_state, expected=3)
     record = decode(state[-1].value(), AlertState)
-    assert {m.key() for m in state} == {leak["alert_id"].encode()} and (record.by, record.note) == \
-        ("alice", "valve team called")
+    assert {m.key() for m in state} == {leak["alert_id"].encode()} and (record.by, record.note) == (
+        "alice",
+        "valve team called",
+    )
 
     # the streaming job clears it afterwards: cleared after acknowledgement, with the times to both
-    produce(test_settings.kafka, test_settings.topics.alerts,
-            [{**leak, "state": "cleared", "detected_at_ms": record.at_ms + 60_000}])
+    produce(
+        test_settings.kafka,
+        test_settings.topics.alerts,
+        [{**leak, "state": "cleared", "detected_at_ms": record.at_ms + 60_000}],
+    )
     view = load_book(test_settings).find(leak["alert_id"])
     assert view.status == "cleared_after_ack" and view.seconds_to_clear() is not None
     assert view.seconds_to_ack() is not None and view.seconds_to_ack() <= view.seconds_to_clear()
@@ -81,8 +106,23 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     assert len(read_topic(test_settings.kafka, test_settings.topics.alert_state, idle_s=1.0)) == 3
 
     # silences: created, listed, shown against the alerts they mute, ended
-    created = as_json(run(test_settings, "silence", "--site", "home-2", "--rule", "stuck_hvac", "--for", "2h",
-                          "--comment", "HVAC engineer on site", "--by", "carol", "--json"))
+    created = as_json(
+        run(
+            test_settings,
+            "silence",
+            "--site",
+            "home-2",
+            "--rule",
+            "stuck_hvac",
+            "--for",
+            "2h",
+            "--comment",
+            "HVAC engineer on site",
+            "--by",
+            "carol",
+            "--json",
+        )
+    )
     assert created["ends_at_ms"] - created["starts_at_ms"] == 7_200_000
     assert [s["silence_id"] for s in as_json(run(test_settings, "silences", "--json"))] == [created["silence_id"]]
     assert created["silence_id"] in run(test_settings, "list", "--open").stdout

@@ -11,21 +11,33 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "oncall"
 
 
 def alert(**fields: str) -> dict[str, str]:
-    return {"site": "home-1", "device_id": "d", "device_type": "thermostat", "rule": "stuck_hvac",
-            "severity": "major", **fields}
+    return {
+        "site": "home-1",
+        "device_id": "d",
+        "device_type": "thermostat",
+        "rule": "stuck_hvac",
+        "severity": "major",
+        **fields,
+    }
 
 
 def test_first_match_continue_nesting_and_inheritance() -> None:
     tree = load_routing(DEPLOY / "routes.toml")
     # a home alert: the homes channel (first match, no continue), grouped as the root says
     (route,) = tree.routes(alert())
-    assert (route.receiver, route.group_by, route.group_wait_s, route.repeat_interval_s) == \
-        ("homes-slack", ("site", "rule"), 30.0, 4 * 3600.0)
+    assert (route.receiver, route.group_by, route.group_wait_s, route.repeat_interval_s) == (
+        "homes-slack",
+        ("site", "rule"),
+        30.0,
+        4 * 3600.0,
+    )
     assert route.group_key(alert()) == "0.1:{site=home-1,rule=stuck_hvac}"
     # critical: the pager (its own grouping and timing) and, continuing, the homes channel
     routes = tree.routes(alert(device_type="leak_sensor", rule="water_leak", severity="critical"))
-    assert [(r.receiver, r.group_by, r.repeat_interval_s) for r in routes] == \
-        [("pager", ("device_id",), 900.0), ("homes-slack", ("site", "rule"), 4 * 3600.0)]
+    assert [(r.receiver, r.group_by, r.repeat_interval_s) for r in routes] == [
+        ("pager", ("device_id",), 900.0),
+        ("homes-slack", ("site", "rule"), 4 * 3600.0),
+    ]
     # a nested policy takes the detector's warnings back to on-call
     (route,) = tree.routes(alert(rule="anomaly_score", severity="warning"))
     assert (route.receiver, route.path) == ("oncall", "0.1.0")

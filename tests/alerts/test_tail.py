@@ -14,9 +14,12 @@ from tests.alerts.conftest import alert_run, produce
 
 def run_tail(settings: Settings, *args: str) -> Any:
     argv = ["alerts", "tail", "--kafka", settings.kafka.bootstrap_servers, *args]
-    result = CliRunner().invoke(cli, argv, env={"IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
-                                                "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000"},
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        argv,
+        env={"IOTWATCH_TOPIC_ALERTS": settings.topics.alerts, "IOTWATCH_ALERTS_SESSION_TIMEOUT_MS": "6000"},
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     return result
 
@@ -30,37 +33,81 @@ def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settin
     produce(test_settings.kafka, test_settings.topics.alerts, [*records, b"not an alert"])
     group = f"tail-{unique}"
 
-    first = lines(run_tail(test_settings, "--group", group, "--from-beginning", "--json", "--limit", "7",
-                           "--timeout", "40").output)
+    first = lines(
+        run_tail(
+            test_settings, "--group", group, "--from-beginning", "--json", "--limit", "7", "--timeout", "40"
+        ).output
+    )
     assert len(first) == 7 and all(a in records for a in first)
 
     # same group: resumes after what was shown (per-partition order), never repeats it; --from-beginning
     # only affects partitions the group has no offset for
-    rest = lines(run_tail(test_settings, "--group", group, "--from-beginning", "--json", "--limit", "13",
-                         "--timeout", "30").output)
+    rest = lines(
+        run_tail(
+            test_settings, "--group", group, "--from-beginning", "--json", "--limit", "13", "--timeout", "30"
+        ).output
+    )
     assert sorted(map(json.dumps, first + rest)) == sorted(map(json.dumps, records))
 
     # filters, in a fresh group
     expected = [r for r in records if r["severity"] in ("critical", "major") and r["site"] in ("home-1", "home-2")]
-    major_home = lines(run_tail(test_settings, "--group", f"{group}-f", "--from-beginning", "--json",
-                                "--severity", "major", "--site", "home-1", "--site", "home-2",
-                                "--limit", str(len(expected)), "--timeout", "30").output)
+    major_home = lines(
+        run_tail(
+            test_settings,
+            "--group",
+            f"{group}-f",
+            "--from-beginning",
+            "--json",
+            "--severity",
+            "major",
+            "--site",
+            "home-1",
+            "--site",
+            "home-2",
+            "--limit",
+            str(len(expected)),
+            "--timeout",
+            "30",
+        ).output
+    )
     assert expected and sorted(map(json.dumps, major_home)) == sorted(map(json.dumps, expected))
 
-    wanted = [r for r in records if r["rule"] in ("crash", "anomaly") and r["device_type"] == "vehicle_edr"
-              and r["state"] == "cleared"]
+    wanted = [
+        r
+        for r in records
+        if r["rule"] in ("crash", "anomaly") and r["device_type"] == "vehicle_edr" and r["state"] == "cleared"
+    ]
     assert len(wanted) == 2
-    picked = lines(run_tail(test_settings, "--group", f"{group}-r", "--from-beginning", "--json", "--rule", "crash",
-                            "--rule", "anomaly", "--device-type", "vehicle_edr", "--state", "cleared", "--limit", "2",
-                            "--timeout", "30").output)
+    picked = lines(
+        run_tail(
+            test_settings,
+            "--group",
+            f"{group}-r",
+            "--from-beginning",
+            "--json",
+            "--rule",
+            "crash",
+            "--rule",
+            "anomaly",
+            "--device-type",
+            "vehicle_edr",
+            "--state",
+            "cleared",
+            "--limit",
+            "2",
+            "--timeout",
+            "30",
+        ).output
+    )
     assert sorted(map(json.dumps, picked)) == sorted(map(json.dumps, wanted))
 
 
 def test_tail_plain_lines(test_settings: Settings, unique: str) -> None:
     records = alert_run(3)
     produce(test_settings.kafka, test_settings.topics.alerts, records)
-    result = run_tail(test_settings, "--group", f"plain-{unique}", "--from-beginning", "--plain", "--limit", "6",
-                      "--timeout", "40")
+    result = run_tail(
+        test_settings, "--group", f"plain-{unique}", "--from-beginning", "--plain", "--limit", "6", "--timeout", "40"
+    )
     out = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(out) == 6, result.output
     assert any("CRITICAL raised" in line and "car-1" in line and "fleet-2" in line for line in out)

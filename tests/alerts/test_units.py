@@ -83,8 +83,9 @@ def test_deliver_retries_transient_failures_and_stops_on_4xx(webhook) -> None:  
     started = time.monotonic()
     for i in range(3):  # requests: 1 ok | 2 503, 3 429 (1 s), 4 503, 5 stall (timeout), 6 503, 7 ok | 8 503, 9 ok
         alert = {**CRASH, "alert_id": f"a{i}"}
-        result = deliver(client, alert, Backoff(0.01, 0.05), stop,
-                         on_failure=lambda r, w: failures.append((r.reason, w)))
+        result = deliver(
+            client, alert, Backoff(0.01, 0.05), stop, on_failure=lambda r, w: failures.append((r.reason, w))
+        )
         assert result is not None and result.outcome == "delivered"
     reasons = [r for r, _ in failures]
     assert {"http_503", "http_429", "timeout"} <= set(reasons)

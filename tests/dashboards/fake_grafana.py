@@ -48,7 +48,7 @@ class FakeGrafana:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _handle(self) -> None:
@@ -101,14 +101,21 @@ def route(state: GrafanaState, method: str, path: str, body: Any) -> tuple[int, 
             uid = body.get("uid") or f"f{state.new_id()}"
             if uid in state.folders or any(f["title"] == body["title"] for f in state.folders.values()):
                 return 409, {"message": "a folder with the same name already exists"}
-            state.folders[uid] = {"id": state.new_id(), "uid": uid, "title": body["title"], "url": f"/dashboards/f/{uid}/"}
+            state.folders[uid] = {
+                "id": state.new_id(),
+                "uid": uid,
+                "title": body["title"],
+                "url": f"/dashboards/f/{uid}/",
+            }
             return 200, state.folders[uid]
     if parts[:2] == ["api", "datasources"]:
         if method == "GET" and parts[2:3] == ["uid"]:
             ds = state.datasources.get(parts[3])
             return (200, ds) if ds else (404, {"message": "Data source not found"})
         if method == "POST" and len(parts) == 2:
-            if body.get("uid") in state.datasources or any(d["name"] == body["name"] for d in state.datasources.values()):
+            if body.get("uid") in state.datasources or any(
+                d["name"] == body["name"] for d in state.datasources.values()
+            ):
                 return 409, {"message": "data source with the same name already exists"}
             ds = {**body, "id": state.new_id(), "version": 1}
             ds.pop("secureJsonData", None)
@@ -131,8 +138,19 @@ def route(state: GrafanaState, method: str, path: str, body: Any) -> tuple[int, 
         if old and not body.get("overwrite"):
             return 412, {"message": "A dashboard with the same uid already exists", "status": "name-exists"}
         version = old["version"] + 1 if old else 1
-        state.dashboards[uid] = {"dashboard": dashboard, "folderUid": folder, "version": version,
-                                 "id": old["id"] if old else state.new_id(), "message": body.get("message")}
-        return 200, {"id": state.dashboards[uid]["id"], "uid": uid, "status": "success", "version": version,
-                     "slug": uid, "url": f"/d/{uid}/{uid}"}
+        state.dashboards[uid] = {
+            "dashboard": dashboard,
+            "folderUid": folder,
+            "version": version,
+            "id": old["id"] if old else state.new_id(),
+            "message": body.get("message"),
+        }
+        return 200, {
+            "id": state.dashboards[uid]["id"],
+            "uid": uid,
+            "status": "success",
+            "version": version,
+            "slug": uid,
+            "url": f"/d/{uid}/{uid}",
+        }
     return 404, {"message": "Not found"}

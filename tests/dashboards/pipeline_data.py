@@ -24,8 +24,8 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract import Telemetry
 from iotwatch.oncall import CommandAudit, CommandOutcome
-from responder.metrics import write_command
 from iotwatch.settings import Settings
+from responder.metrics import write_command
 from tests.streaming.scenario import write_scenario
 
 
@@ -40,10 +40,16 @@ class DashboardData:
 
 
 def dashboard_settings(settings: Settings, run: str) -> Settings:
-    topics = settings.topics.model_copy(update={"raw": f"dash.{run}.raw", "dlq": f"dash.{run}.dlq",
-                                                "alerts": f"dash.{run}.alerts", "model_updates": f"dash.{run}.model",
-                                                "alert_state": f"dash.{run}.alerts.state",
-                                                "silences": f"dash.{run}.alerts.silences"})
+    topics = settings.topics.model_copy(
+        update={
+            "raw": f"dash.{run}.raw",
+            "dlq": f"dash.{run}.dlq",
+            "alerts": f"dash.{run}.alerts",
+            "model_updates": f"dash.{run}.model",
+            "alert_state": f"dash.{run}.alerts.state",
+            "silences": f"dash.{run}.alerts.silences",
+        }
+    )
     stream = settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 500})
     influx = settings.influx.model_copy(update={"database": f"dashboards_{run}"})
     return settings.model_copy(update={"topics": topics, "stream": stream, "influx": influx})
@@ -55,10 +61,22 @@ def write_gps_vehicle(settings: Settings, run: str, readings: int = 180) -> str:
     t0 = int(time.time() * 1000) - 3_600_000
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
     for seq in range(readings):
-        metrics = {"speed_kmh": 60.0, "accel_x_g": 0.01, "lat_deg": 38.72 + seq * 1e-4, "lon_deg": -9.14 + seq * 1e-4,
-                   "coolant_temp_c": 90.0}
-        message = Telemetry(v=1, device_id=device, device_type="vehicle_edr", site=f"site-{run}", seq=seq,
-                            ts=t0 + seq * 1000, metrics=metrics)
+        metrics = {
+            "speed_kmh": 60.0,
+            "accel_x_g": 0.01,
+            "lat_deg": 38.72 + seq * 1e-4,
+            "lon_deg": -9.14 + seq * 1e-4,
+            "coolant_temp_c": 90.0,
+        }
+        message = Telemetry(
+            v=1,
+            device_id=device,
+            device_type="vehicle_edr",
+            site=f"site-{run}",
+            seq=seq,
+            ts=t0 + seq * 1000,
+            metrics=metrics,
+        )
         producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
     assert producer.flush(30) == 0
     return device
@@ -72,8 +90,15 @@ def write_wet_leak_sensor(settings: Settings, run: str, readings: int = 20) -> s
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True})
     for seq in range(readings):
         metrics = {"water_detected": 1.0 if seq >= readings // 2 else 0.0, "battery_pct": 80.0, "temperature_c": 18.0}
-        message = Telemetry(v=1, device_id=device, device_type="leak_sensor", site=f"site-{run}", seq=seq,
-                            ts=t0 + seq * 10_000, metrics=metrics)
+        message = Telemetry(
+            v=1,
+            device_id=device,
+            device_type="leak_sensor",
+            site=f"site-{run}",
+            seq=seq,
+            ts=t0 + seq * 10_000,
+            metrics=metrics,
+        )
         producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
     assert producer.flush(30) == 0
     return device
@@ -114,9 +139,22 @@ def write_oncall_activity(settings: Settings, device: str) -> None:
         metrics.flush(book, int(time.time() * 1000), force=True)
         assert not metrics.pending and metrics.failures == 0
         now = int(time.time() * 1000)
-        command = CommandAudit(1, "c-dash", "reset-stuck-hvac", view.alert_id, "stuck_hvac", device, "thermostat",
-                               view.record["site"], "reset_hvac", "responder", now - 60_000, now, 1,
-                               CommandOutcome.DONE).with_step(CommandOutcome.DONE, now - 59_000)
+        command = CommandAudit(
+            1,
+            "c-dash",
+            "reset-stuck-hvac",
+            view.alert_id,
+            "stuck_hvac",
+            device,
+            "thermostat",
+            view.record["site"],
+            "reset_hvac",
+            "responder",
+            now - 60_000,
+            now,
+            1,
+            CommandOutcome.DONE,
+        ).with_step(CommandOutcome.DONE, now - 59_000)
         assert write_command(metrics.client, command)
     finally:
         metrics.client.close()
@@ -133,8 +171,14 @@ def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardD
     scenario = write_scenario(settings, run)
     gps = write_gps_vehicle(settings, run)
     write_wet_leak_sensor(settings, run)
-    job = start(spark, settings, checkpoint_dir=work_dir / "checkpoint", archive_dir=work_dir / "archive",
-                available_now=True, query_name=f"dashboards_{run}")
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=work_dir / "checkpoint",
+        archive_dir=work_dir / "archive",
+        available_now=True,
+        query_name=f"dashboards_{run}",
+    )
     job.await_backlog(300)
     assert job.query.exception() is None
     instance = f"gw-{run}"

@@ -119,15 +119,25 @@ def test_layout_fits_the_grid_without_overlap() -> None:
         for panel in model["panels"]:  # top level (collapsed rows' panels are laid out when expanded)
             grid = panel["gridPos"]
             assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
-            area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                    for y in range(grid["y"], grid["y"] + grid["h"])}
+            area = {
+                (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+            }
             assert not area & cells, f"{model['uid']}: {panel['title']} overlaps"
             cells |= area
 
 
 def test_queries_avoid_what_influxdb_3_influxql_lacks() -> None:
-    unsupported = ("SLIMIT", "SOFFSET", "INTEGRAL(", "SAMPLE(", "SHOW SERIES", "SHOW DATABASES", "HOLT_WINTERS",
-                   "EXPONENTIAL_MOVING_AVERAGE", "INTO ")
+    unsupported = (
+        "SLIMIT",
+        "SOFFSET",
+        "INTEGRAL(",
+        "SAMPLE(",
+        "SHOW SERIES",
+        "SHOW DATABASES",
+        "HOLT_WINTERS",
+        "EXPONENTIAL_MOVING_AVERAGE",
+        "INTO ",
+    )
     for model in BUILT.values():
         for where, query in queries(model):
             assert not [word for word in unsupported if word in query.upper()], f"{model['uid']} {where}"

@@ -32,7 +32,11 @@ def test_push_creates_folder_datasource_and_dashboards_then_updates_them_idempot
         assert first.datasource and first.datasource["action"] == "created"
         ds = state.datasources["iotwatch-influxdb"]
         assert (ds["type"], ds["name"], ds["url"], ds["jsonData"]["dbName"]) == (
-            "influxdb", DATASOURCE_NAME, "http://influxdb:8086", "iotwatch")
+            "influxdb",
+            DATASOURCE_NAME,
+            "http://influxdb:8086",
+            "iotwatch",
+        )
         sent = grafana.calls("POST", "/api/datasources")[0].body
         assert sent["secureJsonData"] == {"httpHeaderValue1": "Token influx-secret"}
         assert sent["jsonData"]["httpHeaderName1"] == "Authorization"
@@ -64,13 +68,25 @@ def test_an_existing_folder_with_the_same_title_is_reused() -> None:
         assert {d["folderUid"] for d in grafana.state.dashboards.values()} == {"abc123"}
 
 
-def test_cli_push_json_and_one_line_errors(capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_push_json_and_one_line_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("IOTWATCH_INFLUX_TOKEN", "IOTWATCH_INFLUX_USERNAME", "IOTWATCH_INFLUX_PASSWORD", "GRAFANA_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     with FakeGrafana(TOKEN) as grafana:
-        main(["dashboards", "push", "--url", grafana.url, "--token", TOKEN, "--influx-url", "http://influx:8086",
-              "--database", "metrics", "--json"])
+        main(
+            [
+                "dashboards",
+                "push",
+                "--url",
+                grafana.url,
+                "--token",
+                TOKEN,
+                "--influx-url",
+                "http://influx:8086",
+                "--database",
+                "metrics",
+                "--json",
+            ]
+        )
         result = json.loads(capsys.readouterr().out)
         assert result["folder"]["title"] == "iotwatch" and result["datasource"]["action"] == "created"
         assert grafana.state.datasources["iotwatch-influxdb"]["database"] == "metrics"

@@ -22,8 +22,11 @@ from tests.dashboards.pipeline_data import DashboardData, populate
 pytestmark = pytest.mark.slow
 
 BUILT = build_all()
-CASES = [pytest.param(name, where, query, id=f"{model['uid']}: {where}")
-         for name, model in BUILT.items() for where, query in queries(model)]
+CASES = [
+    pytest.param(name, where, query, id=f"{model['uid']}: {where}")
+    for name, model in BUILT.items()
+    for where, query in queries(model)
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,9 @@ def values_for(data: DashboardData, model: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("dashboard_file", "where", "query"), CASES)
-def test_query_returns_data(data: DashboardData, influx: InfluxV1Client, dashboard_file: str, where: str,
-                            query: str) -> None:
+def test_query_returns_data(
+    data: DashboardData, influx: InfluxV1Client, dashboard_file: str, where: str, query: str
+) -> None:
     text = substitute(query, values_for(data, BUILT[dashboard_file]))
     series = influx.query(text)
     assert series, f"no data for {where}: {text}"
@@ -64,7 +68,7 @@ def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Cli
 
     # Open alerts: the leak sensor left wet at the end of the run is raised and never cleared.
     table = run("iotwatch-anomalies", "panel 'Open alerts' A")[0]
-    open_alerts = [dict(zip(table["columns"], row)) for row in table["values"]]
+    open_alerts = [dict(zip(table["columns"], row, strict=True)) for row in table["values"]]
     assert any(a["rule"] == "water_leak" and a["device_id"].startswith("wet-") for a in open_alerts), open_alerts
     # Crash markers: the crash car's alert, with the deceleration that triggered it.
     crashes = run("iotwatch-vehicles", "annotation Crashes")[0]
@@ -82,7 +86,7 @@ def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Cli
     (acknowledged,) = run("iotwatch-oncall", "panel 'Acknowledged, still firing' A")
     assert acknowledged["values"][-1][1] == 1
     (acks,) = run("iotwatch-oncall", "panel 'Recent acknowledgements' A")
-    row = dict(zip(acks["columns"], acks["values"][0]))
+    row = dict(zip(acks["columns"], acks["values"][0], strict=True))
     assert row["by"] == "alice" and row["seconds_to_ack"] > 0
     cleared = run("iotwatch-oncall", "panel 'Time to clear' A")
     assert {s["tags"]["acked"] for s in cleared} == {"false"} and all(v[1] >= 0 for s in cleared for v in s["values"])

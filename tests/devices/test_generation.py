@@ -32,14 +32,18 @@ def test_every_message_follows_the_contract_and_seq_is_gap_free() -> None:
         assert group != STATUS
         message = decode_telemetry(payload.encode(), now_ms=START_MS + 60_000)
         site, device_type, device_id, kind = parse_device_topic(topic)
-        assert (site, device_type, device_id, kind) == (message.site, message.device_type, message.device_id,
-                                                         "telemetry")
+        assert (site, device_type, device_id, kind) == (
+            message.site,
+            message.device_type,
+            message.device_id,
+            "telemetry",
+        )
         assert set(message.metrics) == set(DEVICE_METRICS[device_type])
         seen_types.add(device_type)
     assert seen_types == {t.value for t in DeviceType}
     for device_id, readings in telemetry_by_device(messages).items():
         assert [m["seq"] for m in readings] == list(range(len(readings))), device_id
-        assert all(b["ts"] > a["ts"] for a, b in zip(readings, readings[1:])), device_id
+        assert all(b["ts"] > a["ts"] for a, b in zip(readings, readings[1:], strict=False)), device_id
     vehicle = telemetry_by_device(messages)["vehicle-00000"]
     assert len(vehicle) in (299, 300)  # 10 Hz for 30 s (phase offset)
 
@@ -71,15 +75,24 @@ def test_homes_differ_and_types_mix() -> None:
 
 def test_ground_truth_matches_injected_changes(tmp_path: Path) -> None:
     base = SimConfig(seed=2, homes=2, vehicles=0, start_ms=START_MS, mix={"thermostat": 1, "smart_meter": 1})
-    plan = _scenario(tmp_path, [
-        {"kind": "spike", "devices": "home-00000-thermostat-0", "at_s": 10, "magnitude": 9.0},
-        {"kind": "level_shift", "devices": "home-00001-smart_meter-0", "at_s": 20, "duration_s": 5, "magnitude": 500},
-        {"kind": "dropout", "devices": "home-00001-thermostat-0", "at_s": 30, "duration_s": 4},
-        {"kind": "duplicate", "devices": "home-00000-smart_meter-0", "at_s": 40, "duration_s": 0, "copies": 2},
-        {"kind": "malformed", "devices": "home-00000-thermostat-0", "at_s": 50, "variant": "truncated"},
-        {"kind": "out_of_order", "devices": "home-00001-smart_meter-0", "at_s": 45, "depth": 2},
-        {"kind": "clock_skew", "devices": "home-00000-smart_meter-0", "at_s": 52, "duration_s": 2, "skew_s": 3600},
-    ])
+    plan = _scenario(
+        tmp_path,
+        [
+            {"kind": "spike", "devices": "home-00000-thermostat-0", "at_s": 10, "magnitude": 9.0},
+            {
+                "kind": "level_shift",
+                "devices": "home-00001-smart_meter-0",
+                "at_s": 20,
+                "duration_s": 5,
+                "magnitude": 500,
+            },
+            {"kind": "dropout", "devices": "home-00001-thermostat-0", "at_s": 30, "duration_s": 4},
+            {"kind": "duplicate", "devices": "home-00000-smart_meter-0", "at_s": 40, "duration_s": 0, "copies": 2},
+            {"kind": "malformed", "devices": "home-00000-thermostat-0", "at_s": 50, "variant": "truncated"},
+            {"kind": "out_of_order", "devices": "home-00001-smart_meter-0", "at_s": 45, "depth": 2},
+            {"kind": "clock_skew", "devices": "home-00000-smart_meter-0", "at_s": 52, "duration_s": 2, "skew_s": 3600},
+        ],
+    )
     sim = Simulation(base.model_copy(update={"scenario": plan}))
     messages = [m for batch in sim.run(70) for m in batch]
     clean = telemetry_by_device(generate(base, 70))
@@ -138,8 +151,10 @@ def _valid(payload) -> bool:
         return False
 
 
-@pytest.mark.parametrize("variant", ["truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan",
-                                     "unknown_field", "bad_version"])
+@pytest.mark.parametrize(
+    "variant",
+    ["truncated", "not_json", "invalid_utf8", "missing_field", "wrong_type", "nan", "unknown_field", "bad_version"],
+)
 def test_malformed_variants_are_contract_violations(variant: str) -> None:
     config = SimConfig(seed=1, homes=1, vehicles=0, start_ms=START_MS, mix={"thermostat": 1})
     payload = generate(config, 2)[0][2]
@@ -148,8 +163,16 @@ def test_malformed_variants_are_contract_violations(variant: str) -> None:
 
 
 def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> None:
-    config = SimConfig(seed=9, homes=4, vehicles=1, start_ms=START_MS, anomaly_rate=60.0, fault_rate=60.0,
-                       anomaly_kinds=("spike", "flatline", "dropout", "out_of_range"), tick_ms=1000)
+    config = SimConfig(
+        seed=9,
+        homes=4,
+        vehicles=1,
+        start_ms=START_MS,
+        anomaly_rate=60.0,
+        fault_rate=60.0,
+        anomaly_kinds=("spike", "flatline", "dropout", "out_of_range"),
+        tick_ms=1000,
+    )
     runs = []
     for _ in range(2):
         sim = Simulation(config)
@@ -158,8 +181,17 @@ def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> N
         runs.append(sim.injector.records)
     assert runs[0] == runs[1] and runs[0]
     kinds = {r["kind"] for r in runs[0]}
-    assert kinds <= {"spike", "flatline", "dropout", "out_of_range", "duplicate", "out_of_order", "late",
-                     "clock_skew", "malformed"}
+    assert kinds <= {
+        "spike",
+        "flatline",
+        "dropout",
+        "out_of_range",
+        "duplicate",
+        "out_of_order",
+        "late",
+        "clock_skew",
+        "malformed",
+    }
     assert {"spike", "flatline"} <= kinds
     for record in runs[0]:
         assert record["start_seq"] <= record["end_seq"] and record["start_ts"] <= record["end_ts"]
@@ -167,8 +199,16 @@ def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> N
 
 
 def test_anomalies_after_keeps_the_warm_up_free_of_anomalies_only() -> None:
-    base = SimConfig(seed=9, homes=4, vehicles=1, start_ms=START_MS, anomaly_rate=60.0, fault_rate=60.0,
-                     anomaly_kinds=("spike", "flatline", "dropout", "out_of_range"), tick_ms=1000)
+    base = SimConfig(
+        seed=9,
+        homes=4,
+        vehicles=1,
+        start_ms=START_MS,
+        anomaly_rate=60.0,
+        fault_rate=60.0,
+        anomaly_kinds=("spike", "flatline", "dropout", "out_of_range"),
+        tick_ms=1000,
+    )
     records = {}
     for after in (0.0, 120.0):
         sim = Simulation(base.model_copy(update={"anomalies_after_s": after}))
@@ -186,8 +226,17 @@ def test_a_bounded_run_holds_whole_anomalies_only() -> None:
     """With --duration known, rate-drawn anomalies end a few readings before the run does
     (a drift reaches its full size, a dropout is followed by data), so the ground truth
     never describes an anomaly cut off by the end."""
-    config = SimConfig(seed=5, homes=4, vehicles=0, rate=1.0, start_ms=START_MS, duration_s=600.0,
-                       anomaly_rate=30.0, anomaly_kinds=("drift", "dropout", "level_shift", "flatline"), tick_ms=1000)
+    config = SimConfig(
+        seed=5,
+        homes=4,
+        vehicles=0,
+        rate=1.0,
+        start_ms=START_MS,
+        duration_s=600.0,
+        anomaly_rate=30.0,
+        anomaly_kinds=("drift", "dropout", "level_shift", "flatline"),
+        tick_ms=1000,
+    )
     unbounded = Simulation(config.model_copy(update={"duration_s": None}))
     bounded = Simulation(config)
     for sim in (unbounded, bounded):
@@ -232,8 +281,7 @@ def test_normal_driving_stays_within_physical_ranges() -> None:
 
 
 def test_stuck_hvac_makes_the_room_run_away(tmp_path: Path) -> None:
-    base = SimConfig(seed=4, homes=6, vehicles=0, rate=1 / 30, start_ms=START_MS, mix={"thermostat": 1},
-                     tick_ms=30_000)
+    base = SimConfig(seed=4, homes=6, vehicles=0, rate=1 / 30, start_ms=START_MS, mix={"thermostat": 1}, tick_ms=30_000)
     plan = _scenario(tmp_path, [{"kind": "hvac_stuck", "devices": "*", "at_s": 3600, "duration_s": 6 * 3600}])
     clean = telemetry_by_device(generate(base, 8 * 3600))
     stuck = telemetry_by_device(generate(base.model_copy(update={"scenario": plan}), 8 * 3600))
@@ -275,8 +323,11 @@ def test_normal_driving_never_triggers_the_recorder() -> None:
     assert not any("event" in m for readings in by_device.values() for m in readings)
     speeds = [m["metrics"]["speed_kmh"] for readings in by_device.values() for m in readings]
     assert max(speeds) > 50 and min(speeds) == 0.0
-    moved = [abs(r[-1]["metrics"]["lat_deg"] - r[0]["metrics"]["lat_deg"]) + abs(r[-1]["metrics"]["lon_deg"]
-             - r[0]["metrics"]["lon_deg"]) for r in by_device.values()]
+    moved = [
+        abs(r[-1]["metrics"]["lat_deg"] - r[0]["metrics"]["lat_deg"])
+        + abs(r[-1]["metrics"]["lon_deg"] - r[0]["metrics"]["lon_deg"])
+        for r in by_device.values()
+    ]
     assert sum(x > 1e-3 for x in moved) >= 5
 
 

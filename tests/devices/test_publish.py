@@ -57,27 +57,34 @@ class Subscriber:
 
 def _telemetry(sub: Subscriber, devices: set[str]) -> dict[str, list[int]]:
     seqs: dict[str, list[int]] = defaultdict(list)
-    for topic, payload, _ in sub.messages:
+    for _topic, payload, _ in sub.messages:
         message = decode_telemetry(payload)
         if message.device_id in devices:
             seqs[message.device_id].append(message.seq)
     return seqs
 
 
-def test_subscriber_receives_exactly_what_the_summary_reports(stack_settings: Settings, unique: str,
-                                                              tmp_path: Path) -> None:
+def test_subscriber_receives_exactly_what_the_summary_reports(
+    stack_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     config = SimConfig(seed=21, homes=8, vehicles=2, start_ms=int(time.time() * 1000) - 20_000, duration_s=20)
     sub = Subscriber(stack_settings, "iot/+/+/+/telemetry")
     try:
-        options = RunOptions(mqtt=stack_settings.mqtt, qos=1, processes=2, connections=2, as_fast_as_possible=True,
-                             client_prefix=f"test-{unique}", ground_truth=tmp_path / "gt.jsonl")
+        options = RunOptions(
+            mqtt=stack_settings.mqtt,
+            qos=1,
+            processes=2,
+            connections=2,
+            as_fast_as_possible=True,
+            client_prefix=f"test-{unique}",
+            ground_truth=tmp_path / "gt.jsonl",
+        )
         summary = run(config, options)
         sub.wait_for(summary["sent"])
     finally:
         sub.close()
     assert summary["errors"] == 0 and summary["unacked"] == 0
-    devices = {f"vehicle-{v:05d}" for v in range(2)} | {
-        json.loads(p)["device_id"] for _, p, _ in sub.messages}
+    devices = {f"vehicle-{v:05d}" for v in range(2)} | {json.loads(p)["device_id"] for _, p, _ in sub.messages}
     seqs = _telemetry(sub, devices)
     assert sum(len(s) for s in seqs.values()) == summary["sent"] == summary["readings"]
     assert len(seqs) == summary["device_total"]
@@ -94,13 +101,24 @@ def test_subscriber_receives_exactly_what_the_summary_reports(stack_settings: Se
 
 
 def test_qos0_with_faults_counts_every_copy(stack_settings: Settings, unique: str, tmp_path: Path) -> None:
-    config = SimConfig(seed=3, homes=4, vehicles=1, start_ms=int(time.time() * 1000) - 600_000, duration_s=600,
-                       fault_rate=20.0, fault_kinds=("duplicate", "malformed", "late"), tick_ms=1000, rate=0.2,
-                       vehicle_hz=1.0)
+    config = SimConfig(
+        seed=3,
+        homes=4,
+        vehicles=1,
+        start_ms=int(time.time() * 1000) - 600_000,
+        duration_s=600,
+        fault_rate=20.0,
+        fault_kinds=("duplicate", "malformed", "late"),
+        tick_ms=1000,
+        rate=0.2,
+        vehicle_hz=1.0,
+    )
     sub = Subscriber(stack_settings, "iot/+/+/+/telemetry")
     try:
-        summary = run(config, RunOptions(mqtt=stack_settings.mqtt, qos=0, as_fast_as_possible=True,
-                                         ground_truth=tmp_path / "gt.jsonl"))
+        summary = run(
+            config,
+            RunOptions(mqtt=stack_settings.mqtt, qos=0, as_fast_as_possible=True, ground_truth=tmp_path / "gt.jsonl"),
+        )
         sub.wait_for(summary["sent"])
     finally:
         sub.close()
@@ -128,20 +146,42 @@ def _retained_status(settings: Settings, topic: str, timeout_s: float = 5.0) -> 
         sub.close()
 
 
-def test_status_is_retained_and_the_last_will_marks_a_killed_device_offline(stack_settings: Settings,
-                                                                            unique: str, tmp_path: Path) -> None:
+def test_status_is_retained_and_the_last_will_marks_a_killed_device_offline(
+    stack_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     topic = "iot/home-00000/leak_sensor/home-00000-leak_sensor-0/status"
     env = {**os.environ, "IOTWATCH_MQTT_URL": stack_settings.mqtt.url}
-    proc = subprocess.Popen([*IOTWATCH, "simulate", "--homes", "1", "--vehicles", "0", "--mix", "leak_sensor=1",
-                             "--duration", "120", "--connection-per-device", "--qos", "1", "--seed", "5",
-                             "--no-progress", "--client-id-prefix", f"test-{unique}",
-                             "--seq-state", str(tmp_path / "seq.json")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *IOTWATCH,
+            "simulate",
+            "--homes",
+            "1",
+            "--vehicles",
+            "0",
+            "--mix",
+            "leak_sensor=1",
+            "--duration",
+            "120",
+            "--connection-per-device",
+            "--qos",
+            "1",
+            "--seed",
+            "5",
+            "--no-progress",
+            "--client-id-prefix",
+            f"test-{unique}",
+            "--seq-state",
+            str(tmp_path / "seq.json"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         sub = Subscriber(stack_settings, topic)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(json.loads(p)["state"] == "online"
-                                                       for _, p, _ in sub.messages):
+        while time.monotonic() < deadline and not any(json.loads(p)["state"] == "online" for _, p, _ in sub.messages):
             time.sleep(0.1)
         assert any(json.loads(p)["state"] == "online" for _, p, _ in sub.messages), proc.stderr
         killed_at = len(sub.messages)
@@ -164,11 +204,35 @@ def test_cli_simulate_json_run(stack_settings: Settings, unique: str, tmp_path: 
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"anomalies": [{"kind": "spike", "devices": "home-*-smart_meter-0", "at_s": 1}]}))
     sub = Subscriber(stack_settings, "iot/+/+/+/status")
-    result = subprocess.run([*IOTWATCH, "simulate", "--mqtt", stack_settings.mqtt.url, "--homes", "3",
-                             "--vehicles", "1", "--duration", "30", "--as-fast-as-possible", "--qos", "1",
-                             "--scenario", str(scenario), "--ground-truth", str(gt), "--json",
-                             "--client-id-prefix", f"test-{unique}", "--seq-state", str(tmp_path / "seq.json")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            *IOTWATCH,
+            "simulate",
+            "--mqtt",
+            stack_settings.mqtt.url,
+            "--homes",
+            "3",
+            "--vehicles",
+            "1",
+            "--duration",
+            "30",
+            "--as-fast-as-possible",
+            "--qos",
+            "1",
+            "--scenario",
+            str(scenario),
+            "--ground-truth",
+            str(gt),
+            "--json",
+            "--client-id-prefix",
+            f"test-{unique}",
+            "--seq-state",
+            str(tmp_path / "seq.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     sub.wait_for(1, 2)
     sub.close()
     assert result.returncode == 0, result.stderr
@@ -183,7 +247,22 @@ def test_cli_simulate_json_run(stack_settings: Settings, unique: str, tmp_path: 
 
 
 def test_cli_errors_are_one_line(stack_settings: Settings) -> None:
-    result = subprocess.run([*IOTWATCH, "simulate", "--mqtt", stack_settings.mqtt.url, "--anomalies", "gremlins",
-                             "--anomaly-rate", "1", "--duration", "1"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            *IOTWATCH,
+            "simulate",
+            "--mqtt",
+            stack_settings.mqtt.url,
+            "--anomalies",
+            "gremlins",
+            "--anomaly-rate",
+            "1",
+            "--duration",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0 and "unknown anomaly kind 'gremlins'" in result.stderr

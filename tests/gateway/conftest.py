@@ -12,8 +12,9 @@ from iotwatch.settings import Settings
 
 
 def gateway_settings(settings: Settings, unique: str, **gateway: object) -> Settings:
-    config = settings.gateway.model_copy(update={
-        "client_id": f"gw-{unique}", "metrics_port": 0, "status_interval_s": 1.0, **gateway})
+    config = settings.gateway.model_copy(
+        update={"client_id": f"gw-{unique}", "metrics_port": 0, "status_interval_s": 1.0, **gateway}
+    )
     influx = settings.influx
     return settings.model_copy(update={"gateway": config, "influx": influx})
 

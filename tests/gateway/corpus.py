@@ -19,19 +19,30 @@ Case = tuple[str, str, bytes, str]
 
 
 def body(device: str, site: str = "poison", device_type: str = "thermostat", **fields: object) -> dict[str, object]:
-    message: dict[str, object] = {"v": 1, "device_id": device, "device_type": device_type, "site": site, "seq": 0,
-                                  "ts": int(time.time() * 1000), "metrics": {"temperature_c": 21.0}}
+    message: dict[str, object] = {
+        "v": 1,
+        "device_id": device,
+        "device_type": device_type,
+        "site": site,
+        "seq": 0,
+        "ts": int(time.time() * 1000),
+        "metrics": {"temperature_c": 21.0},
+    }
     message.update(fields)
     return message
 
 
 def corpus(unique: str) -> list[Case]:
     """One message of each kind that once stopped or wedged a component."""
-    def case(name: str, expected: str, device_type: str = "thermostat", site: str = "poison",
-             **fields: object) -> Case:
+
+    def case(name: str, expected: str, device_type: str = "thermostat", site: str = "poison", **fields: object) -> Case:
         device = f"p-{name}-{unique}"
-        return (name, telemetry_topic(site, device_type, device),
-                json.dumps(body(device, site, device_type, **fields)).encode(), expected)
+        return (
+            name,
+            telemetry_topic(site, device_type, device),
+            json.dumps(body(device, site, device_type, **fields)).encode(),
+            expected,
+        )
 
     deep_device = f"p-deep-{unique}"
     deep = json.dumps(body(deep_device))[:-1].encode() + b',"event_data":{"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}}"
@@ -51,10 +62,18 @@ def corpus(unique: str) -> list[Case]:
         ("binary", telemetry_topic("poison", "thermostat", f"p-binary-{unique}"), b"\x00\xff{{{", "invalid_utf8"),
         ("not-json", telemetry_topic("poison", "thermostat", f"p-garbage-{unique}"), b"{not json", "invalid_json"),
         # The same device id under a second site: the gateway cannot know, the job judges it.
-        ("identity-a", telemetry_topic("site-a", "thermostat", conflict),
-         json.dumps(body(conflict, "site-a")).encode(), "forwarded"),
-        ("identity-b", telemetry_topic("site-b", "thermostat", conflict),
-         json.dumps(body(conflict, "site-b")).encode(), "forwarded"),
+        (
+            "identity-a",
+            telemetry_topic("site-a", "thermostat", conflict),
+            json.dumps(body(conflict, "site-a")).encode(),
+            "forwarded",
+        ),
+        (
+            "identity-b",
+            telemetry_topic("site-b", "thermostat", conflict),
+            json.dumps(body(conflict, "site-b")).encode(),
+            "forwarded",
+        ),
     ]
 
 
@@ -67,7 +86,10 @@ def publish(client: Any, mqtt: MqttSettings, cases: list[Case], folder: Path) ->
         if index % 2:
             path = folder / name
             path.write_bytes(payload)
-            subprocess.run([mosquitto_pub, "-h", mqtt.host, "-p", str(mqtt.port), "-q", "1", "-t", topic,
-                            "-f", str(path)], check=True, timeout=30)
+            subprocess.run(
+                [mosquitto_pub, "-h", mqtt.host, "-p", str(mqtt.port), "-q", "1", "-t", topic, "-f", str(path)],
+                check=True,
+                timeout=30,
+            )
         else:
             client.publish(topic, payload, qos=1).wait_for_publish(30)

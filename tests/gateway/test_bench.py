@@ -10,9 +10,30 @@ import sys
 
 def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    result = subprocess.run([sys.executable, "-m", "iotwatch", "bench", "gateway", "--messages", "2000",
-                             "--devices", "20", "--processes", "2", "--rate", "500", "--latency-seconds", "1",
-                             "--json"], capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "iotwatch",
+            "bench",
+            "gateway",
+            "--messages",
+            "2000",
+            "--devices",
+            "20",
+            "--processes",
+            "2",
+            "--rate",
+            "500",
+            "--latency-seconds",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     drain = report["backlog_drain"]

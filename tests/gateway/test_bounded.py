@@ -36,13 +36,15 @@ def _forwarded(port: int) -> float:
 
 
 def test_ten_thousand_new_device_ids_a_wave_keep_gateway_memory_bounded(
-        test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     ensure_topics(test_settings.kafka, [test_settings.topics.raw, test_settings.topics.dlq])
     port = free_port()
     env = {**_gateway_env(test_settings), "IOTWATCH_GATEWAY_MAX_DEVICES": str(MAX_DEVICES)}
     log = open(tmp_path / "gateway.log", "wb")
-    gateway = subprocess.Popen(_gateway_command(test_settings, f"gw-{unique}", port), env=env,
-                               stdout=subprocess.PIPE, stderr=log)
+    gateway = subprocess.Popen(
+        _gateway_command(test_settings, f"gw-{unique}", port), env=env, stdout=subprocess.PIPE, stderr=log
+    )
     rss: list[int] = []
     try:
         wait_healthy(port)
@@ -54,8 +56,9 @@ def test_ten_thousand_new_device_ids_a_wave_keep_gateway_memory_bounded(
         for wave in range(3):
             for index in range(WAVE):
                 device = f"flood-{unique}-{wave}-{index}"
-                info = client.publish(telemetry_topic("flood", "thermostat", device),
-                                      reading(device, 0, site="flood").to_json(), qos=1)
+                info = client.publish(
+                    telemetry_topic("flood", "thermostat", device), reading(device, 0, site="flood").to_json(), qos=1
+                )
                 if index % 2000 == 1999:
                     info.wait_for_publish(60)
             info.wait_for_publish(60)

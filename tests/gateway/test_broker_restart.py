@@ -50,8 +50,9 @@ class Broker:
         stop_process(self.running.process)  # SIGTERM: mosquitto writes its database and exits
         assert (self.folder / "mqtt" / "mosquitto.db").exists(), "mosquitto did not save its database on SIGTERM"
         time.sleep(1.0)
-        self.running = start_mqtt_broker(self.folder, "mosquitto", timeout_s=30,
-                                         port=int(self.endpoint.rsplit(":", 1)[1]))
+        self.running = start_mqtt_broker(
+            self.folder, "mosquitto", timeout_s=30, port=int(self.endpoint.rsplit(":", 1)[1])
+        )
 
     def stop(self) -> None:
         stop_process(self.running.process)
@@ -67,8 +68,9 @@ def _gateway(test_settings: Settings, unique: str, broker: Broker) -> tuple[Sett
     return settings, bridge
 
 
-def test_mosquitto_restart_with_persistence_loses_nothing(test_settings: Settings, unique: str, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_mosquitto_restart_with_persistence_loses_nothing(
+    test_settings: Settings, unique: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="gateway.bridge")
     broker = Broker(tmp_path)
     try:
@@ -92,8 +94,9 @@ def test_mosquitto_restart_with_persistence_loses_nothing(test_settings: Setting
     assert summary["seq_gaps"] <= summary["duplicates"] and summary["inflight"] == 0
 
 
-def test_mosquitto_restart_under_the_real_simulator_loses_nothing(test_settings: Settings, unique: str,
-                                                                  tmp_path: Path) -> None:
+def test_mosquitto_restart_under_the_real_simulator_loses_nothing(
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     """The same restart under ``iotwatch simulate`` at QoS 1 (its own connections and
     in-flight window, no faults): every reading of every device arrives, and the simulator
     reports no error (a publish while disconnected is kept by paho and sent after the
@@ -105,16 +108,45 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(test_settings:
         env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
         env["IOTWATCH_INFLUX_URL"] = ""
         simulator = subprocess.Popen(
-            [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "simulate", "--mqtt", broker.endpoint,
-             "--homes", "2", "--vehicles", "0", "--mix", "thermostat=2", "--target-rate", "500", "--count", "3000",
-             "--qos", "1", "--seq-state", str(tmp_path / "seq-state.json"), "--client-id-prefix", f"sim-{unique}",
-             "--no-progress", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "iotwatch",
+                "--log-level",
+                "WARNING",
+                "simulate",
+                "--mqtt",
+                broker.endpoint,
+                "--homes",
+                "2",
+                "--vehicles",
+                "0",
+                "--mix",
+                "thermostat=2",
+                "--target-rate",
+                "500",
+                "--count",
+                "3000",
+                "--qos",
+                "1",
+                "--seq-state",
+                str(tmp_path / "seq-state.json"),
+                "--client-id-prefix",
+                f"sim-{unique}",
+                "--no-progress",
+                "--json",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(3.0)
         assert simulator.poll() is None, simulator.communicate()
         broker.restart()
         stdout, stderr = simulator.communicate(timeout=60)
         assert simulator.returncode == 0, (stdout[-2000:], stderr[-2000:])
-        report = json.loads(stdout[stdout.rfind("\n{") + 1:])
+        report = json.loads(stdout[stdout.rfind("\n{") + 1 :])
         time.sleep(2.0)
         records = read_topic(settings.kafka, settings.topics.raw, timeout_s=30, idle_s=3)
         summary = bridge.stop()

@@ -25,13 +25,14 @@ from tests.gateway.conftest import gateway_settings
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device
 
 
-def test_every_message_arrives_once_in_seq_order_per_device(running_gateway: Gateway, test_settings: Settings,
-                                                            unique: str) -> None:
+def test_every_message_arrives_once_in_seq_order_per_device(
+    running_gateway: Gateway, test_settings: Settings, unique: str
+) -> None:
     devices = [f"dev-{unique}-{i}" for i in range(6)]
     Publisher(test_settings.mqtt, devices, count=150).start().join()
     records = read_topic(test_settings.kafka, test_settings.topics.raw, expected=900, timeout_s=60)
     time.sleep(1.0)
-    records += read_topic(test_settings.kafka, test_settings.topics.raw, timeout_s=5, idle_s=1.0)[len(records):]
+    records += read_topic(test_settings.kafka, test_settings.topics.raw, timeout_s=5, idle_s=1.0)[len(records) :]
     assert seqs_by_device(records) == {d: list(range(150)) for d in devices}
     # Keyed by device id, with the MQTT topic and ingest time in headers.
     first = records[0]
@@ -60,28 +61,78 @@ MALFORMED: list[tuple[str, bytes]] = [
     ("not_an_object", b'"just a string"'),
     ("not_an_object", b"42"),
     ("missing_field", b'{"v":1}'),
-    ("missing_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","ts":1763784000000,"metrics":{}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":"7","ts":1763784000000,"metrics":{}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":-1,"ts":1763784000000,"metrics":{}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1.5,"ts":1763784000000,"metrics":{}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":"hot"}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":true}}'),
-    ("invalid_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":[1]}'),
-    ("invalid_field", b'{"v":1,"device_id":"bad id/with slash","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{}}'),
-    ("non_finite_number", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":NaN}}'),
-    ("non_finite_number", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":Infinity}}'),
-    ("non_finite_number", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":1e999}}'),
-    ("ts_in_future", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":4102444800000,"metrics":{}}'),
-    ("ts_too_old", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1000,"metrics":{}}'),
-    ("unsupported_version", b'{"v":99,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{}}'),
-    ("unknown_field", b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{},"sequence":1}'),
+    (
+        "missing_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":"7","ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":-1,"ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1.5,"ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":"hot"}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":true}}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":[1]}',
+    ),
+    (
+        "invalid_field",
+        b'{"v":1,"device_id":"bad id/with slash","device_type":"thermostat","site":"home-1","seq":1,'
+        b'"ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "non_finite_number",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":NaN}}',
+    ),
+    (
+        "non_finite_number",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":Infinity}}',
+    ),
+    (
+        "non_finite_number",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{"t":1e999}}',
+    ),
+    (
+        "ts_in_future",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":4102444800000,"metrics":{}}',
+    ),
+    (
+        "ts_too_old",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1000,"metrics":{}}',
+    ),
+    (
+        "unsupported_version",
+        b'{"v":99,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{}}',
+    ),
+    (
+        "unknown_field",
+        b'{"v":1,"device_id":"d","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{},"sequence":1}',
+    ),
     ("too_large", b'{"v":1,"pad":"' + b"x" * 300_000 + b'"}'),
-    ("topic_mismatch", b'{"v":1,"device_id":"someone-else","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{}}'),
+    (
+        "topic_mismatch",
+        b'{"v":1,"device_id":"someone-else","device_type":"thermostat","site":"home-1","seq":1,"ts":1763784000000,"metrics":{}}',
+    ),
 ]
 
 
 def test_malformed_inputs_are_dead_lettered_with_reasons_and_valid_traffic_is_unaffected(
-        running_gateway: Gateway, test_settings: Settings, unique: str) -> None:
+    running_gateway: Gateway, test_settings: Settings, unique: str
+) -> None:
     device = f"bad-{unique}"
     topic = telemetry_topic("home-1", "thermostat", "d")
     client = make_client(test_settings.mqtt, f"pub-{unique}")
@@ -104,7 +155,9 @@ def test_malformed_inputs_are_dead_lettered_with_reasons_and_valid_traffic_is_un
         carried = payload if len(payload) <= test_settings.gateway.max_payload_bytes else payload[:excerpt]
         assert by_payload[carried] == reason, payload[:80]
     oversize = next(m for m in dead if header_value(m.headers(), H_REASON) == "too_large")
-    assert header_value(oversize.headers(), H_ORIGINAL_BYTES) == str(len(next(p for r, p in MALFORMED if r == "too_large")))
+    assert header_value(oversize.headers(), H_ORIGINAL_BYTES) == str(
+        len(next(p for r, p in MALFORMED if r == "too_large"))
+    )
     assert all(header_value(m.headers(), "iotwatch.detail") for m in dead)
     valid = read_topic(test_settings.kafka, test_settings.topics.raw, expected=len(MALFORMED), timeout_s=30)
     assert seqs_by_device(valid) == {device: list(range(len(MALFORMED)))}
@@ -112,15 +165,32 @@ def test_malformed_inputs_are_dead_lettered_with_reasons_and_valid_traffic_is_un
 
 
 def _gateway_command(settings: Settings, client_id: str, metrics_port: int) -> list[str]:
-    return [sys.executable, "-m", "iotwatch", "gateway", "--mqtt", settings.mqtt.url,
-            "--kafka", settings.kafka.bootstrap_servers, "--influx", "", "--client-id", client_id,
-            "--metrics-port", str(metrics_port), "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "gateway",
+        "--mqtt",
+        settings.mqtt.url,
+        "--kafka",
+        settings.kafka.bootstrap_servers,
+        "--influx",
+        "",
+        "--client-id",
+        client_id,
+        "--metrics-port",
+        str(metrics_port),
+        "--json",
+    ]
 
 
 def _gateway_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_TOPIC_RAW=settings.topics.raw, IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
-               IOTWATCH_GATEWAY_STATUS_INTERVAL_S="1")
+    env.update(
+        IOTWATCH_TOPIC_RAW=settings.topics.raw,
+        IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
+        IOTWATCH_GATEWAY_STATUS_INTERVAL_S="1",
+    )
     return env
 
 
@@ -153,11 +223,13 @@ def test_kill_minus_nine_and_restart_loses_nothing(test_settings: Settings, uniq
 
 
 def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
-        stack_settings: Settings, unique: str, tmp_path: Path) -> None:
+    stack_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     kafka_service = start_kafka_broker(tmp_path / "kafka-run", timeout_s=30)
     kafka = stack_settings.kafka.model_copy(update={"bootstrap_servers": kafka_service.endpoint})
-    settings = gateway_settings(stack_settings.model_copy(update={"kafka": kafka}), unique,
-                                max_inflight=200, stall_timeout_s=5.0)
+    settings = gateway_settings(
+        stack_settings.model_copy(update={"kafka": kafka}), unique, max_inflight=200, stall_timeout_s=5.0
+    )
     ensure_topics(kafka, [settings.topics.raw, settings.topics.dlq])
     bridge = Gateway(settings)
     bridge.start()
@@ -172,8 +244,9 @@ def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
             time.sleep(1)
             health_seen.append(bridge.health()[0])
         snapshot_during = bridge.refresh_gauges()
-        kafka_service = start_kafka_broker(tmp_path / "kafka-run2", timeout_s=30,
-                                           port=int(kafka.bootstrap_servers.rsplit(":", 1)[1]))
+        kafka_service = start_kafka_broker(
+            tmp_path / "kafka-run2", timeout_s=30, port=int(kafka.bootstrap_servers.rsplit(":", 1)[1])
+        )
         ensure_topics(kafka, [settings.topics.raw, settings.topics.dlq])
         publisher.join(timeout=60)
         deadline = time.monotonic() + 60
@@ -197,8 +270,7 @@ def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
 
 def test_shared_subscription_splits_load_between_instances(test_settings: Settings, unique: str) -> None:
     ensure_topics(test_settings.kafka, [test_settings.topics.raw, test_settings.topics.dlq])
-    bridges = [Gateway(gateway_settings(test_settings, f"{unique}-{i}", shared_group=f"g-{unique}"))
-               for i in range(2)]
+    bridges = [Gateway(gateway_settings(test_settings, f"{unique}-{i}", shared_group=f"g-{unique}")) for i in range(2)]
     for bridge in bridges:
         bridge.start()
     devices = [f"sh-{unique}-{i}" for i in range(4)]

@@ -10,8 +10,25 @@ from iotwatch.contract import Telemetry
 from iotwatch.settings import MappingRule, TopicSettings
 
 FILTERS = ["iot/+/+/+/telemetry", "a/#", "#", "+/b", "a/+", "+", "a/b/c", "a/+/#", "$SYS/#", "+/+", "a.b/+"]
-TOPICS = ["iot/h/t/d/telemetry", "iot/h/t/d/status", "a", "a/b", "a/b/c", "a//c", "/b", "$SYS/x", "$x/b", "",
-          "a/", "iot//t/d/telemetry", "iot/h/t/d/telemetry/x", "b", "axb/c", "a.b/c", "a/b\n"]
+TOPICS = [
+    "iot/h/t/d/telemetry",
+    "iot/h/t/d/status",
+    "a",
+    "a/b",
+    "a/b/c",
+    "a//c",
+    "/b",
+    "$SYS/x",
+    "$x/b",
+    "",
+    "a/",
+    "iot//t/d/telemetry",
+    "iot/h/t/d/telemetry/x",
+    "b",
+    "axb/c",
+    "a.b/c",
+    "a/b\n",
+]
 
 
 @pytest.mark.parametrize("mqtt_filter", FILTERS)
@@ -22,13 +39,19 @@ def test_filter_regex_matches_like_paho(mqtt_filter: str) -> None:
 
 def test_templates_route_by_constant_field_level_and_format() -> None:
     topics = TopicSettings()
-    router = Router([MappingRule(),
-                     MappingRule(mqtt_filter="fleet/+/gps", kafka_topic="gps.{1}", key="{1}", validate_contract=False),
-                     MappingRule(mqtt_filter="x/#", kafka_topic="{topics.dlq}", key="{0}-{payload.id}",
-                                 validate_contract=False)], topics)
+    router = Router(
+        [
+            MappingRule(),
+            MappingRule(mqtt_filter="fleet/+/gps", kafka_topic="gps.{1}", key="{1}", validate_contract=False),
+            MappingRule(mqtt_filter="x/#", kafka_topic="{topics.dlq}", key="{0}-{payload.id}", validate_contract=False),
+        ],
+        topics,
+    )
     reading = Telemetry(v=1, device_id="d1", device_type="thermostat", site="s", seq=0, ts=0, metrics={})
-    assert router.match("iot/s/thermostat/d1/telemetry").route("iot/s/thermostat/d1/telemetry", reading) == \
-        (topics.raw, b"d1")
+    assert router.match("iot/s/thermostat/d1/telemetry").route("iot/s/thermostat/d1/telemetry", reading) == (
+        topics.raw,
+        b"d1",
+    )
     assert router.match("fleet/v7/gps").route("fleet/v7/gps", {}) == ("gps.v7", b"v7")
     assert router.match("x/y").route("x/y", {"id": 3}) == (topics.dlq, b"x-3")
     assert router.static_topics() == [topics.raw, topics.dlq]

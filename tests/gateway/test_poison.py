@@ -29,7 +29,8 @@ def _hundred_valid_readings_arrive(client: Any, settings: Settings, device: str)
 
 
 def test_poison_corpus_then_valid_readings_nothing_stops_the_gateway(
-        running_gateway: Gateway, test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    running_gateway: Gateway, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     cases = corpus(unique)
     mqtt = test_settings.mqtt
     client = make_client(mqtt, f"poison-{unique}")
@@ -40,7 +41,7 @@ def test_poison_corpus_then_valid_readings_nothing_stops_the_gateway(
     dead_expected = [c for c in cases if c[3] != "forwarded"]
     dead = read_topic(test_settings.kafka, test_settings.topics.dlq, expected=len(dead_expected), timeout_s=30)
     reasons = {(m.key() or b"").decode(): header_value(m.headers(), H_REASON) for m in dead}
-    for name, topic, payload, expected in dead_expected:
+    for name, topic, _payload, expected in dead_expected:
         assert reasons.get(topic.split("/")[3]) == expected, name
     oversize = next(m for m in dead if header_value(m.headers(), H_REASON) == "too_large")
     big = next(c[2] for c in cases if c[0] == "2mb")
@@ -58,7 +59,8 @@ def test_poison_corpus_then_valid_readings_nothing_stops_the_gateway(
 
 
 def test_a_record_kafka_refuses_becomes_a_bounded_dead_letter_and_traffic_goes_on(
-        test_settings: Settings, unique: str) -> None:
+    test_settings: Settings, unique: str
+) -> None:
     """With the gateway's own limit raised above Kafka's (1 MB), a 2 MB reading passes the
     contract and librdkafka refuses it synchronously: it used to recreate the producer ten
     times a second and stall everything behind it."""

@@ -19,7 +19,8 @@ from tests.helpers import Publisher, assert_no_loss, read_all_seqs
 
 
 def test_two_processes_share_the_load_and_a_kill_minus_nine_loses_nothing(
-        test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     ensure_topics(test_settings.kafka, [test_settings.topics.raw, test_settings.topics.dlq])
     port = free_port()
     command = [*_gateway_command(test_settings, f"gw-{unique}", port), "--processes", "2"]
@@ -28,8 +29,9 @@ def test_two_processes_share_the_load_and_a_kill_minus_nine_loses_nothing(
     try:
         wait_healthy(port)
         wait_healthy(port + 1)
-        children = [c for c in psutil.Process(supervisor.pid).children()
-                    if "resource_tracker" not in " ".join(c.cmdline())]
+        children = [
+            c for c in psutil.Process(supervisor.pid).children() if "resource_tracker" not in " ".join(c.cmdline())
+        ]
         assert len(children) == 2
         devices = [f"p2-{unique}-{i}" for i in range(4)]
         publisher = Publisher(test_settings.mqtt, devices, count=1500, rate_per_s=1500).start()

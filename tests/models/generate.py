@@ -32,9 +32,9 @@ def with_anomaly(kind: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]
     elif kind == "drift":
         v[ONSET:] += np.linspace(0.0, 12.0, len(v) - ONSET)
     elif kind == "flatline":
-        v[ONSET:ONSET + 60] = v[ONSET]
+        v[ONSET : ONSET + 60] = v[ONSET]
     elif kind == "noise_burst":
-        v[ONSET:ONSET + 30] += rng.normal(0.0, 4.0, 30)
+        v[ONSET : ONSET + 30] += rng.normal(0.0, 4.0, 30)
     elif kind == "out_of_range":
         v[ONSET] = 150.0
     elif kind == "crash":

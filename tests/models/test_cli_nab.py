@@ -63,8 +63,9 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
     assert result.exit_code != 0
 
 
-def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(tmp_path: Path, caplog: pytest.LogCaptureFixture
-                                                                     ) -> None:
+def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from models.catalog import make
     from models.cli.score_csv import score_file
 
@@ -107,16 +108,18 @@ def test_score_csv_scores_an_out_of_order_row_where_it_stands(nab_dir: Path, tmp
     scored = pd.read_csv(out_a, dtype={"timestamp": str, "value": str})
     assert scored["timestamp"].tolist() == swapped["timestamp"].tolist()  # file order kept
     values = swapped["value"].astype(float).to_numpy()
-    expected = make(DEFAULT_DETECTOR).score_learn_many(values.reshape(-1, 1), np.zeros(len(values), dtype=np.int64),
-                                                       ["value"])
+    expected = make(DEFAULT_DETECTOR).score_learn_many(
+        values.reshape(-1, 1), np.zeros(len(values), dtype=np.int64), ["value"]
+    )
     np.testing.assert_allclose(scored["anomaly_score"], np.round(expected, 6), atol=1e-6)
 
 
 def test_evaluate_on_one_half_of_the_split(nab_dir: Path) -> None:
     tuning, held_out = split_keys("tuning"), split_keys("held_out")
     assert not tuning & held_out and len(tuning | held_out) == 28
-    doc = json.loads(_run(["evaluate", "--dataset", str(nab_dir), "--split", "held_out", "--detector",
-                           "robust_zscore", "--json"]))
+    doc = json.loads(
+        _run(["evaluate", "--dataset", str(nab_dir), "--split", "held_out", "--detector", "robust_zscore", "--json"])
+    )
     streams = set(doc["detectors"]["robust_zscore"]["streams"])
     assert doc["split"] == "held_out" and streams and streams <= held_out
     assert streams == held_out & set(NabSource(nab_dir).keys())

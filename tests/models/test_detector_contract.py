@@ -87,11 +87,14 @@ def test_clone_is_untrained(name: str) -> None:
     assert _feed(det.clone(), values) == _feed(make(name), values)
 
 
-@pytest.mark.parametrize("values", [
-    pytest.param(np.full(700, 3.0), id="constant"),
-    pytest.param(np.array([1e300, -1e300, 1e308, 0.0, 5.0] * 100), id="huge"),
-    pytest.param(np.array([42.0]), id="single"),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(np.full(700, 3.0), id="constant"),
+        pytest.param(np.array([1e300, -1e300, 1e308, 0.0, 5.0] * 100), id="huge"),
+        pytest.param(np.array([42.0]), id="single"),
+    ],
+)
 def test_no_crash_on_edge_input(name: str, values: np.ndarray) -> None:
     scores = _feed(make(name), values)
     assert all(0.0 <= s <= 1.0 for s in scores)
@@ -108,7 +111,7 @@ def test_batch_equals_loop(name: str) -> None:
     det = make(name)
     key = _key(det)
     looped = make(name)
-    expected = [looped.score_learn_one({key: float(v)}, int(ts)) for ts, v in zip(t, values)]
+    expected = [looped.score_learn_one({key: float(v)}, int(ts)) for ts, v in zip(t, values, strict=True)]
     batch = det.score_learn_many(values.reshape(-1, 1), t, [key])
     np.testing.assert_allclose(batch, expected, rtol=0, atol=1e-12)
 

@@ -27,7 +27,7 @@ def test_flags_claimed_kind(name: str, kind: str) -> None:
     t, v = clean()
     quiet = _scores(name, t, v)[1000:].max()
     t, v, onset = with_anomaly(kind)
-    flagged = _scores(name, t, v)[onset:onset + HORIZON.get(kind, 300)].max()
+    flagged = _scores(name, t, v)[onset : onset + HORIZON.get(kind, 300)].max()
     assert flagged > quiet + 0.005, f"{name} {kind}: {flagged:.3f} vs clean {quiet:.3f}"
     if name in ALERT:
         assert flagged >= ALERT[name]
@@ -42,11 +42,15 @@ def test_quiet_on_clean_seasonal_data(name: str, seed: int) -> None:
 
 
 def test_rules_fire_only_on_their_kind() -> None:
-    for name, kind in [("out_of_range", "out_of_range"), ("flatline", "flatline"), ("crash", "crash"),
-                       ("dropout", "dropout")]:
+    for name, kind in [
+        ("out_of_range", "out_of_range"),
+        ("flatline", "flatline"),
+        ("crash", "crash"),
+        ("dropout", "dropout"),
+    ]:
         t, v, onset = with_anomaly(kind)
         scores = _scores(name, t, v)
-        assert scores[onset:onset + 60].max() == 1.0
+        assert scores[onset : onset + 60].max() == 1.0
         assert scores[:onset].max() == 0.0
     assert ONSET > 1000
 

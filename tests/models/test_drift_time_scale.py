@@ -35,7 +35,7 @@ def _delay_s(params: dict[str, float], interval_s: float, slope_per_s: float) ->
     states = kernel.initial_state(p)[None, :].copy()
     scores = kernel.score_learn(states, np.zeros(len(values), dtype=np.int64), values, t_ms, p)
     hits = np.flatnonzero(scores[start:] >= FIRE)
-    quiet = int((scores[start // 2:start] >= FIRE).sum())
+    quiet = int((scores[start // 2 : start] >= FIRE).sum())
     return (float(hits[0] * interval_s) if len(hits) else None), quiet
 
 

@@ -32,10 +32,15 @@ START_MS = 1_763_784_000_000
 
 #: Offsets holding counts and signs: these must agree exactly, not within a tolerance.
 TAIL_COUNTERS = [kernel.TAIL_N, kernel.TAIL_PEAKS, kernel.TAIL_GAP]
-COUNTERS = [kernel.ENSEMBLE_N, kernel.LEVEL_N, kernel.CHANGE_N, kernel.CHANGE_BEYOND, kernel.STUCK_N,
-            kernel.STUCK_RUN, kernel.STUCK_DIRECTION] + [
-    base + k for base in (kernel.LEVEL_TAIL, kernel.CHANGE_TAIL)
-    for k in TAIL_COUNTERS]
+COUNTERS = [
+    kernel.ENSEMBLE_N,
+    kernel.LEVEL_N,
+    kernel.CHANGE_N,
+    kernel.CHANGE_BEYOND,
+    kernel.STUCK_N,
+    kernel.STUCK_RUN,
+    kernel.STUCK_DIRECTION,
+] + [base + k for base in (kernel.LEVEL_TAIL, kernel.CHANGE_TAIL) for k in TAIL_COUNTERS]
 
 Readings = tuple[np.ndarray, np.ndarray, np.ndarray]  # stream (int64), values (float64), t_ms (int64)
 
@@ -51,9 +56,12 @@ class Case:
 
 CASES = {
     "tail_ensemble": Case(kernel, TailEnsemble, COUNTERS),
-    "episode_likelihood": Case(episode_kernel, EpisodeLikelihood,
-                               [episode_kernel.N, episode_kernel.STUCK_RUN, episode_kernel.STUCK_DIRECTION] + [
-                                   episode_kernel.STEP_TAIL + k - 1 for k in (kernel.TAIL_PEAKS, kernel.TAIL_GAP)]),
+    "episode_likelihood": Case(
+        episode_kernel,
+        EpisodeLikelihood,
+        [episode_kernel.N, episode_kernel.STUCK_RUN, episode_kernel.STUCK_DIRECTION]
+        + [episode_kernel.STEP_TAIL + k - 1 for k in (kernel.TAIL_PEAKS, kernel.TAIL_GAP)],
+    ),
 }
 
 
@@ -68,8 +76,9 @@ def test_every_kernel_is_checked_here() -> None:
         assert kernel_for(name) is c.kernel and c.make().name == name
 
 
-def reference(make: Callable[[], Detector], readings: Readings, surprises: np.ndarray | None = None
-              ) -> tuple[np.ndarray, dict[int, Detector]]:
+def reference(
+    make: Callable[[], Detector], readings: Readings, surprises: np.ndarray | None = None
+) -> tuple[np.ndarray, dict[int, Detector]]:
     """One reference detector per stream, fed in order: the scores and the detectors (and
     each reading's ``surprise_one`` into ``surprises``)."""
     detectors: dict[int, Detector] = {}
@@ -90,8 +99,9 @@ def fresh_states(make: Callable[[], Detector], n_streams: int, k: ModuleType = k
     return np.tile(k.initial_state(params), (n_streams, 1)), params
 
 
-def assert_same_state(row: np.ndarray, detector: Detector, *, rebuild: bool = True, case: Case = CASES["tail_ensemble"]
-                      ) -> None:
+def assert_same_state(
+    row: np.ndarray, detector: Detector, *, rebuild: bool = True, case: Case = CASES["tail_ensemble"]
+) -> None:
     k = case.kernel
     expected = k.from_reference(detector)
     np.testing.assert_allclose(row, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
@@ -101,8 +111,14 @@ def assert_same_state(row: np.ndarray, detector: Detector, *, rebuild: bool = Tr
         np.testing.assert_array_equal(k.from_reference(back), row)
 
 
-def assert_agree(make: Callable[[], Detector], readings: Readings, n_streams: int, *,
-                 rebuild: bool = True, case: Case = CASES["tail_ensemble"]) -> np.ndarray:
+def assert_agree(
+    make: Callable[[], Detector],
+    readings: Readings,
+    n_streams: int,
+    *,
+    rebuild: bool = True,
+    case: Case = CASES["tail_ensemble"],
+) -> np.ndarray:
     """All readings through one kernel call agree with per-stream reference detectors, and
     so do the surprises (the scores before any hold)."""
     ref_surprises = np.empty(len(readings[0]))
@@ -132,16 +148,26 @@ def interleave(columns: list[tuple[np.ndarray, np.ndarray]], seed: int) -> Readi
 @pytest.fixture(scope="module")
 def nab() -> Readings:
     """The shipped NAB sample's seven streams, interleaved."""
-    return interleave([(s.values[:, 0].astype(float), s.t_ms.astype(np.int64))
-                       for s in NabSource(NAB_SAMPLE).streams()], seed=3)
+    return interleave(
+        [(s.values[:, 0].astype(float), s.t_ms.astype(np.int64)) for s in NabSource(NAB_SAMPLE).streams()], seed=3
+    )
 
 
 @pytest.fixture(scope="module")
 def fleet() -> tuple[Readings, int]:
     """A simulated fleet with anomalies and transport faults: one stream per (device_id,
     metric), every reading in the simulator's order (NaN where a payload carries one)."""
-    config = SimConfig(seed=4, homes=8, vehicles=1, start_ms=START_MS, rate=1 / 15, vehicle_hz=0.5,
-                       anomaly_rate=2.0, fault_rate=2.0, tick_ms=5000)
+    config = SimConfig(
+        seed=4,
+        homes=8,
+        vehicles=1,
+        start_ms=START_MS,
+        rate=1 / 15,
+        vehicle_hz=0.5,
+        anomaly_rate=2.0,
+        fault_rate=2.0,
+        tick_ms=5000,
+    )
     keys: dict[tuple[str, str], int] = {}
     stream, values, t_ms = [], [], []
     for batch in Simulation(config).run(2 * 3600):
@@ -162,8 +188,11 @@ def fleet() -> tuple[Readings, int]:
 def test_nab_sample_every_stream_alone(case: Case) -> None:
     case.kernel.warm()
     for labelled in NabSource(NAB_SAMPLE).streams():
-        readings = (np.zeros(len(labelled), dtype=np.int64), labelled.values[:, 0].astype(float),
-                    labelled.t_ms.astype(np.int64))
+        readings = (
+            np.zeros(len(labelled), dtype=np.int64),
+            labelled.values[:, 0].astype(float),
+            labelled.t_ms.astype(np.int64),
+        )
         scores = assert_agree(case.make, readings, 1, case=case)
         assert scores.max() > 0.0 or labelled.key.endswith("art_flatline.csv"), labelled.key
 
@@ -188,8 +217,10 @@ def test_micro_batches_of_uneven_sizes_equal_one_call(fleet: tuple[Readings, int
     cuts = np.sort(np.concatenate([rng.integers(0, len(whole), 40), [0, 0, 1]]))  # an empty batch, a batch of one
     bounds = np.concatenate([[0], cuts, [len(whole)]])
     states, _ = fresh_states(case.make, n_streams, k)
-    parts = [k.score_learn(states, *(a[lo:hi] for a in readings), params)
-             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    parts = [
+        k.score_learn(states, *(a[lo:hi] for a in readings), params)
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
     np.testing.assert_array_equal(states, whole_states)
 
@@ -203,8 +234,16 @@ def test_non_finite_and_extreme_values(case: Case) -> None:
     giant = rng.choice([1e308, -1e308, 1e-300, 5e99, -5e99, 0.0], n)
     sticky = np.repeat(np.round(rng.normal(50.0, 5.0, n // 10), 1), 10)
     sticky[rng.integers(0, n, 30)] = rng.choice([1e6, -1e6, np.nan], 30)
-    columns = [noisy, zero_runs, np.full(n, 45.0), giant, np.full(n, np.nan),
-               rng.choice([np.nan, np.inf, -np.inf, 3.0], n), sticky, np.full(n, -1e308)]
+    columns = [
+        noisy,
+        zero_runs,
+        np.full(n, 45.0),
+        giant,
+        np.full(n, np.nan),
+        rng.choice([np.nan, np.inf, -np.inf, 3.0], n),
+        sticky,
+        np.full(n, -1e308),
+    ]
     t = START_MS + np.arange(n, dtype=np.int64) * 1000
     readings = interleave([(c, t) for c in columns], seed=5)
     scores = assert_agree(case.make, readings, len(columns), case=case)
@@ -221,12 +260,17 @@ def custom_members() -> TailEnsemble:
     return det
 
 
-@pytest.mark.parametrize("make", [
-    lambda: TailEnsemble(warmup=100, z_threshold=2.5),
-    lambda: TailEnsemble(metric="value", warmup=5, level_halflife=50.0, change_alpha=0.6, tail_index_prior=0.4,
-                         max_repeat_rate=0.5),
-    lambda: TailEnsemble(warmup=0, z_threshold=1.0),
-], ids=["warmup100-z2.5", "fast", "warmup0"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: TailEnsemble(warmup=100, z_threshold=2.5),
+        lambda: TailEnsemble(
+            metric="value", warmup=5, level_halflife=50.0, change_alpha=0.6, tail_index_prior=0.4, max_repeat_rate=0.5
+        ),
+        lambda: TailEnsemble(warmup=0, z_threshold=1.0),
+    ],
+    ids=["warmup100-z2.5", "fast", "warmup0"],
+)
 def test_other_parameters_agree(nab: Readings, make: Callable[[], TailEnsemble]) -> None:
     np.testing.assert_array_equal(kernel.initial_state(kernel.params_vector(make())), kernel.from_reference(make()))
     assert_agree(make, nab, 7)
@@ -251,18 +295,41 @@ def test_state_hands_over_mid_stream_both_ways(nab: Readings, case: Case) -> Non
         assert_same_state(states[s], det, case=case)  # and to_reference() rebuilds each as the whole run left it
 
 
-@pytest.mark.parametrize("make", [
-    lambda: EpisodeLikelihood(**StreamSettings().device_detector_params),
-    lambda: EpisodeLikelihood(warmup=200, range_s=0.0, histogram_halflife_s=0.0, recent_halflife_s=0.0,
-                              histogram_weight=1.0, trend_weight=1.0, max_repeat_rate=0.05),
-    lambda: EpisodeLikelihood(metric="value", warmup=0, range_readings=10, histogram_warmup=0, short_alpha=0.5,
-                              min_variance=1e-6, hold_halflife=5.0, clip=10.0, recent_halflife=3.0, margin=0.0,
-                              instant_weight=1.0, max_repeat_rate=1.0),
-], ids=["streaming-job", "counted-in-readings", "fast"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: EpisodeLikelihood(**StreamSettings().device_detector_params),
+        lambda: EpisodeLikelihood(
+            warmup=200,
+            range_s=0.0,
+            histogram_halflife_s=0.0,
+            recent_halflife_s=0.0,
+            histogram_weight=1.0,
+            trend_weight=1.0,
+            max_repeat_rate=0.05,
+        ),
+        lambda: EpisodeLikelihood(
+            metric="value",
+            warmup=0,
+            range_readings=10,
+            histogram_warmup=0,
+            short_alpha=0.5,
+            min_variance=1e-6,
+            hold_halflife=5.0,
+            clip=10.0,
+            recent_halflife=3.0,
+            margin=0.0,
+            instant_weight=1.0,
+            max_repeat_rate=1.0,
+        ),
+    ],
+    ids=["streaming-job", "counted-in-readings", "fast"],
+)
 def test_episode_likelihood_other_parameters_agree(nab: Readings, make: Callable[[], EpisodeLikelihood]) -> None:
     case = CASES["episode_likelihood"]
-    np.testing.assert_array_equal(episode_kernel.initial_state(episode_kernel.params_vector(make())),
-                                  episode_kernel.from_reference(make()))
+    np.testing.assert_array_equal(
+        episode_kernel.initial_state(episode_kernel.params_vector(make())), episode_kernel.from_reference(make())
+    )
     assert_agree(make, nab, 7, case=case)
 
 

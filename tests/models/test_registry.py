@@ -13,10 +13,9 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from iotwatch.settings import Settings
+from iotwatch.settings import RegistrySettings, Settings
 from models.base import Detector
 from models.iforest import IsolationForest
-from iotwatch.settings import RegistrySettings
 from models.registry import ModelRegistry, RegistryError, TrainedOn
 from models.robust_zscore import RobustZScore
 from models.updates import ModelUpdate, UpdatePublisher
@@ -57,7 +56,9 @@ def test_register_approve_retire_and_list(tmp_path: Path) -> None:
     doc = json.loads((v1.path / "metadata.json").read_text())
     assert doc["version"] == 1 and doc["status"] == "approved" and doc["trained_on"]["rows"] == 300
     frame = pd.DataFrame({"t": [20.0, 35.0]})
-    np.testing.assert_array_equal(registry.load(registry.get(DT, DET, 1)).score_many(frame), _forest(1).score_many(frame))
+    np.testing.assert_array_equal(
+        registry.load(registry.get(DT, DET, 1)).score_many(frame), _forest(1).score_many(frame)
+    )
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".staging") or p.name.endswith(".tmp")]
 
 
@@ -125,8 +126,14 @@ def test_watcher_hot_swaps_on_approve_and_retire(tmp_path: Path, test_settings: 
         assert watcher.reloads == 3  # v1 at start, v2, v1 again
 
     # the events on the topic: keyed by device type, JSON with the documented fields
-    consumer = Consumer({**test_settings.kafka.client_config(), "group.id": f"check-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            **test_settings.kafka.client_config(),
+            "group.id": f"check-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     events = []
@@ -138,6 +145,10 @@ def test_watcher_hot_swaps_on_approve_and_retire(tmp_path: Path, test_settings: 
             events.append(ModelUpdate.from_bytes(message.value()))
     consumer.close()
     publisher.close()
-    assert sorted((e.version, e.status) for e in events) == [(1, "approved"), (1, "retired"), (2, "approved"),
-                                                             (2, "retired")]
+    assert sorted((e.version, e.status) for e in events) == [
+        (1, "approved"),
+        (1, "retired"),
+        (2, "approved"),
+        (2, "retired"),
+    ]
     assert all(e.path.endswith("model.bin") and e.created_at for e in events)

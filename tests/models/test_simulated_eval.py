@@ -8,8 +8,17 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from models.evaluation.simulated import (GOALS, RECOMMENDED, Alert, check_goals, evaluate_fleet, match, run_alerts,
-                                        settings_for, simulate)
+from models.evaluation.simulated import (
+    GOALS,
+    RECOMMENDED,
+    Alert,
+    check_goals,
+    evaluate_fleet,
+    match,
+    run_alerts,
+    settings_for,
+    simulate,
+)
 
 OBVIOUS = ("spike", "leak", "crash", "out_of_range", "dropout")
 MIX = {"thermostat": 1, "smart_meter": 1, "door_sensor": 1, "leak_sensor": 1}
@@ -83,16 +92,31 @@ def test_evaluate_reports_each_goal_with_its_verdict_drift_delay_in_seconds_incl
     """``evaluate --simulated`` reports every goal of the issue per configuration -- the drift
     median delay in seconds of event time among them -- with the measured value and whether
     it is met; a kind the fleet did not inject is reported as not met, not as met."""
-    report = evaluate_fleet(simulate(homes=2, vehicles=0, days=0.5, seed=11, anomalies_per_day=8.0,
-                                     kinds=("drift",), mix={"door_sensor": 1, "leak_sensor": 1}))
+    report = evaluate_fleet(
+        simulate(
+            homes=2,
+            vehicles=0,
+            days=0.5,
+            seed=11,
+            anomalies_per_day=8.0,
+            kinds=("drift",),
+            mix={"door_sensor": 1, "leak_sensor": 1},
+        )
+    )
     drift = report["kinds"]["drift"]
     assert drift["windows"] >= 3 and drift["median_delay_s"] is not None, drift
     goals = check_goals(report)
     assert set(goals) == set(GOALS)
-    assert goals["drift_median_delay_s"] == {"value": drift["median_delay_s"], "goal": 60.0,
-                                             "met": drift["median_delay_s"] <= 60.0}
-    assert goals["recall"] == {"value": report["overall"]["recall"], "goal": 0.95,
-                               "met": report["overall"]["recall"] >= 0.95}
+    assert goals["drift_median_delay_s"] == {
+        "value": drift["median_delay_s"],
+        "goal": 60.0,
+        "met": drift["median_delay_s"] <= 60.0,
+    }
+    assert goals["recall"] == {
+        "value": report["overall"]["recall"],
+        "goal": 0.95,
+        "met": report["overall"]["recall"] >= 0.95,
+    }
     no_drift = {**report, "kinds": {k: v for k, v in report["kinds"].items() if k != "drift"}}
     assert check_goals(no_drift)["drift_median_delay_s"] == {"value": None, "goal": 60.0, "met": False}
 
@@ -103,18 +127,38 @@ def test_matching_rules() -> None:
     device = next(iter(fleet.devices))
     step = fleet.devices[device].interval_ms
     start = fleet.start_ms + 4 * 3600_000
-    fleet.truth = [{"device_id": device, "device_type": "thermostat", "site": "home-00000", "kind": "spike",
-                    "category": "anomaly", "start_ts": start, "end_ts": start, "start_seq": 480, "end_seq": 480,
-                    "messages": 1, "source": "rate", "params": {}}]
-    alerts = [Alert(device, "anomaly_score", start + 2 * step, 482, "a", start),  # detects, 2 readings late
-              Alert(device, "device_silent", start + step, 481, "b", start),  # implausible: related
-              Alert(device, "anomaly_score", start + 3 * 3600_000, 840, "c", start)]  # false alarm
+    fleet.truth = [
+        {
+            "device_id": device,
+            "device_type": "thermostat",
+            "site": "home-00000",
+            "kind": "spike",
+            "category": "anomaly",
+            "start_ts": start,
+            "end_ts": start,
+            "start_seq": 480,
+            "end_seq": 480,
+            "messages": 1,
+            "source": "rate",
+            "params": {},
+        }
+    ]
+    alerts = [
+        Alert(device, "anomaly_score", start + 2 * step, 482, "a", start),  # detects, 2 readings late
+        Alert(device, "device_silent", start + step, 481, "b", start),  # implausible: related
+        Alert(device, "anomaly_score", start + 3 * 3600_000, 840, "c", start),
+    ]  # false alarm
     report = match(fleet, alerts, grace_readings=3, burn_in_s=3600.0)
     spike = report["kinds"]["spike"]
     assert (spike["detected"], spike["median_delay_readings"], spike["median_delay_s"]) == (1, 2.0, 2 * step / 1000)
     anomaly = report["rules"]["anomaly_score"]
     assert {k: anomaly[k] for k in ("alerts", "true", "related", "false", "precision")} == {
-        "alerts": 2, "true": 1, "related": 0, "false": 1, "precision": 0.5}
+        "alerts": 2,
+        "true": 1,
+        "related": 0,
+        "false": 1,
+        "precision": 0.5,
+    }
     assert anomaly["false_alarms_per_device_day"] == pytest.approx(1 / ((0.3 * 86400 - 3600) / 86400), rel=1e-3)
     assert set(anomaly["false_alarms_per_device_day_by_type"]) == {"thermostat"}
     assert report["rules"]["device_silent"]["related"] == 1
@@ -132,8 +176,11 @@ def test_silence_timer_is_simulated() -> None:
 
 
 def test_cli_simulated_json() -> None:
-    result = CliRunner().invoke(cli, ["evaluate", "--simulated", "--homes", "1", "--vehicles", "0", "--days", "0.3",
-                                      "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["evaluate", "--simulated", "--homes", "1", "--vehicles", "0", "--days", "0.3", "--json"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert set(doc["configs"]) == {"defaults", "recommended"}
@@ -150,8 +197,16 @@ def test_readings_a_late_fault_delays_raise_no_false_alarm() -> None:
     """The simulator's ``late`` fault holds readings back behind newer ones (within the allowed
     lateness): they are archived and go through the rules, but no alert is raised on them --
     fed to the detectors out of event-time order, a vehicle's coolant once looked like a jump."""
-    fleet = simulate(homes=2, vehicles=3, days=0.25, seed=5, anomalies_per_day=0.0, faults=True,
-                     faults_per_day=400.0, fault_kinds=("late",))
+    fleet = simulate(
+        homes=2,
+        vehicles=3,
+        days=0.25,
+        seed=5,
+        anomalies_per_day=0.0,
+        faults=True,
+        faults_per_day=400.0,
+        fault_kinds=("late",),
+    )
     out_of_order: set[tuple[str, int]] = set()
     newest: dict[str, int] = {}
 
@@ -160,6 +215,7 @@ def test_readings_a_late_fault_delays_raise_no_false_alarm() -> None:
             if row["seq"] < newest.get(device_id, -1):
                 out_of_order.add((device_id, int(row["seq"])))
             newest[device_id] = max(newest.get(device_id, -1), int(row["seq"]))
+
     alerts = run_alerts(fleet, settings_for(), on_row=note)
     assert len(out_of_order) >= 50  # the fault did hold readings back, and they were kept
     assert not [a for a in alerts if (a.device_id, a.seq) in out_of_order], alerts

@@ -42,19 +42,32 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
                 i = np.arange(rows_per_device)
                 event_ms = T0 + day * DAY_MS + i * STEP
                 bad = i % 50 == 7
-                values = {m: np.where(bad, 1e6, 20.0 + 10 * k + rng.normal(0, 1, len(i))) for k, m in enumerate(metrics)}
-                frames.append(pd.DataFrame({
-                    "device_id": f"{device_type}-{d}", "site": "site-1", "seq": i.astype("int64"),
-                    "event_ms": event_ms.astype("int64"), "event_time": pd.to_datetime(event_ms, unit="ms", utc=True),
-                    "metrics": [{m: float(values[m][j]) if m in values else None for m in WIDE_METRICS}
-                                for j in range(len(i))],
-                    "scores": [{m: 0.0 if m in values else None for m in SCORED_METRICS} for _ in i],
-                    "out_of_range": [list(metrics) if b else None for b in bad], "extra_metrics": None,
-                    "detector": "tail_ensemble"}))
+                values = {
+                    m: np.where(bad, 1e6, 20.0 + 10 * k + rng.normal(0, 1, len(i))) for k, m in enumerate(metrics)
+                }
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "device_id": f"{device_type}-{d}",
+                            "site": "site-1",
+                            "seq": i.astype("int64"),
+                            "event_ms": event_ms.astype("int64"),
+                            "event_time": pd.to_datetime(event_ms, unit="ms", utc=True),
+                            "metrics": [
+                                {m: float(values[m][j]) if m in values else None for m in WIDE_METRICS}
+                                for j in range(len(i))
+                            ],
+                            "scores": [{m: 0.0 if m in values else None for m in SCORED_METRICS} for _ in i],
+                            "out_of_range": [list(metrics) if b else None for b in bad],
+                            "extra_metrics": None,
+                            "detector": "tail_ensemble",
+                        }
+                    )
+                )
             frame = pd.concat(frames, ignore_index=True)
             date = pd.Timestamp(T0 + day * DAY_MS, unit="ms").strftime("%Y-%m-%d")
             shuffled = frame.sample(frac=1.0, random_state=day)
-            for batch_id, part in enumerate((shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2:])):
+            for batch_id, part in enumerate((shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2 :])):
                 target = root / "readings" / f"date={date}" / f"device_type={device_type}" / f"batch_id={batch_id}"
                 target.mkdir(parents=True)
                 table = pa.Table.from_pandas(part, schema=_ARCHIVE_SCHEMA, preserve_index=False)
@@ -68,30 +81,55 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
 def _archive_schema() -> pa.Schema:
     from streaming.schemas import SCORED_METRICS, WIDE_METRICS
 
-    return pa.schema([
-        ("device_id", pa.string()), ("site", pa.string()), ("seq", pa.int64()), ("event_ms", pa.int64()),
-        ("event_time", pa.timestamp("us", tz="UTC")),
-        ("metrics", pa.struct([(m, pa.float64()) for m in WIDE_METRICS])),
-        ("scores", pa.struct([(m, pa.float64()) for m in SCORED_METRICS])),
-        ("out_of_range", pa.list_(pa.string())), ("extra_metrics", pa.map_(pa.string(), pa.float64())),
-        ("detector", pa.string())])
+    return pa.schema(
+        [
+            ("device_id", pa.string()),
+            ("site", pa.string()),
+            ("seq", pa.int64()),
+            ("event_ms", pa.int64()),
+            ("event_time", pa.timestamp("us", tz="UTC")),
+            ("metrics", pa.struct([(m, pa.float64()) for m in WIDE_METRICS])),
+            ("scores", pa.struct([(m, pa.float64()) for m in SCORED_METRICS])),
+            ("out_of_range", pa.list_(pa.string())),
+            ("extra_metrics", pa.map_(pa.string(), pa.float64())),
+            ("detector", pa.string()),
+        ]
+    )
 
 
 _ARCHIVE_SCHEMA = _archive_schema()
 
 
-def test_train_registers_approves_and_announces(tmp_path: Path, test_settings: Settings,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_registers_approves_and_announces(
+    tmp_path: Path, test_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     in_range = _write_archive(tmp_path / "archive")
     topic = test_settings.topics.model_updates
     monkeypatch.setenv("IOTWATCH_TOPIC_MODEL_UPDATES", topic)
     registry_dir = tmp_path / "registry"
-    result = CliRunner().invoke(cli, [
-        "train", "--archive", str(tmp_path / "archive"), "--registry", str(registry_dir),
-        "--since", "2025-01-02", "--until", "2025-01-03", "--max-rows", "500", "--approve",
-        "--kafka", test_settings.kafka.bootstrap_servers, "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--archive",
+            str(tmp_path / "archive"),
+            "--registry",
+            str(registry_dir),
+            "--since",
+            "2025-01-02",
+            "--until",
+            "2025-01-03",
+            "--max-rows",
+            "500",
+            "--approve",
+            "--kafka",
+            test_settings.kafka.bootstrap_servers,
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output[result.output.index("{"):])
+    doc = json.loads(result.output[result.output.index("{") :])
     models = {m["device_type"]: m for m in doc["models"]}
     assert set(models) == {"meter", "thermostat"}
     for device_type, model in models.items():
@@ -111,8 +149,14 @@ def test_train_registers_approves_and_announces(tmp_path: Path, test_settings: S
     normal, wild = detector.score_many(frame)
     assert wild > normal
 
-    consumer = Consumer({**test_settings.kafka.client_config(), "group.id": f"check-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            **test_settings.kafka.client_config(),
+            "group.id": f"check-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     events: list[ModelUpdate] = []
@@ -123,7 +167,9 @@ def test_train_registers_approves_and_announces(tmp_path: Path, test_settings: S
             events.append(ModelUpdate.from_bytes(message.value()))
     consumer.close()
     assert sorted((e.device_type, e.version, e.status) for e in events) == [
-        ("meter", 1, "approved"), ("thermostat", 1, "approved")]
+        ("meter", 1, "approved"),
+        ("thermostat", 1, "approved"),
+    ]
 
 
 def test_train_errors_are_one_line(tmp_path: Path) -> None:

@@ -29,13 +29,20 @@ def home_with_faults(tmp_path: Path, *, vehicle_overheats: bool = False, ticks: 
     """One home (a thermostat and a leak sensor) whose HVAC is stuck and whose pipe leaks from the
     start; with ``vehicle_overheats`` also a vehicle whose engine overheats from the start."""
     scenario = tmp_path / "faults.json"
-    anomalies = [{"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
-                 {"kind": "leak", "devices": LEAK, "at_s": 0, "duration_s": 3600}]
+    anomalies = [
+        {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
+        {"kind": "leak", "devices": LEAK, "at_s": 0, "duration_s": 3600},
+    ]
     if vehicle_overheats:
         anomalies.append({"kind": "overheating", "devices": VEHICLE, "at_s": 0, "duration_s": 7200})
     scenario.write_text(json.dumps({"anomalies": anomalies}))
-    config = SimConfig(homes=1, vehicles=int(vehicle_overheats), mix={"thermostat": 1, "leak_sensor": 1},
-                       start_ms=START_MS, scenario=scenario)
+    config = SimConfig(
+        homes=1,
+        vehicles=int(vehicle_overheats),
+        mix={"thermostat": 1, "leak_sensor": 1},
+        start_ms=START_MS,
+        scenario=scenario,
+    )
     sim = Simulation(config)
     for _ in range(ticks):
         sim.tick()
@@ -49,8 +56,15 @@ def mode(sim: Simulation, device_id: str) -> int:
 
 def command(device_id: str, name: str, ttl_s: float = 60.0, command_id: str | None = None) -> Command:
     now = int(time.time() * 1000)
-    return Command(COMMAND_SCHEMA_VERSION, command_id or f"{name}-{time.monotonic_ns()}", device_id, name, now,
-                   now + int(ttl_s * 1000), "test")
+    return Command(
+        COMMAND_SCHEMA_VERSION,
+        command_id or f"{name}-{time.monotonic_ns()}",
+        device_id,
+        name,
+        now,
+        now + int(ttl_s * 1000),
+        "test",
+    )
 
 
 @dataclass
@@ -63,7 +77,9 @@ class Obeying:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        devices = [(site, g.device_type, d) for g in self.sim.groups for site, d in zip(g.sites, g.device_ids)]
+        devices = [
+            (site, g.device_type, d) for g in self.sim.groups for site, d in zip(g.sites, g.device_ids, strict=True)
+        ]
         self.channel = CommandChannel(self.mqtt, self.client_id, devices)
         self.channel.connect()
         self.handler = DeviceCommands(self.channel, self.sim.obey, reported=self.sim.reported)
@@ -98,8 +114,11 @@ class Replies:
         assert ready.wait(10)
 
     def of(self, command_id: str) -> list[str]:
-        return [r["status"] + (f":{r['reason']}" if r.get("reason") else "") for _, r in list(self.seen)
-                if r["command_id"] == command_id]
+        return [
+            r["status"] + (f":{r['reason']}" if r.get("reason") else "")
+            for _, r in list(self.seen)
+            if r["command_id"] == command_id
+        ]
 
     def close(self) -> None:
         self.client.disconnect()

@@ -34,15 +34,29 @@ DURATION_S = 420.0  # event time; the loop closes in the first ~200 s of it
 
 def scenario(tmp_path: Path) -> Path:
     path = tmp_path / "faults.json"
-    path.write_text(json.dumps({"anomalies": [
-        {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 5, "duration_s": 7200},
-        {"kind": "leak", "devices": LEAK, "at_s": 20, "duration_s": 3600}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "anomalies": [
+                    {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 5, "duration_s": 7200},
+                    {"kind": "leak", "devices": LEAK, "at_s": 20, "duration_s": 3600},
+                ]
+            }
+        )
+    )
     return path
 
 
 def config(seed: int, start_ms: int, faults: Path) -> SimConfig:
-    return SimConfig(seed=seed, homes=1, vehicles=0, mix={"thermostat": 1, "leak_sensor": 1}, start_ms=start_ms,
-                     duration_s=DURATION_S, scenario=faults)
+    return SimConfig(
+        seed=seed,
+        homes=1,
+        vehicles=0,
+        mix={"thermostat": 1, "leak_sensor": 1},
+        start_ms=start_ms,
+        duration_s=DURATION_S,
+        scenario=faults,
+    )
 
 
 def seed_with_early_stuck_hvac(start_ms: int, faults: Path, within_s: float = 200.0) -> int:
@@ -65,28 +79,41 @@ def seed_with_early_stuck_hvac(start_ms: int, faults: Path, within_s: float = 20
 
 
 def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
-        spark: Any, test_settings: Settings, unique: str, tmp_path: Path) -> None:
-    settings = test_settings.model_copy(update={
-        "stream": test_settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "trigger_interval_s": 0.5}),
-        "gateway": test_settings.gateway.model_copy(update={"client_id": f"gw-{unique}", "metrics_port": 0}),
-        "respond": test_settings.respond.model_copy(update={"client_id": f"responder-{unique}",
-                                                            "reply_timeout_s": 60.0})})
+    spark: Any, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    settings = test_settings.model_copy(
+        update={
+            "stream": test_settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "trigger_interval_s": 0.5}),
+            "gateway": test_settings.gateway.model_copy(update={"client_id": f"gw-{unique}", "metrics_port": 0}),
+            "respond": test_settings.respond.model_copy(
+                update={"client_id": f"responder-{unique}", "reply_timeout_s": 60.0}
+            ),
+        }
+    )
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     faults = scenario(tmp_path)
     start_ms = int(time.time() * 1000) - int(DURATION_S * 1000 / SPEEDUP) // 1000 * 1000
     start_ms -= start_ms % 100
     seed = seed_with_early_stuck_hvac(start_ms, faults)
 
-    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
-                query_name=f"loop_{unique}")
+    job = start(
+        spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", query_name=f"loop_{unique}"
+    )
     gateway = Gateway(settings)
     gateway.start()
     responder = InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))
     summary: dict[str, Any] = {}
-    options = RunOptions(mqtt=settings.mqtt, qos=1, speedup=SPEEDUP, obey_commands=True,
-                         client_prefix=f"sim-{unique}", ground_truth=tmp_path / "truth.jsonl")
-    simulator = threading.Thread(target=lambda: summary.update(run(config(seed, start_ms, faults), options)),
-                                 daemon=True)
+    options = RunOptions(
+        mqtt=settings.mqtt,
+        qos=1,
+        speedup=SPEEDUP,
+        obey_commands=True,
+        client_prefix=f"sim-{unique}",
+        ground_truth=tmp_path / "truth.jsonl",
+    )
+    simulator = threading.Thread(
+        target=lambda: summary.update(run(config(seed, start_ms, faults), options)), daemon=True
+    )
     simulator.start()
 
     def alerts() -> list[dict[str, Any]]:
@@ -96,8 +123,14 @@ def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
         return [a["state"] for a in alerts() if a["device_id"] == device and a["rule"] == rule]
 
     try:
-        wait_for(lambda: lifecycle(THERMOSTAT, "stuck_hvac") == ["raised", "cleared"]
-                 and lifecycle(LEAK, "water_leak") == ["raised", "cleared"], 240, "both alerts raised and cleared")
+        wait_for(
+            lambda: (
+                lifecycle(THERMOSTAT, "stuck_hvac") == ["raised", "cleared"]
+                and lifecycle(LEAK, "water_leak") == ["raised", "cleared"]
+            ),
+            240,
+            "both alerts raised and cleared",
+        )
         simulator.join(DURATION_S / SPEEDUP + 60)
     finally:
         counts = responder.close()
@@ -106,8 +139,12 @@ def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
     assert not simulator.is_alive()
     assert counts["commands_sent"] == 2 and counts["reply_done"] == 2 and "escalated" not in counts
 
-    audits = {a.device_id: a for a in (decode(m.value(), CommandAudit)
-                                       for m in read_topic(settings.kafka, settings.topics.commands, idle_s=1.0))}
+    audits = {
+        a.device_id: a
+        for a in (
+            decode(m.value(), CommandAudit) for m in read_topic(settings.kafka, settings.topics.commands, idle_s=1.0)
+        )
+    }
     assert [s.status.value for s in audits[THERMOSTAT].history] == ["sent", "accepted", "done"]
     assert [s.status.value for s in audits[LEAK].history] == ["sent", "accepted", "done"]
     assert (audits[THERMOSTAT].name, audits[LEAK].name) == ("reset_hvac", "close_valve")

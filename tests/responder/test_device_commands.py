@@ -15,7 +15,8 @@ from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, Replies, c
 
 
 def test_devices_obey_refuse_expired_and_get_commands_sent_while_offline(
-        stack_settings: Settings, unique: str, tmp_path: Path, replies: Replies) -> None:
+    stack_settings: Settings, unique: str, tmp_path: Path, replies: Replies
+) -> None:
     sim = home_with_faults(tmp_path)
     assert mode(sim, THERMOSTAT) == HVAC_STUCK and mode(sim, LEAK) == LEAK_MODE
     issuer = CommandIssuer(stack_settings.mqtt, f"operator-{unique}", listen=False)
@@ -39,8 +40,11 @@ def test_devices_obey_refuse_expired_and_get_commands_sent_while_offline(
         # what a device cannot do, and what is not a command
         odd = command(LEAK, "reset_hvac")
         issuer.send(SITE, "leak_sensor", odd)
-        eventually(lambda: replies.of(odd.command_id) == ["accepted", "rejected:leak_sensor does not support "
-                                                                       "reset_hvac"], 10, "unsupported refused")
+        eventually(
+            lambda: replies.of(odd.command_id) == ["accepted", "rejected:leak_sensor does not support reset_hvac"],
+            10,
+            "unsupported refused",
+        )
         issuer.client.publish(f"iot/{SITE}/leak_sensor/{LEAK}/commands", b"{not json", qos=1).wait_for_publish(5)
         eventually(lambda: devices.handler.counts.get("malformed") == 1, 10, "the malformed command counted")
     finally:

@@ -27,19 +27,50 @@ def vehicle_state(sim: object) -> tuple[float, float]:
 
 
 def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
-        test_settings: Settings, unique: str, tmp_path: Path) -> None:
-    settings = test_settings.model_copy(update={"respond": test_settings.respond.model_copy(update={
-        "client_id": f"responder-{unique}"})})
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    settings = test_settings.model_copy(
+        update={"respond": test_settings.respond.model_copy(update={"client_id": f"responder-{unique}"})}
+    )
     sim = home_with_faults(tmp_path, vehicle_overheats=True, ticks=3600)  # 6 min: the engine is hot
     coolant, _ = vehicle_state(sim)
     assert coolant > OVERHEAT_C and mode(sim, VEHICLE) == OVERHEATING
     start = int(time.time() * 1000) - 10_000
-    hot = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "coolant_overheating", "critical", "raised", start,
-                     metric="coolant_temp_c", value=round(coolant, 1))
-    cold = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "anomaly_score", "warning", "raised", start - 5000,
-                      metric="coolant_temp_c", value=60.0)  # unusual, but not the danger rule: no command
-    crash = make_alert(VEHICLE, "vehicle_edr", VEHICLE_SITE, "crash", "critical", "raised", start + 1000,
-                       metric="accel_x_g", value=-9.5, lat_deg=52.52, lon_deg=13.4)
+    hot = make_alert(
+        VEHICLE,
+        "vehicle_edr",
+        VEHICLE_SITE,
+        "coolant_overheating",
+        "critical",
+        "raised",
+        start,
+        metric="coolant_temp_c",
+        value=round(coolant, 1),
+    )
+    cold = make_alert(
+        VEHICLE,
+        "vehicle_edr",
+        VEHICLE_SITE,
+        "anomaly_score",
+        "warning",
+        "raised",
+        start - 5000,
+        metric="coolant_temp_c",
+        value=60.0,
+    )  # unusual, but not the danger rule: no command
+    crash = make_alert(
+        VEHICLE,
+        "vehicle_edr",
+        VEHICLE_SITE,
+        "crash",
+        "critical",
+        "raised",
+        start + 1000,
+        metric="accel_x_g",
+        value=-9.5,
+        lat_deg=52.52,
+        lon_deg=13.4,
+    )
     # the crash alert clears within the batch that raised it: the responder never sees it firing
     crash_cleared = {**crash, "state": "cleared", "detected_at_ms": crash["detected_at_ms"] + 1}
     produce(settings.kafka, settings.topics.alerts, [hot, cold, crash, crash_cleared])
@@ -54,8 +85,14 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
             speeds.append(vehicle_state(sim)[1])
             time.sleep(0.1)
         assert max(speeds) <= LIMP_KMH + 2.0  # capped (a cruise control's overshoot)
-        wait_for(lambda: (twin := read_twin(settings, VEHICLE)).reported is not None
-                 and twin.reported.properties.limp_mode is True, 30, "the twin reports limp mode")
+        wait_for(
+            lambda: (
+                (twin := read_twin(settings, VEHICLE)).reported is not None
+                and twin.reported.properties.limp_mode is True
+            ),
+            30,
+            "the twin reports limp mode",
+        )
     finally:
         counts = running.close()
         devices.close()
@@ -71,5 +108,7 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     time.sleep(3)
     assert not again.close().get("emergencies")
     notices = [decode(m.value(), Emergency) for m in read_topic(settings.kafka, settings.topics.emergencies, idle_s=1)]
-    assert [(n.alert_id, n.device_id, n.policy) for n in notices] == [(crash["alert_id"], VEHICLE, "emergency-on-crash")]
+    assert [(n.alert_id, n.device_id, n.policy) for n in notices] == [
+        (crash["alert_id"], VEHICLE, "emergency-on-crash")
+    ]
     assert notices[0].location == {"lat_deg": 52.52, "lon_deg": 13.4} and "crash" in notices[0].message

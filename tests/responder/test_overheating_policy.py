@@ -14,11 +14,22 @@ from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
 
 
 def raised(kinds: tuple[str, ...], rate: float, seed: int) -> list[dict[str, Any]]:
-    fleet = simulate(homes=0, vehicles=3, days=0.1, seed=seed, vehicle_interval_s=1.0, anomalies_per_day=rate,
-                     kinds=kinds, tick_ms=1000)
+    fleet = simulate(
+        homes=0,
+        vehicles=3,
+        days=0.1,
+        seed=seed,
+        vehicle_interval_s=1.0,
+        anomalies_per_day=rate,
+        kinds=kinds,
+        tick_ms=1000,
+    )
     bodies: list[dict[str, Any]] = []
-    run_alerts(fleet, settings_for(None), lambda _d, row: bodies.append(json.loads(row["body"]))
-               if row["kind"] == "alert" else None)
+    run_alerts(
+        fleet,
+        settings_for(None),
+        lambda _d, row: bodies.append(json.loads(row["body"])) if row["kind"] == "alert" else None,
+    )
     return [b for b in bodies if b["state"] == "raised"]
 
 

@@ -38,8 +38,11 @@ def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
 
 def alerts(settings: Settings) -> list[dict[str, Any]]:
     """The alert records on the topic (the test also put a record there that is not one)."""
-    return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)
-            if m.value().startswith(b"{")]
+    return [
+        json.loads(m.value())
+        for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)
+        if m.value().startswith(b"{")
+    ]
 
 
 def statuses(audit: CommandAudit) -> list[str]:
@@ -47,9 +50,20 @@ def statuses(audit: CommandAudit) -> list[str]:
 
 
 def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
-        test_settings: Settings, unique: str, tmp_path: Path) -> None:
-    settings = test_settings.model_copy(update={"respond": test_settings.respond.model_copy(update={
-        "client_id": f"responder-{unique}", "reply_timeout_s": 6.0, "command_ttl_s": 8.0, "max_attempts": 2})})
+    test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    settings = test_settings.model_copy(
+        update={
+            "respond": test_settings.respond.model_copy(
+                update={
+                    "client_id": f"responder-{unique}",
+                    "reply_timeout_s": 6.0,
+                    "command_ttl_s": 8.0,
+                    "max_attempts": 2,
+                }
+            )
+        }
+    )
     sim = home_with_faults(tmp_path)
     start = int(time.time() * 1000) - 10_000
     hvac = make_alert(THERMOSTAT, "thermostat", SITE, "stuck_hvac", "major", "raised", start)
@@ -57,8 +71,10 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     ghost = make_alert("home-00009-thermostat-0", "thermostat", "home-00009", "stuck_hvac", "major", "raised", start)
     other = make_alert(LEAK, "leak_sensor", SITE, "anomaly_score", "warning", "raised", start)  # no policy
     # not an alert, and an alert whose device id cannot be a topic level: reported, no command, no crash
-    unaddressable = {**make_alert("home-1-thermostat-9", "thermostat", "home-1", "stuck_hvac", "major", "raised",
-                                  start), "device_id": "home-1/thermostat+9"}
+    unaddressable = {
+        **make_alert("home-1-thermostat-9", "thermostat", "home-1", "stuck_hvac", "major", "raised", start),
+        "device_id": "home-1/thermostat+9",
+    }
     produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other, b"\x00not an alert", unaddressable])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
@@ -67,26 +83,42 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         wait_for(lambda: mode(sim, THERMOSTAT) == 0 and mode(sim, LEAK) == 0, 30, "both faults ended by commands")
         # the streaming job sees the recovery and clears the alerts (within the reply timeout, else: retry)
         now = int(time.time() * 1000)
-        produce(settings.kafka, settings.topics.alerts, [{**hvac, "state": "cleared", "detected_at_ms": now},
-                                                         {**leak, "state": "cleared", "detected_at_ms": now}])
-        wait_for(lambda: trail(settings).get(("home-00009-thermostat-0", 2)) is not None
-                 and trail(settings)[("home-00009-thermostat-0", 2)].status.value == "escalated", 60,
-                 "the device that never answers escalated after two attempts")
+        produce(
+            settings.kafka,
+            settings.topics.alerts,
+            [{**hvac, "state": "cleared", "detected_at_ms": now}, {**leak, "state": "cleared", "detected_at_ms": now}],
+        )
+        wait_for(
+            lambda: (
+                trail(settings).get(("home-00009-thermostat-0", 2)) is not None
+                and trail(settings)[("home-00009-thermostat-0", 2)].status.value == "escalated"
+            ),
+            60,
+            "the device that never answers escalated after two attempts",
+        )
         # a reply that is not one, and one for a command nobody sent: dead letters with a reason
         devices.channel.client.publish(f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack", b"\xff", qos=1)
-        devices.channel.client.publish(f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack",
-                                       b'{"v":1,"command_id":"nope","device_id":"%s","status":"done","at_ms":1}'
-                                       % THERMOSTAT.encode(), qos=1)
+        devices.channel.client.publish(
+            f"iot/{SITE}/thermostat/{THERMOSTAT}/commands/ack",
+            b'{"v":1,"command_id":"nope","device_id":"%s","status":"done","at_ms":1}' % THERMOSTAT.encode(),
+            qos=1,
+        )
         wait_for(lambda: running.service.counts["dead_lettered"] == 2, 15, "two dead letters")
         # the escalation pages on-call as a critical alert; it clears when the original alert does
         escalations = lambda: [a for a in alerts(settings) if a["rule"] == "command_escalation"]  # noqa: E731
         wait_for(lambda: len(escalations()) == 1, 15, "the escalation alert")
-        produce(settings.kafka, settings.topics.alerts,
-                [{**ghost, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}])
+        produce(
+            settings.kafka,
+            settings.topics.alerts,
+            [{**ghost, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}],
+        )
         wait_for(lambda: [a["state"] for a in escalations()] == ["raised", "cleared"], 15, "the escalation cleared")
         raised = escalations()[0]
-        assert (raised["severity"], raised["device_id"], raised["caused_by"]) == \
-            ("critical", "home-00009-thermostat-0", ghost["alert_id"])
+        assert (raised["severity"], raised["device_id"], raised["caused_by"]) == (
+            "critical",
+            "home-00009-thermostat-0",
+            ghost["alert_id"],
+        )
         assert raised["runbook_url"].endswith("#command_escalation") and "reset_hvac did not fix" in raised["message"]
         time.sleep(6.5)  # longer than the reply timeout: a done command of a cleared alert is not retried
     finally:
@@ -122,13 +154,19 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert len([a for a in alerts(settings) if a["rule"] == "command_escalation"]) == 2  # nothing written again
 
     # operators read the trail with `iotwatch commands`
-    shown = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers, "--device", LEAK,
-                                     "--json"], env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands})
+    shown = CliRunner().invoke(
+        cli,
+        ["commands", "--kafka", settings.kafka.bootstrap_servers, "--device", LEAK, "--json"],
+        env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands},
+    )
     assert shown.exit_code == 0, shown.output
     (listed,) = json.loads(shown.stdout)
     assert listed["status"] == "done" and [step["status"] for step in listed["history"]] == ["sent", "accepted", "done"]
-    table = CliRunner().invoke(cli, ["commands", "--kafka", settings.kafka.bootstrap_servers],
-                               env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands})
+    table = CliRunner().invoke(
+        cli,
+        ["commands", "--kafka", settings.kafka.bootstrap_servers],
+        env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands},
+    )
     assert table.exit_code == 0 and "escalated" in table.stdout and "close_valve" in table.stdout
 
 
@@ -136,9 +174,22 @@ def test_a_step_read_back_after_a_newer_one_does_not_undo_it(test_settings: Sett
     """The responder follows the command topic it writes: its own older records come back after
     it moved on. Taking them as news re-ran the timeout and escalated a second time (CI)."""
     responder = Responder(test_settings, DEFAULT_POLICIES, threading.Event())
-    sent = CommandAudit(1, "c1", "reset-stuck-hvac", "a1", "stuck_hvac", THERMOSTAT, "thermostat", SITE,
-                        "reset_hvac", "responder", 1_000, 9_000, 2, CommandOutcome.SENT).with_step(
-        CommandOutcome.SENT, 1_000)
+    sent = CommandAudit(
+        1,
+        "c1",
+        "reset-stuck-hvac",
+        "a1",
+        "stuck_hvac",
+        THERMOSTAT,
+        "thermostat",
+        SITE,
+        "reset_hvac",
+        "responder",
+        1_000,
+        9_000,
+        2,
+        CommandOutcome.SENT,
+    ).with_step(CommandOutcome.SENT, 1_000)
     escalated = sent.with_step(CommandOutcome.TIMED_OUT, 9_000).with_step(CommandOutcome.ESCALATED, 9_000)
     responder._remember(escalated)
     responder._remember(sent)  # read back from the topic

@@ -29,10 +29,21 @@ class StandaloneCluster:
     worker_dir: Path  # each application's executors work in app-*/ below it
 
     def submit_command(self, script: Path, *args: str, python: str) -> list[str]:
-        return [str(SPARK_HOME / "bin" / "spark-submit"), "--master", self.master_url,
-                "--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={python}",
-                "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
-                str(script), *args]
+        return [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            self.master_url,
+            "--conf",
+            f"spark.pyspark.python={python}",
+            "--conf",
+            f"spark.pyspark.driver.python={python}",
+            "--conf",
+            "spark.executor.memory=1g",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(script),
+            *args,
+        ]
 
 
 def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -50,8 +61,12 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s:
 def standalone_cluster(folder: Path, cores: int = 2, memory: str = "2g") -> Iterator[StandaloneCluster]:
     """Master and worker as their own process groups; both stopped at the end."""
     folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_WORKER_DIR": str(folder / "work"),
-           "SPARK_LOG_DIR": str(folder)}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(SPARK_HOME),
+        "SPARK_WORKER_DIR": str(folder / "work"),
+        "SPARK_LOG_DIR": str(folder),
+    }
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
@@ -59,17 +74,45 @@ def standalone_cluster(folder: Path, cores: int = 2, memory: str = "2g") -> Iter
     try:
         master_log = folder / "master.log"
         master = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(free_port())],
-            env=env, stdout=open(master_log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(free_port()),
+            ],
+            env=env,
+            stdout=open(master_log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         processes.append(master)
         _wait_for(master_log, "I have been elected leader", master, 120)
         worker_log = folder / "worker.log"
         worker = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", "--cores", str(cores), "--memory", memory,
-             "--host", "127.0.0.1", "--webui-port", str(free_port()), "--work-dir", str(folder / "work"),
-             master_url],
-            env=env, stdout=open(worker_log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(folder / "work"),
+                master_url,
+            ],
+            env=env,
+            stdout=open(worker_log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         processes.append(worker)
         _wait_for(worker_log, "Successfully registered with master", worker, 120)
         yield StandaloneCluster(master_url, folder / "work")

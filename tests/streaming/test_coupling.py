@@ -14,19 +14,34 @@ from tests.streaming.test_engine import Harness, alerts_of, readings_of, record
 def test_explained_only_when_every_moving_metric_is_surprising_and_the_witness_is_not() -> None:
     # readings: 0 load switch, 1 power alone, 2 witness broken too, 3 no witness, 4 a thermostat
     reading_type = np.array(["smart_meter"] * 4 + ["thermostat"], dtype=object)
-    entries = [(0, "power_w", 0.7), (0, "current_a", 0.6), (0, "power_factor", 0.1), (0, "voltage_v", 0.5),
-               (1, "power_w", 0.7), (1, "current_a", 0.1), (1, "power_factor", 0.1),
-               (2, "power_w", 0.7), (2, "current_a", 0.6), (2, "power_factor", 0.9),
-               (3, "power_w", 0.7), (3, "current_a", 0.6),
-               (4, "power_w", 0.7), (4, "current_a", 0.6), (4, "power_factor", 0.1)]
+    entries = [
+        (0, "power_w", 0.7),
+        (0, "current_a", 0.6),
+        (0, "power_factor", 0.1),
+        (0, "voltage_v", 0.5),
+        (1, "power_w", 0.7),
+        (1, "current_a", 0.1),
+        (1, "power_factor", 0.1),
+        (2, "power_w", 0.7),
+        (2, "current_a", 0.6),
+        (2, "power_factor", 0.9),
+        (3, "power_w", 0.7),
+        (3, "current_a", 0.6),
+        (4, "power_w", 0.7),
+        (4, "current_a", 0.6),
+        (4, "power_factor", 0.1),
+    ]
     reading = np.array([e[0] for e in entries])
     names = np.array([e[1] for e in entries], dtype=object)
     surprises = np.array([e[2] for e in entries])
     explained = explained_entries(reading_type, reading, names, surprises, moved=0.35, broken=0.4)
     assert [(int(r), n) for r, n, e in zip(reading, names, explained, strict=True) if e] == [
-        (0, "power_w"), (0, "current_a")]  # the voltage sag and the witness itself are not explained
-    assert not explained_entries(reading_type, reading, names, np.full(len(names), np.nan),
-                                 moved=0.35, broken=0.4).any()  # nothing scored (warming up)
+        (0, "power_w"),
+        (0, "current_a"),
+    ]  # the voltage sag and the witness itself are not explained
+    assert not explained_entries(
+        reading_type, reading, names, np.full(len(names), np.nan), moved=0.35, broken=0.4
+    ).any()  # nothing scored (warming up)
 
 
 def _meter(events: dict[int, str], n: int = 500, seed: int = 5) -> list:
@@ -43,8 +58,16 @@ def _meter(events: dict[int, str], n: int = 500, seed: int = 5) -> list:
         current = power / (voltage * 0.93)
         if events.get(i) == "register":
             power += 2000.0
-        batch.append(record(i, device="m", device_type="smart_meter", power_w=round(power, 1),
-                            voltage_v=round(voltage, 1), current_a=round(current, 3)))
+        batch.append(
+            record(
+                i,
+                device="m",
+                device_type="smart_meter",
+                power_w=round(power, 1),
+                voltage_v=round(voltage, 1),
+                current_a=round(current, 3),
+            )
+        )
     return batch
 
 

@@ -29,8 +29,18 @@ def coolant_drift(n_before: int = 600, n_drift: int = 600, n_after: int = 300, s
     values = [90.0 + rng.gauss(0, 0.3) for _ in range(n_before)]
     values += [90.0 + (ceiling - 90.0) * (i + 1) / n_drift for i in range(n_drift)]
     values += [90.0 + rng.gauss(0, 0.3) for _ in range(n_after)]
-    return [record(i, device="car-1", device_type="vehicle_edr", site="fleet", temperature=20.0,
-                   coolant_temp_c=round(v, 1), speed_kmh=50.0) for i, v in enumerate(values)]
+    return [
+        record(
+            i,
+            device="car-1",
+            device_type="vehicle_edr",
+            site="fleet",
+            temperature=20.0,
+            coolant_temp_c=round(v, 1),
+            speed_kmh=50.0,
+        )
+        for i, v in enumerate(values)
+    ]
 
 
 def test_a_coolant_drift_into_danger_raises_coolant_overheating_before_the_sensor_saturates() -> None:
@@ -58,18 +68,22 @@ def test_the_danger_rule_does_not_depend_on_how_the_stream_is_cut_into_batches()
     series = coolant_drift(n_before=200, n_drift=300, n_after=150)
     whole = Harness().run([series])
     cuts = [0, 1, 233, 400, 401, 555, len(series)]
-    cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:])])
+    cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])
     assert _comparable(whole) == _comparable(cut)
     assert {a["rule"] for a in alerts_of(whole)} >= {rules.COOLANT}
 
 
 def test_low_battery_and_humid_air_raise_their_rules_and_normal_devices_raise_none() -> None:
-    door = [record(i, device="door", device_type="door_sensor", open=0.0, battery_pct=20.0 - 0.05 * i)
-            for i in range(200)]  # 20 % down to 10 %
+    door = [
+        record(i, device="door", device_type="door_sensor", open=0.0, battery_pct=20.0 - 0.05 * i) for i in range(200)
+    ]  # 20 % down to 10 %
     humid = [record(i, device="th", humidity_pct=55.0 + 0.1 * i, setpoint_c=21.0, hvac_on=0.0) for i in range(300)]
     raised = {a["rule"]: a for a in alerts_of(Harness().run([door, humid])) if a["state"] == "raised"}
     assert raised[rules.BATTERY]["device_id"] == "door" and raised[rules.BATTERY]["value"] <= 15.0
-    assert raised[rules.BATTERY]["severity"] == "minor" and "below its warning limit 15" in raised[rules.BATTERY]["message"]
+    assert (
+        raised[rules.BATTERY]["severity"] == "minor"
+        and "below its warning limit 15" in raised[rules.BATTERY]["message"]
+    )
     assert raised[rules.HUMIDITY]["device_id"] == "th" and raised[rules.HUMIDITY]["value"] >= 70.0
     normal = [record(i, device="door", device_type="door_sensor", open=0.0, battery_pct=80.0) for i in range(50)]
     assert not [a for a in alerts_of(Harness().run([normal])) if a["rule"] in rules.DANGER_RULES]
@@ -78,12 +92,22 @@ def test_low_battery_and_humid_air_raise_their_rules_and_normal_devices_raise_no
 def test_the_danger_rules_come_from_the_catalogue_and_keep_the_saved_rule_codes() -> None:
     assert set(rules.DANGER_RULES) == {limit.rule for _, _, limit in danger_limits()}
     # a rule's position is its code in saved episodes: the older rules keep theirs
-    assert RULE_ORDER[:8] == (rules.OUT_OF_RANGE, rules.CRASH, rules.HARSH_BRAKING, rules.LEAK, rules.STUCK_HVAC,
-                              rules.ANOMALY, rules.SILENT, rules.FLEET)
+    assert RULE_ORDER[:8] == (
+        rules.OUT_OF_RANGE,
+        rules.CRASH,
+        rules.HARSH_BRAKING,
+        rules.LEAK,
+        rules.STUCK_HVAC,
+        rules.ANOMALY,
+        rules.SILENT,
+        rules.FLEET,
+    )
     assert set(RULE_ORDER) == set(rules.rule_specs(StreamSettings(), "episode_likelihood"))
     for device_type, metric, limit in danger_limits():
         _, low, high = DEVICE_METRICS[device_type][metric]
-        assert low < min(limit.warning, limit.critical) and max(limit.warning, limit.critical) < high  # inside the range
+        assert (
+            low < min(limit.warning, limit.critical) and max(limit.warning, limit.critical) < high
+        )  # inside the range
         assert (limit.critical > limit.warning) == limit.above
 
 

@@ -30,12 +30,27 @@ class Rec:
     append_ms: int = 0
 
 
-def record(seq: int, *, device: str = "th-1", ts: int | None = None, offset: int | None = None,
-           temperature: float = 21.0, device_type: str = "thermostat", append_ms: int = 0, site: str = "h1",
-           **metrics: float) -> Rec:
-    message = Telemetry(v=1, device_id=device, device_type=device_type, site=site, seq=seq,
-                        ts=T0 + seq * 1000 if ts is None else ts,
-                        metrics={"temperature_c": temperature, **metrics})
+def record(
+    seq: int,
+    *,
+    device: str = "th-1",
+    ts: int | None = None,
+    offset: int | None = None,
+    temperature: float = 21.0,
+    device_type: str = "thermostat",
+    append_ms: int = 0,
+    site: str = "h1",
+    **metrics: float,
+) -> Rec:
+    message = Telemetry(
+        v=1,
+        device_id=device,
+        device_type=device_type,
+        site=site,
+        seq=seq,
+        ts=T0 + seq * 1000 if ts is None else ts,
+        metrics={"temperature_c": temperature, **metrics},
+    )
     return Rec(device, message.to_json(), seq if offset is None else offset, append_ms)
 
 
@@ -55,9 +70,14 @@ class Harness:
         return self.output(records, now_ms).rows()
 
     def output(self, records: list[Rec], now_ms: int = 0) -> BatchOutput:
-        columns = RecordColumns.from_payloads(0, [r.value for r in records], [r.key for r in records],
-                                              [r.offset for r in records], [r.append_ms for r in records],
-                                              now_ms=T0 + 10**9)
+        columns = RecordColumns.from_payloads(
+            0,
+            [r.value for r in records],
+            [r.key for r in records],
+            [r.offset for r in records],
+            [r.append_ms for r in records],
+            now_ms=T0 + 10**9,
+        )
         return self.engine.process(self.store, columns, now_ms)
 
     def run(self, batches: list[list[Rec]]) -> list[dict[str, Any]]:
@@ -98,15 +118,28 @@ def _comparable(rows: list[dict[str, Any]]) -> list[Any]:
     for row in rows:
         kind = row["kind"]
         if kind == "reading":
-            out.append((kind, row["device_id"], row["seq"], sorted(row["metrics"].items()),
-                        sorted(row["scores"].items())))
+            out.append(
+                (kind, row["device_id"], row["seq"], sorted(row["metrics"].items()), sorted(row["scores"].items()))
+            )
         elif kind == "alert":
             body = json.loads(row["body"])
             body.pop("detected_at"), body.pop("detected_at_ms")
             out.append((kind, json.dumps(body, sort_keys=True)))
         elif kind == "aggregate":  # sums of a bucket split over batches may differ in the last bit
-            out.append((kind, row["device_id"], row["metric"], row["event_ms"], row["count"], round(row["sum"], 9),
-                        row["min"], row["max"], row["last"], row["max_score"]))
+            out.append(
+                (
+                    kind,
+                    row["device_id"],
+                    row["metric"],
+                    row["event_ms"],
+                    row["count"],
+                    round(row["sum"], 9),
+                    row["min"],
+                    row["max"],
+                    row["last"],
+                    row["max_score"],
+                )
+            )
     return sorted(out, key=repr)
 
 
@@ -118,11 +151,18 @@ def test_results_do_not_depend_on_how_the_stream_is_cut_into_batches() -> None:
     for i in range(600):
         for d in range(3):
             spike = 9.0 if (i, d) in ((300, 0), (420, 1), (500, 2)) else 0.0
-            series.append(record(i, device=f"th-{d}", offset=len(series),
-                                 temperature=21 + rng.gauss(0, 0.2) + spike, humidity_pct=40 + rng.gauss(0, 1)))
+            series.append(
+                record(
+                    i,
+                    device=f"th-{d}",
+                    offset=len(series),
+                    temperature=21 + rng.gauss(0, 0.2) + spike,
+                    humidity_pct=40 + rng.gauss(0, 1),
+                )
+            )
     whole = Harness().run([series])
     cuts = [0, 1, 97, 98, 700, 1303, 1304, len(series)]
-    cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:])])
+    cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])
     assert _comparable(whole) == _comparable(cut)
     ids = sorted(a["alert_id"] for a in alerts_of(whole) if a["state"] == "raised")
     assert len(ids) == 3
@@ -212,8 +252,12 @@ def test_out_of_order_within_lateness_is_scored() -> None:
 
 def test_malformed_and_mismatched_records_go_to_dead_letters() -> None:
     harness = Harness()
-    bad = [Rec("th-1", b"{nope", 0), Rec("th-1", None, 1), Rec("th-1", record(0, device="other").value, 2),
-           Rec(None, b"[]", 3)]
+    bad = [
+        Rec("th-1", b"{nope", 0),
+        Rec("th-1", None, 1),
+        Rec("th-1", record(0, device="other").value, 2),
+        Rec(None, b"[]", 3),
+    ]
     rows = [r for r in harness.process(bad) if r["kind"] != "tally"]
     reasons = [r["reason"] for r in rows]
     assert sorted(reasons) == sorted(["invalid_json", "invalid_json", "key_mismatch", "not_an_object"])
@@ -226,7 +270,9 @@ def test_seq_window_detects_duplicates_and_counter_resets() -> None:
     harness = Harness(StreamSettings(dedup_window=64))
     seqs = [0, 1, 3, 2, 3, 1, 500, 400]  # copies carry their original's time; 400 is newer than 500
     times = [0, 1, 3, 2, 3, 1, 500, 501]
-    rows = harness.process([record(s, offset=i, ts=T0 + t * 1000) for i, (s, t) in enumerate(zip(seqs, times))])
+    rows = harness.process(
+        [record(s, offset=i, ts=T0 + t * 1000) for i, (s, t) in enumerate(zip(seqs, times, strict=True))]
+    )
     assert [r["seq"] for r in readings_of(rows)] == [0, 1, 3, 2, 500, 400]
     counters = harness.counters()
     assert (counters["duplicates"], counters["seq_resets"]) == (2, 1)
@@ -260,8 +306,10 @@ def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -
     assert raised["harsh_braking"]["severity"] == "warning" and raised["harsh_braking"]["device_id"] == "van"
     assert raised["stuck_hvac"]["occurrences"] == 121  # held for the configured 120 s (readings every 1 s)
     # each rule's alerts carry the runbook link of the rules' configuration
-    assert all(a["runbook_url"] == StreamSettings().runbook_url(rule) and rule in a["runbook_url"]
-               for rule, a in raised.items())
+    assert all(
+        a["runbook_url"] == StreamSettings().runbook_url(rule) and rule in a["runbook_url"]
+        for rule, a in raised.items()
+    )
     assert StreamSettings(runbook_urls={"crash": "https://wiki/crash"}).runbook_url("crash") == "https://wiki/crash"
 
 
@@ -271,7 +319,9 @@ def test_silence_raises_device_silent_and_data_clears_it() -> None:
     silent = alerts_of(harness.silence("th-1", now_ms=120_000))
     assert [(a["rule"], a["state"]) for a in silent] == [("device_silent", "raised")]
     back = alerts_of(harness.process([record(5)], now_ms=130_000))
-    assert [(a["rule"], a["state"], a["alert_id"]) for a in back] == [("device_silent", "cleared", silent[0]["alert_id"])]
+    assert [(a["rule"], a["state"], a["alert_id"]) for a in back] == [
+        ("device_silent", "cleared", silent[0]["alert_id"])
+    ]
 
 
 def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> None:
@@ -284,8 +334,10 @@ def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> N
     after = [record(5 + i, append_ms=resumed + i * 1000) for i in range(3)]
 
     in_one_batch = alerts_of(Harness().process(before + after, now_ms=resumed + 3000))
-    assert [(a["rule"], a["state"]) for a in in_one_batch] == [("device_silent", "raised"),
-                                                              ("device_silent", "cleared")]
+    assert [(a["rule"], a["state"]) for a in in_one_batch] == [
+        ("device_silent", "raised"),
+        ("device_silent", "cleared"),
+    ]
     assert in_one_batch[0]["first_event_ms"] == T0 + 4000 and "in the log" in in_one_batch[0]["message"]
 
     timed = Harness()
@@ -293,7 +345,9 @@ def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> N
     by_timer = alerts_of(timed.silence("th-1", now_ms=T0 + 4000 + timeout_ms))
     back = alerts_of(timed.process(after, now_ms=resumed + 3000))
     assert [(a["state"], a["alert_id"]) for a in by_timer + back] == [
-        ("raised", in_one_batch[0]["alert_id"]), ("cleared", in_one_batch[0]["alert_id"])]
+        ("raised", in_one_batch[0]["alert_id"]),
+        ("cleared", in_one_batch[0]["alert_id"]),
+    ]
 
     steady = [record(i, append_ms=T0 + i * 1000) for i in range(50)]  # closer together than the timeout
     assert alerts_of(Harness().process(steady)) == []
@@ -311,8 +365,24 @@ def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
     assert normalise_units({"temperature_f": 212.0}) == {"temperature_c": 100.0}
     assert quality_of("thermostat", "temperature_c", 100.0) == QUALITY_OUT_OF_RANGE
     assert quality_of("unknown_type", "whatever", 1e9) == "ok"
-    rows = Harness().process([record(0, temperature_f=212.0), Rec("f", Telemetry(
-        v=1, device_id="f", device_type="thermostat", site="h", seq=0, ts=T0, metrics={"temperature_f": 50.0}).to_json(), 1)])
+    rows = Harness().process(
+        [
+            record(0, temperature_f=212.0),
+            Rec(
+                "f",
+                Telemetry(
+                    v=1,
+                    device_id="f",
+                    device_type="thermostat",
+                    site="h",
+                    seq=0,
+                    ts=T0,
+                    metrics={"temperature_f": 50.0},
+                ).to_json(),
+                1,
+            ),
+        ]
+    )
     readings = {r["device_id"]: r["metrics"] for r in readings_of(rows)}
     assert readings["th-1"] == {"temperature_c": 21.0}  # the canonical metric wins
     assert readings["f"] == {"temperature_c": pytest.approx(10.0)}
@@ -362,17 +432,25 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
     from streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
 
     harness = Harness()
-    odd = Rec("x", Telemetry(v=1, device_id="x", device_type="lab", site="h", seq=0, ts=T0,
-                             metrics={"flux": 1.5, "temperature_c": 99.0}).to_json(), 1)
-    outputs = [harness.output(noisy_series(300, spike_at=250)),
-               harness.output([record(310, offset=400), record(305, offset=401, ts=T0), Rec("th-1", b"{", 402), odd]),
-               Harness().output([])]
+    odd = Rec(
+        "x",
+        Telemetry(
+            v=1, device_id="x", device_type="lab", site="h", seq=0, ts=T0, metrics={"flux": 1.5, "temperature_c": 99.0}
+        ).to_json(),
+        1,
+    )
+    outputs = [
+        harness.output(noisy_series(300, spike_at=250)),
+        harness.output([record(310, offset=400), record(305, offset=401, ts=T0), Rec("th-1", b"{", 402), odd]),
+        Harness().output([]),
+    ]
     for out in outputs:
         table = archive_table(out.readings, "tail_ensemble")
         assert table.num_rows == len(out.readings)
         assert table.drop_columns(["date", "device_type"]).schema == ARCHIVE_SCHEMA
-        tally = PandasToArrowConversion.convert(tally_row(0, out.counters), TALLY_SCHEMA, timezone="UTC",
-                                                safecheck=True, assign_cols_by_name=True)
+        tally = PandasToArrowConversion.convert(
+            tally_row(0, out.counters), TALLY_SCHEMA, timezone="UTC", safecheck=True, assign_cols_by_name=True
+        )
         assert tally.num_rows == 1
     assert outputs[0].alerts and len(outputs[0].aggregates)
     assert {d["kind"] for d in outputs[1].dead_letters} == {"late", "dlq"}
@@ -395,7 +473,11 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
 def test_meter_power_factor_is_derived_and_scored() -> None:
     """A power register spike that looks like a kettle in power alone breaks P = V * I * pf."""
     assert with_derived("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0}) == {
-        "power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0, "power_factor": 1.0}
+        "power_w": 460.0,
+        "voltage_v": 230.0,
+        "current_a": 2.0,
+        "power_factor": 1.0,
+    }
     assert "power_factor" not in with_derived("smart_meter", {"power_w": 1.0, "voltage_v": 230.0, "current_a": 0.004})
     assert "power_factor" not in with_derived("thermostat", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0})
     rng = random.Random(4)
@@ -406,8 +488,16 @@ def test_meter_power_factor_is_derived_and_scored() -> None:
         current = power / (voltage * 0.93)
         if i == 350:
             power += 1800.0  # the register alone jumps
-        batch.append(record(i, device="m", device_type="smart_meter", power_w=round(power, 1),
-                            voltage_v=round(voltage, 1), current_a=round(current, 3)))
+        batch.append(
+            record(
+                i,
+                device="m",
+                device_type="smart_meter",
+                power_w=round(power, 1),
+                voltage_v=round(voltage, 1),
+                current_a=round(current, 3),
+            )
+        )
     raised = [a for a in alerts_of(Harness().run([batch])) if a["state"] == "raised"]
     assert [(a["rule"], a["metric"], a["seq"]) for a in raised] == [("anomaly_score", "power_factor", 350)]
 
@@ -415,10 +505,14 @@ def test_meter_power_factor_is_derived_and_scored() -> None:
 def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> None:
     """Heating (outside colder than the setpoint) and running 1.5 C above it: stuck on.
     Running 1.5 C below it is a normal warm-up; cooling 1.5 C above it is normal too."""
+
     def rule_alerts(temperature: float, outside: float) -> list[str]:
-        batch = [record(i, device="th", temperature=temperature, setpoint_c=21.0, hvac_on=1.0,
-                        outside_temperature_c=outside) for i in range(200)]
+        batch = [
+            record(i, device="th", temperature=temperature, setpoint_c=21.0, hvac_on=1.0, outside_temperature_c=outside)
+            for i in range(200)
+        ]
         return [a["rule"] for a in alerts_of(Harness().process(batch))]
+
     assert "stuck_hvac" in rule_alerts(22.5, outside=5.0)
     assert "stuck_hvac" not in rule_alerts(19.5, outside=5.0)
     assert "stuck_hvac" not in rule_alerts(22.5, outside=30.0)
@@ -431,8 +525,14 @@ def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso(
     peak score the record's ``score`` holds. Raise and clear in different batches, so the
     metric goes through the stored state."""
     rng = random.Random(4)
-    series = [record(i, temperature=21 + rng.gauss(0, 0.2) + (8.0 if i == 300 else 0.0),
-                     humidity_pct=43 + rng.gauss(0, 0.3) + (1.2 if i > 300 else 0.0)) for i in range(400)]
+    series = [
+        record(
+            i,
+            temperature=21 + rng.gauss(0, 0.2) + (8.0 if i == 300 else 0.0),
+            humidity_pct=43 + rng.gauss(0, 0.3) + (1.2 if i > 300 else 0.0),
+        )
+        for i in range(400)
+    ]
     alerts = alerts_of(Harness().run([series[:301], series[301:]]))
     raised, cleared = [a for a in alerts if a["rule"] == "anomaly_score"][:2]
     assert (raised["state"], cleared["state"]) == ("raised", "cleared") and raised["metric"] == "temperature_c"
@@ -457,7 +557,7 @@ def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() ->
     state = harness.state()
     assert len(state.episodes) and state.episodes[0, EP_METRIC] == state.metrics.index("temperature_c")
     parts = list(state.parts())
-    parts[5] = state.episodes[:, :len(EPISODE_FIELDS) - 1].copy().tobytes()  # version 1 rows
+    parts[5] = state.episodes[:, : len(EPISODE_FIELDS) - 1].copy().tobytes()  # version 1 rows
     old = (struct.pack(_HEADER, 1, *(len(p) for p in parts)) + b"".join(parts),)
     loaded = DeviceState.from_value(old, state.detectors.shape[1])
     assert loaded.episodes[:, EP_METRIC].tolist() == [-1] * len(state.episodes)

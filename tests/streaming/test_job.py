@@ -34,8 +34,9 @@ def _alerts(settings: Settings) -> list[dict]:
     return [json.loads(m.value()) for m in read_topic(settings.kafka, settings.topics.alerts, timeout_s=30, idle_s=3)]
 
 
-def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_settings: Settings, unique: str,
-                                                                 tmp_path: Path) -> None:
+def test_job_scores_alerts_archives_and_accounts_for_every_record(
+    spark, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     settings = _job_settings(test_settings)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     scenario = write_scenario(settings, unique)
@@ -51,9 +52,27 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
         assert (device, rule) in raised, f"no {rule} alert for {device}: {sorted(raised)}"
     assert not {d for d, _ in raised} & set(scenario.quiet_devices)
     sample = next(a for a in alerts if a["rule"] == "crash")
-    for field in ("alert_id", "state", "severity", "rule", "detector", "device_id", "device_type", "site", "metric",
-                  "value", "score", "threshold", "contributors", "first_event_time", "last_event_time",
-                  "occurrences", "detected_at", "model_version", "message"):
+    for field in (
+        "alert_id",
+        "state",
+        "severity",
+        "rule",
+        "detector",
+        "device_id",
+        "device_type",
+        "site",
+        "metric",
+        "value",
+        "score",
+        "threshold",
+        "contributors",
+        "first_event_time",
+        "last_event_time",
+        "occurrences",
+        "detected_at",
+        "model_version",
+        "message",
+    ):
         assert field in sample
     assert sample["severity"] == "critical" and "crash" in sample["message"]
 
@@ -83,8 +102,10 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
     # InfluxDB: per-device aggregates and pipeline health, read back with InfluxQL.
     client = InfluxV1Client(settings.influx)
     device = f"th-{unique}-0"
-    series = client.query(f"SELECT count(mean) FROM device_metrics WHERE device_id = '{device}' AND "
-                          f"metric = 'temperature_c' AND time > now() - 2h")
+    series = client.query(
+        f"SELECT count(mean) FROM device_metrics WHERE device_id = '{device}' AND "
+        f"metric = 'temperature_c' AND time > now() - 2h"
+    )
     assert series and series[0]["values"][0][1] >= 3  # minute buckets of a 4-minute stream
     health = client.query("SELECT sum(duplicate), sum(dlq) FROM pipeline WHERE stage = 'stream' AND time > now() - 10m")
     assert health and health[0]["values"][0][1] >= scenario.duplicates
@@ -92,30 +113,57 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(spark, test_se
 
 
 def _stream_command(settings: Settings, checkpoint: Path, archive: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", "stream", "--kafka",
-            settings.kafka.bootstrap_servers, "--influx", "", "--checkpoint", str(checkpoint), "--archive",
-            str(archive), "--json", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "--log-level",
+        "WARNING",
+        "stream",
+        "--kafka",
+        settings.kafka.bootstrap_servers,
+        "--influx",
+        "",
+        "--checkpoint",
+        str(checkpoint),
+        "--archive",
+        str(archive),
+        "--json",
+        *extra,
+    ]
 
 
 def _env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_TOPIC_RAW=settings.topics.raw, IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
-               IOTWATCH_TOPIC_ALERTS=settings.topics.alerts, IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600")
+    env.update(
+        IOTWATCH_TOPIC_RAW=settings.topics.raw,
+        IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
+        IOTWATCH_TOPIC_ALERTS=settings.topics.alerts,
+        IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600",
+    )
     return env
 
 
 def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_alert_ids(
-        spark, stack_settings: Settings, unique: str, tmp_path: Path) -> None:
+    spark, stack_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     base = _job_settings(stack_settings)
-    topics = base.topics.model_copy(update={"raw": f"t.{unique}.raw", "dlq": f"t.{unique}.dlq",
-                                            "alerts": f"t.{unique}.alerts-a"})
+    topics = base.topics.model_copy(
+        update={"raw": f"t.{unique}.raw", "dlq": f"t.{unique}.dlq", "alerts": f"t.{unique}.alerts-a"}
+    )
     reference = base.model_copy(update={"topics": topics})
     ensure_topics(reference.kafka, reference.topics.kafka_topics())
     scenario = write_scenario(reference, unique)
 
     # Uninterrupted reference run, in-process.
-    job = start(spark, reference, checkpoint_dir=tmp_path / "ck-ref", archive_dir=tmp_path / "ar-ref",
-                available_now=True, query_name="reference")
+    job = start(
+        spark,
+        reference,
+        checkpoint_dir=tmp_path / "ck-ref",
+        archive_dir=tmp_path / "ar-ref",
+        available_now=True,
+        query_name="reference",
+    )
     job.await_backlog(600)
     reference_ids = {a["alert_id"] for a in _alerts(reference)}
     assert len(reference_ids) >= len(scenario.expected_alerts)
@@ -124,9 +172,12 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     restarted = reference.model_copy(update={"topics": topics.model_copy(update={"alerts": f"t.{unique}.alerts-b"})})
     ensure_topics(restarted.kafka, [restarted.topics.alerts])
     checkpoint, archive = tmp_path / "ck-kill", tmp_path / "ar-kill"
-    first = subprocess.Popen(_stream_command(restarted, checkpoint, archive, "--trigger", "0.5",
-                                             "--max-offsets-per-trigger", "200"),
-                             env=_env(restarted), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "200"),
+        env=_env(restarted),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list((checkpoint / "commits").glob("[0-9]*"))) < 2:
         time.sleep(0.5)
@@ -134,8 +185,13 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     first.wait(30)
     committed = len(list((checkpoint / "commits").glob("[0-9]*")))
     assert 2 <= committed, "the job was killed before committing two batches"
-    second = subprocess.run(_stream_command(restarted, checkpoint, archive, "--available-now"),
-                            env=_env(restarted), capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        _stream_command(restarted, checkpoint, archive, "--available-now"),
+        env=_env(restarted),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert {a["alert_id"] for a in _alerts(restarted)} == reference_ids
 
@@ -143,8 +199,9 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
 
 
-def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(spark, test_settings: Settings, unique: str,
-                                                                       tmp_path: Path, monkeypatch) -> None:
+def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
+    spark, test_settings: Settings, unique: str, tmp_path: Path, monkeypatch
+) -> None:
     from click.testing import CliRunner
 
     from iotwatch.cli import cli
@@ -152,15 +209,31 @@ def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(spark, te
     settings = _job_settings(test_settings)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     scenario = write_scenario(settings, unique)
-    for name, value in {"IOTWATCH_TOPIC_RAW": settings.topics.raw, "IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
-                        "IOTWATCH_TOPIC_DLQ": settings.topics.dlq, "IOTWATCH_STREAM_SILENCE_TIMEOUT_S": "3600",
-                        "IOTWATCH_STREAM_CHECKPOINT_DIR": str(tmp_path / "ck" / "live"),
-                        "IOTWATCH_STREAM_ARCHIVE_DIR": str(tmp_path / "archive")}.items():
+    for name, value in {
+        "IOTWATCH_TOPIC_RAW": settings.topics.raw,
+        "IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
+        "IOTWATCH_TOPIC_DLQ": settings.topics.dlq,
+        "IOTWATCH_STREAM_SILENCE_TIMEOUT_S": "3600",
+        "IOTWATCH_STREAM_CHECKPOINT_DIR": str(tmp_path / "ck" / "live"),
+        "IOTWATCH_STREAM_ARCHIVE_DIR": str(tmp_path / "archive"),
+    }.items():
         monkeypatch.setenv(name, value)
-    result = CliRunner().invoke(cli, ["replay", "--tag", "v2", "--kafka", settings.kafka.bootstrap_servers,
-                                      "--influx", settings.influx.url or "", "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "replay",
+            "--tag",
+            "v2",
+            "--kafka",
+            settings.kafka.bootstrap_servers,
+            "--influx",
+            settings.influx.url or "",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output[-2000:]
-    report = json.loads(result.output[result.output.index("{"):])
+    report = json.loads(result.output[result.output.index("{") :])
     assert report["alerts_topic"] == f"{settings.topics.alerts}.v2"
     assert report["totals"]["reading_records"] == sum(len(s) for s in scenario.readings.values())
     comparison = report["comparison"]
@@ -172,8 +245,9 @@ def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(spark, te
     client.close()
 
 
-def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark, test_settings: Settings,
-                                                                          unique: str, tmp_path: Path) -> None:
+def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(
+    spark, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     import numpy as np
     from confluent_kafka import Producer
 
@@ -193,36 +267,51 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(spark
     def send(first: int, count: int, spike_at: int | None = None) -> None:
         for seq in range(first, first + count):
             temperature = 21 + float(rng.normal(0, 0.2)) + (9.0 if seq == spike_at else 0.0)
-            message = Telemetry(v=1, device_id=device, device_type="thermostat", site="h", seq=seq,
-                                ts=t0 + seq * 1000, metrics={"temperature_c": temperature})
+            message = Telemetry(
+                v=1,
+                device_id=device,
+                device_type="thermostat",
+                site="h",
+                seq=seq,
+                ts=t0 + seq * 1000,
+                metrics={"temperature_c": temperature},
+            )
             producer.produce(settings.topics.raw, key=device.encode(), value=message.to_json())
         producer.flush(10)
 
-    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
-                query_name=f"fleet_{unique}")
+    job = start(
+        spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", query_name=f"fleet_{unique}"
+    )
     try:
         send(0, 100)
         wait_for(lambda: job.totals.get("reading_records", 0) >= 100, 120, "the first 100 readings")
         normal = np.random.default_rng(2).normal(21, 0.2, 3000)
         frame = pd.DataFrame({"temperature_c": normal})
-        registry = ModelRegistry(settings.registry.path,
-                                 publisher=UpdatePublisher(settings.kafka, settings.topics.model_updates))
+        registry = ModelRegistry(
+            settings.registry.path, publisher=UpdatePublisher(settings.kafka, settings.topics.model_updates)
+        )
         version = registry.register(IsolationForest(seed=0).fit(frame, frame.shift(1).bfill()), "thermostat")
         registry.approve("thermostat", "isolation_forest", version.version)
         time.sleep(2)
         send(100, 30, spike_at=115)
 
         def fleet_alert() -> bool:
-            return any(a["rule"] == "fleet_anomaly" and a["model_version"] == "isolation_forest@v1"
-                       and a["first_event_ms"] == t0 + 115_000 for a in _alerts(settings))
+            return any(
+                a["rule"] == "fleet_anomaly"
+                and a["model_version"] == "isolation_forest@v1"
+                and a["first_event_ms"] == t0 + 115_000
+                for a in _alerts(settings)
+            )
+
         wait_for(fleet_alert, 120, "the fleet model's alert")
         assert job.query.isActive
     finally:
         job.stop()
 
 
-def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settings: Settings, unique: str,
-                                                            tmp_path: Path) -> None:
+def test_poison_records_are_dead_lettered_and_the_job_goes_on(
+    spark, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     """One record of each kind that once stopped or wedged a component, straight into the
     raw topic (as the gateway, or any other producer, would put it there), then 100 valid
     readings: each poison record is a dead letter with its reason or handled as documented
@@ -239,8 +328,16 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settin
     good, victim = f"good-{unique}", f"victim-{unique}"
 
     def message(device: str = f"poison-{unique}", **fields: object) -> bytes:
-        body = {"v": 1, "device_id": device, "device_type": "thermostat", "site": "h1", "seq": 1, "ts": now - 60_000,
-                "metrics": {"temperature_c": 20.0}, **fields}
+        body = {
+            "v": 1,
+            "device_id": device,
+            "device_type": "thermostat",
+            "site": "h1",
+            "seq": 1,
+            "ts": now - 60_000,
+            "metrics": {"temperature_c": 20.0},
+            **fields,
+        }
         return json.dumps(body).encode()
 
     poison = [
@@ -257,12 +354,26 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settin
     for _, value in poison:
         key = victim if b"victim" in value[:200] else f"poison-{unique}"
         producer.produce(settings.topics.raw, key=key.encode(), value=value)
-    ahead = Telemetry(v=1, device_id=f"ahead-{unique}", device_type="thermostat", site="h1", seq=1,
-                      ts=now + 23 * 3600 * 1000, metrics={"temperature_c": 20.0})
+    ahead = Telemetry(
+        v=1,
+        device_id=f"ahead-{unique}",
+        device_type="thermostat",
+        site="h1",
+        seq=1,
+        ts=now + 23 * 3600 * 1000,
+        metrics={"temperature_c": 20.0},
+    )
     producer.produce(settings.topics.raw, key=ahead.device_id.encode(), value=ahead.to_json())
     for seq in range(100):
-        reading = Telemetry(v=1, device_id=good, device_type="thermostat", site="h1", seq=seq,
-                            ts=now - 100_000 + seq * 1000, metrics={"temperature_c": 20.0 + seq % 3 * 0.1})
+        reading = Telemetry(
+            v=1,
+            device_id=good,
+            device_type="thermostat",
+            site="h1",
+            seq=seq,
+            ts=now - 100_000 + seq * 1000,
+            metrics={"temperature_c": 20.0 + seq % 3 * 0.1},
+        )
         producer.produce(settings.topics.raw, key=good.encode(), value=reading.to_json())
     assert producer.flush(30) == 0
 
@@ -278,7 +389,8 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(spark, test_settin
 
 
 def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
-        spark, test_settings: Settings, unique: str, tmp_path: Path) -> None:
+    spark, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
     """InfluxDB stopped for 20 s under a running job: the job goes on, the failed writes
     are counted (metrics are derived data), every reading reaches the archive, and after
     InfluxDB is back the job writes to it again."""
@@ -292,8 +404,9 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
 
     influx = start_influxdb(tmp_path / "influx", f"outage_{unique}", timeout_s=60)
     settings = _job_settings(test_settings, trigger_interval_s=0.5, aggregate_interval_s=1)
-    settings = settings.model_copy(update={"influx": settings.influx.model_copy(
-        update={"url": influx.endpoint, "database": f"outage_{unique}"})})
+    settings = settings.model_copy(
+        update={"influx": settings.influx.model_copy(update={"url": influx.endpoint, "database": f"outage_{unique}"})}
+    )
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     devices = [f"out-{unique}-{d}" for d in range(5)]
     sent = {d: [] for d in devices}
@@ -304,8 +417,15 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
         seq = 0
         while not stop.is_set():
             for device in devices:
-                reading = Telemetry(v=1, device_id=device, device_type="thermostat", site="h1", seq=seq,
-                                    ts=int(time.time() * 1000), metrics={"temperature_c": 21.0 + seq % 5 * 0.1})
+                reading = Telemetry(
+                    v=1,
+                    device_id=device,
+                    device_type="thermostat",
+                    site="h1",
+                    seq=seq,
+                    ts=int(time.time() * 1000),
+                    metrics={"temperature_c": 21.0 + seq % 5 * 0.1},
+                )
                 producer.produce(settings.topics.raw, key=device.encode(), value=reading.to_json())
                 sent[device].append(seq)
             producer.poll(0)
@@ -313,8 +433,9 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
             time.sleep(0.05)
         assert producer.flush(30) == 0
 
-    job = start(spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive",
-                query_name=f"outage_{unique}")
+    job = start(
+        spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", query_name=f"outage_{unique}"
+    )
     producer = threading.Thread(target=produce)
     producer.start()
     try:
@@ -328,14 +449,18 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
             except IotwatchError:  # down, or still starting
                 return -1
             return int(series[0]["values"][0][1]) if series else 0
+
         wait_for(lambda: count() > 0, 180, "aggregates in InfluxDB")
         stop_process(influx.process)
         down_since = time.monotonic()
         wait_for(lambda: job.totals.get("influx_write_failures", 0) >= 1, 60, "a counted InfluxDB failure")
         time.sleep(max(0.0, 20 - (time.monotonic() - down_since)))
         conf = tmp_path / "influx" / "influxdb" / "influxdb.conf"
-        restarted = start_process("influx", [influx.process.command[0], "-config", str(conf)],
-                                  tmp_path / "influx" / "influxdb" / "influxd-2.log")
+        restarted = start_process(
+            "influx",
+            [influx.process.command[0], "-config", str(conf)],
+            tmp_path / "influx" / "influxdb" / "influxd-2.log",
+        )
         failures = job.totals["influx_write_failures"]
         wait_for(lambda: count() >= 0, 60, "InfluxDB up again")
         back = count()

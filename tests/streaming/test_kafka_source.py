@@ -4,6 +4,7 @@ starting offsets, topics that appear later, and the Tansu ListOffsets quirk."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 from collections.abc import Callable
@@ -15,11 +16,24 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import KafkaSettings, Settings
 from streaming.kafka_offsets import (
-    KafkaDataLossError, OffsetClient, fair_share, group_ranges, parse_offsets_option, split_ranges,
+    KafkaDataLossError,
+    OffsetClient,
+    fair_share,
+    group_ranges,
+    parse_offsets_option,
+    split_ranges,
 )
 from streaming.kafka_source import (
-    KafkaDataSource, KafkaRange, KafkaStreamReader, ReadOptions, _Planner, kafka_options,
-    _CONSUMERS, read_kafka_batch, read_kafka_stream, read_range,
+    _CONSUMERS,
+    KafkaDataSource,
+    KafkaRange,
+    KafkaStreamReader,
+    ReadOptions,
+    _Planner,
+    kafka_options,
+    read_kafka_batch,
+    read_kafka_stream,
+    read_range,
 )
 
 BASE_TS = 1_700_000_000_000
@@ -27,15 +41,22 @@ BASE_TS = 1_700_000_000_000
 
 # --------------------------------------------------------------------------- helpers
 
-def produce(kafka: KafkaSettings, topic: str, count: int, *, partitions: int = 4, first: int = 0,
-            linger_ms: int = 20) -> None:
+
+def produce(
+    kafka: KafkaSettings, topic: str, count: int, *, partitions: int = 4, first: int = 0, linger_ms: int = 20
+) -> None:
     """``count`` records round-robin over partitions, with key, headers and a create time.
     linger makes the producer put many records in one batch (the Tansu quirk)."""
     producer = Producer({**kafka.client_config(), "linger.ms": linger_ms, "batch.num.messages": 100_000})
     for i in range(first, first + count):
-        producer.produce(topic, value=b"v%d" % i, key=b"k%d" % i, partition=i % partitions,
-                         headers=[("seq", str(i).encode()), ("src", b"test")] if i % 3 else None,
-                         timestamp=BASE_TS + i)
+        producer.produce(
+            topic,
+            value=b"v%d" % i,
+            key=b"k%d" % i,
+            partition=i % partitions,
+            headers=[("seq", str(i).encode()), ("src", b"test")] if i % 3 else None,
+            timestamp=BASE_TS + i,
+        )
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
@@ -74,17 +95,28 @@ def assert_exactly(collector: Collector, expected: range) -> None:
 
 # --------------------------------------------------------------------------- fixtures
 
+
 @pytest.fixture
 def run_stream(spark, stack_settings: Settings, tmp_path: Path) -> Callable:
     """Start a query of the python source into a Collector; returns (query, collector)."""
     started = []
 
-    def start(topics: list[str], collector: Collector | None = None, *, checkpoint: str = "ck",
-              trigger: dict | None = None, **kwargs):
+    def start(
+        topics: list[str],
+        collector: Collector | None = None,
+        *,
+        checkpoint: str = "ck",
+        trigger: dict | None = None,
+        **kwargs,
+    ):
         collector = collector or Collector()
         df = read_kafka_stream(spark, stack_settings.kafka, topics, **kwargs)
-        query = (df.writeStream.foreachBatch(collector).option("checkpointLocation", str(tmp_path / checkpoint))
-                 .trigger(**(trigger or {"processingTime": "200 milliseconds"})).start())
+        query = (
+            df.writeStream.foreachBatch(collector)
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(**(trigger or {"processingTime": "200 milliseconds"}))
+            .start()
+        )
         started.append(query)
         return query, collector
 
@@ -95,6 +127,7 @@ def run_stream(spark, stack_settings: Settings, tmp_path: Path) -> Callable:
 
 
 # --------------------------------------------------------------------------- no Spark
+
 
 def test_fair_share_is_exact_and_never_starves() -> None:
     backlog = {("t", 0): 1_000_000, ("t", 1): 1_000_000, ("t", 2): 3, ("t", 3): 0}
@@ -142,6 +175,7 @@ def test_reader_pickles_without_clients() -> None:
 
 # --------------------------------------------------------------------------- broker, no Spark
 
+
 def test_log_end_is_confirmed_by_fetch_on_batched_records(stack_settings: Settings, unique: str) -> None:
     topic = new_topic(stack_settings, unique)
     produce(stack_settings.kafka, topic, 10_000, partitions=1, linger_ms=100)
@@ -170,7 +204,8 @@ def test_log_end_is_confirmed_by_fetch_on_batched_records(stack_settings: Settin
 
 
 def test_a_worker_reuses_its_consumer_for_the_next_range_and_reads_any_range_exactly(
-        stack_settings: Settings, unique: str) -> None:
+    stack_settings: Settings, unique: str
+) -> None:
     """Consecutive ranges (the next micro-batch) continue with the cached consumer; a range
     elsewhere (a replayed batch, a re-read) is served exactly too."""
     topic = new_topic(stack_settings, unique)
@@ -195,8 +230,7 @@ def test_a_worker_reuses_its_consumer_for_the_next_range_and_reads_any_range_exa
 def test_read_past_log_end_times_out_clearly(stack_settings: Settings, unique: str) -> None:
     topic = new_topic(stack_settings, unique)
     produce(stack_settings.kafka, topic, 8, partitions=4)
-    opts = ReadOptions.parse({**kafka_options(stack_settings.kafka, "python"),
-                              "kafkaConsumer.pollTimeoutMs": "1500"})
+    opts = ReadOptions.parse({**kafka_options(stack_settings.kafka, "python"), "kafkaConsumer.pollTimeoutMs": "1500"})
     with pytest.raises(TimeoutError, match="no record after offset 2"):
         list(read_range(opts, KafkaRange(topic, 1, 0, 5)))
     assert not _CONSUMERS._entries  # a failed read does not keep its consumer
@@ -204,14 +238,20 @@ def test_read_past_log_end_times_out_clearly(stack_settings: Settings, unique: s
 
 # --------------------------------------------------------------------------- Spark
 
+
 @pytest.mark.slow
 def test_every_record_once_with_columns(spark, stack_settings: Settings, unique: str, tmp_path: Path) -> None:
     topic = new_topic(stack_settings, unique)
     produce(stack_settings.kafka, topic, 2000)
     produce(stack_settings.kafka, topic, 10_000, partitions=1, first=2000, linger_ms=100)  # one big batch
     df = read_kafka_stream(spark, stack_settings.kafka, [topic])
-    query = (df.writeStream.format("memory").queryName(f"all_{unique}")
-             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query = (
+        df.writeStream.format("memory")
+        .queryName(f"all_{unique}")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     rows = spark.table(f"all_{unique}").collect()
     assert len(rows) == 12_000
@@ -244,8 +284,9 @@ def test_restart_resumes_from_checkpoint(stack_settings: Settings, unique: str, 
     topic = new_topic(stack_settings, unique)
     produce(stack_settings.kafka, topic, 2000)
     collector = Collector()
-    query, _ = run_stream([topic], collector, max_offsets_per_trigger=150,
-                          trigger={"processingTime": "100 milliseconds"})
+    query, _ = run_stream(
+        [topic], collector, max_offsets_per_trigger=150, trigger={"processingTime": "100 milliseconds"}
+    )
     deadline = time.monotonic() + 60
     while len(collector.rows()) < 300 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -265,7 +306,7 @@ def test_starting_offsets_latest_and_json(stack_settings: Settings, unique: str,
     latest, latest_rows = run_stream([topic], checkpoint="latest", starting_offsets="latest")
     latest.processAllAvailable()
     assert latest_rows.rows() == []
-    explicit = '{"%s": {"0": 90, "1": -2, "2": -1}}' % topic  # partition 3 unnamed: earliest
+    explicit = json.dumps({topic: {"0": 90, "1": -2, "2": -1}})  # partition 3 unnamed: earliest
     chosen, chosen_rows = run_stream([topic], checkpoint="json", starting_offsets=explicit)
     chosen.processAllAvailable()
     produce(stack_settings.kafka, topic, 40, first=400)
@@ -295,17 +336,26 @@ def test_topics_gaining_data_after_start(stack_settings: Settings, unique: str, 
 def test_batch_read(spark, stack_settings: Settings, unique: str) -> None:
     topic = new_topic(stack_settings, unique)
     produce(stack_settings.kafka, topic, 1000)
-    df = read_kafka_batch(spark, stack_settings.kafka, [topic],
-                          starting_offsets='{"%s": {"0": 200}}' % topic)
+    df = read_kafka_batch(spark, stack_settings.kafka, [topic], starting_offsets=json.dumps({topic: {"0": 200}}))
     assert df.count() == 50 + 750  # partition 0 from offset 200 of 250; the others from earliest
     assert df.schema == KafkaDataSource({}).schema()
-    split = (spark.read.format("iotwatch-kafka").options(**kafka_options(stack_settings.kafka, "python"))
-             .option("subscribe", topic).option("minPartitions", "8").load())
+    split = (
+        spark.read.format("iotwatch-kafka")
+        .options(**kafka_options(stack_settings.kafka, "python"))
+        .option("subscribe", topic)
+        .option("minPartitions", "8")
+        .load()
+    )
     assert split.rdd.getNumPartitions() == 8
     assert split.select("partition", "offset").distinct().count() == 1000
     # more moving partitions than maxPartitions: tasks read several ranges in turn
-    grouped = (spark.read.format("iotwatch-kafka").options(**kafka_options(stack_settings.kafka, "python"))
-               .option("subscribe", topic).option("maxPartitions", "2").load())
+    grouped = (
+        spark.read.format("iotwatch-kafka")
+        .options(**kafka_options(stack_settings.kafka, "python"))
+        .option("subscribe", topic)
+        .option("maxPartitions", "2")
+        .load()
+    )
     assert grouped.rdd.getNumPartitions() == 2
     assert grouped.select("partition", "offset").distinct().count() == grouped.count() == 1000
 
@@ -316,4 +366,3 @@ def test_group_ranges_for_max_partitions() -> None:
     assert len(groups) == 2 and sorted(r for g in groups for r in g) == ranges
     assert sorted(sum(e - s for _, _, s, e in g) for g in groups) == [800, 800]
     assert group_ranges(ranges, None) == [[r] for r in ranges] == group_ranges(ranges, 6)
-

@@ -57,8 +57,11 @@ class Pipeline:
         client.loop_start()
         try:
             for seq, ts in seqs_and_ts:
-                info = client.publish(telemetry_topic("home-1", "thermostat", device),
-                                      reading(device, seq, ts=ts, value=21.0 + seq % 5 * 0.1).to_json(), qos=1)
+                info = client.publish(
+                    telemetry_topic("home-1", "thermostat", device),
+                    reading(device, seq, ts=ts, value=21.0 + seq % 5 * 0.1).to_json(),
+                    qos=1,
+                )
             info.wait_for_publish(30)
         finally:
             client.disconnect()
@@ -70,20 +73,32 @@ def pipeline(spark: Any, stack_settings: Settings, tmp_path_factory: pytest.Temp
     """A gateway and a streaming job on their own topics, running until the module ends."""
     run = uuid.uuid4().hex[:10]
     folder = tmp_path_factory.mktemp("pipeline")
-    topics = stack_settings.topics.model_copy(update={
-        "raw": f"pf.{run}.raw", "dlq": f"pf.{run}.dlq", "alerts": f"pf.{run}.alerts",
-        "model_updates": f"pf.{run}.model", "commands": f"pf.{run}.commands"})
-    stream = stack_settings.stream.model_copy(update={
-        "silence_timeout_s": 3600.0, "trigger_interval_s": 0.5, "fleet_detector": "isolation_forest"})
-    settings = stack_settings.model_copy(update={
-        "topics": topics, "stream": stream,
-        "registry": stack_settings.registry.model_copy(update={"path": folder / "registry"})})
+    topics = stack_settings.topics.model_copy(
+        update={
+            "raw": f"pf.{run}.raw",
+            "dlq": f"pf.{run}.dlq",
+            "alerts": f"pf.{run}.alerts",
+            "model_updates": f"pf.{run}.model",
+            "commands": f"pf.{run}.commands",
+        }
+    )
+    stream = stack_settings.stream.model_copy(
+        update={"silence_timeout_s": 3600.0, "trigger_interval_s": 0.5, "fleet_detector": "isolation_forest"}
+    )
+    settings = stack_settings.model_copy(
+        update={
+            "topics": topics,
+            "stream": stream,
+            "registry": stack_settings.registry.model_copy(update={"path": folder / "registry"}),
+        }
+    )
     settings = gateway_settings(settings, run)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     gateway = Gateway(settings)
     gateway.start()
-    job = start(spark, settings, checkpoint_dir=folder / "ck", archive_dir=folder / "archive",
-                query_name=f"faults_{run}")
+    job = start(
+        spark, settings, checkpoint_dir=folder / "ck", archive_dir=folder / "archive", query_name=f"faults_{run}"
+    )
     try:
         yield Pipeline(settings, gateway, job, folder / "archive", folder)
     finally:
@@ -123,8 +138,11 @@ def test_poison_corpus_through_the_gateway_into_the_job(pipeline: Pipeline) -> N
     conflict = next(c[1].split("/")[3] for c in cases if c[0] == "identity-b")
     expected = {**gateway_dead, conflict: "identity_conflict"}
     dead = read_topic(pipeline.settings.kafka, pipeline.settings.topics.dlq, timeout_s=30, idle_s=3)
-    got = {(m.key() or b"").decode(): (header_value(m.headers(), H_REASON), header_value(m.headers(), H_STAGE))
-           for m in dead if run in (m.key() or b"").decode()}
+    got = {
+        (m.key() or b"").decode(): (header_value(m.headers(), H_REASON), header_value(m.headers(), H_STAGE))
+        for m in dead
+        if run in (m.key() or b"").decode()
+    }
     assert {device: reason for device, (reason, _stage) in got.items()} == expected
     assert got[conflict][1] == "stream" and all(got[d][1] == "gateway" for d in gateway_dead)
     ahead = next(c[1].split("/")[3] for c in cases if c[0] == "future-23h")

@@ -28,9 +28,17 @@ def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
     """A harness whose devices have metrics, detector rows, open buckets and an open episode."""
     harness = Harness()
     ids = [f"th-{d}" for d in range(devices)]
-    batch = [record(i, device=d, offset=i * devices + k, temperature=21.0 + (9.0 if (d, i) == ("th-1", 150) else 0),
-                    humidity_pct=40.0 + k)
-             for i in range(151) for k, d in enumerate(ids)]
+    batch = [
+        record(
+            i,
+            device=d,
+            offset=i * devices + k,
+            temperature=21.0 + (9.0 if (d, i) == ("th-1", 150) else 0),
+            humidity_pct=40.0 + k,
+        )
+        for i in range(151)
+        for k, d in enumerate(ids)
+    ]
     harness.process(batch)
     return harness, ids
 
@@ -134,8 +142,9 @@ def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table(
     harness, ids = _filled(3)
     states = {d: harness.store.load(d) for d in ids}
     legacy = DictMapState()
-    legacy.updateValue((0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0])
-                                                   for d, s in states.items()}),))
+    legacy.updateValue(
+        (0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0]) for d, s in states.items()}),)
+    )
     store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_size=harness.engine.kernel.STATE_SIZE)
     table = store.load_many(ids)
     assert store.found.all() and [table.state(d) for d in range(3)] == [states[d] for d in ids]
@@ -147,14 +156,16 @@ def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table(
 def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
     """Shard count is a storage detail: the same records give the same outputs."""
     rng = random.Random(5)
-    series = [record(i, device=f"th-{d}", offset=i * 4 + d,
-                     temperature=21 + rng.gauss(0, 0.2) + (9 if i == 200 + d else 0))
-              for i in range(300) for d in range(4)]
+    series = [
+        record(i, device=f"th-{d}", offset=i * 4 + d, temperature=21 + rng.gauss(0, 0.2) + (9 if i == 200 + d else 0))
+        for i in range(300)
+        for d in range(4)
+    ]
     outputs = []
     for shards in (1, 7):
         harness = Harness()
         harness.store = MemoryStore(harness.engine.kernel.STATE_SIZE, harness.engine.seq_words, shards=shards)
-        rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start:start + 200])]
+        rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start : start + 200])]
         outputs.append(_comparable(rows))
     assert outputs[0] == outputs[1]
     assert sum(1 for row in outputs[0] if row[0] == "alert") >= 4

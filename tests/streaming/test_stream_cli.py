@@ -23,6 +23,7 @@ TRACE_MARKERS = ("\tat ", "Exception in thread", "Traceback", "Py4JJavaError", "
 
 def in_progress(checkpoint: Path, after: int) -> bool:
     """A micro-batch is planned (its offsets written) and not committed, after ``after`` committed ones."""
+
     def ids(folder: str) -> set[int]:
         return {int(p.name) for p in (checkpoint / folder).glob("[0-9]*") if p.name.isdigit()}
 
@@ -32,7 +33,8 @@ def in_progress(checkpoint: Path, after: int) -> bool:
 
 @pytest.mark.parametrize("committed", [0, 2], ids=["during-the-first-batch", "after-two-batches"])
 def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_table(
-        test_settings: Settings, unique: str, tmp_path: Path, committed: int) -> None:
+    test_settings: Settings, unique: str, tmp_path: Path, committed: int
+) -> None:
     """Acceptance: a SIGTERM'd stream exits 0 with no Java trace on stderr, and nothing that
     Spark says about the interrupted work after "stopping" (while the first, slow micro-batch
     runs, or a later one); one progress line per micro-batch with records; the summary is a
@@ -40,12 +42,29 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     ensure_topics(test_settings.kafka, test_settings.topics.kafka_topics())
     write_scenario(test_settings, unique)
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(IOTWATCH_TOPIC_RAW=test_settings.topics.raw, IOTWATCH_TOPIC_DLQ=test_settings.topics.dlq,
-               IOTWATCH_TOPIC_ALERTS=test_settings.topics.alerts, IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600")
+    env.update(
+        IOTWATCH_TOPIC_RAW=test_settings.topics.raw,
+        IOTWATCH_TOPIC_DLQ=test_settings.topics.dlq,
+        IOTWATCH_TOPIC_ALERTS=test_settings.topics.alerts,
+        IOTWATCH_STREAM_SILENCE_TIMEOUT_S="3600",
+    )
     checkpoint = tmp_path / "ck"
-    argv = [sys.executable, "-m", "iotwatch", "stream", "--kafka", test_settings.kafka.bootstrap_servers,
-            "--influx", "", "--checkpoint", str(checkpoint), "--archive", str(tmp_path / "ar"),
-            "--max-offsets-per-trigger", "150"]
+    argv = [
+        sys.executable,
+        "-m",
+        "iotwatch",
+        "stream",
+        "--kafka",
+        test_settings.kafka.bootstrap_servers,
+        "--influx",
+        "",
+        "--checkpoint",
+        str(checkpoint),
+        "--archive",
+        str(tmp_path / "ar"),
+        "--max-offsets-per-trigger",
+        "150",
+    ]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -76,7 +95,8 @@ def test_a_checkpoint_of_another_state_layout_gets_a_hint_others_none() -> None:
     """Spark's words for a checkpoint an earlier version wrote, plus what to do about it."""
     from streaming.cli import _hint
 
-    spark_error = ("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing "
-                   "state key schema.")
+    spark_error = (
+        "[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing state key schema."
+    )
     assert "new --checkpoint directory" in _hint(spark_error)
     assert _hint("[STREAM_FAILED] something else") == ""
