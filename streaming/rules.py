@@ -42,6 +42,28 @@ DANGER_RULES: dict[str, str] = {limit.rule: limit.severity for _, _, limit in da
 if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
     raise RuntimeError(f"the metric catalogue's danger rules {sorted(DANGER_RULES)} are not the engine's")
 
+#: Rules that may report an anomaly of a measurement (a spike, a drift...): the detectors,
+#: the thermostat's HVAC rule (a drifting temperature sensor fools the HVAC) and, once the
+#: metric is carried past a danger limit of the catalogue, that limit's rule.
+MEASUREMENT_RULES = frozenset({ANOMALY, FLEET, STUCK_HVAC, *DANGER_RULES})
+#: Which rules may report each anomaly kind the simulator injects
+#: (:data:`devices.anomalies.KINDS`): an alert of another rule does not detect it. The one
+#: table that ``iotwatch evaluate --simulated`` and the demo's accounting judge alerts by.
+RULES_FOR_ANOMALY_KIND: dict[str, frozenset[str]] = {
+    "spike": MEASUREMENT_RULES,
+    "level_shift": MEASUREMENT_RULES,
+    "drift": MEASUREMENT_RULES,
+    "flatline": MEASUREMENT_RULES,
+    "noise_burst": MEASUREMENT_RULES,
+    "out_of_range": frozenset({OUT_OF_RANGE}),
+    "dropout": frozenset({SILENT}),
+    "hvac_stuck": frozenset({STUCK_HVAC, ANOMALY}),
+    "leak": frozenset({LEAK}),
+    "harsh_braking": frozenset({HARSH_BRAKING, CRASH, ANOMALY}),
+    "crash": frozenset({CRASH}),
+    "overheating": frozenset({COOLANT, ANOMALY, OUT_OF_RANGE}),
+}
+
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     """The rules, their anti-flap parameters and runbook links, from the stream settings."""

@@ -17,21 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Rules that count as detecting each anomaly kind the simulator injects.
-RULES_FOR_KIND: dict[str, set[str]] = {
-    "crash": {"crash"},
-    "harsh_braking": {"harsh_braking", "crash", "anomaly_score"},
-    "leak": {"water_leak"},
-    "hvac_stuck": {"stuck_hvac", "anomaly_score", "out_of_range"},
-    "dropout": {"device_silent"},
-    "out_of_range": {"out_of_range", "anomaly_score"},
-    "overheating": {"anomaly_score", "coolant_overheating"},
-}
-#: Rules that may report any anomaly of a metric (the danger rules: a drift into danger).
-SCORE_RULES = {"anomaly_score", "fleet_anomaly", "out_of_range", "coolant_overheating", "battery_low", "humidity_high"}
+from streaming import rules
+
+#: Rules that count as detecting each anomaly kind the simulator injects: the table
+#: ``iotwatch evaluate --simulated`` judges by too.
+RULES_FOR_KIND = rules.RULES_FOR_ANOMALY_KIND
+#: Rules whose alert an anomaly of a metric explains (no false alarm) though they need not
+#: count as detecting its kind: the measurement rules, and a value pushed out of range.
+SCORE_RULES = rules.MEASUREMENT_RULES | {rules.OUT_OF_RANGE}
 #: Other rules an anomaly explains (no false alarm), besides its own and the score rules:
 #: a crash's deceleration passes through the harsh-braking band.
-ALSO_EXPLAINS: dict[str, set[str]] = {"crash": {"harsh_braking"}}
+ALSO_EXPLAINS: dict[str, frozenset[str]] = {"crash": frozenset({rules.HARSH_BRAKING})}
 GRACE_MS = 10_000
 
 
@@ -112,9 +108,9 @@ MATCHED, FALSE_ALARM, END_OF_RUN = "matched", "false_alarm", "end_of_run"
 
 
 def _during(
-    anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int, rules: set[str]
+    anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int, rule_names: frozenset[str]
 ) -> list[dict[str, Any]]:
-    """Raised alerts of ``rules`` on the anomaly's device whose episode began with a reading
+    """Raised alerts of ``rule_names`` on the anomaly's device whose episode began with a reading
     of the anomaly (or of the grace period after it), earliest first. Matched by seq, which
     clock-skew faults leave alone (the ground truth's times are the simulator's; a skewed
     device reports other event times). A dropout's ``device_silent`` alert carries the
@@ -127,7 +123,7 @@ def _during(
         a
         for a in raised
         if a["device_id"] == anomaly["device_id"]
-        and a["rule"] in rules
+        and a["rule"] in rule_names
         and low <= int(a.get("first_seq", a["seq"])) <= high
     ]
     return sorted(hits, key=lambda a: int(a.get("first_seq", a["seq"])))
@@ -161,9 +157,11 @@ def match_alerts(
     for anomaly in anomalies:
         kind = anomaly["kind"]
         interval = interval_ms.get(anomaly["device_type"], 1000)
-        rules = RULES_FOR_KIND.get(kind, SCORE_RULES)
-        hits = _during(anomaly, raised, interval, rules)
-        explaining = rules if kind == "dropout" else rules | SCORE_RULES | ALSO_EXPLAINS.get(kind, set())
+        kind_rules = RULES_FOR_KIND.get(kind, SCORE_RULES)
+        hits = _during(anomaly, raised, interval, kind_rules)
+        explaining = (
+            kind_rules if kind == "dropout" else kind_rules | SCORE_RULES | ALSO_EXPLAINS.get(kind, frozenset())
+        )
         explained = _during(anomaly, raised, interval, explaining)
         used.update(a["alert_id"] for a in explained)
         stats = per_kind.setdefault(kind, {"injected": 0, "detected": 0, "delays_s": []})
