@@ -3,106 +3,15 @@
 from __future__ import annotations
 
 import logging
-import re
-import signal
-import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
-from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import ensure_topics
-from iotwatch.settings import Settings, StreamSettings
-
-if TYPE_CHECKING:
-    from streaming.job import RunningJob
+from iotwatch.settings import StreamSettings
 
 log = logging.getLogger(__name__)
-
-
-def root_cause(text: str) -> str:
-    """The most telling line of a Spark/py4j error: the last Python exception line, or the first."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Violation)\b.*:", line)]
-    return (raised[-1] if raised else lines[0] if lines else "unknown error")[:500]
-
-
-def prepare_outputs(settings: Settings) -> None:
-    """Create missing topics and the InfluxDB database."""
-    ensure_topics(settings.kafka, settings.topics.kafka_topics())
-    if settings.influx.enabled:
-        client = InfluxV1Client(settings.influx)
-        client.create_database()
-        client.close()
-    else:
-        log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
-
-
-def run_job(
-    settings: Settings,
-    checkpoint_dir: Path | None,
-    archive_dir: Path | None,
-    *,
-    available_now: bool,
-    duration: float | None,
-    query_name: str = "iotwatch_stream",
-) -> RunningJob:
-    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done."""
-    from iotwatch.spark import session_scope
-    from streaming.job import STOP_WAIT_S, STREAM_CONF, start
-
-    prepare_outputs(settings)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stream_settings = settings.stream
-    with session_scope(
-        "iotwatch-stream",
-        stream_settings.spark_master,
-        shuffle_partitions=stream_settings.shuffle_partitions,
-        conf=STREAM_CONF,
-    ) as spark:
-        job = start(
-            spark,
-            settings,
-            checkpoint_dir=checkpoint_dir,
-            archive_dir=archive_dir,
-            available_now=available_now,
-            query_name=query_name,
-        )
-        started = time.monotonic()
-        try:
-            while job.query.isActive and not stop.is_set():
-                if duration is not None and time.monotonic() - started >= duration:
-                    break
-                if available_now and job.caught_up():
-                    break
-                stop.wait(0.5)
-            exception = job.query.exception()
-        finally:
-            if stop.is_set():
-                log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
-            job.stop(STOP_WAIT_S)
-    if exception is not None:
-        raise click.ClickException(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
-    return job
-
-
-#: Spark's error classes for a checkpoint whose state an earlier version laid out otherwise.
-_STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
-
-
-def _hint(error: str) -> str:
-    """What to do about a failure a user can fix, appended to its message."""
-    if any(name in error for name in _STATE_LAYOUT_ERRORS):
-        return (
-            " -- the checkpoint was written by an earlier iotwatch with another state layout: "
-            "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)"
-        )
-    return ""
 
 
 @click.command()
@@ -178,6 +87,8 @@ def stream(
         }.items()
         if v is not None
     }
+    from streaming.job import run_job  # (pyspark loads only when the job runs, not for --help)
+
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
     job = run_job(settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration)

@@ -9,6 +9,8 @@ sharded by device over ``shuffle_partitions`` -- not ours.
 from __future__ import annotations
 
 import logging
+import re
+import signal
 import threading
 import time
 from collections import Counter
@@ -18,6 +20,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from streaming.kafka_source import read_kafka_stream
 from streaming.operator_key import OPERATOR_KEY
@@ -206,6 +211,93 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     return thread
 
 
+class StreamingQueryFailed(IotwatchError):
+    """The streaming query stopped with an error (its root cause, and what to do if known)."""
+
+
+def root_cause(text: str) -> str:
+    """The most telling line of a Spark/py4j error: the last Python exception line, or the first."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception|Violation)\b.*:", line)]
+    return (raised[-1] if raised else lines[0] if lines else "unknown error")[:500]
+
+
+def prepare_outputs(settings: Settings) -> None:
+    """Create missing topics and the InfluxDB database."""
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    if settings.influx.enabled:
+        client = InfluxV1Client(settings.influx)
+        client.create_database()
+        client.close()
+    else:
+        log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
+
+
+def run_job(
+    settings: Settings,
+    checkpoint_dir: Path | None,
+    archive_dir: Path | None,
+    *,
+    available_now: bool,
+    duration: float | None,
+    query_name: str = "iotwatch_stream",
+) -> RunningJob:
+    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
+    (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
+    raises :class:`StreamingQueryFailed` with its root cause."""
+    from iotwatch.spark import session_scope
+
+    prepare_outputs(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stream_settings = settings.stream
+    with session_scope(
+        "iotwatch-stream",
+        stream_settings.spark_master,
+        shuffle_partitions=stream_settings.shuffle_partitions,
+        conf=STREAM_CONF,
+    ) as spark:
+        job = start(
+            spark,
+            settings,
+            checkpoint_dir=checkpoint_dir,
+            archive_dir=archive_dir,
+            available_now=available_now,
+            query_name=query_name,
+        )
+        started = time.monotonic()
+        try:
+            while job.query.isActive and not stop.is_set():
+                if duration is not None and time.monotonic() - started >= duration:
+                    break
+                if available_now and job.caught_up():
+                    break
+                stop.wait(0.5)
+            exception = job.query.exception()
+        finally:
+            if stop.is_set():
+                log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
+            job.stop(STOP_WAIT_S)
+    if exception is not None:
+        raise StreamingQueryFailed(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
+    return job
+
+
+#: Spark's error classes for a checkpoint whose state an earlier version laid out otherwise.
+_STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
+
+
+def _hint(error: str) -> str:
+    """What to do about a failure a user can fix, appended to its message."""
+    if any(name in error for name in _STATE_LAYOUT_ERRORS):
+        return (
+            " -- the checkpoint was written by an earlier iotwatch with another state layout: "
+            "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)"
+        )
+    return ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point for spark-submit (``spark-submit --master spark://… streaming/job.py``):
     settings from IOTWATCH_* and IOTWATCH_CONFIG, the master and resources from spark-submit.
@@ -214,10 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
-    import click
-
     from iotwatch.settings import load_settings
-    from streaming.cli import run_job
 
     parser = argparse.ArgumentParser(prog="streaming/job.py", description=main.__doc__)
     parser.add_argument("--available-now", action="store_true", help="process what is in Kafka now, then stop")
@@ -226,8 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         job = run_job(load_settings(), None, None, available_now=args.available_now, duration=args.duration)
-    except click.ClickException as exc:
-        raise SystemExit(f"iotwatch stream: {exc.message}") from exc
+    except StreamingQueryFailed as exc:
+        raise SystemExit(f"iotwatch stream: {exc}") from exc
     print(json.dumps({"batches": job.totals.get("batches", 0), "totals": dict(job.totals)}))
 
 

@@ -19,7 +19,6 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import KafkaSettings, Settings
-from streaming.cli import run_job
 
 
 def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]:
@@ -85,6 +84,8 @@ def replay(app: AppContext, tag: str, follow: bool, keep_checkpoint: bool, as_js
     settings, checkpoint, archive = replay_settings(app.settings, tag)
     if checkpoint.exists() and not keep_checkpoint:
         shutil.rmtree(checkpoint)
+    from streaming.job import run_job  # (pyspark loads only when the replay runs)
+
     job = run_job(settings, checkpoint, archive, available_now=not follow, duration=None, query_name=f"replay_{tag}")
     comparison = compare(
         alert_ids(settings.kafka, app.settings.topics.alerts), alert_ids(settings.kafka, settings.topics.alerts)
