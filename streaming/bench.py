@@ -304,8 +304,7 @@ def bench_stream(
     Starts its own embedded Kafka-protocol broker and InfluxDB (when installed), and one
     local Spark session for every run (its start-up is not counted).
     """
-    from iotwatch.spark import session_scope
-    from streaming.job import STREAM_CONF
+    from streaming.job import session_scope
 
     fleet_sizes, rates = _ints(devices_text), _ints(rates_text)
     run = str(int(time.time()))
@@ -316,12 +315,7 @@ def bench_stream(
         try:
             settings = state.apply_to(base)
             stream = settings.stream
-            with session_scope(
-                "iotwatch-bench-stream",
-                stream.spark_master,
-                shuffle_partitions=stream.shuffle_partitions,
-                conf=STREAM_CONF,
-            ) as spark:
+            with session_scope(stream, "iotwatch-bench-stream") as spark:
                 spark.range(1).count()  # the JVM is up before anything is timed
                 throughput = [
                     measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,13 @@ def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -
     from iotwatch.spark import spark_session as session
 
     return session(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
+
+
+def session_scope(settings: StreamSettings, app_name: str) -> AbstractContextManager[SparkSession]:
+    """:func:`spark_session`, stopped (with its JVM) when the block ends."""
+    from iotwatch.spark import session_scope as scope
+
+    return scope(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
 
 
 @dataclass
@@ -245,19 +253,11 @@ def run_job(
     """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
     raises :class:`StreamingQueryFailed` with its root cause."""
-    from iotwatch.spark import session_scope
-
     prepare_outputs(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stream_settings = settings.stream
-    with session_scope(
-        "iotwatch-stream",
-        stream_settings.spark_master,
-        shuffle_partitions=stream_settings.shuffle_partitions,
-        conf=STREAM_CONF,
-    ) as spark:
+    with session_scope(settings.stream, "iotwatch-stream") as spark:
         job = start(
             spark,
             settings,
