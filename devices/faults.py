@@ -9,7 +9,6 @@ rejects, for the dead-letter path). Kinds and their parameters live in
 
 from __future__ import annotations
 
-import json
 import re
 
 __all__ = ["corrupt"]
@@ -36,11 +35,3 @@ def corrupt(payload: str, variant: str) -> str | bytes:
     if variant == "bad_version":
         return payload.replace('"v":1,', '"v":99,', 1)
     raise ValueError(f"unknown malformed variant {variant!r}")
-
-
-def is_valid_json(payload: str | bytes) -> bool:
-    try:
-        json.loads(payload)
-        return True
-    except ValueError:
-        return False

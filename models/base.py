@@ -34,7 +34,6 @@ __all__ = [
     "StatelessMixin",
     "UnivariateMixin",
     "detector_class",
-    "registered_classes",
     "z_to_score",
 ]
 
@@ -232,8 +231,3 @@ def detector_class(name: str) -> type[Detector]:
         return _CLASSES[name]
     except KeyError:
         raise ValueError(f"unknown detector {name!r}; known: {', '.join(sorted(_CLASSES))}") from None
-
-
-def registered_classes() -> dict[str, type[Detector]]:
-    """Every concrete detector class imported so far, by name."""
-    return dict(sorted(_CLASSES.items()))
