@@ -1,8 +1,9 @@
 """Simulated devices: homes (thermostat, smart meter, air quality, door and leak sensors)
 and vehicle event data recorders publishing contract telemetry over MQTT.
 
-- :mod:`devices.catalog` -- metric units and physical ranges per device type (imported by
-  the streaming job's range checks);
+- the metrics they publish, with units, physical ranges and danger limits, are the
+  contract's metric catalogue (:mod:`iotwatch.metric_catalog`), which the streaming job's
+  checks read too;
 - :mod:`devices.home`, :mod:`devices.vehicle`, :mod:`devices.replay` -- the device models;
 - :mod:`devices.anomalies`, :mod:`devices.faults`, :mod:`devices.injector`,
   :mod:`devices.scenario`, :mod:`devices.ground_truth` -- injection with ground truth;

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from devices.catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.contract import DeviceType
+from iotwatch.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 
 __all__ = [
     "ANOMALY",

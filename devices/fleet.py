@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.catalog import DEFAULT_INTERVAL_S
 from devices.config import HOME_TYPES, SimConfig
 from devices.group import DeviceGroup, DeviceSpec
 from devices.home import (
@@ -25,6 +24,7 @@ from devices.home import (
 from devices.rng import CounterRng
 from devices.vehicle import VehicleGroup
 from iotwatch.contract import DeviceType
+from iotwatch.metric_catalog import DEFAULT_INTERVAL_S
 
 __all__ = ["Fleet", "build_fleet", "fleet_rate", "home_mix"]
 

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from devices.catalog import METRIC_DECIMALS
 from devices.rng import CounterRng
 from iotwatch.contract import SCHEMA_VERSION, status_topic, telemetry_topic
+from iotwatch.metric_catalog import METRIC_DECIMALS
 
 __all__ = ["DeviceGroup", "DeviceSpec", "Event"]
 

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 
 from devices.anomalies import ANOMALY, TRANSPORT, Kind, apply_measurement, draw_params, kinds_for, resolve_kind
-from devices.catalog import DEVICE_METRICS
 from devices.config import SimConfig
 from devices.group import DeviceGroup
 from devices.rng import CounterRng
 from devices.scenario import load_scenario
 from iotwatch.contract import status_payload
+from iotwatch.metric_catalog import DEVICE_METRICS
 
 __all__ = ["Active", "Effects", "Injector", "STATUS"]
 

@@ -20,7 +20,7 @@ TOML::
 Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve,
 coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is the
 streaming job's ``coolant_overheating`` rule: the coolant past its warning limit in the metric
-catalogue (``devices.catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
+catalogue (``iotwatch.metric_catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
 the climb.
 """
 
@@ -32,8 +32,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alerts.records import parse_duration
-from devices.catalog import DANGER_LIMITS
 from iotwatch.errors import IotwatchError
+from iotwatch.metric_catalog import DANGER_LIMITS
 from iotwatch.tomlfile import load_model
 
 

@@ -12,8 +12,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from devices.catalog import PRIMARY_METRIC
 from iotwatch.demo.live import LiveState
+from iotwatch.metric_catalog import PRIMARY_METRIC
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> Path:

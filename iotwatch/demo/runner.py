@@ -27,7 +27,6 @@ from rich.live import Live
 from dashboards import build_all
 from dashboards.queries import Picks, check_all
 from dashboards.queries import summarise as summarise_checks
-from devices.catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from devices.ground_truth import read_ground_truth
 from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
@@ -37,6 +36,7 @@ from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
+from iotwatch.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.catalog import DEVICE_METRICS
 from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.scenario import ScenarioError, load_scenario
 from devices.simulation import STATUS, Simulation
 from iotwatch.contract import ContractViolation, DeviceType, decode_telemetry, parse_device_topic
+from iotwatch.metric_catalog import DEVICE_METRICS
 from tests.devices.conftest import START_MS, generate, telemetry_by_device
 
 

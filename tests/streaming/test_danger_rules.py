@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from devices.catalog import DANGER_LIMITS, DEVICE_METRICS, danger_limits
+from iotwatch.metric_catalog import DANGER_LIMITS, DEVICE_METRICS, danger_limits
 from iotwatch.settings import StreamSettings
 from streaming import rules
 from streaming.alerting import alert_id

@@ -1,4 +1,5 @@
-"""Physical metric ranges per device type: the one place other components import.
+"""The metric catalogue, part of the message contract: metric units and physical ranges
+per device type, read by the simulators that publish them and the job that checks them.
 
 ``DEVICE_METRICS[device_type][metric] = (unit, min, max)`` is the plausible physical
 range of each metric the simulators publish; the streaming job's range checks and the
