@@ -346,7 +346,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     start = _time_ms(opts["start_time"])
     if start is None:
         if replay and opts["replay_keep_time"]:
-            from devices.replay import stream_start_ms
+            from devices.recorded import stream_start_ms
 
             start = stream_start_ms(replay)
         else:

@@ -143,11 +143,11 @@ def build_fleet(config: SimConfig, shard: int = 0, shards: int = 1) -> Fleet:
             VehicleGroup(vehicles, rng, threshold_g=config.edr_threshold_g, pre_event_s=config.edr_pre_event_s)
         )
     if config.replay:
-        from devices.replay import ReplayGroup
+        from devices.recorded import RecordedSeriesGroup
 
         files = [(i, path) for i, path in enumerate(config.replay) if i % shards == shard]
         if files:
-            groups.append(ReplayGroup(files, rng, config, _REPLAY_BASE))
+            groups.append(RecordedSeriesGroup(files, rng, config, _REPLAY_BASE))
     counts: dict[str, int] = {}
     for group in groups:
         counts[group.device_type] = counts.get(group.device_type, 0) + group.size

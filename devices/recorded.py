@@ -1,4 +1,4 @@
-"""Replay recorded ``timestamp,value`` streams (e.g. the NAB streams in nab-dev) as devices.
+"""Recorded ``timestamp,value`` streams (e.g. the NAB streams in nab-dev) played back as devices.
 
 Each CSV file becomes one device (id: the file name without suffix, site ``replay``)
 publishing one reading per row. Its event times keep the recording's spacing, rebased
@@ -20,7 +20,7 @@ from devices.config import SimConfig
 from devices.group import DeviceGroup, DeviceSpec, Event
 from devices.rng import CounterRng
 
-__all__ = ["ReplayGroup", "load_stream", "stream_start_ms"]
+__all__ = ["RecordedSeriesGroup", "load_stream", "stream_start_ms"]
 
 _NEVER = np.iinfo(np.int64).max // 2
 
@@ -77,7 +77,7 @@ def device_id_for(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]", "_", path.stem)[:128] or "stream"
 
 
-class ReplayGroup(DeviceGroup):
+class RecordedSeriesGroup(DeviceGroup):
     """One device per replayed file; readings follow the file's rows."""
 
     def __init__(self, files: list[tuple[int, Path]], rng: CounterRng, config: SimConfig, uid_base: int) -> None:
