@@ -30,7 +30,7 @@ from iotwatch.settings import Settings
 from models.kernels import kernel_for
 from streaming import sequencing
 from streaming.engine import PartitionEngine, RecordColumns
-from streaming.fleet import fleet_lookup
+from streaming.fleet_models import fleet_lookup
 from streaming.operator_key import partition_of
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
 from streaming.shard_cache import ShardCache
