@@ -24,8 +24,8 @@ from rich.text import Text
 
 from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
 from iotwatch.clients.kafka import FOLLOW_FETCH_WAIT_MS, client_config, list_topics
+from iotwatch.oncall import iso_time
 from iotwatch.settings import AlertsSettings, Settings
-from streaming.alerting import iso_time
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ a consumer dead-letters or reports such a record, it never guesses.
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -225,6 +226,16 @@ def decode(raw: bytes | None, kind: type[R]) -> R:
 
 def encode(record: AlertState | Silence | Notification | CommandAudit | TwinRecord | Emergency) -> bytes:
     return msgspec.json.encode(record)
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as ISO 8601 UTC (``2025-11-22T04:00:00.000Z``): every time in the
+    text of an alert record, whoever writes it (the job, the responder's escalations).
+
+    >>> iso_time(1_763_784_000_000)
+    '2025-11-22T04:00:00.000Z'
+    """
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def stable_id(*parts: object, length: int = 16) -> str:

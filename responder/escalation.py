@@ -6,10 +6,9 @@ restarts writes the same record again, not a second escalation."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
-from iotwatch.oncall import CommandAudit, stable_id
+from iotwatch.oncall import CommandAudit, iso_time, stable_id
 
 RULE = "command_escalation"
 SEVERITY = "critical"
@@ -46,8 +45,8 @@ def escalation_record(
         "score": 1.0,
         "contributors": [],
         "first_event_ms": first_ms,
-        "first_event_time": _iso(first_ms),
-        "detected_at": _iso(now_ms),
+        "first_event_time": iso_time(first_ms),
+        "detected_at": iso_time(now_ms),
         "detected_at_ms": now_ms,
         "caused_by": audit.alert_id,
         "command_id": audit.command_id,
@@ -55,7 +54,3 @@ def escalation_record(
         "message": f"[{SEVERITY.upper()}] {RULE} {verb} on {where}: {detail} (alert {audit.alert_id})",
         "runbook_url": runbook_url,
     }
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

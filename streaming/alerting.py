@@ -17,8 +17,9 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from iotwatch.oncall import iso_time
 
 SEVERITIES = ("critical", "major", "minor", "warning")
 
@@ -140,11 +141,6 @@ def advance(
     record = _record("cleared", episode, spec, describe(), ctx, seq)
     episode.status, episode.above, episode.below, episode.metric = "idle", 0, 0, None
     return record
-
-
-def iso_time(ms: int) -> str:
-    """Epoch milliseconds as ISO 8601 UTC (``2025-11-22T04:00:00.000Z``): every time in an alert's text."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _record(

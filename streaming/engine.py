@@ -33,12 +33,13 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.contract import DecodedBatch, decode_batch
+from iotwatch.oncall import iso_time
 from iotwatch.settings import StreamSettings
 from models.base import Detector
 from models.catalog import make
 from models.kernels import kernel_for
 from streaming import rules
-from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id, iso_time
+from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id
 from streaming.cleaning import clean_entries, entry_column, scored_names
 from streaming.coupling import explained_entries
 from streaming.device_state import (
