@@ -33,7 +33,6 @@ __all__ = [
     "Reading",
     "StatelessMixin",
     "UnivariateMixin",
-    "detector_class",
     "z_to_score",
 ]
 
@@ -57,8 +56,8 @@ ANOMALY_KINDS = frozenset(
 #: Values are clipped to +-this before arithmetic, so squares never overflow.
 VALUE_LIMIT = 1e100
 
-_CLASSES: dict[str, type[Detector]] = {}
-_FORMAT = 1
+#: Version of the JSON payload of :meth:`Detector.dumps` (read by :func:`models.catalog.load`).
+PAYLOAD_FORMAT = 1
 
 
 def z_to_score(z: float, half: float = 4.0) -> float:
@@ -85,17 +84,12 @@ class Detector(abc.ABC):
     :meth:`to_state` / :meth:`set_state`.
     """
 
-    #: Catalog name, also the key in serialised payloads.
+    #: Its name in :data:`models.catalog.DETECTORS`, also the key in serialised payloads.
     name: ClassVar[str] = ""
     #: True when the whole learned state is a few numbers (per-device state store).
     compact_state: ClassVar[bool] = True
     #: Anomaly kinds (from :data:`ANOMALY_KINDS`) this detector is built to flag.
     detects: ClassVar[frozenset[str]] = frozenset()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.name and not inspect.isabstract(cls):
-            _CLASSES[cls.name] = cls
 
     # --- the protocol ---------------------------------------------------------------
 
@@ -160,7 +154,7 @@ class Detector(abc.ABC):
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         """Restore what :meth:`to_state` returned (into a detector with the same params)."""
-        raise NotImplementedError(f"{self.name} is a fleet model: load it with Detector.loads()")
+        raise NotImplementedError(f"{self.name} is a fleet model: load it with models.catalog.load()")
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **params: Any) -> Self:
@@ -170,22 +164,14 @@ class Detector(abc.ABC):
     def dumps(self) -> bytes:
         """Serialise the whole detector: JSON for compact state, pickle for fleet models."""
         if self.compact_state:
-            doc = {"format": _FORMAT, "detector": self.name, "params": self.get_params(), "state": self.to_state()}
+            doc = {
+                "format": PAYLOAD_FORMAT,
+                "detector": self.name,
+                "params": self.get_params(),
+                "state": self.to_state(),
+            }
             return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-
-    @staticmethod
-    def loads(payload: bytes) -> Detector:
-        """Inverse of :meth:`dumps`. Only load pickles from a registry you trust."""
-        if payload[:1] == b"{":
-            doc = json.loads(payload)
-            if doc.get("format") != _FORMAT:
-                raise ValueError(f"unsupported detector payload format {doc.get('format')!r}")
-            return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
-        obj = pickle.loads(payload)
-        if not isinstance(obj, Detector):
-            raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
-        return obj
 
 
 class StatelessMixin:
@@ -223,11 +209,3 @@ class UnivariateMixin:
         if v - v != 0.0:  # NaN or infinite (the hot path: cheaper than math.isfinite)
             return None
         return v if -VALUE_LIMIT <= v <= VALUE_LIMIT else math.copysign(VALUE_LIMIT, v)
-
-
-def detector_class(name: str) -> type[Detector]:
-    """The detector class registered under ``name``."""
-    try:
-        return _CLASSES[name]
-    except KeyError:
-        raise ValueError(f"unknown detector {name!r}; known: {', '.join(sorted(_CLASSES))}") from None

@@ -10,11 +10,13 @@ True
 from __future__ import annotations
 
 import importlib
+import json
+import pickle
 from typing import Any
 
-from models.base import Detector
+from models.base import PAYLOAD_FORMAT, Detector
 
-__all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "make", "names"]
+__all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load", "make", "names"]
 
 #: Name -> module that defines it (imported on first use).
 DETECTORS: dict[str, str] = {
@@ -46,7 +48,8 @@ def names() -> list[str]:
     return sorted(DETECTORS)
 
 
-def _class(name: str) -> type[Detector]:
+def detector_class(name: str) -> type[Detector]:
+    """The detector class registered under ``name`` (its module imported on first use)."""
     try:
         module_name, attribute = DETECTORS[name].split(":")
     except KeyError:
@@ -56,15 +59,29 @@ def _class(name: str) -> type[Detector]:
 
 def make(name: str, **params: Any) -> Detector:
     """A fresh detector registered under ``name``, with ``params`` overriding its defaults."""
-    return _class(name)(**params)
+    return detector_class(name)(**params)
 
 
 def describe(name: str) -> dict[str, Any]:
     """Name, kind of state, claimed anomaly kinds and the first docstring line of a detector."""
-    cls = _class(name)
+    cls = detector_class(name)
     return {
         "name": name,
         "state": "compact" if cls.compact_state else "fleet",
         "detects": sorted(cls.detects),
         "summary": (cls.__doc__ or "").strip().splitlines()[0],
     }
+
+
+def load(payload: bytes) -> Detector:
+    """The detector :meth:`Detector.dumps` wrote (JSON of a compact state, resolved by name
+    here; a pickle for fleet models: only load those from a registry you trust)."""
+    if payload[:1] == b"{":
+        doc = json.loads(payload)
+        if doc.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"unsupported detector payload format {doc.get('format')!r}")
+        return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
+    obj = pickle.loads(payload)
+    if not isinstance(obj, Detector):
+        raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
+    return obj

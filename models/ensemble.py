@@ -7,7 +7,8 @@ from typing import Any, ClassVar, Self
 
 import models.forecast
 import models.robust_zscore  # noqa: F401
-from models.base import Detector, Reading, detector_class
+from models.base import Detector, Reading
+from models.catalog import make
 from models.likelihood import AnomalyLikelihood
 
 __all__ = ["CalibratedEnsemble", "DEFAULT_COMPONENTS"]
@@ -79,7 +80,7 @@ class CalibratedEnsemble(Detector):
         self.learning_period = learning_period
         self._members: list[Detector] = []
         for member_name, params in self.components:
-            member = detector_class(member_name)(**params)
+            member = make(member_name, **params)
             if not member.compact_state:
                 raise ValueError(f"ensemble members must keep compact state; {member_name} does not")
             self._members.append(member)

@@ -56,6 +56,7 @@ from iotwatch.contract import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import RegistrySettings
 from models.base import Detector
+from models.catalog import load
 
 if TYPE_CHECKING:
     from models.updates import UpdatePublisher
@@ -334,4 +335,4 @@ class ModelRegistry:
 
     def load(self, version: ModelVersion) -> Detector:
         """The detector stored for ``version`` (a pickle for fleet models: trust your registry)."""
-        return Detector.loads(version.model_path.read_bytes())
+        return load(version.model_path.read_bytes())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models.base import ANOMALY_KINDS, Detector
-from models.catalog import describe, names
+from models.catalog import DETECTORS, describe, detector_class, load, names
 from models.catalog import make as _catalog_make
 from tests.models.generate import clean
 
@@ -51,11 +51,16 @@ def test_scores_in_unit_interval(name: str) -> None:
     assert all(0.0 <= s <= 1.0 and not math.isnan(s) for s in scores)
 
 
+def test_each_detector_is_registered_under_its_own_name(name: str) -> None:
+    """A payload names its detector: that name must resolve back to the class (one registry)."""
+    assert detector_class(name).name == name and name in DETECTORS
+
+
 def test_round_trip_gives_identical_scores(name: str) -> None:
     _, values = clean(seed=5, n=1200)
     det = make(name)
     _feed(det, values[:700])
-    copy = Detector.loads(det.dumps())
+    copy = load(det.dumps())
     assert type(copy) is type(det)
     rest = values[700:]
     assert _feed(copy, rest, T0 + 700 * 60_000) == _feed(det, rest, T0 + 700 * 60_000)
