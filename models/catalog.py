@@ -29,10 +29,8 @@ DETECTORS: dict[str, str] = {
     "half_space_trees": "models.halfspace:HalfSpaceTrees",
     "hst_ranked": "models.halfspace_ranked:RankedHalfSpaceTrees",
     "isolation_forest": "models.iforest:IsolationForest",
-    "out_of_range": "models.out_of_range:OutOfRange",
     "flatline": "models.flatline:Flatline",
     "crash": "models.crash:CrashDeceleration",
-    "dropout": "models.dropout:Dropout",
 }
 
 #: The detector ``score-csv`` uses unless told otherwise, and the streaming job's
