@@ -8,6 +8,6 @@ and vehicle event data recorders publishing contract telemetry over MQTT.
 - :mod:`devices.anomalies`, :mod:`devices.faults`, :mod:`devices.injector`,
   :mod:`devices.scenario`, :mod:`devices.ground_truth` -- injection with ground truth;
 - :mod:`devices.simulation` -- the broker-free, deterministic message generator;
-- :mod:`devices.publisher`, :mod:`devices.runner`, :mod:`devices.cli` -- ``iotwatch simulate``;
+- :mod:`devices.publisher`, :mod:`devices.broker_run`, :mod:`devices.cli` -- ``iotwatch simulate``;
 - :mod:`devices.bench` -- ``iotwatch bench simulate``.
 """

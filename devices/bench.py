@@ -25,8 +25,8 @@ from typing import Any
 
 import click
 
+from devices.broker_run import RunOptions, run
 from devices.config import SimConfig
-from devices.runner import RunOptions, run
 from devices.simulation import Simulation
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.errors import StackError

@@ -269,7 +269,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     or scenario, with the ground truth written as JSONL. Ends with a summary (--json for
     machine-readable output).
     """
-    from devices.runner import RunOptions, default_start_ms, run
+    from devices.broker_run import RunOptions, default_start_ms, run
 
     mqtt = app.settings.mqtt
     update: dict[str, Any] = {}

@@ -16,8 +16,8 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from devices.broker_run import RunOptions, run
 from devices.config import SimConfig
-from devices.runner import RunOptions, run
 from iotwatch.contract import decode_telemetry
 from iotwatch.settings import Settings
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from devices.broker_run import RunOptions, run
 from devices.config import SimConfig
-from devices.runner import RunOptions, run
 from devices.simulation import Simulation
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
