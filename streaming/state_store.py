@@ -201,7 +201,7 @@ class ShardedStore:
             self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
             self.written["state_devices"] += len(merged)
-        if self.tokens is not None and self._loaded:
+        if self.cache is not None and self._loaded:  # (without a cache the tokens do not change)
             self.tokens.update((self._token.tobytes(),))
         self._loaded = {}
 
