@@ -20,11 +20,11 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from alerts.records import BadAlert, decode, severity_rank
 from iotwatch.clients.kafka import TopicFollower
+from iotwatch.contract.alerts import AlertRecord, BadAlert, alert_as_dict, decode_alert, severity_rank
+from iotwatch.contract.oncall import AlertState, AlertStep, BadRecord, Silence
+from iotwatch.contract.oncall import decode as decode_record
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import AlertState, AlertStep, BadRecord, Silence
-from iotwatch.oncall import decode as decode_record
 from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,18 @@ class AlertView:
     """One alert: its raise, its clear (once cleared) and the last operator action."""
 
     alert_id: str
-    raised: dict[str, Any] | None = None
-    cleared: dict[str, Any] | None = None
+    raised: AlertRecord | None = None
+    cleared: AlertRecord | None = None
     ack: AlertState | None = None
 
     @property
-    def record(self) -> dict[str, Any]:
-        """The alert's fields (the raise's, which describe the condition; the clear's if no raise was seen)."""
-        return self.raised or self.cleared or {"alert_id": self.alert_id}
+    def record(self) -> AlertRecord:
+        """The alert's fields (the raise's, which describe the condition; the clear's if no raise
+        was seen). Only for alerts seen on the alert topic: an operator step alone has none."""
+        record = self.raised or self.cleared
+        if record is None:
+            raise LookupError(f"alert {self.alert_id}: only an operator step was seen, no alert record")
+        return record
 
     @property
     def acked(self) -> bool:
@@ -96,7 +100,7 @@ class AlertView:
         """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
         ack = self.ack if self.acked else None
         return {
-            **self.record,
+            **alert_as_dict(self.record),
             "status": self.status,
             "raised_at_ms": self.raised_ms,
             "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
@@ -115,10 +119,9 @@ def _ended_ms(view: AlertView) -> int:
     return view.ack.at_ms if view.ack is not None else 0
 
 
-def detected_ms(record: dict[str, Any]) -> int:
+def detected_ms(record: AlertRecord) -> int:
     """When the streaming job detected the raise or clear (wall clock, as acks are)."""
-    value = record.get("detected_at_ms")
-    return int(value) if isinstance(value, int | float) else 0
+    return record.detected_at_ms
 
 
 @dataclass
@@ -129,11 +132,11 @@ class AlertBook:
     silences: dict[str, Silence] = field(default_factory=dict)
     malformed: int = 0
 
-    def apply_alert(self, alert: dict[str, Any]) -> AlertView:
-        view = self.alerts.setdefault(alert["alert_id"], AlertView(alert["alert_id"]))
-        if alert["state"] == "raised":
+    def apply_alert(self, alert: AlertRecord) -> AlertView:
+        view = self.alerts.setdefault(alert.alert_id, AlertView(alert.alert_id))
+        if alert.raised:
             view.raised = alert
-        elif alert["state"] == "cleared":
+        else:
             view.cleared = alert
         return view
 
@@ -151,7 +154,7 @@ class AlertBook:
         topic = message.topic()
         try:
             if topic == settings.topics.alerts:
-                return self.apply_alert(decode(message.value())).alert_id
+                return self.apply_alert(decode_alert(message.value())).alert_id
             if topic == settings.topics.alert_state:
                 return self.apply_ack(decode_record(message.value(), AlertState)).alert_id
             if topic == settings.topics.silences:
@@ -196,7 +199,7 @@ class AlertBook:
                 )
         raise UnknownAlert(f"no alert with id {alert_id!r} on the alert topic")
 
-    def silence_for(self, alert: dict[str, Any], now_ms: int) -> Silence | None:
+    def silence_for(self, alert: AlertRecord, now_ms: int) -> Silence | None:
         """The active silence that mutes ``alert`` now, if any."""
         return next((s for s in self.silences.values() if s.silences(alert, now_ms)), None)
 
@@ -211,14 +214,14 @@ class AlertBook:
         sites = frozenset(sites)
         views = [v for v in self.alerts.values() if v.raised is not None or v.cleared is not None]
         views.sort(key=lambda v: -(v.raised_ms or 0))
-        views.sort(key=lambda v: (not v.firing, severity_rank(v.record.get("severity"))))
+        views.sort(key=lambda v: (not v.firing, v.record.severity_rank))
         for view in views:
             record = view.record
             if open_only and not view.firing:
                 continue
-            if sites and record.get("site") not in sites:
+            if sites and record.site not in sites:
                 continue
-            if min_severity and severity_rank(record.get("severity")) > severity_rank(min_severity):
+            if min_severity and record.severity_rank > severity_rank(min_severity):
                 continue
             yield view
 

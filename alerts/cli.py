@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import click
 
-from alerts.records import SEVERITIES, STATES
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.contract.alerts import SEVERITIES, STATES
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
 
@@ -331,8 +331,8 @@ def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool
         view.as_dict(),
         as_json,
         lambda _: click.echo(
-            f"acknowledged {view.alert_id} ({record.get('severity')} {record.get('rule')} on {record.get('device_id')} "
-            f"at {record.get('site')}) by {by}" + (f": {note}" if note else "")
+            f"acknowledged {view.alert_id} ({record.severity} {record.rule} on {record.device_id} "
+            f"at {record.site}) by {by}" + (f": {note}" if note else "")
         ),
     )
 
@@ -343,7 +343,7 @@ def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bo
     """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
     from alerts.actions import acknowledge
     from alerts.book import load_book
-    from iotwatch.oncall import AlertStep
+    from iotwatch.contract.oncall import AlertStep
 
     view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AlertStep.UNACKNOWLEDGED)
     emit(view.as_dict(), as_json, lambda _: click.echo(f"{view.alert_id} is open again ({by})"))
@@ -375,7 +375,7 @@ def silence(
     still recorded and listed; the forwarder does not send them."""
     from alerts.actions import add_silence
     from alerts.records import parse_duration
-    from iotwatch.oncall import Matchers
+    from iotwatch.contract.oncall import Matchers
 
     try:
         seconds = parse_duration(duration)

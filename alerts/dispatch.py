@@ -47,7 +47,7 @@ from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.oncall import (
+from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
     AlertState,
     AlertStep,
@@ -222,7 +222,7 @@ class Dispatcher:
         group.pending_since_ms = None
         if last is None or not firing:
             return
-        critical = [a for a in firing if alerts[a].record.get("severity") == "critical" and not alerts[a].acked]
+        critical = [a for a in firing if alerts[a].record.severity == "critical" and not alerts[a].acked]
         if critical and now - last.sent_at_ms >= route.repeat_interval_s * 1000:
             self._send(gid, group, NotificationKind.REPEAT, firing, [], critical, last, now)
 

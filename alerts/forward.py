@@ -55,12 +55,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from alerts.records import STATES, BadAlert, decode
 from alerts.store import DeliveryStore
 from alerts.tail import group_consumer
 from alerts.webhook import Backoff, PostResult, Webhook, deliver
 from iotwatch.clients.kafka import client_config
-from iotwatch.deadletter import DeadLetter
+from iotwatch.contract.alerts import AlertRecord, BadAlert, alert_as_dict, decode_alert
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class DeadLetters:
         self.path, self.topic = path, topic
         self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True}) if topic else None
 
-    def write(self, message: Message, alert: dict[str, Any] | None, reason: str, detail: str) -> None:
+    def write(self, message: Message, alert: AlertRecord | None, reason: str, detail: str) -> None:
         raw = message.value() or b""
         entry = {
             "dead_at_ms": int(time.time() * 1000),
@@ -85,7 +85,7 @@ class DeadLetters:
             "topic": message.topic(),
             "partition": message.partition(),
             "offset": message.offset(),
-            "alert": alert,
+            "alert": alert_as_dict(alert) if alert is not None else None,
             "raw": None if alert is not None else raw.decode(errors="replace"),
         }
         with self.path.open("a", encoding="utf-8") as handle:
@@ -198,7 +198,6 @@ class Forwarder:
                     "delivered",
                     "duplicates",
                     "dead_lettered",
-                    "skipped",
                     "retries",
                     "commit_failures",
                     "interrupted",
@@ -211,16 +210,13 @@ class Forwarder:
         """Deliver, dead-letter or skip one record; False if interrupted (stop or ``--timeout``)
         before its outcome was final. ``paused`` keeps the consumer in its group during retries."""
         try:
-            alert = decode(message.value())
+            alert = decode_alert(message.value())
         except BadAlert as exc:
             log.error("malformed record at %s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
             self.dead_letters.write(message, None, "malformed", str(exc))
             self.counts["dead_lettered"] += 1
             return True
-        alert_id, state = alert["alert_id"], alert["state"]
-        if state not in STATES:
-            self.counts["skipped"] += 1
-            return True
+        alert_id, state = alert.alert_id, str(alert.state)
         if self.store.outcome(alert_id, state) is not None:
             self.counts["duplicates"] += 1
             log.debug("already handled %s:%s", alert_id, state)

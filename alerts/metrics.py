@@ -45,9 +45,9 @@ class LifecycleMetrics:
             return
         record = view.record
         tags = {
-            "site": str(record.get("site")),
-            "severity": str(record.get("severity")),
-            "rule": str(record.get("rule")),
+            "site": str(record.site),
+            "severity": str(record.severity),
+            "rule": str(record.rule),
         }
         if view.acked and (view.alert_id, "ack") not in self.written:
             self.written.add((view.alert_id, "ack"))
@@ -89,7 +89,7 @@ class LifecycleMetrics:
         for view in book.alerts.values():
             if view.firing:
                 record = view.record
-                group = (str(record.get("site")), str(record.get("severity")))
+                group = (str(record.site), str(record.severity))
                 state = "silenced" if book.silence_for(record, now_ms) else "acknowledged" if view.acked else "open"
                 counts[(*group, state)] += 1
                 self.seen_groups.add(group)

@@ -19,7 +19,7 @@ from typing import Any
 from alerts.book import AlertView
 from alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank
 from alerts.routing import Route
-from iotwatch.oncall import NotificationKind
+from iotwatch.contract.oncall import NotificationKind
 
 
 def body(
@@ -32,7 +32,7 @@ def body(
     resolved: list[AlertView],
     repeated: list[str],
 ) -> dict[str, Any]:
-    labels = {name: (firing or resolved)[0].record.get(name) for name in route.group_by} if firing or resolved else {}
+    labels = {name: (firing or resolved)[0].record.field(name) for name in route.group_by} if firing or resolved else {}
     text = _text(kind, labels, firing, resolved, repeated)
     if receiver_format == "slack":
         return {"text": text}
@@ -51,7 +51,7 @@ def body(
 
 def _alert(view: AlertView) -> dict[str, Any]:
     state = view.as_dict()
-    return {**state, "runbook_url": view.record.get("runbook_url")}
+    return {**state, "runbook_url": view.record.runbook_url}
 
 
 def _text(
@@ -64,7 +64,7 @@ def _text(
     where = " ".join(f"{k}={v}" for k, v in labels.items())
     lines = []
     if firing:
-        worst = min((v.record.get("severity") for v in firing), key=severity_rank)
+        worst = min((v.record.severity for v in firing), key=severity_rank)
         acked = sum(v.acked for v in firing)
         extra = f" (repeat: {len(repeated)} unacknowledged critical)" if kind == NotificationKind.REPEAT else ""
         extra += f", {acked} acknowledged" if acked else ""
@@ -81,7 +81,7 @@ def _line(view: AlertView) -> str:
     text = f"• {headline(record)}"
     if view.acked:
         text += f" (acknowledged by {view.ack.by}" + (f": {view.ack.note})" if view.ack.note else ")")  # type: ignore[union-attr]
-    runbook = view.record.get("runbook_url")
+    runbook = view.record.runbook_url
     if runbook:
         text += f" <{runbook}|runbook>"
     return text

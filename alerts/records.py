@@ -1,18 +1,16 @@
-"""Reading, filtering and describing alert records (the format of :mod:`streaming.alerting`).
-
-Both tools decode the same way so that ``tail`` shows exactly what ``forward`` would send.
+"""Filtering and describing alert records (:class:`iotwatch.contract.alerts.AlertRecord`)
+for people: ``tail`` and ``forward`` use the same words, so ``tail`` shows exactly what
+``forward`` would send.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-SEVERITIES = ("critical", "major", "minor", "warning")  # most to least severe
-STATES = ("raised", "cleared")
+from iotwatch.contract.alerts import AlertRecord, severity_rank
+
 #: Slack emoji per severity; a cleared alert is green whatever its severity.
 EMOJI = {
     "critical": ":red_circle:",
@@ -21,31 +19,6 @@ EMOJI = {
     "warning": ":large_blue_circle:",
 }
 CLEARED_EMOJI = ":large_green_circle:"
-
-
-class BadAlert(ValueError):
-    """A record on the alert topic that is not an alert (kept apart so it can be dead-lettered)."""
-
-
-def decode(value: bytes | None) -> dict[str, Any]:
-    """The alert of one Kafka value; :class:`BadAlert` when it is not JSON or lacks the identity fields."""
-    if value is None:
-        raise BadAlert("empty value")
-    try:
-        alert = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadAlert(f"not JSON: {exc}") from exc
-    if not isinstance(alert, dict):
-        raise BadAlert("not a JSON object")
-    for name in ("alert_id", "state"):
-        if not isinstance(alert.get(name), str) or not alert[name]:
-            raise BadAlert(f"missing field {name}")
-    return alert
-
-
-def severity_rank(severity: Any) -> int:
-    """0 for critical ... 3 for warning; unknown severities rank below warning."""
-    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
 @dataclass(frozen=True)
@@ -78,8 +51,8 @@ class AlertFilter:
             frozenset(states),
         )
 
-    def matches(self, alert: dict[str, Any]) -> bool:
-        if self.min_severity and severity_rank(alert.get("severity")) > severity_rank(self.min_severity):
+    def matches(self, alert: AlertRecord) -> bool:
+        if self.min_severity and alert.severity_rank > severity_rank(self.min_severity):
             return False
         for allowed, name in (
             (self.sites, "site"),
@@ -88,25 +61,22 @@ class AlertFilter:
             (self.devices, "device_id"),
             (self.states, "state"),
         ):
-            if allowed and alert.get(name) not in allowed:
+            if allowed and alert.field(name) not in allowed:
                 return False
         return True
 
 
-def headline(alert: dict[str, Any]) -> str:
+def headline(alert: AlertRecord) -> str:
     """The one-line description: the record's own ``message``, or one built like it."""
-    if alert.get("message"):
-        return str(alert["message"])
-    where = f"{alert.get('device_type', '?')} {alert.get('device_id', '?')} at {alert.get('site', '?')}"
-    return f"[{str(alert.get('severity', '?')).upper()}] {alert.get('rule', '?')} {alert.get('state')} on {where}"
+    if alert.message:
+        return alert.message
+    where = f"{alert.device_type} {alert.device_id} at {alert.site}"
+    return f"[{alert.severity.upper()}] {alert.rule} {alert.state} on {where}"
 
 
-def slack_text(alert: dict[str, Any]) -> str:
+def slack_text(alert: AlertRecord) -> str:
     """``:red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ...`` for chat webhooks."""
-    if alert.get("state") == "cleared":
-        emoji = CLEARED_EMOJI
-    else:
-        emoji = EMOJI.get(alert.get("severity", ""), ":grey_question:")
+    emoji = CLEARED_EMOJI if not alert.raised else EMOJI.get(alert.severity, ":grey_question:")
     return f"{emoji} {headline(alert)}"
 
 

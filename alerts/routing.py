@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts.records import parse_duration
+from iotwatch.contract.alerts import AlertRecord
 from iotwatch.errors import IotwatchError
 from iotwatch.tomlfile import read_toml, validate
 
@@ -98,10 +99,10 @@ class Policy(BaseModel):
             raise ValueError(f"unknown alert field(s) {unknown}; use {', '.join(LABELS)}")
         return value
 
-    def matches(self, alert: dict[str, Any]) -> bool:
+    def matches(self, alert: AlertRecord) -> bool:
         for name, wanted in self.match.items():
             allowed = [wanted] if isinstance(wanted, str) else wanted
-            if alert.get(name) not in allowed:
+            if alert.field(name) not in allowed:
                 return False
         return True
 
@@ -117,8 +118,8 @@ class Route:
     group_interval_s: float
     repeat_interval_s: float
 
-    def group_key(self, alert: dict[str, Any]) -> str:
-        labels = ",".join(f"{name}={alert.get(name, '')}" for name in self.group_by)
+    def group_key(self, alert: AlertRecord) -> str:
+        labels = ",".join(f"{name}={alert.field(name)}" for name in self.group_by)
         return f"{self.path}:{{{labels}}}"
 
 
@@ -130,14 +131,14 @@ class RoutingTree:
     receivers: dict[str, Receiver]
     root: Policy
 
-    def routes(self, alert: dict[str, Any]) -> list[Route]:
+    def routes(self, alert: AlertRecord) -> list[Route]:
         """Every route ``alert`` takes (one per receiver it goes to; several with ``continue``)."""
         found: list[Route] = []
         self._walk(self.root, "0", alert, dict(DEFAULTS), found)
         return found
 
     def _walk(
-        self, policy: Policy, path: str, alert: dict[str, Any], inherited: dict[str, Any], found: list[Route]
+        self, policy: Policy, path: str, alert: AlertRecord, inherited: dict[str, Any], found: list[Route]
     ) -> None:
         settings = {**inherited, **{k: getattr(policy, k) for k in DEFAULTS if getattr(policy, k) is not None}}
         receiver = policy.receiver or inherited.get("receiver")

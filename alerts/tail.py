@@ -7,14 +7,13 @@ committed nothing yet (Kafka's ``auto.offset.reset``).
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from rich.console import Console, Group
@@ -22,9 +21,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from alerts.records import SEVERITIES, AlertFilter, BadAlert, decode, headline, human_age, severity_rank
+from alerts.records import AlertFilter, headline, human_age
 from iotwatch.clients.kafka import FOLLOW_FETCH_WAIT_MS, client_config, list_topics
-from iotwatch.oncall import iso_time
+from iotwatch.contract.alerts import SEVERITIES, AlertRecord, BadAlert, decode_alert, encode_alert
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -57,12 +56,11 @@ def group_consumer(
     return consumer
 
 
-def age_s(alert: dict[str, Any], field_name: str, now_ms: float) -> float | None:
-    value = alert.get(field_name)
-    return (now_ms - value) / 1000 if isinstance(value, int | float) else None
+def age_s(event_ms: int, now_ms: float) -> float:
+    return (now_ms - event_ms) / 1000
 
 
-def _detail(alert: dict[str, Any]) -> str:
+def _detail(alert: AlertRecord) -> str:
     """The message without the ``[SEV] rule raised on X at Y:`` prefix the other columns repeat."""
     message = headline(alert)
     return message.split(": ", 1)[1] if ": " in message and message.startswith("[") else message
@@ -74,14 +72,14 @@ class TailView:
 
     title: str
     max_rows: int = 30
-    rows: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
+    rows: OrderedDict[str, AlertRecord] = field(default_factory=OrderedDict)
     shown: int = 0
     filtered: int = 0
     malformed: int = 0
 
-    def add(self, alert: dict[str, Any]) -> None:
-        self.rows.pop(alert["alert_id"], None)
-        self.rows[alert["alert_id"]] = alert
+    def add(self, alert: AlertRecord) -> None:
+        self.rows.pop(alert.alert_id, None)
+        self.rows[alert.alert_id] = alert
         while len(self.rows) > self.max_rows:
             self.rows.popitem(last=False)
 
@@ -89,8 +87,8 @@ class TailView:
         now_ms = time.time() * 1000
         open_by_sev = {s: 0 for s in SEVERITIES}
         for alert in self.rows.values():
-            if alert.get("state") == "raised" and alert.get("severity") in open_by_sev:
-                open_by_sev[alert["severity"]] += 1
+            if alert.raised:
+                open_by_sev[alert.severity] += 1
         summary = Text(f"{self.title}  ")
         for sev, count in open_by_sev.items():
             summary.append(f" {sev} {count} ", style=SEVERITY_STYLE[sev] if count else "dim")
@@ -113,45 +111,32 @@ class TailView:
         ):
             table.add_column(name, **kwargs)
         # open alerts first, most severe first, newest first within a severity
-        for alert in sorted(
-            reversed(self.rows.values()), key=lambda a: (a.get("state") != "raised", severity_rank(a.get("severity")))
-        ):
+        for alert in sorted(reversed(self.rows.values()), key=lambda a: (not a.raised, a.severity_rank)):
             table.add_row(*_cells(alert, now_ms))
         return Group(summary, table)
 
 
-def _cells(alert: dict[str, Any], now_ms: float) -> list[Text | str]:
-    severity = str(alert.get("severity", "?"))
-    cleared = alert.get("state") == "cleared"
-    sev_style = "dim" if cleared else SEVERITY_STYLE.get(severity, "")
-    first, detected = age_s(alert, "first_event_ms", now_ms), age_s(alert, "detected_at_ms", now_ms)
+def _cells(alert: AlertRecord, now_ms: float) -> list[Text | str]:
+    cleared = not alert.raised
+    sev_style = "dim" if cleared else SEVERITY_STYLE.get(alert.severity, "")
     return [
-        Text(severity.upper(), style=sev_style),
-        Text(str(alert.get("state")), style="green" if cleared else "bold"),
-        human_age(first) if first is not None else "-",
-        human_age(detected) if detected is not None else "-",
-        str(alert.get("device_id", "?")),
-        str(alert.get("device_type", "?")),
-        str(alert.get("site", "?")),
-        str(alert.get("rule", "?")),
+        Text(alert.severity.upper(), style=sev_style),
+        Text(alert.state, style="green" if cleared else "bold"),
+        human_age(age_s(alert.first_event_ms, now_ms)),
+        human_age(age_s(alert.detected_at_ms, now_ms)),
+        alert.device_id,
+        alert.device_type,
+        alert.site,
+        alert.rule,
         Text(_detail(alert), style="dim" if cleared else ""),
     ]
 
 
-def detected_time(alert: dict[str, Any]) -> str:
-    """When the job detected the alert, ISO 8601 UTC (from ``detected_at_ms`` when the text is missing)."""
-    text = alert.get("detected_at")
-    if isinstance(text, str) and text:
-        return text
-    ms = alert.get("detected_at_ms")
-    return iso_time(int(ms)) if isinstance(ms, int | float) else "-"
-
-
-def line(alert: dict[str, Any], now_ms: float | None = None) -> Text:
+def line(alert: AlertRecord, now_ms: float | None = None) -> Text:
     """One coloured line per alert, for a terminal that is not interactive or ``--plain``: the
     clock time of detection (ISO 8601 UTC) first, for logs read later."""
     cells = _cells(alert, now_ms if now_ms is not None else time.time() * 1000)
-    out = Text(f"{detected_time(alert)} ")
+    out = Text(f"{alert.detected_at} ")
     for i, cell in enumerate(cells):
         label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
         out.append(
@@ -212,7 +197,7 @@ def run_tail(
 
 def _handle(message: Message, view: TailView, options: TailOptions, console: Console, out: TextIO) -> None:
     try:
-        alert = decode(message.value())
+        alert = decode_alert(message.value())
     except BadAlert as exc:
         view.malformed += 1
         log.warning(
@@ -224,7 +209,7 @@ def _handle(message: Message, view: TailView, options: TailOptions, console: Con
         return
     view.shown += 1
     if options.as_json:
-        out.write(json.dumps(alert, separators=(",", ":")) + "\n")
+        out.write(encode_alert(alert).decode() + "\n")
         out.flush()
     elif options.live:
         view.add(alert)

@@ -13,7 +13,7 @@ from rich.text import Text
 from alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
 from alerts.records import human_age
 from alerts.tail import SEVERITY_STYLE
-from iotwatch.oncall import Silence
+from iotwatch.contract.oncall import Silence
 
 STATUS_STYLE = {OPEN: "bold red", ACKNOWLEDGED: "yellow"}
 
@@ -30,7 +30,7 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
         table.add_column(name, no_wrap=name != "acknowledged")
     for view in views:
         record = view.record
-        severity = str(record.get("severity", "?"))
+        severity = str(record.severity)
         raised = view.raised_ms
         ack = view.ack if view.acked else None
         silence = book.silence_for(record, now) if view.firing else None
@@ -38,9 +38,9 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
             view.alert_id[:12],
             Text(view.status, style=STATUS_STYLE.get(view.status, "dim")),
             Text(severity.upper(), style=SEVERITY_STYLE.get(severity, "") if view.firing else "dim"),
-            str(record.get("rule", "?")),
-            str(record.get("device_id", "?")),
-            str(record.get("site", "?")),
+            record.rule,
+            record.device_id,
+            record.site,
             human_age((now - raised) / 1000) if raised else "-",
             f"{ack.by} {human_age((now - ack.at_ms) / 1000)} ago" + (f": {ack.note}" if ack.note else "")
             if ack

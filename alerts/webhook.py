@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import requests
 
 from alerts.records import slack_text
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +30,13 @@ RETRYABLE_4XX = (408, 429)
 USER_AGENT = "iotwatch-alerts-forward/1"
 
 
-def payload(alert: dict[str, Any]) -> dict[str, Any]:
+def payload(alert: AlertRecord) -> dict[str, Any]:
     """The JSON body: the alert record unchanged plus a Slack-compatible ``text``."""
-    return {**alert, "text": slack_text(alert)}
+    return {**alert_as_dict(alert), "text": slack_text(alert)}
 
 
-def idempotency_key(alert: dict[str, Any]) -> str:
-    return f"{alert['alert_id']}:{alert['state']}"
+def idempotency_key(alert: AlertRecord) -> str:
+    return f"{alert.alert_id}:{alert.state}"
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -88,7 +89,7 @@ class Webhook:
         """Where posts go, without secrets (:func:`receiver_name`)."""
         return receiver_name(self.url)
 
-    def post(self, alert: dict[str, Any], attempt: int = 1, timeout_s: float | None = None) -> PostResult:
+    def post(self, alert: AlertRecord, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
         """Post one alert record (``alerts forward --webhook``)."""
         return self.send(payload(alert), idempotency_key(alert), attempt, timeout_s)
 
@@ -143,7 +144,7 @@ IDLE_EVERY_S = 1.0
 
 def deliver(
     webhook: Webhook,
-    alert: dict[str, Any],
+    alert: AlertRecord,
     backoff: Backoff,
     stop: threading.Event,
     retry_after_max_s: float = 300.0,

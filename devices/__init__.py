@@ -2,7 +2,7 @@
 and vehicle event data recorders publishing contract telemetry over MQTT.
 
 - the metrics they publish, with units, physical ranges and danger limits, are the
-  contract's metric catalogue (:mod:`iotwatch.metric_catalog`), which the streaming job's
+  contract's metric catalogue (:mod:`iotwatch.contract.metric_catalog`), which the streaming job's
   checks read too;
 - :mod:`devices.home`, :mod:`devices.vehicle`, :mod:`devices.recorded` -- the device models;
 - :mod:`devices.anomalies`, :mod:`devices.faults`, :mod:`devices.injector`,

@@ -20,8 +20,8 @@ import numpy as np
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
-from iotwatch.contract import DeviceType
-from iotwatch.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
+from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
+from iotwatch.contract.telemetry import DeviceType
 
 __all__ = [
     "ANOMALY",

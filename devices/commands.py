@@ -22,20 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from iotwatch.clients.mqtt import PersistentSession
-from iotwatch.contract import (
+from iotwatch.contract.commands import (
     COMMAND_SCHEMA_VERSION,
     CommandReply,
     CommandStatus,
-    ContractViolation,
     TwinProperties,
     TwinReport,
-    command_ack_topic,
-    command_topic,
     decode_command,
     encode,
-    parse_device_topic,
-    twin_reported_topic,
 )
+from iotwatch.contract.device_topics import command_ack_topic, command_topic, parse_device_topic, twin_reported_topic
+from iotwatch.contract.telemetry import ContractViolation
 from iotwatch.settings import MqttSettings
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from iotwatch.contract import DeviceType
+from iotwatch.contract.telemetry import DeviceType
 
 HOME_TYPES = (
     DeviceType.THERMOSTAT.value,

@@ -23,8 +23,8 @@ from devices.home import (
 )
 from devices.rng import CounterRng
 from devices.vehicle import VehicleGroup
-from iotwatch.contract import DeviceType
-from iotwatch.metric_catalog import DEFAULT_INTERVAL_S
+from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
+from iotwatch.contract.telemetry import DeviceType
 
 __all__ = ["Fleet", "build_fleet", "fleet_rate", "home_mix"]
 

@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from devices.rng import CounterRng
-from iotwatch.contract import SCHEMA_VERSION, status_topic, telemetry_topic
-from iotwatch.metric_catalog import METRIC_DECIMALS
+from iotwatch.contract.device_topics import status_topic, telemetry_topic
+from iotwatch.contract.metric_catalog import METRIC_DECIMALS
+from iotwatch.contract.telemetry import SCHEMA_VERSION
 
 __all__ = ["DeviceGroup", "DeviceSpec", "Event"]
 

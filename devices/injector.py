@@ -18,8 +18,8 @@ from devices.config import SimConfig
 from devices.group import DeviceGroup
 from devices.rng import CounterRng
 from devices.scenario import load_scenario
-from iotwatch.contract import status_payload
-from iotwatch.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.device_topics import status_payload
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
 
 __all__ = ["Active", "Effects", "Injector", "STATUS"]
 

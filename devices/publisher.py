@@ -22,7 +22,7 @@ from typing import Any
 import paho.mqtt.client as paho
 
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import status_payload
+from iotwatch.contract.device_topics import status_payload
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import MqttSettings
 

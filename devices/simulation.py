@@ -25,7 +25,7 @@ from devices.group import DeviceGroup
 from devices.injector import DRAWS, STATUS, Injector
 from devices.rng import CounterRng
 from devices.twin import DeviceTwins
-from iotwatch.contract import TwinProperties
+from iotwatch.contract.commands import TwinProperties
 
 __all__ = ["Outgoing", "STATUS", "Simulation"]
 

@@ -17,7 +17,8 @@ from devices.group import DeviceGroup
 from devices.home.contact import LeakSensorGroup
 from devices.home.thermostat import ThermostatGroup
 from devices.vehicle import VehicleGroup
-from iotwatch.contract import SET_PROPERTIES, ContractViolation, TwinProperties, twin_properties
+from iotwatch.contract.commands import SET_PROPERTIES, TwinProperties, twin_properties
+from iotwatch.contract.telemetry import ContractViolation
 
 #: The firmware every simulated device starts with.
 FIRMWARE = "1.0.0"

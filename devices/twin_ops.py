@@ -18,17 +18,15 @@ import msgspec
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed, read_to_end
-from iotwatch.contract import (
+from iotwatch.contract.commands import (
     COMMAND_SCHEMA_VERSION,
     SET_PROPERTIES,
     TWIN_PROPERTIES,
     Command,
-    ContractViolation,
     TwinProperties,
     twin_properties,
 )
-from iotwatch.errors import IotwatchError
-from iotwatch.oncall import (
+from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
     BadRecord,
     CommandAudit,
@@ -40,6 +38,8 @@ from iotwatch.oncall import (
     stable_id,
     twin_key,
 )
+from iotwatch.contract.telemetry import ContractViolation
+from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 
 #: The ``policy`` an operator's twin command has in the audit trail.

@@ -24,7 +24,7 @@ import numpy as np
 
 from devices.group import DeviceGroup, DeviceSpec, Event
 from devices.rng import CounterRng, normal_from
-from iotwatch.contract import DeviceType
+from iotwatch.contract.telemetry import DeviceType
 
 HARSH_BRAKING = 1
 CRASH = 2

@@ -47,7 +47,8 @@ from gateway.metrics import wait_healthy
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import Telemetry, telemetry_topic
+from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import MqttSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.process import free_port

@@ -47,8 +47,9 @@ from gateway.metrics import GatewayStats, MetricsServer, influx_points, status_l
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import ContractViolation, decode_telemetry, parse_device_topic
-from iotwatch.deadletter import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
+from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
+from iotwatch.contract.device_topics import parse_device_topic
+from iotwatch.contract.telemetry import ContractViolation, decode_telemetry
 from iotwatch.errors import IotwatchError, ServiceUnavailable
 from iotwatch.settings import Settings
 

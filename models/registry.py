@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from iotwatch.contract import DEVICE_TYPE_PATTERN
+from iotwatch.contract.telemetry import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import RegistrySettings
 from models.base import Detector

@@ -1,72 +1,26 @@
-"""Model-update events: what the registry announces on the model-updates Kafka topic.
-
-One JSON object per event, keyed by ``device_type`` (so a device type's events stay in
-order within one partition)::
-
-    {"device_type": "thermostat", "detector": "isolation_forest", "version": 3,
-     "status": "approved", "path": ".../v000003/model.bin", "created_at": "2025-...+00:00"}
-
-The registry on disk stays the source of truth: an event only says "look again", so a
-lost or reordered event cannot make a watcher use a model that is not the newest approved.
-"""
+"""Publishing model-update events (:class:`iotwatch.contract.model_updates.ModelUpdate`) to
+the model-updates Kafka topic, waiting for the broker's ack."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Producer
 
 from iotwatch.clients.kafka import client_config, ensure_topics
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from models.registry import ModelVersion
 
-__all__ = ["ModelUpdate", "UpdatePublisher"]
+__all__ = ["UpdatePublisher", "update_of"]
 
 
-@dataclass(frozen=True)
-class ModelUpdate:
-    """One model-update event.
-
-    >>> event = ModelUpdate("thermostat", "isolation_forest", 3, "approved", "/r/v000003/model.bin",
-    ...                     "2025-01-01T00:00:00+00:00")
-    >>> ModelUpdate.from_bytes(event.to_bytes()) == event
-    True
-    """
-
-    device_type: str
-    detector: str
-    version: int
-    status: str
-    path: str
-    created_at: str
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, payload: bytes) -> ModelUpdate:
-        """Parse an event; :class:`ValueError` when it is not one."""
-        try:
-            doc: dict[str, Any] = json.loads(payload)
-            return cls(
-                device_type=str(doc["device_type"]),
-                detector=str(doc["detector"]),
-                version=int(doc["version"]),
-                status=str(doc.get("status", "approved")),
-                path=str(doc.get("path", "")),
-                created_at=str(doc.get("created_at", "")),
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"not a model-update event: {exc}") from None
-
-    @classmethod
-    def of(cls, version: ModelVersion) -> ModelUpdate:
-        return cls(**version.event())
+def update_of(version: ModelVersion) -> ModelUpdate:
+    """The event announcing ``version``'s current status."""
+    return ModelUpdate(**version.event())
 
 
 class UpdatePublisher:
@@ -103,7 +57,7 @@ class UpdatePublisher:
 
     def publish(self, version: ModelVersion | ModelUpdate) -> ModelUpdate:
         """Send one event and wait until Kafka has it."""
-        event = version if isinstance(version, ModelUpdate) else ModelUpdate.of(version)
+        event = version if isinstance(version, ModelUpdate) else update_of(version)
         producer = self._ensure_producer()
         errors: list[str] = []
 

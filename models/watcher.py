@@ -21,11 +21,11 @@ from typing import Self
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from iotwatch.clients.kafka import client_config, ensure_topics
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 from models.base import Detector
 from models.registry import ModelRegistry, ModelVersion
-from models.updates import ModelUpdate
 
 __all__ = ["ModelWatcher"]
 

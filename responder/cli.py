@@ -49,7 +49,7 @@ def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, 
 def commands(app: AppContext, devices: tuple[str, ...], limit: int, as_json: bool) -> None:
     """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome."""
     from iotwatch.clients.kafka import read_to_end
-    from iotwatch.oncall import BadRecord, CommandAudit, decode
+    from iotwatch.contract.oncall import BadRecord, CommandAudit, decode
     from responder.service import audit_dict
 
     latest: dict[str, CommandAudit] = {}

@@ -6,12 +6,11 @@ restarts writes the same record again, not a second escalation."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from iotwatch.oncall import CommandAudit, iso_time, stable_id
+from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, Severity
+from iotwatch.contract.oncall import CommandAudit, stable_id
 
 RULE = "command_escalation"
-SEVERITY = "critical"
+SEVERITY = Severity.CRITICAL
 
 
 def escalation_id(alert_id: str, policy: str) -> str:
@@ -19,38 +18,38 @@ def escalation_id(alert_id: str, policy: str) -> str:
 
 
 def escalation_record(
-    original: dict[str, Any], audit: CommandAudit, state: str, why: str, now_ms: int, runbook_url: str
-) -> dict[str, Any]:
-    """The ``raised`` or ``cleared`` alert record (the fields of streaming.alerting's records
-    that apply) for the escalation of ``audit``'s alert."""
+    original: AlertRecord,
+    audit: CommandAudit,
+    state: AlertLifecycle,
+    why: str,
+    now_ms: int,
+    runbook_url: str,
+) -> AlertRecord:
+    """The ``raised`` or ``cleared`` alert record for the escalation of ``audit``'s alert; it
+    starts when the original alert did."""
     where = f"{audit.device_type} {audit.device_id} at {audit.site}"
-    verb = "raised" if state == "raised" else "cleared"
+    raised = state == AlertLifecycle.RAISED
     detail = (
         f"{audit.name} did not fix {audit.rule} after {audit.attempt} attempt(s): {why}"
-        if state == "raised"
+        if raised
         else f"{audit.rule} cleared"
     )
-    first_ms = int(original.get("first_event_ms") or now_ms)
-    return {
-        "alert_id": escalation_id(audit.alert_id, audit.policy),
-        "state": state,
-        "severity": SEVERITY,
-        "rule": RULE,
-        "detector": "responder",
-        "device_id": audit.device_id,
-        "device_type": audit.device_type,
-        "site": audit.site,
-        "metric": None,
-        "value": None,
-        "score": 1.0,
-        "contributors": [],
-        "first_event_ms": first_ms,
-        "first_event_time": iso_time(first_ms),
-        "detected_at": iso_time(now_ms),
-        "detected_at_ms": now_ms,
-        "caused_by": audit.alert_id,
-        "command_id": audit.command_id,
-        "policy": audit.policy,
-        "message": f"[{SEVERITY.upper()}] {RULE} {verb} on {where}: {detail} (alert {audit.alert_id})",
-        "runbook_url": runbook_url,
-    }
+    verb = "raised" if raised else "cleared"
+    return AlertRecord(
+        alert_id=escalation_id(audit.alert_id, audit.policy),
+        state=state,
+        severity=SEVERITY,
+        rule=RULE,
+        detector="responder",
+        device_id=audit.device_id,
+        device_type=audit.device_type,
+        site=audit.site,
+        score=1.0,
+        first_event_ms=original.first_event_ms,
+        detected_at_ms=now_ms,
+        caused_by=audit.alert_id,
+        command_id=audit.command_id,
+        policy=audit.policy,
+        message=f"[{SEVERITY.upper()}] {RULE} {verb} on {where}: {detail} (alert {audit.alert_id})",
+        runbook_url=runbook_url,
+    )

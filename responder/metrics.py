@@ -13,8 +13,8 @@ import logging
 from influxdb_client import Point
 
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
+from iotwatch.contract.oncall import CommandAudit
 from iotwatch.errors import ServiceUnavailable
-from iotwatch.oncall import CommandAudit
 
 log = logging.getLogger(__name__)
 

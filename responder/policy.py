@@ -20,7 +20,7 @@ TOML::
 Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve,
 coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is the
 streaming job's ``coolant_overheating`` rule: the coolant past its warning limit in the metric
-catalogue (``iotwatch.metric_catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
+catalogue (``iotwatch.contract.metric_catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
 the climb.
 """
 
@@ -32,8 +32,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alerts.records import parse_duration
+from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.metric_catalog import DANGER_LIMITS
 from iotwatch.errors import IotwatchError
-from iotwatch.metric_catalog import DANGER_LIMITS
 from iotwatch.tomlfile import load_model
 
 
@@ -66,12 +67,12 @@ class CommandPolicy(BaseModel):
     def _duration(cls, value: Any) -> float | None:
         return None if value is None else parse_duration(value)
 
-    def applies_to(self, alert: dict[str, Any]) -> bool:
-        if alert.get("rule") != self.rule or self.device_type not in (None, alert.get("device_type")):
+    def applies_to(self, alert: AlertRecord) -> bool:
+        if alert.rule != self.rule or self.device_type not in (None, alert.device_type):
             return False
-        if self.metric is not None and alert.get("metric") != self.metric:
+        if self.metric is not None and alert.metric != self.metric:
             return False
-        value = alert.get("value")
+        value = alert.value
         return self.above is None or (isinstance(value, int | float) and value > self.above)
 
 

@@ -1,7 +1,7 @@
 """``iotwatch respond``: firing alerts in, corrective commands out, every step audited.
 
 For a firing alert that a policy covers, the responder sends the policy's command to the
-alerting device and follows it on the commands topic (:class:`~iotwatch.oncall.CommandAudit`,
+alerting device and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
 (and, if the device never answered, not before the command expired) ``timed_out``; one
@@ -22,7 +22,7 @@ and its emergency mark are dropped ``forget_after_s`` after it cleared (:meth:`R
 an operator's twin command once it is final and that old. Their records stay in Kafka.
 
 A policy with ``action = "emergency"`` (a crash) sends no command: the responder writes one
-:class:`~iotwatch.oncall.Emergency` record per alert to the emergencies topic, for the
+:class:`~iotwatch.contract.oncall.Emergency` record per alert to the emergencies topic, for the
 emergency services' integration. The responder also records what devices report of their
 twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
 (:mod:`devices.twin` has the operators' side).
@@ -30,7 +30,6 @@ twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -45,21 +44,17 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.contract import (
+from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, encode_alert
+from iotwatch.contract.commands import (
     COMMAND_SCHEMA_VERSION,
-    TWIN_REPORTED_SUFFIX,
     Command,
     CommandStatus,
-    ContractViolation,
-    DeviceTypeName,
-    Name,
     decode_command_reply,
     decode_twin_report,
-    parse_command_ack_topic,
-    parse_twin_reported_topic,
 )
-from iotwatch.deadletter import DeadLetter
-from iotwatch.oncall import (
+from iotwatch.contract.dead_letters import DeadLetter
+from iotwatch.contract.device_topics import TWIN_REPORTED_SUFFIX, parse_command_ack_topic, parse_twin_reported_topic
+from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
     BadRecord,
     CommandAudit,
@@ -72,6 +67,7 @@ from iotwatch.oncall import (
     stable_id,
     twin_key,
 )
+from iotwatch.contract.telemetry import ContractViolation, DeviceTypeName, Name
 from iotwatch.settings import Settings
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
@@ -294,9 +290,9 @@ class Responder:
                     continue
                 last = self.latest.get((view.alert_id, policy.name))
                 if last is None:
-                    if (alert["device_id"], policy.name) not in open_keys:
+                    if (alert.device_id, policy.name) not in open_keys:
                         self._issue(alert, policy, 1, now)
-                        open_keys.add((alert["device_id"], policy.name))
+                        open_keys.add((alert.device_id, policy.name))
                     continue
                 since = now - last.history[-1].at_ms if last.history else now - last.issued_at_ms
                 # an unanswered command times out only once it expired too: a device that was offline
@@ -343,7 +339,7 @@ class Responder:
         view = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
         return view is not None and view.firing and view.alert_id not in self._cleared
 
-    def _retry_or_escalate(self, alert: dict[str, Any], policy: CommandPolicy, last: CommandAudit, now: int) -> None:
+    def _retry_or_escalate(self, alert: AlertRecord, policy: CommandPolicy, last: CommandAudit, now: int) -> None:
         if last.attempt < self.config.max_attempts:
             self._issue(alert, policy, last.attempt + 1, now)
             return
@@ -353,15 +349,15 @@ class Responder:
             else f"attempt {last.attempt} {last.status.value}"
         )
         escalated = self._publish(last.with_step(CommandOutcome.ESCALATED, now, why))
-        self._publish_alert(escalation_record(alert, escalated, "raised", why, now, self._runbook))
+        self._publish_alert(escalation_record(alert, escalated, AlertLifecycle.RAISED, why, now, self._runbook))
         self.counts["escalated"] += 1
         log.error(
             "escalate to on-call: %s on %s at %s still firing, %s (alert %s)",
-            alert.get("rule"),
-            alert.get("device_id"),
-            alert.get("site"),
+            alert.rule,
+            alert.device_id,
+            alert.site,
             why,
-            alert.get("alert_id"),
+            alert.alert_id,
         )
 
     def _clear_escalations(self, now: int) -> None:
@@ -379,47 +375,49 @@ class Responder:
                 or escalation.alert_id in self._cleared
             ):
                 continue
-            self._publish_alert(escalation_record(original.record, audit, "cleared", "", now, self._runbook))
+            self._publish_alert(
+                escalation_record(original.record, audit, AlertLifecycle.CLEARED, "", now, self._runbook)
+            )
             self._cleared.add(escalation.alert_id)
 
-    def _emergency(self, alert: dict[str, Any], policy: CommandPolicy, now: int) -> None:
+    def _emergency(self, alert: AlertRecord, policy: CommandPolicy, now: int) -> None:
         """One emergency notification record per alert (a restart finds it on the topic)."""
-        if alert["alert_id"] in self.notified:
+        if alert.alert_id in self.notified:
             return
-        location = {k: float(alert[k]) for k in ("lat_deg", "lon_deg") if isinstance(alert.get(k), int | float)}
+        location = alert.location
         record = Emergency(
             ONCALL_SCHEMA_VERSION,
-            alert["alert_id"],
+            alert.alert_id,
             policy.name,
-            alert["rule"],
-            alert["device_id"],
-            alert["device_type"],
-            alert["site"],
-            int(alert.get("detected_at_ms") or now),
+            alert.rule,
+            alert.device_id,
+            alert.device_type,
+            alert.site,
+            alert.detected_at_ms,
             now,
             self.config.issuer,
-            str(alert.get("message") or alert["rule"]),
+            alert.message or alert.rule,
             location,
         )
-        self._produce(self.settings.topics.emergencies, alert["alert_id"].encode(), encode(record))
-        self.notified.add(alert["alert_id"])
+        self._produce(self.settings.topics.emergencies, alert.alert_id.encode(), encode(record))
+        self.notified.add(alert.alert_id)
         self.counts["emergencies"] += 1
         log.error(
             "emergency notification: %s on %s at %s (alert %s)",
-            alert["rule"],
-            alert["device_id"],
-            alert["site"],
-            alert["alert_id"],
+            alert.rule,
+            alert.device_id,
+            alert.site,
+            alert.alert_id,
         )
 
-    def _issue(self, alert: dict[str, Any], policy: CommandPolicy, attempt: int, now: int) -> None:
+    def _issue(self, alert: AlertRecord, policy: CommandPolicy, attempt: int, now: int) -> None:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
-        command_id = stable_id(alert["alert_id"], policy.name, attempt, length=24)
-        reason = f"alert {alert['alert_id']} ({alert.get('rule')})"
+        command_id = stable_id(alert.alert_id, policy.name, attempt, length=24)
+        reason = f"alert {alert.alert_id} ({alert.rule})"
         command = Command(
             COMMAND_SCHEMA_VERSION,
             command_id,
-            alert["device_id"],
+            alert.device_id,
             policy.command,
             now,
             now + ttl_ms,
@@ -431,11 +429,11 @@ class Responder:
             ONCALL_SCHEMA_VERSION,
             command_id,
             policy.name,
-            alert["alert_id"],
-            alert["rule"],
-            alert["device_id"],
-            alert["device_type"],
-            alert["site"],
+            alert.alert_id,
+            alert.rule,
+            alert.device_id,
+            alert.device_type,
+            alert.site,
             policy.command,
             self.config.issuer,
             now,
@@ -444,10 +442,10 @@ class Responder:
             CommandOutcome.SENT,
             policy.args,
         )
-        self.issuer.send(alert["site"], alert["device_type"], command)
+        self.issuer.send(alert.site, alert.device_type, command)
         self._publish(audit.with_step(CommandOutcome.SENT, now, reason))
         self.counts["commands_sent"] += 1
-        log.info("sent %s to %s (attempt %d) for %s", policy.command, alert["device_id"], attempt, reason)
+        log.info("sent %s to %s (attempt %d) for %s", policy.command, alert.device_id, attempt, reason)
 
     # -- records ---------------------------------------------------------------------------
 
@@ -458,14 +456,10 @@ class Responder:
             self.counts["influx_write_failures"] += 1
         return audit
 
-    def _publish_alert(self, record: dict[str, Any]) -> None:
+    def _publish_alert(self, record: AlertRecord) -> None:
         """An alert record on the alert topic, as the streaming job writes them (key device id)."""
-        self._produce(
-            self.settings.topics.alerts,
-            record["device_id"].encode(),
-            json.dumps(record).encode(),
-            [("alert_id", record["alert_id"].encode())],
-        )
+        headers = [("alert_id", record.alert_id.encode())]
+        self._produce(self.settings.topics.alerts, record.key, encode_alert(record), headers)
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:
         self.counts["dead_lettered"] += 1
@@ -477,12 +471,12 @@ class Responder:
         produce_confirmed(self._producer, topic, key, value, headers)
 
 
-def _addressable(alert: dict[str, Any]) -> bool:
+def _addressable(alert: AlertRecord) -> bool:
     """Whether the alert's identity fields are contract names (a command topic can be built from them)."""
     try:
-        for field in ("device_id", "site", "rule"):
-            msgspec.convert(alert.get(field), Name)
-        msgspec.convert(alert.get("device_type"), DeviceTypeName)
+        for name in (alert.device_id, alert.site, alert.rule):
+            msgspec.convert(name, Name)
+        msgspec.convert(alert.device_type, DeviceTypeName)
     except msgspec.ValidationError:
         return False
     return True

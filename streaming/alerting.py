@@ -19,9 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from iotwatch.oncall import iso_time
-
-SEVERITIES = ("critical", "major", "minor", "warning")
+from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, Contributor, Severity
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ class AlertContext:
 
 def step(
     episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int, ctx: AlertContext
-) -> dict[str, Any] | None:
+) -> AlertRecord | None:
     """Advance one rule's episode by one observation; returns an alert record to publish
     (``raised`` or ``cleared``) or None."""
     return advance(episode, spec, obs.score, event_ms, seq, ctx, lambda: obs)
@@ -107,7 +105,7 @@ def advance(
     seq: int,
     ctx: AlertContext,
     describe: Callable[[], Observation],
-) -> dict[str, Any] | None:
+) -> AlertRecord | None:
     """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
     the full observation (message, contributors) when an alert is raised or cleared."""
     firing = score >= spec.fire
@@ -126,7 +124,7 @@ def advance(
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
         observation = describe()
         episode.metric = observation.metric
-        return _record("raised", episode, spec, observation, ctx, seq)
+        return _record(AlertLifecycle.RAISED, episode, spec, observation, ctx, seq)
     # open
     if score >= spec.clear:
         episode.below = 0
@@ -138,47 +136,43 @@ def advance(
     episode.below += 1
     if episode.below < spec.clear_hold:
         return None
-    record = _record("cleared", episode, spec, describe(), ctx, seq)
+    record = _record(AlertLifecycle.CLEARED, episode, spec, describe(), ctx, seq)
     episode.status, episode.above, episode.below, episode.metric = "idle", 0, 0, None
     return record
 
 
 def _record(
-    state: str, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext, seq: int
-) -> dict[str, Any]:
+    state: AlertLifecycle, episode: Episode, spec: RuleSpec, obs: Observation, ctx: AlertContext, seq: int
+) -> AlertRecord:
     device = ctx.device
-    now = ctx.now_ms()
-    verb = "raised" if state == "raised" else "cleared"
+    verb = "raised" if state == AlertLifecycle.RAISED else "cleared"
     where = f"{device.device_type} {device.device_id} at {device.site}"
     message = f"[{spec.severity.upper()}] {spec.name} {verb} on {where}: {obs.message}"
-    if state == "cleared" and obs.metric is not None:  # the record's score is the episode's peak
+    if state == AlertLifecycle.CLEARED and obs.metric is not None:  # the record's score is the episode's peak
         message += f"; peak score {episode.peak_score:.2f} while open"
-    return {
-        "alert_id": episode.alert_id,
-        "state": state,
-        "severity": spec.severity,
-        "rule": spec.name,
-        "detector": spec.detector,
-        "device_id": device.device_id,
-        "device_type": device.device_type,
-        "site": device.site,
-        "metric": obs.metric,
-        "value": obs.value,
-        "score": round(obs.score, 4) if state == "raised" else round(episode.peak_score, 4),
-        "threshold": obs.threshold,
-        "fire_score": spec.fire,
-        "clear_score": spec.clear,
-        "contributors": [{"metric": m, "value": v, "score": round(s, 4)} for m, v, s in obs.contributors[:3]],
-        "first_seq": episode.start_seq,
-        "seq": seq,  # the reading that raised or cleared the alert
-        "first_event_ms": episode.start_ms,
-        "first_event_time": iso_time(episode.start_ms),
-        "last_event_ms": episode.last_ms,
-        "last_event_time": iso_time(episode.last_ms),
-        "occurrences": episode.occurrences,
-        "detected_at": iso_time(now),
-        "detected_at_ms": now,
-        "model_version": ctx.model_version,
-        "message": message,
-        "runbook_url": spec.runbook_url,
-    }
+    return AlertRecord(
+        alert_id=episode.alert_id,
+        state=state,
+        severity=Severity(spec.severity),
+        rule=spec.name,
+        detector=spec.detector,
+        device_id=device.device_id,
+        device_type=device.device_type,
+        site=device.site,
+        metric=obs.metric,
+        value=obs.value,
+        score=round(obs.score if state == AlertLifecycle.RAISED else episode.peak_score, 4),
+        threshold=obs.threshold,
+        fire_score=spec.fire,
+        clear_score=spec.clear,
+        contributors=[Contributor(m, v, round(s, 4)) for m, v, s in obs.contributors[:3]],
+        first_seq=episode.start_seq,
+        seq=seq,
+        first_event_ms=episode.start_ms,
+        last_event_ms=episode.last_ms,
+        occurrences=episode.occurrences,
+        detected_at_ms=ctx.now_ms(),
+        model_version=ctx.model_version,
+        message=message,
+        runbook_url=spec.runbook_url,
+    )

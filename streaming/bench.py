@@ -25,7 +25,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.contract import Telemetry
+from iotwatch.contract.alerts import decode_alert
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from models.catalog import make
@@ -228,9 +229,9 @@ def measure_latency(
             idle_since = time.monotonic()
             if message.error():
                 continue
-            alert = json.loads(message.value())
-            if alert["state"] == "raised" and alert["first_event_ms"] in spikes.get(alert["device_id"], ()):
-                latencies.append(message.timestamp()[1] - alert["first_event_ms"])
+            alert = decode_alert(message.value())
+            if alert.raised and alert.first_event_ms in spikes.get(alert.device_id, ()):
+                latencies.append(message.timestamp()[1] - alert.first_event_ms)
     consumer.close()
     latencies.sort()
     quantile = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None  # noqa: E731

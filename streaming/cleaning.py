@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from iotwatch.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
 
 QUALITY_OK = "ok"
 QUALITY_OUT_OF_RANGE = "out_of_range"

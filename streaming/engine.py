@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 import pandas as pd
 
-from iotwatch.contract import DecodedBatch, decode_batch
-from iotwatch.oncall import iso_time
+from iotwatch.contract.alerts import AlertRecord, encode_alert, iso_time
+from iotwatch.contract.telemetry import DecodedBatch, decode_batch
 from iotwatch.settings import StreamSettings
 from models.base import Detector
 from models.catalog import make
@@ -91,6 +92,8 @@ RULE_ORDER = (
     rules.HUMIDITY,
 )
 _RULE_INDEX = {name: i for i, name in enumerate(RULE_ORDER)}
+#: The metrics that give a device's position; an alert raised on a reading that has them carries them.
+_POSITION = frozenset({"lat_deg", "lon_deg"})
 _STATUS = {IDLE: "idle", PENDING: "pending", OPEN: "open"}
 _STATUS_CODE = {name: code for code, name in _STATUS.items()}
 
@@ -157,7 +160,7 @@ class BatchOutput:
     seen (for the silence timer) and the batch's counters."""
 
     readings: pd.DataFrame
-    alerts: list[dict[str, Any]] = field(default_factory=list)
+    alerts: list[AlertRecord] = field(default_factory=list)
     aggregates: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(AGGREGATE_COLUMNS)))
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
@@ -173,11 +176,11 @@ class BatchOutput:
         rows += [
             {
                 "kind": "alert",
-                "device_id": a["device_id"],
-                "seq": a["seq"],
-                "event_ms": a["last_event_ms"],
-                "metric": a["metric"],
-                "body": json.dumps(a),
+                "device_id": a.device_id,
+                "seq": a.seq,
+                "event_ms": a.last_event_ms,
+                "metric": a.metric,
+                "body": encode_alert(a).decode(),
             }
             for a in self.alerts
         ]
@@ -238,6 +241,12 @@ class _Readings:
 
     def entries(self, i: int) -> range:
         return range(self.starts[i], self.starts[i + 1])
+
+    def located(self, alert: AlertRecord, i: int) -> AlertRecord:
+        """``alert`` with the position reading ``i`` reported, if it reported one (vehicles):
+        an emergency notification of a crash says where it happened."""
+        position = {self.names[k]: float(self.values[k]) for k in self.entries(i) if self.names[k] in _POSITION}
+        return msgspec.structs.replace(alert, **position) if position else alert
 
     def view(self, i: int) -> rules.ReadingView:
         """The scalar rules' view of reading ``i`` (messages of raised and cleared alerts)."""
@@ -390,10 +399,10 @@ class PartitionEngine:
 
     # -- alerts ------------------------------------------------------------------------------------
 
-    def _alerts(self, batch: _Batch, readings: _Readings) -> list[dict[str, Any]]:
+    def _alerts(self, batch: _Batch, readings: _Readings) -> list[AlertRecord]:
         """Rule scores of every reading, then the lifecycle of each (device, rule) that fires
         or has an alert open -- the only place that loops in Python, and only there."""
-        found: list[tuple[tuple[int, int, int], dict[str, Any]]] = []
+        found: list[tuple[tuple[int, int, int], AlertRecord]] = []
         scores = rules.rule_scores(readings, self.settings)
         scores[rules.ANOMALY] = (np.ones(readings.n, dtype=bool), readings.anomaly)
         describe: dict[str, Describe] = {rule: self._describe_rule(readings, rule) for rule in scores}
@@ -424,7 +433,7 @@ class PartitionEngine:
         score: np.ndarray,
         firing: np.ndarray,
         describe: Describe,
-    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+    ) -> list[tuple[tuple[int, int, int], AlertRecord]]:
         spec, episode = self.specs[rule], batch.episode(d, rule)
         context = batch.context(d, self.model_version)
         hot = np.flatnonzero(firing[idx])
@@ -443,7 +452,10 @@ class PartitionEngine:
             )
             if alert is not None:
                 if rule == rules.FLEET:
-                    alert["model_version"] = readings.fleet_versions[readings.device_type[i]]
+                    alert = msgspec.structs.replace(
+                        alert, model_version=readings.fleet_versions[readings.device_type[i]]
+                    )
+                alert = readings.located(alert, i)
                 out.append(((d, int(batch.scored[i]), _RULE_INDEX[rule]), alert))
             if episode.status == "idle":
                 later = hot[hot > j]
@@ -489,7 +501,7 @@ class PartitionEngine:
 
     # -- device silence ------------------------------------------------------------------------------
 
-    def _silence_in_log(self, batch: _Batch, readings: _Readings) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+    def _silence_in_log(self, batch: _Batch, readings: _Readings) -> list[tuple[tuple[int, int, int], AlertRecord]]:
         """A silence found in the log: a record arrived in Kafka more than the silence timeout
         after the device's previous one. The processing-time timer cannot see it when the gap
         reaches the job inside one micro-batch (catching up on a backlog, a restart, a
@@ -544,7 +556,7 @@ class PartitionEngine:
     def silence(self, store: DeviceStore, device_ids: Iterable[str], now_ms: int) -> BatchOutput:
         """No data from these devices for the silence timeout (the job's processing-time
         timer): raise ``device_silent`` and flush their open aggregate buckets."""
-        alerts: list[dict[str, Any]] = []
+        alerts: list[AlertRecord] = []
         device_ids = list(device_ids)
         batch = _Batch.single(device_ids, store.load_many(device_ids))
         table = batch.table

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from iotwatch.contract import decode_batch
+from iotwatch.contract.telemetry import decode_batch
 from streaming.operator_key import operator_key
 from streaming.schemas import PACKED_SCHEMA
 

@@ -25,7 +25,7 @@ import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from iotwatch.contract import DecodedBatch, decode_batch
+from iotwatch.contract.telemetry import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
 from models.kernels import kernel_for
 from streaming import sequencing

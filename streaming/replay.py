@@ -8,8 +8,8 @@ version's results can be compared with the live ones before switching over.
 
 from __future__ import annotations
 
-import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.clients.kafka import read_to_end
+from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import KafkaSettings, Settings
 
@@ -36,24 +37,25 @@ def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]
     )
 
 
-def alert_ids(kafka: KafkaSettings, topic: str) -> dict[str, dict[str, Any]]:
-    """alert_id -> its raised record (the whole topic, read from the beginning)."""
-    found: dict[str, dict[str, Any]] = {}
+def alert_ids(kafka: KafkaSettings, topic: str) -> dict[str, AlertRecord]:
+    """alert_id -> its raised record (the whole topic, read from the beginning; records that
+    are not alerts are skipped)."""
+    found: dict[str, AlertRecord] = {}
     for message in read_to_end(kafka, topic):
-        alert = json.loads(message.value())
-        if alert.get("state") == "raised":
-            found.setdefault(alert["alert_id"], alert)
+        try:
+            alert = decode_alert(message.value())
+        except BadAlert:
+            continue
+        if alert.raised:
+            found.setdefault(alert.alert_id, alert)
     return found
 
 
-def compare(live: dict[str, dict[str, Any]], replayed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def compare(live: dict[str, AlertRecord], replayed: dict[str, AlertRecord]) -> dict[str, Any]:
     """What the replay raised that the live job did not, and the reverse, by rule."""
 
-    def by_rule(ids: set[str], source: dict[str, dict[str, Any]]) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for alert_id in ids:
-            counts[source[alert_id]["rule"]] = counts.get(source[alert_id]["rule"], 0) + 1
-        return dict(sorted(counts.items()))
+    def by_rule(ids: set[str], source: dict[str, AlertRecord]) -> dict[str, int]:
+        return dict(sorted(Counter(source[alert_id].rule for alert_id in ids).items()))
 
     both = set(live) & set(replayed)
     return {

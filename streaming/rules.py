@@ -6,7 +6,7 @@ raised/cleared lifecycle. Rules that do not apply to a device type return nothin
 
 The danger rules (:data:`DANGER_RULES`: coolant overheating, low battery, humid air) judge a
 metric against its physical danger limits in the metric catalogue
-(:data:`iotwatch.metric_catalog.DANGER_LIMITS`): 0.5 past the warning limit, 1 past the critical one,
+(:data:`iotwatch.contract.metric_catalog.DANGER_LIMITS`): 0.5 past the warning limit, 1 past the critical one,
 so a drift into danger alerts when it crosses the warning limit, whatever the detector
 learned on the way there.
 """
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from iotwatch.metric_catalog import danger_limits
+from iotwatch.contract.metric_catalog import danger_limits
 from iotwatch.settings import StreamSettings
 from models.crash import CrashDeceleration
 from streaming.alerting import Observation, RuleSpec

@@ -13,7 +13,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from iotwatch.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from streaming.cleaning import DERIVED_METRICS, NOT_SCORED
 
 

@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from paho.mqtt.client import MQTT_ERR_NO_CONN
 
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import Telemetry, telemetry_topic
+from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import KafkaSettings, MqttSettings
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 import msgspec
@@ -13,7 +14,17 @@ import pytest
 from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.simulation import STATUS
-from iotwatch.contract import (
+from iotwatch.contract.alerts import (
+    ALERT_SCHEMA_VERSION,
+    AlertLifecycle,
+    AlertRecord,
+    BadAlert,
+    Contributor,
+    alert_as_dict,
+    decode_alert,
+    encode_alert,
+)
+from iotwatch.contract.telemetry import (
     DEVICE_TYPE_PATTERN,
     MAX_METRICS,
     MAX_PAYLOAD_BYTES,
@@ -471,15 +482,15 @@ def test_decode_batch_small_cases() -> None:
 
 
 def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
-    from iotwatch.contract import (
+    from iotwatch.contract.commands import (
         Command,
         CommandReply,
         CommandStatus,
         decode_command,
         decode_command_reply,
         encode,
-        parse_command_ack_topic,
     )
+    from iotwatch.contract.device_topics import parse_command_ack_topic
 
     command = Command(1, "c1", "home-1-thermostat-0", "reset_hvac", 1_000, 61_000, "responder", {"hard": True}, "a1")
     assert decode_command(encode(command)) == command and command.expired(61_000) and not command.expired(60_999)
@@ -505,13 +516,87 @@ def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
 
 
 def test_oncall_records_decode_strictly() -> None:
-    from iotwatch.oncall import AlertState, AlertStep, BadRecord, Matchers, Silence, decode, encode
+    from iotwatch.contract.oncall import AlertState, AlertStep, BadRecord, Matchers, Silence, decode, encode
 
     ack = AlertState(1, "a1", AlertStep.ACKNOWLEDGED, "alice", 5, "on it")
     assert decode(encode(ack), AlertState) == ack
     silence = Silence(1, "s1", Matchers(site="home-1"), 0, 10, "carol")
-    assert decode(encode(silence), Silence).silences({"site": "home-1", "rule": "x"}, 5)
-    assert not silence.silences({"site": "home-2"}, 5) and not silence.silences({"site": "home-1"}, 10)
+    assert decode(encode(silence), Silence).silences(_alert(site="home-1", rule="x"), 5)
+    assert not silence.silences(_alert(site="home-2"), 5) and not silence.silences(_alert(site="home-1"), 10)
     for raw in (None, b"[]", encode(ack).replace(b'"v":1', b'"v":9'), encode(ack)[:-1] + b',"x":1}'):
         with pytest.raises(BadRecord):
             decode(raw, AlertState)
+
+
+def _alert(**fields: Any) -> AlertRecord:
+    base: dict[str, Any] = {
+        "alert_id": "a1",
+        "state": "raised",
+        "severity": "major",
+        "rule": "stuck_hvac",
+        "detector": "rule",
+        "device_id": "home-1-thermostat-0",
+        "device_type": "thermostat",
+        "site": "home-1",
+        "score": 0.9,
+        "first_event_ms": 1_763_784_000_000,
+        "detected_at_ms": 1_763_784_001_000,
+        "message": "m",
+    }
+    return AlertRecord(**{**base, **fields})
+
+
+def test_alert_records_round_trip_and_fill_their_times() -> None:
+    record = _alert(contributors=[Contributor("temperature_c", 31.5, 0.91)], last_event_ms=1_763_784_000_500)
+    assert decode_alert(encode_alert(record)) == record
+    assert record.v == ALERT_SCHEMA_VERSION and record.first_event_time == "2025-11-22T04:00:00.000Z"
+    assert record.last_event_time == "2025-11-22T04:00:00.500Z" and record.detected_at == "2025-11-22T04:00:01.000Z"
+    wire = json.loads(encode_alert(record))
+    assert wire["metric"] is None and wire["contributors"] == [
+        {"metric": "temperature_c", "value": 31.5, "score": 0.91}
+    ]
+    assert alert_as_dict(record) == wire
+
+
+def test_alert_records_decode_old_and_newer_producers() -> None:
+    body = json.loads(encode_alert(_alert()))
+    del body["v"], body["first_event_time"]  # written before those fields existed
+    assert decode_alert(json.dumps(body).encode()) == _alert()
+    assert decode_alert(json.dumps({**body, "added_later": 1}).encode()) == _alert()
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (None, "empty value"),
+        (b"{not json", "not JSON"),
+        (b"[]", "not an alert record"),
+        (b'{"alert_id": "a1", "state": "raised"}', "missing required field"),
+        (json.dumps({**json.loads(encode_alert(_alert())), "state": "acknowledged"}).encode(), "`$.state`"),
+        (json.dumps({**json.loads(encode_alert(_alert())), "score": "high"}).encode(), "`$.score`"),
+        (json.dumps({**json.loads(encode_alert(_alert())), "alert_id": ""}).encode(), "alert_id is empty"),
+        (json.dumps({**json.loads(encode_alert(_alert())), "v": 2}).encode(), "v=2"),
+    ],
+)
+def test_alert_records_that_are_not_alerts_say_why(raw: bytes | None, says: str) -> None:
+    with pytest.raises(BadAlert, match=re.escape(says)):
+        decode_alert(raw)
+
+
+def test_both_alert_producers_write_the_contract_record() -> None:
+    """The job's lifecycle and the responder's escalation both build the contract's record."""
+    from iotwatch.contract.oncall import CommandAudit, CommandOutcome
+    from responder.escalation import RULE, escalation_record
+    from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
+
+    spec = RuleSpec("stuck_hvac", "major", fire=0.5, clear=0.2)
+    context = AlertContext(DeviceIdentity("home-1-thermostat-0", "thermostat", "home-1"), now_ms=lambda: 7)
+    raised = step(Episode(), spec, Observation(1.0, "temperature_c", 31.0, 30.0, "hot"), 1_000, 4, context)
+    assert isinstance(raised, AlertRecord) and decode_alert(encode_alert(raised)) == raised
+    audit = CommandAudit(
+        1, "c1", "p", raised.alert_id, raised.rule, raised.device_id, raised.device_type, raised.site,
+        "reset_hvac", "responder", 1, 2, 3, CommandOutcome.ESCALATED,
+    )  # fmt: skip
+    escalation = escalation_record(raised, audit, AlertLifecycle.RAISED, "timed out", 9, "https://runbook")
+    assert decode_alert(encode_alert(escalation)) == escalation
+    assert (escalation.rule, escalation.caused_by, escalation.first_event_ms) == (RULE, raised.alert_id, 1_000)

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from dashboards import build_all
 from dashboards.queries import queries
 from devices.anomalies import ANOMALY, KINDS
 from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.contract.alerts import AlertRecord
 from iotwatch.demo.accounting import END_OF_RUN, FALSE_ALARM, MATCHED, match_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
@@ -25,16 +27,27 @@ from streaming.rules import RULES_FOR_ANOMALY_KIND
 INTERVALS = {"thermostat": 1000, "vehicle_edr": 100}
 
 
-def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None) -> dict[str, Any]:
-    return {
-        "alert_id": alert_id,
-        "state": "raised",
-        "device_id": device,
-        "rule": rule,
-        "first_seq": first_seq,
-        "seq": first_seq if seq is None else seq,
-        "first_event_ms": 1_700_000_000_000 + first_seq * 1000,
-    }
+def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None, **fields: Any) -> AlertRecord:
+    return msgspec.convert(
+        {
+            "alert_id": alert_id,
+            "state": "raised",
+            "severity": "major",
+            "detector": "rule",
+            "device_id": device,
+            "device_type": "thermostat",
+            "site": "h",
+            "rule": rule,
+            "score": 1.0,
+            "first_seq": first_seq,
+            "seq": first_seq if seq is None else seq,
+            "first_event_ms": 1_700_000_000_000 + first_seq * 1000,
+            "detected_at_ms": 1_700_000_000_000 + first_seq * 1000,
+            "message": rule,
+            **fields,
+        },
+        AlertRecord,
+    )
 
 
 def anomaly(kind: str, device: str, start_seq: int, end_seq: int, device_type: str = "thermostat") -> dict[str, Any]:
@@ -64,7 +77,7 @@ def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> 
         alert("stray", "t1", "anomaly_score", 600),  # nothing injected there
         alert("stopped", "t1", "device_silent", 899),  # t1's last reading: the simulators stopped
         alert("stall", "t2", "device_silent", 700),  # silent mid-run, no dropout: a false alarm
-        {**alert("shift", "t1", "anomaly_score", 104), "state": "cleared", "seq": 220},
+        alert("shift", "t1", "anomaly_score", 104, 220, state="cleared"),
     ]
     summary, verdicts = match_alerts(alerts, truth, INTERVALS, {"t1": 899, "t2": 899, "car": 8999})
     assert verdicts == {
@@ -101,8 +114,8 @@ def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
     (so that query can return data), else on one whose alert matched an injected anomaly."""
     identities = {"h-door": ("door_sensor", "h"), "h-leak": ("leak_sensor", "h"), "car": ("vehicle_edr", "road")}
     alerts = [
-        {**alert("door", "h-door", "anomaly_score", 10), "metric": "temperature_c"},
-        {**alert("leak", "h-leak", "water_leak", 20), "metric": "water_detected"},
+        alert("door", "h-door", "anomaly_score", 10, metric="temperature_c"),
+        alert("leak", "h-leak", "water_leak", 20, metric="water_detected"),
     ]
     verdicts = {"door": MATCHED, "leak": MATCHED}
     picked = pick_values(alerts, verdicts, identities, frozenset({"h-leak", "car"}))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.demo.closed_loop import summarise, timings
 from iotwatch.demo.report import plot_closed_loop
-from iotwatch.oncall import CommandAudit, CommandOutcome
 
 
 def audit(command_id: str, alert_id: str, issued: int, *steps: tuple[str, int]) -> CommandAudit:

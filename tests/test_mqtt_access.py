@@ -31,7 +31,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from iotwatch import contract
+from iotwatch.contract import device_topics
 from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -251,18 +251,18 @@ def marker() -> bytes:
 
 def test_device_publishes_its_own_telemetry_and_status(gateway: Client, device: Client) -> None:
     payload = marker()
-    assert device.publish(contract.telemetry_topic(*D1), payload) == 0
-    assert (contract.telemetry_topic(*D1), payload) in gateway.wait_for(payload)
-    assert device.publish(contract.status_topic(*D1), contract.status_payload(True, 0)) in ACCEPTED
+    assert device.publish(device_topics.telemetry_topic(*D1), payload) == 0
+    assert (device_topics.telemetry_topic(*D1), payload) in gateway.wait_for(payload)
+    assert device.publish(device_topics.status_topic(*D1), device_topics.status_payload(True, 0)) in ACCEPTED
 
 
 @pytest.mark.parametrize(
     "topic",
     [
-        contract.telemetry_topic(*D2),  # another device
-        contract.telemetry_topic("home-2", D1[1], D1[2]),  # its own id under another site
-        contract.telemetry_topic(D1[0], "smart_meter", D1[2]),  # ... or another type
-        contract.command_topic(*D2),  # a command to another device
+        device_topics.telemetry_topic(*D2),  # another device
+        device_topics.telemetry_topic("home-2", D1[1], D1[2]),  # its own id under another site
+        device_topics.telemetry_topic(D1[0], "smart_meter", D1[2]),  # ... or another type
+        device_topics.command_topic(*D2),  # a command to another device
     ],
 )
 def test_device_cannot_publish_as_another_device(broker: Broker, gateway: Client, device: Client, topic: str) -> None:
@@ -270,7 +270,7 @@ def test_device_cannot_publish_as_another_device(broker: Broker, gateway: Client
     assert device.publish(topic, denied) == NOT_AUTHORIZED
     # Delivery is in order on one connection: once the allowed message is in, a refused
     # one that mosquitto had let through would be in too.
-    assert device.publish(contract.telemetry_topic(*D1), allowed) == 0
+    assert device.publish(device_topics.telemetry_topic(*D1), allowed) == 0
     assert all(payload != denied for _topic, payload in gateway.wait_for(allowed))
 
 
@@ -280,9 +280,9 @@ def test_services_cannot_write_readings(broker: Broker, gateway: Client, user: s
     service, device = Client(broker, user), Client(broker, D1[2])
     try:
         forged, real = marker(), marker()
-        assert service.publish(contract.telemetry_topic(*D1), forged) == NOT_AUTHORIZED
-        assert service.publish(contract.status_topic(*D1), forged) == NOT_AUTHORIZED
-        assert device.publish(contract.telemetry_topic(*D1), real) == 0
+        assert service.publish(device_topics.telemetry_topic(*D1), forged) == NOT_AUTHORIZED
+        assert service.publish(device_topics.status_topic(*D1), forged) == NOT_AUTHORIZED
+        assert device.publish(device_topics.telemetry_topic(*D1), real) == 0
         assert all(payload != forged for _topic, payload in gateway.wait_for(real))
     finally:
         service.close()
@@ -293,9 +293,9 @@ def test_device_cannot_read_other_devices(broker: Broker, device: Client) -> Non
     # mosquitto 2.0's ACL file grants every SUBSCRIBE (the SUBACK says nothing) and checks
     # read access on each delivery: what counts is that nothing of another device arrives.
     for topic in (
-        contract.command_topic(*D2),
-        contract.telemetry_topic(*D2),
-        contract.status_topic(*D2),
+        device_topics.command_topic(*D2),
+        device_topics.telemetry_topic(*D2),
+        device_topics.status_topic(*D2),
         "iot/+/+/+/commands",
         "iot/#",
         "#",
@@ -303,50 +303,50 @@ def test_device_cannot_read_other_devices(broker: Broker, device: Client) -> Non
         device.subscribe(topic)
     other, responder = Client(broker, D2[2]), Client(broker, "responder")
     try:
-        assert other.subscribe(contract.command_topic(*D2)) == 1
+        assert other.subscribe(device_topics.command_topic(*D2)) == 1
         theirs = [marker() for _ in range(3)]
-        assert responder.publish(contract.command_topic(*D2), theirs[0]) in ACCEPTED
-        assert other.publish(contract.telemetry_topic(*D2), theirs[1]) in ACCEPTED
-        assert other.publish(contract.status_topic(*D2), theirs[2]) in ACCEPTED
-        assert (contract.command_topic(*D2), theirs[0]) in other.wait_for(theirs[0])
+        assert responder.publish(device_topics.command_topic(*D2), theirs[0]) in ACCEPTED
+        assert other.publish(device_topics.telemetry_topic(*D2), theirs[1]) in ACCEPTED
+        assert other.publish(device_topics.status_topic(*D2), theirs[2]) in ACCEPTED
+        assert (device_topics.command_topic(*D2), theirs[0]) in other.wait_for(theirs[0])
         # The broker routed those before it took the next publish: once the device's own
         # command is in, anything of the other device routed to it would be in too.
         own = marker()
-        assert responder.publish(contract.command_topic(*D1), own) in ACCEPTED
+        assert responder.publish(device_topics.command_topic(*D1), own) in ACCEPTED
         received = device.wait_for(own)  # once per matching subscription
-        assert set(received) == {(contract.command_topic(*D1), own)}, received
+        assert set(received) == {(device_topics.command_topic(*D1), own)}, received
     finally:
         other.close()
         responder.close()
 
 
 def test_only_operators_publish_commands(broker: Broker, device: Client) -> None:
-    assert device.subscribe(contract.command_topic(*D1)) == 1
+    assert device.subscribe(device_topics.command_topic(*D1)) == 1
     responder, gateway, simulator, other = (
         Client(broker, user) for user in ("responder", "iotwatch", "simulator", D2[2])
     )
     try:
         refused = [marker() for _ in range(3)]
-        assert gateway.publish(contract.command_topic(*D1), refused[0]) == NOT_AUTHORIZED
-        assert simulator.publish(contract.command_topic(*D1), refused[1]) == NOT_AUTHORIZED
-        assert other.publish(contract.command_topic(*D1), refused[2]) == NOT_AUTHORIZED
+        assert gateway.publish(device_topics.command_topic(*D1), refused[0]) == NOT_AUTHORIZED
+        assert simulator.publish(device_topics.command_topic(*D1), refused[1]) == NOT_AUTHORIZED
+        assert other.publish(device_topics.command_topic(*D1), refused[2]) == NOT_AUTHORIZED
         command = marker()
-        assert responder.publish(contract.command_topic(*D1), command) == 0
+        assert responder.publish(device_topics.command_topic(*D1), command) == 0
         received = device.wait_for(command)
-        assert (contract.command_topic(*D1), command) in received
+        assert (device_topics.command_topic(*D1), command) in received
         assert not set(refused) & {payload for _topic, payload in received}
         # The device answers on its ack topic, which the responder reads.
-        assert responder.subscribe(contract.command_ack_topic(*D1)) == 1
+        assert responder.subscribe(device_topics.command_ack_topic(*D1)) == 1
         reply = marker()
-        assert device.publish(contract.command_ack_topic(*D1), reply) == 0
-        assert (contract.command_ack_topic(*D1), reply) in responder.wait_for(reply)
+        assert device.publish(device_topics.command_ack_topic(*D1), reply) == 0
+        assert (device_topics.command_ack_topic(*D1), reply) in responder.wait_for(reply)
         # ... and reports its twin properties on its own twin topic, which no other device may write
-        assert responder.subscribe(contract.twin_reported_topic(*D1)) == 1
+        assert responder.subscribe(device_topics.twin_reported_topic(*D1)) == 1
         forged, report = marker(), marker()
-        assert other.publish(contract.twin_reported_topic(*D1), forged) == NOT_AUTHORIZED
-        assert device.publish(contract.twin_reported_topic(*D1), report) == 0
+        assert other.publish(device_topics.twin_reported_topic(*D1), forged) == NOT_AUTHORIZED
+        assert device.publish(device_topics.twin_reported_topic(*D1), report) == 0
         received = responder.wait_for(report)
-        assert (contract.twin_reported_topic(*D1), report) in received
+        assert (device_topics.twin_reported_topic(*D1), report) in received
         assert forged not in {payload for _topic, payload in received}
     finally:
         for client in (responder, gateway, simulator, other):
@@ -369,8 +369,8 @@ def test_tls_listener_accepts_clients_trusting_the_ca(broker: Broker, gateway: C
     try:
         assert client.connect_code == 0
         payload = marker()
-        assert client.publish(contract.telemetry_topic(*D1), payload) == 0
-        assert (contract.telemetry_topic(*D1), payload) in gateway.wait_for(payload)
+        assert client.publish(device_topics.telemetry_topic(*D1), payload) == 0
+        assert (device_topics.telemetry_topic(*D1), payload) in gateway.wait_for(payload)
     finally:
         client.close()
 
@@ -440,12 +440,12 @@ def test_gateway_session_queue_outlasts_the_default_and_a_broker_restart(broker:
     max_queued_messages and persistence)."""
     session = f"gateway-{uuid.uuid4().hex[:8]}"
     gateway = Client(broker, "iotwatch", session=session)
-    assert gateway.subscribe(contract.telemetry_topic(*D1)) == 1
+    assert gateway.subscribe(device_topics.telemetry_topic(*D1)) == 1
     gateway.close()
     device = Client(broker, D1[2])
     payloads = [f"{seq:05d}".encode() for seq in range(5000)]
     try:
-        device.publish_many(contract.telemetry_topic(*D1), payloads)
+        device.publish_many(device_topics.telemetry_topic(*D1), payloads)
     finally:
         device.close()
     broker.stop()

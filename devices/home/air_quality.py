@@ -10,7 +10,7 @@ import numpy as np
 from devices.group import DeviceGroup, DeviceSpec, Event
 from devices.home.context import HomeContext
 from devices.rng import CounterRng, normal_from
-from iotwatch.contract import DeviceType
+from iotwatch.contract.telemetry import DeviceType
 
 _STREAM = 300
 OUTDOOR_CO2_PPM = 420.0

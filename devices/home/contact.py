@@ -14,7 +14,7 @@ import numpy as np
 from devices.group import DeviceGroup, DeviceSpec, Event
 from devices.home.context import HomeContext
 from devices.rng import CounterRng, normal_from
-from iotwatch.contract import DeviceType
+from iotwatch.contract.telemetry import DeviceType
 
 LEAK = 1
 _DOOR_STREAM = 400

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iotwatch.contract.alerts import AlertRecord
 from streaming import rules
 
 #: Rules that count as detecting each anomaly kind the simulator injects: the table
@@ -108,8 +109,8 @@ MATCHED, FALSE_ALARM, END_OF_RUN = "matched", "false_alarm", "end_of_run"
 
 
 def _during(
-    anomaly: dict[str, Any], raised: list[dict[str, Any]], interval_ms: int, rule_names: frozenset[str]
-) -> list[dict[str, Any]]:
+    anomaly: dict[str, Any], raised: list[AlertRecord], interval_ms: int, rule_names: frozenset[str]
+) -> list[AlertRecord]:
     """Raised alerts of ``rule_names`` on the anomaly's device whose episode began with a reading
     of the anomaly (or of the grace period after it), earliest first. Matched by seq, which
     clock-skew faults leave alone (the ground truth's times are the simulator's; a skewed
@@ -122,15 +123,13 @@ def _during(
     hits = [
         a
         for a in raised
-        if a["device_id"] == anomaly["device_id"]
-        and a["rule"] in rule_names
-        and low <= int(a.get("first_seq", a["seq"])) <= high
+        if a.device_id == anomaly["device_id"] and a.rule in rule_names and low <= int(a.start_seq) <= high
     ]
-    return sorted(hits, key=lambda a: int(a.get("first_seq", a["seq"])))
+    return sorted(hits, key=lambda a: int(a.start_seq))
 
 
 def match_alerts(
-    alerts: list[dict[str, Any]],
+    alerts: list[AlertRecord],
     truth: list[dict[str, Any]],
     interval_ms: dict[str, int],
     last_seq: dict[str, int] | None = None,
@@ -149,7 +148,7 @@ def match_alerts(
     is left out of precision. Delays count readings from the anomaly's first to the one
     that began the alert (in seconds: times the device's reporting interval); none is
     given for dropouts, whose silence is judged in wall time."""
-    raised = [a for a in alerts if a.get("state") == "raised"]
+    raised = [a for a in alerts if a.raised]
     anomalies = [t for t in truth if t.get("category") == "anomaly"]
     used: set[str] = set()
     per_kind: dict[str, dict[str, Any]] = {}
@@ -163,13 +162,13 @@ def match_alerts(
             kind_rules if kind == "dropout" else kind_rules | SCORE_RULES | ALSO_EXPLAINS.get(kind, frozenset())
         )
         explained = _during(anomaly, raised, interval, explaining)
-        used.update(a["alert_id"] for a in explained)
+        used.update(a.alert_id for a in explained)
         stats = per_kind.setdefault(kind, {"injected": 0, "detected": 0, "delays_s": []})
         stats["injected"] += 1
         if hits:
             stats["detected"] += 1
             if kind != "dropout":
-                readings = int(hits[0].get("first_seq", hits[0]["seq"])) - int(anomaly["start_seq"])
+                readings = int(hits[0].start_seq) - int(anomaly["start_seq"])
                 stats["delays_s"].append(readings * interval / 1000)
                 delays_readings.append(readings)
     for stats in per_kind.values():
@@ -179,15 +178,15 @@ def match_alerts(
     ends = last_seq or {}
     verdicts: dict[str, str] = {}
     for alert in raised:
-        if alert["alert_id"] in used:
-            verdicts[alert["alert_id"]] = MATCHED
-        elif alert["rule"] == "device_silent" and int(alert.get("seq", -1)) >= ends.get(alert["device_id"], 1 << 62):
-            verdicts[alert["alert_id"]] = END_OF_RUN
+        if alert.alert_id in used:
+            verdicts[alert.alert_id] = MATCHED
+        elif alert.rule == "device_silent" and int(alert.seq) >= ends.get(alert.device_id, 1 << 62):
+            verdicts[alert.alert_id] = END_OF_RUN
         else:
-            verdicts[alert["alert_id"]] = FALSE_ALARM
-    false_alarms = [a for a in raised if verdicts[a["alert_id"]] == FALSE_ALARM]
-    matched = sum(1 for a in raised if verdicts[a["alert_id"]] == MATCHED)
-    judged = sum(1 for a in raised if verdicts[a["alert_id"]] != END_OF_RUN)
+            verdicts[alert.alert_id] = FALSE_ALARM
+    false_alarms = [a for a in raised if verdicts[a.alert_id] == FALSE_ALARM]
+    matched = sum(1 for a in raised if verdicts[a.alert_id] == MATCHED)
+    judged = sum(1 for a in raised if verdicts[a.alert_id] != END_OF_RUN)
     injected = sum(s["injected"] for s in per_kind.values())
     detected = sum(s["detected"] for s in per_kind.values())
     summary = {
@@ -199,7 +198,7 @@ def match_alerts(
         "end_of_run_silences": len(raised) - judged,
         "precision": round(matched / judged, 3) if judged else None,
         "false_alarms": len(false_alarms),
-        "false_alarms_by_rule": dict(sorted(_count(a["rule"] for a in false_alarms).items())),
+        "false_alarms_by_rule": dict(sorted(_count(a.rule for a in false_alarms).items())),
         "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
         "by_kind": dict(sorted(per_kind.items())),
     }

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from iotwatch.oncall import CommandAudit, CommandOutcome
+from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 
 
 def timings(
-    audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]]
+    audits: Iterable[CommandAudit], alerts: Iterable[AlertRecord]
 ) -> tuple[dict[str, CommandAudit], dict[str, list[int]]]:
     """The latest record per command, and the three timings in ms (``time_to_command``,
     ``time_to_device_ack``, ``time_to_recovery``), one value per command that has it."""
@@ -26,13 +27,13 @@ def timings(
     for audit in audits:
         latest[audit.command_id] = audit
     alerts = list(alerts)
-    raised = {a["alert_id"]: a for a in alerts if a.get("state") == "raised"}
-    cleared = {a["alert_id"]: a for a in alerts if a.get("state") == "cleared"}
+    raised = {a.alert_id: a for a in alerts if a.raised}
+    cleared = {a.alert_id: a for a in alerts if not a.raised}
     found: dict[str, list[int]] = {name: [] for name in TIMINGS}
     for audit in latest.values():
         alert = raised.get(audit.alert_id)
         if alert is not None:
-            found["time_to_command"].append(audit.issued_at_ms - int(alert["detected_at_ms"]))
+            found["time_to_command"].append(audit.issued_at_ms - alert.detected_at_ms)
         accepted = next((s for s in audit.history if s.status == CommandOutcome.ACCEPTED), None)
         if accepted is not None:
             found["time_to_device_ack"].append(accepted.at_ms - audit.issued_at_ms)
@@ -47,7 +48,7 @@ TIMINGS = ("time_to_command", "time_to_device_ack", "time_to_recovery")
 
 
 def summarise(
-    audits: Iterable[CommandAudit], alerts: Iterable[dict[str, Any]], truth: Iterable[dict[str, Any]]
+    audits: Iterable[CommandAudit], alerts: Iterable[AlertRecord], truth: Iterable[dict[str, Any]]
 ) -> dict[str, Any]:
     latest, found = timings(audits, alerts)
     return {

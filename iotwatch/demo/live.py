@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from iotwatch.clients.kafka import client_config
+from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.settings import Settings
 
 SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
@@ -41,7 +42,7 @@ class LiveState:
     """Samples over time (for the report's rate plot) and the latest alerts."""
 
     samples: list[Sample] = field(default_factory=list)
-    recent_alerts: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=8))
+    recent_alerts: deque[AlertRecord] = field(default_factory=lambda: deque(maxlen=8))
     alerts_seen: int = 0
 
 
@@ -102,11 +103,14 @@ class Probe:
             return 0
         return sum(int(o) for partitions in offsets.values() for o in partitions.values())
 
-    def new_alerts(self) -> list[dict[str, Any]]:
+    def new_alerts(self) -> list[AlertRecord]:
         out = []
         for message in self.alerts.consume(500, 0.05):
             if message.error() is None:
-                out.append(json.loads(message.value()))
+                try:
+                    out.append(decode_alert(message.value()))
+                except BadAlert:
+                    continue  # the report counts what the topic holds; the live view shows alerts
         return out
 
     def sample(self, state: LiveState) -> Sample:
@@ -162,12 +166,12 @@ def render(state: LiveState, started: float, duration: float | None, phase: str)
         alerts.add_column(column, min_width=width, no_wrap=True, overflow="ellipsis")
     alerts.add_column("message", overflow="ellipsis", no_wrap=True, ratio=1)
     for alert in state.recent_alerts:
-        style = SEVERITY_STYLE.get(alert.get("severity", ""), "")
+        style = SEVERITY_STYLE.get(alert.severity, "")
         alerts.add_row(
-            Text(alert.get("severity", ""), style=style),
-            alert.get("state", ""),
-            alert.get("rule", ""),
-            alert.get("device_id", ""),
-            alert.get("message", ""),
+            Text(alert.severity, style=style),
+            alert.state,
+            alert.rule,
+            alert.device_id,
+            alert.message,
         )
     return Group(title, stages, alerts)

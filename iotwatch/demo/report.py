@@ -12,8 +12,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict
+from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.demo.live import LiveState
-from iotwatch.metric_catalog import PRIMARY_METRIC
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
@@ -22,13 +23,14 @@ def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
-def write_alerts(folder: Path, alerts: list[dict[str, Any]], verdicts: dict[str, str]) -> Path:
+def write_alerts(folder: Path, alerts: list[AlertRecord], verdicts: dict[str, str]) -> Path:
     """Every alert record of the run, raised ones with their verdict against the ground truth."""
     path = folder / "alerts.jsonl"
     with path.open("w") as out:
         for alert in alerts:
-            verdict = verdicts.get(alert["alert_id"]) if alert.get("state") == "raised" else None
-            out.write(json.dumps({**alert, "verdict": verdict} if verdict else alert) + "\n")
+            verdict = verdicts.get(alert.alert_id) if alert.raised else None
+            record = alert_as_dict(alert)
+            out.write(json.dumps({**record, "verdict": verdict} if verdict else record) + "\n")
     return path
 
 
@@ -138,7 +140,7 @@ def _metric_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 def plot_devices(
     folder: Path,
     archive: Path,
-    alerts: list[dict[str, Any]],
+    alerts: list[AlertRecord],
     truth: list[dict[str, Any]],
     verdicts: dict[str, str],
     max_devices: int = 4,
@@ -176,13 +178,13 @@ def plot_devices(
                 ax.axvspan(item["start_seq"] - 0.5, item["end_seq"] + 0.5, color="red", alpha=0.15)
             top.annotate(item["kind"], (item["start_seq"], rows["value"].max()), fontsize=8, va="top")
         for alert in alerts:
-            if alert["device_id"] == device and alert.get("state") == "raised":
-                colour, style = ALERT_STYLE.get(verdicts.get(alert["alert_id"], ""), ("black", "--"))
+            if alert.device_id == device and alert.raised:
+                colour, style = ALERT_STYLE.get(verdicts.get(alert.alert_id, ""), ("black", "--"))
                 for ax in (top, bottom):
-                    ax.axvline(alert.get("first_seq", alert["seq"]), color=colour, ls=style, lw=1)
+                    ax.axvline(alert.start_seq, color=colour, ls=style, lw=1)
                 bottom.annotate(
-                    alert["rule"],
-                    (alert.get("first_seq", alert["seq"]), 1.0),
+                    alert.rule,
+                    (alert.start_seq, 1.0),
                     fontsize=7,
                     rotation=90,
                     va="top",

@@ -31,13 +31,14 @@ from devices.ground_truth import read_ground_truth
 from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
-from iotwatch.deadletter import H_REASON, H_STAGE, header_value
+from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
+from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
+from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
-from iotwatch.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
-from iotwatch.oncall import CommandAudit, decode
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
@@ -365,16 +366,14 @@ def _summarise(
     raw = accounting.index_raw(read_to_end(settings.kafka, settings.topics.raw))
     appended = raw.appended
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
-    alerts = [json.loads(r.value()) for r in alert_records]
+    alerts, alert_records = _decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
     latencies = sorted(
-        r.timestamp()[1] - appended[(a["device_id"], a["seq"])]
+        r.timestamp()[1] - appended[(a.device_id, a.seq)]
         for r, a in zip(alert_records, alerts, strict=True)
-        if a.get("state") == "raised"
-        and a.get("rule") != "device_silent"
-        and (a["device_id"], a.get("seq")) in appended
+        if a.raised and a.rule != "device_silent" and (a.device_id, a.seq) in appended
     )
     loss = accounting.account(raw.seqs, accounting.archived_seqs(archive), late, truth)
     intervals = {kind: int(seconds * 1000) for kind, seconds in DEFAULT_INTERVAL_S.items()}
@@ -426,8 +425,21 @@ def _summarise(
     return summary
 
 
+def _decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
+    """The alert topic's alerts, and their Kafka records; a record that is not an alert is
+    logged and left out (the forwarder dead-letters it)."""
+    alerts, kept = [], []
+    for record in records:
+        try:
+            alerts.append(decode_alert(record.value()))
+            kept.append(record)
+        except BadAlert as exc:
+            log.warning("not an alert at %s@%d: %s", record.topic(), record.offset(), exc)
+    return alerts, kept
+
+
 def pick_values(
-    alerts: list[dict[str, Any]],
+    alerts: list[AlertRecord],
     verdicts: dict[str, str],
     identities: dict[str, tuple[str, str]],
     commanded: frozenset[str] = frozenset(),
@@ -441,18 +453,14 @@ def pick_values(
     if not homes:
         return None
     raised = sorted(
-        (
-            a
-            for a in alerts
-            if a.get("state") == "raised" and a["device_id"] in homes and a.get("rule") != "device_silent"
-        ),
+        (a for a in alerts if a.raised and a.device_id in homes and a.rule != "device_silent"),
         key=lambda a: (
-            a["device_id"] not in commanded,
-            verdicts.get(a["alert_id"]) != "matched",
-            a.get("metric") is None,
+            a.device_id not in commanded,
+            verdicts.get(a.alert_id) != "matched",
+            a.metric is None,
         ),
     )
-    device, metric = (raised[0]["device_id"], raised[0].get("metric")) if raised else (homes[0], None)
+    device, metric = (raised[0].device_id, raised[0].metric) if raised else (homes[0], None)
     device_type, site = identities[device]
     vehicles = sorted(d for d, (kind, _) in identities.items() if kind == "vehicle_edr")
     return Picks(
@@ -467,7 +475,7 @@ def pick_values(
 
 def check_dashboards(
     settings: Settings,
-    alerts: list[dict[str, Any]],
+    alerts: list[AlertRecord],
     verdicts: dict[str, str],
     identities: dict[str, tuple[str, str]],
     commanded: frozenset[str] = frozenset(),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from iotwatch import contract
+from iotwatch.contract import device_topics, telemetry
 from iotwatch.provision.files import write_private
 
 PASSWD_FILE = "passwd"
@@ -44,19 +44,19 @@ FLEET_COLUMNS = ("site", "device_type", "device_id")
 class DeviceIdentity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One row of a fleet file; the names follow the message contract."""
 
-    site: contract.Name
-    device_type: contract.DeviceTypeName
-    device_id: contract.Name
+    site: telemetry.Name
+    device_type: telemetry.DeviceTypeName
+    device_id: telemetry.Name
 
     def topics(self) -> dict[str, str]:
         """The device's own topics, by what it does on them."""
         ids = (self.site, self.device_type, self.device_id)
         return {
-            "telemetry": contract.telemetry_topic(*ids),
-            "status": contract.status_topic(*ids),
-            "commands": contract.command_topic(*ids),
-            "command_ack": contract.command_ack_topic(*ids),
-            "twin_reported": contract.twin_reported_topic(*ids),
+            "telemetry": device_topics.telemetry_topic(*ids),
+            "status": device_topics.status_topic(*ids),
+            "commands": device_topics.command_topic(*ids),
+            "command_ack": device_topics.command_ack_topic(*ids),
+            "twin_reported": device_topics.twin_reported_topic(*ids),
         }
 
 

@@ -11,12 +11,12 @@ source offsets, InfluxDB points overwrite the same series and time).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from iotwatch.clients.influx import drop_kept_client, kept_client
-from iotwatch.deadletter import DeadLetter
+from iotwatch.contract.alerts import encode_alert
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.sinks.influx_points import aggregate_point, alert_point
@@ -57,10 +57,7 @@ class EventSinks:
             produce_all(
                 self.kafka_config,
                 self.alerts_topic,
-                (
-                    (a["device_id"].encode(), json.dumps(a).encode(), [("alert_id", a["alert_id"].encode())])
-                    for a in alerts
-                ),
+                ((a.key, encode_alert(a), [("alert_id", a.alert_id.encode())]) for a in alerts),
             )
         if output.dead_letters:
             produce_all(self.kafka_config, self.dlq_topic, (dead_letter_record(r) for r in output.dead_letters))
@@ -70,8 +67,8 @@ class EventSinks:
             points += [alert_point(a) for a in alerts]
             failures = self._write_influx(points)
         return {
-            "alerts_raised": sum(a["state"] == "raised" for a in alerts),
-            "alerts_cleared": sum(a["state"] == "cleared" for a in alerts),
+            "alerts_raised": sum(a.raised for a in alerts),
+            "alerts_cleared": sum(not a.raised for a in alerts),
             "aggregates": len(output.aggregates),
             "influx_write_failures": failures,
         }

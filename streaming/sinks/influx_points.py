@@ -13,6 +13,8 @@ from typing import Any
 
 from influxdb_client import Point
 
+from iotwatch.contract.alerts import AlertRecord
+
 
 def aggregate_point(row: dict[str, Any]) -> Point:
     """One closed aggregate (:data:`streaming.engine.AGGREGATE_COLUMNS`)."""
@@ -30,25 +32,24 @@ def aggregate_point(row: dict[str, Any]) -> Point:
     return point.field("count", int(stats["count"]))
 
 
-def alert_point(alert: dict[str, Any]) -> Point:
+def alert_point(alert: AlertRecord) -> Point:
     point = (
         Point("alerts")
-        .tag("severity", alert["severity"])
-        .tag("rule", alert["rule"])
-        .tag("state", alert["state"])
-        .tag("site", alert["site"])
-        .tag("device_type", alert["device_type"])
-        .tag("device_id", alert["device_id"])
-        .field("alert_id", alert["alert_id"])
-        .field("message", alert["message"])
-        .field("occurrences", int(alert["occurrences"]))
-        .field("raised", 1 if alert["state"] == "raised" else 0)
-        .time(int(alert["detected_at_ms"]), "ms")
+        .tag("severity", str(alert.severity))
+        .tag("rule", alert.rule)
+        .tag("state", str(alert.state))
+        .tag("site", alert.site)
+        .tag("device_type", alert.device_type)
+        .tag("device_id", alert.device_id)
+        .field("alert_id", alert.alert_id)
+        .field("message", alert.message)
+        .field("occurrences", alert.occurrences)
+        .field("raised", 1 if alert.raised else 0)
+        .field("score", float(alert.score))
+        .time(alert.detected_at_ms, "ms")
     )
-    if alert.get("score") is not None:
-        point = point.field("score", float(alert["score"]))
-    if alert.get("value") is not None:
-        point = point.field("value", float(alert["value"]))
+    if alert.value is not None:
+        point = point.field("value", float(alert.value))
     return point
 
 

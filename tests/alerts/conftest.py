@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import msgspec
 import pytest
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict, encode_alert
 from iotwatch.settings import KafkaSettings
+from streaming import rules
 from streaming.alerting import alert_id
 
 DEVICES = [
@@ -24,16 +27,20 @@ DEVICES = [
     ("hvac-2", "thermostat", "home-2"),
     ("meter-1", "smart_meter", "home-1"),
 ]
-RULES = [("crash", "critical"), ("stuck_hvac", "major"), ("anomaly", "minor"), ("device_silent", "warning")]
+RULES = [
+    (rules.CRASH, "critical"),
+    (rules.STUCK_HVAC, "major"),
+    (rules.ANOMALY, "minor"),
+    (rules.SILENT, "warning"),
+]
 
 
 def make_alert(
     device_id: str, device_type: str, site: str, rule: str, severity: str, state: str, start_ms: int, **extra: Any
-) -> dict[str, Any]:
-    """A record in the format streaming.alerting publishes."""
-    now = int(time.time() * 1000)
+) -> AlertRecord:
+    """A record as streaming.alerting publishes it (``extra`` sets or overrides fields)."""
     verb = "raised" if state == "raised" else "cleared"
-    return {
+    fields: dict[str, Any] = {
         "alert_id": alert_id(device_id, rule, start_ms),
         "state": state,
         "severity": severity,
@@ -52,19 +59,25 @@ def make_alert(
         "first_seq": 1,
         "seq": 3,
         "first_event_ms": start_ms,
-        "first_event_time": "2025-01-01T00:00:00.000Z",
         "last_event_ms": start_ms + 2000,
-        "last_event_time": "2025-01-01T00:00:02.000Z",
         "occurrences": 3,
-        "detected_at": "2025-01-01T00:00:03.000Z",
-        "detected_at_ms": now,
+        "detected_at_ms": int(time.time() * 1000),
         "model_version": "test",
         "message": f"[{severity.upper()}] {rule} {verb} on {device_type} {device_id} at {site}: value 31.5",
         **extra,
     }
+    return msgspec.convert(fields, AlertRecord)
 
 
-def alert_run(episodes: int, start_ms: int | None = None) -> list[dict[str, Any]]:
+def changed(alert: AlertRecord, **fields: Any) -> AlertRecord:
+    """``alert`` with some fields changed, validated as decoding would (its time texts follow)."""
+    body = {
+        k: v for k, v in alert_as_dict(alert).items() if k not in ("first_event_time", "last_event_time", "detected_at")
+    }
+    return msgspec.convert({**body, **fields}, AlertRecord)
+
+
+def alert_run(episodes: int, start_ms: int | None = None) -> list[AlertRecord]:
     """``episodes`` raise/clear pairs over the test devices and rules (raises before their clears)."""
     start_ms = start_ms or int(time.time() * 1000) - 600_000
     raised, cleared = [], []
@@ -76,25 +89,21 @@ def alert_run(episodes: int, start_ms: int | None = None) -> list[dict[str, Any]
     return raised + cleared
 
 
-def produce(kafka: KafkaSettings, topic: str, records: list[dict[str, Any] | bytes]) -> None:
-    """Publish as the streaming job does: JSON value keyed by device_id, header alert_id."""
+def produce(kafka: KafkaSettings, topic: str, records: list[AlertRecord | bytes]) -> None:
+    """Publish as the streaming job does: the encoded record keyed by device_id, header alert_id
+    (raw bytes as they are, keyed ``garbage``)."""
     ensure_topics(kafka, [topic])
     producer = Producer({**kafka.client_config(), "enable.idempotence": True, "linger.ms": 5})
     for record in records:
         if isinstance(record, bytes):
             producer.produce(topic, record, key=b"garbage")
             continue
-        producer.produce(
-            topic,
-            json.dumps(record).encode(),
-            key=record["device_id"].encode(),
-            headers=[("alert_id", record["alert_id"].encode())],
-        )
+        producer.produce(topic, encode_alert(record), key=record.key, headers=[("alert_id", record.alert_id.encode())])
     assert producer.flush(30) == 0
 
 
-def key(alert: dict[str, Any]) -> str:
-    return f"{alert['alert_id']}:{alert['state']}"
+def key(alert: AlertRecord) -> str:
+    return f"{alert.alert_id}:{alert.state}"
 
 
 @dataclass

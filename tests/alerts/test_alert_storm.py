@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from alerts.dispatch import Dispatcher
 from alerts.routing import parse_routing
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.contract import Telemetry
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import AlertsSettings, Settings
 from streaming.job import start
 from tests.helpers import InThread, wait_for

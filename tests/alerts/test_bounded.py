@@ -15,10 +15,10 @@ from alerts.actions import add_silence
 from alerts.dispatch import Dispatcher
 from alerts.routing import parse_routing
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, Matchers, encode
+from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, Matchers, encode
 from iotwatch.settings import AlertsSettings, Settings
 from responder.service import Responder
-from tests.alerts.conftest import make_alert, produce
+from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import InThread, wait_for
 
 SITES, PER_SITE, OPEN = 40, 10, 3
@@ -31,7 +31,7 @@ def wave(n: int, start_ms: int) -> tuple[list[dict[str, Any]], list[dict[str, An
         for s in range(SITES)
         for i in range(PER_SITE)
     ]
-    cleared = [{**a, "state": "cleared", "detected_at_ms": int(time.time() * 1000)} for a in raised[OPEN:]]
+    cleared = [changed(a, state="cleared", detected_at_ms=int(time.time() * 1000)) for a in raised[OPEN:]]
     return raised, cleared
 
 
@@ -76,7 +76,7 @@ def test_forwarder_memory_holds_only_open_alerts_and_recent_groups(
                 f"wave {n}'s cleared alerts resolved and forgotten",
             )
         # two waves of 400 alerts went through; what is left is what is open
-        open_ids = {a["alert_id"] for n in range(2) for a in wave(n, start + n * 10_000)[0][:OPEN]}
+        open_ids = {a.alert_id for n in range(2) for a in wave(n, start + n * 10_000)[0][:OPEN]}
         assert set(dispatcher.book.alerts) == open_ids
         assert len(dispatcher.groups) == 1 and len(dispatcher.sent) == 1  # site-0 holds all the open ones
         assert dispatcher.book.silences == {}  # the expired silence is gone too
@@ -104,11 +104,11 @@ def test_responder_memory_holds_only_open_alerts_and_unsettled_commands(test_set
             ONCALL_SCHEMA_VERSION,
             f"c-{i}",
             "reset-stuck-hvac",
-            a["alert_id"],
+            a.alert_id,
             "stuck_hvac",
-            a["device_id"],
+            a.device_id,
             "thermostat",
-            a["site"],
+            a.site,
             "reset_hvac",
             "responder",
             now - 5000,
@@ -118,7 +118,7 @@ def test_responder_memory_holds_only_open_alerts_and_unsettled_commands(test_set
         ).with_step(CommandOutcome.SENT, now - 5000)
         for i, a in enumerate([*done, waiting])
     ]
-    audits = [a.with_step(CommandOutcome.DONE, now - 4000) if a.alert_id != waiting["alert_id"] else a for a in audits]
+    audits = [a.with_step(CommandOutcome.DONE, now - 4000) if a.alert_id != waiting.alert_id else a for a in audits]
     ensure_topics(settings.kafka, [settings.topics.commands], compacted=True)
     producer = Producer(settings.kafka.client_config())
     for audit in audits:
@@ -129,9 +129,7 @@ def test_responder_memory_holds_only_open_alerts_and_unsettled_commands(test_set
     responder: Responder = running.service
     try:
         wait_for(lambda: responder.counts["forgotten_alerts"] == len(cleared) - 1, 30, "cleared alerts forgotten")
-        assert set(responder.book.alerts) == {a["alert_id"] for a in raised[:OPEN]} | {waiting["alert_id"]}
-        assert set(responder.audits) == {"c-2"} and list(responder.latest) == [
-            (waiting["alert_id"], "reset-stuck-hvac")
-        ]
+        assert set(responder.book.alerts) == {a.alert_id for a in raised[:OPEN]} | {waiting.alert_id}
+        assert set(responder.audits) == {"c-2"} and list(responder.latest) == [(waiting.alert_id, "reset-stuck-hvac")]
     finally:
         running.close()

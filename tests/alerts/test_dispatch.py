@@ -18,9 +18,9 @@ from alerts.actions import acknowledge, add_silence
 from alerts.book import load_book
 from alerts.dispatch import Dispatcher
 from alerts.routing import RoutingError, parse_routing
-from iotwatch.oncall import AlertState, AlertStep, Matchers, Notification, decode
+from iotwatch.contract.oncall import AlertState, AlertStep, Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
-from tests.alerts.conftest import make_alert, produce
+from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import InThread, read_topic, wait_for
 
 GROUP_WAIT, GROUP_INTERVAL, REPEAT = 1.0, 2.0, 4.0
@@ -105,34 +105,32 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
             "first notifications",
         )
         first = bodies(hooks["default"])
-        assert len(first) == 1 and listed(first[0]) == {a["alert_id"] for a in burst}
+        assert len(first) == 1 and listed(first[0]) == {a.alert_id for a in burst}
         assert first[0]["text"].startswith(":large_blue_circle: [FIRING:20] site=fleet-x rule=anomaly_score")
         # critical alerts page per device (and the leak also goes on to the homes receiver); the silenced never
         paged = {a for body in bodies(hooks["pager"]) for a in listed(body)}
-        assert paged == {crash_acked["alert_id"], crash_open["alert_id"], home_leak["alert_id"]}
-        assert [listed(b) for b in bodies(hooks["homes"])] == [{home_leak["alert_id"]}]
-        assert all(crash_silenced["alert_id"] not in listed(b) for h in hooks.values() for b in bodies(h))
+        assert paged == {crash_acked.alert_id, crash_open.alert_id, home_leak.alert_id}
+        assert [listed(b) for b in bodies(hooks["homes"])] == [{home_leak.alert_id}]
+        assert all(crash_silenced.alert_id not in listed(b) for h in hooks.values() for b in bodies(h))
 
         # car-1 is acknowledged: car-2 (and the unacknowledged leak) repeat after the interval, car-1 does not
-        acknowledge(test_settings, load_book(test_settings), crash_acked["alert_id"], "alice", "driver called")
+        acknowledge(test_settings, load_book(test_settings), crash_acked.alert_id, "alice", "driver called")
         wait_for(
             lambda: sum(b["kind"] == "repeat" for b in bodies(hooks["pager"])) >= 4,
             30,
             "two repeats each of the unacknowledged critical alerts",
         )
         repeats = [b for b in bodies(hooks["pager"]) if b["kind"] == "repeat"]
-        assert {a for b in repeats for a in b["repeated"]} == {crash_open["alert_id"], home_leak["alert_id"]}
-        assert not any(crash_acked["alert_id"] in listed(b) for b in repeats)
+        assert {a for b in repeats for a in b["repeated"]} == {crash_open.alert_id, home_leak.alert_id}
+        assert not any(crash_acked.alert_id in listed(b) for b in repeats)
         # the leak repeats at the homes receiver too (critical, unacknowledged), as repeats only
-        assert all(
-            b["kind"] == "repeat" and b["repeated"] == [home_leak["alert_id"]] for b in bodies(hooks["homes"])[1:]
-        )
+        assert all(b["kind"] == "repeat" and b["repeated"] == [home_leak.alert_id] for b in bodies(hooks["homes"])[1:])
     finally:
         running.close()
 
     # restart: nothing already sent is sent again; what happened while it was down is sent
     before = {name: len(bodies(hook)) for name, hook in hooks.items()}
-    cleared = {**crash_open, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}
+    cleared = changed(crash_open, state="cleared", detected_at_ms=int(time.time() * 1000))
     late = make_alert("meter-99", "smart_meter", "fleet-x", "anomaly_score", "warning", "raised", start + 99)
     produce(kafka, topics.alerts, [cleared, late])
     running = forwarding(test_settings, config, tree)
@@ -141,10 +139,10 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
         wait_for(lambda: any(b["kind"] == "resolved" for b in bodies(hooks["pager"])), 30, "car-2 resolved")
         time.sleep(GROUP_INTERVAL)
         after_restart = bodies(hooks["default"])[before["default"] :]
-        assert [listed(b) for b in after_restart] == [{a["alert_id"] for a in [*burst, late]}]
+        assert [listed(b) for b in after_restart] == [{a.alert_id for a in [*burst, late]}]
         assert "[FIRING:21]" in after_restart[0]["text"]
         resolved = next(b for b in bodies(hooks["pager"]) if b["kind"] == "resolved")  # car-2's
-        assert listed(resolved, "resolved") == {crash_open["alert_id"]} and resolved["alerts"] == []
+        assert listed(resolved, "resolved") == {crash_open.alert_id} and resolved["alerts"] == []
         assert resolved["text"].startswith(":large_green_circle: [RESOLVED:1]")
         # what each receiver had before is known from the log: no "firing" notification again, only
         # repeats of the unacknowledged critical alerts and the resolution
@@ -156,7 +154,7 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
 
     # the acknowledged crash clears: the forwarder records the step on the alert-state topic, carrying
     # the acknowledgement (compaction keeps only this record), once -- not again after a restart
-    produce(kafka, topics.alerts, [{**crash_acked, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}])
+    produce(kafka, topics.alerts, [changed(crash_acked, state="cleared", detected_at_ms=int(time.time() * 1000))])
     for _ in range(2):
         running = forwarding(test_settings, config, tree)
         try:
@@ -177,7 +175,7 @@ def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restar
         (AlertStep.CLEARED_AFTER_ACK, "alice", "driver called"),
     ]
     assert steps[1].cleared_at_ms is not None and steps[1].at_ms == steps[0].at_ms
-    assert load_book(test_settings).find(crash_acked["alert_id"]).status == "cleared_after_ack"
+    assert load_book(test_settings).find(crash_acked.alert_id).status == "cleared_after_ack"
 
     # the notification log is the forwarder's state: one key per receiver and group
     log = [decode(m.value(), Notification) for m in read_topic(kafka, topics.notifications, idle_s=1.0)]
@@ -193,7 +191,7 @@ def test_a_failing_receiver_holds_up_nobody_and_a_refusing_one_is_dead_lettered(
     crash = make_alert("car-1", "vehicle_edr", "fleet-1", "crash", "critical", "raised", start)
     meter = make_alert("meter-1", "smart_meter", "home-1", "anomaly_score", "warning", "raised", start)
     refused = make_alert("door-1", "door_sensor", "home-2", "out_of_range", "major", "raised", start)
-    down.reject.add(refused["alert_id"])  # answered 400: the request itself is wrong
+    down.reject.add(refused.alert_id)  # answered 400: the request itself is wrong
     tree = parse_routing(
         {
             "receivers": {"down": {"url": down_url}, "up": {"url": up_url}},
@@ -216,20 +214,20 @@ def test_a_failing_receiver_holds_up_nobody_and_a_refusing_one_is_dead_lettered(
             30,
             "the working receiver notified while the other keeps failing",
         )
-        assert listed(bodies(up)[0]) == {meter["alert_id"]}
+        assert listed(bodies(up)[0]) == {meter.alert_id}
         dead = tmp_path / "dead-notifications.jsonl"
         wait_for(dead.exists, 10, "the refused notification dead-lettered")
     finally:
         counts = running.close()
     (line,) = dead.read_text().splitlines()
-    assert '"reason": "http_400"' in line and refused["alert_id"] in line
+    assert '"reason": "http_400"' in line and refused.alert_id in line
     assert counts["retries"] >= 3 and counts["dead_lettered"] == 1
     # the failing group's notification was never recorded as sent: the next run tries it again
     log = [
         decode(m.value(), Notification)
         for m in read_topic(test_settings.kafka, test_settings.topics.notifications, idle_s=1.0)
     ]
-    assert {n.receiver for n in log} == {"up", "down"} and all(crash["alert_id"] not in n.firing for n in log)
+    assert {n.receiver for n in log} == {"up", "down"} and all(crash.alert_id not in n.firing for n in log)
 
 
 def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
@@ -280,7 +278,7 @@ def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
         out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert json.loads(out) == {"sent_firing": 1, "malformed": 0}
-    assert listed(bodies(hook)[0]) == {leak["alert_id"]}
+    assert listed(bodies(hook)[0]) == {leak.alert_id}
     bad = tmp_path / "bad.toml"
     bad.write_text('[receivers.a]\nurl = "ftp://x"\n[route]\nreceiver = "a"\n')
     refused = subprocess.run(

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from alerts.forward import Forwarder, ForwardOptions
 from alerts.webhook import Webhook
+from iotwatch.contract.alerts import alert_as_dict
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import alert_run, key, make_alert, produce
 from tests.helpers import read_topic, wait_for
@@ -55,14 +56,14 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
 ) -> None:
     records = alert_run(12)
     rejected = make_alert("car-9", "vehicle_edr", "fleet-9", "crash", "critical", "raised", 1)
-    acknowledged = {**records[0], "state": "acknowledged"}
+    acknowledged = json.dumps({**alert_as_dict(records[0]), "state": "acknowledged"}).encode()
     produce(
         test_settings.kafka,
         test_settings.topics.alerts,
         [*records[:12], records[0], rejected, b"{not json", acknowledged, *records[12:]],
     )
     total, expected = len(records) + 4, {key(r) for r in records}
-    hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected["alert_id"]})
+    hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected.alert_id})
     config = AlertsSettings(state_dir=tmp_path, **FAST)
 
     stop, thread, counts = forward_in_thread(
@@ -74,12 +75,14 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
     assert all(
         k == f"{body['alert_id']}:{body['state']}" and body["text"].startswith(":") for k, _, body in hook.requests
     )
-    assert counts["delivered"] == len(records) and counts["duplicates"] == 1 and counts["skipped"] == 1
-    assert counts["dead_lettered"] == 2 and counts["interrupted"] == 0
+    assert counts["delivered"] == len(records) and counts["duplicates"] == 1
+    # the record that is not JSON and the one whose state is no alert state: dead letters with reasons
+    assert counts["dead_lettered"] == 3 and counts["interrupted"] == 0
     assert {"http_503", "http_429", "timeout"} <= set(counts["failures"]), counts
     dead = [json.loads(line) for line in (tmp_path / "dead-letters.jsonl").read_text().splitlines()]
-    assert sorted(d["reason"] for d in dead) == ["http_400", "malformed"]
-    assert next(d for d in dead if d["reason"] == "http_400")["alert"] == rejected
+    assert sorted(d["reason"] for d in dead) == ["http_400", "malformed", "malformed"]
+    assert any("`$.state`" in d["detail"] for d in dead)
+    assert next(d for d in dead if d["reason"] == "http_400")["alert"] == alert_as_dict(rejected)
     assert committed_everything(test_settings, f"fwd-{unique}")
     # the stalled request counts as delivered server-side while the client retried: the one repeat
     assert len(hook.delivered) - len(expected) <= 1

@@ -10,10 +10,10 @@ from click.testing import CliRunner, Result
 
 from alerts.book import load_book
 from iotwatch.cli import cli
+from iotwatch.contract.oncall import AlertState, Silence, decode
 from iotwatch.errors import IotwatchError
-from iotwatch.oncall import AlertState, Silence, decode
 from iotwatch.settings import Settings
-from tests.alerts.conftest import make_alert, produce
+from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import read_topic
 
 
@@ -50,42 +50,42 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     produce(
         test_settings.kafka,
         test_settings.topics.alerts,
-        [leak, hvac, old, {**old, "state": "cleared", "detected_at_ms": old["detected_at_ms"] + 5000}, b"{oops"],
+        [leak, hvac, old, changed(old, state="cleared", detected_at_ms=old.detected_at_ms + 5000), b"{oops"],
     )
     warned = run(test_settings, "list")
     assert "skipped 1 record(s)" in warned.stderr and "3 alert(s)" in warned.stdout
 
     listed = as_json(run(test_settings, "list", "--json"))
-    assert [a["alert_id"] for a in listed] == [leak["alert_id"], hvac["alert_id"], old["alert_id"]]
+    assert [a["alert_id"] for a in listed] == [leak.alert_id, hvac.alert_id, old.alert_id]
     assert [a["status"] for a in listed] == ["open", "open", "cleared"]
     assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--open", "--json"))] == [
-        leak["alert_id"],
-        hvac["alert_id"],
+        leak.alert_id,
+        hvac.alert_id,
     ]
     assert [
         a["alert_id"]
         for a in as_json(run(test_settings, "list", "--site", "home-1", "--severity", "critical", "--json"))
-    ] == [leak["alert_id"]]
+    ] == [leak.alert_id]
 
     # acknowledge by a unique prefix; the table names who and why
     acked = as_json(
-        run(test_settings, "ack", leak["alert_id"][:8], "--by", "alice", "--note", "valve team called", "--json")
+        run(test_settings, "ack", leak.alert_id[:8], "--by", "alice", "--note", "valve team called", "--json")
     )
     assert acked["status"] == "acknowledged" and acked["acked_by"] == "alice"
     table = run(test_settings, "list")
     assert table.exit_code == 0 and "alice" in table.stdout and "valve team called" in table.stdout
     # taken back and given again: the last action per alert is what counts (compaction keeps it)
-    assert as_json(run(test_settings, "unack", leak["alert_id"], "--by", "alice", "--json"))["status"] == "open"
-    assert "not acknowledged" in str(run(test_settings, "unack", leak["alert_id"], "--by", "x", refused=True).exception)
+    assert as_json(run(test_settings, "unack", leak.alert_id, "--by", "alice", "--json"))["status"] == "open"
+    assert "not acknowledged" in str(run(test_settings, "unack", leak.alert_id, "--by", "x", refused=True).exception)
     assert (
-        as_json(run(test_settings, "ack", leak["alert_id"], "--by", "alice", "--note", "valve team called", "--json"))[
+        as_json(run(test_settings, "ack", leak.alert_id, "--by", "alice", "--note", "valve team called", "--json"))[
             "status"
         ]
         == "acknowledged"
     )
     state = read_topic(test_settings.kafka, test_settings.topics.alert_state, expected=3)
     record = decode(state[-1].value(), AlertState)
-    assert {m.key() for m in state} == {leak["alert_id"].encode()} and (record.by, record.note) == (
+    assert {m.key() for m in state} == {leak.alert_id.encode()} and (record.by, record.note) == (
         "alice",
         "valve team called",
     )
@@ -94,14 +94,14 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
     produce(
         test_settings.kafka,
         test_settings.topics.alerts,
-        [{**leak, "state": "cleared", "detected_at_ms": record.at_ms + 60_000}],
+        [changed(leak, state="cleared", detected_at_ms=record.at_ms + 60_000)],
     )
-    view = load_book(test_settings).find(leak["alert_id"])
+    view = load_book(test_settings).find(leak.alert_id)
     assert view.status == "cleared_after_ack" and view.seconds_to_clear() is not None
     assert view.seconds_to_ack() is not None and view.seconds_to_ack() <= view.seconds_to_clear()
 
     # what cannot be acknowledged is one line on stderr and a non-zero exit, nothing produced
-    for alert_id, reason in (("0123456789abcdef01234567", "no alert with id"), (leak["alert_id"], "already cleared")):
+    for alert_id, reason in (("0123456789abcdef01234567", "no alert with id"), (leak.alert_id, "already cleared")):
         assert reason in str(run(test_settings, "ack", alert_id, "--by", "bob", refused=True).exception)
     assert len(read_topic(test_settings.kafka, test_settings.topics.alert_state, idle_s=1.0)) == 3
 

@@ -5,20 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from alerts.routing import load_routing
+from iotwatch.contract.alerts import AlertRecord
 from responder.policy import DEFAULT_POLICIES, load_policies
+from tests.alerts.conftest import make_alert
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "oncall"
 
 
-def alert(**fields: str) -> dict[str, str]:
-    return {
-        "site": "home-1",
-        "device_id": "d",
-        "device_type": "thermostat",
-        "rule": "stuck_hvac",
-        "severity": "major",
-        **fields,
-    }
+def alert(**fields: str) -> AlertRecord:
+    """A raised alert, by default a major stuck_hvac on a thermostat at home-1."""
+    wanted = {"site": "home-1", "device_type": "thermostat", "rule": "stuck_hvac", "severity": "major", **fields}
+    return make_alert("d", wanted["device_type"], wanted["site"], wanted["rule"], wanted["severity"], "raised", 0)
 
 
 def test_first_match_continue_nesting_and_inheritance() -> None:

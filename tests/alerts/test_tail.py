@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
+from iotwatch.contract.alerts import AlertRecord, decode_alert, encode_alert
 from iotwatch.settings import Settings
 from tests.alerts.conftest import alert_run, produce
 
@@ -24,8 +24,8 @@ def run_tail(settings: Settings, *args: str) -> Any:
     return result
 
 
-def lines(output: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+def lines(output: str) -> list[AlertRecord]:
+    return [decode_alert(line.encode()) for line in output.splitlines() if line.startswith("{")]
 
 
 def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settings, unique: str) -> None:
@@ -47,10 +47,10 @@ def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settin
             test_settings, "--group", group, "--from-beginning", "--json", "--limit", "13", "--timeout", "30"
         ).output
     )
-    assert sorted(map(json.dumps, first + rest)) == sorted(map(json.dumps, records))
+    assert sorted(map(encode_alert, first + rest)) == sorted(map(encode_alert, records))
 
     # filters, in a fresh group
-    expected = [r for r in records if r["severity"] in ("critical", "major") and r["site"] in ("home-1", "home-2")]
+    expected = [r for r in records if r.severity in ("critical", "major") and r.site in ("home-1", "home-2")]
     major_home = lines(
         run_tail(
             test_settings,
@@ -70,12 +70,12 @@ def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settin
             "30",
         ).output
     )
-    assert expected and sorted(map(json.dumps, major_home)) == sorted(map(json.dumps, expected))
+    assert expected and sorted(map(encode_alert, major_home)) == sorted(map(encode_alert, expected))
 
     wanted = [
         r
         for r in records
-        if r["rule"] in ("crash", "anomaly") and r["device_type"] == "vehicle_edr" and r["state"] == "cleared"
+        if r.rule in ("crash", "anomaly_score") and r.device_type == "vehicle_edr" and r.state == "cleared"
     ]
     assert len(wanted) == 2
     picked = lines(
@@ -88,7 +88,7 @@ def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settin
             "--rule",
             "crash",
             "--rule",
-            "anomaly",
+            "anomaly_score",
             "--device-type",
             "vehicle_edr",
             "--state",
@@ -99,7 +99,7 @@ def test_tail_json_from_beginning_limit_filters_and_resume(test_settings: Settin
             "30",
         ).output
     )
-    assert sorted(map(json.dumps, picked)) == sorted(map(json.dumps, wanted))
+    assert sorted(map(encode_alert, picked)) == sorted(map(encode_alert, wanted))
 
 
 def test_tail_plain_lines(test_settings: Settings, unique: str) -> None:
@@ -111,5 +111,6 @@ def test_tail_plain_lines(test_settings: Settings, unique: str) -> None:
     out = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(out) == 6, result.output
     assert any("CRITICAL raised" in line and "car-1" in line and "fleet-2" in line for line in out)
-    assert all(line.startswith("2025-01-01T00:00:03.000Z ") for line in out), out  # the clock time of detection
+    detected = {r.detected_at for r in records}  # each line starts with the clock time of detection
+    assert all(line.split(" ", 1)[0] in detected for line in out), out
     assert "6 shown" in result.stderr

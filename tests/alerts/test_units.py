@@ -10,27 +10,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from alerts.records import AlertFilter, BadAlert, decode, human_age, slack_text
+from alerts.records import AlertFilter, human_age, slack_text
 from alerts.store import DeliveryStore
 from alerts.tail import TailView, line
 from alerts.webhook import Backoff, Webhook, deliver, parse_retry_after, payload
-from tests.alerts.conftest import make_alert
+from iotwatch.contract.alerts import alert_as_dict
+from tests.alerts.conftest import changed, make_alert
 
 CRASH = make_alert("car-1", "vehicle_edr", "fleet-2", "crash", "critical", "raised", 1_700_000_000_000)
 
 
-def test_decode_rejects_what_is_not_an_alert() -> None:
-    assert decode(b'{"alert_id": "a", "state": "raised"}')["alert_id"] == "a"
-    for bad in (None, b"not json", b"[1]", b'{"state": "raised"}', b'{"alert_id": "a"}'):
-        try:
-            decode(bad)
-        except BadAlert:
-            continue
-        raise AssertionError(f"{bad!r} accepted")
-
-
 def test_filter_minimum_severity_and_allow_lists() -> None:
-    minor = {**CRASH, "severity": "minor", "site": "home-1"}
+    minor = changed(CRASH, severity="minor", site="home-1")
     assert AlertFilter.of("major").matches(CRASH) and not AlertFilter.of("major").matches(minor)
     assert AlertFilter.of("warning").matches(minor)
     assert AlertFilter.of(sites=["home-1"]).matches(minor) and not AlertFilter.of(sites=["home-1"]).matches(CRASH)
@@ -41,10 +32,12 @@ def test_filter_minimum_severity_and_allow_lists() -> None:
 
 def test_slack_text_and_payload() -> None:
     assert slack_text(CRASH) == ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: value 31.5"
-    cleared = {**CRASH, "state": "cleared", "message": ""}
+    cleared = changed(CRASH, state="cleared", message="")
     assert slack_text(cleared) == ":large_green_circle: [CRITICAL] crash cleared on vehicle_edr car-1 at fleet-2"
     body = payload(CRASH)
-    assert body["text"].startswith(":red_circle:") and {k: v for k, v in body.items() if k != "text"} == CRASH
+    assert body["text"].startswith(":red_circle:") and {k: v for k, v in body.items() if k != "text"} == alert_as_dict(
+        CRASH
+    )
 
 
 def test_retry_after_and_backoff_are_bounded() -> None:
@@ -82,7 +75,7 @@ def test_deliver_retries_transient_failures_and_stops_on_4xx(webhook) -> None:  
     stop = threading.Event()
     started = time.monotonic()
     for i in range(3):  # requests: 1 ok | 2 503, 3 429 (1 s), 4 503, 5 stall (timeout), 6 503, 7 ok | 8 503, 9 ok
-        alert = {**CRASH, "alert_id": f"a{i}"}
+        alert = changed(CRASH, alert_id=f"a{i}")
         result = deliver(
             client, alert, Backoff(0.01, 0.05), stop, on_failure=lambda r, w: failures.append((r.reason, w))
         )
@@ -92,7 +85,7 @@ def test_deliver_retries_transient_failures_and_stops_on_4xx(webhook) -> None:  
     assert dict(failures)["http_429"] == 1.0 and time.monotonic() - started >= 1.0  # Retry-After honoured
     assert all(k.startswith("a") and k.endswith(":raised") for k, _, _ in hook.requests)
     hook.reject.add("bad")
-    refused = deliver(client, {**CRASH, "alert_id": "bad"}, Backoff(0.01, 0.05), stop)
+    refused = deliver(client, changed(CRASH, alert_id="bad"), Backoff(0.01, 0.05), stop)
     assert refused is not None and (refused.outcome, refused.reason) == ("permanent", "http_400")
 
 
@@ -107,15 +100,15 @@ def test_table_and_line_render() -> None:
     view = TailView("t", max_rows=2)
     now = time.time() * 1000
     for i in range(3):
-        view.add({**CRASH, "alert_id": f"x{i}", "first_event_ms": now - 65_000, "detected_at_ms": now - 5_000})
-    view.add({**CRASH, "alert_id": "x2", "state": "cleared"})
+        view.add(changed(CRASH, alert_id=f"x{i}", first_event_ms=int(now - 65_000), detected_at_ms=int(now - 5_000)))
+    view.add(changed(CRASH, alert_id="x2", state="cleared"))
     assert list(view.rows) == ["x1", "x2"]
     console = Console(record=True, width=160)
     console.print(view.render())
     text = console.export_text()
     assert "car-1" in text and "fleet-2" in text and "1m05s" in text and "cleared" in text
     assert "critical 1" in text  # one still open
-    plain = line(CRASH, now_ms=CRASH["first_event_ms"] + 42_000).plain
+    plain = line(CRASH, now_ms=CRASH.first_event_ms + 42_000).plain
     assert "CRITICAL raised age 42s" in plain and "value 31.5" in plain
 
 

@@ -22,8 +22,8 @@ from alerts.metrics import LifecycleMetrics
 from gateway.metrics import GatewayStats, influx_points
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.contract import Telemetry
-from iotwatch.oncall import CommandAudit, CommandOutcome
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import Settings
 from responder.metrics import write_command
 from tests.streaming.scenario import write_scenario
@@ -147,7 +147,7 @@ def write_oncall_activity(settings: Settings, device: str) -> None:
             "stuck_hvac",
             device,
             "thermostat",
-            view.record["site"],
+            view.record.site,
             "reset_hvac",
             "responder",
             now - 60_000,

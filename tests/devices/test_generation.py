@@ -12,8 +12,9 @@ from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.scenario import ScenarioError, load_scenario
 from devices.simulation import STATUS, Simulation
-from iotwatch.contract import ContractViolation, DeviceType, decode_telemetry, parse_device_topic
-from iotwatch.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.device_topics import parse_device_topic
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.telemetry import ContractViolation, DeviceType, decode_telemetry
 from tests.devices.conftest import START_MS, generate, telemetry_by_device
 
 

@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from devices.broker_run import RunOptions, run
 from devices.config import SimConfig
-from iotwatch.contract import decode_telemetry
+from iotwatch.contract.telemetry import decode_telemetry
 from iotwatch.settings import Settings
 
 IOTWATCH = [sys.executable, "-m", "iotwatch"]

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iotwatch.contract import MAX_SEQ, telemetry_topic
+from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.contract.telemetry import MAX_SEQ
 from iotwatch.settings import MqttSettings
 
 #: (name, MQTT topic, payload, expected): a dead-letter reason, or ``forwarded`` where the

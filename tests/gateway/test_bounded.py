@@ -14,7 +14,7 @@ import requests
 from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import telemetry_topic
+from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.gateway.test_gateway import _gateway_command, _gateway_env

@@ -9,8 +9,8 @@ from typing import Any
 
 from gateway.bridge import Gateway
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import telemetry_topic
-from iotwatch.deadletter import H_ORIGINAL_BYTES, H_ORIGINAL_SHA256, H_REASON, header_value
+from iotwatch.contract.dead_letters import H_ORIGINAL_BYTES, H_ORIGINAL_SHA256, H_REASON, header_value
+from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.settings import Settings
 from tests.gateway.corpus import body, corpus, publish
 from tests.helpers import assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device

@@ -13,12 +13,13 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.settings import RegistrySettings, Settings
 from models.base import Detector
 from models.iforest import IsolationForest
 from models.registry import ModelRegistry, RegistryError, TrainedOn
 from models.robust_zscore import RobustZScore
-from models.updates import ModelUpdate, UpdatePublisher
+from models.updates import UpdatePublisher
 from models.watcher import ModelWatcher
 
 DT, DET = "thermostat", "isolation_forest"

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.cli import cli
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.settings import Settings
 from models.registry import ModelRegistry
-from models.updates import ModelUpdate
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from devices.config import SimConfig
 from devices.simulation import Simulation
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.oncall import CommandAudit, decode
+from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.settings import Settings, StreamSettings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder

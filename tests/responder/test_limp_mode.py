@@ -11,11 +11,11 @@ from pathlib import Path
 
 from devices.twin_ops import read_twin
 from devices.vehicle import LIMP_KMH, OVERHEATING
-from iotwatch.oncall import CommandAudit, Emergency, decode
+from iotwatch.contract.oncall import CommandAudit, Emergency, decode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
 from responder.service import Responder
-from tests.alerts.conftest import make_alert, produce
+from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import InThread, read_topic, wait_for
 from tests.responder.conftest import VEHICLE, VEHICLE_SITE, Obeying, home_with_faults, mode
 
@@ -72,7 +72,7 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
         lon_deg=13.4,
     )
     # the crash alert clears within the batch that raised it: the responder never sees it firing
-    crash_cleared = {**crash, "state": "cleared", "detected_at_ms": crash["detected_at_ms"] + 1}
+    crash_cleared = changed(crash, state="cleared", detected_at_ms=crash.detected_at_ms + 1)
     produce(settings.kafka, settings.topics.alerts, [hot, cold, crash, crash_cleared])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
@@ -97,9 +97,9 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
         counts = running.close()
         devices.close()
     audits = [decode(m.value(), CommandAudit) for m in read_topic(settings.kafka, settings.topics.commands, idle_s=1)]
-    limp = [a for a in audits if a.alert_id == hot["alert_id"]]
+    limp = [a for a in audits if a.alert_id == hot.alert_id]
     assert {a.name for a in limp} == {"limp_mode"} and limp[-1].status.value == "done"
-    assert not [a for a in audits if a.alert_id in (cold["alert_id"], crash["alert_id"])]  # no command for those
+    assert not [a for a in audits if a.alert_id in (cold.alert_id, crash.alert_id)]  # no command for those
     truth = [r for r in sim.injector.records if r["kind"] == "overheating"]
     assert truth and truth[0]["ended_by_command"] == limp[-1].command_id
     assert counts["emergencies"] == 1
@@ -108,7 +108,5 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     time.sleep(3)
     assert not again.close().get("emergencies")
     notices = [decode(m.value(), Emergency) for m in read_topic(settings.kafka, settings.topics.emergencies, idle_s=1)]
-    assert [(n.alert_id, n.device_id, n.policy) for n in notices] == [
-        (crash["alert_id"], VEHICLE, "emergency-on-crash")
-    ]
+    assert [(n.alert_id, n.device_id, n.policy) for n in notices] == [(crash.alert_id, VEHICLE, "emergency-on-crash")]
     assert notices[0].location == {"lat_deg": 52.52, "lon_deg": 13.4} and "crash" in notices[0].message

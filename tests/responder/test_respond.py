@@ -8,17 +8,17 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from iotwatch.deadletter import H_REASON, H_STAGE, header_value
-from iotwatch.oncall import CommandAudit, CommandOutcome, decode
+from iotwatch.contract.alerts import AlertRecord, decode_alert
+from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome, decode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
-from tests.alerts.conftest import make_alert, produce
+from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import InThread, read_topic, wait_for
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 
@@ -36,10 +36,10 @@ def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
     return latest
 
 
-def alerts(settings: Settings) -> list[dict[str, Any]]:
+def alerts(settings: Settings) -> list[AlertRecord]:
     """The alert records on the topic (the test also put a record there that is not one)."""
     return [
-        json.loads(m.value())
+        decode_alert(m.value())
         for m in read_topic(settings.kafka, settings.topics.alerts, idle_s=0.5)
         if m.value().startswith(b"{")
     ]
@@ -71,10 +71,10 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     ghost = make_alert("home-00009-thermostat-0", "thermostat", "home-00009", "stuck_hvac", "major", "raised", start)
     other = make_alert(LEAK, "leak_sensor", SITE, "anomaly_score", "warning", "raised", start)  # no policy
     # not an alert, and an alert whose device id cannot be a topic level: reported, no command, no crash
-    unaddressable = {
-        **make_alert("home-1-thermostat-9", "thermostat", "home-1", "stuck_hvac", "major", "raised", start),
-        "device_id": "home-1/thermostat+9",
-    }
+    unaddressable = changed(
+        make_alert("home-1-thermostat-9", "thermostat", "home-1", "stuck_hvac", "major", "raised", start),
+        device_id="home-1/thermostat+9",
+    )
     produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other, b"\x00not an alert", unaddressable])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
@@ -86,7 +86,7 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         produce(
             settings.kafka,
             settings.topics.alerts,
-            [{**hvac, "state": "cleared", "detected_at_ms": now}, {**leak, "state": "cleared", "detected_at_ms": now}],
+            [changed(hvac, state="cleared", detected_at_ms=now), changed(leak, state="cleared", detected_at_ms=now)],
         )
         wait_for(
             lambda: (
@@ -105,28 +105,28 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         )
         wait_for(lambda: running.service.counts["dead_lettered"] == 2, 15, "two dead letters")
         # the escalation pages on-call as a critical alert; it clears when the original alert does
-        escalations = lambda: [a for a in alerts(settings) if a["rule"] == "command_escalation"]  # noqa: E731
+        escalations = lambda: [a for a in alerts(settings) if a.rule == "command_escalation"]  # noqa: E731
         wait_for(lambda: len(escalations()) == 1, 15, "the escalation alert")
         produce(
             settings.kafka,
             settings.topics.alerts,
-            [{**ghost, "state": "cleared", "detected_at_ms": int(time.time() * 1000)}],
+            [changed(ghost, state="cleared", detected_at_ms=int(time.time() * 1000))],
         )
-        wait_for(lambda: [a["state"] for a in escalations()] == ["raised", "cleared"], 15, "the escalation cleared")
+        wait_for(lambda: [a.state for a in escalations()] == ["raised", "cleared"], 15, "the escalation cleared")
         raised = escalations()[0]
-        assert (raised["severity"], raised["device_id"], raised["caused_by"]) == (
+        assert (raised.severity, raised.device_id, raised.caused_by) == (
             "critical",
             "home-00009-thermostat-0",
-            ghost["alert_id"],
+            ghost.alert_id,
         )
-        assert raised["runbook_url"].endswith("#command_escalation") and "reset_hvac did not fix" in raised["message"]
+        assert raised.runbook_url.endswith("#command_escalation") and "reset_hvac did not fix" in raised.message
         time.sleep(6.5)  # longer than the reply timeout: a done command of a cleared alert is not retried
     finally:
         first = running.close()
     audits = trail(settings)
     assert statuses(audits[(THERMOSTAT, 1)]) == ["sent", "accepted", "done"]
     assert statuses(audits[(LEAK, 1)]) == ["sent", "accepted", "done"]
-    assert audits[(LEAK, 1)].name == "close_valve" and audits[(LEAK, 1)].alert_id == leak["alert_id"]
+    assert audits[(LEAK, 1)].name == "close_valve" and audits[(LEAK, 1)].alert_id == leak.alert_id
     assert audits[(THERMOSTAT, 1)].issued_by == "responder" and audits[(THERMOSTAT, 1)].policy == "reset-stuck-hvac"
     assert statuses(audits[("home-00009-thermostat-0", 1)]) == ["sent", "timed_out"]
     assert statuses(audits[("home-00009-thermostat-0", 2)]) == ["sent", "timed_out", "escalated"]
@@ -151,7 +151,7 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         again = running.close()
         devices.close()
     assert again.get("commands_sent", 0) == 0 and again.get("escalated", 0) == 0, again
-    assert len([a for a in alerts(settings) if a["rule"] == "command_escalation"]) == 2  # nothing written again
+    assert len([a for a in alerts(settings) if a.rule == "command_escalation"]) == 2  # nothing written again
 
     # operators read the trail with `iotwatch commands`
     shown = CliRunner().invoke(

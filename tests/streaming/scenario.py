@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
 
-from iotwatch.contract import Telemetry
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import Settings
 
 MALFORMED = [

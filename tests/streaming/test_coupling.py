@@ -73,7 +73,7 @@ def _meter(events: dict[int, str], n: int = 500, seed: int = 5) -> list:
 
 def test_an_oven_switching_on_and_off_is_a_load_not_an_anomaly() -> None:
     rows = Harness().run([_meter({300: "load", 420: "load"})])
-    assert [a["rule"] for a in alerts_of(rows)] == []
+    assert [a.rule for a in alerts_of(rows)] == []
     by_seq = {r["seq"]: r for r in readings_of(rows)}
     # the detectors were surprised (the archive keeps their scores); the alert rule was not
     assert by_seq[300]["scores"]["power_w"] >= 0.4 and by_seq[300]["scores"]["current_a"] >= 0.4
@@ -82,6 +82,6 @@ def test_an_oven_switching_on_and_off_is_a_load_not_an_anomaly() -> None:
 def test_the_power_register_alone_still_alerts_even_after_a_load_switch() -> None:
     """The same jump in power alone breaks the power factor; a few readings after an oven
     switched (power and current may still hold their peak), it is an anomaly all the same."""
-    raised = [a for a in alerts_of(Harness().run([_meter({300: "load", 330: "register"})])) if a["state"] == "raised"]
-    assert [(a["rule"], a["seq"]) for a in raised] == [("anomaly_score", 330)]
-    assert raised[0]["metric"] in {"power_w", "power_factor"}
+    raised = [a for a in alerts_of(Harness().run([_meter({300: "load", 330: "register"})])) if a.state == "raised"]
+    assert [(a.rule, a.seq) for a in raised] == [("anomaly_score", 330)]
+    assert raised[0].metric in {"power_w", "power_factor"}

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from iotwatch.metric_catalog import DANGER_LIMITS, DEVICE_METRICS, danger_limits
+from iotwatch.contract.metric_catalog import DANGER_LIMITS, DEVICE_METRICS, danger_limits
 from iotwatch.settings import StreamSettings
 from streaming import rules
 from streaming.alerting import alert_id
@@ -45,19 +45,19 @@ def coolant_drift(n_before: int = 600, n_drift: int = 600, n_after: int = 300, s
 
 def test_a_coolant_drift_into_danger_raises_coolant_overheating_before_the_sensor_saturates() -> None:
     series = coolant_drift()
-    alerts = [a for a in alerts_of(Harness().run([series])) if a["rule"] == rules.COOLANT]
-    assert [a["state"] for a in alerts] == ["raised", "cleared"]
+    alerts = [a for a in alerts_of(Harness().run([series])) if a.rule == rules.COOLANT]
+    assert [a.state for a in alerts] == ["raised", "cleared"]
     raised, cleared = alerts
     first_hot = next(i for i, r in enumerate(series) if _coolant(r) >= COOLANT.warning)
-    assert raised["seq"] == first_hot and raised["first_event_ms"] == T0 + first_hot * 1000
-    assert COOLANT.warning <= raised["value"] < 106.0  # 105 C, where the ceiling is 130 C
-    assert raised["severity"] == "critical" and raised["metric"] == "coolant_temp_c"
-    assert raised["threshold"] == COOLANT.warning and "warning limit 105" in raised["message"]
-    assert raised["alert_id"] == alert_id("car-1", rules.COOLANT, T0 + first_hot * 1000) == cleared["alert_id"]
-    assert raised["runbook_url"] == StreamSettings().runbook_url(rules.COOLANT)
-    assert raised["runbook_url"].endswith("#coolant_overheating")
+    assert raised.seq == first_hot and raised.first_event_ms == T0 + first_hot * 1000
+    assert COOLANT.warning <= raised.value < 106.0  # 105 C, where the ceiling is 130 C
+    assert raised.severity == "critical" and raised.metric == "coolant_temp_c"
+    assert raised.threshold == COOLANT.warning and "warning limit 105" in raised.message
+    assert raised.alert_id == alert_id("car-1", rules.COOLANT, T0 + first_hot * 1000) == cleared.alert_id
+    assert raised.runbook_url == StreamSettings().runbook_url(rules.COOLANT)
+    assert raised.runbook_url.endswith("#coolant_overheating")
     # open through the critical limit (one alert per episode), cleared once back to normal
-    assert cleared["seq"] >= 1200 and cleared["score"] == 1.0 and "within its limits" in cleared["message"]
+    assert cleared.seq >= 1200 and cleared.score == 1.0 and "within its limits" in cleared.message
 
 
 def _coolant(rec) -> float:
@@ -70,7 +70,7 @@ def test_the_danger_rule_does_not_depend_on_how_the_stream_is_cut_into_batches()
     cuts = [0, 1, 233, 400, 401, 555, len(series)]
     cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])
     assert _comparable(whole) == _comparable(cut)
-    assert {a["rule"] for a in alerts_of(whole)} >= {rules.COOLANT}
+    assert {a.rule for a in alerts_of(whole)} >= {rules.COOLANT}
 
 
 def test_low_battery_and_humid_air_raise_their_rules_and_normal_devices_raise_none() -> None:
@@ -78,15 +78,12 @@ def test_low_battery_and_humid_air_raise_their_rules_and_normal_devices_raise_no
         record(i, device="door", device_type="door_sensor", open=0.0, battery_pct=20.0 - 0.05 * i) for i in range(200)
     ]  # 20 % down to 10 %
     humid = [record(i, device="th", humidity_pct=55.0 + 0.1 * i, setpoint_c=21.0, hvac_on=0.0) for i in range(300)]
-    raised = {a["rule"]: a for a in alerts_of(Harness().run([door, humid])) if a["state"] == "raised"}
-    assert raised[rules.BATTERY]["device_id"] == "door" and raised[rules.BATTERY]["value"] <= 15.0
-    assert (
-        raised[rules.BATTERY]["severity"] == "minor"
-        and "below its warning limit 15" in raised[rules.BATTERY]["message"]
-    )
-    assert raised[rules.HUMIDITY]["device_id"] == "th" and raised[rules.HUMIDITY]["value"] >= 70.0
+    raised = {a.rule: a for a in alerts_of(Harness().run([door, humid])) if a.state == "raised"}
+    assert raised[rules.BATTERY].device_id == "door" and raised[rules.BATTERY].value <= 15.0
+    assert raised[rules.BATTERY].severity == "minor" and "below its warning limit 15" in raised[rules.BATTERY].message
+    assert raised[rules.HUMIDITY].device_id == "th" and raised[rules.HUMIDITY].value >= 70.0
     normal = [record(i, device="door", device_type="door_sensor", open=0.0, battery_pct=80.0) for i in range(50)]
-    assert not [a for a in alerts_of(Harness().run([normal])) if a["rule"] in rules.DANGER_RULES]
+    assert not [a for a in alerts_of(Harness().run([normal])) if a.rule in rules.DANGER_RULES]
 
 
 def test_the_danger_rules_come_from_the_catalogue_and_keep_the_saved_rule_codes() -> None:

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from iotwatch.contract import Telemetry
+from iotwatch.contract.alerts import AlertRecord, decode_alert
+from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import StreamSettings
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
@@ -95,8 +96,8 @@ class Harness:
         return self.state(device).counters()
 
 
-def alerts_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [json.loads(r["body"]) for r in rows if r["kind"] == "alert"]
+def alerts_of(rows: list[dict[str, Any]]) -> list[AlertRecord]:
+    return [decode_alert(r["body"].encode()) for r in rows if r["kind"] == "alert"]
 
 
 def readings_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -106,11 +107,11 @@ def readings_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_spike_raises_one_alert_then_clears_and_clean_data_stays_quiet() -> None:
     assert alerts_of(Harness().run([noisy_series(400, seed=2)])) == []
     alerts = alerts_of(Harness().run([noisy_series(400, spike_at=300)]))
-    assert [(a["state"], a["rule"]) for a in alerts] == [("raised", "anomaly_score"), ("cleared", "anomaly_score")]
+    assert [(a.state, a.rule) for a in alerts] == [("raised", "anomaly_score"), ("cleared", "anomaly_score")]
     raised = alerts[0]
-    assert raised["first_event_ms"] == T0 + 300 * 1000 and raised["metric"] == "temperature_c"
-    assert raised["alert_id"] == alert_id("th-1", "anomaly_score", T0 + 300 * 1000) == alerts[1]["alert_id"]
-    assert raised["contributors"][0]["metric"] == "temperature_c"
+    assert raised.first_event_ms == T0 + 300 * 1000 and raised.metric == "temperature_c"
+    assert raised.alert_id == alert_id("th-1", "anomaly_score", T0 + 300 * 1000) == alerts[1].alert_id
+    assert raised.contributors[0].metric == "temperature_c"
 
 
 def _comparable(rows: list[dict[str, Any]]) -> list[Any]:
@@ -164,7 +165,7 @@ def test_results_do_not_depend_on_how_the_stream_is_cut_into_batches() -> None:
     cuts = [0, 1, 97, 98, 700, 1303, 1304, len(series)]
     cut = Harness().run([series[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])
     assert _comparable(whole) == _comparable(cut)
-    ids = sorted(a["alert_id"] for a in alerts_of(whole) if a["state"] == "raised")
+    ids = sorted(a.alert_id for a in alerts_of(whole) if a.state == "raised")
     assert len(ids) == 3
 
 
@@ -284,11 +285,11 @@ def test_anti_flap_hold_and_clear_threshold() -> None:
     episode = Episode()
     scores = [0.9, 0.3, 0.9, 0.9, 0.5, 0.85, 0.6, 0.3, 0.9, 0.3, 0.2]
     events = [step(episode, spec, Observation(s, "m", s, 0.8, "x"), i, i, ctx) for i, s in enumerate(scores)]
-    states = [(i, e["state"], e["occurrences"]) for i, e in enumerate(events) if e]
+    states = [(i, e.state, e.occurrences) for i, e in enumerate(events) if e]
     # one blip does not fire; two in a row do; hovering between clear and fire keeps it open
     # (and counts repeats); two readings below clear close it.
     assert states == [(3, "raised", 2), (10, "cleared", 4)]
-    assert events[3]["alert_id"] == alert_id("d", "r", 2)
+    assert events[3].alert_id == alert_id("d", "r", 2)
 
 
 def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -> None:
@@ -300,15 +301,14 @@ def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -
     raised = {}
     for batch in (crash, harsh, leak, hvac, odd):
         for alert in alerts_of(Harness().process(batch)):
-            raised[alert["rule"]] = alert
+            raised[alert.rule] = alert
     assert set(raised) == {"crash", "harsh_braking", "water_leak", "stuck_hvac", "out_of_range"}
-    assert raised["crash"]["severity"] == "critical" and raised["out_of_range"]["value"] == 999.0
-    assert raised["harsh_braking"]["severity"] == "warning" and raised["harsh_braking"]["device_id"] == "van"
-    assert raised["stuck_hvac"]["occurrences"] == 121  # held for the configured 120 s (readings every 1 s)
+    assert raised["crash"].severity == "critical" and raised["out_of_range"].value == 999.0
+    assert raised["harsh_braking"].severity == "warning" and raised["harsh_braking"].device_id == "van"
+    assert raised["stuck_hvac"].occurrences == 121  # held for the configured 120 s (readings every 1 s)
     # each rule's alerts carry the runbook link of the rules' configuration
     assert all(
-        a["runbook_url"] == StreamSettings().runbook_url(rule) and rule in a["runbook_url"]
-        for rule, a in raised.items()
+        a.runbook_url == StreamSettings().runbook_url(rule) and rule in a.runbook_url for rule, a in raised.items()
     )
     assert StreamSettings(runbook_urls={"crash": "https://wiki/crash"}).runbook_url("crash") == "https://wiki/crash"
 
@@ -317,11 +317,9 @@ def test_silence_raises_device_silent_and_data_clears_it() -> None:
     harness = Harness()
     harness.process([record(i) for i in range(5)], now_ms=1_000)
     silent = alerts_of(harness.silence("th-1", now_ms=120_000))
-    assert [(a["rule"], a["state"]) for a in silent] == [("device_silent", "raised")]
+    assert [(a.rule, a.state) for a in silent] == [("device_silent", "raised")]
     back = alerts_of(harness.process([record(5)], now_ms=130_000))
-    assert [(a["rule"], a["state"], a["alert_id"]) for a in back] == [
-        ("device_silent", "cleared", silent[0]["alert_id"])
-    ]
+    assert [(a.rule, a.state, a.alert_id) for a in back] == [("device_silent", "cleared", silent[0].alert_id)]
 
 
 def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> None:
@@ -334,19 +332,19 @@ def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> N
     after = [record(5 + i, append_ms=resumed + i * 1000) for i in range(3)]
 
     in_one_batch = alerts_of(Harness().process(before + after, now_ms=resumed + 3000))
-    assert [(a["rule"], a["state"]) for a in in_one_batch] == [
+    assert [(a.rule, a.state) for a in in_one_batch] == [
         ("device_silent", "raised"),
         ("device_silent", "cleared"),
     ]
-    assert in_one_batch[0]["first_event_ms"] == T0 + 4000 and "in the log" in in_one_batch[0]["message"]
+    assert in_one_batch[0].first_event_ms == T0 + 4000 and "in the log" in in_one_batch[0].message
 
     timed = Harness()
     timed.process(before, now_ms=T0 + 4000)
     by_timer = alerts_of(timed.silence("th-1", now_ms=T0 + 4000 + timeout_ms))
     back = alerts_of(timed.process(after, now_ms=resumed + 3000))
-    assert [(a["state"], a["alert_id"]) for a in by_timer + back] == [
-        ("raised", in_one_batch[0]["alert_id"]),
-        ("cleared", in_one_batch[0]["alert_id"]),
+    assert [(a.state, a.alert_id) for a in by_timer + back] == [
+        ("raised", in_one_batch[0].alert_id),
+        ("cleared", in_one_batch[0].alert_id),
     ]
 
     steady = [record(i, append_ms=T0 + i * 1000) for i in range(50)]  # closer together than the timeout
@@ -416,9 +414,9 @@ def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
 
     harness = Harness(StreamSettings(fleet_fire_score=0.7), fleet_models=lookup)
     series = [record(i, temperature=21 + float(rng.normal(0, 0.2)) + (9.0 if i == 80 else 0.0)) for i in range(100)]
-    alerts = [a for a in alerts_of(harness.run([series[:50], series[50:]])) if a["rule"] == "fleet_anomaly"]
-    assert alerts and alerts[0]["state"] == "raised" and alerts[0]["first_event_ms"] == T0 + 80 * 1000
-    assert alerts[0]["model_version"] == "isolation_forest@v3" and asked == ["thermostat", "thermostat"]
+    alerts = [a for a in alerts_of(harness.run([series[:50], series[50:]])) if a.rule == "fleet_anomaly"]
+    assert alerts and alerts[0].state == "raised" and alerts[0].first_event_ms == T0 + 80 * 1000
+    assert alerts[0].model_version == "isolation_forest@v3" and asked == ["thermostat", "thermostat"]
 
 
 def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
@@ -498,8 +496,8 @@ def test_meter_power_factor_is_derived_and_scored() -> None:
                 current_a=round(current, 3),
             )
         )
-    raised = [a for a in alerts_of(Harness().run([batch])) if a["state"] == "raised"]
-    assert [(a["rule"], a["metric"], a["seq"]) for a in raised] == [("anomaly_score", "power_factor", 350)]
+    raised = [a for a in alerts_of(Harness().run([batch])) if a.state == "raised"]
+    assert [(a.rule, a.metric, a.seq) for a in raised] == [("anomaly_score", "power_factor", 350)]
 
 
 def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> None:
@@ -511,7 +509,7 @@ def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> Non
             record(i, device="th", temperature=temperature, setpoint_c=21.0, hvac_on=1.0, outside_temperature_c=outside)
             for i in range(200)
         ]
-        return [a["rule"] for a in alerts_of(Harness().process(batch))]
+        return [a.rule for a in alerts_of(Harness().process(batch))]
 
     assert "stuck_hvac" in rule_alerts(22.5, outside=5.0)
     assert "stuck_hvac" not in rule_alerts(19.5, outside=5.0)
@@ -534,16 +532,16 @@ def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso(
         for i in range(400)
     ]
     alerts = alerts_of(Harness().run([series[:301], series[301:]]))
-    raised, cleared = [a for a in alerts if a["rule"] == "anomaly_score"][:2]
-    assert (raised["state"], cleared["state"]) == ("raised", "cleared") and raised["metric"] == "temperature_c"
-    assert cleared["contributors"][0]["metric"] == "humidity_pct"  # the reading's most unusual metric
-    assert cleared["metric"] == "temperature_c" and cleared["message"].split(": ", 1)[1].startswith("temperature_c=")
-    assert f"peak score {cleared['score']:.2f} while open" in cleared["message"]
+    raised, cleared = [a for a in alerts if a.rule == "anomaly_score"][:2]
+    assert (raised.state, cleared.state) == ("raised", "cleared") and raised.metric == "temperature_c"
+    assert cleared.contributors[0].metric == "humidity_pct"  # the reading's most unusual metric
+    assert cleared.metric == "temperature_c" and cleared.message.split(": ", 1)[1].startswith("temperature_c=")
+    assert f"peak score {cleared.score:.2f} while open" in cleared.message
 
     harness = Harness()
     harness.process([record(i) for i in range(5)], now_ms=1_000)
     silent = alerts_of(harness.silence("th-1", now_ms=120_000))[0]
-    assert "(last event time 2025-11-22T04:00:04.000Z)" in silent["message"], silent["message"]
+    assert "(last event time 2025-11-22T04:00:04.000Z)" in silent.message, silent.message
 
 
 def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.deadletter import H_REASON, header_value
+from iotwatch.contract.dead_letters import H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.job import start
@@ -251,7 +251,7 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(
     import numpy as np
     from confluent_kafka import Producer
 
-    from iotwatch.contract import Telemetry
+    from iotwatch.contract.telemetry import Telemetry
     from models.iforest import IsolationForest
     from models.registry import ModelRegistry
     from models.updates import UpdatePublisher
@@ -319,7 +319,7 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(
     and archived -- with fleet scoring on."""
     from confluent_kafka import Producer
 
-    from iotwatch.contract import Telemetry
+    from iotwatch.contract.telemetry import Telemetry
 
     settings = _job_settings(test_settings, fleet_detector="isolation_forest")
     settings = settings.model_copy(update={"registry": settings.registry.model_copy(update={"path": tmp_path / "reg"})})
@@ -398,7 +398,7 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
 
     from confluent_kafka import Producer
 
-    from iotwatch.contract import Telemetry
+    from iotwatch.contract.telemetry import Telemetry
     from iotwatch.stack.influxdb import start_influxdb
     from iotwatch.stack.process import start_process, stop_process
 

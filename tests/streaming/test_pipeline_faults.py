@@ -22,8 +22,8 @@ import pytest
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract import telemetry_topic
-from iotwatch.deadletter import H_REASON, H_STAGE, header_value
+from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.settings import Settings
 from streaming.job import RunningJob, start
 from tests.gateway.conftest import gateway_settings

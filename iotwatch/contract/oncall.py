@@ -27,13 +27,13 @@ a consumer dead-letters or reports such a record, it never guesses.
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import msgspec
 
-from iotwatch.contract import TwinProperties
+from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.commands import TwinProperties
 
 ONCALL_SCHEMA_VERSION = 1
 
@@ -74,8 +74,8 @@ class Matchers(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_def
     rule: str | None = None
     severity: str | None = None
 
-    def matches(self, alert: dict[str, Any]) -> bool:
-        return all(value is None or alert.get(name) == value for name, value in msgspec.structs.asdict(self).items())
+    def matches(self, alert: AlertRecord) -> bool:
+        return all(value is None or alert.field(name) == value for name, value in msgspec.structs.asdict(self).items())
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in msgspec.structs.asdict(self).items() if v is not None)
@@ -97,7 +97,7 @@ class Silence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
     def active(self, now_ms: int) -> bool:
         return self.starts_at_ms <= now_ms < self.ends_at_ms
 
-    def silences(self, alert: dict[str, Any], now_ms: int) -> bool:
+    def silences(self, alert: AlertRecord, now_ms: int) -> bool:
         return self.active(now_ms) and self.matchers.matches(alert)
 
 
@@ -226,16 +226,6 @@ def decode(raw: bytes | None, kind: type[R]) -> R:
 
 def encode(record: AlertState | Silence | Notification | CommandAudit | TwinRecord | Emergency) -> bytes:
     return msgspec.json.encode(record)
-
-
-def iso_time(ms: int) -> str:
-    """Epoch milliseconds as ISO 8601 UTC (``2025-11-22T04:00:00.000Z``): every time in the
-    text of an alert record, whoever writes it (the job, the responder's escalations).
-
-    >>> iso_time(1_763_784_000_000)
-    '2025-11-22T04:00:00.000Z'
-    """
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def stable_id(*parts: object, length: int = 16) -> str:

@@ -27,7 +27,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from iotwatch.contract import DeviceType
+from iotwatch.contract.telemetry import DeviceType
 
 __all__ = [
     "DANGER_LIMITS",

@@ -1,0 +1,31 @@
+"""The contract: every record that crosses a process boundary, one typed, versioned
+definition each, used by its producers, its consumers and the tests.
+
+Where each record travels, who writes it and who reads it (record: where it travels;
+producers -> consumers):
+
+- :class:`.telemetry.Telemetry`: MQTT ``iot/<site>/<type>/<id>/telemetry``, then the raw
+  Kafka topic; devices (simulators) -> gateway (validates), streaming job.
+- device status (:func:`.device_topics.status_payload`): MQTT ``.../status``, retained;
+  devices and their last will -> gateway.
+- :class:`.commands.Command`: MQTT ``.../commands``; responder, ``iotwatch devices set``
+  -> devices. :class:`.commands.CommandReply`: ``.../commands/ack``; devices -> responder.
+  :class:`.commands.TwinReport`: ``.../twin/reported``; devices -> responder.
+- :class:`.alerts.AlertRecord`: the alert topic; streaming job, responder (escalations)
+  -> ``alerts tail``/``forward``/``list``, responder, demo, ``replay``, bench.
+- :mod:`.oncall` records (alert state, silences, notifications, command audits, twins,
+  emergencies): the on-call topics; the on-call tools, forwarder and responder -> the same.
+- :class:`.dead_letters.DeadLetter`: the dead-letter topic (original bytes, the reason in
+  headers); gateway, streaming job, responder, forwarder -> operators, the demo's accounting.
+- :class:`.model_updates.ModelUpdate`: the model-updates topic; model registry
+  (``iotwatch train``) -> the streaming job's model watcher.
+- :mod:`.aggregates`: InfluxDB points; streaming job, forwarder, responder -> Grafana
+  dashboards.
+
+The metric catalogue (:mod:`.metric_catalog`: units, physical ranges, danger limits,
+which metrics are scored) is part of the contract: the simulators publish by it and the
+job cleans and judges by it.
+
+Import a name from the module that defines it (``from iotwatch.contract.alerts import
+AlertRecord``): one home per name.
+"""
