@@ -4,10 +4,11 @@ Measurement anomalies change one metric of the readings (the type's primary metr
 unless told otherwise): ``spike``, ``level_shift``, ``drift``, ``flatline`` (stuck-at),
 ``noise_burst``, ``out_of_range``; ``dropout`` silences the device (its ``seq`` still
 advances, so the gap is visible). Physical anomalies change the device model itself:
-``hvac_stuck`` (thermostat), ``leak`` (leak sensor), ``harsh_braking``, ``crash`` and
+``stuck_hvac`` (thermostat), ``water_leak`` (leak sensor), ``harsh_braking``, ``crash`` and
 ``overheating`` (vehicle; only when named in ``--anomalies`` or a scenario, so seeded runs
 that name no kinds draw what they always drew). Transport faults (:mod:`devices.faults`) share the same machinery.
-Names match the detectors' ``detects`` sets in ``models/``.
+The kind names are the contract's (:class:`iotwatch.contract.detection.AnomalyKind`), as is
+the table of the rules that may report each.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
+from iotwatch.contract.detection import KIND_ALIASES
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
 
@@ -61,8 +63,8 @@ KINDS: dict[str, Kind] = {
         Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
         Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
         Kind("dropout", ANOMALY, (30.0, 300.0)),
-        Kind("hvac_stuck", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
-        Kind("leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
+        Kind("stuck_hvac", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
+        Kind("water_leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
         Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
         Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
         Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
@@ -81,6 +83,7 @@ ALIASES = {
     "duplicates": "duplicate",
     "reorder": "out_of_order",
     "skew": "clock_skew",
+    **KIND_ALIASES,
 }
 MALFORMED_VARIANTS = (
     "truncated",

@@ -27,6 +27,7 @@ from devices.ground_truth import write_ground_truth
 from devices.publisher import Publisher
 from devices.simulation import Simulation
 from iotwatch.settings import MqttSettings
+from iotwatch.stats import quantile
 
 __all__ = ["RunOptions", "run"]
 
@@ -325,7 +326,7 @@ def _merge(
     latencies = np.array([x for p in parts for x in p["latencies"]], dtype=np.float64)
     latency = None
     if options.qos == 1 and len(latencies):
-        p50, p99 = np.percentile(latencies, [50, 99])
+        p50, p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
         latency = {
             "p50_ms": round(float(p50), 3),
             "p99_ms": round(float(p99), 3),

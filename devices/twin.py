@@ -18,6 +18,7 @@ from devices.home.contact import LeakSensorGroup
 from devices.home.thermostat import ThermostatGroup
 from devices.vehicle import VehicleGroup
 from iotwatch.contract.commands import SET_PROPERTIES, TwinProperties, twin_properties
+from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.telemetry import ContractViolation
 
 #: The firmware every simulated device starts with.
@@ -57,7 +58,7 @@ class DeviceTwins:
             return self._set(group, i, desired, end, command_id)
         key = (group.device_type, command)
         if key == ("thermostat", "reset_hvac"):
-            end("hvac_stuck", command_id)  # the relay unsticks
+            end(AnomalyKind.STUCK_HVAC.value, command_id)  # the relay unsticks
             return None
         corrective = {
             ("leak_sensor", "close_valve"): TwinProperties(valve="closed"),
@@ -81,7 +82,7 @@ class DeviceTwins:
         if desired.valve is not None:
             if desired.valve == "closed":
                 self.valve_closed.add(device_id)
-                end("leak", command_id)  # the water stops
+                end(AnomalyKind.WATER_LEAK.value, command_id)  # the water stops
             else:
                 self.valve_closed.discard(device_id)
         if desired.limp_mode is not None and isinstance(group, VehicleGroup):

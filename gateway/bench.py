@@ -52,6 +52,7 @@ from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import MqttSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.process import free_port
+from iotwatch.stats import quantiles
 
 #: Messages a publisher may have unacknowledged (paho's packet ids wrap at 65,535).
 _PUBLISH_WINDOW = 5000
@@ -140,13 +141,6 @@ def _publish(
     for worker in workers:
         worker.join()
     return start_at
-
-
-def _quantiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p99": None}
-    ordered = sorted(values)
-    return {"p50": ordered[len(ordered) // 2], "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]}
 
 
 def _rate(count: int, first: float, last: float) -> float:
@@ -372,7 +366,11 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     client.disconnect()
     client.loop_stop()
     counted = _counted(latencies, started)
-    return {"messages": len(counted), "input_msgs_per_s": _offered_rate(latencies), "latency_ms": _quantiles(counted)}
+    return {
+        "messages": len(counted),
+        "input_msgs_per_s": _offered_rate(latencies),
+        "latency_ms": quantiles(counted, (0.5, 0.99), digits=3),
+    }
 
 
 def latency_gateway(
@@ -420,8 +418,8 @@ def latency_gateway(
         "messages": len(_counted(readable, started)),
         "received": len(readable),
         "input_msgs_per_s": _offered_rate(readable),
-        "latency_ms": _quantiles(_counted(readable, started)),
-        "publish_to_create_time_ms": _quantiles(_counted(created, started)),
+        "latency_ms": quantiles(_counted(readable, started), (0.5, 0.99), digits=3),
+        "publish_to_create_time_ms": quantiles(_counted(created, started), (0.5, 0.99), digits=3),
         "gateway_delivery_ms": {q: summary.get(f"delivery_latency_ms_{q}") for q in ("p50", "p99")},
     }
 

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from iotwatch.stats import quantiles
+
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -60,7 +62,8 @@ class GatewayStats:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            latencies = sorted(list(self.recent_latencies_s))  # list(): one atomic copy
+            latencies_ms = [s * 1000 for s in list(self.recent_latencies_s)]  # list(): one atomic copy
+            delivery = quantiles(latencies_ms, (0.5, 0.99), digits=3)
             return {
                 "received": self.received,
                 "forwarded": self.forwarded,
@@ -74,16 +77,10 @@ class GatewayStats:
                 "oldest_inflight_s": round(self.oldest_inflight_s, 3),
                 "kafka_up": self.kafka_up,
                 "mqtt_connected": self.mqtt_connected,
-                "delivery_latency_ms_p50": _quantile_ms(latencies, 0.50),
-                "delivery_latency_ms_p99": _quantile_ms(latencies, 0.99),
+                "delivery_latency_ms_p50": delivery["p50"],
+                "delivery_latency_ms_p99": delivery["p99"],
                 "uptime_s": round(time.time() - self.started_at, 1),
             }
-
-
-def _quantile_ms(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
 
 
 class _StatsCollector(Collector):

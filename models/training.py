@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from iotwatch.errors import IotwatchError
+from iotwatch.stats import quantile
 from models.iforest import IsolationForest
 from models.registry import ModelRegistry, ModelVersion, TrainedOn
 
@@ -139,7 +140,7 @@ def evaluation_figures(scores: np.ndarray, threshold: float) -> dict[str, Any]:
         return {"rows": 0}
     figures: dict[str, Any] = {"rows": len(scores), "mean": round(float(scores.mean()), 4)}
     for q in QUANTILES:
-        figures[f"p{q * 100:g}"] = round(float(np.quantile(scores, q)), 4)
+        figures[f"p{q * 100:g}"] = round(float(quantile(scores, q)), 4)
     figures["max"] = round(float(scores.max()), 4)
     figures["threshold"] = threshold
     figures["contamination"] = round(float((scores >= threshold).mean()), 6)

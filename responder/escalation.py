@@ -7,9 +7,10 @@ restarts writes the same record again, not a second escalation."""
 from __future__ import annotations
 
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, Severity
+from iotwatch.contract.detection import Rule
 from iotwatch.contract.oncall import CommandAudit, stable_id
 
-RULE = "command_escalation"
+RULE = Rule.COMMAND_ESCALATION.value
 SEVERITY = Severity.CRITICAL
 
 

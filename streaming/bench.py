@@ -29,6 +29,7 @@ from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
+from iotwatch.stats import quantile, quantiles
 from models.catalog import make
 
 SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-up)
@@ -234,7 +235,6 @@ def measure_latency(
                 latencies.append(message.timestamp()[1] - alert.first_event_ms)
     consumer.close()
     latencies.sort()
-    quantile = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] if values else None  # noqa: E731
     injected = sum(len(v) for v in spikes.values())
     return {
         "input_rate_records_per_s": rate,
@@ -244,11 +244,10 @@ def measure_latency(
         "spikes_injected": injected,
         "spikes_alerted": len(latencies),
         "latency_ms": {
-            "p50": quantile(latencies, 0.5),
-            "p99": quantile(latencies, 0.99),
+            **quantiles(latencies, (0.5, 0.99), digits=1),
             "max": latencies[-1] if latencies else None,
         },
-        "batch_ms_p50": sorted(batches)[len(batches) // 2] if batches else None,
+        "batch_ms_p50": quantile(batches, 0.5),
         "trigger_interval_s": stream.trigger_interval_s,
     }
 

@@ -20,49 +20,28 @@ from typing import Protocol
 
 import numpy as np
 
+from iotwatch.contract.detection import Rule
 from iotwatch.contract.metric_catalog import danger_limits
 from iotwatch.settings import StreamSettings
 from models.crash import CrashDeceleration
 from streaming.alerting import Observation, RuleSpec
 from streaming.cleaning import physical_range
 
-ANOMALY = "anomaly_score"
-OUT_OF_RANGE = "out_of_range"
-CRASH = "crash"
-HARSH_BRAKING = "harsh_braking"
-LEAK = "water_leak"
-STUCK_HVAC = "stuck_hvac"
-SILENT = "device_silent"
-FLEET = "fleet_anomaly"
-COOLANT = "coolant_overheating"
-BATTERY = "battery_low"
-HUMIDITY = "humidity_high"
+ANOMALY = Rule.ANOMALY_SCORE.value
+OUT_OF_RANGE = Rule.OUT_OF_RANGE.value
+CRASH = Rule.CRASH.value
+HARSH_BRAKING = Rule.HARSH_BRAKING.value
+LEAK = Rule.WATER_LEAK.value
+STUCK_HVAC = Rule.STUCK_HVAC.value
+SILENT = Rule.DEVICE_SILENT.value
+FLEET = Rule.FLEET_ANOMALY.value
+COOLANT = Rule.COOLANT_OVERHEATING.value
+BATTERY = Rule.BATTERY_LOW.value
+HUMIDITY = Rule.HUMIDITY_HIGH.value
 #: The rules of the catalogue's danger limits, and their severities.
 DANGER_RULES: dict[str, str] = {limit.rule: limit.severity for _, _, limit in danger_limits()}
 if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
     raise RuntimeError(f"the metric catalogue's danger rules {sorted(DANGER_RULES)} are not the engine's")
-
-#: Rules that may report an anomaly of a measurement (a spike, a drift...): the detectors,
-#: the thermostat's HVAC rule (a drifting temperature sensor fools the HVAC) and, once the
-#: metric is carried past a danger limit of the catalogue, that limit's rule.
-MEASUREMENT_RULES = frozenset({ANOMALY, FLEET, STUCK_HVAC, *DANGER_RULES})
-#: Which rules may report each anomaly kind the simulator injects
-#: (:data:`devices.anomalies.KINDS`): an alert of another rule does not detect it. The one
-#: table that ``iotwatch evaluate --simulated`` and the demo's accounting judge alerts by.
-RULES_FOR_ANOMALY_KIND: dict[str, frozenset[str]] = {
-    "spike": MEASUREMENT_RULES,
-    "level_shift": MEASUREMENT_RULES,
-    "drift": MEASUREMENT_RULES,
-    "flatline": MEASUREMENT_RULES,
-    "noise_burst": MEASUREMENT_RULES,
-    "out_of_range": frozenset({OUT_OF_RANGE}),
-    "dropout": frozenset({SILENT}),
-    "hvac_stuck": frozenset({STUCK_HVAC, ANOMALY}),
-    "leak": frozenset({LEAK}),
-    "harsh_braking": frozenset({HARSH_BRAKING, CRASH, ANOMALY}),
-    "crash": frozenset({CRASH}),
-    "overheating": frozenset({COOLANT, ANOMALY, OUT_OF_RANGE}),
-}
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:

@@ -600,3 +600,20 @@ def test_both_alert_producers_write_the_contract_record() -> None:
     escalation = escalation_record(raised, audit, AlertLifecycle.RAISED, "timed out", 9, "https://runbook")
     assert decode_alert(encode_alert(escalation)) == escalation
     assert (escalation.rule, escalation.caused_by, escalation.first_event_ms) == (RULE, raised.alert_id, 1_000)
+
+
+def test_one_spelling_per_rule_and_anomaly_kind() -> None:
+    """Every rule the job can raise and the responder's escalation are contract rules; the
+    simulators inject exactly the contract's anomaly kinds, each judged by the one table;
+    the earlier spellings of two kinds still resolve, to the one spelling."""
+    from devices.anomalies import ANOMALY, KINDS, resolve_kind
+    from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
+    from iotwatch.settings import StreamSettings
+    from responder.escalation import RULE
+    from streaming.rules import rule_specs
+
+    assert {*rule_specs(StreamSettings(), "ensemble"), RULE} == {rule.value for rule in Rule}
+    injected = {name for name, kind in KINDS.items() if kind.category == ANOMALY}
+    assert injected == {kind.value for kind in AnomalyKind} == set(RULES_FOR_ANOMALY_KIND)
+    assert all(rules <= {rule.value for rule in Rule} for rules in RULES_FOR_ANOMALY_KIND.values())
+    assert (resolve_kind("hvac_stuck").name, resolve_kind("leak").name) == ("stuck_hvac", "water_leak")

@@ -17,12 +17,12 @@ from dashboards.queries import queries
 from devices.anomalies import ANOMALY, KINDS
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
 from iotwatch.demo.accounting import END_OF_RUN, FALSE_ALARM, MATCHED, match_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
 from models.evaluation.simulated import PLAUSIBLE_RULES
-from streaming.rules import RULES_FOR_ANOMALY_KIND
 
 INTERVALS = {"thermostat": 1000, "vehicle_edr": 100}
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.demo.closed_loop import summarise, timings
 from iotwatch.demo.report import plot_closed_loop
+from tests.alerts.conftest import make_alert
 
 
 def audit(command_id: str, alert_id: str, issued: int, *steps: tuple[str, int]) -> CommandAudit:
@@ -31,18 +33,24 @@ def audit(command_id: str, alert_id: str, issued: int, *steps: tuple[str, int]) 
     return record
 
 
+def alert(alert_id: str, state: str, detected_at_ms: int) -> AlertRecord:
+    return make_alert(
+        "d", "leak_sensor", "s", "water_leak", "critical", state, 0, alert_id=alert_id, detected_at_ms=detected_at_ms
+    )
+
+
 def test_times_to_command_ack_and_recovery() -> None:
     alerts = [
-        {"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
-        {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000},
-        {"alert_id": "a2", "state": "raised", "detected_at_ms": 2_000},
+        alert("a1", "raised", 1_000),
+        alert("a1", "cleared", 9_000),
+        alert("a2", "raised", 2_000),
     ]
     trail = [
         audit("c1", "a1", 1_500, ("sent", 1_500)),  # superseded by its later record
         audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800)),
         audit("c2", "a2", 4_000, ("sent", 4_000), ("timed_out", 64_000)),
     ]
-    result = summarise(trail, alerts, [{"kind": "leak", "ended_by_command": "c1"}, {"kind": "spike"}])
+    result = summarise(trail, alerts, [{"kind": "water_leak", "ended_by_command": "c1"}, {"kind": "spike"}])
     assert result["commands"] == 2 and result["outcomes"] == {"done": 1, "timed_out": 1}
     assert result["time_to_command_s"]["n"] == 2 and result["time_to_command_s"]["p50"] == 1.25  # 0.5 s and 2 s
     assert result["time_to_device_ack_s"] == {"p50": 0.2, "p99": 0.2, "n": 1}
@@ -53,8 +61,8 @@ def test_times_to_command_ack_and_recovery() -> None:
 
 def test_the_closed_loop_plot(tmp_path: Path) -> None:
     alerts = [
-        {"alert_id": "a1", "state": "raised", "detected_at_ms": 1_000},
-        {"alert_id": "a1", "state": "cleared", "detected_at_ms": 9_000},
+        alert("a1", "raised", 1_000),
+        alert("a1", "cleared", 9_000),
     ]
     trail = [audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800))]
     _, found = timings(trail, alerts)

@@ -10,7 +10,6 @@ must be archived, or dead-lettered by the stream as late. Whatever is left is lo
 from __future__ import annotations
 
 import json
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.detection import MEASUREMENT_RULES, RULES_FOR_ANOMALY_KIND
+from iotwatch.stats import quantile
 from streaming import rules
 
 #: Rules that count as detecting each anomaly kind the simulator injects: the table
 #: ``iotwatch evaluate --simulated`` judges by too.
-RULES_FOR_KIND = rules.RULES_FOR_ANOMALY_KIND
+RULES_FOR_KIND = RULES_FOR_ANOMALY_KIND
 #: Rules whose alert an anomaly of a metric explains (no false alarm) though they need not
 #: count as detecting its kind: the measurement rules, and a value pushed out of range.
-SCORE_RULES = rules.MEASUREMENT_RULES | {rules.OUT_OF_RANGE}
+SCORE_RULES = MEASUREMENT_RULES | {rules.OUT_OF_RANGE}
 #: Other rules an anomaly explains (no false alarm), besides its own and the score rules:
 #: a crash's deceleration passes through the harsh-braking band.
 ALSO_EXPLAINS: dict[str, frozenset[str]] = {"crash": frozenset({rules.HARSH_BRAKING})}
@@ -174,7 +175,7 @@ def match_alerts(
     for stats in per_kind.values():
         stats["recall"] = round(stats["detected"] / stats["injected"], 3)
         delays = stats.pop("delays_s")
-        stats["median_delay_s"] = round(statistics.median(delays), 2) if delays else None
+        stats["median_delay_s"] = _rounded(quantile(delays, 0.5), 2)
     ends = last_seq or {}
     verdicts: dict[str, str] = {}
     for alert in raised:
@@ -199,10 +200,14 @@ def match_alerts(
         "precision": round(matched / judged, 3) if judged else None,
         "false_alarms": len(false_alarms),
         "false_alarms_by_rule": dict(sorted(_count(a.rule for a in false_alarms).items())),
-        "median_delay_readings": round(statistics.median(delays_readings), 1) if delays_readings else None,
+        "median_delay_readings": _rounded(quantile(delays_readings, 0.5), 1),
         "by_kind": dict(sorted(per_kind.items())),
     }
     return summary, verdicts
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

@@ -12,10 +12,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
+from iotwatch.stats import quantiles
 
 
 def timings(
@@ -39,7 +38,7 @@ def timings(
             found["time_to_device_ack"].append(accepted.at_ms - audit.issued_at_ms)
         clear = cleared.get(audit.alert_id)
         if clear is not None and audit.status == CommandOutcome.DONE:
-            found["time_to_recovery"].append(int(clear["detected_at_ms"]) - audit.issued_at_ms)
+            found["time_to_recovery"].append(clear.detected_at_ms - audit.issued_at_ms)
     return latest, found
 
 
@@ -62,5 +61,4 @@ def summarise(
 def _percentiles(values_ms: list[int]) -> dict[str, float | None]:
     if not values_ms:
         return {"p50": None, "p99": None, "n": 0}
-    p50, p99 = np.percentile(np.array(values_ms, dtype=float) / 1000.0, [50, 99])
-    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "n": len(values_ms)}
+    return {**quantiles([v / 1000.0 for v in values_ms], (0.5, 0.99), digits=3), "n": len(values_ms)}

@@ -77,7 +77,7 @@ class OnCallPerson:
         waiting = [
             v
             for v in book.select(open_only=True)
-            if not v.acked and v.record.get("rule") != "device_silent" and (v.raised_ms or now) <= now - self.min_age_ms
+            if not v.acked and v.record.rule != "device_silent" and (v.raised_ms or now) <= now - self.min_age_ms
         ]
         if not waiting:
             return

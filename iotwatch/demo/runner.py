@@ -33,6 +33,7 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.demo import accounting, closed_loop, report
@@ -43,6 +44,7 @@ from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
 from iotwatch.stack.process import free_port
+from iotwatch.stats import quantile
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +280,7 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     planned += (
         [
             {
-                "kind": "leak",
+                "kind": AnomalyKind.WATER_LEAK.value,
                 "devices": "home-0000[0-2]-leak_sensor-*",
                 "at_s": max(options.anomalies_after_s, 0.2 * span_s),
                 "duration_s": span_s,
@@ -403,8 +405,8 @@ def _summarise(
         "latency_ms": {
             "gateway_delivery_p50": gateway.get("delivery_latency_ms_p50"),
             "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
-            "raw_append_to_alert_p50": latencies[len(latencies) // 2] if latencies else None,
-            "raw_append_to_alert_p99": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+            "raw_append_to_alert_p50": quantile(latencies, 0.5),
+            "raw_append_to_alert_p99": quantile(latencies, 0.99),
         },
         "closed_loop": closed_loop.summarise(audits, alerts, truth),
         "dashboards": check_dashboards(

@@ -13,13 +13,13 @@ threshold is optimised over the whole corpus as NAB does, and at that threshold:
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from iotwatch.stats import quantile
 from models.catalog import make
 from models.evaluation.nab_scoring import (
     PROBATION_PERCENT,
@@ -115,8 +115,8 @@ def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any
         "precision": _r(precision),
         "recall": _r(recall),
         "f1": _r(f1),
-        "median_delay_rows": _r(statistics.median(delays_rows) if delays_rows else None),
-        "median_delay_s": _r(statistics.median(delays_s) if delays_s else None),
+        "median_delay_rows": _r(quantile(delays_rows, 0.5)),
+        "median_delay_s": _r(quantile(delays_s, 0.5)),
         "false_alarms_per_device_day": _r((alarms - true_alarms) / days if days > 1e-6 else None),
     }
 

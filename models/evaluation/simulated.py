@@ -36,7 +36,6 @@ Deterministic: equal arguments give an equal report (wall-clock seconds aside).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -46,7 +45,9 @@ from typing import Any
 from devices.anomalies import ANOMALY, KINDS, TRANSPORT
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
+from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
 from iotwatch.settings import StreamSettings
+from iotwatch.stats import quantile
 from streaming import rules
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.state_store import MemoryStore
@@ -72,7 +73,7 @@ _DAY_MS = 86_400_000
 _AFTERMATH_MAX_MS = 3_600_000
 
 #: Which rules may report each anomaly kind (one table, shared with the demo's accounting).
-PLAUSIBLE_RULES = rules.RULES_FOR_ANOMALY_KIND
+PLAUSIBLE_RULES = RULES_FOR_ANOMALY_KIND
 
 #: The issue's goals: recall at least, the rest at most (drift delay in seconds of event time).
 GOALS: dict[str, float] = {
@@ -255,17 +256,6 @@ def run_alerts(
 # -- matching ------------------------------------------------------------------------------------
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile, linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
@@ -346,12 +336,12 @@ def match(
             "f1": _r(f1),
             "false_alarms": false,
             "false_alarms_per_device_day": _r(false / days if days else None),
-            "median_delay_readings": _r(_quantile(rows_d, 0.5), 2),
-            "p90_delay_readings": _r(_quantile(rows_d, 0.9), 2),
-            "median_delay_s": _r(_quantile(secs_d, 0.5), 1),
-            "p90_delay_s": _r(_quantile(secs_d, 0.9), 1),
+            "median_delay_readings": _r(quantile(rows_d, 0.5), 2),
+            "p90_delay_readings": _r(quantile(rows_d, 0.9), 2),
+            "median_delay_s": _r(quantile(secs_d, 0.5), 1),
+            "p90_delay_s": _r(quantile(secs_d, 0.9), 1),
             "detected_by": dict(sorted(_count(h[0].rule for h in hits).items())),
-            "median_window_readings": _r(_quantile([float(r["messages"]) for r in records], 0.5), 1),
+            "median_window_readings": _r(quantile([float(r["messages"]) for r in records], 0.5), 1),
         }
 
     per_rule: dict[str, Any] = {}
@@ -391,10 +381,10 @@ def match(
         "alerts": len(verdict),
         "false_alarms": total_false,
         "false_alarms_per_device_day": _r(total_false / device_days if device_days else None),
-        "median_delay_readings": _r(_quantile([h[1] for h in hits_all], 0.5), 2),
-        "p90_delay_readings": _r(_quantile([h[1] for h in hits_all], 0.9), 2),
-        "median_delay_s": _r(_quantile([h[2] for h in hits_all], 0.5), 1),
-        "p90_delay_s": _r(_quantile([h[2] for h in hits_all], 0.9), 1),
+        "median_delay_readings": _r(quantile([h[1] for h in hits_all], 0.5), 2),
+        "p90_delay_readings": _r(quantile([h[1] for h in hits_all], 0.9), 2),
+        "median_delay_s": _r(quantile([h[2] for h in hits_all], 0.5), 1),
+        "p90_delay_s": _r(quantile([h[2] for h in hits_all], 0.9), 1),
         "device_days": _r(device_days, 2),
     }
     transport = [r for r in fleet.truth if r["category"] == TRANSPORT]

@@ -283,7 +283,7 @@ def test_normal_driving_stays_within_physical_ranges() -> None:
 
 def test_stuck_hvac_makes_the_room_run_away(tmp_path: Path) -> None:
     base = SimConfig(seed=4, homes=6, vehicles=0, rate=1 / 30, start_ms=START_MS, mix={"thermostat": 1}, tick_ms=30_000)
-    plan = _scenario(tmp_path, [{"kind": "hvac_stuck", "devices": "*", "at_s": 3600, "duration_s": 6 * 3600}])
+    plan = _scenario(tmp_path, [{"kind": "stuck_hvac", "devices": "*", "at_s": 3600, "duration_s": 6 * 3600}])
     clean = telemetry_by_device(generate(base, 8 * 3600))
     stuck = telemetry_by_device(generate(base.model_copy(update={"scenario": plan}), 8 * 3600))
     for device_id, readings in stuck.items():
@@ -333,7 +333,7 @@ def test_normal_driving_never_triggers_the_recorder() -> None:
 
 
 def test_leak_raises_events(tmp_path: Path) -> None:
-    plan = _scenario(tmp_path, [{"kind": "leak", "devices": "*", "at_s": 5, "duration_s": 10}])
+    plan = _scenario(tmp_path, [{"kind": "water_leak", "devices": "*", "at_s": 5, "duration_s": 10}])
     config = SimConfig(seed=1, homes=2, vehicles=0, start_ms=START_MS, mix={"leak_sensor": 1}, scenario=plan)
     by_device = telemetry_by_device(generate(config, 30))
     for readings in by_device.values():

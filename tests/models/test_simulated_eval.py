@@ -20,7 +20,7 @@ from models.evaluation.simulated import (
     simulate,
 )
 
-OBVIOUS = ("spike", "leak", "crash", "out_of_range", "dropout")
+OBVIOUS = ("spike", "water_leak", "crash", "out_of_range", "dropout")
 MIX = {"thermostat": 1, "smart_meter": 1, "door_sensor": 1, "leak_sensor": 1}
 
 
@@ -58,7 +58,7 @@ def test_generation_and_evaluation_are_deterministic(fleet, defaults) -> None:
     assert first["overall"]["windows"] == sum(k["windows"] for k in first["kinds"].values())
 
 
-@pytest.mark.parametrize("kind", ["leak", "crash", "out_of_range", "dropout"])
+@pytest.mark.parametrize("kind", ["water_leak", "crash", "out_of_range", "dropout"])
 def test_rule_kinds_are_detected_with_the_current_defaults(defaults, kind: str) -> None:
     stats = defaults["kinds"][kind]
     assert stats["windows"] >= 1, stats
@@ -72,7 +72,7 @@ def test_spikes_are_reliably_detected_at_once(defaults, recommended) -> None:
     for report in (defaults, recommended):
         spike = report["kinds"]["spike"]
         assert spike["recall"] >= 0.8 and spike["median_delay_readings"] == 0, spike
-        for kind in ("leak", "crash", "out_of_range", "dropout"):
+        for kind in ("water_leak", "crash", "out_of_range", "dropout"):
             assert report["kinds"][kind]["recall"] >= 0.9, (kind, report["kinds"][kind])
     assert defaults["overall"]["false_alarms_per_device_day"] <= 1.0, defaults["overall"]
 

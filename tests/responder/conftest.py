@@ -30,8 +30,8 @@ def home_with_faults(tmp_path: Path, *, vehicle_overheats: bool = False, ticks: 
     start; with ``vehicle_overheats`` also a vehicle whose engine overheats from the start."""
     scenario = tmp_path / "faults.json"
     anomalies = [
-        {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
-        {"kind": "leak", "devices": LEAK, "at_s": 0, "duration_s": 3600},
+        {"kind": "stuck_hvac", "devices": THERMOSTAT, "at_s": 0, "duration_s": 7200},
+        {"kind": "water_leak", "devices": LEAK, "at_s": 0, "duration_s": 3600},
     ]
     if vehicle_overheats:
         anomalies.append({"kind": "overheating", "devices": VEHICLE, "at_s": 0, "duration_s": 7200})

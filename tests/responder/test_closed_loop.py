@@ -38,8 +38,8 @@ def scenario(tmp_path: Path) -> Path:
         json.dumps(
             {
                 "anomalies": [
-                    {"kind": "hvac_stuck", "devices": THERMOSTAT, "at_s": 5, "duration_s": 7200},
-                    {"kind": "leak", "devices": LEAK, "at_s": 20, "duration_s": 3600},
+                    {"kind": "stuck_hvac", "devices": THERMOSTAT, "at_s": 5, "duration_s": 7200},
+                    {"kind": "water_leak", "devices": LEAK, "at_s": 20, "duration_s": 3600},
                 ]
             }
         )
@@ -159,6 +159,6 @@ def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
 
     # the ground truth says the faults ended because of the commands; the devices counted them
     truth = {r["kind"]: r for r in map(json.loads, (tmp_path / "truth.jsonl").read_text().splitlines())}
-    assert truth["hvac_stuck"]["ended_by_command"] == audits[THERMOSTAT].command_id
-    assert truth["leak"]["ended_by_command"] == audits[LEAK].command_id
+    assert truth["stuck_hvac"]["ended_by_command"] == audits[THERMOSTAT].command_id
+    assert truth["water_leak"]["ended_by_command"] == audits[LEAK].command_id
     assert summary["commands"] == {"accepted": 2, "done": 2}

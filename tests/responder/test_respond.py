@@ -140,8 +140,8 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert sorted(header_value(m.headers(), H_REASON) for m in dead) == ["invalid_json", "unknown_command"]
     assert {header_value(m.headers(), H_STAGE) for m in dead} == {"responder"}
     truth = {r["kind"]: r for r in sim.injector.records}
-    assert truth["hvac_stuck"]["ended_by_command"] == audits[(THERMOSTAT, 1)].command_id
-    assert truth["leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
+    assert truth["stuck_hvac"]["ended_by_command"] == audits[(THERMOSTAT, 1)].command_id
+    assert truth["water_leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
 
     # a restart rebuilds the state from the topics: nothing is sent again
     running = responding(settings)
