@@ -25,6 +25,7 @@ from influxdb_client import Point
 
 from alerts.book import AlertBook, AlertView, detected_ms
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
+from iotwatch.contract.measurements import ALERT_ACKS, ALERT_RESOLUTIONS, ONCALL_ALERTS
 from iotwatch.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,18 +52,17 @@ class LifecycleMetrics:
         }
         if view.acked and (view.alert_id, "ack") not in self.written:
             self.written.add((view.alert_id, "ack"))
-            point = Point("alert_acks").field("seconds_to_ack", float(view.seconds_to_ack() or 0.0))
-            point = point.field("by", view.ack.by).field("alert_id", view.alert_id)  # type: ignore[union-attr]
-            self.pending.append(_at(_tagged(point, tags), view.ack.at_ms, view.alert_id))  # type: ignore[union-attr]
+            ack = view.ack
+            assert ack is not None
+            fields = {"seconds_to_ack": float(view.seconds_to_ack() or 0.0), "by": ack.by, "alert_id": view.alert_id}
+            self.pending.append(ALERT_ACKS.point(tags, fields, event_time_ns(ack.at_ms, view.alert_id), "ns"))
         if view.cleared is not None and (view.alert_id, "clear") not in self.written:
             self.written.add((view.alert_id, "clear"))
-            point = (
-                Point("alert_resolutions")
-                .tag("acked", "true" if view.acked else "false")
-                .field("seconds_to_clear", float(view.seconds_to_clear() or 0.0))
-                .field("alert_id", view.alert_id)
+            fields = {"seconds_to_clear": float(view.seconds_to_clear() or 0.0), "alert_id": view.alert_id}
+            at = event_time_ns(detected_ms(view.cleared), view.alert_id)
+            self.pending.append(
+                ALERT_RESOLUTIONS.point({**tags, "acked": "true" if view.acked else "false"}, fields, at, "ns")
             )
-            self.pending.append(_at(_tagged(point, tags), detected_ms(view.cleared), view.alert_id))
 
     def forget(self, alert_ids: set[str]) -> None:
         """Forget that these alerts' points were queued (the forwarder dropped the alerts)."""
@@ -94,22 +94,11 @@ class LifecycleMetrics:
                 counts[(*group, state)] += 1
                 self.seen_groups.add(group)
         return [
-            Point("oncall_alerts")
-            .tag("site", site)
-            .tag("severity", severity)
-            .field("open", counts[(site, severity, "open")])
-            .field("acknowledged", counts[(site, severity, "acknowledged")])
-            .field("silenced", counts[(site, severity, "silenced")])
-            .time(now_ms * 1_000_000, "ns")
+            ONCALL_ALERTS.point(
+                {"site": site, "severity": severity},
+                {state: counts[(site, severity, state)] for state in ("open", "acknowledged", "silenced")},
+                now_ms * 1_000_000,
+                "ns",
+            )
             for site, severity in sorted(self.seen_groups)
         ]
-
-
-def _tagged(point: Point, tags: dict[str, str]) -> Point:
-    for name, value in tags.items():
-        point = point.tag(name, value)
-    return point
-
-
-def _at(point: Point, ms: int, alert_id: str) -> Point:
-    return point.time(event_time_ns(ms, alert_id), "ns")

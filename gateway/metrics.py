@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from iotwatch.contract.measurements import GATEWAY, GATEWAY_DEAD_LETTERS
 from iotwatch.stats import quantiles
 
 log = logging.getLogger(__name__)
@@ -186,24 +187,20 @@ def wait_healthy(port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) ->
 
 
 def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[Point]:
-    """The ``gateway`` measurement: one point per status period."""
-    point = Point("gateway").tag("instance", instance).time(ts_ms, "ms")
-    for name in ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps", "inflight"):
-        point = point.field(name, int(snapshot[name]))
-    point = point.field("oldest_inflight_s", float(snapshot["oldest_inflight_s"]))
-    point = point.field("kafka_up", int(snapshot["kafka_up"])).field("mqtt_connected", int(snapshot["mqtt_connected"]))
-    for quantile in ("p50", "p99"):
-        value = snapshot[f"delivery_latency_ms_{quantile}"]
-        if value is not None:
-            point = point.field(f"delivery_latency_ms_{quantile}", float(value))
-    points = [point]
+    """The ``gateway`` measurement (one point per status period) and dead letters by reason."""
+    counters = ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps", "inflight")
+    fields: dict[str, float | int | None] = {name: int(snapshot[name]) for name in counters}
+    fields |= {
+        "oldest_inflight_s": float(snapshot["oldest_inflight_s"]),
+        "kafka_up": int(snapshot["kafka_up"]),
+        "mqtt_connected": int(snapshot["mqtt_connected"]),
+        "delivery_latency_ms_p50": snapshot["delivery_latency_ms_p50"],
+        "delivery_latency_ms_p99": snapshot["delivery_latency_ms_p99"],
+    }
+    points = [GATEWAY.point({"instance": instance}, fields, ts_ms)]
     for reason, count in snapshot["dead_letter_reasons"].items():
         points.append(
-            Point("gateway_dead_letters")
-            .tag("instance", instance)
-            .tag("reason", reason)
-            .field("count", int(count))
-            .time(ts_ms, "ms")
+            GATEWAY_DEAD_LETTERS.point({"instance": instance, "reason": reason}, {"count": int(count)}, ts_ms)
         )
     return points
 

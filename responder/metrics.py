@@ -13,6 +13,7 @@ import logging
 from influxdb_client import Point
 
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
+from iotwatch.contract.measurements import COMMANDS
 from iotwatch.contract.oncall import CommandAudit
 from iotwatch.errors import ServiceUnavailable
 
@@ -26,17 +27,17 @@ def command_point(audit: CommandAudit) -> Point:
     text = f"{audit.name} {audit.status.value} (attempt {audit.attempt}, {audit.issued_by}, rule {audit.rule})"
     if step is not None and step.reason and step.status.value != "sent":
         text += f": {step.reason}"
-    return (
-        Point("commands")
-        .tag("site", audit.site)
-        .tag("device_type", audit.device_type)
-        .tag("device_id", audit.device_id)
-        .tag("name", audit.name)
-        .tag("status", audit.status.value)
-        .field("text", text)
-        .field("command_id", audit.command_id)
-        .field("attempt", audit.attempt)
-        .time(event_time_ns(at_ms, audit.command_id), "ns")
+    return COMMANDS.point(
+        {
+            "site": audit.site,
+            "device_type": audit.device_type,
+            "device_id": audit.device_id,
+            "name": audit.name,
+            "status": audit.status.value,
+        },
+        {"text": text, "command_id": audit.command_id, "attempt": audit.attempt},
+        event_time_ns(at_ms, audit.command_id),
+        "ns",
     )
 
 

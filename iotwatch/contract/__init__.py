@@ -19,8 +19,10 @@ producers -> consumers):
   headers); gateway, streaming job, responder, forwarder -> operators, the demo's accounting.
 - :class:`.model_updates.ModelUpdate`: the model-updates topic; model registry
   (``iotwatch train``) -> the streaming job's model watcher.
-- :mod:`.aggregates`: InfluxDB points; streaming job, forwarder, responder -> Grafana
-  dashboards.
+- :mod:`.measurements`: InfluxDB points (aggregates and metrics); streaming job, gateway,
+  forwarder, responder -> Grafana dashboards.
+- :mod:`.detection`: the rule names alerts carry and the anomaly kinds the simulators'
+  ground truth carries, with the rules that may report each kind.
 
 The metric catalogue (:mod:`.metric_catalog`: units, physical ranges, danger limits,
 which metrics are scored) is part of the contract: the simulators publish by it and the

@@ -1,10 +1,6 @@
-"""InfluxDB points of the streaming job (measurements the dashboards query).
-
-- ``device_metrics``: per device, metric and event-time bucket (tags site, device_type,
-  device_id, metric; fields mean, min, max, last, count, max_score);
-- ``alerts``: one point per raised/cleared alert (tags severity, rule, state, site,
-  device_type, device_id; fields score, value, occurrences, alert_id, message);
-- ``pipeline``: per micro-batch accounting and throughput (tag stage=stream).
+"""The streaming job's InfluxDB points, through the contract's measurements
+(:mod:`iotwatch.contract.measurements`): ``device_metrics`` (closed aggregates),
+``alerts`` and ``pipeline`` (per micro-batch accounting and progress).
 """
 
 from __future__ import annotations
@@ -14,48 +10,36 @@ from typing import Any
 from influxdb_client import Point
 
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.measurements import ALERTS, DEVICE_METRICS, PIPELINE
 
 
 def aggregate_point(row: dict[str, Any]) -> Point:
     """One closed aggregate (:data:`streaming.engine.AGGREGATE_COLUMNS`)."""
-    stats = row
-    point = (
-        Point("device_metrics")
-        .tag("site", row["site"])
-        .tag("device_type", row["device_type"])
-        .tag("device_id", row["device_id"])
-        .tag("metric", row["metric"])
-        .time(int(row["event_ms"]), "ms")
+    return DEVICE_METRICS.point(
+        {name: row[name] for name in ("site", "device_type", "device_id", "metric")},
+        {
+            **{name: float(row[name]) for name in ("mean", "min", "max", "last", "max_score")},
+            "count": int(row["count"]),
+        },
+        int(row["event_ms"]),
     )
-    for name in ("mean", "min", "max", "last", "max_score"):
-        point = point.field(name, float(stats[name]))
-    return point.field("count", int(stats["count"]))
 
 
 def alert_point(alert: AlertRecord) -> Point:
-    point = (
-        Point("alerts")
-        .tag("severity", str(alert.severity))
-        .tag("rule", alert.rule)
-        .tag("state", str(alert.state))
-        .tag("site", alert.site)
-        .tag("device_type", alert.device_type)
-        .tag("device_id", alert.device_id)
-        .field("alert_id", alert.alert_id)
-        .field("message", alert.message)
-        .field("occurrences", alert.occurrences)
-        .field("raised", 1 if alert.raised else 0)
-        .field("score", float(alert.score))
-        .time(alert.detected_at_ms, "ms")
+    tags = {"severity": str(alert.severity), "rule": alert.rule, "state": str(alert.state), "site": alert.site}
+    return ALERTS.point(
+        {**tags, "device_type": alert.device_type, "device_id": alert.device_id},
+        {
+            "alert_id": alert.alert_id,
+            "message": alert.message,
+            "occurrences": alert.occurrences,
+            "raised": 1 if alert.raised else 0,
+            "score": float(alert.score),
+            "value": None if alert.value is None else float(alert.value),
+        },
+        alert.detected_at_ms,
     )
-    if alert.value is not None:
-        point = point.field("value", float(alert.value))
-    return point
 
 
 def pipeline_point(fields: dict[str, float | int], ts_ms: int, stage: str = "stream") -> Point:
-    point = Point("pipeline").tag("stage", stage).time(ts_ms, "ms")
-    for name, value in fields.items():
-        if value is not None:
-            point = point.field(name, value)
-    return point
+    return PIPELINE.point({"stage": stage}, fields, ts_ms)

@@ -59,6 +59,17 @@ def config(seed: int, start_ms: int, faults: Path) -> SimConfig:
     )
 
 
+def night_start_ms(now_ms: int, hour_utc: int = 3) -> int:
+    """The newest past ``hour_utc`` o'clock: the households are asleep, their thermostats in
+    setback whatever the time the test runs (in the evening every simulated household is home
+    and awake, and no seed has a stuck HVAC that passes its setpoint early). Event time then
+    lies hours in the past; nothing here compares it with the wall clock (commands, replies
+    and alert times are wall-clock)."""
+    day_ms, hour_ms = 86_400_000, 3_600_000
+    start = now_ms - now_ms % day_ms + hour_utc * hour_ms
+    return start if start <= now_ms else start - day_ms
+
+
 def seed_with_early_stuck_hvac(start_ms: int, faults: Path, within_s: float = 200.0) -> int:
     """A seed whose household is in its setback hours at ``start_ms``, so the stuck HVAC
     passes the setpoint at once (the rule needs 120 s of overshoot; from the comfort setpoint
@@ -92,8 +103,7 @@ def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
     )
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     faults = scenario(tmp_path)
-    start_ms = int(time.time() * 1000) - int(DURATION_S * 1000 / SPEEDUP) // 1000 * 1000
-    start_ms -= start_ms % 100
+    start_ms = night_start_ms(int(time.time() * 1000))
     seed = seed_with_early_stuck_hvac(start_ms, faults)
 
     job = start(
