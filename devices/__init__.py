@@ -5,7 +5,7 @@ and vehicle event data recorders publishing contract telemetry over MQTT.
   contract's metric catalogue (:mod:`iotwatch.contract.metric_catalog`), which the streaming job's
   checks read too;
 - :mod:`devices.home`, :mod:`devices.vehicle`, :mod:`devices.recorded` -- the device models;
-- :mod:`devices.anomalies`, :mod:`devices.faults`, :mod:`devices.injector`,
+- :mod:`devices.anomaly_kinds`, :mod:`devices.faults`, :mod:`devices.injector`,
   :mod:`devices.scenario`, :mod:`devices.ground_truth` -- injection with ground truth;
 - :mod:`devices.simulation` -- the broker-free, deterministic message generator;
 - :mod:`devices.publisher`, :mod:`devices.broker_run`, :mod:`devices.cli` -- ``iotwatch simulate``;

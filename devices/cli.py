@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from devices import seq_state
-from devices.anomalies import ANOMALY, KINDS, TRANSPORT, check_kinds
+from devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT, check_kinds
 from devices.config import HOME_TYPES, SimConfig
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from iotwatch.clients.mqtt import PersistentSession
-from iotwatch.contract.commands import (
+from iotwatch.contract.device_commands import (
     COMMAND_SCHEMA_VERSION,
     CommandReply,
     CommandStatus,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.anomalies import ANOMALY, TRANSPORT, Kind, apply_measurement, draw_params, kinds_for, resolve_kind
+from devices.anomaly_kinds import ANOMALY, TRANSPORT, Kind, apply_measurement, draw_params, kinds_for, resolve_kind
 from devices.config import SimConfig
 from devices.group import DeviceGroup
 from devices.rng import CounterRng

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from devices import seq_state
-from devices.anomalies import TRANSPORT
+from devices.anomaly_kinds import TRANSPORT
 from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.fleet import build_fleet
@@ -25,7 +25,7 @@ from devices.group import DeviceGroup
 from devices.injector import DRAWS, STATUS, Injector
 from devices.rng import CounterRng
 from devices.twin import DeviceTwins
-from iotwatch.contract.commands import TwinProperties
+from iotwatch.contract.device_commands import TwinProperties
 
 __all__ = ["Outgoing", "STATUS", "Simulation"]
 

@@ -17,8 +17,8 @@ from devices.group import DeviceGroup
 from devices.home.contact import LeakSensorGroup
 from devices.home.thermostat import ThermostatGroup
 from devices.vehicle import VehicleGroup
-from iotwatch.contract.commands import SET_PROPERTIES, TwinProperties, twin_properties
 from iotwatch.contract.detection import AnomalyKind
+from iotwatch.contract.device_commands import SET_PROPERTIES, TwinProperties, twin_properties
 from iotwatch.contract.telemetry import ContractViolation
 
 #: The firmware every simulated device starts with.

@@ -18,7 +18,7 @@ import msgspec
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed, read_to_end
-from iotwatch.contract.commands import (
+from iotwatch.contract.device_commands import (
     COMMAND_SCHEMA_VERSION,
     SET_PROPERTIES,
     TWIN_PROPERTIES,

@@ -8,7 +8,7 @@ persistent session while it is offline (the device rejects them if they expired 
 from __future__ import annotations
 
 from iotwatch.clients.mqtt import PersistentSession
-from iotwatch.contract.commands import Command, encode
+from iotwatch.contract.device_commands import Command, encode
 from iotwatch.contract.device_topics import command_topic
 from iotwatch.settings import MqttSettings
 

@@ -45,14 +45,14 @@ from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, encode_alert
-from iotwatch.contract.commands import (
+from iotwatch.contract.dead_letters import DeadLetter
+from iotwatch.contract.device_commands import (
     COMMAND_SCHEMA_VERSION,
     Command,
     CommandStatus,
     decode_command_reply,
     decode_twin_report,
 )
-from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.device_topics import TWIN_REPORTED_SUFFIX, parse_command_ack_topic, parse_twin_reported_topic
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,

@@ -482,7 +482,7 @@ def test_decode_batch_small_cases() -> None:
 
 
 def test_commands_and_replies_round_trip_and_bad_ones_name_the_reason() -> None:
-    from iotwatch.contract.commands import (
+    from iotwatch.contract.device_commands import (
         Command,
         CommandReply,
         CommandStatus,
@@ -606,7 +606,7 @@ def test_one_spelling_per_rule_and_anomaly_kind() -> None:
     """Every rule the job can raise and the responder's escalation are contract rules; the
     simulators inject exactly the contract's anomaly kinds, each judged by the one table;
     the earlier spellings of two kinds still resolve, to the one spelling."""
-    from devices.anomalies import ANOMALY, KINDS, resolve_kind
+    from devices.anomaly_kinds import ANOMALY, KINDS, resolve_kind
     from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
     from iotwatch.settings import StreamSettings
     from responder.escalation import RULE
@@ -617,3 +617,16 @@ def test_one_spelling_per_rule_and_anomaly_kind() -> None:
     assert injected == {kind.value for kind in AnomalyKind} == set(RULES_FOR_ANOMALY_KIND)
     assert all(rules <= {rule.value for rule in Rule} for rules in RULES_FOR_ANOMALY_KIND.values())
     assert (resolve_kind("hvac_stuck").name, resolve_kind("leak").name) == ("stuck_hvac", "water_leak")
+
+
+def test_dead_letters_read_back_as_written() -> None:
+    from iotwatch.contract.dead_letters import H_VERSION, DeadLetter
+
+    letter = DeadLetter("invalid_json", "line 1", "gateway", b"{oops", b"dev-1", "iot/s/t/d/telemetry")
+    assert DeadLetter.of_message(letter.original, letter.key, letter.headers()) == letter
+    older = [(k, v) for k, v in letter.headers() if k != H_VERSION]  # written before the version header
+    assert DeadLetter.of_message(letter.original, letter.key, older) == letter
+    with pytest.raises(ValueError, match="v=2"):
+        DeadLetter.of_message(b"", None, [(H_VERSION, b"2"), *older])
+    with pytest.raises(ValueError, match="no iotwatch.reason"):
+        DeadLetter.of_message(b"x", None, [])

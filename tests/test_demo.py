@@ -14,7 +14,7 @@ import pytest
 
 from dashboards import build_all
 from dashboards.queries import queries
-from devices.anomalies import ANOMALY, KINDS
+from devices.anomaly_kinds import ANOMALY, KINDS
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND

@@ -10,7 +10,7 @@ import requests
 
 from alerts.book import load_book
 from alerts.routing import load_routing
-from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
+from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.settings import Settings
 from tests.alerts.conftest import make_alert, produce
 
@@ -27,11 +27,11 @@ def test_on_call_person_acknowledges_the_oldest_open_alert(test_settings: Settin
     produce(test_settings.kafka, test_settings.topics.alerts, [old, newer, silent])
     person = OnCallPerson(test_settings, every_s=0, min_age_s=1)
     person.step()
-    assert person.acknowledged == [old["alert_id"]]
+    assert person.acknowledged == [old.alert_id]
     book = load_book(test_settings)
-    assert book.alerts[old["alert_id"]].ack.by == ON_CALL  # type: ignore[union-attr]
+    assert book.alerts[old.alert_id].ack.by == ON_CALL  # type: ignore[union-attr]
     person.step()
-    assert person.acknowledged == [old["alert_id"], newer["alert_id"]]
+    assert person.acknowledged == [old.alert_id, newer.alert_id]
     person.step()  # only the silent device is left: not for the demo's on-call person
     assert len(person.acknowledged) == 2
 

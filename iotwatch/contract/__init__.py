@@ -8,9 +8,9 @@ producers -> consumers):
   Kafka topic; devices (simulators) -> gateway (validates), streaming job.
 - device status (:func:`.device_topics.status_payload`): MQTT ``.../status``, retained;
   devices and their last will -> gateway.
-- :class:`.commands.Command`: MQTT ``.../commands``; responder, ``iotwatch devices set``
-  -> devices. :class:`.commands.CommandReply`: ``.../commands/ack``; devices -> responder.
-  :class:`.commands.TwinReport`: ``.../twin/reported``; devices -> responder.
+- :class:`.device_commands.Command`: MQTT ``.../commands``; responder, ``iotwatch devices set``
+  -> devices. :class:`.device_commands.CommandReply`: ``.../commands/ack``; devices -> responder.
+  :class:`.device_commands.TwinReport`: ``.../twin/reported``; devices -> responder.
 - :class:`.alerts.AlertRecord`: the alert topic; streaming job, responder (escalations)
   -> ``alerts tail``/``forward``/``list``, responder, demo, ``replay``, bench.
 - :mod:`.oncall` records (alert state, silences, notifications, command audits, twins,

@@ -13,6 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+DEAD_LETTER_SCHEMA_VERSION = 1
+
+H_VERSION = "iotwatch.dead_letter_v"  # the schema version of these headers
 H_REASON = "iotwatch.reason"  # short stable code, e.g. invalid_json, missing_field
 H_DETAIL = "iotwatch.detail"  # human explanation
 H_STAGE = "iotwatch.stage"  # gateway | stream
@@ -28,6 +31,10 @@ Headers = list[tuple[str, bytes]]
 
 @dataclass(frozen=True)
 class DeadLetter:
+    """One dead letter. Producers: the gateway, the streaming job, the responder and the alert
+    forwarder (``stage`` says which). Consumers read it back with :meth:`of_message`: the
+    demo's accounting, operators' tools and the tests."""
+
     reason: str
     detail: str
     stage: str
@@ -37,6 +44,7 @@ class DeadLetter:
 
     def headers(self, extra: Sequence[tuple[str, bytes]] = ()) -> Headers:
         headers = [
+            (H_VERSION, str(DEAD_LETTER_SCHEMA_VERSION).encode()),
             (H_REASON, self.reason.encode()),
             (H_DETAIL, self.detail[:1000].encode()),
             (H_STAGE, self.stage.encode()),
@@ -45,6 +53,28 @@ class DeadLetter:
         if self.mqtt_topic is not None:
             headers.append((H_MQTT_TOPIC, self.mqtt_topic.encode(errors="replace")))
         return headers + list(extra)
+
+    @classmethod
+    def of_message(
+        cls, value: bytes | None, key: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
+    ) -> DeadLetter:
+        """The dead letter in a Kafka message (value, key, headers); ValueError when it has no
+        reason, or headers of another version (letters written before the version header read
+        as version 1)."""
+        version = header_value(headers, H_VERSION) or str(DEAD_LETTER_SCHEMA_VERSION)
+        if version != str(DEAD_LETTER_SCHEMA_VERSION):
+            raise ValueError(f"dead letter v={version}, supported [{DEAD_LETTER_SCHEMA_VERSION}]")
+        reason = header_value(headers, H_REASON)
+        if reason is None:
+            raise ValueError(f"not a dead letter: no {H_REASON} header")
+        return cls(
+            reason,
+            header_value(headers, H_DETAIL) or "",
+            header_value(headers, H_STAGE) or "",
+            value or b"",
+            key,
+            header_value(headers, H_MQTT_TOPIC),
+        )
 
 
 def excerpt(original: bytes, limit: int) -> tuple[bytes, Headers]:

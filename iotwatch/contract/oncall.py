@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.contract.commands import TwinProperties
+from iotwatch.contract.device_commands import TwinProperties
 
 ONCALL_SCHEMA_VERSION = 1
 

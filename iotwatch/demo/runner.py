@@ -32,13 +32,13 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
-from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
 from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
-from iotwatch.demo.oncall import ON_CALL, OnCallPerson, Receiver
+from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
@@ -360,10 +360,14 @@ def _summarise(
     late: dict[str, set[int]] = {}
     dead_reasons: dict[str, int] = {}
     for record in read_to_end(settings.kafka, settings.topics.dlq):
-        key = f"{header_value(record.headers(), H_STAGE)}:{header_value(record.headers(), H_REASON)}"
+        try:
+            letter = DeadLetter.of_message(record.value(), record.key(), record.headers())
+        except ValueError as exc:  # counted, not fatal: the report says what the topic holds
+            letter = DeadLetter("unreadable", str(exc), "unknown", record.value() or b"")
+        key = f"{letter.stage}:{letter.reason}"
         dead_reasons[key] = dead_reasons.get(key, 0) + 1
         if key == "stream:late":
-            body = json.loads(record.value())
+            body = json.loads(letter.original)
             late.setdefault(body["device_id"], set()).add(int(body["seq"]))
     raw = accounting.index_raw(read_to_end(settings.kafka, settings.topics.raw))
     appended = raw.appended

@@ -11,8 +11,8 @@ import click
 from iotwatch.cli import emit, json_option
 from iotwatch.errors import IotwatchError
 from models.catalog import DEFAULT_DETECTOR, names
+from models.evaluation.labelled_streams import evaluate as run_evaluation
 from models.evaluation.nab_scoring import PROFILES
-from models.evaluation.runner import evaluate as run_evaluation
 from models.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 
 __all__ = ["evaluate", "default_dataset"]

@@ -1,1 +1,2 @@
-"""Measuring detectors on labelled streams: sources, NAB scoring and the evaluation runner."""
+"""Measuring detectors: sources, NAB scoring, the evaluation over labelled streams
+(``labelled_streams``) and over a simulated fleet through the job's own logic (``simulated``)."""

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.anomalies import ANOMALY, KINDS, TRANSPORT
+from devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND

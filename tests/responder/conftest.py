@@ -16,7 +16,7 @@ from devices.commands import CommandChannel, DeviceCommands
 from devices.config import SimConfig
 from devices.simulation import Simulation
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract.commands import COMMAND_SCHEMA_VERSION, Command
+from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, Command
 from iotwatch.settings import MqttSettings
 
 THERMOSTAT, LEAK = "home-00000-thermostat-0", "home-00000-leak_sensor-0"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from iotwatch.cli import cli
 from iotwatch.contract.alerts import AlertRecord, decode_alert
-from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome, decode
 from iotwatch.settings import Settings
 from responder.policy import DEFAULT_POLICIES
@@ -137,8 +137,9 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert first["commands_sent"] == 4 and first["escalated"] == 1 and first["alerts_without_device"] == 1
     assert running.service.book.malformed == 1
     dead = [m for m in read_topic(settings.kafka, settings.topics.dlq, expected=2)]
-    assert sorted(header_value(m.headers(), H_REASON) for m in dead) == ["invalid_json", "unknown_command"]
-    assert {header_value(m.headers(), H_STAGE) for m in dead} == {"responder"}
+    letters = [DeadLetter.of_message(m.value(), m.key(), m.headers()) for m in dead]
+    assert sorted(letter.reason for letter in letters) == ["invalid_json", "unknown_command"]
+    assert {letter.stage for letter in letters} == {"responder"}
     truth = {r["kind"]: r for r in sim.injector.records}
     assert truth["stuck_hvac"]["ended_by_command"] == audits[(THERMOSTAT, 1)].command_id
     assert truth["water_leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
