@@ -11,6 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from devices.anomaly_kinds import MALFORMED_VARIANTS
 from devices.config import SimConfig
 from devices.faults import corrupt
 from devices.simulation import STATUS
@@ -367,19 +368,7 @@ def _corpus() -> tuple[list[bytes | None], list[bytes | None]]:
     config = SimConfig(seed=7, homes=6, vehicles=2, start_ms=START_MS, fault_rate=30.0, anomaly_rate=30.0)
     valid = [p.encode() if isinstance(p, str) else p for _, _, p, g in generate(config, 40) if g != STATUS]
     thermostat = generate(SimConfig(seed=1, homes=1, vehicles=0, start_ms=START_MS, mix={"thermostat": 1}), 2)
-    malformed = [
-        corrupt(thermostat[0][2], variant)
-        for variant in (
-            "truncated",
-            "not_json",
-            "invalid_utf8",
-            "missing_field",
-            "wrong_type",
-            "nan",
-            "unknown_field",
-            "bad_version",
-        )
-    ]
+    malformed = [corrupt(thermostat[0][2], variant) for variant in MALFORMED_VARIANTS]
     invalid = list(INVALID.values()) + [m.encode() if isinstance(m, str) else m for m in malformed]
     invalid += [
         payload(seq=2**63),
