@@ -27,7 +27,7 @@ from devices.ground_truth import write_ground_truth
 from devices.publisher import Publisher
 from devices.simulation import Simulation
 from iotwatch.settings import MqttSettings
-from iotwatch.stats import quantile
+from iotwatch.stats import quantiles
 
 __all__ = ["RunOptions", "run"]
 
@@ -326,10 +326,10 @@ def _merge(
     latencies = np.array([x for p in parts for x in p["latencies"]], dtype=np.float64)
     latency = None
     if options.qos == 1 and len(latencies):
-        p50, p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
+        figures = quantiles(latencies, (0.5, 0.99), digits=3)
         latency = {
-            "p50_ms": round(float(p50), 3),
-            "p99_ms": round(float(p99), 3),
+            "p50_ms": figures["p50"],
+            "p99_ms": figures["p99"],
             "max_ms": round(float(latencies.max()), 3),
             "samples": int(len(latencies)),
         }

@@ -8,6 +8,8 @@ a p99 means the same thing in every table.
 {'p50': 20.0, 'p99': 29.8}
 >>> quantile([], 0.5) is None
 True
+>>> rounded(2 / 3), rounded(None)
+(0.6667, None)
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ def quantile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
 def quantiles(
     values: Sequence[float] | np.ndarray, qs: Iterable[float], digits: int | None = None
 ) -> dict[str, float | None]:
-    """``{"p50": ..., "p99": ...}`` for the quantiles ``qs``, rounded to ``digits`` if given."""
+    """``{"p50": ..., "p99": ...}`` for the quantiles ``qs`` (one pass over ``values``),
+    rounded to ``digits`` if given."""
+    qs = tuple(qs)
+    names = [f"p{q * 100:g}" for q in qs]
+    if len(values) == 0:
+        return dict.fromkeys(names)
+    found = np.quantile(np.asarray(values, dtype=np.float64), qs)
+    return {name: float(v) if digits is None else rounded(v, digits) for name, v in zip(names, found, strict=True)}
 
-    def rounded(value: float | None) -> float | None:
-        return value if value is None or digits is None else round(value, digits)
 
-    return {f"p{q * 100:g}": rounded(quantile(values, q)) for q in qs}
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    """``value`` rounded to ``digits`` as a plain float (report figures); None stays None."""
+    return None if value is None else round(float(value), digits)

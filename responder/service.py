@@ -44,7 +44,7 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
-from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, encode_alert
+from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.device_commands import (
     COMMAND_SCHEMA_VERSION,
@@ -458,8 +458,7 @@ class Responder:
 
     def _publish_alert(self, record: AlertRecord) -> None:
         """An alert record on the alert topic, as the streaming job writes them (key device id)."""
-        headers = [("alert_id", record.alert_id.encode())]
-        self._produce(self.settings.topics.alerts, record.key, encode_alert(record), headers)
+        self._produce(self.settings.topics.alerts, *alert_message(record))
 
     def _dead_letter(self, reason: str, detail: str, topic: str, payload: bytes) -> None:
         self.counts["dead_lettered"] += 1

@@ -155,11 +155,6 @@ class AlertRecord(msgspec.Struct, frozen=True, kw_only=True):
         return severity_rank(self.severity)
 
     @property
-    def key(self) -> bytes:
-        """The Kafka key: the device, so its alerts keep their order."""
-        return self.device_id.encode()
-
-    @property
     def location(self) -> dict[str, float]:
         """``lat_deg``/``lon_deg`` when the record carries them."""
         return {k: v for k, v in (("lat_deg", self.lat_deg), ("lon_deg", self.lon_deg)) if v is not None}
@@ -192,6 +187,13 @@ def encode_alert(record: AlertRecord) -> bytes:
     """The record's JSON, every field written (None as null) so readers of the raw topic see
     the whole shape."""
     return _ENCODER.encode(record)
+
+
+def alert_message(record: AlertRecord) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """The record as a message of the alert topic: key, value and headers. The key is the
+    device, so its alerts keep their order; the ``alert_id`` header lets a reader skip a
+    record without decoding it."""
+    return record.device_id.encode(), encode_alert(record), [("alert_id", record.alert_id.encode())]
 
 
 def alert_as_dict(record: AlertRecord) -> dict[str, object]:

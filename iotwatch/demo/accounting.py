@@ -18,7 +18,7 @@ from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import MEASUREMENT_RULES, RULES_FOR_ANOMALY_KIND
-from iotwatch.stats import quantile
+from iotwatch.stats import quantile, rounded
 from streaming import rules
 
 #: Rules that count as detecting each anomaly kind the simulator injects: the table
@@ -175,7 +175,7 @@ def match_alerts(
     for stats in per_kind.values():
         stats["recall"] = round(stats["detected"] / stats["injected"], 3)
         delays = stats.pop("delays_s")
-        stats["median_delay_s"] = _rounded(quantile(delays, 0.5), 2)
+        stats["median_delay_s"] = rounded(quantile(delays, 0.5), 2)
     ends = last_seq or {}
     verdicts: dict[str, str] = {}
     for alert in raised:
@@ -200,14 +200,10 @@ def match_alerts(
         "precision": round(matched / judged, 3) if judged else None,
         "false_alarms": len(false_alarms),
         "false_alarms_by_rule": dict(sorted(_count(a.rule for a in false_alarms).items())),
-        "median_delay_readings": _rounded(quantile(delays_readings, 0.5), 1),
+        "median_delay_readings": rounded(quantile(delays_readings, 0.5), 1),
         "by_kind": dict(sorted(per_kind.items())),
     }
     return summary, verdicts
-
-
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

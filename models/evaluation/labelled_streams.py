@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from iotwatch.stats import quantile
+from iotwatch.stats import quantile, rounded
 from models.catalog import make
 from models.evaluation.nab_scoring import (
     PROBATION_PERCENT,
@@ -112,17 +112,13 @@ def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any
         "detected_windows": hit,
         "alarms": alarms,
         "false_alarms": alarms - true_alarms,
-        "precision": _r(precision),
-        "recall": _r(recall),
-        "f1": _r(f1),
-        "median_delay_rows": _r(quantile(delays_rows, 0.5)),
-        "median_delay_s": _r(quantile(delays_s, 0.5)),
-        "false_alarms_per_device_day": _r((alarms - true_alarms) / days if days > 1e-6 else None),
+        "precision": rounded(precision),
+        "recall": rounded(recall),
+        "f1": rounded(f1),
+        "median_delay_rows": rounded(quantile(delays_rows, 0.5)),
+        "median_delay_s": rounded(quantile(delays_s, 0.5)),
+        "false_alarms_per_device_day": rounded((alarms - true_alarms) / days if days > 1e-6 else None),
     }
-
-
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
 
 
 def evaluate(

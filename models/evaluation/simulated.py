@@ -47,7 +47,7 @@ from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
 from iotwatch.settings import StreamSettings
-from iotwatch.stats import quantile
+from iotwatch.stats import quantile, rounded
 from streaming import rules
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.state_store import MemoryStore
@@ -256,10 +256,6 @@ def run_alerts(
 # -- matching ------------------------------------------------------------------------------------
 
 
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
-
-
 def match(
     fleet: SimulatedFleet, alerts: list[Alert], *, grace_readings: int = 3, burn_in_s: float = 3 * 3600.0
 ) -> dict[str, Any]:
@@ -331,17 +327,17 @@ def match(
         per_kind[kind] = {
             "windows": len(records),
             "detected": len(hits),
-            "recall": _r(recall),
-            "precision": _r(precision),
-            "f1": _r(f1),
+            "recall": rounded(recall),
+            "precision": rounded(precision),
+            "f1": rounded(f1),
             "false_alarms": false,
-            "false_alarms_per_device_day": _r(false / days if days else None),
-            "median_delay_readings": _r(quantile(rows_d, 0.5), 2),
-            "p90_delay_readings": _r(quantile(rows_d, 0.9), 2),
-            "median_delay_s": _r(quantile(secs_d, 0.5), 1),
-            "p90_delay_s": _r(quantile(secs_d, 0.9), 1),
+            "false_alarms_per_device_day": rounded(false / days if days else None),
+            "median_delay_readings": rounded(quantile(rows_d, 0.5), 2),
+            "p90_delay_readings": rounded(quantile(rows_d, 0.9), 2),
+            "median_delay_s": rounded(quantile(secs_d, 0.5), 1),
+            "p90_delay_s": rounded(quantile(secs_d, 0.9), 1),
             "detected_by": dict(sorted(_count(h[0].rule for h in hits).items())),
-            "median_window_readings": _r(quantile([float(r["messages"]) for r in records], 0.5), 1),
+            "median_window_readings": rounded(quantile([float(r["messages"]) for r in records], 0.5), 1),
         }
 
     per_rule: dict[str, Any] = {}
@@ -358,8 +354,8 @@ def match(
             "true": true,
             "related": related,
             "false": false,
-            "precision": _r(true / (true + false) if true + false else None),
-            "false_alarms_per_device_day": _r(false / device_days if device_days else None),
+            "precision": rounded(true / (true + false) if true + false else None),
+            "false_alarms_per_device_day": rounded(false / device_days if device_days else None),
             "false_alarms_per_device_day_by_type": by_type,
         }
 
@@ -371,21 +367,21 @@ def match(
     overall = {
         "windows": len(scored),
         "detected": len(hits_all),
-        "recall": _r(recall),
-        "precision": _r(precision),
-        "f1": _r(
+        "recall": rounded(recall),
+        "precision": rounded(precision),
+        "f1": rounded(
             2 * precision * recall / (precision + recall)
             if precision is not None and recall is not None and precision + recall > 0
             else None
         ),
         "alerts": len(verdict),
         "false_alarms": total_false,
-        "false_alarms_per_device_day": _r(total_false / device_days if device_days else None),
-        "median_delay_readings": _r(quantile([h[1] for h in hits_all], 0.5), 2),
-        "p90_delay_readings": _r(quantile([h[1] for h in hits_all], 0.9), 2),
-        "median_delay_s": _r(quantile([h[2] for h in hits_all], 0.5), 1),
-        "p90_delay_s": _r(quantile([h[2] for h in hits_all], 0.9), 1),
-        "device_days": _r(device_days, 2),
+        "false_alarms_per_device_day": rounded(total_false / device_days if device_days else None),
+        "median_delay_readings": rounded(quantile([h[1] for h in hits_all], 0.5), 2),
+        "p90_delay_readings": rounded(quantile([h[1] for h in hits_all], 0.9), 2),
+        "median_delay_s": rounded(quantile([h[2] for h in hits_all], 0.5), 1),
+        "p90_delay_s": rounded(quantile([h[2] for h in hits_all], 0.9), 1),
+        "device_days": rounded(device_days, 2),
     }
     transport = [r for r in fleet.truth if r["category"] == TRANSPORT]
     return {

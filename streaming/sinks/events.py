@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from iotwatch.clients.influx import drop_kept_client, kept_client
-from iotwatch.contract.alerts import encode_alert
+from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
@@ -57,7 +57,7 @@ class EventSinks:
             produce_all(
                 self.kafka_config,
                 self.alerts_topic,
-                ((a.key, encode_alert(a), [("alert_id", a.alert_id.encode())]) for a in alerts),
+                map(alert_message, alerts),
             )
         if output.dead_letters:
             produce_all(self.kafka_config, self.dlq_topic, (dead_letter_record(r) for r in output.dead_letters))

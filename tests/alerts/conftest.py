@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.contract.alerts import AlertRecord, alert_as_dict, encode_alert
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict, alert_message
 from iotwatch.settings import KafkaSettings
 from streaming import rules
 from streaming.alerting import alert_id
@@ -98,7 +98,8 @@ def produce(kafka: KafkaSettings, topic: str, records: list[AlertRecord | bytes]
         if isinstance(record, bytes):
             producer.produce(topic, record, key=b"garbage")
             continue
-        producer.produce(topic, encode_alert(record), key=record.key, headers=[("alert_id", record.alert_id.encode())])
+        key, value, headers = alert_message(record)
+        producer.produce(topic, value, key=key, headers=headers)
     assert producer.flush(30) == 0
 
 
