@@ -6,7 +6,7 @@ and vehicle event data recorders publishing contract telemetry over MQTT.
   checks read too;
 - :mod:`devices.home`, :mod:`devices.vehicle`, :mod:`devices.recorded` -- the device models;
 - :mod:`devices.anomaly_kinds`, :mod:`devices.faults`, :mod:`devices.injector`,
-  :mod:`devices.scenario`, :mod:`devices.ground_truth` -- injection with ground truth;
+  :mod:`devices.scenario`, :mod:`iotwatch.contract.ground_truth` -- injection with ground truth (its record);
 - :mod:`devices.simulation` -- the broker-free, deterministic message generator;
 - :mod:`devices.publisher`, :mod:`devices.broker_run`, :mod:`devices.cli` -- ``iotwatch simulate``;
 - :mod:`devices.bench` -- ``iotwatch bench simulate``.

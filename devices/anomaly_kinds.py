@@ -14,7 +14,7 @@ the table of the rules that may report each.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.contract.detection import KIND_ALIASES
+from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
 
@@ -37,14 +38,11 @@ __all__ = [
     "resolve_kind",
 ]
 
-ANOMALY = "anomaly"
-TRANSPORT = "transport"
-
 
 @dataclass(frozen=True)
 class Kind:
     name: str
-    category: str  # ANOMALY or TRANSPORT
+    category: Literal["anomaly", "transport"]  # ANOMALY or TRANSPORT
     duration_s: tuple[float, float]
     device_types: frozenset[str] | None = None  # None: every type
     mode: int = 0  # physical anomaly: the group's mode while active

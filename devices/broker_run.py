@@ -23,9 +23,9 @@ from devices import seq_state
 from devices.commands import CommandChannel, DeviceCommands
 from devices.config import SimConfig
 from devices.fleet import fleet_rate
-from devices.ground_truth import write_ground_truth
 from devices.publisher import Publisher
 from devices.simulation import Simulation
+from iotwatch.contract.ground_truth import write_ground_truth
 from iotwatch.settings import MqttSettings
 from iotwatch.stats import quantiles
 

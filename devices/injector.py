@@ -19,6 +19,7 @@ from devices.group import DeviceGroup
 from devices.rng import CounterRng
 from devices.scenario import load_scenario
 from iotwatch.contract.device_topics import status_payload
+from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 
 __all__ = ["Active", "Effects", "Injector", "STATUS"]
@@ -69,7 +70,7 @@ class Injector:
         self.active: dict[tuple[int, int], list[Active]] = {}
         self.flags = [np.zeros(g.size, dtype=bool) for g in groups]
         self.n_active = [0] * len(groups)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Injection] = []
         self.started: dict[str, int] = {}
         self.rates = {ANOMALY: config.anomaly_rate / 3600.0, TRANSPORT: config.fault_rate / 3600.0}
         #: event time before which no rate-drawn anomaly starts (transport faults may)
@@ -285,21 +286,21 @@ class Injector:
             out.append((int(group.uid[active.i]), group.status_topics[active.i], status_payload(True, t), STATUS))
         if active.messages:
             self.records.append(
-                {
-                    "device_id": group.device_ids[active.i],
-                    "device_type": group.device_type,
-                    "site": group.sites[active.i],
-                    "kind": active.kind.name,
-                    "category": active.kind.category,
-                    "start_ts": active.first_ts,
-                    "end_ts": active.last_ts,
-                    "start_seq": active.first_seq,
-                    "end_seq": active.last_seq,
-                    "messages": active.messages,
-                    "source": active.source,
-                    "params": active.params,
-                    **({"ended_by_command": ended_by} if ended_by else {}),
-                }
+                Injection(
+                    device_id=group.device_ids[active.i],
+                    device_type=group.device_type,
+                    site=group.sites[active.i],
+                    kind=active.kind.name,
+                    category=active.kind.category,
+                    start_ts=active.first_ts,
+                    end_ts=active.last_ts,
+                    start_seq=active.first_seq,
+                    end_seq=active.last_seq,
+                    messages=active.messages,
+                    source=active.source,
+                    params=active.params,
+                    ended_by_command=ended_by,
+                )
             )
 
     def close_all(self, t: int, out: list[tuple[int, str, Any, int]]) -> None:

@@ -14,17 +14,14 @@ import pytest
 
 from dashboards import build_all
 from dashboards.queries import queries
-from devices.anomaly_kinds import ANOMALY, KINDS
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
-from iotwatch.demo.accounting import END_OF_RUN, FALSE_ALARM, MATCHED, match_alerts
+from iotwatch.contract.ground_truth import Injection, read_ground_truth
+from iotwatch.demo.accounting import RawIndex, judge_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
-from models.evaluation.simulated import PLAUSIBLE_RULES
-
-INTERVALS = {"thermostat": 1000, "vehicle_edr": 100}
+from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, TRUE
 
 
 def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None, **fields: Any) -> AlertRecord:
@@ -50,63 +47,42 @@ def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None
     )
 
 
-def anomaly(kind: str, device: str, start_seq: int, end_seq: int, device_type: str = "thermostat") -> dict[str, Any]:
-    return {
-        "category": "anomaly",
-        "kind": kind,
-        "device_id": device,
-        "device_type": device_type,
-        "start_seq": start_seq,
-        "end_seq": end_seq,
-        "start_ts": 0,
-        "end_ts": 0,
-    }
-
-
-def test_alerts_are_judged_by_seq_and_the_end_of_the_run_is_no_false_alarm() -> None:
+def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
+    """The demo judges by :func:`models.evaluation.judgement.judge`; its summary adds up and
+    every device's silence when the simulators stop is the end of the run."""
+    raw = RawIndex(identities={"t1": ("thermostat", "h"), "t2": ("thermostat", "h")})
+    raw.seqs["t1"].update(range(900))
+    raw.seqs["t2"].update(set(range(900)) - set(range(300, 351)))
     truth = [
-        anomaly("level_shift", "t1", 100, 200),
-        anomaly("dropout", "t2", 300, 350),
-        anomaly("crash", "car", 5000, 5600, "vehicle_edr"),
+        Injection(
+            device_id="t2",
+            device_type="thermostat",
+            site="h",
+            kind="dropout",
+            category="anomaly",
+            start_ts=0,
+            end_ts=0,
+            start_seq=300,
+            end_seq=350,
+            messages=51,
+            source="rate",
+        )
     ]
     alerts = [
-        alert("shift", "t1", "anomaly_score", 104),  # 4 readings into the shift
-        alert("silence", "t2", "device_silent", 299),  # the newest reading before the dropout
-        alert("crash", "car", "crash", 5000),
-        alert("braking", "car", "harsh_braking", 5000),  # the crash explains it; it does not detect it
-        alert("stray", "t1", "anomaly_score", 600),  # nothing injected there
-        alert("stopped", "t1", "device_silent", 899),  # t1's last reading: the simulators stopped
-        alert("stall", "t2", "device_silent", 700),  # silent mid-run, no dropout: a false alarm
-        alert("shift", "t1", "anomaly_score", 104, 220, state="cleared"),
+        alert("silence", "t2", "device_silent", 299),
+        alert("stray", "t1", "anomaly_score", 600),
+        alert("stopped", "t1", "device_silent", 899),
+        alert("silence", "t2", "device_silent", 299, state="cleared"),
     ]
-    summary, verdicts = match_alerts(alerts, truth, INTERVALS, {"t1": 899, "t2": 899, "car": 8999})
-    assert verdicts == {
-        "shift": MATCHED,
-        "silence": MATCHED,
-        "crash": MATCHED,
-        "braking": MATCHED,
-        "stray": FALSE_ALARM,
-        "stopped": END_OF_RUN,
-        "stall": FALSE_ALARM,
-    }
-    assert (summary["anomalies_injected"], summary["anomalies_detected"], summary["recall"]) == (3, 3, 1.0)
-    assert summary["alerts_raised"] == 7 and summary["end_of_run_silences"] == 1
-    assert summary["precision"] == round(4 / 6, 3) and summary["false_alarms"] == 2
-    assert summary["false_alarms_by_rule"] == {"anomaly_score": 1, "device_silent": 1}
-    assert summary["by_kind"]["level_shift"]["median_delay_s"] == 4.0
-    assert summary["by_kind"]["dropout"]["median_delay_s"] is None  # silence is judged in wall time
-
-
-def test_the_demo_and_evaluate_judge_alerts_by_one_table_of_every_injected_kind() -> None:
-    """A drifting temperature sensor on a cooling thermostat: the HVAC keeps cooling on the
-    true temperature while the reported one falls past the setpoint, and ``stuck_hvac``
-    fires. Both matchers count that as detecting the drift (the demo called it a false
-    alarm while it had its own table)."""
-    assert set(RULES_FOR_ANOMALY_KIND) == {name for name, kind in KINDS.items() if kind.category == ANOMALY}
-    assert PLAUSIBLE_RULES is RULES_FOR_ANOMALY_KIND
-    truth = [anomaly("drift", "t1", 186, 510)]
-    summary, verdicts = match_alerts([alert("hvac", "t1", "stuck_hvac", 247)], truth, INTERVALS, {"t1": 899})
-    assert verdicts == {"hvac": MATCHED} and summary["recall"] == 1.0 and summary["false_alarms"] == 0
+    summary, verdicts = judge_alerts(alerts, truth, raw, speedup=10.0)
+    assert verdicts == {"silence": TRUE, "stray": FALSE_ALARM, "stopped": END_OF_RUN}
+    assert (summary["recall"], summary["precision"], summary["alerts_raised"]) == (1.0, 0.5, 3)
+    assert (summary["alerts_detecting_an_anomaly"], summary["false_alarms"], summary["end_of_run_silences"]) == (
+        1,
+        1,
+        1,
+    )
+    assert summary["by_kind"]["dropout"] == {"injected": 1, "detected": 1, "recall": 1.0, "median_delay_s": None}
 
 
 def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
@@ -117,14 +93,14 @@ def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
         alert("door", "h-door", "anomaly_score", 10, metric="temperature_c"),
         alert("leak", "h-leak", "water_leak", 20, metric="water_detected"),
     ]
-    verdicts = {"door": MATCHED, "leak": MATCHED}
+    verdicts = {"door": TRUE, "leak": TRUE}
     picked = pick_values(alerts, verdicts, identities, frozenset({"h-leak", "car"}))
     assert picked is not None and (picked.device, picked.metric, picked.vehicles) == (
         "h-leak",
         "water_detected",
         ["car"],
     )
-    picked = pick_values(alerts, {"door": MATCHED, "leak": FALSE_ALARM}, identities)
+    picked = pick_values(alerts, {"door": TRUE, "leak": FALSE_ALARM}, identities)
     assert picked is not None and (picked.device, picked.site) == ("h-door", "h")
 
 
@@ -172,13 +148,16 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         assert alerts["recall"] is not None and alerts["anomalies_injected"] > 0
         assert alerts["by_kind"]["crash"]["injected"] == 1  # the demo's planned crash
         assert (
-            alerts["alerts_matching_an_anomaly"] + alerts["false_alarms"] + alerts["end_of_run_silences"]
+            alerts["alerts_detecting_an_anomaly"]
+            + alerts["alerts_related_to_an_anomaly"]
+            + alerts["false_alarms"]
+            + alerts["end_of_run_silences"]
             == alerts["alerts_raised"]
         )
         assert alerts["end_of_run_silences"] > 0  # every device falls silent when the simulators stop
-        truth = [json.loads(line) for line in (run / "ground_truth.jsonl").read_text().splitlines()]
+        truth = read_ground_truth(run / "ground_truth.jsonl")
         warm_up_end = summary["components"]["simulate"]["start_ms"] + 30_000  # --anomalies-after 30
-        assert all(t["start_ts"] >= warm_up_end for t in truth if t["category"] == "anomaly")
+        assert all(t.start_ts >= warm_up_end for t in truth if t.is_anomaly)
         report = Path(summary["report"]["folder"])
         assert (report / "summary.json").exists() and (report / "stage_rates.png").exists()
         assert (report / "alerts.jsonl").exists()

@@ -23,6 +23,10 @@ producers -> consumers):
   forwarder, responder -> Grafana dashboards.
 - :mod:`.detection`: the rule names alerts carry and the anomaly kinds the simulators'
   ground truth carries, with the rules that may report each kind.
+- :class:`.ground_truth.Injection`: JSON lines beside a simulator run
+  (``simulate --ground-truth``), one per injected anomaly or transport fault; simulators ->
+  the one evaluator of alerts (``models.evaluation.judgement``: ``evaluate --simulated``,
+  the demo), the demo's loss accounting, ``evaluate --readings --truth``.
 
 The metric catalogue (:mod:`.metric_catalog`: units, physical ranges, danger limits,
 which metrics are scored) is part of the contract: the simulators publish by it and the

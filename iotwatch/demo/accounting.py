@@ -1,5 +1,5 @@
-"""After a demo run: where every reading went, by device and seq, and how alerts matched
-the injected anomalies.
+"""After a demo run: where every reading went, by device and seq, and how the alerts
+judge against the injected anomalies (by the one evaluator, :mod:`models.evaluation.judgement`).
 
 Transport: per device, the seqs in the raw Kafka topic must run from 0 to the newest
 without gaps, except the ranges the ground truth declares as dropouts (the simulator
@@ -17,20 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.contract.detection import MEASUREMENT_RULES, RULES_FOR_ANOMALY_KIND
-from iotwatch.stats import quantile, rounded
-from streaming import rules
-
-#: Rules that count as detecting each anomaly kind the simulator injects: the table
-#: ``iotwatch evaluate --simulated`` judges by too.
-RULES_FOR_KIND = RULES_FOR_ANOMALY_KIND
-#: Rules whose alert an anomaly of a metric explains (no false alarm) though they need not
-#: count as detecting its kind: the measurement rules, and a value pushed out of range.
-SCORE_RULES = MEASUREMENT_RULES | {rules.OUT_OF_RANGE}
-#: Other rules an anomaly explains (no false alarm), besides its own and the score rules:
-#: a crash's deceleration passes through the harsh-braking band.
-ALSO_EXPLAINS: dict[str, frozenset[str]] = {"crash": frozenset({rules.HARSH_BRAKING})}
-GRACE_MS = 10_000
+from iotwatch.contract.detection import AnomalyKind
+from iotwatch.contract.ground_truth import Injection
+from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
+from models.evaluation.judgement import JudgedRun, RaisedAlert, judge
 
 
 @dataclass
@@ -68,16 +58,16 @@ def index_raw(records: Iterable[Any]) -> RawIndex:
 NOT_IN_RAW = ("dropout", "malformed")
 
 
-def declared_ranges(truth: list[dict[str, Any]]) -> dict[str, list[tuple[int, int]]]:
+def declared_ranges(truth: list[Injection]) -> dict[str, list[tuple[int, int]]]:
     ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for item in truth:
-        if item.get("kind") in NOT_IN_RAW:
-            ranges[item["device_id"]].append((int(item["start_seq"]), int(item["end_seq"])))
+    for event in truth:
+        if event.kind in NOT_IN_RAW:
+            ranges[event.device_id].append((event.start_seq, event.end_seq))
     return ranges
 
 
 def account(
-    raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[str, set[int]], truth: list[dict[str, Any]]
+    raw: dict[str, set[int]], archived: dict[str, set[int]], late: dict[str, set[int]], truth: list[Injection]
 ) -> dict[str, Any]:
     """Loss by seq at the transport and in the pipeline (both must be 0)."""
     dropouts = declared_ranges(truth)
@@ -105,112 +95,53 @@ def account(
     }
 
 
-#: What a raised alert was, judged against the ground truth (see :func:`match_alerts`).
-MATCHED, FALSE_ALARM, END_OF_RUN = "matched", "false_alarm", "end_of_run"
-
-
-def _during(
-    anomaly: dict[str, Any], raised: list[AlertRecord], interval_ms: int, rule_names: frozenset[str]
-) -> list[AlertRecord]:
-    """Raised alerts of ``rule_names`` on the anomaly's device whose episode began with a reading
-    of the anomaly (or of the grace period after it), earliest first. Matched by seq, which
-    clock-skew faults leave alone (the ground truth's times are the simulator's; a skewed
-    device reports other event times). A dropout's ``device_silent`` alert carries the
-    newest reading before the silence: one seq before the dropout's first, which never
-    arrives."""
-    dropout = anomaly["kind"] == "dropout"
-    low = int(anomaly["start_seq"]) - (1 if dropout else 0)
-    high = int(anomaly["end_seq"]) + (0 if dropout else GRACE_MS // max(interval_ms, 1))
-    hits = [
-        a
-        for a in raised
-        if a.device_id == anomaly["device_id"] and a.rule in rule_names and low <= int(a.start_seq) <= high
-    ]
-    return sorted(hits, key=lambda a: int(a.start_seq))
-
-
-def match_alerts(
-    alerts: list[AlertRecord],
-    truth: list[dict[str, Any]],
-    interval_ms: dict[str, int],
-    last_seq: dict[str, int] | None = None,
+def judge_alerts(
+    alerts: list[AlertRecord], truth: list[Injection], raw: RawIndex, speedup: float = 1.0
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Recall per anomaly kind, precision of raised alerts, detection delay (readings, s);
-    and each raised alert's verdict (alert id -> matched, false_alarm or end_of_run).
+    """The run's raised alerts judged against its ground truth by the one evaluator
+    (:func:`models.evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``): the
+    demo's summary of its report, and each raised alert's verdict (alert id -> true,
+    related, false or end_of_run).
 
-    An anomaly is detected by an alert of its kind's rules (``RULES_FOR_KIND``); an alert
-    is matched (no false alarm) when an injected anomaly on its device explains it: one of
-    those rules, a score rule or ``ALSO_EXPLAINS`` (a score alert on a crashing vehicle's
-    acceleration is right, though only the crash rule counts as detecting the crash).
-
-    ``last_seq`` (device -> its newest seq in the raw topic) tells the end of the run: a
-    ``device_silent`` alert raised after a device's last reading, with no injected dropout
-    to explain it, is the simulators stopping, neither a detection nor a false alarm; it
-    is left out of precision. Delays count readings from the anomaly's first to the one
-    that began the alert (in seconds: times the device's reporting interval); none is
-    given for dropouts, whose silence is judged in wall time."""
-    raised = [a for a in alerts if a.raised]
-    anomalies = [t for t in truth if t.get("category") == "anomaly"]
-    used: set[str] = set()
-    per_kind: dict[str, dict[str, Any]] = {}
-    delays_readings: list[float] = []
-    for anomaly in anomalies:
-        kind = anomaly["kind"]
-        interval = interval_ms.get(anomaly["device_type"], 1000)
-        kind_rules = RULES_FOR_KIND.get(kind, SCORE_RULES)
-        hits = _during(anomaly, raised, interval, kind_rules)
-        explaining = (
-            kind_rules if kind == "dropout" else kind_rules | SCORE_RULES | ALSO_EXPLAINS.get(kind, frozenset())
-        )
-        explained = _during(anomaly, raised, interval, explaining)
-        used.update(a.alert_id for a in explained)
-        stats = per_kind.setdefault(kind, {"injected": 0, "detected": 0, "delays_s": []})
-        stats["injected"] += 1
-        if hits:
-            stats["detected"] += 1
-            if kind != "dropout":
-                readings = int(hits[0].start_seq) - int(anomaly["start_seq"])
-                stats["delays_s"].append(readings * interval / 1000)
-                delays_readings.append(readings)
-    for stats in per_kind.values():
-        stats["recall"] = round(stats["detected"] / stats["injected"], 3)
-        delays = stats.pop("delays_s")
-        stats["median_delay_s"] = rounded(quantile(delays, 0.5), 2)
-    ends = last_seq or {}
-    verdicts: dict[str, str] = {}
-    for alert in raised:
-        if alert.alert_id in used:
-            verdicts[alert.alert_id] = MATCHED
-        elif alert.rule == "device_silent" and int(alert.seq) >= ends.get(alert.device_id, 1 << 62):
-            verdicts[alert.alert_id] = END_OF_RUN
-        else:
-            verdicts[alert.alert_id] = FALSE_ALARM
-    false_alarms = [a for a in raised if verdicts[a.alert_id] == FALSE_ALARM]
-    matched = sum(1 for a in raised if verdicts[a.alert_id] == MATCHED)
-    judged = sum(1 for a in raised if verdicts[a.alert_id] != END_OF_RUN)
-    injected = sum(s["injected"] for s in per_kind.values())
-    detected = sum(s["detected"] for s in per_kind.values())
-    summary = {
-        "anomalies_injected": injected,
-        "anomalies_detected": detected,
-        "recall": round(detected / injected, 3) if injected else None,
-        "alerts_raised": len(raised),
-        "alerts_matching_an_anomaly": matched,
-        "end_of_run_silences": len(raised) - judged,
-        "precision": round(matched / judged, 3) if judged else None,
-        "false_alarms": len(false_alarms),
-        "false_alarms_by_rule": dict(sorted(_count(a.rule for a in false_alarms).items())),
-        "median_delay_readings": rounded(quantile(delays_readings, 0.5), 1),
-        "by_kind": dict(sorted(per_kind.items())),
+    Every device falls silent when the simulators stop: a ``device_silent`` alert at a
+    device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
+    the end of the run, left out of precision. The demo runs event time ``speedup`` times
+    faster than the wall clock, and judges silence in wall time, so a dropout's delay in
+    event time is given only when ``speedup`` is 1."""
+    run = JudgedRun(
+        device_types={device: device_type for device, (device_type, _) in raw.identities.items()},
+        intervals_ms={
+            device: int(DEFAULT_INTERVAL_S.get(device_type, 1.0) * 1000)
+            for device, (device_type, _) in raw.identities.items()
+        },
+        last_seq=raw.last_seq(),
+    )
+    judgement = judge(truth, [RaisedAlert.of_record(a) for a in alerts if a.raised], run)
+    overall, kinds = judgement.report["overall"], judgement.report["kinds"]
+    by_kind = {
+        kind: {
+            "injected": stats["windows"],
+            "detected": stats["detected"],
+            "recall": stats["recall"],
+            "median_delay_s": None if kind == AnomalyKind.DROPOUT and speedup != 1.0 else stats["median_delay_s"],
+        }
+        for kind, stats in kinds.items()
     }
-    return summary, verdicts
-
-
-def _count(items: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for item in items:
-        counts[item] += 1
-    return counts
+    summary = {
+        "anomalies_injected": overall["windows"],
+        "anomalies_detected": overall["detected"],
+        "recall": overall["recall"],
+        "alerts_raised": overall["alerts"],
+        "alerts_detecting_an_anomaly": overall["true"],
+        "alerts_related_to_an_anomaly": overall["related"],
+        "end_of_run_silences": overall["end_of_run"],
+        "precision": overall["precision"],
+        "false_alarms": overall["false_alarms"],
+        "false_alarms_by_rule": overall["false_alarms_by_rule"],
+        "median_delay_readings": overall["median_delay_readings"],
+        "by_kind": by_kind,
+    }
+    return summary, judgement.verdicts
 
 
 def archived_seqs(archive: Path) -> dict[str, set[int]]:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.stats import quantiles
 
@@ -47,14 +48,14 @@ TIMINGS = ("time_to_command", "time_to_device_ack", "time_to_recovery")
 
 
 def summarise(
-    audits: Iterable[CommandAudit], alerts: Iterable[AlertRecord], truth: Iterable[dict[str, Any]]
+    audits: Iterable[CommandAudit], alerts: Iterable[AlertRecord], truth: Iterable[Injection]
 ) -> dict[str, Any]:
     latest, found = timings(audits, alerts)
     return {
         "commands": len(latest),
         "outcomes": dict(Counter(a.status.value for a in latest.values())),
         **{f"{name}_s": _percentiles(found[name]) for name in TIMINGS},
-        "anomalies_ended_by_command": sum(1 for r in truth if r.get("ended_by_command")),
+        "anomalies_ended_by_command": sum(1 for r in truth if r.ended_by_command),
     }
 
 

@@ -13,8 +13,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
+from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.demo.live import LiveState
+from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
@@ -89,33 +91,36 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     return path
 
 
-#: How an alert is drawn in the device plots, by its verdict (accounting.match_alerts).
-ALERT_STYLE = {"matched": ("tab:green", "--"), "false_alarm": ("tab:red", "--"), "end_of_run": ("grey", ":")}
+#: How an alert is drawn in the device plots, by its verdict (:mod:`models.evaluation.judgement`).
+ALERT_STYLE = {
+    TRUE: ("tab:green", "--"),
+    RELATED: ("tab:olive", "--"),
+    FALSE_ALARM: ("tab:red", "--"),
+    END_OF_RUN: ("grey", ":"),
+}
 
 
 #: The metric that shows a physical anomaly best (measurement anomalies name theirs).
 KIND_METRIC = {"crash": "accel_x_g", "harsh_braking": "accel_x_g"}
 
 
-def choose_devices(anomalies: list[dict[str, Any]], max_devices: int) -> list[tuple[str, str]]:
+def choose_devices(anomalies: list[Injection], max_devices: int) -> list[tuple[str, str]]:
     """(device, metric) to plot: planned anomalies first, then one device per anomaly kind
     (earliest first), then more; the metric is the one the choosing anomaly changed."""
     eligible = sorted(
-        (a for a in anomalies if a["device_type"] in PRIMARY_METRIC),
-        key=lambda a: (a.get("source") != "scenario", a["start_ts"]),
+        (a for a in anomalies if a.device_type in PRIMARY_METRIC),
+        key=lambda a: (a.source != "scenario", a.start_ts),
     )
     chosen: dict[str, str] = {}
     kinds: set[str] = set()
     for fresh_kind_only in (True, False):
         for item in eligible:
-            if item["device_id"] in chosen or (fresh_kind_only and item["kind"] in kinds):
+            if item.device_id in chosen or (fresh_kind_only and item.kind in kinds):
                 continue
-            chosen[item["device_id"]] = (
-                item.get("params", {}).get("metric")
-                or KIND_METRIC.get(item["kind"])
-                or PRIMARY_METRIC[item["device_type"]]
+            chosen[item.device_id] = (
+                item.params.get("metric") or KIND_METRIC.get(item.kind) or PRIMARY_METRIC[item.device_type]
             )
-            kinds.update(a["kind"] for a in eligible if a["device_id"] == item["device_id"])
+            kinds.update(a.kind for a in eligible if a.device_id == item.device_id)
     return list(chosen.items())[:max_devices]
 
 
@@ -141,7 +146,7 @@ def plot_devices(
     folder: Path,
     archive: Path,
     alerts: list[AlertRecord],
-    truth: list[dict[str, Any]],
+    truth: list[Injection],
     verdicts: dict[str, str],
     max_devices: int = 4,
 ) -> list[Path]:
@@ -152,7 +157,7 @@ def plot_devices(
     root = archive / "readings"
     if not root.exists():
         return []
-    anomalies = [t for t in truth if t.get("category") == "anomaly"]
+    anomalies = [t for t in truth if t.is_anomaly]
     chosen = choose_devices(anomalies, max_devices)
     if not chosen:
         return []
@@ -163,8 +168,8 @@ def plot_devices(
     )
     paths = []
     for device, metric in chosen:
-        own = [t for t in anomalies if t["device_id"] == device]
-        device_type = own[0]["device_type"]
+        own = [t for t in anomalies if t.device_id == device]
+        device_type = own[0].device_type
         rows = _metric_rows(frame[frame["device_id"] == device], metric)
         if rows.empty:
             continue
@@ -175,8 +180,8 @@ def plot_devices(
         bottom.plot(rows.index, rows["score"], lw=1, color="tab:orange", label="anomaly score")
         for item in own:
             for ax in (top, bottom):
-                ax.axvspan(item["start_seq"] - 0.5, item["end_seq"] + 0.5, color="red", alpha=0.15)
-            top.annotate(item["kind"], (item["start_seq"], rows["value"].max()), fontsize=8, va="top")
+                ax.axvspan(item.start_seq - 0.5, item.end_seq + 0.5, color="red", alpha=0.15)
+            top.annotate(item.kind, (item.start_seq, rows["value"].max()), fontsize=8, va="top")
         for alert in alerts:
             if alert.device_id == device and alert.raised:
                 colour, style = ALERT_STYLE.get(verdicts.get(alert.alert_id, ""), ("black", "--"))
@@ -193,7 +198,7 @@ def plot_devices(
                 )
         top.set_title(
             f"{device} ({device_type}): shaded = injected anomaly; alert raised: green = detection, "
-            "red = false alarm, grey = end of run",
+            "olive = related to an anomaly, red = false alarm, grey = end of run",
             fontsize=9,
         )
         top.legend(loc="upper left")

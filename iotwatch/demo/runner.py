@@ -27,14 +27,14 @@ from rich.live import Live
 from dashboards import build_all
 from dashboards.queries import Picks, check_all
 from dashboards.queries import summarise as summarise_checks
-from devices.ground_truth import read_ground_truth
 from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
-from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S, PRIMARY_METRIC
+from iotwatch.contract.ground_truth import read_ground_truth
+from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
@@ -45,6 +45,7 @@ from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
 from iotwatch.stack.process import free_port
 from iotwatch.stats import quantile
+from models.evaluation.judgement import TRUE
 
 log = logging.getLogger(__name__)
 
@@ -382,8 +383,7 @@ def _summarise(
         if a.raised and a.rule != "device_silent" and (a.device_id, a.seq) in appended
     )
     loss = accounting.account(raw.seqs, accounting.archived_seqs(archive), late, truth)
-    intervals = {kind: int(seconds * 1000) for kind, seconds in DEFAULT_INTERVAL_S.items()}
-    detection, verdicts = accounting.match_alerts(alerts, truth, intervals, raw.last_seq())
+    detection, verdicts = accounting.judge_alerts(alerts, truth, raw, options.speedup)
     simulator, gateway, stream = results.get("simulate", {}), results.get("gateway", {}), results.get("stream", {})
     audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
     summary = {
@@ -462,7 +462,7 @@ def pick_values(
         (a for a in alerts if a.raised and a.device_id in homes and a.rule != "device_silent"),
         key=lambda a: (
             a.device_id not in commanded,
-            verdicts.get(a.alert_id) != "matched",
+            verdicts.get(a.alert_id) != TRUE,
             a.metric is None,
         ),
     )
@@ -522,18 +522,20 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     )
     options = summary["options"]
     by_rule = ", ".join(f"{rule} {n}" for rule, n in alerts["false_alarms_by_rule"].items())
-    judged = alerts["alerts_raised"] - alerts["end_of_run_silences"]
     console.print(
         f"  alerts vs ground truth (anomalies injected after {float(options['anomalies_after_s']):g} s of "
         f"event time): recall {alerts['recall']} ({alerts['anomalies_detected']}/"
         f"{alerts['anomalies_injected']}), precision {alerts['precision']} "
-        f"({alerts['alerts_matching_an_anomaly']} of {judged} raised alerts; "
-        f"{alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
+        f"({alerts['alerts_detecting_an_anomaly']} detecting and {alerts['false_alarms']} false of "
+        f"{alerts['alerts_raised']} raised alerts; {alerts['alerts_related_to_an_anomaly']} related to an "
+        f"anomaly and {alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
         f"median delay {alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}"
         + (f" ({by_rule})" if by_rule else "")
     )
     for kind, stats in alerts["by_kind"].items():
-        delay = "n/a (silence is judged in wall time)" if kind == "dropout" else f"{stats['median_delay_s']} s"
+        delay = f"{stats['median_delay_s']} s" if stats["median_delay_s"] is not None else "n/a"
+        if kind == "dropout" and stats["median_delay_s"] is None:
+            delay = "n/a (silence is judged in wall time)"
         console.print(
             f"    {kind:<14} recall {stats['recall']:<6} ({stats['detected']}/{stats['injected']}) median delay {delay}"
         )

@@ -234,7 +234,7 @@ def _f(value: float | None, digits: int = 2) -> str:
 @click.option(
     "--truth",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Simulator ground-truth JSONL (device_id, kind, start_ts, end_ts).",
+    help="Simulator ground-truth JSONL (simulate --ground-truth).",
 )
 @click.option(
     "--detector",

@@ -10,25 +10,10 @@ separated by arrivals more than ``silence_timeout_s`` apart, and between two run
 ``silence(..., last + timeout)`` is called, as the timer would have fired then (the
 engine's results do not depend on how a stream is cut into batches).
 
-The *raised* alerts are matched to the ground-truth windows of their device:
-
-- an anomaly is **detected** when an alert of a rule that can plausibly report its kind
-  (:data:`PLAUSIBLE_RULES`) is raised between its first affected reading and its last one
-  plus ``grace_readings`` reading intervals; the delay is measured to the first such alert,
-  in readings (``seq`` of the raising reading minus the window's first ``seq``; for
-  ``device_silent``, elapsed time over the device's interval) and in seconds of event time;
-- an alert that detects nothing but is raised inside a window (+ grace) of another kind,
-  or in the *aftermath* of a window (up to the window's own duration, at most an hour,
-  after it: a runaway room needs time to come back), is counted as ``related``: caused by
-  an injected anomaly, neither a detection nor a false alarm;
-- every other raised alert is a **false alarm**, attributed to its rule.
-
-Per kind: recall, precision (detections of the kind over those plus the false alarms of
-the kind's plausible rules on device types the kind applies to -- a rule shared by several
-kinds charges its false alarms to each of them), F1, delays (median, p90) and the false
-alarms per device-day of its rules. Per rule: alerts, true, related, false, false alarms
-per device-day. A burn-in period at the start (detectors warming up on a fleet that was
-switched on all at once) is left out of every count.
+The raised alerts are judged against the ground truth by the one evaluator,
+:func:`models.evaluation.judgement.judge` (the demo's report judges by it too): detections,
+related alerts and false alarms per kind and per rule, with a burn-in at the start
+(detectors warming up on a fleet that was switched on all at once) left out of every count.
 
 Deterministic: equal arguments give an equal report (wall-clock seconds aside).
 """
@@ -42,21 +27,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
-from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
+from iotwatch.contract.ground_truth import Injection
 from iotwatch.settings import StreamSettings
-from iotwatch.stats import quantile, rounded
-from streaming import rules
+from models.evaluation.judgement import JudgedRun, RaisedAlert, judge
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.state_store import MemoryStore
 
 __all__ = [
     "GOALS",
-    "PLAUSIBLE_RULES",
     "RECOMMENDED",
-    "Alert",
     "SimulatedFleet",
     "check_goals",
     "compare",
@@ -70,10 +51,6 @@ __all__ = [
 
 START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC: a fixed, reproducible epoch
 _DAY_MS = 86_400_000
-_AFTERMATH_MAX_MS = 3_600_000
-
-#: Which rules may report each anomaly kind (one table, shared with the demo's accounting).
-PLAUSIBLE_RULES = RULES_FOR_ANOMALY_KIND
 
 #: The issue's goals: recall at least, the rest at most (drift delay in seconds of event time).
 GOALS: dict[str, float] = {
@@ -113,7 +90,7 @@ class SimulatedFleet:
 
     params: dict[str, Any]
     devices: dict[str, DeviceStream]
-    truth: list[dict[str, Any]]
+    truth: list[Injection]
     start_ms: int
     end_ms: int
 
@@ -192,27 +169,14 @@ def simulate(
 # -- through the streaming job's per-device logic -----------------------------------------------
 
 
-@dataclass(frozen=True)
-class Alert:
-    """One raised alert: when (event time of the raising reading, or the timer's virtual
-    time for ``device_silent``) and at which ``seq``."""
-
-    device_id: str
-    rule: str
-    raised_ms: int
-    seq: int
-    alert_id: str
-    first_event_ms: int
-
-
 def run_alerts(
     fleet: SimulatedFleet, settings: StreamSettings, on_row: Callable[[str, dict[str, Any]], None] | None = None
-) -> list[Alert]:
+) -> list[RaisedAlert]:
     """Every device's messages through :class:`PartitionEngine`, with the silence timer; the raised alerts."""
     engine = PartitionEngine(settings)
     store = MemoryStore(engine.kernel.STATE_SIZE, engine.seq_words)
     timeout_ms = int(settings.silence_timeout_s * 1000)
-    alerts: list[Alert] = []
+    alerts: list[RaisedAlert] = []
 
     def collect(device_id: str, rows: Iterable[dict[str, Any]], timer_ms: int | None = None) -> None:
         for row in rows:
@@ -224,9 +188,7 @@ def run_alerts(
             if body["state"] != "raised":
                 continue
             raised = timer_ms if timer_ms is not None else int(body["last_event_ms"])
-            alerts.append(
-                Alert(device_id, body["rule"], raised, int(body["seq"]), body["alert_id"], int(body["first_event_ms"]))
-            )
+            alerts.append(RaisedAlert(body["alert_id"], device_id, body["rule"], int(body["seq"]), raised))
 
     for device_id, stream in fleet.devices.items():
         arrivals = [arrival for arrival, _ in stream.messages]
@@ -257,139 +219,17 @@ def run_alerts(
 
 
 def match(
-    fleet: SimulatedFleet, alerts: list[Alert], *, grace_readings: int = 3, burn_in_s: float = 3 * 3600.0
+    fleet: SimulatedFleet, alerts: list[RaisedAlert], *, grace_readings: int = 3, burn_in_s: float = 3 * 3600.0
 ) -> dict[str, Any]:
-    """Match raised alerts to the ground truth; the per-kind and per-rule report."""
-    begin = fleet.start_ms + int(burn_in_s * 1000)
-    device_days = sum(max(fleet.end_ms - begin, 0) for _ in fleet.devices) / _DAY_MS
-    types = {d.device_id: d.device_type for d in fleet.devices.values()}
-    interval = {d.device_id: d.interval_ms for d in fleet.devices.values()}
-    type_days: dict[str, float] = defaultdict(float)
-    for device_type in types.values():
-        type_days[device_type] += max(fleet.end_ms - begin, 0) / _DAY_MS
-
-    windows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in fleet.truth:
-        windows[record["device_id"]].append(record)
-    by_device: dict[str, list[Alert]] = defaultdict(list)
-    for alert in alerts:
-        if alert.raised_ms >= begin:
-            by_device[alert.device_id].append(alert)
-
-    detections: dict[int, tuple[Alert, float, float]] = {}  # id(record) -> first detecting alert, delays
-    verdict: dict[Alert, str] = {}
-    for device_id, device_alerts in by_device.items():
-        device_alerts.sort(key=lambda a: (a.raised_ms, a.seq, a.rule))
-        step = interval[device_id]
-        for alert in device_alerts:
-            status = "false"
-            for record in windows.get(device_id, ()):
-                start, end = int(record["start_ts"]), int(record["end_ts"])
-                inside = start <= alert.raised_ms <= end + grace_readings * step
-                if inside and record["category"] == ANOMALY and alert.rule in PLAUSIBLE_RULES[record["kind"]]:
-                    status = "true"
-                    if id(record) not in detections:
-                        if alert.rule == rules.SILENT:
-                            delay_rows = (alert.raised_ms - start) / step
-                        else:
-                            delay_rows = float(alert.seq - int(record["start_seq"]))
-                        detections[id(record)] = (alert, delay_rows, (alert.raised_ms - start) / 1000.0)
-                elif status == "false":
-                    after = min(max(end - start, grace_readings * step), _AFTERMATH_MAX_MS)
-                    if inside or end < alert.raised_ms <= end + grace_readings * step + after:
-                        status = "related"
-            verdict[alert] = status
-
-    kinds = sorted({r["kind"] for r in fleet.truth if r["category"] == ANOMALY} | set(PLAUSIBLE_RULES))
-    scored = [r for r in fleet.truth if r["category"] == ANOMALY and int(r["start_ts"]) >= begin]
-    false_by_rule_type: dict[tuple[str, str], int] = defaultdict(int)
-    for alert, status in verdict.items():
-        if status == "false":
-            false_by_rule_type[(alert.rule, types[alert.device_id])] += 1
-
-    per_kind: dict[str, Any] = {}
-    for kind in kinds:
-        records = [r for r in scored if r["kind"] == kind]
-        if not records:
-            continue
-        applies = KINDS[kind].device_types
-        kind_types = {t for t in type_days if applies is None or t in applies}
-        hits = [detections[id(r)] for r in records if id(r) in detections]
-        false = sum(
-            n for (rule, t), n in false_by_rule_type.items() if rule in PLAUSIBLE_RULES[kind] and t in kind_types
-        )
-        recall = len(hits) / len(records)
-        precision = len(hits) / (len(hits) + false) if hits or false else None
-        f1 = 2 * precision * recall / (precision + recall) if precision is not None and precision + recall > 0 else None
-        rows_d = [h[1] for h in hits]
-        secs_d = [h[2] for h in hits]
-        days = sum(type_days[t] for t in kind_types)
-        per_kind[kind] = {
-            "windows": len(records),
-            "detected": len(hits),
-            "recall": rounded(recall),
-            "precision": rounded(precision),
-            "f1": rounded(f1),
-            "false_alarms": false,
-            "false_alarms_per_device_day": rounded(false / days if days else None),
-            "median_delay_readings": rounded(quantile(rows_d, 0.5), 2),
-            "p90_delay_readings": rounded(quantile(rows_d, 0.9), 2),
-            "median_delay_s": rounded(quantile(secs_d, 0.5), 1),
-            "p90_delay_s": rounded(quantile(secs_d, 0.9), 1),
-            "detected_by": dict(sorted(_count(h[0].rule for h in hits).items())),
-            "median_window_readings": rounded(quantile([float(r["messages"]) for r in records], 0.5), 1),
-        }
-
-    per_rule: dict[str, Any] = {}
-    for rule in sorted({a.rule for a in verdict}):
-        mine = [s for a, s in verdict.items() if a.rule == rule]
-        true, related, false = mine.count("true"), mine.count("related"), mine.count("false")
-        by_type = {
-            t: round(n / type_days[t], 4)
-            for (r, t), n in sorted(false_by_rule_type.items())
-            if r == rule and type_days[t]
-        }
-        per_rule[rule] = {
-            "alerts": len(mine),
-            "true": true,
-            "related": related,
-            "false": false,
-            "precision": rounded(true / (true + false) if true + false else None),
-            "false_alarms_per_device_day": rounded(false / device_days if device_days else None),
-            "false_alarms_per_device_day_by_type": by_type,
-        }
-
-    total_false = sum(r["false"] for r in per_rule.values())
-    total_true = sum(r["true"] for r in per_rule.values())
-    hits_all = [detections[id(r)] for r in scored if id(r) in detections]
-    recall = len(hits_all) / len(scored) if scored else None
-    precision = total_true / (total_true + total_false) if total_true + total_false else None
-    overall = {
-        "windows": len(scored),
-        "detected": len(hits_all),
-        "recall": rounded(recall),
-        "precision": rounded(precision),
-        "f1": rounded(
-            2 * precision * recall / (precision + recall)
-            if precision is not None and recall is not None and precision + recall > 0
-            else None
-        ),
-        "alerts": len(verdict),
-        "false_alarms": total_false,
-        "false_alarms_per_device_day": rounded(total_false / device_days if device_days else None),
-        "median_delay_readings": rounded(quantile([h[1] for h in hits_all], 0.5), 2),
-        "p90_delay_readings": rounded(quantile([h[1] for h in hits_all], 0.9), 2),
-        "median_delay_s": rounded(quantile([h[2] for h in hits_all], 0.5), 1),
-        "p90_delay_s": rounded(quantile([h[2] for h in hits_all], 0.9), 1),
-        "device_days": rounded(device_days, 2),
-    }
-    transport = [r for r in fleet.truth if r["category"] == TRANSPORT]
-    return {
-        "overall": overall,
-        "kinds": per_kind,
-        "rules": per_rule,
-        "transport_faults": dict(sorted(_count(r["kind"] for r in transport).items())),
-    }
+    """The fleet's raised alerts judged against its ground truth (:func:`judge`): the
+    per-kind and per-rule report."""
+    run = JudgedRun(
+        device_types={d.device_id: d.device_type for d in fleet.devices.values()},
+        intervals_ms={d.device_id: d.interval_ms for d in fleet.devices.values()},
+        start_ms=fleet.start_ms,
+        end_ms=fleet.end_ms,
+    )
+    return judge(fleet.truth, alerts, run, grace_readings=grace_readings, burn_in_s=burn_in_s).report
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:
@@ -497,14 +337,14 @@ def evaluate_simulated(
     results = compare(fleet, configs, grace_readings=grace_readings, burn_in_s=burn_in_s)
     for run in results.values():
         run["goals"] = check_goals(run)
-    anomalies = [r for r in fleet.truth if r["category"] == ANOMALY]
+    anomalies = [r for r in fleet.truth if r.is_anomaly]
     return {
         "simulation": {
             **fleet.params,
             "devices": len(fleet.devices),
             "messages": fleet.messages,
             "device_types": dict(sorted(_count(d.device_type for d in fleet.devices.values()).items())),
-            "anomalies": dict(sorted(_count(r["kind"] for r in anomalies).items())),
+            "anomalies": dict(sorted(_count(r.kind for r in anomalies).items())),
             "grace_readings": grace_readings,
             "burn_in_s": burn_in_s,
             "seconds": round(generated, 1),

@@ -6,9 +6,8 @@ order plus anomaly windows as inclusive row ranges. Two sources exist:
 - :class:`NabSource` -- a directory in NAB layout (``data/<group>/<name>.csv`` with
   ``timestamp,value`` and ``windows.json``);
 - :class:`SimulatorSource` -- the device simulator's readings (contract messages, one
-  JSON object a line) with its ground-truth JSONL (``device_id``, ``kind``,
-  ``start_ts``/``end_ts`` event times in ms, optional ``seq_start``/``seq_end``): one
-  stream per ``(device_id, metric)``, windows from the records of that device.
+  JSON object a line) with its ground truth (:mod:`iotwatch.contract.ground_truth`): one
+  stream per ``(device_id, metric)``, windows from the injections on that device.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from iotwatch.contract.ground_truth import BadGroundTruth, Injection, read_ground_truth
 from iotwatch.errors import IotwatchError
 
 __all__ = [
@@ -166,9 +166,13 @@ class SimulatorSource:
                         raise IotwatchError(f"{path}:{number}: not JSON ({exc.msg})") from None
 
     def streams(self) -> Iterator[LabelledStream]:
-        truth: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for record in self._jsonl(self.truth):
-            truth[str(record["device_id"])].append(record)
+        truth: dict[str, list[Injection]] = defaultdict(list)
+        try:
+            injections = read_ground_truth(self.truth)
+        except BadGroundTruth as exc:
+            raise IotwatchError(str(exc)) from None
+        for event in injections:
+            truth[event.device_id].append(event)
         series: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
         types: dict[str, str] = {}
         for msg in self._jsonl(self.readings):
@@ -180,7 +184,7 @@ class SimulatorSource:
             rows.sort()
             t_ms = np.array([r[0] for r in rows], dtype=np.int64)
             records = truth.get(device, [])
-            limits = [(int(r["start_ts"]), int(r["end_ts"])) for r in records]
+            limits = [(r.start_ts, r.end_ts) for r in records]
             yield LabelledStream(
                 key=f"{device}/{metric}",
                 group=types[device],
@@ -188,5 +192,5 @@ class SimulatorSource:
                 t_ms=t_ms,
                 values=np.array([[r[2]] for r in rows], dtype=float).reshape(-1, 1),
                 windows=windows_to_rows(t_ms, limits),
-                kinds=sorted({str(r.get("kind", "")) for r in records}),
+                kinds=sorted({r.kind for r in records}),
             )

@@ -98,49 +98,49 @@ def test_ground_truth_matches_injected_changes(tmp_path: Path) -> None:
     messages = [m for batch in sim.run(70) for m in batch]
     clean = telemetry_by_device(generate(base, 70))
     dirty = telemetry_by_device(messages)
-    truth = {r["kind"]: r for r in sim.injector.records}
+    truth = {r.kind: r for r in sim.injector.records}
     assert set(truth) == {"spike", "level_shift", "dropout", "duplicate", "malformed", "out_of_order", "clock_skew"}
 
     spike = truth["spike"]
-    assert spike["start_seq"] == spike["end_seq"] and spike["messages"] == 1 and spike["start_ts"] >= START_MS + 10_000
+    assert spike.start_seq == spike.end_seq and spike.messages == 1 and spike.start_ts >= START_MS + 10_000
     thermo_clean = {m["seq"]: m for m in clean["home-00000-thermostat-0"]}
     thermo_dirty = {m["seq"]: m for m in dirty["home-00000-thermostat-0"]}
     for seq, message in thermo_dirty.items():
         delta = message["metrics"]["temperature_c"] - thermo_clean[seq]["metrics"]["temperature_c"]
-        assert delta == pytest.approx(9.0 if seq == spike["start_seq"] else 0.0, abs=0.02)
+        assert delta == pytest.approx(9.0 if seq == spike.start_seq else 0.0, abs=0.02)
 
     shift = truth["level_shift"]
     meter_clean = {m["seq"]: m for m in clean["home-00001-smart_meter-0"]}
     for message in dirty["home-00001-smart_meter-0"]:
-        inside = shift["start_seq"] <= message["seq"] <= shift["end_seq"]
+        inside = shift.start_seq <= message["seq"] <= shift.end_seq
         delta = message["metrics"]["power_w"] - meter_clean[message["seq"]]["metrics"]["power_w"]
         assert delta == pytest.approx(500.0 if inside else 0.0, abs=0.2)
-    assert shift["end_ts"] - shift["start_ts"] <= 5_000
+    assert shift.end_ts - shift.start_ts <= 5_000
 
     dropout = truth["dropout"]
     seqs = [m["seq"] for m in dirty["home-00001-thermostat-0"]]
     missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
-    assert missing == list(range(dropout["start_seq"], dropout["end_seq"] + 1)) and len(missing) >= 4
+    assert missing == list(range(dropout.start_seq, dropout.end_seq + 1)) and len(missing) >= 4
     statuses = [json.loads(p)["state"] for _, topic, p, g in messages if g == STATUS]
     assert statuses == ["offline", "online"]
 
     duplicate = truth["duplicate"]
     meter0 = [m["seq"] for m in dirty["home-00000-smart_meter-0"]]
-    assert meter0.count(duplicate["start_seq"]) == 3 and duplicate["params"]["copies"] == 2
+    assert meter0.count(duplicate.start_seq) == 3 and duplicate.params["copies"] == 2
 
     malformed = truth["malformed"]
     bad = [p for _, topic, p, _ in messages if "home-00000-thermostat-0" in topic and not _valid(p)]
-    assert len(bad) == 1 and malformed["messages"] == 1
-    assert malformed["start_seq"] not in thermo_dirty
+    assert len(bad) == 1 and malformed.messages == 1
+    assert malformed.start_seq not in thermo_dirty
 
     order = [m["seq"] for m in dirty["home-00001-smart_meter-0"]]
-    moved = truth["out_of_order"]["start_seq"]
+    moved = truth["out_of_order"].start_seq
     assert order.index(moved) == order.index(moved + 2) + 1  # arrives after the next two
 
     skew = truth["clock_skew"]
     for message in dirty["home-00000-smart_meter-0"]:
         clean_ts = {m["seq"]: m["ts"] for m in clean["home-00000-smart_meter-0"]}[message["seq"]]
-        inside = skew["start_seq"] <= message["seq"] <= skew["end_seq"]
+        inside = skew.start_seq <= message["seq"] <= skew.end_seq
         assert message["ts"] - clean_ts == (3_600_000 if inside else 0)
 
 
@@ -181,7 +181,7 @@ def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> N
             pass
         runs.append(sim.injector.records)
     assert runs[0] == runs[1] and runs[0]
-    kinds = {r["kind"] for r in runs[0]}
+    kinds = {r.kind for r in runs[0]}
     assert kinds <= {
         "spike",
         "flatline",
@@ -195,8 +195,8 @@ def test_rate_based_injection_is_recorded_and_deterministic(tmp_path: Path) -> N
     }
     assert {"spike", "flatline"} <= kinds
     for record in runs[0]:
-        assert record["start_seq"] <= record["end_seq"] and record["start_ts"] <= record["end_ts"]
-        assert record["messages"] >= 1
+        assert record.start_seq <= record.end_seq and record.start_ts <= record.end_ts
+        assert record.messages >= 1
 
 
 def test_anomalies_after_keeps_the_warm_up_free_of_anomalies_only() -> None:
@@ -216,11 +216,11 @@ def test_anomalies_after_keeps_the_warm_up_free_of_anomalies_only() -> None:
         for _batch in sim.run(300):
             pass
         records[after] = sim.injector.records
-    early = [r for r in records[0.0] if r["category"] == "anomaly" and r["start_ts"] < START_MS + 120_000]
+    early = [r for r in records[0.0] if r.category == "anomaly" and r.start_ts < START_MS + 120_000]
     assert early, "the rate gives anomalies within the first 120 s without a warm-up"
-    anomalies = [r for r in records[120.0] if r["category"] == "anomaly"]
-    assert anomalies and min(r["start_ts"] for r in anomalies) >= START_MS + 120_000
-    assert any(r["category"] == "transport" and r["start_ts"] < START_MS + 120_000 for r in records[120.0])
+    anomalies = [r for r in records[120.0] if r.category == "anomaly"]
+    assert anomalies and min(r.start_ts for r in anomalies) >= START_MS + 120_000
+    assert any(r.category == "transport" and r.start_ts < START_MS + 120_000 for r in records[120.0])
 
 
 def test_a_bounded_run_holds_whole_anomalies_only() -> None:
@@ -244,10 +244,10 @@ def test_a_bounded_run_holds_whole_anomalies_only() -> None:
         for _batch in sim.run(600):
             pass
     run_end = START_MS + 600_000
-    cut = [r for r in unbounded.injector.records if r["category"] == "anomaly" and r["end_ts"] >= run_end - 2000]
+    cut = [r for r in unbounded.injector.records if r.category == "anomaly" and r.end_ts >= run_end - 2000]
     assert cut, "without a known end some anomalies run into it"
-    anomalies = [r for r in bounded.injector.records if r["category"] == "anomaly"]
-    assert anomalies and max(r["end_ts"] for r in anomalies) <= run_end - 5000
+    anomalies = [r for r in bounded.injector.records if r.category == "anomaly"]
+    assert anomalies and max(r.end_ts for r in anomalies) <= run_end - 5000
 
 
 def test_physics_stays_plausible_over_two_days() -> None:
@@ -313,8 +313,8 @@ def test_crash_event_carries_the_pre_event_buffer(tmp_path: Path) -> None:
         history = {m["ts"]: m for m in telemetry_by_device(messages)[event["device_id"]]}
         for k, ts in enumerate(readings["ts"]):  # the buffer holds what was published
             assert readings["speed_kmh"][k] == pytest.approx(history[ts]["metrics"]["speed_kmh"])
-    records = [r for r in sim.injector.records if r["kind"] == "crash"]
-    assert len(records) == 3 and all(r["start_ts"] in {c["ts"] for c in crashes} for r in records)
+    records = [r for r in sim.injector.records if r.kind == "crash"]
+    assert len(records) == 3 and all(r.start_ts in {c["ts"] for c in crashes} for r in records)
 
 
 def test_normal_driving_never_triggers_the_recorder() -> None:

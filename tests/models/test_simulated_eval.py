@@ -8,10 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
+from iotwatch.contract.ground_truth import Injection
+from models.evaluation.judgement import RaisedAlert
 from models.evaluation.simulated import (
     GOALS,
     RECOMMENDED,
-    Alert,
     check_goals,
     evaluate_fleet,
     match,
@@ -128,25 +129,24 @@ def test_matching_rules() -> None:
     step = fleet.devices[device].interval_ms
     start = fleet.start_ms + 4 * 3600_000
     fleet.truth = [
-        {
-            "device_id": device,
-            "device_type": "thermostat",
-            "site": "home-00000",
-            "kind": "spike",
-            "category": "anomaly",
-            "start_ts": start,
-            "end_ts": start,
-            "start_seq": 480,
-            "end_seq": 480,
-            "messages": 1,
-            "source": "rate",
-            "params": {},
-        }
+        Injection(
+            device_id=device,
+            device_type="thermostat",
+            site="home-00000",
+            kind="spike",
+            category="anomaly",
+            start_ts=start,
+            end_ts=start,
+            start_seq=480,
+            end_seq=480,
+            messages=1,
+            source="rate",
+        )
     ]
     alerts = [
-        Alert(device, "anomaly_score", start + 2 * step, 482, "a", start),  # detects, 2 readings late
-        Alert(device, "device_silent", start + step, 481, "b", start),  # implausible: related
-        Alert(device, "anomaly_score", start + 3 * 3600_000, 840, "c", start),
+        RaisedAlert("a", device, "anomaly_score", 482, start + 2 * step),  # detects, 2 readings late
+        RaisedAlert("b", device, "device_silent", 481, start + step),  # implausible: related
+        RaisedAlert("c", device, "anomaly_score", 840, start + 3 * 3600_000),
     ]  # false alarm
     report = match(fleet, alerts, grace_readings=3, burn_in_s=3600.0)
     spike = report["kinds"]["spike"]

@@ -17,6 +17,7 @@ from devices.config import SimConfig
 from devices.simulation import Simulation
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.settings import Settings, StreamSettings
 from responder.policy import DEFAULT_POLICIES
@@ -168,7 +169,7 @@ def test_stuck_hvac_and_leak_are_alerted_commanded_obeyed_and_cleared(
         assert raised[rule]["runbook_url"].endswith(f"#{rule}")
 
     # the ground truth says the faults ended because of the commands; the devices counted them
-    truth = {r["kind"]: r for r in map(json.loads, (tmp_path / "truth.jsonl").read_text().splitlines())}
-    assert truth["stuck_hvac"]["ended_by_command"] == audits[THERMOSTAT].command_id
-    assert truth["water_leak"]["ended_by_command"] == audits[LEAK].command_id
+    truth = {r.kind: r for r in read_ground_truth(tmp_path / "truth.jsonl")}
+    assert truth["stuck_hvac"].ended_by_command == audits[THERMOSTAT].command_id
+    assert truth["water_leak"].ended_by_command == audits[LEAK].command_id
     assert summary["commands"] == {"accepted": 2, "done": 2}

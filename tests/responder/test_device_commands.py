@@ -32,8 +32,8 @@ def test_devices_obey_refuse_expired_and_get_commands_sent_while_offline(
         issuer.send(SITE, "thermostat", reset)
         eventually(lambda: replies.of(reset.command_id) == ["accepted", "done"], 10, "reset accepted and done")
         assert mode(sim, THERMOSTAT) == 0
-        truth = [r for r in sim.injector.records if r["kind"] == "stuck_hvac"]
-        assert truth and truth[0]["ended_by_command"] == reset.command_id
+        truth = [r for r in sim.injector.records if r.kind == "stuck_hvac"]
+        assert truth and truth[0].ended_by_command == reset.command_id
         # delivered again (QoS 1 redelivery or a re-send): answered again, not run again
         issuer.send(SITE, "thermostat", reset)
         eventually(lambda: replies.of(reset.command_id) == ["accepted", "done", "done"], 10, "the repeat answered")

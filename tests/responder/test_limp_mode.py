@@ -100,8 +100,8 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     limp = [a for a in audits if a.alert_id == hot.alert_id]
     assert {a.name for a in limp} == {"limp_mode"} and limp[-1].status.value == "done"
     assert not [a for a in audits if a.alert_id in (cold.alert_id, crash.alert_id)]  # no command for those
-    truth = [r for r in sim.injector.records if r["kind"] == "overheating"]
-    assert truth and truth[0]["ended_by_command"] == limp[-1].command_id
+    truth = [r for r in sim.injector.records if r.kind == "overheating"]
+    assert truth and truth[0].ended_by_command == limp[-1].command_id
     assert counts["emergencies"] == 1
 
     again = InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))  # rebuilds from the topics

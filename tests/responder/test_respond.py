@@ -140,9 +140,9 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     letters = [DeadLetter.of_message(m.value(), m.key(), m.headers()) for m in dead]
     assert sorted(letter.reason for letter in letters) == ["invalid_json", "unknown_command"]
     assert {letter.stage for letter in letters} == {"responder"}
-    truth = {r["kind"]: r for r in sim.injector.records}
-    assert truth["stuck_hvac"]["ended_by_command"] == audits[(THERMOSTAT, 1)].command_id
-    assert truth["water_leak"]["ended_by_command"] == audits[(LEAK, 1)].command_id
+    truth = {r.kind: r for r in sim.injector.records}
+    assert truth["stuck_hvac"].ended_by_command == audits[(THERMOSTAT, 1)].command_id
+    assert truth["water_leak"].ended_by_command == audits[(LEAK, 1)].command_id
 
     # a restart rebuilds the state from the topics: nothing is sent again
     running = responding(settings)

@@ -66,8 +66,8 @@ def test_twin_reported_set_applied_and_refused(test_settings: Settings, unique: 
             "the valve closed",
         )
         assert mode(sim, LEAK) == 0  # the water stopped ...
-        truth = [r for r in sim.injector.records if r["kind"] == "water_leak"]
-        assert truth[0]["ended_by_command"] == sent["command_id"]  # ... because of the operator's command
+        truth = [r for r in sim.injector.records if r.kind == "water_leak"]
+        assert truth[0].ended_by_command == sent["command_id"]  # ... because of the operator's command
 
         shown = iotwatch(settings, "devices", "show", THERMOSTAT)
         assert shown["reported"]["properties"]["firmware"] == "1.0.0" and shown["desired"] is None
