@@ -20,6 +20,7 @@ from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
+from iotwatch.stats import rounded
 from models.evaluation.judgement import JudgedRun, RaisedAlert, judge
 
 
@@ -122,7 +123,7 @@ def judge_alerts(
         kind: {
             "injected": stats["windows"],
             "detected": stats["detected"],
-            "recall": stats["recall"],
+            "recall": rounded(stats["recall"], 3),
             "median_delay_s": None if kind == AnomalyKind.DROPOUT and speedup != 1.0 else stats["median_delay_s"],
         }
         for kind, stats in kinds.items()
@@ -130,12 +131,12 @@ def judge_alerts(
     summary = {
         "anomalies_injected": overall["windows"],
         "anomalies_detected": overall["detected"],
-        "recall": overall["recall"],
+        "recall": rounded(overall["recall"], 3),
         "alerts_raised": overall["alerts"],
         "alerts_detecting_an_anomaly": overall["true"],
         "alerts_related_to_an_anomaly": overall["related"],
         "end_of_run_silences": overall["end_of_run"],
-        "precision": overall["precision"],
+        "precision": rounded(overall["precision"], 3),
         "false_alarms": overall["false_alarms"],
         "false_alarms_by_rule": overall["false_alarms_by_rule"],
         "median_delay_readings": overall["median_delay_readings"],
