@@ -44,7 +44,7 @@ from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
 from iotwatch.stack.process import free_port
-from iotwatch.stats import quantile
+from iotwatch.stats import quantiles
 from models.evaluation.judgement import TRUE
 
 log = logging.getLogger(__name__)
@@ -409,8 +409,7 @@ def _summarise(
         "latency_ms": {
             "gateway_delivery_p50": gateway.get("delivery_latency_ms_p50"),
             "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
-            "raw_append_to_alert_p50": quantile(latencies, 0.5),
-            "raw_append_to_alert_p99": quantile(latencies, 0.99),
+            **{f"raw_append_to_alert_{q}": v for q, v in quantiles(latencies, (0.5, 0.99), digits=1).items()},
         },
         "closed_loop": closed_loop.summarise(audits, alerts, truth),
         "dashboards": check_dashboards(
