@@ -21,7 +21,7 @@ from iotwatch.demo.accounting import RawIndex, judge_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
-from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, TRUE
+from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 
 
 def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None, **fields: Any) -> AlertRecord:
@@ -73,10 +73,14 @@ def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
         alert("stray", "t1", "anomaly_score", 600),
         alert("stopped", "t1", "device_silent", 899),
         alert("silence", "t2", "device_silent", 299, state="cleared"),
+        # the responder's escalation has no reading of its own: it is judged at its original's
+        msgspec.structs.replace(
+            alert("escalated", "t2", "command_escalation", 0, caused_by="silence"), seq=None, first_seq=None
+        ),
     ]
     summary, verdicts = judge_alerts(alerts, truth, raw, speedup=10.0)
-    assert verdicts == {"silence": TRUE, "stray": FALSE_ALARM, "stopped": END_OF_RUN}
-    assert (summary["recall"], summary["precision"], summary["alerts_raised"]) == (1.0, 0.5, 3)
+    assert verdicts == {"silence": TRUE, "stray": FALSE_ALARM, "stopped": END_OF_RUN, "escalated": RELATED}
+    assert (summary["recall"], summary["precision"], summary["alerts_raised"]) == (1.0, 0.5, 4)
     assert (summary["alerts_detecting_an_anomaly"], summary["false_alarms"], summary["end_of_run_silences"]) == (
         1,
         1,

@@ -106,7 +106,8 @@ def judge_alerts(
 
     Every device falls silent when the simulators stop: a ``device_silent`` alert at a
     device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
-    the end of the run, left out of precision. The demo runs event time ``speedup`` times
+    the end of the run, left out of precision. The responder's escalation, raised on no
+    reading of its own, is judged at its original alert's reading. The demo runs event time ``speedup`` times
     faster than the wall clock, and judges silence in wall time, so a dropout's delay in
     event time is given only when ``speedup`` is 1."""
     run = JudgedRun(
@@ -117,7 +118,9 @@ def judge_alerts(
         },
         last_seq=raw.last_seq(),
     )
-    judgement = judge(truth, [RaisedAlert.of_record(a) for a in alerts if a.raised], run)
+    by_id = {a.alert_id: a for a in alerts if a.raised}
+    raised = [RaisedAlert.of_record(a, by_id.get(a.caused_by or "")) for a in by_id.values()]
+    judgement = judge(truth, raised, run)
     overall, kinds = judgement.report["overall"], judgement.report["kinds"]
     by_kind = {
         kind: {

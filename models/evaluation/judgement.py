@@ -75,12 +75,15 @@ class RaisedAlert:
     raised_ms: int
 
     @classmethod
-    def of_record(cls, record: AlertRecord) -> RaisedAlert:
+    def of_record(cls, record: AlertRecord, original: AlertRecord | None = None) -> RaisedAlert:
         """A raised record of the alert topic. A silence is noticed in processing time
-        (``detected_at_ms``); every other rule raises on a reading's event time."""
+        (``detected_at_ms``); every other rule raises on a reading's event time. A record
+        raised on no reading of its own (the responder's escalation) is placed at its
+        ``original`` alert's reading; without one, before every reading (seq -1)."""
+        placed = original if record.seq is None and original is not None else record
         silent = record.rule == Rule.DEVICE_SILENT
-        raised_ms = record.detected_at_ms if silent or record.last_event_ms is None else record.last_event_ms
-        seq = record.seq if record.seq is not None else record.start_seq
+        raised_ms = record.detected_at_ms if silent or placed.last_event_ms is None else placed.last_event_ms
+        seq = placed.seq if placed.seq is not None else placed.start_seq
         return cls(record.alert_id, record.device_id, record.rule, int(seq if seq is not None else -1), raised_ms)
 
 
