@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.demo.closed_loop import summarise, timings
 from iotwatch.demo.report import plot_closed_loop
@@ -50,7 +53,22 @@ def test_times_to_command_ack_and_recovery() -> None:
         audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800)),
         audit("c2", "a2", 4_000, ("sent", 4_000), ("timed_out", 64_000)),
     ]
-    result = summarise(trail, alerts, [{"kind": "water_leak", "ended_by_command": "c1"}, {"kind": "spike"}])
+    leak = Injection(
+        device_id="leak",
+        device_type="leak_sensor",
+        site="h",
+        kind="water_leak",
+        category="anomaly",
+        start_ts=0,
+        end_ts=0,
+        start_seq=0,
+        end_seq=0,
+        messages=1,
+        source="scenario",
+        ended_by_command="c1",
+    )
+    spike = msgspec.structs.replace(leak, kind="spike", ended_by_command=None)
+    result = summarise(trail, alerts, [leak, spike])
     assert result["commands"] == 2 and result["outcomes"] == {"done": 1, "timed_out": 1}
     assert result["time_to_command_s"]["n"] == 2 and result["time_to_command_s"]["p50"] == 1.25  # 0.5 s and 2 s
     assert result["time_to_device_ack_s"] == {"p50": 0.2, "p99": 0.2, "n": 1}
