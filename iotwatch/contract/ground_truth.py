@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from iotwatch.contract.detection import canonical_kind
+
 __all__ = [
     "ANOMALY",
     "GROUND_TRUTH_VERSION",
@@ -96,14 +98,16 @@ def encode_injection(event: Injection) -> bytes:
 
 def decode_injection(line: bytes | str) -> Injection:
     """One JSON line as an :class:`Injection`, or :class:`BadGroundTruth` saying why not.
-    Lines written before the version field read as version 1."""
+    Lines written before the version field read as version 1, and a kind's earlier spelling
+    (``hvac_stuck``, ``leak``) as its one spelling."""
     try:
         event = _DECODER.decode(line)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise BadGroundTruth(f"not a ground-truth record: {exc}") from None
     if event.v != GROUND_TRUTH_VERSION:
         raise BadGroundTruth(f"ground truth v={event.v}, supported [{GROUND_TRUTH_VERSION}]")
-    return event
+    kind = canonical_kind(event.kind)
+    return event if kind == event.kind else msgspec.structs.replace(event, kind=kind)
 
 
 def sort_injections(events: Iterable[Injection]) -> list[Injection]:

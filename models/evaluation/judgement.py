@@ -150,7 +150,7 @@ def judge(
                 dropout = event.kind == AnomalyKind.DROPOUT
                 low = event.start_seq - (1 if dropout else 0)
                 inside = low <= alert.seq <= event.end_seq + grace_readings
-                if inside and event.category == ANOMALY and alert.rule in RULES_FOR_ANOMALY_KIND[event.kind]:
+                if inside and event.category == ANOMALY and alert.rule in _rules_for(event.kind):
                     status = TRUE
                     if id(event) not in detections:
                         if alert.rule == Rule.DEVICE_SILENT:
@@ -184,10 +184,10 @@ def judge(
         events = [e for e in scored if e.kind == kind]
         if not events:
             continue
-        applies = KINDS[kind].device_types
+        applies = KINDS[kind].device_types if kind in KINDS else None
         kind_types = {t for t in type_days if applies is None or t in applies}
         hits = [detections[id(e)] for e in events if id(e) in detections]
-        plausible = RULES_FOR_ANOMALY_KIND[kind]
+        plausible = _rules_for(kind)
         false = sum(n for (rule, t), n in false_by_rule_type.items() if rule in plausible and t in kind_types)
         days = sum(type_days[t] for t in kind_types)
         per_kind[kind] = {
@@ -244,6 +244,12 @@ def judge(
         "transport_faults": _count(e.kind for e in truth if e.category == TRANSPORT),
     }
     return Judgement(report, verdicts)
+
+
+def _rules_for(kind: str) -> frozenset[str]:
+    """The rules that may detect ``kind``; none for a kind this version does not know (a
+    newer simulator's): its alerts are then related, never detections or false alarms."""
+    return RULES_FOR_ANOMALY_KIND.get(kind, frozenset())
 
 
 def _scores(detected: int, windows: int, false: int, *, true_alerts: int | None = None) -> dict[str, float | None]:

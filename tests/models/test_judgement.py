@@ -8,7 +8,7 @@ import pytest
 from devices.anomaly_kinds import KINDS
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
-from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection
+from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection, decode_injection, encode_injection
 from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE, JudgedRun, RaisedAlert, judge
 
 T0 = 1_700_000_000_000
@@ -137,3 +137,16 @@ def test_an_alert_record_is_judged_at_its_raising_reading() -> None:
     assert RaisedAlert.of_record(record) == RaisedAlert("a", "t1", "anomaly_score", 5, T0 + 5_000)
     silent = msgspec.convert({**fields, "rule": "device_silent", "seq": 7, "last_event_ms": T0 + 7_000}, AlertRecord)
     assert RaisedAlert.of_record(silent).raised_ms == T0 + 9_000
+
+
+def test_a_kind_this_version_does_not_know_is_judged_without_failing() -> None:
+    """A newer simulator's kind: no rule detects it, so an alert inside it is related."""
+    alerts = [raised("inside", "t1", "anomaly_score", 105)]
+    result = judge([injected("gremlin", "t1", 100, 120)], alerts, RUN)
+    assert result.verdicts == {"inside": RELATED}
+    assert result.report["kinds"]["gremlin"]["recall"] == 0.0
+
+
+def test_an_earlier_spelling_of_a_kind_reads_as_its_one_spelling() -> None:
+    line = encode_injection(injected("water_leak", "t1", 1, 2)).replace(b'"water_leak"', b'"leak"')
+    assert decode_injection(line).kind == "water_leak"
