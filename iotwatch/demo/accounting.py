@@ -107,9 +107,9 @@ def judge_alerts(
     Every device falls silent when the simulators stop: a ``device_silent`` alert at a
     device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
     the end of the run, left out of precision. The responder's escalation, raised on no
-    reading of its own, is judged at its original alert's reading. The demo runs event time ``speedup`` times
-    faster than the wall clock, and judges silence in wall time, so a dropout's delay in
-    event time is given only when ``speedup`` is 1."""
+    reading of its own, is judged at its original alert's reading. The demo runs event
+    time ``speedup`` times faster than the wall clock, and judges silence in wall time, so
+    a dropout's delay in event time is given only when ``speedup`` is 1."""
     run = JudgedRun(
         device_types={device: device_type for device, (device_type, _) in raw.identities.items()},
         intervals_ms={

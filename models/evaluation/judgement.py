@@ -42,7 +42,7 @@ device-day. Per rule: alerts, true, related, false. A burn-in at the start of th
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,7 +277,5 @@ def _delays(hits: list[tuple[RaisedAlert, float, float]]) -> dict[str, float | N
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for item in items:
-        counts[item] += 1
-    return dict(sorted(counts.items()))
+    """How often each name occurs, by name."""
+    return dict(sorted(Counter(items).items()))

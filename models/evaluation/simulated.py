@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,13 +232,6 @@ def match(
     return judge(fleet.truth, alerts, run, grace_readings=grace_readings, burn_in_s=burn_in_s).report
 
 
-def _count(items: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for item in items:
-        out[item] += 1
-    return dict(out)
-
-
 # -- settings and the whole evaluation -------------------------------------------------------------
 
 
@@ -343,8 +336,8 @@ def evaluate_simulated(
             **fleet.params,
             "devices": len(fleet.devices),
             "messages": fleet.messages,
-            "device_types": dict(sorted(_count(d.device_type for d in fleet.devices.values()).items())),
-            "anomalies": dict(sorted(_count(r.kind for r in anomalies).items())),
+            "device_types": dict(sorted(Counter(d.device_type for d in fleet.devices.values()).items())),
+            "anomalies": dict(sorted(Counter(r.kind for r in anomalies).items())),
             "grace_readings": grace_readings,
             "burn_in_s": burn_in_s,
             "seconds": round(generated, 1),
