@@ -13,6 +13,7 @@ from paho.mqtt.client import MQTT_ERR_NO_CONN
 
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.contract.ground_truth import ANOMALY, Injection
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import KafkaSettings, MqttSettings
 
@@ -79,6 +80,37 @@ class Publisher:
 
     def join(self, timeout: float = 120) -> None:
         assert self.done.wait(timeout), "publisher did not finish"
+
+
+def injection(
+    kind: str,
+    device: str,
+    start_seq: int,
+    end_seq: int,
+    *,
+    device_type: str = "thermostat",
+    interval_ms: int = 1000,
+    t0_ms: int = 0,
+    **fields: Any,
+) -> Injection:
+    """A ground-truth record as the simulators write it: an anomaly (``category`` in
+    ``fields`` for a transport fault) over seqs ``start_seq``..``end_seq``, a reading every
+    ``interval_ms`` from ``t0_ms`` at seq 0."""
+    values: dict[str, Any] = {
+        "device_id": device,
+        "device_type": device_type,
+        "site": "h",
+        "kind": kind,
+        "category": ANOMALY,
+        "start_ts": t0_ms + start_seq * interval_ms,
+        "end_ts": t0_ms + end_seq * interval_ms,
+        "start_seq": start_seq,
+        "end_seq": end_seq,
+        "messages": end_seq - start_seq + 1,
+        "source": "rate",
+        **fields,
+    }
+    return Injection(**values)
 
 
 def read_topic(

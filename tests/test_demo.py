@@ -16,12 +16,13 @@ from dashboards import build_all
 from dashboards.queries import queries
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.contract.ground_truth import Injection, read_ground_truth
+from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.demo.accounting import RawIndex, judge_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
 from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
+from tests.helpers import injection
 
 
 def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None, **fields: Any) -> AlertRecord:
@@ -53,21 +54,7 @@ def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
     raw = RawIndex(identities={"t1": ("thermostat", "h"), "t2": ("thermostat", "h")})
     raw.seqs["t1"].update(range(900))
     raw.seqs["t2"].update(set(range(900)) - set(range(300, 351)))
-    truth = [
-        Injection(
-            device_id="t2",
-            device_type="thermostat",
-            site="h",
-            kind="dropout",
-            category="anomaly",
-            start_ts=0,
-            end_ts=0,
-            start_seq=300,
-            end_seq=350,
-            messages=51,
-            source="rate",
-        )
-    ]
+    truth = [injection("dropout", "t2", 300, 350)]
     alerts = [
         alert("silence", "t2", "device_silent", 299),
         alert("stray", "t1", "anomaly_score", 600),

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
-
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.demo.closed_loop import summarise, timings
 from iotwatch.demo.report import plot_closed_loop
 from tests.alerts.conftest import make_alert
+from tests.helpers import injection
 
 
 def audit(command_id: str, alert_id: str, issued: int, *steps: tuple[str, int]) -> CommandAudit:
@@ -53,21 +51,8 @@ def test_times_to_command_ack_and_recovery() -> None:
         audit("c1", "a1", 1_500, ("sent", 1_500), ("accepted", 1_700), ("done", 1_800)),
         audit("c2", "a2", 4_000, ("sent", 4_000), ("timed_out", 64_000)),
     ]
-    leak = Injection(
-        device_id="leak",
-        device_type="leak_sensor",
-        site="h",
-        kind="water_leak",
-        category="anomaly",
-        start_ts=0,
-        end_ts=0,
-        start_seq=0,
-        end_seq=0,
-        messages=1,
-        source="scenario",
-        ended_by_command="c1",
-    )
-    spike = msgspec.structs.replace(leak, kind="spike", ended_by_command=None)
+    leak = injection("water_leak", "leak", 0, 0, device_type="leak_sensor", ended_by_command="c1")
+    spike = injection("spike", "leak", 5, 5, device_type="leak_sensor")
     result = summarise(trail, alerts, [leak, spike])
     assert result["commands"] == 2 and result["outcomes"] == {"done": 1, "timed_out": 1}
     assert result["time_to_command_s"]["n"] == 2 and result["time_to_command_s"]["p50"] == 1.25  # 0.5 s and 2 s

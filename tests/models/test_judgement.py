@@ -10,6 +10,7 @@ from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection, decode_injection, encode_injection
 from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE, JudgedRun, RaisedAlert, judge
+from tests.helpers import injection
 
 T0 = 1_700_000_000_000
 TYPES = {"t1": "thermostat", "t2": "thermostat", "car": "vehicle_edr"}
@@ -17,19 +18,15 @@ RUN = JudgedRun(device_types=TYPES, intervals_ms={"t1": 1000, "t2": 1000, "car":
 
 
 def injected(kind: str, device: str, start_seq: int, end_seq: int, category: str = ANOMALY) -> Injection:
-    step = RUN.intervals_ms[device]
-    return Injection(
-        device_id=device,
+    return injection(
+        kind,
+        device,
+        start_seq,
+        end_seq,
         device_type=TYPES[device],
-        site="h",
-        kind=kind,
-        category=category,  # type: ignore[arg-type]
-        start_ts=T0 + start_seq * step,
-        end_ts=T0 + end_seq * step,
-        start_seq=start_seq,
-        end_seq=end_seq,
-        messages=end_seq - start_seq + 1,
-        source="rate",
+        interval_ms=RUN.intervals_ms[device],
+        t0_ms=T0,
+        category=category,
     )
 
 

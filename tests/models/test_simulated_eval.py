@@ -8,7 +8,6 @@ import pytest
 from click.testing import CliRunner
 
 from iotwatch.cli import cli
-from iotwatch.contract.ground_truth import Injection
 from models.evaluation.judgement import RaisedAlert
 from models.evaluation.simulated import (
     GOALS,
@@ -20,6 +19,7 @@ from models.evaluation.simulated import (
     settings_for,
     simulate,
 )
+from tests.helpers import injection
 
 OBVIOUS = ("spike", "water_leak", "crash", "out_of_range", "dropout")
 MIX = {"thermostat": 1, "smart_meter": 1, "door_sensor": 1, "leak_sensor": 1}
@@ -128,21 +128,7 @@ def test_matching_rules() -> None:
     device = next(iter(fleet.devices))
     step = fleet.devices[device].interval_ms
     start = fleet.start_ms + 4 * 3600_000
-    fleet.truth = [
-        Injection(
-            device_id=device,
-            device_type="thermostat",
-            site="home-00000",
-            kind="spike",
-            category="anomaly",
-            start_ts=start,
-            end_ts=start,
-            start_seq=480,
-            end_seq=480,
-            messages=1,
-            source="rate",
-        )
-    ]
+    fleet.truth = [injection("spike", device, 480, 480, interval_ms=0, t0_ms=start, site="home-00000")]
     alerts = [
         RaisedAlert("a", device, "anomaly_score", 482, start + 2 * step),  # detects, 2 readings late
         RaisedAlert("b", device, "device_silent", 481, start + step),  # implausible: related
