@@ -242,11 +242,10 @@ class _Readings:
     def entries(self, i: int) -> range:
         return range(self.starts[i], self.starts[i + 1])
 
-    def located(self, alert: AlertRecord, i: int) -> AlertRecord:
-        """``alert`` with the position reading ``i`` reported, if it reported one (vehicles):
-        an emergency notification of a crash says where it happened."""
-        position = {self.names[k]: float(self.values[k]) for k in self.entries(i) if self.names[k] in _POSITION}
-        return msgspec.structs.replace(alert, **position) if position else alert
+    def position(self, i: int) -> dict[str, float]:
+        """The position reading ``i`` reported, if it reported one (vehicles): an alert raised
+        on it carries it, so an emergency notification of a crash says where it happened."""
+        return {self.names[k]: float(self.values[k]) for k in self.entries(i) if self.names[k] in _POSITION}
 
     def view(self, i: int) -> rules.ReadingView:
         """The scalar rules' view of reading ``i`` (messages of raised and cleared alerts)."""
@@ -451,11 +450,11 @@ class PartitionEngine:
                 lambda i=i: describe(i, episode.metric),
             )
             if alert is not None:
+                updates: dict[str, Any] = readings.position(i)
                 if rule == rules.FLEET:
-                    alert = msgspec.structs.replace(
-                        alert, model_version=readings.fleet_versions[readings.device_type[i]]
-                    )
-                alert = readings.located(alert, i)
+                    updates["model_version"] = readings.fleet_versions[readings.device_type[i]]
+                if updates:
+                    alert = msgspec.structs.replace(alert, **updates)
                 out.append(((d, int(batch.scored[i]), _RULE_INDEX[rule]), alert))
             if episode.status == "idle":
                 later = hot[hot > j]

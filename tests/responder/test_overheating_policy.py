@@ -43,5 +43,7 @@ def test_an_overheating_vehicle_raises_coolant_overheating_and_gets_limp_mode_an
     # raised where it gets dangerous (105 C), far below the sensor's 130 C ceiling
     assert all(OVERHEAT_C <= a.value < 115.0 and a.severity == "critical" for a in hot), hot
     assert all(a.runbook_url.endswith("#coolant_overheating") for a in hot)
+    # raised on a vehicle's reading, so they say where it was (an emergency notice needs it)
+    assert all(set(a.location) == {"lat_deg", "lon_deg"} for a in hot), hot
     assert not [a for a in alerts if a.rule != "coolant_overheating" and limp_policies(a)]
     assert not [a for a in raised(("harsh_braking",), 0.0001, seed=4) if a.rule == "coolant_overheating"]
