@@ -18,7 +18,10 @@ arrived), so process start-up does not count for either side.
 Latency: a paced publisher at ``--rate`` msg/s through each path (the first second not
 counted); from publish (the payload's ``ts``) to the bare subscriber (raw), or to a Kafka
 consumer reading the record, i.e. after Kafka confirmed it (gateway). The difference is
-the added latency.
+the added latency. A third path, the bare bridge (a stock subscriber producing each
+payload with a plain producer), goes through the same two brokers and reader without the
+gateway's own work: the gateway over it is what the gateway itself adds, the bare bridge
+over the raw path is the Kafka hop's own share.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any
 
 import click
 import msgspec
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -377,6 +380,103 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     }
 
 
+def _read_latencies(
+    settings: Settings, topic: str, expected: int, stop: threading.Event
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Read ``topic`` as records become readable: ``(payload ts, publish to readable ms)`` and
+    ``(payload ts, publish to the record's create time ms)`` per record."""
+    readable: list[tuple[int, float]] = []
+    created: list[tuple[int, float]] = []
+    consumer = Consumer(
+        {
+            **client_config(settings.kafka),
+            "group.id": f"bench-{topic}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
+    decode = msgspec.json.Decoder(Telemetry).decode
+    while not stop.is_set() and len(readable) < expected:
+        # poll(), one record as soon as it is readable: consume(n, timeout) waits for n
+        # records or the timeout, which would add up to the timeout to every latency
+        record = consumer.poll(0.05)
+        if record is not None and record.error() is None:
+            now, ts = time.time() * 1000, decode(record.value()).ts
+            readable.append((ts, now - ts))
+            created.append((ts, record.timestamp()[1] - ts))
+    consumer.close()
+    return readable, created
+
+
+def _paced_into_kafka(
+    settings: Settings, messages: list[tuple[str, Telemetry]], topic: str, rate: float
+) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
+    """Publish ``messages`` paced while a reader reads ``topic``: (start, readable, created)."""
+    stop = threading.Event()
+    result: list[Any] = [[], []]
+
+    def read() -> None:
+        result[:] = _read_latencies(settings, topic, len(messages), stop)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        started = _publish(settings.mqtt, messages, f"{topic}-pub", rate)
+        reader.join(120)
+    finally:
+        stop.set()
+        reader.join(10)
+    return started, result[0], result[1]
+
+
+def _bare_bridge(settings: Settings, client_id: str, mqtt_filter: str, topic: str, ready: Any, stop: Any) -> None:
+    """The least a bridge does, as a process: a stock paho subscriber (automatic PUBACK, no
+    validation) producing each payload with a plain producer (the gateway's linger, keyed by
+    the topic's device id). Its latency is the two brokers' own, the gateway's reference."""
+    producer = Producer({**client_config(settings.kafka), "linger.ms": settings.gateway.linger_ms})
+    produce = producer.produce
+
+    def on_message(_c: Any, _u: Any, message: Any) -> None:
+        produce(topic, message.payload, message.topic.rsplit("/", 2)[1].encode())
+
+    client = _session(settings.mqtt, client_id, mqtt_filter, settings.gateway.max_inflight, on_message)
+    ready.set()
+    while not stop.wait(0.1):
+        producer.poll(0)
+    client.disconnect()
+    client.loop_stop()
+    producer.flush(10)
+
+
+def latency_bare_bridge(
+    settings: Settings, messages: list[tuple[str, Telemetry]], site: str, rate: float
+) -> dict[str, Any]:
+    """Publish to a Kafka reader through the bare bridge: the same two brokers and reader as
+    the gateway path, none of the gateway's own work."""
+    topic = f"bench.{site}.raw"
+    ensure_topics(settings.kafka, [topic])
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    bridge = context.Process(
+        target=_bare_bridge, args=(settings, f"{site}-bridge", f"iot/{site}/+/+/telemetry", topic, ready, stop)
+    )
+    bridge.start()
+    try:
+        if not ready.wait(60):
+            raise TimeoutError("the bare bridge did not subscribe")
+        started, readable, _created = _paced_into_kafka(settings, messages, topic, rate)
+    finally:
+        stop.set()
+        bridge.join(30)
+    return {
+        "messages": len(_counted(readable, started)),
+        "received": len(readable),
+        "input_msgs_per_s": _offered_rate(readable),
+        "latency_ms": quantiles(_counted(readable, started), (0.5, 0.99), digits=3),
+    }
+
+
 def latency_gateway(
     settings: Settings, messages: list[tuple[str, Telemetry]], site: str, rate: float, workdir: Path
 ) -> dict[str, Any]:
@@ -385,38 +485,9 @@ def latency_gateway(
     topic = f"bench.{site}.raw"
     ensure_topics(settings.kafka, [topic, f"{topic}.dlq"])
     process, _ports = _gateway_process(settings, site, topic, 1, workdir, site)
-    readable: list[tuple[int, float]] = []
-    created: list[tuple[int, float]] = []
-    stop = threading.Event()
-
-    def consume() -> None:
-        consumer = Consumer(
-            {
-                **client_config(settings.kafka),
-                "group.id": f"bench-{topic}",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 5,
-            }
-        )
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
-        decode = msgspec.json.Decoder(Telemetry).decode
-        while not stop.is_set() and len(readable) < len(messages):
-            # poll(), one record as soon as it is readable: consume(n, timeout) waits for n
-            # records or the timeout, which would add up to the timeout to every latency
-            record = consumer.poll(0.05)
-            if record is not None and record.error() is None:
-                now, ts = time.time() * 1000, decode(record.value()).ts
-                readable.append((ts, now - ts))
-                created.append((ts, record.timestamp()[1] - ts))
-        consumer.close()
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
     try:
-        started = _publish(settings.mqtt, messages, f"{site}-pub", rate)
-        reader.join(120)
+        started, readable, created = _paced_into_kafka(settings, messages, topic, rate)
     finally:
-        stop.set()
         summary = _stop(process)
     return {
         "messages": len(_counted(readable, started)),
@@ -430,6 +501,15 @@ def latency_gateway(
 
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
+
+
+def _added(path: dict[str, float | None], reference: dict[str, float | None]) -> dict[str, float | None]:
+    """Latency quantiles of ``path`` over ``reference`` (ms)."""
+    added: dict[str, float | None] = {}
+    for q in ("p50", "p99"):
+        a, b = path[q], reference[q]
+        added[q] = round(a - b, 2) if a is not None and b is not None else None
+    return added
 
 
 @click.command("gateway")
@@ -491,6 +571,8 @@ def bench_gateway(
                 }
             site = f"b{run}lr"
             raw_paced = latency_raw(settings.mqtt, _payloads(devices, paced_per_device, site), site, rate)
+            site = f"b{run}lb"
+            bridge_paced = latency_bare_bridge(settings, _payloads(devices, paced_per_device, site), site, rate)
             site = f"b{run}lg"
             gateway_paced = latency_gateway(settings, _payloads(devices, paced_per_device, site), site, rate, Path(tmp))
         finally:
@@ -515,15 +597,16 @@ def bench_gateway(
             "gateway_publish_to_kafka_readable_ms": gateway_paced["latency_ms"],
             # Below the asked rate, the publishers (not the paths) were the limit: the
             # latencies then include their own queueing and say little about either path.
-            "input_rate_reached": min(raw_paced["input_msgs_per_s"], gateway_paced["input_msgs_per_s"]) >= 0.95 * rate,
-            "added_ms": {
-                q: (
-                    round(gateway_paced["latency_ms"][q] - raw_paced["latency_ms"][q], 2)
-                    if gateway_paced["latency_ms"][q] is not None and raw_paced["latency_ms"][q] is not None
-                    else None
-                )
-                for q in ("p50", "p99")
-            },
+            "input_rate_reached": min(
+                raw_paced["input_msgs_per_s"], bridge_paced["input_msgs_per_s"], gateway_paced["input_msgs_per_s"]
+            )
+            >= 0.95 * rate,
+            "added_ms": _added(gateway_paced["latency_ms"], raw_paced["latency_ms"]),
+            # the same two brokers and reader without the gateway's own work: what of the
+            # added latency is the Kafka hop itself
+            "bare_bridge": bridge_paced,
+            "bare_bridge_publish_to_kafka_readable_ms": bridge_paced["latency_ms"],
+            "added_over_bare_bridge_ms": _added(gateway_paced["latency_ms"], bridge_paced["latency_ms"]),
         },
         "cpu_count": os.cpu_count(),
     }
@@ -539,7 +622,9 @@ def bench_gateway(
                 ]
                 + [
                     f"latency at {rate:.0f} msg/s: raw {r['latency']['raw_publish_to_subscriber_ms']}, "
-                    f"gateway {r['latency']['gateway_publish_to_kafka_readable_ms']}, added {r['latency']['added_ms']}"
+                    f"bare bridge {r['latency']['bare_bridge_publish_to_kafka_readable_ms']}, "
+                    f"gateway {r['latency']['gateway_publish_to_kafka_readable_ms']}, added {r['latency']['added_ms']} "
+                    f"(over the bare bridge {r['latency']['added_over_bare_bridge_ms']})"
                 ]
             )
         ),

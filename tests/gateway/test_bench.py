@@ -48,3 +48,10 @@ def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
     assert latency["gateway"]["messages"] > 400 and latency["raw"]["messages"] > 400  # counted after warm-up
     assert latency["gateway_publish_to_kafka_readable_ms"]["p99"] is not None
     assert latency["raw_publish_to_subscriber_ms"]["p50"] is not None
+    # the reference through the same two brokers without the gateway's own work
+    assert latency["bare_bridge"]["received"] == 1000 and latency["bare_bridge"]["messages"] > 400
+    bridge, gateway = (
+        latency["bare_bridge_publish_to_kafka_readable_ms"],
+        latency["gateway_publish_to_kafka_readable_ms"],
+    )
+    assert latency["added_over_bare_bridge_ms"]["p99"] == round(gateway["p99"] - bridge["p99"], 2)
