@@ -80,7 +80,7 @@ class MqttSettings(_ConcernSettings):
     tls_ca_file: Path | None = Field(None, description="CA bundle for mqtts://; system CAs if unset")
     tls_insecure: bool = Field(False, description="skip server certificate verification (testing only)")
     keepalive_s: int = 30
-    qos: Literal[0, 1] = 1
+    qos: int = Field(1, ge=0, le=1, description="QoS of the simulators' publishes (0 or 1)")
 
     @field_validator("url")
     @classmethod
