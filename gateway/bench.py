@@ -26,6 +26,7 @@ over the raw path is the Kafka hop's own share.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ import msgspec
 from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from pydantic import SecretStr
 
 from gateway.metrics import wait_healthy
 from iotwatch.cli import AppContext, emit, json_option, pass_app
@@ -249,10 +252,28 @@ def drain_bare(
     }
 
 
+def _broker_env(settings: Settings) -> dict[str, str]:
+    """``settings``' MQTT and Kafka sections as the environment variables that set them, so a
+    gateway process uses exactly the bench's brokers, credentials and TLS included."""
+    env = {}
+    for section in (settings.mqtt, settings.kafka):
+        prefix = section.model_config.get("env_prefix", "")
+        for name, value in section:
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            env[f"{prefix}{name}".upper()] = str(value)
+    return env
+
+
 def _gateway_process(
     settings: Settings, site: str, topic: str, processes: int, workdir: Path, name: str
 ) -> tuple[subprocess.Popen[bytes], list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update(_broker_env(settings))
     env.update(
         IOTWATCH_TOPIC_RAW=topic,
         IOTWATCH_TOPIC_DLQ=f"{topic}.dlq",
@@ -267,10 +288,6 @@ def _gateway_process(
         "--log-level",
         "WARNING",
         "gateway",
-        "--mqtt",
-        settings.mqtt.url,
-        "--kafka",
-        settings.kafka.bootstrap_servers,
         "--influx",
         "",
         "--client-id",
@@ -499,6 +516,28 @@ def latency_gateway(
     }
 
 
+@contextlib.contextmanager
+def _brokers(base: Settings, workdir: Path, configured: bool) -> Iterator[tuple[Settings, dict[str, str]]]:
+    """The settings to measure with and which brokers they name: the configured ones, or an
+    embedded stack (no InfluxDB) started here and stopped afterwards."""
+    if configured:
+        yield base, {"mqtt_broker": base.mqtt.url, "kafka_broker": base.kafka.bootstrap_servers}
+        return
+    stack_settings = base.model_copy(update={"stack": base.stack.model_copy(update={"influxdb": "none"})})
+    stack = EmbeddedStack(stack_settings, workdir / "stack")
+    state = stack.up()
+    try:
+        yield (
+            state.apply_to(base),
+            {
+                "mqtt_broker": state.services["mqtt"].implementation,
+                "kafka_broker": state.services["kafka"].implementation,
+            },
+        )
+    finally:
+        stack.down()
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
@@ -524,66 +563,75 @@ def _added(path: dict[str, float | None], reference: dict[str, float | None]) ->
 )
 @click.option("--rate", default=5000.0, show_default=True, help="Input rate (msg/s) of the latency phase.")
 @click.option("--latency-seconds", default=10.0, show_default=True, help="Duration of the latency phase.")
+@click.option(
+    "--configured-brokers",
+    is_flag=True,
+    help="Measure on the MQTT and Kafka brokers of the settings (--config, IOTWATCH_*; e.g. the compose "
+    "file's Apache Kafka) instead of starting embedded ones. Creates bench.* topics there.",
+)
 @json_option
 @pass_app
 def bench_gateway(
-    app: AppContext, total: int, devices: int, processes: int, rate: float, latency_seconds: float, as_json: bool
+    app: AppContext,
+    total: int,
+    devices: int,
+    processes: int,
+    rate: float,
+    latency_seconds: float,
+    configured_brokers: bool,
+    as_json: bool,
 ) -> None:
     """The gateway's ceiling (backlog drain) and added latency, against bare MQTT subscribers.
 
-    Starts its own embedded MQTT and Kafka brokers (no InfluxDB). Each drain run queues
-    --messages QoS 1 messages for offline persistent sessions, then measures how fast
-    bare subscribers and the gateway drain them, with 1 and --processes processes.
+    Starts its own embedded MQTT and Kafka brokers (no InfluxDB) unless --configured-brokers.
+    Each drain run queues --messages QoS 1 messages for offline persistent sessions, then
+    measures how fast bare subscribers and the gateway drain them, with 1 and --processes
+    processes.
     """
     run = f"{int(time.time()) % 100000}"
     per_device = max(1, total // devices)
     paced_per_device = max(1, int(rate * (latency_seconds + _WARMUP_S)) // devices)
-    with tempfile.TemporaryDirectory(prefix="iotwatch-bench-") as tmp:
-        base = app.settings
-        stack_settings = base.model_copy(update={"stack": base.stack.model_copy(update={"influxdb": "none"})})
-        stack = EmbeddedStack(stack_settings, Path(tmp) / "stack")
-        state = stack.up()
-        try:
-            settings = state.apply_to(base)
-            receive_maximum = settings.gateway.max_inflight
-            counts = sorted({1, processes})
-            drains: dict[str, dict[str, Any]] = {}
-            for n in counts:
-                site = f"b{run}r{n}"
-                raw = drain_bare(settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum)
-                site = f"b{run}f{n}"
-                fast = drain_bare(
-                    settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum, buffered_reads=True
-                )
-                site = f"b{run}g{n}"
-                through = drain_gateway(settings, _payloads(devices, per_device, site), site, n, Path(tmp))
-                drains[str(n)] = {
-                    "bare_subscriber_msgs_per_s": raw["msgs_per_s"],
-                    "gateway_msgs_per_s": through["msgs_per_s"],
-                    "ratio": _ratio(through["msgs_per_s"], raw["msgs_per_s"]),
-                    # against a subscriber reading the socket as the gateway does:
-                    # what the gateway's own work costs
-                    "bare_buffered_msgs_per_s": fast["msgs_per_s"],
-                    "ratio_to_buffered": _ratio(through["msgs_per_s"], fast["msgs_per_s"]),
-                    "bare": raw,
-                    "bare_buffered": fast,
-                    "gateway": through,
-                }
-            site = f"b{run}lr"
-            raw_paced = latency_raw(settings.mqtt, _payloads(devices, paced_per_device, site), site, rate)
-            site = f"b{run}lb"
-            bridge_paced = latency_bare_bridge(settings, _payloads(devices, paced_per_device, site), site, rate)
-            site = f"b{run}lg"
-            gateway_paced = latency_gateway(settings, _payloads(devices, paced_per_device, site), site, rate, Path(tmp))
-        finally:
-            stack.down()
+    with (
+        tempfile.TemporaryDirectory(prefix="iotwatch-bench-") as tmp,
+        _brokers(app.settings, Path(tmp), configured_brokers) as (settings, brokers),
+    ):
+        receive_maximum = settings.gateway.max_inflight
+        counts = sorted({1, processes})
+        drains: dict[str, dict[str, Any]] = {}
+        for n in counts:
+            site = f"b{run}r{n}"
+            raw = drain_bare(settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum)
+            site = f"b{run}f{n}"
+            fast = drain_bare(
+                settings.mqtt, _payloads(devices, per_device, site), site, n, receive_maximum, buffered_reads=True
+            )
+            site = f"b{run}g{n}"
+            through = drain_gateway(settings, _payloads(devices, per_device, site), site, n, Path(tmp))
+            drains[str(n)] = {
+                "bare_subscriber_msgs_per_s": raw["msgs_per_s"],
+                "gateway_msgs_per_s": through["msgs_per_s"],
+                "ratio": _ratio(through["msgs_per_s"], raw["msgs_per_s"]),
+                # against a subscriber reading the socket as the gateway does:
+                # what the gateway's own work costs
+                "bare_buffered_msgs_per_s": fast["msgs_per_s"],
+                "ratio_to_buffered": _ratio(through["msgs_per_s"], fast["msgs_per_s"]),
+                "bare": raw,
+                "bare_buffered": fast,
+                "gateway": through,
+            }
+        site = f"b{run}lr"
+        raw_paced = latency_raw(settings.mqtt, _payloads(devices, paced_per_device, site), site, rate)
+        site = f"b{run}lb"
+        bridge_paced = latency_bare_bridge(settings, _payloads(devices, paced_per_device, site), site, rate)
+        site = f"b{run}lg"
+        gateway_paced = latency_gateway(settings, _payloads(devices, paced_per_device, site), site, rate, Path(tmp))
     one, many = drains["1"], drains[str(processes)]
     result = {
         "benchmark": "gateway",
         "messages": devices * per_device,
         "devices": devices,
         "processes": processes,
-        "mqtt_broker": state.services["mqtt"].implementation,
+        **brokers,
         "backlog_drain": {
             **{f"processes_{n}": drains[str(n)] for n in (str(c) for c in counts)},
             "gateway_scaling": _ratio(many["gateway_msgs_per_s"], one["gateway_msgs_per_s"]),

@@ -6,36 +6,28 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
+
+from iotwatch.stack import StackState
 
 
-def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+def _bench_gateway(*options: str, **env: str) -> dict[str, Any]:
+    """``iotwatch bench gateway --json`` with small sizes, its report; ``env``: IOTWATCH_* to set."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "iotwatch",
-            "bench",
-            "gateway",
-            "--messages",
-            "2000",
-            "--devices",
-            "20",
-            "--processes",
-            "2",
-            "--rate",
-            "500",
-            "--latency-seconds",
-            "1",
-            "--json",
-        ],
+        [sys.executable, "-m", "iotwatch", "bench", "gateway", "--rate", "500", "--latency-seconds", "1", "--json"]
+        + list(options),
         capture_output=True,
         text=True,
-        env=env,
+        env={**environment, **env},
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
+    report = _bench_gateway("--messages", "2000", "--devices", "20", "--processes", "2")
     drain = report["backlog_drain"]
     for n in ("1", "2"):
         run = drain[f"processes_{n}"]
@@ -55,3 +47,16 @@ def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
         latency["gateway_publish_to_kafka_readable_ms"],
     )
     assert latency["added_over_bare_bridge_ms"]["p99"] == round(gateway["p99"] - bridge["p99"], 2)
+
+
+def test_bench_gateway_measures_on_configured_brokers(stack: StackState) -> None:
+    """--configured-brokers: on the brokers the settings name (here the test session's stack,
+    as it would be the compose file's Kafka), with no embedded stack of its own."""
+    report = _bench_gateway(
+        "--configured-brokers", "--messages", "1000", "--devices", "10", "--processes", "1", **stack.env()
+    )
+    ends = stack.endpoints()  # an embedded stack of its own would be on other ports
+    assert (report["mqtt_broker"], report["kafka_broker"]) == (ends["mqtt"], ends["kafka"])
+    run = report["backlog_drain"]["processes_1"]
+    assert run["gateway"]["forwarded"] == run["gateway"]["messages"] == 1000
+    assert report["latency"]["gateway"]["received"] == report["latency"]["bare_bridge"]["received"] == 1000
