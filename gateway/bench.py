@@ -517,23 +517,20 @@ def latency_gateway(
 
 
 @contextlib.contextmanager
-def _brokers(base: Settings, workdir: Path, configured: bool) -> Iterator[tuple[Settings, dict[str, str]]]:
-    """The settings to measure with and which brokers they name: the configured ones, or an
-    embedded stack (no InfluxDB) started here and stopped afterwards."""
-    if configured:
-        yield base, {"mqtt_broker": base.mqtt.url, "kafka_broker": base.kafka.bootstrap_servers}
-        return
+def _brokers(base: Settings, workdir: Path, configured_kafka: bool) -> Iterator[tuple[Settings, dict[str, str]]]:
+    """The settings to measure with, and which brokers they name: an embedded stack (no
+    InfluxDB) started here and stopped afterwards, with the configured Kafka cluster instead
+    of its own broker when ``configured_kafka`` (the embedded one then idles)."""
     stack_settings = base.model_copy(update={"stack": base.stack.model_copy(update={"influxdb": "none"})})
     stack = EmbeddedStack(stack_settings, workdir / "stack")
     state = stack.up()
     try:
-        yield (
-            state.apply_to(base),
-            {
-                "mqtt_broker": state.services["mqtt"].implementation,
-                "kafka_broker": state.services["kafka"].implementation,
-            },
-        )
+        settings = state.apply_to(base)
+        kafka_broker = state.services["kafka"].implementation
+        if configured_kafka:
+            settings = settings.model_copy(update={"kafka": base.kafka})
+            kafka_broker = base.kafka.bootstrap_servers
+        yield settings, {"mqtt_broker": state.services["mqtt"].implementation, "kafka_broker": kafka_broker}
     finally:
         stack.down()
 
@@ -564,10 +561,11 @@ def _added(path: dict[str, float | None], reference: dict[str, float | None]) ->
 @click.option("--rate", default=5000.0, show_default=True, help="Input rate (msg/s) of the latency phase.")
 @click.option("--latency-seconds", default=10.0, show_default=True, help="Duration of the latency phase.")
 @click.option(
-    "--configured-brokers",
+    "--configured-kafka",
     is_flag=True,
-    help="Measure on the MQTT and Kafka brokers of the settings (--config, IOTWATCH_*; e.g. the compose "
-    "file's Apache Kafka) instead of starting embedded ones. Creates bench.* topics there.",
+    help="Measure on the Kafka cluster of the settings (--config, IOTWATCH_KAFKA_*; e.g. the compose "
+    "file's Apache Kafka) instead of the embedded broker; creates bench.* topics there. MQTT stays "
+    "the bench's own broker, where its publishers need no device accounts.",
 )
 @json_option
 @pass_app
@@ -578,12 +576,13 @@ def bench_gateway(
     processes: int,
     rate: float,
     latency_seconds: float,
-    configured_brokers: bool,
+    configured_kafka: bool,
     as_json: bool,
 ) -> None:
     """The gateway's ceiling (backlog drain) and added latency, against bare MQTT subscribers.
 
-    Starts its own embedded MQTT and Kafka brokers (no InfluxDB) unless --configured-brokers.
+    Starts its own embedded MQTT and Kafka brokers (no InfluxDB); --configured-kafka uses
+    the configured Kafka cluster instead of the embedded one.
     Each drain run queues --messages QoS 1 messages for offline persistent sessions, then
     measures how fast bare subscribers and the gateway drain them, with 1 and --processes
     processes.
@@ -593,7 +592,7 @@ def bench_gateway(
     paced_per_device = max(1, int(rate * (latency_seconds + _WARMUP_S)) // devices)
     with (
         tempfile.TemporaryDirectory(prefix="iotwatch-bench-") as tmp,
-        _brokers(app.settings, Path(tmp), configured_brokers) as (settings, brokers),
+        _brokers(app.settings, Path(tmp), configured_kafka) as (settings, brokers),
     ):
         receive_maximum = settings.gateway.max_inflight
         counts = sorted({1, processes})
