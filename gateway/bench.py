@@ -47,7 +47,6 @@ import msgspec
 from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from pydantic import SecretStr
 
 from gateway.metrics import wait_healthy
 from iotwatch.cli import AppContext, emit, json_option, pass_app
@@ -252,28 +251,11 @@ def drain_bare(
     }
 
 
-def _broker_env(settings: Settings) -> dict[str, str]:
-    """``settings``' MQTT and Kafka sections as the environment variables that set them, so a
-    gateway process uses exactly the bench's brokers, credentials and TLS included."""
-    env = {}
-    for section in (settings.mqtt, settings.kafka):
-        prefix = section.model_config.get("env_prefix", "")
-        for name, value in section:
-            if value is None:
-                continue
-            if isinstance(value, SecretStr):
-                value = value.get_secret_value()
-            elif isinstance(value, bool):
-                value = "true" if value else "false"
-            env[f"{prefix}{name}".upper()] = str(value)
-    return env
-
-
 def _gateway_process(
     settings: Settings, site: str, topic: str, processes: int, workdir: Path, name: str
 ) -> tuple[subprocess.Popen[bytes], list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env.update(_broker_env(settings))
+    env.update(settings.mqtt.as_environment() | settings.kafka.as_environment())  # credentials and TLS too
     env.update(
         IOTWATCH_TOPIC_RAW=topic,
         IOTWATCH_TOPIC_DLQ=f"{topic}.dlq",

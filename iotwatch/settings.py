@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_core import to_json
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CONFIG_FILE_ENV = "IOTWATCH_CONFIG"
@@ -66,6 +67,30 @@ class _ConcernSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSection(settings_cls, cls.section))
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable that sets ``field`` of this concern."""
+        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+
+    def as_environment(self) -> dict[str, str]:
+        """The environment variables that set this concern to its current values, secrets
+        included (unset ones left out): a child process started with them gets exactly
+        these settings. Lists and tables are written as JSON, as the environment takes them."""
+        env = {}
+        for name, value in self:
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                text = value.get_secret_value()
+            elif isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, int | float | str | Path):
+                text = str(value)
+            else:
+                text = to_json(value).decode()
+            env[self.env_name(name)] = text
+        return env
 
 
 class MqttSettings(_ConcernSettings):
@@ -549,14 +574,13 @@ class Settings(BaseModel):
         markers = [marker.lower() for marker in self.deployment.placeholder_markers]
         problems = []
         for concern in (getattr(self, name) for name in type(self).model_fields):
-            prefix = concern.model_config.get("env_prefix", "")
             for name in type(concern).model_fields:
                 value = getattr(concern, name)
                 if isinstance(value, SecretStr) and any(m in value.get_secret_value().lower() for m in markers):
-                    problems.append(f"{prefix}{name.upper()} is a placeholder")
+                    problems.append(f"{concern.env_name(name)} is a placeholder")
             for user, secret in _CREDENTIAL_PAIRS:
                 if getattr(concern, user, None) and not getattr(concern, secret, None):
-                    problems.append(f"{prefix}{secret.upper()} is not set (but {prefix}{user.upper()} is)")
+                    problems.append(f"{concern.env_name(secret)} is not set (but {concern.env_name(user)} is)")
         return problems
 
     def with_endpoints(

@@ -53,7 +53,6 @@ def markdown() -> str:
     parts = [BEGIN]
     for concern, field in Settings.model_fields.items():
         cls = field.annotation
-        prefix = cls.model_config.get("env_prefix", "")  # type: ignore[union-attr]
         doc = _cell((cls.__doc__ or "").strip().split("\n\n")[0])  # type: ignore[union-attr]
         parts += [
             "",
@@ -64,7 +63,7 @@ def markdown() -> str:
         ]
         for name, setting in cls.model_fields.items():  # type: ignore[union-attr]
             meaning = _cell(setting.description or "")
-            parts.append(f"| `{name}` | `{prefix}{name.upper()}` | {_default(setting)} | {meaning} |")
+            parts.append(f"| `{name}` | `{cls.env_name(name)}` | {_default(setting)} | {meaning} |")  # type: ignore[union-attr]
     parts += ["", END]
     return "\n".join(parts)
 
