@@ -197,7 +197,7 @@ def judge(
             "false_alarms": false,
             "false_alarms_per_device_day": rounded(false / days if days else None),
             **_delays(hits),
-            "detected_by": _count(h[0].rule for h in hits),
+            "detected_by": count_names(h[0].rule for h in hits),
             "median_window_readings": rounded(quantile([float(e.messages) for e in events], 0.5), 1),
         }
 
@@ -232,7 +232,7 @@ def judge(
         "related": statuses.count(RELATED),
         "end_of_run": statuses.count(END_OF_RUN),
         "false_alarms": total_false,
-        "false_alarms_by_rule": _count(a.rule for a, status in judged if status == FALSE_ALARM),
+        "false_alarms_by_rule": count_names(a.rule for a, status in judged if status == FALSE_ALARM),
         "false_alarms_per_device_day": rounded(total_false / device_days if device_days else None),
         **_delays(hits_all),
         "device_days": rounded(device_days, 2),
@@ -241,7 +241,7 @@ def judge(
         "overall": overall,
         "kinds": per_kind,
         "rules": per_rule,
-        "transport_faults": _count(e.kind for e in truth if e.category == TRANSPORT),
+        "transport_faults": count_names(e.kind for e in truth if e.category == TRANSPORT),
     }
     return Judgement(report, verdicts)
 
@@ -276,6 +276,6 @@ def _delays(hits: list[tuple[RaisedAlert, float, float]]) -> dict[str, float | N
     }
 
 
-def _count(items: Iterable[str]) -> dict[str, int]:
-    """How often each name occurs, by name."""
+def count_names(items: Iterable[str]) -> dict[str, int]:
+    """How often each name occurs, sorted by name (the reports' tables of kinds and rules)."""
     return dict(sorted(Counter(items).items()))

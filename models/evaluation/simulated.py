@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,7 @@ from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.settings import StreamSettings
-from models.evaluation.judgement import JudgedRun, RaisedAlert, judge
+from models.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from streaming.engine import PartitionEngine, RecordColumns
 from streaming.state_store import MemoryStore
 
@@ -336,8 +335,8 @@ def evaluate_simulated(
             **fleet.params,
             "devices": len(fleet.devices),
             "messages": fleet.messages,
-            "device_types": dict(sorted(Counter(d.device_type for d in fleet.devices.values()).items())),
-            "anomalies": dict(sorted(Counter(r.kind for r in anomalies).items())),
+            "device_types": count_names(d.device_type for d in fleet.devices.values()),
+            "anomalies": count_names(r.kind for r in anomalies),
             "grace_readings": grace_readings,
             "burn_in_s": burn_in_s,
             "seconds": round(generated, 1),
