@@ -126,7 +126,7 @@ class MqttSettings(_ConcernSettings):
 
 
 class KafkaSettings(_ConcernSettings):
-    """The Kafka cluster (or Kafka-protocol broker) that carries the event log."""
+    """The Kafka cluster that carries the event log."""
 
     section: ClassVar[str] = "kafka"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_KAFKA_", frozen=True, extra="ignore")

@@ -506,3 +506,11 @@ def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) 
     assert environment_of(compose["services"]["grafana"])["INFLUX_DATABASE"] == database
     for name in ("gateway", "stream"):
         assert environment_of(compose["services"][name])["IOTWATCH_INFLUX_DATABASE"] == database
+
+
+def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str, Any]) -> None:
+    """Tests and deployment run one broker: the compose image's tag is the version whose jars
+    ``iotwatch setup`` resolves for the embedded stack."""
+    from iotwatch.jars import KAFKA_VERSION
+
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"

@@ -160,8 +160,10 @@ class EmbeddedStack:
             self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
             state.partitions = self.settings.kafka.partitions
             kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
-            ensure_topics(kafka, self.settings.topics.kafka_topics())
-            state.topics = self.settings.topics.kafka_topics()
+            topics = self.settings.topics
+            ensure_topics(kafka, topics.kafka_topics())
+            ensure_topics(kafka, topics.compacted_topics(), compacted=True)
+            state.topics = topics.kafka_topics() + topics.compacted_topics()
             if self._want_influx():
                 database = self.settings.influx.database
                 self._start(state, lambda: start_influxdb(self.run_dir, database, timeout))

@@ -1,4 +1,4 @@
-"""The gateway against real mosquitto and the Kafka-protocol broker."""
+"""The gateway against real mosquitto and Apache Kafka."""
 
 from __future__ import annotations
 

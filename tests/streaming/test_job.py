@@ -1,4 +1,4 @@
-"""The streaming job end to end: Spark local, the real Kafka-protocol broker and InfluxDB."""
+"""The streaming job end to end: Spark local, the real Apache Kafka broker and InfluxDB."""
 
 from __future__ import annotations
 
