@@ -9,5 +9,9 @@ class StackError(IotwatchError):
     """The embedded stack could not start, or a prerequisite is missing."""
 
 
+class MissingArtifacts(StackError):
+    """Java artifacts that ``iotwatch setup`` installs are not there (retrying cannot help)."""
+
+
 class ServiceUnavailable(IotwatchError):
     """A service (MQTT, Kafka, InfluxDB) did not answer."""

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from iotwatch.errors import StackError
+from iotwatch.errors import MissingArtifacts, StackError
 
 #: Apache Kafka's version: the embedded broker's and the compose file's (a test checks both).
 KAFKA_VERSION = "4.1.0"
@@ -50,7 +50,7 @@ class JarSet:
         """The installed jars, or a :class:`StackError` naming the command that installs them."""
         folder = self.directory
         if not (folder / COMPLETE_MARK).exists():
-            raise StackError(
+            raise MissingArtifacts(
                 f"{self.description()} is not installed in {folder}: run `iotwatch setup` "
                 "(it resolves the jars with Maven once; `iotwatch setup --jars-from DIR` installs them offline)"
             )

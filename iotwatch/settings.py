@@ -324,7 +324,6 @@ class StreamSettings(_ConcernSettings):
         default_factory=lambda: Path.home() / ".iotwatch" / "archive",
         description="Parquet master dataset: clean readings by date and device type",
     )
-    kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
     max_offsets_per_trigger: int | None = Field(
         200_000,

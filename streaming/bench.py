@@ -73,18 +73,9 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
 
 
 def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, Any]:
-    """The raw path: read and JSON-parse every record, fetching as the job's source does (see
-    :class:`~streaming.kafka_source.ConsumerCache`: with librdkafka's default wait the embedded
-    broker would hold every fetch, and the plain consumer would measure that)."""
-    from streaming.kafka_source import ConsumerCache
-
+    """The raw path: read and JSON-parse every record with a plain confluent-kafka consumer."""
     consumer = Consumer(
-        {
-            **settings.kafka.client_config(),
-            "group.id": f"bench-raw-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": ConsumerCache.FETCH_WAIT_MS,
-        }
+        {**settings.kafka.client_config(), "group.id": f"bench-raw-{time.time_ns()}", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
     started, count = time.monotonic(), 0
@@ -132,31 +123,24 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
     }
 
 
-def with_source(settings: Settings, source: str) -> Settings:
-    """``settings`` with the job reading Kafka through ``source`` (python or spark)."""
-    return settings.model_copy(update={"stream": settings.stream.model_copy(update={"kafka_source": source})})
-
-
 def measure_throughput(
     spark: Any, settings: Settings, workdir: Path, run: str, devices: int, records: int
 ) -> dict[str, Any]:
     """One fleet size: the plain consumer and the job over the same pre-loaded topic."""
-    source = settings.stream.kafka_source
     topics = settings.topics.model_copy(
         update={
-            "raw": f"bench.{run}.{source}.{devices}.raw",
-            "dlq": f"bench.{run}.{source}.{devices}.dlq",
-            "alerts": f"bench.{run}.{source}.{devices}.alerts",
+            "raw": f"bench.{run}.{devices}.raw",
+            "dlq": f"bench.{run}.{devices}.dlq",
+            "alerts": f"bench.{run}.{devices}.alerts",
         }
     )
     settings = settings.model_copy(update={"topics": topics})
     ensure_topics(settings.kafka, topics.kafka_topics())
     total = preload(settings, topics.raw, devices, max(1, records // devices))
     raw = measure_consumer(settings, topics.raw, total)
-    job = measure_job(spark, settings, workdir, f"{source}-d{devices}")
+    job = measure_job(spark, settings, workdir, f"d{devices}")
     steady = job["steady_state_records_per_s"] or job["records_per_s"]
     return {
-        "source": source,
         "devices": devices,
         "records": total,
         "plain_consumer_records_per_s": raw["records_per_s"],
@@ -209,9 +193,9 @@ def measure_latency(
     job = start(
         spark,
         settings,
-        checkpoint_dir=workdir / f"ck-latency-{stream.kafka_source}-{rate:g}",
-        archive_dir=workdir / f"archive-latency-{stream.kafka_source}-{rate:g}",
-        query_name=f"bench_latency_{stream.kafka_source}_{rate:g}",
+        checkpoint_dir=workdir / f"ck-latency-{rate:g}",
+        archive_dir=workdir / f"archive-latency-{rate:g}",
+        query_name=f"bench_latency_{rate:g}",
     )
     deadline = time.monotonic() + 300
     while job.totals.get("reading_records", 0) < devices and time.monotonic() < deadline:
@@ -244,7 +228,6 @@ def measure_latency(
     latencies.sort()
     injected = sum(len(v) for v in spikes.values())
     return {
-        "source": stream.kafka_source,
         "input_rate_records_per_s": rate,
         "achieved_rate_records_per_s": round(achieved, 1),
         "seconds": seconds,
@@ -295,13 +278,6 @@ def _ints(text: str) -> list[int]:
     show_default=True,
     help="Devices of the latency runs at 5,000 records/s (scaled with the rate).",
 )
-@click.option(
-    "--sources",
-    "sources_text",
-    default=None,
-    help="Kafka sources of the job to measure, each against its own plain-consumer run "
-    "(comma-separated: spark, python; default: the configured one).",
-)
 @json_option
 @pass_app
 def bench_stream(
@@ -311,7 +287,6 @@ def bench_stream(
     rates_text: str,
     latency_seconds: float,
     latency_devices: int,
-    sources_text: str | None,
     as_json: bool,
 ) -> None:
     """Records/s through the streaming job against a plain consumer, state per device, and
@@ -325,9 +300,6 @@ def bench_stream(
     fleet_sizes, rates = _ints(devices_text), _ints(rates_text)
     run = str(int(time.time()))
     base = app.settings
-    sources = [part.strip() for part in (sources_text or base.stream.kafka_source).split(",") if part.strip()]
-    if unknown := sorted(set(sources) - {"spark", "python"}):
-        raise click.BadParameter(f"unknown {', '.join(unknown)}: choose spark, python", param_hint="--sources")
     with tempfile.TemporaryDirectory(prefix="iotwatch-bench-stream-") as tmp:
         stack = EmbeddedStack(base, Path(tmp) / "stack")
         state = stack.up()
@@ -337,39 +309,34 @@ def bench_stream(
             with session_scope(stream, "iotwatch-bench-stream") as spark:
                 spark.range(1).count()  # the JVM is up before anything is timed
                 throughput = [
-                    measure_throughput(
-                        spark, with_source(settings, source), Path(tmp), run, devices, max(records, 3 * devices)
-                    )
+                    measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))
                     for devices in fleet_sizes
-                    for source in sources
                 ]
                 latency = []
-                for rate, source in ((rate, source) for rate in rates for source in sources):
+                for rate in rates:
                     topics = settings.topics.model_copy(
                         update={
-                            "raw": f"bench.{run}.{source}.live{rate}",
-                            "alerts": f"bench.{run}.{source}.live{rate}-alerts",
-                            "dlq": f"bench.{run}.{source}.live{rate}-dlq",
+                            "raw": f"bench.{run}.live{rate}",
+                            "alerts": f"bench.{run}.live{rate}-alerts",
+                            "dlq": f"bench.{run}.live{rate}-dlq",
                         }
                     )
-                    live = with_source(settings, source).model_copy(update={"topics": topics})
+                    live = settings.model_copy(update={"topics": topics})
                     ensure_topics(live.kafka, topics.kafka_topics())
                     devices = max(1, int(latency_devices * rate / 5000))
                     latency.append(measure_latency(spark, live, Path(tmp), rate, latency_seconds, devices))
         finally:
             stack.down()
-    first_source = [row for row in throughput if row["source"] == sources[0]]
-    first = first_source[0] if first_source else None
+    first = throughput[0] if throughput else None
     result = {
         "benchmark": "stream",
         "throughput": first,
         "fleet_sizes": throughput,
         "throughput_at_largest_vs_smallest_fleet": (
-            round(first_source[-1]["job_steady_state_records_per_s"] / first["job_steady_state_records_per_s"], 4)
-            if first and len(fleet_sizes) > 1
+            round(throughput[-1]["job_steady_state_records_per_s"] / first["job_steady_state_records_per_s"], 4)
+            if first and len(throughput) > 1
             else None
         ),
-        "sources": sources,
         "latency": latency,
         "spark_master": base.stream.spark_master,
         "shuffle_partitions": base.stream.shuffle_partitions,
@@ -382,14 +349,14 @@ def bench_stream(
 def _render(result: dict[str, Any]) -> None:
     for row in result["fleet_sizes"]:
         click.echo(
-            f"{row['source']:<7}{row['devices']:>7} devices: "
+            f"{row['devices']:>7} devices: "
             f"plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
             f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
             f"state {row['state_bytes_per_device']} B/device"
         )
     for row in result["latency"]:
         click.echo(
-            f"{row['source']:<7}alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
+            f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
             f"(achieved {row['achieved_rate_records_per_s']:.0f}): p50 {row['latency_ms']['p50']} ms, "
             f"p99 {row['latency_ms']['p99']} ms ({row['spikes_alerted']}/{row['spikes_injected']} spikes)"
         )

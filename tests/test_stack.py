@@ -19,7 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, list_topics
-from iotwatch.jars import KAFKA_VERSION
+from iotwatch.jars import KAFKA_VERSION, jars_root
 from iotwatch.settings import Settings
 from iotwatch.stack import StackState
 
@@ -242,6 +242,7 @@ def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
 def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_run_dir(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["HOME"] = str(tmp_path / "home")
+    env["IOTWATCH_JARS_DIR"] = str(jars_root())  # the jars `iotwatch setup` fetched, not a new HOME's
     run_dir = (tmp_path / "my-stack").resolve()
     up = subprocess.run(
         [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"],

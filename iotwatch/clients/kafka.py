@@ -88,10 +88,9 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
 
 
 #: ``fetch.wait.max.ms`` of consumers that follow a topic for people or devices waiting on it
-#: (the responder, alert dispatch, ``iotwatch alerts tail``). librdkafka's 500 ms default costs
-#: nothing on Apache Kafka, which answers a fetch as soon as a record arrives, but the embedded
-#: broker holds every fetch for most of its wait: alert-to-command took about 0.55 s there.
-#: An idle follower then asks 10 times a second.
+#: (the responder, alert dispatch, ``iotwatch alerts tail``). Kafka answers a waiting fetch as
+#: soon as a record arrives, so this costs no latency; it bounds how long an idle follower's
+#: fetch stays open (a stop or a new assignment waits for it). An idle follower asks 10 times a second.
 FOLLOW_FETCH_WAIT_MS = 100
 
 

@@ -335,7 +335,6 @@ def _drain(
         if not all(child.running() for child in children if child.name != "simulate"):
             return False
         # The gateway is the raw topic's only producer here, so what it forwarded is the log end
-        # (the embedded broker's ListOffsets answer can lag behind the real end).
         # (forwarded counts dead letters too; those went to the dead-letter topic).
         forwarded = int(sample.gateway.get("forwarded", 0) - sample.gateway.get("dead_lettered", 0))
         idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0

@@ -20,7 +20,7 @@ from typing import Any
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
-from iotwatch.errors import IotwatchError, StackError
+from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
 from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.stack.kafka_broker import start_kafka_broker
@@ -193,7 +193,7 @@ class EmbeddedStack:
             try:
                 service = starter()
             except StackError as exc:
-                if attempt == START_ATTEMPTS:
+                if attempt == START_ATTEMPTS or isinstance(exc, MissingArtifacts):
                     raise
                 log.warning("retrying after start-up failure: %s", exc)
                 continue
