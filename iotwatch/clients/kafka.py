@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.errors import ServiceUnavailable
@@ -73,7 +73,19 @@ def ensure_topics(
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ServiceUnavailable(f"cannot create Kafka topic {name}: {exc}") from exc
+    _wait_listed(settings, created, timeout_s)
     return created
+
+
+def _wait_listed(settings: KafkaSettings, topics: list[str], timeout_s: float) -> None:
+    """Wait until the broker lists topics just created: it answers a creation once the
+    controller committed it and updates its own metadata a moment later, and a reader that
+    asked in between would take a topic for missing (and a follower never read it)."""
+    deadline = time.monotonic() + timeout_s
+    while topics and not all(list_topics(settings, timeout_s).get(name) for name in topics):
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"Kafka created {', '.join(topics)} but did not list them within {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> list[Message]:
@@ -101,7 +113,11 @@ class TopicFollower:
 
     def __init__(self, settings: KafkaSettings, topics: list[str]) -> None:
         existing = list_topics(settings)
-        self.partitions = [TopicPartition(topic, p, 0) for topic in topics for p in range(existing.get(topic, 0))]
+        # from each partition's log start, not offset 0: once retention deleted offset 0, a
+        # fetch there is out of range and the consumer would jump to the end, reading nothing
+        self.partitions = [
+            TopicPartition(topic, p, OFFSET_BEGINNING) for topic in topics for p in range(existing.get(topic, 0))
+        ]
         self._consumer = Consumer(
             {
                 **client_config(settings),

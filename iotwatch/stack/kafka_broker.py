@@ -208,9 +208,11 @@ def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaS
         "share.coordinator.state.topic.min.isr": str(min(replicas, 2)),
         "group.initial.rebalance.delay.ms": "0",
         "num.partitions": "4",
-        # the log cleaner (compaction) checks often, so a compacted topic's tests see it work
+        # the log cleaner (compaction) and the retention check run often, and the latter from
+        # a second after start (not 30 s), so the tests of compaction and retention see them work
         "log.cleaner.backoff.ms": "1000",
         "log.retention.check.interval.ms": "5000",
+        "log.initial.task.delay.ms": "1000",
     }
     if security:
         login = (
