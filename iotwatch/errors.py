@@ -15,3 +15,8 @@ class MissingArtifacts(StackError):
 
 class ServiceUnavailable(IotwatchError):
     """A service (MQTT, Kafka, InfluxDB) did not answer."""
+
+
+class AccessRefused(IotwatchError):
+    """A server refused the configured user: unknown user or wrong password, or no ACL
+    for the operation (the message names the user, the resource and the operation)."""

@@ -1,19 +1,29 @@
 """What a real Apache Kafka broker enforces, and that the product lives with it:
 
-- retention: a topic past its ``retention.ms`` loses its old segments, and a reader from the
-  beginning starts where the log now starts;
+- retention: a topic past its ``retention.ms`` loses its old segments;
 - compaction: the alert-state, silences and twin topics keep only the newest value per key
-  once the cleaner ran, and the forwarder and the twin reader rebuild their state from that.
+  once the cleaner ran, and the forwarder and the twin reader rebuild their state from that;
+- SCRAM and ACLs as ``iotwatch provision topics --acls`` grants them (as compose runs it):
+  each service user does its job and is refused the rest, in one line naming the user, the
+  operation and the topic; an unknown user or a wrong password cannot connect.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
+from pydantic import SecretStr
 
 from alerts.actions import acknowledge, add_silence, revoke_silence
 from alerts.book import load_book
@@ -23,14 +33,21 @@ from devices.twin_ops import parse_assignments, read_twin, set_desired
 from iotwatch.clients.kafka import (
     admin_client,
     client_config,
+    list_topics,
+    produce_confirmed,
     read_to_end,
 )
 from iotwatch.contract.device_commands import TwinProperties
 from iotwatch.contract.oncall import AlertState, AlertStep, Matchers, Silence, TwinRecord
 from iotwatch.contract.oncall import decode as decode_record
-from iotwatch.settings import AlertsSettings, KafkaSettings, Settings
+from iotwatch.errors import AccessRefused
+from iotwatch.provision.kafka_acls import service_grants
+from iotwatch.settings import AlertsSettings, KafkaSettings, Settings, TopicSettings
+from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
+from iotwatch.stack.process import stop_process
 from streaming import rules
 from tests.alerts.conftest import make_alert, produce
+from tests.helpers import wait_for
 
 #: Segments roll this often (a record arriving later starts a new one), so the cleaner and the
 #: retention check, which never touch the active segment, get closed segments to work on.
@@ -182,3 +199,81 @@ def test_compaction_keeps_the_newest_ack_silence_and_twin_and_restarts_rebuild_f
     for device in devices:
         desired = read_twin(settings, device).desired
         assert desired is not None and (desired.version, desired.properties.setpoint_c) == (3, 21.5)
+
+
+# --- SCRAM users and ACLs ----------------------------------------------------------------
+
+SERVICE_USERS = ("gateway", "stream", "responder")
+
+
+def user_settings(endpoint: str, user: str, password: str) -> KafkaSettings:
+    """A client of ``endpoint`` as ``user``, configured as compose configures its services."""
+    return KafkaSettings(
+        bootstrap_servers=endpoint,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=SCRAM_MECHANISM,
+        sasl_username=user,
+        sasl_password=SecretStr(password),
+    )
+
+
+def iotwatch(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, configured only by the environment (as compose configures it)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env.update(kafka.as_environment())
+    return subprocess.run(
+        [sys.executable, "-m", "iotwatch", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KafkaSettings]]:
+    """A broker that authenticates with SCRAM and authorizes with ACLs, its topics and ACLs
+    made by ``iotwatch provision topics --acls`` as admin: client settings per user."""
+    passwords = {user: secrets.token_urlsafe(12) for user in (ADMIN_USER, *SERVICE_USERS)}
+    broker = start_kafka_broker(tmp_path_factory.mktemp("secured"), 90, security=KafkaSecurity(passwords))
+    try:
+        users = {user: user_settings(broker.endpoint, user, password) for user, password in passwords.items()}
+        provisioned = iotwatch(users[ADMIN_USER], "provision", "topics", "--acls", "--json")
+        assert provisioned.returncode == 0, provisioned.stderr
+        summary = json.loads(provisioned.stdout)
+        assert summary["acls"] == len(service_grants(TopicSettings())) and len(summary["created"]) == 10
+        # the broker applies new ACLs from its metadata log a moment after the controller took them
+        wait_for(lambda: TopicSettings().raw in list_topics(users["gateway"]), 10, "the gateway's ACLs")
+        yield users
+    finally:
+        stop_process(broker.process)
+
+
+def test_what_a_user_may_not_do_is_refused_in_one_line(secured: dict[str, KafkaSettings]) -> None:
+    topics = TopicSettings()
+    # the gateway cannot read alerts: the on-call tail says so instead of waiting for a topic
+    tail = iotwatch(secured["gateway"], "alerts", "tail", "--json", "--timeout", "20")
+    assert tail.returncode == 1
+    assert tail.stderr.splitlines() == [
+        f"iotwatch: error: Kafka refused user 'gateway' READ on topic {topics.alerts} "
+        "(not authorized; grant it with iotwatch provision topics --acls)"
+    ]
+    # ... nor forge one (it may see the topic: only a produce tells)
+    gateway = secured["gateway"]
+    with pytest.raises(AccessRefused, match=f"^Kafka refused user 'gateway' WRITE on topic {topics.alerts} "):
+        produce_confirmed(gateway, Producer(client_config(gateway)), topics.alerts, b"k", b"forged")
+    # the responder cannot write raw telemetry
+    responder = secured["responder"]
+    with pytest.raises(AccessRefused, match=f"^Kafka refused user 'responder' WRITE on topic {topics.raw} "):
+        produce_confirmed(responder, Producer(client_config(responder)), topics.raw, b"k", b"forged")
+    # the stream may write dead letters, not read them back: a refused fetch, not an empty topic
+    with pytest.raises(AccessRefused, match=f"^Kafka refused user 'stream' READ on topic {topics.dlq} "):
+        read_to_end(secured["stream"], topics.dlq, 30)
+
+
+@pytest.mark.parametrize("user", ["intruder", "gateway"])
+def test_an_unknown_user_or_a_wrong_password_cannot_connect(secured: dict[str, KafkaSettings], user: str) -> None:
+    kafka = secured["gateway"].model_copy(update={"sasl_username": user, "sasl_password": SecretStr("wrong")})
+    listed = iotwatch(kafka, "alerts", "list", "--json")
+    assert listed.returncode == 1
+    assert listed.stderr.splitlines() == [
+        f"iotwatch: error: Kafka at {kafka.bootstrap_servers} refused user {user!r}: SASL authentication failed "
+        "(unknown user or wrong password; check IOTWATCH_KAFKA_SASL_USERNAME and IOTWATCH_KAFKA_SASL_PASSWORD)"
+    ]
+    assert listed.stdout == ""
