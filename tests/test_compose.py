@@ -398,8 +398,14 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
     assert (allowed("gateway", "read"), allowed("gateway", "write")) == (set(), {topics.raw, topics.dlq})
     assert allowed("stream", "read") == {topics.raw, topics.model_updates}
     assert allowed("stream", "write") == {topics.alerts, topics.dlq}
-    assert allowed("responder", "read") == {topics.alerts, topics.commands}
-    assert allowed("responder", "write") == {topics.commands, topics.alerts, topics.dlq}
+    assert allowed("responder", "read") == {topics.alerts, topics.commands, topics.emergencies}
+    assert allowed("responder", "write") == {
+        topics.commands,
+        topics.alerts,
+        topics.dlq,
+        topics.device_twin,
+        topics.emergencies,
+    }
     assert {g.user for g in topic_grants if g.name == topics.alerts and g.operation == "write"} == {
         "stream",
         "responder",

@@ -31,23 +31,31 @@ from alerts.dispatch import Dispatcher
 from alerts.routing import parse_routing
 from devices.twin_ops import parse_assignments, read_twin, set_desired
 from iotwatch.clients.kafka import (
+    TopicFollower,
     admin_client,
     client_config,
+    ensure_topics,
     list_topics,
     produce_confirmed,
     read_to_end,
 )
-from iotwatch.contract.device_commands import TwinProperties
-from iotwatch.contract.oncall import AlertState, AlertStep, Matchers, Silence, TwinRecord
+from iotwatch.clients.mqtt import PersistentSession
+from iotwatch.contract.alerts import alert_message
+from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, TwinProperties, TwinReport
+from iotwatch.contract.device_commands import encode as encode_report
+from iotwatch.contract.device_topics import twin_reported_topic
+from iotwatch.contract.oncall import AlertState, AlertStep, CommandAudit, Emergency, Matchers, Silence, TwinRecord
 from iotwatch.contract.oncall import decode as decode_record
 from iotwatch.errors import AccessRefused
 from iotwatch.provision.kafka_acls import service_grants
 from iotwatch.settings import AlertsSettings, KafkaSettings, Settings, TopicSettings
 from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
 from iotwatch.stack.process import stop_process
+from responder.policy import CommandPolicy
+from responder.service import Responder
 from streaming import rules
 from tests.alerts.conftest import make_alert, produce
-from tests.helpers import wait_for
+from tests.helpers import InThread, wait_for
 
 #: Segments roll this often (a record arriving later starts a new one), so the cleaner and the
 #: retention check, which never touch the active segment, get closed segments to work on.
@@ -243,6 +251,73 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Kafk
         yield users
     finally:
         stop_process(broker.process)
+
+
+def test_each_service_user_can_do_its_job(
+    secured: dict[str, KafkaSettings], stack_settings: Settings, unique: str
+) -> None:
+    topics = TopicSettings()
+    gateway, stream = secured["gateway"], secured["stream"]
+    # the gateway: its start-up check, then readings and dead letters
+    assert ensure_topics(gateway, [topics.raw, topics.dlq]) == []
+    producer = Producer({**client_config(gateway), "enable.idempotence": True})
+    produce_confirmed(gateway, producer, topics.raw, b"dev-1", f"reading {unique}".encode())
+    produce_confirmed(gateway, producer, topics.dlq, b"dev-1", b"not json")
+    # the stream: reads the readings, writes alerts
+    assert ensure_topics(stream, topics.kafka_topics()) == []
+    follower = TopicFollower(stream, [topics.raw])
+    try:
+        assert f"reading {unique}".encode() in [m.value() for m in follower.catch_up(30)]
+    finally:
+        follower.close()
+    hvac = make_alert(f"hvac-{unique}", "thermostat", "home-1", rules.STUCK_HVAC, "major", "raised", 1_000)
+    crash = make_alert(f"car-{unique}", "vehicle_edr", "fleet-1", rules.CRASH, "critical", "raised", 2_000)
+    producer = Producer({**client_config(stream), "enable.idempotence": True})
+    for alert in (hvac, crash):
+        produce_confirmed(stream, producer, topics.alerts, *alert_message(alert))
+
+    # the responder, as it runs: reads alerts, writes a command's audit, an emergency record and
+    # the twin a device reports (MQTT from the session's stack)
+    policies = (
+        CommandPolicy(name="reset", rule=rules.STUCK_HVAC, device_type="thermostat", command="reset_hvac"),
+        CommandPolicy(name="crash", rule=rules.CRASH, device_type="vehicle_edr", action="emergency"),
+    )
+    settings = stack_settings.model_copy(
+        update={
+            "kafka": secured["responder"],
+            "topics": topics,
+            "respond": stack_settings.respond.model_copy(update={"client_id": f"responder-{unique}"}),
+        }
+    )
+    admin = secured[ADMIN_USER]
+    running = InThread(lambda stop: Responder(settings, policies, stop))
+
+    def written(topic: str) -> bool:
+        assert running.thread.is_alive(), "the responder stopped (its exception is in the warnings)"
+        return bool(read_to_end(admin, topic, 10))
+
+    try:
+        wait_for(lambda: written(topics.commands), 30, "the responder's command audit")
+        wait_for(lambda: written(topics.emergencies), 30, "the responder's emergency record")
+        device = PersistentSession(stack_settings.mqtt, f"device-{unique}", [])
+        device.connect()
+        report = TwinReport(
+            COMMAND_SCHEMA_VERSION, hvac.device_id, int(time.time() * 1000), TwinProperties(setpoint_c=20.0)
+        )
+        try:
+            device.publish(twin_reported_topic(hvac.site, hvac.device_type, hvac.device_id), encode_report(report))
+        finally:
+            device.close()
+        wait_for(lambda: written(topics.device_twin), 30, "the reported twin")
+    finally:
+        counts = running.close()
+    audits = [decode_record(m.value(), CommandAudit) for m in read_to_end(admin, topics.commands)]
+    assert {(a.device_id, a.name) for a in audits} == {(hvac.device_id, "reset_hvac")}
+    emergencies = [decode_record(m.value(), Emergency) for m in read_to_end(admin, topics.emergencies)]
+    assert [e.alert_id for e in emergencies] == [crash.alert_id]
+    reported = [decode_record(m.value(), TwinRecord) for m in read_to_end(admin, topics.device_twin)]
+    assert [(t.device_id, t.properties.setpoint_c) for t in reported] == [(f"hvac-{unique}", 20.0)]
+    assert counts.get("dead_lettered", 0) == 0
 
 
 def test_what_a_user_may_not_do_is_refused_in_one_line(secured: dict[str, KafkaSettings]) -> None:
