@@ -329,7 +329,16 @@ def test_what_a_user_may_not_do_is_refused_in_one_line(secured: dict[str, KafkaS
         f"iotwatch: error: Kafka refused user 'gateway' READ on topic {topics.alerts} "
         "(not authorized; grant it with iotwatch provision topics --acls)"
     ]
-    # ... nor forge one (it may see the topic: only a produce tells)
+    # the stream may see the alert topic (it writes it) but not read it: the fetch is refused
+    tail = iotwatch(secured["stream"], "alerts", "tail", "--json", "--from-beginning", "--timeout", "20")
+    assert (tail.returncode, tail.stderr.splitlines()) == (
+        1,
+        [
+            f"iotwatch: error: Kafka refused user 'stream' READ on topic {topics.alerts} "
+            "(not authorized; grant it with iotwatch provision topics --acls)"
+        ],
+    )
+    # the gateway cannot forge alerts either
     gateway = secured["gateway"]
     with pytest.raises(AccessRefused, match=f"^Kafka refused user 'gateway' WRITE on topic {topics.alerts} "):
         produce_confirmed(gateway, Producer(client_config(gateway)), topics.alerts, b"k", b"forged")

@@ -191,6 +191,9 @@ class TopicFollower:
                 "group.id": f"iotwatch-follow-{time.time_ns()}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                # a follower that falls behind retention goes on from the new log start,
+                # never skips to the end (the default) past what it has not read
+                "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
             }
         )
