@@ -2,7 +2,7 @@
 # device simulator (docker-compose.yml runs it with different commands).
 #
 #   docker build -t iotwatch:local .
-#   docker build --build-arg SPARK_KAFKA_VERSION=4.3.0 -t iotwatch:local .
+#   docker build --build-arg SPARK_KAFKA_VERSION=4.2.0 -t iotwatch:local .
 #
 # Building needs internet access: Python packages, Debian packages and Spark's Kafka
 # connector (from Maven Central, resolved by spark-submit). Running it does not.
