@@ -315,8 +315,9 @@ def test_each_service_user_can_do_its_job(
     assert {(a.device_id, a.name) for a in audits} == {(hvac.device_id, "reset_hvac")}
     emergencies = [decode_record(m.value(), Emergency) for m in read_to_end(admin, topics.emergencies)]
     assert [e.alert_id for e in emergencies] == [crash.alert_id]
+    # the session's MQTT broker holds other tests' retained twin reports too: this device's is what counts
     reported = [decode_record(m.value(), TwinRecord) for m in read_to_end(admin, topics.device_twin)]
-    assert [(t.device_id, t.properties.setpoint_c) for t in reported] == [(f"hvac-{unique}", 20.0)]
+    assert [t.properties.setpoint_c for t in reported if t.device_id == hvac.device_id] == [20.0]
     assert counts.get("dead_lettered", 0) == 0
 
 
