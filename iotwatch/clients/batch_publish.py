@@ -1,0 +1,189 @@
+"""A paho client that publishes many messages with one write and keeps QoS 1 itself.
+
+Stock ``paho.Client.publish`` costs per message: a ``MQTTMessage`` with its own
+``threading.Condition``, the message lock, a wake-up of the network thread through a
+socket pair (a system call) and a ``send`` of its own. For a load generator that is most of
+its time (py-spy: the socket-pair write alone was 60 % of the simulator's main thread).
+:meth:`BatchPublishClient.publish_many` builds the PUBLISH packets of a batch itself and
+hands them to paho's network thread as one queued write.
+
+QoS 1 is kept here instead of in paho's ``_out_messages``: each message waits in
+:attr:`~BatchPublishClient.unacked` (packet id -> packet) until its PUBACK; after a
+reconnect every message not yet acknowledged is sent again, in publish order and with the
+DUP flag, before anything new (a lost connection loses nothing). At most ``window``
+messages are unacknowledged: :meth:`publish_many` waits for room.
+
+It overrides private methods of paho 2 (``_handle_connack``, ``_handle_pubackcomp``,
+``_sock_close``) and queues with ``_packet_queue``, as :class:`BufferedReadClient` does; the
+pyproject pins paho below 3 and tests/test_mqtt_client.py checks it against a broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+
+from iotwatch.clients.mqtt import BufferedReadClient
+
+__all__ = ["BatchPublishClient", "Outgoing"]
+
+#: (topic, payload, retain)
+Outgoing = tuple[str, "bytes | str", bool]
+
+_DUP = 0x08
+_MAX_MID = 65535
+
+
+def _remaining_length(n: int) -> bytes:
+    """MQTT's variable-length integer."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | 0x80 if n else byte)
+        if not n:
+            return bytes(out)
+
+
+class BatchPublishClient(BufferedReadClient):
+    """Publishes batches as single writes; QoS 1 flow control, ack latency and resend."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.window = 200
+        #: packet id -> (packet, time queued by perf_counter or -1 for untimed), publish order
+        self.unacked: dict[int, tuple[bytes, float]] = {}
+        self.published = 0  # QoS 1 messages registered (publishing thread only)
+        self.acked = 0  # PUBACKs received (network thread only)
+        self.refused = 0  # PUBACKs with a failure reason code (MQTT 5)
+        #: publish to PUBACK of each QoS 1 message not retained (retained ones are states,
+        #: such as a device's online status, not the readings whose latency matters)
+        self.latencies_ms: list[float] = []
+        self._room = threading.Event()
+        self._waiting = False
+        self._lock = threading.RLock()
+        self._ready = False  # connected, and whatever was unacknowledged is queued again
+        self._mid = 0
+        self._topics: dict[str, bytes] = {}
+        self._properties = b"\x00" if self._protocol == MQTTProtocolVersion.MQTTv5 else b""
+
+    @property
+    def pending(self) -> int:
+        """QoS 1 messages not acknowledged yet."""
+        return self.published - self.acked
+
+    def written(self) -> bool:
+        """Nothing is waiting in paho's write queue."""
+        return not self._out_packet
+
+    def publish_many(self, messages: Sequence[Outgoing], qos: int, *, timeout_s: float = 30.0) -> int:
+        """Publish ``messages`` in order; returns how many were taken (at QoS 0, none while
+        not connected; at QoS 1 all: they go out once connected). Raises TimeoutError when the
+        broker acknowledges nothing for ``timeout_s`` with the window full."""
+        if qos == 0:
+            with self._lock:
+                if not self._ready:
+                    return 0
+                self._queue(b"".join(self._packets(messages, 0)))
+            return len(messages)
+        done = 0
+        while done < len(messages):
+            room = self.window - self.pending
+            if room <= 0:
+                if not self._wait_for_room(timeout_s):
+                    raise TimeoutError(f"no PUBACK for {timeout_s:.0f} s with {self.pending} messages in flight")
+                continue
+            chunk = messages[done : done + room]
+            started = time.perf_counter()
+            with self._lock:
+                packets = self._packets(chunk, 1)
+                unacked = self.unacked
+                for (mid, packet), (_, _, retain) in zip(packets.items(), chunk, strict=True):
+                    unacked[mid] = (packet, -1.0 if retain else started)
+                self.published += len(packets)
+                if self._ready:
+                    self._queue(b"".join(packets.values()))
+            done += len(chunk)
+        return done
+
+    def _packets(self, messages: Sequence[Outgoing], qos: int) -> Any:
+        """PUBLISH packets: a list at QoS 0, a dict packet id -> packet at QoS 1."""
+        topics, props = self._topics, self._properties
+        base = 0x30 | (qos << 1)
+        if qos == 0:
+            out: list[bytes] = []
+            for topic, payload, retain in messages:
+                body = topics.get(topic) or self._topic(topic)
+                data = payload if type(payload) is bytes else payload.encode()  # type: ignore[union-attr]
+                size = len(body) + len(props) + len(data)
+                out.append(bytes((base | retain,)) + _remaining_length(size) + body + props + data)
+            return out
+        keyed: dict[int, bytes] = {}
+        mid = self._mid
+        for topic, payload, retain in messages:
+            body = topics.get(topic) or self._topic(topic)
+            data = payload if type(payload) is bytes else payload.encode()  # type: ignore[union-attr]
+            mid = mid % _MAX_MID + 1
+            size = len(body) + 2 + len(props) + len(data)
+            keyed[mid] = (
+                bytes((base | retain,)) + _remaining_length(size) + body + mid.to_bytes(2, "big") + props + data
+            )
+        self._mid = mid
+        return keyed
+
+    def _topic(self, topic: str) -> bytes:
+        encoded = topic.encode()
+        if len(self._topics) > 1_000_000:
+            self._topics.clear()
+        self._topics[topic] = body = len(encoded).to_bytes(2, "big") + encoded
+        return body
+
+    def _queue(self, data: bytes) -> None:
+        if data:
+            self._packet_queue(paho.PUBLISH, data, 0, 1)  # qos 1: paho calls no on_publish for the write
+
+    def _wait_for_room(self, timeout_s: float) -> bool:
+        self._room.clear()
+        self._waiting = True
+        try:
+            while self.pending >= self.window:
+                if not self._room.wait(timeout_s):
+                    return False
+                self._room.clear()
+            return True
+        finally:
+            self._waiting = False
+
+    # -- paho's network thread ------------------------------------------------------------
+
+    def _handle_connack(self) -> MQTTErrorCode:
+        rc = super()._handle_connack()
+        if self.is_connected():
+            with self._lock:
+                if self.unacked:  # again, in publish order, flagged as duplicates
+                    self._queue(b"".join(bytes((p[0] | _DUP,)) + p[1:] for p, _ in self.unacked.values()))
+                self._ready = True
+        return rc
+
+    def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
+        packet = self._in_packet["packet"]
+        entry = self.unacked.pop((packet[0] << 8) | packet[1], None) if cmd == "PUBACK" else None
+        if entry is None:
+            return super()._handle_pubackcomp(cmd)
+        if len(packet) > 2 and packet[2] >= 0x80:
+            self.refused += 1
+        if entry[1] >= 0:
+            self.latencies_ms.append((time.perf_counter() - entry[1]) * 1000.0)
+        self.acked += 1
+        if self._waiting and self.pending <= self.window // 2:
+            self._room.set()
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _sock_close(self) -> None:
+        with self._lock:
+            self._ready = False
+        super()._sock_close()
