@@ -6,10 +6,14 @@ connections and QoS, it measures
 - ``simulator``: ``iotwatch simulate --as-fast-as-possible`` (generation, anomalies,
   serialisation and publishing);
 - ``raw_paho``: a bare paho loop publishing the same messages, pre-serialised;
+- ``raw_batch``: the simulator's own transport (:class:`BatchPublishClient`, one write per
+  connection and tick) publishing the same messages, pre-serialised: what the simulator
+  would reach if generating cost nothing;
 - ``mosquitto_pub``: ``mosquitto_pub -l`` publishing the same payloads to one topic
   (one process, C), when installed;
 
-and reports messages/s and the ratio simulator / raw_paho (goal: >= 0.9 at each QoS).
+and reports messages/s and the ratios simulator / raw_paho (goal: >= 0.9 at each QoS) and
+simulator / raw_batch (the share of the transport's rate that generation leaves).
 Beside the ratios it runs the large fleet (:mod:`devices.bench_fleet`, by default 100,000
 devices in one process, one reading per 10 s each): tick lag behind due time (goal p99 < 1 s),
 peak RSS (goal < 1 GB) and every device's seq gap-free at a subscriber. Without ``--mqtt``
@@ -23,6 +27,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,12 +53,74 @@ def _config(homes: int, vehicles: int, count: int) -> SimConfig:
     return SimConfig(seed=7, homes=homes, vehicles=vehicles, count=count, start_ms=_START_MS)
 
 
-def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tuple[int, str, bytes]]:
+def _ticks(config: SimConfig, shard: int, shards: int, quota: int) -> list[list[tuple[int, str, bytes]]]:
+    """The shard's messages tick by tick, pre-serialised."""
     sim = Simulation(config, shard, shards, count_limit=quota)
-    out: list[tuple[int, str, bytes]] = []
+    out: list[list[tuple[int, str, bytes]]] = []
     while not sim.exhausted:
-        out.extend((uid, topic, payload.encode()) for uid, topic, payload, _ in sim.tick())
+        out.append([(uid, topic, payload.encode()) for uid, topic, payload, _ in sim.tick()])
     return out
+
+
+def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tuple[int, str, bytes]]:
+    return [m for tick in _ticks(config, shard, shards, quota) for m in tick]
+
+
+def _batch_worker(
+    mqtt: MqttSettings,
+    config: SimConfig,
+    shard: int,
+    shards: int,
+    quota: int,
+    qos: int,
+    connections: int,
+    max_inflight: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """The simulator's transport over pre-serialised payloads, one write per connection and tick."""
+    import threading
+
+    from iotwatch.clients.batch_publish import BatchPublishClient
+    from iotwatch.clients.mqtt import make_client
+
+    try:
+        ticks = _ticks(config, shard, shards, quota)
+        clients: list[BatchPublishClient] = []
+        for n in range(connections):
+            client = make_client(
+                mqtt, f"iotwatch-bench-batch-{shard}-{n}-{time.monotonic_ns()}", client_class=BatchPublishClient
+            )
+            assert isinstance(client, BatchPublishClient)
+            client.window = max_inflight
+            connected = threading.Event()
+            client.on_connect = lambda *_, ready=connected: ready.set()
+            client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
+            client.loop_start()
+            if not connected.wait(30):
+                raise TimeoutError("no CONNACK within 30 s")
+            clients.append(client)
+        if qos:
+            sys.setswitchinterval(0.0005)  # as the simulator does at QoS 1
+        barrier.wait(timeout=120)
+        started = time.monotonic()
+        for tick in ticks:
+            shares: list[list[Any]] = [[] for _ in clients]
+            for uid, topic, payload in tick:
+                shares[uid % connections].append((topic, payload, False))
+            for client, share in zip(clients, shares, strict=True):
+                if share:
+                    client.publish_many(share, qos)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(c.pending == 0 and c.written() for c in clients):
+            time.sleep(0.002)
+        wall = time.monotonic() - started
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+        results.put((shard, sum(len(t) for t in ticks), wall, None))
+    except BaseException as exc:
+        results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
 def _raw_worker(
@@ -110,16 +177,17 @@ def _raw_worker(
         results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
-def _raw_paho(
-    mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int, max_inflight: int
+def _raw(
+    worker: Any, mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int, max_inflight: int
 ) -> dict[str, Any]:
+    """``worker`` (``_raw_worker`` or ``_batch_worker``) in ``processes`` processes at once."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     count = config.count or 0
     workers = [
         ctx.Process(
-            target=_raw_worker,
+            target=worker,
             args=(
                 mqtt,
                 config,
@@ -142,7 +210,7 @@ def _raw_paho(
         worker.join(timeout=30)
     errors = [p[3] for p in parts if p[3]]
     if errors:
-        raise RuntimeError(f"raw paho benchmark failed: {errors[0]}")
+        raise RuntimeError(f"raw publishing benchmark failed: {errors[0]}")
     sent = sum(p[1] for p in parts)
     wall = max(p[2] for p in parts)
     return {"sent": sent, "wall_s": round(wall, 3), "rate": round(sent / wall, 1)}
@@ -300,11 +368,14 @@ def bench_simulate(
                 "errors": summary["errors"],
                 "publish_latency": summary["publish_latency"],
             }
-            raw = _raw_paho(mqtt, config, processes, qos, connections, max_inflight)
+            raw = _raw(_raw_worker, mqtt, config, processes, qos, connections, max_inflight)
+            batch = _raw(_batch_worker, mqtt, config, processes, qos, connections, max_inflight)
             entry: dict[str, Any] = {
                 "simulator": simulator,
                 "raw_paho": raw,
                 "ratio_vs_raw_paho": round(simulator["rate"] / raw["rate"], 3),
+                "raw_batch": batch,
+                "ratio_vs_raw_batch": round(simulator["rate"] / batch["rate"], 3),
             }
             if not no_mosquitto_pub:
                 reference = _mosquitto_pub(mqtt, config, qos)
@@ -356,7 +427,8 @@ def _render(result: dict[str, Any]) -> None:
         sim, raw = entry["simulator"], entry["raw_paho"]
         line = (
             f"  {level}: simulator {sim['rate']:>10,.0f} msg/s   raw paho {raw['rate']:>10,.0f} msg/s   "
-            f"ratio {entry['ratio_vs_raw_paho']:.2f}"
+            f"ratio {entry['ratio_vs_raw_paho']:.2f}   raw batch {entry['raw_batch']['rate']:>10,.0f} msg/s   "
+            f"ratio {entry['ratio_vs_raw_batch']:.2f}"
         )
         if "mosquitto_pub" in entry and "rate" in entry["mosquitto_pub"]:
             line += f"   mosquitto_pub -l {entry['mosquitto_pub']['rate']:,.0f} msg/s"

@@ -7,11 +7,13 @@ its time (py-spy: the socket-pair write alone was 60 % of the simulator's main t
 :meth:`BatchPublishClient.publish_many` builds the PUBLISH packets of a batch itself and
 hands them to paho's network thread as one queued write.
 
-QoS 1 is kept here instead of in paho's ``_out_messages``: each message waits in
-:attr:`~BatchPublishClient.unacked` (packet id -> packet) until its PUBACK; after a
-reconnect every message not yet acknowledged is sent again, in publish order and with the
-DUP flag, before anything new (a lost connection loses nothing). At most ``window``
-messages are unacknowledged: :meth:`publish_many` waits for room.
+QoS 1 is kept here instead of in paho's ``_out_messages``: at most ``window`` messages
+are in flight in :attr:`~BatchPublishClient.unacked` (packet id -> packet) until their
+PUBACK; up to ``window`` more wait, already built, in a backlog that the network thread
+sends from as PUBACKs make room, so the publishing thread goes on (generating the next
+batch) instead of waiting for each round trip; past that :meth:`publish_many` waits.
+After a reconnect every message in flight is sent again, in publish order and with the
+DUP flag, then the backlog (a lost connection loses nothing).
 
 It overrides private methods of paho 2 (``_handle_connack``, ``_handle_pubackcomp``,
 ``_sock_close``) and queues with ``_packet_queue``, as :class:`BufferedReadClient` does; the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,12 +58,14 @@ class BatchPublishClient(BufferedReadClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.window = 200
-        #: packet id -> (packet, time queued by perf_counter or -1 for untimed), publish order
+        #: in flight: packet id -> (packet, time sent by perf_counter or -1 for untimed), publish order
         self.unacked: dict[int, tuple[bytes, float]] = {}
-        self.published = 0  # QoS 1 messages registered (publishing thread only)
+        #: built, waiting for room in the window: (packet id, packet, retained)
+        self._backlog: deque[tuple[int, bytes, bool]] = deque()
+        self.published = 0  # QoS 1 messages taken (publishing thread only)
         self.acked = 0  # PUBACKs received (network thread only)
         self.refused = 0  # PUBACKs with a failure reason code (MQTT 5)
-        #: publish to PUBACK of each QoS 1 message not retained (retained ones are states,
+        #: sending to PUBACK of each QoS 1 message not retained (retained ones are states,
         #: such as a device's online status, not the readings whose latency matters)
         self.latencies_ms: list[float] = []
         self._room = threading.Event()
@@ -73,7 +78,7 @@ class BatchPublishClient(BufferedReadClient):
 
     @property
     def pending(self) -> int:
-        """QoS 1 messages not acknowledged yet."""
+        """QoS 1 messages not acknowledged yet (in flight or waiting)."""
         return self.published - self.acked
 
     def written(self) -> bool:
@@ -90,25 +95,38 @@ class BatchPublishClient(BufferedReadClient):
                     return 0
                 self._queue(b"".join(self._packets(messages, 0)))
             return len(messages)
+        limit = min(2 * self.window, _MAX_MID - 1)  # in flight and waiting; packet ids stay unique
         done = 0
         while done < len(messages):
-            room = self.window - self.pending
+            room = limit - self.pending
             if room <= 0:
                 if not self._wait_for_room(timeout_s):
                     raise TimeoutError(f"no PUBACK for {timeout_s:.0f} s with {self.pending} messages in flight")
                 continue
             chunk = messages[done : done + room]
-            started = time.perf_counter()
             with self._lock:
                 packets = self._packets(chunk, 1)
-                unacked = self.unacked
-                for (mid, packet), (_, _, retain) in zip(packets.items(), chunk, strict=True):
-                    unacked[mid] = (packet, -1.0 if retain else started)
+                self._backlog.extend(
+                    (mid, packet, retain) for (mid, packet), (_, _, retain) in zip(packets.items(), chunk, strict=True)
+                )
                 self.published += len(packets)
-                if self._ready:
-                    self._queue(b"".join(packets.values()))
+                self._send_backlog()
             done += len(chunk)
         return done
+
+    def _send_backlog(self) -> None:
+        """Move waiting messages into the free part of the window, as one write (holding the lock)."""
+        room = self.window - len(self.unacked)
+        if not self._ready or room <= 0 or not self._backlog:
+            return
+        started = time.perf_counter()
+        backlog, unacked = self._backlog, self.unacked
+        parts = []
+        for _ in range(min(room, len(backlog))):
+            mid, packet, retain = backlog.popleft()
+            unacked[mid] = (packet, -1.0 if retain else started)
+            parts.append(packet)
+        self._queue(b"".join(parts))
 
     def _packets(self, messages: Sequence[Outgoing], qos: int) -> Any:
         """PUBLISH packets: a list at QoS 0, a dict packet id -> packet at QoS 1."""
@@ -150,7 +168,7 @@ class BatchPublishClient(BufferedReadClient):
         self._room.clear()
         self._waiting = True
         try:
-            while self.pending >= self.window:
+            while self.pending >= min(2 * self.window, _MAX_MID - 1):
                 if not self._room.wait(timeout_s):
                     return False
                 self._room.clear()
@@ -167,6 +185,7 @@ class BatchPublishClient(BufferedReadClient):
                 if self.unacked:  # again, in publish order, flagged as duplicates
                     self._queue(b"".join(bytes((p[0] | _DUP,)) + p[1:] for p, _ in self.unacked.values()))
                 self._ready = True
+                self._send_backlog()
         return rc
 
     def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
@@ -179,7 +198,10 @@ class BatchPublishClient(BufferedReadClient):
         if entry[1] >= 0:
             self.latencies_ms.append((time.perf_counter() - entry[1]) * 1000.0)
         self.acked += 1
-        if self._waiting and self.pending <= self.window // 2:
+        if self._backlog and len(self.unacked) <= self.window // 2:
+            with self._lock:
+                self._send_backlog()
+        if self._waiting and self.pending <= self.window:
             self._room.set()
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
