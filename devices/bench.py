@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,143 +67,128 @@ def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tu
     return [m for tick in _ticks(config, shard, shards, quota) for m in tick]
 
 
-def _batch_worker(
-    mqtt: MqttSettings,
-    config: SimConfig,
-    shard: int,
-    shards: int,
-    quota: int,
-    qos: int,
-    connections: int,
-    max_inflight: int,
-    barrier: Any,
-    results: Any,
-) -> None:
+@dataclass(frozen=True)
+class _Share:
+    """What one process of a raw measurement publishes, and how."""
+
+    mqtt: MqttSettings
+    config: SimConfig
+    shard: int
+    shards: int
+    quota: int
+    qos: int
+    connections: int
+    max_inflight: int
+
+    def client_id(self, kind: str, n: int) -> str:
+        return f"iotwatch-bench-{kind}-{self.shard}-{n}-{time.monotonic_ns()}"
+
+
+def _batch_loop(share: _Share, barrier: Any) -> tuple[int, float]:
     """The simulator's transport over pre-serialised payloads, one write per connection and tick."""
     import threading
 
     from iotwatch.clients.batch_publish import BatchPublishClient
     from iotwatch.clients.mqtt import make_client
 
-    try:
-        ticks = _ticks(config, shard, shards, quota)
-        clients: list[BatchPublishClient] = []
-        for n in range(connections):
-            client = make_client(
-                mqtt, f"iotwatch-bench-batch-{shard}-{n}-{time.monotonic_ns()}", client_class=BatchPublishClient
-            )
-            assert isinstance(client, BatchPublishClient)
-            client.window = max_inflight
-            connected = threading.Event()
-            client.on_connect = lambda *_, ready=connected: ready.set()
-            client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
-            client.loop_start()
-            if not connected.wait(30):
-                raise TimeoutError("no CONNACK within 30 s")
-            clients.append(client)
-        if qos:
-            sys.setswitchinterval(0.0005)  # as the simulator does at QoS 1
-        barrier.wait(timeout=120)
-        started = time.monotonic()
-        for tick in ticks:
-            shares: list[list[Any]] = [[] for _ in clients]
-            for uid, topic, payload in tick:
-                shares[uid % connections].append((topic, payload, False))
-            for client, share in zip(clients, shares, strict=True):
-                if share:
-                    client.publish_many(share, qos)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(c.pending == 0 and c.written() for c in clients):
-            time.sleep(0.002)
-        wall = time.monotonic() - started
-        for client in clients:
-            client.disconnect()
-            client.loop_stop()
-        results.put((shard, sum(len(t) for t in ticks), wall, None))
-    except BaseException as exc:
-        results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
+    mqtt, connections, qos = share.mqtt, share.connections, share.qos
+    ticks = _ticks(share.config, share.shard, share.shards, share.quota)
+    clients: list[BatchPublishClient] = []
+    for n in range(connections):
+        client = make_client(mqtt, share.client_id("batch", n), client_class=BatchPublishClient)
+        assert isinstance(client, BatchPublishClient)
+        client.window = share.max_inflight
+        connected = threading.Event()
+        client.on_connect = lambda *_, ready=connected: ready.set()
+        client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
+        client.loop_start()
+        if not connected.wait(30):
+            raise TimeoutError("no CONNACK within 30 s")
+        clients.append(client)
+    if qos:
+        sys.setswitchinterval(0.0005)  # as the simulator does at QoS 1
+    barrier.wait(timeout=120)
+    started = time.monotonic()
+    for tick in ticks:
+        per_client: list[list[Any]] = [[] for _ in clients]
+        for uid, topic, payload in tick:
+            per_client[uid % connections].append((topic, payload, False))
+        for client, messages in zip(clients, per_client, strict=True):
+            if messages:
+                client.publish_many(messages, qos)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(c.pending == 0 and c.written() for c in clients):
+        time.sleep(0.002)
+    wall = time.monotonic() - started
+    for client in clients:
+        client.disconnect()
+        client.loop_stop()
+    return sum(len(t) for t in ticks), wall
 
 
-def _raw_worker(
-    mqtt: MqttSettings,
-    config: SimConfig,
-    shard: int,
-    shards: int,
-    quota: int,
-    qos: int,
-    connections: int,
-    max_inflight: int,
-    barrier: Any,
-    results: Any,
-) -> None:
+def _paho_loop(share: _Share, barrier: Any) -> tuple[int, float]:
     """A bare paho loop over pre-serialised payloads: the ceiling for Python + paho."""
     import threading
 
     from iotwatch.clients.mqtt import make_client
 
+    mqtt, connections, qos = share.mqtt, share.connections, share.qos
+    messages = _messages(share.config, share.shard, share.shards, share.quota)
+    clients = []
+    acked = [0]
+    lock = threading.Lock()
+
+    def on_publish(*_: Any) -> None:
+        with lock:
+            acked[0] += 1
+
+    for n in range(connections):
+        client = make_client(mqtt, share.client_id("raw", n))
+        client.max_inflight_messages_set(share.max_inflight)
+        client.max_queued_messages_set(0)
+        if qos:
+            client.on_publish = on_publish
+        client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
+        client.loop_start()
+        clients.append(client)
+    barrier.wait(timeout=120)
+    started = time.monotonic()
+    for uid, topic, payload in messages:
+        clients[uid % connections].publish(topic, payload, qos)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (acked[0] >= len(messages)) if qos else all(not c._out_packet for c in clients):
+            break
+        time.sleep(0.002)
+    wall = time.monotonic() - started
+    for client in clients:
+        client.disconnect()
+        client.loop_stop()
+    return len(messages), wall
+
+
+def _measure(loop: Any, share: _Share, barrier: Any, results: Any) -> None:
+    """One worker process: ``loop`` (``_paho_loop`` or ``_batch_loop``) -> (sent, wall) or the error."""
     try:
-        messages = _messages(config, shard, shards, quota)
-        clients = []
-        acked = [0]
-        lock = threading.Lock()
-
-        def on_publish(*_: Any) -> None:
-            with lock:
-                acked[0] += 1
-
-        for n in range(connections):
-            client = make_client(mqtt, f"iotwatch-bench-raw-{shard}-{n}-{time.monotonic_ns()}")
-            client.max_inflight_messages_set(max_inflight)
-            client.max_queued_messages_set(0)
-            if qos:
-                client.on_publish = on_publish
-            client.connect(mqtt.host, mqtt.port, keepalive=mqtt.keepalive_s)
-            client.loop_start()
-            clients.append(client)
-        barrier.wait(timeout=120)
-        started = time.monotonic()
-        for uid, topic, payload in messages:
-            clients[uid % connections].publish(topic, payload, qos)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (acked[0] >= len(messages)) if qos else all(not c._out_packet for c in clients):
-                break
-            time.sleep(0.002)
-        wall = time.monotonic() - started
-        for client in clients:
-            client.disconnect()
-            client.loop_stop()
-        results.put((shard, len(messages), wall, None))
+        sent, wall = loop(share, barrier)
+        results.put((share.shard, sent, wall, None))
     except BaseException as exc:
-        results.put((shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
+        results.put((share.shard, 0, 0.0, f"{type(exc).__name__}: {exc}"))
 
 
 def _raw(
-    worker: Any, mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int, max_inflight: int
+    loop: Any, mqtt: MqttSettings, config: SimConfig, processes: int, qos: int, connections: int, max_inflight: int
 ) -> dict[str, Any]:
-    """``worker`` (``_raw_worker`` or ``_batch_worker``) in ``processes`` processes at once."""
+    """``loop`` in ``processes`` processes at once, each with its share of the messages."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     count = config.count or 0
-    workers = [
-        ctx.Process(
-            target=worker,
-            args=(
-                mqtt,
-                config,
-                s,
-                processes,
-                count // processes + (1 if s < count % processes else 0),
-                qos,
-                connections,
-                max_inflight,
-                barrier,
-                results,
-            ),
-        )
+    shares = [
+        _Share(mqtt, config, s, processes, count // processes + (s < count % processes), qos, connections, max_inflight)
         for s in range(processes)
     ]
+    workers = [ctx.Process(target=_measure, args=(loop, share, barrier, results)) for share in shares]
     for worker in workers:
         worker.start()
     parts = [results.get(timeout=600) for _ in workers]
@@ -368,8 +354,8 @@ def bench_simulate(
                 "errors": summary["errors"],
                 "publish_latency": summary["publish_latency"],
             }
-            raw = _raw(_raw_worker, mqtt, config, processes, qos, connections, max_inflight)
-            batch = _raw(_batch_worker, mqtt, config, processes, qos, connections, max_inflight)
+            raw = _raw(_paho_loop, mqtt, config, processes, qos, connections, max_inflight)
+            batch = _raw(_batch_loop, mqtt, config, processes, qos, connections, max_inflight)
             entry: dict[str, Any] = {
                 "simulator": simulator,
                 "raw_paho": raw,
