@@ -117,15 +117,16 @@ class Publisher:
             conn.client.loop_start()
         deadline = time.monotonic() + self.connect_timeout_s
         for conn in self._conns:
-            if not conn.connected.wait(max(0.0, deadline - time.monotonic())):
-                self.close(wait_s=0)
-                raise ServiceUnavailable(
-                    f"MQTT broker {self.settings.url} did not accept a connection within {self.connect_timeout_s:.0f} s"
-                )
-            if conn.connect_error:
+            answered = conn.connected.wait(max(0.0, deadline - time.monotonic()))
+            if answered and conn.connect_error:
                 self.close(wait_s=0)
                 raise ServiceUnavailable(
                     f"MQTT broker {self.settings.url} refused the connection: {conn.connect_error}"
+                )
+            if not (answered and conn.client.wait_ready(max(0.0, deadline - time.monotonic()))):
+                self.close(wait_s=0)
+                raise ServiceUnavailable(
+                    f"MQTT broker {self.settings.url} did not accept a connection within {self.connect_timeout_s:.0f} s"
                 )
         if not self.per_device:
             self._connection_status(online=True)

@@ -22,6 +22,7 @@ pyproject pins paho below 3 and tests/test_mqtt_client.py checks it against a br
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import deque
@@ -33,11 +34,13 @@ from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
 
 from iotwatch.clients.mqtt import BufferedReadClient
 
-__all__ = ["BatchPublishClient", "Outgoing"]
+__all__ = ["LATENCY_SAMPLES", "BatchPublishClient", "Outgoing"]
 
 #: (topic, payload, retain)
 Outgoing = tuple[str, "bytes | str", bool]
 
+#: latencies kept per client (a uniform sample once there are more)
+LATENCY_SAMPLES = 100_000
 _DUP = 0x08
 _MAX_MID = 65535
 
@@ -65,13 +68,17 @@ class BatchPublishClient(BufferedReadClient):
         self.published = 0  # QoS 1 messages taken (publishing thread only)
         self.acked = 0  # PUBACKs received (network thread only)
         self.refused = 0  # PUBACKs with a failure reason code (MQTT 5)
-        #: sending to PUBACK of each QoS 1 message not retained (retained ones are states,
-        #: such as a device's online status, not the readings whose latency matters)
+        #: sending to PUBACK of QoS 1 messages not retained (retained ones are states, such
+        #: as a device's online status, not the readings whose latency matters): all of them
+        #: up to LATENCY_SAMPLES, then a uniform sample of that many (memory stays bounded)
         self.latencies_ms: list[float] = []
+        self.timed = 0  # acknowledged messages that were timed
+        self._sample = random.Random(0)
         self._room = threading.Event()
         self._waiting = False
         self._lock = threading.RLock()
         self._ready = False  # connected, and whatever was unacknowledged is queued again
+        self._ready_event = threading.Event()
         self._mid = 0
         self._topics: dict[str, bytes] = {}
         self._properties = b"\x00" if self._protocol == MQTTProtocolVersion.MQTTv5 else b""
@@ -80,6 +87,11 @@ class BatchPublishClient(BufferedReadClient):
     def pending(self) -> int:
         """QoS 1 messages not acknowledged yet (in flight or waiting)."""
         return self.published - self.acked
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until connected and what was in flight is queued again (``on_connect``
+        runs just before that)."""
+        return self._ready_event.wait(timeout_s)
 
     def written(self) -> bool:
         """Nothing is waiting in paho's write queue."""
@@ -185,6 +197,7 @@ class BatchPublishClient(BufferedReadClient):
                 if self.unacked:  # again, in publish order, flagged as duplicates
                     self._queue(b"".join(bytes((p[0] | _DUP,)) + p[1:] for p, _ in self.unacked.values()))
                 self._ready = True
+                self._ready_event.set()
                 self._send_backlog()
         return rc
 
@@ -196,7 +209,7 @@ class BatchPublishClient(BufferedReadClient):
         if len(packet) > 2 and packet[2] >= 0x80:
             self.refused += 1
         if entry[1] >= 0:
-            self.latencies_ms.append((time.perf_counter() - entry[1]) * 1000.0)
+            self._keep_latency((time.perf_counter() - entry[1]) * 1000.0)
         self.acked += 1
         if self._backlog and len(self.unacked) <= self.window // 2:
             with self._lock:
@@ -205,7 +218,18 @@ class BatchPublishClient(BufferedReadClient):
             self._room.set()
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def _keep_latency(self, value: float) -> None:
+        """Reservoir sampling (Algorithm R): every timed message equally likely kept."""
+        self.timed += 1
+        if len(self.latencies_ms) < LATENCY_SAMPLES:
+            self.latencies_ms.append(value)
+        else:
+            slot = self._sample.randrange(self.timed)
+            if slot < LATENCY_SAMPLES:
+                self.latencies_ms[slot] = value
+
     def _sock_close(self) -> None:
         with self._lock:
             self._ready = False
+            self._ready_event.clear()
         super()._sock_close()
