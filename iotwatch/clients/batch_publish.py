@@ -13,7 +13,8 @@ PUBACK; up to ``window`` more wait, already built, in a backlog that the network
 sends from as PUBACKs make room, so the publishing thread goes on (generating the next
 batch) instead of waiting for each round trip; past that :meth:`publish_many` waits.
 After a reconnect every message in flight is sent again, in publish order and with the
-DUP flag, then the backlog (a lost connection loses nothing).
+DUP flag, then the backlog (a lost connection loses nothing). What it reads it acknowledges
+at once (TCP_QUICKACK, see :meth:`BatchPublishClient.loop_read`).
 
 It overrides private methods of paho 2 (``_handle_connack``, ``_handle_pubackcomp``,
 ``_sock_close``) and queues with ``_packet_queue``, as :class:`BufferedReadClient` does; the
@@ -23,6 +24,7 @@ pyproject pins paho below 3 and tests/test_mqtt_client.py checks it against a br
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from collections import deque
@@ -42,17 +44,26 @@ Outgoing = tuple[str, "bytes | str", bool]
 #: latencies kept per client (a uniform sample once there are more)
 LATENCY_SAMPLES = 100_000
 _DUP = 0x08
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
 _MAX_MID = 65535
 
 
-def _remaining_length(n: int) -> bytes:
-    """MQTT's variable-length integer."""
-    out = bytearray()
+def _fixed_header(command: int, retain: bool, remaining: int) -> bytes:
+    """PUBLISH's first byte and the remaining length (MQTT's variable-length integer)."""
+    out = bytearray((command | retain,))
     while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | 0x80 if n else byte)
-        if not n:
+        byte, remaining = remaining & 0x7F, remaining >> 7
+        out.append(byte | 0x80 if remaining else byte)
+        if not remaining:
             return bytes(out)
+
+
+#: remaining lengths up to this take one or two bytes: their fixed headers are looked up
+_SHORT = 16_384
+#: _HEADS[qos][retain][remaining length], built once (about 2 MB)
+_HEADS = [
+    [[_fixed_header(0x30 | (qos << 1), bool(retain), n) for n in range(_SHORT)] for retain in (0, 1)] for qos in (0, 1)
+]
 
 
 class BatchPublishClient(BufferedReadClient):
@@ -143,14 +154,15 @@ class BatchPublishClient(BufferedReadClient):
     def _packets(self, messages: Sequence[Outgoing], qos: int) -> Any:
         """PUBLISH packets: a list at QoS 0, a dict packet id -> packet at QoS 1."""
         topics, props = self._topics, self._properties
-        base = 0x30 | (qos << 1)
+        heads = _HEADS[qos]  # fixed header of a remaining length below 16,384, by retain and length
         if qos == 0:
             out: list[bytes] = []
             for topic, payload, retain in messages:
                 body = topics.get(topic) or self._topic(topic)
                 data = payload if type(payload) is bytes else payload.encode()  # type: ignore[union-attr]
                 size = len(body) + len(props) + len(data)
-                out.append(bytes((base | retain,)) + _remaining_length(size) + body + props + data)
+                head = heads[retain][size] if size < _SHORT else _fixed_header(0x30, retain, size)
+                out.append(head + body + props + data)
             return out
         keyed: dict[int, bytes] = {}
         mid = self._mid
@@ -159,9 +171,8 @@ class BatchPublishClient(BufferedReadClient):
             data = payload if type(payload) is bytes else payload.encode()  # type: ignore[union-attr]
             mid = mid % _MAX_MID + 1
             size = len(body) + 2 + len(props) + len(data)
-            keyed[mid] = (
-                bytes((base | retain,)) + _remaining_length(size) + body + mid.to_bytes(2, "big") + props + data
-            )
+            head = heads[retain][size] if size < _SHORT else _fixed_header(0x32, retain, size)
+            keyed[mid] = head + body + mid.to_bytes(2, "big") + props + data
         self._mid = mid
         return keyed
 
@@ -189,6 +200,21 @@ class BatchPublishClient(BufferedReadClient):
             self._waiting = False
 
     # -- paho's network thread ------------------------------------------------------------
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        """Read, then acknowledge what was read at once (TCP_QUICKACK). mosquitto sends
+        PUBACKs with Nagle's algorithm on: after the first PUBACK of a batch the others wait
+        for its TCP ACK, which the kernel delays (up to 40 ms) while this client, its window
+        full, has nothing to send that could carry it. Measured here, one process at QoS 1
+        with 2 x 200 in flight: 12,700 msg/s without, 51,000-55,000 with."""
+        rc = super().loop_read(max_packets)
+        sock = self._sock
+        if _QUICKACK is not None and sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except (AttributeError, OSError):
+                pass
+        return rc
 
     def _handle_connack(self) -> MQTTErrorCode:
         rc = super()._handle_connack()
