@@ -89,7 +89,7 @@ class Publisher:
                 client_id = f"{prefix}-{n}"
                 self._make(client_id, f"{SIMULATOR_STATUS_PREFIX}/{client_id}/status")
         self.sent = 0
-        self.errors = 0
+        self._errors = 0  # QoS 0 messages published while their connection was down
         self.status_sent = 0
         self.by_group: dict[int, int] = {}
 
@@ -160,7 +160,7 @@ class Publisher:
             except TimeoutError as exc:
                 raise ServiceUnavailable(f"MQTT broker {self.settings.url} acknowledged nothing for 30 s") from exc
             if taken < len(outgoing):  # QoS 0 while the connection is down: lost
-                self.errors += len(outgoing)
+                self._errors += len(outgoing)
             else:
                 counts.update(kinds)
         self.status_sent += counts.pop(STATUS_GROUP, 0)
@@ -172,6 +172,12 @@ class Publisher:
         ts = int(time.time() * 1000)
         payload = status_payload(online, ts)
         self.publish((uid, topic, payload, STATUS_GROUP) for uid, topic in devices)
+
+    @property
+    def errors(self) -> int:
+        """Messages lost (QoS 0, connection down) or refused by the broker (an MQTT 5 PUBACK
+        with a failure reason)."""
+        return self._errors + sum(conn.client.refused for conn in self._conns)
 
     def latencies_ms(self) -> list[float]:
         values: list[float] = []
