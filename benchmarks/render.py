@@ -54,6 +54,33 @@ def _gateway_rows() -> list[Row]:
     ]
 
 
+def _simulate_rows() -> list[Row]:
+    def qos(level: int) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            q = r["results"][f"qos{level}"]
+            return (
+                f"{_rate(q['simulator']['rate'])} / {_rate(q['raw_paho']['rate'])} / {_rate(q['raw_batch']['rate'])} "
+                f"(**{q['ratio_vs_raw_paho']}**; {q['ratio_vs_raw_batch']})"
+            )
+
+        return cell
+
+    def fleet(r: dict[str, Any]) -> str:
+        f = r["fleet"]
+        lag = f["tick_lag"]
+        sub = f["subscriber"]
+        return (
+            f"{_rate(f['achieved_rate'])} msg/s, tick lag p99 {lag['p99_s']} s, peak RSS {f['peak_rss_mb']:,.0f} MB, "
+            f"{sub['gap_free_devices']:,} of {sub['devices']:,} devices gap-free"
+        )
+
+    return [
+        ("QoS 0: simulator / bare paho / raw batch, msg/s (**ratio to bare paho**; to raw batch)", qos(0)),
+        ("QoS 1: simulator / bare paho / raw batch, msg/s (**ratio to bare paho**; to raw batch)", qos(1)),
+        ("100,000 devices in one process (10,000 msg/s due)", fleet),
+    ]
+
+
 def _stream_rows(results: list[dict[str, Any]]) -> list[Row]:
     rows: list[Row] = []
     fleets = sorted({f["devices"] for r in results for f in r["fleet_sizes"]})
@@ -114,6 +141,8 @@ def newest(bench: str) -> list[Path]:
 
 def render() -> str:
     parts = []
+    if files := newest("simulate"):
+        parts.append(_table("simulate", files, _simulate_rows()))
     if files := newest("gateway"):
         parts.append(_table("gateway", files, _gateway_rows()))
     if files := newest("stream"):

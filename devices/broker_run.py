@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
 import signal
 import sys
 import threading
@@ -85,15 +86,18 @@ def _run_shard(
         # this thread generates; the default 5 ms switch interval makes acks wait
         sys.setswitchinterval(0.0005)
     base = shard * _COUNTERS
+    lags: list[float] = []  # paced runs: how long after its due time each tick was handed to the connections
     try:
         publisher.publish_status(devices, online=True)
         stop_ms = config.start_ms + int(config.duration_s * 1000) if config.duration_s is not None else None
         wall0 = time.monotonic()
         first_publish = None
         pace = 0.0 if options.as_fast_as_possible else 1.0 / (1000.0 * options.speedup)
+        due = wall0
         while not stop.is_set() and not sim.exhausted and (stop_ms is None or sim.now_ms < stop_ms):
             if pace:
-                delay = wall0 + (sim.now_ms - config.start_ms) * pace - time.monotonic()
+                due = wall0 + (sim.now_ms - config.start_ms) * pace
+                delay = due - time.monotonic()
                 if delay > 0:
                     stop.wait(delay)
                     if stop.is_set():
@@ -104,6 +108,8 @@ def _run_shard(
             if first_publish is None and batch:
                 first_publish = time.monotonic()
             publisher.publish(batch)
+            if pace and batch:
+                lags.append(time.monotonic() - due)
             counters[base], counters[base + 1] = publisher.sent, publisher.errors
             counters[base + 2], counters[base + 3] = sim.readings, publisher.status_sent
         publisher.publish(sim.finish())
@@ -135,6 +141,8 @@ def _run_shard(
         "virtual_end_ms": sim.now_ms,
         "connections": publisher.connections,
         "latencies": latencies,
+        "tick_lags": lags,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "seq_end": sim.seq_end(),
         "carried_on": sim.carried_on,
         "commands": commands.counts if commands is not None else {},
@@ -334,6 +342,12 @@ def _merge(
             "samples": int(len(latencies)),
         }
     virtual_end = max(p["virtual_end_ms"] for p in parts)
+    lags = np.array([x for p in parts for x in p["tick_lags"]], dtype=np.float64)
+    tick_lag = None
+    if len(lags):
+        figures = quantiles(lags, (0.5, 0.99), digits=4)
+        tick_lag = {"p50_s": figures["p50"], "p99_s": figures["p99"], "max_s": round(float(lags.max()), 4)}
+        tick_lag["ticks"] = int(len(lags))
     return {
         "sent": sent,
         "errors": sum(p["errors"] for p in parts),
@@ -349,6 +363,8 @@ def _merge(
         "elapsed_s": round(elapsed, 3),
         "qos": options.qos,
         "publish_latency": latency,
+        "tick_lag": tick_lag,
+        "peak_rss_mb": round(max(p["rss_mb"] for p in parts), 1),
         "processes": max(1, options.processes),
         "connections": sum(p["connections"] for p in parts),
         "seed": config.seed,

@@ -195,7 +195,7 @@ def _time_ms(value: str | None) -> int | None:
     type=click.IntRange(min=1),
     default=200,
     show_default=True,
-    help="Unacknowledged QoS 1 messages per connection.",
+    help="QoS 1 messages in flight per connection (as many again wait, ready to send).",
 )
 @click.option("--username", help="MQTT user name (overrides IOTWATCH_MQTT_USERNAME).")
 @click.option("--password", help="MQTT password (prefer IOTWATCH_MQTT_PASSWORD).")

@@ -1,9 +1,10 @@
 """MQTT publishing for the simulator: a few shared connections (or one per device),
 retained online/offline status with last wills, QoS 1 flow control and ack latency.
 
-Connections come from :func:`iotwatch.clients.mqtt.make_client` (credentials and TLS).
-Each runs paho's network thread; messages of device ``uid`` go over connection
-``uid % connections`` so a device's messages stay in order.
+Connections are :class:`~iotwatch.clients.batch_publish.BatchPublishClient` from
+:func:`iotwatch.clients.mqtt.make_client` (credentials and TLS). Each runs paho's network
+thread; messages of device ``uid`` go over connection ``uid % connections`` so a device's
+messages stay in order, and each connection's share of a tick is one write.
 
 MQTT allows one last will per connection. With ``per_device`` every device connects on
 its own and its will is its own retained ``offline`` status; with shared connections
@@ -16,11 +17,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import paho.mqtt.client as paho
-
+from iotwatch.clients.batch_publish import BatchPublishClient, Outgoing
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import status_payload
 from iotwatch.errors import ServiceUnavailable
@@ -34,84 +35,19 @@ MAX_DEVICE_CONNECTIONS = 5000
 
 
 class _Connection:
-    """One paho client and its QoS 1 bookkeeping.
+    """One connection: a :class:`BatchPublishClient` and whether it is up."""
 
-    ``published`` is written only by the publishing thread and ``acked`` only by paho's
-    network thread, so the window needs no lock per message. A PUBACK can arrive before
-    its mid is registered; ``sent_at``/``acked_early`` are resolved with atomic dict pops
-    so each ack is counted once, whichever thread gets there first.
-    """
-
-    def __init__(self, client: paho.Client, client_id: str, window: int, track_latency: bool) -> None:
+    def __init__(self, client: BatchPublishClient, client_id: str) -> None:
         self.client = client
         self.client_id = client_id
-        self.window = window
-        self.published = 0
-        self.acked = 0
-        self.waiting = False
-        self.room = threading.Event()
         self.connected = threading.Event()
         self.connect_error: str | None = None
-        self.sent_at: dict[int, float] = {}
-        self.acked_early: dict[int, float] = {}
-        self.latencies: list[float] = []
         client.on_connect = self._on_connect
-        if track_latency:  # QoS 1: count acknowledgements (QoS 0 needs no callback)
-            client.on_publish = self._on_publish
-
-    @property
-    def pending(self) -> int:
-        return self.published - self.acked
 
     def _on_connect(self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
         if getattr(reason, "is_failure", False):
             self.connect_error = str(reason)
         self.connected.set()
-
-    def _on_publish(self, _client: Any, _userdata: Any, mid: int, _reason: Any, _props: Any) -> None:
-        now = time.perf_counter()
-        started = self.sent_at.pop(mid, None)
-        if started is None:
-            self.acked_early[mid] = now
-            started = self.sent_at.pop(mid, None)  # registered meanwhile?
-            if started is None or self.acked_early.pop(mid, None) is None:
-                return  # the publishing thread will count it
-        self._acked(started, now)
-
-    def register(self, mid: int, started: float) -> None:
-        self.published += 1
-        self.sent_at[mid] = started
-        acked = self.acked_early.pop(mid, None)
-        if acked is not None and self.sent_at.pop(mid, None) is not None:
-            self._acked(started, acked)
-
-    def _acked(self, started: float, acked: float) -> None:
-        if started >= 0:
-            self.latencies.append((acked - started) * 1000.0)
-        self.acked += 1
-        if self.waiting and self.published - self.acked <= self.window // 2:
-            self.room.set()
-
-    def wait_for_room(self, timeout_s: float) -> bool:
-        self.room.clear()
-        self.waiting = True
-        try:
-            while self.published - self.acked >= self.window:
-                if not self.room.wait(timeout_s):
-                    return False
-                self.room.clear()
-            return True
-        finally:
-            self.waiting = False
-
-
-#: paho's answers to a QoS 1 publish that it keeps: sent now, or (not connected, e.g. the
-#: broker restarting) kept in the client and sent after it reconnects, as every message not
-#: yet acknowledged is. Counted as an error before, the simulator exited 1 after a broker
-#: restart that lost nothing; now such a message fills the in-flight window like any other,
-#: so a long outage blocks publishing (ServiceUnavailable after 30 s) instead of queuing
-#: without bound.
-_KEPT = (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN)
 
 
 class Publisher:
@@ -136,33 +72,34 @@ class Publisher:
         prefix = client_prefix or f"iotwatch-sim-{uuid.uuid4().hex[:8]}"
         self.per_device = device_uids is not None
         self._conns: list[_Connection] = []
-        self._by_uid: dict[int, _Connection] = {}
+        #: connection index of each device (one connection per device), else None: uid % connections
+        self._slot_of: dict[int, int] | None = None
         if device_uids is not None:
             if len(device_uids) > MAX_DEVICE_CONNECTIONS:
                 raise ValueError(
                     f"--connection-per-device supports up to {MAX_DEVICE_CONNECTIONS} devices "
                     f"per process, this one has {len(device_uids)}"
                 )
+            self._slot_of = {}
             for uid in device_uids:
-                topic = (device_status or {})[uid]
-                conn = self._make(f"{prefix}-{uid}", topic)
-                self._by_uid[uid] = conn
+                self._slot_of[uid] = len(self._conns)
+                self._make(f"{prefix}-{uid}", (device_status or {})[uid])
         else:
             for n in range(max(1, connections)):
                 client_id = f"{prefix}-{n}"
                 self._make(client_id, f"{SIMULATOR_STATUS_PREFIX}/{client_id}/status")
         self.sent = 0
-        self.errors = 0
+        self._errors = 0  # QoS 0 messages published while their connection was down
         self.status_sent = 0
         self.by_group: dict[int, int] = {}
 
     def _make(self, client_id: str, will_topic: str) -> _Connection:
-        client = make_client(self.settings, client_id)
-        client.max_inflight_messages_set(self.window)
-        client.max_queued_messages_set(0)
+        client = make_client(self.settings, client_id, client_class=BatchPublishClient)
+        assert isinstance(client, BatchPublishClient)
+        client.window = self.window
         client.reconnect_delay_set(0.5, 5)
         client.will_set(will_topic, status_payload(False, int(time.time() * 1000)), qos=self.qos, retain=True)
-        conn = _Connection(client, client_id, self.window, track_latency=self.qos == 1)
+        conn = _Connection(client, client_id)
         self._conns.append(conn)
         return conn
 
@@ -180,78 +117,82 @@ class Publisher:
             conn.client.loop_start()
         deadline = time.monotonic() + self.connect_timeout_s
         for conn in self._conns:
-            if not conn.connected.wait(max(0.0, deadline - time.monotonic())):
-                self.close(wait_s=0)
-                raise ServiceUnavailable(
-                    f"MQTT broker {self.settings.url} did not accept a connection within {self.connect_timeout_s:.0f} s"
-                )
-            if conn.connect_error:
+            answered = conn.connected.wait(max(0.0, deadline - time.monotonic()))
+            if answered and conn.connect_error:
                 self.close(wait_s=0)
                 raise ServiceUnavailable(
                     f"MQTT broker {self.settings.url} refused the connection: {conn.connect_error}"
                 )
-        if not self.per_device:
-            for conn in self._conns:
-                conn.client.publish(
-                    f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
-                    status_payload(True, int(time.time() * 1000)),
-                    qos=self.qos,
-                    retain=True,
+            if not (answered and conn.client.wait_ready(max(0.0, deadline - time.monotonic()))):
+                self.close(wait_s=0)
+                raise ServiceUnavailable(
+                    f"MQTT broker {self.settings.url} did not accept a connection within {self.connect_timeout_s:.0f} s"
                 )
+        if not self.per_device:
+            self._connection_status(online=True)
 
-    def _conn(self, uid: int) -> _Connection:
-        return self._by_uid[uid] if self.per_device else self._conns[uid % len(self._conns)]
+    def _connection_status(self, online: bool) -> None:
+        """Each shared connection's own retained status (its will says ``offline``)."""
+        payload = status_payload(online, int(time.time() * 1000))
+        for conn in self._conns:
+            if conn.connected.is_set():
+                topic = f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status"
+                conn.client.publish_many([(topic, payload, True)], self.qos)
 
     def publish(self, batch: Iterable[tuple[int, str, Any, int]]) -> None:
-        """Publish (uid, topic, payload, group) tuples; group -1 is a retained status."""
-        conns, n_conns, by_uid = self._conns, len(self._conns), self._by_uid
-        qos, per_device = self.qos, self.per_device
-        by_group = self.by_group
-        sent = errors = status = 0
+        """Publish (uid, topic, payload, group) tuples; group -1 is a retained status.
+
+        The batch is split by connection (a device's messages keep their order) and each
+        connection's share goes out as one write."""
+        n_conns, slot_of = len(self._conns), self._slot_of
+        messages: list[list[Outgoing]] = [[] for _ in range(n_conns)]
+        groups: list[list[int]] = [[] for _ in range(n_conns)]
         for uid, topic, payload, group in batch:
-            conn = by_uid[uid] if per_device else conns[uid % n_conns]
-            retain = group == STATUS_GROUP
-            if qos:
-                if conn.published - conn.acked >= conn.window and not conn.wait_for_room(30.0):
-                    raise ServiceUnavailable(f"MQTT broker {self.settings.url} acknowledged nothing for 30 s")
-                started = time.perf_counter() if not retain else -1.0
-                info = conn.client.publish(topic, payload, 1, retain)
-                if info.rc in _KEPT:
-                    conn.register(info.mid, started)
-            elif retain:
-                info = conn.client.publish(topic, payload, 0, True)
+            n = slot_of[uid] if slot_of is not None else uid % n_conns
+            messages[n].append((topic, payload, group == STATUS_GROUP))
+            groups[n].append(group)
+        counts: Counter[int] = Counter()
+        for conn, outgoing, kinds in zip(self._conns, messages, groups, strict=True):
+            if not outgoing:
+                continue
+            try:
+                taken = conn.client.publish_many(outgoing, self.qos)
+            except TimeoutError as exc:
+                raise ServiceUnavailable(f"MQTT broker {self.settings.url} acknowledged nothing for 30 s") from exc
+            if taken < len(outgoing):  # QoS 0 while the connection is down: lost
+                self._errors += len(outgoing)
             else:
-                info = conn.client.publish(topic, payload, 0, False)
-            if info.rc and not (qos and info.rc in _KEPT):
-                errors += 1
-            elif retain:
-                status += 1
-            else:
-                sent += 1
-                by_group[group] = by_group.get(group, 0) + 1
-        self.sent += sent
-        self.errors += errors
-        self.status_sent += status
+                counts.update(kinds)
+        self.status_sent += counts.pop(STATUS_GROUP, 0)
+        for group, n in counts.items():
+            self.sent += n
+            self.by_group[group] = self.by_group.get(group, 0) + n
 
     def publish_status(self, devices: Iterable[tuple[int, str]], online: bool) -> None:
         ts = int(time.time() * 1000)
         payload = status_payload(online, ts)
         self.publish((uid, topic, payload, STATUS_GROUP) for uid, topic in devices)
 
+    @property
+    def errors(self) -> int:
+        """Messages lost (QoS 0, connection down) or refused by the broker (an MQTT 5 PUBACK
+        with a failure reason)."""
+        return self._errors + sum(conn.client.refused for conn in self._conns)
+
     def latencies_ms(self) -> list[float]:
         values: list[float] = []
         for conn in self._conns:
-            values.extend(conn.latencies)
+            values.extend(conn.client.latencies_ms)
         return values
 
     def unacked(self) -> int:
-        return sum(conn.pending for conn in self._conns)
+        return sum(conn.client.pending for conn in self._conns)
 
     def flush(self, wait_s: float = 30.0) -> bool:
         """Wait until every QoS 1 message is acknowledged and QoS 0 ones are written."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if self.unacked() == 0 and all(not conn.client._out_packet for conn in self._conns):
+            if self.unacked() == 0 and all(conn.client.written() for conn in self._conns):
                 return True
             time.sleep(0.01)
         return False
@@ -260,14 +201,8 @@ class Publisher:
         """Flush, then disconnect cleanly (no will is sent on a clean disconnect)."""
         if wait_s:
             self.flush(wait_s)
-        for conn in self._conns:
-            if not self.per_device and conn.connected.is_set():
-                conn.client.publish(
-                    f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status",
-                    status_payload(False, int(time.time() * 1000)),
-                    qos=self.qos,
-                    retain=True,
-                )
+        if not self.per_device:
+            self._connection_status(online=False)
         if wait_s:
             self.flush(min(wait_s, 5.0))
         for conn in self._conns:

@@ -73,14 +73,16 @@ def make_client(
     manual_ack: bool = False,
     protocol: Literal["3.1.1", "5"] = "3.1.1",
     buffered_reads: bool = False,
+    client_class: type[paho.Client] | None = None,
 ) -> paho.Client:
     """An unconnected MQTT client with credentials and TLS applied.
 
     MQTT 5 has no clean-session flag at construction: pass ``clean_start`` and session
     properties to ``connect()`` instead (``clean_session`` is ignored for it).
-    ``buffered_reads`` gives a :class:`BufferedReadClient` (for subscribers that drain a lot).
+    ``buffered_reads`` gives a :class:`BufferedReadClient` (for subscribers that drain a lot);
+    ``client_class`` another subclass of ``paho.Client``.
     """
-    kind = BufferedReadClient if buffered_reads else paho.Client
+    kind = client_class or (BufferedReadClient if buffered_reads else paho.Client)
     if protocol == "5":
         client = kind(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5, manual_ack=manual_ack

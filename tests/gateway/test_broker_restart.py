@@ -99,8 +99,8 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(
 ) -> None:
     """The same restart under ``iotwatch simulate`` at QoS 1 (its own connections and
     in-flight window, no faults): every reading of every device arrives, and the simulator
-    reports no error (a publish while disconnected is kept by paho and sent after the
-    reconnect: it used to count as an error and make the simulator exit 1)."""
+    reports no error (a message not acknowledged when the connection drops, or published
+    while it is down, is kept by the simulator's client and sent after the reconnect)."""
     broker = Broker(tmp_path)
     simulator: subprocess.Popen[str] | None = None
     try:
