@@ -22,6 +22,7 @@ __all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load"
 DETECTORS: dict[str, str] = {
     "ensemble": "models.ensemble:CalibratedEnsemble",
     "episode_likelihood": "models.episode_likelihood:EpisodeLikelihood",
+    "cad_ose": "models.cad_ose:CadOse",
     "tail_ensemble": "models.tail_ensemble:TailEnsemble",
     "repeat_run": "models.repeat_run:RepeatRun",
     "robust_zscore": "models.robust_zscore:RobustZScore",
