@@ -24,6 +24,7 @@ State layout
                        bits of its facts the last left facts hold, then its facts
 ``RIGHT + 3 r + k``    right semi-context ``r``: its facts as a bit mask (fact ``f``
                        is bit ``f``), the hash's high and low 32 bits
+``INDEX + i``          the left semi-contexts by hash (open addressing; ``id + 1``)
 =====================  ==========================================================
 
 Hashes are CPython 2.7's tuple hashes as in the reference (64 bits, kept as two exact
@@ -78,7 +79,11 @@ L_SIZE, L_HI, L_LO, L_FIRST, L_CROSSED, L_FACTS = range(6)
 LEFT_WIDTH = L_FACTS + FACTS
 LEFT = NEXT + CONTEXTS
 RIGHT = LEFT + LEFT_WIDTH * CONTEXTS
-STATE_SIZE = RIGHT + 3 * RIGHTS
+#: Open-addressing index of the left semi-contexts by hash: ``id + 1`` at slot ``low bits
+#: mod INDEX_SLOTS`` or the next free one (0: free).
+INDEX = RIGHT + 3 * RIGHTS
+INDEX_SLOTS = 2 * CONTEXTS
+STATE_SIZE = INDEX + INDEX_SLOTS
 
 (
     P_RANGE_READINGS,
@@ -157,6 +162,10 @@ def from_reference(detector: CadOse) -> np.ndarray:
         row[base + L_FIRST] = -1.0
         row[base + L_CROSSED] = sum(1 << k for k, f in enumerate(facts) if f in left_facts)
         row[base + L_FACTS : base + L_FACTS + len(facts)] = facts
+        slot = int(row[base + L_LO]) % INDEX_SLOTS
+        while row[INDEX + slot] != 0.0:
+            slot = (slot + 1) % INDEX_SLOTS
+        row[INDEX + slot] = lid + 1
     for rid, facts in enumerate(state["right"]):
         base = RIGHT + 3 * rid
         row[base] = sum(1 << f for f in facts)
@@ -242,11 +251,23 @@ def _popcount(mask: int) -> int:
 
 @_jit
 def _find_left(row: np.ndarray, hi: int, lo: int) -> int:
-    for lid in range(int(row[N_LEFT])):
+    """The left semi-context with this hash (-1: none), through the index."""
+    slot = lo % INDEX_SLOTS
+    while row[INDEX + slot] != 0.0:
+        lid = int(row[INDEX + slot]) - 1
         base = LEFT + LEFT_WIDTH * lid
         if row[base + L_HI] == hi and row[base + L_LO] == lo:
             return lid
+        slot = (slot + 1) % INDEX_SLOTS
     return -1
+
+
+@_jit
+def _index_left(row: np.ndarray, lid: int, lo: int) -> None:
+    slot = lo % INDEX_SLOTS
+    while row[INDEX + slot] != 0.0:
+        slot = (slot + 1) % INDEX_SLOTS
+    row[INDEX + slot] = lid + 1
 
 
 @_jit
@@ -299,6 +320,7 @@ def _store(
         row[base + L_FIRST], row[base + L_CROSSED] = -1.0, 0.0
         for k in range(n_left):
             row[base + L_FACTS + k] = left[k]
+        _index_left(row, lid, llo)
     rid = _find_right(row, rhi, rlo)
     if rid < 0:
         rid = int(row[N_RIGHT])
@@ -337,8 +359,9 @@ def _py2_order(row: np.ndarray, lid: int, table_keys: np.ndarray, table_ids: np.
             grown = 8
             while grown <= 4 * used:
                 grown <<= 1
-            old_keys = table_keys[:size].copy()
-            old_ids = table_ids[:size].copy()
+            old_keys, old_ids = table_keys[8 * RIGHTS : 8 * RIGHTS + size], table_ids[8 * RIGHTS : 8 * RIGHTS + size]
+            old_keys[:] = table_keys[:size]
+            old_ids[:] = table_ids[:size]
             table_keys[:grown] = -1
             for k in range(size):
                 if old_keys[k] >= 0:
@@ -489,11 +512,18 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
         lhi, llo = _hash(crossed, n_l)
         rhi, rlo = _hash(right_facts, n_r)
         hashes[0, i], hashes[1, i], hashes[2, i], hashes[3, i] = lhi, llo, rhi, rlo
-        seen = new_flag and int(cand_right[i]) == sensed and _same(crossed, n_l, left_facts, n_left_facts)
+        # equal tuples have equal hashes: compare the facts only where the hashes agree
+        seen = (
+            new_flag
+            and lhi == zhi
+            and llo == zlo
+            and int(cand_right[i]) == sensed
+            and _same(crossed, n_l, left_facts, n_left_facts)
+        )
         for j in range(i):
             if seen:
                 break
-            if cand_right[j] == cand_right[i]:
+            if hashes[0, j] == lhi and hashes[1, j] == llo and cand_right[j] == cand_right[i]:
                 n_o = _left_crossed_with(row, int(cand_left[j]), int(cand_mask[j]), other)
                 seen = _same(crossed, n_l, other, n_o)
         if not seen:
@@ -594,7 +624,7 @@ def score_learn_into(
     learning anything."""
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     scratch = np.empty((10, CONTEXTS))
-    tables = np.empty((2, 8 * RIGHTS), dtype=np.int64)
+    tables = np.empty((2, 16 * RIGHTS), dtype=np.int64)  # a table and its copy while it grows
     keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
