@@ -79,7 +79,7 @@ class Py2IntKeyOrder:
     >>> order = Py2IntKeyOrder()
     >>> for k in (9, 1, 17): order.add(k)
     >>> list(order)
-    [17, 1, 9]
+    [9, 17, 1]
     """
 
     __slots__ = ("table",)
