@@ -1,7 +1,7 @@
 """The job's default detector beside a reproduced NAB leader and NAB's published figures.
 
 For the nab-dev streams of a NAB-layout dataset, per half of the split
-(:data:`models.evaluation.sources.NAB_SPLIT`) and whole:
+(:data:`models.evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
 
 - *default*: the job's default detector with the job's parameters, its threshold
   optimised on the streams reported (as ``evaluate`` scores every detector);
@@ -80,7 +80,9 @@ def compare(streams: list[LabelledStream], profile: CostProfile) -> dict[str, An
     default = {s.key: score_stream(DEFAULT_DETECTOR, s) for s in known}
     reproduced = {s.key: nab_scores(s.values[:, 0]) for s in known}
     published_threshold = next(iter(table[REPRODUCED].values()))["threshold"]
-    parts = {"tuning": split_keys("tuning"), "held_out": split_keys("held_out"), "whole": {s.key for s in known}}
+    parts = {"tuning": split_keys("tuning"), "held_out": split_keys("held_out")}
+    if all(any(s.key in keys for s in known) for keys in parts.values()):
+        parts["whole"] = {s.key for s in known}
     report: dict[str, Any] = {"default": DEFAULT_DETECTOR, "reproduced": f"cad_ose ({REPRODUCED})", "parts": {}}
     for part, keys in parts.items():
         chosen = [s for s in known if s.key in keys]
