@@ -628,12 +628,11 @@ def score_learn_into(
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     scratch = np.empty((10, CONTEXTS))
     tables = np.empty((2, 16 * RIGHTS), dtype=np.int64)  # a table and its copy while it grows
-    keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
         out[i] = _score_learn_one(states[stream[i]], values[i], params, scratch, tables)
-        if keep:
-            surprise[i] = out[i]
+    if surprise.shape[0] == n:  # no hold: each reading's surprise is its score
+        surprise[:] = out
     return out
 
 
