@@ -18,7 +18,8 @@ State layout
 ``LEFT_FACTS + k``     ``NEURON_BASE + context``), ascending
 ``CONTEXT + 6 c + k``  context ``c``: left id, right id, selected, hits, active,
                        zero level
-``NEXT + c``           the next context of the same left semi-context (-1: none)
+``NEXT + c``           the next context of the same left semi-context in the order its
+                       dict iterates (-1: none; kept so at each new context)
 ``LEFT + w l + k``     left semi-context ``l`` (``w`` = :data:`LEFT_WIDTH`): its facts'
                        count, the hash's high and low 32 bits, its first context, the
                        bits of its facts the last left facts hold, then its facts
@@ -48,7 +49,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from models.cad_ose import NEURON_BASE, CadOse, py2_tuple_hash
+from models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import _value, check_batch
 
@@ -173,15 +174,18 @@ def from_reference(detector: CadOse) -> np.ndarray:
         base = RIGHT + 3 * rid
         row[base] = sum(1 << f for f in facts)
         row[base + 1], row[base + 2] = _halves(py2_tuple_hash(tuple(facts)))
-    last: dict[int, int] = {}
+    by_left: dict[int, dict[int, int]] = {}
     for cid, context in enumerate(state["contexts"]):
         row[CONTEXT + 6 * cid : CONTEXT + 6 * cid + 6] = context
-        lid = context[0]
-        if lid in last:
-            row[NEXT + last[lid]] = cid
-        else:
-            row[LEFT + LEFT_WIDTH * lid + L_FIRST] = cid
-        last[lid] = cid
+        by_left.setdefault(context[0], {})[context[1]] = cid
+    for lid, contexts in by_left.items():
+        order = Py2IntKeyOrder()
+        for rid in contexts:  # in id order: as they were stored
+            order.add(rid)
+        chain = [contexts[rid] for rid in order]
+        row[LEFT + LEFT_WIDTH * lid + L_FIRST] = chain[0]
+        for a, b in zip(chain, chain[1:] + [-1], strict=True):
+            row[NEXT + a] = b
     return row
 
 
@@ -309,6 +313,7 @@ def _store(
     rhi: int,
     rlo: int,
     zero: float,
+    tables: np.ndarray,
 ) -> int:
     """``ContextOperator._store``: the new context's id (-1: the memory is full)."""
     c = int(row[N_CONTEXTS])
@@ -334,30 +339,31 @@ def _store(
     row[base + C_LEFT], row[base + C_RIGHT] = lid, rid
     row[base + C_SELECTED] = row[base + C_HITS] = row[base + C_ACTIVE] = 0.0
     row[base + C_ZERO] = zero
-    row[NEXT + c] = -1.0
-    first = LEFT + LEFT_WIDTH * lid + L_FIRST
-    if row[first] < 0:
-        row[first] = c
-    else:
-        tail = int(row[first])
-        while row[NEXT + tail] >= 0:
-            tail = int(row[NEXT + tail])
-        row[NEXT + tail] = c
+    _reorder(row, lid, c, tables)
     return c
 
 
 @_jit
-def _py2_order(row: np.ndarray, lid: int, table_keys: np.ndarray, table_ids: np.ndarray, out: np.ndarray) -> int:
-    """:class:`models.cad_ose.Py2IntKeyOrder`: the contexts of left semi-context ``lid`` in
-    the order CPython 2.7 iterates its dict of right id -> context (into ``out``): count."""
-    size = 8
-    table_keys[:size] = -1
-    used = 0
+def _reorder(row: np.ndarray, lid: int, new: int, tables: np.ndarray) -> None:
+    """Chain the contexts of left semi-context ``lid``, ``new`` among them, in the order
+    CPython 2.7 iterates its dict of right id -> context (:class:`models.cad_ose.Py2IntKeyOrder`;
+    stored in id order, so the ids sorted are the insertion order)."""
+    ids = tables[2]
+    count = 0
     c = int(row[LEFT + LEFT_WIDTH * lid + L_FIRST])
     while c >= 0:
-        key = int(row[CONTEXT + 6 * c + C_RIGHT])
-        _py2_insert(table_keys, table_ids, size, key, c)
-        used += 1
+        ids[count] = c
+        count += 1
+        c = int(row[NEXT + c])
+    ids[count] = new
+    count += 1
+    ids[:count].sort()
+    table_keys, table_ids = tables[0], tables[1]
+    size = 8
+    table_keys[:size] = -1
+    for used in range(1, count + 1):
+        c = ids[used - 1]
+        _py2_insert(table_keys, table_ids, size, int(row[CONTEXT + 6 * c + C_RIGHT]), c)
         if used * 3 >= size * 2:
             grown = 8
             while grown <= 4 * used:
@@ -370,13 +376,12 @@ def _py2_order(row: np.ndarray, lid: int, table_keys: np.ndarray, table_ids: np.
                 if old_keys[k] >= 0:
                     _py2_insert(table_keys, table_ids, grown, old_keys[k], old_ids[k])
             size = grown
-        c = int(row[NEXT + c])
-    count = 0
+    previous = LEFT + LEFT_WIDTH * lid + L_FIRST
     for k in range(size):
         if table_keys[k] >= 0:
-            out[count] = table_ids[k]
-            count += 1
-    return count
+            row[previous] = table_ids[k]
+            previous = NEXT + table_ids[k]
+    row[previous] = -1.0
 
 
 @_jit
@@ -422,14 +427,13 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
             row[CONTEXT + 6 * c + C_ZERO] = 1.0
         else:
             new_flag = True
-            new_context = _store(row, p, left_facts, n_left_facts, zhi, zlo, sensed, shi, slo, 1.0)
+            new_context = _store(row, p, left_facts, n_left_facts, zhi, zlo, sensed, shi, slo, 1.0, tables)
     # the right crossing: update the contexts the last left facts fully held
     active_id = scratch[0]
     active_key = scratch[1:6]
     cand_left = scratch[6]
     cand_mask = scratch[7]
     cand_right = scratch[8]
-    order = scratch[9]
     crossed = np.empty(FACTS)
     selected = 0
     n_active = 0
@@ -441,9 +445,10 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
             continue
         full = row[base + L_SIZE] == n_crossed
         short = n_crossed <= p[P_MAX_LEFT]
-        count = _py2_order(row, lid, tables[0], tables[1], order)
-        for k in range(count):
-            c = int(order[k])
+        following = int(row[base + L_FIRST])
+        while following >= 0:  # the contexts it begins, in its dict's order
+            c = following
+            following = int(row[NEXT + c])
             if c == new_context:
                 continue
             cb = CONTEXT + 6 * c
@@ -545,7 +550,7 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
             continue
         unknown += 1
         n_l = _left_crossed_with(row, int(cand_left[i]), int(cand_mask[i]), crossed)
-        if _store(row, p, crossed, n_l, lhi, llo, int(cand_right[i]), rhi, rlo, 0.0) < 0:
+        if _store(row, p, crossed, n_l, lhi, llo, int(cand_right[i]), rhi, rlo, 0.0, tables) < 0:
             unstored[i] = True
     # the left crossing with this step's left facts
     n_new = int(row[N_LEFT_FACTS])
@@ -626,8 +631,8 @@ def score_learn_into(
     batch's length. Raises on mismatched shapes or a stream index out of range, before
     learning anything."""
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
-    scratch = np.empty((10, CONTEXTS))
-    tables = np.empty((2, 16 * RIGHTS), dtype=np.int64)  # a table and its copy while it grows
+    scratch = np.empty((9, CONTEXTS))
+    tables = np.empty((3, 16 * RIGHTS), dtype=np.int64)  # a dict's table (and its copy while it grows), ids
     out = np.empty(n)
     for i in range(n):
         out[i] = _score_learn_one(states[stream[i]], values[i], params, scratch, tables)
