@@ -112,6 +112,11 @@ class Detector(abc.ABC):
         until then), so tools can warn about a stream shorter than that."""
         return int(getattr(self, "warmup", 0))
 
+    def state_limit_bytes(self) -> int:
+        """The most bytes :meth:`to_state`'s JSON takes, whatever the stream: a few numbers
+        for most detectors; more for one whose memory is capped by a parameter."""
+        return 4096
+
     def score_learn_one(self, x: Reading, t_ms: int) -> float:
         """Score a reading, then learn from it: the streaming step (no look-ahead)."""
         score = self.score_one(x, t_ms)

@@ -87,6 +87,32 @@ def _render(result: dict[str, Any]) -> None:
     console.print(
         f"NAB {result['profile']} score on {result['streams']} streams / {result['windows']} windows: {summary}"
     )
+    if result.get("published_comparison"):
+        _render_comparison(console, result["published_comparison"])
+
+
+def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
+    """The default, the reproduced CAD OSE and NAB's published figures, per half and whole."""
+    from rich.table import Table
+
+    parts = comparison["parts"]
+    table = Table(title="nab-dev streams: the default beside a reproduced NAB leader and the published figures")
+    table.add_column("detector", justify="left")
+    for part, figures in parts.items():
+        table.add_column(f"{part} ({figures['streams']})", justify="right")
+    first = next(iter(parts.values()))
+    rows = [
+        (f"{comparison['default']} (default, job parameters)", [p["default"]["nab_score"] for p in parts.values()]),
+        (f"{comparison['reproduced']}, NAB protocol", [p["reproduced"]["nab_score"] for p in parts.values()]),
+        (
+            f"{comparison['reproduced']} at the published threshold",
+            [p["reproduced_at_published_threshold"]["nab_score"] for p in parts.values()],
+        ),
+        *((f"{d} (published)", [p["published"][d] for p in parts.values()]) for d in first["published"]),
+    ]
+    for label, values in rows:
+        table.add_row(label, *(_f(v, 1) for v in values))
+    console.print(table)
 
 
 def _render_simulated(result: dict[str, Any]) -> None:
@@ -308,6 +334,11 @@ def evaluate(
         source = NabSource(dataset, split_keys(split) if split else None)
         if not source.keys():
             raise IotwatchError(f"{dataset} holds none of the streams of the {split} split")
-    result = run_evaluation(source.streams(), list(detectors or DEFAULT_EVALUATED), PROFILES[profile])
+    streams = list(source.streams())
+    result = run_evaluation(streams, list(detectors or DEFAULT_EVALUATED), PROFILES[profile])
     result = {"dataset": str(dataset or readings), "split": split, "profile": profile, **result}
+    if isinstance(source, NabSource):
+        from models.evaluation.published import compare
+
+        result["published_comparison"] = compare(streams, PROFILES[profile])
     emit(result, as_json, _render)

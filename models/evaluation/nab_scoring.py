@@ -40,6 +40,7 @@ __all__ = [
     "scores_by_threshold",
     "optimise_threshold",
     "normalised",
+    "raw_at_threshold",
 ]
 
 
@@ -167,6 +168,20 @@ def scores_by_threshold(streams: list[ScoredStream], profile: CostProfile) -> li
 def optimise_threshold(streams: list[ScoredStream], profile: CostProfile) -> tuple[float, float]:
     """The corpus-wide threshold with the best raw score (NAB's optimizer): ``(threshold, score)``."""
     return max(scores_by_threshold(streams, profile), key=lambda ts: ts[1])
+
+
+def raw_at_threshold(stream: ScoredStream, threshold: float, profile: CostProfile) -> float:
+    """One stream's raw NAB score at a given threshold (NAB's per-file ``score`` column):
+    each detection outside a window its weight, each window its earliest detection's
+    weight or ``-A_FN`` without one."""
+    detected = stream.anomaly >= threshold
+    outside = detected & (stream.window < 0)
+    total = float(stream.sweep[outside].sum())
+    for w in range(int(stream.window.max()) + 1 if len(stream.window) else 0):
+        hits = stream.sweep[detected & (stream.window == w)]
+        if (stream.window == w).any():
+            total += float(hits.max()) if len(hits) else -profile.fn
+    return total
 
 
 def normalised(raw: float, n_windows: int, profile: CostProfile) -> float | None:

@@ -26,6 +26,7 @@ from iotwatch.contract.ground_truth import BadGroundTruth, Injection, read_groun
 from iotwatch.errors import IotwatchError
 
 __all__ = [
+    "NAB_PUBLISHED_SCORES",
     "NAB_SAMPLE",
     "NAB_SPLIT",
     "LabelledSource",
@@ -43,6 +44,9 @@ NAB_SAMPLE = Path(__file__).resolve().parent / "nab_sample"
 #: The split of the nab-dev streams into the half detector parameters were chosen on
 #: (``tuning``) and the half kept back to check them (``held_out``).
 NAB_SPLIT = Path(__file__).resolve().parent / "nab_split.json"
+#: NAB's published standard-profile results per nab-dev stream (MIT licence, NAB v1.1
+#: ``results/``): detector, file, corpus threshold, score, true and false positives, misses.
+NAB_PUBLISHED_SCORES = Path(__file__).resolve().parent / "nab_published_scores.csv"
 
 
 def split_keys(part: str) -> set[str]:

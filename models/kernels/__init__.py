@@ -32,6 +32,7 @@ __all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_ker
 
 #: Detector name -> the module of its compiled twin.
 KERNELS: dict[str, str] = {
+    "cad_ose": "models.kernels.cad_ose",
     "episode_likelihood": "models.kernels.episode_likelihood",
     "tail_ensemble": "models.kernels.tail_ensemble",
 }

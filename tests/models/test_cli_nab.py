@@ -123,3 +123,24 @@ def test_evaluate_on_one_half_of_the_split(nab_dir: Path) -> None:
     streams = set(doc["detectors"]["robust_zscore"]["streams"])
     assert doc["split"] == "held_out" and streams and streams <= held_out
     assert streams == held_out & set(NabSource(nab_dir).keys())
+
+
+def test_evaluate_sets_the_default_beside_the_reproduced_leader_and_the_published_figures(nab_dir: Path) -> None:
+    """On nab-dev streams, evaluate reports per half and whole: the job's default detector
+    (as evaluated on its own), CAD OSE run as NAB runs it -- at the published corpus
+    threshold it gives the published contextOSE figure, to the rounding -- and NAB's
+    published figures."""
+    doc = json.loads(_run(["evaluate", "--dataset", str(nab_dir), "--detector", DEFAULT_DETECTOR, "--json"]))
+    comparison = doc["published_comparison"]
+    assert comparison["default"] == DEFAULT_DETECTOR == StreamSettings().device_detector
+    parts = comparison["parts"]
+    assert set(parts) == {"tuning", "held_out", "whole"}
+    assert parts["whole"]["default"]["nab_score"] == round(
+        doc["detectors"][DEFAULT_DETECTOR]["overall"]["nab_score"], 1
+    )
+    for figures in parts.values():
+        published = figures["published"]
+        assert set(published) == {"ARTime", "numenta", "contextOSE", "knncad", "randomCutForest", "windowedGaussian"}
+        assert figures["reproduced_at_published_threshold"]["nab_score"] == published["contextOSE"]
+        assert figures["reproduced"]["nab_score"] >= published["contextOSE"]  # its own optimum is no worse
+    assert parts["whole"]["streams"] == len(NabSource(nab_dir).keys())

@@ -1,0 +1,99 @@
+"""The job's default detector beside a reproduced NAB leader and NAB's published figures.
+
+For the nab-dev streams of a NAB-layout dataset, per half of the split
+(:data:`models.evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
+
+- *default*: the job's default detector with the job's parameters, its threshold
+  optimised on the streams reported (as ``evaluate`` scores every detector);
+- *reproduced*: CAD OSE (:func:`models.cad_ose.nab_scores`), run as NAB runs it: each
+  stream's own minimum and maximum given beforehand; at its threshold optimised on the
+  streams reported, and at the published corpus threshold (where it equals the published
+  figure when the reproduction is exact);
+- *published*: NAB's published per-stream standard scores of six detectors at their
+  whole-corpus thresholds (:data:`~models.evaluation.sources.NAB_PUBLISHED_SCORES`), summed
+  and normalised between the detector that never fires and a perfect one.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from models.cad_ose import nab_scores
+from models.catalog import DEFAULT_DETECTOR
+from models.evaluation.labelled_streams import score_stream
+from models.evaluation.nab_scoring import (
+    CostProfile,
+    normalised,
+    optimise_threshold,
+    raw_at_threshold,
+    sweep_stream,
+)
+from models.evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, split_keys
+
+__all__ = ["PUBLISHED_DETECTORS", "REPRODUCED", "compare", "published_scores"]
+
+#: NAB's name of the detector :mod:`models.cad_ose` reproduces.
+REPRODUCED = "contextOSE"
+#: Published detectors in the order of their whole-corpus score.
+PUBLISHED_DETECTORS = ("ARTime", "numenta", "contextOSE", "knncad", "randomCutForest", "windowedGaussian")
+
+
+def published_scores() -> dict[str, dict[str, dict[str, float]]]:
+    """Detector -> stream key -> ``{"threshold", "score"}`` (standard profile), ``null`` included."""
+    table: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    with NAB_PUBLISHED_SCORES.open() as handle:
+        for row in csv.DictReader(handle):
+            table[row["detector"]][row["file"]] = {"threshold": float(row["threshold"]), "score": float(row["score"])}
+    return dict(table)
+
+
+def _published_figure(table: dict[str, dict[str, dict[str, float]]], detector: str, keys: list[str]) -> float:
+    null = sum(table["null"][k]["score"] for k in keys)
+    raw = sum(table[detector][k]["score"] for k in keys)
+    return 100.0 * (raw - null) / (-null - null)
+
+
+def _figure(
+    streams: list[LabelledStream], scores: dict[str, np.ndarray], profile: CostProfile, threshold: float | None = None
+) -> dict[str, float | None]:
+    swept = [sweep_stream(s.key, scores[s.key], s.windows, profile) for s in streams]
+    windows = sum(s.n_windows for s in swept)
+    if threshold is None:
+        threshold, raw = optimise_threshold(swept, profile)
+    else:
+        raw = sum(raw_at_threshold(s, threshold, profile) for s in swept)
+    score = normalised(raw, windows, profile)
+    return {"nab_score": None if score is None else round(score, 1), "threshold": round(threshold, 6)}
+
+
+def compare(streams: list[LabelledStream], profile: CostProfile) -> dict[str, Any] | None:
+    """The side-by-side report for the nab-dev streams among ``streams`` (None: none, or a
+    profile other than the standard one, the only one NAB's results hold here)."""
+    table = published_scores()
+    known = [s for s in streams if s.key in table["null"]]
+    if not known or profile != CostProfile(tp=1.0, fn=1.0, fp=0.11):
+        return None
+    default = {s.key: score_stream(DEFAULT_DETECTOR, s) for s in known}
+    reproduced = {s.key: nab_scores(s.values[:, 0]) for s in known}
+    published_threshold = next(iter(table[REPRODUCED].values()))["threshold"]
+    parts = {"tuning": split_keys("tuning"), "held_out": split_keys("held_out")}
+    if all(any(s.key in keys for s in known) for keys in parts.values()):
+        parts["whole"] = {s.key for s in known}
+    report: dict[str, Any] = {"default": DEFAULT_DETECTOR, "reproduced": f"cad_ose ({REPRODUCED})", "parts": {}}
+    for part, keys in parts.items():
+        chosen = [s for s in known if s.key in keys]
+        if not chosen:
+            continue
+        names = [s.key for s in chosen]
+        report["parts"][part] = {
+            "streams": len(chosen),
+            "default": _figure(chosen, default, profile),
+            "reproduced": _figure(chosen, reproduced, profile),
+            "reproduced_at_published_threshold": _figure(chosen, reproduced, profile, published_threshold),
+            "published": {d: round(_published_figure(table, d, names), 1) for d in PUBLISHED_DETECTORS},
+        }
+    return report

@@ -1,0 +1,657 @@
+"""Compiled twin of :class:`models.cad_ose.CadOse`: one float64 row per stream.
+
+The reference keeps CAD OSE's context memory in dicts and lists; this kernel keeps it in
+a fixed row sized by the capacity constants (:data:`CONTEXTS`, :data:`FACTS`,
+:data:`RIGHTS`), which bound ``max_contexts``, ``value_bits + max_active_neurons`` and
+``value_bits`` of the detectors it runs (:func:`params_vector` refuses larger ones).
+
+State layout
+------------
+=====================  ==========================================================
+``N``, ``LOW``,        readings seen and the range of the first ``range_readings``
+``HIGH``, ``STARTED``  (1 once the range is set and the memory runs)
+``SINCE``              raw scores since the last of ``base_threshold`` or more
+``N_CONTEXTS``,        contexts, left and right semi-contexts stored
+``N_LEFT``,
+``N_RIGHT``
+``N_LEFT_FACTS``,      the last step's left facts (sensor facts, then neuron facts
+``LEFT_FACTS + k``     ``NEURON_BASE + context``), ascending
+``CONTEXT + 6 c + k``  context ``c``: left id, right id, selected, hits, active,
+                       zero level
+``NEXT + c``           the next context of the same left semi-context in the order its
+                       dict iterates (-1: none; kept so at each new context)
+``LEFT + w l + k``     left semi-context ``l`` (``w`` = :data:`LEFT_WIDTH`): its facts'
+                       count, the hash's high and low 32 bits, its first context, the
+                       bits of its facts the last left facts hold, then its facts
+``RIGHT + 3 r + k``    right semi-context ``r``: its facts as a bit mask (fact ``f``
+                       is bit ``f``), the hash's high and low 32 bits
+``INDEX + i``          the left semi-contexts by hash (open addressing; ``id + 1``)
+=====================  ==========================================================
+
+Hashes are CPython 2.7's tuple hashes as in the reference (64 bits, kept as two exact
+halves); a semi-context is found by its hash, as the reference's dicts find it.
+
+Cost and memory
+---------------
+A row is ``STATE_SIZE * 8`` bytes (264 KB). Each reading crosses its facts with every
+stored semi-context, as the published algorithm does: with the memory full, 18-28 us a
+reading on the shared 2-core machine (the shipped NAB streams that fill it). ``python -m
+models.kernels.cad_ose`` prints the reference loop and the kernel per reading on young
+interleaved streams.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import numba
+import numpy as np
+
+from models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
+from models.kernels import benchmark, warm_kernel
+from models.kernels.tail_ensemble import _value, check_batch
+
+__all__ = [
+    "CONTEXTS",
+    "FACTS",
+    "PARAMS_SIZE",
+    "RIGHTS",
+    "STATE_SIZE",
+    "from_reference",
+    "initial_state",
+    "params_vector",
+    "score_learn",
+    "score_learn_into",
+    "to_reference",
+    "warm",
+]
+
+#: Capacity: contexts (and so left semi-contexts), facts of a left semi-context, right
+#: semi-contexts (every set of sensor facts of ``value_bits`` <= 3 bits).
+CONTEXTS = 1024
+FACTS = 18
+RIGHTS = 64
+
+N, LOW, HIGH, STARTED, SINCE, N_CONTEXTS, N_LEFT, N_RIGHT, N_LEFT_FACTS = range(9)
+LEFT_FACTS = 9
+CONTEXT = LEFT_FACTS + FACTS
+C_LEFT, C_RIGHT, C_SELECTED, C_HITS, C_ACTIVE, C_ZERO = range(6)
+NEXT = CONTEXT + 6 * CONTEXTS
+L_SIZE, L_HI, L_LO, L_FIRST, L_CROSSED, L_FACTS = range(6)
+LEFT_WIDTH = L_FACTS + FACTS
+LEFT = NEXT + CONTEXTS
+RIGHT = LEFT + LEFT_WIDTH * CONTEXTS
+#: Open-addressing index of the left semi-contexts by hash: ``id + 1`` at slot ``low bits
+#: mod INDEX_SLOTS`` or the next free one (0: free).
+INDEX = RIGHT + 3 * RIGHTS
+INDEX_SLOTS = 2 * CONTEXTS
+STATE_SIZE = INDEX + INDEX_SLOTS
+
+(
+    P_RANGE_READINGS,
+    P_MARGIN,
+    P_REST,
+    P_BASE_THRESHOLD,
+    P_MAX_LEFT,
+    P_MAX_ACTIVE,
+    P_BITS,
+    P_MAX_CONTEXTS,
+) = range(8)
+PARAMS_SIZE = 8
+
+_jit = numba.njit(cache=True, nogil=True)
+_NO_SURPRISE = np.empty(0)
+_LOW32 = 0xFFFFFFFF
+
+
+# --- conversion to and from the reference ------------------------------------------------------
+
+
+def params_vector(detector: CadOse) -> np.ndarray:
+    """The detector's parameters; raises when they exceed the row's capacity."""
+    if detector.max_contexts > CONTEXTS or detector.value_bits + detector.max_active_neurons > FACTS:
+        raise ValueError(
+            f"the cad_ose kernel holds {CONTEXTS} contexts and {FACTS} left facts: "
+            f"max_contexts={detector.max_contexts}, value_bits + max_active_neurons="
+            f"{detector.value_bits + detector.max_active_neurons} do not fit"
+        )
+    if 2 ** (2 * detector.value_bits) > RIGHTS:
+        raise ValueError(f"the cad_ose kernel holds value_bits <= 3, not {detector.value_bits}")
+    return np.array(
+        [
+            detector.range_readings,
+            detector.margin,
+            int(detector.rest_period),
+            detector.base_threshold,
+            detector.max_left_length,
+            detector.max_active_neurons,
+            detector.value_bits,
+            detector.max_contexts,
+        ],
+        dtype=np.float64,
+    )
+
+
+def initial_state(params: np.ndarray) -> np.ndarray:
+    """A fresh stream's row."""
+    row = np.zeros(STATE_SIZE)
+    row[LOW], row[HIGH] = math.inf, -math.inf
+    row[NEXT : NEXT + CONTEXTS] = -1.0
+    return row
+
+
+def _halves(h: int) -> tuple[float, float]:
+    return float(h >> 32), float(h & _LOW32)
+
+
+def from_reference(detector: CadOse) -> np.ndarray:
+    """The row holding a reference detector's state (exact)."""
+    params = params_vector(detector)
+    row = initial_state(params)
+    state = detector.to_state()
+    row[N], row[LOW], row[HIGH] = state["n"], state["low"], state["high"]
+    if "contexts" not in state:
+        return row
+    row[STARTED], row[SINCE] = 1.0, state["since"]
+    row[N_CONTEXTS], row[N_LEFT], row[N_RIGHT] = len(state["contexts"]), len(state["left"]), len(state["right"])
+    row[N_LEFT_FACTS] = len(state["left_facts"])
+    row[LEFT_FACTS : LEFT_FACTS + len(state["left_facts"])] = state["left_facts"]
+    left_facts = set(state["left_facts"])
+    for lid, facts in enumerate(state["left"]):
+        base = LEFT + LEFT_WIDTH * lid
+        row[base + L_SIZE] = len(facts)
+        row[base + L_HI], row[base + L_LO] = _halves(py2_tuple_hash(tuple(facts)))
+        row[base + L_FIRST] = -1.0
+        row[base + L_CROSSED] = sum(1 << k for k, f in enumerate(facts) if f in left_facts)
+        row[base + L_FACTS : base + L_FACTS + len(facts)] = facts
+        slot = int(row[base + L_LO]) % INDEX_SLOTS
+        while row[INDEX + slot] != 0.0:
+            slot = (slot + 1) % INDEX_SLOTS
+        row[INDEX + slot] = lid + 1
+    for rid, facts in enumerate(state["right"]):
+        base = RIGHT + 3 * rid
+        row[base] = sum(1 << f for f in facts)
+        row[base + 1], row[base + 2] = _halves(py2_tuple_hash(tuple(facts)))
+    by_left: dict[int, dict[int, int]] = {}
+    for cid, context in enumerate(state["contexts"]):
+        row[CONTEXT + 6 * cid : CONTEXT + 6 * cid + 6] = context
+        by_left.setdefault(context[0], {})[context[1]] = cid
+    for lid, contexts in by_left.items():
+        order = Py2IntKeyOrder()
+        for rid in contexts:  # in id order: as they were stored
+            order.add(rid)
+        chain = [contexts[rid] for rid in order]
+        row[LEFT + LEFT_WIDTH * lid + L_FIRST] = chain[0]
+        for a, b in zip(chain, chain[1:] + [-1], strict=True):
+            row[NEXT + a] = b
+    return row
+
+
+def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> CadOse:
+    """A reference detector built with ``detector_params`` holding the state of ``row``."""
+    r = np.asarray(row, dtype=np.float64)
+    if r.shape != (STATE_SIZE,):
+        raise ValueError(f"a state row has {STATE_SIZE} numbers, not {r.shape}")
+    state: dict[str, Any] = {"n": int(r[N]), "low": float(r[LOW]), "high": float(r[HIGH])}
+    if r[STARTED]:
+        n_left_facts = int(r[N_LEFT_FACTS])
+        state["since"] = int(r[SINCE])
+        state["left_facts"] = [int(f) for f in r[LEFT_FACTS : LEFT_FACTS + n_left_facts]]
+        state["left"] = []
+        for lid in range(int(r[N_LEFT])):
+            base = LEFT + LEFT_WIDTH * lid
+            state["left"].append([int(f) for f in r[base + L_FACTS : base + L_FACTS + int(r[base + L_SIZE])]])
+        state["right"] = []
+        for rid in range(int(r[N_RIGHT])):
+            mask = int(r[RIGHT + 3 * rid])
+            state["right"].append([f for f in range(6) if mask >> f & 1])
+        state["contexts"] = [
+            [int(x) for x in r[CONTEXT + 6 * cid : CONTEXT + 6 * cid + 6]] for cid in range(int(r[N_CONTEXTS]))
+        ]
+    return CadOse(**detector_params).set_state(state)
+
+
+# --- the step --------------------------------------------------------------------------------
+
+
+@_jit
+def _hash(facts: np.ndarray, count: int) -> tuple[int, int]:
+    """:func:`models.cad_ose.py2_tuple_hash` of ``facts[:count]``: its high (signed) and
+    low 32 bits, so that ``(high, low)`` orders as the signed 64-bit hash does."""
+    x = np.uint64(0x345678)
+    mult = np.uint64(1000003)
+    n = count
+    for k in range(count):
+        n -= 1
+        x = (x ^ np.uint64(np.int64(facts[k]))) * mult
+        mult = mult + np.uint64(82520 + n + n)
+    x = x + np.uint64(97531)
+    if x == np.uint64(0xFFFFFFFFFFFFFFFF):
+        x = np.uint64(0xFFFFFFFFFFFFFFFE)
+    hi = np.int64(x >> np.uint64(32))
+    if hi >= 2**31:
+        hi -= 2**32
+    return hi, np.int64(x & np.uint64(_LOW32))
+
+
+@_jit
+def _mask_facts(mask: int, out: np.ndarray) -> int:
+    """The sensor facts of a right mask into ``out``, ascending: their count."""
+    count = 0
+    for f in range(2 * 3):
+        if mask >> f & 1:
+            out[count] = f
+            count += 1
+    return count
+
+
+@_jit
+def _popcount(mask: int) -> int:
+    count = 0
+    while mask:
+        count += mask & 1
+        mask >>= 1
+    return count
+
+
+@_jit
+def _find_left(row: np.ndarray, hi: int, lo: int) -> int:
+    """The left semi-context with this hash (-1: none), through the index."""
+    slot = lo % INDEX_SLOTS
+    while row[INDEX + slot] != 0.0:
+        lid = int(row[INDEX + slot]) - 1
+        base = LEFT + LEFT_WIDTH * lid
+        if row[base + L_HI] == hi and row[base + L_LO] == lo:
+            return lid
+        slot = (slot + 1) % INDEX_SLOTS
+    return -1
+
+
+@_jit
+def _index_left(row: np.ndarray, lid: int, lo: int) -> None:
+    slot = lo % INDEX_SLOTS
+    while row[INDEX + slot] != 0.0:
+        slot = (slot + 1) % INDEX_SLOTS
+    row[INDEX + slot] = lid + 1
+
+
+@_jit
+def _find_right(row: np.ndarray, hi: int, lo: int) -> int:
+    for rid in range(int(row[N_RIGHT])):
+        base = RIGHT + 3 * rid
+        if row[base + 1] == hi and row[base + 2] == lo:
+            return rid
+    return -1
+
+
+@_jit
+def _find(row: np.ndarray, lhi: int, llo: int, rhi: int, rlo: int) -> int:
+    """``ContextOperator._find``: the context with these sides' hashes (-1: unknown)."""
+    lid = _find_left(row, lhi, llo)
+    rid = _find_right(row, rhi, rlo)
+    if lid < 0 or rid < 0:
+        return -1
+    c = int(row[LEFT + LEFT_WIDTH * lid + L_FIRST])
+    while c >= 0:
+        if row[CONTEXT + 6 * c + C_RIGHT] == rid:
+            return c
+        c = int(row[NEXT + c])
+    return -1
+
+
+@_jit
+def _store(
+    row: np.ndarray,
+    p: np.ndarray,
+    left: np.ndarray,
+    n_left: int,
+    lhi: int,
+    llo: int,
+    right_mask: int,
+    rhi: int,
+    rlo: int,
+    zero: float,
+    tables: np.ndarray,
+) -> int:
+    """``ContextOperator._store``: the new context's id (-1: the memory is full)."""
+    c = int(row[N_CONTEXTS])
+    if c >= p[P_MAX_CONTEXTS]:
+        return -1
+    lid = _find_left(row, lhi, llo)
+    if lid < 0:
+        lid = int(row[N_LEFT])
+        row[N_LEFT] = lid + 1
+        base = LEFT + LEFT_WIDTH * lid
+        row[base + L_SIZE], row[base + L_HI], row[base + L_LO] = n_left, lhi, llo
+        row[base + L_FIRST], row[base + L_CROSSED] = -1.0, 0.0
+        for k in range(n_left):
+            row[base + L_FACTS + k] = left[k]
+        _index_left(row, lid, llo)
+    rid = _find_right(row, rhi, rlo)
+    if rid < 0:
+        rid = int(row[N_RIGHT])
+        row[N_RIGHT] = rid + 1
+        row[RIGHT + 3 * rid], row[RIGHT + 3 * rid + 1], row[RIGHT + 3 * rid + 2] = right_mask, rhi, rlo
+    row[N_CONTEXTS] = c + 1
+    base = CONTEXT + 6 * c
+    row[base + C_LEFT], row[base + C_RIGHT] = lid, rid
+    row[base + C_SELECTED] = row[base + C_HITS] = row[base + C_ACTIVE] = 0.0
+    row[base + C_ZERO] = zero
+    _reorder(row, lid, c, tables)
+    return c
+
+
+@_jit
+def _reorder(row: np.ndarray, lid: int, new: int, tables: np.ndarray) -> None:
+    """Chain the contexts of left semi-context ``lid``, ``new`` among them, in the order
+    CPython 2.7 iterates its dict of right id -> context (:class:`models.cad_ose.Py2IntKeyOrder`;
+    stored in id order, so the ids sorted are the insertion order)."""
+    ids = tables[2]
+    count = 0
+    c = int(row[LEFT + LEFT_WIDTH * lid + L_FIRST])
+    while c >= 0:
+        ids[count] = c
+        count += 1
+        c = int(row[NEXT + c])
+    ids[count] = new
+    count += 1
+    ids[:count].sort()
+    table_keys, table_ids = tables[0], tables[1]
+    size = 8
+    table_keys[:size] = -1
+    for used in range(1, count + 1):
+        c = ids[used - 1]
+        _py2_insert(table_keys, table_ids, size, int(row[CONTEXT + 6 * c + C_RIGHT]), c)
+        if used * 3 >= size * 2:
+            grown = 8
+            while grown <= 4 * used:
+                grown <<= 1
+            old_keys, old_ids = table_keys[8 * RIGHTS : 8 * RIGHTS + size], table_ids[8 * RIGHTS : 8 * RIGHTS + size]
+            old_keys[:] = table_keys[:size]
+            old_ids[:] = table_ids[:size]
+            table_keys[:grown] = -1
+            for k in range(size):
+                if old_keys[k] >= 0:
+                    _py2_insert(table_keys, table_ids, grown, old_keys[k], old_ids[k])
+            size = grown
+    previous = LEFT + LEFT_WIDTH * lid + L_FIRST
+    for k in range(size):
+        if table_keys[k] >= 0:
+            row[previous] = table_ids[k]
+            previous = NEXT + table_ids[k]
+    row[previous] = -1.0
+
+
+@_jit
+def _py2_insert(table_keys: np.ndarray, table_ids: np.ndarray, size: int, key: int, ident: int) -> None:
+    mask = size - 1
+    i = key & mask
+    perturb = key
+    while table_keys[i & mask] >= 0:
+        i = (i << 2) + i + perturb + 1
+        perturb >>= 5
+    table_keys[i & mask] = key
+    table_ids[i & mask] = ident
+
+
+@_jit
+def _same(a: np.ndarray, na: int, b: np.ndarray, nb: int) -> bool:
+    if na != nb:
+        return False
+    for k in range(na):
+        if a[k] != b[k]:
+            return False
+    return True
+
+
+@_jit
+def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tables: np.ndarray) -> tuple[float, float]:
+    """``ContextualAnomalyCore._step`` on sensor facts given as a mask: the share of
+    selected contexts that came true and the share of candidate contexts that were new."""
+    n_sensed = _popcount(sensed)
+    sensed_facts = np.empty(6)
+    _mask_facts(sensed, sensed_facts)
+    n_left_facts = int(row[N_LEFT_FACTS])
+    left_facts = row[LEFT_FACTS : LEFT_FACTS + n_left_facts].copy()
+    # the zero-level context: the last step's left facts, then this step's
+    new_flag = False
+    new_context = 0
+    zhi = zlo = shi = slo = 0
+    if n_left_facts > 0 and n_sensed > 0:
+        zhi, zlo = _hash(left_facts, n_left_facts)
+        shi, slo = _hash(sensed_facts, n_sensed)
+        c = _find(row, zhi, zlo, shi, slo)
+        if c >= 0:
+            row[CONTEXT + 6 * c + C_ZERO] = 1.0
+        else:
+            new_flag = True
+            new_context = _store(row, p, left_facts, n_left_facts, zhi, zlo, sensed, shi, slo, 1.0, tables)
+    # the right crossing: update the contexts the last left facts fully held
+    active_id = scratch[0]
+    active_key = scratch[1:6]
+    cand_left = scratch[6]
+    cand_mask = scratch[7]
+    cand_right = scratch[8]
+    crossed = np.empty(FACTS)
+    selected = 0
+    n_active = 0
+    n_cand = 0
+    for lid in range(int(row[N_LEFT])):
+        base = LEFT + LEFT_WIDTH * lid
+        n_crossed = _popcount(int(row[base + L_CROSSED]))
+        if n_crossed == 0:
+            continue
+        full = row[base + L_SIZE] == n_crossed
+        short = n_crossed <= p[P_MAX_LEFT]
+        following = int(row[base + L_FIRST])
+        while following >= 0:  # the contexts it begins, in its dict's order
+            c = following
+            following = int(row[NEXT + c])
+            if c == new_context:
+                continue
+            cb = CONTEXT + 6 * c
+            rid = int(row[cb + C_RIGHT])
+            right_mask = int(row[RIGHT + 3 * rid])
+            right_size = _popcount(right_mask)
+            right_crossed = _popcount(right_mask & sensed)
+            if full:
+                selected += 1
+                row[cb + C_SELECTED] += right_size
+                if right_crossed > 0:
+                    row[cb + C_HITS] += right_crossed
+                    if right_size == right_crossed:
+                        row[cb + C_ACTIVE] += 1.0
+                        active_id[n_active] = c
+                        active_key[0, n_active] = row[cb + C_ACTIVE]
+                        active_key[1, n_active] = row[base + L_HI]
+                        active_key[2, n_active] = row[base + L_LO]
+                        active_key[3, n_active] = row[RIGHT + 3 * rid + 1]
+                        active_key[4, n_active] = row[RIGHT + 3 * rid + 2]
+                        n_active += 1
+                        continue
+                    if row[cb + C_ZERO] != 0.0 and new_flag and short:
+                        cand_left[n_cand], cand_mask[n_cand] = lid, row[base + L_CROSSED]
+                        cand_right[n_cand] = right_mask & sensed
+                        n_cand += 1
+            elif row[cb + C_ZERO] != 0.0 and new_flag and right_crossed > 0 and short:
+                cand_left[n_cand], cand_mask[n_cand] = lid, row[base + L_CROSSED]
+                cand_right[n_cand] = right_mask & sensed
+                n_cand += 1
+    active_share = n_active / float(selected) if selected > 0 else 0.0
+    # the active neurons: the max_active_neurons highest (active, left hash, right hash)
+    chosen = np.zeros(n_active, dtype=np.bool_)
+    neurons = np.empty(FACTS)
+    n_neurons = 0
+    for _ in range(min(int(p[P_MAX_ACTIVE]), n_active)):
+        best = -1
+        for a in range(n_active):
+            if chosen[a]:
+                continue
+            if best < 0:
+                best = a
+                continue
+            for j in range(5):
+                if active_key[j, a] != active_key[j, best]:
+                    if active_key[j, a] > active_key[j, best]:
+                        best = a
+                    break
+        chosen[best] = True
+        neurons[n_neurons] = active_id[best]
+        n_neurons += 1
+    neurons[:n_neurons].sort()
+    row[N_LEFT_FACTS] = n_sensed + n_neurons
+    for k in range(n_sensed):
+        row[LEFT_FACTS + k] = sensed_facts[k]
+    for k in range(n_neurons):
+        row[LEFT_FACTS + n_sensed + k] = NEURON_BASE + neurons[k]
+    row[LEFT_FACTS + n_sensed + n_neurons : LEFT_FACTS + FACTS] = 0.0  # unused slots hold 0
+    # the candidates: count the distinct ones (with the zero-level context), store the unknown
+    unique = 1 if new_flag else 0
+    unknown = 0
+    other = np.empty(FACTS)
+    right_facts = np.empty(6)
+    hashes = np.empty((4, n_cand), dtype=np.int64)
+    unstored = np.zeros(n_cand, dtype=np.bool_)
+    for i in range(n_cand):
+        n_l = _left_crossed_with(row, int(cand_left[i]), int(cand_mask[i]), crossed)
+        n_r = _mask_facts(int(cand_right[i]), right_facts)
+        lhi, llo = _hash(crossed, n_l)
+        rhi, rlo = _hash(right_facts, n_r)
+        hashes[0, i], hashes[1, i], hashes[2, i], hashes[3, i] = lhi, llo, rhi, rlo
+        # equal tuples have equal hashes: compare the facts only where the hashes agree
+        seen = (
+            new_flag
+            and lhi == zhi
+            and llo == zlo
+            and int(cand_right[i]) == sensed
+            and _same(crossed, n_l, left_facts, n_left_facts)
+        )
+        for j in range(i):
+            if seen:
+                break
+            if hashes[0, j] == lhi and hashes[1, j] == llo and cand_right[j] == cand_right[i]:
+                n_o = _left_crossed_with(row, int(cand_left[j]), int(cand_mask[j]), other)
+                seen = _same(crossed, n_l, other, n_o)
+        if not seen:
+            unique += 1
+    for i in range(n_cand):
+        lhi, llo, rhi, rlo = hashes[0, i], hashes[1, i], hashes[2, i], hashes[3, i]
+        if _find(row, lhi, llo, rhi, rlo) >= 0:
+            continue
+        repeat = False
+        for j in range(i):
+            same = hashes[0, j] == lhi and hashes[1, j] == llo and hashes[2, j] == rhi and hashes[3, j] == rlo
+            if unstored[j] and same:
+                repeat = True
+                break
+        if repeat:
+            continue
+        unknown += 1
+        n_l = _left_crossed_with(row, int(cand_left[i]), int(cand_mask[i]), crossed)
+        if _store(row, p, crossed, n_l, lhi, llo, int(cand_right[i]), rhi, rlo, 0.0, tables) < 0:
+            unstored[i] = True
+    # the left crossing with this step's left facts
+    n_new = int(row[N_LEFT_FACTS])
+    new_left = row[LEFT_FACTS : LEFT_FACTS + n_new]
+    for lid in range(int(row[N_LEFT])):
+        base = LEFT + LEFT_WIDTH * lid
+        mask = 0
+        j = 0
+        for k in range(int(row[base + L_SIZE])):
+            f = row[base + L_FACTS + k]
+            while j < n_new and new_left[j] < f:
+                j += 1
+            if j < n_new and new_left[j] == f:
+                mask |= 1 << k
+        row[base + L_CROSSED] = mask
+    added = unknown + (1 if new_flag else 0)
+    new_share = added / float(unique) if new_flag and unique > 0 else 0.0
+    return active_share, new_share
+
+
+@_jit
+def _left_crossed_with(row: np.ndarray, lid: int, mask: int, out: np.ndarray) -> int:
+    """The facts of left semi-context ``lid`` at the bits of ``mask``, ascending: their count."""
+    base = LEFT + LEFT_WIDTH * lid
+    count = 0
+    for k in range(int(row[base + L_SIZE])):
+        if mask >> k & 1:
+            out[count] = row[base + L_FACTS + k]
+            count += 1
+    return count
+
+
+@_jit
+def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarray, tables: np.ndarray) -> float:
+    """``CadOse.score_learn_one`` on one stream's row."""
+    v = _value(x)
+    if math.isnan(v):
+        return 0.0
+    row[N] += 1.0
+    if row[STARTED] == 0.0:
+        if v < row[LOW]:
+            row[LOW] = v
+        if v > row[HIGH]:
+            row[HIGH] = v
+        if row[N] >= p[P_RANGE_READINGS]:
+            row[STARTED] = 1.0
+        return 0.0
+    span = row[HIGH] - row[LOW]
+    min_value = row[LOW] - p[P_MARGIN] * span
+    max_value = row[HIGH] + p[P_MARGIN] * span
+    max_bin = 2.0 ** p[P_BITS] - 1.0
+    full = max_value - min_value
+    width = (full if full != 0.0 else max_bin) / max_bin
+    level = int(min(max((v - min_value) / width, 0.0), max_bin))
+    sensed = 0
+    for k in range(int(p[P_BITS])):
+        sensed |= 1 << (2 * k + ((level >> k) & 1))
+    active_share, new_share = _step(row, p, sensed, scratch, tables)
+    raw = (1.0 - active_share + new_share) / 2.0
+    rest = p[P_REST]
+    out = raw if 0 < rest <= row[SINCE] else 0.0
+    row[SINCE] = 0.0 if raw >= p[P_BASE_THRESHOLD] else row[SINCE] + 1.0
+    return out
+
+
+@_jit
+def score_learn_into(
+    states: np.ndarray,
+    stream: np.ndarray,
+    values: np.ndarray,
+    t_ms: np.ndarray,
+    params: np.ndarray,
+    surprise: np.ndarray,
+) -> np.ndarray:
+    """Score, then learn, each reading in order against its stream's row of ``states``
+    (updated in place): ``CadOse.score_learn_one({"m": values[i]}, t_ms[i])``; the
+    surprise (no hold to lift: the score itself) goes to ``surprise`` when it has the
+    batch's length. Raises on mismatched shapes or a stream index out of range, before
+    learning anything."""
+    n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
+    scratch = np.empty((9, CONTEXTS))
+    tables = np.empty((3, 16 * RIGHTS), dtype=np.int64)  # a dict's table (and its copy while it grows), ids
+    out = np.empty(n)
+    for i in range(n):
+        out[i] = _score_learn_one(states[stream[i]], values[i], params, scratch, tables)
+    if surprise.shape[0] == n:  # no hold: each reading's surprise is its score
+        surprise[:] = out
+    return out
+
+
+def score_learn(
+    states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
+) -> np.ndarray:
+    """:func:`score_learn_into` without the surprises: the scores alone."""
+    return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes."""
+    warm_kernel(sys.modules[__name__], CadOse())
+
+
+if __name__ == "__main__":
+    print({"state_bytes": STATE_SIZE * 8, **benchmark(sys.modules[__name__], CadOse)})
