@@ -23,7 +23,20 @@ def console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else 250)
 
 
-def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
+def shown_of(shown: int, total: int, noun: str, order: str) -> str:
+    """The footer of a list: what it shows of what there is, and how to see the rest.
+
+    >>> shown_of(50, 2350, "alerts", "newest first")
+    '50 of 2,350 alerts (newest first; --limit N or --all)'
+    >>> shown_of(3, 3, "alerts", "newest first")
+    '3 alerts (newest first)'
+    """
+    if shown < total:
+        return f"{shown:,} of {total:,} {noun} ({order}; --limit N or --all)"
+    return f"{total:,} {noun} ({order})"
+
+
+def alerts_table(views: Sequence[AlertView], book: AlertBook, total: int) -> None:
     now = int(time.time() * 1000)
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("id", "status", "sev", "rule", "device", "site", "age", "acknowledged", "silenced"):
@@ -49,7 +62,7 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
         )
     out = console()
     out.print(table)
-    out.print(f"{len(views)} alert(s)", style="dim")
+    out.print(shown_of(len(views), total, "alerts", "open first, most severe first, newest first"), style="dim")
 
 
 def silences_table(silences: Sequence[Silence], now_ms: int) -> None:

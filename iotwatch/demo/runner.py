@@ -336,8 +336,7 @@ def _drain(
             return False
         # The gateway is the raw topic's only producer here, so what it forwarded is the log end
         # (the embedded broker's ListOffsets answer can lag behind the real end).
-        # (forwarded counts dead letters too; those went to the dead-letter topic).
-        forwarded = int(sample.gateway.get("forwarded", 0) - sample.gateway.get("dead_lettered", 0))
+        forwarded = int(sample.gateway.get("forwarded", 0))
         idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
         caught_up_since = (caught_up_since or time.monotonic()) if idle else None
         if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:
