@@ -382,6 +382,19 @@ def _check_kinds(config: SimConfig) -> None:
             raise click.UsageError(str(exc)) from None
         if rate <= 0:
             raise click.UsageError(f"{options[0]} has no effect without {options[1]} (a rate above 0)")
+    _check_anomaly_window(config)
+
+
+def _check_anomaly_window(config: SimConfig) -> None:
+    """--anomalies-after must leave --anomaly-rate some event time to inject in."""
+    after = config.anomalies_after_s
+    if after > 0 and config.anomaly_rate <= 0:
+        raise click.UsageError("--anomalies-after has no effect without --anomaly-rate (a rate above 0)")
+    if config.anomaly_rate > 0 and config.duration_s is not None and after >= config.duration_s:
+        raise click.UsageError(
+            f"--anomalies-after {after:g} is not before the end of --duration {config.duration_s:g}: "
+            "no anomaly would be injected"
+        )
 
 
 def _render(summary: dict[str, Any]) -> None:

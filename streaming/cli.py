@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--trigger",
     "trigger_s",
-    type=float,
+    type=click.FloatRange(min=0),
     help="Seconds between micro-batch starts (default 0: each starts as soon as the previous one ends).",
 )
 @click.option(
@@ -53,7 +53,9 @@ log = logging.getLogger(__name__)
     is_flag=True,
     help="Process what is in Kafka now, then stop (same state and checkpoint as a continuous run).",
 )
-@click.option("--duration", type=float, help="Stop after this many seconds.")
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds (more than 0)."
+)
 @json_option
 @pass_app
 def stream(
