@@ -49,6 +49,7 @@ from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.contract.device_topics import parse_device_topic
+from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import ContractViolation, decode_telemetry
 from iotwatch.errors import IotwatchError, ServiceUnavailable
 from iotwatch.settings import Settings
@@ -269,6 +270,7 @@ class Gateway:
             now_ms=now_ms,
             max_bytes=self.config.max_payload_bytes,
             max_future_skew_ms=self.config.max_future_skew_ms,
+            metrics_of=KNOWN_METRICS,
         )
         site, device_type, device_id, _kind = parse_device_topic(topic)
         if device_id != reading.device_id or site != reading.site or device_type != reading.device_type:
