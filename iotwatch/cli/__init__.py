@@ -45,6 +45,7 @@ SUBCOMMANDS: dict[str, str] = {
     "respond": "responder.cli:respond",
     "commands": "responder.cli:commands",
     "devices": "devices.twin_cli:devices",
+    "deadletters": "iotwatch.cli.deadletters:deadletters",
 }
 
 
