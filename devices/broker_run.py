@@ -7,12 +7,15 @@ counters and merges the workers' summaries and ground truth.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,8 @@ from devices.simulation import Simulation
 from iotwatch.contract.ground_truth import write_ground_truth
 from iotwatch.settings import MqttSettings
 from iotwatch.stats import quantiles
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RunOptions", "run"]
 
@@ -159,7 +164,8 @@ def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> Device
 def _worker(
     config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any, results: Any
 ) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # the parent decides when to stop
     try:
         results.put((shard, _run_shard(config, options, shard, shards, counters, stop)))
     except BaseException as exc:
@@ -228,25 +234,50 @@ def default_start_ms(config: SimConfig, options: RunOptions) -> int:
     return now - int((span_s or 0.0) * 1000)
 
 
+#: What ends a run early, with its summary: Ctrl-C and SIGTERM, to the process or its group.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """While inside: :data:`STOP_SIGNALS` set ``stop`` (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
     """Run the simulation, return the summary (and write the ground truth)."""
     processes = max(1, options.processes)
     fleet_msgs, device_counts = fleet_rate(config)
     target_rate = None if options.as_fast_as_possible else (config.target_rate or fleet_msgs) * options.speedup
     started = time.monotonic()
+    log.info(
+        "simulate: %s publishing to MQTT %s at %s msg/s%s, %s; Ctrl-C or SIGTERM stops",
+        ", ".join(f"{n} {t}" for t, n in sorted(device_counts.items()) if n) or "replayed streams",
+        options.mqtt.url,
+        "as fast as possible" if target_rate is None else f"{target_rate:,.1f}",
+        f" (event time x{options.speedup:g})" if options.speedup != 1 else "",
+        f"for {config.duration_s:g} s of event time"
+        if config.duration_s is not None
+        else f"{config.count:,} readings"
+        if config.count is not None
+        else "until stopped",
+    )
     if processes == 1:
         counters: Any = [0] * _COUNTERS
         stop: Any = threading.Event()
-        previous = signal.getsignal(signal.SIGINT)
-        in_main = threading.current_thread() is threading.main_thread()
-        if in_main:
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-        try:
+        with _stopped_by_signals(stop):
             with _Progress(options.progress, target_rate, counters, 1):
                 parts = [_run_shard(config, options, 0, 1, counters, stop)]
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, previous)
         interrupted = stop.is_set()
     else:
         ctx = mp.get_context("spawn")
@@ -265,20 +296,20 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
         for worker in workers:
             worker.start()
         collected: dict[int, dict[str, Any]] = {}
-        interrupted = False
-        with _Progress(options.progress, target_rate, counters, processes):
+        signalled = threading.Event()
+        with _stopped_by_signals(signalled), _Progress(options.progress, target_rate, counters, processes):
             while len(collected) < processes:
+                if signalled.is_set():
+                    stop.set()
                 try:
                     shard, part = results.get(timeout=0.2)
                     collected[shard] = part
                     if "error" in part:
                         stop.set()
-                except KeyboardInterrupt:
-                    interrupted = True
-                    stop.set()
                 except Exception:
                     if not any(w.is_alive() for w in workers) and results.empty():
                         break
+        interrupted = signalled.is_set()
         for worker in workers:
             worker.join(timeout=10)
         errors = [p["error"] for p in collected.values() if "error" in p]
