@@ -397,6 +397,25 @@ def _check_anomaly_window(config: SimConfig) -> None:
         )
 
 
+def readings_line(summary: dict[str, Any]) -> str:
+    """How the messages sent (the table's total) follow from the readings generated.
+
+    >>> print(readings_line({"readings": 600, "withheld": 4, "extra_copies": 2, "sent": 598,
+    ...                      "status_messages": 3, "errors": 0}))  # doctest: +NORMALIZE_WHITESPACE
+    readings 600 generated, 4 withheld by injected dropouts, 2 extra copies (duplicate faults):
+    598 sent as telemetry messages; status messages 3; errors 0
+    """
+    expected = summary["readings"] - summary["withheld"] + summary["extra_copies"]
+    pending = expected - summary["sent"]
+    return (
+        f"readings {summary['readings']:,} generated, {summary['withheld']:,} withheld by injected dropouts, "
+        f"{summary['extra_copies']:,} extra copies (duplicate faults)"
+        + (f", {pending:,} delayed by faults past the end or not sent when stopped" if pending else "")
+        + f": {summary['sent']:,} sent as telemetry messages; status messages {summary['status_messages']:,}; "
+        f"errors {summary['errors']:,}"
+    )
+
+
 def _render(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -422,10 +441,7 @@ def _render(summary: dict[str, Any]) -> None:
         f"{summary['virtual_s']:,.0f} s of event time; qos {summary['qos']}; "
         f"{summary['processes']} process(es), {summary['connections']} connection(s)"
     )
-    console.print(
-        f"readings {summary['readings']:,}, status messages {summary['status_messages']:,}, "
-        f"errors {summary['errors']:,}"
-    )
+    console.print(readings_line(summary))
     if summary["publish_latency"]:
         lat = summary["publish_latency"]
         console.print(

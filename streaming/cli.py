@@ -119,5 +119,7 @@ def render_summary(summary: dict[str, Any]) -> None:
         table.add_row("last batch: records", f"{last['input_rows']:,}")
         table.add_row("last batch: records/s", f"{last['processed_rows_per_s']:,.0f}")
         table.add_row("last batch: ms", f"{last['trigger_ms']:,}")
+        if "state_devices_written" in last:
+            table.add_row("last batch: devices in state shards written", f"{last['state_devices_written']:,}")
         table.add_row("last batch: Kafka lag", "?" if last["lag_records"] is None else f"{last['lag_records']:,}")
     console.print(table)

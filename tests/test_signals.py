@@ -26,22 +26,7 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 def _env(settings: Settings, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    topics = settings.topics
-    env.update(
-        HOME=str(home),
-        IOTWATCH_TOPIC_RAW=topics.raw,
-        IOTWATCH_TOPIC_DLQ=topics.dlq,
-        IOTWATCH_TOPIC_ALERTS=topics.alerts,
-        IOTWATCH_TOPIC_ALERT_STATE=topics.alert_state,
-        IOTWATCH_TOPIC_SILENCES=topics.silences,
-        IOTWATCH_TOPIC_NOTIFICATIONS=topics.notifications,
-        IOTWATCH_TOPIC_COMMANDS=topics.commands,
-        IOTWATCH_TOPIC_DEVICE_TWIN=topics.device_twin,
-        IOTWATCH_TOPIC_EMERGENCIES=topics.emergencies,
-        IOTWATCH_TOPIC_MODEL_UPDATES=topics.model_updates,
-        IOTWATCH_INFLUX_URL="",
-    )
-    return env
+    return {**env, **settings.topics.as_environment(), "HOME": str(home), "IOTWATCH_INFLUX_URL": ""}
 
 
 def stop_by_signal(
