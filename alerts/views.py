@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
 from alerts.records import human_age
 from alerts.tail import SEVERITY_STYLE
+from iotwatch.cli import output_console
 from iotwatch.contract.oncall import Silence
 
 STATUS_STYLE = {OPEN: "bold red", ACKNOWLEDGED: "yellow"}
 
 
-def console() -> Console:
-    """The terminal's width, or wide enough for whole rows when piped (grep, less -S)."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 250)
+console = output_console
 
 
 def shown_of(shown: int, total: int, noun: str, order: str) -> str:

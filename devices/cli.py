@@ -417,10 +417,11 @@ def readings_line(summary: dict[str, Any]) -> str:
 
 
 def _render(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     table = Table(title="iotwatch simulate", show_header=True)
     table.add_column("device type")
     table.add_column("devices", justify="right")

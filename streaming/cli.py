@@ -100,18 +100,22 @@ def stream(
 
 def render_summary(summary: dict[str, Any]) -> None:
     """The stop summary as a table: the job's totals, then the last batch's progress."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
     table = Table()
     table.add_column("total")
     table.add_column("", justify="right")
+    from streaming.progress import BATCH_GAUGES
+
+    sizes_summed = set(BATCH_GAUGES.values())  # sums of per-batch sizes: the last batch's are shown below
     for name, value in sorted(summary["totals"].items()):
-        if name != "batches":
+        if name != "batches" and name not in sizes_summed:
             table.add_row(name.replace("_", " "), f"{value:,}")
     last = summary["last_progress"]
     if last:
