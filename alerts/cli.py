@@ -455,7 +455,7 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
         (s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
         key=lambda s: -s.starts_at_ms,
     )
-    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now))
+    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
 
 
 @alerts.command()

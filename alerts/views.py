@@ -62,7 +62,7 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook, total: int) -> Non
     out.print(shown_of(len(views), total, "alerts", "open first, most severe first, newest first"), style="dim")
 
 
-def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
+def silences_table(silences: Sequence[Silence], now_ms: int, ended_too: bool) -> None:
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("id", "matchers", "ends", "by", "comment"):
         table.add_column(name)
@@ -76,4 +76,5 @@ def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
         table.add_row(item.silence_id, item.matchers.describe(), ends, item.created_by, item.comment or "")
     out = console()
     out.print(table)
-    out.print(f"{len(silences)} silence(s)", style="dim")
+    which = "active and ended, newest first" if ended_too else "active, newest first; --all for ended ones"
+    out.print(shown_of(len(silences), len(silences), "silences", which), style="dim")
