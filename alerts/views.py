@@ -27,7 +27,10 @@ def shown_of(shown: int, total: int, noun: str, order: str) -> str:
     '50 of 2,350 alerts (newest first; --limit N or --all)'
     >>> shown_of(3, 3, "alerts", "newest first")
     '3 alerts (newest first)'
+    >>> shown_of(1, 1, "dead letters", "newest first")
+    '1 dead letter (newest first)'
     """
+    noun = noun.removesuffix("s") if total == 1 else noun
     if shown < total:
         return f"{shown:,} of {total:,} {noun} ({order}; --limit N or --all)"
     return f"{total:,} {noun} ({order})"

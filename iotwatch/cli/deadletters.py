@@ -138,7 +138,8 @@ def _groups_table(groups: Sequence[Any], total: int, letters: int) -> None:
         )
     out = console()
     out.print(table)
-    out.print(shown_of(len(groups), total, "groups", "largest first") + f" of {letters:,} dead letters", style="dim")
+    of = f" of {letters:,} dead letter{'s' if letters != 1 else ''}"
+    out.print(shown_of(len(groups), total, "groups", "largest first") + of, style="dim")
 
 
 @deadletters.command()
