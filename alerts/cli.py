@@ -85,7 +85,9 @@ def common_options(kind: str, limit_help: str) -> Any:
         click.option("--group", "group_id", help=group_help),
         start,
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
-        click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
+        click.option(
+            "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+        ),
     ]
     return stacked(options)
 

@@ -19,7 +19,9 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
     "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
     "crash -> emergency record).",
 )
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds.")
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+)
 @json_option
 @pass_app
 def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:

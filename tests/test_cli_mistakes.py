@@ -72,6 +72,11 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["--since", "--from-beginning"],
         [],
     ),
+    "a tail that would stop before it starts": (
+        ["alerts", "tail", "--timeout", "0", "--kafka", "127.0.0.1:1"],
+        ["--timeout", "0"],
+        [],
+    ),
     "Kafka port out of range": (["alerts", "tail", "--kafka", "localhost:99999"], ["--kafka", "99999", "1-65535"], []),
     "Kafka port out of range (stream)": (["stream", "--kafka", "localhost:99999"], ["--kafka", "99999"], []),
     "MQTT port out of range": (["gateway", "--mqtt", "mqtt://localhost:70000"], ["--mqtt", "70000"], []),
