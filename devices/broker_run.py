@@ -66,9 +66,16 @@ def _shard_quota(count: int | None, shard: int, shards: int) -> int | None:
 
 
 def _run_shard(
-    config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any
+    config: SimConfig,
+    options: RunOptions,
+    shard: int,
+    shards: int,
+    counters: Any,
+    stop: Any,
+    announce: str | None = None,
 ) -> dict[str, Any]:
-    """One shard from connect to disconnect; returns its partial summary."""
+    """One shard from connect to disconnect; returns its partial summary. ``announce`` is
+    logged once connected (what the run does, where)."""
     sim = Simulation(config, shard, shards, count_limit=_shard_quota(config.count, shard, shards))
     devices = [
         (int(uid), topic) for g in sim.groups for uid, topic in zip(g.uid.tolist(), g.status_topics, strict=True)
@@ -84,6 +91,8 @@ def _run_shard(
         max_inflight=options.max_inflight,
     )
     publisher.connect()
+    if announce:
+        log.info("%s", announce)
     commands = _command_handler(sim, options, shard) if options.obey_commands else None
     if options.qos:
         # paho's network threads must get the GIL often enough to handle PUBACKs while
@@ -256,30 +265,36 @@ def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _announcement(
+    config: SimConfig, options: RunOptions, device_counts: dict[str, int], target_rate: float | None
+) -> str:
+    """What a run does and where, said on start."""
+    fleet = ", ".join(f"{n} {t}" for t, n in sorted(device_counts.items()) if n) or "replayed streams"
+    rate = "as fast as possible" if target_rate is None else f"{target_rate:,.1f} msg/s"
+    speed = f" (event time x{options.speedup:g})" if options.speedup != 1 else ""
+    if config.duration_s is not None:
+        length = f"for {config.duration_s:g} s of event time"
+    elif config.count is not None:
+        length = f"for {config.count:,} readings"
+    else:
+        length = "until stopped"
+    where = f"publishing to MQTT {options.mqtt.url} at {rate}{speed}"
+    return f"simulate: {fleet} {where}, {length}; Ctrl-C or SIGTERM stops"
+
+
 def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
     """Run the simulation, return the summary (and write the ground truth)."""
     processes = max(1, options.processes)
     fleet_msgs, device_counts = fleet_rate(config)
     target_rate = None if options.as_fast_as_possible else (config.target_rate or fleet_msgs) * options.speedup
     started = time.monotonic()
-    log.info(
-        "simulate: %s publishing to MQTT %s at %s msg/s%s, %s; Ctrl-C or SIGTERM stops",
-        ", ".join(f"{n} {t}" for t, n in sorted(device_counts.items()) if n) or "replayed streams",
-        options.mqtt.url,
-        "as fast as possible" if target_rate is None else f"{target_rate:,.1f}",
-        f" (event time x{options.speedup:g})" if options.speedup != 1 else "",
-        f"for {config.duration_s:g} s of event time"
-        if config.duration_s is not None
-        else f"{config.count:,} readings"
-        if config.count is not None
-        else "until stopped",
-    )
+    announce = _announcement(config, options, device_counts, target_rate)
     if processes == 1:
         counters: Any = [0] * _COUNTERS
         stop: Any = threading.Event()
         with _stopped_by_signals(stop):
             with _Progress(options.progress, target_rate, counters, 1):
-                parts = [_run_shard(config, options, 0, 1, counters, stop)]
+                parts = [_run_shard(config, options, 0, 1, counters, stop, announce)]
         interrupted = stop.is_set()
     else:
         ctx = mp.get_context("spawn")
@@ -297,6 +312,7 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
         ]
         for worker in workers:
             worker.start()
+        log.info("%s (%d processes)", announce, processes)
         collected: dict[int, dict[str, Any]] = {}
         signalled = threading.Event()
         with _stopped_by_signals(signalled), _Progress(options.progress, target_rate, counters, processes):
