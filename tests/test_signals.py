@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
+from tests.conftest import REPO_ROOT
 from tests.helpers import reading
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
@@ -88,6 +89,13 @@ def _forward(settings: Settings, unique: str, _home: Path) -> tuple[list[str], s
     return argv, "alerts forward: " + settings.topics.alerts, "alerts forward: consumed 0"
 
 
+def _forward_routed(settings: Settings, _unique: str, home: Path) -> tuple[list[str], str, str]:
+    routes = REPO_ROOT / "deploy" / "oncall" / "routes.toml"  # the shipped example: nothing is posted
+    argv = ["alerts", "forward", "--kafka", settings.kafka.bootstrap_servers, "--routes", str(routes)]
+    argv += ["--state-dir", str(home / "forward")]
+    return argv, "alerts forward: state rebuilt", "alerts forward: "
+
+
 def _respond(settings: Settings, _unique: str, _home: Path) -> tuple[list[str], str, str]:
     argv = ["respond", "--mqtt", settings.mqtt.url, "--kafka", settings.kafka.bootstrap_servers]
     return argv, "respond: following " + settings.topics.alerts, "respond: "
@@ -97,6 +105,7 @@ COMMANDS: dict[str, CommandCase] = {
     "gateway": _gateway,
     "simulate": _simulate,
     "alerts forward": _forward,
+    "alerts forward --routes": _forward_routed,
     "respond": _respond,
 }
 
