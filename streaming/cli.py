@@ -108,15 +108,18 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
+    from streaming.progress import BATCH_GAUGES
+    from streaming.schemas import TALLY_FIELDS
+
     table = Table()
     table.add_column("total")
     table.add_column("", justify="right")
-    from streaming.progress import BATCH_GAUGES
-
-    sizes_summed = set(BATCH_GAUGES.values())  # sums of per-batch sizes: the last batch's are shown below
-    for name, value in sorted(summary["totals"].items()):
-        if name != "batches" and name not in sizes_summed:
-            table.add_row(name.replace("_", " "), f"{value:,}")
+    totals = summary["totals"]
+    # each count once, under the name the gateway and the tallies use (received, scored,
+    # duplicates, late, dead_lettered, ...); per-batch sizes are shown for the last batch below
+    for name, label in TALLY_FIELDS.items():
+        if name not in BATCH_GAUGES:
+            table.add_row(name.replace("_", " "), f"{totals.get(label, 0):,}")
     last = summary["last_progress"]
     if last:
         table.add_section()
