@@ -2,7 +2,7 @@
 # device simulator (docker-compose.yml runs it with different commands).
 #
 #   docker build -t iotwatch:local .
-#   docker build --build-arg SPARK_KAFKA_VERSION=4.3.0 -t iotwatch:local .
+#   docker build --build-arg SPARK_KAFKA_VERSION=4.2.0 -t iotwatch:local .
 #
 # Building needs internet access: Python packages, Debian packages and Spark's Kafka
 # connector (from Maven Central, resolved by spark-submit). Running it does not.
@@ -44,7 +44,7 @@ RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))
     && rm /tmp/requirements.txt
 
 # Spark's Kafka source is not part of pip's pyspark: resolve it (and kafka-clients etc.)
-# now and put the jars into pyspark/jars, so `iotwatch stream --kafka-source spark` finds
+# now and put the jars into pyspark/jars, so `iotwatch stream` finds
 # it on the classpath with no download at run time. --verify loads the class in Spark.
 COPY deploy/spark/fetch_kafka_connector.py /tmp/fetch_kafka_connector.py
 RUN python /tmp/fetch_kafka_connector.py \

@@ -7,10 +7,13 @@
 #
 # System packages (apt, when missing and when root or sudo is available): mosquitto and
 # mosquitto-clients (MQTT broker and CLI clients), influxdb (metrics store), docker-compose
-# (compose-file validation only), openjdk-17-jre-headless (Java for Spark), curl, openssl
-# (`iotwatch provision tls`).
+# (compose-file validation only), openjdk-17-jre-headless (Java for Kafka and Spark), maven
+# (resolves the Java artifacts), curl, openssl (`iotwatch provision tls`).
 # Python packages: the project and its test extras, into ./.venv (IOTWATCH_VENV to change),
 # reinstalled only when pyproject.toml changes.
+# Java artifacts: Apache Kafka's broker and Spark's Kafka connector, resolved once from Maven
+# Central by `iotwatch setup` into ~/.iotwatch/jars (IOTWATCH_JARS_DIR to change); offline,
+# IOTWATCH_JARS_FROM=DIR installs them from a folder of jars downloaded elsewhere.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -24,6 +27,7 @@ have mosquitto_pub || missing+=(mosquitto-clients)
 have influxd || missing+=(influxdb)
 have docker-compose || missing+=(docker-compose)
 have java || missing+=(openjdk-17-jre-headless)
+have mvn || missing+=(maven)
 have curl || missing+=(curl)
 have openssl || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -58,8 +62,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 
+export PATH="$PWD/$venv/bin:$PATH"
+if ! iotwatch setup ${IOTWATCH_JARS_FROM:+--jars-from "$IOTWATCH_JARS_FROM"} >&2; then
+    say "the Java artifacts are missing (see the line above); the stack and the streaming job need them"
+    exit 1
+fi
+
 if [ $# -eq 0 ]; then
     set -- iotwatch demo
 fi
-export PATH="$PWD/$venv/bin:$PATH"
 exec "$@"

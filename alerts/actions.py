@@ -22,7 +22,11 @@ def publish(settings: Settings, topic: str, key: str, value: bytes) -> None:
     """Produce one record and wait until the broker confirmed it (idempotent producer)."""
     ensure_topics(settings.kafka, [topic], compacted=True)
     produce_confirmed(
-        Producer({**client_config(settings.kafka), "enable.idempotence": True}), topic, key.encode(), value
+        settings.kafka,
+        Producer({**client_config(settings.kafka), "enable.idempotence": True}),
+        topic,
+        key.encode(),
+        value,
     )
 
 

@@ -247,7 +247,9 @@ class Dispatcher:
                 ack.note,
                 detected_ms(view.cleared),
             )  # type: ignore[union-attr,arg-type]
-            produce_confirmed(self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step))
+            produce_confirmed(
+                self.settings.kafka, self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step)
+            )
             self.book.apply_ack(step)
             self.counts["cleared_after_ack"] += 1
         self._closing.clear()
@@ -302,6 +304,7 @@ class Dispatcher:
 
     def _record(self, record: Notification) -> None:
         produce_confirmed(
+            self.settings.kafka,
             self._producer,
             self.settings.topics.notifications,
             f"{record.receiver}|{record.group_key}".encode(),

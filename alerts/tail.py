@@ -25,7 +25,13 @@ from rich.table import Table
 from rich.text import Text
 
 from alerts.records import AlertFilter, headline, human_age
-from iotwatch.clients.kafka import FOLLOW_FETCH_WAIT_MS, client_config, list_topics
+from iotwatch.clients.kafka import (
+    FOLLOW_FETCH_WAIT_MS,
+    access_refused,
+    client_config,
+    raise_if_refused,
+    topic_partitions,
+)
 from iotwatch.contract.alerts import SEVERITIES, AlertRecord, BadAlert, decode_alert, encode_alert
 from iotwatch.settings import AlertsSettings, Settings
 
@@ -38,8 +44,9 @@ def group_consumer(
     settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool, *, auto_commit: bool
 ) -> Consumer:
     """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after handling."""
-    topics = list_topics(settings.kafka)  # fails fast, in one line, when Kafka is down
-    if settings.topics.alerts not in topics:
+    # fails fast, in one line, when Kafka is down or refuses this user the topic
+    partitions = topic_partitions(settings.kafka, [settings.topics.alerts], "READ")
+    if not partitions[settings.topics.alerts]:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", settings.topics.alerts)
     consumer = Consumer(
         {
@@ -252,7 +259,7 @@ def run_tail(
             if message is None:
                 continue
             if message.error() is not None:
-                _log_error(message)
+                _check_error(settings, options.group_id, message)
                 continue
             if since_ms is not None and message.timestamp()[1] < since_ms:
                 continue  # written before the window (a broker may answer offsets by time coarsely)
@@ -310,8 +317,12 @@ def _commit_positions(consumer: Consumer) -> None:
         log.warning("could not commit the tail's position: %s", exc)
 
 
-def _log_error(message: Message) -> None:
+def _check_error(settings: Settings, group_id: str, message: Message) -> None:
+    """Log a consumer error; a refusal by the broker's ACLs ends the tail in one line."""
     error = message.error()
+    raise_if_refused(settings.kafka, error, "READ", message.topic() or settings.topics.alerts)
+    if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        raise access_refused(settings.kafka, "READ", f"consumer group {group_id}")
     if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         log.debug("alert topic not there yet: %s", error)
     else:

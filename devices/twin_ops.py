@@ -183,8 +183,11 @@ def set_desired(
     topics = settings.topics
     ensure_topics(settings.kafka, [topics.device_twin, topics.commands], compacted=True)
     producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
-    produce_confirmed(producer, topics.device_twin, twin_key(device_id, TwinSide.DESIRED).encode(), encode(record))
     produce_confirmed(
+        settings.kafka, producer, topics.device_twin, twin_key(device_id, TwinSide.DESIRED).encode(), encode(record)
+    )
+    produce_confirmed(
+        settings.kafka,
         producer,
         topics.commands,
         command_id.encode(),

@@ -9,5 +9,14 @@ class StackError(IotwatchError):
     """The embedded stack could not start, or a prerequisite is missing."""
 
 
+class MissingArtifacts(StackError):
+    """Java artifacts that ``iotwatch setup`` installs are not there (retrying cannot help)."""
+
+
 class ServiceUnavailable(IotwatchError):
     """A service (MQTT, Kafka, InfluxDB) did not answer."""
+
+
+class AccessRefused(IotwatchError):
+    """A server refused the configured user: unknown user or wrong password, or no ACL
+    for the operation (the message names the user, the resource and the operation)."""

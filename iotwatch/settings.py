@@ -126,7 +126,7 @@ class MqttSettings(_ConcernSettings):
 
 
 class KafkaSettings(_ConcernSettings):
-    """The Kafka cluster (or Kafka-protocol broker) that carries the event log."""
+    """The Kafka cluster that carries the event log."""
 
     section: ClassVar[str] = "kafka"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_KAFKA_", frozen=True, extra="ignore")
@@ -330,7 +330,6 @@ class StreamSettings(_ConcernSettings):
         default_factory=lambda: Path.home() / ".iotwatch" / "archive",
         description="Parquet master dataset: clean readings by date and device type",
     )
-    kafka_source: Literal["python", "spark"] = Field("python", description="spark: Spark's own Kafka connector jar")
     starting_offsets: str = Field("earliest", description="earliest, latest or Spark-style JSON per partition")
     max_offsets_per_trigger: int | None = Field(
         200_000,

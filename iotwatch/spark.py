@@ -173,6 +173,17 @@ def local_jvm_conf() -> dict[str, str]:
     return {"spark.ui.showConsoleProgress": "false", "spark.driver.extraJavaOptions": options}
 
 
+def kafka_connector_conf() -> dict[str, str]:
+    """``spark.jars`` with Spark's Kafka connector when ``iotwatch setup`` installed it (a
+    cluster gets it from spark-submit's ``--packages`` or ``--jars`` instead)."""
+    from iotwatch.jars import spark_kafka_connector
+
+    connector = spark_kafka_connector()
+    if not connector.installed():
+        return {}
+    return {"spark.jars": ",".join(str(jar) for jar in connector.jars())}
+
+
 def require_java() -> None:
     """Spark needs a JVM: say what to install instead of a py4j stack trace."""
     if os.environ.get("JAVA_HOME") or shutil.which("java"):
@@ -207,6 +218,7 @@ def spark_session(
     local = bool(master) and not under_spark_submit()
     if local:
         settings.update({"spark.master": str(master), "spark.ui.enabled": "false", **local_jvm_conf()})
+        settings.update(kafka_connector_conf())
     settings.update(conf or {})
     if local:
         _launch_jvm(settings)

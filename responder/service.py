@@ -475,7 +475,7 @@ class Responder:
         self._produce(self.settings.topics.dlq, topic.encode(), payload, dead.headers())
 
     def _produce(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
-        produce_confirmed(self._producer, topic, key, value, headers)
+        produce_confirmed(self.settings.kafka, self._producer, topic, key, value, headers)
 
 
 def _addressable(alert: AlertRecord) -> bool:

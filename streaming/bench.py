@@ -73,18 +73,9 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
 
 
 def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, Any]:
-    """The raw path: read and JSON-parse every record, fetching as the job's source does (see
-    :class:`~streaming.kafka_source.ConsumerCache`: with librdkafka's default wait the embedded
-    broker would hold every fetch, and the plain consumer would measure that)."""
-    from streaming.kafka_source import ConsumerCache
-
+    """The raw path: read and JSON-parse every record with a plain confluent-kafka consumer."""
     consumer = Consumer(
-        {
-            **settings.kafka.client_config(),
-            "group.id": f"bench-raw-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": ConsumerCache.FETCH_WAIT_MS,
-        }
+        {**settings.kafka.client_config(), "group.id": f"bench-raw-{time.time_ns()}", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
     started, count = time.monotonic(), 0
@@ -301,7 +292,7 @@ def bench_stream(
     """Records/s through the streaming job against a plain consumer, state per device, and
     spike-to-alert latency at stated rates.
 
-    Starts its own embedded Kafka-protocol broker and InfluxDB (when installed), and one
+    Starts its own embedded Apache Kafka broker and InfluxDB (when installed), and one
     local Spark session for every run (its start-up is not counted).
     """
     from streaming.job import session_scope
@@ -358,7 +349,8 @@ def bench_stream(
 def _render(result: dict[str, Any]) -> None:
     for row in result["fleet_sizes"]:
         click.echo(
-            f"{row['devices']:>7} devices: plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
+            f"{row['devices']:>7} devices: "
+            f"plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
             f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
             f"state {row['state_bytes_per_device']} B/device"
         )

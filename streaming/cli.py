@@ -44,11 +44,6 @@ log = logging.getLogger(__name__)
 )
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
 @click.option(
-    "--kafka-source",
-    type=click.Choice(["python", "spark"]),
-    help="python: iotwatch's Kafka source; spark: Spark's connector jar (must be on the classpath).",
-)
-@click.option(
     "--available-now",
     is_flag=True,
     help="Process what is in Kafka now, then stop (same state and checkpoint as a continuous run).",
@@ -65,7 +60,6 @@ def stream(
     trigger_s: float | None,
     max_offsets_per_trigger: int | None,
     starting_offsets: str | None,
-    kafka_source: str | None,
     available_now: bool,
     duration: float | None,
     as_json: bool,
@@ -85,7 +79,6 @@ def stream(
             "trigger_interval_s": trigger_s,
             "max_offsets_per_trigger": max_offsets_per_trigger,
             "starting_offsets": starting_offsets,
-            "kafka_source": kafka_source,
         }.items()
         if v is not None
     }

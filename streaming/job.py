@@ -154,7 +154,6 @@ def start(
         [settings.topics.raw],
         starting_offsets=stream.starting_offsets,
         max_offsets_per_trigger=stream.max_offsets_per_trigger,
-        source=stream.kafka_source,
         packed=True,
         operator_tasks=tasks,
     )
@@ -194,7 +193,7 @@ def start(
 def _warm_worker(_: object) -> None:
     """In a Python worker: import the job's modules and load its compiled kernels."""
     from models.kernels import warm_all
-    from streaming import kafka_source, processor, sequencing  # noqa: F401 - imported for its import cost
+    from streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
     from streaming.worker_heap import freeze_imports
 
     warm_all()

@@ -3,15 +3,13 @@
 Spark's Python stateful operators pay per row (a Python tuple, a pandas frame per key).
 Packing one source task's records into a row per chunk -- every field an array -- makes
 that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
-hands the stateful operator typed columns instead of JSON. iotwatch's Kafka source packs as it
-reads (:func:`pack_messages`); behind Spark's own connector, :func:`pack_records` does it in
-a ``mapInArrow``. Either way it runs in the task that reads the partition.
+hands the stateful operator typed columns instead of JSON. :func:`pack_records` does it in a
+``mapInArrow`` behind Spark's Kafka connector, one task per core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,13 +67,6 @@ def pack_chunk(
     }
     arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
-
-
-def pack_messages(partition: int, messages: list[Any], tasks: int = 1) -> pa.RecordBatch:
-    """confluent-kafka messages of one partition (what the Kafka source reads) into a packed row."""
-    offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=len(messages))
-    stamps = np.fromiter((max(m.timestamp()[1], 0) for m in messages), dtype=np.int64, count=len(messages))
-    return pack_chunk(partition, tasks, [m.key() for m in messages], [m.value() for m in messages], offsets, stamps)
 
 
 def pack_records(batches: Iterator[pa.RecordBatch], tasks: int = 1) -> Iterator[pa.RecordBatch]:

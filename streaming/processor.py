@@ -18,7 +18,7 @@ Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,17 +27,12 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
-from models.kernels import kernel_for
-from streaming import sequencing
-from streaming.engine import PartitionEngine, RecordColumns
-from streaming.fleet_models import fleet_lookup
 from streaming.operator_key import partition_of
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
-from streaming.shard_cache import ShardCache
-from streaming.sinks.archive import ArchiveWriter
-from streaming.sinks.events import EventSinks
-from streaming.state_store import ShardedStore
-from streaming.worker_heap import freeze_imports
+
+if TYPE_CHECKING:
+    from streaming.engine import PartitionEngine, RecordColumns
+    from streaming.shard_cache import ShardCache
 
 _SEP = "\x1f"
 
@@ -105,6 +100,8 @@ def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     """Packed rows (``streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
+    from streaming.engine import RecordColumns
+
     chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
     if not chunks:
         empty = np.zeros(0, dtype=np.int64)
@@ -141,36 +138,59 @@ class PartitionProcessor(StatefulProcessor):
         self.archive_dir = archive_dir
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declare the state variables. Spark also runs ``init`` on the driver, when it plans the
+        first micro-batch, only to learn their schemas: what the handlers need (compiled kernels,
+        Kafka producers, the fleet-model watcher) is made on first use, in :meth:`_serve`."""
         self.handle = handle
+        # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
+        self.shard_state = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
+        self.shard_tokens = handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA)
+        self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
+        self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
+        self.ttl_ms = int(self.settings.state_ttl_s * 1000)
+        self.cache: ShardCache | None = None
+        self.engine: PartitionEngine | None = None
+
+    def _start(self) -> PartitionEngine:
+        """The engine, sinks, archive writer and device store of this task. (Imported here, not at
+        the top: the driver imports this module to run ``init``, in a fresh Python process,
+        while it plans the first micro-batch.)"""
+        from models.kernels import kernel_for
+        from streaming import sequencing
+        from streaming.engine import PartitionEngine
+        from streaming.fleet_models import fleet_lookup
+        from streaming.shard_cache import ShardCache
+        from streaming.sinks.archive import ArchiveWriter
+        from streaming.sinks.events import EventSinks
+        from streaming.state_store import ShardedStore
+        from streaming.worker_heap import freeze_imports
+
         kernel_for(self.settings.device_detector).warm()
         sequencing.warm()
         freeze_imports()
-        self.engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
+        engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
         self.archive = ArchiveWriter(self.archive_dir, self.settings.device_detector)
-        ttl_ms = int(self.settings.state_ttl_s * 1000)
-        # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
-        shards = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
         self.devices = ShardedStore(
-            shards,
+            self.shard_state,
             self.settings.state_shards,
-            ttl_ms,
-            self.engine.seq_words,
-            self.engine.kernel.STATE_SIZE,
-            handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA),
+            self.ttl_ms,
+            engine.seq_words,
+            engine.kernel.STATE_SIZE,
+            self.shard_tokens,
         )
-        self.cache: ShardCache | None = None  # made on first use: init also runs on the driver
-        self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
-        self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
-        self.ttl_ms = ttl_ms
+        if self.settings.shard_cache:
+            self.cache = ShardCache.on_worker()
+        self.engine = engine
+        return engine
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        partition = self._serve(key)
+        partition, engine = self._serve(key)
         records = unpack(rows, partition)
-        out = self.engine.process(self.devices, records, now_ms)
+        out = engine.process(self.devices, records, now_ms)
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
         if len(records.offset):
             tally["archive_files"] = self.archive.write(
@@ -187,26 +207,25 @@ class PartitionProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         if not self.roster.exists():
             return
-        partition = self._serve(key)
+        partition, _ = self._serve(key)
         roster = Roster.load(self.roster.get())
         roster.timer_ms = 0  # this one fired
         tally = self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs())
         if tally:
             yield tally_row(partition, tally)
 
-    def _serve(self, key: Any) -> int:
-        """The key's Kafka partition, which the device store now serves."""
-        if self.cache is None and self.settings.shard_cache:
-            self.cache = ShardCache.on_worker()
+    def _serve(self, key: Any) -> tuple[int, PartitionEngine]:
+        """The key's Kafka partition, which the device store now serves, and the engine."""
+        engine = self.engine or self._start()
         partition = partition_of(key)
         self.devices.serve(partition, self.cache)
-        return partition
+        return partition, engine
 
     def _report_silence(self, roster: Roster, now_ms: int) -> dict[str, int]:
         """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""
         counts: dict[str, int] = {}
         due = roster.due(now_ms, self.timeout_ms)
-        if due:
+        if due and self.engine is not None:
             counts = self.sinks.write(self.engine.silence(self.devices, due, now_ms))
         roster.forget(now_ms, self.ttl_ms)
         # The timer is re-armed only to fire earlier: one that fires before anyone is due

@@ -30,7 +30,7 @@ def base_settings() -> Settings:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, base_settings: Settings) -> Iterator[StackState]:
-    """The embedded stack (mosquitto or amqtt, Tansu, influxd), started once per session."""
+    """The embedded stack (mosquitto or amqtt, Apache Kafka, influxd), started once per session."""
     embedded = EmbeddedStack(base_settings, tmp_path_factory.mktemp("stack"))
     state = embedded.up()
     try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from iotwatch.jars import jars_root
+
 MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
     # id: (argv, words the line must hold, words it must not)
     "anomaly the fleet cannot produce": (
@@ -97,6 +99,7 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
 def run_iotwatch(argv: list[str], home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["HOME"] = str(home)
+    env["IOTWATCH_JARS_DIR"] = str(jars_root())  # the jars `iotwatch setup` fetched, not a new HOME's
     return subprocess.run(
         [sys.executable, "-m", "iotwatch", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
     )

@@ -319,7 +319,7 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
         for name, svc in built.items()
     }
     assert "gateway" in commands["gateway"]
-    assert commands["stream"][-3:] == ["stream", "--kafka-source", "spark"]
+    assert commands["stream"][-1] == "stream"
     assert "simulate" in commands["simulator"]
     assert "respond" in commands["responder"]
     assert commands["kafka-topics"][-3:] == ["provision", "topics", "--acls"]
@@ -398,8 +398,14 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
     assert (allowed("gateway", "read"), allowed("gateway", "write")) == (set(), {topics.raw, topics.dlq})
     assert allowed("stream", "read") == {topics.raw, topics.model_updates}
     assert allowed("stream", "write") == {topics.alerts, topics.dlq}
-    assert allowed("responder", "read") == {topics.alerts, topics.commands}
-    assert allowed("responder", "write") == {topics.commands, topics.alerts, topics.dlq}
+    assert allowed("responder", "read") == {topics.alerts, topics.commands, topics.emergencies}
+    assert allowed("responder", "write") == {
+        topics.commands,
+        topics.alerts,
+        topics.dlq,
+        topics.device_twin,
+        topics.emergencies,
+    }
     assert {g.user for g in topic_grants if g.name == topics.alerts and g.operation == "write"} == {
         "stream",
         "responder",
@@ -506,3 +512,11 @@ def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) 
     assert environment_of(compose["services"]["grafana"])["INFLUX_DATABASE"] == database
     for name in ("gateway", "stream"):
         assert environment_of(compose["services"][name])["IOTWATCH_INFLUX_DATABASE"] == database
+
+
+def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str, Any]) -> None:
+    """Tests and deployment run one broker: the compose image's tag is the version whose jars
+    ``iotwatch setup`` resolves for the embedded stack."""
+    from iotwatch.jars import KAFKA_VERSION
+
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"

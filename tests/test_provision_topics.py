@@ -1,5 +1,5 @@
 """``iotwatch provision topics``, the compose init step for brokers with auto-creation off,
-against the session's real Kafka-protocol broker: it creates the pipeline's topics from the
+against the session's real Apache Kafka broker: it creates the pipeline's topics from the
 settings, and running it again creates nothing."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.jars import jars_root
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.helpers import read_topic
@@ -32,6 +33,7 @@ def _env(settings: Settings, home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env.update(
         HOME=str(home),
+        IOTWATCH_JARS_DIR=str(jars_root()),  # the jars `iotwatch setup` fetched, not a new HOME's
         IOTWATCH_TOPIC_RAW=settings.topics.raw,
         IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
         IOTWATCH_TOPIC_ALERTS=settings.topics.alerts,

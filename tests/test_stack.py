@@ -19,6 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, list_topics
+from iotwatch.jars import KAFKA_VERSION, jars_root
 from iotwatch.settings import Settings
 from iotwatch.stack import StackState
 
@@ -113,6 +114,7 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
     )
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
+    assert state["services"]["kafka"]["implementation"] == f"apache-kafka {KAFKA_VERSION}"
     pids = [svc["process"]["pid"] for svc in state["services"].values()]
     try:
         ends = state["endpoints"]
@@ -202,9 +204,12 @@ def test_failed_start_stops_what_was_already_started(tmp_path: Path, base_settin
         EmbeddedStack(settings, run_dir).up()
     leftovers = [
         p
-        for p in psutil.process_iter(["name"])
+        for p in psutil.process_iter(["name", "cmdline"])
         if p.pid not in before
-        and any(server in (p.info["name"] or "") for server in ("mosquitto", "tansu", "influxd", "amqtt"))
+        and (
+            any(server in (p.info["name"] or "") for server in ("mosquitto", "influxd", "amqtt"))
+            or "kafka.Kafka" in (p.info["cmdline"] or [])
+        )
     ]
     assert not leftovers
     assert StackState.load(run_dir) is None
@@ -237,6 +242,7 @@ def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
 def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_run_dir(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["HOME"] = str(tmp_path / "home")
+    env["IOTWATCH_JARS_DIR"] = str(jars_root())  # the jars `iotwatch setup` fetched, not a new HOME's
     run_dir = (tmp_path / "my-stack").resolve()
     up = subprocess.run(
         [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"],

@@ -11,7 +11,7 @@ the classpath of every Spark session. The container then needs no network access
 
 Usage (the Dockerfile runs it with the build arguments)::
 
-    python fetch_kafka_connector.py [--spark-version 4.3.0] [--scala-version 2.13] [--verify]
+    python fetch_kafka_connector.py [--spark-version 4.2.0] [--scala-version 2.13] [--verify]
     python fetch_kafka_connector.py --jars-from DIR   # offline: jars downloaded elsewhere
 
 Empty versions mean "the installed pyspark's": the connector must match Spark exactly.
@@ -31,7 +31,7 @@ CONNECTOR_ARTIFACT = "spark-sql-kafka-0-10"
 CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 
 # "<artifact>-<version>.jar"; the version starts with "<digits>.<digit>", which is what
-# tells "spark-sql-kafka-0-10_2.13" (artifact) apart from "4.3.0" (version).
+# tells "spark-sql-kafka-0-10_2.13" (artifact) apart from "4.2.0" (version).
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d.*)\.jar$")
 
 

@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, str] = {
     "score-csv": "models.cli.score_csv:score_csv",
     "evaluate": "models.cli.evaluate:evaluate",
     "train": "models.cli.train:train",
+    "setup": "iotwatch.cli.setup:setup",
     "stack": "iotwatch.cli.stack:stack",
     "gateway": "gateway.cli:gateway",
     "stream": "streaming.cli:stream",

@@ -23,7 +23,7 @@ run_dir_option = click.option(
 
 @click.group()
 def stack() -> None:
-    """Start, stop and inspect the embedded MQTT, Kafka-protocol and InfluxDB servers."""
+    """Start, stop and inspect the embedded MQTT, Apache Kafka and InfluxDB servers."""
 
 
 @stack.command()

@@ -1,4 +1,10 @@
-"""Kafka helpers on confluent-kafka: health checks, topic creation, reading a topic whole."""
+"""Kafka helpers on confluent-kafka: health checks, topic creation, reading a topic whole.
+
+A broker with SASL and an authorizer refuses some users some topics, often quietly: a topic
+the user may not DESCRIBE is simply left out of the cluster's metadata, and a refused fetch
+or produce is one error among librdkafka's retries. The helpers here turn such refusals into
+:class:`~iotwatch.errors.AccessRefused`, one line naming the user, the topic and the operation.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from iotwatch.errors import ServiceUnavailable
+from iotwatch.errors import AccessRefused, ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
 
@@ -27,15 +33,73 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
 
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
-    """Topic name -> partition count, or :class:`ServiceUnavailable`."""
-    admin = admin_client(settings)
+    """Topic name -> partition count of the topics this user may DESCRIBE, or
+    :class:`ServiceUnavailable` (:class:`AccessRefused` when the broker refused the login)."""
+    failures: list[KafkaError] = []
+    debugging = logging.getLogger().isEnabledFor(logging.DEBUG)
+    # librdkafka's own account of a failure (queued until polled) only when debugging: the
+    # poll below is for the error callback, and the caller reports the failure in one line
+    quiet = {} if debugging else {"log_level": 0}
+    admin = AdminClient({**client_config(settings), **quiet, "error_cb": failures.append})
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        if logging.getLogger().isEnabledFor(logging.DEBUG):
-            admin.poll(0)  # librdkafka's own account of the failure (queued until polled)
+        admin.poll(0)  # was the login refused?
+        if any(failure.code() == KafkaError._AUTHENTICATION for failure in failures):
+            raise login_refused(settings) from exc
         raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
     return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+
+
+def topic_partitions(
+    settings: KafkaSettings, topics: list[str], operation: str, timeout_s: float = 5.0
+) -> dict[str, int]:
+    """Partition count per topic, 0 for one that does not exist; :class:`AccessRefused`
+    naming ``operation`` (what the caller means to do: READ, WRITE) for a topic the user may
+    not see. A topic missing from the full listing is asked for by name, the one question
+    whose answer tells "absent" from "not yours" (without creating it on a broker that would)."""
+    existing = list_topics(settings, timeout_s)
+    counts = {name: existing.get(name, 0) for name in dict.fromkeys(topics)}
+    missing = [name for name, count in counts.items() if count == 0]
+    if missing:
+        admin = AdminClient({**client_config(settings), "allow.auto.create.topics": False})
+        for name in missing:
+            try:
+                found = admin.list_topics(topic=name, timeout=timeout_s).topics[name]
+            except KafkaException as exc:
+                raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
+            if found.error is not None:
+                raise_if_refused(settings, found.error, operation, name)
+            counts[name] = len(found.partitions)
+    return counts
+
+
+def raise_if_refused(settings: KafkaSettings, error: KafkaError, operation: str, topic: str) -> None:
+    """:class:`AccessRefused` when ``error`` is the broker refusing this user ``topic``."""
+    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise access_refused(settings, operation, f"topic {topic}")
+
+
+def access_refused(settings: KafkaSettings, operation: str, resource: str) -> AccessRefused:
+    """The one line for an operation the broker's ACLs do not allow this user."""
+    return AccessRefused(
+        f"Kafka refused user {_user(settings)!r} {operation} on {resource} "
+        "(not authorized; grant it with iotwatch provision topics --acls)"
+    )
+
+
+def login_refused(settings: KafkaSettings) -> AccessRefused:
+    """The one line for a login the broker refused (SASL authentication failed)."""
+    return AccessRefused(
+        f"Kafka at {settings.bootstrap_servers} refused user {_user(settings)!r}: SASL authentication failed "
+        f"(unknown user or wrong password; check {KafkaSettings.env_name('sasl_username')} "
+        f"and {KafkaSettings.env_name('sasl_password')})"
+    )
+
+
+def _user(settings: KafkaSettings) -> str:
+    """The principal the broker sees: the SASL user, or Kafka's ANONYMOUS without SASL."""
+    return settings.sasl_username or "ANONYMOUS"
 
 
 def ensure_topics(
@@ -47,8 +111,8 @@ def ensure_topics(
     Returns the names created. An existing topic is left as it is, whatever its
     partition count: changing it would break per-key order for data already there.
     """
-    existing = list_topics(settings, timeout_s)
-    missing = [name for name in dict.fromkeys(topics) if name not in existing]
+    existing = topic_partitions(settings, topics, "DESCRIBE", timeout_s)
+    missing = [name for name, count in existing.items() if count == 0]
     if not missing:
         return []
     admin = admin_client(settings)  # keep a reference: the futures die with their client
@@ -71,9 +135,22 @@ def ensure_topics(
             future.result(timeout=timeout_s)
             created.append(name)
         except KafkaException as exc:
+            raise_if_refused(settings, exc.args[0], "CREATE", name)
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ServiceUnavailable(f"cannot create Kafka topic {name}: {exc}") from exc
+    _wait_listed(settings, created, timeout_s)
     return created
+
+
+def _wait_listed(settings: KafkaSettings, topics: list[str], timeout_s: float) -> None:
+    """Wait until the broker lists topics just created: it answers a creation once the
+    controller committed it and updates its own metadata a moment later, and a reader that
+    asked in between would take a topic for missing (and a follower never read it)."""
+    deadline = time.monotonic() + timeout_s
+    while topics and not all(list_topics(settings, timeout_s).get(name) for name in topics):
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"Kafka created {', '.join(topics)} but did not list them within {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> list[Message]:
@@ -88,27 +165,35 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
 
 
 #: ``fetch.wait.max.ms`` of consumers that follow a topic for people or devices waiting on it
-#: (the responder, alert dispatch, ``iotwatch alerts tail``). librdkafka's 500 ms default costs
-#: nothing on Apache Kafka, which answers a fetch as soon as a record arrives, but the embedded
-#: broker holds every fetch for most of its wait: alert-to-command took about 0.55 s there.
-#: An idle follower then asks 10 times a second.
+#: (the responder, alert dispatch, ``iotwatch alerts tail``). Kafka answers a waiting fetch as
+#: soon as a record arrives, so this costs no latency; it bounds how long an idle follower's
+#: fetch stays open (a stop or a new assignment waits for it). An idle follower asks 10 times a second.
 FOLLOW_FETCH_WAIT_MS = 100
 
 
 class TopicFollower:
     """Reads whole topics from the beginning and then follows them: the way a component
     rebuilds its state from compacted logs on start (event sourcing). Every partition is
-    assigned, no group is joined, no offset committed. Topics missing at start read as empty."""
+    assigned, no group is joined, no offset committed. Topics missing at start read as empty;
+    a topic the user may not read is :class:`AccessRefused`, not an empty topic."""
 
     def __init__(self, settings: KafkaSettings, topics: list[str]) -> None:
-        existing = list_topics(settings)
-        self.partitions = [TopicPartition(topic, p, 0) for topic in topics for p in range(existing.get(topic, 0))]
+        self.settings = settings
+        existing = topic_partitions(settings, topics, "READ")
+        # from each partition's log start, not offset 0: once retention deleted offset 0, a
+        # fetch there is out of range and the consumer would jump to the end, reading nothing
+        self.partitions = [
+            TopicPartition(topic, p, OFFSET_BEGINNING) for topic in topics for p in range(existing[topic])
+        ]
         self._consumer = Consumer(
             {
                 **client_config(settings),
                 "group.id": f"iotwatch-follow-{time.time_ns()}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                # a follower that falls behind retention goes on from the new log start,
+                # never skips to the end (the default) past what it has not read
+                "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
             }
         )
@@ -127,6 +212,8 @@ class TopicFollower:
                     records.append(message)
                 elif message.error().code() == KafkaError._PARTITION_EOF:
                     at_end.add((message.topic(), message.partition()))
+                else:
+                    raise_if_refused(self.settings, message.error(), "READ", message.topic())
         if strict and len(at_end) < len(self.partitions):
             raise ServiceUnavailable(
                 f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
@@ -139,13 +226,20 @@ class TopicFollower:
         if not self.partitions:
             time.sleep(timeout_s)
             return []
-        return [m for m in self._consumer.consume(5000, timeout_s) if m.error() is None]
+        records = []
+        for message in self._consumer.consume(5000, timeout_s):
+            if message.error() is None:
+                records.append(message)
+            else:
+                raise_if_refused(self.settings, message.error(), "READ", message.topic())
+        return records
 
     def close(self) -> None:
         self._consumer.close()
 
 
 def produce_confirmed(
+    settings: KafkaSettings,
     producer: Producer,
     topic: str,
     key: bytes,
@@ -153,15 +247,20 @@ def produce_confirmed(
     headers: list[tuple[str, bytes]] | None = None,
     timeout_s: float = 30.0,
 ) -> None:
-    """Produce one record and wait until the broker confirmed it, or :class:`ServiceUnavailable`:
-    for records whose loss would go unnoticed (an acknowledgement, a notification sent)."""
-    errors: list[str] = []
+    """Produce one record with ``producer`` (made from ``settings``) and wait until the broker
+    confirmed it, or :class:`ServiceUnavailable`: for records whose loss would go unnoticed (an
+    acknowledgement, a notification sent); :class:`AccessRefused` when the broker's ACLs do not
+    let this user write ``topic``."""
+    errors: list[KafkaError] = []
     producer.produce(
         topic,
         value,
         key=key,
         headers=headers or [],
-        on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None,
+        on_delivery=lambda err, _msg: errors.append(err) if err is not None else None,
     )
-    if producer.flush(timeout_s) > 0 or errors:
+    unsent = producer.flush(timeout_s)
+    for error in errors:
+        raise_if_refused(settings, error, "WRITE", topic)
+    if unsent > 0 or errors:
         raise ServiceUnavailable(f"Kafka did not confirm a record on {topic}: {errors[0] if errors else 'timeout'}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
@@ -58,7 +58,7 @@ class Probe:
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions
         self.raw_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
-        self.alerts.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(partitions)])
+        self.alerts.assign([TopicPartition(settings.topics.alerts, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def close(self) -> None:
         self.offsets.close()

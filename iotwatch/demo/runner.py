@@ -334,8 +334,7 @@ def _drain(
         if not all(child.running() for child in children if child.name != "simulate"):
             return False
         # The gateway is the raw topic's only producer here, so what it forwarded is the log end
-        # (the embedded broker's ListOffsets answer can lag behind the real end).
-        forwarded = int(sample.gateway.get("forwarded", 0))
+        forwarded = int(sample.gateway.get("forwarded", 0))  # readings only: dead letters are not on the raw topic
         idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
         caught_up_since = (caught_up_since or time.monotonic()) if idle else None
         if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:

@@ -5,8 +5,9 @@ so a user with no ACL can do nothing. Each service gets what its code does, no m
 
 - ``gateway`` writes readings and dead letters;
 - ``stream`` reads readings and model updates, writes alerts and dead letters;
-- ``responder`` reads alerts and its command log, writes commands, alerts (command
-  outcomes) and dead letters.
+- ``responder`` reads alerts, its command log and its emergency records; writes commands,
+  alerts (escalations), dead letters, device twins (what devices report) and emergency
+  records.
 
 No service may create, delete or reconfigure topics (``admin`` made them) or write a topic
 it has no business in: a compromised gateway cannot forge alerts, which become pages.
@@ -49,7 +50,10 @@ def service_grants(topics: TopicSettings) -> list[Grant]:
     access: dict[str, dict[Operation, list[str]]] = {
         "gateway": {"read": [], "write": [topics.raw, topics.dlq]},
         "stream": {"read": [topics.raw, topics.model_updates], "write": [topics.alerts, topics.dlq]},
-        "responder": {"read": [topics.alerts, topics.commands], "write": [topics.commands, topics.alerts, topics.dlq]},
+        "responder": {
+            "read": [topics.alerts, topics.commands, topics.emergencies],
+            "write": [topics.commands, topics.alerts, topics.dlq, topics.device_twin, topics.emergencies],
+        },
     }
     grants = [
         Grant(user, "topic", topic, operation)

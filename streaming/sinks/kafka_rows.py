@@ -29,8 +29,8 @@ def _producer(config: dict[str, str]) -> Producer:
             {**config, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "logger": librdkafka_logger()}
         )
         # Connect and load the metadata now: a fresh idempotent producer's first record
-        # waited about 0.5 s for it (the embedded broker), which fell on the first
-        # micro-batch with an alert. Warm, the first record is confirmed in a millisecond.
+        # would wait for both (and its producer id), on the first micro-batch with an alert.
+        # Warm, the first record is confirmed in a millisecond.
         try:
             producer.list_topics(timeout=5)
         except KafkaException as exc:  # Kafka down: the first produce fails with the full story

@@ -1,7 +1,7 @@
 """The long-running on-call services keep only what is open: after waves of alerts that fire
 and clear, the forwarder holds the open alerts, their groups and the active silences (cleared
 alerts go once their resolution was sent), and the responder the open alerts and unsettled
-commands. Against the real Kafka-protocol broker, MQTT broker and a real HTTP receiver."""
+commands. Against the real Apache Kafka broker, MQTT broker and a real HTTP receiver."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real data for the dashboard queries: a short run of the streaming job plus gateway reports.
 
-The streaming job runs (Spark local, the real Kafka-protocol broker, the real InfluxDB) on
+The streaming job runs (Spark local, the real Apache Kafka broker, the real InfluxDB) on
 the scenario of tests/streaming/scenario.py (thermostats, a leak sensor, a vehicle with a
 crash) plus a second vehicle that reports GPS positions; gateway status reports are written
 with gateway.metrics.influx_points from a real GatewayStats snapshot. Everything goes to a

@@ -1,4 +1,4 @@
-"""The gateway against real mosquitto and the Kafka-protocol broker."""
+"""The gateway against real mosquitto and Apache Kafka."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_ORIGINAL_BYTES, H_REASON, header_value
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.settings import Settings
-from iotwatch.stack.kafka_broker import start_kafka_broker
+from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
 from iotwatch.stack.process import free_port, stop_process
 from tests.gateway.conftest import gateway_settings
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device
@@ -244,10 +244,7 @@ def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
             time.sleep(1)
             health_seen.append(bridge.health()[0])
         snapshot_during = bridge.refresh_gauges()
-        kafka_service = start_kafka_broker(
-            tmp_path / "kafka-run2", timeout_s=30, port=int(kafka.bootstrap_servers.rsplit(":", 1)[1])
-        )
-        ensure_topics(kafka, [settings.topics.raw, settings.topics.dlq])
+        kafka_service = restart_kafka_node(kafka_service, timeout_s=60)  # same port, same log
         publisher.join(timeout=60)
         deadline = time.monotonic() + 60
         while bridge.stats.inflight and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyspark
 
+from iotwatch.jars import spark_kafka_connector
 from iotwatch.stack.process import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -41,6 +42,9 @@ class StandaloneCluster:
             "spark.executor.memory=1g",
             "--conf",
             "spark.ui.enabled=false",
+            # Spark's Kafka connector, as a cluster deployment passes it (or --packages)
+            "--jars",
+            ",".join(str(jar) for jar in spark_kafka_connector().jars()),
             str(script),
             *args,
         ]

@@ -1,5 +1,5 @@
 """Faults through the whole ingestion path in one run (issue 12's acceptance): real MQTT
-clients publish to mosquitto, ``Gateway`` forwards to the Kafka-protocol broker and one
+clients publish to mosquitto, ``Gateway`` forwards to Apache Kafka and one
 running streaming job (Spark local, fleet scoring on) scores, dead-letters and archives.
 
 One gateway and one job serve every test of this module (the job's start-up is most of

@@ -2,7 +2,7 @@
 
 A real master and worker (two JVMs) run on this machine; ``spark-submit --master
 spark://…  streaming/job.py --available-now`` runs the job with its executors in the
-worker, against the real Kafka-protocol broker, and every record is accounted for.
+worker, against the real Apache Kafka broker, and every record is accounted for.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""Run one ``iotwatch bench`` command and keep its JSON result as a file under ``results/``.
+
+    python benchmarks/record.py stream [bench options...]
+    python benchmarks/record.py gateway --processes 2
+
+The file (``results/<UTC date>-<bench>-<n>.json``) holds the command, the git commit, a
+description of the machine (cores, memory, CPU model, load average when it started) and the
+bench's own JSON, so every figure the documentation quotes can be traced to a run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, object]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=RESULTS.parent)
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=RESULTS.parent)
+    return out.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    bench, options = argv[0], argv[1:]
+    command = ["iotwatch", "bench", bench, *options, "--json"]
+    started = dt.datetime.now(dt.UTC)
+    record = {"bench": bench, "command": " ".join(command), "started": started.isoformat(timespec="seconds")}
+    record.update(commit=commit(), machine=machine())
+    run = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if run.returncode != 0:
+        print(f"record: {' '.join(command)} failed with exit {run.returncode}", file=sys.stderr)
+        return run.returncode
+    record["result"] = json.loads(
+        run.stdout[run.stdout.index("\n{") + 1 :] if not run.stdout.startswith("{") else run.stdout
+    )
+    RESULTS.mkdir(exist_ok=True)
+    day = started.date().isoformat()
+    n = 1 + len(list(RESULTS.glob(f"{day}-{bench}-*.json")))
+    path = RESULTS / f"{day}-{bench}-{n}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

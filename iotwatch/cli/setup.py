@@ -1,0 +1,46 @@
+"""``iotwatch setup``: fetch the Java artifacts once, so every later run works offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from iotwatch.cli import emit, json_option
+
+
+@click.command()
+@click.option(
+    "--jars-from",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Install from a folder of jars downloaded elsewhere (a copy of another machine's "
+    "~/.iotwatch/jars, or one folder of jars) instead of resolving them with Maven.",
+)
+@json_option
+def setup(jars_from: Path | None, as_json: bool) -> None:
+    """Resolve Apache Kafka's broker and Spark's Kafka connector from Maven Central.
+
+    Each is resolved once with Maven into its own folder under ~/.iotwatch/jars (or
+    IOTWATCH_JARS_DIR); a folder already there is kept, so running this again needs no network.
+    """
+    from iotwatch.jars import all_sets, install
+
+    result = {}
+    for jar_set in all_sets():
+        already = jar_set.installed()
+        folder = install(jar_set, jars_from=jars_from)
+        result[jar_set.name] = {
+            "coordinates": list(jar_set.coordinates),
+            "folder": str(folder),
+            "jars": len(jar_set.jars()),
+            "fetched": not already,
+        }
+    emit(result, as_json, _render)
+
+
+def _render(result: dict[str, dict[str, Any]]) -> None:
+    for name, entry in result.items():
+        how = "fetched" if entry["fetched"] else "already there"
+        coordinate = entry["coordinates"][0]
+        click.echo(f"{name:<16}{coordinate:<52}{entry['jars']:>3} jars in {entry['folder']} ({how})")
