@@ -74,11 +74,15 @@ def viewer_consumer(
     ``since_ms``). Waits for the topic when the streaming job has not created it yet; returns
     the consumer and the partition count."""
     topic = settings.topics.alerts
-    partitions = list_topics(settings.kafka).get(topic)  # fails fast, in one line, when Kafka is down
-    if partitions is None:
+
+    def count() -> int:  # fails fast, in one line, when Kafka is down or refuses this user the topic
+        return topic_partitions(settings.kafka, [topic], "READ")[topic]
+
+    partitions = count()
+    if not partitions:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", topic)
-        while partitions is None and not stop.wait(1.0):
-            partitions = list_topics(settings.kafka).get(topic)
+        while not partitions and not stop.wait(1.0):
+            partitions = count()
     consumer = Consumer(
         {
             **client_config(settings.kafka),
@@ -89,16 +93,15 @@ def viewer_consumer(
             "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
         }
     )
-    count = partitions or 0
     if start == "since" and since_ms is not None:
-        wanted = [TopicPartition(topic, p, since_ms) for p in range(count)]
+        wanted = [TopicPartition(topic, p, since_ms) for p in range(partitions)]
         found = consumer.offsets_for_times(wanted, timeout=10.0) if wanted else []
         assignment = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
     else:
         offset = OFFSET_BEGINNING if start == "earliest" else OFFSET_END
-        assignment = [TopicPartition(topic, p, offset) for p in range(count)]
+        assignment = [TopicPartition(topic, p, offset) for p in range(partitions)]
     consumer.assign(assignment)
-    return consumer, count
+    return consumer, partitions
 
 
 #: Event time is shown beside the detection time when the two are further apart than this
@@ -317,7 +320,7 @@ def _commit_positions(consumer: Consumer) -> None:
         log.warning("could not commit the tail's position: %s", exc)
 
 
-def _check_error(settings: Settings, group_id: str, message: Message) -> None:
+def _check_error(settings: Settings, group_id: str | None, message: Message) -> None:
     """Log a consumer error; a refusal by the broker's ACLs ends the tail in one line."""
     error = message.error()
     raise_if_refused(settings.kafka, error, "READ", message.topic() or settings.topics.alerts)
