@@ -26,6 +26,19 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _positive_duration(text: str, option: str) -> float:
+    """Seconds from ``30m``, ``2h``...; a usage error naming ``option`` for anything else or zero."""
+    from alerts.records import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0", param_hint=option)
+    return seconds
+
+
 def _alerts_settings(**update: Any) -> AlertsSettings:
     try:
         base = AlertsSettings()
@@ -57,16 +70,24 @@ def common_options(kind: str, limit_help: str) -> Any:
         else click.option(
             "--from-beginning",
             is_flag=True,
-            help="A group with no committed offsets starts at the "
-            "oldest alert instead of the newest; otherwise it "
-            "resumes.",
+            help="Start at the oldest retained alert instead of the newest (with --group: only where the "
+            "group has committed nothing).",
         )
     )
+    group_help = (
+        f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
+        if kind == "FORWARD"
+        else "Read as a member of this consumer group (offsets committed: the next run resumes; members split "
+        "the partitions). Without it (and IOTWATCH_ALERTS_TAIL_GROUP_ID unset) the tail reads every partition "
+        "in no group, so every viewer sees every alert."
+    )
     options = [
-        click.option("--group", "group_id", help=f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."),
+        click.option("--group", "group_id", help=group_help),
         start,
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
-        click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds."),
+        click.option(
+            "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+        ),
     ]
     return stacked(options)
 
@@ -94,6 +115,12 @@ def stacked(options: list[Any]) -> Any:
 @click.option("--device", "devices", multiple=True, help="Only this device id (repeatable).")
 @click.option("--state", "states", multiple=True, type=click.Choice(STATES), help="Only raised or only cleared.")
 @click.option(
+    "--since",
+    "since",
+    metavar="DURATION",
+    help="Start at the alerts written in the last DURATION (e.g. 30m, 1h, 2d) instead of now.",
+)
+@click.option(
     "--plain",
     is_flag=True,
     help="One coloured line per alert, starting with its detection time (ISO 8601 "
@@ -119,23 +146,35 @@ def tail(
     rules: tuple[str, ...],
     devices: tuple[str, ...],
     states: tuple[str, ...],
+    since: str | None,
     plain: bool,
     rows: int,
     as_json: bool,
 ) -> None:
     """Follow the alert topic: a live, colour-coded table of the latest alerts (a clear replaces its raise;
-    ages since the first event and since detection refresh every second).
+    ages since detection refresh every second).
 
-    --json prints each matching alert as one JSON object per line instead, for scripts.
-    Offsets are committed in the group, so the next run resumes where this one stopped.
+    A viewer: it reads every partition in no consumer group, so everyone tailing sees every
+    alert; it starts now, at the oldest alert (--from-beginning) or --since ago. --group makes it
+    a group member that commits its offsets and resumes. --json prints each matching alert as
+    one JSON object per line instead, for scripts. Ctrl-C or SIGTERM stops it (exit 0, with its counts).
     """
     from alerts.records import AlertFilter
     from alerts.tail import TailOptions, run_tail
 
     settings = app.settings
     config = _alerts_settings()
+    group = group_id or config.tail_group_id
+    since_s = None
+    if since is not None:
+        since_s = _positive_duration(since, "--since")
+        if from_beginning:
+            raise click.UsageError("--since and --from-beginning choose the start twice: give one")
+        if group is not None:
+            raise click.UsageError("--since is for a viewer: a group member resumes at its committed offsets")
     options = TailOptions(
-        group_id=group_id or config.tail_group_id,
+        group_id=group,
+        since_s=since_s,
         from_beginning=from_beginning,
         alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states),
         as_json=as_json,
@@ -145,11 +184,10 @@ def tail(
         max_rows=rows,
     )
     counts = run_tail(settings, config, options, _stop_on_signals())
-    if not as_json:
-        click.echo(
-            f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, {counts['malformed']} malformed",
-            err=True,
-        )
+    click.echo(  # on stderr: stdout stays the alerts (JSON lines with --json)
+        f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, {counts['malformed']} malformed",
+        err=True,
+    )
 
 
 @alerts.command()
@@ -282,13 +320,23 @@ def _user_option(help_text: str) -> Any:
     "--severity", type=click.Choice(SEVERITIES), help="Minimum severity (critical > major > minor > warning)."
 )
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")
+@click.option("--all", "show_all", is_flag=True, help="Every matching alert (no --limit).")
 @json_option
 @pass_app
 def list_alerts(
-    app: AppContext, open_only: bool, sites: tuple[str, ...], severity: str | None, limit: int, as_json: bool
+    app: AppContext,
+    open_only: bool,
+    sites: tuple[str, ...],
+    severity: str | None,
+    limit: int,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """The current state of alerts, folded from the alert and alert-state topics: open first, most
-    severe first, newest first; who acknowledged what, and which silence mutes an alert."""
+    severe first, newest first; who acknowledged what, and which silence mutes an alert.
+
+    The footer says how many of how many are shown; --json prints {"total", "shown",
+    "truncated", "alerts"}."""
     from alerts.book import load_book
     from alerts.views import alerts_table
 
@@ -299,8 +347,15 @@ def list_alerts(
             "(--log-level WARNING names them)",
             err=True,
         )
-    views = list(book.select(open_only=open_only, sites=sites, min_severity=severity))[:limit]
-    emit([v.as_dict() for v in views], as_json, lambda _: alerts_table(views, book))
+    matching = list(book.select(open_only=open_only, sites=sites, min_severity=severity))
+    views = matching if show_all else matching[:limit]
+    result = {
+        "total": len(matching),
+        "shown": len(views),
+        "truncated": len(views) < len(matching),
+        "alerts": [v.as_dict() for v in views],
+    }
+    emit(result, as_json, lambda _: alerts_table(views, book, len(matching)))
 
 
 def _ack_options(who: str, note: str) -> Any:
@@ -374,15 +429,9 @@ def silence(
     """Mute notifications of matching alerts for a while (every matcher given must match). Alerts are
     still recorded and listed; the forwarder does not send them."""
     from alerts.actions import add_silence
-    from alerts.records import parse_duration
     from iotwatch.contract.oncall import Matchers
 
-    try:
-        seconds = parse_duration(duration)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--for") from None
-    if seconds <= 0:
-        raise click.BadParameter("must be longer than 0", param_hint="--for")
+    seconds = _positive_duration(duration, "--for")
     created = add_silence(app.settings, Matchers(site, device_id, rule, severity), seconds, by, comment)
     emit(
         _silence_dict(created),
@@ -408,7 +457,7 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
         (s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
         key=lambda s: -s.starts_at_ms,
     )
-    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now))
+    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
 
 
 @alerts.command()

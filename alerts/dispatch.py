@@ -116,10 +116,14 @@ class Dispatcher:
             for message in follower.catch_up():
                 self.apply(message)
             log.info(
-                "alerts forward: state rebuilt (%d alerts, %d silences, %d groups notified before)",
+                "alerts forward: state rebuilt (%d alerts, %d silences, %d groups notified before); following %s "
+                "on Kafka %s -> receivers %s; Ctrl-C or SIGTERM stops",
                 len(self.book.alerts),
                 len(self.book.silences),
                 len(self.sent),
+                topics.alerts,
+                self.settings.kafka.bootstrap_servers,
+                ", ".join(sorted(self.tree.receivers)),
             )
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 for message in follower.poll(tick_s):

@@ -158,6 +158,13 @@ class Forwarder:
         consumer = group_consumer(
             self.settings, self.alerts, self.options.group_id, self.options.from_beginning, auto_commit=False
         )
+        log.info(
+            "alerts forward: %s on Kafka %s (group %s) -> webhook %s; Ctrl-C or SIGTERM stops",
+            self.settings.topics.alerts,
+            self.settings.kafka.bootstrap_servers,
+            self.options.group_id,
+            self.webhook.name,
+        )
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s is not None else None
         self.deadline = deadline
         next_prune = 0.0

@@ -1,8 +1,11 @@
-"""``iotwatch alerts tail``: follow the alert topic in a consumer group, for people or scripts.
+"""``iotwatch alerts tail``: watch the alert topic, for people or scripts.
 
-Offsets are committed (per user group by default), so an on-call engineer who reopens the
-tail continues where they stopped; ``--from-beginning`` only matters for a group that has
-committed nothing yet (Kafka's ``auto.offset.reset``).
+A tail is a viewer by default: it reads every partition of the topic itself (no consumer
+group, nothing committed), so any number of people tailing at once each see every alert.
+It starts at the newest alert, at the oldest retained one (``--from-beginning``) or at the
+first one detected in the last ``--since`` (Kafka's offsets by timestamp). ``--group`` makes
+it a group member instead, for a worker that must resume where it stopped: offsets are
+committed, and members of one group split the partitions between them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -63,8 +66,57 @@ def group_consumer(
     return consumer
 
 
-def age_s(event_ms: int, now_ms: float) -> float:
-    return (now_ms - event_ms) / 1000
+def viewer_consumer(
+    settings: Settings, start: str, since_ms: int | None, stop: threading.Event
+) -> tuple[Consumer, int]:
+    """A consumer assigned every partition of the alert topic, in no group (nothing committed),
+    positioned at ``start`` (``latest``, ``earliest`` or ``since``: the first record at or after
+    ``since_ms``). Waits for the topic when the streaming job has not created it yet; returns
+    the consumer and the partition count."""
+    topic = settings.topics.alerts
+
+    def count() -> int:  # fails fast, in one line, when Kafka is down or refuses this user the topic
+        return topic_partitions(settings.kafka, [topic], "READ")[topic]
+
+    partitions = count()
+    if not partitions:
+        log.warning("topic %s does not exist yet; waiting for the streaming job to create it", topic)
+        while not partitions and not stop.wait(1.0):
+            partitions = count()
+    consumer = Consumer(
+        {
+            **client_config(settings.kafka),
+            "group.id": "iotwatch-alerts-viewer",  # required by the client; never joined (assign), never committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "client.id": "iotwatch-alerts-tail",
+            "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
+        }
+    )
+    if start == "since" and since_ms is not None:
+        wanted = [TopicPartition(topic, p, since_ms) for p in range(partitions)]
+        found = consumer.offsets_for_times(wanted, timeout=10.0) if wanted else []
+        assignment = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
+    else:
+        offset = OFFSET_BEGINNING if start == "earliest" else OFFSET_END
+        assignment = [TopicPartition(topic, p, offset) for p in range(partitions)]
+    consumer.assign(assignment)
+    return consumer, partitions
+
+
+#: Event time is shown beside the detection time when the two are further apart than this
+#: (a device clock off, a backlog, or a simulator's --speedup moving event time).
+EVENT_TIME_SHOWN_AFTER_MS = 60_000
+
+
+def age_s(at_ms: int, now_ms: float) -> float:
+    return (now_ms - at_ms) / 1000
+
+
+def event_time_if_apart(alert: AlertRecord) -> str:
+    """The episode's first event time (ISO 8601 UTC) when it is far from the detection time, else ''."""
+    apart = abs(alert.detected_at_ms - alert.first_event_ms) > EVENT_TIME_SHOWN_AFTER_MS
+    return alert.first_event_time if apart else ""
 
 
 def _detail(alert: AlertRecord) -> str:
@@ -109,7 +161,7 @@ class TailView:
             ("sev", {"no_wrap": True}),
             ("state", {"no_wrap": True}),
             ("age", {"justify": "right", "no_wrap": True}),
-            ("detected", {"justify": "right", "no_wrap": True}),
+            ("event time", {"no_wrap": True}),
             ("device", {}),
             ("type", {}),
             ("site", {}),
@@ -129,8 +181,8 @@ def _cells(alert: AlertRecord, now_ms: float) -> list[Text | str]:
     return [
         Text(alert.severity.upper(), style=sev_style),
         Text(alert.state, style="green" if cleared else "bold"),
-        human_age(age_s(alert.first_event_ms, now_ms)),
         human_age(age_s(alert.detected_at_ms, now_ms)),
+        Text(event_time_if_apart(alert), style="dim"),
         alert.device_id,
         alert.device_type,
         alert.site,
@@ -141,22 +193,27 @@ def _cells(alert: AlertRecord, now_ms: float) -> list[Text | str]:
 
 def line(alert: AlertRecord, now_ms: float | None = None) -> Text:
     """One coloured line per alert, for a terminal that is not interactive or ``--plain``: the
-    clock time of detection (ISO 8601 UTC) first, for logs read later."""
-    cells = _cells(alert, now_ms if now_ms is not None else time.time() * 1000)
+    clock time of detection (ISO 8601 UTC) first, for logs read later; the age since detection
+    only when the alert is shown late (an alert printed as it arrives is as old as the line), the
+    event time only when it is far from the detection time."""
+    now = now_ms if now_ms is not None else time.time() * 1000
+    cells = _cells(alert, now)
+    late = age_s(alert.detected_at_ms, now) >= 2
     out = Text(f"{alert.detected_at} ")
     for i, cell in enumerate(cells):
-        label = ("", "", "age ", "detected ", "", "", "", "", "")[i]
-        out.append(
-            label + (cell.plain if isinstance(cell, Text) else cell) + " ",
-            style=cell.style if isinstance(cell, Text) else "",
-        )
+        text = cell.plain if isinstance(cell, Text) else cell
+        if i == 2 and not late or i == 3 and not text:
+            continue
+        label = ("", "", "age ", "event time ", "", "", "", "", "")[i]
+        out.append(label + text + " ", style=cell.style if isinstance(cell, Text) else "")
     return out
 
 
 @dataclass
 class TailOptions:
-    group_id: str
+    group_id: str | None = None  # None: a viewer of every partition, in no group
     from_beginning: bool = False
+    since_s: float | None = None  # a viewer starts at alerts detected this many seconds ago
     alert_filter: AlertFilter = field(default_factory=AlertFilter)
     as_json: bool = False
     limit: int | None = None
@@ -170,8 +227,23 @@ def run_tail(
 ) -> dict[str, int]:
     """Consume and show alerts until ``stop``, ``limit`` shown alerts or ``timeout_s``; returns counts."""
     out = out if out is not None else sys.stdout
-    consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
-    view = TailView(f"{settings.topics.alerts} · group {options.group_id}", options.max_rows)
+    since_ms: int | None = None
+    if options.group_id is not None:
+        consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
+        where = f"group {options.group_id}"
+    else:
+        start = "since" if options.since_s is not None else "earliest" if options.from_beginning else "latest"
+        since_ms = int(time.time() * 1000 - options.since_s * 1000) if options.since_s is not None else None
+        consumer, partitions = viewer_consumer(settings, start, since_ms, stop)
+        where = f"{partitions} partition(s), no group"
+    log.info(
+        "alerts tail: following %s on Kafka %s (%s), from %s",
+        settings.topics.alerts,
+        settings.kafka.bootstrap_servers,
+        where,
+        _start_words(options),
+    )
+    view = TailView(f"{settings.topics.alerts} · {where}", options.max_rows)
     console = Console(file=out, highlight=False, soft_wrap=not options.live)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s is not None else None
     live = (
@@ -192,14 +264,27 @@ def run_tail(
             if message.error() is not None:
                 _check_error(settings, options.group_id, message)
                 continue
+            if since_ms is not None and message.timestamp()[1] < since_ms:
+                continue  # written before the window (a broker may answer offsets by time coarsely)
             _handle(message, view, options, console, out)
-            consumer.store_offsets(message=message)
+            if options.group_id is not None:
+                consumer.store_offsets(message=message)
     finally:
         if live is not None:
             live.stop()
-        _commit_positions(consumer)
+        if options.group_id is not None:
+            _commit_positions(consumer)
         consumer.close()
     return {"shown": view.shown, "filtered": view.filtered, "malformed": view.malformed}
+
+
+def _start_words(options: TailOptions) -> str:
+    if options.group_id is not None:
+        otherwise = "the oldest alert" if options.from_beginning else "now"
+        return f"the group's committed offsets (else {otherwise})"
+    if options.since_s is not None:
+        return f"alerts detected in the last {human_age(options.since_s)}"
+    return "the oldest retained alert" if options.from_beginning else "now (new alerts only)"
 
 
 def _handle(message: Message, view: TailView, options: TailOptions, console: Console, out: TextIO) -> None:
@@ -235,7 +320,7 @@ def _commit_positions(consumer: Consumer) -> None:
         log.warning("could not commit the tail's position: %s", exc)
 
 
-def _check_error(settings: Settings, group_id: str, message: Message) -> None:
+def _check_error(settings: Settings, group_id: str | None, message: Message) -> None:
     """Log a consumer error; a refusal by the broker's ACLs ends the tail in one line."""
     error = message.error()
     raise_if_refused(settings.kafka, error, "READ", message.topic() or settings.topics.alerts)
@@ -247,4 +332,4 @@ def _check_error(settings: Settings, group_id: str, message: Message) -> None:
         log.warning("Kafka: %s", error)
 
 
-__all__ = ["TailOptions", "TailView", "group_consumer", "line", "run_tail"]
+__all__ = ["TailOptions", "TailView", "group_consumer", "line", "run_tail", "viewer_consumer"]

@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
 from alerts.records import human_age
 from alerts.tail import SEVERITY_STYLE
+from iotwatch.cli import output_console
 from iotwatch.contract.oncall import Silence
 
 STATUS_STYLE = {OPEN: "bold red", ACKNOWLEDGED: "yellow"}
 
 
-def console() -> Console:
-    """The terminal's width, or wide enough for whole rows when piped (grep, less -S)."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 250)
+console = output_console
 
 
-def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
+def shown_of(shown: int, total: int, noun: str, order: str) -> str:
+    """The footer of a list: what it shows of what there is, and how to see the rest.
+
+    >>> shown_of(50, 2350, "alerts", "newest first")
+    '50 of 2,350 alerts (newest first; --limit N or --all)'
+    >>> shown_of(3, 3, "alerts", "newest first")
+    '3 alerts (newest first)'
+    >>> shown_of(1, 1, "dead letters", "newest first")
+    '1 dead letter (newest first)'
+    """
+    noun = noun.removesuffix("s") if total == 1 else noun
+    if shown < total:
+        return f"{shown:,} of {total:,} {noun} ({order}; --limit N or --all)"
+    return f"{total:,} {noun} ({order})"
+
+
+def alerts_table(views: Sequence[AlertView], book: AlertBook, total: int) -> None:
     now = int(time.time() * 1000)
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("id", "status", "sev", "rule", "device", "site", "age", "acknowledged", "silenced"):
@@ -49,10 +62,10 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook) -> None:
         )
     out = console()
     out.print(table)
-    out.print(f"{len(views)} alert(s)", style="dim")
+    out.print(shown_of(len(views), total, "alerts", "open first, most severe first, newest first"), style="dim")
 
 
-def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
+def silences_table(silences: Sequence[Silence], now_ms: int, ended_too: bool) -> None:
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("id", "matchers", "ends", "by", "comment"):
         table.add_column(name)
@@ -66,4 +79,5 @@ def silences_table(silences: Sequence[Silence], now_ms: int) -> None:
         table.add_row(item.silence_id, item.matchers.describe(), ends, item.created_by, item.comment or "")
     out = console()
     out.print(table)
-    out.print(f"{len(silences)} silence(s)", style="dim")
+    which = "active and ended, newest first" if ended_too else "active, newest first; --all for ended ones"
+    out.print(shown_of(len(silences), len(silences), "silences", which), style="dim")

@@ -117,7 +117,8 @@ def dashboard() -> Dashboard:
                 height=9,
                 description="Gateway received and forwarded (rate of its cumulative counters, all instances) "
                 "and the streaming job's input and processed rows per second. The lines should "
-                "track each other; a gap between received and forwarded is data waiting in the gateway.",
+                "track each other; received is forwarded plus dead-lettered, so a gap between received and "
+                "forwarded is dead letters or data waiting in the gateway.",
                 targets=[
                     gateway_rate("received", "gateway received"),
                     gateway_rate("forwarded", "gateway forwarded"),

@@ -106,7 +106,7 @@ def dashboard() -> Dashboard:
                 decimals=1,
                 thresholds=thresholds(BLUE),
                 width=4,
-                description="Messages per second confirmed by Kafka.",
+                description="Readings per second confirmed by Kafka on the raw topic (dead letters not included).",
                 targets=[rate("forwarded", "forwarded")],
             ),
         ],
@@ -117,7 +117,8 @@ def dashboard() -> Dashboard:
             TimeSeries(
                 title="Received and forwarded",
                 unit=MSG_PER_S,
-                description="Per-second rates of the cumulative counters (restarts at 0 are ignored).",
+                description="Per-second rates of the cumulative counters (restarts at 0 are ignored); "
+                "received = forwarded + dead-lettered + in flight.",
                 targets=[
                     rate("received", "received", alias="$tag_instance received"),
                     rate("forwarded", "forwarded", alias="$tag_instance forwarded"),

@@ -7,6 +7,7 @@ counters and merges the workers' summaries and ground truth.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import resource
@@ -14,6 +15,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from devices.simulation import Simulation
 from iotwatch.contract.ground_truth import write_ground_truth
 from iotwatch.settings import MqttSettings
 from iotwatch.stats import quantiles
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RunOptions", "run"]
 
@@ -62,9 +67,16 @@ def _shard_quota(count: int | None, shard: int, shards: int) -> int | None:
 
 
 def _run_shard(
-    config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any
+    config: SimConfig,
+    options: RunOptions,
+    shard: int,
+    shards: int,
+    counters: Any,
+    stop: Any,
+    announce: str | None = None,
 ) -> dict[str, Any]:
-    """One shard from connect to disconnect; returns its partial summary."""
+    """One shard from connect to disconnect; returns its partial summary. ``announce`` is
+    logged once connected (what the run does, where)."""
     sim = Simulation(config, shard, shards, count_limit=_shard_quota(config.count, shard, shards))
     devices = [
         (int(uid), topic) for g in sim.groups for uid, topic in zip(g.uid.tolist(), g.status_topics, strict=True)
@@ -80,6 +92,8 @@ def _run_shard(
         max_inflight=options.max_inflight,
     )
     publisher.connect()
+    if announce:
+        log.info("%s", announce)
     commands = _command_handler(sim, options, shard) if options.obey_commands else None
     if options.qos:
         # paho's network threads must get the GIL often enough to handle PUBACKs while
@@ -131,6 +145,8 @@ def _run_shard(
         "errors": publisher.errors,
         "status_messages": publisher.status_sent,
         "readings": sim.readings,
+        "withheld": sim.withheld,
+        "extra_copies": sim.extra_copies,
         "unacked": publisher.unacked(),
         "wall_s": wall,
         "by_device_type": {sim.type_names[g]: n for g, n in publisher.by_group.items()},
@@ -167,7 +183,8 @@ def _command_handler(sim: Simulation, options: RunOptions, shard: int) -> Device
 def _worker(
     config: SimConfig, options: RunOptions, shard: int, shards: int, counters: Any, stop: Any, results: Any
 ) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # the parent decides when to stop
     try:
         results.put((shard, _run_shard(config, options, shard, shards, counters, stop)))
     except BaseException as exc:
@@ -236,25 +253,56 @@ def default_start_ms(config: SimConfig, options: RunOptions) -> int:
     return now - int((span_s or 0.0) * 1000)
 
 
+#: What ends a run early, with its summary: Ctrl-C and SIGTERM, to the process or its group.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
+    """While inside: :data:`STOP_SIGNALS` set ``stop`` (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _announcement(
+    config: SimConfig, options: RunOptions, device_counts: dict[str, int], target_rate: float | None
+) -> str:
+    """What a run does and where, said on start."""
+    fleet = ", ".join(f"{n} {t}" for t, n in sorted(device_counts.items()) if n) or "replayed streams"
+    rate = "as fast as possible" if target_rate is None else f"{target_rate:,.1f} msg/s"
+    speed = f" (event time x{options.speedup:g})" if options.speedup != 1 else ""
+    if config.duration_s is not None:
+        length = f"for {config.duration_s:g} s of event time"
+    elif config.count is not None:
+        length = f"for {config.count:,} readings"
+    else:
+        length = "until stopped"
+    where = f"publishing to MQTT {options.mqtt.url} at {rate}{speed}"
+    return f"simulate: {fleet} {where}, {length}; Ctrl-C or SIGTERM stops"
+
+
 def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
     """Run the simulation, return the summary (and write the ground truth)."""
     processes = max(1, options.processes)
     fleet_msgs, device_counts = fleet_rate(config)
     target_rate = None if options.as_fast_as_possible else (config.target_rate or fleet_msgs) * options.speedup
     started = time.monotonic()
+    announce = _announcement(config, options, device_counts, target_rate)
     if processes == 1:
         counters: Any = [0] * _COUNTERS
         stop: Any = threading.Event()
-        previous = signal.getsignal(signal.SIGINT)
-        in_main = threading.current_thread() is threading.main_thread()
-        if in_main:
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-        try:
+        with _stopped_by_signals(stop):
             with _Progress(options.progress, target_rate, counters, 1):
-                parts = [_run_shard(config, options, 0, 1, counters, stop)]
-        finally:
-            if in_main:
-                signal.signal(signal.SIGINT, previous)
+                parts = [_run_shard(config, options, 0, 1, counters, stop, announce)]
         interrupted = stop.is_set()
     else:
         ctx = mp.get_context("spawn")
@@ -272,21 +320,22 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
         ]
         for worker in workers:
             worker.start()
+        log.info("%s (%d processes)", announce, processes)
         collected: dict[int, dict[str, Any]] = {}
-        interrupted = False
-        with _Progress(options.progress, target_rate, counters, processes):
+        signalled = threading.Event()
+        with _stopped_by_signals(signalled), _Progress(options.progress, target_rate, counters, processes):
             while len(collected) < processes:
+                if signalled.is_set():
+                    stop.set()
                 try:
                     shard, part = results.get(timeout=0.2)
                     collected[shard] = part
                     if "error" in part:
                         stop.set()
-                except KeyboardInterrupt:
-                    interrupted = True
-                    stop.set()
                 except Exception:
                     if not any(w.is_alive() for w in workers) and results.empty():
                         break
+        interrupted = signalled.is_set()
         for worker in workers:
             worker.join(timeout=10)
         errors = [p["error"] for p in collected.values() if "error" in p]
@@ -352,6 +401,8 @@ def _merge(
         "sent": sent,
         "errors": sum(p["errors"] for p in parts),
         "readings": sum(p["readings"] for p in parts),
+        "withheld": sum(p["withheld"] for p in parts),
+        "extra_copies": sum(p["extra_copies"] for p in parts),
         "status_messages": sum(p["status_messages"] for p in parts),
         "unacked": sum(p["unacked"] for p in parts),
         "by_device_type": total("by_device_type"),

@@ -382,13 +382,46 @@ def _check_kinds(config: SimConfig) -> None:
             raise click.UsageError(str(exc)) from None
         if rate <= 0:
             raise click.UsageError(f"{options[0]} has no effect without {options[1]} (a rate above 0)")
+    _check_anomaly_window(config)
+
+
+def _check_anomaly_window(config: SimConfig) -> None:
+    """--anomalies-after must leave --anomaly-rate some event time to inject in."""
+    after = config.anomalies_after_s
+    if after > 0 and config.anomaly_rate <= 0:
+        raise click.UsageError("--anomalies-after has no effect without --anomaly-rate (a rate above 0)")
+    if config.anomaly_rate > 0 and config.duration_s is not None and after >= config.duration_s:
+        raise click.UsageError(
+            f"--anomalies-after {after:g} is not before the end of --duration {config.duration_s:g}: "
+            "no anomaly would be injected"
+        )
+
+
+def readings_line(summary: dict[str, Any]) -> str:
+    """How the messages sent (the table's total) follow from the readings generated.
+
+    >>> print(readings_line({"readings": 600, "withheld": 4, "extra_copies": 2, "sent": 598,
+    ...                      "status_messages": 3, "errors": 0}))  # doctest: +NORMALIZE_WHITESPACE
+    readings 600 generated, 4 withheld by injected dropouts, 2 extra copies (duplicate faults):
+    598 sent as telemetry messages; status messages 3; errors 0
+    """
+    expected = summary["readings"] - summary["withheld"] + summary["extra_copies"]
+    pending = expected - summary["sent"]
+    return (
+        f"readings {summary['readings']:,} generated, {summary['withheld']:,} withheld by injected dropouts, "
+        f"{summary['extra_copies']:,} extra copies (duplicate faults)"
+        + (f", {pending:,} delayed by faults past the end or not sent when stopped" if pending else "")
+        + f": {summary['sent']:,} sent as telemetry messages; status messages {summary['status_messages']:,}; "
+        f"errors {summary['errors']:,}"
+    )
 
 
 def _render(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     table = Table(title="iotwatch simulate", show_header=True)
     table.add_column("device type")
     table.add_column("devices", justify="right")
@@ -409,10 +442,7 @@ def _render(summary: dict[str, Any]) -> None:
         f"{summary['virtual_s']:,.0f} s of event time; qos {summary['qos']}; "
         f"{summary['processes']} process(es), {summary['connections']} connection(s)"
     )
-    console.print(
-        f"readings {summary['readings']:,}, status messages {summary['status_messages']:,}, "
-        f"errors {summary['errors']:,}"
-    )
+    console.print(readings_line(summary))
     if summary["publish_latency"]:
         lat = summary["publish_latency"]
         console.print(

@@ -45,7 +45,9 @@ class Simulation:
         self.injector = Injector(config, self.groups, self.rng)
         self.now_ms = config.start_ms
         self.tick_ms = config.tick_ms
-        self.readings = 0
+        self.readings = 0  # generated; messages sent = readings - withheld + extra_copies (+ those delayed)
+        self.withheld = 0  # readings an injected dropout kept from being sent
+        self.extra_copies = 0  # copies sent by duplicate faults, beyond the original
         self.remaining = count_limit
         self.events: dict[str, int] = {}
         self._delayed: list[tuple[int, int, Outgoing]] = []
@@ -176,6 +178,7 @@ class Simulation:
         else:
             for r, (uid, i, payload) in enumerate(zip(uids, idx.tolist(), payloads, strict=True)):
                 if r in effects.suppress:
+                    self.withheld += 1
                     continue
                 message = (uid, topics[i], payload, gi)
                 actives = effects.transport.get(r)
@@ -189,6 +192,7 @@ class Simulation:
                         message = (uid, topics[i], corrupt(payload, params["variant"]), gi)
                     elif active.kind.name == "duplicate":
                         copies += int(params["copies"])
+                        self.extra_copies += int(params["copies"])
                     elif active.kind.name == "out_of_order":
                         delay_ms = max(delay_ms, int((params["depth"] + 0.5) * group.interval[i]))
                     elif active.kind.name == "late" and active.kind.category == TRANSPORT:

@@ -103,11 +103,21 @@ def parse_assignments(pairs: tuple[str, ...]) -> TwinProperties:
         key, sep, value = pair.partition("=")
         if not sep or key not in TWIN_PROPERTIES:
             raise IotwatchError(f"{pair!r}: expected key=value with key one of {', '.join(TWIN_PROPERTIES)}")
+        try:
+            msgspec.convert({key: value}, TwinProperties, strict=False)
+        except msgspec.ValidationError:
+            raise IotwatchError(f"{pair!r}: {key} takes {_EXPECTED_VALUE[key]}") from None
         values[key] = value
-    try:
-        return msgspec.convert(values, TwinProperties, strict=False)
-    except msgspec.ValidationError as exc:
-        raise IotwatchError(f"twin properties: {exc}") from None
+    return msgspec.convert(values, TwinProperties, strict=False)
+
+
+#: What each twin property takes, in the words of an operator's error message.
+_EXPECTED_VALUE = {
+    "setpoint_c": "a number of degrees Celsius, e.g. setpoint_c=19.5",
+    "valve": "open or closed",
+    "limp_mode": "true or false",
+    "firmware": "a version of at most 64 characters, e.g. firmware=1.2.0",
+}
 
 
 def set_desired(

@@ -49,6 +49,7 @@ from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.contract.device_topics import parse_device_topic
+from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import ContractViolation, decode_telemetry
 from iotwatch.errors import IotwatchError, ServiceUnavailable
 from iotwatch.settings import Settings
@@ -109,6 +110,8 @@ class Gateway:
         self._producer = self._make_producer()
         self._mqtt = self._make_mqtt()
         self._poller = threading.Thread(target=self._poll_kafka, name="gateway-kafka-poll", daemon=True)
+        self._kafka_checker = threading.Thread(target=self._check_kafka, name="gateway-kafka-check", daemon=True)
+        self._disconnecting = False  # a clean stop: the MQTT disconnect is ours, not a lost connection
         self._metrics_server: MetricsServer | None = None
         self._influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
 
@@ -158,6 +161,7 @@ class Gateway:
             )
             self._metrics_server.start()
         self._poller.start()
+        self._kafka_checker.start()
         self._open = True
         mqtt = self.settings.mqtt
         try:
@@ -178,8 +182,9 @@ class Gateway:
             self.stop(drain=False)
             raise ServiceUnavailable(f"MQTT broker {mqtt.url} did not confirm the subscription")
         log.info(
-            "gateway %s: %s -> Kafka %s (max in flight %d)",
+            "gateway %s: MQTT %s %s -> Kafka %s (max in flight %d)",
             self.instance,
+            mqtt.url,
             ", ".join(self._filters()),
             self.settings.kafka.bootstrap_servers,
             self.config.max_inflight,
@@ -207,7 +212,7 @@ class Gateway:
 
     def _on_disconnect(self, _client: paho.Client, _userdata: Any, _flags: Any, reason_code: Any, _props: Any) -> None:
         self.stats.mqtt_connected = False
-        if not self._stopped.is_set():
+        if not self._disconnecting:
             log.warning(
                 "MQTT connection lost (%s): reconnecting; unconfirmed messages will be redelivered", reason_code
             )
@@ -265,6 +270,7 @@ class Gateway:
             now_ms=now_ms,
             max_bytes=self.config.max_payload_bytes,
             max_future_skew_ms=self.config.max_future_skew_ms,
+            metrics_of=KNOWN_METRICS,
         )
         site, device_type, device_id, _kind = parse_device_topic(topic)
         if device_id != reading.device_id or site != reading.site or device_type != reading.device_type:
@@ -399,9 +405,7 @@ class Gateway:
         del self._pending[pending_id]
         now = time.monotonic()
         stats.inflight = len(self._pending)
-        stats.observe_delivery(now - pending.received_at)
-        if pending.reason is not None:
-            stats.dead_lettered[pending.reason] += 1
+        stats.observe_delivery(now - pending.received_at, pending.reason)
         stats.kafka_up = True
         self._last_delivery_at = now
         if pending.qos and pending.generation == self._generation:
@@ -450,6 +454,26 @@ class Gateway:
                 self._recreate_producer.clear()
                 self._replace_producer()
 
+    def _check_kafka(self) -> None:
+        """Ask the cluster for its metadata now and every ``kafka_check_interval_s``: Kafka's
+        state is known from the start and while idle, not only from delivery reports."""
+        interval = self.config.kafka_check_interval_s
+        first = True
+        while True:
+            try:
+                self._producer.list_topics(timeout=interval)
+                up, reason = True, ""
+            except KafkaException as exc:
+                up, reason = False, str(exc.args[0].str() if exc.args else exc)
+            was_up, self.stats.kafka_up = self.stats.kafka_up, up
+            if not up and (was_up or first):
+                log.error("Kafka %s unreachable (metadata request: %s)", self.settings.kafka.bootstrap_servers, reason)
+            elif up and not was_up:
+                log.info("Kafka %s answers", self.settings.kafka.bootstrap_servers)
+            first = False
+            if self._stopped.wait(interval):
+                return
+
     def _oldest_pending(self, default: float) -> float:
         pending = list(self._pending.values())  # a copy: the MQTT thread adds meanwhile
         return min((p.received_at for p in pending), default=default)
@@ -481,7 +505,7 @@ class Gateway:
         snap = self.stats.snapshot()
         if not snap["mqtt_connected"]:
             return False, "MQTT broker not connected"
-        if not snap["kafka_up"] and (snap["inflight"] or snap["received"] == 0 and snap["uptime_s"] > 10):
+        if not snap["kafka_up"]:
             return False, f"Kafka unreachable, {snap['inflight']} message(s) waiting"
         if snap["inflight"] >= self.config.max_inflight:
             return False, f"in-flight buffer full ({snap['inflight']}/{self.config.max_inflight}); backpressure on MQTT"
@@ -528,6 +552,7 @@ class Gateway:
                     self.stats.inflight,
                 )
         time.sleep(0.1)  # let the network thread send the last PUBACKs
+        self._disconnecting = True
         self._mqtt.disconnect()
         self._mqtt.loop_stop()
         self._shutdown_threads()
@@ -538,8 +563,9 @@ class Gateway:
 
     def _shutdown_threads(self) -> None:
         self._stopped.set()
-        if self._poller.is_alive():
-            self._poller.join(timeout=5)
+        for thread in (self._poller, self._kafka_checker):
+            if thread.is_alive():
+                thread.join(timeout=5)
         self._producer.flush(1.0)
         if self._metrics_server is not None:
             self._metrics_server.stop()

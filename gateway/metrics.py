@@ -37,9 +37,9 @@ class GatewayStats:
     devices_forgotten by the MQTT thread; the delivery counts by the Kafka poller), so the
     hot path takes no lock; ``lock`` serialises readers (snapshot, Prometheus)."""
 
-    received: int = 0
-    forwarded: int = 0
-    dead_lettered: Counter[str] = field(default_factory=Counter)
+    received: int = 0  # = forwarded + dead_lettered + inflight, at any moment
+    forwarded: int = 0  # readings Kafka confirmed on their topic (dead letters not included)
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason, confirmed on the dead-letter topic
     delivery_failures: int = 0  # Kafka errors on delivery; the message is produced again
     duplicates: int = 0  # seq not above the device's last forwarded seq (redelivery or device resend)
     seq_gaps: int = 0  # seqs skipped between consecutive messages of a device
@@ -54,9 +54,13 @@ class GatewayStats:
     started_at: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def observe_delivery(self, latency_s: float) -> None:
-        """Called by the one thread that serves delivery reports (each counter has one writer)."""
-        self.forwarded += 1
+    def observe_delivery(self, latency_s: float, dead_letter_reason: str | None) -> None:
+        """Called by the one thread that serves delivery reports (each counter has one writer):
+        a confirmed record is either forwarded or dead-lettered, never both."""
+        if dead_letter_reason is None:
+            self.forwarded += 1
+        else:
+            self.dead_lettered[dead_letter_reason] += 1
         self.latency_sum_s += latency_s
         self.recent_latencies_s.append(latency_s)
         self.latency_buckets[bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)] += 1
@@ -95,7 +99,7 @@ class _StatsCollector(Collector):
         with s.lock:
             for name, doc, value in (
                 ("received", "MQTT messages received", s.received),
-                ("forwarded", "messages confirmed by Kafka", s.forwarded),
+                ("forwarded", "readings confirmed by Kafka (dead letters not included)", s.forwarded),
                 ("delivery_failures", "Kafka delivery errors (message produced again)", s.delivery_failures),
                 ("duplicates", "messages whose seq was not above the device's last one", s.duplicates),
                 ("seq_gaps", "seqs missing between consecutive messages of a device", s.seq_gaps),

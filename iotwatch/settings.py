@@ -284,6 +284,12 @@ class GatewaySettings(_ConcernSettings):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(9108, description="Prometheus /metrics and /health; empty disables")
     status_interval_s: float = Field(10.0, gt=0, description="period of the status log line and InfluxDB metrics")
+    kafka_check_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="how often /health asks the Kafka cluster for its metadata (also when nothing is "
+        "being produced); a check waits at most this long for an answer",
+    )
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, wait this long for Kafka to confirm in-flight")
     stall_timeout_s: float = Field(
         30.0,
@@ -455,9 +461,10 @@ class AlertsSettings(_ConcernSettings):
     section: ClassVar[str] = "alerts"
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
 
-    tail_group_id: str = Field(
-        default_factory=lambda: f"iotwatch-alerts-tail-{user_name()}",
-        description="consumer group of `alerts tail` (per user, so each on-call person resumes where they left off)",
+    tail_group_id: str | None = Field(
+        None,
+        description="consumer group of `alerts tail` when set (committed offsets: resumes where it stopped, "
+        "members split the partitions); unset, each tail reads every partition in no group",
     )
     forward_group_id: str = Field(
         "iotwatch-alerts-forward",

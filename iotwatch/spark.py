@@ -143,7 +143,13 @@ def _launch_jvm(conf: Mapping[str, str]) -> None:
     spark_conf = SparkConf(loadDefaults=False)
     for key, value in conf.items():
         spark_conf.set(key, value)
-    gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT})
+    # A session of its own: Ctrl-C and a SIGTERM to the command's process group reach the command,
+    # which stops the query cleanly, not the JVM and its Python workers mid-batch (the JVM
+    # still ends with the command: it exits when its stdin, a pipe from here, closes).
+    gateway = launch_gateway(
+        spark_conf,
+        popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "start_new_session": True},
+    )
     JvmOutput(gateway.proc.stdout)
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 

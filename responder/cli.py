@@ -19,7 +19,9 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
     "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
     "crash -> emergency record).",
 )
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), help="Stop after this many seconds.")
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+)
 @json_option
 @pass_app
 def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:
@@ -44,10 +46,12 @@ def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, 
 @endpoint_options(kafka=True)
 @click.option("--device", "devices", multiple=True, help="Only this device (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")
+@click.option("--all", "show_all", is_flag=True, help="Every matching command (no --limit).")
 @json_option
 @pass_app
-def commands(app: AppContext, devices: tuple[str, ...], limit: int, as_json: bool) -> None:
-    """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome."""
+def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bool, as_json: bool) -> None:
+    """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome.
+    The footer says how many of how many are shown; --json prints {"total", "shown", "truncated", "commands"}."""
     from iotwatch.clients.kafka import read_to_end
     from iotwatch.contract.oncall import BadRecord, CommandAudit, decode
     from responder.service import audit_dict
@@ -62,16 +66,24 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, as_json: boo
             )
             continue
         latest[audit.command_id] = audit
-    chosen = sorted(
+    matching = sorted(
         (a for a in latest.values() if not devices or a.device_id in devices), key=lambda a: -a.issued_at_ms
-    )[:limit]
-    emit([audit_dict(a) for a in chosen], as_json, lambda _: _commands_table(chosen))
+    )
+    chosen = matching if show_all else matching[:limit]
+    result = {
+        "total": len(matching),
+        "shown": len(chosen),
+        "truncated": len(chosen) < len(matching),
+        "commands": [audit_dict(a) for a in chosen],
+    }
+    emit(result, as_json, lambda _: _commands_table(chosen, len(matching)))
 
 
-def _commands_table(audits: list) -> None:  # type: ignore[type-arg]
+def _commands_table(audits: list, total: int) -> None:  # type: ignore[type-arg]
     from rich.table import Table
 
     from alerts.views import console as make_console
+    from alerts.views import shown_of
 
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("command", "device", "name", "attempt", "outcome", "trail", "alert"):
@@ -94,4 +106,4 @@ def _commands_table(audits: list) -> None:  # type: ignore[type-arg]
         )
     out = make_console()
     out.print(table)
-    out.print(f"{len(audits)} command(s)", style="dim")
+    out.print(shown_of(len(audits), total, "commands", "newest first"), style="dim")

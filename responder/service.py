@@ -129,6 +129,14 @@ class Responder:
             for message in follower.catch_up():
                 self.apply(message)
             self.issuer.connect()
+            log.info(
+                "respond: following %s on Kafka %s; commands to devices over MQTT %s; policies %s; "
+                "Ctrl-C or SIGTERM stops",
+                topics.alerts,
+                self.settings.kafka.bootstrap_servers,
+                self.settings.mqtt.url,
+                ", ".join(f"{p.rule} -> {p.command or p.action}" for p in self.policies) or "none",
+            )
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 for message in follower.poll(tick_s):
                     self.apply(message)

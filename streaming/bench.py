@@ -110,7 +110,7 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
     later = [b for b in list(job.reporter.history)[1:] if b["input_rows"]]
     steady_rows, steady_ms = sum(b["input_rows"] for b in later), sum(b["trigger_ms"] for b in later)
     totals = job.totals
-    state_devices = int(totals.get("state_devices") or 0)  # devices in the shards written, summed over batches
+    state_devices = int(totals.get("state_device_writes") or 0)  # devices in the shards written, summed over batches
     return {
         "records": records,
         "seconds": round(elapsed, 3),
@@ -118,7 +118,7 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
         "steady_state_records_per_s": round(steady_rows / steady_ms * 1000, 1) if steady_ms else None,
         "batch_ms": [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]],
         "batch_rows": [b["input_rows"] for b in job.reporter.history if b["input_rows"]],
-        "state_bytes_per_device": round(totals["state_bytes"] / state_devices, 1) if state_devices else None,
+        "state_bytes_per_device": round(totals["state_bytes_written"] / state_devices, 1) if state_devices else None,
         "totals": dict(job.totals),
     }
 

@@ -8,31 +8,15 @@ value must not poison a device's baseline).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from iotwatch.contract.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.metric_catalog import DEVICE_METRICS, UNIT_ALIASES
 
 QUALITY_OK = "ok"
 QUALITY_OUT_OF_RANGE = "out_of_range"
-
-#: Metrics reported in another unit -> (canonical metric, conversion).
-UNIT_ALIASES: Mapping[str, tuple[str, Callable[[float], float]]] = {
-    "temperature_f": ("temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
-    "temperature_k": ("temperature_c", lambda k: k - 273.15),
-    "outside_temperature_f": ("outside_temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
-    "setpoint_f": ("setpoint_c", lambda f: (f - 32.0) * 5.0 / 9.0),
-    "coolant_temp_f": ("coolant_temp_c", lambda f: (f - 32.0) * 5.0 / 9.0),
-    "speed_mph": ("speed_kmh", lambda mph: mph * 1.609344),
-    "speed_ms": ("speed_kmh", lambda ms: ms * 3.6),
-    "power_kw": ("power_w", lambda kw: kw * 1000.0),
-    "energy_wh": ("energy_kwh", lambda wh: wh / 1000.0),
-    "accel_x_ms2": ("accel_x_g", lambda a: a / 9.80665),
-    "accel_y_ms2": ("accel_y_g", lambda a: a / 9.80665),
-    "accel_z_ms2": ("accel_z_g", lambda a: a / 9.80665),
-}
 
 #: Metrics whose values are states, positions, counters or driver inputs: range-checked,
 #: archived and aggregated, but not given to the statistical detectors (rules look at them

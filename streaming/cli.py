@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--trigger",
     "trigger_s",
-    type=float,
+    type=click.FloatRange(min=0),
     help="Seconds between micro-batch starts (default 0: each starts as soon as the previous one ends).",
 )
 @click.option(
@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
     is_flag=True,
     help="Process what is in Kafka now, then stop (same state and checkpoint as a continuous run).",
 )
-@click.option("--duration", type=float, help="Stop after this many seconds.")
+@click.option(
+    "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds (more than 0)."
+)
 @json_option
 @pass_app
 def stream(
@@ -91,24 +93,33 @@ def stream(
 
 def render_summary(summary: dict[str, Any]) -> None:
     """The stop summary as a table: the job's totals, then the last batch's progress."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
+    from streaming.progress import BATCH_GAUGES
+    from streaming.schemas import TALLY_FIELDS
+
     table = Table()
     table.add_column("total")
     table.add_column("", justify="right")
-    for name, value in sorted(summary["totals"].items()):
-        if name != "batches":
-            table.add_row(name.replace("_", " "), f"{value:,}")
+    totals = summary["totals"]
+    # each count once, under the name the gateway and the tallies use (received, scored,
+    # duplicates, late, dead_lettered, ...); per-batch sizes are shown for the last batch below
+    for name, label in TALLY_FIELDS.items():
+        if name not in BATCH_GAUGES:
+            table.add_row(name.replace("_", " "), f"{totals.get(label, 0):,}")
     last = summary["last_progress"]
     if last:
         table.add_section()
         table.add_row("last batch: records", f"{last['input_rows']:,}")
         table.add_row("last batch: records/s", f"{last['processed_rows_per_s']:,.0f}")
         table.add_row("last batch: ms", f"{last['trigger_ms']:,}")
+        if "state_devices_written" in last:
+            table.add_row("last batch: devices in state shards written", f"{last['state_devices_written']:,}")
         table.add_row("last batch: Kafka lag", "?" if last["lag_records"] is None else f"{last['lag_records']:,}")
     console.print(table)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.contract.alerts import AlertRecord, encode_alert, iso_time
+from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
 from iotwatch.settings import StreamSettings
 from models.base import Detector
@@ -126,7 +127,9 @@ class RecordColumns:
         now_ms: int | None = None,
     ) -> RecordColumns:
         """Decode raw Kafka values (what the packing stage does in the job)."""
-        decoded = decode_batch(payloads, [None if k is None else k.encode() for k in keys], now_ms=now_ms)
+        decoded = decode_batch(
+            payloads, [None if k is None else k.encode() for k in keys], now_ms=now_ms, metrics_of=KNOWN_METRICS
+        )
         raw = np.empty(len(payloads), dtype=object)
         raw[:] = payloads
         return cls(

@@ -254,9 +254,9 @@ def run_job(
     raises :class:`StreamingQueryFailed` with its root cause."""
     prepare_outputs(settings)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    _stop_on_signals(stop)
     with session_scope(settings.stream, "iotwatch-stream") as spark:
+        _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
         job = start(
             spark,
             settings,
@@ -281,6 +281,12 @@ def run_job(
     if exception is not None:
         raise StreamingQueryFailed(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """Ctrl-C and SIGTERM set ``stop``: the query then ends between micro-batches, with totals."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
 
 
 #: Spark's error classes for a checkpoint whose state an earlier version laid out otherwise.

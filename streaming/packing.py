@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_batch
 from streaming.operator_key import operator_key
 from streaming.schemas import PACKED_SCHEMA
@@ -43,7 +44,7 @@ def pack_chunk(
     """Decode one chunk of one partition's records into a packed row, keyed for a stateful
     operator of ``tasks`` tasks."""
     key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys]
-    decoded = decode_batch(values, keys)
+    decoded = decode_batch(values, keys, metrics_of=KNOWN_METRICS)
     columns = {
         "partition": pa.array([partition], pa.int32()),
         "operator_key": pa.array([operator_key(partition, tasks)], pa.int64()),

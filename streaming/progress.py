@@ -87,6 +87,13 @@ def kafka_records(progress: Any) -> int:
     )
 
 
+#: Tallies that measure a micro-batch rather than count events: what its state writes held
+#: (bytes, and devices in the shards written). Summed over batches they are no count of
+#: anything a user knows, so the totals carry their sums under names that say so
+#: (``state_bytes_written``, ``state_device_writes``) and ``last`` the last batch's values.
+BATCH_GAUGES = {"state_bytes": "state_bytes_written", "state_devices": "state_device_writes"}
+
+
 def batch_counts(observed: Any) -> dict[str, int]:
     """The observation's row (None for a batch that emitted nothing) as the totals' counters."""
     seen = observed.asDict() if observed is not None else {}
@@ -176,8 +183,9 @@ class ProgressReporter:
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
         counts = batch_counts(progress.observedMetrics.get(OBSERVATION))
-        self.totals.update(counts)
+        self.totals.update({BATCH_GAUGES.get(name, name): value for name, value in counts.items()})
         self.totals["batches"] += 1
+        fields.update({f"{name}_written": counts[name] for name in BATCH_GAUGES})
         self.last = fields
         self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
         self.last_batch_id = int(progress.batchId)

@@ -47,6 +47,38 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["--anomalies has no effect without --anomaly-rate"],
         [],
     ),
+    "anomalies that would start after the run ends": (
+        ["simulate", "--anomaly-rate", "5", "--anomalies-after", "1000", "--duration", "5"],
+        ["--anomalies-after 1000", "--duration 5", "no anomaly would be injected"],
+        [],
+    ),
+    "a warm-up for anomalies that are not drawn": (
+        ["simulate", "--anomalies-after", "60", "--duration", "600"],
+        ["--anomalies-after has no effect without --anomaly-rate"],
+        [],
+    ),
+    "a stream that would run no batch": (["stream", "--duration", "0"], ["--duration", "0"], []),
+    "a negative trigger interval": (["stream", "--trigger", "-1"], ["--trigger", "-1"], []),
+    "a twin setpoint that is not a number": (
+        ["devices", "set", "home-1-thermostat-0", "setpoint_c=banana"],
+        ["'setpoint_c=banana'", "a number of degrees Celsius"],
+        ["Expected", "$."],
+    ),
+    "a valve that is neither open nor closed": (
+        ["devices", "set", "home-1-leak_sensor-0", "valve=ajar"],
+        ["'valve=ajar'", "open or closed"],
+        [],
+    ),
+    "a tail that starts twice": (
+        ["alerts", "tail", "--since", "1h", "--from-beginning", "--kafka", "127.0.0.1:1"],
+        ["--since", "--from-beginning"],
+        [],
+    ),
+    "a tail that would stop before it starts": (
+        ["alerts", "tail", "--timeout", "0", "--kafka", "127.0.0.1:1"],
+        ["--timeout", "0"],
+        [],
+    ),
     "Kafka port out of range": (["alerts", "tail", "--kafka", "localhost:99999"], ["--kafka", "99999", "1-65535"], []),
     "Kafka port out of range (stream)": (["stream", "--kafka", "localhost:99999"], ["--kafka", "99999"], []),
     "MQTT port out of range": (["gateway", "--mqtt", "mqtt://localhost:70000"], ["--mqtt", "70000"], []),

@@ -619,3 +619,28 @@ def test_dead_letters_read_back_as_written() -> None:
         DeadLetter.of_message(b"", None, [(H_VERSION, b"2"), *older])
     with pytest.raises(ValueError, match="no iotwatch.reason"):
         DeadLetter.of_message(b"x", None, [])
+
+
+def test_a_metric_its_device_type_does_not_have_is_unknown_metric_for_one_reading_and_a_batch() -> None:
+    from iotwatch.contract.metric_catalog import KNOWN_METRICS
+
+    def payload(device_type: str, metrics: dict[str, float]) -> bytes:
+        body = {"v": 1, "device_id": "d-1", "device_type": device_type, "site": "s", "seq": 0}
+        return json.dumps({**body, "ts": 1763784000000, "metrics": metrics}).encode()
+
+    foreign = payload("thermostat", {"temperature_c": 21.0, "power_w": 800.0, "coolant_temp_c": 90.0})
+    with pytest.raises(ContractViolation) as caught:
+        decode_telemetry(foreign, metrics_of=KNOWN_METRICS)
+    assert caught.value.reason == "unknown_metric"
+    assert "a thermostat has no coolant_temp_c, power_w" in caught.value.detail
+    assert decode_telemetry(foreign).metrics["power_w"] == 800.0  # without the catalogue: not judged
+    accepted = [
+        payload("thermostat", {"temperature_c": 21.0, "setpoint_c": 20.0}),
+        payload("thermostat", {"temperature_f": 70.0}),  # a unit alias of one of its metrics
+        payload("pump", {"flow_lpm": 3.0}),  # a type the catalogue does not list: not judged
+    ]
+    for raw in accepted:
+        decode_telemetry(raw, metrics_of=KNOWN_METRICS)
+    batch = decode_batch([foreign, *accepted], metrics_of=KNOWN_METRICS)
+    assert list(batch.reason) == ["unknown_metric", None, None, None]
+    assert list(batch.metric_row) == [1, 1, 2, 3]  # the refused record contributes no metric

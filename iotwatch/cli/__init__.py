@@ -17,11 +17,14 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from iotwatch.errors import IotwatchError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 from iotwatch.settings import Settings, load_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +49,7 @@ SUBCOMMANDS: dict[str, str] = {
     "respond": "responder.cli:respond",
     "commands": "responder.cli:commands",
     "devices": "devices.twin_cli:devices",
+    "deadletters": "iotwatch.cli.deadletters:deadletters",
 }
 
 
@@ -167,6 +171,20 @@ def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a machine-readable JSON result as the last thing on stdout."
 )
+
+
+#: Width of output that is not a terminal: wide enough that no table is cut (a table only
+#: takes the width its cells need), so a pipe, a file or ``less -S`` gets whole rows.
+PIPED_WIDTH = 1000
+
+
+def output_console(*, stderr: bool = False) -> Console:
+    """Where a command prints tables: the terminal's width on a terminal, else
+    :data:`PIPED_WIDTH` (rich would otherwise cut every table to 80 columns)."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, highlight=False, width=None if stream.isatty() else PIPED_WIDTH)
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:

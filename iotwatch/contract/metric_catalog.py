@@ -21,7 +21,7 @@ them, so a drift into danger alerts when it gets dangerous, not when the sensor 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -33,6 +33,8 @@ __all__ = [
     "DANGER_LIMITS",
     "DEVICE_METRICS",
     "DEFAULT_INTERVAL_S",
+    "KNOWN_METRICS",
+    "UNIT_ALIASES",
     "PRIMARY_METRIC",
     "METRIC_DECIMALS",
     "DangerLimit",
@@ -92,6 +94,35 @@ _METRICS: dict[str, dict[str, MetricRange]] = {
 #: device_type -> metric -> (unit, min, max). Read-only.
 DEVICE_METRICS: Mapping[str, Mapping[str, MetricRange]] = MappingProxyType(
     {str(t): MappingProxyType(m) for t, m in _METRICS.items()}
+)
+
+
+#: Metrics reported in another unit -> (canonical metric, conversion).
+UNIT_ALIASES: Mapping[str, tuple[str, Callable[[float], float]]] = {
+    "temperature_f": ("temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "temperature_k": ("temperature_c", lambda k: k - 273.15),
+    "outside_temperature_f": ("outside_temperature_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "setpoint_f": ("setpoint_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "coolant_temp_f": ("coolant_temp_c", lambda f: (f - 32.0) * 5.0 / 9.0),
+    "speed_mph": ("speed_kmh", lambda mph: mph * 1.609344),
+    "speed_ms": ("speed_kmh", lambda ms: ms * 3.6),
+    "power_kw": ("power_w", lambda kw: kw * 1000.0),
+    "energy_wh": ("energy_kwh", lambda wh: wh / 1000.0),
+    "accel_x_ms2": ("accel_x_g", lambda a: a / 9.80665),
+    "accel_y_ms2": ("accel_y_g", lambda a: a / 9.80665),
+    "accel_z_ms2": ("accel_z_g", lambda a: a / 9.80665),
+}
+
+
+#: device_type -> the metric names a reading of that type may carry: its catalogue metrics and
+#: the unit aliases of them. A reading of a catalogued type with any other metric is refused by
+#: the contract as ``unknown_metric`` (a device type not in the catalogue is not judged).
+KNOWN_METRICS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        device_type: frozenset(metrics)
+        | frozenset(alias for alias, (canonical, _convert) in UNIT_ALIASES.items() if canonical in metrics)
+        for device_type, metrics in DEVICE_METRICS.items()
+    }
 )
 
 

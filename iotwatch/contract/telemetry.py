@@ -45,6 +45,10 @@ gateway: the Spark job, the model registry, the sinks):
   (``invalid_json``), the limit the previous (pydantic) parser had. Deeper documents cost
   recursion in every JSON library downstream; a 100,000-deep payload is a clean
   ``invalid_json``, never a RecursionError.
+- a reading of a catalogued device type carries only that type's metrics (or their unit
+  aliases), when the caller gives the catalogue (``metrics_of``; the gateway and the job do):
+  a thermostat reading with ``power_w`` would otherwise be archived and scored as a thermostat
+  reading (``unknown_metric``).
 - event time at most :data:`MAX_FUTURE_SKEW_MS` ahead (device clock skew,
   ``ts_in_future``) and not before :data:`MIN_EVENT_TIME_MS` (unset clock, ``ts_too_old``).
 
@@ -63,7 +67,7 @@ import sys
 import time
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
@@ -164,10 +168,29 @@ def decode_telemetry(
     now_ms: int | None = None,
     max_bytes: int = MAX_PAYLOAD_BYTES,
     max_future_skew_ms: int = MAX_FUTURE_SKEW_MS,
+    metrics_of: Mapping[str, frozenset[str]] | None = None,
 ) -> Telemetry:
-    """Parse and validate a payload, or raise :class:`ContractViolation`."""
+    """Parse and validate a payload, or raise :class:`ContractViolation`. With ``metrics_of``
+    (device type -> the metrics it has, :data:`iotwatch.contract.metric_catalog.KNOWN_METRICS`)
+    a reading of a listed type carrying another metric is ``unknown_metric``."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    return _decode(raw, max_bytes, now + max_future_skew_ms, max_future_skew_ms)
+    message = _decode(raw, max_bytes, now + max_future_skew_ms, max_future_skew_ms)
+    if metrics_of is not None:
+        check_metrics(message, metrics_of)
+    return message
+
+
+def check_metrics(message: Any, metrics_of: Mapping[str, frozenset[str]]) -> None:
+    """``unknown_metric`` when ``message`` (Telemetry or its twin) carries a metric its device
+    type does not have: it would be archived and scored as a reading of that type."""
+    known = metrics_of.get(message.device_type)
+    if known is None or message.metrics.keys() <= known:
+        return
+    foreign = sorted(set(message.metrics) - known)
+    raise ContractViolation(
+        "unknown_metric",
+        f"metrics: a {message.device_type} has no {', '.join(foreign)} (it has {', '.join(sorted(known))})",
+    )
 
 
 def _decode(raw: bytes, max_bytes: int, latest_ts: int, max_future_skew_ms: int) -> Telemetry:
@@ -472,11 +495,16 @@ class DecodedBatch:
 
 
 def decode_batch(
-    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None, *, now_ms: int | None = None
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None = None,
+    *,
+    now_ms: int | None = None,
+    metrics_of: Mapping[str, frozenset[str]] | None = None,
 ) -> DecodedBatch:
     """Decode Kafka records into columns; each record gets the reason :func:`decode_telemetry`
-    gives its value (``None`` reads as ``b""``), and a valid record whose key (UTF-8, when not
-    empty) is not its ``device_id`` is ``key_mismatch``. ``now_ms`` is read once per batch."""
+    gives its value (``None`` reads as ``b""``, ``metrics_of`` as there), and a valid record whose
+    key (UTF-8, when not empty) is not its ``device_id`` is ``key_mismatch``. ``now_ms`` is read
+    once per batch."""
     n = len(values)
     if keys is not None and len(keys) != n:
         raise ValueError(f"{len(keys)} keys for {n} values")
@@ -497,6 +525,13 @@ def decode_batch(
                     raise ContractViolation(
                         "key_mismatch", f"Kafka key {key.decode(errors='replace')!r} != device_id {message.device_id!r}"
                     )
+            except ContractViolation as exc:
+                reason[i] = exc.reason
+                detail[i] = exc.detail
+                continue
+        if metrics_of is not None:
+            try:
+                check_metrics(message, metrics_of)
             except ContractViolation as exc:
                 reason[i] = exc.reason
                 detail[i] = exc.detail

@@ -172,8 +172,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 str(options.speedup),
                 "--anomaly-rate",
                 str(options.anomaly_rate),
-                "--anomalies-after",
-                str(options.anomalies_after_s),
+                *(("--anomalies-after", str(options.anomalies_after_s)) if options.anomaly_rate > 0 else ()),
                 "--fault-rate",
                 str(options.fault_rate),
                 *planned_anomalies(options, out / "scenario.json"),
@@ -335,8 +334,7 @@ def _drain(
         if not all(child.running() for child in children if child.name != "simulate"):
             return False
         # The gateway is the raw topic's only producer here, so what it forwarded is the log end
-        # (forwarded counts dead letters too; those went to the dead-letter topic).
-        forwarded = int(sample.gateway.get("forwarded", 0) - sample.gateway.get("dead_lettered", 0))
+        forwarded = int(sample.gateway.get("forwarded", 0))  # readings only: dead letters are not on the raw topic
         idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
         caught_up_since = (caught_up_since or time.monotonic()) if idle else None
         if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:

@@ -40,10 +40,11 @@ def default_dataset() -> Path:
 
 
 def _render(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     for name, det in result["detectors"].items():
         table = Table(title=f"{name}  (threshold {det['threshold']:.6g}, profile {result['profile']})")
         for column in (
@@ -116,10 +117,11 @@ def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
 
 
 def _render_simulated(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from iotwatch.cli import output_console
+
+    console = output_console()
     sim = result["simulation"]
     console.print(
         f"Simulated fleet: {sim['devices']} devices ({sim['homes']} homes, {sim['vehicles']} vehicles), "

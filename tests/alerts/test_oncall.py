@@ -53,19 +53,26 @@ def test_ack_list_and_silence_are_records_that_fold_back(test_settings: Settings
         [leak, hvac, old, changed(old, state="cleared", detected_at_ms=old.detected_at_ms + 5000), b"{oops"],
     )
     warned = run(test_settings, "list")
-    assert "skipped 1 record(s)" in warned.stderr and "3 alert(s)" in warned.stdout
+    assert "skipped 1 record(s)" in warned.stderr and "3 alerts (open first" in warned.stdout
 
     listed = as_json(run(test_settings, "list", "--json"))
-    assert [a["alert_id"] for a in listed] == [leak.alert_id, hvac.alert_id, old.alert_id]
-    assert [a["status"] for a in listed] == ["open", "open", "cleared"]
-    assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--open", "--json"))] == [
+    assert (listed["total"], listed["shown"], listed["truncated"]) == (3, 3, False)
+    assert [a["alert_id"] for a in listed["alerts"]] == [leak.alert_id, hvac.alert_id, old.alert_id]
+    assert [a["status"] for a in listed["alerts"]] == ["open", "open", "cleared"]
+    assert [a["alert_id"] for a in as_json(run(test_settings, "list", "--open", "--json"))["alerts"]] == [
         leak.alert_id,
         hvac.alert_id,
     ]
     assert [
         a["alert_id"]
-        for a in as_json(run(test_settings, "list", "--site", "home-1", "--severity", "critical", "--json"))
+        for a in as_json(run(test_settings, "list", "--site", "home-1", "--severity", "critical", "--json"))["alerts"]
     ] == [leak.alert_id]
+    # a list that is cut says so, and how to see the rest
+    cut = run(test_settings, "list", "--limit", "2")
+    assert "2 of 3 alerts (open first, most severe first, newest first; --limit N or --all)" in cut.stdout
+    cut_json = as_json(run(test_settings, "list", "--limit", "2", "--json"))
+    assert (cut_json["total"], cut_json["shown"], cut_json["truncated"]) == (3, 2, True)
+    assert as_json(run(test_settings, "list", "--limit", "1", "--all", "--json"))["shown"] == 3
 
     # acknowledge by a unique prefix; the table names who and why
     acked = as_json(

@@ -100,16 +100,24 @@ def test_table_and_line_render() -> None:
     view = TailView("t", max_rows=2)
     now = time.time() * 1000
     for i in range(3):
-        view.add(changed(CRASH, alert_id=f"x{i}", first_event_ms=int(now - 65_000), detected_at_ms=int(now - 5_000)))
+        view.add(changed(CRASH, alert_id=f"x{i}", first_event_ms=int(now - 125_000), detected_at_ms=int(now - 5_000)))
     view.add(changed(CRASH, alert_id="x2", state="cleared"))
     assert list(view.rows) == ["x1", "x2"]
     console = Console(record=True, width=160)
     console.print(view.render())
     text = console.export_text()
-    assert "car-1" in text and "fleet-2" in text and "1m05s" in text and "cleared" in text
+    assert "car-1" in text and "fleet-2" in text and "cleared" in text
     assert "critical 1" in text  # one still open
-    plain = line(CRASH, now_ms=CRASH.first_event_ms + 42_000).plain
-    assert "CRITICAL raised age 42s" in plain and "value 31.5" in plain
+    shown = view.rows["x1"]
+    assert " 5s " in text and shown.first_event_time in text  # age since detection; the event time 2 min before it
+    detected = int(now)
+    fresh = changed(CRASH, first_event_ms=detected - 3_000, detected_at_ms=detected)
+    at_once = line(fresh, now_ms=detected + 500).plain  # printed as it arrives: no age, no event time
+    assert at_once.startswith(f"{fresh.detected_at} CRITICAL raised car-1") and "age" not in at_once, at_once
+    assert "CRITICAL raised age 42s" in line(fresh, now_ms=detected + 42_000).plain  # shown late
+    apart = changed(CRASH, first_event_ms=detected - 3_600_000, detected_at_ms=detected)
+    assert f"event time {apart.first_event_time} " in line(apart, now_ms=detected).plain
+    assert "value 31.5" in at_once
 
 
 def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> None:

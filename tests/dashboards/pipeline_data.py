@@ -114,8 +114,9 @@ def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -
             with stats.lock:
                 stats.received += 600
                 for _ in range(590):
-                    stats.observe_delivery(0.004 + 0.001 * (i % 3))
-                stats.dead_lettered.update({"invalid_json": 4, "missing_field": 2})
+                    stats.observe_delivery(0.004 + 0.001 * (i % 3), None)
+                for reason in ["invalid_json"] * 4 + ["missing_field"] * 2:  # received = forwarded + dead_lettered
+                    stats.observe_delivery(0.004, reason)
                 stats.duplicates += 3
                 stats.seq_gaps += 1
                 stats.delivery_failures += i % 2

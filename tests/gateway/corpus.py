@@ -58,6 +58,10 @@ def corpus(unique: str) -> list[Case]:
         case("future-23h", "forwarded", ts=int(time.time() * 1000) + 23 * 3600 * 1000),
         case("future-25h", "ts_in_future", ts=int(time.time() * 1000) + 25 * 3600 * 1000),
         case("nan", "non_finite_number", metrics={"temperature_c": float("nan")}),
+        # a thermostat reading with a meter's and a vehicle's metric: never scored as a thermostat's
+        case(
+            "foreign-metric", "unknown_metric", metrics={"temperature_c": 21.0, "power_w": 800.0, "coolant_temp_c": 9.0}
+        ),
         ("deep-nesting", telemetry_topic("poison", "thermostat", deep_device), deep, "invalid_json"),
         ("2mb", telemetry_topic("poison", "thermostat", big_device), big, "too_large"),
         ("binary", telemetry_topic("poison", "thermostat", f"p-binary-{unique}"), b"\x00\xff{{{", "invalid_utf8"),

@@ -161,7 +161,9 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
         env={"IOTWATCH_TOPIC_COMMANDS": settings.topics.commands},
     )
     assert shown.exit_code == 0, shown.output
-    (listed,) = json.loads(shown.stdout)
+    listing = json.loads(shown.stdout)
+    assert (listing["total"], listing["shown"], listing["truncated"]) == (1, 1, False)
+    (listed,) = listing["commands"]
     assert listed["status"] == "done" and [step["status"] for step in listed["history"]] == ["sent", "accepted", "done"]
     table = CliRunner().invoke(
         cli,

@@ -35,7 +35,6 @@ def coolant_drift(n_before: int = 600, n_drift: int = 600, n_after: int = 300, s
             device="car-1",
             device_type="vehicle_edr",
             site="fleet",
-            temperature=20.0,
             coolant_temp_c=round(v, 1),
             speed_kmh=50.0,
         )

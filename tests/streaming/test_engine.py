@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from iotwatch.contract.alerts import AlertRecord, decode_alert
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import StreamSettings
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
@@ -37,7 +38,7 @@ def record(
     device: str = "th-1",
     ts: int | None = None,
     offset: int | None = None,
-    temperature: float = 21.0,
+    temperature: float | None = None,  # temperature_c; by default 21.0 where the type has one
     device_type: str = "thermostat",
     append_ms: int = 0,
     site: str = "h1",
@@ -50,9 +51,17 @@ def record(
         site=site,
         seq=seq,
         ts=T0 + seq * 1000 if ts is None else ts,
-        metrics={"temperature_c": temperature, **metrics},
+        metrics={**_temperature(device_type, temperature), **metrics},
     )
     return Rec(device, message.to_json(), seq if offset is None else offset, append_ms)
+
+
+def _temperature(device_type: str, value: float | None) -> dict[str, float]:
+    """The ``temperature_c`` a test record carries: none for a type that has no such metric
+    (the contract refuses it there as ``unknown_metric``) unless the test gives one."""
+    if value is not None:
+        return {"temperature_c": value}
+    return {"temperature_c": 21.0} if "temperature_c" in DEVICE_METRICS.get(device_type, {"temperature_c": ()}) else {}
 
 
 def noisy_series(n: int, spike_at: int | None = None, seed: int = 1) -> list[Rec]:
@@ -293,8 +302,8 @@ def test_anti_flap_hold_and_clear_threshold() -> None:
 
 
 def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -> None:
-    crash = [record(0, device="car", device_type="vehicle_edr", temperature=20, speed_kmh=50.0, accel_x_g=-7.0)]
-    harsh = [record(0, device="van", device_type="vehicle_edr", temperature=20, speed_kmh=40.0, accel_x_g=-0.8)]
+    crash = [record(0, device="car", device_type="vehicle_edr", speed_kmh=50.0, accel_x_g=-7.0)]
+    harsh = [record(0, device="van", device_type="vehicle_edr", speed_kmh=40.0, accel_x_g=-0.8)]
     leak = [record(0, device="leak", device_type="leak_sensor", water_detected=1.0)]
     hvac = [record(i, device="th", temperature=30.0, setpoint_c=21.0, hvac_on=1.0) for i in range(150)]
     odd = [record(0, device="x", temperature=999.0)]

@@ -170,3 +170,41 @@ def test_a_device_that_reboots_after_100_readings_is_archived_whole(pipeline: Pi
     wait_for(lambda: pipeline.job.totals.get("seq_resets", 0) >= 1, 30, "the seq reset in the job's totals")
     assert pipeline.job.totals["seq_resets"] == 1
     assert pipeline.job.query.isActive and pipeline.job.query.exception() is None
+
+
+def test_counts_add_up_from_the_gateway_through_the_job(pipeline: Pipeline) -> None:
+    """One meaning per number, end to end: every message the gateway received it forwarded
+    (a reading on the raw topic) or dead-lettered, never both; the job received what the
+    gateway forwarded (records without a readable device count as ``no_device``), and each
+    record it received it scored, removed as a duplicate, or dead-lettered (as late, or for
+    another reason). Checked over the whole module's traffic once everything is drained."""
+    run = uuid.uuid4().hex[:8]
+    device = f"count-{run}"
+    now = int(time.time() * 1000)
+    readings = [(seq, now - 60_000 + seq * 1000) for seq in range(40)]
+    pipeline.publish_readings(device, [*readings, readings[5], readings[6]])  # two sent again: duplicates
+    mqtt = pipeline.settings.mqtt
+    client = make_client(mqtt, f"count-{run}")
+    client.connect(mqtt.host, mqtt.port)
+    client.loop_start()
+    try:
+        foreign = reading(f"odd-{run}", 0).to_json().replace(b'"temperature_c"', b'"power_w"')
+        client.publish(telemetry_topic("home-1", "thermostat", f"odd-{run}"), foreign, qos=1).wait_for_publish(30)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    gateway, totals = pipeline.gateway, pipeline.job.totals
+
+    def drained() -> bool:
+        snapshot = gateway.report()
+        return snapshot["inflight"] == 0 and totals["received"] + totals["no_device"] == snapshot["forwarded"]
+
+    wait_for(lambda: len(pipeline.archived(device)) >= 40 and drained(), 120, "the job caught up with the gateway")
+    snapshot = gateway.report()
+    assert snapshot["received"] == snapshot["forwarded"] + snapshot["dead_lettered"]
+    assert snapshot["dead_letter_reasons"].get("unknown_metric", 0) >= 1
+    assert totals["received"] + totals["no_device"] == snapshot["forwarded"]
+    scored, dropped = totals["reading_records"], totals["duplicate"] + totals["late"] + totals["dlq"]
+    assert totals["received"] == scored + dropped, dict(totals)
+    assert totals["duplicate"] >= 2
+    assert sorted(pipeline.archived(device)["seq"]) == list(range(40))

@@ -89,6 +89,8 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     assert "iotwatch stream: stopped after" in out and "{" not in out, out
     if committed:
         assert "received" in out and "┃" in out, out
+        # a per-batch size is the last batch's, never summed over batches as if it were a count
+        assert "state devices" not in out and "last batch: devices in state shards written" in out, out
 
 
 def test_a_checkpoint_of_another_state_layout_gets_a_hint_others_none() -> None:
