@@ -195,6 +195,8 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
             os.killpg(running.pid, stop_signal)
         _, err = running.communicate(timeout=120)
         assert commits() >= before + 2, f"no progress after restarting at batch {before}: {err[-3000:]}"
+        if stop_signal == signal.SIGINT:
+            assert running.returncode == 0, err[-3000:]
     second = subprocess.run(
         _stream_command(restarted, checkpoint, archive, "--available-now"),
         env=_env(restarted),
