@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -15,7 +17,19 @@ from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.ground_truth import ANOMALY, Injection
 from iotwatch.contract.telemetry import Telemetry
+from iotwatch.jars import jars_root
 from iotwatch.settings import KafkaSettings, MqttSettings
+
+
+def user_env(home: Path | None = None) -> dict[str, str]:
+    """The environment of a command run as a user runs it: none of the developer's IOTWATCH_*
+    settings, but the Java artifacts `iotwatch setup` installed (found where this process
+    finds them, whatever HOME is); ``home``: a HOME of the test's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env["IOTWATCH_JARS_DIR"] = str(jars_root())
+    if home is not None:
+        env["HOME"] = str(home)
+    return env
 
 
 def reading(

@@ -6,14 +6,13 @@ temporary folder so nothing of the developer's own state is read or written.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from iotwatch.jars import jars_root
+from tests.helpers import user_env
 
 MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
     # id: (argv, words the line must hold, words it must not)
@@ -97,11 +96,13 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
 
 
 def run_iotwatch(argv: list[str], home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env["HOME"] = str(home)
-    env["IOTWATCH_JARS_DIR"] = str(jars_root())  # the jars `iotwatch setup` fetched, not a new HOME's
     return subprocess.run(
-        [sys.executable, "-m", "iotwatch", *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "iotwatch", *argv],
+        env=user_env(home),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

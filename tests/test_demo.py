@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
 from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
-from tests.helpers import injection
+from tests.helpers import injection, user_env
 
 
 def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None = None, **fields: Any) -> AlertRecord:
@@ -97,7 +96,7 @@ def test_dashboards_are_checked_on_a_device_that_was_sent_a_command() -> None:
 
 @pytest.mark.slow
 def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     run = tmp_path / "run"
     result = subprocess.run(
         [

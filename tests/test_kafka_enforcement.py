@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from responder.policy import CommandPolicy
 from responder.service import Responder
 from streaming import rules
 from tests.alerts.conftest import make_alert, produce
-from tests.helpers import InThread, wait_for
+from tests.helpers import InThread, user_env, wait_for
 
 #: Segments roll this often (a record arriving later starts a new one), so the cleaner and the
 #: retention check, which never touch the active segment, get closed segments to work on.
@@ -227,7 +226,7 @@ def user_settings(endpoint: str, user: str, password: str) -> KafkaSettings:
 
 def iotwatch(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess[str]:
     """The real command line, configured only by the environment (as compose configures it)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(kafka.as_environment())
     return subprocess.run(
         [sys.executable, "-m", "iotwatch", *args], capture_output=True, text=True, timeout=120, env=env

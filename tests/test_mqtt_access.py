@@ -33,6 +33,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from iotwatch.contract import device_topics
 from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
+from tests.helpers import user_env
 
 REPO = Path(__file__).resolve().parent.parent
 IOTWATCH = [sys.executable, "-m", "iotwatch"]
@@ -461,7 +462,7 @@ def test_gateway_session_queue_outlasts_the_default_and_a_broker_restart(broker:
 def test_the_simulator_account_runs_the_real_simulator(broker: Broker, gateway: Client) -> None:
     """The shared simulator account is enough for `iotwatch simulate` (telemetry, retained
     status, its connection wills): every reading it sends reaches the gateway's account."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_MQTT_USERNAME="simulator", IOTWATCH_MQTT_PASSWORD=broker.passwords["simulator"], IOTWATCH_INFLUX_URL=""
     )

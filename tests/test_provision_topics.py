@@ -5,17 +5,17 @@ settings, and running it again creates nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from iotwatch.clients.kafka import list_topics
 from iotwatch.settings import Settings
+from tests.helpers import user_env
 
 
 def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Settings) -> None:
     topics = test_settings.topics
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_TOPIC_RAW=topics.raw,
         IOTWATCH_TOPIC_DLQ=topics.dlq,

@@ -8,7 +8,6 @@ device's seq (and event time) on from its state file.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,10 +18,9 @@ from typing import Any
 import pytest
 
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.jars import jars_root
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
-from tests.helpers import read_topic
+from tests.helpers import read_topic, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +28,8 @@ IOTWATCH = [sys.executable, "-m", "iotwatch"]
 
 
 def _env(settings: Settings, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env(home)
     env.update(
-        HOME=str(home),
-        IOTWATCH_JARS_DIR=str(jars_root()),  # the jars `iotwatch setup` fetched, not a new HOME's
         IOTWATCH_TOPIC_RAW=settings.topics.raw,
         IOTWATCH_TOPIC_DLQ=settings.topics.dlq,
         IOTWATCH_TOPIC_ALERTS=settings.topics.alerts,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from iotwatch.settings import load_settings
+from tests.helpers import user_env
 
 REPO = Path(__file__).resolve().parent.parent
 PLACEHOLDER = "CHANGE_ME-mqtt-service-password"
@@ -19,7 +20,7 @@ PLACEHOLDER = "CHANGE_ME-mqtt-service-password"
 
 def clean_env(**values: str) -> dict[str, str]:
     """This process's environment without IOTWATCH_* settings, plus ``values``."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+    env = user_env()
     return {**env, **values}
 
 

@@ -20,13 +20,13 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.conftest import REPO_ROOT
-from tests.helpers import reading
+from tests.helpers import reading, user_env
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     return {**env, **settings.topics.as_environment(), "IOTWATCH_INFLUX_URL": ""}
 
 

@@ -19,9 +19,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, list_topics
-from iotwatch.jars import KAFKA_VERSION, jars_root
+from iotwatch.jars import KAFKA_VERSION
 from iotwatch.settings import Settings
 from iotwatch.stack import StackState
+from tests.helpers import user_env
 
 IOTWATCH = [sys.executable, "-m", "iotwatch"]
 
@@ -104,7 +105,7 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
     """`stack up --json` endpoints work as they are with mosquitto_pub/sub, kafka-python and curl;
     `stack down` leaves no process behind."""
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     up = subprocess.run(
         [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--json"],
         capture_output=True,
@@ -236,9 +237,7 @@ def test_cli_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
 
 
 def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_run_dir(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-    env["HOME"] = str(tmp_path / "home")
-    env["IOTWATCH_JARS_DIR"] = str(jars_root())  # the jars `iotwatch setup` fetched, not a new HOME's
+    env = user_env(home=tmp_path / "home")
     run_dir = (tmp_path / "my-stack").resolve()
     up = subprocess.run(
         [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx"],

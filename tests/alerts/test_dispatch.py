@@ -4,7 +4,6 @@ notifications and a restart, against the real broker and real HTTP receivers."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from alerts.routing import RoutingError, parse_routing
 from iotwatch.contract.oncall import AlertState, AlertStep, Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import changed, make_alert, produce
-from tests.helpers import InThread, read_topic, wait_for
+from tests.helpers import InThread, read_topic, user_env, wait_for
 
 GROUP_WAIT, GROUP_INTERVAL, REPEAT = 1.0, 2.0, 4.0
 
@@ -239,7 +238,7 @@ def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
     leak = make_alert("leak-1", "leak_sensor", "home-1", "water_leak", "critical", "raised", int(time.time() * 1000))
     produce(test_settings.kafka, test_settings.topics.alerts, [leak])
     topics = test_settings.topics
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         {
             "IOTWATCH_TOPIC_ALERTS": topics.alerts,

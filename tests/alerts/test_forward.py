@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from alerts.webhook import Webhook
 from iotwatch.contract.alerts import alert_as_dict
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import alert_run, key, make_alert, produce
-from tests.helpers import read_topic, wait_for
+from tests.helpers import read_topic, user_env, wait_for
 
 FAST = {"webhook_timeout_s": 0.5, "retry_initial_s": 0.05, "retry_max_s": 0.5, "session_timeout_ms": 6000}
 
@@ -100,7 +99,7 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
 def forward_command(
     settings: Settings, url: str, group: str, state_dir: Path, webhook_timeout_s: float = 0.5
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         {
             "IOTWATCH_TOPIC_ALERTS": settings.topics.alerts,
@@ -207,7 +206,7 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
     black_hole.listen(16)  # never accepted, never answered
     port = black_hole.getsockname()[1]
     url = f"http://user:pw@127.0.0.1:{port}/services/T00/B00/SECRET?token=abc"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         {
             "IOTWATCH_TOPIC_ALERTS": test_settings.topics.alerts,

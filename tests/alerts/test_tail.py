@@ -18,6 +18,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import AlertRecord, alert_message, decode_alert, encode_alert
 from iotwatch.settings import Settings
 from tests.alerts.conftest import alert_run, produce
+from tests.helpers import user_env
 
 
 def run_tail(settings: Settings, *args: str) -> Any:
@@ -126,7 +127,7 @@ def test_tail_plain_lines(test_settings: Settings, unique: str) -> None:
 
 def _tail_process(settings: Settings, *args: str) -> subprocess.Popen[str]:
     """``iotwatch alerts tail`` in its own process group (as a terminal runs it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env["IOTWATCH_TOPIC_ALERTS"] = settings.topics.alerts
     command = [sys.executable, "-m", "iotwatch", "alerts", "tail", "--kafka", settings.kafka.bootstrap_servers, *args]
     return subprocess.Popen(

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
 from iotwatch.stack import StackState
+from tests.helpers import user_env
 
 
 def _bench_gateway(*options: str, **env: str) -> dict[str, Any]:
     """``iotwatch bench gateway --json`` with small sizes, its report; ``env``: IOTWATCH_* to set."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    environment = user_env()
     result = subprocess.run(
         [sys.executable, "-m", "iotwatch", "bench", "gateway", "--rate", "500", "--latency-seconds", "1", "--json"]
         + list(options),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from iotwatch.settings import Settings
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.stack.process import stop_process
 from tests.gateway.conftest import gateway_settings
-from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, seqs_by_device
+from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, seqs_by_device, user_env
 
 
 class Broker:
@@ -105,7 +104,7 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(
     simulator: subprocess.Popen[str] | None = None
     try:
         settings, bridge = _gateway(test_settings, unique, broker)
-        env = {key: value for key, value in os.environ.items() if not key.startswith("IOTWATCH_")}
+        env = user_env()
         env["IOTWATCH_INFLUX_URL"] = ""
         simulator = subprocess.Popen(
             [

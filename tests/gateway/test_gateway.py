@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
 from iotwatch.stack.process import free_port, stop_process
 from tests.gateway.conftest import gateway_settings
-from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device
+from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device, user_env
 
 
 def test_every_message_arrives_once_in_seq_order_per_device(
@@ -185,7 +184,7 @@ def _gateway_command(settings: Settings, client_id: str, metrics_port: int) -> l
 
 
 def _gateway_env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_TOPIC_RAW=settings.topics.raw,
         IOTWATCH_TOPIC_DLQ=settings.topics.dlq,

@@ -19,7 +19,7 @@ from iotwatch.contract.dead_letters import H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.job import start
-from tests.helpers import read_topic, wait_for
+from tests.helpers import read_topic, user_env, wait_for
 from tests.streaming.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def _stream_command(settings: Settings, checkpoint: Path, archive: Path, *extra:
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_TOPIC_RAW=settings.topics.raw,
         IOTWATCH_TOPIC_DLQ=settings.topics.dlq,

@@ -8,7 +8,6 @@ worker, against the real Apache Kafka broker, and every record is accounted for.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import streaming.job
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
-from tests.helpers import read_topic
+from tests.helpers import read_topic, user_env
 from tests.streaming.scenario import write_scenario
 from tests.streaming.standalone import standalone_cluster
 
@@ -30,7 +29,7 @@ def test_spark_submit_on_a_standalone_cluster(test_settings: Settings, unique: s
     settings = test_settings
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     scenario = write_scenario(settings, unique)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_KAFKA_BOOTSTRAP_SERVERS=settings.kafka.bootstrap_servers,
         IOTWATCH_INFLUX_URL="",

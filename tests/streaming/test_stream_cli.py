@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
+from tests.helpers import user_env
 from tests.streaming.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     table (not a dict)."""
     ensure_topics(test_settings.kafka, test_settings.topics.kafka_topics())
     write_scenario(test_settings, unique)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env = user_env()
     env.update(
         IOTWATCH_TOPIC_RAW=test_settings.topics.raw,
         IOTWATCH_TOPIC_DLQ=test_settings.topics.dlq,
