@@ -63,6 +63,18 @@ class JarSet:
         return f"{self.coordinates[0]} (with its dependencies)"
 
 
+def java_executable() -> str:
+    """The ``java`` that Kafka's broker and Spark run on: ``$JAVA_HOME/bin/java`` when JAVA_HOME
+    is set (as Spark's and Kafka's own launch scripts take it), else the one on PATH."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None:
+        raise StackError(
+            "Java 17+ is needed for Kafka and Spark: apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME)"
+        )
+    return java
+
+
 def jars_root() -> Path:
     """Where jar folders live: IOTWATCH_JARS_DIR, else ``~/.iotwatch/jars``."""
     return Path(os.environ.get("IOTWATCH_JARS_DIR") or Path.home() / ".iotwatch" / "jars").expanduser()

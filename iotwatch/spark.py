@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -24,7 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from iotwatch.errors import StackError
 from iotwatch.logs import librdkafka_logger, spark_log_level
 
 if TYPE_CHECKING:
@@ -186,9 +184,9 @@ def kafka_connector_conf() -> dict[str, str]:
 
 def require_java() -> None:
     """Spark needs a JVM: say what to install instead of a py4j stack trace."""
-    if os.environ.get("JAVA_HOME") or shutil.which("java"):
-        return
-    raise StackError("Java 17+ is needed for Spark: apt-get install -y openjdk-17-jre-headless (or set JAVA_HOME)")
+    from iotwatch.jars import java_executable
+
+    java_executable()
 
 
 def under_spark_submit() -> bool:

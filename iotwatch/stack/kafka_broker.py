@@ -20,7 +20,7 @@ from pathlib import Path
 
 from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
-from iotwatch.jars import KAFKA_VERSION, kafka_broker
+from iotwatch.jars import KAFKA_VERSION, java_executable, kafka_broker
 from iotwatch.settings import KafkaSettings
 from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, wait_until
 from iotwatch.stack.service import RunningService
@@ -118,7 +118,7 @@ def start_kafka_cluster(
     for spec in specs:
         config = _write_config(spec, voters, nodes, security)
         _format(spec, config, cluster_id, classpath, security)
-        java = [_java(), *HEAP_OPTIONS, *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
+        java = [java_executable(), *HEAP_OPTIONS, *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
         command = [*java, "kafka.Kafka", str(config)]
         records.append(start_process(f"kafka-{spec.node_id}", command, spec.folder / "broker.log", cwd=spec.folder))
     return [
@@ -162,15 +162,6 @@ def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> Kafk
         sasl_username=ADMIN_USER,
         sasl_password=security.admin_password(),
     )
-
-
-def _java() -> str:
-    import shutil
-
-    java = shutil.which("java")
-    if java is None:
-        raise StackError("Java 17+ is needed for Kafka and Spark: apt-get install -y openjdk-17-jre-headless")
-    return java
 
 
 def _classpath() -> str:
@@ -245,7 +236,7 @@ def _format(spec: KafkaNodeSpec, config: Path, cluster_id: str, classpath: str, 
     """Format the log directory unless it already is (a restart keeps its data)."""
     if (spec.folder / "data" / "meta.properties").exists():
         return
-    command = [_java(), "-cp", classpath, "kafka.tools.StorageTool", "format", "--config", str(config)]
+    command = [java_executable(), "-cp", classpath, "kafka.tools.StorageTool", "format", "--config", str(config)]
     command += ["--cluster-id", cluster_id, "--ignore-formatted"]
     for user, password in security.passwords.items() if security else ():
         command += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
