@@ -100,12 +100,11 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
 def topics(app: AppContext, acls: bool, as_json: bool) -> None:
     """Create the pipeline's Kafka topics, the on-call ones compacted (for brokers with
     auto-creation off), and with --acls the services' ACLs."""
-    from iotwatch.clients.kafka import ensure_topics
+    from iotwatch.clients.kafka import ensure_pipeline_topics
 
     settings = app.settings
     wanted = settings.topics.kafka_topics() + settings.topics.compacted_topics()
-    created = ensure_topics(settings.kafka, settings.topics.kafka_topics())
-    created += ensure_topics(settings.kafka, settings.topics.compacted_topics(), compacted=True)
+    created = ensure_pipeline_topics(settings.kafka, settings.topics)
     summary: dict[str, Any] = {
         "topics": wanted,
         "created": created,

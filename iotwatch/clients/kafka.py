@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.errors import AccessRefused, ServiceUnavailable
-from iotwatch.settings import KafkaSettings
+from iotwatch.settings import KafkaSettings, TopicSettings
 
 
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -140,6 +140,13 @@ def ensure_topics(
                 raise ServiceUnavailable(f"cannot create Kafka topic {name}: {exc}") from exc
     _wait_listed(settings, created, timeout_s)
     return created
+
+
+def ensure_pipeline_topics(settings: KafkaSettings, topics: TopicSettings) -> list[str]:
+    """Create the pipeline's topics that do not exist yet, the on-call and device-state ones
+    compacted (for a broker with auto-creation off); returns the names created."""
+    created = ensure_topics(settings, topics.kafka_topics())
+    return created + ensure_topics(settings, topics.compacted_topics(), compacted=True)
 
 
 def _wait_listed(settings: KafkaSettings, topics: list[str], timeout_s: float) -> None:

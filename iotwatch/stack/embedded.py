@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import ensure_topics, list_topics
+from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
 from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings
@@ -161,8 +161,7 @@ class EmbeddedStack:
             state.partitions = self.settings.kafka.partitions
             kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
             topics = self.settings.topics
-            ensure_topics(kafka, topics.kafka_topics())
-            ensure_topics(kafka, topics.compacted_topics(), compacted=True)
+            ensure_pipeline_topics(kafka, topics)
             state.topics = topics.kafka_topics() + topics.compacted_topics()
             if self._want_influx():
                 database = self.settings.influx.database
