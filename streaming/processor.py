@@ -198,7 +198,7 @@ class PartitionProcessor(StatefulProcessor):
             )
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
-        for name, count in self._report_silence(roster, now_ms).items():
+        for name, count in self._report_silence(engine, roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
         yield tally_row(partition, tally)
 
@@ -207,10 +207,10 @@ class PartitionProcessor(StatefulProcessor):
     ) -> Iterator[pd.DataFrame]:
         if not self.roster.exists():
             return
-        partition, _ = self._serve(key)
+        partition, engine = self._serve(key)
         roster = Roster.load(self.roster.get())
         roster.timer_ms = 0  # this one fired
-        tally = self._report_silence(roster, timerValues.getCurrentProcessingTimeInMs())
+        tally = self._report_silence(engine, roster, timerValues.getCurrentProcessingTimeInMs())
         if tally:
             yield tally_row(partition, tally)
 
@@ -221,12 +221,12 @@ class PartitionProcessor(StatefulProcessor):
         self.devices.serve(partition, self.cache)
         return partition, engine
 
-    def _report_silence(self, roster: Roster, now_ms: int) -> dict[str, int]:
+    def _report_silence(self, engine: PartitionEngine, roster: Roster, now_ms: int) -> dict[str, int]:
         """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""
         counts: dict[str, int] = {}
         due = roster.due(now_ms, self.timeout_ms)
-        if due and self.engine is not None:
-            counts = self.sinks.write(self.engine.silence(self.devices, due, now_ms))
+        if due:
+            counts = self.sinks.write(engine.silence(self.devices, due, now_ms))
         roster.forget(now_ms, self.ttl_ms)
         # The timer is re-armed only to fire earlier: one that fires before anyone is due
         # finds nobody and re-arms for the next. (Moving it later on every batch, as devices
