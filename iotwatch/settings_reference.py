@@ -9,7 +9,6 @@ rewrites it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from iotwatch.generated_docs import block, rewrite
+from iotwatch.generated_docs import GeneratedBlock
 from iotwatch.settings import Settings
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "settings.md"
@@ -69,16 +68,7 @@ def markdown() -> str:
     return "\n".join(parts).strip()
 
 
-def current(page: str) -> str | None:
-    """The page's copy of the reference, markers included (None when it has none)."""
-    return block(page, BEGIN, END)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Rewrite the reference in the given page (default: :data:`PAGE`; it must hold the markers)."""
-    args = argv if argv is not None else sys.argv[1:]
-    rewrite(Path(args[0]) if args else PAGE, BEGIN, END, markdown())
-
+REFERENCE = GeneratedBlock(PAGE, BEGIN, END, markdown)
 
 if __name__ == "__main__":
-    main()
+    REFERENCE.main()

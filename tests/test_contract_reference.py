@@ -7,11 +7,11 @@ import inspect
 import msgspec
 
 from iotwatch.contract import alerts, device_commands, ground_truth, model_updates, oncall, telemetry
-from iotwatch.contract_reference import BEGIN, END, PAGE, RECORDS, current, markdown
+from iotwatch.contract_reference import CONTRACT, PAGE, RECORDS, markdown
 
 
 def test_the_page_is_generated_from_the_records() -> None:
-    assert current(PAGE.read_text()) == f"{BEGIN}\n{markdown()}\n{END}", (
+    assert CONTRACT.current(PAGE.read_text()) == CONTRACT.expected(), (
         f"{PAGE.name} is out of date: run `python -m iotwatch.contract_reference`"
     )
 

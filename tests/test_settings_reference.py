@@ -7,7 +7,7 @@ import os
 import pytest
 
 from iotwatch.settings import Settings, load_settings
-from iotwatch.settings_reference import BEGIN, END, PAGE, current, markdown
+from iotwatch.settings_reference import PAGE, REFERENCE, markdown
 
 
 def test_the_page_lists_every_setting_as_the_classes_define_it() -> None:
@@ -16,7 +16,7 @@ def test_the_page_lists_every_setting_as_the_classes_define_it() -> None:
         assert f"**`[{concern}]`**" in reference
         for name in field.annotation.model_fields:  # type: ignore[union-attr]
             assert f"| `{name}` |" in reference
-    assert current(PAGE.read_text()) == f"{BEGIN}\n{reference}\n{END}", (
+    assert REFERENCE.current(PAGE.read_text()) == REFERENCE.expected(), (
         f"{PAGE.name}'s settings reference is out of date: run `python -m iotwatch.settings_reference`"
     )
 
