@@ -51,7 +51,7 @@ __all__ = [
 START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC: a fixed, reproducible epoch
 _DAY_MS = 86_400_000
 
-#: The issue's goals: recall at least, the rest at most (drift delay in seconds of event time).
+#: The detection goals: recall at least, the rest at most (drift delay in seconds of event time).
 GOALS: dict[str, float] = {
     "recall": 0.95,
     "false_alarms_per_device_day": 1.0,

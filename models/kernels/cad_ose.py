@@ -34,10 +34,9 @@ halves); a semi-context is found by its hash, as the reference's dicts find it.
 Cost and memory
 ---------------
 A row is ``STATE_SIZE * 8`` bytes (264 KB). Each reading crosses its facts with every
-stored semi-context, as the published algorithm does: with the memory full, 18-28 us a
-reading on the shared 2-core machine (the shipped NAB streams that fill it). ``python -m
-models.kernels.cad_ose`` prints the reference loop and the kernel per reading on young
-interleaved streams.
+stored semi-context, as the published algorithm does, so a reading costs in proportion to
+the contexts stored (up to ``max_contexts``). ``python -m models.kernels.cad_ose`` prints the
+reference loop and the kernel per reading on young interleaved streams.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The poison corpus of issue 12, as MQTT messages, and how to publish it: shared by the
+"""The poison corpus, as MQTT messages, and how to publish it: shared by the
 gateway's poison test and the end-to-end one (gateway and streaming job in one run)."""
 
 from __future__ import annotations
