@@ -3,7 +3,7 @@
 Stock ``paho.Client.publish`` costs per message: a ``MQTTMessage`` with its own
 ``threading.Condition``, the message lock, a wake-up of the network thread through a
 socket pair (a system call) and a ``send`` of its own. For a load generator that is most of
-its time (py-spy: the socket-pair write alone was 47 % of the simulator's publishing).
+its time, the socket-pair write the largest part.
 :meth:`BatchPublishClient.publish_many` builds the PUBLISH packets of a batch itself and
 hands them to paho's network thread as one queued write.
 
