@@ -64,8 +64,8 @@ _PUBLISH_WINDOW = 5000
 #: Publisher processes.
 _PUBLISHERS = 2
 #: A paced publisher sleeps only when it is this far ahead, and sends what falls due
-#: meanwhile back to back: a sleep per message (5,000 wake-ups a second) kept the
-#: publishers busy in the scheduler and took CPU from the paths they measure.
+#: meanwhile back to back: a sleep per message (5,000 wake-ups a second) would keep the
+#: publishers busy in the scheduler and take CPU from the paths they measure.
 _PACING_S = 0.001
 
 
