@@ -7,6 +7,7 @@ ISO timestamp in an example) is never judged."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -54,7 +55,7 @@ NOT_NARRATION = (
 
 _FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
 _CODE_SPAN = re.compile(r"``.*?``|`[^`\n]*`", re.S)
-_SKIP_DIRS = {".git", ".venv", "node_modules", "site", "build", "dist"}
+_SKIP_DIRS = {"node_modules", "site", "build", "dist", "__pycache__"}  # and hidden folders (.git, .venv)
 #: NAB's own files, kept as published; this file, whose examples are narration on purpose.
 _EXEMPT = ("models/evaluation/nab_sample", "tests/test_no_narration.py")
 
@@ -68,14 +69,16 @@ def markdown_prose(text: str) -> str:
 def python_prose(text: str) -> list[tuple[int, str]]:
     """The comments and docstrings of a Python source, each with its first line number."""
     found = []
-    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    for i, token in enumerate(tokens):
+    previous: tokenize.TokenInfo | None = None  # the last token that is not a line break or comment
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.COMMENT:
             found.append((token.start[0], token.string))
-        elif token.type == tokenize.STRING and token.string.lstrip("rbuRBU")[:3] in ('"""', "'''"):
-            before = [t for t in tokens[:i] if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
-            if not before or before[-1].type in (tokenize.INDENT, tokenize.DEDENT) or before[-1].string == ":":
+            continue
+        if token.type == tokenize.STRING and token.string.lstrip("rbuRBU")[:3] in ('"""', "'''"):
+            if previous is None or previous.type in (tokenize.INDENT, tokenize.DEDENT) or previous.string == ":":
                 found.append((token.start[0], markdown_prose(token.string)))
+        if token.type not in (tokenize.NL, tokenize.NEWLINE):
+            previous = token
     return found
 
 
@@ -95,15 +98,12 @@ def narration(path: Path, text: str) -> list[str]:
 
 def _files() -> list[Path]:
     files = []
-    for path in REPO_ROOT.rglob("*"):
-        relative = path.relative_to(REPO_ROOT)
-        if path.suffix not in (".md", ".py") or not path.is_file():
-            continue
-        if set(relative.parts) & _SKIP_DIRS or relative.parts[0].endswith(".egg-info"):
-            continue
-        if str(relative).startswith(_EXEMPT):
-            continue
-        files.append(path)
+    for folder, dirs, names in os.walk(REPO_ROOT):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".") and not d.endswith(".egg-info")]
+        for name in names:
+            path = Path(folder) / name
+            if path.suffix in (".md", ".py") and not str(path.relative_to(REPO_ROOT)).startswith(_EXEMPT):
+                files.append(path)
     return files
 
 
