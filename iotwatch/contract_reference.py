@@ -232,8 +232,8 @@ def markdown() -> str:
         parts += [record_table(cls) for cls in records]
     parts += [
         "## Dead letters (Kafka `iot.telemetry.dlq`)",
-        f"`{dead_letters.__name__}.DeadLetter`: {prose(dead_letters.DeadLetter.__doc__)} "
-        f"{prose(dead_letters.__doc__)} Headers:",
+        f"{prose(dead_letters.__doc__)} `{dead_letters.__name__}.DeadLetter`: "
+        f"{prose(dead_letters.DeadLetter.__doc__)} Headers:",
         dead_letter_headers(),
         "## Enumerations",
         *[enum_list(cls) for cls in ENUMS],
