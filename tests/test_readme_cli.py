@@ -4,6 +4,7 @@ output they show is what the commands print (the same code makes both)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -71,6 +72,28 @@ def test_every_command_shown_names_real_commands_and_options() -> None:
                 raise AssertionError(f"{path.relative_to(REPO_ROOT)}: iotwatch {' '.join(words)}: {exc}") from None
             checked += 1
     assert checked > 60, checked
+
+
+def test_every_python_command_shown_names_a_module_or_script_that_exists() -> None:
+    shown = [line for _, body in _BLOCK.findall(documents_text()) for line in body.splitlines()]
+    modules = [m for line in shown for m in re.findall(r"^python -m ([\w.]+)", line)]
+    scripts = [s for line in shown for s in re.findall(r"^python (\S+\.py)", line)]
+    assert modules and scripts
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, f"python -m {module}: no such module"
+    for script in scripts:
+        assert (REPO_ROOT / script).is_file(), f"python {script}: no such file"
+
+
+def test_the_readme_stays_short_and_starts_with_the_two_commands() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 350
+    first_block = _BLOCK.search(readme)
+    assert first_block is not None
+    assert [line.split("#")[0].strip() for line in first_block.group(2).splitlines()] == [
+        "./bootstrap.sh",
+        "./bootstrap.sh pytest",
+    ]
 
 
 def test_a_misspelt_command_or_option_is_caught() -> None:
