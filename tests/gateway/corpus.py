@@ -15,7 +15,7 @@ from iotwatch.contract.telemetry import MAX_SEQ
 from iotwatch.settings import MqttSettings
 
 #: (name, MQTT topic, payload, expected): a dead-letter reason, or ``forwarded`` where the
-#: contract lets it through for the streaming job to judge (documented in the README).
+#: contract lets it through for the streaming job to judge (docs/operate/gateway.md).
 Case = tuple[str, str, bytes, str]
 
 
