@@ -59,7 +59,7 @@ GOALS: dict[str, float] = {
     "drift_median_delay_s": 60.0,
 }
 
-#: The recommended stream settings (overrides of the defaults; the lead sets the defaults).
+#: The recommended stream settings for the evaluated fleet (overrides of the defaults).
 #: Tuned on a different seed (1; 10 homes, 4 vehicles, 1-2 days) than the reported one (7):
 #: the stuck-HVAC rule fires on a 4 C gap held for 6 readings (normal operation never holds
 #: more than 1 reading beyond 4 C), and a longer clear hold stops an alert from re-raising
