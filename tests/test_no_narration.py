@@ -39,6 +39,10 @@ PHRASINGS: dict[str, str] = {
     r"\b(?:before|after) the (?:fix|change|rewrite)\b": "Before the fix it raised 5 false alarms.",
     r"\b(?:as|than) before[.,;)]": "Recall is the same as before.",
     r"\bissue \d+\b|\bthe issue's\b": "Nothing is lost (issue 12).",
+    r"\b(?:fell|rose|dropped|went|took [\w ]{0,30}?) from [\d.,]+ (?:to|->) [\d.,]+": (
+        "The meters' false alarms fell from 1.60 to 0.75."
+    ),
+    r"\b(?:this|it|which|that) now (?:holds|works|passes|keeps|carries|stays)\b": "This now holds for event_data.",
 }
 _NARRATION = re.compile("|".join(f"(?:{p})" for p in PHRASINGS), re.I)
 
@@ -50,6 +54,7 @@ NOT_NARRATION = (
     "Event time is after 2000-01-01.",
     "Round the value to 2 decimals.",
     "The mean reading interval over that day sets the half-lives.",
+    "A coolant drift from 90 C to the sensor's 130 C raises the rule.",
     "A device no longer in the fleet loses its account.",
 )
 
