@@ -56,6 +56,8 @@ def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
     commands = (tmp_path / "site" / "reference" / "commands" / "index.html").read_text()
     for name in SUBCOMMANDS:
         assert f"iotwatch {name}" in commands, f"the command reference lacks `iotwatch {name}`"
+    assert "--anomaly-rate" in commands and "(your user name)" in commands  # options as --help prints them
+    assert "Sentinel" not in commands and "&lt;function" not in commands
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
