@@ -4,6 +4,7 @@ or a page left out of the navigation fails the build, and so this test."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,3 +68,11 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
         page.write("\n[a page that is not there](missing.md)\n")
     result = _build(tmp_path, tmp_path / "site")
     assert result.returncode != 0 and "missing.md" in result.stderr, result.stderr
+
+
+def test_the_readme_links_point_at_files_that_exist() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    links = [link for link in re.findall(r"\]\(([^)#\s]+)", readme) if "://" not in link]
+    assert len(links) > 10
+    for link in links:
+        assert (REPO_ROOT / link).exists(), f"README.md links to {link}, which does not exist"
