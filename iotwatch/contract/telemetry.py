@@ -125,14 +125,14 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     """
 
     v: int
-    device_id: Name
-    device_type: DeviceTypeName
-    site: Name
-    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+    device_id: Name  # the device, unique in the fleet
+    device_type: DeviceTypeName  # its kind: the metric catalogue's key
+    site: Name  # the home or vehicle fleet it belongs to
+    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]  # per-device counter from 0, +1 a message
     ts: Annotated[int, msgspec.Meta(description="event time, epoch milliseconds")]
-    metrics: Metrics
-    event: Name | None = None
-    event_data: dict[str, Any] | None = None
+    metrics: Metrics  # metric name (its unit in the name) -> value
+    event: Name | None = None  # a discrete event, e.g. door_open, crash
+    event_data: dict[str, Any] | None = None  # the event's details, e.g. a crash's pre-event buffer
 
     def key(self) -> bytes:
         """The Kafka message key: per-device order holds within a partition."""
