@@ -76,3 +76,12 @@ def test_the_readme_links_point_at_files_that_exist() -> None:
     assert len(links) > 10
     for link in links:
         assert (REPO_ROOT / link).exists(), f"README.md links to {link}, which does not exist"
+
+
+def test_the_readme_and_the_concepts_page_show_the_same_architecture_diagram() -> None:
+    def diagram(path: Path) -> str:
+        found = re.search(r"^```mermaid\n.*?^```", path.read_text(), re.M | re.S)
+        assert found is not None, path
+        return found.group(0)
+
+    assert diagram(REPO_ROOT / "README.md") == diagram(REPO_ROOT / "docs" / "concepts.md")
