@@ -3,6 +3,7 @@ or a page left out of the navigation fails the build, and so this test."""
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ import yaml
 
 from iotwatch.cli import SUBCOMMANDS
 from tests.conftest import REPO_ROOT
+from tests.test_no_narration import NARRATION
 
 
 def _build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -59,6 +61,8 @@ def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
         assert f"iotwatch {name}" in commands, f"the command reference lacks `iotwatch {name}`"
     assert "--anomaly-rate" in commands and "(your user name)" in commands  # options as --help prints them
     assert "Sentinel" not in commands and "&lt;function" not in commands
+    help_text = html.unescape(re.sub(r"<[^>]+>", "", commands))  # the commands' help, as rendered
+    assert not [line for line in help_text.splitlines() if NARRATION.search(line)]
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:

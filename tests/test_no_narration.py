@@ -44,7 +44,7 @@ PHRASINGS: dict[str, str] = {
     ),
     r"\b(?:this|it|which|that) now (?:holds|works|passes|keeps|carries|stays)\b": "This now holds for event_data.",
 }
-_NARRATION = re.compile("|".join(f"(?:{p})" for p in PHRASINGS), re.I)
+NARRATION = re.compile("|".join(f"(?:{p})" for p in PHRASINGS), re.I)
 
 #: Legitimate uses of the same words, which must not be flagged.
 NOT_NARRATION = (
@@ -96,7 +96,7 @@ def narration(path: Path, text: str) -> list[str]:
     hits = []
     for first, piece in pieces:
         for offset, line in enumerate(piece.splitlines()):
-            if _NARRATION.search(line):
+            if NARRATION.search(line):
                 hits.append(f"{path}:{first + offset}: {line.strip()}")
     return hits
 
