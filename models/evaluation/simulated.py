@@ -31,7 +31,8 @@ from devices.simulation import STATUS, Simulation
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.settings import StreamSettings
 from models.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
-from streaming.engine import PartitionEngine, RecordColumns
+from streaming.engine import PartitionEngine
+from streaming.partition_io import RecordColumns
 from streaming.state_store import MemoryStore
 
 __all__ = [
