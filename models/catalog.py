@@ -14,6 +14,7 @@ import json
 import pickle
 from typing import Any
 
+from iotwatch.errors import UserError
 from models.base import PAYLOAD_FORMAT, Detector
 
 __all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load", "make", "names"]
@@ -53,7 +54,7 @@ def detector_class(name: str) -> type[Detector]:
     try:
         module_name, attribute = DETECTORS[name].split(":")
     except KeyError:
-        raise ValueError(f"unknown detector {name!r}; choose from {', '.join(names())}") from None
+        raise UserError(f"unknown detector {name!r}; choose from {', '.join(names())}") from None
     return getattr(importlib.import_module(module_name), attribute)
 
 
@@ -79,9 +80,9 @@ def load(payload: bytes) -> Detector:
     if payload[:1] == b"{":
         doc = json.loads(payload)
         if doc.get("format") != PAYLOAD_FORMAT:
-            raise ValueError(f"unsupported detector payload format {doc.get('format')!r}")
+            raise UserError(f"unsupported detector payload format {doc.get('format')!r}")
         return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
     obj = pickle.loads(payload)
     if not isinstance(obj, Detector):
-        raise ValueError(f"payload holds a {type(obj).__name__}, not a Detector")
+        raise UserError(f"payload holds a {type(obj).__name__}, not a Detector")
     return obj

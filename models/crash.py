@@ -6,6 +6,7 @@ from typing import ClassVar, overload
 
 import numpy as np
 
+from iotwatch.errors import UserError
 from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
 __all__ = ["CrashDeceleration", "STANDARD_GRAVITY", "is_crash"]
@@ -59,9 +60,9 @@ class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
 
     def __init__(self, metric: str | None = "accel_x_g", threshold_g: float = 4.0, units: str = "g") -> None:
         if units not in ("g", "m/s2"):
-            raise ValueError(f"units must be 'g' or 'm/s2', not {units!r}")
+            raise UserError(f"units must be 'g' or 'm/s2', not {units!r}")
         if threshold_g <= 0:
-            raise ValueError("threshold_g must be positive")
+            raise UserError("threshold_g must be positive")
         self.metric = metric
         self.threshold_g = threshold_g
         self.units = units

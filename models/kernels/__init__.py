@@ -26,6 +26,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from iotwatch.errors import UserError
 from models.base import Detector
 
 __all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
@@ -72,7 +73,7 @@ def kernel_for(detector: str) -> Kernel:
     try:
         module: ModuleType = importlib.import_module(KERNELS[detector])
     except KeyError:
-        raise ValueError(
+        raise UserError(
             f"the streaming job runs detectors that have a compiled kernel "
             f"({', '.join(sorted(KERNELS))}), not {detector!r}"
         ) from None

@@ -84,6 +84,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from iotwatch.errors import UserError
 from models.base import VALUE_LIMIT
 from models.exceedance import ExceedanceTail
 from models.kernels import benchmark, warm_kernel
@@ -196,7 +197,7 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     """
     level, change, stuck = detector._level, detector._change, detector._stuck
     if level.season_buckets or change.season_buckets:
-        raise ValueError("the kernel has no seasonal baseline: members need season_buckets=0")
+        raise UserError("the kernel has no seasonal baseline: members need season_buckets=0")
     p = np.empty(PARAMS_SIZE)
     p[P_WARMUP] = detector.warmup
     p[P_LEVEL_WARMUP], p[P_LEVEL_A], p[P_LEVEL_CLIP] = level.warmup, level._a, level.clip
