@@ -21,7 +21,7 @@ import numpy as np
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
-from iotwatch.contract.detection import KIND_ALIASES
+from iotwatch.contract.detection import KIND_ALIASES, AnomalyKind, TransportFault
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
@@ -42,7 +42,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Kind:
-    name: str
+    name: AnomalyKind | TransportFault
     category: Literal["anomaly", "transport"]  # ANOMALY or TRANSPORT
     duration_s: tuple[float, float]
     device_types: frozenset[str] | None = None  # None: every type
@@ -55,35 +55,26 @@ _VEHICLE = frozenset({DeviceType.VEHICLE_EDR.value})
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("spike", ANOMALY, (0.0, 0.0), measurement=True),
-        Kind("level_shift", ANOMALY, (60.0, 600.0), measurement=True),
-        Kind("drift", ANOMALY, (300.0, 1800.0), measurement=True),
-        Kind("flatline", ANOMALY, (120.0, 900.0), measurement=True),
-        Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
-        Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
-        Kind("dropout", ANOMALY, (30.0, 300.0)),
-        Kind("stuck_hvac", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
-        Kind("water_leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
-        Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
-        Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
-        Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
-        Kind("duplicate", TRANSPORT, (0.0, 5.0)),
-        Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
-        Kind("late", TRANSPORT, (0.0, 10.0)),
-        Kind("clock_skew", TRANSPORT, (60.0, 600.0)),
-        Kind("malformed", TRANSPORT, (0.0, 0.0)),
+        Kind(AnomalyKind.SPIKE, ANOMALY, (0.0, 0.0), measurement=True),
+        Kind(AnomalyKind.LEVEL_SHIFT, ANOMALY, (60.0, 600.0), measurement=True),
+        Kind(AnomalyKind.DRIFT, ANOMALY, (300.0, 1800.0), measurement=True),
+        Kind(AnomalyKind.FLATLINE, ANOMALY, (120.0, 900.0), measurement=True),
+        Kind(AnomalyKind.NOISE_BURST, ANOMALY, (30.0, 300.0), measurement=True),
+        Kind(AnomalyKind.OUT_OF_RANGE, ANOMALY, (0.0, 3.0), measurement=True),
+        Kind(AnomalyKind.DROPOUT, ANOMALY, (30.0, 300.0)),
+        Kind(AnomalyKind.STUCK_HVAC, ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
+        Kind(AnomalyKind.WATER_LEAK, ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
+        Kind(AnomalyKind.HARSH_BRAKING, ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
+        Kind(AnomalyKind.CRASH, ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
+        Kind(AnomalyKind.OVERHEATING, ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
+        Kind(TransportFault.DUPLICATE, TRANSPORT, (0.0, 5.0)),
+        Kind(TransportFault.OUT_OF_ORDER, TRANSPORT, (0.0, 0.0)),
+        Kind(TransportFault.LATE, TRANSPORT, (0.0, 10.0)),
+        Kind(TransportFault.CLOCK_SKEW, TRANSPORT, (60.0, 600.0)),
+        Kind(TransportFault.MALFORMED, TRANSPORT, (0.0, 0.0)),
     )
 }
-ALIASES = {
-    "stuck": "flatline",
-    "stuck_at": "flatline",
-    "noise": "noise_burst",
-    "shift": "level_shift",
-    "duplicates": "duplicate",
-    "reorder": "out_of_order",
-    "skew": "clock_skew",
-    **KIND_ALIASES,
-}
+ALIASES = KIND_ALIASES
 MALFORMED_VARIANTS = (
     "truncated",
     "not_json",

@@ -6,6 +6,7 @@ from typing import ClassVar, overload
 
 import numpy as np
 
+from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
 from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
@@ -56,7 +57,7 @@ class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "crash"
-    detects: ClassVar[frozenset[str]] = frozenset({"crash"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.CRASH})
 
     def __init__(self, metric: str | None = "accel_x_g", threshold_g: float = 4.0, units: str = "g") -> None:
         if units not in ("g", "m/s2"):

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Self
 
 import models.forecast
 import models.robust_zscore  # noqa: F401
+from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
 from models.base import Detector, Reading
 from models.catalog import make
@@ -58,7 +59,9 @@ class CalibratedEnsemble(Detector):
     """
 
     name: ClassVar[str] = "ensemble"
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
+    )
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
 from models.base import Detector, Reading, UnivariateMixin
 
@@ -34,7 +35,7 @@ class Flatline(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "flatline"
-    detects: ClassVar[frozenset[str]] = frozenset({"flatline"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.FLATLINE})
 
     def __init__(self, metric: str | None = None, count: int = 30, tolerance: float = 0.0) -> None:
         if count < 2:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading
 from models.halfspace import HalfSpaceTrees
 from models.rank_calibration import RankCalibrator
@@ -41,7 +42,7 @@ class RankedHalfSpaceTrees(Detector):
 
     name: ClassVar[str] = "hst_ranked"
     compact_state: ClassVar[bool] = False
-    detects: ClassVar[frozenset[str]] = frozenset()
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from iotwatch.contract.alerts import AlertRecord, iso_time
+from iotwatch.contract.detection import Rule
 from iotwatch.settings import StreamSettings
 from streaming import rules
 from streaming.alerting import EpisodeStatus, Observation, RuleSpec, advance
@@ -53,16 +54,16 @@ class AlertRules:
         """The alerts this batch raises and clears, in (device, Kafka order, rule order)."""
         found: list[_Placed] = []
         scores = rules.rule_scores(readings, self.settings)
-        scores[rules.ANOMALY] = (np.ones(readings.n, dtype=bool), readings.anomaly)
+        scores[Rule.ANOMALY_SCORE] = (np.ones(readings.n, dtype=bool), readings.anomaly)
         describe: dict[str, Describe] = {rule: self._describe_rule(readings, rule) for rule in scores}
-        describe[rules.ANOMALY] = self._describe_anomaly(readings)
+        describe[Rule.ANOMALY_SCORE] = self._describe_anomaly(readings)
         if fleet is not None:
-            scores[rules.FLEET] = (fleet.applies, fleet.score)
+            scores[Rule.FLEET_ANOMALY] = (fleet.applies, fleet.score)
 
             def describe_fleet(i: int, _metric: str | None = None) -> Observation:
                 return fleet.describe(readings, i)
 
-            describe[rules.FLEET] = describe_fleet
+            describe[Rule.FLEET_ANOMALY] = describe_fleet
         bounds = np.searchsorted(readings.device, np.arange(len(batch.devices) + 1))
         for rule, (applies, score) in scores.items():
             spec = self.specs[rule]
@@ -107,7 +108,7 @@ class AlertRules:
             )
             if alert is not None:
                 updates: dict[str, object] = dict(readings.position(i))
-                if rule == rules.FLEET and fleet is not None:
+                if rule == Rule.FLEET_ANOMALY and fleet is not None:
                     updates["model_version"] = fleet.versions[readings.device_type[i]]
                 if updates:
                     alert = msgspec.structs.replace(alert, **updates)
@@ -128,7 +129,7 @@ class AlertRules:
         return describe
 
     def _describe_anomaly(self, readings: ScoredReadings) -> Describe:
-        fire = self.specs[rules.ANOMALY].fire
+        fire = self.specs[Rule.ANOMALY_SCORE].fire
 
         def describe(i: int, metric: str | None = None) -> Observation:
             """The most anomalous metric of the reading; or ``metric``, the one the open alert
@@ -165,16 +166,16 @@ class AlertRules:
         timeout_ms = self.timeout_ms
         log_gap = sequenced.log_gap
         gaps = np.flatnonzero((log_gap > timeout_ms) & (batch.codes >= 0))
-        devices = set(batch.codes[gaps].tolist()) | book.open_devices(rules.SILENT)
+        devices = set(batch.codes[gaps].tolist()) | book.open_devices(Rule.DEVICE_SILENT)
         if not devices:
             return []
         reading_at = np.full(len(batch.codes), -1, dtype=np.int64)
         reading_at[sequenced.scored] = np.arange(len(sequenced.scored))
-        spec = self.specs[rules.SILENT]
+        spec = self.specs[Rule.DEVICE_SILENT]
         bounds = np.searchsorted(batch.codes, np.arange(len(batch.devices) + 1))
         out: list[_Placed] = []
         for d in sorted(devices):
-            episode = book.episode(d, rules.SILENT)
+            episode = book.episode(d, Rule.DEVICE_SILENT)
             context = book.context(d)
             for p in range(bounds[d], bounds[d + 1]):
                 if log_gap[p] > timeout_ms and episode.status is EpisodeStatus.IDLE:
@@ -195,7 +196,7 @@ class AlertRules:
                         lambda: Observation(0.0, None, None, None, "device reporting again"),
                     )
                     if alert is not None:
-                        out.append(((d, p, RULE_CODE[rules.SILENT]), alert))
+                        out.append(((d, p, RULE_CODE[Rule.DEVICE_SILENT]), alert))
         return out
 
     def silence_timer(self, table: DeviceTable, found: np.ndarray, book: EpisodeBook, now_ms: int) -> list[AlertRecord]:
@@ -203,7 +204,7 @@ class AlertRules:
         silent (``found``: the store knew them; it keeps nothing of devices never heard from)."""
         alerts: list[AlertRecord] = []
         for d in np.flatnonzero(found).tolist():
-            episode = book.episode(d, rules.SILENT)
+            episode = book.episode(d, Rule.DEVICE_SILENT)
             newest = max(int(table.core[d, MAX_EVENT_MS]), 0)
             what = (
                 f"no data for {(now_ms - int(table.core[d, LAST_WALL_MS])) / 1000:.0f} s "
@@ -211,7 +212,7 @@ class AlertRules:
             )
             alert = advance(
                 episode,
-                self.specs[rules.SILENT],
+                self.specs[Rule.DEVICE_SILENT],
                 1.0,
                 newest,
                 int(table.core[d, SEQ_HIGH]),

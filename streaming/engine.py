@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from iotwatch.contract.detection import Rule
 from iotwatch.settings import StreamSettings
 from models.catalog import make
 from models.kernels import Kernel, kernel_for
@@ -56,7 +57,7 @@ class PartitionEngine:
         kernel = kernel_for(self.detector_name)
         params = kernel.params_vector(make(self.detector_name, **dict(settings.device_detector_params)))
         specs = rules.rule_specs(settings, self.detector_name)
-        self.scorer = DeviceScorer(kernel, params, kernel.initial_state(params), specs[rules.ANOMALY])
+        self.scorer = DeviceScorer(kernel, params, kernel.initial_state(params), specs[Rule.ANOMALY_SCORE])
         self.rules = AlertRules(settings, specs)
         self.model_version = model_version or f"{self.detector_name}@online"
         self.lateness_ms = int(settings.allowed_lateness_s * 1000)
@@ -78,7 +79,7 @@ class PartitionEngine:
         sequenced = sequence(batch, table, self.window, self.lateness_ms, now_ms)
         readings = self.scorer.score(batch, sequenced, table)
         book = EpisodeBook(table, batch.devices, self.model_version)
-        fleet = fleet_scores(self.fleet_models, readings, table, self.rules.specs[rules.FLEET].fire)
+        fleet = fleet_scores(self.fleet_models, readings, table, self.rules.specs[Rule.FLEET_ANOMALY].fire)
         alerts = self.rules.raise_and_clear(batch, sequenced, readings, book, fleet)
         newest = sequenced.newest[sequenced.scored]
         aggregates = close_buckets(table, readings, newest, self.bucket_ms, self.bucket_grace_ms)

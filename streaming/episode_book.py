@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streaming import rules
+from iotwatch.contract.detection import Rule
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, EpisodeStatus, alert_id
 from streaming.device_state import (
     EP_ABOVE,
@@ -32,17 +32,17 @@ from streaming.device_table import DeviceTable
 #: Rules in the order their alerts are listed for one reading; a rule's position is its code
 #: in the saved episodes (``EP_RULE``), so new rules go at the end.
 RULE_ORDER = (
-    rules.OUT_OF_RANGE,
-    rules.CRASH,
-    rules.HARSH_BRAKING,
-    rules.LEAK,
-    rules.STUCK_HVAC,
-    rules.ANOMALY,
-    rules.SILENT,
-    rules.FLEET,
-    rules.COOLANT,
-    rules.BATTERY,
-    rules.HUMIDITY,
+    Rule.OUT_OF_RANGE,
+    Rule.CRASH,
+    Rule.HARSH_BRAKING,
+    Rule.WATER_LEAK,
+    Rule.STUCK_HVAC,
+    Rule.ANOMALY_SCORE,
+    Rule.DEVICE_SILENT,
+    Rule.FLEET_ANOMALY,
+    Rule.COOLANT_OVERHEATING,
+    Rule.BATTERY_LOW,
+    Rule.HUMIDITY_HIGH,
 )
 RULE_CODE = {name: i for i, name in enumerate(RULE_ORDER)}
 _STATUS = {IDLE: EpisodeStatus.IDLE, PENDING: EpisodeStatus.PENDING, OPEN: EpisodeStatus.OPEN}

@@ -27,28 +27,17 @@ from models.crash import is_crash
 from streaming.alerting import Observation, RuleSpec
 from streaming.cleaning import physical_range
 
-ANOMALY = Rule.ANOMALY_SCORE.value
-OUT_OF_RANGE = Rule.OUT_OF_RANGE.value
-CRASH = Rule.CRASH.value
-HARSH_BRAKING = Rule.HARSH_BRAKING.value
-LEAK = Rule.WATER_LEAK.value
-STUCK_HVAC = Rule.STUCK_HVAC.value
-SILENT = Rule.DEVICE_SILENT.value
-FLEET = Rule.FLEET_ANOMALY.value
-COOLANT = Rule.COOLANT_OVERHEATING.value
-BATTERY = Rule.BATTERY_LOW.value
-HUMIDITY = Rule.HUMIDITY_HIGH.value
 #: The rules of the catalogue's danger limits, and their severities.
 DANGER_RULES: dict[str, Severity] = {limit.rule: Severity(limit.severity) for _, _, limit in danger_limits()}
-if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
+if set(DANGER_RULES) != {Rule.COOLANT_OVERHEATING, Rule.BATTERY_LOW, Rule.HUMIDITY_HIGH}:
     raise RuntimeError(f"the metric catalogue's danger rules {sorted(DANGER_RULES)} are not the engine's")
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     """The rules, their anti-flap parameters and runbook links, from the stream settings."""
     specs = {
-        ANOMALY: RuleSpec(
-            ANOMALY,
+        Rule.ANOMALY_SCORE: RuleSpec(
+            Rule.ANOMALY_SCORE,
             Severity.WARNING,
             settings.alert_fire_score,
             settings.alert_clear_score,
@@ -56,12 +45,12 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
             settings.alert_clear_readings,
             detector,
         ),
-        OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, Severity.MAJOR, 0.5, 0.5, 1, settings.alert_clear_readings),
-        CRASH: RuleSpec(CRASH, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
-        HARSH_BRAKING: RuleSpec(HARSH_BRAKING, Severity.WARNING, 0.5, 0.5, 1, settings.alert_clear_readings),
-        LEAK: RuleSpec(LEAK, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
-        STUCK_HVAC: RuleSpec(
-            STUCK_HVAC,
+        Rule.OUT_OF_RANGE: RuleSpec(Rule.OUT_OF_RANGE, Severity.MAJOR, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.CRASH: RuleSpec(Rule.CRASH, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.HARSH_BRAKING: RuleSpec(Rule.HARSH_BRAKING, Severity.WARNING, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.WATER_LEAK: RuleSpec(Rule.WATER_LEAK, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.STUCK_HVAC: RuleSpec(
+            Rule.STUCK_HVAC,
             Severity.MAJOR,
             0.5,
             0.5,
@@ -69,9 +58,9 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
             settings.alert_clear_readings,
             hold_ms=int(settings.stuck_hvac_s * 1000),
         ),
-        SILENT: RuleSpec(SILENT, Severity.MAJOR, 0.5, 0.5, 1, 1),
-        FLEET: RuleSpec(
-            FLEET,
+        Rule.DEVICE_SILENT: RuleSpec(Rule.DEVICE_SILENT, Severity.MAJOR, 0.5, 0.5, 1, 1),
+        Rule.FLEET_ANOMALY: RuleSpec(
+            Rule.FLEET_ANOMALY,
             Severity.WARNING,
             settings.fleet_fire_score,
             settings.fleet_fire_score - 0.1,
@@ -108,7 +97,7 @@ def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, 
     [0, 1]. This is the only place a rule's condition is written."""
     n = len(readings.device_type)
     everyone = np.ones(n, dtype=bool)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {OUT_OF_RANGE: (everyone, readings.out_of_range.astype(float))}
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {Rule.OUT_OF_RANGE: (everyone, readings.out_of_range.astype(float))}
     event = readings.event
     accel = readings.metric("accel_x_g")
     crash_event = event == "crash"
@@ -118,19 +107,19 @@ def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, 
         crashed = crash_event | is_crash(accel, crash_g)
         with np.errstate(invalid="ignore"):
             harsh = (harsh_g <= -accel) & ~crashed
-        out[CRASH] = (vehicle, crashed.astype(float))
-        out[HARSH_BRAKING] = (vehicle, harsh.astype(float))
+        out[Rule.CRASH] = (vehicle, crashed.astype(float))
+        out[Rule.HARSH_BRAKING] = (vehicle, harsh.astype(float))
     leak_event = event == "leak"
     leak = (readings.device_type == "leak_sensor") | leak_event
     if leak.any():
         with np.errstate(invalid="ignore"):
             wet = leak_event | (readings.metric("water_detected") >= 0.5)
-        out[LEAK] = (leak, wet.astype(float))
+        out[Rule.WATER_LEAK] = (leak, wet.astype(float))
     thermostat = readings.device_type == "thermostat"
     if thermostat.any():
         hvac = _hvac(readings, settings)
         applies = thermostat & hvac.known
-        out[STUCK_HVAC] = (applies, (hvac.stuck & applies).astype(float))
+        out[Rule.STUCK_HVAC] = (applies, (hvac.stuck & applies).astype(float))
     for device_type, metric, limit in danger_limits():
         of_type = readings.device_type == device_type
         if not of_type.any():
@@ -213,11 +202,11 @@ def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observ
 def _describe(rule: str, reading: ReadingView, score: float, one: _OneReading, settings: StreamSettings) -> Observation:
     """The observation of ``rule`` on ``reading``, given the score the rule gave it."""
     metrics = reading.metrics
-    if rule == OUT_OF_RANGE:
+    if rule == Rule.OUT_OF_RANGE:
         return _out_of_range(reading)
-    if rule in (CRASH, HARSH_BRAKING):
+    if rule in (Rule.CRASH, Rule.HARSH_BRAKING):
         accel = metrics.get("accel_x_g")
-        if rule == HARSH_BRAKING:
+        if rule == Rule.HARSH_BRAKING:
             harsh_g = settings.harsh_braking_g
             if score >= 1.0 and accel is not None:
                 detail = f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g"
@@ -231,11 +220,11 @@ def _describe(rule: str, reading: ReadingView, score: float, one: _OneReading, s
         else:
             detail = "no crash deceleration"
         return Observation(score, "accel_x_g", accel, -crash_g, detail)
-    if rule == LEAK:
+    if rule == Rule.WATER_LEAK:
         return Observation(
             score, "water_detected", metrics.get("water_detected"), 0.5, "water detected" if score else "dry"
         )
-    if rule == STUCK_HVAC:
+    if rule == Rule.STUCK_HVAC:
         temperature, setpoint = metrics["temperature_c"], metrics["setpoint_c"]
         gap = temperature - setpoint
         if not score:
