@@ -56,14 +56,16 @@ def _strings(values: Sequence[str] | np.ndarray) -> np.ndarray:
 
 def _encode_strings(values: np.ndarray) -> tuple[bytes, bytes]:
     """A vocabulary (joined) and int32 codes: few distinct types, sites and metric names."""
-    codes, uniques = pd.factorize(values) if len(values) else (np.zeros(0, dtype=np.int64), [])
+    if not len(values):
+        return b"", b""
+    codes, uniques = pd.factorize(values)
     return _SEP.join(uniques).encode(), codes.astype(np.int32).tobytes()
 
 
 def _decode_strings(vocabulary: bytes, codes: np.ndarray) -> np.ndarray:
     if not len(codes):
         return _strings([])
-    return _strings(vocabulary.decode().split(_SEP))[codes]  # ("" splits into [""]: one empty word)
+    return _strings(vocabulary.decode().split(_SEP)).take(codes)  # ("" splits into [""]: one empty word)
 
 
 @dataclass
@@ -123,7 +125,7 @@ class DeviceTable:
 
     def metric_names(self, d: int) -> list[str]:
         bounds = np.searchsorted(self.metric_device, [d, d + 1])
-        return self.metric_name[bounds[0] : bounds[1]].tolist()
+        return list(self.metric_name[bounds[0] : bounds[1]])
 
     def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray) -> np.ndarray:
         """Append new (device, metric) rows -- after each device's existing ones, in the given
@@ -320,7 +322,7 @@ class DeviceTable:
             text.append(blob[at : at + length])
             at += length
 
-        def array(dtype: type, count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        def array(dtype: type[np.generic], count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
             nonlocal at
             out = np.frombuffer(blob, dtype=dtype, count=count, offset=at).copy()
             at += out.nbytes

@@ -36,7 +36,7 @@ def _metric_rows(table: DeviceTable, pair_device: np.ndarray, pair_name: np.ndar
     width = max(len(names), 1)
     known = table.metric_device * width + codes[: len(table.metric_name)]
     wanted = pair_device.astype(np.int64) * width + codes[len(table.metric_name) :]
-    return pd.Index(known).get_indexer(wanted).astype(np.int64)
+    return pd.Index(known).get_indexer(pd.Index(wanted)).astype(np.int64)
 
 
 def remember_last(

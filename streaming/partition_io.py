@@ -104,8 +104,9 @@ class BatchOutput:
         """Everything as dicts tagged with a ``kind`` (tests and small tools): readings
         with their ``metrics`` and ``scores`` as dicts, then alerts (the record as ``body``),
         aggregates, dead letters and a ``tally``."""
-        rows = [
-            {**r, "metrics": reading_metrics(r), "scores": reading_scores(r)} for r in self.readings.to_dict("records")
+        rows: list[dict[str, Any]] = [
+            {**r, "metrics": reading_metrics(r), "scores": reading_scores(r)}
+            for r in self.readings.to_dict("records", into=dict)  # into=dict (the default): rows keyed by str
         ]
         rows += [
             {
@@ -118,7 +119,7 @@ class BatchOutput:
             }
             for a in self.alerts
         ]
-        rows += [{"kind": "aggregate", **r} for r in self.aggregates.to_dict("records")]
+        rows += [{"kind": "aggregate", **r} for r in self.aggregates.to_dict("records", into=dict)]
         rows += [dict(d) for d in self.dead_letters]
         rows.append({"kind": "tally", "body": json.dumps(self.counters)})
         return rows

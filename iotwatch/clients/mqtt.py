@@ -147,7 +147,7 @@ class PersistentSession:
         self.client = make_client(settings, client_id, clean_session=False)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *_: self._ready.set()
-        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, m.payload))
+        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, bytes(m.payload)))
 
     def _on_connect(self, client: paho.Client, _u: object, _flags: object, reason: Any, _p: object) -> None:
         if reason.is_failure:

@@ -279,11 +279,11 @@ def _without_patterns(kind: Any) -> Any:
                 meta = msgspec.Meta(**kept)
             metas.append(meta)
         base = _without_patterns(args[0])
-        return Annotated[(base, *metas)] if metas else base  # type: ignore[valid-type]
+        return Annotated[(base, *metas)] if metas else base
     if origin in (typing.Union, types.UnionType):
-        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # type: ignore[misc]  # noqa: UP007 (built from a tuple)
+        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # noqa: UP007 (built from a tuple)
     if origin is dict:
-        return dict[_without_patterns(args[0]), _without_patterns(args[1])]  # type: ignore[misc]
+        return types.GenericAlias(dict, (_without_patterns(args[0]), _without_patterns(args[1])))
     return kind
 
 
@@ -378,7 +378,7 @@ def _diagnose(raw: bytes) -> Telemetry:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class _Pairs(list):  # type: ignore[type-arg]
+class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs, duplicate keys included."""
 
 
@@ -464,6 +464,8 @@ def _kind(value: Any) -> str:
 
 # --- many records at once, for the streaming job -----------------------------------------
 
+_NONE = np.array(None, dtype=object)  # None as an array, so comparing an object column with it is elementwise
+
 
 @dataclass(frozen=True)
 class DecodedBatch:
@@ -490,7 +492,7 @@ class DecodedBatch:
     @property
     def valid(self) -> np.ndarray:
         """Boolean mask of the records that follow the contract."""
-        return np.equal(self.reason, None)
+        return np.asarray(np.equal(self.reason, _NONE), dtype=np.bool_)
 
 
 def decode_batch(
