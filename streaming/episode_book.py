@@ -44,7 +44,7 @@ RULE_ORDER = (
     Rule.BATTERY_LOW,
     Rule.HUMIDITY_HIGH,
 )
-RULE_CODE = {name: i for i, name in enumerate(RULE_ORDER)}
+RULE_CODE: dict[str, int] = {name: i for i, name in enumerate(RULE_ORDER)}
 _STATUS = {IDLE: EpisodeStatus.IDLE, PENDING: EpisodeStatus.PENDING, OPEN: EpisodeStatus.OPEN}
 _STATUS_CODE = {status: code for code, status in _STATUS.items()}
 

@@ -35,7 +35,7 @@ if set(DANGER_RULES) != {Rule.COOLANT_OVERHEATING, Rule.BATTERY_LOW, Rule.HUMIDI
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     """The rules, their anti-flap parameters and runbook links, from the stream settings."""
-    specs = {
+    specs: dict[str, RuleSpec] = {
         Rule.ANOMALY_SCORE: RuleSpec(
             Rule.ANOMALY_SCORE,
             Severity.WARNING,
