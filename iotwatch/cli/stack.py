@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -37,6 +38,12 @@ def stack() -> None:
     help="MQTT server: mosquitto when on PATH (auto), or the pip-installed amqtt.",
 )
 @click.option("--no-influx", is_flag=True, help="Run without InfluxDB.")
+@click.option(
+    "--sites",
+    type=click.IntRange(min=0, max=20),
+    help="Edge sites, each with its own MQTT broker and Kafka node, replicated to the central "
+    "Kafka cluster by MirrorMaker 2 (default IOTWATCH_STACK_SITES, 0: one cluster).",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
 @json_option
 @pass_app
@@ -46,10 +53,15 @@ def up(
     partitions: int | None,
     mqtt_broker: str | None,
     no_influx: bool,
+    sites: int | None,
     foreground: bool,
     as_json: bool,
 ) -> None:
     """Start the servers on free loopback ports, create topics and the database.
+
+    With --sites N: N edge sites (an MQTT broker and a one-node Kafka cluster each) and one
+    MirrorMaker 2 per site copying its raw and dead-letter topics to the central cluster
+    (as <site>.<topic>) and the central commands topic back to it.
 
     Each server is health-checked with a real client before this returns. The servers keep
     running after the command exits (unless --foreground); `iotwatch stack down` stops them.
@@ -60,6 +72,8 @@ def up(
         stack_update["mqtt_broker"] = mqtt_broker
     if no_influx:
         stack_update["influxdb"] = "none"
+    if sites is not None:
+        stack_update["sites"] = sites
     kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)
@@ -75,13 +89,17 @@ def up(
 def _render_up(result: dict[str, Any]) -> None:
     click.echo(f"stack up in {result['run_dir']}")
     for role, svc in result["services"].items():
-        click.echo(f"  {role:<7}{svc['endpoint']:<32}{svc['implementation']}")
+        click.echo(f"  {role:<13}{svc['endpoint']:<32}{svc['implementation']}")
     if "influx" not in result["services"]:
         click.echo("  influx  (not running: metrics are disabled)")
     click.echo(f"  topics  {', '.join(result['topics'])} ({result['partitions']} partitions)")
     click.echo("point other shells at it with:")
     for name, value in result["env"].items():
-        click.echo(f"  export {name}={value}")
+        click.echo(f"  export {name}={shlex.quote(value)}")
+    for site, ends in result["sites"].items():
+        click.echo(f"site {site}: MQTT {ends['mqtt']}, Kafka {ends['kafka']}; its gateway and devices with:")
+        for name in ("IOTWATCH_MQTT_URL", "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"):
+            click.echo(f"  export {name}={ends['env'][name]}")
     click.echo(f"stop it with: {result['stop']}")
 
 
@@ -132,4 +150,4 @@ def _render_status(result: dict[str, Any]) -> None:
         return
     for role, svc in result["services"].items():
         mark = "ok  " if svc["healthy"] else "FAIL"
-        click.echo(f"{mark} {role:<7}{svc['endpoint']:<32}{svc['implementation']:<22}{svc['detail']}")
+        click.echo(f"{mark} {role:<13}{svc['endpoint']:<32}{svc['implementation']:<34}{svc['detail']}")
