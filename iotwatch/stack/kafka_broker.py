@@ -242,7 +242,8 @@ def _format(spec: KafkaNodeSpec, config: Path, cluster_id: str, classpath: str, 
     if (spec.folder / "data" / "meta.properties").exists():
         return
     command = [java_executable(), "-cp", classpath, "kafka.tools.StorageTool", "format", "--config", str(config)]
-    command += ["--cluster-id", cluster_id, "--ignore-formatted"]
+    # one argument: a generated id may begin with "-", which a separate argument would make an option
+    command += [f"--cluster-id={cluster_id}", "--ignore-formatted"]
     for user, password in security.passwords.items() if security else ():
         command += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
     result = subprocess.run(command, capture_output=True, text=True)
