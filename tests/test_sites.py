@@ -99,38 +99,33 @@ def test_a_site_keeps_ingesting_through_a_60_s_link_cut_and_the_centre_catches_u
     gateway = Gateway(settings)
     gateway.start()
     devices = [f"cut-{unique}-{i}" for i in range(4)]
-    count = int((LINK_CUT_S + 20) * 25)  # 100 readings/s over the cut and 20 s around it
-    publisher = Publisher(settings.mqtt, devices, count=count, rate_per_s=100).start()
+    count = int((LINK_CUT_S + 10) * 25)  # 100 readings/s through the site's gateway, 10 s past the cut
     others = [f"cut-{unique}-site2"]
+    mirror = site_role("site1", "mirror")
     try:
-        wait_for(
-            lambda: copies(read_topic(central(sites), replica, idle_s=0.5), devices),
-            30,
-            "site1's first readings at the centre",
-        )
-        stop_process(sites.services[site_role("site1", "mirror")].process)  # the link is cut
+        stop_process(sites.services[mirror].process)  # the link is cut
         cut_at = time.monotonic()
-        at_cut_centre = sum(copies(read_topic(central(sites), replica, idle_s=0.5), devices).values())
-        at_cut_edge = len(copies(read_topic(edge(sites, "site1"), topics.raw, idle_s=0.5), devices))
+        publisher = Publisher(settings.mqtt, devices, count=count, rate_per_s=100).start()
         # the other site's link is its own: its readings reach the centre during the cut
         produce(edge(sites, "site2"), topics.raw, others, range(200))
         _, site2 = read_all_seqs(central(sites), remote_topic("site2", topics.raw), others, 200, timeout_s=30)
         assert_no_loss(site2, others, 200)
-        time.sleep(max(0.0, LINK_CUT_S - 2 - (time.monotonic() - cut_at)))
-        during_edge = len(copies(read_topic(edge(sites, "site1"), topics.raw, idle_s=0.5), devices))
-        during_centre = sum(copies(read_topic(central(sites), replica, idle_s=0.5), devices).values())
-        assert during_edge >= at_cut_edge + int((LINK_CUT_S - 5) * 100 * 0.9), "the site stopped ingesting"
-        assert during_centre == at_cut_centre, "readings crossed a cut link"
+        time.sleep(max(0.0, LINK_CUT_S - 3 - (time.monotonic() - cut_at)))
+        at_site = len(copies(read_topic(edge(sites, "site1"), topics.raw, idle_s=0.5), devices))
+        at_centre = sum(copies(read_topic(central(sites), replica, idle_s=0.5), devices).values())
+        assert at_site >= int((LINK_CUT_S - 5) * 100 * 0.9), f"the site stopped ingesting ({at_site} readings)"
+        assert at_centre == 0, "readings crossed a cut link"
         time.sleep(max(0.0, LINK_CUT_S - (time.monotonic() - cut_at)))
+    finally:
         restart_link(sites, "site1", topics)
-        publisher.join(timeout=120)
+    try:
+        publisher.join(timeout=60)
     finally:
         gateway.stop()
     records, seqs = read_all_seqs(central(sites), replica, devices, count, timeout_s=90)
     assert_no_loss(seqs, devices, count)
     duplicates = sum(n - 1 for n in copies(records, devices).values())
     print(f"link cut {LINK_CUT_S:.0f} s: {len(devices) * count} readings, {duplicates} duplicates at the centre")
-    assert duplicates <= len(devices) * count  # at least once, never a runaway
 
 
 def test_mirror_maker_killed_mid_run_and_restarted_loses_nothing(

@@ -154,7 +154,11 @@ def restart_mirror_maker(
 def wait_for_mirror(
     site: str, topics: TopicSettings, central_settings: KafkaSettings, record: ProcessRecord, timeout_s: float
 ) -> RunningService:
-    wanted = [remote_topic(site, topics.raw), remote_topic(site, topics.dlq), remote_topic(site, "heartbeats")]
+    """Wait until the site's replicas exist at the centre and a heartbeat the site emitted
+    after this process started has been copied there: the site's flow runs."""
+    from iotwatch.replication import HEARTBEATS_TOPIC, ReplicationLag
+
+    wanted = [remote_topic(site, topics.raw), remote_topic(site, topics.dlq), remote_topic(site, HEARTBEATS_TOPIC)]
     wait_until(
         lambda: all(name in list_topics(central_settings, timeout_s=2.0) for name in wanted),
         timeout_s=timeout_s,
@@ -162,4 +166,16 @@ def wait_for_mirror(
         record=record,
         interval_s=0.5,
     )
+    started_ms = int(record.create_time * 1000)
+    lag = ReplicationLag(central_settings, [site])
+    try:
+        wait_until(
+            lambda: (lag.newest_heartbeat_ms(site) or 0) >= started_ms,
+            timeout_s=timeout_s,
+            what=f"MirrorMaker 2 of {site} (a fresh heartbeat of the site at the centre)",
+            record=record,
+            interval_s=0.5,
+        )
+    finally:
+        lag.close()
     return RunningService(f"{site}-mirror", IMPLEMENTATION, f"{site}->{CENTRAL}", record)
