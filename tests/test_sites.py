@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import client_config, list_topics
+from iotwatch.replication import ReplicationLag
 from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack, StackState
 from iotwatch.stack.mirror_maker import remote_topic, restart_mirror_maker
@@ -115,9 +116,16 @@ def test_a_site_keeps_ingesting_through_a_60_s_link_cut_and_the_centre_catches_u
         at_centre = sum(copies(read_topic(central(sites), replica, idle_s=0.5), devices).values())
         assert at_site >= int((LINK_CUT_S - 5) * 100 * 0.9), f"the site stopped ingesting ({at_site} readings)"
         assert at_centre == 0, "readings crossed a cut link"
+        lag = ReplicationLag(central(sites), ["site1", "site2"])
+        during = lag.sample()
+        assert during["site1"] is not None and during["site1"] >= (LINK_CUT_S - 10) * 1000, during
+        assert during["site2"] is not None and during["site2"] < 10_000, during
         time.sleep(max(0.0, LINK_CUT_S - (time.monotonic() - cut_at)))
     finally:
         restart_link(sites, "site1", topics)
+    after = lag.sample()["site1"]
+    lag.close()
+    assert after is not None and after < 10_000, f"replication lag {after} ms after the link is back"
     try:
         publisher.join(timeout=60)
     finally:
@@ -125,7 +133,10 @@ def test_a_site_keeps_ingesting_through_a_60_s_link_cut_and_the_centre_catches_u
     records, seqs = read_all_seqs(central(sites), replica, devices, count, timeout_s=90)
     assert_no_loss(seqs, devices, count)
     duplicates = sum(n - 1 for n in copies(records, devices).values())
-    print(f"link cut {LINK_CUT_S:.0f} s: {len(devices) * count} readings, {duplicates} duplicates at the centre")
+    print(
+        f"link cut {LINK_CUT_S:.0f} s: {len(devices) * count} readings, {duplicates} duplicates at the centre; "
+        f"replication lag {during['site1']} ms during the cut, {after} ms after"
+    )
 
 
 def test_mirror_maker_killed_mid_run_and_restarted_loses_nothing(
