@@ -343,19 +343,19 @@ def sites_summary(
     archive: Path,
     truth_path: Path,
 ) -> dict[str, Any]:
-    """Per site: readings at the site and at the centre, duplicates MirrorMaker's at-least-once
-    copying left at the centre, loss by seq (site -> centre -> archive), replication lag and
-    the alerts raised for its devices."""
+    """Per site: readings at the site and at the centre, records MirrorMaker's at-least-once
+    copying left twice at the centre, loss by seq (site -> centre -> archive), replication lag
+    and the alerts raised for its devices."""
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     archived = accounting.archived_seqs(archive)
     late = _late_seqs(settings)
     alerts, _ = _decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
     result = {}
     for site in sites:
-        at_site = accounting.index_raw(read_to_end(edge_kafka(settings, state, site), settings.topics.raw))
+        site_records = read_to_end(edge_kafka(settings, state, site), settings.topics.raw)
+        at_site = accounting.index_raw(site_records)
         replica_records = read_to_end(settings.kafka, remote_topic(site, settings.topics.raw))
         at_centre = accounting.index_raw(replica_records)
-        copies = len(replica_records) - at_centre.unparseable
         unique = sum(len(seqs) for seqs in at_centre.seqs.values())
         not_replicated = sum(len(seqs - at_centre.seqs.get(device, set())) for device, seqs in at_site.seqs.items())
         mine = [event for event in truth if event.device_id.startswith(f"{site}-")]
@@ -364,8 +364,11 @@ def sites_summary(
         result[site] = {
             "readings_at_site": sum(len(seqs) for seqs in at_site.seqs.values()),
             "readings_at_centre": unique,
-            "copies_at_centre": copies,
-            "duplicates_at_centre": copies - unique,
+            "records_at_site": len(site_records),
+            "records_at_centre": len(replica_records),
+            # MirrorMaker's at-least-once copies (the site's own duplicates, e.g. a device
+            # publishing twice, are in both counts)
+            "copied_twice_by_mirror_maker": len(replica_records) - len(site_records),
             "not_replicated": not_replicated,
             "loss": loss["loss"] + not_replicated,
             "archived": loss["archived"],
@@ -741,7 +744,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         lag = figures["replication_lag"]
         console.print(
             f"  site {site}: {figures['readings_at_site']} readings at the site, {figures['readings_at_centre']} "
-            f"at the centre ({figures['duplicates_at_centre']} duplicate copies), loss [{style}]{figures['loss']}"
+            f"at the centre ({figures['copied_twice_by_mirror_maker']} copied twice), loss [{style}]{figures['loss']}"
             f"[/{style}]; replication lag p50/p99/max {lag['p50_ms']}/{lag['p99_ms']}/{lag['max_ms']} ms; "
             f"{figures['alerts_raised']} alerts raised"
         )
