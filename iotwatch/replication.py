@@ -54,13 +54,13 @@ class ReplicationLag:
             return int(message.timestamp()[1])
         return None
 
-    def sample(self, now_ms: int | None = None) -> dict[str, int | None]:
-        """Site -> replication lag in ms (None: no heartbeat from that site at the centre yet)."""
-        now = now_ms if now_ms is not None else int(time.time() * 1000)
+    def sample(self) -> dict[str, int | None]:
+        """Site -> replication lag in ms: the age of its newest heartbeat at the centre when
+        read (None: no heartbeat from that site at the centre yet)."""
         lags: dict[str, int | None] = {}
         for site in self.sites:
             emitted = self.newest_heartbeat_ms(site)
-            lags[site] = None if emitted is None else max(0, now - emitted)
+            lags[site] = None if emitted is None else max(0, int(time.time() * 1000) - emitted)
         return lags
 
     def close(self) -> None:

@@ -151,3 +151,59 @@ def _render_status(result: dict[str, Any]) -> None:
     for role, svc in result["services"].items():
         mark = "ok  " if svc["healthy"] else "FAIL"
         click.echo(f"{mark} {role:<13}{svc['endpoint']:<32}{svc['implementation']:<34}{svc['detail']}")
+
+
+@stack.command()
+@run_dir_option
+@click.option("--site", "sites", multiple=True, help="A site's alias (repeatable; default: the stack's sites).")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Sample every SECONDS and write each sample to InfluxDB (measurement replication) until Ctrl-C.",
+)
+@json_option
+@pass_app
+def lag(app: AppContext, run_dir: Path | None, sites: tuple[str, ...], watch: float | None, as_json: bool) -> None:
+    """How far the central Kafka cluster is behind each site, from MirrorMaker 2's heartbeats.
+
+    The central cluster is the stack's (or IOTWATCH_KAFKA_BOOTSTRAP_SERVERS with --site when
+    no stack runs from the run directory).
+    """
+    import time
+
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.replication import ReplicationLag, write_lag
+    from iotwatch.stack.embedded import StackState
+
+    settings = app.settings
+    state = StackState.load(resolve_run_dir(settings, run_dir))
+    if state is not None:
+        settings = state.apply_to(settings)
+    names = list(sites) or (state.sites if state else [])
+    if not names:
+        raise click.UsageError("no sites: name them with --site (or start a stack with --sites N)")
+    monitor = ReplicationLag(settings.kafka, names)
+    influx = InfluxV1Client(settings.influx) if watch and settings.influx.enabled else None
+    try:
+        while True:
+            lags = monitor.sample()
+            now_ms = int(time.time() * 1000)
+            if influx is not None:
+                write_lag(influx, lags, now_ms)
+            emit({"lag_ms": lags}, as_json, lambda r: click.echo(_lag_line(r["lag_ms"])))
+            if not watch:
+                return
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        monitor.close()
+        if influx is not None:
+            influx.close()
+
+
+def _lag_line(lags: dict[str, int | None]) -> str:
+    return "replication lag: " + ", ".join(
+        f"{site} {'no heartbeat yet' if ms is None else f'{ms} ms'}" for site, ms in lags.items()
+    )

@@ -127,7 +127,7 @@ REPLICATION = Measurement(
     "replication",
     _names("source target"),
     _names("lag_ms"),
-    "the sites' replication monitor (the demo, `iotwatch sites lag --watch`): per site, how far "
+    "the sites' replication monitor (the demo, `iotwatch stack lag --watch`): per site, how far "
     "the central cluster is behind it, from MirrorMaker 2's heartbeats",
 )
 

@@ -305,8 +305,8 @@ def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_p
 
 def _record_lag(settings: Settings, lag: ReplicationLag, history: LagHistory) -> None:
     """One replication-lag sample per site: kept for the summary, written to InfluxDB."""
+    lags = lag.sample()
     now_ms = int(time.time() * 1000)
-    lags = lag.sample(now_ms)
     history.add(lags)
     if settings.influx.enabled:
         client = kept_client(settings.influx)
@@ -359,7 +359,8 @@ def sites_summary(
         unique = sum(len(seqs) for seqs in at_centre.seqs.values())
         not_replicated = sum(len(seqs - at_centre.seqs.get(device, set())) for device, seqs in at_site.seqs.items())
         mine = [event for event in truth if event.device_id.startswith(f"{site}-")]
-        loss = accounting.account(at_centre.seqs, archived, late, mine)
+        archived_here = {device: seqs for device, seqs in archived.items() if device.startswith(f"{site}-")}
+        loss = accounting.account(at_centre.seqs, archived_here, late, mine)
         raised = [a for a in alerts if a.raised and a.device_id.startswith(f"{site}-")]
         result[site] = {
             "readings_at_site": sum(len(seqs) for seqs in at_site.seqs.values()),
