@@ -26,6 +26,7 @@ from pathlib import Path
 from iotwatch.clients.kafka import list_topics
 from iotwatch.jars import KAFKA_VERSION, java_executable, mirror_maker
 from iotwatch.settings import KafkaSettings, TopicSettings
+from iotwatch.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J_CONFIG
 from iotwatch.stack.process import ProcessRecord, start_process, wait_until
 from iotwatch.stack.service import RunningService
 
@@ -63,17 +64,12 @@ REPLICATION_SETTINGS = {
     "tasks.max": "1",
 }
 
-LOG4J_CONFIG = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.out.ref = out
-logger.mirror.name = org.apache.kafka.connect.mirror
-logger.mirror.level = INFO
-"""
+#: The broker's logging (to the console, which the process writes to its log file), warnings
+#: only but MirrorMaker's own account of its flows.
+LOG4J_CONFIG = (
+    BROKER_LOG4J_CONFIG.format(level="WARN")
+    + "logger.mirror.name = org.apache.kafka.connect.mirror\nlogger.mirror.level = INFO\n"
+)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from iotwatch.settings import KafkaSettings, TopicSettings
 from iotwatch.stack.kafka_broker import EDGE_HEAP_OPTIONS, start_kafka_broker
 from iotwatch.stack.mirror_maker import CENTRAL, ClusterLink, start_mirror_maker
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.stack.process import stop_process
 from iotwatch.stack.service import RunningService
 
 #: The service kinds each site runs, in start order.
@@ -60,13 +61,12 @@ def start_site_servers(
     try:
         node = start_kafka_broker(folder, timeout_s, heap=EDGE_HEAP_OPTIONS)
     except BaseException:
-        from iotwatch.stack.process import stop_process
-
         stop_process(mqtt.process)
         raise
     services.append(dataclasses.replace(node, role=site_role(site, "kafka")))
-    ensure_topics(kafka.model_copy(update={"bootstrap_servers": node.endpoint}), edge_topics(topics))
-    ensure_topics(kafka.model_copy(update={"bootstrap_servers": node.endpoint}), [topics.device_twin], compacted=True)
+    edge = kafka.model_copy(update={"bootstrap_servers": node.endpoint})
+    ensure_topics(edge, edge_topics(topics))
+    ensure_topics(edge, [topics.device_twin], compacted=True)  # the twin of a device lives at its site
     return services
 
 
