@@ -228,11 +228,11 @@ def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaS
         )
     settings.update(spec.overrides)
     path = spec.folder / "server.properties"
-    path.write_text("".join(f"{key}={_escape(value)}\n" for key, value in settings.items()))
+    path.write_text("".join(f"{key}={escape_property(value)}\n" for key, value in settings.items()))
     return path
 
 
-def _escape(value: str) -> str:
+def escape_property(value: str) -> str:
     """A Java properties value: backslashes and leading spaces would be read as escapes."""
     return value.replace("\\", "\\\\")
 

@@ -27,6 +27,7 @@ from iotwatch.clients.kafka import list_topics
 from iotwatch.jars import KAFKA_VERSION, java_executable, mirror_maker
 from iotwatch.settings import KafkaSettings, TopicSettings
 from iotwatch.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J_CONFIG
+from iotwatch.stack.kafka_broker import escape_property
 from iotwatch.stack.process import ProcessRecord, start_process, wait_until
 from iotwatch.stack.service import RunningService
 
@@ -119,7 +120,8 @@ def start_mirror_maker(
     dead-letter topics exist at the centre (the flows run)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "mm2.properties"
-    config.write_text("".join(f"{key}={value}\n" for key, value in mm2_properties(site, central, topics).items()))
+    properties = mm2_properties(site, central, topics)
+    config.write_text("".join(f"{key}={escape_property(value)}\n" for key, value in properties.items()))
     log4j = folder / "log4j2.properties"
     log4j.write_text(LOG4J_CONFIG)
     classpath = str(mirror_maker().jars()[0].parent / "*")
