@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 FORMAT = "kafka"
 CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+#: How old the consumer's topic metadata may get when it subscribes by pattern.
+PATTERN_METADATA_AGE_MS = 10_000
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
@@ -81,6 +83,9 @@ def read_kafka_stream(
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if pattern:
+        # a new site's topic is found at the consumer's next metadata refresh: seconds, not 5 min
+        reader = reader.option("kafka.metadata.max.age.ms", str(PATTERN_METADATA_AGE_MS))
     frame = reader.load()
     if not packed:
         return frame
