@@ -25,6 +25,7 @@ from iotwatch.contract.detection import KIND_ALIASES
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
+from iotwatch.errors import UserError
 
 __all__ = [
     "ANOMALY",
@@ -98,7 +99,7 @@ MALFORMED_VARIANTS = (
 def resolve_kind(name: str) -> Kind:
     name = ALIASES.get(name, name)
     if name not in KINDS:
-        raise ValueError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
+        raise UserError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
     return KINDS[name]
 
 
@@ -114,13 +115,13 @@ def check_kinds(names: tuple[str, ...], category: str, device_types: set[str]) -
     for name in names:
         kind = KINDS.get(ALIASES.get(name, name))
         if kind is None:
-            raise ValueError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
+            raise UserError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
         if kind.category != category:
-            raise ValueError(
+            raise UserError(
                 f"{option}: {name!r} is {other_noun} (give it to {other_option}); {noun} kinds: {', '.join(valid)}"
             )
         if kind.device_types is not None and not kind.device_types & device_types:
-            raise ValueError(
+            raise UserError(
                 f"{option}: {name!r} happens only to {', '.join(sorted(kind.device_types))} devices and "
                 f"the fleet has none (it has {', '.join(sorted(device_types)) or 'no devices'})"
             )
@@ -149,7 +150,7 @@ def draw_params(
     if kind.measurement:
         metric = given.pop("metric", None) or PRIMARY_METRIC.get(device_type, metrics[0])
         if metric not in metrics:
-            raise ValueError(f"{kind.name}: {device_type} has no metric {metric!r} (it has {', '.join(metrics)})")
+            raise UserError(f"{kind.name}: {device_type} has no metric {metric!r} (it has {', '.join(metrics)})")
         span = metric_span(device_type, metric)
         params["metric"] = metric
         if kind.name == "spike":

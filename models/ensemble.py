@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Self
 
 import models.forecast
 import models.robust_zscore  # noqa: F401
+from iotwatch.errors import UserError
 from models.base import Detector, Reading
 from models.catalog import make
 from models.likelihood import AnomalyLikelihood
@@ -70,7 +71,7 @@ class CalibratedEnsemble(Detector):
         instant: bool = True,
     ) -> None:
         if combine not in ("max", "mean"):
-            raise ValueError(f"combine must be 'max' or 'mean', not {combine!r}")
+            raise UserError(f"combine must be 'max' or 'mean', not {combine!r}")
         self.components = [[str(n), dict(p)] for n, p in components]
         self.combine = combine
         self.warmup = warmup

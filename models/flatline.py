@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.errors import UserError
 from models.base import Detector, Reading, UnivariateMixin
 
 __all__ = ["Flatline"]
@@ -37,7 +38,7 @@ class Flatline(UnivariateMixin, Detector):
 
     def __init__(self, metric: str | None = None, count: int = 30, tolerance: float = 0.0) -> None:
         if count < 2:
-            raise ValueError("count must be at least 2")
+            raise UserError("count must be at least 2")
         self.metric = metric
         self.count = count
         self.tolerance = tolerance

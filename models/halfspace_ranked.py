@@ -18,8 +18,8 @@ class RankedHalfSpaceTrees(Detector):
     :class:`models.rank_calibration.RankCalibrator` turns it into a log-scaled empirical
     tail probability over the last ``history`` raw scores and reports only the first of a
     burst of high scores (``suppress`` readings). The output is comparable across streams
-    (one threshold for all), and one anomaly raises one alarm. The best nab-dev score of
-    the catalog, hence the default of ``score-csv``.
+    (one threshold for all), and one anomaly raises one alarm. ``score-csv --detector
+    hst_ranked`` and ``iotwatch evaluate --detector hst_ranked`` run it.
 
     Parameters
     ----------

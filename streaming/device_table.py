@@ -346,7 +346,7 @@ class DeviceTable:
             array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
         )
 
-    # -- one device as a record (tests, tools, the previous layout) ------------------------------------
+    # -- one device as a record (tests, tools, the per-device layout) ------------------------------------
 
     def state(self, d: int) -> DeviceState:
         """Device ``d``'s state in the per-device layout."""
@@ -369,7 +369,7 @@ class DeviceTable:
     def from_states(
         cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
     ) -> DeviceTable:
-        """Devices from their per-device states (a checkpoint of the previous layout)."""
+        """Devices from their per-device states (a checkpoint in the per-device layout)."""
         table = cls.empty(ids, seq_words, state_size)
         if not states:
             return table
@@ -381,7 +381,7 @@ class DeviceTable:
         table.metric_device = np.repeat(np.arange(len(states)), counts)
         table.metric_name = _strings([m for s in states for m in s.metrics])
         table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
-        # the previous layout kept a detector row for each scored metric, in metric order
+        # the per-device layout kept a detector row for each scored metric, in metric order
         watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
         table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
         table.detectors = np.ascontiguousarray(np.concatenate([s.detectors for s in states]).reshape(-1, state_size))

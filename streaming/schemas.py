@@ -53,7 +53,7 @@ def score_column(metric: str) -> str:
     return f"s__{metric}"
 
 
-#: The rows of scored readings (:attr:`streaming.engine.BatchOutput.readings`): a fixed wide
+#: The rows of scored readings (:attr:`streaming.partition_io.BatchOutput.readings`): a fixed wide
 #: layout -- a value column per catalogued metric and a score column per scored one, NaN
 #: where the reading has none; uncatalogued metrics in the ``extra_*`` arrays; the names of
 #: out-of-range metrics. The stateful task archives them itself

@@ -53,12 +53,12 @@ class AnomalyKind(StrEnum):
     OVERHEATING = "overheating"
 
 
-#: Earlier spellings of kinds, still accepted in scenario files and ``--anomalies``.
+#: Aliases of kinds, accepted in scenario files and ``--anomalies``.
 KIND_ALIASES = {"hvac_stuck": AnomalyKind.STUCK_HVAC.value, "leak": AnomalyKind.WATER_LEAK.value}
 
 
 def canonical_kind(name: str) -> str:
-    """The kind's one spelling (an earlier spelling maps to it; other names are returned as given)."""
+    """The kind's one spelling (an alias maps to it; other names are returned as given)."""
     return KIND_ALIASES.get(name, name)
 
 

@@ -43,10 +43,10 @@ class Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
     command_id: Name
     device_id: Name
     name: Name  # e.g. reset_hvac, close_valve, limp_mode
-    issued_at_ms: int
-    expires_at_ms: int
-    issued_by: str
-    args: dict[str, Any] = {}
+    issued_at_ms: int  # epoch milliseconds
+    expires_at_ms: int  # not executed from then on (rejected as expired)
+    issued_by: str  # the responder, or the operator of `devices set`
+    args: dict[str, Any] = {}  # set_properties: the properties to change
     reason: str | None = None  # why, e.g. the alert id
 
     def expired(self, now_ms: int) -> bool:
@@ -60,7 +60,7 @@ class CommandReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     command_id: Name
     device_id: Name
     status: CommandStatus
-    at_ms: int
+    at_ms: int  # when the device answered, epoch milliseconds
     reason: str | None = None
 
 
@@ -136,7 +136,7 @@ class TwinReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
 
     v: int
     device_id: Name
-    at_ms: int
+    at_ms: int  # when the device reported, epoch milliseconds
     properties: TwinProperties
 
 

@@ -8,6 +8,7 @@ processing) and the alert topic.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
@@ -24,6 +25,8 @@ from rich.text import Text
 from iotwatch.clients.kafka import client_config
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.settings import KafkaSettings, Settings
+
+log = logging.getLogger(__name__)
 
 SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
 
@@ -91,7 +94,7 @@ class Probe:
             try:
                 text = requests.get(url, timeout=1).text
             except requests.RequestException:
-                continue
+                continue  # a gateway that does not answer this second adds nothing this time
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(
@@ -102,9 +105,11 @@ class Probe:
         return values
 
     def raw_end(self) -> int:
+        """The raw topics' end offsets at the centre, summed (see :func:`_log_end`)."""
         return _log_end(self.offsets, self.raw_partitions)
 
     def edge_end(self) -> int:
+        """The sites' raw topics' end offsets, summed."""
         return sum(_log_end(edge, self.edge_partitions) for edge in self.edges)
 
     def stream_offset(self) -> int:
@@ -146,13 +151,14 @@ class Probe:
 
 
 def _log_end(consumer: Consumer, partitions: list[TopicPartition]) -> int:
-    """The partitions' log ends summed (a partition that does not answer counts 0)."""
+    """The partitions' end offsets summed (a partition Kafka does not answer for within a
+    second counts 0 this time: the live view refreshes, the final summary reads again)."""
     total = 0
     for tp in partitions:
         try:
             total += consumer.get_watermark_offsets(tp, timeout=1.0)[1]
-        except Exception:
-            pass
+        except KafkaException as exc:
+            log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
     return total
 
 

@@ -15,7 +15,7 @@ from iotwatch.contract.metric_catalog import DANGER_LIMITS, DEVICE_METRICS, dang
 from iotwatch.settings import StreamSettings
 from streaming import rules
 from streaming.alerting import alert_id
-from streaming.engine import RULE_ORDER
+from streaming.episode_book import RULE_ORDER
 from tests.streaming.test_engine import T0, Harness, _comparable, alerts_of, record
 
 COOLANT = DANGER_LIMITS["vehicle_edr"]["coolant_temp_c"]
