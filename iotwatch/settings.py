@@ -359,6 +359,13 @@ class StreamSettings(_ConcernSettings):
         "(with a large fleet, each device's state is read and written once "
         "a batch, however many of its readings the batch holds)",
     )
+    query_restarts: int = Field(
+        3,
+        ge=0,
+        description="times a failed query is started again from its checkpoint before the "
+        "job gives up (a Python worker that did not start in time on a loaded machine, a "
+        "broker that went away); every restart is logged with its cause",
+    )
     trigger_interval_s: float = Field(
         0.0,
         ge=0,

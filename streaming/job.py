@@ -216,6 +216,10 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     return thread
 
 
+#: Seconds between a failed query and its restart.
+RESTART_BACKOFF_S = 2.0
+
+
 class StreamingQueryFailed(IotwatchError):
     """The streaming query stopped with an error (its root cause, and what to do if known)."""
 
@@ -255,30 +259,64 @@ def run_job(
     _stop_on_signals(stop)
     with session_scope(settings.stream, "iotwatch-stream") as spark:
         _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
-        job = start(
-            spark,
-            settings,
-            checkpoint_dir=checkpoint_dir,
-            archive_dir=archive_dir,
-            available_now=available_now,
-            query_name=query_name,
-        )
         started = time.monotonic()
-        try:
-            while job.query.isActive and not stop.is_set():
-                if duration is not None and time.monotonic() - started >= duration:
-                    break
-                if available_now and job.caught_up():
-                    break
-                stop.wait(0.5)
-            exception = job.query.exception()
-        finally:
-            if stop.is_set():
-                log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
-            job.stop(STOP_WAIT_S)
+        restarts = 0
+        earlier: Counter[str] = Counter()
+        while True:
+            job = start(
+                spark,
+                settings,
+                checkpoint_dir=checkpoint_dir,
+                archive_dir=archive_dir,
+                available_now=available_now,
+                query_name=query_name,
+            )
+            if restarts:
+                job.reporter.totals.update(earlier)
+            exception = _serve(job, stop, started, duration, available_now)
+            if exception is None or stop.is_set() or not _restartable(str(exception)):
+                break
+            if restarts >= settings.stream.query_restarts:
+                log.error("the query failed %d times; giving up", restarts + 1)
+                break
+            restarts += 1
+            earlier = job.totals
+            log.warning(
+                "streaming query failed (%s); starting it again from its checkpoint (restart %d of %d)",
+                root_cause(str(exception)),
+                restarts,
+                settings.stream.query_restarts,
+            )
+            if stop.wait(RESTART_BACKOFF_S):
+                break
     if exception is not None:
         raise StreamingQueryFailed(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
+
+
+def _serve(
+    job: RunningJob, stop: threading.Event, started: float, duration: float | None, available_now: bool
+) -> Exception | None:
+    """Let the query run until a stop, ``duration``, the backlog's end or its failure; then
+    stop it (the micro-batch in progress finishes) and return its exception, if any."""
+    try:
+        while job.query.isActive and not stop.is_set():
+            if duration is not None and time.monotonic() - started >= duration:
+                break
+            if available_now and job.caught_up():
+                break
+            stop.wait(0.5)
+        return job.query.exception()
+    finally:
+        if stop.is_set():
+            log.info("stopping: waiting up to %.0f s for the micro-batch in progress", STOP_WAIT_S)
+        job.stop(STOP_WAIT_S)
+
+
+def _restartable(error: str) -> bool:
+    """A failure that starting again from the checkpoint can get past: not one the user must
+    fix first (a checkpoint of another state layout fails the same way every time)."""
+    return not any(name in error for name in _STATE_LAYOUT_ERRORS)
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from iotwatch.clients.influx import InfluxV1Client
@@ -181,7 +182,7 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     for stop_signal in (signal.SIGINT, signal.SIGKILL):
         before = commits()
         running = subprocess.Popen(
-            _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "150"),
+            _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "50"),
             env=_env(restarted),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -197,6 +198,33 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
         assert commits() >= before + 2, f"no progress after restarting at batch {before}: {err[-3000:]}"
         if stop_signal == signal.SIGINT:
             assert running.returncode == 0, err[-3000:]
+    # Its Python workers killed mid-stream (what a worker that crashes, or does not start in
+    # time on a loaded machine, does to a micro-batch): the job starts the query again from its
+    # checkpoint, in the same process, and goes on.
+    before = commits()
+    running = subprocess.Popen(
+        _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "50"),
+        env=_env(restarted),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and commits() < before + 2 and running.poll() is None:
+        time.sleep(0.2)
+    workers = [p for p in psutil.Process(running.pid).children(recursive=True) if _is_python_worker(p)]
+    assert workers, "no Python worker of the job found"
+    for worker in workers:
+        worker.kill()
+    killed_at = commits()
+    while time.monotonic() < deadline and commits() < killed_at + 2 and running.poll() is None:
+        time.sleep(0.2)
+    assert running.poll() is None, running.communicate()[1][-3000:]
+    os.killpg(running.pid, signal.SIGINT)
+    _, err = running.communicate(timeout=120)
+    assert running.returncode == 0 and "starting it again from its checkpoint (restart 1 of" in err, err[-3000:]
+    assert commits() >= killed_at + 2, err[-3000:]
     second = subprocess.run(
         _stream_command(restarted, checkpoint, archive, "--available-now"),
         env=_env(restarted),
@@ -209,6 +237,14 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     archived = pd.read_parquet(archive / "readings").drop_duplicates(["device_id", "seq"])
     assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
+
+
+def _is_python_worker(process: psutil.Process) -> bool:
+    """A process of Spark's Python worker daemon (the daemon and the workers it forks)."""
+    try:
+        return "pyspark.daemon" in " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie already
+        return False
 
 
 def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
