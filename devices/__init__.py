@@ -9,5 +9,5 @@ and vehicle event data recorders publishing contract telemetry over MQTT.
   :mod:`devices.scenario`, :mod:`iotwatch.contract.ground_truth` -- injection with ground truth (its record);
 - :mod:`devices.simulation` -- the broker-free, deterministic message generator;
 - :mod:`devices.publisher`, :mod:`devices.broker_run`, :mod:`devices.cli` -- ``iotwatch simulate``;
-- :mod:`devices.bench` -- ``iotwatch bench simulate``.
+- :mod:`benchmarks.simulate` -- ``iotwatch bench simulate``.
 """

@@ -12,10 +12,10 @@ from iotwatch.cli import LazyGroup
 
 #: Benchmark name -> "module:attribute" of its click command (imported when run).
 BENCHMARKS: dict[str, str] = {
-    "gateway": "gateway.bench:bench_gateway",
-    "stream": "streaming.bench:bench_stream",
-    "simulate": "devices.bench:bench_simulate",
-    "replication": "iotwatch.replication_bench:bench_replication",
+    "gateway": "benchmarks.gateway:bench_gateway",
+    "stream": "benchmarks.stream:bench_stream",
+    "simulate": "benchmarks.simulate:bench_simulate",
+    "replication": "benchmarks.replication:bench_replication",
 }
 
 

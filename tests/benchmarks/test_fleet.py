@@ -3,7 +3,7 @@ that sees every device's seq from 0 gap-free, the tick lag and the peak RSS repo
 
 from __future__ import annotations
 
-from devices.bench_fleet import fleet_run
+from benchmarks.fleet import fleet_run
 from iotwatch.settings import Settings
 
 
