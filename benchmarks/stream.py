@@ -209,6 +209,7 @@ def measure_latency(
     achieved = produced[0] / (time.monotonic() - started)
     time.sleep(3 + 2 * stream.trigger_interval_s)
     batches = [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]
+    phases = [p for p in job.reporter.phases if p["records"]]
     job.stop()
     latencies = []
     consumer = Consumer(
@@ -239,6 +240,13 @@ def measure_latency(
             "max": latencies[-1] if latencies else None,
         },
         "batch_ms_p50": quantile(batches, 0.5),
+        "batch_ms_p99": quantile(batches, 0.99),
+        # where a micro-batch's time goes, per phase of Spark's progress report
+        "batch_phases_ms": {
+            name: quantiles([p.get(name, 0) for p in phases], (0.5, 0.99), digits=0)
+            for name in sorted({k for p in phases for k in p} - {"records"})
+        },
+        "batch_records": quantiles([p["records"] for p in phases], (0.5, 0.99), digits=0),
         "trigger_interval_s": stream.trigger_interval_s,
     }
 

@@ -124,6 +124,9 @@ class ProgressReporter:
         self.last_batch: dict[str, Any] = {}
         self.last_batch_id = -1
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        #: Where each micro-batch's time went (Spark's ``durationMs``: addBatch, queryPlanning,
+        #: walCommit, ...), with its Kafka records, in batch order.
+        self.phases: deque[dict[str, int]] = deque(maxlen=HISTORY)
         self._query: StreamingQuery | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -190,6 +193,7 @@ class ProgressReporter:
         self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
         self.last_batch_id = int(progress.batchId)
         self.history.append(fields)
+        self.phases.append({"records": records, **{k: int(v) for k, v in progress.durationMs.items()}})
         log.log(
             logging.INFO if records else logging.DEBUG,
             "%s",
