@@ -43,6 +43,7 @@ from confluent_kafka import Message, Producer
 from alerts.book import AlertBook, AlertView, book_topics, detected_ms
 from alerts.metrics import LifecycleMetrics
 from alerts.notification import body
+from alerts.notify_policy import GroupNow, decide
 from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
@@ -209,26 +210,19 @@ class Dispatcher:
             a for a in group.alert_ids if alerts[a].firing and self.book.silence_for(alerts[a].record, now) is None
         )
         last = self.sent.get(gid)
-        notified = set(last.firing) if last else set()
-        new = [a for a in firing if a not in notified]
-        resolved = sorted(a for a in notified if alerts.get(a) is not None and alerts[a].cleared is not None)
-        route = group.route
-        if new or resolved:
-            if last is None or not last.firing:  # a new group (or one that had gone quiet): group_wait
-                group.pending_since_ms = group.pending_since_ms or now
-                if now - group.pending_since_ms < route.group_wait_s * 1000:
-                    return
-            elif now - last.sent_at_ms < route.group_interval_s * 1000:
-                return
-            kind = NotificationKind.FIRING if new else NotificationKind.RESOLVED
-            self._send(gid, group, kind, firing, resolved, [], last, now)
-            return
-        group.pending_since_ms = None
-        if last is None or not firing:
-            return
-        critical = [a for a in firing if alerts[a].record.severity == "critical" and not alerts[a].acked]
-        if critical and now - last.sent_at_ms >= route.repeat_interval_s * 1000:
-            self._send(gid, group, NotificationKind.REPEAT, firing, [], critical, last, now)
+        notified = frozenset(last.firing) if last else frozenset()
+        state = GroupNow(
+            firing=firing,
+            notified=notified,
+            last_sent_ms=last.sent_at_ms if last is not None and last.firing else None,
+            resolved=sorted(a for a in notified if alerts.get(a) is not None and alerts[a].cleared is not None),
+            unacked_critical=[a for a in firing if alerts[a].record.severity == "critical" and not alerts[a].acked],
+            pending_since_ms=group.pending_since_ms,
+            now_ms=now,
+        )
+        due, group.pending_since_ms = decide(state, group.route)
+        if due is not None:
+            self._send(gid, group, due.kind, due.firing, due.resolved, due.repeated, last, now)
 
     def _record_cleared_after_ack(self) -> None:
         """The ``cleared_after_ack`` step on the alert-state topic, carrying the acknowledgement

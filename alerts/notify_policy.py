@@ -1,0 +1,89 @@
+"""When a group of alerts is notified, and with what: Alertmanager's and Grafana's policy as a
+pure function of the group's alerts, its last notification and the time.
+
+:class:`alerts.dispatch.Dispatcher` gathers the inputs (which alerts fire, unsilenced; which the
+receiver was last told of; which cleared) and sends what this decides, so the policy is tested
+with a clock that is just a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from iotwatch.contract.oncall import NotificationKind
+
+
+class Timings(Protocol):
+    """A route's timings (:class:`alerts.routing.Route`)."""
+
+    @property
+    def group_wait_s(self) -> float: ...
+
+    @property
+    def group_interval_s(self) -> float: ...
+
+    @property
+    def repeat_interval_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class GroupNow:
+    """A group as it stands at ``now_ms``: what fires (unsilenced, sorted), what the receiver
+    was last told fired and when, which of those cleared since, and which firing alerts are
+    critical and unacknowledged."""
+
+    firing: list[str]
+    notified: frozenset[str]
+    last_sent_ms: int | None  # None: never notified, or last told that nothing fired
+    resolved: list[str]
+    unacked_critical: list[str]
+    pending_since_ms: int | None  # first change not yet notified (group_wait runs from here)
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Due:
+    """A notification to send now."""
+
+    kind: NotificationKind
+    firing: list[str]
+    resolved: list[str]
+    repeated: list[str]
+
+
+def decide(group: GroupNow, timings: Timings) -> tuple[Due | None, int | None]:
+    """The notification due now, if any, and the group's pending-since time afterwards.
+
+    - new firing alerts or resolutions in a group that has nothing firing notified wait
+      ``group_wait`` from the first of them (a burst becomes one notification);
+    - in a group already notified, changes are sent at most once per ``group_interval``;
+    - with nothing new, unacknowledged critical alerts still firing are sent again after
+      ``repeat_interval``.
+
+    >>> class Route:
+    ...     group_wait_s, group_interval_s, repeat_interval_s = 30.0, 300.0, 3600.0
+    >>> g = GroupNow(["a1"], frozenset(), None, [], [], None, now_ms=0)
+    >>> decide(g, Route())
+    (None, 0)
+    >>> decide(GroupNow(["a1", "a2"], frozenset(), None, [], [], 0, now_ms=30_000), Route())[0].firing
+    ['a1', 'a2']
+    """
+    new = [a for a in group.firing if a not in group.notified]
+    now = group.now_ms
+    if new or group.resolved:
+        pending = group.pending_since_ms
+        if group.last_sent_ms is None:
+            pending = pending if pending is not None else now
+            if now - pending < timings.group_wait_s * 1000:
+                return None, pending
+        elif now - group.last_sent_ms < timings.group_interval_s * 1000:
+            return None, pending
+        kind = NotificationKind.FIRING if new else NotificationKind.RESOLVED
+        # pending until the notification is delivered (a failed post keeps the group waiting)
+        return Due(kind, group.firing, group.resolved, []), pending
+    if group.last_sent_ms is None or not group.firing:
+        return None, None
+    if group.unacked_critical and now - group.last_sent_ms >= timings.repeat_interval_s * 1000:
+        return Due(NotificationKind.REPEAT, group.firing, [], group.unacked_critical), None
+    return None, None
