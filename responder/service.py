@@ -69,6 +69,7 @@ from iotwatch.contract.oncall import (
 )
 from iotwatch.contract.telemetry import ContractViolation, DeviceTypeName, Name
 from iotwatch.settings import Settings
+from responder.command_policy import OPEN, CommandNow, Next, next_step
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
 from responder.issuer import CommandIssuer
@@ -77,8 +78,6 @@ from responder.policy import CommandPolicy
 
 log = logging.getLogger(__name__)
 
-OPEN = frozenset({CommandOutcome.SENT, CommandOutcome.ACCEPTED})
-RETRYABLE = frozenset({CommandOutcome.REJECTED, CommandOutcome.FAILED, CommandOutcome.TIMED_OUT})
 #: A reply can come before its command's audit record: an operator's ``devices set`` writes the
 #: record to Kafka and then commands the device, which may answer (MQTT) before the responder
 #: has read the record. Such a reply waits this long for it before it is dead-lettered.
@@ -302,14 +301,20 @@ class Responder:
                         self._issue(alert, policy, 1, now)
                         open_keys.add((alert.device_id, policy.name))
                     continue
-                since = now - last.history[-1].at_ms if last.history else now - last.issued_at_ms
-                # an unanswered command times out only once it expired too: a device that was offline
-                # then never runs an attempt the responder gave up on (it rejects it as expired)
-                unanswered = last.status == CommandOutcome.SENT and now < last.expires_at_ms
-                if last.status in OPEN and since >= timeout_ms and not unanswered:
+                command = CommandNow(
+                    last.status,
+                    last.attempt,
+                    last.history[-1].at_ms if last.history else last.issued_at_ms,
+                    last.expires_at_ms,
+                    now,
+                )
+                timed_out, step = next_step(command, timeout_ms, self.config.max_attempts)
+                if timed_out:
                     last = self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time"))
-                if last.status in RETRYABLE or (last.status == CommandOutcome.DONE and since >= timeout_ms):
-                    self._retry_or_escalate(alert, policy, last, now)
+                if step is Next.RETRY:
+                    self._issue(alert, policy, last.attempt + 1, now)
+                elif step is Next.ESCALATE:
+                    self._escalate(alert, last, now)
         self._clear_escalations(now)
         if self.clock() - self._forgot_at >= 5.0:
             self.forget(now)
@@ -347,10 +352,8 @@ class Responder:
         view = self.book.alerts.get(escalation_id(audit.alert_id, audit.policy))
         return view is not None and view.firing and view.alert_id not in self._cleared
 
-    def _retry_or_escalate(self, alert: AlertRecord, policy: CommandPolicy, last: CommandAudit, now: int) -> None:
-        if last.attempt < self.config.max_attempts:
-            self._issue(alert, policy, last.attempt + 1, now)
-            return
+    def _escalate(self, alert: AlertRecord, last: CommandAudit, now: int) -> None:
+        """The command's attempts are used up and the condition persists: tell on-call."""
         why = (
             "the condition did not clear after the command"
             if last.status == CommandOutcome.DONE
