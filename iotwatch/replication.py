@@ -9,14 +9,17 @@ keeps up, growing by a second a second while the link is cut or MirrorMaker is d
 
 from __future__ import annotations
 
+import logging
 import time
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import client_config
 from iotwatch.contract.measurements import REPLICATION
 from iotwatch.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 HEARTBEATS_TOPIC = "heartbeats"
 
@@ -36,7 +39,8 @@ class ReplicationLag:
         partition = TopicPartition(f"{site}.{HEARTBEATS_TOPIC}", 0)
         try:
             _, end = self._consumer.get_watermark_offsets(partition, timeout=timeout_s)
-        except Exception:
+        except KafkaException as exc:  # the replica topic is not there yet, or the centre did not answer
+            log.debug("no heartbeat offsets of %s: %s", partition.topic, exc)
             return None
         if end <= 0:
             return None
