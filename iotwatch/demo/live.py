@@ -58,6 +58,7 @@ class Probe:
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions
         self.raw_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
+        self._raw_ends: dict[int, int] = {}
         self.alerts.assign([TopicPartition(settings.topics.alerts, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def close(self) -> None:
@@ -78,13 +79,14 @@ class Probe:
         return values
 
     def raw_end(self) -> int:
-        total = 0
+        """The raw topic's log end; a partition the broker does not answer for (it is
+        restarting) counts with its last known end."""
         for tp in self.raw_partitions:
             try:
-                total += self.offsets.get_watermark_offsets(tp, timeout=1.0)[1]
+                self._raw_ends[tp.partition] = self.offsets.get_watermark_offsets(tp, timeout=1.0)[1]
             except Exception:
                 pass
-        return total
+        return sum(self._raw_ends.values())
 
     def stream_offset(self) -> int:
         """Records the job has finished (all sinks written): the end offsets of the newest

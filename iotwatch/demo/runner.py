@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +29,6 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
-from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
@@ -43,7 +40,7 @@ from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
-from iotwatch.stack.process import free_port
+from iotwatch.stack.process import Component, free_port
 from iotwatch.stats import quantiles
 from models.evaluation.judgement import TRUE
 
@@ -67,53 +64,31 @@ class DemoOptions:
     keep_stack: bool = False
 
 
-class Child:
-    """A component run as its own process (as in production), output to the run folder."""
-
-    def __init__(self, name: str, command: list[str], env: dict[str, str], folder: Path) -> None:
-        self.name = name
-        self.stdout_path = folder / f"{name}.json"
-        self.log_path = folder / f"{name}.log"
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=open(self.stdout_path, "wb"),
-            stderr=open(self.log_path, "wb"),
-            start_new_session=True,
-        )
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout_s: float = 90.0) -> dict[str, Any]:
-        """SIGTERM (the components drain and print their summary), SIGKILL if it hangs."""
-        if self.running():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        return self.result()
-
-    def result(self) -> dict[str, Any]:
-        text = self.stdout_path.read_text().strip()
-        start = text.rfind("\n{")
-        try:
-            return json.loads(text[start + 1 :] if start >= 0 else text) if text else {}
-        except ValueError:
-            return {"unparsed_output": text[-500:]}
-
-
-def _iotwatch(*args: str) -> list[str]:
+def iotwatch_command(*args: str) -> list[str]:
+    """An ``iotwatch`` command line run by this Python (the run's components)."""
     return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", *args]
+
+
+def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:
+    """The components' environment: this one without the caller's IOTWATCH_* settings, the
+    stack's endpoints, and the job's checkpoint, archive and registry in the run folder
+    ``out`` (``checkpoint``, ``archive``, ``registry``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    env.update(state.env())
+    env.update(
+        IOTWATCH_STREAM_CHECKPOINT_DIR=str(out / "checkpoint"),
+        IOTWATCH_STREAM_ARCHIVE_DIR=str(out / "archive"),
+        IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(silence_timeout_s),
+        IOTWATCH_REGISTRY_PATH=str(out / "registry"),
+    )
+    return env
 
 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(settings, out / "stack")
-    children: list[Child] = []
+    children: list[Component] = []
     summary: dict[str, Any] | None = None
     receiver = Receiver()
     try:
@@ -126,41 +101,36 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             )
         checkpoint, archive, truth_path = out / "checkpoint", out / "archive", out / "ground_truth.jsonl"
         gateway_port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-        env.update(state.env())
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
-        env.update(
-            IOTWATCH_STREAM_CHECKPOINT_DIR=str(checkpoint),
-            IOTWATCH_STREAM_ARCHIVE_DIR=str(archive),
-            IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(max(5.0, 30.0 / options.speedup)),
-            IOTWATCH_REGISTRY_PATH=str(out / "registry"),
-        )
+        env = component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
         console.print(f"stack up in {out / 'stack'}; starting the streaming job, the gateway and the simulators")
-        children.append(Child("stream", _iotwatch("stream", "--json"), env, out))
+        children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
         children.append(
-            Child(
+            Component(
                 "gateway",
-                _iotwatch("gateway", "--client-id", GATEWAY_ID, "--metrics-port", str(gateway_port), "--json"),
+                iotwatch_command("gateway", "--client-id", GATEWAY_ID, "--metrics-port", str(gateway_port), "--json"),
                 env,
                 out,
             )
         )
         wait_healthy(gateway_port, timeout_s=60)
-        _wait_for_stream(children[0], checkpoint)
-        children.append(Child("respond", _iotwatch("respond", "--json"), env, out))  # the closed loop
+        wait_for_stream(children[0], checkpoint)
+        children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))  # the closed loop
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
-            Child(
+            Component(
                 "forward",
-                _iotwatch("alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"),
+                iotwatch_command(
+                    "alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"
+                ),
                 {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
                 out,
             )
         )
         on_call = OnCallPerson(settings)
-        simulator = Child(
+        simulator = Component(
             "simulate",
-            _iotwatch(
+            iotwatch_command(
                 "simulate",
                 "--homes",
                 str(options.homes),
@@ -237,7 +207,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             console.print(f"[yellow]the stack is left running: iotwatch stack down --run-dir {stack.run_dir}[/yellow]")
 
 
-def _wait_for_stream(stream: Child, checkpoint: Path, timeout_s: float = 180.0) -> None:
+def wait_for_stream(stream: Component, checkpoint: Path, timeout_s: float = 180.0) -> None:
     """Until the streaming query has started (its checkpoint metadata is written), so the
     devices do not publish into a backlog while Spark starts: alerts then come about as
     late as the trigger makes them, not after the start-up's backlog."""
@@ -318,7 +288,7 @@ def _drain(
     view: Live,
     started: float,
     options: DemoOptions,
-    children: list[Child],
+    children: list[Component],
     each_second: Callable[[], None],
     timeout_s: float = 300.0,
 ) -> bool:
@@ -355,22 +325,11 @@ def _summarise(
     truth_path: Path,
 ) -> dict[str, Any]:
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
-    late: dict[str, set[int]] = {}
-    dead_reasons: dict[str, int] = {}
-    for record in read_to_end(settings.kafka, settings.topics.dlq):
-        try:
-            letter = DeadLetter.of_message(record.value(), record.key(), record.headers())
-        except ValueError as exc:  # counted, not fatal: the report says what the topic holds
-            letter = DeadLetter("unreadable", str(exc), "unknown", record.value() or b"")
-        key = f"{letter.stage}:{letter.reason}"
-        dead_reasons[key] = dead_reasons.get(key, 0) + 1
-        if key == "stream:late":
-            body = json.loads(letter.original)
-            late.setdefault(body["device_id"], set()).add(int(body["seq"]))
+    late, dead_reasons = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
     raw = accounting.index_raw(read_to_end(settings.kafka, settings.topics.raw))
     appended = raw.appended
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
-    alerts, alert_records = _decoded_alerts(alert_records)
+    alerts, alert_records = decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
@@ -427,7 +386,7 @@ def _summarise(
     return summary
 
 
-def _decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
+def decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
     """The alert topic's alerts, and their Kafka records; a record that is not an alert is
     logged and left out (the forwarder dead-letters it)."""
     alerts, kept = [], []
