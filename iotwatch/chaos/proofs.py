@@ -60,9 +60,8 @@ def notifications(alerts: Iterable[AlertRecord], received: Counter[str]) -> dict
 
 def commands(audits: Iterable[CommandAudit]) -> dict[str, Any]:
     """The latest audit record per command: acknowledged (a final reply), expired, or open."""
-    latest: dict[str, CommandAudit] = {}
-    for audit in audits:
-        latest[audit.command_id] = audit
+    audits = list(audits)
+    latest = {audit.command_id: audit for audit in audits}
     outcome = Counter(a.status.value for a in latest.values())
     still_open = sorted(i for i, a in latest.items() if a.status not in (*ACKNOWLEDGED, *EXPIRED))
     return {
@@ -70,7 +69,7 @@ def commands(audits: Iterable[CommandAudit]) -> dict[str, Any]:
         "commands": len(latest),
         "acknowledged": sum(1 for a in latest.values() if a.status in ACKNOWLEDGED),
         "expired": sum(1 for a in latest.values() if a.status in EXPIRED),
-        "audit_records": sum(len(a.history) for a in latest.values()),
+        "audit_records": len(audits),
         "by_status": dict(sorted(outcome.items())),
         "open": still_open[:20],
     }

@@ -31,7 +31,7 @@ from gateway.metrics import wait_healthy
 from iotwatch.chaos import proofs, report
 from iotwatch.chaos.faults import FaultRunner, Recovery, Targets
 from iotwatch.chaos.resources import Limits, Sampler, judge, slope_per_minute
-from iotwatch.chaos.schedule import ScheduleOptions, plan
+from iotwatch.chaos.schedule import SERVICES, Action, ScheduleOptions, plan
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import read_ground_truth
@@ -316,10 +316,11 @@ def _prove(
     )
     audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
     faults = [r.to_dict() for r in runner.records]
-    restarted = {name: component.starts - 1 for name, component in components.items()}
-    restarted.update(
-        {name: sum(1 for f in faults if f["fault"].startswith(f"{name} ")) for name in ("mqtt", "kafka", "influx")}
-    )
+    # started again after a kill or a Ctrl-C of the schedule (a pause is not a restart)
+    restarted = {name: 0 for name in [*components, *SERVICES]}
+    for record in runner.records:
+        if record.planned.kind.action is not Action.PAUSE and record.restored_s is not None:
+            restarted[record.planned.kind.target] += 1
     resources = judge(sampler.samples, options.limits, options.warm_up_s, options.min_span_s)
     state_store = [(t, 0, float(b)) for t, b in sampler.state_store]
     state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s)

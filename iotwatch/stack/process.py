@@ -208,8 +208,16 @@ class Component:
             return None
 
     def kill(self) -> None:
-        """kill -9 of the process group, reaped."""
-        self.signal_group(signal.SIGKILL, wait_s=30)
+        """kill -9 of the process and every descendant, reaped. The whole tree: PySpark
+        starts the job's JVM and Python workers in process groups of their own."""
+        tree = self.tree()
+        for member in tree:
+            _signal(member, signal.SIGKILL)
+        psutil.wait_procs(tree[1:], timeout=30)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
 
     def stop(self, timeout_s: float = 90.0) -> dict[str, Any]:
         """SIGTERM (the components drain and print their summary), SIGKILL if it hangs."""

@@ -66,3 +66,52 @@ def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -
     assert report["leaky"]["within_limits"] is False
     assert report["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
     assert report["steady"]["within_limits"] is True
+
+
+def _alert(alert_id: str, state: str = "raised", rule: str = "anomaly_score") -> object:
+    from tests.test_demo import alert
+
+    return alert(alert_id, "d1", rule, 5, state=state)
+
+
+def test_alert_ids_equal_the_replay_s_without_the_responder_s_escalations() -> None:
+    live = {i: _alert(i) for i in ("a", "b")} | {"e": _alert("e", rule="command_escalation")}
+    same = alerts_match(live, {i: _alert(i) for i in ("a", "b")})
+    assert same["ok"] and same["responder_escalations_left_out"] == 1
+    differs = alerts_match(live, {i: _alert(i) for i in ("a", "c")})
+    assert not differs["ok"]
+    assert (differs["only_live"], differs["only_replay"]) == ({"b": "anomaly_score"}, {"c": "anomaly_score"})
+
+
+def test_notifications_are_proved_per_alert_record_and_repeats_removed_by_key() -> None:
+    from collections import Counter
+
+    alerts = [_alert("a"), _alert("a", state="cleared"), _alert("b")]
+    received = Counter({"a:raised": 2, "a:cleared": 1, "b:raised": 1})
+    proof = notifications(alerts, received)
+    assert proof["ok"] and proof["duplicates_removed_by_key"] == 1 and proof["unique_after_dedup"] == 3
+    assert notifications(alerts, Counter({"a:raised": 1}))["missing"] == ["a:cleared", "b:raised"]
+
+
+def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
+    import msgspec
+
+    from iotwatch.contract.oncall import CommandAudit
+
+    def audit(command: str, status: str) -> CommandAudit:
+        fields = {"v": 1, "command_id": command, "policy": "p", "alert_id": "a", "rule": "r", "device_id": "d"}
+        fields |= {"device_type": "t", "site": "s", "name": "close_valve", "issued_by": "responder"}
+        fields |= {"issued_at_ms": 1, "expires_at_ms": 2, "attempt": 1, "status": status}
+        return msgspec.convert(fields, CommandAudit)
+
+    history = [audit("c1", "sent"), audit("c1", "done"), audit("c2", "sent"), audit("c2", "timed_out")]
+    assert commands(history) | {"by_status": None} == {
+        "ok": True,
+        "commands": 2,
+        "acknowledged": 1,
+        "expired": 1,
+        "audit_records": 4,
+        "by_status": None,
+        "open": [],
+    }
+    assert commands([*history, audit("c3", "accepted")])["open"] == ["c3"]
