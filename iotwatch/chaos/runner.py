@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,7 @@ class ChaosOptions:
     sample_every_s: float = 5.0
     recovery_timeout_s: float = 300.0
     drain_timeout_s: float = 300.0
+    replay_timeout_s: float = 1800.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +94,7 @@ class Timeline:
 
     live: LiveState = field(default_factory=LiveState)
     unplanned_exits: list[dict[str, Any]] = field(default_factory=list)
+    load_s: float = 0.0  # how long the load ran
 
 
 def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> dict[str, Any]:
@@ -148,6 +151,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         try:
             _watch(options, runner, targets, sampler, probe, timeline, simulator, console)
             simulator.stop(timeout_s=60)
+            timeline.load_s = runner.now()
             drained = _drain(settings, options, probe, timeline, receiver, console)
         finally:
             runner.stop.set()
@@ -157,7 +161,10 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         results["simulate"] = simulator.result()
         console.print("pipeline stopped; replaying the raw topic without faults (Kappa)")
         replay = Component("replay", iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
-        replay.process.wait(options.drain_timeout_s * 2)
+        try:
+            replay.process.wait(options.replay_timeout_s)
+        except subprocess.TimeoutExpired:
+            console.print(f"[red]the replay did not finish within {options.replay_timeout_s:.0f} s[/red]")
         results["replay"] = replay.stop(timeout_s=30)
         summary, raw = _prove(settings, options, runner, sampler, timeline, receiver, components, results, drained)
         summary["report"] = report.write(out / "report", summary, timeline.live, sampler, runner.records, started, raw)
@@ -342,7 +349,8 @@ def _prove(
     summary = {
         "ok": ok,
         "options": options.to_dict(),
-        "duration_s": round(runner.now(), 1),
+        "load_s": round(timeline.load_s, 1),
+        "run_s": round(runner.now(), 1),  # the load, the drain and the replay
         **verdicts,
         "resources": {
             "ok": resources_ok,

@@ -106,7 +106,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     loss, alerts, notes, commands, recovery = (
         summary[k] for k in ("loss", "alerts", "notifications", "commands", "recovery")
     )
-    console.print(f"\n[bold]iotwatch chaos[/bold]: {verdict(summary['ok'])} after {summary['duration_s']} s")
+    console.print(f"\n[bold]iotwatch chaos[/bold]: {verdict(summary['ok'])} after {summary['load_s']} s of load")
     console.print(
         f"  loss by seq {verdict(loss['ok'])}: {loss['loss']} lost of {loss['unique_readings_in_kafka']} "
         f"readings ({loss['archived']} archived, {loss['late']} late); duplicates {loss['duplicates']}"
