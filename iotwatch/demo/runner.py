@@ -64,16 +64,20 @@ class DemoOptions:
     keep_stack: bool = False
 
 
+#: Variables of the caller the components keep: where `iotwatch setup` put the Java artifacts.
+KEPT_VARIABLES = ("IOTWATCH_JARS_DIR",)
+
+
 def iotwatch_command(*args: str) -> list[str]:
     """An ``iotwatch`` command line run by this Python (the run's components)."""
     return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", *args]
 
 
 def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:
-    """The components' environment: this one without the caller's IOTWATCH_* settings, the
-    stack's endpoints, and the job's checkpoint, archive and registry in the run folder
-    ``out`` (``checkpoint``, ``archive``, ``registry``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
+    """The components' environment: this one without the caller's IOTWATCH_* settings (but
+    where the Java artifacts are), the stack's endpoints, and the job's checkpoint, archive
+    and registry in the run folder ``out`` (``checkpoint``, ``archive``, ``registry``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_") or k in KEPT_VARIABLES}
     env.update(state.env())
     env.update(
         IOTWATCH_STREAM_CHECKPOINT_DIR=str(out / "checkpoint"),
