@@ -102,7 +102,8 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
     out.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(settings, out / "stack")
     receiver = Receiver()
-    components: dict[str, Component] = {}
+    components: dict[str, Component] = {}  # the fault schedule's targets
+    others: list[Component] = []  # the simulators, the replay
     try:
         state = stack.up()
         settings = state.apply_to(settings)
@@ -129,6 +130,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         )
         truth_path = out / "ground_truth.jsonl"
         simulator = Component("simulate", _simulate_command(options, out, truth_path), env, out)
+        others.append(simulator)
         probe = Probe(settings, gateway_port, out / "checkpoint")
         _await_first_batch(probe, simulator, options.recovery_timeout_s)
         started = time.time()
@@ -161,6 +163,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         results["simulate"] = simulator.result()
         console.print("pipeline stopped; replaying the raw topic without faults (Kappa)")
         replay = Component("replay", iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
+        others.append(replay)
         try:
             replay.process.wait(options.replay_timeout_s)
         except subprocess.TimeoutExpired:
@@ -171,7 +174,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         return summary
     finally:
         receiver.close()
-        for component in components.values():
+        for component in [*others, *components.values()]:  # on Ctrl-C or an error too
             component.stop(timeout_s=30)
         stack.down()
 
