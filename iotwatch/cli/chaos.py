@@ -133,8 +133,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")
     for name, entry in resources["processes"].items():
         rss = entry["rss_bytes"]
+        judged = "not judged (too short)" if entry["within_limits"] is None else verdict(entry["within_limits"])
         console.print(
-            f"    {name:<9} RSS {rss['last'] / 2**20:8.1f} MiB, slope {rss['slope_per_min']} B/min; "
+            f"    {name:<9} {judged}: RSS {rss['last'] / 2**20:.1f} MiB, slope {rss['slope_per_min']} B/min; "
             f"fds {entry['fds']['slope_per_min']}/min; threads {entry['threads']['slope_per_min']}/min"
         )
     if summary["unplanned_exits"]:
