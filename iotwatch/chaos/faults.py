@@ -46,6 +46,7 @@ class FaultRecord:
     restored_s: float | None = None  # the target running (or continued) again
     recovered_s: float | None = None
     exit_status: int | None = None  # a Ctrl-C'd component's exit status (0: a clean stop)
+    lag_at_recovery: int | None = None  # records appended to the raw topic and not yet committed by the job
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +59,7 @@ class FaultRecord:
             "down_s": since_injected(self.restored_s),
             "recovery_s": since_injected(self.recovered_s),
             "recovered": self.recovered_s is not None,
+            "lag_at_recovery": self.lag_at_recovery,
             **({"exit_status": self.exit_status} if self.exit_status is not None else {}),
             **({"error": self.error} if self.error else {}),
         }
@@ -142,6 +144,7 @@ class Recovery:
         self.settings = settings
         self.health_url = f"http://127.0.0.1:{gateway_port}/health"
         self.probe = probe
+        self.lag = 0  # raw topic records the job had not committed at the last check
         self.groups = Consumer(
             {**client_config(settings.kafka), "group.id": settings.alerts.forward_group_id, "enable.auto.commit": False}
         )
@@ -162,7 +165,9 @@ class Recovery:
             healthy = requests.get(self.health_url, timeout=1).status_code == 200
         except requests.RequestException:
             healthy = False
-        if not healthy or self.probe.raw_end() <= raw_then or self.probe.stream_offset() < raw_then:
+        raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
+        self.lag = max(0, raw_now - processed)
+        if not healthy or raw_now <= raw_then or processed < raw_then:
             return False
         return target != "forward" or self._forwarded() >= alerts_then
 
@@ -246,5 +251,6 @@ class FaultRunner:
         while time.monotonic() < deadline and not self.stop.is_set():
             if check():
                 record.recovered_s = self.now()
+                record.lag_at_recovery = self.recovery.lag
                 return
             time.sleep(0.5)

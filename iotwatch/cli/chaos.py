@@ -127,7 +127,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     for fault in summary["faults"]:
         console.print(
             f"    {fault['injected_at_s']:>7} s  {fault['fault']:<18} down {fault['down_s']} s, "
-            f"recovered after {fault['recovery_s']} s"
+            f"recovered after {fault['recovery_s']} s (lag then {fault['lag_at_recovery']})"
         )
     resources = summary["resources"]
     console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")

@@ -40,6 +40,7 @@ def test_every_component_killed_once_under_load_loses_nothing_and_recovers(tmp_p
     faults = summary["faults"]
     assert sorted(f["fault"] for f in faults) == sorted(kind.name for kind in FAULT_KINDS)
     assert all(f["recovery_s"] is not None and f["recovery_s"] >= f["down_s"] >= 0 for f in faults), faults
+    assert all(f["lag_at_recovery"] is not None for f in faults), faults
     interrupted = next(f for f in faults if f["fault"] == "stream ctrl-c")
     assert interrupted["exit_status"] == 0  # Ctrl-C: a clean stop, then a plain restart resumes
     assert all(n >= 1 for n in summary["recovery"]["restarted"].values()), summary["recovery"]["restarted"]
