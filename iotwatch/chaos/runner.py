@@ -98,6 +98,8 @@ class Timeline:
 
 
 def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> dict[str, Any]:
+    """One chaos run in ``options.out`` (see the module's docstring); returns the summary.
+    Everything it started is stopped, on Ctrl-C or an error too."""
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     stack = EmbeddedStack(settings, out / "stack")
