@@ -9,7 +9,7 @@
 # mosquitto-clients (MQTT broker and CLI clients), influxdb (metrics store), docker-compose
 # (compose-file validation only), openjdk-17-jre-headless (Java for Kafka and Spark), maven
 # (resolves the Java artifacts), curl, openssl (`iotwatch provision tls`).
-# Python packages: the project and its test extras, into ./.venv (IOTWATCH_VENV to change),
+# Python packages: the project with its test and docs extras, into ./.venv (IOTWATCH_VENV to change),
 # reinstalled only when pyproject.toml changes.
 # Java artifacts: Apache Kafka's broker and Spark's Kafka connector, resolved once from Maven
 # Central by `iotwatch setup` into ~/.iotwatch/jars (IOTWATCH_JARS_DIR to change); offline,
@@ -58,7 +58,7 @@ wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     say "installing iotwatch and its dependencies into $venv (first time: a few minutes)"
     "$venv/bin/python" -m pip install -q --upgrade pip >&2
-    "$venv/bin/python" -m pip install -q -e ".[test]" >&2
+    "$venv/bin/python" -m pip install -q -e ".[test,docs]" >&2
     echo "$wanted" > "$stamp"
 fi
 

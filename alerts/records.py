@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from iotwatch.contract.alerts import AlertRecord, severity_rank
+from iotwatch.errors import UserError
 
 #: Slack emoji per severity; a cleared alert is green whatever its severity.
 EMOJI = {
@@ -99,11 +100,11 @@ def parse_duration(text: str | float | int) -> float:
     """Seconds from ``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1d"`` or ``"1h30m"``; ValueError otherwise."""
     if isinstance(text, int | float):
         if text < 0:
-            raise ValueError(f"duration {text} is negative")
+            raise UserError(f"duration {text} is negative")
         return float(text)
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text.strip())
     if not parts or "".join(n + u for n, u in parts) != text.strip():
         if text.strip().replace(".", "", 1).isdigit():
             return float(text)
-        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 1d, 1h30m)")
+        raise UserError(f"{text!r} is not a duration (e.g. 90s, 15m, 2h, 1d, 1h30m)")
     return sum(float(n) * _UNITS[u] for n, u in parts)

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alerts.records import parse_duration
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.errors import IotwatchError
+from iotwatch.errors import IotwatchError, UserError
 from iotwatch.tomlfile import read_toml, validate
 
 #: Alert fields a policy may match on and group by.
@@ -64,7 +64,7 @@ class Receiver(BaseModel):
     @classmethod
     def _http(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"{value!r} is not an http(s) URL")
+            raise UserError(f"{value!r} is not an http(s) URL")
         return value
 
 
@@ -96,7 +96,7 @@ class Policy(BaseModel):
         names = value if isinstance(value, list) else list(value or {})
         unknown = [n for n in names if n not in LABELS]
         if unknown:
-            raise ValueError(f"unknown alert field(s) {unknown}; use {', '.join(LABELS)}")
+            raise UserError(f"unknown alert field(s) {unknown}; use {', '.join(LABELS)}")
         return value
 
     def matches(self, alert: AlertRecord) -> bool:

@@ -21,10 +21,11 @@ import numpy as np
 from devices.home.contact import LEAK
 from devices.home.thermostat import HVAC_STUCK
 from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
-from iotwatch.contract.detection import KIND_ALIASES
+from iotwatch.contract.detection import KIND_ALIASES, AnomalyKind, TransportFault
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
+from iotwatch.errors import UserError
 
 __all__ = [
     "ANOMALY",
@@ -41,7 +42,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Kind:
-    name: str
+    name: AnomalyKind | TransportFault
     category: Literal["anomaly", "transport"]  # ANOMALY or TRANSPORT
     duration_s: tuple[float, float]
     device_types: frozenset[str] | None = None  # None: every type
@@ -54,35 +55,26 @@ _VEHICLE = frozenset({DeviceType.VEHICLE_EDR.value})
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("spike", ANOMALY, (0.0, 0.0), measurement=True),
-        Kind("level_shift", ANOMALY, (60.0, 600.0), measurement=True),
-        Kind("drift", ANOMALY, (300.0, 1800.0), measurement=True),
-        Kind("flatline", ANOMALY, (120.0, 900.0), measurement=True),
-        Kind("noise_burst", ANOMALY, (30.0, 300.0), measurement=True),
-        Kind("out_of_range", ANOMALY, (0.0, 3.0), measurement=True),
-        Kind("dropout", ANOMALY, (30.0, 300.0)),
-        Kind("stuck_hvac", ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
-        Kind("water_leak", ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
-        Kind("harsh_braking", ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
-        Kind("crash", ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
-        Kind("overheating", ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
-        Kind("duplicate", TRANSPORT, (0.0, 5.0)),
-        Kind("out_of_order", TRANSPORT, (0.0, 0.0)),
-        Kind("late", TRANSPORT, (0.0, 10.0)),
-        Kind("clock_skew", TRANSPORT, (60.0, 600.0)),
-        Kind("malformed", TRANSPORT, (0.0, 0.0)),
+        Kind(AnomalyKind.SPIKE, ANOMALY, (0.0, 0.0), measurement=True),
+        Kind(AnomalyKind.LEVEL_SHIFT, ANOMALY, (60.0, 600.0), measurement=True),
+        Kind(AnomalyKind.DRIFT, ANOMALY, (300.0, 1800.0), measurement=True),
+        Kind(AnomalyKind.FLATLINE, ANOMALY, (120.0, 900.0), measurement=True),
+        Kind(AnomalyKind.NOISE_BURST, ANOMALY, (30.0, 300.0), measurement=True),
+        Kind(AnomalyKind.OUT_OF_RANGE, ANOMALY, (0.0, 3.0), measurement=True),
+        Kind(AnomalyKind.DROPOUT, ANOMALY, (30.0, 300.0)),
+        Kind(AnomalyKind.STUCK_HVAC, ANOMALY, (1800.0, 7200.0), frozenset({DeviceType.THERMOSTAT.value}), HVAC_STUCK),
+        Kind(AnomalyKind.WATER_LEAK, ANOMALY, (600.0, 3600.0), frozenset({DeviceType.LEAK_SENSOR.value}), LEAK),
+        Kind(AnomalyKind.HARSH_BRAKING, ANOMALY, (6.0, 8.0), _VEHICLE, HARSH_BRAKING),
+        Kind(AnomalyKind.CRASH, ANOMALY, (60.0, 120.0), _VEHICLE, CRASH),
+        Kind(AnomalyKind.OVERHEATING, ANOMALY, (600.0, 1800.0), _VEHICLE, OVERHEATING, drawn_by_default=False),
+        Kind(TransportFault.DUPLICATE, TRANSPORT, (0.0, 5.0)),
+        Kind(TransportFault.OUT_OF_ORDER, TRANSPORT, (0.0, 0.0)),
+        Kind(TransportFault.LATE, TRANSPORT, (0.0, 10.0)),
+        Kind(TransportFault.CLOCK_SKEW, TRANSPORT, (60.0, 600.0)),
+        Kind(TransportFault.MALFORMED, TRANSPORT, (0.0, 0.0)),
     )
 }
-ALIASES = {
-    "stuck": "flatline",
-    "stuck_at": "flatline",
-    "noise": "noise_burst",
-    "shift": "level_shift",
-    "duplicates": "duplicate",
-    "reorder": "out_of_order",
-    "skew": "clock_skew",
-    **KIND_ALIASES,
-}
+ALIASES = KIND_ALIASES
 MALFORMED_VARIANTS = (
     "truncated",
     "not_json",
@@ -98,7 +90,7 @@ MALFORMED_VARIANTS = (
 def resolve_kind(name: str) -> Kind:
     name = ALIASES.get(name, name)
     if name not in KINDS:
-        raise ValueError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
+        raise UserError(f"unknown anomaly kind {name!r}; choose from {', '.join(sorted(KINDS))}")
     return KINDS[name]
 
 
@@ -114,13 +106,13 @@ def check_kinds(names: tuple[str, ...], category: str, device_types: set[str]) -
     for name in names:
         kind = KINDS.get(ALIASES.get(name, name))
         if kind is None:
-            raise ValueError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
+            raise UserError(f"{option}: unknown {noun} kind {name!r}; choose from {', '.join(valid)}")
         if kind.category != category:
-            raise ValueError(
+            raise UserError(
                 f"{option}: {name!r} is {other_noun} (give it to {other_option}); {noun} kinds: {', '.join(valid)}"
             )
         if kind.device_types is not None and not kind.device_types & device_types:
-            raise ValueError(
+            raise UserError(
                 f"{option}: {name!r} happens only to {', '.join(sorted(kind.device_types))} devices and "
                 f"the fleet has none (it has {', '.join(sorted(device_types)) or 'no devices'})"
             )
@@ -149,7 +141,7 @@ def draw_params(
     if kind.measurement:
         metric = given.pop("metric", None) or PRIMARY_METRIC.get(device_type, metrics[0])
         if metric not in metrics:
-            raise ValueError(f"{kind.name}: {device_type} has no metric {metric!r} (it has {', '.join(metrics)})")
+            raise UserError(f"{kind.name}: {device_type} has no metric {metric!r} (it has {', '.join(metrics)})")
         span = metric_span(device_type, metric)
         params["metric"] = metric
         if kind.name == "spike":

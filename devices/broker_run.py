@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import queue
 import resource
 import signal
 import sys
@@ -332,7 +333,7 @@ def run(config: SimConfig, options: RunOptions) -> dict[str, Any]:
                     collected[shard] = part
                     if "error" in part:
                         stop.set()
-                except Exception:
+                except queue.Empty:
                     if not any(w.is_alive() for w in workers) and results.empty():
                         break
         interrupted = signalled.is_set()

@@ -24,7 +24,7 @@ from typing import Any
 from iotwatch.clients.batch_publish import BatchPublishClient, Outgoing
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import status_payload
-from iotwatch.errors import ServiceUnavailable
+from iotwatch.errors import ServiceUnavailable, UserError
 from iotwatch.settings import MqttSettings
 
 __all__ = ["Publisher", "SIMULATOR_STATUS_PREFIX"]
@@ -76,7 +76,7 @@ class Publisher:
         self._slot_of: dict[int, int] | None = None
         if device_uids is not None:
             if len(device_uids) > MAX_DEVICE_CONNECTIONS:
-                raise ValueError(
+                raise UserError(
                     f"--connection-per-device supports up to {MAX_DEVICE_CONNECTIONS} devices "
                     f"per process, this one has {len(device_uids)}"
                 )

@@ -19,6 +19,7 @@ import numpy as np
 from devices.config import SimConfig
 from devices.group import DeviceGroup, DeviceSpec, Event
 from devices.rng import CounterRng
+from iotwatch.errors import UserError
 
 __all__ = ["RecordedSeriesGroup", "load_stream", "stream_start_ms"]
 
@@ -48,9 +49,9 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
-                raise ValueError(f"replay file {path} is empty")
+                raise UserError(f"replay file {path} is empty")
             if [h.strip().lower() for h in header[:2]] != ["timestamp", "value"]:
-                raise ValueError(f"replay file {path}: expected a 'timestamp,value' header, got {header!r}")
+                raise UserError(f"replay file {path}: expected a 'timestamp,value' header, got {header!r}")
             for line_no, row in enumerate(reader, start=2):
                 if not row:
                     continue
@@ -58,14 +59,14 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
                     times.append(_parse_time(row[0]))
                     values.append(float(row[1]))
                 except (ValueError, IndexError) as exc:
-                    raise ValueError(f"replay file {path}, line {line_no}: {exc}") from None
+                    raise UserError(f"replay file {path}, line {line_no}: {exc}") from None
     except OSError as exc:
-        raise ValueError(f"replay file {path}: {exc.strerror or exc}") from None
+        raise UserError(f"replay file {path}: {exc.strerror or exc}") from None
     if not times:
-        raise ValueError(f"replay file {path} has no rows")
+        raise UserError(f"replay file {path} has no rows")
     t = np.array(times, dtype=np.int64)
     if np.any(np.diff(t) < 0):
-        raise ValueError(f"replay file {path}: timestamps go back in time")
+        raise UserError(f"replay file {path}: timestamps go back in time")
     return t, np.array(values, dtype=np.float64)
 
 

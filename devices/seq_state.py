@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from iotwatch.errors import UserError
+
 __all__ = ["DeviceSeq", "default_path", "load", "save"]
 
 VERSION = 1
@@ -43,9 +45,9 @@ def load(path: Path) -> DeviceSeq:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise ValueError(f"seq state file {path} cannot be read ({exc}); delete it or pass --fresh-seq") from exc
+        raise UserError(f"seq state file {path} cannot be read ({exc}); delete it or pass --fresh-seq") from exc
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("devices"), dict):
-        raise ValueError(f"seq state file {path} is not a version {VERSION} state file; delete it or pass --fresh-seq")
+        raise UserError(f"seq state file {path} is not a version {VERSION} state file; delete it or pass --fresh-seq")
     return {device: (int(seq), int(ts)) for device, (seq, ts) in data["devices"].items()}
 
 

@@ -64,8 +64,8 @@ _PUBLISH_WINDOW = 5000
 #: Publisher processes.
 _PUBLISHERS = 2
 #: A paced publisher sleeps only when it is this far ahead, and sends what falls due
-#: meanwhile back to back: a sleep per message (5,000 wake-ups a second) kept the
-#: publishers busy in the scheduler and took CPU from the paths they measure.
+#: meanwhile back to back: a sleep per message (5,000 wake-ups a second) would keep the
+#: publishers busy in the scheduler and take CPU from the paths they measure.
 _PACING_S = 0.001
 
 
@@ -115,9 +115,8 @@ def _publish_share(
             time.sleep(0.05)
             info = client.publish(topic, body, qos=1)
         # as fast as accepted, wait for the broker now and then (paho's queue is unbounded);
-        # paced, never: the wait stalled the pacing, and the burst that caught up afterwards
-        # queued at the subscriber (a 40 ms latency spike every window, which was the raw
-        # path's p99)
+        # paced, never: the wait stalls the pacing, and the burst that catches up afterwards
+        # queues at the subscriber (a 40 ms latency spike every window in the raw path's p99)
         if not rate and index % _PUBLISH_WINDOW == _PUBLISH_WINDOW - 1:
             info.wait_for_publish(120)
     if info is not None:

@@ -485,8 +485,8 @@ class Gateway:
             return False
         try:
             self._producer.list_topics(timeout=2.0)  # reachable? then the producer itself is stuck
-        except Exception:
-            return False
+        except KafkaException:
+            return False  # Kafka is down, not the producer: the outage is reported and waited out
         return True
 
     def _replace_producer(self) -> None:

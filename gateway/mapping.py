@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from iotwatch.errors import UserError
 from iotwatch.settings import MappingRule, TopicSettings
 
 
@@ -124,7 +125,7 @@ class Router:
 
     def __init__(self, rules: list[MappingRule], topics: TopicSettings) -> None:
         if not rules:
-            raise ValueError("the gateway needs at least one mapping rule")
+            raise UserError("the gateway needs at least one mapping rule")
         self.rules = rules
         self.topics = topics
         self.compiled = [CompiledRule(rule, topics) for rule in rules]

@@ -1,8 +1,19 @@
-"""Errors the command line reports as one line on stderr (exit status 1)."""
+"""Errors the command line reports as one line on stderr (exit status 1).
+
+Anything else that reaches the command line is a bug: it is reported as an internal error,
+with its traceback under ``--log-level debug``.
+"""
 
 
 class IotwatchError(Exception):
     """An expected failure with a message that says what to do about it."""
+
+
+class UserError(IotwatchError, ValueError):
+    """A mistake in what the user asked for: an option, a setting, a parameter, a file.
+
+    A ``ValueError`` too, so that validators (pydantic's, click's) report it as invalid input.
+    """
 
 
 class StackError(IotwatchError):

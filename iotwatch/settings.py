@@ -14,19 +14,25 @@ from __future__ import annotations
 import getpass
 import os
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_core import to_json
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from iotwatch.errors import UserError
+
 CONFIG_FILE_ENV = "IOTWATCH_CONFIG"
+#: The settings file of the :func:`load_settings` call under way (``--config``); it takes
+#: the place of ``IOTWATCH_CONFIG`` without writing the process's environment.
+_CONFIG_FILE: ContextVar[str | None] = ContextVar("iotwatch_config_file", default=None)
 
 
 class _TomlSection(PydanticBaseSettingsSource):
-    """Reads one ``[section]`` of the TOML file named by ``IOTWATCH_CONFIG``."""
+    """Reads one ``[section]`` of the settings file: ``--config``'s, else ``IOTWATCH_CONFIG``'s."""
 
     def __init__(self, settings_cls: type[BaseSettings], section: str) -> None:
         super().__init__(settings_cls)
@@ -36,19 +42,21 @@ class _TomlSection(PydanticBaseSettingsSource):
         return None, field_name, False  # everything is returned by __call__
 
     def __call__(self) -> dict[str, Any]:
-        path = os.environ.get(CONFIG_FILE_ENV)
+        path, source = _CONFIG_FILE.get(), "--config"
+        if not path:
+            path, source = os.environ.get(CONFIG_FILE_ENV), CONFIG_FILE_ENV
         if not path:
             return {}
         try:
             with open(path, "rb") as handle:
                 data = tomllib.load(handle)
         except FileNotFoundError as exc:
-            raise ValueError(f"settings file {path} ({CONFIG_FILE_ENV}) does not exist") from exc
+            raise UserError(f"settings file {path} ({source}) does not exist") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"settings file {path} is not valid TOML: {exc}") from exc
+            raise UserError(f"settings file {path} is not valid TOML: {exc}") from exc
         section = data.get(self._section, {})
         if not isinstance(section, dict):
-            raise ValueError(f"settings file {path}: [{self._section}] must be a table")
+            raise UserError(f"settings file {path}: [{self._section}] must be a table")
         return section
 
 
@@ -612,18 +620,41 @@ _CREDENTIAL_PAIRS = (("username", "password"), ("sasl_username", "sasl_password"
 def load_settings(config_file: str | Path | None = None) -> Settings:
     """Read the environment (and the TOML file, if any) now.
 
-    With ``deployment.require_secrets`` a placeholder or missing secret raises
-    :class:`ValueError` naming the variables, so a service exits before it connects.
+    ``config_file`` (``--config``) takes the place of ``IOTWATCH_CONFIG``. A setting that
+    does not validate raises :class:`UserError` naming it. With
+    ``deployment.require_secrets`` a placeholder or missing secret raises :class:`UserError`
+    naming the variables, so a service exits before it connects.
     """
-    if config_file is not None:
-        os.environ[CONFIG_FILE_ENV] = str(config_file)
-    settings = _read_settings()
+    token = _CONFIG_FILE.set(None if config_file is None else str(config_file))
+    try:
+        settings = _read_settings()
+    finally:
+        _CONFIG_FILE.reset(token)
     if settings.deployment.require_secrets and (problems := settings.unusable_secrets()):
-        raise ValueError(f"refusing to start with unusable secrets: {'; '.join(problems)} (set real values in .env)")
+        raise UserError(f"refusing to start with unusable secrets: {'; '.join(problems)} (set real values in .env)")
     return settings
 
 
 def _read_settings() -> Settings:
+    try:
+        return _read_concerns()
+    except ValidationError as exc:
+        raise UserError(_validation_message(exc)) from exc
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """Pydantic's report in one line per problem: the environment variable and what is wrong."""
+    title = exc.title
+    concern = next((c for c in _ConcernSettings.__subclasses__() if c.__name__ == title), None)
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        where = concern.env_name(str(error["loc"][0])) if concern is not None and error["loc"] else field
+        problems.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
+    return "invalid settings: " + "; ".join(problems)
+
+
+def _read_concerns() -> Settings:
     return Settings(
         mqtt=MqttSettings(),
         kafka=KafkaSettings(),
@@ -646,7 +677,7 @@ def normalise_mqtt_url(value: str) -> str:
 
 def _check_port(port: str, where: str) -> None:
     if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{where}: port {port or '(none)'} is not a TCP port (1-65535)")
+        raise UserError(f"{where}: port {port or '(none)'} is not a TCP port (1-65535)")
 
 
 def check_bootstrap_servers(value: str) -> str:
@@ -656,7 +687,7 @@ def check_bootstrap_servers(value: str) -> str:
     for server in servers:
         host, sep, port = server.rpartition(":")
         if not sep or not host.strip("[]"):
-            raise ValueError(f"Kafka bootstrap server {server!r} is not HOST:PORT")
+            raise UserError(f"Kafka bootstrap server {server!r} is not HOST:PORT")
         _check_port(port, f"Kafka bootstrap server {server!r}")
     return ",".join(servers)
 
@@ -667,9 +698,9 @@ def check_url(value: str, schemes: tuple[str, ...]) -> str:
         return value
     parts = urlsplit(value)
     if parts.scheme not in schemes:
-        raise ValueError(f"{value!r}: the scheme must be one of {', '.join(s + '://' for s in schemes)}")
+        raise UserError(f"{value!r}: the scheme must be one of {', '.join(s + '://' for s in schemes)}")
     if not parts.hostname:
-        raise ValueError(f"{value!r} names no host")
+        raise UserError(f"{value!r} names no host")
     _, sep, port = parts.netloc.rpartition("@")[2].rpartition(":")
     if sep and not port.endswith("]"):
         _check_port(port, repr(value))

@@ -154,10 +154,8 @@ def _launch_jvm(conf: Mapping[str, str]) -> None:
 
 #: JIT of the local-mode JVM: the quick C1 compiler only. Spark generates and compiles new
 #: classes for every query it plans, and the optimising C2 compiler then spends minutes of
-#: CPU on them; on a 2-core machine that CPU is taken from the micro-batches. Measured with
-#: the streaming job (300,000 readings, warm JVM): 2.05 -> 1.56 CPU-s of JVM per 100,000
-#: readings, and about a third less in a fresh JVM's first minute. Cluster deployments set
-#: their executors' options in spark-submit.
+#: CPU on them; with few cores that CPU is taken from the micro-batches. Cluster deployments
+#: set their executors' options in spark-submit.
 LOCAL_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 

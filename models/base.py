@@ -27,6 +27,8 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from iotwatch.contract.detection import AnomalyKind
+
 __all__ = [
     "ANOMALY_KINDS",
     "Detector",
@@ -39,19 +41,8 @@ __all__ = [
 #: A reading: metric name -> value. Missing metrics are simply absent.
 Reading = Mapping[str, float]
 
-#: The anomaly kinds the tests generate; each detector lists those it claims in ``detects``.
-ANOMALY_KINDS = frozenset(
-    {
-        "spike",
-        "level_shift",
-        "drift",
-        "flatline",
-        "noise_burst",
-        "out_of_range",
-        "dropout",
-        "crash",
-    }
-)
+#: The anomaly kinds of the contract; each detector lists those it claims in ``detects``.
+ANOMALY_KINDS: frozenset[AnomalyKind] = frozenset(AnomalyKind)
 
 #: Values are clipped to +-this before arithmetic, so squares never overflow.
 VALUE_LIMIT = 1e100
@@ -89,7 +80,7 @@ class Detector(abc.ABC):
     #: True when the whole learned state is a few numbers (per-device state store).
     compact_state: ClassVar[bool] = True
     #: Anomaly kinds (from :data:`ANOMALY_KINDS`) this detector is built to flag.
-    detects: ClassVar[frozenset[str]] = frozenset()
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     # --- the protocol ---------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 
 __all__ = [
@@ -416,7 +417,7 @@ class CadOse(UnivariateMixin, Detector):
     name: ClassVar[str] = "cad_ose"
     #: None claimed: on the generated test streams (``tests/models/generate.py``) its clean
     #: scores reach those of the anomalies; it is measured on NAB instead.
-    detects: ClassVar[frozenset[str]] = frozenset()
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     def __init__(
         self,

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, overload
 
+import numpy as np
+
+from iotwatch.contract.detection import AnomalyKind
+from iotwatch.errors import UserError
 from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
-__all__ = ["CrashDeceleration", "STANDARD_GRAVITY"]
+__all__ = ["CrashDeceleration", "STANDARD_GRAVITY", "is_crash"]
 
 #: m/s^2 per g.
 STANDARD_GRAVITY = 9.80665
+
+
+@overload
+def is_crash(accel_x_g: float, threshold_g: float) -> bool: ...
+@overload
+def is_crash(accel_x_g: np.ndarray, threshold_g: float) -> np.ndarray: ...
+def is_crash(accel_x_g: float | np.ndarray, threshold_g: float) -> bool | np.ndarray:
+    """Whether a longitudinal acceleration (g, positive forward) is a deceleration of at
+    least ``threshold_g``: the crash condition of this detector and of the job's crash rule.
+    NaN (no reading) is no crash.
+
+    >>> is_crash(-4.0, 4.0), is_crash(np.array([-0.9, -12.5, np.nan]), 4.0).tolist()
+    (True, [False, True, False])
+    """
+    with np.errstate(invalid="ignore"):
+        crashed = -np.asarray(accel_x_g, dtype=float) >= threshold_g
+    return crashed if isinstance(accel_x_g, np.ndarray) else bool(crashed)
 
 
 class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
@@ -36,13 +57,13 @@ class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "crash"
-    detects: ClassVar[frozenset[str]] = frozenset({"crash"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.CRASH})
 
     def __init__(self, metric: str | None = "accel_x_g", threshold_g: float = 4.0, units: str = "g") -> None:
         if units not in ("g", "m/s2"):
-            raise ValueError(f"units must be 'g' or 'm/s2', not {units!r}")
+            raise UserError(f"units must be 'g' or 'm/s2', not {units!r}")
         if threshold_g <= 0:
-            raise ValueError("threshold_g must be positive")
+            raise UserError("threshold_g must be positive")
         self.metric = metric
         self.threshold_g = threshold_g
         self.units = units
@@ -51,5 +72,5 @@ class CrashDeceleration(StatelessMixin, UnivariateMixin, Detector):
         v = self._value(x)
         if v is None:
             return 0.0
-        decel_g = -v / STANDARD_GRAVITY if self.units == "m/s2" else -v
-        return 1.0 if decel_g >= self.threshold_g else 0.0
+        accel_g = v / STANDARD_GRAVITY if self.units == "m/s2" else v
+        return 1.0 if is_crash(accel_g, self.threshold_g) else 0.0

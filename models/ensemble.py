@@ -7,6 +7,8 @@ from typing import Any, ClassVar, Self
 
 import models.forecast
 import models.robust_zscore  # noqa: F401
+from iotwatch.contract.detection import AnomalyKind
+from iotwatch.errors import UserError
 from models.base import Detector, Reading
 from models.catalog import make
 from models.likelihood import AnomalyLikelihood
@@ -57,7 +59,9 @@ class CalibratedEnsemble(Detector):
     """
 
     name: ClassVar[str] = "ensemble"
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
+    )
 
     def __init__(
         self,
@@ -70,7 +74,7 @@ class CalibratedEnsemble(Detector):
         instant: bool = True,
     ) -> None:
         if combine not in ("max", "mean"):
-            raise ValueError(f"combine must be 'max' or 'mean', not {combine!r}")
+            raise UserError(f"combine must be 'max' or 'mean', not {combine!r}")
         self.components = [[str(n), dict(p)] for n, p in components]
         self.combine = combine
         self.warmup = warmup

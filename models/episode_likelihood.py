@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 from models.exceedance import ExceedanceTail
 from models.repeat_run import RepeatRun
@@ -120,7 +121,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "episode_likelihood"
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST, AnomalyKind.FLATLINE}
+    )
 
     def __init__(
         self,

@@ -35,6 +35,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Self
 
+from iotwatch.errors import UserError
+
 __all__ = ["ExceedanceTail"]
 
 
@@ -87,7 +89,7 @@ class ExceedanceTail:
         run_gap: int = 3,
     ) -> None:
         if threshold <= 0:
-            raise ValueError("threshold must be positive")
+            raise UserError("threshold must be positive")
         self.threshold = threshold
         self.halflife = halflife
         self.index_halflife = index_halflife

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
+from iotwatch.errors import UserError
 from models.base import Detector, Reading, UnivariateMixin
 
 __all__ = ["Flatline"]
@@ -33,11 +35,11 @@ class Flatline(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "flatline"
-    detects: ClassVar[frozenset[str]] = frozenset({"flatline"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.FLATLINE})
 
     def __init__(self, metric: str | None = None, count: int = 30, tolerance: float = 0.0) -> None:
         if count < 2:
-            raise ValueError("count must be at least 2")
+            raise UserError("count must be at least 2")
         self.metric = metric
         self.count = count
         self.tolerance = tolerance

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin, z_to_score
 
 __all__ = ["HoltWintersResidual"]
@@ -55,7 +56,9 @@ class HoltWintersResidual(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "holt_winters"
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
+    )
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from river import anomaly, compose, preprocessing
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import VALUE_LIMIT, Detector, Reading
 
 __all__ = ["HalfSpaceTrees", "with_deltas"]
@@ -57,7 +58,7 @@ class HalfSpaceTrees(Detector):
     compact_state: ClassVar[bool] = False
     #: On generated single-metric data its scores do not separate anomalies from noise
     #: (tests/models), so it claims no kind; it earns its place on nab-dev.
-    detects: ClassVar[frozenset[str]] = frozenset()
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     def __init__(
         self,

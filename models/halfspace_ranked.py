@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading
 from models.halfspace import HalfSpaceTrees
 from models.rank_calibration import RankCalibrator
@@ -18,8 +19,8 @@ class RankedHalfSpaceTrees(Detector):
     :class:`models.rank_calibration.RankCalibrator` turns it into a log-scaled empirical
     tail probability over the last ``history`` raw scores and reports only the first of a
     burst of high scores (``suppress`` readings). The output is comparable across streams
-    (one threshold for all), and one anomaly raises one alarm. The best nab-dev score of
-    the catalog, hence the default of ``score-csv``.
+    (one threshold for all), and one anomaly raises one alarm. ``score-csv --detector
+    hst_ranked`` and ``iotwatch evaluate --detector hst_ranked`` run it.
 
     Parameters
     ----------
@@ -41,7 +42,7 @@ class RankedHalfSpaceTrees(Detector):
 
     name: ClassVar[str] = "hst_ranked"
     compact_state: ClassVar[bool] = False
-    detects: ClassVar[frozenset[str]] = frozenset()
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import IsolationForest as _SkIsolationForest
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading
 
 __all__ = ["IsolationForest"]
@@ -48,7 +49,9 @@ class IsolationForest(Detector):
 
     name: ClassVar[str] = "isolation_forest"
     compact_state: ClassVar[bool] = False
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
+    )
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 from models.likelihood import log_tail_score
 
@@ -61,7 +62,7 @@ class RepeatRun(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "repeat_run"
-    detects: ClassVar[frozenset[str]] = frozenset({"flatline"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.FLATLINE})
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin, z_to_score
 
 __all__ = ["RobustZScore"]
@@ -67,7 +68,9 @@ class RobustZScore(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "robust_zscore"
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "drift", "noise_burst"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.DRIFT, AnomalyKind.NOISE_BURST}
+    )
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
+from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 from models.exceedance import ExceedanceTail
 from models.forecast import HoltWintersResidual
@@ -52,7 +53,9 @@ class TailEnsemble(UnivariateMixin, Detector):
     name: ClassVar[str] = "tail_ensemble"
     #: Drifts over minutes to hours are caught as level changes; a drift over days is
     #: the seasonal :class:`~models.robust_zscore.RobustZScore`'s job (not claimed here).
-    detects: ClassVar[frozenset[str]] = frozenset({"spike", "level_shift", "noise_burst", "flatline"})
+    detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
+        {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST, AnomalyKind.FLATLINE}
+    )
 
     def __init__(
         self,

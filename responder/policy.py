@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from alerts.records import parse_duration
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.metric_catalog import DANGER_LIMITS
-from iotwatch.errors import IotwatchError
+from iotwatch.errors import IotwatchError, UserError
 from iotwatch.tomlfile import load_model
 
 
@@ -59,7 +59,7 @@ class CommandPolicy(BaseModel):
     @model_validator(mode="after")
     def _command_given(self) -> CommandPolicy:
         if self.action == "command" and not self.command:
-            raise ValueError(f"policy {self.name}: a command policy needs a command")
+            raise UserError(f"policy {self.name}: a command policy needs a command")
         return self
 
     @field_validator("ttl", mode="before")

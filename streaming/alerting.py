@@ -17,6 +17,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, Contributor, Severity
@@ -27,7 +28,7 @@ class RuleSpec:
     """How one rule fires and clears."""
 
     name: str
-    severity: str
+    severity: Severity
     fire: float
     clear: float
     hold: int = 1
@@ -49,11 +50,19 @@ class Observation:
     contributors: tuple[tuple[str, float, float], ...] = ()  # (metric, value, score), strongest first
 
 
+class EpisodeStatus(StrEnum):
+    """Where a (device, rule) is in its alert lifecycle."""
+
+    IDLE = "idle"  # nothing firing; keeps no state
+    PENDING = "pending"  # firing, not yet for ``hold`` observations
+    OPEN = "open"  # raised, not yet cleared
+
+
 @dataclass
 class Episode:
     """Per-(device, rule) alert state, kept in the device's state (a few fields)."""
 
-    status: str = "idle"  # idle | pending | open
+    status: EpisodeStatus = EpisodeStatus.IDLE
     above: int = 0
     below: int = 0
     start_ms: int = 0
@@ -109,18 +118,19 @@ def advance(
     """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
     the full observation (message, contributors) when an alert is raised or cleared."""
     firing = score >= spec.fire
-    if episode.status in ("idle", "pending"):
+    if episode.status is not EpisodeStatus.OPEN:
         if not firing:
-            episode.status, episode.above = "idle", 0
+            episode.status, episode.above = EpisodeStatus.IDLE, 0
             return None
-        if episode.status == "idle":
-            episode.status, episode.start_ms, episode.start_seq, episode.peak_score = "pending", event_ms, seq, 0.0
+        if episode.status is EpisodeStatus.IDLE:
+            episode.status, episode.start_ms, episode.start_seq = EpisodeStatus.PENDING, event_ms, seq
+            episode.peak_score = 0.0
         episode.above += 1
         episode.last_ms = event_ms
         episode.peak_score = max(episode.peak_score, score)
         if episode.above < spec.hold or event_ms - episode.start_ms < spec.hold_ms:
             return None
-        episode.status, episode.below, episode.occurrences = "open", 0, episode.above
+        episode.status, episode.below, episode.occurrences = EpisodeStatus.OPEN, 0, episode.above
         episode.alert_id = alert_id(ctx.device.device_id, spec.name, episode.start_ms)
         observation = describe()
         episode.metric = observation.metric
@@ -137,7 +147,7 @@ def advance(
     if episode.below < spec.clear_hold:
         return None
     record = _record(AlertLifecycle.CLEARED, episode, spec, describe(), ctx, seq)
-    episode.status, episode.above, episode.below, episode.metric = "idle", 0, 0, None
+    episode.status, episode.above, episode.below, episode.metric = EpisodeStatus.IDLE, 0, 0, None
     return record
 
 
@@ -147,13 +157,13 @@ def _record(
     device = ctx.device
     verb = "raised" if state == AlertLifecycle.RAISED else "cleared"
     where = f"{device.device_type} {device.device_id} at {device.site}"
-    message = f"[{spec.severity.upper()}] {spec.name} {verb} on {where}: {obs.message}"
+    message = f"[{spec.severity.value.upper()}] {spec.name} {verb} on {where}: {obs.message}"
     if state == AlertLifecycle.CLEARED and obs.metric is not None:  # the record's score is the episode's peak
         message += f"; peak score {episode.peak_score:.2f} while open"
     return AlertRecord(
         alert_id=episode.alert_id,
         state=state,
-        severity=Severity(spec.severity),
+        severity=spec.severity,
         rule=spec.name,
         detector=spec.detector,
         device_id=device.device_id,

@@ -20,10 +20,8 @@ detector's own score, so a dashboard still shows the load step. A fault in one m
 never explained (the other does not move with it), and a fault in both with a steady
 witness is a load.
 
-Measured with ``iotwatch evaluate --simulated`` (defaults): the smart meters' false alarms
-per device-day fell from 1.60 to 0.75 (seed 7) and from 1.39 to 0.61 (seed 3), at the same
-recall and delays of every anomaly kind (with held scores in place of surprises: 1.01 on
-seed 7).
+``iotwatch evaluate --simulated`` measures the effect: the smart meters' false alarms per
+device-day (docs/detection.md).
 """
 
 from __future__ import annotations

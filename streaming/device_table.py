@@ -56,14 +56,16 @@ def _strings(values: Sequence[str] | np.ndarray) -> np.ndarray:
 
 def _encode_strings(values: np.ndarray) -> tuple[bytes, bytes]:
     """A vocabulary (joined) and int32 codes: few distinct types, sites and metric names."""
-    codes, uniques = pd.factorize(values) if len(values) else (np.zeros(0, dtype=np.int64), [])
+    if not len(values):
+        return b"", b""
+    codes, uniques = pd.factorize(values)
     return _SEP.join(uniques).encode(), codes.astype(np.int32).tobytes()
 
 
 def _decode_strings(vocabulary: bytes, codes: np.ndarray) -> np.ndarray:
     if not len(codes):
         return _strings([])
-    return _strings(vocabulary.decode().split(_SEP))[codes]  # ("" splits into [""]: one empty word)
+    return _strings(vocabulary.decode().split(_SEP)).take(codes)  # ("" splits into [""]: one empty word)
 
 
 @dataclass
@@ -123,7 +125,7 @@ class DeviceTable:
 
     def metric_names(self, d: int) -> list[str]:
         bounds = np.searchsorted(self.metric_device, [d, d + 1])
-        return self.metric_name[bounds[0] : bounds[1]].tolist()
+        return list(self.metric_name[bounds[0] : bounds[1]])
 
     def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray) -> np.ndarray:
         """Append new (device, metric) rows -- after each device's existing ones, in the given
@@ -320,7 +322,7 @@ class DeviceTable:
             text.append(blob[at : at + length])
             at += length
 
-        def array(dtype: type, count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        def array(dtype: type[np.generic], count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
             nonlocal at
             out = np.frombuffer(blob, dtype=dtype, count=count, offset=at).copy()
             at += out.nbytes
@@ -346,7 +348,7 @@ class DeviceTable:
             array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
         )
 
-    # -- one device as a record (tests, tools, the previous layout) ------------------------------------
+    # -- one device as a record (tests, tools, the per-device layout) ------------------------------------
 
     def state(self, d: int) -> DeviceState:
         """Device ``d``'s state in the per-device layout."""
@@ -369,7 +371,7 @@ class DeviceTable:
     def from_states(
         cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
     ) -> DeviceTable:
-        """Devices from their per-device states (a checkpoint of the previous layout)."""
+        """Devices from their per-device states (a checkpoint in the per-device layout)."""
         table = cls.empty(ids, seq_words, state_size)
         if not states:
             return table
@@ -381,7 +383,7 @@ class DeviceTable:
         table.metric_device = np.repeat(np.arange(len(states)), counts)
         table.metric_name = _strings([m for s in states for m in s.metrics])
         table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
-        # the previous layout kept a detector row for each scored metric, in metric order
+        # the per-device layout kept a detector row for each scored metric, in metric order
         watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
         table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
         table.detectors = np.ascontiguousarray(np.concatenate([s.detectors for s in states]).reshape(-1, state_size))

@@ -13,7 +13,7 @@ import logging
 from iotwatch.settings import Settings
 from models.registry import ModelRegistry
 from models.watcher import ModelWatcher
-from streaming.engine import FleetLookup
+from streaming.fleet_scoring import FleetLookup, FleetModel
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,13 @@ def fleet_lookup(settings: Settings) -> FleetLookup | None:
             return None
         _watchers[key] = watcher
 
-    def lookup(device_type: str) -> tuple[str, object] | None:
+    def lookup(device_type: str) -> tuple[str, FleetModel] | None:
         entry = watcher.current_version(device_type, detector)
-        return None if entry is None else (f"{detector}@v{entry[0].version}", entry[1])
+        if entry is None:
+            return None
+        version, model = entry
+        if not isinstance(model, FleetModel):
+            raise TypeError(f"fleet detector {detector!r} cannot score a frame of readings (no score_many)")
+        return f"{detector}@v{version.version}", model
 
-    return lookup  # type: ignore[return-value]
+    return lookup

@@ -55,9 +55,8 @@ STREAM_CONF = {
     "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
     # The JVM moves a few rows per micro-batch (decoded chunks in, one tally row per
-    # partition out): generating and compiling code for them cost more than it saved.
-    # Interpreted projections: about 20 % less CPU per micro-batch at 5,000 readings/s
-    # (JFR: a third of the task threads' samples were in code generation).
+    # partition out): generating and compiling code for them costs more than it saves, so
+    # projections are interpreted.
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
@@ -116,11 +115,9 @@ class RunningJob:
         logged at DEBUG here (the batch re-runs from the checkpoint on the next start).
         Idempotent; tolerates a JVM already shutting down.
 
-        The benchmarks stop at once: waiting for the end of a micro-batch there made the
-        next query's latency worse (spike-to-alert p99 at 20,000 readings/s 0.87-0.95 s
-        after stops that interrupt, 1.91-1.93 s after ones that waited, three full runs
-        each; why was not established: perhaps the stopped query's state stores stay loaded
-        until Spark's maintenance unloads them)."""
+        The benchmarks stop at once: waiting for the end of a micro-batch there makes the
+        next query's spike-to-alert latency worse (perhaps the stopped query's state stores
+        stay loaded until Spark's maintenance unloads them)."""
         from iotwatch.spark import quiet_stop
 
         deadline = time.monotonic() + wait_s
@@ -289,7 +286,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-#: Spark's error classes for a checkpoint whose state an earlier version laid out otherwise.
+#: Spark's error classes for a checkpoint whose state another version of iotwatch laid out otherwise.
 _STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
 
 

@@ -2,16 +2,15 @@
 spread evenly over the operator's tasks.
 
 Spark places a group on task ``pmod(hash(key), n)`` (``n`` = ``spark.sql.shuffle.partitions``,
-``hash`` its Murmur3 with seed 42). Grouped by the bare partition number, the 4 partitions
-of the raw topic hashed 3 to 1 onto the 2 tasks of this machine: one task scored three
-quarters of every micro-batch while the other core waited (task times of 0.84 and 1.92 s
-in one micro-batch at 100,000 devices).
+``hash`` its Murmur3 with seed 42). Grouped by the bare partition number, 4 partitions hash
+3 to 1 onto 2 tasks: one task scores three quarters of every micro-batch while the other
+core waits.
 
 The key is ``salt << 32 | partition``, with the smallest salt that lands partition ``p`` on
 task ``p mod n``: any number of partitions then spreads as evenly as ``n`` allows, and the
 key still names exactly one Kafka partition (its low 32 bits, :func:`partition_of`). The
 packing step computes it (:mod:`streaming.packing`): a column of the packed rows costs the
-query nothing, where an expression computing it was re-planned in every micro-batch.
+query nothing, where an expression computing it would be re-planned in every micro-batch.
 """
 
 from __future__ import annotations

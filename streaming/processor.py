@@ -31,7 +31,8 @@ from streaming.operator_key import partition_of
 from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
 
 if TYPE_CHECKING:
-    from streaming.engine import PartitionEngine, RecordColumns
+    from streaming.engine import PartitionEngine
+    from streaming.partition_io import RecordColumns
     from streaming.shard_cache import ShardCache
 
 _SEP = "\x1f"
@@ -100,7 +101,7 @@ def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     """Packed rows (``streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
-    from streaming.engine import RecordColumns
+    from streaming.partition_io import RecordColumns
 
     chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
     if not chunks:

@@ -15,64 +15,53 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
 
+from iotwatch.contract.alerts import Severity
 from iotwatch.contract.detection import Rule
 from iotwatch.contract.metric_catalog import danger_limits
 from iotwatch.settings import StreamSettings
-from models.crash import CrashDeceleration
+from models.crash import is_crash
 from streaming.alerting import Observation, RuleSpec
 from streaming.cleaning import physical_range
 
-ANOMALY = Rule.ANOMALY_SCORE.value
-OUT_OF_RANGE = Rule.OUT_OF_RANGE.value
-CRASH = Rule.CRASH.value
-HARSH_BRAKING = Rule.HARSH_BRAKING.value
-LEAK = Rule.WATER_LEAK.value
-STUCK_HVAC = Rule.STUCK_HVAC.value
-SILENT = Rule.DEVICE_SILENT.value
-FLEET = Rule.FLEET_ANOMALY.value
-COOLANT = Rule.COOLANT_OVERHEATING.value
-BATTERY = Rule.BATTERY_LOW.value
-HUMIDITY = Rule.HUMIDITY_HIGH.value
 #: The rules of the catalogue's danger limits, and their severities.
-DANGER_RULES: dict[str, str] = {limit.rule: limit.severity for _, _, limit in danger_limits()}
-if set(DANGER_RULES) != {COOLANT, BATTERY, HUMIDITY}:
+DANGER_RULES: dict[str, Severity] = {limit.rule: Severity(limit.severity) for _, _, limit in danger_limits()}
+if set(DANGER_RULES) != {Rule.COOLANT_OVERHEATING, Rule.BATTERY_LOW, Rule.HUMIDITY_HIGH}:
     raise RuntimeError(f"the metric catalogue's danger rules {sorted(DANGER_RULES)} are not the engine's")
 
 
 def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     """The rules, their anti-flap parameters and runbook links, from the stream settings."""
-    specs = {
-        ANOMALY: RuleSpec(
-            ANOMALY,
-            "warning",
+    specs: dict[str, RuleSpec] = {
+        Rule.ANOMALY_SCORE: RuleSpec(
+            Rule.ANOMALY_SCORE,
+            Severity.WARNING,
             settings.alert_fire_score,
             settings.alert_clear_score,
             settings.alert_hold_readings,
             settings.alert_clear_readings,
             detector,
         ),
-        OUT_OF_RANGE: RuleSpec(OUT_OF_RANGE, "major", 0.5, 0.5, 1, settings.alert_clear_readings),
-        CRASH: RuleSpec(CRASH, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
-        HARSH_BRAKING: RuleSpec(HARSH_BRAKING, "warning", 0.5, 0.5, 1, settings.alert_clear_readings),
-        LEAK: RuleSpec(LEAK, "critical", 0.5, 0.5, 1, settings.alert_clear_readings),
-        STUCK_HVAC: RuleSpec(
-            STUCK_HVAC,
-            "major",
+        Rule.OUT_OF_RANGE: RuleSpec(Rule.OUT_OF_RANGE, Severity.MAJOR, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.CRASH: RuleSpec(Rule.CRASH, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.HARSH_BRAKING: RuleSpec(Rule.HARSH_BRAKING, Severity.WARNING, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.WATER_LEAK: RuleSpec(Rule.WATER_LEAK, Severity.CRITICAL, 0.5, 0.5, 1, settings.alert_clear_readings),
+        Rule.STUCK_HVAC: RuleSpec(
+            Rule.STUCK_HVAC,
+            Severity.MAJOR,
             0.5,
             0.5,
             settings.stuck_hvac_readings,
             settings.alert_clear_readings,
             hold_ms=int(settings.stuck_hvac_s * 1000),
         ),
-        SILENT: RuleSpec(SILENT, "major", 0.5, 0.5, 1, 1),
-        FLEET: RuleSpec(
-            FLEET,
-            "warning",
+        Rule.DEVICE_SILENT: RuleSpec(Rule.DEVICE_SILENT, Severity.MAJOR, 0.5, 0.5, 1, 1),
+        Rule.FLEET_ANOMALY: RuleSpec(
+            Rule.FLEET_ANOMALY,
+            Severity.WARNING,
             settings.fleet_fire_score,
             settings.fleet_fire_score - 0.1,
             settings.alert_hold_readings,
@@ -85,6 +74,96 @@ def rule_specs(settings: StreamSettings, detector: str) -> dict[str, RuleSpec]:
     return {name: replace(spec, runbook_url=settings.runbook_url(name)) for name, spec in specs.items()}
 
 
+class BatchReadings(Protocol):
+    """What the rules read: per-reading columns of one micro-batch."""
+
+    @property
+    def device_type(self) -> np.ndarray: ...
+
+    @property
+    def event(self) -> np.ndarray: ...
+
+    @property
+    def out_of_range(self) -> np.ndarray:
+        """Whether any metric of the reading is outside its physical range."""
+
+    def metric(self, name: str) -> np.ndarray:
+        """The metric's value per reading, NaN where the reading lacks it."""
+
+
+def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """For each rule: (applies, score) per reading. A rule applies to the readings of its
+    device types (or carrying its event) that have the metrics it needs; its score is in
+    [0, 1]. This is the only place a rule's condition is written."""
+    n = len(readings.device_type)
+    everyone = np.ones(n, dtype=bool)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {Rule.OUT_OF_RANGE: (everyone, readings.out_of_range.astype(float))}
+    event = readings.event
+    accel = readings.metric("accel_x_g")
+    crash_event = event == "crash"
+    vehicle = (readings.device_type == "vehicle_edr") | crash_event
+    if vehicle.any():
+        crash_g, harsh_g = settings.crash_decel_g, settings.harsh_braking_g
+        crashed = crash_event | is_crash(accel, crash_g)
+        with np.errstate(invalid="ignore"):
+            harsh = (harsh_g <= -accel) & ~crashed
+        out[Rule.CRASH] = (vehicle, crashed.astype(float))
+        out[Rule.HARSH_BRAKING] = (vehicle, harsh.astype(float))
+    leak_event = event == "leak"
+    leak = (readings.device_type == "leak_sensor") | leak_event
+    if leak.any():
+        with np.errstate(invalid="ignore"):
+            wet = leak_event | (readings.metric("water_detected") >= 0.5)
+        out[Rule.WATER_LEAK] = (leak, wet.astype(float))
+    thermostat = readings.device_type == "thermostat"
+    if thermostat.any():
+        hvac = _hvac(readings, settings)
+        applies = thermostat & hvac.known
+        out[Rule.STUCK_HVAC] = (applies, (hvac.stuck & applies).astype(float))
+    for device_type, metric, limit in danger_limits():
+        of_type = readings.device_type == device_type
+        if not of_type.any():
+            continue
+        value = readings.metric(metric)
+        applies = of_type & ~np.isnan(value)
+        score = limit.levels(value) * applies
+        if limit.rule in out:  # a rule of several device types (a battery on door and leak sensors)
+            applies, score = applies | out[limit.rule][0], np.maximum(score, out[limit.rule][1])
+        out[limit.rule] = (applies, score)
+    return out
+
+
+@dataclass(frozen=True)
+class _Hvac:
+    """A thermostat's HVAC against its setpoint, per reading."""
+
+    known: np.ndarray  # the reading has temperature, setpoint and HVAC state
+    heating: np.ndarray  # outside colder than the setpoint: the HVAC heats
+    overshoot: np.ndarray  # past the setpoint in the direction the HVAC pushes
+    stuck: np.ndarray  # running, and past the setpoint or far from it
+
+
+def _hvac(readings: BatchReadings, settings: StreamSettings) -> _Hvac:
+    """HVAC running but not doing its job: past the setpoint in the direction it pushes
+    (heating above it, cooling below it: a thermostat's hysteresis switches off within a
+    fraction of a degree), or far from the setpoint either way. Heating or cooling is
+    told by the outside temperature: below the setpoint, the HVAC heats."""
+    temperature, setpoint, hvac = (readings.metric(m) for m in ("temperature_c", "setpoint_c", "hvac_on"))
+    outside = readings.metric("outside_temperature_c")
+    gap = temperature - setpoint
+    with np.errstate(invalid="ignore"):
+        heating, cooling = outside < setpoint, outside > setpoint
+        overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (
+            cooling & (gap < -settings.stuck_hvac_overshoot_c)
+        )
+        stuck = (hvac >= 0.5) & (overshoot | (np.abs(gap) > settings.stuck_hvac_c))
+    known = ~np.isnan(temperature) & ~np.isnan(setpoint) & ~np.isnan(hvac)
+    return _Hvac(known, heating, overshoot, stuck)
+
+
+# --- one reading: the observations alert records carry ---------------------------------------
+
+
 @dataclass(frozen=True)
 class ReadingView:
     """What rules look at: the normalised metrics, event and quality flags of one reading."""
@@ -95,26 +174,76 @@ class ReadingView:
     out_of_range: tuple[str, ...]
 
 
+class _OneReading:
+    """A :class:`ReadingView` as a micro-batch of one reading, for :func:`rule_scores`."""
+
+    def __init__(self, reading: ReadingView) -> None:
+        self.reading = reading
+        self.device_type = np.array([reading.device_type], dtype=object)
+        self.event = np.array([reading.event], dtype=object)
+        self.out_of_range = np.array([bool(reading.out_of_range)])
+
+    def metric(self, name: str) -> np.ndarray:
+        value = self.reading.metrics.get(name)
+        return np.array([np.nan if value is None else value], dtype=float)
+
+
 def evaluate(reading: ReadingView, settings: StreamSettings) -> dict[str, Observation]:
-    """Observations of every rule that applies to this reading's device type."""
-    observations: dict[str, Observation] = {}
-    observations[OUT_OF_RANGE] = _out_of_range(reading)
-    if reading.device_type == "vehicle_edr" or reading.event == "crash":
-        observations[CRASH] = _crash(reading, settings.crash_decel_g)
-        observations[HARSH_BRAKING] = _harsh_braking(reading, settings.harsh_braking_g, settings.crash_decel_g)
-    if reading.device_type == "leak_sensor" or reading.event == "leak":
-        observations[LEAK] = _leak(reading)
-    if reading.device_type == "thermostat":
-        stuck = _stuck_hvac(reading, settings.stuck_hvac_c, settings.stuck_hvac_overshoot_c)
-        if stuck is not None:
-            observations[STUCK_HVAC] = stuck
+    """Observations of every rule that applies to this reading: :func:`rule_scores` of the
+    reading, each with what to say about it."""
+    one = _OneReading(reading)
+    return {
+        rule: _describe(rule, reading, float(score[0]), one, settings)
+        for rule, (applies, score) in rule_scores(one, settings).items()
+        if applies[0]
+    }
+
+
+def _describe(rule: str, reading: ReadingView, score: float, one: _OneReading, settings: StreamSettings) -> Observation:
+    """The observation of ``rule`` on ``reading``, given the score the rule gave it."""
+    metrics = reading.metrics
+    if rule == Rule.OUT_OF_RANGE:
+        return _out_of_range(reading)
+    if rule in (Rule.CRASH, Rule.HARSH_BRAKING):
+        accel = metrics.get("accel_x_g")
+        if rule == Rule.HARSH_BRAKING:
+            harsh_g = settings.harsh_braking_g
+            if score >= 1.0 and accel is not None:
+                detail = f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g"
+                return Observation(1.0, "accel_x_g", accel, -harsh_g, detail)
+            return Observation(0.0, "accel_x_g", accel, -harsh_g, "no harsh braking")
+        crash_g = settings.crash_decel_g
+        if reading.event == "crash":
+            detail = f"crash event reported (longitudinal {accel:g} g)" if accel is not None else "crash event reported"
+        elif score >= 1.0 and accel is not None:
+            detail = f"deceleration {-accel:.1f} g beyond the crash threshold {crash_g:g} g"
+        else:
+            detail = "no crash deceleration"
+        return Observation(score, "accel_x_g", accel, -crash_g, detail)
+    if rule == Rule.WATER_LEAK:
+        return Observation(
+            score, "water_detected", metrics.get("water_detected"), 0.5, "water detected" if score else "dry"
+        )
+    if rule == Rule.STUCK_HVAC:
+        temperature, setpoint = metrics["temperature_c"], metrics["setpoint_c"]
+        gap = temperature - setpoint
+        if not score:
+            return Observation(0.0, "temperature_c", temperature, setpoint, f"temperature {gap:+.1f} C from setpoint")
+        hvac = _hvac(one, settings)
+        how = "heating" if hvac.heating[0] else "cooling"
+        why = f"{how} past the setpoint" if hvac.overshoot[0] else "far from setpoint"
+        return Observation(
+            1.0,
+            "temperature_c",
+            temperature,
+            setpoint,
+            f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C from setpoint {setpoint:.1f} C ({why})",
+        )
     for device_type, metric, limit in danger_limits():
-        value = reading.metrics.get(metric)
-        if device_type == reading.device_type and value is not None and value == value:  # NaN: no reading
-            observations[limit.rule] = Observation(
-                limit.level(value), metric, value, limit.warning, limit.describe(metric, value)
-            )
-    return observations
+        if limit.rule == rule and device_type == reading.device_type:
+            value = metrics[metric]
+            return Observation(score, metric, value, limit.warning, limit.describe(metric, value))
+    raise ValueError(f"no observation of rule {rule!r} for a {reading.device_type} reading")
 
 
 def _out_of_range(reading: ReadingView) -> Observation:
@@ -132,133 +261,3 @@ def _out_of_range(reading: ReadingView) -> Observation:
         f"{metric}={value:g} outside its physical range [{bounds[0]:g}, {bounds[1]:g}]",
         tuple((m, reading.metrics[m], 1.0) for m in reading.out_of_range),
     )
-
-
-@lru_cache(maxsize=8)
-def _crash_detector(decel_g: float) -> CrashDeceleration:
-    return CrashDeceleration(metric="accel_x_g", threshold_g=decel_g)
-
-
-def _crash(reading: ReadingView, decel_g: float) -> Observation:
-    accel = reading.metrics.get("accel_x_g")
-    if reading.event == "crash":
-        detail = f"crash event reported (longitudinal {accel:g} g)" if accel is not None else "crash event reported"
-        return Observation(1.0, "accel_x_g", accel, -decel_g, detail)
-    if _crash_detector(decel_g).score_one(reading.metrics, 0) >= 1.0:
-        return Observation(
-            1.0, "accel_x_g", accel, -decel_g, f"deceleration {-accel:.1f} g beyond the crash threshold {decel_g:g} g"
-        )
-    return Observation(0.0, "accel_x_g", accel, -decel_g, "no crash deceleration")
-
-
-def _harsh_braking(reading: ReadingView, harsh_g: float, crash_g: float) -> Observation:
-    """Braking hard enough for a driver-behaviour warning, short of a crash (which its own rule reports)."""
-    accel = reading.metrics.get("accel_x_g")
-    if accel is not None and harsh_g <= -accel < crash_g and reading.event != "crash":
-        return Observation(
-            1.0, "accel_x_g", accel, -harsh_g, f"harsh braking: deceleration {-accel:.2f} g beyond {harsh_g:g} g"
-        )
-    return Observation(0.0, "accel_x_g", accel, -harsh_g, "no harsh braking")
-
-
-def _leak(reading: ReadingView) -> Observation:
-    wet = reading.metrics.get("water_detected")
-    if reading.event == "leak" or (wet is not None and wet >= 0.5):
-        return Observation(1.0, "water_detected", wet, 0.5, "water detected")
-    return Observation(0.0, "water_detected", wet, 0.5, "dry")
-
-
-def _stuck_hvac(reading: ReadingView, max_gap_c: float, overshoot_c: float) -> Observation | None:
-    """HVAC running but not doing its job: past the setpoint in the direction it pushes
-    (heating above it, cooling below it: a thermostat's hysteresis switches off within a
-    fraction of a degree), or far from the setpoint either way. Heating or cooling is
-    told by the outside temperature: below the setpoint, the HVAC heats."""
-    metrics = reading.metrics
-    if not {"temperature_c", "setpoint_c", "hvac_on"} <= metrics.keys():
-        return None
-    temperature, setpoint = metrics["temperature_c"], metrics["setpoint_c"]
-    gap = temperature - setpoint
-    running = metrics["hvac_on"] >= 0.5
-    outside = metrics.get("outside_temperature_c")
-    heating = outside is not None and outside < setpoint
-    cooling = outside is not None and outside > setpoint
-    overshoot = (heating and gap > overshoot_c) or (cooling and gap < -overshoot_c)
-    if running and (overshoot or abs(gap) > max_gap_c):
-        why = f"{'heating' if heating else 'cooling'} past the setpoint" if overshoot else "far from setpoint"
-        return Observation(
-            1.0,
-            "temperature_c",
-            temperature,
-            setpoint,
-            f"HVAC running but temperature {temperature:.1f} C is {gap:+.1f} C from setpoint {setpoint:.1f} C ({why})",
-        )
-    return Observation(0.0, "temperature_c", temperature, setpoint, f"temperature {gap:+.1f} C from setpoint")
-
-
-# --- the same rules over a whole micro-batch (scores only; the hot path) ----------------------
-
-
-class BatchReadings(Protocol):
-    """What the vectorised rules read: per-reading columns of one micro-batch."""
-
-    device_type: np.ndarray
-    event: np.ndarray
-    out_of_range: np.ndarray  # any metric of the reading outside its physical range
-
-    def metric(self, name: str) -> np.ndarray:
-        """The metric's value per reading, NaN where the reading lacks it."""
-
-
-def rule_scores(readings: BatchReadings, settings: StreamSettings) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """For each rule: (applies, score) per reading, equal to :func:`evaluate`'s observations
-    (a rule that does not apply to a reading gives it no observation at all)."""
-    n = len(readings.device_type)
-    everyone = np.ones(n, dtype=bool)
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {OUT_OF_RANGE: (everyone, readings.out_of_range.astype(float))}
-    event = readings.event
-    accel = readings.metric("accel_x_g")
-    crash_event = event == "crash"
-    vehicle = (readings.device_type == "vehicle_edr") | crash_event
-    if vehicle.any():
-        crash_g, harsh_g = settings.crash_decel_g, settings.harsh_braking_g
-        with np.errstate(invalid="ignore"):
-            crashed = crash_event | (-accel >= crash_g)
-            harsh = (harsh_g <= -accel) & (-accel < crash_g) & ~crash_event
-        out[CRASH] = (vehicle, crashed.astype(float))
-        out[HARSH_BRAKING] = (vehicle, harsh.astype(float))
-    leak_event = event == "leak"
-    leak = (readings.device_type == "leak_sensor") | leak_event
-    if leak.any():
-        with np.errstate(invalid="ignore"):
-            wet = leak_event | (readings.metric("water_detected") >= 0.5)
-        out[LEAK] = (leak, wet.astype(float))
-    thermostat = readings.device_type == "thermostat"
-    if thermostat.any():
-        out[STUCK_HVAC] = _stuck_hvac_scores(readings, thermostat, settings)
-    for device_type, metric, limit in danger_limits():
-        of_type = readings.device_type == device_type
-        if not of_type.any():
-            continue
-        value = readings.metric(metric)
-        applies = of_type & ~np.isnan(value)
-        score = limit.levels(value) * applies
-        if limit.rule in out:  # a rule of several device types (a battery on door and leak sensors)
-            applies, score = applies | out[limit.rule][0], np.maximum(score, out[limit.rule][1])
-        out[limit.rule] = (applies, score)
-    return out
-
-
-def _stuck_hvac_scores(
-    readings: BatchReadings, thermostat: np.ndarray, settings: StreamSettings
-) -> tuple[np.ndarray, np.ndarray]:
-    temperature, setpoint, hvac = (readings.metric(m) for m in ("temperature_c", "setpoint_c", "hvac_on"))
-    outside = readings.metric("outside_temperature_c")
-    applies = thermostat & ~np.isnan(temperature) & ~np.isnan(setpoint) & ~np.isnan(hvac)
-    gap = temperature - setpoint
-    with np.errstate(invalid="ignore"):
-        heating, cooling = outside < setpoint, outside > setpoint
-        overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (
-            cooling & (gap < -settings.stuck_hvac_overshoot_c)
-        )
-        stuck = (hvac >= 0.5) & (overshoot | (np.abs(gap) > settings.stuck_hvac_c))
-    return applies, (stuck & applies).astype(float)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    DataType,
     DoubleType,
     IntegerType,
     LongType,
@@ -17,8 +18,8 @@ from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from streaming.cleaning import DERIVED_METRICS, NOT_SCORED
 
 
-def _arrays(element: object, *names: str) -> list[StructField]:
-    return [StructField(name, ArrayType(element)) for name in names]  # type: ignore[arg-type]
+def _arrays(element: DataType, *names: str) -> list[StructField]:
+    return [StructField(name, ArrayType(element)) for name in names]
 
 
 #: Kafka records after decoding (``streaming.packing``): one row per chunk of consecutive
@@ -53,7 +54,7 @@ def score_column(metric: str) -> str:
     return f"s__{metric}"
 
 
-#: The rows of scored readings (:attr:`streaming.engine.BatchOutput.readings`): a fixed wide
+#: The rows of scored readings (:attr:`streaming.partition_io.BatchOutput.readings`): a fixed wide
 #: layout -- a value column per catalogued metric and a score column per scored one, NaN
 #: where the reading has none; uncatalogued metrics in the ``extra_*`` arrays; the names of
 #: out-of-range metrics. The stateful task archives them itself

@@ -42,7 +42,7 @@ NO_DEVICE, INVALID, DUPLICATE, LATE_RECORD, SCORED_RECORD, OUT_OF_ORDER = 0, 1, 
 def _test_and_set(words: np.ndarray, seq: int, window: int) -> bool:
     bit = seq % window
     mask = np.uint64(1) << np.uint64(bit % 64)
-    seen = (words[bit // 64] & mask) != 0
+    seen = bool((words[bit // 64] & mask) != 0)
     words[bit // 64] |= mask
     return seen
 

@@ -224,9 +224,9 @@ _ENTRY = struct.Struct("<IqI")
 
 
 def decode_legacy_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
-    """A shard of the previous layout (one :class:`DeviceState` value per device, as
+    """A shard of the per-device layout (one :class:`DeviceState` value per device, as
     ``(id length, last wall ms, state length, id, state)`` one after another): read so a
-    checkpoint written by an earlier version resumes."""
+    checkpoint in that layout resumes."""
     entries, at = {}, 0
     view = memoryview(blob)
     while at < len(blob):

@@ -1,5 +1,6 @@
-"""The README's benchmark tables are the ones ``benchmarks/render.py`` makes from the result
-files in ``benchmarks/results/``: a figure in the README always has its run beside it."""
+"""The benchmarks page's tables and the README's headline table are the ones
+``benchmarks/render.py`` makes from the result files in ``benchmarks/results/``: a figure in
+the documentation always has its run beside it."""
 
 from __future__ import annotations
 
@@ -17,17 +18,23 @@ def _render_module():  # benchmarks/ is a folder of scripts, not a package
     return module
 
 
-def test_the_readme_tables_are_generated_from_the_result_files() -> None:
+def test_the_page_and_the_readme_are_generated_from_the_result_files() -> None:
     render = _render_module()
-    readme = (REPO / "README.md").read_text()
-    assert render.BEGIN in readme and render.END in readme
-    assert render.current(readme) == render.render().strip(), (
-        "README.md's benchmark tables are out of date: run `python benchmarks/render.py README.md`"
+    page = render.PAGE.read_text()
+    assert render.current(page) == render.render().strip() != "", (
+        "docs/benchmarks.md's tables are out of date: run `python benchmarks/render.py`"
     )
+    readme = render.README.read_text()
+    assert render.current(readme, render.HEADLINE_BEGIN, render.HEADLINE_END) == render.headline().strip(), (
+        "README.md's headline figures are out of date: run `python benchmarks/render.py`"
+    )
+    assert render.BEGIN not in readme, "the full tables live on the benchmarks page, not in the README"
 
 
 def test_every_linked_result_file_exists() -> None:
     render = _render_module()
-    block = render.current((REPO / "README.md").read_text())
-    for name in [part.split(")")[0] for part in block.split("(benchmarks/results/")[1:]]:
-        assert (REPO / "benchmarks" / "results" / name).is_file(), name
+    block = render.current(render.PAGE.read_text())
+    names = [part.split(")")[0] for part in block.split(f"({render.RESULTS_URL}")[1:]]
+    assert names
+    for name in names:
+        assert (render.RESULTS / name).is_file(), name

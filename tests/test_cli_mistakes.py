@@ -87,6 +87,11 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["Kafka at 127.0.0.1:1 did not answer"],
         ["FAIL", "%3|"],
     ),
+    "a settings file that is not there": (
+        ["--config", "no-such-file.toml", "stack", "status"],
+        ["settings file no-such-file.toml (--config) does not exist"],
+        ["internal error"],
+    ),
     "MQTT broker that does not answer": (
         ["simulate", "--mqtt", "mqtt://127.0.0.1:1", "--duration", "1"],
         ["mqtt://127.0.0.1:1", "refused"],
@@ -95,10 +100,12 @@ MISTAKES: dict[str, tuple[list[str], list[str], list[str]]] = {
 }
 
 
-def run_iotwatch(argv: list[str], home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_iotwatch(
+    argv: list[str], home: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "iotwatch", *argv],
-        env=user_env(home),
+        env={**user_env(home), **(env or {})},
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -142,3 +149,32 @@ def test_log_level_debug_brings_the_libraries_detail_back(tmp_path: Path) -> Non
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and lines[-1].startswith("iotwatch: error: Kafka at 127.0.0.1:1 did not answer")
     assert sum(" DEBUG iotwatch.librdkafka: FAIL " in line for line in lines) >= 2, result.stderr
+
+
+def test_a_setting_that_does_not_validate_names_its_variable(tmp_path: Path) -> None:
+    result = run_iotwatch(["stack", "status"], tmp_path, env={"IOTWATCH_STREAM_ALERT_FIRE_SCORE": "7"})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("iotwatch: error: invalid settings: IOTWATCH_STREAM_ALERT_FIRE_SCORE: "), lines
+    assert "less than or equal to 1" in lines[0] and "'7'" in lines[0]
+
+
+def test_a_bug_is_an_internal_error_with_its_traceback_under_debug(tmp_path: Path) -> None:
+    """Not a user's mistake: said so, and the traceback is one flag away (a ValueError from
+    the code is a bug, not an invalid option). A command that fails as a bug would, added to
+    the real command line in a process of its own."""
+    program = (
+        "import sys, click\n"
+        "from iotwatch.cli import cli, main\n"
+        "@cli.command('explode')\n"
+        "def explode():\n"
+        "    raise ValueError('an index went wrong')\n"
+        "main(sys.argv[1:])\n"
+    )
+    for argv, traceback_shown in ((["explode"], False), (["--log-level", "debug", "explode"], True)):
+        result = subprocess.run(
+            [sys.executable, "-c", program, *argv], env=user_env(tmp_path), capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1, result
+        assert "iotwatch: internal error: ValueError: an index went wrong" in result.stderr, result.stderr
+        assert ("Traceback (most recent call last)" in result.stderr) == traceback_shown, result.stderr

@@ -21,6 +21,7 @@ from iotwatch.contract.alerts import (
     AlertRecord,
     BadAlert,
     Contributor,
+    Severity,
     alert_as_dict,
     decode_alert,
     encode_alert,
@@ -578,7 +579,7 @@ def test_both_alert_producers_write_the_contract_record() -> None:
     from responder.escalation import RULE, escalation_record
     from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
 
-    spec = RuleSpec("stuck_hvac", "major", fire=0.5, clear=0.2)
+    spec = RuleSpec("stuck_hvac", Severity.MAJOR, fire=0.5, clear=0.2)
     context = AlertContext(DeviceIdentity("home-1-thermostat-0", "thermostat", "home-1"), now_ms=lambda: 7)
     raised = step(Episode(), spec, Observation(1.0, "temperature_c", 31.0, 30.0, "hot"), 1_000, 4, context)
     assert isinstance(raised, AlertRecord) and decode_alert(encode_alert(raised)) == raised

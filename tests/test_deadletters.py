@@ -17,7 +17,8 @@ from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.deadletters import H_REPLAY_OF
 from iotwatch.settings import Settings, StreamSettings
-from streaming.engine import PartitionEngine, RecordColumns
+from streaming.engine import PartitionEngine
+from streaming.partition_io import RecordColumns
 from streaming.state_store import MemoryStore
 from tests.gateway.conftest import gateway_settings
 from tests.helpers import read_topic

@@ -40,6 +40,7 @@ from iotwatch.clients.kafka import (
 )
 from iotwatch.clients.mqtt import PersistentSession
 from iotwatch.contract.alerts import alert_message
+from iotwatch.contract.detection import Rule
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, TwinProperties, TwinReport
 from iotwatch.contract.device_commands import encode as encode_report
 from iotwatch.contract.device_topics import twin_reported_topic
@@ -52,7 +53,6 @@ from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecuri
 from iotwatch.stack.process import stop_process
 from responder.policy import CommandPolicy
 from responder.service import Responder
-from streaming import rules
 from tests.alerts.conftest import make_alert, produce
 from tests.helpers import InThread, user_env, wait_for
 
@@ -143,7 +143,7 @@ def test_compaction_keeps_the_newest_ack_silence_and_twin_and_restarts_rebuild_f
     settings = compacted_settings(test_settings)
     topics, kafka = settings.topics, settings.kafka
     alerts = [
-        make_alert(f"hvac-{unique}-{i}", "thermostat", "home-1", rules.STUCK_HVAC, "major", "raised", 1_000 * i)
+        make_alert(f"hvac-{unique}-{i}", "thermostat", "home-1", Rule.STUCK_HVAC, "major", "raised", 1_000 * i)
         for i in range(3)
     ]
     produce(kafka, topics.alerts, list(alerts))
@@ -269,8 +269,8 @@ def test_each_service_user_can_do_its_job(
         assert f"reading {unique}".encode() in [m.value() for m in follower.catch_up(30)]
     finally:
         follower.close()
-    hvac = make_alert(f"hvac-{unique}", "thermostat", "home-1", rules.STUCK_HVAC, "major", "raised", 1_000)
-    crash = make_alert(f"car-{unique}", "vehicle_edr", "fleet-1", rules.CRASH, "critical", "raised", 2_000)
+    hvac = make_alert(f"hvac-{unique}", "thermostat", "home-1", Rule.STUCK_HVAC, "major", "raised", 1_000)
+    crash = make_alert(f"car-{unique}", "vehicle_edr", "fleet-1", Rule.CRASH, "critical", "raised", 2_000)
     producer = Producer({**client_config(stream), "enable.idempotence": True})
     for alert in (hvac, crash):
         produce_confirmed(stream, producer, topics.alerts, *alert_message(alert))
@@ -278,8 +278,8 @@ def test_each_service_user_can_do_its_job(
     # the responder, as it runs: reads alerts, writes a command's audit, an emergency record and
     # the twin a device reports (MQTT from the session's stack)
     policies = (
-        CommandPolicy(name="reset", rule=rules.STUCK_HVAC, device_type="thermostat", command="reset_hvac"),
-        CommandPolicy(name="crash", rule=rules.CRASH, device_type="vehicle_edr", action="emergency"),
+        CommandPolicy(name="reset", rule=Rule.STUCK_HVAC, device_type="thermostat", command="reset_hvac"),
+        CommandPolicy(name="crash", rule=Rule.CRASH, device_type="vehicle_edr", action="emergency"),
     )
     settings = stack_settings.model_copy(
         update={

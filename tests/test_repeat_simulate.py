@@ -1,8 +1,8 @@
 """The same ``iotwatch simulate`` twice into one running pipeline: the second run is scored too.
 
-The pipeline drops duplicates by (device_id, seq); a second run whose devices started again
-at seq 0 was dropped whole, its anomalies never alerted. The simulator now carries each
-device's seq (and event time) on from its state file.
+The pipeline drops duplicates by (device_id, seq), so a second run whose devices started
+again at seq 0 would be dropped whole and its anomalies never alerted: the simulator carries
+each device's seq (and event time) on from its state file.
 """
 
 from __future__ import annotations

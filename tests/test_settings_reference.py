@@ -1,33 +1,30 @@
-"""The README's settings reference is the one the settings classes generate."""
+"""The settings reference page is the one the settings classes generate."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from iotwatch.settings import Settings, load_settings
-from iotwatch.settings_reference import current, markdown
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from iotwatch.settings_reference import PAGE, REFERENCE, markdown
 
 
-def test_the_readme_lists_every_setting_as_the_classes_define_it() -> None:
+def test_the_page_lists_every_setting_as_the_classes_define_it() -> None:
     reference = markdown()
     for concern, field in Settings.model_fields.items():
         assert f"**`[{concern}]`**" in reference
         for name in field.annotation.model_fields:  # type: ignore[union-attr]
             assert f"| `{name}` |" in reference
-    assert current(README.read_text()) == reference, (
-        "README.md's settings reference is out of date: run `python -m iotwatch.settings_reference README.md`"
+    assert REFERENCE.current(PAGE.read_text()) == REFERENCE.expected(), (
+        f"{PAGE.name}'s settings reference is out of date: run `python -m iotwatch.settings_reference`"
     )
 
 
 def test_every_setting_loads_from_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README names an IOTWATCH_* variable for each setting: each must take the setting's
-    own value written as text (IOTWATCH_MQTT_QOS=1 was once refused, as a str for an int),
-    lists and tables as JSON. Child processes get their settings this way (as_environment)."""
+    """The reference names an IOTWATCH_* variable for each setting: each takes the setting's
+    own value written as text (IOTWATCH_MQTT_QOS=1 as an int, not refused as a str), lists
+    and tables as JSON. Child processes get their settings this way (as_environment)."""
     for name in list(os.environ):
         if name.startswith("IOTWATCH_"):
             monkeypatch.delenv(name)

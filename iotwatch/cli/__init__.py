@@ -213,14 +213,16 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"iotwatch: error: {_one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
-    except (IotwatchError, OSError, ValueError) as exc:
+    except (IotwatchError, OSError) as exc:
+        logging.getLogger("iotwatch").debug("error", exc_info=True)
         click.echo(f"iotwatch: error: {_one_line(str(exc))}", err=True)
         sys.exit(1)
     except Exception as exc:
-        logging.getLogger("iotwatch").debug("unexpected error", exc_info=True)
+        # not a mistake of the user's or a service that did not answer: a bug
+        logging.getLogger("iotwatch").debug("internal error", exc_info=True)
         click.echo(
-            f"iotwatch: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} "
-            "(--log-level DEBUG shows the traceback)",
+            f"iotwatch: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(--log-level debug shows the traceback)",
             err=True,
         )
         sys.exit(1)

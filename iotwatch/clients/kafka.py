@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -40,7 +41,9 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, in
     # librdkafka's own account of a failure (queued until polled) only when debugging: the
     # poll below is for the error callback, and the caller reports the failure in one line
     quiet = {} if debugging else {"log_level": 0}
-    admin = AdminClient({**client_config(settings), **quiet, "error_cb": failures.append})
+    # dict[str, Any]: librdkafka's configuration takes callbacks too, which the stub's value type leaves out
+    config: dict[str, Any] = {**client_config(settings), **quiet, "error_cb": failures.append}
+    admin = AdminClient(config)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -74,10 +77,11 @@ def topic_partitions(
     return counts
 
 
-def raise_if_refused(settings: KafkaSettings, error: KafkaError, operation: str, topic: str) -> None:
-    """:class:`AccessRefused` when ``error`` is the broker refusing this user ``topic``."""
+def raise_if_refused(settings: KafkaSettings, error: KafkaError, operation: str, topic: str | None) -> None:
+    """:class:`AccessRefused` when ``error`` is the broker refusing this user ``topic`` (None:
+    the error of a consumed message that names no topic)."""
     if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        raise access_refused(settings, operation, f"topic {topic}")
+        raise access_refused(settings, operation, f"topic {topic}" if topic is not None else "a topic")
 
 
 def access_refused(settings: KafkaSettings, operation: str, resource: str) -> AccessRefused:
@@ -211,16 +215,17 @@ class TopicFollower:
         """The records up to the end each partition had when reached (partition EOF);
         ``strict``: :class:`ServiceUnavailable` when a partition's end was not reached in time."""
         records: list[Message] = []
-        at_end: set[tuple[str, int]] = set()
+        at_end: set[tuple[str | None, int | None]] = set()  # a partition EOF names both
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(self.partitions) and time.monotonic() < deadline:
             for message in self._consumer.consume(5000, 1.0):
-                if message.error() is None:
+                error = message.error()
+                if error is None:
                     records.append(message)
-                elif message.error().code() == KafkaError._PARTITION_EOF:
+                elif error.code() == KafkaError._PARTITION_EOF:
                     at_end.add((message.topic(), message.partition()))
                 else:
-                    raise_if_refused(self.settings, message.error(), "READ", message.topic())
+                    raise_if_refused(self.settings, error, "READ", message.topic())
         if strict and len(at_end) < len(self.partitions):
             raise ServiceUnavailable(
                 f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
@@ -235,10 +240,11 @@ class TopicFollower:
             return []
         records = []
         for message in self._consumer.consume(5000, timeout_s):
-            if message.error() is None:
+            error = message.error()
+            if error is None:
                 records.append(message)
             else:
-                raise_if_refused(self.settings, message.error(), "READ", message.topic())
+                raise_if_refused(self.settings, error, "READ", message.topic())
         return records
 
     def close(self) -> None:
@@ -251,7 +257,7 @@ def produce_confirmed(
     topic: str,
     key: bytes,
     value: bytes,
-    headers: list[tuple[str, bytes]] | None = None,
+    headers: Sequence[tuple[str, bytes]] | None = None,
     timeout_s: float = 30.0,
 ) -> None:
     """Produce one record with ``producer`` (made from ``settings``) and wait until the broker
@@ -263,7 +269,7 @@ def produce_confirmed(
         topic,
         value,
         key=key,
-        headers=headers or [],
+        headers=list(headers or ()),
         on_delivery=lambda err, _msg: errors.append(err) if err is not None else None,
     )
     unsent = producer.flush(timeout_s)

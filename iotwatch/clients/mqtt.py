@@ -25,8 +25,8 @@ class BufferedReadClient(paho.Client):
     byte, the length one byte at a time, the body) after a ``select``: for a subscriber
     draining small messages those system calls are most of its time. This client fills a
     buffer with one ``recv`` and serves paho's reads from it, and ``loop_read`` goes on
-    while whole packets are buffered (the socket no longer signals them). Measured here:
-    a bare subscriber drained a QoS 1 backlog at about 2.2 times stock paho's rate.
+    while whole packets are buffered (the socket does not signal them). The gateway's
+    backlog drain (``iotwatch bench gateway``) measures the effect.
     It overrides two private methods of paho 2 (``_sock_recv``, ``_sock_close``): the
     pyproject pins paho below 3; tests/test_mqtt_client.py checks it against stock paho.
     """
@@ -147,7 +147,7 @@ class PersistentSession:
         self.client = make_client(settings, client_id, clean_session=False)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *_: self._ready.set()
-        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, m.payload))
+        self.client.on_message = lambda _c, _u, m: self.received.put((m.topic, bytes(m.payload)))
 
     def _on_connect(self, client: paho.Client, _u: object, _flags: object, reason: Any, _p: object) -> None:
         if reason.is_failure:

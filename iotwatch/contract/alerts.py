@@ -79,7 +79,7 @@ def severity_rank(severity: object) -> int:
     >>> severity_rank("critical"), severity_rank("warning"), severity_rank("loud")
     (0, 3, 4)
     """
-    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)  # type: ignore[arg-type]
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
 class Contributor(msgspec.Struct, frozen=True):
@@ -94,7 +94,7 @@ class AlertRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One ``raised`` or ``cleared`` alert."""
 
     v: int = ALERT_SCHEMA_VERSION
-    alert_id: str
+    alert_id: str  # a hash of device, rule and the event time the episode started
     state: AlertLifecycle
     severity: Severity
     rule: str  # a rule of streaming.rules (or responder.escalation.RULE)
@@ -104,32 +104,30 @@ class AlertRecord(msgspec.Struct, frozen=True, kw_only=True):
     site: str
     #: the metric the alert is about (None: the whole device, e.g. silence or crash)
     metric: str | None = None
-    value: float | None = None
+    value: float | None = None  # the metric's value at the reading
     #: in [0, 1]; a cleared record carries the episode's peak
     score: float
     threshold: float | None = None
-    fire_score: float | None = None
-    clear_score: float | None = None
+    fire_score: float | None = None  # the score that raises the alert
+    clear_score: float | None = None  # the score it clears below
     contributors: list[Contributor] = []
     first_seq: int | None = None  # the reading that started the episode
     seq: int | None = None  # the reading that raised or cleared the alert
-    first_event_ms: int
-    first_event_time: str = ""
-    last_event_ms: int | None = None
-    last_event_time: str | None = None
+    first_event_ms: int  # event time the episode started, epoch milliseconds
+    first_event_time: str = ""  # first_event_ms as ISO 8601 UTC
+    last_event_ms: int | None = None  # event time of the reading that raised or cleared it
+    last_event_time: str | None = None  # last_event_ms as ISO 8601 UTC
     occurrences: int = 1
-    detected_at_ms: int
-    detected_at: str = ""
+    detected_at_ms: int  # when the writer detected it (wall clock), epoch milliseconds
+    detected_at: str = ""  # detected_at_ms as ISO 8601 UTC
     model_version: str | None = None
-    message: str
-    runbook_url: str | None = None
-    #: where a vehicle was at the reading (vehicles report lat_deg/lon_deg)
-    lat_deg: float | None = None
-    lon_deg: float | None = None
-    #: an escalation's original alert, the command that failed and its policy
-    caused_by: str | None = None
-    command_id: str | None = None
-    policy: str | None = None
+    message: str  # the alert in words, as notifications show it
+    runbook_url: str | None = None  # the rule's runbook
+    lat_deg: float | None = None  # where a vehicle was at the reading (vehicles report lat_deg/lon_deg)
+    lon_deg: float | None = None  # (with lat_deg)
+    caused_by: str | None = None  # an escalation's original alert
+    command_id: str | None = None  # an escalation's command that failed
+    policy: str | None = None  # an escalation's policy
 
     def __post_init__(self) -> None:
         if not self.alert_id:
@@ -198,4 +196,5 @@ def alert_message(record: AlertRecord) -> tuple[bytes, bytes, list[tuple[str, by
 
 def alert_as_dict(record: AlertRecord) -> dict[str, object]:
     """The record as plain JSON types (for ``--json`` output and webhooks' bodies)."""
-    return msgspec.to_builtins(record)  # type: ignore[no-any-return]
+    as_dict: dict[str, object] = msgspec.to_builtins(record)  # a Struct becomes a dict
+    return as_dict

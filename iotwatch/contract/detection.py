@@ -53,13 +53,33 @@ class AnomalyKind(StrEnum):
     OVERHEATING = "overheating"
 
 
-#: Earlier spellings of kinds, still accepted in scenario files and ``--anomalies``.
-KIND_ALIASES = {"hvac_stuck": AnomalyKind.STUCK_HVAC.value, "leak": AnomalyKind.WATER_LEAK.value}
+class TransportFault(StrEnum):
+    """The transport faults the simulators inject: what the pipeline must absorb, not report."""
+
+    DUPLICATE = "duplicate"
+    OUT_OF_ORDER = "out_of_order"
+    LATE = "late"
+    CLOCK_SKEW = "clock_skew"
+    MALFORMED = "malformed"
+
+
+#: Aliases of kinds and faults, accepted in scenario files, ``--anomalies`` and ``--faults``.
+KIND_ALIASES: dict[str, str] = {
+    "hvac_stuck": AnomalyKind.STUCK_HVAC,
+    "leak": AnomalyKind.WATER_LEAK,
+    "stuck": AnomalyKind.FLATLINE,
+    "stuck_at": AnomalyKind.FLATLINE,
+    "noise": AnomalyKind.NOISE_BURST,
+    "shift": AnomalyKind.LEVEL_SHIFT,
+    "duplicates": TransportFault.DUPLICATE,
+    "reorder": TransportFault.OUT_OF_ORDER,
+    "skew": TransportFault.CLOCK_SKEW,
+}
 
 
 def canonical_kind(name: str) -> str:
-    """The kind's one spelling (an earlier spelling maps to it; other names are returned as given)."""
-    return KIND_ALIASES.get(name, name)
+    """The kind's one spelling (an alias maps to it; other names are returned as given)."""
+    return str(KIND_ALIASES.get(name, name))
 
 
 def _names(*rules: str) -> frozenset[str]:

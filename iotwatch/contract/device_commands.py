@@ -6,7 +6,7 @@ between the responder, operators and devices, carried on the topics of
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -43,10 +43,10 @@ class Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
     command_id: Name
     device_id: Name
     name: Name  # e.g. reset_hvac, close_valve, limp_mode
-    issued_at_ms: int
-    expires_at_ms: int
-    issued_by: str
-    args: dict[str, Any] = {}
+    issued_at_ms: int  # epoch milliseconds
+    expires_at_ms: int  # not executed from then on (rejected as expired)
+    issued_by: str  # the responder, or the operator of `devices set`
+    args: dict[str, Any] = {}  # set_properties: the properties to change
     reason: str | None = None  # why, e.g. the alert id
 
     def expired(self, now_ms: int) -> bool:
@@ -60,7 +60,7 @@ class CommandReply(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     command_id: Name
     device_id: Name
     status: CommandStatus
-    at_ms: int
+    at_ms: int  # when the device answered, epoch milliseconds
     reason: str | None = None
 
 
@@ -68,7 +68,17 @@ _COMMAND_DECODER = msgspec.json.Decoder(Command)
 _REPLY_DECODER = msgspec.json.Decoder(CommandReply)
 
 
-def _decode_versioned(raw: bytes, decoder: msgspec.json.Decoder[Any], what: str) -> Any:
+class _HasVersion(Protocol):
+    """A record of the command schema: it carries its schema version."""
+
+    @property
+    def v(self) -> int: ...
+
+
+_Versioned = TypeVar("_Versioned", bound=_HasVersion)
+
+
+def _decode_versioned(raw: bytes, decoder: msgspec.json.Decoder[_Versioned], what: str) -> _Versioned:
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise ContractViolation("too_large", f"{what}: {len(raw)} bytes > limit {MAX_PAYLOAD_BYTES}")
     try:
@@ -84,12 +94,12 @@ def _decode_versioned(raw: bytes, decoder: msgspec.json.Decoder[Any], what: str)
 
 def decode_command(raw: bytes) -> Command:
     """Parse and validate a command payload, or raise :class:`ContractViolation`."""
-    return _decode_versioned(raw, _COMMAND_DECODER, "command")  # type: ignore[no-any-return]
+    return _decode_versioned(raw, _COMMAND_DECODER, "command")
 
 
 def decode_command_reply(raw: bytes) -> CommandReply:
     """Parse and validate a command reply, or raise :class:`ContractViolation`."""
-    return _decode_versioned(raw, _REPLY_DECODER, "command reply")  # type: ignore[no-any-return]
+    return _decode_versioned(raw, _REPLY_DECODER, "command reply")
 
 
 def encode(record: Command | CommandReply | TwinReport) -> bytes:
@@ -136,7 +146,7 @@ class TwinReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
 
     v: int
     device_id: Name
-    at_ms: int
+    at_ms: int  # when the device reported, epoch milliseconds
     properties: TwinProperties
 
 
@@ -145,7 +155,7 @@ _TWIN_DECODER = msgspec.json.Decoder(TwinReport)
 
 def decode_twin_report(raw: bytes) -> TwinReport:
     """Parse and validate a reported-twin payload, or raise :class:`ContractViolation`."""
-    return _decode_versioned(raw, _TWIN_DECODER, "twin report")  # type: ignore[no-any-return]
+    return _decode_versioned(raw, _TWIN_DECODER, "twin report")
 
 
 def twin_properties(values: dict[str, Any]) -> TwinProperties:

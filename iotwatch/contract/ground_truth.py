@@ -98,8 +98,8 @@ def encode_injection(event: Injection) -> bytes:
 
 def decode_injection(line: bytes | str) -> Injection:
     """One JSON line as an :class:`Injection`, or :class:`BadGroundTruth` saying why not.
-    Lines written before the version field read as version 1, and a kind's earlier spelling
-    (``hvac_stuck``, ``leak``) as its one spelling."""
+    Lines without the version field read as version 1, and a kind's alias (``hvac_stuck``,
+    ``leak``) as its one spelling."""
     try:
         event = _DECODER.decode(line)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

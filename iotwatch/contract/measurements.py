@@ -50,12 +50,13 @@ class Measurement:
                 f"{self.name} has no field(s) {sorted(unknown_fields)} (fields: {', '.join(sorted(self.fields))})"
             )
         point = Point(self.name)
-        for name, value in tags.items():
-            point = point.tag(name, value)
-        for name, value in fields.items():
+        for tag, text in tags.items():
+            point.tag(tag, text)
+        for field, value in fields.items():
             if value is not None:
-                point = point.field(name, value)
-        return point.time(time, precision)
+                point.field(field, value)
+        point.time(time, precision)
+        return point
 
     def __str__(self) -> str:
         return self.name

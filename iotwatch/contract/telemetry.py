@@ -28,23 +28,22 @@ gateway: the Spark job, the model registry, the sinks):
 - :data:`MAX_PAYLOAD_BYTES` (256 KiB): a vehicle crash event carries a pre-event buffer
   (5 s at 10 Hz of ~15 metrics is ~20 KB of JSON), so the limit leaves ample room while
   bounding what one message can cost to parse (``too_large``).
-- ``seq`` from 0 to 2**63-1: the job keeps it in a signed 64-bit column; a larger one
-  overflowed there and wedged the job (``invalid_field``).
+- ``seq`` from 0 to 2**63-1: the job keeps it in a signed 64-bit column, which a larger
+  one would overflow (``invalid_field``).
 - ``device_type`` matches :data:`DEVICE_TYPE_PATTERN`, the model registry's name pattern,
-  since the registry makes a directory of it: a type such as ``a:b`` used to pass the
-  contract and then crash the registry (``invalid_field``). ``device_id``, ``site`` and
-  ``event`` keep their pattern, which also allows ``:``.
+  since the registry makes a directory of it: a type such as ``a:b`` would crash the
+  registry (``invalid_field``). ``device_id``, ``site`` and ``event`` keep their pattern,
+  which also allows ``:``.
 - at most :data:`MAX_METRICS` (64) metrics: the job emits one row and keeps detector state
-  per metric, so a message with 12,000 metrics (which used to pass) multiplied a device's
-  state and output (``too_many_metrics``). Metric names match :data:`METRIC_NAME_PATTERN`
-  (they become column values, dashboard series and model names; ``invalid_field``).
-- every number is finite: ``NaN``/``Infinity`` literals (JSON has none) and numbers beyond
-  the float range poison aggregates and detectors (``non_finite_number``). This now holds
-  in ``event_data`` too, where non-finite numbers used to pass.
+  per metric, so a message with thousands of metrics would multiply a device's state and
+  output (``too_many_metrics``). Metric names match :data:`METRIC_NAME_PATTERN` (they
+  become column values, dashboard series and model names; ``invalid_field``).
+- every number is finite, in ``metrics`` and in ``event_data``: ``NaN``/``Infinity``
+  literals (JSON has none) and numbers beyond the float range poison aggregates and
+  detectors (``non_finite_number``).
 - JSON nesting: no value inside more than :data:`MAX_JSON_DEPTH` (200) arrays or objects
-  (``invalid_json``), the limit the previous (pydantic) parser had. Deeper documents cost
-  recursion in every JSON library downstream; a 100,000-deep payload is a clean
-  ``invalid_json``, never a RecursionError.
+  (``invalid_json``). Deeper documents cost recursion in every JSON library downstream; a
+  100,000-deep payload is a clean ``invalid_json``, never a RecursionError.
 - a reading of a catalogued device type carries only that type's metrics (or their unit
   aliases), when the caller gives the catalogue (``metrics_of``; the gateway and the job do):
   a thermostat reading with ``power_w`` would otherwise be archived and scored as a thermostat
@@ -126,14 +125,14 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     """
 
     v: int
-    device_id: Name
-    device_type: DeviceTypeName
-    site: Name
-    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]
+    device_id: Name  # the device, unique in the fleet
+    device_type: DeviceTypeName  # its kind: the metric catalogue's key
+    site: Name  # the home or vehicle fleet it belongs to
+    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQ)]  # per-device counter from 0, +1 a message
     ts: Annotated[int, msgspec.Meta(description="event time, epoch milliseconds")]
-    metrics: Metrics
-    event: Name | None = None
-    event_data: dict[str, Any] | None = None
+    metrics: Metrics  # metric name (its unit in the name) -> value
+    event: Name | None = None  # a discrete event, e.g. door_open, crash
+    event_data: dict[str, Any] | None = None  # the event's details, e.g. a crash's pre-event buffer
 
     def key(self) -> bytes:
         """The Kafka message key: per-device order holds within a partition."""
@@ -280,11 +279,11 @@ def _without_patterns(kind: Any) -> Any:
                 meta = msgspec.Meta(**kept)
             metas.append(meta)
         base = _without_patterns(args[0])
-        return Annotated[(base, *metas)] if metas else base  # type: ignore[valid-type]
+        return Annotated[(base, *metas)] if metas else base
     if origin in (typing.Union, types.UnionType):
-        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # type: ignore[misc]  # noqa: UP007 (built from a tuple)
+        return typing.Union[tuple(_without_patterns(arg) for arg in args)]  # noqa: UP007 (built from a tuple)
     if origin is dict:
-        return dict[_without_patterns(args[0]), _without_patterns(args[1])]  # type: ignore[misc]
+        return types.GenericAlias(dict, (_without_patterns(args[0]), _without_patterns(args[1])))
     return kind
 
 
@@ -379,7 +378,7 @@ def _diagnose(raw: bytes) -> Telemetry:
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class _Pairs(list):  # type: ignore[type-arg]
+class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs, duplicate keys included."""
 
 
@@ -465,6 +464,8 @@ def _kind(value: Any) -> str:
 
 # --- many records at once, for the streaming job -----------------------------------------
 
+_NONE = np.array(None, dtype=object)  # None as an array, so comparing an object column with it is elementwise
+
 
 @dataclass(frozen=True)
 class DecodedBatch:
@@ -491,7 +492,7 @@ class DecodedBatch:
     @property
     def valid(self) -> np.ndarray:
         """Boolean mask of the records that follow the contract."""
-        return np.equal(self.reason, None)
+        return np.asarray(np.equal(self.reason, _NONE), dtype=np.bool_)
 
 
 def decode_batch(

@@ -8,6 +8,7 @@ processing) and the alert topic.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
@@ -24,6 +25,8 @@ from rich.text import Text
 from iotwatch.clients.kafka import client_config
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.settings import Settings
+
+log = logging.getLogger(__name__)
 
 SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
 
@@ -79,13 +82,13 @@ class Probe:
         return values
 
     def raw_end(self) -> int:
-        """The raw topic's log end; a partition the broker does not answer for (it is
-        restarting) counts with its last known end."""
+        """The raw topic's end offsets summed; a partition Kafka does not answer for within a
+        second (it is restarting) counts with its last known end."""
         for tp in self.raw_partitions:
             try:
                 self._raw_ends[tp.partition] = self.offsets.get_watermark_offsets(tp, timeout=1.0)[1]
-            except Exception:
-                pass
+            except KafkaException as exc:
+                log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
         return sum(self._raw_ends.values())
 
     def stream_offset(self) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 
 from iotwatch.contract import device_topics, telemetry
+from iotwatch.errors import UserError
 from iotwatch.provision.files import write_private
 
 PASSWD_FILE = "passwd"
@@ -93,26 +94,26 @@ def read_fleet(path: Path) -> list[DeviceIdentity]:
             header = tuple(reader.fieldnames or ())
             rows = list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ValueError(f"cannot read fleet file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        raise UserError(f"cannot read fleet file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not header:
-        raise ValueError(f"fleet file {path} is empty (header: {','.join(FLEET_COLUMNS)})")
+        raise UserError(f"fleet file {path} is empty (header: {','.join(FLEET_COLUMNS)})")
     if header != FLEET_COLUMNS:
-        raise ValueError(f"fleet file {path}: header must be {','.join(FLEET_COLUMNS)}, not {','.join(header)}")
+        raise UserError(f"fleet file {path}: header must be {','.join(FLEET_COLUMNS)}, not {','.join(header)}")
     if not rows:
-        raise ValueError(f"fleet file {path} lists no devices")
+        raise UserError(f"fleet file {path} lists no devices")
     devices: list[DeviceIdentity] = []
     seen: set[str] = set()
     for line, row in enumerate(rows, start=2):
         try:
             device = msgspec.convert(row, DeviceIdentity)
         except msgspec.ValidationError as exc:
-            raise ValueError(f"fleet file {path}:{line}: {exc}") from exc
+            raise UserError(f"fleet file {path}:{line}: {exc}") from exc
         if ":" in device.device_id:
-            raise ValueError(
+            raise UserError(
                 f"fleet file {path}:{line}: device_id {device.device_id!r} is a user name here and must not contain ':'"
             )
         if device.device_id in seen:
-            raise ValueError(f"fleet file {path}:{line}: device_id {device.device_id!r} is listed twice")
+            raise UserError(f"fleet file {path}:{line}: device_id {device.device_id!r} is listed twice")
         seen.add(device.device_id)
         devices.append(device)
     return devices
@@ -190,10 +191,10 @@ def _existing_password(path: Path) -> str | None:
     try:
         password = json.loads(path.read_text())["password"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(
+        raise UserError(
             f"{path} is not a credentials file written by iotwatch provision mqtt "
             f"({type(exc).__name__}); delete it or pass --rotate"
         ) from exc
     if not isinstance(password, str) or not password:
-        raise ValueError(f"{path} holds no password; delete it or pass --rotate")
+        raise UserError(f"{path} holds no password; delete it or pass --rotate")
     return password

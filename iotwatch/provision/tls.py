@@ -16,6 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from iotwatch.errors import UserError
+
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 SERVER_CERT = "server.crt"
@@ -43,14 +45,14 @@ class TlsFiles:
 def subject_alt_names(hosts: list[str]) -> str:
     """``DNS:name,IP:addr,...`` for the server certificate."""
     if not hosts:
-        raise ValueError("give at least one --host the broker is reached by (e.g. mosquitto, localhost)")
+        raise UserError("give at least one --host the broker is reached by (e.g. mosquitto, localhost)")
     names = []
     for host in hosts:
         try:
             names.append(f"IP:{ipaddress.ip_address(host)}")
         except ValueError:
             if not host or any(c in host for c in " ,/:=") or host.startswith("-"):
-                raise ValueError(f"--host {host!r} is neither a host name nor an IP address") from None
+                raise UserError(f"--host {host!r} is neither a host name nor an IP address") from None
             names.append(f"DNS:{host}")
     return ",".join(names)
 
@@ -62,11 +64,11 @@ def make_certificates(out_dir: Path, hosts: list[str], days: int = 825, *, new_c
     server certificate is renewed.
     """
     if days < 1:
-        raise ValueError("--days must be at least 1")
+        raise UserError("--days must be at least 1")
     san = subject_alt_names(hosts)
     openssl = shutil.which("openssl")
     if openssl is None:
-        raise ValueError("openssl is not installed (apt-get install -y openssl)")
+        raise UserError("openssl is not installed (apt-get install -y openssl)")
     out_dir.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = out_dir / CA_CERT, out_dir / CA_KEY
     if new_ca or not (ca_cert.exists() and ca_key.exists()):
@@ -126,4 +128,4 @@ def _run(*command: str | Path) -> None:
     result = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"openssl {command[1]} failed: {last}")
+        raise UserError(f"openssl {command[1]} failed: {last}")

@@ -56,8 +56,8 @@ def _mosquitto_command(binary: str, base: Path, port: int) -> list[str]:
     # docker-compose runs mosquitto with a password file and ACLs.
     # ``user``: started as root (CI containers), mosquitto would drop to user "mosquitto",
     # which cannot write the run folder (pytest's are 0700): every save of the database
-    # failed ("Error: Permission denied"), so a restart lost the sessions and the QoS 1
-    # messages queued in them. As root it now stays root (a single-user dev stack on
+    # would fail ("Error: Permission denied") and a restart would lose the sessions and the
+    # QoS 1 messages queued in them. As root it stays root (a single-user dev stack on
     # loopback); started by anyone else, mosquitto never switches user.
     conf = base / "mosquitto.conf"
     conf.write_text(

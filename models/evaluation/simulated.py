@@ -31,7 +31,8 @@ from devices.simulation import STATUS, Simulation
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.settings import StreamSettings
 from models.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
-from streaming.engine import PartitionEngine, RecordColumns
+from streaming.engine import PartitionEngine
+from streaming.partition_io import RecordColumns
 from streaming.state_store import MemoryStore
 
 __all__ = [
@@ -51,7 +52,7 @@ __all__ = [
 START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC: a fixed, reproducible epoch
 _DAY_MS = 86_400_000
 
-#: The issue's goals: recall at least, the rest at most (drift delay in seconds of event time).
+#: The detection goals: recall at least, the rest at most (drift delay in seconds of event time).
 GOALS: dict[str, float] = {
     "recall": 0.95,
     "false_alarms_per_device_day": 1.0,
@@ -59,7 +60,7 @@ GOALS: dict[str, float] = {
     "drift_median_delay_s": 60.0,
 }
 
-#: The recommended stream settings (overrides of the defaults; the lead sets the defaults).
+#: The recommended stream settings for the evaluated fleet (overrides of the defaults).
 #: Tuned on a different seed (1; 10 homes, 4 vehicles, 1-2 days) than the reported one (7):
 #: the stuck-HVAC rule fires on a 4 C gap held for 6 readings (normal operation never holds
 #: more than 1 reading beyond 4 C), and a longer clear hold stops an alert from re-raising

@@ -1,10 +1,10 @@
 """Compiled twins of the per-reading detectors, for the streaming hot path.
 
 The detectors in :mod:`models` are the readable reference: one Python object per
-``(device, metric)`` stream, its state a nested JSON-able dict, about 18 us a reading. A
+``(device, metric)`` stream, its state a nested JSON-able dict, microseconds a reading. A
 kernel does the same arithmetic in numba-compiled code over a whole micro-batch at once,
 with every stream's state one row of a float64 array: no Python object per reading, so a
-reading costs a few hundred nanoseconds or less.
+reading costs arithmetic only (``python -m models.kernels.<name>`` times both).
 
 :func:`kernel_for` finds the kernel of a detector by name (:data:`KERNELS`): the
 streaming engine runs the one its ``device_detector`` setting names, through the small
@@ -26,6 +26,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from iotwatch.errors import UserError
 from models.base import Detector
 
 __all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
@@ -72,7 +73,7 @@ def kernel_for(detector: str) -> Kernel:
     try:
         module: ModuleType = importlib.import_module(KERNELS[detector])
     except KeyError:
-        raise ValueError(
+        raise UserError(
             f"the streaming job runs detectors that have a compiled kernel "
             f"({', '.join(sorted(KERNELS))}), not {detector!r}"
         ) from None

@@ -34,10 +34,9 @@ halves); a semi-context is found by its hash, as the reference's dicts find it.
 Cost and memory
 ---------------
 A row is ``STATE_SIZE * 8`` bytes (264 KB). Each reading crosses its facts with every
-stored semi-context, as the published algorithm does: with the memory full, 18-28 us a
-reading on the shared 2-core machine (the shipped NAB streams that fill it). ``python -m
-models.kernels.cad_ose`` prints the reference loop and the kernel per reading on young
-interleaved streams.
+stored semi-context, as the published algorithm does, so a reading costs in proportion to
+the contexts stored (up to ``max_contexts``). ``python -m models.kernels.cad_ose`` prints the
+reference loop and the kernel per reading on young interleaved streams.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from iotwatch.errors import UserError
 from models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
 from models.kernels import benchmark, warm_kernel
 from models.kernels.tail_ensemble import _value, check_batch
@@ -112,13 +112,13 @@ _LOW32 = 0xFFFFFFFF
 def params_vector(detector: CadOse) -> np.ndarray:
     """The detector's parameters; raises when they exceed the row's capacity."""
     if detector.max_contexts > CONTEXTS or detector.value_bits + detector.max_active_neurons > FACTS:
-        raise ValueError(
+        raise UserError(
             f"the cad_ose kernel holds {CONTEXTS} contexts and {FACTS} left facts: "
             f"max_contexts={detector.max_contexts}, value_bits + max_active_neurons="
             f"{detector.value_bits + detector.max_active_neurons} do not fit"
         )
     if 2 ** (2 * detector.value_bits) > RIGHTS:
-        raise ValueError(f"the cad_ose kernel holds value_bits <= 3, not {detector.value_bits}")
+        raise UserError(f"the cad_ose kernel holds value_bits <= 3, not {detector.value_bits}")
     return np.array(
         [
             detector.range_readings,

@@ -90,7 +90,7 @@ def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
 
 
 def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
-    """The reading rows of :class:`streaming.engine.BatchOutput` in the archive's layout, plus
+    """The reading rows of :class:`streaming.partition_io.BatchOutput` in the archive's layout, plus
     the partition columns ``date`` and ``device_type``."""
     event_ms = readings["event_ms"].to_numpy(dtype=np.int64)
     stamps = event_ms.astype("datetime64[ms]")

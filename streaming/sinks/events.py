@@ -23,7 +23,7 @@ from streaming.sinks.influx_points import aggregate_point, alert_point
 from streaming.sinks.kafka_rows import produce_all, warm_producer
 
 if TYPE_CHECKING:
-    from streaming.engine import BatchOutput
+    from streaming.partition_io import BatchOutput
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict, alert_message
+from iotwatch.contract.detection import Rule
 from iotwatch.settings import KafkaSettings
-from streaming import rules
 from streaming.alerting import alert_id
 
 DEVICES = [
@@ -28,10 +28,10 @@ DEVICES = [
     ("meter-1", "smart_meter", "home-1"),
 ]
 RULES = [
-    (rules.CRASH, "critical"),
-    (rules.STUCK_HVAC, "major"),
-    (rules.ANOMALY, "minor"),
-    (rules.SILENT, "warning"),
+    (Rule.CRASH, "critical"),
+    (Rule.STUCK_HVAC, "major"),
+    (Rule.ANOMALY_SCORE, "minor"),
+    (Rule.DEVICE_SILENT, "warning"),
 ]
 
 

@@ -238,7 +238,7 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
         black_hole.close()
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert elapsed <= 10, f"ran {elapsed:.1f} s"
+    assert elapsed <= 30, f"ran {elapsed:.1f} s: the 5 s timeout did not end the run"
     assert "SECRET" not in result.stderr + result.stdout and "token" not in result.stderr + result.stdout
     assert "alerts forward: consumed" in result.stdout
 

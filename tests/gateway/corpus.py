@@ -1,4 +1,4 @@
-"""The poison corpus of issue 12, as MQTT messages, and how to publish it: shared by the
+"""The poison corpus, as MQTT messages, and how to publish it: shared by the
 gateway's poison test and the end-to-end one (gateway and streaming job in one run)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from iotwatch.contract.telemetry import MAX_SEQ
 from iotwatch.settings import MqttSettings
 
 #: (name, MQTT topic, payload, expected): a dead-letter reason, or ``forwarded`` where the
-#: contract lets it through for the streaming job to judge (documented in the README).
+#: contract lets it through for the streaming job to judge (docs/operate/gateway.md).
 Case = tuple[str, str, bytes, str]
 
 

@@ -1,4 +1,4 @@
-"""Per-device state in the gateway is bounded: a flood of new device ids (issue 12)."""
+"""Per-device state in the gateway is bounded: a flood of new device ids."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The MQTT broker (mosquitto with persistence) restarted under a running gateway and QoS 1
-publishers: nothing is lost by seq (issue 12).
+publishers: nothing is lost by seq.
 
 Why this holds, layer by layer:
 
@@ -7,10 +7,10 @@ Why this holds, layer by layer:
   Client object and sends it again after reconnecting, whatever the clean-session flag.
 - The broker: mosquitto acknowledges a message once it is queued in the gateway's
   persistent session and writes the database on SIGTERM, so the restarted broker still
-  holds it. This once failed silently here: started as root, mosquitto dropped to user
-  ``mosquitto``, could not write its database in the 0700 run folder, and came back with
-  no session (1-2 readings per device lost per restart). The embedded stack now keeps the
-  starting user; the test checks the database was written and the session resumed.
+  holds it. Started as root, mosquitto would drop to user ``mosquitto``, could not write
+  its database in the 0700 run folder, and would come back with no session; the embedded
+  stack keeps the starting user, and the test checks the database was written and the
+  session resumed.
 - The gateway: a persistent session (MQTT 5, clean_start off, session expiry) and a
   PUBACK only after Kafka confirmed the record, so the broker redelivers anything not
   yet in Kafka (duplicates, never gaps).

@@ -1,4 +1,4 @@
-"""No single input stops the gateway (issue 12): a poison corpus through real mosquitto
+"""No single input stops the gateway: a poison corpus through real mosquitto
 (published with the third-party mosquitto_pub and with paho) and then valid traffic."""
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def test_a_record_kafka_refuses_becomes_a_bounded_dead_letter_and_traffic_goes_o
     test_settings: Settings, unique: str
 ) -> None:
     """With the gateway's own limit raised above Kafka's (1 MB), a 2 MB reading passes the
-    contract and librdkafka refuses it synchronously: it used to recreate the producer ten
-    times a second and stall everything behind it."""
+    contract and librdkafka refuses it synchronously: the gateway dead-letters it instead of
+    recreating the producer and stalling everything behind it."""
     from iotwatch.clients.kafka import ensure_topics
     from tests.gateway.conftest import gateway_settings
 

@@ -79,7 +79,7 @@ def test_spikes_are_reliably_detected_at_once(defaults, recommended) -> None:
 
 
 def test_the_detection_goals_hold_on_a_mixed_fleet() -> None:
-    """The issue's goals, on every kind the simulator injects into 4 homes and a vehicle
+    """The detection goals, on every kind the simulator injects into 4 homes and a vehicle
     over a day (the full-size figures come from ``iotwatch evaluate --simulated``)."""
     report = evaluate_fleet(simulate(homes=4, vehicles=1, days=1.0, seed=11, anomalies_per_day=4.0))
     overall = report["overall"]
@@ -90,7 +90,7 @@ def test_the_detection_goals_hold_on_a_mixed_fleet() -> None:
 
 
 def test_evaluate_reports_each_goal_with_its_verdict_drift_delay_in_seconds_included() -> None:
-    """``evaluate --simulated`` reports every goal of the issue per configuration -- the drift
+    """``evaluate --simulated`` reports every detection goal per configuration -- the drift
     median delay in seconds of event time among them -- with the measured value and whether
     it is met; a kind the fleet did not inject is reported as not met, not as met."""
     report = evaluate_fleet(

@@ -17,13 +17,14 @@ from devices.config import SimConfig
 from devices.simulation import Simulation
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.detection import Rule
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.settings import Settings, StreamSettings
 from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from streaming.job import start
-from streaming.rules import STUCK_HVAC, ReadingView, evaluate
+from streaming.rules import ReadingView, evaluate
 from tests.helpers import InThread, read_topic, wait_for
 from tests.responder.conftest import LEAK, THERMOSTAT
 
@@ -83,7 +84,7 @@ def seed_with_early_stuck_hvac(start_ms: int, faults: Path, within_s: float = 20
                 if group < 0 or "thermostat" not in topic:
                     continue
                 reading = json.loads(payload)
-                stuck = evaluate(ReadingView("thermostat", reading["metrics"], None, ()), stream).get(STUCK_HVAC)
+                stuck = evaluate(ReadingView("thermostat", reading["metrics"], None, ()), stream).get(Rule.STUCK_HVAC)
                 since = (since or reading["ts"]) if stuck is not None and stuck.score >= 0.5 else None
                 if since is not None and reading["ts"] - since >= 130_000:
                     return seed

@@ -11,14 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from iotwatch.contract.alerts import AlertRecord, decode_alert
+from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import StreamSettings
 from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
 from streaming.device_state import CORE_FIELDS, DeviceState
-from streaming.engine import BatchOutput, PartitionEngine, RecordColumns
+from streaming.engine import PartitionEngine
+from streaming.partition_io import BatchOutput, RecordColumns
 from streaming.state_store import MemoryStore
 
 T0 = 1_763_784_000_000
@@ -289,7 +290,7 @@ def test_seq_window_detects_duplicates_and_counter_resets() -> None:
 
 
 def test_anti_flap_hold_and_clear_threshold() -> None:
-    spec = RuleSpec("r", "major", fire=0.8, clear=0.4, hold=2, clear_hold=2)
+    spec = RuleSpec("r", Severity.MAJOR, fire=0.8, clear=0.4, hold=2, clear_hold=2)
     ctx = AlertContext(DeviceIdentity("d", "thermostat", "h"), now_ms=lambda: 0)
     episode = Episode()
     scores = [0.9, 0.3, 0.9, 0.9, 0.5, 0.85, 0.6, 0.3, 0.9, 0.3, 0.2]

@@ -1,4 +1,4 @@
-"""Faults through the whole ingestion path in one run (issue 12's acceptance): real MQTT
+"""Faults through the whole ingestion path in one run: real MQTT
 clients publish to mosquitto, ``Gateway`` forwards to Apache Kafka and one
 running streaming job (Spark local, fleet scoring on) scores, dead-letters and archives.
 

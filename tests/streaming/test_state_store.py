@@ -16,7 +16,7 @@ from tests.streaming.test_engine import Harness, _comparable, record
 
 
 def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
-    """A shard of the previous layout: (id length, last wall ms, state length, id, state) each."""
+    """A shard of the per-device layout: (id length, last wall ms, state length, id, state) each."""
     out = bytearray()
     for device_id, (last_wall_ms, blob) in sorted(entries.items()):
         name = device_id.encode()

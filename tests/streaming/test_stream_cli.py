@@ -94,7 +94,7 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
 
 
 def test_a_checkpoint_of_another_state_layout_gets_a_hint_others_none() -> None:
-    """Spark's words for a checkpoint an earlier version wrote, plus what to do about it."""
+    """Spark's words for a checkpoint another version of iotwatch wrote, plus what to do about it."""
     from streaming.job import _hint
 
     spark_error = (

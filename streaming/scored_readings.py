@@ -1,0 +1,160 @@
+"""The readings of a micro-batch, cleaned and scored: every scored metric of every reading
+through the device detector's compiled kernel in one call.
+
+The result, :class:`ScoredReadings`, is the columns the rules, the alert lifecycle, the
+aggregates and the output frame read: per reading and per entry (one metric of one reading),
+no per-reading objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from models.kernels import Kernel
+from streaming import rules
+from streaming.alerting import RuleSpec
+from streaming.cleaning import clean_entries, entry_column, scored_names
+from streaming.coupling import explained_entries
+from streaming.device_table import DeviceTable
+from streaming.metric_slots import assign_slots, remember_last
+from streaming.sorted_batch import Sequenced, SortedBatch
+
+#: The metrics that give a device's position; an alert raised on a reading that has them carries them.
+_POSITION = frozenset({"lat_deg", "lon_deg"})
+
+
+@dataclass(frozen=True)
+class ScoredReadings:
+    """Per-reading columns (index ``i``, in (device, Kafka order)) and per-entry columns
+    (index ``k``; ``entry_reading[k]`` is its reading, entries of a reading contiguous)."""
+
+    device: np.ndarray  # int64: row in the devices' state table
+    device_type: np.ndarray
+    event: np.ndarray
+    seq: np.ndarray
+    ts: np.ndarray
+    in_order: np.ndarray  # bool: not older than the device's newest (the detectors saw it)
+    out_of_range: np.ndarray  # bool: some metric outside its physical range
+    anomaly: np.ndarray  # the anomaly rule's score: the reading's highest unexplained detector score
+    entry_reading: np.ndarray
+    names: np.ndarray
+    values: np.ndarray
+    entry_oor: np.ndarray
+    entry_scores: np.ndarray  # the detectors' scores (NaN: not scored)
+    alert_scores: np.ndarray  # the same, but 0 where a coupling explains the move
+    pair_slot: np.ndarray  # each entry's metric slot in its device's state
+    starts: np.ndarray  # entries of reading i: starts[i]:starts[i + 1]
+    _by_name: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.device_type)
+
+    def metric(self, name: str) -> np.ndarray:
+        """The metric's value per reading, NaN where the reading lacks it."""
+        column = self._by_name.get(name)
+        if column is None:
+            column = entry_column(self.n, self.entry_reading, self.names, self.values, name)
+            self._by_name[name] = column
+        return column
+
+    def entries(self, i: int) -> range:
+        return range(self.starts[i], self.starts[i + 1])
+
+    def position(self, i: int) -> dict[str, float]:
+        """The position reading ``i`` reported, if it reported one (vehicles): an alert raised
+        on it carries it, so an emergency notification of a crash says where it happened."""
+        return {self.names[k]: float(self.values[k]) for k in self.entries(i) if self.names[k] in _POSITION}
+
+    def view(self, i: int) -> rules.ReadingView:
+        """Reading ``i`` as one :class:`~streaming.rules.ReadingView` (alert messages)."""
+        span = self.entries(i)
+        metrics = {self.names[k]: float(self.values[k]) for k in span}
+        oor = tuple(self.names[k] for k in span if self.entry_oor[k])
+        event = self.event[i]
+        return rules.ReadingView(self.device_type[i], metrics, event if isinstance(event, str) else None, oor)
+
+
+@dataclass(frozen=True)
+class DeviceScorer:
+    """The device detector of the job: its compiled kernel, parameters and the state row a
+    new (device, metric) starts from, with the anomaly rule's levels (a coupling that
+    explains a move must take it below ``clear``)."""
+
+    kernel: Kernel
+    params: np.ndarray
+    initial: np.ndarray
+    anomaly: RuleSpec
+
+    def score(self, batch: SortedBatch, sequenced: Sequenced, table: DeviceTable) -> ScoredReadings:
+        """Clean the readings' metrics, run the detector kernel over every scored metric at
+        once (learning as it scores), and keep each metric's newest value."""
+        decoded = batch.records.decoded
+        scored_positions = sequenced.scored
+        reading_of = np.full(len(batch.records), -1, dtype=np.int64)
+        reading_of[batch.order[scored_positions]] = np.arange(len(scored_positions))
+        entry_reading = reading_of[decoded.metric_row]
+        keep = entry_reading >= 0
+        reading_device = batch.codes[scored_positions]
+        reading_type = table.device_type[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
+        er, names, values, oor = clean_entries(
+            entry_reading[keep], decoded.metric_name[keep], decoded.metric_value[keep], reading_type
+        )
+        entry_device = reading_device[er]
+        name_codes, name_list = pd.factorize(names)
+        width = max(len(name_list), 1)
+        pair_codes, pair_keys = pd.factorize(entry_device.astype(np.int64) * width + name_codes)
+        pair_device = (pair_keys // width).astype(np.int64)
+        pair_name = (
+            np.asarray(name_list, dtype=object)[pair_keys % width] if len(pair_keys) else np.zeros(0, dtype=object)
+        )
+        pair_row, pair_slot, pair_detector = assign_slots(table, pair_device, pair_name, self.initial)
+        # A reading that arrives after a newer one of its device is archived and goes through
+        # the rules, but the detectors neither learn from it nor score it: fed out of event
+        # time order, a drifting or seasonal metric would look like a jump back.
+        in_order = sequenced.in_order
+        watched = scored_names(names) & ~oor & in_order[er]
+        scores = np.full(len(names), np.nan)
+        surprises = np.full(len(names), np.nan)
+        ts = batch.ts[scored_positions]
+        if watched.any():
+            surprise = np.empty(int(watched.sum()))
+            scores[watched] = self.kernel.score_learn_into(
+                table.detectors,
+                pair_detector[pair_codes[watched]].astype(np.int64),
+                values[watched],
+                ts[er[watched]].astype(np.int64),
+                self.params,
+                surprise,
+            )
+            surprises[watched] = surprise
+        remember_last(table, pair_row, pair_codes, values, ~oor & in_order[er])
+        explained = explained_entries(
+            reading_type, er, names, surprises, moved=self.anomaly.clear, broken=self.anomaly.fire
+        )
+        alert_scores = np.where(explained, 0.0, scores)
+        n = len(scored_positions)
+        anomaly = np.zeros(n)
+        if watched.any():
+            np.maximum.at(anomaly, er[watched], alert_scores[watched])
+        return ScoredReadings(
+            device=reading_device,
+            device_type=reading_type,
+            event=batch.event[scored_positions],
+            seq=batch.seq[scored_positions],
+            ts=ts,
+            in_order=in_order,
+            out_of_range=np.bincount(er[oor], minlength=n) > 0,
+            anomaly=anomaly,
+            entry_reading=er,
+            names=names,
+            values=values,
+            entry_oor=oor,
+            entry_scores=scores,
+            alert_scores=alert_scores,
+            pair_slot=pair_slot[pair_codes] if len(pair_codes) else np.zeros(0, dtype=np.int64),
+            starts=np.searchsorted(er, np.arange(n + 1)),
+        )
