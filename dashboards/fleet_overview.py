@@ -25,6 +25,8 @@ BATCH = "\"stage\" = 'stream'"
 LAG = thresholds(GREEN, (10_000, ORANGE), (100_000, RED))
 # The default trigger is 2 s: a batch slower than its trigger means the job falls behind.
 BATCH_MS = thresholds(GREEN, (2_000, ORANGE), (10_000, RED))
+# Heartbeats come every second: a few seconds is a slow link, a minute is a cut one.
+REPLICATION_LAG_MS = thresholds(GREEN, (5_000, ORANGE), (60_000, RED))
 
 
 def dashboard() -> Dashboard:
@@ -224,10 +226,34 @@ def dashboard() -> Dashboard:
             ),
         ],
     )
+    sites = Row(
+        "Sites",
+        [
+            TimeSeries(
+                title="Replication lag by site",
+                unit="ms",
+                width=24,
+                thresholds=REPLICATION_LAG_MS,
+                threshold_style="dashed",
+                legend_calcs=("mean", "max", "lastNotNull"),
+                description="How far the central Kafka cluster is behind each site: the age of the site's newest "
+                "MirrorMaker 2 heartbeat at the centre (about a second while the link keeps up; it grows a "
+                "second a second while the link is down). Empty with a single cluster.",
+                targets=[
+                    Target(
+                        'SELECT max("lag_ms") FROM "replication" WHERE $timeFilter '
+                        'GROUP BY time($__interval), "source" fill(none)',
+                        alias="$tag_source",
+                    )
+                ],
+            ),
+        ],
+    )
     return Dashboard(
         uid="iotwatch-fleet-overview",
         title="iotwatch / Fleet overview",
-        description="Ingest rate per stage, Kafka lag, micro-batch duration and rejected data.",
+        description="Ingest rate per stage, Kafka lag, micro-batch duration, rejected data and the sites' "
+        "replication lag.",
         tags=("iotwatch", "pipeline"),
-        rows=[now, ingest, batches, rejected],
+        rows=[now, ingest, batches, rejected, sites],
     )

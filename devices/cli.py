@@ -239,6 +239,11 @@ def _time_ms(value: str | None) -> int | None:
 )
 @click.option("--client-id-prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
 @click.option(
+    "--id-prefix",
+    default="",
+    help="Put before every device id and home or fleet name (e.g. site1-): simulators of several sites stay apart.",
+)
+@click.option(
     "--obey-commands",
     is_flag=True,
     help="Receive commands for the simulated devices (QoS 1, persistent "
@@ -317,6 +322,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
         replay_keep_time=opts["replay_keep_time"],
         replay_loop=opts["replay_loop"],
         tick_ms=opts["tick_ms"],
+        id_prefix=opts["id_prefix"],
     )
     if homes + vehicles + len(replay) == 0:
         raise click.UsageError("nothing to simulate: give --homes, --vehicles or --replay")

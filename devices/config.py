@@ -56,5 +56,7 @@ class SimConfig(BaseModel):
     replay_keep_time: bool = False
     replay_loop: bool = False
     tick_ms: int = Field(100, ge=10)
+    #: put before every device id, home and fleet name: fleets of several sites stay apart
+    id_prefix: str = ""
     #: where each device's seq carries on from (devices.seq_state); None: every device from 0
     seq_state: Path | None = None

@@ -115,7 +115,7 @@ def build_fleet(config: SimConfig, shard: int = 0, shards: int = 1) -> Fleet:
     home_uids = list(range(shard, config.homes, shards))
     mixes = home_mix(config, rng, np.array(home_uids, dtype=np.int64)).tolist()
     for local, (h, mix) in enumerate(zip(home_uids, mixes, strict=True)):
-        site = f"home-{h:05d}"
+        site = f"{config.id_prefix}home-{h:05d}"
         slot = 0
         for device_type, n in zip(HOME_TYPES, mix, strict=True):
             for k in range(n):
@@ -134,7 +134,13 @@ def build_fleet(config: SimConfig, shard: int = 0, shards: int = 1) -> Fleet:
         scale,
         DeviceType.VEHICLE_EDR.value,
         [
-            (_VEHICLE_BASE + v, f"vehicle-{v:05d}", f"fleet-{v // 100:03d}", -1, v / max(config.vehicles, 1))
+            (
+                _VEHICLE_BASE + v,
+                f"{config.id_prefix}vehicle-{v:05d}",
+                f"{config.id_prefix}fleet-{v // 100:03d}",
+                -1,
+                v / max(config.vehicles, 1),
+            )
             for v in range(shard, config.vehicles, shards)
         ],
     )

@@ -1,4 +1,4 @@
-"""The Java artifacts iotwatch runs on: Apache Kafka's broker and Spark's Kafka connector.
+"""The Java artifacts iotwatch runs on: Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector.
 
 Both are published on Maven Central, not on PyPI. ``iotwatch setup`` (which ``./bootstrap.sh``
 runs) resolves each once with Maven (``mvn dependency:copy-dependencies`` on a generated pom,
@@ -99,6 +99,20 @@ def kafka_broker() -> JarSet:
     )
 
 
+def mirror_maker() -> JarSet:
+    """Apache Kafka's MirrorMaker 2 (``connect-mirror`` with Connect's runtime), which copies
+    each site's topics to the central cluster, with log4j's SLF4J binding for its log file."""
+    return JarSet(
+        name="connect-mirror",
+        version=KAFKA_VERSION,
+        coordinates=(
+            f"org.apache.kafka:connect-mirror:{KAFKA_VERSION}",
+            "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
+        ),
+        main_artifact="connect-mirror",
+    )
+
+
 def pyspark_jars_dir() -> Path:
     import pyspark
 
@@ -122,7 +136,7 @@ def spark_kafka_connector() -> JarSet:
 
 
 def all_sets() -> list[JarSet]:
-    return [kafka_broker(), spark_kafka_connector()]
+    return [kafka_broker(), mirror_maker(), spark_kafka_connector()]
 
 
 def install(jar_set: JarSet, *, jars_from: Path | None = None) -> Path:

@@ -177,6 +177,11 @@ class TopicSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_TOPIC_", frozen=True, extra="ignore")
 
     raw: str = "iot.telemetry.raw"
+    raw_pattern: str | None = Field(
+        None,
+        description="the streaming job reads every topic matching this regular expression instead of "
+        "the raw topic (sites: each site's replica, e.g. [^.]+\\.iot\\.telemetry\\.raw)",
+    )
     dlq: str = "iot.telemetry.dlq"
     alerts: str = "iot.alerts"
     model_updates: str = "iot.model.updates"
@@ -241,6 +246,13 @@ class StackSettings(_ConcernSettings):
     mqtt_broker: Literal["auto", "mosquitto", "amqtt"] = "auto"
     influxdb: Literal["auto", "influxd", "none"] = "auto"
     startup_timeout_s: float = 60.0
+    sites: int = Field(
+        0,
+        ge=0,
+        le=20,
+        description="edge sites, each with its own MQTT broker and Kafka node, replicated to the "
+        "central Kafka cluster by MirrorMaker 2 (0: one cluster, no sites)",
+    )
 
 
 class MappingRule(BaseModel):

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Self
 from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 from models.exceedance import ExceedanceTail
+from models.numeric import decay_weight, upper_tail
 from models.repeat_run import RepeatRun
 
 __all__ = ["BINS", "VIEWS", "EpisodeLikelihood"]
@@ -32,16 +33,6 @@ _FLOOR = 1e-4
 _FLOOR_BINS = 1
 #: Decades of tail probability that score 0.5.
 _HALF_DECADES = 10.0
-
-
-def _decay(halflife: float) -> float:
-    """Per-reading weight of an exponential average with this half-life (in readings)."""
-    return 1.0 - 0.5 ** (1.0 / halflife)
-
-
-def _upper_tail(z: float) -> float:
-    """P(Z >= z) for a standard normal Z."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 class EpisodeLikelihood(UnivariateMixin, Detector):
@@ -184,12 +175,12 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         self.trend_halflife_s = trend_halflife_s
         #: Each view's tail counted this many times more common (errs towards fewer alarms).
         self._weights = (1.0, 1.0, trend_weight) + (histogram_weight,) * (VIEWS - _HISTOGRAM_VIEWS)
-        self._a_level = _decay(level_halflife)
-        self._a_step = _decay(step_halflife)
-        self._a_likelihood = _decay(likelihood_halflife)
-        self._hold = 1.0 - _decay(hold_halflife)
-        self._a_histogram = _decay(histogram_halflife)
-        self._a_recent = _decay(recent_halflife)
+        self._a_level = decay_weight(level_halflife)
+        self._a_step = decay_weight(step_halflife)
+        self._a_likelihood = decay_weight(likelihood_halflife)
+        self._hold = 1.0 - decay_weight(hold_halflife)
+        self._a_histogram = decay_weight(histogram_halflife)
+        self._a_recent = decay_weight(recent_halflife)
         self.n = 0
         self.mean = self.var = self.step_var = 0.0
         self.last: float | None = None
@@ -240,7 +231,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         """The trend's per-reading weight: a half-life of ``trend_halflife_s`` of event time
         over the stream's mean reading interval so far, never more than ``trend_alpha``."""
         if self.trend_halflife_s > 0.0 and self.t0 is not None and self.n > 0 and t_ms > self.t0:
-            return min(self.trend_alpha, _decay(self.trend_halflife_s * self.n / ((t_ms - self.t0) / 1000.0)))
+            return min(self.trend_alpha, decay_weight(self.trend_halflife_s * self.n / ((t_ms - self.t0) / 1000.0)))
         return self.trend_alpha
 
     def _light(self) -> float:
@@ -297,11 +288,11 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
             short, mean, var = shorts[j], self.views[j][1], self.views[j][2]
             z = (short - mean) / math.sqrt(max(var, trend_floor if j == _TREND else self.min_variance))
             weight = self._trend_tail_weight() if j == _TREND else self._weights[j]
-            tail = min(tail, _upper_tail(z) * weight)
+            tail = min(tail, upper_tail(z) * weight)
             if j == _STEP:
-                tail = min(tail, _upper_tail(-z))
+                tail = min(tail, upper_tail(-z))
             elif j == _TREND:
-                tail = min(tail, _upper_tail(-z) * weight)
+                tail = min(tail, upper_tail(-z) * weight)
         tail = min(tail, self.instant_weight * self.step_tail.tail(self._deviations(v)[1]))
         if (
             not self.range_n or self._bin(v) > _FLOOR_BINS
@@ -376,9 +367,9 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
         compare the same hours of their lives (the range period gives the interval)."""
         if interval_s > 0.0:
             if self.histogram_halflife_s > 0.0:
-                self.a_histogram = _decay(self.histogram_halflife_s / interval_s)
+                self.a_histogram = decay_weight(self.histogram_halflife_s / interval_s)
             if self.recent_halflife_s > 0.0:
-                self.a_recent = _decay(self.recent_halflife_s / interval_s)
+                self.a_recent = decay_weight(self.recent_halflife_s / interval_s)
 
     # --- state --------------------------------------------------------------------------
 

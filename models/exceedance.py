@@ -36,12 +36,9 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from iotwatch.errors import UserError
+from models.numeric import decay_weight
 
 __all__ = ["ExceedanceTail"]
-
-
-def _alpha(halflife: float) -> float:
-    return 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
 
 
 class ExceedanceTail:
@@ -99,8 +96,8 @@ class ExceedanceTail:
         self.prior_peaks = prior_peaks
         self.clip = clip
         self.run_gap = run_gap
-        self._a = _alpha(halflife)
-        self._b = _alpha(index_halflife)
+        self._a = decay_weight(halflife)
+        self._b = decay_weight(index_halflife)
         self.set_state([])
 
     def to_state(self) -> list[float]:

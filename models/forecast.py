@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin, z_to_score
+from models.numeric import decay_weight
 
 __all__ = ["HoltWintersResidual"]
 
@@ -85,7 +86,7 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         self.warmup = warmup
         self.z_half = z_half
         self.reset_after = reset_after
-        self._a_var = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
+        self._a_var = decay_weight(halflife)
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:

@@ -27,6 +27,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Self
 
+from models.numeric import decay_weight, upper_tail
+
 __all__ = ["AnomalyLikelihood", "log_tail_score"]
 
 
@@ -85,7 +87,7 @@ class AnomalyLikelihood:
         self.learning_period = learning_period
         self.min_std = min_std
         self.instant = instant
-        self._a = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
+        self._a = decay_weight(halflife)
         self.set_state({})
 
     def get_params(self) -> dict[str, Any]:
@@ -122,7 +124,7 @@ class AnomalyLikelihood:
 
     def _gauss_tail(self, value: float, mean: float, var: float) -> float:
         z = (value - mean) / max(math.sqrt(max(var, 0.0)), self.min_std)
-        return 1.0 if z <= 0.0 else 0.5 * math.erfc(z / math.sqrt(2.0))
+        return 1.0 if z <= 0.0 else upper_tail(z)
 
     def tail(self, raw: float) -> float:
         """Probability of recent raw scores at least this high, under the long-run fit."""

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Self
 from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin
 from models.likelihood import log_tail_score
+from models.numeric import decay_weight
 
 __all__ = ["RepeatRun"]
 
@@ -81,7 +82,7 @@ class RepeatRun(UnivariateMixin, Detector):
         self.prior_readings = prior_readings
         self.max_repeat_rate = max_repeat_rate
         self.min_reversals = min_reversals
-        self._a = 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
+        self._a = decay_weight(halflife)
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:

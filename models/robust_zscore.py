@@ -8,12 +8,9 @@ from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from models.base import Detector, Reading, UnivariateMixin, z_to_score
+from models.numeric import decay_weight
 
 __all__ = ["RobustZScore"]
-
-
-def _alpha(halflife: float) -> float:
-    return 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
 
 
 class RobustZScore(UnivariateMixin, Detector):
@@ -93,8 +90,8 @@ class RobustZScore(UnivariateMixin, Detector):
         self.clip = clip
         self.warmup = warmup
         self.z_half = z_half
-        self._a = _alpha(halflife)
-        self._a_season = _alpha(season_halflife)
+        self._a = decay_weight(halflife)
+        self._a_season = decay_weight(season_halflife)
         self.set_state({})
 
     # --- state ----------------------------------------------------------------------

@@ -153,6 +153,7 @@ def start(
         max_offsets_per_trigger=stream.max_offsets_per_trigger,
         packed=True,
         operator_tasks=tasks,
+        pattern=settings.topics.raw_pattern,
     )
     tallies = packed.groupBy(OPERATOR_KEY).transformWithStateInPandas(
         statefulProcessor=PartitionProcessor(settings, archive),
@@ -176,7 +177,7 @@ def start(
     )
     log.info(
         "streaming %s from %s; checkpoint %s; archive %s",
-        settings.topics.raw,
+        f"topics matching {settings.topics.raw_pattern}" if settings.topics.raw_pattern else settings.topics.raw,
         settings.kafka.bootstrap_servers,
         checkpoint,
         archive,

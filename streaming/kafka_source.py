@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 FORMAT = "kafka"
 CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+#: How old the consumer's topic metadata may get when it subscribes by pattern.
+PATTERN_METADATA_AGE_MS = 10_000
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
@@ -65,20 +67,25 @@ def read_kafka_stream(
     max_offsets_per_trigger: int | None = None,
     packed: bool = False,
     operator_tasks: int = 1,
+    pattern: str | None = None,
 ) -> DataFrame:
-    """A streaming DataFrame of ``topics`` with the connector's columns (headers included), or
+    """A streaming DataFrame of ``topics`` (or, with ``pattern``, of every topic matching that
+    regular expression, found as they appear) with the connector's columns (headers included), or
     with ``packed`` the telemetry decoded and packed in chunks (:data:`streaming.schemas.PACKED_SCHEMA`),
     keyed for a stateful operator of ``operator_tasks`` tasks (:mod:`streaming.operator_key`)."""
     require_connector(spark)
     reader = (
         spark.readStream.format(FORMAT)
         .options(**kafka_options(settings))
-        .option("subscribe", ",".join(topics))
+        .option(*(("subscribePattern", pattern) if pattern else ("subscribe", ",".join(topics))))
         .option("startingOffsets", starting_offsets)
         .option("includeHeaders", "true")
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    if pattern:
+        # a new site's topic is found at the consumer's next metadata refresh: seconds, not 5 min
+        reader = reader.option("kafka.metadata.max.age.ms", str(PATTERN_METADATA_AGE_MS))
     frame = reader.load()
     if not packed:
         return frame
@@ -87,10 +94,11 @@ def read_kafka_stream(
 
     # One packing task per core: with more Kafka partitions than cores, tasks in waves would
     # each pay a Python task's set-up in every micro-batch.
+    packer = partial(pack_records, tasks=operator_tasks, home_topic=topics[0] if topics else None)
     return (
-        frame.select("key", "value", "partition", "offset", "timestamp")
+        frame.select("key", "value", "topic", "partition", "offset", "timestamp")
         .coalesce(spark.sparkContext.defaultParallelism)
-        .mapInArrow(partial(pack_records, tasks=operator_tasks), PACKED_SCHEMA)
+        .mapInArrow(packer, PACKED_SCHEMA)
     )
 
 

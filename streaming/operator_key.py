@@ -15,6 +15,7 @@ query nothing, where an expression computing it would be re-planned in every mic
 
 from __future__ import annotations
 
+import zlib
 from functools import lru_cache
 from typing import Any
 
@@ -45,6 +46,21 @@ def spark_hash_long(value: int) -> int:
     h1 = (h1 * 0xC2B2AE35) & _MASK32
     h1 ^= h1 >> 16
     return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+#: Bits of a Kafka partition number in a stream partition of a topic other than the raw topic.
+_TOPIC_SHIFT = 16
+
+
+@lru_cache(maxsize=4096)
+def stream_partition(topic: str, partition: int, home_topic: str | None) -> int:
+    """The job's number for a Kafka partition: the partition itself in the raw topic
+    (``home_topic``), and in any other topic the job reads by pattern (each site's replica)
+    ``t << 16 | partition`` with ``t`` in 1..32767 from the topic's CRC-32, so partition 0 of
+    two sites' topics are two partitions to the job, each with its own state and archive files."""
+    if topic == home_topic or home_topic is None:
+        return partition
+    return ((zlib.crc32(topic.encode()) % 32767) + 1) << _TOPIC_SHIFT | partition
 
 
 @lru_cache(maxsize=4096)

@@ -18,7 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_batch
-from streaming.operator_key import operator_key
+from streaming.operator_key import operator_key, stream_partition
 from streaming.schemas import PACKED_SCHEMA
 
 #: Records per packed row (a chunk of one partition's consecutive records).
@@ -69,23 +69,30 @@ def pack_chunk(
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
 
 
-def pack_records(batches: Iterator[pa.RecordBatch], tasks: int = 1) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function (``tasks`` bound with :func:`functools.partial`): ``key,
-    value, partition, offset, timestamp`` rows in, :data:`streaming.schemas.PACKED_SCHEMA`
-    rows out (per partition, in offset order)."""
+def pack_records(
+    batches: Iterator[pa.RecordBatch], tasks: int = 1, home_topic: str | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function (``tasks`` and ``home_topic`` bound with
+    :func:`functools.partial`): ``key, value, topic, partition, offset, timestamp`` rows in,
+    :data:`streaming.schemas.PACKED_SCHEMA` rows out (per topic and partition, in offset order;
+    partitions numbered by :func:`streaming.operator_key.stream_partition`)."""
     for batch in batches:
         if not batch.num_rows:
             continue
         table = pa.Table.from_batches([batch])
-        partitions = pc.unique(table["partition"]).to_pylist()
-        for partition in partitions:
-            part = table if len(partitions) == 1 else table.filter(pc.equal(table["partition"], partition))
+        sources = table.select(["topic", "partition"]).group_by(["topic", "partition"]).aggregate([]).to_pylist()
+        for source in sources:
+            part = table
+            if len(sources) > 1:
+                in_topic = pc.equal(table["topic"], source["topic"])
+                part = table.filter(pc.and_(in_topic, pc.equal(table["partition"], source["partition"])))
             part = part.sort_by("offset")
+            partition = stream_partition(source["topic"], int(source["partition"]), home_topic)
             stamps = pc.fill_null(pc.divide(part["timestamp"].combine_chunks().cast(pa.int64()), 1000), 0)
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
                 yield pack_chunk(
-                    int(partition),
+                    partition,
                     tasks,
                     chunk["key"].to_pylist(),
                     chunk["value"].to_pylist(),

@@ -312,7 +312,8 @@ def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
 
 def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
-    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"}
+    site = {"site1-gateway", "site1-simulator", "site1-kafka-topics"}  # the "sites" profile
+    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"} | site
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {
         name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
@@ -323,6 +324,8 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     assert "simulate" in commands["simulator"]
     assert "respond" in commands["responder"]
     assert commands["kafka-topics"][-3:] == ["provision", "topics", "--acls"]
+    assert commands["site1-kafka-topics"] == commands["kafka-topics"]
+    assert "--id-prefix" in commands["site1-simulator"]
 
 
 # --- Kafka ---------------------------------------------------------------------------------
@@ -351,9 +354,17 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
         assert env["IOTWATCH_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
         assert env["IOTWATCH_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
         assert env["IOTWATCH_KAFKA_SASL_USERNAME"] in scram_users, f"{name}: no such SCRAM user"
-    # Each service its own user; only the init step is admin.
-    users = {name: env["IOTWATCH_KAFKA_SASL_USERNAME"] for name, env in clients.items()}
-    assert len(set(users.values())) == len(users) and users["kafka-topics"] == "admin", users
+    # On each cluster (the centre, a site), each service its own user; only the init step is admin.
+    for cluster in {env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] for env in clients.values()}:
+        users = {
+            name: env["IOTWATCH_KAFKA_SASL_USERNAME"]
+            for name, env in clients.items()
+            if env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == cluster
+        }
+        assert len(set(users.values())) == len(users), users
+        assert [name for name, user in users.items() if user == "admin"] == [
+            name for name in users if name.endswith("kafka-topics")
+        ], users
     for name in ("gateway", "stream"):
         assert services[name]["depends_on"]["kafka-topics"]["condition"] == "service_completed_successfully"
 
@@ -383,7 +394,15 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
         for name, svc in services.items()
         if "IOTWATCH_KAFKA_SASL_USERNAME" in environment_of(svc)
     }
-    assert users == {"kafka-topics": "admin", "gateway": "gateway", "stream": "stream", "responder": "responder"}
+    assert users == {
+        "kafka-topics": "admin",
+        "gateway": "gateway",
+        "stream": "stream",
+        "responder": "responder",
+        # a site's cluster: its init step and its gateway
+        "site1-kafka-topics": "admin",
+        "site1-gateway": "gateway",
+    }
 
     topics = TopicSettings()
     grants = service_grants(topics)
@@ -520,3 +539,41 @@ def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str,
     from iotwatch.jars import KAFKA_VERSION
 
     assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_does(compose: dict[str, Any]) -> None:
+    """The site's MirrorMaker logs in on both clusters with SCRAM, and its configuration runs
+    the embedded stack's flows and replication settings (iotwatch/stack/mirror_maker.py),
+    but for the topics' ACLs, which here it copies to the centre (how the stream may read the
+    replicas)."""
+    from iotwatch.stack.mirror_maker import REPLICATION_SETTINGS
+
+    services = compose["services"]
+    site = {name: svc for name, svc in services.items() if name.startswith("site1-")}
+    assert set(site) == {
+        "site1-mosquitto",
+        "site1-kafka",
+        "site1-kafka-topics",
+        "site1-gateway",
+        "site1-simulator",
+        "site1-mirror",
+    }
+    assert all(svc["profiles"] == ["sites"] for svc in site.values())
+    assert not any("profiles" in svc for name, svc in services.items() if name not in site)
+    mirror = services["site1-mirror"]
+    assert mirror["image"] == services["kafka"]["image"]
+    env = environment_of(mirror)
+    assert (env["SITE_BOOTSTRAP"], env["CENTRAL_BOOTSTRAP"]) == ("site1-kafka:9092", "kafka:9092")
+    entrypoint = host_path(mirror, mirror["entrypoint"][-1])
+    template = host_path(mirror, "/iotwatch/mirror/mm2.properties")
+    assert entrypoint is not None and template is not None
+    script = entrypoint.read_text()
+    assert "security.protocol=SASL_PLAINTEXT" in script and "sasl.mechanism=SCRAM-SHA-512" in script
+    lines = [line for line in template.read_text().splitlines() if line and not line.startswith("#")]
+    properties = dict(line.split("=", 1) for line in lines)
+    assert properties.pop("sync.topic.acls.enabled") == "true"
+    assert {k: v for k, v in properties.items() if k in REPLICATION_SETTINGS} == {
+        k: v for k, v in REPLICATION_SETTINGS.items() if k != "sync.topic.acls.enabled"
+    }
+    assert properties["SITE->central.topics"] == r"iot\\.telemetry\\.raw|iot\\.telemetry\\.dlq"
+    assert environment_of(services["site1-kafka"])["KAFKA_ADVERTISED_LISTENERS"] == "INTERNAL://site1-kafka:9092"

@@ -133,7 +133,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         truth_path = out / "ground_truth.jsonl"
         simulator = Component("simulate", _simulate_command(options, out, truth_path), env, out)
         others.append(simulator)
-        probe = Probe(settings, gateway_port, out / "checkpoint")
+        probe = Probe(settings, [gateway_port], out / "checkpoint")
         _await_first_batch(probe, simulator, options.recovery_timeout_s)
         started = time.time()
         faults = plan(options.schedule)
@@ -145,7 +145,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         runner = FaultRunner(
             faults,
             targets,
-            Recovery(settings, gateway_port, Probe(settings, gateway_port, out / "checkpoint")),
+            Recovery(settings, gateway_port, Probe(settings, [gateway_port], out / "checkpoint")),
             started,
             options.recovery_timeout_s,
         )

@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "gateway": "gateway.bench:bench_gateway",
     "stream": "streaming.bench:bench_stream",
     "simulate": "devices.bench:bench_simulate",
+    "replication": "iotwatch.replication_bench:bench_replication",
 }
 
 

@@ -50,6 +50,15 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
     help="Leave MQTT, Kafka and InfluxDB running afterwards (to query them or point Grafana at them); "
     "prints their URLs and the `iotwatch stack down` command that stops them.",
 )
+@click.option(
+    "--sites",
+    type=click.IntRange(min=0, max=20),
+    default=0,
+    show_default=True,
+    help="Edge sites: each its own MQTT broker, Kafka node, gateway and simulators (--homes and "
+    "--vehicles each), replicated to the central Kafka cluster by MirrorMaker 2; the summary "
+    "reports per site (0: one cluster).",
+)
 @json_option
 @pass_app
 def demo(
@@ -64,6 +73,7 @@ def demo(
     seed: int,
     out: Path | None,
     keep_stack: bool,
+    sites: int,
     as_json: bool,
 ) -> None:
     """Run the whole pipeline on the embedded stack and report what happened.
@@ -92,6 +102,7 @@ def demo(
         folder.resolve(),
         anomalies_after,
         keep_stack,
+        sites,
     )
     summary = run_demo(app.settings, options, console)
     if as_json:
@@ -100,5 +111,5 @@ def demo(
         emit(summary, True)
     else:
         print_summary(console, summary)
-    if summary["loss"]["loss"]:
+    if summary["loss"]["loss"] or any(site["loss"] for site in summary.get("sites", {}).values()):
         raise SystemExit(1)

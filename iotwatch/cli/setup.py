@@ -19,7 +19,7 @@ from iotwatch.cli import emit, json_option
 )
 @json_option
 def setup(jars_from: Path | None, as_json: bool) -> None:
-    """Resolve Apache Kafka's broker and Spark's Kafka connector from Maven Central.
+    """Resolve Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector from Maven Central.
 
     Each is resolved once with Maven into its own folder under ~/.iotwatch/jars (or
     IOTWATCH_JARS_DIR); a folder already there is kept, so running this again needs no network.

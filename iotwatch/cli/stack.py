@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -37,6 +38,12 @@ def stack() -> None:
     help="MQTT server: mosquitto when on PATH (auto), or the pip-installed amqtt.",
 )
 @click.option("--no-influx", is_flag=True, help="Run without InfluxDB.")
+@click.option(
+    "--sites",
+    type=click.IntRange(min=0, max=20),
+    help="Edge sites, each with its own MQTT broker and Kafka node, replicated to the central "
+    "Kafka cluster by MirrorMaker 2 (default IOTWATCH_STACK_SITES, 0: one cluster).",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
 @json_option
 @pass_app
@@ -46,10 +53,15 @@ def up(
     partitions: int | None,
     mqtt_broker: str | None,
     no_influx: bool,
+    sites: int | None,
     foreground: bool,
     as_json: bool,
 ) -> None:
     """Start the servers on free loopback ports, create topics and the database.
+
+    With --sites N: N edge sites (an MQTT broker and a one-node Kafka cluster each) and one
+    MirrorMaker 2 per site copying its raw and dead-letter topics to the central cluster
+    (as <site>.<topic>) and the central commands topic back to it.
 
     Each server is health-checked with a real client before this returns. The servers keep
     running after the command exits (unless --foreground); `iotwatch stack down` stops them.
@@ -60,6 +72,8 @@ def up(
         stack_update["mqtt_broker"] = mqtt_broker
     if no_influx:
         stack_update["influxdb"] = "none"
+    if sites is not None:
+        stack_update["sites"] = sites
     kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)
@@ -75,13 +89,17 @@ def up(
 def _render_up(result: dict[str, Any]) -> None:
     click.echo(f"stack up in {result['run_dir']}")
     for role, svc in result["services"].items():
-        click.echo(f"  {role:<7}{svc['endpoint']:<32}{svc['implementation']}")
+        click.echo(f"  {role:<13}{svc['endpoint']:<32}{svc['implementation']}")
     if "influx" not in result["services"]:
         click.echo("  influx  (not running: metrics are disabled)")
     click.echo(f"  topics  {', '.join(result['topics'])} ({result['partitions']} partitions)")
     click.echo("point other shells at it with:")
     for name, value in result["env"].items():
-        click.echo(f"  export {name}={value}")
+        click.echo(f"  export {name}={shlex.quote(value)}")
+    for site, ends in result["sites"].items():
+        click.echo(f"site {site}: MQTT {ends['mqtt']}, Kafka {ends['kafka']}; its gateway and devices with:")
+        for name in ("IOTWATCH_MQTT_URL", "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"):
+            click.echo(f"  export {name}={ends['env'][name]}")
     click.echo(f"stop it with: {result['stop']}")
 
 
@@ -132,4 +150,60 @@ def _render_status(result: dict[str, Any]) -> None:
         return
     for role, svc in result["services"].items():
         mark = "ok  " if svc["healthy"] else "FAIL"
-        click.echo(f"{mark} {role:<7}{svc['endpoint']:<32}{svc['implementation']:<22}{svc['detail']}")
+        click.echo(f"{mark} {role:<13}{svc['endpoint']:<32}{svc['implementation']:<34}{svc['detail']}")
+
+
+@stack.command()
+@run_dir_option
+@click.option("--site", "sites", multiple=True, help="A site's alias (repeatable; default: the stack's sites).")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
+    help="Sample every SECONDS and write each sample to InfluxDB (measurement replication) until Ctrl-C.",
+)
+@json_option
+@pass_app
+def lag(app: AppContext, run_dir: Path | None, sites: tuple[str, ...], watch: float | None, as_json: bool) -> None:
+    """How far the central Kafka cluster is behind each site, from MirrorMaker 2's heartbeats.
+
+    The central cluster is the stack's (or IOTWATCH_KAFKA_BOOTSTRAP_SERVERS with --site when
+    no stack runs from the run directory).
+    """
+    import time
+
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.replication import ReplicationLag, write_lag
+    from iotwatch.stack.embedded import StackState
+
+    settings = app.settings
+    state = StackState.load(resolve_run_dir(settings, run_dir))
+    if state is not None:
+        settings = state.apply_to(settings)
+    names = list(sites) or (state.sites if state else [])
+    if not names:
+        raise click.UsageError("no sites: name them with --site (or start a stack with --sites N)")
+    monitor = ReplicationLag(settings.kafka, names)
+    influx = InfluxV1Client(settings.influx) if watch and settings.influx.enabled else None
+    try:
+        while True:
+            lags = monitor.sample()
+            now_ms = int(time.time() * 1000)
+            if influx is not None:
+                write_lag(influx, lags, now_ms)
+            emit({"lag_ms": lags}, as_json, lambda r: click.echo(_lag_line(r["lag_ms"])))
+            if not watch:
+                return
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        monitor.close()
+        if influx is not None:
+            influx.close()
+
+
+def _lag_line(lags: dict[str, int | None]) -> str:
+    return "replication lag: " + ", ".join(
+        f"{site} {'no heartbeat yet' if ms is None else f'{ms} ms'}" for site, ms in lags.items()
+    )

@@ -124,6 +124,13 @@ ONCALL_ALERTS = Measurement(
     _names("open acknowledged silenced"),
     "the alert forwarder: firing alerts by on-call state, per site and severity, periodically",
 )
+REPLICATION = Measurement(
+    "replication",
+    _names("source target"),
+    _names("lag_ms"),
+    "the sites' replication monitor (the demo, `iotwatch stack lag --watch`): per site, how far "
+    "the central cluster is behind it, from MirrorMaker 2's heartbeats",
+)
 
 #: Every measurement, by name.
 MEASUREMENTS: dict[str, Measurement] = {
@@ -138,5 +145,6 @@ MEASUREMENTS: dict[str, Measurement] = {
         ALERT_ACKS,
         ALERT_RESOLUTIONS,
         ONCALL_ALERTS,
+        REPLICATION,
     )
 }

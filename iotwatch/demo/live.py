@@ -24,7 +24,7 @@ from rich.text import Text
 
 from iotwatch.clients.kafka import client_config
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
-from iotwatch.settings import Settings
+from iotwatch.settings import KafkaSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class Sample:
     raw_end: int
     stream_offset: int
     alerts: int
+    #: with sites: the raw topics' ends at the sites (``raw_end`` is their replicas' at the centre)
+    edge_end: int = 0
 
 
 @dataclass
@@ -52,44 +54,68 @@ class LiveState:
 class Probe:
     """Reads the current counters of every stage."""
 
-    def __init__(self, settings: Settings, gateway_port: int, checkpoint: Path) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        gateway_ports: list[int],
+        checkpoint: Path,
+        raw_topics: list[str] | None = None,
+        edges: list[KafkaSettings] | None = None,
+    ) -> None:
+        """``raw_topics``: the raw topics the job reads at the centre (default the raw topic);
+        ``edges``: the sites' clusters, whose raw topics feed them."""
         self.settings = settings
-        self.gateway_url = f"http://127.0.0.1:{gateway_port}/metrics"
+        self.gateway_urls = [f"http://127.0.0.1:{port}/metrics" for port in gateway_ports]
         self.checkpoint = checkpoint
         config = {**client_config(settings.kafka), "enable.auto.commit": False}
         self.offsets = Consumer({**config, "group.id": "demo-live-offsets"})
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions
-        self.raw_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
-        self._raw_ends: dict[int, int] = {}
+        self.raw_partitions = [
+            TopicPartition(topic, p) for topic in (raw_topics or [settings.topics.raw]) for p in range(partitions)
+        ]
+        self.edges = [
+            Consumer({**client_config(edge), "enable.auto.commit": False, "group.id": "demo-live-offsets"})
+            for edge in edges or []
+        ]
+        self.edge_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
+        #: (topic, partition) -> last known end, at the centre and per site
+        self._raw_ends: dict[tuple[str, int], int] = {}
+        self._edge_ends: list[dict[tuple[str, int], int]] = [{} for _ in self.edges]
         self.alerts.assign([TopicPartition(settings.topics.alerts, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def close(self) -> None:
         self.offsets.close()
         self.alerts.close()
+        for edge in self.edges:
+            edge.close()
 
     def gateway(self) -> dict[str, float]:
-        try:
-            text = requests.get(self.gateway_url, timeout=1).text
-        except requests.RequestException:
-            return {}
+        """Every gateway's counters, summed."""
         values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(("_bucket", "_created")):
-                    key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
-                    values[key] = values.get(key, 0.0) + sample.value
+        for url in self.gateway_urls:
+            try:
+                text = requests.get(url, timeout=1).text
+            except requests.RequestException:
+                continue  # a gateway that does not answer this second adds nothing this time
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(
+                        ("_bucket", "_created")
+                    ):
+                        key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
+                        values[key] = values.get(key, 0.0) + sample.value
         return values
 
     def raw_end(self) -> int:
-        """The raw topic's end offsets summed; a partition Kafka does not answer for within a
-        second (it is restarting) counts with its last known end."""
-        for tp in self.raw_partitions:
-            try:
-                self._raw_ends[tp.partition] = self.offsets.get_watermark_offsets(tp, timeout=1.0)[1]
-            except KafkaException as exc:
-                log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
-        return sum(self._raw_ends.values())
+        """The raw topics' end offsets at the centre, summed (see :func:`_log_end`)."""
+        return _log_end(self.offsets, self.raw_partitions, self._raw_ends)
+
+    def edge_end(self) -> int:
+        """The sites' raw topics' end offsets, summed."""
+        return sum(
+            _log_end(edge, self.edge_partitions, known) for edge, known in zip(self.edges, self._edge_ends, strict=True)
+        )
 
     def stream_offset(self) -> int:
         """Records the job has finished (all sinks written): the end offsets of the newest
@@ -122,9 +148,22 @@ class Probe:
         for alert in self.new_alerts():
             state.alerts_seen += 1
             state.recent_alerts.appendleft(alert)
-        sample = Sample(time.time(), self.gateway(), self.raw_end(), self.stream_offset(), state.alerts_seen)
+        sample = Sample(
+            time.time(), self.gateway(), self.raw_end(), self.stream_offset(), state.alerts_seen, self.edge_end()
+        )
         state.samples.append(sample)
         return sample
+
+
+def _log_end(consumer: Consumer, partitions: list[TopicPartition], known: dict[tuple[str, int], int]) -> int:
+    """The partitions' end offsets summed; a partition Kafka does not answer for within a
+    second (it is restarting) counts with its last known end in ``known``."""
+    for tp in partitions:
+        try:
+            known[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=1.0)[1]
+        except KafkaException as exc:
+            log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
+    return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions)
 
 
 def _rate(state: LiveState, pick: Any) -> float:

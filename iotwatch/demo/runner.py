@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from dashboards import build_all
 from dashboards.queries import Picks, check_all
 from dashboards.queries import summarise as summarise_checks
 from gateway.metrics import wait_healthy
-from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.detection import AnomalyKind
@@ -37,10 +38,13 @@ from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
-from iotwatch.settings import Settings
+from iotwatch.replication import LagHistory, ReplicationLag, write_lag
+from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
+from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stack.process import Component, free_port
+from iotwatch.stack.sites import site_names
 from iotwatch.stats import quantiles
 from models.evaluation.judgement import TRUE
 
@@ -62,6 +66,9 @@ class DemoOptions:
     out: Path
     anomalies_after_s: float = 60.0
     keep_stack: bool = False
+    #: edge sites (each its MQTT broker, Kafka node, gateway and simulators), replicated to
+    #: the central cluster by MirrorMaker 2; 0: one cluster
+    sites: int = 0
 
 
 #: Variables of the caller the components keep: where `iotwatch setup` put the Java artifacts.
@@ -91,10 +98,13 @@ def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    stack = EmbeddedStack(settings, out / "stack")
+    sites = site_names(options.sites)
+    stack_settings = settings.stack.model_copy(update={"sites": options.sites})
+    stack = EmbeddedStack(settings.model_copy(update={"stack": stack_settings}), out / "stack")
     children: list[Component] = []
     summary: dict[str, Any] | None = None
     receiver = Receiver()
+    lag: ReplicationLag | None = None
     try:
         state = stack.up()
         settings = state.apply_to(settings)
@@ -107,19 +117,26 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         gateway_port = free_port()
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
         env = component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
-        console.print(f"stack up in {out / 'stack'}; starting the streaming job, the gateway and the simulators")
+        where = f"{len(sites)} sites" if sites else "the stack"
+        console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
         children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
-        children.append(
-            Component(
-                "gateway",
-                iotwatch_command("gateway", "--client-id", GATEWAY_ID, "--metrics-port", str(gateway_port), "--json"),
-                env,
-                out,
+        gateway_ports = {site: (gateway_port if site is None else free_port()) for site in (sites or [None])}
+        for site, port in gateway_ports.items():
+            children.append(
+                Component(
+                    _named("gateway", site),
+                    iotwatch_command("gateway", "--client-id", gateway_id(site), "--metrics-port", str(port), "--json"),
+                    {**env, **state.site_env(site)} if site else env,
+                    out,
+                )
             )
-        )
-        wait_healthy(gateway_port, timeout_s=60)
+        for port in gateway_ports.values():
+            wait_healthy(port, timeout_s=60)
         wait_for_stream(children[0], checkpoint)
-        children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))  # the closed loop
+        if not sites:
+            # the closed loop: the responder commands devices over the one MQTT broker (with
+            # sites, devices are reached at their site: not part of this demo)
+            children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
             Component(
@@ -132,42 +149,32 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             )
         )
         on_call = OnCallPerson(settings)
-        simulator = Component(
-            "simulate",
-            iotwatch_command(
-                "simulate",
-                "--homes",
-                str(options.homes),
-                "--vehicles",
-                str(options.vehicles),
-                "--duration",
-                str(options.duration_s * options.speedup),
-                "--speedup",
-                str(options.speedup),
-                "--anomaly-rate",
-                str(options.anomaly_rate),
-                *(("--anomalies-after", str(options.anomalies_after_s)) if options.anomaly_rate > 0 else ()),
-                "--fault-rate",
-                str(options.fault_rate),
-                *planned_anomalies(options, out / "scenario.json"),
-                "--seed",
-                str(options.seed),
-                "--ground-truth",
-                str(truth_path),
-                "--obey-commands",
-                "--client-id-prefix",
-                "iotwatch-demo-sim",
-                "--no-progress",
-                "--json",
-                "--seq-state",
-                str(out / "simulate-seq.json"),
-            ),
-            env,
-            out,
-        )  # a new pipeline: every device from seq 0
-        children.append(simulator)
+        simulators = [
+            Component(
+                _named("simulate", site),
+                _simulate_command(options, out, site, _site_truth(out, site) if site else truth_path),
+                {**env, **state.site_env(site)} if site else env,
+                out,
+            )  # a new pipeline: every device from seq 0
+            for site in sites or [None]
+        ]
+        children.extend(simulators)
         live = LiveState()
-        probe = Probe(settings, gateway_port, checkpoint)
+        probe = Probe(
+            settings,
+            list(gateway_ports.values()),
+            checkpoint,
+            [remote_topic(site, settings.topics.raw) for site in sites] or None,
+            [edge_kafka(settings, state, site) for site in sites],
+        )
+        lag = ReplicationLag(settings.kafka, sites) if sites else None
+        lags = LagHistory(sites)
+
+        def each_second() -> None:
+            on_call.step()
+            if lag is not None:
+                _record_lag(settings, lag, lags)
+
         started = time.time()
         interrupted = False
         try:
@@ -177,19 +184,24 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 refresh_per_second=2,
                 transient=False,
             ) as view:
-                while simulator.running():
-                    on_call.step()
+                while any(simulator.running() for simulator in simulators):
+                    each_second()
                     probe.sample(live)
                     view.update(render(live, started, options.duration_s, "running"))
                     time.sleep(1.0)
-                drained = _drain(probe, live, view, started, options, children, on_call.step)
+                drained = _drain(probe, live, view, started, options, children, each_second)
         except KeyboardInterrupt:
             interrupted, drained = True, False
             console.print("[yellow]interrupted: stopping everything[/yellow]")
         finally:
             probe.close()
         results = {child.name: child.stop() for child in reversed(children)}
+        if sites:
+            _join_ground_truth([_site_truth(out, site) for site in sites], truth_path)
+            results.update(_sum_site_results(results, sites))
         summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
+        if sites:
+            summary["sites"] = sites_summary(settings, state, sites, lags, archive, truth_path)
         summary["oncall"] = {
             "notifications_received": receiver.notifications,
             "acknowledged_by_demo": len(on_call.acknowledged),
@@ -201,6 +213,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         return summary
     finally:
         receiver.close()
+        if lag is not None:
+            lag.close()
         for child in children:
             child.stop(timeout_s=30)
         if not (options.keep_stack and stack_running(stack)):
@@ -209,6 +223,135 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             remember_last_stack(stack.run_dir)  # `iotwatch stack status|down` find it
         if summary is None and options.keep_stack and stack_running(stack):
             console.print(f"[yellow]the stack is left running: iotwatch stack down --run-dir {stack.run_dir}[/yellow]")
+
+
+def edge_kafka(settings: Settings, state: StackState, site: str) -> KafkaSettings:
+    """Client settings for the site's own Kafka cluster."""
+    return settings.kafka.model_copy(update={"bootstrap_servers": state.site_endpoints(site)["kafka"]})
+
+
+def _site_truth(out: Path, site: str) -> Path:
+    return out / f"ground_truth-{site}.jsonl"
+
+
+def _named(name: str, site: str | None) -> str:
+    return f"{name}-{site}" if site else name
+
+
+def gateway_id(site: str | None) -> str:
+    """The gateway's client id, its instance tag in InfluxDB: one gateway per site."""
+    return f"{GATEWAY_ID}-{site}" if site else GATEWAY_ID
+
+
+def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
+    """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
+    prefix = f"{site}-" if site else ""
+    return iotwatch_command(
+        "simulate",
+        "--homes",
+        str(options.homes),
+        "--vehicles",
+        str(options.vehicles),
+        "--duration",
+        str(options.duration_s * options.speedup),
+        "--speedup",
+        str(options.speedup),
+        "--anomaly-rate",
+        str(options.anomaly_rate),
+        *(("--anomalies-after", str(options.anomalies_after_s)) if options.anomaly_rate > 0 else ()),
+        "--fault-rate",
+        str(options.fault_rate),
+        *planned_anomalies(options, out / f"scenario{'-' + site if site else ''}.json", prefix),
+        "--seed",
+        str(options.seed),
+        "--ground-truth",
+        str(truth_path),
+        "--obey-commands",
+        "--client-id-prefix",
+        f"iotwatch-demo-sim{'-' + site if site else ''}",
+        *(("--id-prefix", prefix) if prefix else ()),
+        "--no-progress",
+        "--json",
+        "--seq-state",
+        str(out / f"simulate-seq{'-' + site if site else ''}.json"),
+    )
+
+
+def _record_lag(settings: Settings, lag: ReplicationLag, history: LagHistory) -> None:
+    """One replication-lag sample per site: kept for the summary, written to InfluxDB."""
+    lags = lag.sample()
+    now_ms = int(time.time() * 1000)
+    history.add(lags)
+    if settings.influx.enabled:
+        client = kept_client(settings.influx)
+        try:
+            write_lag(client, lags, now_ms)
+        except IotwatchError as exc:
+            log.warning("replication lag not written: %s", exc)
+
+
+def _join_ground_truth(parts: list[Path], path: Path) -> None:
+    """The sites' ground truth files as one (device ids carry their site)."""
+    path.write_text("".join(part.read_text() for part in parts if part.exists()))
+
+
+#: Summary counters that add up over the sites' gateways and simulators.
+_ADDED = ("sent", "readings", "received", "forwarded", "dead_lettered", "duplicates")
+
+
+def _sum_site_results(results: dict[str, Any], sites: list[str]) -> dict[str, Any]:
+    """The sites' gateway and simulator summaries added up as the demo's ``gateway`` and
+    ``simulate`` (each site's own stay under its name)."""
+    summed: dict[str, Any] = {}
+    for name in ("gateway", "simulate"):
+        parts = [results.get(_named(name, site), {}) for site in sites]
+        summed[name] = {key: sum(int(part.get(key) or 0) for part in parts) for key in _ADDED}
+    return summed
+
+
+def sites_summary(
+    settings: Settings,
+    state: StackState,
+    sites: list[str],
+    lags: LagHistory,
+    archive: Path,
+    truth_path: Path,
+) -> dict[str, Any]:
+    """Per site: readings at the site and at the centre, records MirrorMaker's at-least-once
+    copying left twice at the centre, loss by seq (site -> centre -> archive), replication lag
+    and the alerts raised for its devices."""
+    truth = read_ground_truth(truth_path) if truth_path.exists() else []
+    archived = accounting.archived_seqs(archive)
+    late, _ = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
+    alerts, _ = decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
+    result = {}
+    for site in sites:
+        site_records = read_to_end(edge_kafka(settings, state, site), settings.topics.raw)
+        at_site = accounting.index_raw(site_records)
+        replica_records = read_to_end(settings.kafka, remote_topic(site, settings.topics.raw))
+        at_centre = accounting.index_raw(replica_records)
+        unique = sum(len(seqs) for seqs in at_centre.seqs.values())
+        not_replicated = sum(len(seqs - at_centre.seqs.get(device, set())) for device, seqs in at_site.seqs.items())
+        mine = [event for event in truth if event.device_id.startswith(f"{site}-")]
+        archived_here = {device: seqs for device, seqs in archived.items() if device.startswith(f"{site}-")}
+        loss = accounting.account(at_centre.seqs, archived_here, late, mine)
+        raised = [a for a in alerts if a.raised and a.device_id.startswith(f"{site}-")]
+        result[site] = {
+            "readings_at_site": sum(len(seqs) for seqs in at_site.seqs.values()),
+            "readings_at_centre": unique,
+            "records_at_site": len(site_records),
+            "records_at_centre": len(replica_records),
+            # MirrorMaker's at-least-once copies (the site's own duplicates, e.g. a device
+            # publishing twice, are in both counts)
+            "copied_twice_by_mirror_maker": len(replica_records) - len(site_records),
+            "not_replicated": not_replicated,
+            "loss": loss["loss"] + not_replicated,
+            "archived": loss["archived"],
+            "replication_lag": lags.summary(site),
+            "alerts_raised": len(raised),
+            "alerts_by_rule": dict(sorted(Counter(a.rule for a in raised).items())),
+        }
+    return result
 
 
 def wait_for_stream(stream: Component, checkpoint: Path, timeout_s: float = 180.0) -> None:
@@ -224,7 +367,7 @@ def wait_for_stream(stream: Component, checkpoint: Path, timeout_s: float = 180.
         time.sleep(0.5)
 
 
-def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
+def planned_anomalies(options: DemoOptions, path: Path, prefix: str = "") -> list[str]:
     """Simulator arguments for what the demo plans besides the random anomalies: a crash
     of the first vehicle at 40 % of the run (a random crash is rare in a short run, and the
     crash rule, the critical alerts and the vehicles dashboard's crash panels should show).
@@ -236,13 +379,13 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
     if at_s >= 0.8 * span_s:
         return []
     # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
-    planned = [{"kind": "crash", "devices": "vehicle-00000", "at_s": at_s}] if options.vehicles else []
+    planned = [{"kind": "crash", "devices": f"{prefix}vehicle-00000", "at_s": at_s}] if options.vehicles else []
     # ... an overheating engine in the second vehicle, for the responder to put it in limp mode
     planned += (
         [
             {
                 "kind": "overheating",
-                "devices": "vehicle-00001",
+                "devices": f"{prefix}vehicle-00001",
                 "at_s": max(options.anomalies_after_s, 0.2 * span_s),
                 "duration_s": span_s,
             }
@@ -255,7 +398,7 @@ def planned_anomalies(options: DemoOptions, path: Path) -> list[str]:
         [
             {
                 "kind": AnomalyKind.WATER_LEAK.value,
-                "devices": "home-0000[0-2]-leak_sensor-*",
+                "devices": f"{prefix}home-0000[0-2]-leak_sensor-*",
                 "at_s": max(options.anomalies_after_s, 0.2 * span_s),
                 "duration_s": span_s,
             }
@@ -305,11 +448,17 @@ def _drain(
         each_second()
         sample = probe.sample(live)
         view.update(render(live, started, options.duration_s, "draining"))
-        if not all(child.running() for child in children if child.name != "simulate"):
+        if not all(child.running() for child in children if not child.name.startswith("simulate")):
             return False
         # The gateway is the raw topic's only producer here, so what it forwarded is the log end
         forwarded = int(sample.gateway.get("forwarded", 0))  # readings only: dead letters are not on the raw topic
-        idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
+        # with sites, the centre's replicas also hold all the sites have (and any duplicates)
+        replicated = sample.raw_end >= sample.edge_end
+        idle = (
+            sample.gateway.get("inflight", 1) == 0
+            and replicated
+            and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
+        )
         caught_up_since = (caught_up_since or time.monotonic()) if idle else None
         if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:
             return True
@@ -329,8 +478,15 @@ def _summarise(
     truth_path: Path,
 ) -> dict[str, Any]:
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
-    late, dead_reasons = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
-    raw = accounting.index_raw(read_to_end(settings.kafka, settings.topics.raw))
+    dead_letter_topics = [settings.topics.dlq] + [
+        remote_topic(site, settings.topics.dlq) for site in site_names(options.sites)
+    ]
+    late, dead_reasons = accounting.dead_letters(
+        record for topic in dead_letter_topics for record in read_to_end(settings.kafka, topic)
+    )
+    raw = accounting.index_raw(
+        record for topic in _raw_topics(settings, options) for record in read_to_end(settings.kafka, topic)
+    )
     appended = raw.appended
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
     alerts, alert_records = decoded_alerts(alert_records)
@@ -373,7 +529,12 @@ def _summarise(
         },
         "closed_loop": closed_loop.summarise(audits, alerts, truth),
         "dashboards": check_dashboards(
-            settings, alerts, verdicts, raw.identities, frozenset(a.device_id for a in audits)
+            settings,
+            alerts,
+            verdicts,
+            raw.identities,
+            frozenset(a.device_id for a in audits),
+            gateway_id(next(iter(site_names(options.sites)), None)),
         ),
         "components": results,
     }
@@ -388,6 +549,12 @@ def _summarise(
     summary["report"] = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
     report.write_summary(folder, summary)
     return summary
+
+
+def _raw_topics(settings: Settings, options: DemoOptions) -> list[str]:
+    """Where the job's input is at the centre: the raw topic, or each site's replica of it."""
+    sites = site_names(options.sites)
+    return [remote_topic(site, settings.topics.raw) for site in sites] or [settings.topics.raw]
 
 
 def decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
@@ -408,6 +575,7 @@ def pick_values(
     verdicts: dict[str, str],
     identities: dict[str, tuple[str, str]],
     commanded: frozenset[str] = frozenset(),
+    instance: str = GATEWAY_ID,
 ) -> Picks | None:
     """Dashboard variables as an operator would set them after this run: the site of a home
     device that raised an alert (one that was sent a command if any, so the device
@@ -432,7 +600,7 @@ def pick_values(
         site=site,
         device=device,
         metric=metric or PRIMARY_METRIC[device_type],
-        instance=GATEWAY_ID,
+        instance=instance,
         vehicles=vehicles,
         sites=sorted({where for _, where in identities.values()}),
     )
@@ -444,12 +612,13 @@ def check_dashboards(
     verdicts: dict[str, str],
     identities: dict[str, tuple[str, str]],
     commanded: frozenset[str] = frozenset(),
+    instance: str = GATEWAY_ID,
 ) -> dict[str, Any] | None:
     """Run every dashboard query (panels, variables, annotations) against the run's InfluxDB,
     with the variables set from the run; None when the stack runs without InfluxDB."""
     if not settings.influx.enabled:
         return None
-    picks = pick_values(alerts, verdicts, identities, commanded)
+    picks = pick_values(alerts, verdicts, identities, commanded, instance)
     if picks is None:
         return {"error": "no home device in the raw topic to set the dashboard variables with"}
     client = InfluxV1Client(settings.influx)
@@ -521,6 +690,15 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(
             f"  on-call: {oncall['notifications_received']} notifications to the demo receiver, "
             f"{oncall['acknowledged_by_demo']} alerts acknowledged by {ON_CALL}"
+        )
+    for site, figures in summary.get("sites", {}).items():
+        style = "green" if figures["loss"] == 0 else "bold red"
+        lag = figures["replication_lag"]
+        console.print(
+            f"  site {site}: {figures['readings_at_site']} readings at the site, {figures['readings_at_centre']} "
+            f"at the centre ({figures['copied_twice_by_mirror_maker']} copied twice), loss [{style}]{figures['loss']}"
+            f"[/{style}]; replication lag p50/p99/max {lag['p50_ms']}/{lag['p99_ms']}/{lag['max_ms']} ms; "
+            f"{figures['alerts_raised']} alerts raised"
         )
     print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")

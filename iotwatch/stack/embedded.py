@@ -21,12 +21,22 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
-from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings
+from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings, TopicSettings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
+from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.stack.process import stop_process
 from iotwatch.stack.service import RunningService
+from iotwatch.stack.sites import (
+    edge_topics,
+    raw_pattern,
+    site_names,
+    site_role,
+    split_role,
+    start_site_link,
+    start_site_servers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +60,28 @@ class StackState:
             role: (svc.endpoint if (svc := self.services.get(role)) else None) for role in ("mqtt", "kafka", "influx")
         }
 
+    @property
+    def sites(self) -> list[str]:
+        """The edge sites (none for a one-cluster stack), in start order."""
+        return [site for role in self.services if (site := split_role(role)[0]) and split_role(role)[1] == "kafka"]
+
+    def site_endpoints(self, site: str) -> dict[str, str]:
+        """The site's MQTT broker and Kafka cluster, as its devices and gateway reach them."""
+        return {kind: self.services[site_role(site, kind)].endpoint for kind in ("mqtt", "kafka")}
+
     def apply_to(self, settings: Settings) -> Settings:
-        """The settings with this stack's endpoints (InfluxDB disabled if it did not start)."""
+        """The settings with this stack's endpoints (InfluxDB disabled if it did not start);
+        with sites, the streaming job reads every site's replica of the raw topic."""
         ends = self.endpoints()
-        return settings.with_endpoints(mqtt=ends["mqtt"], kafka=ends["kafka"], influx=ends["influx"] or "")
+        applied = settings.with_endpoints(mqtt=ends["mqtt"], kafka=ends["kafka"], influx=ends["influx"] or "")
+        if self.sites:
+            topics = applied.topics.model_copy(update={"raw_pattern": raw_pattern(applied.topics)})
+            applied = applied.model_copy(update={"topics": topics})
+        return applied
 
     def env(self) -> dict[str, str]:
-        """IOTWATCH_* variables pointing another process at this stack."""
+        """IOTWATCH_* variables pointing another process at this stack (its central part
+        when it has sites: :meth:`site_env` for a site's gateway and devices)."""
         ends = self.endpoints()
         variables = {
             "IOTWATCH_MQTT_URL": ends["mqtt"] or "",
@@ -65,7 +90,15 @@ class StackState:
         }
         if self.database:
             variables["IOTWATCH_INFLUX_DATABASE"] = self.database
+        if self.sites:
+            del variables["IOTWATCH_MQTT_URL"]  # devices connect to their site
+            variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(TopicSettings())
         return variables
+
+    def site_env(self, site: str) -> dict[str, str]:
+        """IOTWATCH_* variables pointing a site's gateway and devices at the site's servers."""
+        ends = self.site_endpoints(site)
+        return {**self.env(), "IOTWATCH_MQTT_URL": ends["mqtt"], "IOTWATCH_KAFKA_BOOTSTRAP_SERVERS": ends["kafka"]}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +109,7 @@ class StackState:
             "partitions": self.partitions,
             "influx_database": self.database,
             "env": self.env(),
+            "sites": {site: {**self.site_endpoints(site), "env": self.site_env(site)} for site in self.sites},
             "services": {role: svc.to_dict() for role, svc in self.services.items()},
         }
 
@@ -155,8 +189,10 @@ class EmbeddedStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = StackState(self.run_dir)
         timeout = self.settings.stack.startup_timeout_s
+        sites = site_names(self.settings.stack.sites)
         try:
-            self._start(state, lambda: start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout))
+            if not sites:  # with sites, devices connect to their site's broker
+                self._start(state, lambda: start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout))
             self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
             state.partitions = self.settings.kafka.partitions
             kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
@@ -167,12 +203,28 @@ class EmbeddedStack:
                 database = self.settings.influx.database
                 self._start(state, lambda: start_influxdb(self.run_dir, database, timeout))
                 state.database = database
+            for site in sites:
+                self._start_site(state, site, kafka)
             state.save()
         except BaseException:
             self._stop_services(state)
             (self.run_dir / STATE_FILE).unlink(missing_ok=True)
             raise
         return state
+
+    def _start_site(self, state: StackState, site: str, central: KafkaSettings) -> None:
+        """A site's MQTT broker and Kafka node, then its MirrorMaker to the centre."""
+        timeout = self.settings.stack.startup_timeout_s
+        for service in start_site_servers(
+            self.run_dir, site, self.settings.stack.mqtt_broker, self.settings.kafka, self.settings.topics, timeout
+        ):
+            state.services[service.role] = service
+        state.save()
+        edge = state.services[site_role(site, "kafka")].endpoint
+        self._start(
+            state,
+            lambda: start_site_link(self.run_dir, site, edge, central, self.settings.topics, timeout),
+        )
 
     def _want_influx(self) -> bool:
         choice = self.settings.stack.influxdb
@@ -276,13 +328,20 @@ def _service_status(service: RunningService, state: StackState) -> dict[str, Any
 
 
 def _health_check(service: RunningService, state: StackState) -> str:
-    if service.role == "mqtt":
+    site, kind = split_role(service.role)
+    if kind == "mqtt":
         round_trip(MqttSettings(url=service.endpoint))
         return "publish/subscribe round trip ok"
-    if service.role == "kafka":
+    if kind == "kafka":
         topics = list_topics(KafkaSettings(bootstrap_servers=service.endpoint))
-        missing = [name for name in state.topics if name not in topics]
+        wanted = edge_topics(TopicSettings()) if site else state.topics
+        missing = [name for name in wanted if name not in topics]
         return f"{len(topics)} topics" + (f", missing {missing}" if missing else "")
+    if kind == "mirror":
+        central = list_topics(KafkaSettings(bootstrap_servers=state.services["kafka"].endpoint))
+        replicas = [remote_topic(site or "", name) for name in edge_topics(TopicSettings())]
+        missing = [name for name in replicas if name not in central]
+        return "replicas at the centre: " + (f"missing {missing}" if missing else ", ".join(replicas))
     client = InfluxV1Client(InfluxSettings(url=service.endpoint, database=state.database or "iotwatch"))
     try:
         return f"ping ok, version {client.ping()}"

@@ -29,6 +29,8 @@ HOST = "127.0.0.1"
 IMPLEMENTATION = f"apache-kafka {KAFKA_VERSION}"
 #: A small heap: the embedded broker shares a laptop-sized machine with Spark.
 HEAP_OPTIONS = ["-Xms128m", "-Xmx512m"]
+#: A site's edge node carries one site's readings: a smaller heap still.
+EDGE_HEAP_OPTIONS = ["-Xms64m", "-Xmx256m"]
 JVM_OPTIONS = ["-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
 #: The principal every SCRAM-secured broker uses between its own nodes; a super user.
 ADMIN_USER = "admin"
@@ -81,12 +83,13 @@ def start_kafka_broker(
     *,
     security: KafkaSecurity | None = None,
     overrides: Mapping[str, str] | None = None,
+    heap: list[str] | None = None,
 ) -> RunningService:
     """One combined broker and controller in ``run_dir/kafka`` (on a free port unless ``port``
     is given, e.g. to start it again where its clients expect it); waits until an admin
     client lists its topics."""
     return start_kafka_cluster(
-        run_dir, timeout_s, nodes=1, ports=[port] if port else None, security=security, overrides=overrides
+        run_dir, timeout_s, nodes=1, ports=[port] if port else None, security=security, overrides=overrides, heap=heap
     )[0]
 
 
@@ -98,9 +101,11 @@ def start_kafka_cluster(
     ports: list[int] | None = None,
     security: KafkaSecurity | None = None,
     overrides: Mapping[str, str] | None = None,
+    heap: list[str] | None = None,
 ) -> list[RunningService]:
     """``nodes`` combined brokers and controllers forming one cluster; a single node lives in
-    ``run_dir/kafka``, the nodes of a larger cluster in ``run_dir/kafka-<id>``."""
+    ``run_dir/kafka``, the nodes of a larger cluster in ``run_dir/kafka-<id>``; ``heap``: the
+    JVM's heap options (default :data:`HEAP_OPTIONS`)."""
     specs = [
         KafkaNodeSpec(
             node_id=i,
@@ -118,7 +123,7 @@ def start_kafka_cluster(
     for spec in specs:
         config = _write_config(spec, voters, nodes, security)
         _format(spec, config, cluster_id, classpath, security)
-        java = [java_executable(), *HEAP_OPTIONS, *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
+        java = [java_executable(), *(heap or HEAP_OPTIONS), *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
         command = [*java, "kafka.Kafka", str(config)]
         records.append(start_process(f"kafka-{spec.node_id}", command, spec.folder / "broker.log", cwd=spec.folder))
     return [
@@ -223,11 +228,11 @@ def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaS
         )
     settings.update(spec.overrides)
     path = spec.folder / "server.properties"
-    path.write_text("".join(f"{key}={_escape(value)}\n" for key, value in settings.items()))
+    path.write_text("".join(f"{key}={escape_property(value)}\n" for key, value in settings.items()))
     return path
 
 
-def _escape(value: str) -> str:
+def escape_property(value: str) -> str:
     """A Java properties value: backslashes and leading spaces would be read as escapes."""
     return value.replace("\\", "\\\\")
 
@@ -237,7 +242,8 @@ def _format(spec: KafkaNodeSpec, config: Path, cluster_id: str, classpath: str, 
     if (spec.folder / "data" / "meta.properties").exists():
         return
     command = [java_executable(), "-cp", classpath, "kafka.tools.StorageTool", "format", "--config", str(config)]
-    command += ["--cluster-id", cluster_id, "--ignore-formatted"]
+    # one argument: a generated id may begin with "-", which a separate argument would make an option
+    command += [f"--cluster-id={cluster_id}", "--ignore-formatted"]
     for user, password in security.passwords.items() if security else ():
         command += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
     result = subprocess.run(command, capture_output=True, text=True)

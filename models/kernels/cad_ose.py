@@ -45,13 +45,12 @@ import math
 import sys
 from typing import Any
 
-import numba
 import numpy as np
 
 from iotwatch.errors import UserError
 from models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
 from models.kernels import benchmark, warm_kernel
-from models.kernels.tail_ensemble import _value, check_batch
+from models.kernels.primitives import check_batch, jit, reading_value
 
 __all__ = [
     "CONTEXTS",
@@ -101,7 +100,7 @@ STATE_SIZE = INDEX + INDEX_SLOTS
 ) = range(8)
 PARAMS_SIZE = 8
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit
 _NO_SURPRISE = np.empty(0)
 _LOW32 = 0xFFFFFFFF
 
@@ -586,7 +585,7 @@ def _left_crossed_with(row: np.ndarray, lid: int, mask: int, out: np.ndarray) ->
 @_jit
 def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarray, tables: np.ndarray) -> float:
     """``CadOse.score_learn_one`` on one stream's row."""
-    v = _value(x)
+    v = reading_value(x)
     if math.isnan(v):
         return 0.0
     row[N] += 1.0

@@ -79,7 +79,6 @@ import math
 import sys
 from typing import Any
 
-import numba
 import numpy as np
 
 from models.episode_likelihood import (
@@ -94,16 +93,13 @@ from models.episode_likelihood import (
     EpisodeLikelihood,
 )
 from models.kernels import benchmark, warm_kernel
+from models.kernels.primitives import check_batch, decay_weight, jit, py_max, py_min, reading_value, upper_tail
 from models.kernels.tail_ensemble import (
     TAIL_PARAMS,
     TAIL_SIZE,
-    _max,
-    _min,
     _put,
     _repeat_learn,
     _repeat_tail,
-    _value,
-    check_batch,
     put_initial_tail,
     put_tail_params,
     tail_learn,
@@ -185,7 +181,7 @@ P_STEP_TAIL = 25
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit
 #: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
 _NO_SURPRISE = np.empty(0)
 
@@ -342,19 +338,14 @@ def _scales(row: np.ndarray) -> tuple[float, float]:
     """``EpisodeLikelihood._scales``."""
     floor = 1e-3 * abs(row[MEAN])
     floor = floor * floor + 1e-12
-    return math.sqrt(_max(row[VAR], floor)), math.sqrt(_max(row[STEP_VAR], floor))
-
-
-@_jit
-def _upper_tail(z: float) -> float:
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return math.sqrt(py_max(row[VAR], floor)), math.sqrt(py_max(row[STEP_VAR], floor))
 
 
 @_jit
 def _step_tail(row: np.ndarray, warmup: float) -> tuple[float, float, float, float, float, float]:
     """The step tail's state tuple, its count derived from ``N``."""
     return (
-        _max(row[N] - warmup, 0.0),
+        py_max(row[N] - warmup, 0.0),
         row[STEP_TAIL],
         row[STEP_TAIL + 1],
         row[STEP_TAIL + 2],
@@ -367,7 +358,7 @@ def _step_tail(row: np.ndarray, warmup: float) -> tuple[float, float, float, flo
 def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
     """The run detector's state tuple, its count and last value derived from ``N`` and ``LAST``."""
     return (
-        _max(row[N] - 1.0, 0.0),
+        py_max(row[N] - 1.0, 0.0),
         row[STUCK_RATE],
         row[LAST],
         row[STUCK_RUN],
@@ -381,7 +372,7 @@ def _light(row: np.ndarray, p: np.ndarray) -> float:
     """``EpisodeLikelihood._light``: 1 on a stream whose steps are light-tailed, 0 on a heavy-tailed one."""
     if p[P_TREND_CLIP_RATE] <= 0.0:
         return 1.0
-    return _min(_max(2.0 - row[STEP_TAIL] / p[P_TREND_CLIP_RATE], 0.0), 1.0)
+    return py_min(py_max(2.0 - row[STEP_TAIL] / p[P_TREND_CLIP_RATE], 0.0), 1.0)
 
 
 @_jit
@@ -422,24 +413,19 @@ def _score(
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
-            _max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
+            py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
         weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else trend_weight if j == _TREND else 1.0
-        tail = _min(tail, _upper_tail(z) * weight)
+        tail = py_min(tail, upper_tail(z) * weight)
         if j == _STEP:
-            tail = _min(tail, _upper_tail(-z))
+            tail = py_min(tail, upper_tail(-z))
         elif j == _TREND:
-            tail = _min(tail, _upper_tail(-z) * weight)
-    tail = _min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
+            tail = py_min(tail, upper_tail(-z) * weight)
+    tail = py_min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
     if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
-        tail = _min(tail, _repeat_tail(_stuck(row), stuck_p, v))
-    decades = -math.log10(_max(tail, 1e-300))
+        tail = py_min(tail, _repeat_tail(_stuck(row), stuck_p, v))
+    decades = -math.log10(py_max(tail, 1e-300))
     return decades / (decades + _HALF_DECADES)
-
-
-@_jit
-def _decay(halflife: float) -> float:
-    return 1.0 - 0.5 ** (1.0 / halflife)
 
 
 @_jit
@@ -447,16 +433,16 @@ def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> N
     """``EpisodeLikelihood._set_histogram_rates``."""
     if interval_s > 0.0:
         if p[P_HISTOGRAM_HALFLIFE_S] > 0.0:
-            row[A_HISTOGRAM] = _decay(p[P_HISTOGRAM_HALFLIFE_S] / interval_s)
+            row[A_HISTOGRAM] = decay_weight(p[P_HISTOGRAM_HALFLIFE_S] / interval_s)
         if p[P_RECENT_HALFLIFE_S] > 0.0:
-            row[A_RECENT] = _decay(p[P_RECENT_HALFLIFE_S] / interval_s)
+            row[A_RECENT] = decay_weight(p[P_RECENT_HALFLIFE_S] / interval_s)
 
 
 @_jit
 def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
     """``EpisodeLikelihood._trend_weight``: the event-time half-life over the mean interval so far."""
     if p[P_TREND_HALFLIFE_S] > 0.0 and not math.isnan(row[T0]) and row[N] > 0.0 and t > row[T0]:
-        return _min(p[P_TREND_ALPHA], _decay(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
+        return py_min(p[P_TREND_ALPHA], decay_weight(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
     return p[P_TREND_ALPHA]
 
 
@@ -466,7 +452,7 @@ def _score_learn_one(
 ) -> tuple[float, float]:
     """``EpisodeLikelihood.score_learn_one`` on one stream's row, and the reading's
     surprise (``surprise_one``: the score before the hold)."""
-    v = _value(x)
+    v = reading_value(x)
     if math.isnan(v):
         return 0.0, 0.0
     warmup = p[P_WARMUP]
@@ -475,7 +461,7 @@ def _score_learn_one(
     level = abs(v - row[MEAN]) / sd
     step = abs(v - row[LAST]) / step_sd if not math.isnan(row[LAST]) else 0.0
     trend_clip = _trend_clip(row, p)
-    signed = _max(-trend_clip, _min(trend_clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
+    signed = py_max(-trend_clip, py_min(trend_clip, (v - row[LAST]) / step_sd)) if not math.isnan(row[LAST]) else 0.0
     a_recent = row[A_RECENT]
     entropy = 0.0
     for k in range(BINS):
@@ -497,7 +483,7 @@ def _score_learn_one(
         score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p)
         if score > row[HELD]:
             out = score
-        row[HELD] = _max(row[HELD] * p[P_HOLD], score)
+        row[HELD] = py_max(row[HELD] * p[P_HOLD], score)
         _put(row, STEP_TAIL, tail_learn(_step_tail(row, warmup), tail_p, step)[1:])
     _, rate, _, run, reversals, direction = _repeat_learn(_stuck(row), stuck_p, v)
     row[STUCK_RATE], row[STUCK_RUN], row[STUCK_REVERSALS], row[STUCK_DIRECTION] = rate, run, reversals, direction
@@ -505,28 +491,28 @@ def _score_learn_one(
     n += 1.0
     row[N] = n
     clip = p[P_CLIP]
-    a = _max(1.0 / n, p[P_A_LEVEL])
+    a = py_max(1.0 / n, p[P_A_LEVEL])
     r = v - row[MEAN]
     if n > warmup:
-        r = _max(-clip * sd, _min(clip * sd, r))
+        r = py_max(-clip * sd, py_min(clip * sd, r))
     row[MEAN] += a * r
     row[VAR] += a * (r * r - row[VAR])
     if not math.isnan(row[LAST]):
         d = v - row[LAST]
         if n > warmup:
-            d = _max(-clip * step_sd, _min(clip * step_sd, d))
-        row[STEP_VAR] += _max(1.0 / n, p[P_A_STEP]) * (d * d - row[STEP_VAR])
+            d = py_max(-clip * step_sd, py_min(clip * step_sd, d))
+        row[STEP_VAR] += py_max(1.0 / n, p[P_A_STEP]) * (d * d - row[STEP_VAR])
     row[LAST] = v
     # the histograms
     if math.isnan(row[T0]):
         row[T0] = t
     if row[RANGE_N] == 0.0:
-        row[LOW], row[HIGH] = _min(row[LOW], v), _max(row[HIGH], v)
+        row[LOW], row[HIGH] = py_min(row[LOW], v), py_max(row[HIGH], v)
         if n >= p[P_RANGE] and t - row[T0] >= p[P_RANGE_MS]:
             row[RANGE_N] = n
-            _set_histogram_rates(row, p, (t - row[T0]) / 1000.0 / _max(n - 1.0, 1.0))
+            _set_histogram_rates(row, p, (t - row[T0]) / 1000.0 / py_max(n - 1.0, 1.0))
     else:
-        a = _max(1.0 / (n - row[RANGE_N]), row[A_HISTOGRAM])
+        a = py_max(1.0 / (n - row[RANGE_N]), row[A_HISTOGRAM])
         for k in range(BINS):
             s = row[SLOW + k]
             row[SLOW + k] = s + a * ((1.0 if k == b else 0.0) - s)
@@ -538,7 +524,7 @@ def _score_learn_one(
         learned = n if j < _HISTOGRAM_VIEWS else (n - row[RANGE_N] if row[RANGE_N] != 0.0 else 0.0)
         row[VIEW + 3 * j] = shorts[j]
         if learned > 0:
-            a = _max(1.0 / learned, p[P_A_LIKELIHOOD])
+            a = py_max(1.0 / learned, p[P_A_LIKELIHOOD])
             delta = shorts[j] - row[VIEW + 3 * j + 1]
             row[VIEW + 3 * j + 1] += a * delta
             row[VIEW + 3 * j + 2] += a * (delta * delta - row[VIEW + 3 * j + 2])

@@ -36,7 +36,7 @@ semantics (:func:`_min`, :func:`_max`) and the same libm calls, so scores and st
 agree to the bit on the tested data. One trap: CPython computes ``x ** 2`` with libm's
 ``pow``, which is not always correctly rounded (about 1 in 1,200 random ``x`` differs
 from ``x * x`` in the last bit), while numba/LLVM turn any ``x ** 2`` into ``x * x``;
-:func:`_libm_pow` calls libm's ``pow`` itself. A deviation that is ``None`` (a view
+:func:`~models.kernels.primitives.libm_pow` calls libm's ``pow`` itself. A deviation that is ``None`` (a view
 warming up) is carried as NaN: the reference treats a NaN deviation exactly like
 ``None`` (tail 1.0, nothing learned), so the sentinel cannot change a result.
 
@@ -78,16 +78,12 @@ import math
 import sys
 from typing import Any
 
-import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
 from iotwatch.errors import UserError
-from models.base import VALUE_LIMIT
 from models.exceedance import ExceedanceTail
 from models.kernels import benchmark, warm_kernel
+from models.kernels.primitives import check_batch, jit, libm_pow, py_max, py_min, reading_value
 from models.tail_ensemble import TailEnsemble
 
 __all__ = [
@@ -178,7 +174,7 @@ P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = jit
 #: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
 _NO_SURPRISE = np.empty(0)
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
@@ -318,53 +314,17 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemb
 # cost more than the arithmetic). Only the ensemble step touches the row.
 
 
-@intrinsic
-def _libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
-    """libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness).
-
-    Declared ``nobuiltin`` so LLVM cannot rewrite ``pow(x, 2.0)`` into ``x * x``.
-    """
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        fnty = ir.FunctionType(ir.DoubleType(), [ir.DoubleType(), ir.DoubleType()])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "pow")
-        fn.attributes.add("nobuiltin")
-        return builder.call(fn, args)
-
-    return types.float64(types.float64, types.float64), codegen
-
-
-@_jit
-def _max(a: float, b: float) -> float:
-    """Python's ``max(a, b)``: ``a`` unless ``b > a`` (so NaN in ``b`` is ignored)."""
-    return b if b > a else a
-
-
-@_jit
-def _min(a: float, b: float) -> float:
-    """Python's ``min(a, b)``: ``a`` unless ``b < a``."""
-    return b if b < a else a
-
-
-@_jit
-def _value(x: float) -> float:
-    """``UnivariateMixin._value``: NaN (= None) for a non-finite reading, else clipped."""
-    if x - x != 0.0:
-        return math.nan
-    return x if -VALUE_LIMIT <= x <= VALUE_LIMIT else math.copysign(VALUE_LIMIT, x)
-
-
 @_jit
 def _log_tail_score(tail: float) -> float:
     """``models.likelihood.log_tail_score``."""
-    decades = _max(0.0, -math.log10(_min(_max(tail, 1e-300), 1.0)))
+    decades = py_max(0.0, -math.log10(py_min(py_max(tail, 1e-300), 1.0)))
     return decades / (decades + 5.0)
 
 
 @_jit
 def _scale(var: float, level: float) -> float:
     """``RobustZScore._scale`` and ``HoltWintersResidual._scale`` (the same formula)."""
-    return math.sqrt(_max(var, _libm_pow(1e-3 * abs(level) + 1e-9, 2.0)))
+    return math.sqrt(py_max(var, libm_pow(1e-3 * abs(level) + 1e-9, 2.0)))
 
 
 # --- RobustZScore (season_buckets=0): state (n, mu, var), params (warmup, a, clip) ---------------------
@@ -381,8 +341,8 @@ def _zscore_deviation(state: Floats, params: Floats, v: float) -> float:
 @_jit
 def _zscore_update(v: float, mu: float, var: float, a_mu: float, a_var: float, clip: float) -> tuple[float, float]:
     scale = _scale(var, mu)
-    r = _min(_max(v - mu, -clip * scale), clip * scale)
-    r_var = _min(_max(v - mu, -2.0 * clip * scale), 2.0 * clip * scale)
+    r = py_min(py_max(v - mu, -clip * scale), clip * scale)
+    r_var = py_min(py_max(v - mu, -2.0 * clip * scale), 2.0 * clip * scale)
     return mu + a_mu * r, (1.0 - a_var) * var + a_var * r_var * r_var
 
 
@@ -436,8 +396,8 @@ def _hw_learn(state: Floats, params: Floats, v: float) -> Floats:
                 return n, v - season, 0.0, rvar, 0.0
         else:
             beyond = 0.0
-        err = _min(_max(err, -bound), bound)
-        err_var = _min(_max(err_var, -2.0 * bound), 2.0 * bound)
+        err = py_min(py_max(err, -bound), bound)
+        err_var = py_min(py_max(err_var, -2.0 * bound), 2.0 * bound)
         a_var = a_var_slow
     else:
         a_var = 1.0 / n
@@ -468,7 +428,7 @@ def _repeat_tail(state: Floats, params: Floats, v: float) -> float:
     run = _repeat_run_length(state, params, v)
     if run == 0.0 or not _repeat_judged(state, params):
         return 1.0
-    return math.exp(run * math.log(_max(state[1], 1e-6)))
+    return math.exp(run * math.log(py_max(state[1], 1e-6)))
 
 
 @_jit
@@ -478,7 +438,7 @@ def _repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
     _, a_min, prior_readings, _, _ = params
     if not math.isnan(last):
         n += 1.0
-        a = _max(1.0 / (n + prior_readings), a_min)
+        a = py_max(1.0 / (n + prior_readings), a_min)
         rate += a * ((1.0 if run != 0.0 else 0.0) - rate)
         if run == 0.0:
             change = 1.0 if v > last else -1.0
@@ -502,7 +462,7 @@ def tail_tail(state: Floats, params: Floats, d: float) -> float:
     if math.isinf(d):
         return 0.0
     rate, index = state[1], state[3]
-    return _min(1.0, rate * math.exp(-math.log(d / threshold) / _max(index, 1e-6)))
+    return py_min(1.0, rate * math.exp(-math.log(d / threshold) / py_max(index, 1e-6)))
 
 
 @_jit
@@ -512,10 +472,10 @@ def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
     n, rate, peaks, index, gap, cluster_peak = state
     threshold, a_min, _, prior_readings, _, _, run_gap = params
     n += 1.0
-    a = _max(1.0 / (n + prior_readings), a_min)
+    a = py_max(1.0 / (n + prior_readings), a_min)
     if d <= threshold:
         rate -= a * rate
-        gap = _min(gap + 1.0, run_gap)
+        gap = py_min(gap + 1.0, run_gap)
         if cluster_peak != 0.0 and gap >= run_gap:
             peaks, index = _tail_learn_peak(peaks, index, params, cluster_peak)
             cluster_peak = 0.0
@@ -526,7 +486,7 @@ def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
     if run_gap <= 0:
         peaks, index = _tail_learn_peak(peaks, index, params, d)
     else:
-        cluster_peak = _max(cluster_peak, d)
+        cluster_peak = py_max(cluster_peak, d)
     return n, rate, peaks, index, gap, cluster_peak
 
 
@@ -534,8 +494,8 @@ def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
 def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tuple[float, float]:
     threshold, _, b_min, _, prior_peaks, clip, _ = params
     peaks += 1.0
-    b = _max(1.0 / (peaks + prior_peaks), b_min)
-    log_excess = _min(math.log(d / threshold), clip * index)
+    b = py_max(1.0 / (peaks + prior_peaks), b_min)
+    log_excess = py_min(math.log(d / threshold), clip * index)
     return peaks, index + b * (log_excess - index)
 
 
@@ -600,7 +560,7 @@ def _put(row: np.ndarray, first: int, state: Floats) -> None:
 def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     """``TailEnsemble.score_learn_one`` on one stream's row."""
     warmup, level_p, change_p, stuck_p, level_tail_p, change_tail_p = members
-    v = _value(x)
+    v = reading_value(x)
     if math.isnan(v):
         return 0.0
     level_state = (row[LEVEL_N], row[LEVEL_MU], row[LEVEL_VAR])
@@ -618,11 +578,11 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     change = abs(_hw_deviation(change_state, change_p, v))
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
-        tail = _min(
-            _min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
+        tail = py_min(
+            py_min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
             _repeat_tail(stuck_state, stuck_p, v),
         )
-        score = _log_tail_score(_min(1.0, 3.0 * tail))
+        score = _log_tail_score(py_min(1.0, 3.0 * tail))
     _put(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
     _put(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
     _put(row, LEVEL_N, _zscore_learn(level_state, level_p, v))
@@ -630,30 +590,6 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     _put(row, STUCK_N, _repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score
-
-
-@_jit
-def check_batch(
-    states: np.ndarray,
-    stream: np.ndarray,
-    values: np.ndarray,
-    t_ms: np.ndarray,
-    params: np.ndarray,
-    state_size: int,
-    params_size: int,
-) -> int:
-    """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
-    and every stream index is a row of ``states`` (checked before any reading is learned)."""
-    n = values.shape[0]
-    if stream.shape[0] != n or t_ms.shape[0] != n:
-        raise ValueError("stream, values and t_ms must have the same length")
-    if states.shape[1] != state_size or params.shape[0] != params_size:
-        raise ValueError("states must be (n_streams, STATE_SIZE) and params of length PARAMS_SIZE")
-    rows = states.shape[0]
-    for i in range(n):
-        if stream[i] < 0 or stream[i] >= rows:
-            raise IndexError("stream index out of range of states")
-    return n
 
 
 @_jit

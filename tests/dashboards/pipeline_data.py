@@ -126,6 +126,20 @@ def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -
         client.close()
 
 
+def write_replication_lag(settings: Settings, run: str, samples: int = 6) -> None:
+    """Replication lag of two sites a minute apart, as the sites' monitor writes it."""
+    from iotwatch.replication import write_lag
+
+    now = int(time.time() * 1000)
+    client = InfluxV1Client(settings.influx)
+    try:
+        for i in range(samples):
+            lags = {f"site1-{run}": 900 + i, f"site2-{run}": 1100 + 10 * i}
+            write_lag(client, lags, now - (samples - 1 - i) * 60_000)
+    finally:
+        client.close()
+
+
 def write_oncall_activity(settings: Settings, device: str) -> None:
     """On-call acknowledges an alert still open after the run; the lifecycle points are written
     as the forwarder writes them, from the alerts the run raised and cleared; and ``device``
@@ -184,6 +198,7 @@ def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardD
     assert job.query.exception() is None
     instance = f"gw-{run}"
     write_gateway_reports(settings, instance)
+    write_replication_lag(settings, run)
     device = next(d for d, rule in scenario.expected_alerts.items() if rule == "anomaly_score")
     write_oncall_activity(settings, device)
     return DashboardData(settings, f"site-{run}", device, [f"car-{run}", gps], instance)

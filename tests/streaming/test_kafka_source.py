@@ -4,6 +4,7 @@ given as JSON, and the packed, decoded chunks the stateful operator receives."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -63,3 +64,32 @@ def test_stream_read_packs_decoded_readings_per_partition(spark: Any, test_setti
         for device, seq in zip(chunk.device_id, chunk.seq, strict=True):
             seqs.setdefault(device, []).append(seq)
     assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(25)) for device in devices}
+
+
+def test_stream_read_by_pattern_keeps_each_topics_partitions_apart(
+    spark: Any, test_settings: Settings, unique: str
+) -> None:
+    """Sites: the job reads every site's replica by pattern; partition 0 of two sites' topics
+    are two partitions to it (their own state, their own archive files)."""
+    topics = {site: f"{site}{unique}.{test_settings.topics.raw}" for site in ("sa", "sb")}
+    ensure_topics(test_settings.kafka, list(topics.values()))
+    devices = {site: [f"kp-{site}-{unique}-{i}" for i in range(6)] for site in topics}
+    for site, topic in topics.items():
+        _produce(test_settings, topic, devices[site], 10)
+    pattern = rf"s[ab]{unique}\.{re.escape(test_settings.topics.raw)}"
+    frame = read_kafka_stream(
+        spark, test_settings.kafka, [test_settings.topics.raw], packed=True, operator_tasks=2, pattern=pattern
+    )
+    query = frame.writeStream.format("memory").queryName(f"pattern_{unique}").trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    site_of = {device: site for site, names in devices.items() for device in names}
+    partitions: dict[str, set[int]] = {site: set() for site in topics}
+    seqs: dict[str, list[int]] = {}
+    for chunk in spark.sql(f"SELECT * FROM pattern_{unique}").collect():
+        assert chunk.operator_key == operator_key(chunk.partition, 2)
+        assert len({site_of[device] for device in chunk.device_id}) == 1, "a chunk mixes two sites' records"
+        partitions[site_of[chunk.device_id[0]]].add(chunk.partition)
+        for device, seq in zip(chunk.device_id, chunk.seq, strict=True):
+            seqs.setdefault(device, []).append(seq)
+    assert not partitions["sa"] & partitions["sb"]
+    assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(10)) for device in site_of}

@@ -1,0 +1,84 @@
+"""The multi-site topology: per site an MQTT broker and a one-node Kafka cluster, linked to the
+central Kafka cluster by the site's MirrorMaker 2 (:mod:`iotwatch.stack.mirror_maker`).
+
+A site keeps ingesting while its link is down: its gateway writes to its own cluster, and
+MirrorMaker copies the backlog to ``<site>.<raw topic>`` at the centre when the link is back.
+The centre's streaming job subscribes to every site's replica by pattern
+(:func:`raw_pattern`); the on-call tools run against the centre. Services are recorded in the
+stack's state under ``<site>-mqtt``, ``<site>-kafka`` and ``<site>-mirror``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.settings import KafkaSettings, TopicSettings
+from iotwatch.stack.kafka_broker import EDGE_HEAP_OPTIONS, start_kafka_broker
+from iotwatch.stack.mirror_maker import CENTRAL, ClusterLink, start_mirror_maker
+from iotwatch.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.stack.process import stop_process
+from iotwatch.stack.service import RunningService
+
+#: The service kinds each site runs, in start order.
+SITE_KINDS = ("mqtt", "kafka", "mirror")
+
+
+def site_names(count: int) -> list[str]:
+    """``site1`` .. ``site<count>``: the sites' aliases, prefixes of their topics at the centre."""
+    return [f"site{i}" for i in range(1, count + 1)]
+
+
+def site_role(site: str, kind: str) -> str:
+    return f"{site}-{kind}"
+
+
+def split_role(role: str) -> tuple[str | None, str]:
+    """``(site, kind)`` of a service role; a central service has no site."""
+    site, sep, kind = role.rpartition("-")
+    return (site, kind) if sep and kind in SITE_KINDS else (None, role)
+
+
+def raw_pattern(topics: TopicSettings) -> str:
+    """The regular expression of every site's replica of the raw topic at the centre."""
+    return rf"[^.]+\.{re.escape(topics.raw)}"
+
+
+def edge_topics(topics: TopicSettings) -> list[str]:
+    """The topics a site's own cluster carries: what its gateway writes (readings, dead letters)."""
+    return [topics.raw, topics.dlq]
+
+
+def start_site_servers(
+    run_dir: Path, site: str, mqtt_choice: str, kafka: KafkaSettings, topics: TopicSettings, timeout_s: float
+) -> list[RunningService]:
+    """The site's MQTT broker and Kafka node in ``run_dir/<site>``, with its topics."""
+    folder = run_dir / site
+    mqtt = start_mqtt_broker(folder, mqtt_choice, timeout_s)
+    services = [dataclasses.replace(mqtt, role=site_role(site, "mqtt"))]
+    try:
+        node = start_kafka_broker(folder, timeout_s, heap=EDGE_HEAP_OPTIONS)
+    except BaseException:
+        stop_process(mqtt.process)
+        raise
+    services.append(dataclasses.replace(node, role=site_role(site, "kafka")))
+    edge = kafka.model_copy(update={"bootstrap_servers": node.endpoint})
+    ensure_topics(edge, edge_topics(topics))
+    ensure_topics(edge, [topics.device_twin], compacted=True)  # the twin of a device lives at its site
+    return services
+
+
+def start_site_link(
+    run_dir: Path, site: str, edge_endpoint: str, central: KafkaSettings, topics: TopicSettings, timeout_s: float
+) -> RunningService:
+    """The site's MirrorMaker 2 between its cluster and the centre."""
+    return start_mirror_maker(
+        run_dir / site / "mirror",
+        ClusterLink(site, edge_endpoint),
+        ClusterLink(CENTRAL, central.bootstrap_servers),
+        topics,
+        central,
+        timeout_s,
+    )
