@@ -183,30 +183,19 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
 
 def _simulate_command(options: ChaosOptions, out: Path, truth_path: Path) -> list[str]:
     """The simulators: until stopped, ``rate`` messages a second, anomalies, commands obeyed."""
-    return iotwatch_command(
-        "simulate",
-        "--homes",
-        str(options.homes),
-        "--vehicles",
-        str(options.vehicles),
-        "--target-rate",
-        str(options.rate),
-        "--anomaly-rate",
-        str(options.anomaly_rate),
-        "--anomalies-after",
-        "20",
-        "--seed",
-        str(options.schedule.seed),
-        "--ground-truth",
-        str(truth_path),
-        "--obey-commands",
-        "--client-id-prefix",
-        "iotwatch-chaos-sim",
-        "--no-progress",
-        "--json",
-        "--seq-state",
-        str(out / "simulate-seq.json"),
-    )
+    valued = {
+        "--homes": options.homes,
+        "--vehicles": options.vehicles,
+        "--target-rate": options.rate,
+        "--anomaly-rate": options.anomaly_rate,
+        "--anomalies-after": 20,
+        "--seed": options.schedule.seed,
+        "--ground-truth": truth_path,
+        "--client-id-prefix": "iotwatch-chaos-sim",
+        "--seq-state": out / "simulate-seq.json",
+    }
+    flags = ("--obey-commands", "--no-progress", "--json")
+    return iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
 
 
 def _await_first_batch(probe: Probe, simulator: Component, timeout_s: float) -> None:
