@@ -61,6 +61,7 @@ from alerts.webhook import Backoff, PostResult, Webhook, deliver
 from iotwatch.clients.kafka import client_config
 from iotwatch.contract.alerts import AlertRecord, BadAlert, alert_as_dict, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
+from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,10 @@ class Forwarder:
 
     def run(self) -> dict[str, Any]:
         """Forward until ``stop``, ``limit`` or ``timeout_s``; returns the counters."""
-        consumer = group_consumer(
-            self.settings, self.alerts, self.options.group_id, self.options.from_beginning, auto_commit=False
-        )
+        consumer = self._consumer()
+        if consumer is None:  # stopped while Kafka was away
+            self.store.close()
+            return self._result()
         log.info(
             "alerts forward: %s on Kafka %s (group %s) -> webhook %s; Ctrl-C or SIGTERM stops",
             self.settings.topics.alerts,
@@ -197,6 +199,26 @@ class Forwarder:
         finally:
             consumer.close()  # nothing is auto-committed: only what _commit committed counts
             self.store.close()
+        return self._result()
+
+    def _consumer(self, retry_s: float = 2.0) -> Consumer | None:
+        """The group's consumer, waiting for a Kafka that does not answer yet (restarting)
+        until a stop (None) or ``timeout_s`` (then the error)."""
+        started = time.monotonic()
+        while True:
+            try:
+                return group_consumer(
+                    self.settings, self.alerts, self.options.group_id, self.options.from_beginning, auto_commit=False
+                )
+            except ServiceUnavailable as exc:
+                timeout_s = self.options.timeout_s
+                if timeout_s is not None and time.monotonic() - started + retry_s >= timeout_s:
+                    raise
+                log.warning("alerts forward: %s; retrying every %.0f s", exc, retry_s)
+                if self.stop.wait(retry_s):
+                    return None
+
+    def _result(self) -> dict[str, Any]:
         return {
             **{
                 k: self.counts[k]

@@ -1,7 +1,11 @@
-"""Run one ``iotwatch bench`` command and keep its JSON result as a file under ``results/``.
+"""Run one ``iotwatch bench`` command (or an ``iotwatch chaos`` run) and keep its JSON result
+as a file under ``results/``.
 
     python benchmarks/record.py stream [bench options...]
     python benchmarks/record.py gateway --processes 2
+    python benchmarks/record.py chaos --duration 600
+
+A chaos run that fails a proof (exit 1) is kept too: its JSON says which proof failed.
 
 The file (``results/<UTC date>-<bench>-<n>.json``) holds the command, the git commit, a
 description of the machine (cores, memory, CPU model, load average when it started) and the
@@ -21,6 +25,8 @@ from pathlib import Path
 import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: Runs recorded that are commands of their own rather than ``iotwatch bench`` benches.
+COMMANDS = {"chaos": ["iotwatch", "chaos"]}
 
 
 def machine() -> dict[str, object]:
@@ -53,14 +59,16 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     bench, options = argv[0], argv[1:]
-    command = ["iotwatch", "bench", bench, *options, "--json"]
+    command = [*COMMANDS.get(bench, ["iotwatch", "bench", bench]), *options, "--json"]
     started = dt.datetime.now(dt.UTC)
     record = {"bench": bench, "command": " ".join(command), "started": started.isoformat(timespec="seconds")}
     record.update(commit=commit(), machine=machine())
     run = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    if run.returncode != 0:
+    kept_when_failing = bench in COMMANDS and "\n{" in f"\n{run.stdout}"
+    if run.returncode != 0 and not kept_when_failing:
         print(f"record: {' '.join(command)} failed with exit {run.returncode}", file=sys.stderr)
         return run.returncode
+    record["exit_status"] = run.returncode
     record["result"] = json.loads(
         run.stdout[run.stdout.index("\n{") + 1 :] if not run.stdout.startswith("{") else run.stdout
     )
@@ -70,7 +78,7 @@ def main(argv: list[str]) -> int:
     path = RESULTS / f"{day}-{bench}-{n}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(path)
-    return 0
+    return run.returncode
 
 
 if __name__ == "__main__":

@@ -131,10 +131,60 @@ def _stream_rows(results: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
-def _table(bench: str, files: list[Path], rows: list[Row]) -> str:
+def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
+    def recovery(fault: str) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            found = r["recovery"]["recovery_s_by_fault"].get(fault)
+            return "–" if found is None else f"{found['p50']} s" + (f" (n={found['n']})" if found["n"] > 1 else "")
+
+        return cell
+
+    def over_limits(r: dict[str, Any]) -> str:
+        if r["resources"]["ok"]:
+            return "within limits"
+        found = []
+        for name, entry in r["resources"]["processes"].items():
+            for measure, unit, scale in (("rss_bytes", "MB", 1e6), ("fds", "fds", 1), ("threads", "threads", 1)):
+                slope, limit = entry[measure]["slope_per_min"], entry[measure]["limit_per_min"]
+                if slope is not None and slope > limit:
+                    found.append(f"{name} +{slope / scale:,.1f} {unit}")
+        return "over: " + ", ".join(found)
+
+    faults = sorted({fault for r in results for fault in r["recovery"]["recovery_s_by_fault"]})
+    return [
+        (
+            "load",
+            lambda r: (
+                f"{r['options']['rate']:,.0f} msg/s, {r['options']['schedule']['duration_s']:,.0f} s, "
+                f"seed {r['options']['schedule']['seed']}"
+            ),
+        ),
+        ("loss by seq", lambda r: f"{r['loss']['loss']} of {r['loss']['unique_readings_in_kafka']:,}"),
+        (
+            "alert ids live / replay / same",
+            lambda r: f"{r['alerts']['live']} / {r['alerts']['replay']} / {r['alerts']['same']}",
+        ),
+        (
+            "notifications: alert records / posts / missing",
+            lambda r: (
+                f"{r['notifications']['alert_records']:,} / {r['notifications']['posts_received']:,} / "
+                f"{len(r['notifications']['missing'])}"
+            ),
+        ),
+        (
+            "commands: acknowledged / expired / open",
+            lambda r: f"{r['commands']['acknowledged']} / {r['commands']['expired']} / {len(r['commands']['open'])}",
+        ),
+        *((f"recovery: {fault}", recovery(fault)) for fault in faults),
+        ("growth a minute after warm-up", over_limits),
+        ("every proof held", lambda r: "yes" if r["ok"] else "no"),
+    ]
+
+
+def _table(bench: str, files: list[Path], rows: list[Row], title: str | None = None) -> str:
     records = [json.loads(path.read_text()) for path in files]
     header = "| figure | " + " | ".join(f"[{path.stem}]({RESULTS_URL}{path.name})" for path in files) + " |"
-    lines = [f"### `iotwatch bench {bench}`", "", header, "| --- |" + " --- |" * len(files)]
+    lines = [f"### `{title or 'iotwatch bench ' + bench}`", "", header, "| --- |" + " --- |" * len(files)]
     for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(str(cell(rec["result"])) for rec in records) + " |")
     machines = {f"{rec['machine']['cpu_count']} cores, {rec['machine']['cpu_model']}" for rec in records}
@@ -159,6 +209,9 @@ def render() -> str:
     if files := newest("stream"):
         results = [json.loads(path.read_text())["result"] for path in files]
         parts.append(_table("stream", files, _stream_rows(results)))
+    if files := newest("chaos"):
+        results = [json.loads(path.read_text())["result"] for path in files]
+        parts.append(_table("chaos", files, _chaos_rows(results), title="iotwatch chaos"))
     return "\n\n".join(parts)
 
 

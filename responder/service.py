@@ -68,6 +68,7 @@ from iotwatch.contract.oncall import (
     twin_key,
 )
 from iotwatch.contract.telemetry import ContractViolation, DeviceTypeName, Name
+from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import Settings
 from responder.command_policy import OPEN, CommandNow, Next, next_step
 from responder.escalation import RULE as ESCALATION_RULE
@@ -127,7 +128,7 @@ class Responder:
         try:
             for message in follower.catch_up():
                 self.apply(message)
-            self.issuer.connect()
+            self._connect()
             log.info(
                 "respond: following %s on Kafka %s; commands to devices over MQTT %s; policies %s; "
                 "Ctrl-C or SIGTERM stops",
@@ -453,10 +454,32 @@ class Responder:
             CommandOutcome.SENT,
             policy.args,
         )
-        self.issuer.send(alert.site, alert.device_type, command)
+        # Broker away (restarting): no command and no audit; the alert is evaluated again next tick.
+        if not self.issuer.connected():
+            self.counts["commands_deferred_while_disconnected"] += 1
+            log.debug("%s to %s deferred: the MQTT session is reconnecting", policy.command, alert.device_id)
+            return
+        try:
+            self.issuer.send(alert.site, alert.device_type, command)
+        except ServiceUnavailable as exc:
+            self.counts["send_failures"] += 1
+            log.warning("%s to %s not sent: %s", policy.command, alert.device_id, exc)
+            return
         self._publish(audit.with_step(CommandOutcome.SENT, now, reason))
         self.counts["commands_sent"] += 1
         log.info("sent %s to %s (attempt %d) for %s", policy.command, alert.device_id, attempt, reason)
+
+    def _connect(self, retry_s: float = 2.0) -> None:
+        """Connect the MQTT session, waiting for a broker that is not up yet (restarting):
+        a stop ends the wait."""
+        while True:
+            try:
+                self.issuer.connect()
+                return
+            except ServiceUnavailable as exc:
+                log.warning("respond: %s; retrying every %.0f s", exc, retry_s)
+                if self.stop.wait(retry_s):
+                    return
 
     # -- records ---------------------------------------------------------------------------
 

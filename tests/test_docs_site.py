@@ -53,7 +53,7 @@ def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
     for page in ("concepts.md", "contract.md", "detection.md", "runbooks.md", "benchmarks.md"):
         assert page in pages
     assert {"reference/commands.md", "reference/settings.md"} <= set(pages)
-    assert len([p for p in pages if p.startswith("operate/")]) == 8
+    assert len([p for p in pages if p.startswith("operate/")]) == 9
     result = _build(REPO_ROOT, tmp_path / "site")
     assert result.returncode == 0, result.stderr
     commands = (tmp_path / "site" / "reference" / "commands" / "index.html").read_text()

@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, str] = {
     "stream": "streaming.cli:stream",
     "replay": "streaming.replay:replay",
     "demo": "iotwatch.cli.demo:demo",
+    "chaos": "iotwatch.cli.chaos:chaos",
     "bench": "iotwatch.cli.bench:bench",
     "simulate": "devices.cli:simulate",
     "dashboards": "dashboards.cli:dashboards",

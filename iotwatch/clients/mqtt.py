@@ -169,10 +169,16 @@ class PersistentSession:
             self.close()
             raise ServiceUnavailable(f"MQTT broker {self.settings.url}: {self._refused or 'no answer'}")
 
+    def connected(self) -> bool:
+        return bool(self.client.is_connected())
+
     def publish(self, topic: str, payload: bytes, timeout_s: float = 15.0) -> None:
         """Publish at QoS 1 and wait for the broker's PUBACK."""
         info = self.client.publish(topic, payload, qos=1)
-        info.wait_for_publish(timeout_s)
+        try:
+            info.wait_for_publish(timeout_s)
+        except (RuntimeError, ValueError) as exc:  # not connected (the broker restarting), queue full
+            raise ServiceUnavailable(f"MQTT broker {self.settings.url}: {topic} not sent: {exc}") from exc
         if not info.is_published():
             raise ServiceUnavailable(f"MQTT broker {self.settings.url} did not acknowledge a message on {topic}")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
@@ -31,6 +32,8 @@ class RawIndex:
     seqs: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     #: (device, seq) -> when the reading was appended to the raw topic (first copy), ms
     appended: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: (device, seq) -> the reading's own time (``ts``), ms
+    event_ms: dict[tuple[str, int], int] = field(default_factory=dict)
     #: device -> (device_type, site)
     identities: dict[str, tuple[str, str]] = field(default_factory=dict)
     unparseable: int = 0
@@ -50,8 +53,27 @@ def index_raw(records: Iterable[Any]) -> RawIndex:
             continue
         index.seqs[device].add(seq)
         index.appended.setdefault((device, seq), record.timestamp()[1])
+        index.event_ms.setdefault((device, seq), int(body.get("ts") or 0))
         index.identities.setdefault(device, (str(body.get("device_type")), str(body.get("site"))))
     return index
+
+
+def dead_letters(records: Iterable[Any]) -> tuple[dict[str, set[int]], dict[str, int]]:
+    """The dead-letter topic's readings the stream dropped as late (device -> seqs: they are
+    accounted for), and the dead letters by ``stage:reason``."""
+    late: dict[str, set[int]] = defaultdict(set)
+    reasons: dict[str, int] = {}
+    for record in records:
+        try:
+            letter = DeadLetter.of_message(record.value(), record.key(), record.headers())
+        except ValueError as exc:  # counted, not fatal: the report says what the topic holds
+            letter = DeadLetter("unreadable", str(exc), "unknown", record.value() or b"")
+        key = f"{letter.stage}:{letter.reason}"
+        reasons[key] = reasons.get(key, 0) + 1
+        if key == "stream:late":
+            body = json.loads(letter.original)
+            late[body["device_id"]].add(int(body["seq"]))
+    return dict(late), reasons
 
 
 #: Ground-truth kinds whose seqs never reach the raw topic as readings: a dropout skips

@@ -79,6 +79,9 @@ class Probe:
             for edge in edges or []
         ]
         self.edge_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
+        #: (topic, partition) -> last known end, at the centre and per site
+        self._raw_ends: dict[tuple[str, int], int] = {}
+        self._edge_ends: list[dict[tuple[str, int], int]] = [{} for _ in self.edges]
         self.alerts.assign([TopicPartition(settings.topics.alerts, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def close(self) -> None:
@@ -106,11 +109,13 @@ class Probe:
 
     def raw_end(self) -> int:
         """The raw topics' end offsets at the centre, summed (see :func:`_log_end`)."""
-        return _log_end(self.offsets, self.raw_partitions)
+        return _log_end(self.offsets, self.raw_partitions, self._raw_ends)
 
     def edge_end(self) -> int:
         """The sites' raw topics' end offsets, summed."""
-        return sum(_log_end(edge, self.edge_partitions) for edge in self.edges)
+        return sum(
+            _log_end(edge, self.edge_partitions, known) for edge, known in zip(self.edges, self._edge_ends, strict=True)
+        )
 
     def stream_offset(self) -> int:
         """Records the job has finished (all sinks written): the end offsets of the newest
@@ -150,16 +155,15 @@ class Probe:
         return sample
 
 
-def _log_end(consumer: Consumer, partitions: list[TopicPartition]) -> int:
-    """The partitions' end offsets summed (a partition Kafka does not answer for within a
-    second counts 0 this time: the live view refreshes, the final summary reads again)."""
-    total = 0
+def _log_end(consumer: Consumer, partitions: list[TopicPartition], known: dict[tuple[str, int], int]) -> int:
+    """The partitions' end offsets summed; a partition Kafka does not answer for within a
+    second (it is restarting) counts with its last known end in ``known``."""
     for tp in partitions:
         try:
-            total += consumer.get_watermark_offsets(tp, timeout=1.0)[1]
+            known[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=1.0)[1]
         except KafkaException as exc:
             log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
-    return total
+    return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions)
 
 
 def _rate(state: LiveState, pick: Any) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,21 @@ ON_CALL = "demo-oncall"
 
 
 class Receiver:
-    """A webhook receiver on 127.0.0.1 that answers 200 and counts notifications."""
+    """A webhook receiver on 127.0.0.1 that answers 200 and counts notifications, and how
+    often each ``Idempotency-Key`` came (a receiver deduplicates by it)."""
 
     def __init__(self) -> None:
         self.notifications = 0
+        self.keys: Counter[str] = Counter()
         receiver = self
+        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.notifications += 1
+                with lock:
+                    receiver.notifications += 1
+                    receiver.keys[self.headers.get("Idempotency-Key", "")] += 1
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -32,7 +30,6 @@ from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
-from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
@@ -46,7 +43,7 @@ from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.embedded import StackState, remember_last_stack
 from iotwatch.stack.mirror_maker import remote_topic
-from iotwatch.stack.process import free_port
+from iotwatch.stack.process import Component, free_port
 from iotwatch.stack.sites import site_names
 from iotwatch.stats import quantiles
 from models.evaluation.judgement import TRUE
@@ -74,46 +71,28 @@ class DemoOptions:
     sites: int = 0
 
 
-class Child:
-    """A component run as its own process (as in production), output to the run folder."""
-
-    def __init__(self, name: str, command: list[str], env: dict[str, str], folder: Path) -> None:
-        self.name = name
-        self.stdout_path = folder / f"{name}.json"
-        self.log_path = folder / f"{name}.log"
-        self.process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=open(self.stdout_path, "wb"),
-            stderr=open(self.log_path, "wb"),
-            start_new_session=True,
-        )
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout_s: float = 90.0) -> dict[str, Any]:
-        """SIGTERM (the components drain and print their summary), SIGKILL if it hangs."""
-        if self.running():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        return self.result()
-
-    def result(self) -> dict[str, Any]:
-        text = self.stdout_path.read_text().strip()
-        start = text.rfind("\n{")
-        try:
-            return json.loads(text[start + 1 :] if start >= 0 else text) if text else {}
-        except ValueError:
-            return {"unparsed_output": text[-500:]}
+#: Variables of the caller the components keep: where `iotwatch setup` put the Java artifacts.
+KEPT_VARIABLES = ("IOTWATCH_JARS_DIR",)
 
 
-def _iotwatch(*args: str) -> list[str]:
+def iotwatch_command(*args: str) -> list[str]:
+    """An ``iotwatch`` command line run by this Python (the run's components)."""
     return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", *args]
+
+
+def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:
+    """The components' environment: this one without the caller's IOTWATCH_* settings (but
+    where the Java artifacts are), the stack's endpoints, and the job's checkpoint, archive
+    and registry in the run folder ``out`` (``checkpoint``, ``archive``, ``registry``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_") or k in KEPT_VARIABLES}
+    env.update(state.env())
+    env.update(
+        IOTWATCH_STREAM_CHECKPOINT_DIR=str(out / "checkpoint"),
+        IOTWATCH_STREAM_ARCHIVE_DIR=str(out / "archive"),
+        IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(silence_timeout_s),
+        IOTWATCH_REGISTRY_PATH=str(out / "registry"),
+    )
+    return env
 
 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
@@ -122,7 +101,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     sites = site_names(options.sites)
     stack_settings = settings.stack.model_copy(update={"sites": options.sites})
     stack = EmbeddedStack(settings.model_copy(update={"stack": stack_settings}), out / "stack")
-    children: list[Child] = []
+    children: list[Component] = []
     summary: dict[str, Any] | None = None
     receiver = Receiver()
     lag: ReplicationLag | None = None
@@ -136,47 +115,42 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             )
         checkpoint, archive, truth_path = out / "checkpoint", out / "archive", out / "ground_truth.jsonl"
         gateway_port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
-        env.update(state.env())
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
-        env.update(
-            IOTWATCH_STREAM_CHECKPOINT_DIR=str(checkpoint),
-            IOTWATCH_STREAM_ARCHIVE_DIR=str(archive),
-            IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(max(5.0, 30.0 / options.speedup)),
-            IOTWATCH_REGISTRY_PATH=str(out / "registry"),
-        )
+        env = component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
         where = f"{len(sites)} sites" if sites else "the stack"
         console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
-        children.append(Child("stream", _iotwatch("stream", "--json"), env, out))
+        children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
         gateway_ports = {site: (gateway_port if site is None else free_port()) for site in (sites or [None])}
         for site, port in gateway_ports.items():
             children.append(
-                Child(
+                Component(
                     _named("gateway", site),
-                    _iotwatch("gateway", "--client-id", gateway_id(site), "--metrics-port", str(port), "--json"),
+                    iotwatch_command("gateway", "--client-id", gateway_id(site), "--metrics-port", str(port), "--json"),
                     {**env, **state.site_env(site)} if site else env,
                     out,
                 )
             )
         for port in gateway_ports.values():
             wait_healthy(port, timeout_s=60)
-        _wait_for_stream(children[0], checkpoint)
+        wait_for_stream(children[0], checkpoint)
         if not sites:
             # the closed loop: the responder commands devices over the one MQTT broker (with
             # sites, devices are reached at their site: not part of this demo)
-            children.append(Child("respond", _iotwatch("respond", "--json"), env, out))
+            children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
-            Child(
+            Component(
                 "forward",
-                _iotwatch("alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"),
+                iotwatch_command(
+                    "alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"
+                ),
                 {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
                 out,
             )
         )
         on_call = OnCallPerson(settings)
         simulators = [
-            Child(
+            Component(
                 _named("simulate", site),
                 _simulate_command(options, out, site, _site_truth(out, site) if site else truth_path),
                 {**env, **state.site_env(site)} if site else env,
@@ -272,7 +246,7 @@ def gateway_id(site: str | None) -> str:
 def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
     """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
     prefix = f"{site}-" if site else ""
-    return _iotwatch(
+    return iotwatch_command(
         "simulate",
         "--homes",
         str(options.homes),
@@ -348,8 +322,8 @@ def sites_summary(
     and the alerts raised for its devices."""
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     archived = accounting.archived_seqs(archive)
-    late = _late_seqs(settings)
-    alerts, _ = _decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
+    late, _ = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
+    alerts, _ = decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
     result = {}
     for site in sites:
         site_records = read_to_end(edge_kafka(settings, state, site), settings.topics.raw)
@@ -380,21 +354,7 @@ def sites_summary(
     return result
 
 
-def _late_seqs(settings: Settings) -> dict[str, set[int]]:
-    """Device -> seqs the streaming job dead-lettered as late."""
-    late: dict[str, set[int]] = {}
-    for record in read_to_end(settings.kafka, settings.topics.dlq):
-        try:
-            letter = DeadLetter.of_message(record.value(), record.key(), record.headers())
-        except ValueError:
-            continue
-        if f"{letter.stage}:{letter.reason}" == "stream:late":
-            body = json.loads(letter.original)
-            late.setdefault(body["device_id"], set()).add(int(body["seq"]))
-    return late
-
-
-def _wait_for_stream(stream: Child, checkpoint: Path, timeout_s: float = 180.0) -> None:
+def wait_for_stream(stream: Component, checkpoint: Path, timeout_s: float = 180.0) -> None:
     """Until the streaming query has started (its checkpoint metadata is written), so the
     devices do not publish into a backlog while Spark starts: alerts then come about as
     late as the trigger makes them, not after the start-up's backlog."""
@@ -475,7 +435,7 @@ def _drain(
     view: Live,
     started: float,
     options: DemoOptions,
-    children: list[Child],
+    children: list[Component],
     each_second: Callable[[], None],
     timeout_s: float = 300.0,
 ) -> bool:
@@ -518,27 +478,18 @@ def _summarise(
     truth_path: Path,
 ) -> dict[str, Any]:
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
-    late: dict[str, set[int]] = {}
-    dead_reasons: dict[str, int] = {}
     dead_letter_topics = [settings.topics.dlq] + [
         remote_topic(site, settings.topics.dlq) for site in site_names(options.sites)
     ]
-    for record in (r for topic in dead_letter_topics for r in read_to_end(settings.kafka, topic)):
-        try:
-            letter = DeadLetter.of_message(record.value(), record.key(), record.headers())
-        except ValueError as exc:  # counted, not fatal: the report says what the topic holds
-            letter = DeadLetter("unreadable", str(exc), "unknown", record.value() or b"")
-        key = f"{letter.stage}:{letter.reason}"
-        dead_reasons[key] = dead_reasons.get(key, 0) + 1
-        if key == "stream:late":
-            body = json.loads(letter.original)
-            late.setdefault(body["device_id"], set()).add(int(body["seq"]))
+    late, dead_reasons = accounting.dead_letters(
+        record for topic in dead_letter_topics for record in read_to_end(settings.kafka, topic)
+    )
     raw = accounting.index_raw(
         record for topic in _raw_topics(settings, options) for record in read_to_end(settings.kafka, topic)
     )
     appended = raw.appended
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
-    alerts, alert_records = _decoded_alerts(alert_records)
+    alerts, alert_records = decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
@@ -606,7 +557,7 @@ def _raw_topics(settings: Settings, options: DemoOptions) -> list[str]:
     return [remote_topic(site, settings.topics.raw) for site in sites] or [settings.topics.raw]
 
 
-def _decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
+def decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
     """The alert topic's alerts, and their Kafka records; a record that is not an alert is
     logged and left out (the forwarder dead-letters it)."""
     alerts, kept = [], []

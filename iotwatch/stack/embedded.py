@@ -23,7 +23,7 @@ from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
 from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings, TopicSettings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
-from iotwatch.stack.kafka_broker import start_kafka_broker
+from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
 from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.stack.process import stop_process
@@ -251,6 +251,22 @@ class EmbeddedStack:
             state.services[service.role] = service
             state.save()  # a crash from here on still leaves a record for `stack down`
             return
+
+    def restart_service(self, state: StackState, role: str) -> RunningService:
+        """Start a stopped server of ``state`` again where its clients expect it (its port,
+        its data folder) and record the new process in the state file."""
+        old = state.services[role]
+        timeout = self.settings.stack.startup_timeout_s
+        port = int(old.endpoint.rsplit(":", 1)[1])
+        if role == "mqtt":
+            new = start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout, port=port)
+        elif role == "kafka":
+            new = restart_kafka_node(old, timeout)
+        else:
+            new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
+        state.services[role] = new
+        state.save()
+        return new
 
     # -- down / status -----------------------------------------------------------------
 

@@ -18,8 +18,9 @@ def influxd_binary() -> str | None:
     return shutil.which("influxd") or (str(Path("/usr/bin/influxd")) if Path("/usr/bin/influxd").exists() else None)
 
 
-def start_influxdb(run_dir: Path, database: str, timeout_s: float) -> RunningService:
-    """Start influxd on free ports (HTTP and its RPC bind), wait for /ping, create the database."""
+def start_influxdb(run_dir: Path, database: str, timeout_s: float, port: int | None = None) -> RunningService:
+    """Start influxd on free ports (HTTP and its RPC bind; ``port``: a fixed HTTP port, to
+    start it again where its clients expect it), wait for /ping, create the database."""
     binary = influxd_binary()
     if not binary:
         raise StackError(
@@ -29,7 +30,7 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float) -> RunningSer
     base = run_dir / "influxdb"
     for sub in ("meta", "data", "wal"):
         (base / sub).mkdir(parents=True, exist_ok=True)
-    http_port, rpc_port = free_port(HOST), free_port(HOST)
+    http_port, rpc_port = port or free_port(HOST), free_port(HOST)
     conf = base / "influxdb.conf"
     conf.write_text(
         "reporting-disabled = true\n"

@@ -1,13 +1,18 @@
-"""Starting, identifying and stopping the stack's server processes.
+"""Starting, identifying, signalling and stopping the processes iotwatch runs.
 
 Servers run detached (own session, output to a log file) so ``iotwatch stack up`` can
 return while they keep running; ``stack down`` finds them again from the state file.
 A pid alone is not an identity (pids are reused), so each record keeps the process's
 creation time too and nothing is signalled unless both match.
+
+Pipeline components (gateway, streaming job, responder, forwarder, simulators) that a run
+starts and owns are :class:`Component`: its stdout (the ``--json`` summary) and stderr go to
+the run folder, and it can be stopped, killed, paused and started again as it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -155,3 +160,88 @@ def log_tail(record: ProcessRecord, lines: int = 5) -> str:
     except OSError:
         return f"no log at {record.log_file}"
     return f"last log lines of {record.log_file}: " + " | ".join(text)
+
+
+class Component:
+    """A pipeline component run as its own process group (as in production), stdout and
+    stderr appended to ``<folder>/<name>.json`` and ``<name>.log`` over every start."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], folder: Path) -> None:
+        self.name = name
+        self.command = command
+        self.env = env
+        self.stdout_path = folder / f"{name}.json"
+        self.log_path = folder / f"{name}.log"
+        self.starts = 0
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        with open(self.stdout_path, "ab") as stdout, open(self.log_path, "ab") as stderr:
+            return subprocess.Popen(self.command, env=self.env, stdout=stdout, stderr=stderr, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def restart(self) -> None:
+        """Start the same command again (after it ended or was killed)."""
+        if self.running():
+            raise StackError(f"{self.name} is still running (pid {self.pid})")
+        self.process = self._spawn()
+
+    def signal_group(self, sig: signal.Signals, wait_s: float | None = None) -> int | None:
+        """Send ``sig`` to the whole process group (a terminal's Ctrl-C does, a JVM child
+        included); with ``wait_s`` wait that long for the exit and return its status."""
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        if wait_s is None:
+            return None
+        try:
+            return self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """kill -9 of the process and every descendant, reaped. The whole tree: PySpark
+        starts the job's JVM and Python workers in process groups of their own."""
+        tree = self.tree()
+        for member in tree:
+            _signal(member, signal.SIGKILL)
+        psutil.wait_procs(tree[1:], timeout=30)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        """SIGTERM (the components drain and print their summary), SIGKILL if it hangs."""
+        if self.running():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.result()
+
+    def result(self) -> dict[str, Any]:
+        """The newest JSON summary on stdout ({} when no start ended cleanly)."""
+        text = self.stdout_path.read_text().strip() if self.stdout_path.exists() else ""
+        start = text.rfind("\n{")
+        try:
+            return json.loads(text[start + 1 :] if start >= 0 else text) if text else {}
+        except ValueError:
+            return {"unparsed_output": text[-500:]}
+
+    def tree(self) -> list[psutil.Process]:
+        """The process and its descendants (the streaming job's JVM, the simulators' workers)."""
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []

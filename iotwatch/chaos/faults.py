@@ -1,0 +1,256 @@
+"""Injecting the schedule's faults into the running system and timing each recovery.
+
+The targets are the run's component processes (:class:`~iotwatch.stack.process.Component`)
+and the embedded stack's servers. A killed target is started again after its hold, as a
+supervisor (systemd, Kubernetes) would; a paused one is continued. A fault has *recovered*
+when its target is back and data flows end to end again: the gateway reports healthy, the
+raw topic has grown since the target came back, and the streaming job has committed every
+record that was in the raw topic then (for the forwarder also: its consumer group has
+committed every alert that was in the alert topic then). The next fault waits for that,
+so each recovery time is the fault's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import requests
+from confluent_kafka import Consumer, TopicPartition
+
+from iotwatch.chaos.schedule import SERVICES, Action, PlannedFault
+from iotwatch.clients.kafka import client_config
+from iotwatch.demo.live import Probe
+from iotwatch.settings import Settings
+from iotwatch.stack.embedded import EmbeddedStack, StackState
+from iotwatch.stack.process import Component
+
+log = logging.getLogger(__name__)
+
+#: How long a Ctrl-C'd component may take to stop (the job finishes or abandons its micro-batch).
+INTERRUPT_WAIT_S = 60.0
+
+
+@dataclass
+class FaultRecord:
+    """What happened to one planned fault, in seconds since the load started."""
+
+    planned: PlannedFault
+    injected_s: float | None = None
+    restored_s: float | None = None  # the target running (or continued) again
+    recovered_s: float | None = None
+    exit_status: int | None = None  # a Ctrl-C'd component's exit status (0: a clean stop)
+    lag_at_recovery: int | None = None  # records appended to the raw topic and not yet committed by the job
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        def since_injected(t: float | None) -> float | None:
+            return None if t is None or self.injected_s is None else round(t - self.injected_s, 1)
+
+        return {
+            **self.planned.to_dict(),
+            "injected_at_s": None if self.injected_s is None else round(self.injected_s, 1),
+            "down_s": since_injected(self.restored_s),
+            "recovery_s": since_injected(self.recovered_s),
+            "recovered": self.recovered_s is not None,
+            "lag_at_recovery": self.lag_at_recovery,
+            **({"exit_status": self.exit_status} if self.exit_status is not None else {}),
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+class Targets:
+    """The run's components and the stack's servers, by name, and what faults do to them."""
+
+    def __init__(self, stack: EmbeddedStack, state: StackState, components: dict[str, Component]) -> None:
+        self.stack, self.state, self.components = stack, state, components
+        self.lock = threading.Lock()  # a restart and the supervisor's check never overlap
+
+    def names(self) -> list[str]:
+        return [*self.components, *self.state.services]
+
+    def _server(self, name: str) -> psutil.Process | None:
+        return self.state.services[name].process.process()
+
+    def running(self, name: str) -> bool:
+        if name in self.components:
+            return self.components[name].running()
+        return self._server(name) is not None
+
+    def kill(self, name: str) -> None:
+        if name in self.components:
+            self.components[name].kill()
+            return
+        proc = self._server(name)
+        if proc is not None:
+            proc.kill()
+            psutil.wait_procs([proc], timeout=30)
+
+    def interrupt(self, name: str) -> int | None:
+        """Ctrl-C to the component's process group; its exit status (None: it did not stop,
+        and was killed)."""
+        component = self.components[name]
+        status = component.signal_group(signal.SIGINT, wait_s=INTERRUPT_WAIT_S)
+        if status is None:
+            component.kill()
+        return status
+
+    def start_again(self, name: str) -> None:
+        with self.lock:
+            if name in self.components:
+                self.components[name].restart()
+            else:
+                self.stack.restart_service(self.state, name)
+
+    def pause(self, name: str) -> None:
+        self._group(name).suspend()
+
+    def resume(self, name: str) -> None:
+        self._group(name).resume()
+
+    def _group(self, name: str) -> psutil.Process:
+        proc = psutil.Process(self.components[name].pid) if name in self.components else self._server(name)
+        if proc is None:
+            raise RuntimeError(f"{name} is not running")
+        return proc
+
+    def trees(self) -> dict[str, tuple[int, list[psutil.Process]]]:
+        """Name -> (pid, process and children) of every target running now."""
+        found: dict[str, tuple[int, list[psutil.Process]]] = {}
+        for name, component in self.components.items():
+            tree = component.tree()
+            if tree:
+                found[name] = (component.pid, tree)
+        for name in SERVICES:
+            proc = self._server(name) if name in self.state.services else None
+            if proc is not None:
+                try:
+                    found[name] = (proc.pid, [proc, *proc.children(recursive=True)])
+                except psutil.Error:
+                    continue
+        return found
+
+
+class Recovery:
+    """Whether data flows end to end again (see the module's docstring)."""
+
+    def __init__(self, settings: Settings, gateway_port: int, probe: Probe) -> None:
+        self.settings = settings
+        self.health_url = f"http://127.0.0.1:{gateway_port}/health"
+        self.probe = probe
+        self.lag = 0  # raw topic records the job had not committed at the last check
+        self.groups = Consumer(
+            {**client_config(settings.kafka), "group.id": settings.alerts.forward_group_id, "enable.auto.commit": False}
+        )
+        partitions = settings.kafka.partitions
+        self.alert_partitions = [TopicPartition(settings.topics.alerts, p) for p in range(partitions)]
+
+    def close(self) -> None:
+        self.groups.close()
+        self.probe.close()
+
+    def mark(self) -> tuple[int, int]:
+        """The raw and alert topics' ends now."""
+        return self.probe.raw_end(), self._alert_end()
+
+    def done(self, target: str, mark: tuple[int, int]) -> bool:
+        raw_then, alerts_then = mark
+        try:
+            healthy = requests.get(self.health_url, timeout=1).status_code == 200
+        except requests.RequestException:
+            healthy = False
+        raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
+        self.lag = max(0, raw_now - processed)
+        if not healthy or raw_now <= raw_then or processed < raw_then:
+            return False
+        return target != "forward" or self._forwarded() >= alerts_then
+
+    def _alert_end(self) -> int:
+        total = 0
+        for tp in self.alert_partitions:
+            try:
+                total += self.groups.get_watermark_offsets(tp, timeout=2.0)[1]
+            except Exception:
+                return 0
+        return total
+
+    def _forwarded(self) -> int:
+        try:
+            committed = self.groups.committed(self.alert_partitions, timeout=5.0)
+        except Exception:
+            return -1
+        return sum(max(tp.offset, 0) for tp in committed)
+
+
+@dataclass
+class FaultRunner:
+    """Runs the planned faults in order, each after the previous one recovered (a thread)."""
+
+    faults: list[PlannedFault]
+    targets: Targets
+    recovery: Recovery
+    started: float  # time.time() when the load started
+    timeout_s: float = 300.0
+    records: list[FaultRecord] = field(default_factory=list)
+    busy: str | None = None  # the target a fault is acting on (the supervisor leaves it alone)
+    stop: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="chaos-faults", daemon=True).start()
+
+    def now(self) -> float:
+        return time.time() - self.started
+
+    def _run(self) -> None:
+        try:
+            for planned in self.faults:
+                if self.stop.wait(max(0.0, planned.at_s - self.now())):
+                    break
+                record = FaultRecord(planned)
+                self.records.append(record)
+                try:
+                    self._inject(record)
+                except Exception as exc:  # recorded: the run fails on it, the next fault goes on
+                    log.warning("fault %s: %s", planned.kind.name, exc)
+                    record.error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    self.busy = None
+        finally:
+            self.finished.set()
+
+    def _inject(self, record: FaultRecord) -> None:
+        kind, target = record.planned.kind, record.planned.kind.target
+        self.busy = target
+        log.debug("fault: %s (hold %.1f s)", kind.name, record.planned.hold_s)
+        record.injected_s = self.now()
+        if kind.action is Action.PAUSE:
+            self.targets.pause(target)
+            self.stop.wait(record.planned.hold_s)
+            self.targets.resume(target)
+        else:
+            if kind.action is Action.INTERRUPT:
+                record.exit_status = self.targets.interrupt(target)
+            else:
+                self.targets.kill(target)
+            self.stop.wait(record.planned.hold_s)
+            self.targets.start_again(target)
+        record.restored_s = self.now()
+        self.busy = None
+        mark = self.recovery.mark()
+        self._await(record, lambda: self.recovery.done(target, mark))
+
+    def _await(self, record: FaultRecord, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            if check():
+                record.recovered_s = self.now()
+                record.lag_at_recovery = self.recovery.lag
+                return
+            time.sleep(0.5)

@@ -1,0 +1,96 @@
+"""What a chaos run proves from the data it left, each as a small verdict with its figures.
+
+- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.demo.accounting`);
+- alerts: the live alert ids equal those of a fault-free Kappa replay of the same raw topic
+  (the responder's escalations are not the job's and are left out);
+- notifications: each alert record (raised, cleared) reached the receiver at least once;
+  repeats carry the same Idempotency-Key, so the receiver keeps one per key;
+- commands: every command's audit ends acknowledged by the device or expired;
+- recovery: every fault recovered, and each component was started again at least once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from iotwatch.contract.alerts import AlertRecord
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome
+from iotwatch.stats import quantiles
+
+#: The rule of the responder's escalations: raised by the responder, not by the job.
+RESPONDER_RULE = "command_escalation"
+
+ACKNOWLEDGED = (CommandOutcome.DONE, CommandOutcome.REJECTED, CommandOutcome.FAILED)
+EXPIRED = (CommandOutcome.TIMED_OUT, CommandOutcome.ESCALATED)
+
+
+def alerts_match(live: dict[str, AlertRecord], replay: dict[str, AlertRecord]) -> dict[str, Any]:
+    """Raised alert ids of the live job against the replay's (alert id -> raised record)."""
+    job = {alert_id: a for alert_id, a in live.items() if a.rule != RESPONDER_RULE}
+    only_live, only_replay = sorted(set(job) - set(replay)), sorted(set(replay) - set(job))
+    return {
+        "ok": not only_live and not only_replay and bool(job),
+        "live": len(job),
+        "replay": len(replay),
+        "same": len(set(job) & set(replay)),
+        "responder_escalations_left_out": len(live) - len(job),
+        "only_live": {i: job[i].rule for i in only_live[:20]},
+        "only_replay": {i: replay[i].rule for i in only_replay[:20]},
+    }
+
+
+def notifications(alerts: Iterable[AlertRecord], received: Counter[str]) -> dict[str, Any]:
+    """Each alert record's ``<alert_id>:<state>`` against the keys the receiver got."""
+    expected = {f"{a.alert_id}:{a.state}" for a in alerts}
+    missing = sorted(expected - set(received))
+    repeats = {key: n for key, n in received.items() if n > 1}
+    return {
+        "ok": not missing,
+        "alert_records": len(expected),
+        "posts_received": sum(received.values()),
+        "unique_after_dedup": len(received),
+        "duplicates_removed_by_key": sum(n - 1 for n in repeats.values()),
+        "keys_repeated": len(repeats),
+        "missing": missing[:20],
+        "unexpected": sorted(set(received) - expected)[:20],
+    }
+
+
+def commands(audits: Iterable[CommandAudit]) -> dict[str, Any]:
+    """The latest audit record per command: acknowledged (a final reply), expired, or open."""
+    audits = list(audits)
+    latest = {audit.command_id: audit for audit in audits}
+    outcome = Counter(a.status.value for a in latest.values())
+    still_open = sorted(i for i, a in latest.items() if a.status not in (*ACKNOWLEDGED, *EXPIRED))
+    return {
+        "ok": not still_open,
+        "commands": len(latest),
+        "acknowledged": sum(1 for a in latest.values() if a.status in ACKNOWLEDGED),
+        "expired": sum(1 for a in latest.values() if a.status in EXPIRED),
+        "audit_records": len(audits),
+        "by_status": dict(sorted(outcome.items())),
+        "open": still_open[:20],
+    }
+
+
+def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[str, Any]:
+    """Every fault recovered; recovery seconds per fault kind; each target started again
+    (``restarted``: target -> starts after the first)."""
+    by_kind: dict[str, list[float]] = {}
+    for fault in faults:
+        if fault["recovery_s"] is not None:
+            by_kind.setdefault(fault["fault"], []).append(fault["recovery_s"])
+    failed = [f["fault"] for f in faults if not f["recovered"] or f.get("error")]
+    never = sorted(target for target, n in restarted.items() if n < 1)
+    return {
+        "ok": bool(faults) and not failed and not never,
+        "faults": len(faults),
+        "not_recovered": failed,
+        "recovery_s_by_fault": {
+            kind: {**quantiles(values, (0.5, 1.0), digits=1), "n": len(values)} for kind, values in by_kind.items()
+        },
+        "restarted": restarted,
+        "never_restarted": never,
+    }

@@ -1,0 +1,141 @@
+"""The chaos run's report folder: summary JSON and plots over time with the faults marked
+(each fault shaded from injection until its target was back, a dotted line at recovery)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from iotwatch.chaos.faults import FaultRecord
+from iotwatch.chaos.resources import Sampler
+from iotwatch.demo.accounting import RawIndex
+from iotwatch.demo.live import LiveState
+from iotwatch.demo.report import write_summary
+
+
+def write(
+    folder: Path,
+    summary: dict[str, Any],
+    live: LiveState,
+    sampler: Sampler,
+    faults: list[FaultRecord],
+    started: float,
+    raw: RawIndex,
+) -> dict[str, Any]:
+    """Plots and ``summary.json`` in ``folder``; returns where they are (for the summary)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plots = [
+        plot_pipeline(folder / "pipeline.png", live, faults, started, summary["loss"]["loss"]),
+        plot_latency(folder / "latency.png", raw, faults, started),
+        plot_resources(folder / "resources.png", sampler, faults),
+    ]
+    where = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
+    write_summary(folder, {**summary, "report": where})
+    return where
+
+
+def mark_faults(ax: Any, faults: list[FaultRecord], label: bool = False) -> None:
+    for record in faults:
+        if record.injected_s is None:
+            continue
+        end = record.restored_s if record.restored_s is not None else record.injected_s + 1
+        ax.axvspan(record.injected_s, end, color="red", alpha=0.12)
+        if record.recovered_s is not None:
+            ax.axvline(record.recovered_s, color="green", ls=":", lw=0.8)
+        if label:
+            ax.annotate(
+                record.planned.kind.name,
+                (record.injected_s, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                fontsize=7,
+                va="top",
+                ha="right",
+            )
+
+
+def plot_pipeline(path: Path, live: LiveState, faults: list[FaultRecord], started: float, loss: int) -> Path | None:
+    """Lag (raw topic end minus what the job committed), stage rates and the gateway's in-flight."""
+    samples = live.samples
+    if len(samples) < 3:
+        return None
+    t = np.array([s.t - started for s in samples])
+    raw = np.array([s.raw_end for s in samples], dtype=float)
+    done = np.array([s.stream_offset for s in samples], dtype=float)
+    inflight = [s.gateway.get("inflight", np.nan) for s in samples]
+    fig, (lag_ax, rate_ax, gw_ax) = plt.subplots(3, 1, figsize=(12, 8), sharex=True)
+    lag_ax.plot(t, np.maximum(raw - done, 0), lw=1)
+    lag_ax.set_ylabel("lag (records)")
+    lag_ax.set_title(f"Pipeline under faults (shaded: target down or paused; dotted: recovered); loss {loss}")
+    for label, values in (("raw topic appended", raw), ("job committed", done)):
+        rates = np.diff(values, prepend=values[0]) / np.maximum(np.diff(t, prepend=t[0] - 1), 1e-6)
+        rate_ax.plot(t, pd.Series(np.maximum(rates, 0)).rolling(5, min_periods=1).mean(), lw=1, label=label)
+    rate_ax.set_ylabel("records / s")
+    rate_ax.legend(loc="upper left")
+    gw_ax.plot(t, inflight, lw=1)
+    gw_ax.set_ylabel("gateway in flight")
+    gw_ax.set_xlabel("seconds since the load started")
+    for ax in (lag_ax, rate_ax, gw_ax):
+        mark_faults(ax, faults, label=ax is lag_ax)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: float) -> Path | None:
+    """Device to raw topic latency (the reading's time to its append), p50 and p99 per 5 s."""
+    if not raw.appended:
+        return None
+    appended = np.fromiter(raw.appended.values(), dtype=np.int64, count=len(raw.appended))
+    event = np.fromiter((raw.event_ms[k] for k in raw.appended), dtype=np.int64, count=len(raw.appended))
+    frame = pd.DataFrame({"bin": (appended / 1000.0 - started) // 5 * 5, "latency_s": (appended - event) / 1000.0})
+    stats = frame.groupby("bin")["latency_s"].quantile([0.5, 0.99]).unstack()
+    fig, ax = plt.subplots(figsize=(12, 4))
+    ax.plot(stats.index, stats[0.5], lw=1, label="p50")
+    ax.plot(stats.index, stats[0.99], lw=1, label="p99")
+    ax.set_yscale("symlog", linthresh=0.1)
+    ax.set_ylabel("device -> raw topic (s)")
+    ax.set_xlabel("seconds since the load started (by append time)")
+    ax.set_title("Reading latency to Kafka under faults")
+    mark_faults(ax, faults, label=True)
+    ax.legend(loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_resources(path: Path, sampler: Sampler, faults: list[FaultRecord]) -> Path | None:
+    """RSS, open file descriptors and threads of every process tree over the run."""
+    if not sampler.samples:
+        return None
+    frame = pd.DataFrame([s.__dict__ for s in sampler.samples])
+    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
+    for ax, column, scale, unit in (
+        (axes[0], "rss_bytes", 2**20, "RSS (MiB)"),
+        (axes[1], "fds", 1, "open fds"),
+        (axes[2], "threads", 1, "threads"),
+    ):
+        for name, rows in frame.groupby("process"):
+            ax.plot(rows["t"], rows[column] / scale, lw=1, label=str(name))
+        ax.set_ylabel(unit)
+        mark_faults(ax, faults)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].legend(loc="upper left", fontsize=7, ncol=4)
+    axes[0].set_title("Resources per process (children included) with the faults shaded")
+    axes[2].set_xlabel("seconds since the load started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,139 @@
+"""Resources over a run: RSS, open file descriptors and threads of every process, sampled
+as the run goes, and their growth per minute after warm-up.
+
+A process restarted by a fault starts small again, so growth is fitted within each
+incarnation (one least-squares slope shared by all incarnations, each with its own
+intercept), over samples taken ``warm_up_s`` or more after the incarnation started; an
+incarnation contributes only when it lasted ``min_span_s`` past its warm-up. A process
+whose slope is above the limit grows without bound at the rate the run can see.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+#: What is sampled per process tree.
+MEASURES = ("rss_bytes", "fds", "threads")
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # seconds since the run started
+    process: str
+    pid: int  # the incarnation
+    rss_bytes: int
+    fds: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest growth per minute tolerated after warm-up."""
+
+    rss_bytes: float = 1_000_000.0
+    fds: float = 1.0
+    threads: float = 1.0
+
+
+def measure(tree: list[psutil.Process]) -> tuple[int, int, int] | None:
+    """RSS, fds and threads summed over a process and its children (the job's JVM, a
+    server's workers); None when the process is gone."""
+    rss = fds = threads = 0
+    for proc in tree:
+        try:
+            with proc.oneshot():
+                rss += proc.memory_info().rss
+                fds += proc.num_fds()
+                threads += proc.num_threads()
+        except psutil.Error:
+            if proc is tree[0]:
+                return None
+    return (rss, fds, threads) if tree else None
+
+
+class Sampler:
+    """Samples named process trees; ``trees`` returns name -> (pid, tree) of what runs now."""
+
+    def __init__(self, trees: Callable[[], dict[str, tuple[int, list[psutil.Process]]]], started: float) -> None:
+        self.trees = trees
+        self.started = started
+        self.samples: list[Sample] = []
+        self.state_store: list[tuple[float, int]] = []
+
+    def sample(self, state_dir: Path | None = None) -> None:
+        now = time.time() - self.started
+        for name, (pid, tree) in self.trees().items():
+            found = measure(tree)
+            if found is not None:
+                self.samples.append(Sample(now, name, pid, *found))
+        if state_dir is not None:
+            self.state_store.append((now, directory_bytes(state_dir)))
+
+
+def directory_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (0 when it does not exist yet)."""
+    total = 0
+    for path in folder.rglob("*") if folder.exists() else ():
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:
+            continue  # removed by Spark's maintenance meanwhile
+    return total
+
+
+def slope_per_minute(
+    points: Iterable[tuple[float, int, float]], warm_up_s: float, min_span_s: float
+) -> tuple[float | None, float]:
+    """Growth per minute of ``(t_s, incarnation, value)`` points, pooled over incarnations
+    (each with its own level), from ``warm_up_s`` after each incarnation's first point; and
+    the seconds of samples the fit used. None when no incarnation spans ``min_span_s``."""
+    by_incarnation: dict[int, list[tuple[float, float]]] = {}
+    for t, incarnation, value in points:
+        by_incarnation.setdefault(incarnation, []).append((t, value))
+    numerator = denominator = span = 0.0
+    for series in by_incarnation.values():
+        series.sort()
+        start = series[0][0] + warm_up_s
+        kept = np.array([(t, v) for t, v in series if t >= start], dtype=float)
+        if len(kept) < 3 or kept[-1, 0] - kept[0, 0] < min_span_s:
+            continue
+        t, v = kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()
+        numerator += float(t @ v)
+        denominator += float(t @ t)
+        span += float(kept[-1, 0] - kept[0, 0])
+    if denominator == 0.0:
+        return None, 0.0
+    return numerator / denominator * 60.0, span
+
+
+def judge(samples: list[Sample], limits: Limits, warm_up_s: float, min_span_s: float) -> dict[str, Any]:
+    """Per process: incarnations, last and peak values, slope per minute of each measure and
+    whether it stays within ``limits`` (``None``: the run was too short to judge)."""
+    report: dict[str, Any] = {}
+    for name in sorted({s.process for s in samples}):
+        own = [s for s in samples if s.process == name]
+        entry: dict[str, Any] = {"incarnations": len({s.pid for s in own}), "samples": len(own)}
+        within: list[bool] = []
+        for measure_name in MEASURES:
+            values = [(s.t, s.pid, float(getattr(s, measure_name))) for s in own]
+            slope, span = slope_per_minute(values, warm_up_s, min_span_s)
+            limit = getattr(limits, measure_name)
+            entry[measure_name] = {
+                "last": int(values[-1][2]),
+                "peak": int(max(v for _, _, v in values)),
+                "slope_per_min": None if slope is None else round(slope, 3),
+                "fitted_s": round(span, 1),
+                "limit_per_min": limit,
+            }
+            if slope is not None:
+                within.append(slope <= limit)
+        entry["within_limits"] = all(within) if within else None
+        report[name] = entry
+    return report
