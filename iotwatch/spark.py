@@ -171,13 +171,16 @@ def local_jvm_conf() -> dict[str, str]:
 
 def kafka_connector_conf() -> dict[str, str]:
     """``spark.jars`` with Spark's Kafka connector when ``iotwatch setup`` installed it (a
-    cluster gets it from spark-submit's ``--packages`` or ``--jars`` instead)."""
+    cluster gets it from spark-submit's ``--packages`` or ``--jars`` instead), and the
+    pinned release's fixes first on the classpath (:mod:`iotwatch.spark_patches`)."""
     from iotwatch.jars import spark_kafka_connector
+    from iotwatch.spark_patches import patches_conf
 
     connector = spark_kafka_connector()
-    if not connector.installed():
-        return {}
-    return {"spark.jars": ",".join(str(jar) for jar in connector.jars())}
+    conf = patches_conf()
+    if connector.installed():
+        conf["spark.jars"] = ",".join(str(jar) for jar in connector.jars())
+    return conf
 
 
 def require_java() -> None:

@@ -19,12 +19,14 @@ from iotwatch.cli import emit, json_option
 )
 @json_option
 def setup(jars_from: Path | None, as_json: bool) -> None:
-    """Resolve Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector from Maven Central.
+    """Resolve Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector from Maven Central,
+    and build the upstream fixes the pinned Spark release needs (iotwatch.spark_patches).
 
     Each is resolved once with Maven into its own folder under ~/.iotwatch/jars (or
     IOTWATCH_JARS_DIR); a folder already there is kept, so running this again needs no network.
     """
     from iotwatch.jars import all_sets, install
+    from iotwatch.spark_patches import build_patches, patch_jar, patches_needed
 
     result = {}
     for jar_set in all_sets():
@@ -36,11 +38,20 @@ def setup(jars_from: Path | None, as_json: bool) -> None:
             "jars": len(jar_set.jars()),
             "fetched": not already,
         }
+    if patches_needed():
+        already = patch_jar() is not None
+        jar = build_patches()
+        result["spark-patches"] = {
+            "coordinates": [", ".join(p.issue for p in patches_needed())],
+            "folder": str(jar.parent) if jar else "",
+            "jars": 1,
+            "fetched": not already,
+        }
     emit(result, as_json, _render)
 
 
 def _render(result: dict[str, dict[str, Any]]) -> None:
     for name, entry in result.items():
-        how = "fetched" if entry["fetched"] else "already there"
+        how = ("built" if name == "spark-patches" else "fetched") if entry["fetched"] else "already there"
         coordinate = entry["coordinates"][0]
         click.echo(f"{name:<16}{coordinate:<52}{entry['jars']:>3} jars in {entry['folder']} ({how})")
