@@ -119,6 +119,29 @@ def build_patches(*, sources_jar: Path | None = None) -> Path | None:
     return folder / JAR_NAME
 
 
+def install_built(source: Path) -> Path | None:
+    """The fixes from a folder of jars downloaded elsewhere (``iotwatch setup --jars-from``):
+    a copy of another machine's ``spark-patches-<version>`` folder, else built from the
+    spark-sql sources jar found there."""
+    if not patches_needed():
+        return None
+    folder = patch_folder()
+    if (folder / COMPLETE_MARK).exists():
+        return folder / JAR_NAME
+    built = Path(source).expanduser() / folder.name
+    if (built / COMPLETE_MARK).exists() and (built / JAR_NAME).exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built / JAR_NAME, folder / JAR_NAME)
+        shutil.copy2(built / COMPLETE_MARK, folder / COMPLETE_MARK)
+        return folder / JAR_NAME
+    sources = sorted(
+        Path(source).expanduser().rglob(f"spark-sql_{SCALA_BINARY_VERSION}-{_spark_version()}-sources.jar")
+    )
+    if not sources:
+        raise StackError(f"{source} has neither {folder.name}/ nor spark-sql's sources jar")
+    return build_patches(sources_jar=sources[0])
+
+
 def _fetch_sources(version: str, work: Path) -> Path:
     mvn = shutil.which("mvn")
     if mvn is None:
