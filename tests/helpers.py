@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from confluent_kafka import Consumer, Message, TopicPartition
 from paho.mqtt.client import MQTT_ERR_NO_CONN
 
@@ -19,6 +20,19 @@ from iotwatch.contract.ground_truth import ANOMALY, Injection
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.jars import jars_root
 from iotwatch.settings import KafkaSettings, MqttSettings
+
+
+def children_running(pid: int, command_part: str) -> list[psutil.Process]:
+    """The descendants of ``pid`` whose command line holds ``command_part`` (those gone or
+    already zombies are left out)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if command_part in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def user_env(home: Path | None = None) -> dict[str, str]:

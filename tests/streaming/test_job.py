@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
 from iotwatch.clients.influx import InfluxV1Client
@@ -20,7 +19,7 @@ from iotwatch.contract.dead_letters import H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from streaming.job import start
-from tests.helpers import read_topic, user_env, wait_for
+from tests.helpers import children_running, read_topic, user_env, wait_for
 from tests.streaming.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -179,7 +178,9 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     def commits() -> int:
         return len(list((checkpoint / "commits").glob("[0-9]*")))
 
-    for stop_signal in (signal.SIGINT, signal.SIGKILL):
+    def stream_until_two_more_commits() -> tuple[subprocess.Popen[str], int, float]:
+        """Start the job on the checkpoint; return it once it committed two more batches
+        (or exited), with the commit count it started at and its deadline."""
         before = commits()
         running = subprocess.Popen(
             _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "50"),
@@ -192,6 +193,10 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and commits() < before + 2 and running.poll() is None:
             time.sleep(0.2)
+        return running, before, deadline
+
+    for stop_signal in (signal.SIGINT, signal.SIGKILL):
+        running, before, _ = stream_until_two_more_commits()
         if running.poll() is None:
             os.killpg(running.pid, stop_signal)
         _, err = running.communicate(timeout=120)
@@ -201,19 +206,8 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     # Its Python workers killed mid-stream (what a worker that crashes, or does not start in
     # time on a loaded machine, does to a micro-batch): the job starts the query again from its
     # checkpoint, in the same process, and goes on.
-    before = commits()
-    running = subprocess.Popen(
-        _stream_command(restarted, checkpoint, archive, "--trigger", "0.5", "--max-offsets-per-trigger", "50"),
-        env=_env(restarted),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and commits() < before + 2 and running.poll() is None:
-        time.sleep(0.2)
-    workers = [p for p in psutil.Process(running.pid).children(recursive=True) if _is_python_worker(p)]
+    running, _, deadline = stream_until_two_more_commits()
+    workers = children_running(running.pid, "pyspark.daemon")
     assert workers, "no Python worker of the job found"
     for worker in workers:
         worker.kill()
@@ -237,14 +231,6 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     archived = pd.read_parquet(archive / "readings").drop_duplicates(["device_id", "seq"])
     assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
-
-
-def _is_python_worker(process: psutil.Process) -> bool:
-    """A process of Spark's Python worker daemon (the daemon and the workers it forks)."""
-    try:
-        return "pyspark.daemon" in " ".join(process.cmdline())
-    except psutil.Error:  # gone, or a zombie already
-        return False
 
 
 def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(

@@ -4,6 +4,7 @@ does not collect sockets in CLOSE_WAIT micro-batch after micro-batch."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -13,6 +14,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
 from streaming.job import start
+from tests.helpers import children_running
 from tests.streaming.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -26,13 +28,9 @@ def _close_wait(jvm: psutil.Process) -> int:
 
 def _spark_jvm() -> psutil.Process:
     """This process's Spark JVM (each test worker starts its own)."""
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "org.apache.spark.deploy.SparkSubmit" in " ".join(child.cmdline()):
-                return child
-        except psutil.Error:
-            continue
-    raise AssertionError("no Spark JVM among this process's children")
+    jvms = children_running(os.getpid(), "org.apache.spark.deploy.SparkSubmit")
+    assert jvms, "no Spark JVM among this process's children"
+    return jvms[0]
 
 
 def test_the_state_server_class_comes_from_the_fix_jar(spark) -> None:  # type: ignore[no-untyped-def]
