@@ -52,6 +52,7 @@ from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import ContractViolation, decode_telemetry
 from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.heap import freeze_startup_heap
 from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class Gateway:
 
     def start(self, wait_subscribed_s: float = 15.0) -> None:
         """Connect to both sides, start serving metrics; returns once subscribed."""
+        freeze_startup_heap()  # before the first message: no full collection pauses the hot path
         if self.config.metrics_port is not None:
             self._metrics_server = MetricsServer(
                 self.stats, self.instance, self.health, self.config.metrics_host, self.config.metrics_port

@@ -190,13 +190,13 @@ def start(
 
 def _warm_worker(_: object) -> None:
     """In a Python worker: import the job's modules and load its compiled kernels."""
+    from iotwatch.heap import freeze_startup_heap
     from models.kernels import warm_all
     from streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
-    from streaming.worker_heap import freeze_imports
 
     warm_all()
     sequencing.warm()
-    freeze_imports()
+    freeze_startup_heap()
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:

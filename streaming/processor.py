@@ -156,6 +156,7 @@ class PartitionProcessor(StatefulProcessor):
         """The engine, sinks, archive writer and device store of this task. (Imported here, not at
         the top: the driver imports this module to run ``init``, in a fresh Python process,
         while it plans the first micro-batch.)"""
+        from iotwatch.heap import freeze_startup_heap
         from models.kernels import kernel_for
         from streaming import sequencing
         from streaming.engine import PartitionEngine
@@ -164,11 +165,10 @@ class PartitionProcessor(StatefulProcessor):
         from streaming.sinks.archive import ArchiveWriter
         from streaming.sinks.events import EventSinks
         from streaming.state_store import ShardedStore
-        from streaming.worker_heap import freeze_imports
 
         kernel_for(self.settings.device_detector).warm()
         sequencing.warm()
-        freeze_imports()
+        freeze_startup_heap()
         engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
         self.sinks = EventSinks(self.all_settings)
         self.archive = ArchiveWriter(self.archive_dir, self.settings.device_detector)

@@ -47,6 +47,7 @@ class FaultRecord:
     recovered_s: float | None = None
     exit_status: int | None = None  # a Ctrl-C'd component's exit status (0: a clean stop)
     lag_at_recovery: int | None = None  # records appended to the raw topic and not yet committed by the job
+    waiting_for: str | None = None  # a fault that did not recover: the condition still unmet at the timeout
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -61,6 +62,7 @@ class FaultRecord:
             "recovered": self.recovered_s is not None,
             "lag_at_recovery": self.lag_at_recovery,
             **({"exit_status": self.exit_status} if self.exit_status is not None else {}),
+            **({"waiting_for": self.waiting_for} if self.waiting_for else {}),
             **({"error": self.error} if self.error else {}),
         }
 
@@ -145,6 +147,7 @@ class Recovery:
         self.health_url = f"http://127.0.0.1:{gateway_port}/health"
         self.probe = probe
         self.lag = 0  # raw topic records the job had not committed at the last check
+        self.unmet = ""  # the first condition the last check found unmet
         self.groups = Consumer(
             {**client_config(settings.kafka), "group.id": settings.alerts.forward_group_id, "enable.auto.commit": False}
         )
@@ -167,9 +170,17 @@ class Recovery:
             healthy = False
         raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
         self.lag = max(0, raw_now - processed)
-        if not healthy or raw_now <= raw_then or processed < raw_then:
-            return False
-        return target != "forward" or self._forwarded() >= alerts_then
+        if not healthy:
+            self.unmet = "the gateway's health check"
+        elif raw_now <= raw_then:
+            self.unmet = f"the raw topic to grow past {raw_then} records (gateway to Kafka)"
+        elif processed < raw_then:
+            self.unmet = f"the job to commit offset {raw_then} (committed {processed})"
+        elif target == "forward" and (forwarded := self._forwarded()) < alerts_then:
+            self.unmet = f"the forwarder to commit alert offset {alerts_then} (committed {forwarded})"
+        else:
+            self.unmet = ""
+        return not self.unmet
 
     def _alert_end(self) -> int:
         total = 0
@@ -254,3 +265,4 @@ class FaultRunner:
                 record.lag_at_recovery = self.recovery.lag
                 return
             time.sleep(0.5)
+        record.waiting_for = self.recovery.unmet or None

@@ -88,6 +88,7 @@ def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[st
         "ok": bool(faults) and not failed and not never,
         "faults": len(faults),
         "not_recovered": failed,
+        "waiting_for": {f["fault"]: f["waiting_for"] for f in faults if f.get("waiting_for")},
         "recovery_s_by_fault": {
             kind: {**quantiles(values, (0.5, 1.0), digits=1), "n": len(values)} for kind, values in by_kind.items()
         },

@@ -24,6 +24,16 @@ pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 1500
 
 
+def _log_tails(run: Path, lines: int = 15) -> str:
+    """The last lines of every component's log in the run folder (what a failed run's
+    report needs once the temporary folder is gone)."""
+    parts = []
+    for log in sorted(run.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"\n--- {log.name} ---\n" + "\n".join(line[:300] for line in tail))
+    return "".join(parts)
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_every_component_killed_once_under_load_loses_nothing_and_recovers(tmp_path: Path) -> None:
     run = tmp_path / "run"
@@ -45,7 +55,7 @@ def test_every_component_killed_once_under_load_loses_nothing_and_recovers(tmp_p
     assert summary, stderr[-3000:]
     proofs = ("loss", "alerts", "notifications", "commands", "recovery")
     failed = {k: summary[k] for k in proofs if not summary[k]["ok"]}
-    assert not failed, json.dumps(failed, indent=1)[:3000]
+    assert not failed, json.dumps(failed, indent=1)[:3000] + _log_tails(run)
     assert not summary["unplanned_exits"], summary["unplanned_exits"]
     assert process.returncode == 0 and summary["ok"], (summary["drained"], summary["resources"]["ok"])
 
