@@ -15,7 +15,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import client_config
+from iotwatch.clients.kafka import client_config, end_offset
 from iotwatch.contract.measurements import REPLICATION
 from iotwatch.settings import KafkaSettings
 
@@ -38,7 +38,7 @@ class ReplicationLag:
         None before the first arrived."""
         partition = TopicPartition(f"{site}.{HEARTBEATS_TOPIC}", 0)
         try:
-            _, end = self._consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            end = end_offset(self._consumer, partition, timeout_s)
         except KafkaException as exc:  # the replica topic is not there yet, or the centre did not answer
             log.debug("no heartbeat offsets of %s: %s", partition.topic, exc)
             return None

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.enums import CallbackAPIVersion
 
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import ensure_topics, list_topics
+from iotwatch.clients.kafka import end_offset, ensure_topics, list_topics
 from iotwatch.jars import KAFKA_VERSION
 from iotwatch.settings import Settings
 from iotwatch.stack import StackState
@@ -83,7 +83,9 @@ def test_kafka_round_trip_on_created_topic_with_four_partitions(stack_settings: 
             continue
         got.setdefault(message.key().decode(), []).append(message.value().decode())
         partitions_seen.add(message.partition())
+    ends = [end_offset(consumer, TopicPartition(topic, p)) for p in range(4)]
     consumer.close()
+    assert sum(ends) == 200  # the log ends, as a probe that only watches the topic reads them
     assert got == sent  # every record once, in order per key
     assert len(partitions_seen) > 1  # keys really spread over partitions
 

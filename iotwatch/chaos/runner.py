@@ -32,7 +32,7 @@ from gateway.metrics import wait_healthy
 from iotwatch.chaos import proofs, report
 from iotwatch.chaos.faults import FaultRunner, Recovery, Targets
 from iotwatch.chaos.resources import Limits, Sampler, judge, slope_per_minute
-from iotwatch.chaos.schedule import SERVICES, Action, ScheduleOptions, plan
+from iotwatch.chaos.schedule import Action, ScheduleOptions, plan
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import read_ground_truth
@@ -318,7 +318,7 @@ def _prove(
     audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
     faults = [r.to_dict() for r in runner.records]
     # started again after a kill or a Ctrl-C of the schedule (a pause is not a restart)
-    restarted = {name: 0 for name in [*components, *SERVICES]}
+    restarted = {kind.target: 0 for kind in options.schedule.kinds if kind.action is not Action.PAUSE}
     for record in runner.records:
         if record.planned.kind.action is not Action.PAUSE and record.restored_s is not None:
             restarted[record.planned.kind.target] += 1

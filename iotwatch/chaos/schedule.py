@@ -68,14 +68,24 @@ class ScheduleOptions:
     tail_s: float = 15.0  # load after the last planned fault
     kill_hold_s: float = 5.0
     pause_hold_s: float = 10.0
+    kinds: tuple[FaultKind, ...] = FAULT_KINDS  # a subset repeats one fault (e.g. to chase one failure)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "kinds": [kind.name for kind in self.kinds]}
 
 
-def plan(options: ScheduleOptions, kinds: tuple[FaultKind, ...] = FAULT_KINDS) -> list[PlannedFault]:
-    """The faults of one run in time order: whole seeded permutations of ``kinds`` (at least
-    one), as many as fit at ``spacing_s`` between ``lead_s`` and ``duration_s - tail_s``."""
+def fault_kind(name: str) -> FaultKind:
+    """The fault kind called ``name`` (e.g. ``"kafka pause"``)."""
+    for kind in FAULT_KINDS:
+        if kind.name == name:
+            return kind
+    raise ValueError(f"no fault kind {name!r}; known: {', '.join(k.name for k in FAULT_KINDS)}")
+
+
+def plan(options: ScheduleOptions) -> list[PlannedFault]:
+    """The faults of one run in time order: whole seeded permutations of the options' kinds
+    (at least one), as many as fit at ``spacing_s`` between ``lead_s`` and ``duration_s - tail_s``."""
+    kinds = options.kinds
     if not kinds:
         return []
     rng = random.Random(options.seed)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from iotwatch.chaos.schedule import FAULT_KINDS
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 
 
@@ -23,6 +24,13 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
     default=45.0,
     show_default=True,
     help="Seconds between planned faults; every kind runs at least once whatever the duration.",
+)
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    type=click.Choice([kind.name for kind in FAULT_KINDS]),
+    help="A fault kind to inject (repeatable); default every kind. One kind repeated chases one failure.",
 )
 @click.option("--lead", default=30.0, show_default=True, help="Seconds of load before the first fault.")
 @click.option(
@@ -55,6 +63,7 @@ def chaos(
     vehicles: int,
     seed: int,
     spacing: float,
+    faults: tuple[str, ...],
     lead: float,
     warm_up: float,
     min_span: float,
@@ -77,14 +86,20 @@ def chaos(
     """
     from iotwatch.chaos.resources import Limits
     from iotwatch.chaos.runner import ChaosOptions, run_chaos
-    from iotwatch.chaos.schedule import ScheduleOptions
+    from iotwatch.chaos.schedule import ScheduleOptions, fault_kind
     from iotwatch.spark import require_java
 
     require_java()
     folder = (out or Path.home() / ".iotwatch" / "chaos" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     options = ChaosOptions(
         out=folder,
-        schedule=ScheduleOptions(duration_s=duration, seed=seed, spacing_s=spacing, lead_s=lead),
+        schedule=ScheduleOptions(
+            duration_s=duration,
+            seed=seed,
+            spacing_s=spacing,
+            lead_s=lead,
+            kinds=tuple(fault_kind(name) for name in faults) or FAULT_KINDS,
+        ),
         rate=rate,
         homes=homes,
         vehicles=vehicles,
@@ -128,6 +143,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(
             f"    {fault['injected_at_s']:>7} s  {fault['fault']:<18} down {fault['down_s']} s, "
             f"recovered after {fault['recovery_s']} s (lag then {fault['lag_at_recovery']})"
+            + (f"; not recovered: waiting for {fault['waiting_for']}" if fault.get("waiting_for") else "")
         )
     resources = summary["resources"]
     console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")

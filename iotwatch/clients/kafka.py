@@ -33,6 +33,21 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(client_config(settings))
 
 
+def end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float = 1.0) -> int:
+    """The partition's log end offset, asked of its leader.
+
+    A client that does not fetch a topic refreshes the topic's metadata only every
+    ``topic.metadata.refresh.interval.ms`` (5 minutes). If a broker restart or a fenced broker
+    left the partition unknown or leaderless in its cache, every query fails locally ("Unknown
+    partition") until then, while the broker is long back. So a failed query fetches the
+    topic's metadata anew and asks once more; a second failure is raised."""
+    try:
+        return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
+    except KafkaException:
+        consumer.list_topics(partition.topic, timeout=timeout_s)
+        return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
+
+
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
     """Topic name -> partition count of the topics this user may DESCRIBE, or
     :class:`ServiceUnavailable` (:class:`AccessRefused` when the broker refused the login)."""

@@ -22,7 +22,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from iotwatch.clients.kafka import client_config
+from iotwatch.clients.kafka import client_config, end_offset
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.settings import KafkaSettings, Settings
 
@@ -160,7 +160,7 @@ def _log_end(consumer: Consumer, partitions: list[TopicPartition], known: dict[t
     second (it is restarting) counts with its last known end in ``known``."""
     for tp in partitions:
         try:
-            known[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=1.0)[1]
+            known[(tp.topic, tp.partition)] = end_offset(consumer, tp)
         except KafkaException as exc:
             log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
     return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions)

@@ -7,7 +7,7 @@ import pytest
 
 from iotwatch.chaos.proofs import alerts_match, commands, notifications
 from iotwatch.chaos.resources import Limits, Sample, judge, slope_per_minute
-from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, plan
+from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
 
 def test_every_fault_kind_runs_at_least_once_in_order_within_the_run() -> None:
@@ -27,6 +27,14 @@ def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> Non
     one, again, other = (plan(ScheduleOptions(duration_s=600.0, seed=s)) for s in (7, 7, 8))
     assert one == again
     assert [f.kind for f in one] != [f.kind for f in other]
+
+
+def test_a_chosen_kind_repeats_through_the_run() -> None:
+    pause = fault_kind("kafka pause")
+    faults = plan(ScheduleOptions(duration_s=300.0, spacing_s=20.0, lead_s=15.0, kinds=(pause,)))
+    assert {f.kind for f in faults} == {pause} and len(faults) == 13  # 270 s of 20 s slots
+    with pytest.raises(ValueError, match="known: gateway kill -9"):
+        fault_kind("kafka reboot")
 
 
 def test_holds_vary_around_the_kill_and_pause_holds() -> None:
