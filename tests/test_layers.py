@@ -2,7 +2,7 @@
 
 The core (``iotwatch``: contract, settings, clients, stack) is what every stage shares;
 the stages (devices, gateway, streaming, models, alerts, responder, dashboards) build on
-it; the app shell (``iotwatch.cli``, ``iotwatch.demo``, ``iotwatch.chaos``) sits on top and may import
+it; the app shell (``iotwatch.app``, ``iotwatch.demo``, ``iotwatch.chaos``) sits on top and may import
 anything. Imports are read from the source (function-level ones too, since they run when
 the function does); those under ``if TYPE_CHECKING:`` are for annotations only and never run.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "iotwatch"
 STAGES = ("devices", "gateway", "streaming", "models", "alerts", "responder", "dashboards")
-APP_SHELL = ("iotwatch.cli", "iotwatch.demo", "iotwatch.chaos", "iotwatch.__main__")
+APP_SHELL = ("iotwatch.app", "iotwatch.demo", "iotwatch.chaos", "iotwatch.__main__")
 
 
 def _modules() -> dict[str, Path]:

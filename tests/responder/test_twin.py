@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from alerts.actions import publish
 from devices.twin_ops import read_twin
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.settings import Settings
