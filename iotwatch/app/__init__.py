@@ -40,7 +40,7 @@ SUBCOMMANDS: dict[str, str] = {
     "provision": "iotwatch.app.provision:provision",
     "respond": "responder.cli:respond",
     "commands": "responder.cli:commands",
-    "devices": "devices.twin_cli:devices",
+    "devices": "responder.twin_cli:devices",
     "deadletters": "iotwatch.app.deadletters:deadletters",
 }
 
