@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
-
-
-def _stop_on_signals() -> threading.Event:
-    """SIGTERM and Ctrl-C end the loop at the next safe point instead of killing it mid-post."""
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
 
 
 def _positive_duration(text: str, option: str) -> float:
@@ -183,7 +172,7 @@ def tail(
         live=not plain and sys.stdout.isatty(),
         max_rows=rows,
     )
-    counts = run_tail(settings, config, options, _stop_on_signals())
+    counts = run_tail(settings, config, options, stop_on_signals())
     click.echo(  # on stderr: stdout stays the alerts (JSON lines with --json)
         f"alerts tail: {counts['shown']} shown, {counts['filtered']} filtered, {counts['malformed']} malformed",
         err=True,
@@ -256,7 +245,7 @@ def forward(
     parts = urlsplit(config.webhook_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise click.BadParameter(f"{config.webhook_url!r} is not an http(s) URL", param_hint="--webhook")
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     webhook = Webhook(config.webhook_url, config.webhook_headers, config.webhook_timeout_s)
     options = ForwardOptions(group_id or config.forward_group_id, from_beginning, limit, timeout_s)
     counts = Forwarder(app.settings, config, webhook, options, stop).run()
@@ -276,7 +265,7 @@ def _forward_routed(app: AppContext, config: AlertsSettings, timeout_s: float | 
     from alerts.routing import load_routing
 
     tree = load_routing(config.routes_file)  # type: ignore[arg-type]
-    counts = Dispatcher(app.settings, config, tree, _stop_on_signals()).run(timeout_s)
+    counts = Dispatcher(app.settings, config, tree, stop_on_signals()).run(timeout_s)
     emit(
         counts,
         as_json,

@@ -1,5 +1,5 @@
 """``python -m iotwatch`` is the ``iotwatch`` command."""
 
-from iotwatch.cli import main
+from iotwatch.app import main
 
 main()

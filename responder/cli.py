@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
 
 
 @click.command()
@@ -27,12 +27,11 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:
     """Send corrective commands to devices for firing alerts, per a policy; follow the devices'
     replies, retry, escalate, and keep the audit trail on the commands topic. Stop with SIGTERM or Ctrl-C."""
-    from alerts.cli import _stop_on_signals
     from responder.policy import load_policies
     from responder.service import Responder
 
     policies = load_policies(policy_file or app.settings.respond.policy_file)
-    counts = Responder(app.settings, policies, _stop_on_signals()).run(timeout_s)
+    counts = Responder(app.settings, policies, stop_on_signals()).run(timeout_s)
     emit(
         counts,
         as_json,

@@ -25,7 +25,7 @@ A policy with ``action = "emergency"`` (a crash) sends no command: the responder
 :class:`~iotwatch.contract.oncall.Emergency` record per alert to the emergencies topic, for the
 emergency services' integration. The responder also records what devices report of their
 twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
-(:mod:`devices.twin` has the operators' side).
+(:mod:`responder.twin_ops` has the operators' side).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from gateway.bridge import Gateway
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from iotwatch.cli import SUBCOMMANDS
+from iotwatch.app import SUBCOMMANDS
 from tests.conftest import REPO_ROOT
 from tests.test_no_narration import NARRATION
 

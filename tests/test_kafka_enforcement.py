@@ -28,7 +28,6 @@ from alerts.actions import acknowledge, add_silence, revoke_silence
 from alerts.book import load_book
 from alerts.dispatch import Dispatcher
 from alerts.routing import parse_routing
-from devices.twin_ops import parse_assignments, read_twin, set_desired
 from iotwatch.clients.kafka import (
     TopicFollower,
     admin_client,
@@ -53,6 +52,7 @@ from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecuri
 from iotwatch.stack.process import stop_process
 from responder.policy import CommandPolicy
 from responder.service import Responder
+from responder.twin_ops import parse_assignments, read_twin, set_desired
 from tests.alerts.conftest import make_alert, produce
 from tests.helpers import InThread, user_env, wait_for
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from tests.conftest import REPO_ROOT
 from tests.test_cli_mistakes import run_iotwatch
 

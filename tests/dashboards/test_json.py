@@ -12,7 +12,7 @@ import yaml
 from dashboards import JSON_DIR, build_all, render
 from dashboards.builder import DATASOURCE, FOLDER
 from dashboards.queries import all_panels, is_builtin, queries, variables_used
-from iotwatch.cli import main
+from iotwatch.app import main
 from tests.conftest import REPO_ROOT
 
 BUILT = build_all()

@@ -15,7 +15,7 @@ import pytest
 
 from dashboards import build_all
 from dashboards.push import DATASOURCE_NAME, InfluxTarget, connect, push
-from iotwatch.cli import main
+from iotwatch.app import main
 from iotwatch.errors import IotwatchError
 from tests.dashboards.fake_grafana import FakeGrafana
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.settings import StreamSettings
 from models.catalog import DEFAULT_DETECTOR, make
 from models.evaluation.sources import NabSource, split_keys

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from models.evaluation.judgement import RaisedAlert
 from models.evaluation.simulated import (
     GOALS,

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.contract.ground_truth import read_ground_truth, write_ground_truth
 from iotwatch.errors import IotwatchError
 from tests.devices.conftest import START_MS

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.settings import Settings
 from models.registry import ModelRegistry

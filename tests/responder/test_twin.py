@@ -12,12 +12,12 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from alerts.actions import publish
-from devices.twin_ops import read_twin
-from iotwatch.cli import cli
+from iotwatch.app import cli
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.settings import Settings
 from responder.service import Responder
+from responder.twin_ops import read_twin
 from tests.helpers import InThread, wait_for
 from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 

@@ -238,7 +238,7 @@ def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
 ) -> None:
     from click.testing import CliRunner
 
-    from iotwatch.cli import cli
+    from iotwatch.app import cli
 
     settings = _job_settings(test_settings)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())

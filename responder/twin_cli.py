@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, output_console, pass_app
 
 
 @click.group()
@@ -22,8 +22,8 @@ def devices() -> None:
 @pass_app
 def show(app: AppContext, device_id: str, as_json: bool) -> None:
     """A device's twin: per property what operators want, what the device reports, and whether they agree."""
-    from devices.twin_ops import read_twin
     from iotwatch.errors import IotwatchError
+    from responder.twin_ops import read_twin
 
     twin = read_twin(app.settings, device_id)
     if twin.desired is None and twin.reported is None:
@@ -59,7 +59,7 @@ def set_(
 ) -> None:
     """Set desired properties (e.g. setpoint_c=19.5, valve=closed, limp_mode=true) and send them to the device."""
     from alerts.records import parse_duration
-    from devices.twin_ops import parse_assignments, set_desired
+    from responder.twin_ops import parse_assignments, set_desired
 
     try:
         ttl_s = parse_duration(ttl)
@@ -86,9 +86,7 @@ def set_(
 def _render(twin: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from alerts.views import console
-
-    out = console()
+    out = output_console()
     desired, reported = twin["desired"], twin["reported"]
     known = reported or desired
     out.print(f"{twin['device_id']} ({known['device_type']} at {known['site']})")

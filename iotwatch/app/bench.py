@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from iotwatch.cli import LazyGroup
+from iotwatch.app import LazyGroup
 
 #: Benchmark name -> "module:attribute" of its click command (imported when run).
 BENCHMARKS: dict[str, str] = {

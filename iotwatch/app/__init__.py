@@ -1,0 +1,123 @@
+"""The ``iotwatch`` program: the frame every command hangs from, loaded on demand.
+
+It sits above every stage: it registers the stages' commands (each built from
+:mod:`iotwatch.cli`) by name, so no stage imports it, and holds the commands of the app
+layer itself (``setup``, ``stack``, ``provision``, ``demo``, ``chaos``, ``bench``,
+``deadletters``). An error is one line on stderr and a non-zero exit status; anything that is
+not the user's mistake or an unreachable service says "internal error" and shows its
+traceback under ``--log-level debug``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from iotwatch.cli import AppContext
+from iotwatch.errors import IotwatchError
+
+#: Sub-command name -> "module:attribute" of its click command. Modules are imported
+#: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import.
+SUBCOMMANDS: dict[str, str] = {
+    "score-csv": "models.cli.score_csv:score_csv",
+    "evaluate": "models.cli.evaluate:evaluate",
+    "train": "models.cli.train:train",
+    "setup": "iotwatch.app.setup:setup",
+    "stack": "iotwatch.app.stack:stack",
+    "gateway": "gateway.cli:gateway",
+    "stream": "streaming.cli:stream",
+    "replay": "streaming.replay:replay",
+    "demo": "iotwatch.app.demo:demo",
+    "chaos": "iotwatch.app.chaos:chaos",
+    "bench": "iotwatch.app.bench:bench",
+    "simulate": "devices.cli:simulate",
+    "dashboards": "dashboards.cli:dashboards",
+    "alerts": "alerts.cli:alerts",
+    "provision": "iotwatch.app.provision:provision",
+    "respond": "responder.cli:respond",
+    "commands": "responder.cli:commands",
+    "devices": "responder.twin_cli:devices",
+    "deadletters": "iotwatch.app.deadletters:deadletters",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose sub-commands (``registry``: name -> "module:attribute") are imported when used."""
+
+    registry: dict[str, str] = SUBCOMMANDS
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.registry})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.registry:
+            module_name, attribute = self.registry[cmd_name].split(":")
+            return getattr(importlib.import_module(module_name), attribute)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML settings file ([mqtt], [kafka], [topics], [influx], [stack] tables); "
+    "also IOTWATCH_CONFIG. Environment variables IOTWATCH_* take precedence over it.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Logging threshold for messages on stderr.",
+)
+@click.version_option(package_name="iotwatch")
+@click.pass_context
+def cli(ctx: click.Context, config_file: Path | None, log_level: str) -> None:
+    """iotwatch: IoT telemetry ingestion and anomaly detection.
+
+    Devices publish over MQTT, a gateway bridges to Kafka, a PySpark Structured Streaming
+    job cleans, scores and alerts, and metrics go to InfluxDB for Grafana.
+    """
+    from iotwatch.logs import configure
+
+    configure(log_level)
+    ctx.obj = AppContext(config_file)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: one-line errors, meaningful exit codes."""
+    try:
+        cli.main(args=argv, prog_name="iotwatch", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("iotwatch: interrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("iotwatch: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"iotwatch: error: {_one_line(exc.format_message())}", err=True)
+        sys.exit(exc.exit_code)
+    except (IotwatchError, OSError) as exc:
+        logging.getLogger("iotwatch").debug("error", exc_info=True)
+        click.echo(f"iotwatch: error: {_one_line(str(exc))}", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        # not a mistake of the user's or a service that did not answer: a bug
+        logging.getLogger("iotwatch").debug("internal error", exc_info=True)
+        click.echo(
+            f"iotwatch: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(--log-level debug shows the traceback)",
+            err=True,
+        )
+        sys.exit(1)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
