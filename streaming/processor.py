@@ -17,6 +17,7 @@ Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,19 @@ class Roster:
     def next_due_ms(self, timeout_ms: int) -> int:
         waiting = self.last_wall_ms[~self.silent]
         return int(waiting.min()) + timeout_ms if len(waiting) else 0
+
+
+class StepClock:
+    """Milliseconds per step of one call, for its tally (:data:`streaming.schemas.TALLY_FIELDS`)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps[step] = round((now - self._last) * 1000)
+        self._last = now
 
 
 def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
@@ -189,19 +203,25 @@ class PartitionProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
+        clock = StepClock()
         partition, engine = self._serve(key)
         records = unpack(rows, partition)
+        clock.lap("ms_unpack")
         out = engine.process(self.devices, records, now_ms)
+        clock.lap("ms_engine")
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
+        clock.lap("ms_sinks")
         if len(records.offset):
             tally["archive_files"] = self.archive.write(
                 out.readings, partition, int(records.offset.min()), int(records.offset.max())
             )
+        clock.lap("ms_archive")
         roster = Roster.load(self.roster.get() if self.roster.exists() else None)
         roster.heard(out.devices, now_ms)
         for name, count in self._report_silence(engine, roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
-        yield tally_row(partition, tally)
+        clock.lap("ms_roster")
+        yield tally_row(partition, {**tally, **clock.steps})
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo

@@ -30,7 +30,7 @@ from pyspark.sql.streaming import StreamingQuery
 from iotwatch.clients.influx import drop_kept_client, kept_client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from streaming.schemas import TALLY_FIELDS
+from streaming.schemas import TALLY_FIELDS, WORKER_STEP_FIELDS
 from streaming.sinks.influx_points import pipeline_point
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,8 @@ class ProgressReporter:
         self.last_batch_id = -1
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         #: Where each micro-batch's time went (Spark's ``durationMs``: addBatch, queryPlanning,
-        #: walCommit, ...), with its Kafka records, in batch order.
+        #: walCommit, ...; the Python worker's steps inside addBatch, ``worker_ms_*``), with its
+        #: Kafka records, in batch order.
         self.phases: deque[dict[str, int]] = deque(maxlen=HISTORY)
         self._query: StreamingQuery | None = None
         self._stop = threading.Event()
@@ -193,7 +194,13 @@ class ProgressReporter:
         self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
         self.last_batch_id = int(progress.batchId)
         self.history.append(fields)
-        self.phases.append({"records": records, **{k: int(v) for k, v in progress.durationMs.items()}})
+        self.phases.append(
+            {
+                "records": records,
+                **{k: int(v) for k, v in progress.durationMs.items()},
+                **{TALLY_FIELDS[k]: counts[TALLY_FIELDS[k]] for k in WORKER_STEP_FIELDS},
+            }
+        )
         log.log(
             logging.INFO if records else logging.DEBUG,
             "%s",

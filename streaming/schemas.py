@@ -97,7 +97,12 @@ TALLY_FIELDS = {
     "state_devices": "state_devices",
     "state_shards_read": "state_shards_read",
     "state_shards_cached": "state_shards_cached",
+    # milliseconds the Python worker spends per step, summed over the partitions (where a
+    # micro-batch's time goes inside the stateful operator, beside Spark's own phases)
+    **{f"ms_{step}": f"worker_ms_{step}" for step in ("unpack", "engine", "sinks", "archive", "roster")},
 }
+#: The per-step worker times of :data:`TALLY_FIELDS` (by tally name).
+WORKER_STEP_FIELDS = tuple(name for name in TALLY_FIELDS if name.startswith("ms_"))
 
 #: What the stateful operator emits: one tally row per partition and call, a column per
 #: counter. Alerts, dead letters, aggregates and the archive are written by the operator

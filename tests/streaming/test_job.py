@@ -84,6 +84,8 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(
     assert totals["dlq"] == scenario.malformed
     # State: after the first micro-batches, shards come from the executor's copy (streaming/shard_cache.py).
     assert 0 < totals["state_shards_cached"] < totals["state_shards_read"]
+    # Where the operator's time went: each worker step timed in every call.
+    assert totals["worker_ms_engine"] > 0 and all(f"worker_ms_{s}" in totals for s in ("unpack", "sinks", "archive"))
 
     # Archive: clean readings in Parquet, partitioned by date and device type, each (device, seq) once.
     archive = pd.read_parquet(tmp_path / "archive" / "readings")

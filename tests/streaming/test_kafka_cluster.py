@@ -12,6 +12,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import start_kafka_cluster
 from iotwatch.stack.process import stop_process
-from streaming.job import start
+from streaming.job import root_cause, start
 from tests.gateway.conftest import gateway_settings
 from tests.helpers import Publisher, wait_for
 
@@ -55,6 +56,18 @@ def _led_without(admin: AdminClient, topic: str, broker: int) -> bool:
     except KafkaException:
         return False
     return bool(leaders) and broker not in leaders.values()
+
+
+def _await(job: Any, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """``wait_for`` that fails at once, with the query's root cause, if the job stops meanwhile."""
+
+    def check() -> bool:
+        if not job.query.isActive:
+            cause = job.query.exception()
+            raise AssertionError(f"the streaming job stopped waiting for {what}: {root_cause(str(cause))}")
+        return condition()
+
+    wait_for(check, timeout_s, what)
 
 
 def test_kill_9_of_one_of_three_brokers_loses_nothing_and_the_pipeline_carries_on(
@@ -90,7 +103,8 @@ def test_kill_9_of_one_of_three_brokers_loses_nothing_and_the_pipeline_carries_o
         devices = [f"cl-{run}-{i}" for i in range(DEVICES)]
         try:
             publisher = Publisher(settings.mqtt, devices, count=READINGS, rate_per_s=100).start()
-            wait_for(lambda: sum(map(len, _archived_seqs(tmp_path / "archive").values())) >= 300, 180, "300 archived")
+            archived = lambda: sum(map(len, _archived_seqs(tmp_path / "archive").values()))  # noqa: E731
+            _await(job, lambda: archived() >= 300, 180, "300 archived")
             # The broker leading partition 0 of the raw topic: the gateway and the job both lose a leader.
             victim_id = _leaders(admin, topics.raw)[0]
             victim = brokers[victim_id - 1]
@@ -99,7 +113,8 @@ def test_kill_9_of_one_of_three_brokers_loses_nothing_and_the_pipeline_carries_o
             wait_for(lambda: _led_without(admin, topics.raw, victim_id), 60, "new partition leaders")
             failover_s = time.monotonic() - killed_at
             publisher.join(timeout=120)
-            wait_for(
+            _await(
+                job,
                 lambda: _archived_seqs(tmp_path / "archive") == {d: list(range(READINGS)) for d in devices},
                 180,
                 "every reading of every device archived after the broker's death",
