@@ -217,15 +217,16 @@ class Dispatcher:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def _limit_reached(self) -> bool:
-        return self.options.limit is not None and self.counts["handled"] >= self.options.limit
+        """Handled: a record receiver's records delivered, dead-lettered or skipped as repeats;
+        without one, the alert records folded."""
+        skipped = self.feed.duplicates if self.feed is not None else 0
+        return self.options.limit is not None and self.counts["handled"] + skipped >= self.options.limit
 
     def result(self) -> dict[str, Any]:
         """The run's counters (every one, zero or not) and failed posts by reason."""
         names = (
             "alert_records",
-            "malformed",
             "delivered",
-            "duplicates",
             "sent_firing",
             "sent_resolved",
             "sent_repeat",
@@ -238,6 +239,7 @@ class Dispatcher:
         return {
             **{name: self.counts[name] for name in names},
             "malformed": self.book.malformed,
+            "duplicates": feed.duplicates if feed is not None else 0,
             "commit_failures": feed.commit_failures if feed is not None else 0,
             "waiting": feed.waiting() if feed is not None else 0,
             "failures": dict(self.failures),
@@ -273,7 +275,8 @@ class Dispatcher:
             pending = self.feed.pending(
                 message.partition(), message.offset(), alert, message.value() or b"", message.key(), detail
             )
-            self.feed.offer(pending, alert is None or any(r.receiver == self.feed.receiver for r in routes))
+            routed = alert is None or any(r.receiver == self.feed.receiver for r in routes)
+            self.feed.offer(pending, routed, alert is not None and self._seen(alert))
         else:
             self.counts["handled"] += 1
         if alert is None:
@@ -285,6 +288,11 @@ class Dispatcher:
                 continue
             group = self.groups.setdefault((route.receiver, route.group_key(alert)), Group(route))
             group.alert_ids.add(alert.alert_id)
+
+    def _seen(self, alert: AlertRecord) -> bool:
+        """The book already holds this alert's raise (or clear): ``alert`` repeats it."""
+        view = self.book.alerts.get(alert.alert_id)
+        return view is not None and (view.raised if alert.raised else view.cleared) is not None
 
     def _observe(self, alert_id: str) -> None:
         if self.book.alerts[alert_id].needs_cleared_after_ack():
@@ -328,8 +336,6 @@ class Dispatcher:
             if gid not in self.groups and not last.firing and now - last.sent_at_ms > after_ms
         ]:
             del self.sent[gid]
-        if self.feed is not None:
-            self.feed.forget(gone)
         if self.metrics is not None and gone:
             self.metrics.forget(gone)
         if gone:
@@ -429,12 +435,8 @@ class Dispatcher:
     def _post_record(self, feed: RecordFeed, pending: Pending) -> bool:
         """Deliver, dead-letter or skip the head; False when its post failed (retried later)."""
         alert = pending.alert
-        delivered = False
         if alert is None:
             self._dead_letter(feed.receiver, pending.where, None, "malformed", pending.detail, pending)
-        elif feed.is_repeat(alert):
-            self.counts["duplicates"] += 1
-            log.debug("already delivered %s", record_key(alert))
         else:
             result = self._post(feed.receiver, record_body(alert), record_key(alert), feed.failures + 1)
             if result.outcome == "retry":
@@ -442,14 +444,13 @@ class Dispatcher:
                 wait_s = self._retry_in(feed.receiver, feed.failures, result)
                 feed.retry_at_ms = int(self.clock() * 1000) + int(wait_s * 1000)
                 return False
-            delivered = result.outcome == "delivered"
-            if delivered:
+            if result.outcome == "delivered":
                 self.counts["delivered"] += 1
             else:
                 self._dead_letter(
                     feed.receiver, record_key(alert), record_body(alert), result.reason, result.detail, pending
                 )
-        feed.done(pending, delivered)
+        feed.done(pending)
         self.counts["handled"] += 1
         return True
 
@@ -543,7 +544,10 @@ class Dispatcher:
             os.fsync(handle.fileno())
         topic = self.config.dead_letter_topic
         if topic:
-            original = source.raw if source is not None else json.dumps(document, default=str).encode()
+            if source is not None and source.alert is None:
+                original = source.raw  # the record as the alert topic holds it
+            else:
+                original = json.dumps(document, default=str).encode()
             dead = DeadLetter(reason, detail, "alerts-forward", original, source.key if source else group_key.encode())
             self._producer.produce(topic, original, key=dead.key, headers=dead.headers())
             if self._producer.flush(10) > 0:

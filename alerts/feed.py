@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Pending:
     """One alert-topic record waiting for its post (``alert`` None: it does not decode, and is
-    dead-lettered with ``detail`` when its turn comes)."""
+    dead-lettered with ``detail`` and its bytes, ``raw``, when its turn comes; a decoded one
+    keeps no bytes)."""
 
     seq: int  # arrival order across partitions
     partition: int
@@ -56,10 +57,10 @@ class RecordFeed:
         self.next_offset: dict[int, int] = {}  # after the last record seen, per partition
         self.start: dict[int, int] = {}  # records below were handled by an earlier run
         self.committed: dict[int, int] = {}
-        self.posted: dict[str, set[str]] = {}  # alert id -> states delivered by this run (a repeated record is skipped)
         self.failures = 0  # failed posts of the record at the head
         self.retry_at_ms = 0  # ... not tried again before this
         self.commit_failures = 0
+        self.duplicates = 0  # records skipped: the alert topic held the same alert and state before
         self._seq = 0
         self._group = Consumer(
             {**client_config(settings.kafka), "group.id": group_id, "enable.auto.commit": False}
@@ -99,18 +100,24 @@ class RecordFeed:
                     raise ServiceUnavailable(f"consumer group {self.group_id}: {error.str()}") from exc
                 time.sleep(0.2)
 
-    def offer(self, pending: Pending, routed: bool) -> None:
-        """A record read from the alert topic; queued when routed to this receiver and not
-        handled by an earlier run."""
+    def offer(self, pending: Pending, routed: bool, repeat: bool) -> None:
+        """A record read from the alert topic; queued when routed to this receiver, not handled
+        by an earlier run and not a ``repeat`` of a record the topic held before (the same
+        alert and state, e.g. written again by a producer's retry)."""
         self.next_offset[pending.partition] = pending.offset + 1
-        if routed and pending.offset >= self.start.get(pending.partition, 0):
-            self.queues.setdefault(pending.partition, deque()).append(pending)
+        if not routed or pending.offset < self.start.get(pending.partition, 0):
+            return
+        if repeat:
+            self.duplicates += 1
+            log.debug("%s at %s is a repeat: skipped", pending.alert and pending.alert.alert_id, pending.where)
+            return
+        self.queues.setdefault(pending.partition, deque()).append(pending)
 
     def pending(
         self, partition: int, offset: int, alert: AlertRecord | None, raw: bytes, key: bytes | None, detail: str = ""
     ) -> Pending:
         self._seq += 1
-        return Pending(self._seq, partition, offset, alert, raw, key, detail)
+        return Pending(self._seq, partition, offset, alert, raw if alert is None else b"", key, detail)
 
     def head(self) -> Pending | None:
         """The oldest record still to post."""
@@ -120,20 +127,11 @@ class RecordFeed:
     def waiting(self) -> int:
         return sum(len(queue) for queue in self.queues.values())
 
-    def is_repeat(self, alert: AlertRecord) -> bool:
-        return str(alert.state) in self.posted.get(alert.alert_id, ())
-
-    def done(self, pending: Pending, delivered: bool) -> None:
+    def done(self, pending: Pending) -> None:
         """The head's outcome is final: drop it and commit the partition's new position."""
         self.queues[pending.partition].popleft()
         self.failures, self.retry_at_ms = 0, 0
-        if delivered and pending.alert is not None:
-            self.posted.setdefault(pending.alert.alert_id, set()).add(str(pending.alert.state))
         self.commit()
-
-    def forget(self, alert_ids: set[str]) -> None:
-        for alert_id in alert_ids:
-            self.posted.pop(alert_id, None)
 
     def commit(self) -> None:
         """Commit every partition whose first unhandled record moved on (records not routed

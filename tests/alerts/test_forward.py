@@ -17,6 +17,8 @@ from confluent_kafka import Consumer, TopicPartition
 from alerts.dispatch import Dispatcher, ForwardOptions
 from alerts.notification import record_body
 from alerts.routing import single_receiver
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import alert_run, key, make_alert, produce
 from tests.helpers import read_topic, user_env, wait_for
@@ -65,7 +67,9 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
     )
     total, expected = len(records) + 4, {key(r) for r in records}
     hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected.alert_id})
-    config = AlertsSettings(state_dir=tmp_path, **FAST)
+    dead_topic = f"{test_settings.topics.alerts}.dead"
+    ensure_topics(test_settings.kafka, [dead_topic])
+    config = AlertsSettings(state_dir=tmp_path, dead_letter_topic=dead_topic, **FAST)
 
     stop, thread, counts = forward_in_thread(
         test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True, limit=total)
@@ -85,6 +89,14 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
     assert any("`$.state`" in d["detail"] for d in dead)
     assert next(d for d in dead if d["reason"] == "http_400")["notification"] == record_body(rejected)
     assert all(d["raw"] for d in dead if d["reason"] == "malformed")
+    on_topic = read_topic(test_settings.kafka, dead_topic, expected=3)
+    letters = [DeadLetter.of_message(m.value(), m.key(), m.headers()) for m in on_topic]
+    assert sorted((d.reason, d.stage) for d in letters) == [
+        ("http_400", "alerts-forward"),
+        ("malformed", "alerts-forward"),
+        ("malformed", "alerts-forward"),
+    ]
+    assert {d.original for d in letters if d.reason == "malformed"} == {b"{not json", acknowledged}
     assert committed_everything(test_settings, f"fwd-{unique}")
     # the stalled request counts as delivered server-side while the client retried: the one repeat
     assert len(hook.delivered) - len(expected) <= 1
