@@ -64,7 +64,8 @@ def common_options(kind: str, limit_help: str) -> Any:
         )
     )
     group_help = (
-        f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
+        f"Consumer group in which the forwarder commits how far its record receiver (--webhook) got "
+        f"(default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
         if kind == "FORWARD"
         else "Read as a member of this consumer group (offsets committed: the next run resumes; members split "
         "the partitions). Without it (and IOTWATCH_ALERTS_TAIL_GROUP_ID unset) the tail reads every partition "

@@ -101,7 +101,7 @@ class ForwardOptions:
     """How a run starts and ends: the ``record`` receiver's consumer group and where a new group
     starts (the oldest retained alert, or the end of the topic), and the run's bounds."""
 
-    group_id: str = "iotwatch-alerts-forward"
+    group_id: str  # IOTWATCH_ALERTS_FORWARD_GROUP_ID unless --group
     from_beginning: bool = True
     limit: int | None = None  # stop after this many alert records were handled
     timeout_s: float | None = None
