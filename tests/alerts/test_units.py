@@ -102,3 +102,33 @@ def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> N
     assert receiver_name("https://user:pw@example.org:8443/hook?token=abc") == "https://example.org:8443/hook/…"
     assert receiver_name("http://[::1]:9000") == "http://[::1]:9000"
     assert receiver_name("http://example.org/alerts") == "http://example.org/alerts"
+
+
+def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_stay_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An InfluxDB that refuses connections (nothing listens on the port): one failed write per
+    snapshot interval, not one per forwarder tick, and at most MAX_PENDING points kept."""
+    import alerts.metrics
+    from alerts.book import AlertBook
+    from alerts.metrics import LifecycleMetrics
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.settings import InfluxSettings
+    from iotwatch.stack.process import free_port
+
+    metrics = LifecycleMetrics(InfluxV1Client(InfluxSettings(url=f"http://127.0.0.1:{free_port()}")), interval_s=10)
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    book.apply_alert(changed(CRASH, state="cleared"))
+    book.apply_alert(changed(CRASH, alert_id="still-firing"))  # a snapshot point per interval
+    metrics.observe(book.alerts[CRASH.alert_id])
+    now = 1_700_000_000_000
+    metrics.flush(book, now)
+    assert metrics.failures == 1 and metrics.pending
+    for tick in range(1, 40):  # the forwarder's 0.2 s ticks within the interval
+        metrics.flush(book, now + tick * 200)
+    assert metrics.failures == 1
+    metrics.flush(book, now + 10_000)
+    assert metrics.failures == 2
+    monkeypatch.setattr(alerts.metrics, "MAX_PENDING", 3)
+    for n in range(5):
+        metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
+    assert len(metrics.pending) == 3 and metrics.dropped >= 2
