@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from iotwatch.clients.kafka import client_config, end_offset
 from iotwatch.contract.alerts import AlertRecord
@@ -25,6 +25,13 @@ from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: A group's coordinator being chosen or loading its offsets: asked again, not an error.
+COORDINATOR_NOT_READY = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class RecordFeed:
                 return list(self._group.committed(wanted, timeout=max(1.0, deadline - time.monotonic())))
             except KafkaException as exc:
                 error = exc.args[0]
-                if not error.retriable() or time.monotonic() >= deadline:
+                if not (error.retriable() or error.code() in COORDINATOR_NOT_READY) or time.monotonic() >= deadline:
                     raise ServiceUnavailable(f"consumer group {self.group_id}: {error.str()}") from exc
                 time.sleep(0.2)
 
@@ -136,6 +143,7 @@ class RecordFeed:
     def commit(self) -> None:
         """Commit every partition whose first unhandled record moved on (records not routed
         here move it too)."""
+        self._group.poll(0)  # serves the client's error and log events (it reads no records)
         offsets = []
         for partition, after_last in self.next_offset.items():
             queue = self.queues.get(partition)

@@ -279,6 +279,7 @@ def test_a_receiver_down_holds_the_backlog_and_nothing_is_committed_past_it(
         test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True)
     )
     try:
+        wait_for(lambda: hook.requests, 60, "the first post")
         time.sleep(4)  # every post fails meanwhile
         assert not hook.delivered and len({k for k, _, _ in hook.requests}) == 1  # the first record only
         assert not committed_everything(test_settings, f"fwd-{unique}")
