@@ -64,7 +64,8 @@ def common_options(kind: str, limit_help: str) -> Any:
         )
     )
     group_help = (
-        f"Consumer group id (default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
+        f"Consumer group in which the forwarder commits how far its record receiver (--webhook) got "
+        f"(default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
         if kind == "FORWARD"
         else "Read as a member of this consumer group (offsets committed: the next run resumes; members split "
         "the partitions). Without it (and IOTWATCH_ALERTS_TAIL_GROUP_ID unset) the tail reads every partition "
@@ -182,20 +183,24 @@ def tail(
 @alerts.command()
 @endpoint_options(kafka=True)
 @click.option(
-    "--webhook", "webhook_url", metavar="URL", help="http(s) URL to post to (default IOTWATCH_ALERTS_WEBHOOK_URL)."
+    "--webhook",
+    "webhook_url",
+    metavar="URL",
+    help="http(s) URL to post every alert record to (default IOTWATCH_ALERTS_WEBHOOK_URL).",
 )
 @common_options("FORWARD", "Stop after handling this many alert records.")
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Dedupe store and dead-letter file (default IOTWATCH_ALERTS_STATE_DIR, ~/.iotwatch/alerts).",
+    help="Where refused notifications are dead-lettered, dead-notifications.jsonl (default "
+    "IOTWATCH_ALERTS_STATE_DIR, ~/.iotwatch/alerts).",
 )
-@click.option("--dead-letter-topic", help="Also produce undeliverable alerts to this Kafka topic.")
+@click.option("--dead-letter-topic", help="Also produce refused notifications to this Kafka topic.")
 @click.option(
     "--webhook-timeout",
     "webhook_timeout_s",
     type=click.FloatRange(min=0.001),
-    help="Seconds one post may take (default 10).",
+    help="Seconds one post to --webhook may take (default 10).",
 )
 @click.option(
     "--retry-max",
@@ -226,8 +231,8 @@ def forward(
     routes_file: Path | None,
     as_json: bool,
 ) -> None:
-    from alerts.forward import Forwarder, ForwardOptions
-    from alerts.webhook import Webhook
+    from alerts.dispatch import Dispatcher, ForwardOptions
+    from alerts.routing import load_routing, single_receiver
 
     config = _alerts_settings(
         webhook_url=webhook_url,
@@ -238,58 +243,42 @@ def forward(
         routes_file=routes_file,
     )
     if config.routes_file:
-        _forward_routed(app, config, timeout_s, as_json)
-        return
-    if not config.webhook_url:
-        raise click.UsageError("--webhook URL (or IOTWATCH_ALERTS_WEBHOOK_URL) is required")
-    parts = urlsplit(config.webhook_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(f"{config.webhook_url!r} is not an http(s) URL", param_hint="--webhook")
-    stop = stop_on_signals()
-    webhook = Webhook(config.webhook_url, config.webhook_headers, config.webhook_timeout_s)
+        tree = load_routing(config.routes_file)
+    else:
+        if not config.webhook_url:
+            raise click.UsageError("--webhook URL or --routes FILE (or their IOTWATCH_ALERTS_ settings) is required")
+        parts = urlsplit(config.webhook_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise click.BadParameter(f"{config.webhook_url!r} is not an http(s) URL", param_hint="--webhook")
+        tree = single_receiver(config.webhook_url, timeout_s=config.webhook_timeout_s)
     options = ForwardOptions(group_id or config.forward_group_id, from_beginning, limit, timeout_s)
-    counts = Forwarder(app.settings, config, webhook, options, stop).run()
-    emit(
-        counts,
-        as_json,
-        lambda c: click.echo(
-            f"alerts forward: consumed {c['consumed']}, delivered {c['delivered']}, duplicates skipped "
-            f"{c['duplicates']}, dead-lettered {c['dead_lettered']}, retries {c['retries']}"
-            + (", stopped while an alert awaited a retry (resent next run)" if c["interrupted"] else "")
-        ),
-    )
+    counts = Dispatcher(app.settings, config, tree, stop_on_signals(), options=options).run()
+    emit(counts, as_json, lambda c: click.echo(_forward_summary(c)))
 
 
-def _forward_routed(app: AppContext, config: AlertsSettings, timeout_s: float | None, as_json: bool) -> None:
-    from alerts.dispatch import Dispatcher
-    from alerts.routing import load_routing
-
-    tree = load_routing(config.routes_file)  # type: ignore[arg-type]
-    counts = Dispatcher(app.settings, config, tree, stop_on_signals()).run(timeout_s)
-    emit(
-        counts,
-        as_json,
-        lambda c: click.echo(
-            "alerts forward: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))
-        ),
-    )
+def _forward_summary(counts: dict[str, Any]) -> str:
+    """``alerts forward: alert records 3, delivered 3, ...``: the counters that are not zero
+    (the alert records read always), and what a stop left for the next run."""
+    shown = {k: v for k, v in counts.items() if k not in ("failures", "waiting") and (v or k == "alert_records")}
+    text = "alerts forward: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items())
+    if counts["waiting"]:
+        text += f"; {counts['waiting']} alert record(s) not yet delivered are left for the next run"
+    return text
 
 
 def _forward_help() -> str:
-    import alerts.dispatch as routed
-    import alerts.forward as module
+    import alerts.dispatch as dispatch
+    import alerts.notification as notification
 
     intro = (
-        "Post each raised/cleared alert as JSON to a webhook, at least once, in a consumer group; "
-        "stop with SIGTERM or Ctrl-C (the post in flight completes and is committed; exit 0). "
-        "--json prints the counters at exit.\n\nWith --routes FILE: "
-        + (routed.__doc__ or "").split("\n\n", 1)[0].split(": ", 1)[-1]
-        + " (alerts.routing documents the "
-        "file)."
+        "Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to "
+        "--webhook URL, or follow a policy tree (--routes FILE; alerts.routing documents the file). "
+        "Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0). "
+        "--json prints the counters at exit."
     )
     # \b keeps click from re-wrapping the documented request format
-    body = "\n\n".join("\b\n" + block for block in (module.__doc__ or "").split("\n\n")[1:])
-    return f"{intro}\n\n{body}"
+    blocks = [*(dispatch.__doc__ or "").split("\n\n")[1:], *(notification.__doc__ or "").split("\n\n")[1:]]
+    return intro + "\n\n" + "\n\n".join("\b\n" + block for block in blocks)
 
 
 forward.help = _forward_help()
@@ -416,7 +405,8 @@ def silence(
     as_json: bool,
 ) -> None:
     """Mute notifications of matching alerts for a while (every matcher given must match). Alerts are
-    still recorded and listed; the forwarder does not send them."""
+    still recorded and listed; the forwarder does not notify them (a ``record`` receiver, as
+    ``alerts forward --webhook``, still gets every alert record)."""
     from alerts.actions import add_silence
     from iotwatch.contract.oncall import Matchers
 

@@ -1,5 +1,7 @@
-"""``iotwatch alerts forward --routes FILE``: notify receivers per a policy tree, with
-silences, grouping, repeats of unacknowledged critical alerts and resolved notifications.
+"""``iotwatch alerts forward``: notify receivers per a policy tree (``--routes FILE``), with
+silences, grouping, repeats of unacknowledged critical alerts and resolved notifications;
+or post every raised/cleared alert record to one webhook (``--webhook URL``, the tree of one
+``record`` receiver: :mod:`alerts.feed`).
 
 How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
 
@@ -12,25 +14,33 @@ How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
 - with nothing new, a group with *unacknowledged critical* alerts still firing is sent
   again after ``repeat_interval``; acknowledged ones do not repeat.
 
+A ``record`` receiver instead gets every alert record routed to it, one post each, in the
+alert topic's order (no grouping, silences or repeats).
+
 Memory stays bounded by what is open: cleared alerts whose resolution every receiver got,
 expired silences and groups with nothing firing are dropped ``forget_after_s`` after they
-ended (:meth:`Dispatcher.forget`); what is left is the open alerts and the recent groups.
+ended (:meth:`Dispatcher.forget`); what is left is the open alerts, the recent groups and a
+``record`` receiver's backlog.
 
 State: the alerts, acknowledgements and silences are folded from their topics
-(:mod:`alerts.book`); every notification sent is recorded on the notifications topic
+(:mod:`alerts.book`); every group notification sent is recorded on the notifications topic
 (compacted by receiver and group), which is all the forwarder needs to know what each
-receiver already has. On start it replays the four topics to their end before it sends
-anything, so a restart neither repeats what was sent nor forgets a repeat timer.
-Delivery is at least once: a failed post (5xx, 408, 429, timeout) is tried again after a
-back-off (or Retry-After) while the other groups and receivers go on; a 4xx refusal is
-dead-lettered (<state_dir>/dead-notifications.jsonl) and recorded as handled. A crash
-between a post and its record repeats that post with the same ``Idempotency-Key``.
+receiver already has; a ``record`` receiver's progress is its consumer group's committed
+offsets. On start it replays the four topics to their end before it sends anything, so a
+restart neither repeats what was sent nor forgets a repeat timer.
+Delivery is at least once: a failed post (5xx, 408, 429, timeout, refused connection) is
+tried again after a back-off (or Retry-After) while the other groups and receivers go on; a
+4xx refusal is dead-lettered (<state_dir>/dead-notifications.jsonl, and the dead-letter
+topic if set) with its reason and counted as handled. A crash between a post and its record
+(or commit) repeats that post with the same ``Idempotency-Key``. SIGTERM or Ctrl-C: the post
+in flight is finished and recorded, then the forwarder stops.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -41,13 +51,16 @@ from typing import Any
 from confluent_kafka import Message, Producer
 
 from alerts.book import AlertBook, AlertView, book_topics, detected_ms
+from alerts.feed import Pending, RecordFeed
 from alerts.metrics import LifecycleMetrics
-from alerts.notification import body
+from alerts.notification import body, record_body, record_key
 from alerts.notify_policy import GroupNow, decide
 from alerts.routing import Route, RoutingTree
 from alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
+from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed, topic_partitions
+from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
     AlertState,
@@ -59,11 +72,17 @@ from iotwatch.contract.oncall import (
     encode,
     stable_id,
 )
+from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import AlertsSettings, Settings
 
 log = logging.getLogger(__name__)
 
 GroupId = tuple[str, str]  # (receiver, group key)
+
+#: Longest stretch a ``record`` receiver's backlog is posted before the topics are read again.
+FEED_SLICE_S = 1.0
+#: How often the start is tried again while Kafka does not answer.
+START_RETRY_S = 2.0
 
 
 @dataclass
@@ -77,6 +96,17 @@ class Group:
     retry_at_ms: int = 0  # ... not tried again before this (the other groups go on meanwhile)
 
 
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How a run starts and ends: the ``record`` receiver's consumer group and where a new group
+    starts (the oldest retained alert, or the end of the topic), and the run's bounds."""
+
+    group_id: str  # IOTWATCH_ALERTS_FORWARD_GROUP_ID unless --group
+    from_beginning: bool = True
+    limit: int | None = None  # stop after this many alert records were handled
+    timeout_s: float | None = None
+
+
 class Dispatcher:
     """Folds the on-call topics and sends what the policy tree says, when it says."""
 
@@ -87,8 +117,10 @@ class Dispatcher:
         tree: RoutingTree,
         stop: threading.Event,
         clock: Callable[[], float] = time.time,
+        options: ForwardOptions | None = None,
     ) -> None:
         self.settings, self.config, self.tree, self.stop, self.clock = settings, config, tree, stop, clock
+        self.options = options or ForwardOptions(group_id=config.forward_group_id)
         self.book = AlertBook()
         self.groups: dict[GroupId, Group] = {}
         self.sent: dict[GroupId, Notification] = {}
@@ -98,6 +130,9 @@ class Dispatcher:
         }
         self.backoff = Backoff(config.retry_initial_s, config.retry_max_s)
         self.counts: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  # failed posts by reason (http_503, timeout, ...)
+        self.feed: RecordFeed | None = None  # the ``record`` receiver's backlog, once started
+        self.deadline: float | None = None  # time.monotonic() at which the run ends (no post outlasts it)
         self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
         self._dead_path = config.state_dir / "dead-notifications.jsonl"
         self._closing: set[str] = set()  # acknowledged alerts that cleared, to record as such
@@ -107,15 +142,18 @@ class Dispatcher:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, timeout_s: float | None = None, tick_s: float = 0.2) -> dict[str, Any]:
-        """Replay the topics, then follow them and notify until ``stop`` or ``timeout_s``."""
-        topics = self.settings.topics
-        ensure_topics(self.settings.kafka, [topics.alerts])
-        ensure_topics(self.settings.kafka, [topics.alert_state, topics.silences, topics.notifications], compacted=True)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        follower = TopicFollower(self.settings.kafka, [*book_topics(self.settings), topics.notifications])
+        """Replay the topics, then follow them and notify until ``stop``, ``timeout_s`` (or the
+        options' timeout) or the options' ``limit``."""
+        timeout_s = timeout_s if timeout_s is not None else self.options.timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        follower = self._start()
+        if follower is None:  # stopped (or timed out) while Kafka did not answer
+            self._close()
+            return self.result()
         try:
             for message in follower.catch_up():
                 self.apply(message)
+            topics = self.settings.topics
             log.info(
                 "alerts forward: state rebuilt (%d alerts, %d silences, %d groups notified before); following %s "
                 "on Kafka %s -> receivers %s; Ctrl-C or SIGTERM stops",
@@ -124,9 +162,9 @@ class Dispatcher:
                 len(self.sent),
                 topics.alerts,
                 self.settings.kafka.bootstrap_servers,
-                ", ".join(sorted(self.tree.receivers)),
+                ", ".join(f"{name} ({hook.name})" for name, hook in sorted(self.webhooks.items())),
             )
-            while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            while not self.stop.is_set() and not self._past_deadline() and not self._limit_reached():
                 for message in follower.poll(tick_s):
                     self.apply(message)
                 self.evaluate()
@@ -134,15 +172,83 @@ class Dispatcher:
                     self.metrics.flush(self.book, int(self.clock() * 1000))
         finally:
             follower.close()
-            self._producer.flush(10)
-            if self.metrics is not None:
-                self.metrics.flush(self.book, int(self.clock() * 1000), force=True)
-                self.metrics.client.close()
-        return {**dict(self.counts), "malformed": self.book.malformed}
+            self._close()
+        return self.result()
+
+    def _start(self) -> TopicFollower | None:
+        """Create the topics, find the ``record`` receiver's place and open the follower; while
+        Kafka does not answer (restarting), try again every few seconds until a stop or the
+        deadline (then None; with no deadline it waits)."""
+        topics = self.settings.topics
+        while True:
+            try:
+                ensure_topics(self.settings.kafka, [topics.alerts])
+                ensure_topics(
+                    self.settings.kafka, [topics.alert_state, topics.silences, topics.notifications], compacted=True
+                )
+                receiver = self.tree.record_receiver
+                if receiver is not None and self.feed is None:
+                    feed = RecordFeed(self.settings, receiver, self.options.group_id, self.options.from_beginning)
+                    try:
+                        partitions = topic_partitions(self.settings.kafka, [topics.alerts], "READ")[topics.alerts]
+                        feed.begin(partitions)
+                    except BaseException:
+                        feed.close()
+                        raise
+                    self.feed = feed
+                return TopicFollower(self.settings.kafka, [*book_topics(self.settings), topics.notifications])
+            except ServiceUnavailable as exc:
+                if self.deadline is not None and time.monotonic() + START_RETRY_S >= self.deadline:
+                    log.warning("alerts forward: %s; the run's timeout ends it", exc)
+                    return None
+                log.warning("alerts forward: %s; retrying every %.0f s", exc, START_RETRY_S)
+                if self.stop.wait(START_RETRY_S):
+                    return None
+
+    def _close(self) -> None:
+        self._producer.flush(10)
+        if self.feed is not None:
+            self.feed.close()
+        if self.metrics is not None:
+            self.metrics.flush(self.book, int(self.clock() * 1000), force=True)
+            self.metrics.client.close()
+
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _limit_reached(self) -> bool:
+        """Handled: a record receiver's records delivered, dead-lettered or skipped as repeats;
+        without one, the alert records folded."""
+        skipped = self.feed.duplicates if self.feed is not None else 0
+        return self.options.limit is not None and self.counts["handled"] + skipped >= self.options.limit
+
+    def result(self) -> dict[str, Any]:
+        """The run's counters (every one, zero or not) and failed posts by reason."""
+        names = (
+            "alert_records",
+            "delivered",
+            "sent_firing",
+            "sent_resolved",
+            "sent_repeat",
+            "dead_lettered",
+            "retries",
+            "cleared_after_ack",
+            "forgotten_alerts",
+        )
+        feed = self.feed
+        return {
+            **{name: self.counts[name] for name in names},
+            "malformed": self.book.malformed,
+            "duplicates": feed.duplicates if feed is not None else 0,
+            "commit_failures": feed.commit_failures if feed is not None else 0,
+            "waiting": feed.waiting() if feed is not None else 0,
+            "failures": dict(self.failures),
+        }
 
     def apply(self, message: Message) -> None:
         """Fold one record of any of the four topics."""
-        if message.topic() == self.settings.topics.notifications:
+        topic = message.topic()
+        if topic == self.settings.topics.notifications:
             try:
                 record = decode(message.value(), Notification)
             except BadRecord as exc:
@@ -151,16 +257,48 @@ class Dispatcher:
                 return
             self.sent[(record.receiver, record.group_key)] = record
             return
-        alert_id = self.book.apply(message, self.settings)
-        if alert_id is not None and self.book.alerts[alert_id].needs_cleared_after_ack():
+        if topic != self.settings.topics.alerts:
+            alert_id = self.book.apply(message, self.settings)
+            if alert_id is not None:
+                self._observe(alert_id)
+            return
+        self.counts["alert_records"] += 1
+        try:
+            alert: AlertRecord | None = decode_alert(message.value())
+            detail = ""
+        except BadAlert as exc:
+            alert, detail = None, str(exc)
+            self.book.malformed += 1
+            log.warning("malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(), exc)
+        routes = self.tree.routes(alert) if alert is not None else []
+        if self.feed is not None:
+            pending = self.feed.pending(
+                message.partition(), message.offset(), alert, message.value() or b"", message.key(), detail
+            )
+            routed = alert is None or any(r.receiver == self.feed.receiver for r in routes)
+            self.feed.offer(pending, routed, alert is not None and self._seen(alert))
+        else:
+            self.counts["handled"] += 1
+        if alert is None:
+            return
+        self.book.apply_alert(alert)
+        self._observe(alert.alert_id)
+        for route in routes:
+            if route.receiver == self.tree.record_receiver:
+                continue
+            group = self.groups.setdefault((route.receiver, route.group_key(alert)), Group(route))
+            group.alert_ids.add(alert.alert_id)
+
+    def _seen(self, alert: AlertRecord) -> bool:
+        """The book already holds this alert's raise (or clear): ``alert`` repeats it."""
+        view = self.book.alerts.get(alert.alert_id)
+        return view is not None and (view.raised if alert.raised else view.cleared) is not None
+
+    def _observe(self, alert_id: str) -> None:
+        if self.book.alerts[alert_id].needs_cleared_after_ack():
             self._closing.add(alert_id)
-        if alert_id is not None and self.metrics is not None:
+        if self.metrics is not None:
             self.metrics.observe(self.book.alerts[alert_id])
-        if alert_id is not None and message.topic() == self.settings.topics.alerts:
-            view = self.book.alerts[alert_id]
-            for route in self.tree.routes(view.record):
-                group = self.groups.setdefault((route.receiver, route.group_key(view.record)), Group(route))
-                group.alert_ids.add(alert_id)
 
     # -- deciding --------------------------------------------------------------------------
 
@@ -168,9 +306,10 @@ class Dispatcher:
         """Record acknowledged alerts that cleared; send every notification that is due now."""
         self._record_cleared_after_ack()
         for gid, group in list(self.groups.items()):
-            if self.stop.is_set():
+            if self.stop.is_set() or self._past_deadline():
                 return
             self._evaluate(gid, group, int(self.clock() * 1000))
+        self._post_records()
         if self.clock() - self._forgot_at >= 5.0:
             self.forget(int(self.clock() * 1000))
 
@@ -250,6 +389,71 @@ class Dispatcher:
 
     # -- sending ---------------------------------------------------------------------------
 
+    def _post(self, receiver: str, document: dict[str, Any], key: str, attempt: int) -> PostResult:
+        """One post, no longer than the run has left."""
+        webhook = self.webhooks[receiver]
+        timeout_s = None
+        if self.deadline is not None:
+            timeout_s = max(0.001, min(webhook.timeout_s, self.deadline - time.monotonic()))
+        return webhook.send(document, key, attempt, timeout_s)
+
+    def _retry_in(self, receiver: str, failures: int, result: PostResult) -> float:
+        """Seconds until a failed post is tried again: the back-off, or the receiver's Retry-After."""
+        wait_s = self.backoff.delay(failures)
+        if result.retry_after_s is not None:
+            wait_s = min(result.retry_after_s, self.config.retry_after_max_s)
+        self.counts["retries"] += 1
+        self.failures[result.reason] += 1
+        log.warning(
+            "receiver %s (%s): post failed (%s), retrying in %.2f s%s",
+            receiver,
+            self.webhooks[receiver].name,
+            result.reason,
+            wait_s,
+            " (Retry-After)" if result.retry_after_s is not None else "",
+        )
+        return wait_s
+
+    def _post_records(self) -> None:
+        """Post the ``record`` receiver's backlog in order, one record at a time, for up to
+        :data:`FEED_SLICE_S` (then the topics are read again); a failed post holds the
+        backlog until its retry (the receiver is down for all of it)."""
+        feed = self.feed
+        if feed is None:
+            return
+        until = time.monotonic() + FEED_SLICE_S
+        while not self.stop.is_set() and not self._past_deadline() and time.monotonic() < until:
+            if self._limit_reached() or int(self.clock() * 1000) < feed.retry_at_ms:
+                break
+            pending = feed.head()
+            if pending is None:
+                feed.commit()  # records not routed here move the group on too
+                break
+            if not self._post_record(feed, pending):
+                break
+
+    def _post_record(self, feed: RecordFeed, pending: Pending) -> bool:
+        """Deliver, dead-letter or skip the head; False when its post failed (retried later)."""
+        alert = pending.alert
+        if alert is None:
+            self._dead_letter(feed.receiver, pending.where, None, "malformed", pending.detail, pending)
+        else:
+            result = self._post(feed.receiver, record_body(alert), record_key(alert), feed.failures + 1)
+            if result.outcome == "retry":
+                feed.failures += 1
+                wait_s = self._retry_in(feed.receiver, feed.failures, result)
+                feed.retry_at_ms = int(self.clock() * 1000) + int(wait_s * 1000)
+                return False
+            if result.outcome == "delivered":
+                self.counts["delivered"] += 1
+            else:
+                self._dead_letter(
+                    feed.receiver, record_key(alert), record_body(alert), result.reason, result.detail, pending
+                )
+        feed.done(pending)
+        self.counts["handled"] += 1
+        return True
+
     def _send(
         self,
         gid: GroupId,
@@ -274,19 +478,14 @@ class Dispatcher:
             repeated,
         )
         key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
-        result = self.webhooks[receiver].send(document, key, group.failures + 1)
+        result = self._post(receiver, document, key, group.failures + 1)
         if result.outcome == "retry":  # not recorded: tried again later, other receivers are not held up
             group.failures += 1
-            wait_s = self.backoff.delay(group.failures)
-            if result.retry_after_s is not None:
-                wait_s = min(result.retry_after_s, self.config.retry_after_max_s)
-            group.retry_at_ms = now + int(wait_s * 1000)
-            self.counts["retries"] += 1
-            log.warning("notification to %s failed (%s), retrying in %.2f s", receiver, result.reason, wait_s)
+            group.retry_at_ms = now + int(self._retry_in(receiver, group.failures, result) * 1000)
             return
         group.failures, group.retry_at_ms = 0, 0
         if result.outcome != "delivered":
-            self._dead_letter(receiver, group_key, document, result)
+            self._dead_letter(receiver, group_key, document, result.reason, result.detail)
         record = Notification(ONCALL_SCHEMA_VERSION, receiver, group_key, kind, now, firing, resolved, repeated)
         self._record(record)
         self.sent[gid] = record
@@ -305,30 +504,51 @@ class Dispatcher:
             encode(record),
         )
 
-    def _dead_letter(self, receiver: str, group_key: str, document: dict[str, Any], result: PostResult) -> None:
-        """A receiver refused the notification for good (4xx): kept with the reason, then moved on."""
+    def _dead_letter(
+        self,
+        receiver: str,
+        group_key: str,
+        document: dict[str, Any] | None,
+        reason: str,
+        detail: str,
+        source: Pending | None = None,
+    ) -> None:
+        """A notification the receiver refused for good (4xx), or an alert record that does not
+        decode: kept with the reason in the file (and the dead-letter topic if set), then moved
+        on. ``source``: the alert-topic record it came from (a ``record`` receiver's)."""
         self.counts["dead_lettered"] += 1
         log.error(
-            "receiver %s refused a notification for %s (%s %s): dead-lettered to %s",
+            "receiver %s: %s for %s dead-lettered to %s: %s",
             receiver,
+            reason,
             group_key,
-            result.reason,
-            result.detail[:200],
             self._dead_path,
+            detail[:200],
         )
+        entry = {
+            "dead_at_ms": int(self.clock() * 1000),
+            "receiver": receiver,
+            "group_key": group_key,
+            "reason": reason,
+            "detail": detail[:1000],
+            "notification": document,
+        }
+        if source is not None:
+            entry["alert_topic_offset"] = f"{self.settings.topics.alerts}[{source.where}]"
+            if source.alert is None:
+                entry["raw"] = source.raw.decode(errors="replace")
         self._dead_path.parent.mkdir(parents=True, exist_ok=True)
         with self._dead_path.open("a", encoding="utf-8") as handle:
-            handle.write(
-                json.dumps(
-                    {
-                        "dead_at_ms": int(self.clock() * 1000),
-                        "receiver": receiver,
-                        "group_key": group_key,
-                        "reason": result.reason,
-                        "detail": result.detail[:1000],
-                        "notification": document,
-                    },
-                    default=str,
-                )
-                + "\n"
-            )
+            handle.write(json.dumps(entry, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        topic = self.config.dead_letter_topic
+        if topic:
+            if source is not None and source.alert is None:
+                original = source.raw  # the record as the alert topic holds it
+            else:
+                original = json.dumps(document, default=str).encode()
+            dead = DeadLetter(reason, detail, "alerts-forward", original, source.key if source else group_key.encode())
+            self._producer.produce(topic, original, key=dead.key, headers=dead.headers())
+            if self._producer.flush(10) > 0:
+                log.error("dead-letter topic %s did not confirm within 10 s (the file has it)", topic)

@@ -13,7 +13,10 @@ The forwarder folds every alert, acknowledgement and silence anyway; it writes:
 The event points are written again when the forwarder replays the topics after a restart;
 their timestamps are the events' own (plus a per-alert offset in nanoseconds, so two events
 in one millisecond stay two points), so a rewrite overwrites and counts nothing twice.
-InfluxDB failures are logged, not fatal: the dashboard is derived data.
+InfluxDB failures are logged, not fatal: the dashboard is derived data. After a failed write
+the points wait for the next snapshot (``interval_s``) rather than the forwarder's next tick,
+and at most :data:`MAX_PENDING` wait (the oldest are dropped, counted and logged), so an
+InfluxDB that is away neither slows the notifications nor grows the forwarder's memory.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from iotwatch.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
+#: Points kept for the next write while InfluxDB is away.
+MAX_PENDING = 50_000
+
 
 class LifecycleMetrics:
     def __init__(self, client: InfluxV1Client, interval_s: float = 10.0) -> None:
@@ -39,6 +45,8 @@ class LifecycleMetrics:
         self.seen_groups: set[tuple[str, str]] = set()
         self.next_snapshot_ms = 0
         self.failures = 0
+        self.dropped = 0  # points dropped while InfluxDB was away
+        self.retry_at_ms = 0  # after a failed write, the next one is not tried before this
 
     def observe(self, view: AlertView) -> None:
         """Queue the event points ``view`` has that were not queued yet."""
@@ -73,15 +81,24 @@ class LifecycleMetrics:
         if force or now_ms >= self.next_snapshot_ms:
             self.pending += self.snapshot(book, now_ms)
             self.next_snapshot_ms = now_ms + self.interval_ms
-        if not self.pending:
+        if len(self.pending) > MAX_PENDING:
+            excess = len(self.pending) - MAX_PENDING
+            self.dropped += excess
+            del self.pending[:excess]
+            log.warning("InfluxDB away: dropped the %d oldest on-call points (%d in all)", excess, self.dropped)
+        if not self.pending or (now_ms < self.retry_at_ms and not force):
             return
         try:
             self.client.write_points(self.pending, precision="ns")
             self.pending = []
         except ServiceUnavailable as exc:
             self.failures += 1
+            self.retry_at_ms = now_ms + self.interval_ms
             log.warning(
-                "InfluxDB write of %d on-call points failed (kept for the next try): %s", len(self.pending), exc
+                "InfluxDB write of %d on-call points failed (kept for the next try in %.0f s): %s",
+                len(self.pending),
+                self.interval_ms / 1000,
+                exc,
             )
 
     def snapshot(self, book: AlertBook, now_ms: int) -> list[Point]:

@@ -1,5 +1,33 @@
-"""The body of one group notification: a JSON document with a Slack-compatible ``text``.
+"""What a receiver is sent: one alert record (``record`` receivers, ``alerts forward --webhook``)
+or one group notification, as JSON with a Slack-compatible ``text``.
 
+Every post::
+
+    POST <receiver url>
+    Content-Type: application/json
+    Idempotency-Key: <key>                  same value on every retry and after restarts
+    X-Iotwatch-Attempt: <n>                 1 for the first try of this process
+    User-Agent: iotwatch-alerts-forward/1
+    (plus IOTWATCH_ALERTS_WEBHOOK_HEADERS and the receiver's headers, e.g. Authorization)
+
+``record`` receivers get one post per alert record (state ``raised`` or ``cleared``) with
+the key ``<alert_id>:<state>``::
+
+    {"alert_id": "3f0c...", "state": "raised", "severity": "critical", "rule": "crash",
+     "detector": "rule", "device_id": "car-1", "device_type": "vehicle_edr", "site": "fleet-2",
+     "metric": "accel_long_g", "value": -6.2, "score": 1.0, "threshold": 4.0,
+     "fire_score": 0.75, "clear_score": 0.45, "contributors": [{"metric": ..., "value": ..., "score": ...}],
+     "first_event_ms": ..., "first_event_time": "...Z", "last_event_ms": ..., "last_event_time": "...Z",
+     "occurrences": 1, "detected_at": "...Z", "detected_at_ms": ..., "model_version": "...",
+     "message": "[CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ...",
+     "text": ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ..."}
+
+That body is the alert record exactly as published (every field of streaming.alerting, any
+future field too) plus ``text``, so Slack/Mattermost incoming webhooks can take it as is.
+``text`` starts with :red_circle: critical, :large_orange_circle: major,
+:large_yellow_circle: minor, :large_blue_circle: warning, :large_green_circle: cleared.
+
+Group notifications carry a key derived from the receiver, the group and what it lists.
 ``json`` receivers get::
 
     {"receiver": "oncall", "status": "firing", "kind": "firing", "group_key": "0.1:{site=home-1,rule=leak}",
@@ -17,9 +45,20 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.book import AlertView
-from alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank
+from alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank, slack_text
 from alerts.routing import Route
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.oncall import NotificationKind
+
+
+def record_body(alert: AlertRecord) -> dict[str, Any]:
+    """A ``record`` receiver's body: the alert record unchanged plus a Slack-compatible ``text``."""
+    return {**alert_as_dict(alert), "text": slack_text(alert)}
+
+
+def record_key(alert: AlertRecord) -> str:
+    """A ``record`` receiver's ``Idempotency-Key``: the same for every post of this record."""
+    return f"{alert.alert_id}:{alert.state}"
 
 
 def body(

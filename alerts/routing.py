@@ -9,6 +9,9 @@ TOML::
     url = "https://hooks.slack.com/services/..."
     format = "slack"                     # only {"text": ...}: what Slack incoming webhooks take
     headers = {Authorization = "Bearer ..."}
+    [receivers.archive]
+    url = "https://siem.example/iotwatch"
+    format = "record"                    # every raised/cleared record as it is, one post each
 
     [route]                              # the root policy matches every alert
     receiver = "oncall"
@@ -29,6 +32,12 @@ An alert goes down the tree: at each policy the children are tried in order; a m
 child takes the alert (and its own children are tried), and unless it says ``continue``
 the siblings after it are not tried. A policy no child took the alert from delivers it to
 its own receiver. Children inherit grouping and timing they do not set.
+
+A ``record`` receiver gets each raised/cleared alert record routed to it, one post per
+record with the ``Idempotency-Key`` ``<alert_id>:<state>`` (:mod:`alerts.notification`):
+grouping, timing, silences and repeats do not apply, and its progress is the forwarder's
+consumer group (:mod:`alerts.feed`), so a routing file has at most one. ``alerts forward
+--webhook URL`` is the tree of one ``record`` receiver (:func:`single_receiver`).
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ class Receiver(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
-    format: Literal["json", "slack"] = "json"
+    format: Literal["json", "slack", "record"] = "json"
     headers: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(10.0, gt=0)
 
@@ -131,6 +140,11 @@ class RoutingTree:
     receivers: dict[str, Receiver]
     root: Policy
 
+    @property
+    def record_receiver(self) -> str | None:
+        """The receiver that takes every record routed to it one by one, if any."""
+        return next((name for name, r in self.receivers.items() if r.format == "record"), None)
+
     def routes(self, alert: AlertRecord) -> list[Route]:
         """Every route ``alert`` takes (one per receiver it goes to; several with ``continue``)."""
         found: list[Route] = []
@@ -182,6 +196,11 @@ def parse_routing(data: dict[str, Any], where: str = "routing") -> RoutingTree:
     missing = sorted(_receivers(parsed.route) - set(parsed.receivers))
     if missing:
         raise RoutingError(f"{where}: policies name receivers that are not defined: {', '.join(missing)}")
+    records = sorted(name for name, r in parsed.receivers.items() if r.format == "record")
+    if len(records) > 1:
+        raise RoutingError(
+            f"{where}: receivers {', '.join(records)} all take records; one may (its progress is the consumer group)"
+        )
     return RoutingTree(parsed.receivers, parsed.route)
 
 
@@ -193,10 +212,13 @@ def _receivers(policy: Policy) -> set[str]:
 
 
 def single_receiver(url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> RoutingTree:
-    """The tree of ``alerts forward --webhook URL``: every alert to one receiver."""
+    """The tree of ``alerts forward --webhook URL``: every alert record to one ``record`` receiver."""
     return parse_routing(
         {
-            "receivers": {"webhook": {"url": url, "headers": headers or {}, "timeout_s": timeout_s}},
+            "receivers": {
+                "webhook": {"url": url, "format": "record", "headers": headers or {}, "timeout_s": timeout_s}
+            },
             "route": {"receiver": "webhook"},
-        }
+        },
+        "--webhook",
     )

@@ -12,31 +12,17 @@ import email.utils
 import json
 import logging
 import random
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 
-from alerts.records import slack_text
-from iotwatch.contract.alerts import AlertRecord, alert_as_dict
-
 log = logging.getLogger(__name__)
 
 RETRYABLE_4XX = (408, 429)
 USER_AGENT = "iotwatch-alerts-forward/1"
-
-
-def payload(alert: AlertRecord) -> dict[str, Any]:
-    """The JSON body: the alert record unchanged plus a Slack-compatible ``text``."""
-    return {**alert_as_dict(alert), "text": slack_text(alert)}
-
-
-def idempotency_key(alert: AlertRecord) -> str:
-    return f"{alert.alert_id}:{alert.state}"
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -89,10 +75,6 @@ class Webhook:
         """Where posts go, without secrets (:func:`receiver_name`)."""
         return receiver_name(self.url)
 
-    def post(self, alert: AlertRecord, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
-        """Post one alert record (``alerts forward --webhook``)."""
-        return self.send(payload(alert), idempotency_key(alert), attempt, timeout_s)
-
     def send(self, document: dict[str, Any], key: str, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
         """Post ``document`` as JSON with ``key`` as its Idempotency-Key (the same on every retry)."""
         headers = {
@@ -136,46 +118,3 @@ class Backoff:
     def delay(self, failures: int) -> float:
         ceiling = min(self.max_s, self.initial_s * self.multiplier ** max(0, failures - 1))
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
-
-
-#: Longest stretch without calling ``idle`` while waiting to retry.
-IDLE_EVERY_S = 1.0
-
-
-def deliver(
-    webhook: Webhook,
-    alert: AlertRecord,
-    backoff: Backoff,
-    stop: threading.Event,
-    retry_after_max_s: float = 300.0,
-    on_failure: Callable[[PostResult, float], None] | None = None,
-    *,
-    deadline: float | None = None,
-    idle: Callable[[], None] | None = None,
-) -> PostResult | None:
-    """Post until delivered or permanently refused; None when ``stop`` was set or the
-    ``deadline`` (``time.monotonic()``) passed before that (the post in flight is always
-    finished first, so an accepted alert is never reported as lost; no post outlasts the
-    deadline). ``idle`` is called at least every second while waiting to retry (a
-    consumer polls there to keep its group membership), and after each wait."""
-    failures = 0
-    while True:
-        timeout = None if deadline is None else max(0.001, min(webhook.timeout_s, deadline - time.monotonic()))
-        result = webhook.post(alert, failures + 1, timeout)
-        if result.outcome != "retry":
-            return result
-        failures += 1
-        wait = backoff.delay(failures)
-        if result.retry_after_s is not None:
-            wait = min(result.retry_after_s, retry_after_max_s)
-        if on_failure is not None:
-            on_failure(result, wait)
-        until = time.monotonic() + wait
-        while True:
-            left = until - time.monotonic() if deadline is None else min(until, deadline) - time.monotonic()
-            if stop.wait(max(0.0, min(left, IDLE_EVERY_S))) or (deadline is not None and time.monotonic() >= deadline):
-                return None
-            if idle is not None:
-                idle()
-            if time.monotonic() >= until:
-                break

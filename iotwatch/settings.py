@@ -495,7 +495,8 @@ class AlertsSettings(_ConcernSettings):
     )
     forward_group_id: str = Field(
         "iotwatch-alerts-forward",
-        description="consumer group of `alerts forward`; instances sharing it split the partitions",
+        description="consumer group in which `alerts forward` commits how far its record receiver (`--webhook`) "
+        "got; its lag is that receiver's backlog",
     )
     session_timeout_ms: int = Field(
         10_000,
@@ -505,10 +506,9 @@ class AlertsSettings(_ConcernSettings):
     max_poll_interval_ms: int = Field(
         300_000,
         ge=1000,
-        description="a consumer silent this long leaves its group "
-        "(`alerts forward` polls while a receiver is down, so it never is)",
+        description="a group member of `alerts tail --group` silent this long leaves its group",
     )
-    webhook_url: str | None = Field(None, description="where `alerts forward` posts alerts")
+    webhook_url: str | None = Field(None, description="where `alerts forward` posts every alert record")
     webhook_headers: dict[str, str] = Field(
         default_factory=dict, description="extra HTTP headers, e.g. Authorization (JSON)"
     )
@@ -518,16 +518,16 @@ class AlertsSettings(_ConcernSettings):
     retry_after_max_s: float = Field(300.0, ge=0, description="Retry-After is honoured up to this long")
     state_dir: Path = Field(
         default_factory=lambda: Path.home() / ".iotwatch" / "alerts",
-        description="dedupe store and dead-letter file of `alerts forward`",
+        description="where `alerts forward` dead-letters refused notifications (dead-notifications.jsonl)",
     )
-    dedupe_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="deliveries remembered this long")
     dead_letter_topic: str | None = Field(
-        None, description="also produce undeliverable alerts here (the file <state_dir>/dead-letters.jsonl always)"
+        None,
+        description="also produce refused notifications here (the file <state_dir>/dead-notifications.jsonl always)",
     )
     forget_after_s: float = Field(
         600.0,
         ge=0,
-        description="`alerts forward --routes` drops cleared alerts (once "
+        description="`alerts forward` drops cleared alerts (once "
         "their resolution was sent), expired silences and quiet groups from memory this "
         "long after they ended; the records stay in Kafka",
     )

@@ -87,7 +87,7 @@ def _forward(settings: Settings, unique: str, _home: Path) -> tuple[list[str], s
     ensure_topics(settings.kafka, [settings.topics.alerts])
     argv = ["alerts", "forward", "--kafka", settings.kafka.bootstrap_servers, "--group", f"fw-{unique}"]
     argv += ["--webhook", "http://127.0.0.1:9/hook", "--state-dir", str(_home / "forward")]
-    return argv, "alerts forward: " + settings.topics.alerts, "alerts forward: consumed 0"
+    return argv, "alerts forward: state rebuilt", "alerts forward: alert records 0"
 
 
 def _forward_routed(settings: Settings, _unique: str, home: Path) -> tuple[list[str], str, str]:

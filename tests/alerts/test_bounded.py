@@ -1,7 +1,8 @@
 """The long-running on-call services keep only what is open: after waves of alerts that fire
 and clear, the forwarder holds the open alerts, their groups and the active silences (cleared
-alerts go once their resolution was sent), and the responder the open alerts and unsettled
-commands. Against the real Apache Kafka broker, MQTT broker and a real HTTP receiver."""
+alerts go once their resolution was sent; with a record receiver, once their records were
+posted), and the responder the open alerts and unsettled commands.
+Against the real Apache Kafka broker, MQTT broker and a real HTTP receiver."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from confluent_kafka import Producer
 
 from alerts.actions import add_silence
 from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing
+from alerts.routing import parse_routing, single_receiver
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, Matchers, encode
 from iotwatch.settings import AlertsSettings, Settings
@@ -81,6 +82,28 @@ def test_forwarder_memory_holds_only_open_alerts_and_recent_groups(
         assert len(dispatcher.groups) == 1 and len(dispatcher.sent) == 1  # site-0 holds all the open ones
         assert dispatcher.book.silences == {}  # the expired silence is gone too
         assert dispatcher.counts["sent_resolved"] >= SITES
+    finally:
+        running.close()
+
+
+def test_a_record_receivers_forwarder_holds_only_open_alerts(
+    test_settings: Settings, tmp_path: Path, webhook: Any
+) -> None:
+    """``alerts forward --webhook``: once every record is delivered and the cleared alerts'
+    time is up, the book and what the receiver was sent hold the open alerts; nothing waits."""
+    hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    raised, cleared = wave(0, int(time.time() * 1000) - 60_000)
+    produce(test_settings.kafka, test_settings.topics.alerts, raised + cleared)
+    config = AlertsSettings(state_dir=tmp_path, forget_after_s=0)
+    running = InThread(lambda stop: Dispatcher(test_settings, config, single_receiver(url), stop))
+    dispatcher: Dispatcher = running.service
+    try:
+        wait_for(lambda: len(hook.delivered) == len(raised) + len(cleared), 60, "every record delivered")
+        wait_for(lambda: dispatcher.counts["forgotten_alerts"] >= len(cleared), 30, "cleared alerts forgotten")
+        open_ids = {a.alert_id for a in raised[:OPEN]}
+        assert dispatcher.feed is not None and dispatcher.feed.waiting() == 0
+        assert set(dispatcher.book.alerts) == open_ids
+        assert dispatcher.groups == {} and dispatcher.sent == {}
     finally:
         running.close()
 

@@ -66,6 +66,13 @@ def test_routing_file_errors_name_the_problem() -> None:
         parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_by": ["colour"]}})
     with pytest.raises(RoutingError, match="not a duration"):
         parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_wait": "soon"}})
+    with pytest.raises(RoutingError, match="a, b all take records"):
+        parse_routing(
+            {
+                "receivers": {name: {"url": "http://x/", "format": "record"} for name in ("a", "b")},
+                "route": {"receiver": "a"},
+            }
+        )
 
 
 def test_forwarder_routes_groups_silences_repeats_resolves_and_survives_a_restart(
@@ -276,7 +283,8 @@ def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
-    assert json.loads(out) == {"sent_firing": 1, "malformed": 0}
+    counts = json.loads(out)
+    assert (counts["alert_records"], counts["sent_firing"], counts["delivered"], counts["malformed"]) == (1, 1, 0, 0)
     assert listed(bodies(hook)[0]) == {leak.alert_id}
     bad = tmp_path / "bad.toml"
     bad.write_text('[receivers.a]\nurl = "ftp://x"\n[route]\nreceiver = "a"\n')

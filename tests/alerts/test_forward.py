@@ -1,4 +1,5 @@
-"""``iotwatch alerts forward`` against the real broker and a webhook that fails on purpose."""
+"""``iotwatch alerts forward --webhook URL`` (the tree of one ``record`` receiver) against the
+real broker and a webhook that fails on purpose."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from alerts.forward import Forwarder, ForwardOptions
-from alerts.webhook import Webhook
-from iotwatch.contract.alerts import alert_as_dict
+from alerts.dispatch import Dispatcher, ForwardOptions
+from alerts.notification import record_body
+from alerts.routing import single_receiver
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.settings import AlertsSettings, Settings
 from tests.alerts.conftest import alert_run, key, make_alert, produce
 from tests.helpers import read_topic, user_env, wait_for
@@ -44,7 +47,8 @@ def forward_in_thread(
     options: ForwardOptions,
 ) -> tuple[threading.Event, threading.Thread, dict[str, Any]]:
     stop, result = threading.Event(), {}
-    forwarder = Forwarder(settings, config, Webhook(url, timeout_s=config.webhook_timeout_s), options, stop)
+    tree = single_receiver(url, timeout_s=config.webhook_timeout_s)
+    forwarder = Dispatcher(settings, config, tree, stop, options=options)
     thread = threading.Thread(target=lambda: result.update(forwarder.run()), daemon=True)
     thread.start()
     return stop, thread, result
@@ -55,7 +59,7 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
 ) -> None:
     records = alert_run(12)
     rejected = make_alert("car-9", "vehicle_edr", "fleet-9", "crash", "critical", "raised", 1)
-    acknowledged = json.dumps({**alert_as_dict(records[0]), "state": "acknowledged"}).encode()
+    acknowledged = json.dumps({**record_body(records[0]), "state": "acknowledged"}).encode()
     produce(
         test_settings.kafka,
         test_settings.topics.alerts,
@@ -63,7 +67,9 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
     )
     total, expected = len(records) + 4, {key(r) for r in records}
     hook, url = webhook(fail_every=3, retry_after_at=4, stall_at=5, stall_s=1.5, reject={rejected.alert_id})
-    config = AlertsSettings(state_dir=tmp_path, **FAST)
+    dead_topic = f"{test_settings.topics.alerts}.dead"
+    ensure_topics(test_settings.kafka, [dead_topic])
+    config = AlertsSettings(state_dir=tmp_path, dead_letter_topic=dead_topic, **FAST)
 
     stop, thread, counts = forward_in_thread(
         test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True, limit=total)
@@ -76,24 +82,33 @@ def test_forward_delivers_all_through_failures_dead_letters_and_dedupes(
     )
     assert counts["delivered"] == len(records) and counts["duplicates"] == 1
     # the record that is not JSON and the one whose state is no alert state: dead letters with reasons
-    assert counts["dead_lettered"] == 3 and counts["interrupted"] == 0
+    assert counts["dead_lettered"] == 3 and counts["waiting"] == 0 and counts["malformed"] == 2
     assert {"http_503", "http_429", "timeout"} <= set(counts["failures"]), counts
-    dead = [json.loads(line) for line in (tmp_path / "dead-letters.jsonl").read_text().splitlines()]
+    dead = [json.loads(line) for line in (tmp_path / "dead-notifications.jsonl").read_text().splitlines()]
     assert sorted(d["reason"] for d in dead) == ["http_400", "malformed", "malformed"]
     assert any("`$.state`" in d["detail"] for d in dead)
-    assert next(d for d in dead if d["reason"] == "http_400")["alert"] == alert_as_dict(rejected)
+    assert next(d for d in dead if d["reason"] == "http_400")["notification"] == record_body(rejected)
+    assert all(d["raw"] for d in dead if d["reason"] == "malformed")
+    on_topic = read_topic(test_settings.kafka, dead_topic, expected=3)
+    letters = [DeadLetter.of_message(m.value(), m.key(), m.headers()) for m in on_topic]
+    assert sorted((d.reason, d.stage) for d in letters) == [
+        ("http_400", "alerts-forward"),
+        ("malformed", "alerts-forward"),
+        ("malformed", "alerts-forward"),
+    ]
+    assert {d.original for d in letters if d.reason == "malformed"} == {b"{not json", acknowledged}
     assert committed_everything(test_settings, f"fwd-{unique}")
     # the stalled request counts as delivered server-side while the client retried: the one repeat
     assert len(hook.delivered) - len(expected) <= 1
 
-    # another group reading everything again: the store knows what this webhook already has
+    # a restart in the same group replays the topics for its state and posts nothing again
     requests_before = len(hook.requests)
     stop, thread, again = forward_in_thread(
-        test_settings, config, url, ForwardOptions(f"fwd2-{unique}", from_beginning=True, limit=total)
+        test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True, timeout_s=3)
     )
     thread.join(60)
     assert len(hook.requests) == requests_before
-    assert again["delivered"] == 0 and again["duplicates"] == len(records) + 2  # + the repeat, + the rejected one
+    assert again["alert_records"] == total and again["delivered"] == again["dead_lettered"] == again["waiting"] == 0
 
 
 def forward_command(
@@ -167,7 +182,7 @@ def test_acceptance_forward_across_kill_9(test_settings: Settings, unique: str, 
     # the client gave up on, and the one in flight at the kill -- not the ~20 committed before it
     assert sum(n - 1 for n in repeats.values()) <= 2, repeats
     assert counts["delivered"] + counts["duplicates"] >= len(expected) - at_kill
-    assert counts["interrupted"] == 0 and counts["dead_lettered"] == 0
+    assert counts["waiting"] == 0 and counts["dead_lettered"] == 0
     assert committed_everything(test_settings, f"fwd-{unique}")
 
 
@@ -182,7 +197,7 @@ def test_sigterm_finishes_the_post_in_flight(
         wait_for(lambda: len(hook.requests) >= 2, 60, "a post in flight")
     finally:
         counts = stop_gracefully(process)  # while the 2nd post waits for its (slow) answer
-    assert counts["delivered"] == len(hook.requests) == 2 == counts["consumed"]
+    assert counts["delivered"] == len(hook.requests) == 2 and counts["waiting"] == len(records) - 2
 
     # resumes after the 2 committed
     again = forward_command(test_settings, url, f"fwd-{unique}", tmp_path, webhook_timeout_s=5)
@@ -240,38 +255,63 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
     assert result.returncode == 0, result.stderr
     assert elapsed <= 30, f"ran {elapsed:.1f} s: the 5 s timeout did not end the run"
     assert "SECRET" not in result.stderr + result.stdout and "token" not in result.stderr + result.stdout
-    assert "alerts forward: consumed" in result.stdout
+    assert "alerts forward: alert records 2" in result.stdout and "left for the next run" in result.stdout
 
 
-def test_forward_keeps_its_group_membership_while_the_receiver_is_down(
+def test_a_receiver_down_holds_the_backlog_and_nothing_is_committed_past_it(
     test_settings: Settings, unique: str, tmp_path: Path, webhook: Any, caplog: Any
 ) -> None:
-    """A receiver down for longer than max.poll.interval.ms: the paused consumer keeps
-    polling, stays in its group, and commits everything once the receiver is back. Each
-    retry names the receiver (scheme, host, port, first path segment), never its secrets."""
+    """A receiver that fails every post: the first record is retried with a growing back-off,
+    the rest wait behind it, the group commits nothing; once the receiver is back every record
+    is delivered and committed. Each retry names the receiver (scheme, host, port, first path
+    segment), never its secrets."""
     import logging
     import time
 
-    caplog.set_level(logging.WARNING, logger="alerts.forward")
+    caplog.set_level(logging.WARNING, logger="alerts.dispatch")
     records = alert_run(3)
     produce(test_settings.kafka, test_settings.topics.alerts, records)
     hook, url = webhook(fail_every=1, retry_after_at=None, stall_at=None)
     base = url.removesuffix("/hook")
     url = f"{base.replace('http://', 'http://user:secret@')}/hook/T00/SECRET?token=abc"
-    config = AlertsSettings(state_dir=tmp_path, **{**FAST, "max_poll_interval_ms": 7000})
+    config = AlertsSettings(state_dir=tmp_path, **FAST)
     stop, thread, result = forward_in_thread(
         test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=True)
     )
     try:
-        time.sleep(12)  # every post fails meanwhile: > max.poll.interval.ms on the first alert
-        assert not hook.delivered
+        wait_for(lambda: hook.requests, 60, "the first post")
+        time.sleep(4)  # every post fails meanwhile
+        assert not hook.delivered and len({k for k, _, _ in hook.requests}) == 1  # the first record only
+        assert not committed_everything(test_settings, f"fwd-{unique}")
         hook.fail_every = 0
         wait_for(lambda: set(hook.delivered) == {key(r) for r in records}, 60, "every alert delivered")
     finally:
         stop.set()
         thread.join(30)
-    assert result["commit_failures"] == 0 and result["retries"] > 10, result
+    assert result["commit_failures"] == 0 and result["retries"] >= 4, result
     assert committed_everything(test_settings, f"fwd-{unique}")
     retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
-    assert retries and all(m.startswith(f"webhook {base}/hook/…: post failed (http_503)") for m in retries), retries
+    assert retries and all(
+        m.startswith(f"receiver webhook ({base}/hook/…): post failed (http_503)") for m in retries
+    ), retries
     assert not any("secret" in m.lower() or "token" in m for m in retries)
+
+
+def test_from_latest_skips_what_the_topic_held_before_the_first_run(
+    test_settings: Settings, unique: str, tmp_path: Path, webhook: Any
+) -> None:
+    before, after = alert_run(2), alert_run(1, start_ms=1_000)
+    produce(test_settings.kafka, test_settings.topics.alerts, before)
+    hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    config = AlertsSettings(state_dir=tmp_path, **FAST)
+    stop, thread, result = forward_in_thread(
+        test_settings, config, url, ForwardOptions(f"fwd-{unique}", from_beginning=False)
+    )
+    try:
+        wait_for(lambda: committed_everything(test_settings, f"fwd-{unique}"), 30, "the start committed")
+        produce(test_settings.kafka, test_settings.topics.alerts, after)
+        wait_for(lambda: len(hook.delivered) == len(after), 30, "the alerts written after the start")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert set(hook.delivered) == {key(r) for r in after} and result["delivered"] == len(after)

@@ -1,19 +1,17 @@
-"""Pure logic of the on-call tools: filters, text, retry policy, dedupe store (no broker)."""
+"""Pure logic of the on-call tools: filters, text, retry policy, one post (no broker)."""
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from email.utils import formatdate
-from pathlib import Path
 
 from rich.console import Console
 
+from alerts.notification import record_body, record_key
 from alerts.records import AlertFilter, human_age, slack_text
-from alerts.store import DeliveryStore
 from alerts.tail import TailView, line
-from alerts.webhook import Backoff, Webhook, deliver, parse_retry_after, payload
+from alerts.webhook import Backoff, Webhook, parse_retry_after
 from iotwatch.contract.alerts import alert_as_dict
 from tests.alerts.conftest import changed, make_alert
 
@@ -34,7 +32,7 @@ def test_slack_text_and_payload() -> None:
     assert slack_text(CRASH) == ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: value 31.5"
     cleared = changed(CRASH, state="cleared", message="")
     assert slack_text(cleared) == ":large_green_circle: [CRITICAL] crash cleared on vehicle_edr car-1 at fleet-2"
-    body = payload(CRASH)
+    body = record_body(CRASH)
     assert body["text"].startswith(":red_circle:") and {k: v for k, v in body.items() if k != "text"} == alert_as_dict(
         CRASH
     )
@@ -54,46 +52,23 @@ def test_human_age() -> None:
     assert [human_age(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m05s", "1h01m", "1d01h"]
 
 
-def test_store_remembers_per_webhook_and_prunes(tmp_path: Path) -> None:
-    store = DeliveryStore(tmp_path / "d.sqlite", "http://a/hook", ttl_s=60)
-    store.record("id1", "raised", "delivered")
-    assert store.outcome("id1", "raised") == "delivered" and store.outcome("id1", "cleared") is None
-    store.close()
-    other = DeliveryStore(tmp_path / "d.sqlite", "http://b/hook", ttl_s=60)
-    assert other.outcome("id1", "raised") is None  # another receiver has not seen it
-    assert other.prune(now_ms=int(time.time() * 1000) + 61_000) == 1
-    other.close()
-    again = DeliveryStore(tmp_path / "d.sqlite", "http://a/hook", ttl_s=60)
-    assert again.outcome("id1", "raised") is None
-    again.close()
-
-
-def test_deliver_retries_transient_failures_and_stops_on_4xx(webhook) -> None:  # type: ignore[no-untyped-def]
-    hook, url = webhook(fail_every=2, retry_after_at=3, stall_at=5, stall_s=0.6)
+def test_a_post_is_delivered_retried_or_refused_by_the_answer(webhook) -> None:  # type: ignore[no-untyped-def]
+    hook, url = webhook(fail_every=2, retry_after_at=3, stall_at=4, stall_s=0.6)
     client = Webhook(url, timeout_s=0.3)
-    failures: list[tuple[str, float]] = []
-    stop = threading.Event()
-    started = time.monotonic()
-    for i in range(3):  # requests: 1 ok | 2 503, 3 429 (1 s), 4 503, 5 stall (timeout), 6 503, 7 ok | 8 503, 9 ok
-        alert = changed(CRASH, alert_id=f"a{i}")
-        result = deliver(
-            client, alert, Backoff(0.01, 0.05), stop, on_failure=lambda r, w: failures.append((r.reason, w))
-        )
-        assert result is not None and result.outcome == "delivered"
-    reasons = [r for r, _ in failures]
-    assert {"http_503", "http_429", "timeout"} <= set(reasons)
-    assert dict(failures)["http_429"] == 1.0 and time.monotonic() - started >= 1.0  # Retry-After honoured
-    assert all(k.startswith("a") and k.endswith(":raised") for k, _, _ in hook.requests)
-    hook.reject.add("bad")
-    refused = deliver(client, changed(CRASH, alert_id="bad"), Backoff(0.01, 0.05), stop)
-    assert refused is not None and (refused.outcome, refused.reason) == ("permanent", "http_400")
-
-
-def test_deliver_gives_up_waiting_when_stopped(webhook) -> None:  # type: ignore[no-untyped-def]
-    _, url = webhook(fail_every=1, retry_after_at=None, stall_at=None)
-    stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
-    assert deliver(Webhook(url, timeout_s=1), CRASH, Backoff(0.05, 0.1), stop) is None
+    # requests: 1 ok, 2 503, 3 429 Retry-After 1, 4 stalls past the timeout, 5 ok
+    results = [client.send(record_body(CRASH), record_key(CRASH), attempt) for attempt in range(1, 6)]
+    assert [(r.outcome, r.reason) for r in results] == [
+        ("delivered", "http_200"),
+        ("retry", "http_503"),
+        ("retry", "http_429"),
+        ("retry", "timeout"),
+        ("delivered", "http_200"),
+    ]
+    assert results[2].retry_after_s == 1.0 and results[1].retry_after_s is None
+    assert {k for k, _, _ in hook.requests} == {f"{CRASH.alert_id}:raised"}
+    hook.reject.add(CRASH.alert_id)
+    refused = client.send(record_body(CRASH), record_key(CRASH))
+    assert (refused.outcome, refused.reason) == ("permanent", "http_400")
 
 
 def test_table_and_line_render() -> None:
@@ -127,3 +102,33 @@ def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> N
     assert receiver_name("https://user:pw@example.org:8443/hook?token=abc") == "https://example.org:8443/hook/…"
     assert receiver_name("http://[::1]:9000") == "http://[::1]:9000"
     assert receiver_name("http://example.org/alerts") == "http://example.org/alerts"
+
+
+def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_stay_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An InfluxDB that refuses connections (nothing listens on the port): one failed write per
+    snapshot interval, not one per forwarder tick, and at most MAX_PENDING points kept."""
+    import alerts.metrics
+    from alerts.book import AlertBook
+    from alerts.metrics import LifecycleMetrics
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.settings import InfluxSettings
+    from iotwatch.stack.process import free_port
+
+    metrics = LifecycleMetrics(InfluxV1Client(InfluxSettings(url=f"http://127.0.0.1:{free_port()}")), interval_s=10)
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    book.apply_alert(changed(CRASH, state="cleared"))
+    book.apply_alert(changed(CRASH, alert_id="still-firing"))  # a snapshot point per interval
+    metrics.observe(book.alerts[CRASH.alert_id])
+    now = 1_700_000_000_000
+    metrics.flush(book, now)
+    assert metrics.failures == 1 and metrics.pending
+    for tick in range(1, 40):  # the forwarder's 0.2 s ticks within the interval
+        metrics.flush(book, now + tick * 200)
+    assert metrics.failures == 1
+    metrics.flush(book, now + 10_000)
+    assert metrics.failures == 2
+    monkeypatch.setattr(alerts.metrics, "MAX_PENDING", 3)
+    for n in range(5):
+        metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
+    assert len(metrics.pending) == 3 and metrics.dropped >= 2
