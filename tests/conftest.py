@@ -88,6 +88,6 @@ def spark(base_settings: Settings) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def nab_dir() -> Path:
     """The labelled NAB streams shipped in the repository (nothing outside it is needed)."""
-    from models.evaluation.sources import NAB_SAMPLE
+    from evaluation.sources import NAB_SAMPLE
 
     return NAB_SAMPLE

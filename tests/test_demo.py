@@ -13,6 +13,7 @@ import pytest
 
 from dashboards import build_all
 from dashboards.queries import queries
+from evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import read_ground_truth
@@ -20,7 +21,6 @@ from iotwatch.demo.accounting import RawIndex, judge_alerts
 from iotwatch.demo.runner import pick_values
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
-from models.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from tests.helpers import injection, user_env
 
 
@@ -48,7 +48,7 @@ def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None
 
 
 def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
-    """The demo judges by :func:`models.evaluation.judgement.judge`; its summary adds up and
+    """The demo judges by :func:`evaluation.judgement.judge`; its summary adds up and
     every device's silence when the simulators stop is the end of the run."""
     raw = RawIndex(identities={"t1": ("thermostat", "h"), "t2": ("thermostat", "h")})
     raw.seqs["t1"].update(range(900))

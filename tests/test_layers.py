@@ -8,10 +8,10 @@ The layers, lowest first:
    reference pages. It imports no stage and nothing of the app layer.
 2. **The stages**, in this order: devices, gateway, models, streaming, evaluation, alerts,
    responder, dashboards. A stage imports the core and the stages before it in this order,
-   never one after it. The evaluation is ``models/evaluation/`` with its commands
-   ``models/cli/evaluate.py`` and ``models/cli/score_csv.py``: it runs the streaming job's
-   logic over simulated devices, so it sits above streaming and devices, while the detectors
-   it measures (the rest of ``models/``) sit below streaming, which runs them.
+   never one after it. The evaluation (``evaluation/``, with ``iotwatch evaluate`` and
+   ``iotwatch score-csv``) runs the streaming job's logic over simulated devices, so it sits
+   above streaming and devices, while the detectors it measures (``models/``) sit below
+   streaming, which runs them.
 3. **The app layer**: the frame that registers every command (``iotwatch.app``,
    ``iotwatch.__main__``), ``iotwatch demo`` (``iotwatch.demo``), ``iotwatch chaos``
    (``iotwatch.chaos``), the embedded stack (``iotwatch.stack``), provisioning
@@ -39,7 +39,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "gateway": ("gateway",),
     "models": ("models",),
     "streaming": ("streaming",),
-    "evaluation": ("models.evaluation", "models.cli.evaluate", "models.cli.score_csv"),
+    "evaluation": ("evaluation",),
     "alerts": ("alerts",),
     "responder": ("responder",),
     "dashboards": ("dashboards",),
@@ -159,7 +159,7 @@ def test_every_package_has_its_layer() -> None:
     found = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
     assert found == TOP_LEVEL, f"top-level packages without a layer: {sorted(found - TOP_LEVEL)}"
     assert package_of("iotwatch.cli") == ("iotwatch.cli", 0)
-    assert package_of("models.evaluation.simulated") == ("evaluation", 5)
+    assert package_of("evaluation.simulated") == ("evaluation", 5)
     assert package_of("models.kernels.cad_ose") == ("models", 3)
     assert package_of("iotwatch.stack.process") == ("iotwatch.stack", len(STAGES) + 1)
     graph = _graph()

@@ -62,7 +62,7 @@ _FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
 _CODE_SPAN = re.compile(r"``.*?``|`[^`\n]*`", re.S)
 _SKIP_DIRS = {"node_modules", "site", "build", "dist", "__pycache__"}  # and hidden folders (.git, .venv)
 #: NAB's own files, kept as published; this file, whose examples are narration on purpose.
-_EXEMPT = ("models/evaluation/nab_sample", "tests/test_no_narration.py")
+_EXEMPT = ("evaluation/nab_sample", "tests/test_no_narration.py")
 
 
 def markdown_prose(text: str) -> str:

@@ -23,8 +23,8 @@ from iotwatch.errors import IotwatchError
 #: Sub-command name -> "module:attribute" of its click command. Modules are imported
 #: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import.
 SUBCOMMANDS: dict[str, str] = {
-    "score-csv": "models.cli.score_csv:score_csv",
-    "evaluate": "models.cli.evaluate:evaluate",
+    "score-csv": "evaluation.cli.score_csv:score_csv",
+    "evaluate": "evaluation.cli.evaluate:evaluate",
     "train": "models.cli.train:train",
     "setup": "iotwatch.app.setup:setup",
     "stack": "iotwatch.app.stack:stack",

@@ -26,6 +26,7 @@ from rich.live import Live
 from dashboards import build_all
 from dashboards.queries import Picks, check_all
 from dashboards.queries import summarise as summarise_checks
+from evaluation.judgement import TRUE
 from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import read_to_end
@@ -46,7 +47,6 @@ from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stack.process import Component, free_port
 from iotwatch.stack.sites import site_names
 from iotwatch.stats import quantiles
-from models.evaluation.judgement import TRUE
 
 log = logging.getLogger(__name__)
 

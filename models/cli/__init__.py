@@ -1,1 +1,1 @@
-"""Command-line commands of the detectors package (registered in iotwatch.cli.SUBCOMMANDS)."""
+"""The detectors' command: ``iotwatch train`` (registered in :data:`iotwatch.app.SUBCOMMANDS`)."""

@@ -14,11 +14,11 @@ import pytest
 
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
+from evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.settings import StreamSettings
 from models.base import Detector
 from models.cad_ose import CadOse
 from models.episode_likelihood import EpisodeLikelihood
-from models.evaluation.sources import NAB_SAMPLE, NabSource
 from models.exceedance import ExceedanceTail
 from models.forecast import HoltWintersResidual
 from models.kernels import KERNELS, kernel_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.evaluation.nab_scoring import (
+from evaluation.nab_scoring import (
     PROFILES,
     normalised,
     optimise_threshold,

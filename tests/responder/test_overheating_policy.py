@@ -1,13 +1,13 @@
 """The limp-mode policy against what the streaming engine really raises for an overheating
-vehicle (the engine run offline on simulated readings, as models/evaluation/simulated.py
+vehicle (the engine run offline on simulated readings, as evaluation/simulated.py
 does; no brokers needed): the coolant passing the catalogue's danger limit raises
 ``coolant_overheating``, which the default policy answers with limp_mode, before the sensor
 saturates; the detector's own coolant alerts send nothing, and healthy vehicles raise none."""
 
 from __future__ import annotations
 
+from evaluation.simulated import run_alerts, settings_for, simulate
 from iotwatch.contract.alerts import AlertRecord, decode_alert
-from models.evaluation.simulated import run_alerts, settings_for, simulate
 from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
 
 

@@ -1,7 +1,7 @@
 """The job's default detector beside a reproduced NAB leader and NAB's published figures.
 
 For the nab-dev streams of a NAB-layout dataset, per half of the split
-(:data:`models.evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
+(:data:`evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
 
 - *default*: the job's default detector with the job's parameters, its threshold
   optimised on the streams reported (as ``evaluate`` scores every detector);
@@ -10,7 +10,7 @@ For the nab-dev streams of a NAB-layout dataset, per half of the split
   streams reported, and at the published corpus threshold (where it equals the published
   figure when the reproduction is exact);
 - *published*: NAB's published per-stream standard scores of six detectors at their
-  whole-corpus thresholds (:data:`~models.evaluation.sources.NAB_PUBLISHED_SCORES`), summed
+  whole-corpus thresholds (:data:`~evaluation.sources.NAB_PUBLISHED_SCORES`), summed
   and normalised between the detector that never fires and a perfect one.
 """
 
@@ -22,17 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from models.cad_ose import nab_scores
-from models.catalog import DEFAULT_DETECTOR
-from models.evaluation.labelled_streams import score_stream
-from models.evaluation.nab_scoring import (
+from evaluation.labelled_streams import score_stream
+from evaluation.nab_scoring import (
     CostProfile,
     normalised,
     optimise_threshold,
     raw_at_threshold,
     sweep_stream,
 )
-from models.evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, split_keys
+from evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, split_keys
+from models.cad_ose import nab_scores
+from models.catalog import DEFAULT_DETECTOR
 
 __all__ = ["PUBLISHED_DETECTORS", "REPRODUCED", "compare", "published_scores"]
 

@@ -19,9 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from iotwatch.stats import quantile, rounded
-from models.catalog import make
-from models.evaluation.nab_scoring import (
+from evaluation.nab_scoring import (
     PROBATION_PERCENT,
     CostProfile,
     normalised,
@@ -29,7 +27,9 @@ from models.evaluation.nab_scoring import (
     probationary_length,
     sweep_stream,
 )
-from models.evaluation.sources import LabelledStream
+from evaluation.sources import LabelledStream
+from iotwatch.stats import quantile, rounded
+from models.catalog import make
 
 __all__ = ["evaluate", "score_stream"]
 

@@ -11,7 +11,7 @@ separated by arrivals more than ``silence_timeout_s`` apart, and between two run
 engine's results do not depend on how a stream is cut into batches).
 
 The raised alerts are judged against the ground truth by the one evaluator,
-:func:`models.evaluation.judgement.judge` (the demo's report judges by it too): detections,
+:func:`evaluation.judgement.judge` (the demo's report judges by it too): detections,
 related alerts and false alarms per kind and per rule, with a burn-in at the start
 (detectors warming up on a fleet that was switched on all at once) left out of every count.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 from devices.config import SimConfig
 from devices.simulation import STATUS, Simulation
+from evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.settings import StreamSettings
-from models.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from streaming.engine import PartitionEngine
 from streaming.partition_io import RecordColumns
 from streaming.state_store import MemoryStore

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
+from evaluation.labelled_streams import evaluate as run_evaluation
+from evaluation.nab_scoring import PROFILES
+from evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 from iotwatch.cli import emit, json_option
 from iotwatch.errors import IotwatchError
 from models.catalog import DEFAULT_DETECTOR, names
-from models.evaluation.labelled_streams import evaluate as run_evaluation
-from models.evaluation.nab_scoring import PROFILES
-from models.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 
 __all__ = ["evaluate", "default_dataset"]
 
@@ -35,7 +35,7 @@ DEFAULT_EVALUATED = tuple(
 
 
 def default_dataset() -> Path:
-    """The NAB sample shipped with iotwatch (:data:`models.evaluation.sources.NAB_SAMPLE`)."""
+    """The NAB sample shipped with iotwatch (:data:`evaluation.sources.NAB_SAMPLE`)."""
     return NAB_SAMPLE
 
 
@@ -275,7 +275,7 @@ def _f(value: float | None, digits: int = 2) -> str:
     "--split",
     "split",
     type=click.Choice(["tuning", "held_out"]),
-    help="Only the streams of this half of the nab-dev split (models/evaluation/nab_split.json): "
+    help="Only the streams of this half of the nab-dev split (evaluation/nab_split.json): "
     "detector parameters were chosen on 'tuning'; 'held_out' checks them.",
 )
 @click.option(
@@ -311,7 +311,7 @@ def evaluate(
     if simulated:
         if dataset or readings or truth or detectors or split:
             raise IotwatchError("--simulated takes no --dataset, --readings, --truth, --detector or --split")
-        from models.evaluation.simulated import evaluate_simulated
+        from evaluation.simulated import evaluate_simulated
 
         result = evaluate_simulated(
             homes,
@@ -340,7 +340,7 @@ def evaluate(
     result = run_evaluation(streams, list(detectors or DEFAULT_EVALUATED), PROFILES[profile])
     result = {"dataset": str(dataset or readings), "split": split, "profile": profile, **result}
     if isinstance(source, NabSource):
-        from models.evaluation.published import compare
+        from evaluation.published import compare
 
         result["published_comparison"] = compare(streams, PROFILES[profile])
     emit(result, as_json, _render)
