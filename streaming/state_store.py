@@ -189,8 +189,9 @@ class ShardedStore:
         for (shard, old), lo, hi in zip(sorted(self._loaded.items()), bounds[:-1], bounds[1:], strict=True):
             fresh = by_shard.slice(lo, hi)
             keep = old.core[:, LAST_WALL_MS] + self.ttl_ms > now_ms
-            if len(old):
-                keep &= pd.Index(fresh.ids).get_indexer(old.ids) < 0
+            if len(old):  # (a set: a shard's tens of ids, where a pandas Index costs more to build than to use)
+                reported = set(fresh.ids.tolist())
+                keep &= np.fromiter((i not in reported for i in old.ids.tolist()), dtype=bool, count=len(old))
             # (a shard whose devices all reported, or none did, needs no selection)
             merged = (
                 fresh
