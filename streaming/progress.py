@@ -30,7 +30,7 @@ from pyspark.sql.streaming import StreamingQuery
 from iotwatch.clients.influx import drop_kept_client, kept_client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from streaming.schemas import TALLY_FIELDS, WORKER_STEP_FIELDS
+from streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
 from streaming.sinks.influx_points import pipeline_point
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class ProgressReporter:
             {
                 "records": records,
                 **{k: int(v) for k, v in progress.durationMs.items()},
-                **{TALLY_FIELDS[k]: counts[TALLY_FIELDS[k]] for k in WORKER_STEP_FIELDS},
+                **{label: counts[label] for label in WORKER_STEP_LABELS},
             }
         )
         log.log(

@@ -101,8 +101,8 @@ TALLY_FIELDS = {
     # micro-batch's time goes inside the stateful operator, beside Spark's own phases)
     **{f"ms_{step}": f"worker_ms_{step}" for step in ("unpack", "engine", "sinks", "archive", "roster")},
 }
-#: The per-step worker times of :data:`TALLY_FIELDS` (by tally name).
-WORKER_STEP_FIELDS = tuple(name for name in TALLY_FIELDS if name.startswith("ms_"))
+#: The per-step worker times of :data:`TALLY_FIELDS`, under their totals' names.
+WORKER_STEP_LABELS = tuple(label for name, label in TALLY_FIELDS.items() if name.startswith("ms_"))
 
 #: What the stateful operator emits: one tally row per partition and call, a column per
 #: counter. Alerts, dead letters, aggregates and the archive are written by the operator
