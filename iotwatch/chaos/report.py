@@ -36,7 +36,11 @@ def write(
         plot_latency(folder / "latency.png", raw, faults, started),
         plot_resources(folder / "resources.png", sampler, faults),
     ]
-    where = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
+    where = {
+        "folder": str(folder),
+        "plots": [str(p) for p in plots if p],
+        "resources_csv": str(write_resource_samples(folder / "resources.csv", sampler)),
+    }
     write_summary(folder, {**summary, "report": where})
     return where
 
@@ -112,6 +116,14 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
+
+
+def write_resource_samples(path: Path, sampler: Sampler) -> Path:
+    """Every resource sample (seconds since the load started, process, pid, RSS, fds,
+    threads), so growth can be examined beyond the summary's slopes."""
+    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads"]
+    pd.DataFrame([s.__dict__ for s in sampler.samples], columns=columns).to_csv(path, index=False)
     return path
 
 

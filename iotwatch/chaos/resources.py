@@ -1,17 +1,21 @@
 """Resources over a run: RSS, open file descriptors and threads of every process, sampled
 as the run goes, and their growth per minute after warm-up.
 
-A process restarted by a fault starts small again, so growth is fitted within each
-incarnation (one least-squares slope shared by all incarnations, each with its own
-intercept), over samples taken ``warm_up_s`` or more after the incarnation started; an
-incarnation contributes only when it lasted ``min_span_s`` past its warm-up. A process
-whose slope is above the limit grows without bound at the rate the run can see.
+Growth is judged while the pipeline runs undisturbed. A process restarted by a fault starts
+small again, and a fault fills buffers elsewhere (mosquitto queues for a gateway that is
+down, the gateway's producer queue while Kafka is away) that are bounded by their own limits
+and whose memory the allocator keeps. So the slope is one least-squares fit shared by
+stretches of steady running, each with its own intercept: one stretch per incarnation and
+*quiet window* (from a fault's recovery to the next fault), over samples taken ``warm_up_s``
+or more after the incarnation started. A process whose slope is above the limit grows
+without bound at the rate the run can see; the run judges it once ``min_span_s`` seconds of
+such samples exist.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,12 +92,33 @@ def directory_bytes(folder: Path) -> int:
     return total
 
 
+#: A stretch of the run, ``(start_s, end_s)``.
+Window = tuple[float, float]
+
+
+def quiet_windows(disturbed: Sequence[Window], end_s: float) -> list[Window]:
+    """The stretches of ``[0, end_s]`` outside every ``disturbed`` one (a fault from its
+    injection until it recovered; one that never recovered disturbs the rest of the run)."""
+    windows, start = [], 0.0
+    for begin, end in sorted(disturbed):
+        if begin > start:
+            windows.append((start, begin))
+        start = max(start, end)
+    if start < end_s:
+        windows.append((start, end_s))
+    return windows
+
+
 def slope_per_minute(
-    points: Iterable[tuple[float, int, float]], warm_up_s: float, min_span_s: float
+    points: Iterable[tuple[float, int, float]],
+    warm_up_s: float,
+    min_span_s: float,
+    windows: Sequence[Window] | None = None,
 ) -> tuple[float | None, float]:
-    """Growth per minute of ``(t_s, incarnation, value)`` points, pooled over incarnations
-    (each with its own level), from ``warm_up_s`` after each incarnation's first point; and
-    the seconds of samples the fit used. None when no incarnation spans ``min_span_s``."""
+    """Growth per minute of ``(t_s, incarnation, value)`` points, pooled over stretches
+    (each with its own level): one per incarnation and window of ``windows`` (default: the
+    whole run), from ``warm_up_s`` after each incarnation's first point; and the seconds of
+    samples the fit used. None when the stretches span less than ``min_span_s`` in all."""
     by_incarnation: dict[int, list[tuple[float, float]]] = {}
     for t, incarnation, value in points:
         by_incarnation.setdefault(incarnation, []).append((t, value))
@@ -101,21 +126,29 @@ def slope_per_minute(
     for series in by_incarnation.values():
         series.sort()
         start = series[0][0] + warm_up_s
-        kept = np.array([(t, v) for t, v in series if t >= start], dtype=float)
-        if len(kept) < 3 or kept[-1, 0] - kept[0, 0] < min_span_s:
-            continue
-        t, v = kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()
-        numerator += float(t @ v)
-        denominator += float(t @ t)
-        span += float(kept[-1, 0] - kept[0, 0])
-    if denominator == 0.0:
+        for low, high in windows if windows is not None else [(-np.inf, np.inf)]:
+            kept = np.array([(t, v) for t, v in series if t >= start and low <= t < high], dtype=float)
+            if len(kept) < 3:
+                continue
+            t, v = kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()
+            numerator += float(t @ v)
+            denominator += float(t @ t)
+            span += float(kept[-1, 0] - kept[0, 0])
+    if denominator == 0.0 or span < min_span_s:
         return None, 0.0
     return numerator / denominator * 60.0, span
 
 
-def judge(samples: list[Sample], limits: Limits, warm_up_s: float, min_span_s: float) -> dict[str, Any]:
-    """Per process: incarnations, last and peak values, slope per minute of each measure and
-    whether it stays within ``limits`` (``None``: the run was too short to judge)."""
+def judge(
+    samples: list[Sample],
+    limits: Limits,
+    warm_up_s: float,
+    min_span_s: float,
+    windows: Sequence[Window] | None = None,
+) -> dict[str, Any]:
+    """Per process: incarnations, last and peak values, slope per minute of each measure
+    within ``windows`` (see :func:`slope_per_minute`) and whether it stays within ``limits``
+    (``None``: the run was too short to judge)."""
     report: dict[str, Any] = {}
     for name in sorted({s.process for s in samples}):
         own = [s for s in samples if s.process == name]
@@ -123,7 +156,7 @@ def judge(samples: list[Sample], limits: Limits, warm_up_s: float, min_span_s: f
         within: list[bool] = []
         for measure_name in MEASURES:
             values = [(s.t, s.pid, float(getattr(s, measure_name))) for s in own]
-            slope, span = slope_per_minute(values, warm_up_s, min_span_s)
+            slope, span = slope_per_minute(values, warm_up_s, min_span_s, windows)
             limit = getattr(limits, measure_name)
             entry[measure_name] = {
                 "last": int(values[-1][2]),

@@ -31,7 +31,7 @@ from rich.console import Console
 from gateway.metrics import wait_healthy
 from iotwatch.chaos import proofs, report
 from iotwatch.chaos.faults import FaultRunner, Recovery, Targets
-from iotwatch.chaos.resources import Limits, Sampler, judge, slope_per_minute
+from iotwatch.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
 from iotwatch.chaos.schedule import Action, ScheduleOptions, plan
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord
@@ -322,9 +322,14 @@ def _prove(
     for record in runner.records:
         if record.planned.kind.action is not Action.PAUSE and record.restored_s is not None:
             restarted[record.planned.kind.target] += 1
-    resources = judge(sampler.samples, options.limits, options.warm_up_s, options.min_span_s)
+    # growth is judged while nothing is disturbed: from each fault's recovery to the next fault
+    windows = quiet_windows(
+        [(r.injected_s, r.recovered_s or timeline.load_s) for r in runner.records if r.injected_s is not None],
+        timeline.load_s,
+    )
+    resources = judge(sampler.samples, options.limits, options.warm_up_s, options.min_span_s, windows)
     state_store = [(t, 0, float(b)) for t, b in sampler.state_store]
-    state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s)
+    state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s, windows)
     verdicts = {
         "loss": loss,
         "alerts": alert_proof,
@@ -349,6 +354,8 @@ def _prove(
         "resources": {
             "ok": resources_ok,
             "judged": judged,
+            "quiet_windows": len(windows),
+            "quiet_s": round(sum(high - low for low, high in windows), 1),
             "processes": resources,
             "state_store_bytes": {
                 "last": sampler.state_store[-1][1] if sampler.state_store else None,

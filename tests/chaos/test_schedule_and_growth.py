@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iotwatch.chaos.proofs import alerts_match, commands, notifications
-from iotwatch.chaos.resources import Limits, Sample, judge, slope_per_minute
+from iotwatch.chaos.resources import Limits, Sample, judge, quiet_windows, slope_per_minute
 from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
 
@@ -61,6 +61,38 @@ def test_slope_is_fitted_within_incarnations_after_warm_up() -> None:
 def test_slope_is_not_judged_on_too_short_a_run() -> None:
     points = [(float(t), 1, 1e6 * t) for t in range(0, 100, 5)]
     assert slope_per_minute(points, warm_up_s=30.0, min_span_s=120.0) == (None, 0.0)
+
+
+def test_quiet_windows_leave_out_each_fault_until_it_recovered() -> None:
+    disturbed = [(100.0, 130.0), (120.0, 150.0), (300.0, 900.0)]  # overlapping; the last never recovered
+    assert quiet_windows(disturbed, end_s=600.0) == [(0.0, 100.0), (150.0, 300.0)]
+    assert quiet_windows([], end_s=60.0) == [(0.0, 60.0)]
+
+
+def test_a_buffer_filled_by_each_fault_is_not_growth_but_growth_between_faults_is() -> None:
+    """A process whose memory steps up 20 MB during each fault and stays flat between faults
+    is within limits once the faults are left out; a fit over the whole run sees 4 MB/min.
+    One that also grows 2 MB/min between faults fails either way."""
+    faults = [(float(f), float(f) + 20.0) for f in range(150, 900, 150)]
+    windows = quiet_windows(faults, end_s=900.0)
+    rng = np.random.default_rng(3)
+
+    def rss(t: float, between: float) -> float:
+        steps = sum(1 for begin, _ in faults if t >= begin)
+        return 1e8 + steps * 20e6 + between * t / 60 + rng.normal(0, 2e5)
+
+    samples = [
+        Sample(float(t), name, 10, int(rss(t, between)), 40, 12)
+        for t in range(0, 900, 5)
+        for name, between in (("buffering", 0.0), ("leaky", 2e6))
+    ]
+    whole = judge(samples, Limits(), warm_up_s=60.0, min_span_s=120.0)
+    quiet = judge(samples, Limits(), warm_up_s=60.0, min_span_s=120.0, windows=windows)
+    assert whole["buffering"]["within_limits"] is False
+    assert quiet["buffering"]["within_limits"] is True
+    assert quiet["buffering"]["rss_bytes"]["fitted_s"] == pytest.approx(85.0 + 5 * 125.0)  # warm-up, then 5 s steps
+    assert quiet["leaky"]["within_limits"] is False
+    assert quiet["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(2e6, rel=0.05)
 
 
 def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -> None:
