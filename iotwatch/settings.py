@@ -253,6 +253,14 @@ class StackSettings(_ConcernSettings):
         description="edge sites, each with its own MQTT broker and Kafka node, replicated to the "
         "central Kafka cluster by MirrorMaker 2 (0: one cluster, no sites)",
     )
+    kafka_nodes: int = Field(
+        1,
+        ge=1,
+        le=9,
+        description="nodes of the central Kafka cluster, each a combined broker and controller; "
+        "with 3 or more, topics keep 3 replicas with min.insync.replicas 2, so a node can fail "
+        "without loss or a pause in writes",
+    )
 
 
 class MappingRule(BaseModel):

@@ -15,12 +15,13 @@ import paho.mqtt.client as paho
 import psutil
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import end_offset, ensure_topics, list_topics
 from iotwatch.jars import KAFKA_VERSION
-from iotwatch.settings import Settings
+from iotwatch.settings import KafkaSettings, Settings, TopicSettings
 from iotwatch.stack import StackState
 from tests.helpers import user_env
 
@@ -263,3 +264,68 @@ def test_stack_up_prints_its_stop_command_and_status_and_down_find_it_without_ru
     assert down.returncode == 0 and set(json.loads(down.stdout)["stopped"]) == {"mqtt", "kafka"}, down.stderr
     after = subprocess.run([*IOTWATCH, "stack", "status"], env=env, capture_output=True, text=True, timeout=60)
     assert after.returncode == 1 and "no stack in" in after.stdout
+
+
+def test_a_three_node_stack_replicates_every_topic_and_takes_writes_with_a_node_killed(tmp_path: Path) -> None:
+    """``stack up --kafka-nodes 3``: every pipeline topic has three replicas, the exports name
+    every node and the replication factor, and with one node killed writes acknowledged by
+    all in-sync replicas still succeed and read back; ``stack status`` names the dead node."""
+    env = user_env(home=tmp_path / "home")
+    run_dir = (tmp_path / "cluster").resolve()
+    up = subprocess.run(
+        [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx", "--kafka-nodes", "3", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        state = json.loads(up.stdout)
+        nodes = ["kafka", "kafka-2", "kafka-3"]
+        assert [role for role in state["services"] if role.startswith("kafka")] == nodes
+        bootstrap = state["endpoints"]["kafka"]
+        assert bootstrap.split(",") == [state["services"][role]["endpoint"] for role in nodes]
+        assert state["env"]["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == bootstrap
+        assert state["env"]["IOTWATCH_KAFKA_REPLICATION_FACTOR"] == "3"
+        kafka = KafkaSettings(bootstrap_servers=bootstrap)
+        metadata = AdminClient(kafka.client_config()).list_topics(timeout=30).topics
+        for topic in state["topics"]:
+            assert {len(p.replicas) for p in metadata[topic].partitions.values()} == {3}, topic
+
+        psutil.Process(state["services"]["kafka-2"]["process"]["pid"]).kill()
+        topic = TopicSettings().raw
+        producer = Producer({**kafka.client_config(), "acks": "all", "message.timeout.ms": 60000})
+        failed: list[str] = []
+        for i in range(200):
+            producer.produce(
+                topic,
+                key=f"d{i % 20}",
+                value=f"{i}",
+                on_delivery=lambda err, _: failed.append(str(err)) if err else None,
+            )
+        assert producer.flush(90) == 0 and not failed, failed
+        consumer = Consumer({**kafka.client_config(), "group.id": "three-nodes", "auto.offset.reset": "earliest"})
+        partitions = list(metadata[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values: set[str] = set()
+        deadline = time.monotonic() + 90
+        while len(values) < 200 and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and not message.error():
+                values.add(message.value().decode())
+        consumer.close()
+        assert values == {str(i) for i in range(200)}
+
+        status = subprocess.run(
+            [*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        services = json.loads(status.stdout)["services"]
+        assert status.returncode == 1
+        assert {role: services[role]["healthy"] for role in nodes} == {"kafka": True, "kafka-2": False, "kafka-3": True}
+    finally:
+        subprocess.run([*IOTWATCH, "stack", "down", "--run-dir", str(run_dir)], env=env, timeout=120)

@@ -32,6 +32,14 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
     type=click.Choice([kind.name for kind in FAULT_KINDS]),
     help="A fault kind to inject (repeatable); default every kind. One kind repeated chases one failure.",
 )
+@click.option(
+    "--kafka-nodes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1, max=9),
+    help="Nodes of the Kafka cluster; with 3, each Kafka fault hits one node in turn and the "
+    "topics keep 3 replicas (min.insync.replicas 2).",
+)
 @click.option("--lead", default=30.0, show_default=True, help="Seconds of load before the first fault.")
 @click.option(
     "--warm-up", default=120.0, show_default=True, help="Seconds after each process start not judged for growth."
@@ -64,6 +72,7 @@ def chaos(
     seed: int,
     spacing: float,
     faults: tuple[str, ...],
+    kafka_nodes: int,
     lead: float,
     warm_up: float,
     min_span: float,
@@ -76,8 +85,8 @@ def chaos(
     Starts the embedded stack, the streaming job, the gateway, the responder, the forwarder
     (to a local receiver) and the simulators; then, on a seeded schedule, kill -9s and starts
     again the gateway, the job (also Ctrl-C to its process group), the responder, the
-    forwarder, mosquitto, Kafka and InfluxDB, and pauses mosquitto and Kafka (SIGSTOP) for a
-    while. Afterwards it proves from the data: loss 0 by seq from device to archive, the
+    forwarder, mosquitto, Kafka (with --kafka-nodes 3, one node of three in turn) and
+    InfluxDB, and pauses mosquitto and Kafka (SIGSTOP) for a while. Afterwards it proves from the data: loss 0 by seq from device to archive, the
     alert ids equal to a fault-free replay of the raw topic, every alert record notified
     (repeats deduplicated by Idempotency-Key), every command acknowledged or expired with
     its audit, every fault recovered (seconds per fault); and that no process's RSS, file
@@ -108,7 +117,10 @@ def chaos(
         limits=Limits(rss_bytes=rss_limit * 1_000_000),
     )
     console = Console(stderr=True)
-    summary = run_chaos(app.settings, options, console)
+    settings = app.settings.model_copy(
+        update={"stack": app.settings.stack.model_copy(update={"kafka_nodes": kafka_nodes})}
+    )
+    summary = run_chaos(settings, options, console)
     emit(summary, as_json, lambda s: print_summary(console, s))
     if not summary["ok"]:
         raise SystemExit(1)

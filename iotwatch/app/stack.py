@@ -44,6 +44,12 @@ def stack() -> None:
     help="Edge sites, each with its own MQTT broker and Kafka node, replicated to the central "
     "Kafka cluster by MirrorMaker 2 (default IOTWATCH_STACK_SITES, 0: one cluster).",
 )
+@click.option(
+    "--kafka-nodes",
+    type=click.IntRange(min=1, max=9),
+    help="Nodes of the central Kafka cluster (default IOTWATCH_STACK_KAFKA_NODES, 1); with 3, "
+    "topics keep 3 replicas and one node may fail.",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
 @json_option
 @pass_app
@@ -54,10 +60,14 @@ def up(
     mqtt_broker: str | None,
     no_influx: bool,
     sites: int | None,
+    kafka_nodes: int | None,
     foreground: bool,
     as_json: bool,
 ) -> None:
     """Start the servers on free loopback ports, create topics and the database.
+
+    With --kafka-nodes 3: a three-node central Kafka cluster (combined brokers and
+    controllers), its topics replicated three times with min.insync.replicas 2.
 
     With --sites N: N edge sites (an MQTT broker and a one-node Kafka cluster each) and one
     MirrorMaker 2 per site copying its raw and dead-letter topics to the central cluster
@@ -74,6 +84,8 @@ def up(
         stack_update["influxdb"] = "none"
     if sites is not None:
         stack_update["sites"] = sites
+    if kafka_nodes is not None:
+        stack_update["kafka_nodes"] = kafka_nodes
     kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)

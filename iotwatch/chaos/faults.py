@@ -46,6 +46,7 @@ class FaultRecord:
     restored_s: float | None = None  # the target running (or continued) again
     recovered_s: float | None = None
     exit_status: int | None = None  # a Ctrl-C'd component's exit status (0: a clean stop)
+    node: str | None = None  # the Kafka node a fault on a cluster acted on
     lag_at_recovery: int | None = None  # records appended to the raw topic and not yet committed by the job
     waiting_for: str | None = None  # a fault that did not recover: the condition still unmet at the timeout
     error: str | None = None
@@ -61,6 +62,7 @@ class FaultRecord:
             "recovery_s": since_injected(self.recovered_s),
             "recovered": self.recovered_s is not None,
             "lag_at_recovery": self.lag_at_recovery,
+            **({"node": self.node} if self.node else {}),
             **({"exit_status": self.exit_status} if self.exit_status is not None else {}),
             **({"waiting_for": self.waiting_for} if self.waiting_for else {}),
             **({"error": self.error} if self.error else {}),
@@ -73,9 +75,20 @@ class Targets:
     def __init__(self, stack: EmbeddedStack, state: StackState, components: dict[str, Component]) -> None:
         self.stack, self.state, self.components = stack, state, components
         self.lock = threading.Lock()  # a restart and the supervisor's check never overlap
+        self.turns: dict[str, int] = {}
 
     def names(self) -> list[str]:
         return [*self.components, *self.state.services]
+
+    def aim(self, target: str) -> str:
+        """The process a fault on ``target`` acts on: the component or server itself, or for
+        a Kafka cluster its nodes in turn (``kafka``, ``kafka-2``, ...)."""
+        nodes = self.state.kafka_nodes if target == "kafka" else []
+        if len(nodes) <= 1:
+            return target
+        turn = self.turns.get(target, 0)
+        self.turns[target] = turn + 1
+        return nodes[turn % len(nodes)]
 
     def _server(self, name: str) -> psutil.Process | None:
         return self.state.services[name].process.process()
@@ -129,7 +142,8 @@ class Targets:
             tree = component.tree()
             if tree:
                 found[name] = (component.pid, tree)
-        for name in SERVICES:
+        servers = [role for name in SERVICES for role in (self.state.kafka_nodes if name == "kafka" else [name])]
+        for name in servers:
             proc = self._server(name) if name in self.state.services else None
             if proc is not None:
                 try:
@@ -237,7 +251,8 @@ class FaultRunner:
             self.finished.set()
 
     def _inject(self, record: FaultRecord) -> None:
-        kind, target = record.planned.kind, record.planned.kind.target
+        kind, target = record.planned.kind, self.targets.aim(record.planned.kind.target)
+        record.node = target if len(self.targets.state.kafka_nodes) > 1 and kind.target == "kafka" else None
         self.busy = target
         log.debug("fault: %s (hold %.1f s)", kind.name, record.planned.hold_s)
         record.injected_s = self.now()

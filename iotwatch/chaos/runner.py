@@ -102,6 +102,9 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
     Everything it started is stopped, on Ctrl-C or an error too."""
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
+    # a server restarted after kill -9 recovers its logs first: give it the recovery's time
+    timeout = max(settings.stack.startup_timeout_s, options.recovery_timeout_s)
+    settings = settings.model_copy(update={"stack": settings.stack.model_copy(update={"startup_timeout_s": timeout})})
     stack = EmbeddedStack(settings, out / "stack")
     receiver = Receiver()
     components: dict[str, Component] = {}  # the fault schedule's targets
@@ -347,7 +350,7 @@ def _prove(
     )
     summary = {
         "ok": ok,
-        "options": options.to_dict(),
+        "options": {**options.to_dict(), "kafka_nodes": len(settings.kafka.bootstrap_servers.split(","))},
         "load_s": round(timeline.load_s, 1),
         "run_s": round(runner.now(), 1),  # the load, the drain and the replay
         **verdicts,

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
 from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings, TopicSettings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
-from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
+from iotwatch.stack.kafka_broker import replication_factor, restart_kafka_node, start_kafka_broker, start_kafka_cluster
 from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.stack.process import stop_process
@@ -56,9 +56,15 @@ class StackState:
     started_at: float = field(default_factory=time.time)
 
     def endpoints(self) -> dict[str, str | None]:
-        return {
-            role: (svc.endpoint if (svc := self.services.get(role)) else None) for role in ("mqtt", "kafka", "influx")
-        }
+        """Where clients reach each server; Kafka's is every central node (bootstrap servers)."""
+        ends = {role: (svc.endpoint if (svc := self.services.get(role)) else None) for role in ("mqtt", "influx")}
+        kafka = ",".join(self.services[role].endpoint for role in self.kafka_nodes)
+        return {"mqtt": ends["mqtt"], "kafka": kafka or None, "influx": ends["influx"]}
+
+    @property
+    def kafka_nodes(self) -> list[str]:
+        """The roles of the central Kafka cluster's nodes: ``kafka``, then ``kafka-2``, ..."""
+        return [role for role in self.services if is_kafka_node(role)]
 
     @property
     def sites(self) -> list[str]:
@@ -74,6 +80,9 @@ class StackState:
         with sites, the streaming job reads every site's replica of the raw topic."""
         ends = self.endpoints()
         applied = settings.with_endpoints(mqtt=ends["mqtt"], kafka=ends["kafka"], influx=ends["influx"] or "")
+        if len(self.kafka_nodes) > 1:
+            kafka = applied.kafka.model_copy(update={"replication_factor": replication_factor(len(self.kafka_nodes))})
+            applied = applied.model_copy(update={"kafka": kafka})
         if self.sites:
             topics = applied.topics.model_copy(update={"raw_pattern": raw_pattern(applied.topics)})
             applied = applied.model_copy(update={"topics": topics})
@@ -90,6 +99,8 @@ class StackState:
         }
         if self.database:
             variables["IOTWATCH_INFLUX_DATABASE"] = self.database
+        if len(self.kafka_nodes) > 1:
+            variables[KafkaSettings.env_name("replication_factor")] = str(replication_factor(len(self.kafka_nodes)))
         if self.sites:
             del variables["IOTWATCH_MQTT_URL"]  # devices connect to their site
             variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(TopicSettings())
@@ -193,9 +204,9 @@ class EmbeddedStack:
         try:
             if not sites:  # with sites, devices connect to their site's broker
                 self._start(state, lambda: start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout))
-            self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
+            self._start_kafka(state)
             state.partitions = self.settings.kafka.partitions
-            kafka = self.settings.kafka.model_copy(update={"bootstrap_servers": state.services["kafka"].endpoint})
+            kafka = state.apply_to(self.settings).kafka
             topics = self.settings.topics
             ensure_pipeline_topics(kafka, topics)
             state.topics = topics.kafka_topics() + topics.compacted_topics()
@@ -211,6 +222,18 @@ class EmbeddedStack:
             (self.run_dir / STATE_FILE).unlink(missing_ok=True)
             raise
         return state
+
+    def _start_kafka(self, state: StackState) -> None:
+        """The central Kafka: one node, or a cluster of ``stack.kafka_nodes`` (roles ``kafka``,
+        ``kafka-2``, ...), replicated as :func:`replication_factor` says."""
+        timeout = self.settings.stack.startup_timeout_s
+        nodes = self.settings.stack.kafka_nodes
+        if nodes == 1:
+            self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
+            return
+        for node_id, service in enumerate(start_kafka_cluster(self.run_dir, timeout, nodes=nodes), start=1):
+            state.services[kafka_node_role(node_id)] = replace(service, role=kafka_node_role(node_id))
+        state.save()
 
     def _start_site(self, state: StackState, site: str, central: KafkaSettings) -> None:
         """A site's MQTT broker and Kafka node, then its MirrorMaker to the centre."""
@@ -260,8 +283,8 @@ class EmbeddedStack:
         port = int(old.endpoint.rsplit(":", 1)[1])
         if role == "mqtt":
             new = start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout, port=port)
-        elif role == "kafka":
-            new = restart_kafka_node(old, timeout)
+        elif is_kafka_node(role):
+            new = replace(restart_kafka_node(old, timeout), role=role)
         else:
             new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
         state.services[role] = new
@@ -309,6 +332,17 @@ class EmbeddedStack:
         }
 
 
+def kafka_node_role(node_id: int) -> str:
+    """The role of the central cluster's node ``node_id`` (1: ``kafka``, as in a one-node stack)."""
+    return "kafka" if node_id == 1 else f"kafka-{node_id}"
+
+
+def is_kafka_node(role: str) -> bool:
+    """Whether ``role`` is a node of the central Kafka cluster."""
+    name, _, number = role.partition("-")
+    return name == "kafka" and (not number or number.isdigit())
+
+
 def _service_status(service: RunningService, state: StackState) -> dict[str, Any]:
     result: dict[str, Any] = {
         "implementation": service.implementation,
@@ -332,7 +366,7 @@ def _health_check(service: RunningService, state: StackState) -> str:
     if kind == "mqtt":
         round_trip(MqttSettings(url=service.endpoint))
         return "publish/subscribe round trip ok"
-    if kind == "kafka":
+    if kind == "kafka" or is_kafka_node(kind):
         topics = list_topics(KafkaSettings(bootstrap_servers=service.endpoint))
         wanted = edge_topics(TopicSettings()) if site else state.topics
         missing = [name for name in wanted if name not in topics]
