@@ -272,13 +272,7 @@ def test_a_three_node_stack_replicates_every_topic_and_takes_writes_with_a_node_
     all in-sync replicas still succeed and read back; ``stack status`` names the dead node."""
     env = user_env(home=tmp_path / "home")
     run_dir = (tmp_path / "cluster").resolve()
-    up = subprocess.run(
-        [*IOTWATCH, "stack", "up", "--run-dir", str(run_dir), "--no-influx", "--kafka-nodes", "3", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    up = _iotwatch(env, "stack", "up", "--run-dir", str(run_dir), "--no-influx", "--kafka-nodes", "3", "--json")
     try:
         assert up.returncode == 0, up.stderr
         state = json.loads(up.stdout)
@@ -317,15 +311,13 @@ def test_a_three_node_stack_replicates_every_topic_and_takes_writes_with_a_node_
         consumer.close()
         assert values == {str(i) for i in range(200)}
 
-        status = subprocess.run(
-            [*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        status = _iotwatch(env, "stack", "status", "--run-dir", str(run_dir), "--json")
         services = json.loads(status.stdout)["services"]
         assert status.returncode == 1
         assert {role: services[role]["healthy"] for role in nodes} == {"kafka": True, "kafka-2": False, "kafka-3": True}
     finally:
-        subprocess.run([*IOTWATCH, "stack", "down", "--run-dir", str(run_dir)], env=env, timeout=120)
+        _iotwatch(env, "stack", "down", "--run-dir", str(run_dir))
+
+
+def _iotwatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*IOTWATCH, *args], env=env, capture_output=True, text=True, timeout=240)

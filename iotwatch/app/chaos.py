@@ -86,11 +86,12 @@ def chaos(
     (to a local receiver) and the simulators; then, on a seeded schedule, kill -9s and starts
     again the gateway, the job (also Ctrl-C to its process group), the responder, the
     forwarder, mosquitto, Kafka (with --kafka-nodes 3, one node of three in turn) and
-    InfluxDB, and pauses mosquitto and Kafka (SIGSTOP) for a while. Afterwards it proves from the data: loss 0 by seq from device to archive, the
-    alert ids equal to a fault-free replay of the raw topic, every alert record notified
-    (repeats deduplicated by Idempotency-Key), every command acknowledged or expired with
-    its audit, every fault recovered (seconds per fault); and that no process's RSS, file
-    descriptors or threads grow after warm-up. Writes summary.json and plots to the run
+    InfluxDB, and pauses mosquitto and Kafka (SIGSTOP) for a while. Afterwards it proves
+    from the data: loss 0 by seq from device to archive, the alert ids equal to a fault-free
+    replay of the raw topic, every alert record notified (repeats deduplicated by
+    Idempotency-Key), every command acknowledged or expired with its audit, every fault
+    recovered (seconds per fault); and that no process's RSS, file descriptors or threads
+    grow while the pipeline runs undisturbed after warm-up. Writes summary.json and plots to the run
     folder's report/; exits 1 when any proof fails.
     """
     from iotwatch.chaos.resources import Limits
