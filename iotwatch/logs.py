@@ -27,7 +27,7 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # "FAIL [rdkafka#producer-1] [thrd:127.0.0.1:1/bootstrap]: 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1
 # failed: Connection refused (after 0ms in state CONNECT, 3 identical error(s) suppressed)"
 _BROKER_FAILURE = re.compile(r"^(?P<fac>\w+) \[[^\]]*\] \[thrd:[^\]]*\]: (?P<broker>[^ ]+?)(?:/[\w-]+)?: (?P<what>.*)$")
-_NOISE = re.compile(r"\(after \d+ms[^)]*\)|\d+ identical error\(s\) suppressed|ipv[46]#")
+_NOISE = re.compile(r"\(after \d+ms(?:[^()]|\(s\))*\)|\d+ identical error\(s\) suppressed|ipv[46]#")
 
 
 class RepeatSummary(logging.Filter):

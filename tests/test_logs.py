@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import client_config
-from iotwatch.logs import LIBRDKAFKA, configure
+from iotwatch.logs import LIBRDKAFKA, RepeatSummary, configure
 from iotwatch.settings import KafkaSettings
 from iotwatch.stack.process import free_port
 
@@ -74,3 +74,27 @@ def test_spark_jvm_output_lines_become_log_records_at_sane_levels(caplog: pytest
     assert len(got) == len(expected), got
     for (name, level, message), (want_name, want_level, start) in zip(got, expected, strict=True):
         assert (name, level) == (want_name, want_level) and message.startswith(start), (name, level, message)
+
+
+@pytest.mark.parametrize(
+    "detail",
+    ["(after 0ms in state CONNECT)", "(after 5ms in state CONNECT, 1 identical error(s) suppressed)"],
+)
+def test_a_repeated_failure_s_counters_leave_the_summary_whole(detail: str) -> None:
+    """librdkafka's "(after Nms ..., N identical error(s) suppressed)" is dropped as a whole,
+    so the line reads "Connection refused" with no stray bracket."""
+    record = logging.LogRecord(
+        LIBRDKAFKA,
+        logging.WARNING,
+        __file__,
+        1,
+        f"FAIL [rdkafka#producer-1] [thrd:127.0.0.1:9/bootstrap]: 127.0.0.1:9/bootstrap: "
+        f"Connect to ipv4#127.0.0.1:9 failed: Connection refused {detail}",
+        None,
+        None,
+    )
+    assert RepeatSummary().filter(record)
+    assert record.getMessage() == (
+        "Kafka broker 127.0.0.1:9: Connect to 127.0.0.1:9 failed: Connection refused "
+        "(retrying; repeats are logged at DEBUG)"
+    )
