@@ -27,7 +27,7 @@ def test_the_sites_demo_loses_nothing_replicates_alerts_and_settles_commands_per
             "--sites",
             "2",
             "--duration",
-            "40",
+            "30",
             "--homes",
             "1",
             "--vehicles",
