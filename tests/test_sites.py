@@ -20,7 +20,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import client_config, list_topics
-from iotwatch.contract.oncall import CommandAudit, CommandOutcome, decode
+from iotwatch.contract.device_commands import TwinProperties
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome, TwinRecord, decode
 from iotwatch.replication import ReplicationLag
 from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack, StackState
@@ -30,6 +31,7 @@ from iotwatch.stack.sites import site_role
 from responder.policy import DEFAULT_POLICIES
 from responder.relay import SiteRelay
 from responder.service import Responder
+from responder.twin_ops import set_desired
 from tests.alerts.conftest import make_alert
 from tests.alerts.conftest import produce as produce_alerts
 from tests.gateway.conftest import gateway_settings
@@ -265,6 +267,11 @@ def steps(kafka: KafkaSettings, topic: str, device: str) -> list[CommandOutcome]
     return [] if audit is None else [step.status for step in audit.history]
 
 
+def by_id(kafka: KafkaSettings, topic: str) -> dict[str, CommandAudit]:
+    """The newest audit record per command id."""
+    return {audit.command_id: audit for audit in (decode(m.value(), CommandAudit) for m in read_topic(kafka, topic))}
+
+
 def status(kafka: KafkaSettings, topic: str, device: str) -> CommandOutcome | None:
     """The outcome so far of the device's newest command on ``topic`` (None: no command yet)."""
     audit = audits(kafka, topic).get(device)
@@ -332,13 +339,34 @@ def test_a_command_issued_at_the_centre_reaches_its_device_at_its_site_and_its_r
             60,
             "the command of a device at no site timed out at the centre",
         )
+        # an operator's desired twin at the centre reaches the device through its site's relay too
+        _, twin_command = set_desired(
+            centre, THERMOSTAT, TwinProperties(setpoint_c=18.5), "alice", 30.0, SITE, "thermostat"
+        )
+        wait_for(
+            lambda: (
+                (audit := by_id(centre.kafka, topics.commands).get(twin_command.command_id)) is not None
+                and audit.status == CommandOutcome.DONE
+            ),
+            60,
+            "the operator's twin command done at the centre",
+        )
+        wait_for(
+            lambda: any(
+                decode(m.value(), TwinRecord).properties.setpoint_c == 18.5
+                for m in read_topic(site1.kafka, topics.device_twin, idle_s=0.5)
+                if m.key() == f"{THERMOSTAT}|reported".encode()
+            ),
+            30,
+            "the device's new setpoint reported in the twin at its site",
+        )
     finally:
         closed = responder.close()
         second, other = relay1.close(), relay2.close()
         devices.close()
     assert first.get("commands_published") == 1 and first.get("replies_forwarded", 0) >= 2, first
-    # after its restart the relay published the one new command, not the leak command again
-    assert second.get("commands_published") == 1, second
+    # after its restart the relay published the new commands (hvac, the operator's), not the leak command again
+    assert second.get("commands_published") == 2, second
     assert other.get("commands_published", 0) == 0, f"site2 published a command for site1's device: {other}"
     assert other.get("not_at_this_site", 0) >= 1 and second.get("not_at_this_site", 0) >= 1, (second, other)
     assert closed.get("dead_lettered", 0) == 0, closed
