@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -202,6 +203,22 @@ class TopicSettings(_ConcernSettings):
     emergencies: str = Field(
         "iot.emergencies", description="emergency notification records (e.g. a vehicle crash), compacted by alert id"
     )
+    replies: str = Field(
+        "iot.commands.replies",
+        description="sites: devices' replies to commands as the site's relay received them over MQTT "
+        "(key: the MQTT topic), replicated to the centre as <site>.iot.commands.replies",
+    )
+    commands_replica: str = Field(
+        "central.iot.commands",
+        description="sites: the site's replica of the centre's commands topic (MirrorMaker 2's name for it), "
+        "which the site's relay delivers to the site's devices",
+    )
+
+    @staticmethod
+    def site_replicas(topic: str) -> str:
+        """The regular expression of every site's replica of ``topic`` at the centre
+        (``<site>.<topic>``, MirrorMaker 2's default replication policy)."""
+        return rf"[^.]+\.{re.escape(topic)}"
 
     def kafka_topics(self) -> list[str]:
         """Every Kafka topic the pipeline reads or writes."""
@@ -562,6 +579,16 @@ class RespondSettings(_ConcernSettings):
         description="MQTT client id; fixed so replies queued while the responder is down reach it (persistent session)",
     )
     issuer: str = Field("responder", description="who the audit trail names as the issuer")
+    delivery: Literal["mqtt", "sites"] = Field(
+        "mqtt",
+        description="mqtt: commands are published to the one MQTT broker and replies read from it; "
+        "sites: the audit record on the commands topic is the command, each site's relay delivers it "
+        "to the site's broker and the replies come back on <site>.iot.commands.replies",
+    )
+    relay_client_id: str = Field(
+        "iotwatch-relay-1",
+        description="sites: the relay's MQTT client id at its site; fixed so replies queued while it is down reach it",
+    )
     command_ttl_s: float = Field(120.0, gt=0, description="a command not executed by then is void")
     reply_timeout_s: float = Field(
         60.0,

@@ -42,6 +42,30 @@ def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, 
 
 
 @click.command()
+@endpoint_options(mqtt=True, kafka=True)
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+)
+@json_option
+@pass_app
+def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
+    """A site's end of device commands (with sites): publish the centre's commands from the
+    site's replica of the commands topic to the site's devices over MQTT, write their replies to
+    the site's replies topic (copied to the centre) and their twin reports to the site's twin
+    topic. Run one per site against the site's Kafka and MQTT broker. Stop with SIGTERM or Ctrl-C."""
+    from responder.relay import SiteRelay
+
+    counts = SiteRelay(app.settings, stop_on_signals()).run(timeout_s)
+    emit(
+        counts,
+        as_json,
+        lambda c: click.echo(
+            "relay: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")
+        ),
+    )
+
+
+@click.command()
 @endpoint_options(kafka=True)
 @click.option("--device", "devices", multiple=True, help="Only this device (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Rows shown at most.")

@@ -1,7 +1,8 @@
 """``iotwatch respond``: firing alerts in, corrective commands out, every step audited.
 
 For a firing alert that a policy covers, the responder sends the policy's command to the
-alerting device and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
+alerting device (over MQTT, or with sites through the device's site: :mod:`responder.issuer`)
+and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
 (and, if the device never answered, not before the command expired) ``timed_out``; one
@@ -31,7 +32,6 @@ twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import Counter, deque
@@ -47,25 +47,19 @@ from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, 
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.device_commands import (
-    COMMAND_SCHEMA_VERSION,
-    Command,
     CommandStatus,
     decode_command_reply,
-    decode_twin_report,
 )
-from iotwatch.contract.device_topics import TWIN_REPORTED_SUFFIX, parse_command_ack_topic, parse_twin_reported_topic
+from iotwatch.contract.device_topics import TWIN_REPORTED_SUFFIX, parse_command_ack_topic
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
     BadRecord,
     CommandAudit,
     CommandOutcome,
     Emergency,
-    TwinRecord,
-    TwinSide,
     decode,
     encode,
     stable_id,
-    twin_key,
 )
 from iotwatch.contract.telemetry import ContractViolation, DeviceTypeName, Name
 from iotwatch.errors import ServiceUnavailable
@@ -73,9 +67,10 @@ from iotwatch.settings import Settings
 from responder.command_policy import OPEN, CommandNow, Next, next_step
 from responder.escalation import RULE as ESCALATION_RULE
 from responder.escalation import escalation_id, escalation_record
-from responder.issuer import CommandIssuer
+from responder.issuer import CommandIssuer, Delivery, SiteDelivery, command_of
 from responder.metrics import write_command
 from responder.policy import CommandPolicy
+from responder.twin_reports import reported_twin
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +102,11 @@ class Responder:
         self.latest: dict[tuple[str, str], CommandAudit] = {}  # (alert id, policy) -> its last attempt
         self.counts: Counter[str] = Counter()
         self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
-        self.issuer = CommandIssuer(settings.mqtt, self.config.client_id)
+        self.issuer: Delivery = (
+            SiteDelivery(settings)
+            if self.config.delivery == "sites"
+            else CommandIssuer(settings.mqtt, self.config.client_id)
+        )
         self.influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
         self._runbook = settings.stream.runbook_url(ESCALATION_RULE)
         self._cleared: set[str] = set()  # escalation alerts this process resolved (until the record comes back)
@@ -130,11 +129,12 @@ class Responder:
                 self.apply(message)
             self._connect()
             log.info(
-                "respond: following %s on Kafka %s; commands to devices over MQTT %s; policies %s; "
-                "Ctrl-C or SIGTERM stops",
+                "respond: following %s on Kafka %s; commands to devices %s; policies %s; Ctrl-C or SIGTERM stops",
                 topics.alerts,
                 self.settings.kafka.bootstrap_servers,
-                self.settings.mqtt.url,
+                f"over MQTT {self.settings.mqtt.url}"
+                if self.config.delivery == "mqtt"
+                else f"through each site's relay (replies on {topics.site_replicas(topics.replies)})",
                 ", ".join(f"{p.rule} -> {p.command or p.action}" for p in self.policies) or "none",
             )
             while not self.stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -184,11 +184,7 @@ class Responder:
         now = time.monotonic()
         for deadline, topic, payload in early:
             self.handle_reply(topic, payload, wait_until=deadline if now < deadline else None)
-        while True:
-            try:
-                topic, payload = self.issuer.received.get_nowait()
-            except queue.Empty:
-                return
+        for topic, payload in self.issuer.replies():
             self.handle_reply(topic, payload, wait_until=time.monotonic() + EARLY_REPLY_GRACE_S)
 
     def handle_reply(self, topic: str, payload: bytes, wait_until: float | None = None) -> None:
@@ -238,26 +234,12 @@ class Responder:
 
     def record_twin(self, topic: str, payload: bytes) -> None:
         """A device's reported twin properties, as the twin's ``reported`` side."""
-        decoded = self._decoded(topic, payload, parse_twin_reported_topic, decode_twin_report)
-        if decoded is None:
+        try:
+            key, record = reported_twin(topic, payload)
+        except ContractViolation as exc:
+            self._dead_letter(exc.reason, exc.detail, topic, payload)
             return
-        (site, device_type, device_id), report = decoded
-        if report.device_id != device_id:
-            self._dead_letter(
-                "key_mismatch", f"twin report of {report.device_id} on {device_id}'s topic", topic, payload
-            )
-            return
-        record = TwinRecord(
-            ONCALL_SCHEMA_VERSION,
-            device_id,
-            device_type,
-            site,
-            TwinSide.REPORTED,
-            report.properties,
-            report.at_ms,
-            device_id,
-        )
-        self._produce(self.settings.topics.device_twin, twin_key(device_id, TwinSide.REPORTED).encode(), encode(record))
+        self._produce(self.settings.topics.device_twin, key, encode(record))
         self.counts["twin_reports"] += 1
 
     # -- deciding --------------------------------------------------------------------------
@@ -426,17 +408,6 @@ class Responder:
         ttl_ms = int((policy.ttl or self.config.command_ttl_s) * 1000)
         command_id = stable_id(alert.alert_id, policy.name, attempt, length=24)
         reason = f"alert {alert.alert_id} ({alert.rule})"
-        command = Command(
-            COMMAND_SCHEMA_VERSION,
-            command_id,
-            alert.device_id,
-            policy.command,
-            now,
-            now + ttl_ms,
-            self.config.issuer,
-            policy.args,
-            reason,
-        )
         audit = CommandAudit(
             ONCALL_SCHEMA_VERSION,
             command_id,
@@ -453,7 +424,8 @@ class Responder:
             attempt,
             CommandOutcome.SENT,
             policy.args,
-        )
+        ).with_step(CommandOutcome.SENT, now, reason)
+        command = command_of(audit)
         # Broker away (restarting): no command and no audit; the alert is evaluated again next tick.
         if not self.issuer.connected():
             self.counts["commands_deferred_while_disconnected"] += 1
@@ -465,7 +437,7 @@ class Responder:
             self.counts["send_failures"] += 1
             log.warning("%s to %s not sent: %s", policy.command, alert.device_id, exc)
             return
-        self._publish(audit.with_step(CommandOutcome.SENT, now, reason))
+        self._publish(audit)  # with sites: the command itself, for the device's site to deliver
         self.counts["commands_sent"] += 1
         log.info("sent %s to %s (attempt %d) for %s", policy.command, alert.device_id, attempt, reason)
 

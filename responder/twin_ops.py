@@ -3,8 +3,10 @@
 ``set`` writes the twin's ``desired`` record (version + 1) to the twin topic, an audit record
 to the commands topic (issuer: the operator), and sends a ``set_properties`` command with the
 changed properties over MQTT (QoS 1, persistent delivery: an offline device gets it when it
-reconnects, unless it expired by then). The device carries it out, replies, and reports its
-properties again; the responder records the report and the reply, so ``show`` tells a
+reconnects, unless it expired by then); with sites (``[respond] delivery = "sites"``) the
+audit record is the command, which the relay at the device's site delivers. The device carries
+it out, replies, and reports its properties again; the responder records the reply and the
+report (with sites the relay records the report, at the device's site), so ``show`` tells a
 property that is in sync from one still pending.
 """
 
@@ -193,6 +195,8 @@ def set_desired(
         command_id.encode(),
         encode(audit.with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")),
     )
+    if settings.respond.delivery == "sites":
+        return record, command  # the audit record is the command: the device's site's relay delivers it
     issuer = CommandIssuer(settings.mqtt, f"iotwatch-operator-{by}-{time.time_ns()}", listen=False)
     issuer.connect()
     try:

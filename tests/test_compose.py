@@ -312,7 +312,8 @@ def test_healthy_conditions_have_healthchecks(compose: dict[str, Any]) -> None:
 
 def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
-    site = {"site1-gateway", "site1-simulator", "site1-kafka-topics"}  # the "sites" profile
+    # the "sites" profile
+    site = {"site1-gateway", "site1-simulator", "site1-kafka-topics", "site1-central-kafka-topics", "site1-relay"}
     assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"} | site
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {
@@ -324,7 +325,8 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     assert "simulate" in commands["simulator"]
     assert "respond" in commands["responder"]
     assert commands["kafka-topics"][-3:] == ["provision", "topics", "--acls"]
-    assert commands["site1-kafka-topics"] == commands["kafka-topics"]
+    assert commands["site1-kafka-topics"] == [*commands["kafka-topics"], "--site", "site1"]
+    assert commands["site1-central-kafka-topics"] == [*commands["kafka-topics"], "--linked-site", "site1"]
     assert "--id-prefix" in commands["site1-simulator"]
 
 
@@ -354,14 +356,15 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
         assert env["IOTWATCH_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", name
         assert env["IOTWATCH_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
         assert env["IOTWATCH_KAFKA_SASL_USERNAME"] in scram_users, f"{name}: no such SCRAM user"
-    # On each cluster (the centre, a site), each service its own user; only the init step is admin.
+    # On each cluster (the centre, a site), each service its own user; only the init steps are admin.
     for cluster in {env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] for env in clients.values()}:
         users = {
             name: env["IOTWATCH_KAFKA_SASL_USERNAME"]
             for name, env in clients.items()
             if env["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == cluster
         }
-        assert len(set(users.values())) == len(users), users
+        services_users = [user for name, user in users.items() if not name.endswith("kafka-topics")]
+        assert len(set(services_users)) == len(services_users), users
         assert [name for name, user in users.items() if user == "admin"] == [
             name for name in users if name.endswith("kafka-topics")
         ], users
@@ -399,9 +402,12 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
         "gateway": "gateway",
         "stream": "stream",
         "responder": "responder",
-        # a site's cluster: its init step and its gateway
+        # a site's cluster: its init step, its gateway and its relay (the responder's stage);
+        # the centre's side of the site's link: an init step
         "site1-kafka-topics": "admin",
+        "site1-central-kafka-topics": "admin",
         "site1-gateway": "gateway",
+        "site1-relay": "responder",
     }
 
     topics = TopicSettings()
@@ -434,6 +440,44 @@ def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) 
     assert groups == {(user, prefix) for user, prefixes in GROUP_PREFIXES.items() for prefix in prefixes}
     assert all(g.prefixed and g.operation == "read" for g in grants if g.resource == "group")
     assert len(acl_bindings(grants)) == len(grants)  # each a valid ACL binding for the admin API
+
+
+def test_the_sites_mirror_maker_and_relay_have_least_privilege() -> None:
+    """MirrorMaker 2's user describes the cluster (never ALTER: it creates no ACLs), reads
+    what it copies, and writes only replicas (``<other cluster>.*``) and its own topics; the
+    centre grants the stream and the responder the sites' replicas they read, a site the
+    relay (the responder's user) the replica of the commands and the replies it writes."""
+    from iotwatch.provision.kafka_acls import MIRROR_USER, mirror_grants, service_grants
+    from iotwatch.settings import TopicSettings
+
+    topics = TopicSettings()
+    writes = ("create", "write", "alter", "alter_configs")
+    for grants, copied, replicas in (
+        (mirror_grants(topics, ["site1"]), {topics.commands}, "site1."),
+        (mirror_grants(topics, [], "site1"), {topics.raw, topics.dlq, topics.replies}, "central."),
+    ):
+        assert {g.user for g in grants} == {MIRROR_USER}
+        assert [(g.name, g.operation) for g in grants if g.resource == "cluster"] == [("kafka-cluster", "describe")]
+        on_topics = [g for g in grants if g.resource == "topic"]
+        assert not any(g.name in ("*", "") for g in on_topics)
+        assert {(g.name, g.prefixed) for g in on_topics if g.operation in writes} == {
+            (replicas, True),
+            ("mm2-", True),
+            ("heartbeats", False),
+        }
+        assert {g.name for g in on_topics if g.operation == "read" and not g.prefixed} == copied | {"heartbeats"}
+    centre = service_grants(topics, ["site1"])
+    assert {(g.user, g.name) for g in centre if g.name.startswith("site1.")} == {
+        ("stream", "site1.iot.telemetry.raw"),
+        ("responder", "site1.iot.commands.replies"),
+    }
+    assert all(g.operation == "read" for g in centre if g.name.startswith("site1."))
+    site = service_grants(topics, at_site=True)
+    assert {(g.name, g.operation) for g in site if g.user == "responder"} >= {
+        (topics.commands_replica, "read"),
+        (topics.replies, "write"),
+        (topics.device_twin, "write"),
+    }
 
 
 # --- service configuration files ---------------------------------------------------------
@@ -542,10 +586,9 @@ def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str,
 
 
 def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_does(compose: dict[str, Any]) -> None:
-    """The site's MirrorMaker logs in on both clusters with SCRAM, and its configuration runs
-    the embedded stack's flows and replication settings (iotwatch/stack/mirror_maker.py),
-    but for the topics' ACLs, which here it copies to the centre (how the stream may read the
-    replicas)."""
+    """The site's MirrorMaker logs in on both clusters with SCRAM as the mirror user, and its
+    configuration runs the embedded stack's flows and replication settings
+    (iotwatch/stack/mirror_maker.py); the site's relay delivers the centre's commands."""
     from iotwatch.stack.mirror_maker import REPLICATION_SETTINGS
 
     services = compose["services"]
@@ -557,6 +600,8 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
         "site1-gateway",
         "site1-simulator",
         "site1-mirror",
+        "site1-relay",
+        "site1-central-kafka-topics",
     }
     assert all(svc["profiles"] == ["sites"] for svc in site.values())
     assert not any("profiles" in svc for name, svc in services.items() if name not in site)
@@ -571,9 +616,21 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
     assert "security.protocol=SASL_PLAINTEXT" in script and "sasl.mechanism=SCRAM-SHA-512" in script
     lines = [line for line in template.read_text().splitlines() if line and not line.startswith("#")]
     properties = dict(line.split("=", 1) for line in lines)
-    assert properties.pop("sync.topic.acls.enabled") == "true"
-    assert {k: v for k, v in properties.items() if k in REPLICATION_SETTINGS} == {
-        k: v for k, v in REPLICATION_SETTINGS.items() if k != "sync.topic.acls.enabled"
-    }
-    assert properties["SITE->central.topics"] == r"iot\\.telemetry\\.raw|iot\\.telemetry\\.dlq"
+    assert {k: v for k, v in properties.items() if k in REPLICATION_SETTINGS} == REPLICATION_SETTINGS
+    assert properties["SITE->central.topics"] == r"iot\\.telemetry\\.raw|iot\\.telemetry\\.dlq|iot\\.commands\\.replies"
+    assert properties["central->SITE.topics"] == r"iot\\.commands"
+    # the mirror user, with the grants of the site's init step and the centre's for this site
+    assert 'username=\\"mirror\\" password=\\"$SCRAM_MIRROR_PASSWORD\\"' in script and "admin" not in script
+    assert set(env) == {"SITE", "SITE_BOOTSTRAP", "CENTRAL_BOOTSTRAP", "SCRAM_MIRROR_PASSWORD"}
+    assert services["site1-kafka-topics"]["command"][-2:] == ["--site", "site1"]
+    assert services["site1-central-kafka-topics"]["command"][-2:] == ["--linked-site", "site1"]
+    assert environment_of(services["site1-central-kafka-topics"])["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert set(mirror["depends_on"]) == {"site1-kafka-topics", "site1-central-kafka-topics"}
+    relay = environment_of(services["site1-relay"])
+    assert services["site1-relay"]["command"][-1] == "relay"
+    assert (relay["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"], relay["IOTWATCH_MQTT_URL"]) == (
+        "site1-kafka:9092",
+        "mqtt://site1-mosquitto:1883",
+    )
+    assert environment_of(services["responder"])["IOTWATCH_RESPOND_DELIVERY"] == "${RESPOND_DELIVERY:-mqtt}"
     assert environment_of(services["site1-kafka"])["KAFKA_ADVERTISED_LISTENERS"] == "INTERNAL://site1-kafka:9092"

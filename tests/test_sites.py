@@ -13,20 +13,30 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from gateway.bridge import Gateway
 from iotwatch.clients.kafka import client_config, list_topics
+from iotwatch.contract.device_commands import TwinProperties
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome, TwinRecord, decode
 from iotwatch.replication import ReplicationLag
 from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack, StackState
-from iotwatch.stack.mirror_maker import remote_topic, restart_mirror_maker
+from iotwatch.stack.mirror_maker import CENTRAL, remote_topic, restart_mirror_maker
 from iotwatch.stack.process import stop_process
 from iotwatch.stack.sites import site_role
+from responder.policy import DEFAULT_POLICIES
+from responder.relay import SiteRelay
+from responder.service import Responder
+from responder.twin_ops import set_desired
+from tests.alerts.conftest import make_alert
+from tests.alerts.conftest import produce as produce_alerts
 from tests.gateway.conftest import gateway_settings
-from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, wait_for
+from tests.helpers import InThread, Publisher, assert_no_loss, read_all_seqs, read_topic, reading, wait_for
+from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode, with_respond
 
 LINK_CUT_S = 60.0
 
@@ -234,3 +244,133 @@ def _seq(message: object) -> int:
     import json
 
     return int(json.loads(message.value())["seq"])  # type: ignore[attr-defined]
+
+
+def audits(kafka: KafkaSettings, topic: str) -> dict[str, CommandAudit]:
+    """The newest audit record per device (its latest attempt) on a commands topic or its replica."""
+    latest: dict[str, CommandAudit] = {}
+    for m in read_topic(kafka, topic, idle_s=0.5):
+        audit = decode(m.value(), CommandAudit)
+        if audit.device_id not in latest or latest[audit.device_id].attempt <= audit.attempt:
+            latest[audit.device_id] = audit
+    return latest
+
+
+def relaying(state: StackState, base: Settings, site: str, unique: str) -> InThread:
+    settings = site_settings(state, base, site)
+    return InThread(lambda stop: SiteRelay(with_respond(settings, relay_client_id=f"relay-{site}-{unique}"), stop))
+
+
+def steps(kafka: KafkaSettings, topic: str, device: str) -> list[CommandOutcome]:
+    """The steps of the device's newest command on ``topic`` so far."""
+    audit = audits(kafka, topic).get(device)
+    return [] if audit is None else [step.status for step in audit.history]
+
+
+def by_id(kafka: KafkaSettings, topic: str) -> dict[str, CommandAudit]:
+    """The newest audit record per command id."""
+    return {audit.command_id: audit for audit in (decode(m.value(), CommandAudit) for m in read_topic(kafka, topic))}
+
+
+def status(kafka: KafkaSettings, topic: str, device: str) -> CommandOutcome | None:
+    """The outcome so far of the device's newest command on ``topic`` (None: no command yet)."""
+    audit = audits(kafka, topic).get(device)
+    return None if audit is None else audit.status
+
+
+def test_a_command_issued_at_the_centre_reaches_its_device_at_its_site_and_its_reply_settles_it(
+    sites: StackState, base_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    # one attempt: the alerts here never clear, a retry would be a second command
+    centre = with_respond(
+        sites.apply_to(base_settings),
+        client_id=f"responder-{unique}",
+        command_ttl_s=20.0,
+        reply_timeout_s=15.0,
+        max_attempts=1,
+    )
+    assert centre.respond.delivery == "sites"
+    assert centre.topics.commands_replica == remote_topic(CENTRAL, centre.topics.commands)
+    topics = centre.topics
+    start = int(time.time() * 1000) - 10_000
+    leak = make_alert(LEAK, "leak_sensor", SITE, "water_leak", "critical", "raised", start)
+    hvac = make_alert(THERMOSTAT, "thermostat", SITE, "stuck_hvac", "major", "raised", start)
+    # a device no site has: its command waits at both sites unpublished, and times out at the centre
+    ghost = make_alert("home-00009-thermostat-0", "thermostat", "home-00009", "stuck_hvac", "major", "raised", start)
+    sim = home_with_faults(tmp_path)
+    site1 = site_settings(sites, base_settings, "site1")
+    devices = Obeying(sim, site1.mqtt, f"sim-{unique}")  # the home is at site1
+    relay1, relay2 = relaying(sites, base_settings, "site1", unique), relaying(sites, base_settings, "site2", unique)
+    produce_alerts(centre.kafka, topics.alerts, [leak, ghost])
+    responder = InThread(lambda stop: Responder(centre, DEFAULT_POLICIES, stop))
+    first: dict[str, object] = {}
+    try:
+        wait_for(
+            lambda: status(centre.kafka, topics.commands, LEAK) == CommandOutcome.DONE,
+            90,
+            "the leak command done at the centre",
+        )
+        done = audits(centre.kafka, topics.commands)[LEAK]
+        assert [s.status.value for s in done.history] == ["sent", "accepted", "done"]
+        assert mode(sim, LEAK) == 0, "the leak did not end"
+        replies = [m.key().decode() for m in read_topic(centre.kafka, remote_topic("site1", topics.replies))]
+        assert replies.count(f"iot/{SITE}/leak_sensor/{LEAK}/commands/ack") >= 2  # accepted, done
+        twins = [m.key().decode() for m in read_topic(site1.kafka, topics.device_twin, idle_s=0.5)]
+        assert f"{LEAK}|reported" in twins, "the twin of the device is not at its site"
+        # the relay is down when the next command is issued: the site delivers it when it is back
+        wait_for(
+            lambda: status(site1.kafka, topics.commands_replica, LEAK) == CommandOutcome.DONE,
+            30,
+            "the leak command's outcome copied back to the site",
+        )
+        first = relay1.close()
+        produce_alerts(centre.kafka, topics.alerts, [hvac])
+        wait_for(lambda: THERMOSTAT in audits(site1.kafka, topics.commands_replica), 30, "the hvac command at site1")
+        relay1 = relaying(sites, base_settings, "site1", unique)
+        wait_for(
+            lambda: (
+                status(centre.kafka, topics.commands, THERMOSTAT) == CommandOutcome.DONE and mode(sim, THERMOSTAT) == 0
+            ),
+            60,
+            "the hvac command done at the centre after the relay came back",
+        )
+        wait_for(
+            lambda: CommandOutcome.TIMED_OUT in steps(centre.kafka, topics.commands, ghost.device_id),
+            60,
+            "the command of a device at no site timed out at the centre",
+        )
+        # an operator's desired twin at the centre reaches the device through its site's relay too
+        _, twin_command = set_desired(
+            centre, THERMOSTAT, TwinProperties(setpoint_c=18.5), "alice", 30.0, SITE, "thermostat"
+        )
+        wait_for(
+            lambda: (
+                (audit := by_id(centre.kafka, topics.commands).get(twin_command.command_id)) is not None
+                and audit.status == CommandOutcome.DONE
+            ),
+            60,
+            "the operator's twin command done at the centre",
+        )
+        wait_for(
+            lambda: any(
+                decode(m.value(), TwinRecord).properties.setpoint_c == 18.5
+                for m in read_topic(site1.kafka, topics.device_twin, idle_s=0.5)
+                if m.key() == f"{THERMOSTAT}|reported".encode()
+            ),
+            30,
+            "the device's new setpoint reported in the twin at its site",
+        )
+    finally:
+        closed = responder.close()
+        second, other = relay1.close(), relay2.close()
+        devices.close()
+    assert first.get("commands_published") == 1 and first.get("replies_forwarded", 0) >= 2, first
+    # after its restart the relay published the new commands (hvac, the operator's), not the leak command again
+    assert second.get("commands_published") == 2, second
+    assert other.get("commands_published", 0) == 0, f"site2 published a command for site1's device: {other}"
+    assert other.get("not_at_this_site", 0) >= 1 and second.get("not_at_this_site", 0) >= 1, (second, other)
+    assert closed.get("dead_lettered", 0) == 0, closed
+    print(
+        f"commands across sites: responder {closed}; relay site1 {first} then {second}; relay site2 {other}; "
+        f"leak command {[(s.status.value, s.at_ms - done.issued_at_ms) for s in done.history]} (ms after issue)"
+    )

@@ -8,6 +8,8 @@
 # per client, and the image then finds the storage "already formatted":
 #   admin    the broker itself (inter-broker listener) and the kafka-topics init service
 #   gateway  iotwatch gateway         stream  iotwatch stream
+#   responder  iotwatch respond (and at a site iotwatch relay)
+#   mirror   a site's MirrorMaker 2 (profile "sites")
 # Passwords come from SCRAM_*_PASSWORD (KAFKA_*_PASSWORD in .env; not KAFKA_* here, which
 # the image would copy into server.properties). They are applied on the first start only:
 # to change one later, see README (Full deployment).
@@ -19,7 +21,9 @@ fail() { echo "kafka entrypoint: $*" >&2; exit 1; }
 : "${SCRAM_GATEWAY_PASSWORD:?set KAFKA_GATEWAY_PASSWORD in .env}"
 : "${SCRAM_STREAM_PASSWORD:?set KAFKA_STREAM_PASSWORD in .env}"
 : "${SCRAM_RESPONDER_PASSWORD:?set KAFKA_RESPONDER_PASSWORD in .env}"
-for secret in "$SCRAM_ADMIN_PASSWORD" "$SCRAM_GATEWAY_PASSWORD" "$SCRAM_STREAM_PASSWORD" "$SCRAM_RESPONDER_PASSWORD"; do
+: "${SCRAM_MIRROR_PASSWORD:?set KAFKA_MIRROR_PASSWORD in .env}"
+for secret in "$SCRAM_ADMIN_PASSWORD" "$SCRAM_GATEWAY_PASSWORD" "$SCRAM_STREAM_PASSWORD" "$SCRAM_RESPONDER_PASSWORD" \
+    "$SCRAM_MIRROR_PASSWORD"; do
     case "$(printf '%s' "$secret" | tr '[:upper:]' '[:lower:]')" in
         *change_me* | *change-me* | *changeme*) fail "a KAFKA_*_PASSWORD is still the .env.example placeholder; set real values in .env" ;;
         *'"'* | *'\'* | *' '* | *,* | *=* | *']'*) fail "KAFKA_*_PASSWORD values must not contain quotes, backslashes, spaces, ',', '=' or ']'" ;;
@@ -52,12 +56,13 @@ sasl.enabled.mechanisms=${KAFKA_SASL_ENABLED_MECHANISMS:?}
 sasl.mechanism.inter.broker.protocol=${KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL:?}
 log.dirs=${KAFKA_LOG_DIRS}
 PROPERTIES
-    echo "kafka entrypoint: formatting ${KAFKA_LOG_DIRS} with SCRAM users admin, gateway, stream, responder"
+    echo "kafka entrypoint: formatting ${KAFKA_LOG_DIRS} with SCRAM users admin, gateway, stream, responder, mirror"
     /opt/kafka/bin/kafka-storage.sh format --config "$CONF_DIR/format.properties" --cluster-id "${CLUSTER_ID:?}" \
         --add-scram "SCRAM-SHA-512=[name=admin,password=$SCRAM_ADMIN_PASSWORD]" \
         --add-scram "SCRAM-SHA-512=[name=gateway,password=$SCRAM_GATEWAY_PASSWORD]" \
         --add-scram "SCRAM-SHA-512=[name=stream,password=$SCRAM_STREAM_PASSWORD]" \
-        --add-scram "SCRAM-SHA-512=[name=responder,password=$SCRAM_RESPONDER_PASSWORD]" > /dev/null \
+        --add-scram "SCRAM-SHA-512=[name=responder,password=$SCRAM_RESPONDER_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=mirror,password=$SCRAM_MIRROR_PASSWORD]" > /dev/null \
         || fail "kafka-storage format failed"
     rm -f "$CONF_DIR/format.properties"
 fi

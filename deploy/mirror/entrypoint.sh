@@ -2,13 +2,14 @@
 # Entry point of a site's MirrorMaker 2 (docker-compose.yml, profile "sites"; run with
 # /bin/sh, so it needs no execute bit): writes mm2.properties from deploy/mirror/mm2.properties
 # with the site's alias and both clusters' addresses, and the SASL/SCRAM login MirrorMaker
-# uses on each (the link from the site to the centre is authenticated), then starts
-# MirrorMaker as the Kafka image ships it.
+# uses on each (the link from the site to the centre is authenticated): the mirror user, with
+# only the ACLs `iotwatch provision topics --acls --site/--linked-site` grant it
+# (iotwatch/provision/kafka_acls.py), then starts MirrorMaker as the Kafka image ships it.
 #
 #   SITE                the site's alias: its topics are <SITE>.<topic> at the centre
 #   SITE_BOOTSTRAP      the site's Kafka (host:port)
 #   CENTRAL_BOOTSTRAP   the central Kafka (host:port)
-#   SCRAM_ADMIN_PASSWORD  the admin user's password on both clusters (KAFKA_ADMIN_PASSWORD)
+#   SCRAM_MIRROR_PASSWORD  the mirror user's password on both clusters (KAFKA_MIRROR_PASSWORD)
 set -eu
 
 fail() { echo "mirror entrypoint: $*" >&2; exit 1; }
@@ -16,15 +17,15 @@ fail() { echo "mirror entrypoint: $*" >&2; exit 1; }
 : "${SITE:?}"
 : "${SITE_BOOTSTRAP:?}"
 : "${CENTRAL_BOOTSTRAP:?}"
-: "${SCRAM_ADMIN_PASSWORD:?set KAFKA_ADMIN_PASSWORD in .env}"
-case "$(printf '%s' "$SCRAM_ADMIN_PASSWORD" | tr '[:upper:]' '[:lower:]')" in
-    *change_me* | *change-me* | *changeme*) fail "KAFKA_ADMIN_PASSWORD is still the .env.example placeholder; set a real value in .env" ;;
+: "${SCRAM_MIRROR_PASSWORD:?set KAFKA_MIRROR_PASSWORD in .env}"
+case "$(printf '%s' "$SCRAM_MIRROR_PASSWORD" | tr '[:upper:]' '[:lower:]')" in
+    *change_me* | *change-me* | *changeme*) fail "KAFKA_MIRROR_PASSWORD is still the .env.example placeholder; set a real value in .env" ;;
 esac
 
 CONF_DIR=/tmp/iotwatch-mirror
 umask 077
 mkdir -p "$CONF_DIR"
-LOGIN="org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$SCRAM_ADMIN_PASSWORD\";"
+LOGIN="org.apache.kafka.common.security.scram.ScramLoginModule required username=\"mirror\" password=\"$SCRAM_MIRROR_PASSWORD\";"
 sed -e "s/^SITE\([.-]\)/$SITE\1/" -e "s/->SITE\./->$SITE./" -e "s/^clusters=SITE,/clusters=$SITE,/" \
     -e "s/=SITE_BOOTSTRAP$/=$SITE_BOOTSTRAP/" -e "s/=CENTRAL_BOOTSTRAP$/=$CENTRAL_BOOTSTRAP/" \
     /iotwatch/mirror/mm2.properties > "$CONF_DIR/mm2.properties"

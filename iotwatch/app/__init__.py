@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, str] = {
     "alerts": "alerts.cli:alerts",
     "provision": "iotwatch.app.provision:provision",
     "respond": "responder.cli:respond",
+    "relay": "responder.cli:relay",
     "commands": "responder.cli:commands",
     "devices": "responder.twin_cli:devices",
     "deadletters": "iotwatch.app.deadletters:deadletters",

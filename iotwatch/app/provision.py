@@ -95,16 +95,35 @@ def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json:
     help="Also grant each compose service user (gateway, stream, responder) "
     "its least-privilege ACLs (a broker with an authorizer; as admin).",
 )
+@click.option(
+    "--site",
+    metavar="NAME",
+    help="This is the cluster of the edge site NAME (sites, docs/sites.md): also its replies topic, and "
+    "with --acls the relay's and MirrorMaker 2's (user mirror) grants here.",
+)
+@click.option(
+    "--linked-site",
+    "linked_sites",
+    metavar="NAME",
+    multiple=True,
+    help="This is the central cluster and site NAME is linked to it (repeatable): with --acls, the "
+    "readers of NAME's replicas and MirrorMaker 2's (user mirror) grants here.",
+)
 @json_option
 @pass_app
-def topics(app: AppContext, acls: bool, as_json: bool) -> None:
+def topics(app: AppContext, acls: bool, site: str | None, linked_sites: tuple[str, ...], as_json: bool) -> None:
     """Create the pipeline's Kafka topics, the on-call ones compacted (for brokers with
     auto-creation off), and with --acls the services' ACLs."""
-    from iotwatch.clients.kafka import ensure_pipeline_topics
+    from iotwatch.clients.kafka import ensure_pipeline_topics, ensure_topics
 
+    if site and linked_sites:
+        raise click.UsageError("--site (an edge site's cluster) and --linked-site (the centre's) exclude each other")
     settings = app.settings
     wanted = settings.topics.kafka_topics() + settings.topics.compacted_topics()
     created = ensure_pipeline_topics(settings.kafka, settings.topics)
+    if site:
+        wanted.append(settings.topics.replies)
+        created += ensure_topics(settings.kafka, [settings.topics.replies])
     summary: dict[str, Any] = {
         "topics": wanted,
         "created": created,
@@ -112,9 +131,12 @@ def topics(app: AppContext, acls: bool, as_json: bool) -> None:
         "replication_factor": settings.kafka.replication_factor,
     }
     if acls:
-        from iotwatch.provision.kafka_acls import apply_grants, service_grants
+        from iotwatch.provision.kafka_acls import apply_grants, mirror_grants, service_grants
 
-        summary["acls"] = apply_grants(settings.kafka, service_grants(settings.topics))
+        grants = service_grants(settings.topics, list(linked_sites), at_site=bool(site))
+        if site or linked_sites:
+            grants += mirror_grants(settings.topics, list(linked_sites), site)
+        summary["acls"] = apply_grants(settings.kafka, grants)
     emit(summary, as_json, _render_summary)
 
 

@@ -16,6 +16,7 @@ from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.stats import quantiles
+from responder.command_policy import OPEN
 
 
 def timings(
@@ -23,9 +24,7 @@ def timings(
 ) -> tuple[dict[str, CommandAudit], dict[str, list[int]]]:
     """The latest record per command, and the three timings in ms (``time_to_command``,
     ``time_to_device_ack``, ``time_to_recovery``), one value per command that has it."""
-    latest: dict[str, CommandAudit] = {}
-    for audit in audits:
-        latest[audit.command_id] = audit
+    latest = latest_audits(audits)
     alerts = list(alerts)
     raised = {a.alert_id: a for a in alerts if a.raised}
     cleared = {a.alert_id: a for a in alerts if not a.raised}
@@ -41,6 +40,30 @@ def timings(
         if clear is not None and audit.status == CommandOutcome.DONE:
             found["time_to_recovery"].append(clear.detected_at_ms - audit.issued_at_ms)
     return latest, found
+
+
+def latest_audits(audits: Iterable[CommandAudit]) -> dict[str, CommandAudit]:
+    """The latest record per command id, of the commands topic's records in order."""
+    return {audit.command_id: audit for audit in audits}
+
+
+#: The outcomes only a device's reply gives (a command rejected as expired was answered too).
+ANSWERED = frozenset({CommandOutcome.ACCEPTED, CommandOutcome.DONE, CommandOutcome.FAILED, CommandOutcome.REJECTED})
+
+
+def by_outcome(audits: Iterable[CommandAudit]) -> dict[str, Any]:
+    """Commands (latest records) by what became of them: ``acknowledged`` by the device
+    (any reply), ``done``, ``expired`` without any reply (timed out), still ``open``."""
+    audits = list(audits)
+    steps = [{step.status for step in audit.history} for audit in audits]
+    return {
+        "sent": len(audits),
+        "acknowledged": sum(1 for s in steps if s & ANSWERED),
+        "done": sum(1 for s in steps if CommandOutcome.DONE in s),
+        "expired": sum(1 for s in steps if not s & ANSWERED and CommandOutcome.TIMED_OUT in s),
+        "open": sum(1 for audit in audits if audit.status in OPEN),
+        "outcomes": dict(sorted(Counter(audit.status.value for audit in audits).items())),
+    }
 
 
 #: The closed loop's timings: alert -> command, command -> device ack, command -> alert cleared.

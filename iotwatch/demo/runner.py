@@ -133,10 +133,15 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         for port in gateway_ports.values():
             wait_healthy(port, timeout_s=60)
         wait_for_stream(children[0], checkpoint)
-        if not sites:
-            # the closed loop: the responder commands devices over the one MQTT broker (with
-            # sites, devices are reached at their site: not part of this demo)
-            children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
+        # the closed loop: the responder commands devices over the one MQTT broker, or with
+        # sites writes the commands at the centre for each site's relay to deliver
+        children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
+        for site in sites:
+            children.append(
+                Component(
+                    _named("relay", site), iotwatch_command("relay", "--json"), {**env, **state.site_env(site)}, out
+                )
+            )
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
             Component(
@@ -201,7 +206,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             results.update(_sum_site_results(results, sites))
         summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
         if sites:
-            summary["sites"] = sites_summary(settings, state, sites, lags, archive, truth_path)
+            summary["sites"] = sites_summary(settings, state, sites, lags, archive, truth_path, results)
         summary["oncall"] = {
             "notifications_received": receiver.notifications,
             "acknowledged_by_demo": len(on_call.acknowledged),
@@ -316,14 +321,19 @@ def sites_summary(
     lags: LagHistory,
     archive: Path,
     truth_path: Path,
+    results: dict[str, Any],
 ) -> dict[str, Any]:
     """Per site: readings at the site and at the centre, records MirrorMaker's at-least-once
-    copying left twice at the centre, loss by seq (site -> centre -> archive), replication lag
-    and the alerts raised for its devices."""
+    copying left twice at the centre, loss by seq (site -> centre -> archive), replication lag,
+    the alerts raised for its devices and the commands they were sent (their outcomes at the
+    centre, and what the site's relay published and carried back)."""
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     archived = accounting.archived_seqs(archive)
     late, _ = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
     alerts, _ = decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
+    commands = closed_loop.latest_audits(
+        decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)
+    ).values()
     result = {}
     for site in sites:
         site_records = read_to_end(edge_kafka(settings, state, site), settings.topics.raw)
@@ -350,6 +360,12 @@ def sites_summary(
             "replication_lag": lags.summary(site),
             "alerts_raised": len(raised),
             "alerts_by_rule": dict(sorted(Counter(a.rule for a in raised).items())),
+            "commands": closed_loop.by_outcome(a for a in commands if a.device_id.startswith(f"{site}-")),
+            "relay": {
+                key: value
+                for key, value in results.get(_named("relay", site), {}).items()
+                if key in ("commands_published", "replies_forwarded", "twin_reports", "not_at_this_site")
+            },
         }
     return result
 
@@ -698,7 +714,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"  site {site}: {figures['readings_at_site']} readings at the site, {figures['readings_at_centre']} "
             f"at the centre ({figures['copied_twice_by_mirror_maker']} copied twice), loss [{style}]{figures['loss']}"
             f"[/{style}]; replication lag p50/p99/max {lag['p50_ms']}/{lag['p99_ms']}/{lag['max_ms']} ms; "
-            f"{figures['alerts_raised']} alerts raised"
+            f"{figures['alerts_raised']} alerts raised; commands {figures['commands']['sent']} sent, "
+            f"{figures['commands']['acknowledged']} acknowledged by the device, {figures['commands']['expired']} "
+            f"expired unanswered, {figures['commands']['open']} open"
         )
     print_dashboards(console, summary.get("dashboards"))
     console.print(f"  report: {summary['report']['folder']}")

@@ -7,7 +7,15 @@ so a user with no ACL can do nothing. Each service gets what its code does, no m
 - ``stream`` reads readings and model updates, writes alerts and dead letters;
 - ``responder`` reads alerts, its command log and its emergency records; writes commands,
   alerts (escalations), dead letters, device twins (what devices report) and emergency
-  records.
+  records; with sites, at a site (the relay, :mod:`responder.relay`) it reads the replica of
+  the centre's commands and writes replies, twins and dead letters, and at the centre it
+  reads every site's replies;
+- ``mirror`` (with sites, MirrorMaker 2 of each site; :func:`mirror_grants`) reads what it
+  copies, creates and writes the replicas (named ``<other cluster>.<topic>``) and its own
+  topics (``mm2-*``, ``heartbeats``), translates consumer groups' offsets at the centre, and
+  describes the cluster. It copies no ACLs (``sync.topic.acls.enabled=false``: creating ACLs
+  needs ALTER on the cluster, which would let it grant itself anything); the centre grants
+  the readers of the replicas here (``stream`` the sites' readings, ``responder`` their replies).
 
 No service may create, delete or reconfigure topics (``admin`` made them) or write a topic
 it has no business in: a compromised gateway cannot forge alerts, which become pages.
@@ -26,16 +34,20 @@ from typing import Any, Literal
 from iotwatch.clients.kafka import admin_client
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings, TopicSettings
+from iotwatch.stack.mirror_maker import CENTRAL, remote_topic
 
-Operation = Literal["read", "write"]
+Operation = Literal["read", "write", "create", "describe", "describe_configs", "alter", "alter_configs"]
+#: MirrorMaker 2's user (docker-compose.yml, profile "sites"), on the site's cluster and the centre's.
+MIRROR_USER = "mirror"
 
 
 @dataclass(frozen=True)
 class Grant:
-    """ALLOW ``operation`` on a topic or consumer group (a literal name or a prefix) to ``user``."""
+    """ALLOW ``operation`` on a topic, consumer group or the cluster (a literal name or a
+    prefix; ``*`` every one) to ``user``."""
 
     user: str
-    resource: Literal["topic", "group"]
+    resource: Literal["topic", "group", "cluster"]
     name: str
     operation: Operation
     prefixed: bool = False
@@ -45,16 +57,29 @@ class Grant:
 GROUP_PREFIXES = {"stream": ("iotwatch-", "spark-kafka-source"), "responder": ("iotwatch-",)}
 
 
-def service_grants(topics: TopicSettings) -> list[Grant]:
-    """Every grant of the compose deployment's service users (``admin`` needs none)."""
+def service_grants(topics: TopicSettings, sites: list[str] | None = None, *, at_site: bool = False) -> list[Grant]:
+    """Every grant of the compose deployment's service users (``admin`` needs none): on the
+    centre's cluster, with ``sites`` its readers of those sites' replicas; ``at_site``: on a
+    site's cluster, where the responder's user is the relay's."""
     access: dict[str, dict[Operation, list[str]]] = {
         "gateway": {"read": [], "write": [topics.raw, topics.dlq]},
-        "stream": {"read": [topics.raw, topics.model_updates], "write": [topics.alerts, topics.dlq]},
+        "stream": {
+            "read": [topics.raw, topics.model_updates, *(remote_topic(site, topics.raw) for site in sites or [])],
+            "write": [topics.alerts, topics.dlq],
+        },
         "responder": {
-            "read": [topics.alerts, topics.commands, topics.emergencies],
+            "read": [
+                topics.alerts,
+                topics.commands,
+                topics.emergencies,
+                *(remote_topic(site, topics.replies) for site in sites or []),
+            ],
             "write": [topics.commands, topics.alerts, topics.dlq, topics.device_twin, topics.emergencies],
         },
     }
+    if at_site:
+        access["responder"]["read"].append(topics.commands_replica)
+        access["responder"]["write"].append(topics.replies)
     grants = [
         Grant(user, "topic", topic, operation)
         for user, by_operation in access.items()
@@ -69,18 +94,51 @@ def service_grants(topics: TopicSettings) -> list[Grant]:
     return grants
 
 
+def mirror_grants(topics: TopicSettings, sites: list[str], site: str | None = None) -> list[Grant]:
+    """MirrorMaker 2's grants on the centre's cluster, linked to ``sites``, or on ``site``'s.
+
+    Each cluster is the source of one flow and the target of the other. As a source it is read
+    (its copied topics, their configurations, the consumer groups' committed offsets for the
+    checkpoints) and holds the flow's offset syncs (``mm2-offset-syncs.<target>.internal``); as
+    a target it gets the replicas of the other cluster's topics (created, written, their
+    partitions and configurations kept in step: ``<source>.*``), that cluster's checkpoints
+    (``<source>.checkpoints.internal``), the heartbeats, and the flow's Connect topics
+    (``mm2-configs|offsets|status.<source>.internal``, worker group ``<source>-mm2``). At the
+    centre it also writes the translated offsets of any consumer group (READ on every group).
+    Every Kafka client of it describes the cluster (its id)."""
+    central = site is None
+    copied = [topics.commands] if central else [topics.raw, topics.dlq, topics.replies]
+    others = list(sites) if central else [CENTRAL]
+    on_groups: Operation = "read" if central else "describe"
+    replica_operations: list[Operation] = ["create", "read", "write", "alter", "alter_configs"]
+    grants = [Grant(MIRROR_USER, "cluster", "kafka-cluster", "describe")]
+    grants += [Grant(MIRROR_USER, "topic", name, op) for name in copied for op in ("read", "describe_configs")]
+    grants += [
+        Grant(MIRROR_USER, "topic", f"{other}.", op, prefixed=True) for other in others for op in replica_operations
+    ]
+    for name, prefixed in (("mm2-", True), ("heartbeats", False)):
+        grants += [
+            Grant(MIRROR_USER, "topic", name, op, prefixed=prefixed)
+            for op in ("create", "read", "write", "describe_configs")
+        ]
+    grants.append(Grant(MIRROR_USER, "group", "*", on_groups))
+    grants += [Grant(MIRROR_USER, "group", f"{other}-mm2", "read") for other in others]
+    return grants
+
+
 def acl_bindings(grants: list[Grant]) -> list[Any]:
     """The confluent-kafka ``AclBinding`` of each grant (any host)."""
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
+    resources = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP, "cluster": ResourceType.BROKER}
     return [
         AclBinding(
-            ResourceType.TOPIC if grant.resource == "topic" else ResourceType.GROUP,
+            resources[grant.resource],
             grant.name,
             ResourcePatternType.PREFIXED if grant.prefixed else ResourcePatternType.LITERAL,
             f"User:{grant.user}",
             "*",
-            AclOperation.READ if grant.operation == "read" else AclOperation.WRITE,
+            AclOperation[grant.operation.upper()],
             AclPermissionType.ALLOW,
         )
         for grant in grants

@@ -21,7 +21,7 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
-from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Settings, TopicSettings
+from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, RespondSettings, Settings, TopicSettings
 from iotwatch.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.stack.kafka_broker import replication_factor, restart_kafka_node, start_kafka_broker, start_kafka_cluster
 from iotwatch.stack.mirror_maker import remote_topic
@@ -77,7 +77,8 @@ class StackState:
 
     def apply_to(self, settings: Settings) -> Settings:
         """The settings with this stack's endpoints (InfluxDB disabled if it did not start);
-        with sites, the streaming job reads every site's replica of the raw topic."""
+        with sites, the streaming job reads every site's replica of the raw topic and the
+        responder's commands go to the sites' relays."""
         ends = self.endpoints()
         applied = settings.with_endpoints(mqtt=ends["mqtt"], kafka=ends["kafka"], influx=ends["influx"] or "")
         if len(self.kafka_nodes) > 1:
@@ -85,7 +86,8 @@ class StackState:
             applied = applied.model_copy(update={"kafka": kafka})
         if self.sites:
             topics = applied.topics.model_copy(update={"raw_pattern": raw_pattern(applied.topics)})
-            applied = applied.model_copy(update={"topics": topics})
+            respond = applied.respond.model_copy(update={"delivery": "sites"})
+            applied = applied.model_copy(update={"topics": topics, "respond": respond})
         return applied
 
     def env(self) -> dict[str, str]:
@@ -104,6 +106,8 @@ class StackState:
         if self.sites:
             del variables["IOTWATCH_MQTT_URL"]  # devices connect to their site
             variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(TopicSettings())
+            # the responder writes commands to the centre; each site's relay delivers them
+            variables[RespondSettings.env_name("delivery")] = "sites"
         return variables
 
     def site_env(self, site: str) -> dict[str, str]:

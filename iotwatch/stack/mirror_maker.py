@@ -5,7 +5,7 @@ Each site has its own MirrorMaker process (a dedicated MirrorMaker,
 in the site's folder), so a site whose link is down or whose MirrorMaker restarts holds up no
 other site. It runs two flows:
 
-- ``<site>->central``: the raw and dead-letter topics, named ``<site>.<topic>`` at the centre
+- ``<site>->central``: the raw, dead-letter and command replies topics, named ``<site>.<topic>`` at the centre
   (MirrorMaker's default replication policy); consumer groups' committed offsets translated
   into the central cluster's groups (checkpoints, ``sync.group.offsets.enabled``), so a group
   fails over to the replica without re-reading what it committed; heartbeats, whose newest
@@ -90,7 +90,7 @@ def remote_topic(site: str, topic: str) -> str:
 
 def mm2_properties(site: ClusterLink, central: ClusterLink, topics: TopicSettings) -> dict[str, str]:
     """MirrorMaker's configuration for one site's link to the centre."""
-    up = "|".join(re.escape(name) for name in (topics.raw, topics.dlq))
+    up = "|".join(re.escape(name) for name in (topics.raw, topics.dlq, topics.replies))
     settings = {
         "clusters": f"{site.alias}, {central.alias}",
         f"{site.alias}->{central.alias}.enabled": "true",
@@ -156,7 +156,7 @@ def wait_for_mirror(
     after this process started has been copied there: the site's flow runs."""
     from iotwatch.replication import HEARTBEATS_TOPIC, ReplicationLag
 
-    wanted = [remote_topic(site, topics.raw), remote_topic(site, topics.dlq), remote_topic(site, HEARTBEATS_TOPIC)]
+    wanted = [remote_topic(site, name) for name in (topics.raw, topics.dlq, topics.replies, HEARTBEATS_TOPIC)]
     wait_until(
         lambda: all(name in list_topics(central_settings, timeout_s=2.0) for name in wanted),
         timeout_s=timeout_s,

@@ -11,7 +11,6 @@ stack's state under ``<site>-mqtt``, ``<site>-kafka`` and ``<site>-mirror``.
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 from iotwatch.clients.kafka import ensure_topics
@@ -43,12 +42,13 @@ def split_role(role: str) -> tuple[str | None, str]:
 
 def raw_pattern(topics: TopicSettings) -> str:
     """The regular expression of every site's replica of the raw topic at the centre."""
-    return rf"[^.]+\.{re.escape(topics.raw)}"
+    return topics.site_replicas(topics.raw)
 
 
 def edge_topics(topics: TopicSettings) -> list[str]:
-    """The topics a site's own cluster carries: what its gateway writes (readings, dead letters)."""
-    return [topics.raw, topics.dlq]
+    """The topics a site's own cluster carries: what its gateway writes (readings, dead
+    letters) and its relay (devices' replies to commands)."""
+    return [topics.raw, topics.dlq, topics.replies]
 
 
 def start_site_servers(

@@ -17,7 +17,7 @@ from devices.config import SimConfig
 from devices.simulation import Simulation
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, Command
-from iotwatch.settings import MqttSettings
+from iotwatch.settings import MqttSettings, Settings
 
 THERMOSTAT, LEAK = "home-00000-thermostat-0", "home-00000-leak_sensor-0"
 SITE = "home-00000"
@@ -47,6 +47,11 @@ def home_with_faults(tmp_path: Path, *, vehicle_overheats: bool = False, ticks: 
     for _ in range(ticks):
         sim.tick()
     return sim
+
+
+def with_respond(settings: Settings, **respond: Any) -> Settings:
+    """``settings`` with these ``[respond]`` settings changed."""
+    return settings.model_copy(update={"respond": settings.respond.model_copy(update=respond)})
 
 
 def mode(sim: Simulation, device_id: str) -> int:

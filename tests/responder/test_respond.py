@@ -20,7 +20,7 @@ from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from tests.alerts.conftest import changed, make_alert, produce
 from tests.helpers import InThread, read_topic, wait_for
-from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
+from tests.responder.conftest import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode, with_respond
 
 
 def responding(settings: Settings) -> InThread:
@@ -52,17 +52,8 @@ def statuses(audit: CommandAudit) -> list[str]:
 def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     test_settings: Settings, unique: str, tmp_path: Path
 ) -> None:
-    settings = test_settings.model_copy(
-        update={
-            "respond": test_settings.respond.model_copy(
-                update={
-                    "client_id": f"responder-{unique}",
-                    "reply_timeout_s": 6.0,
-                    "command_ttl_s": 8.0,
-                    "max_attempts": 2,
-                }
-            )
-        }
+    settings = with_respond(
+        test_settings, client_id=f"responder-{unique}", reply_timeout_s=6.0, command_ttl_s=8.0, max_attempts=2
     )
     sim = home_with_faults(tmp_path)
     start = int(time.time() * 1000) - 10_000
