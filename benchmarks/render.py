@@ -150,13 +150,21 @@ def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
                     found.append(f"{name} +{slope / scale:,.1f} {unit}")
         return "over: " + ", ".join(found)
 
+    def caught_up(r: dict[str, Any]) -> str:
+        lag = r.get("lag")
+        if lag is None:
+            return "–"
+        if lag["not_caught_up"]:
+            return f"no, after {', '.join(lag['not_caught_up'])}"
+        return f"yes ({lag['judged']} judged)"
+
     faults = sorted({fault for r in results for fault in r["recovery"]["recovery_s_by_fault"]})
     return [
         (
             "load",
             lambda r: (
                 f"{r['options']['rate']:,.0f} msg/s, {r['options']['schedule']['duration_s']:,.0f} s, "
-                f"seed {r['options']['schedule']['seed']}"
+                f"seed {r['options']['schedule']['seed']}, Kafka nodes {r['options'].get('kafka_nodes', 1)}"
             ),
         ),
         ("loss by seq", lambda r: f"{r['loss']['loss']} of {r['loss']['unique_readings_in_kafka']:,}"),
@@ -176,6 +184,7 @@ def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
             lambda r: f"{r['commands']['acknowledged']} / {r['commands']['expired']} / {len(r['commands']['open'])}",
         ),
         *((f"recovery: {fault}", recovery(fault)) for fault in faults),
+        ("lag back to its fault-free level after each fault", caught_up),
         ("growth a minute after warm-up", over_limits),
         ("every proof held", lambda r: "yes" if r["ok"] else "no"),
     ]

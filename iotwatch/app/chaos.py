@@ -157,7 +157,14 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
             f"    {fault['injected_at_s']:>7} s  {fault['fault']:<18} down {fault['down_s']} s, "
             f"recovered after {fault['recovery_s']} s (lag then {fault['lag_at_recovery']})"
             + (f"; not recovered: waiting for {fault['waiting_for']}" if fault.get("waiting_for") else "")
+            + (f"; lag back to steady after {fault['caught_up_s']} s" if fault.get("caught_up_s") is not None else "")
         )
+    lag = summary["lag"]
+    console.print(
+        f"  lag back to its fault-free level ({lag['steady_lag']} records) after each fault "
+        f"{verdict(lag['ok'])}: {lag['judged']} judged"
+        + (f", not caught up after {', '.join(lag['not_caught_up'])}" if lag["not_caught_up"] else "")
+    )
     resources = summary["resources"]
     console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")
     for name, entry in resources["processes"].items():

@@ -95,3 +95,40 @@ def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[st
         "restarted": restarted,
         "never_restarted": never,
     }
+
+
+def catch_up(faults: list[dict[str, Any]], lag: list[tuple[float, int]], load_s: float) -> dict[str, Any]:
+    """Whether the job's lag (raw topic end minus its committed offset, ``(t_s, lag)`` samples)
+    fell back to its fault-free level after each recovered fault, before the next fault: the
+    level is the highest lag before the first fault. A fault followed by fewer than two
+    samples before the next one is not judged. Adds ``caught_up_s`` (seconds from recovery)
+    to each judged fault."""
+    first = min((f["injected_at_s"] for f in faults if f["injected_at_s"] is not None), default=load_s)
+    before = [value for t, value in lag if t < first]
+    if not before:
+        return {"ok": True, "steady_lag": None, "judged": 0, "not_caught_up": []}
+    steady = max(before)
+    starts = sorted(f["injected_at_s"] for f in faults if f["injected_at_s"] is not None)
+    judged, late, seconds = 0, [], []
+    for fault in faults:
+        if fault["recovery_s"] is None:
+            continue
+        recovered = fault["injected_at_s"] + fault["recovery_s"]
+        end = min((t for t in starts if t > fault["injected_at_s"]), default=load_s)
+        window = [(t, value) for t, value in lag if recovered <= t < end]
+        if len(window) < 2:
+            continue
+        judged += 1
+        back = next((t for t, value in window if value <= steady), None)
+        fault["caught_up_s"] = None if back is None else round(back - recovered, 1)
+        if back is None:
+            late.append(fault["fault"])
+        else:
+            seconds.append(back - recovered)
+    return {
+        "ok": not late,
+        "steady_lag": steady,
+        "judged": judged,
+        "caught_up_s": quantiles(seconds, (0.5, 1.0), digits=1) if seconds else None,
+        "not_caught_up": late,
+    }

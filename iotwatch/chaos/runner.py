@@ -339,6 +339,11 @@ def _prove(
         "notifications": proofs.notifications(alerts, receiver.keys),
         "commands": proofs.commands(audits),
         "recovery": proofs.recovery(faults, restarted),
+        "lag": proofs.catch_up(
+            faults,
+            [(x.t - runner.started, max(0, x.raw_end - x.stream_offset)) for x in timeline.live.samples],
+            timeline.load_s,
+        ),
     }
     resources_ok = all(entry["within_limits"] is not False for entry in resources.values())
     judged = [name for name, entry in resources.items() if entry["within_limits"] is not None]

@@ -53,11 +53,12 @@ def test_every_component_killed_once_under_load_loses_nothing_and_recovers(tmp_p
         pytest.fail(f"iotwatch chaos took more than {RUN_TIMEOUT_S} s: {stderr[-3000:]}")
     summary = json.loads(stdout[stdout.index("{") :]) if "{" in stdout else {}
     assert summary, stderr[-3000:]
-    proofs = ("loss", "alerts", "notifications", "commands", "recovery")
+    proofs = ("loss", "alerts", "notifications", "commands", "recovery", "lag")
     failed = {k: summary[k] for k in proofs if not summary[k]["ok"]}
     assert not failed, json.dumps(failed, indent=1)[:3000] + _log_tails(run)
     assert not summary["unplanned_exits"], summary["unplanned_exits"]
     assert process.returncode == 0 and summary["ok"], (summary["drained"], summary["resources"]["ok"])
+    assert summary["lag"]["steady_lag"] is not None
 
     # each fault once, each recovered with its time; each component started again
     faults = summary["faults"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iotwatch.chaos.proofs import alerts_match, commands, notifications
+from iotwatch.chaos.proofs import alerts_match, catch_up, commands, notifications
 from iotwatch.chaos.resources import Limits, Sample, judge, quiet_windows, slope_per_minute
 from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
@@ -155,3 +155,19 @@ def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
         "open": [],
     }
     assert commands([*history, audit("c3", "accepted")])["open"] == ["c3"]
+
+
+def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None:
+    """The lead-in's highest lag (300) is the level; after the first fault the lag is back
+    there 4 s after recovery, after the second it never is before the third; the third is
+    followed by one sample only and is not judged."""
+    faults = [
+        {"fault": "gateway kill -9", "injected_at_s": 30.0, "recovery_s": 10.0},
+        {"fault": "kafka pause", "injected_at_s": 60.0, "recovery_s": 10.0},
+        {"fault": "mqtt pause", "injected_at_s": 90.0, "recovery_s": 9.0},
+    ]
+    lag = [(float(t), 300 if t < 30 else 5000 if t < 44 else 200 if t < 60 else 4000) for t in range(0, 100)]
+    result = catch_up(faults, lag, load_s=100.0)
+    assert result["steady_lag"] == 300 and result["judged"] == 2
+    assert not result["ok"] and result["not_caught_up"] == ["kafka pause"]
+    assert faults[0]["caught_up_s"] == 4.0 and faults[1]["caught_up_s"] is None and "caught_up_s" not in faults[2]
