@@ -97,11 +97,18 @@ def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[st
     }
 
 
-def catch_up(faults: list[dict[str, Any]], lag: list[tuple[float, int]], load_s: float) -> dict[str, Any]:
+#: The shortest stretch from a fault's recovery to the next fault in which the lag is judged:
+#: a backlog of a few seconds' load takes the job a few micro-batches to clear.
+CATCH_UP_WINDOW_S = 20.0
+
+
+def catch_up(
+    faults: list[dict[str, Any]], lag: list[tuple[float, int]], load_s: float, window_s: float = CATCH_UP_WINDOW_S
+) -> dict[str, Any]:
     """Whether the job's lag (raw topic end minus its committed offset, ``(t_s, lag)`` samples)
     fell back to its fault-free level after each recovered fault, before the next fault: the
-    level is the highest lag before the first fault. A fault followed by fewer than two
-    samples before the next one is not judged. Adds ``caught_up_s`` (seconds from recovery)
+    level is the highest lag before the first fault. A fault whose recovery the next fault
+    follows within ``window_s`` is not judged. Adds ``caught_up_s`` (seconds from recovery)
     to each judged fault."""
     first = min((f["injected_at_s"] for f in faults if f["injected_at_s"] is not None), default=load_s)
     before = [value for t, value in lag if t < first]
@@ -116,7 +123,7 @@ def catch_up(faults: list[dict[str, Any]], lag: list[tuple[float, int]], load_s:
         recovered = fault["injected_at_s"] + fault["recovery_s"]
         end = min((t for t in starts if t > fault["injected_at_s"]), default=load_s)
         window = [(t, value) for t, value in lag if recovered <= t < end]
-        if len(window) < 2:
+        if end - recovered < window_s or len(window) < 2:
             continue
         judged += 1
         back = next((t for t, value in window if value <= steady), None)

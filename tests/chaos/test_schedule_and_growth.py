@@ -160,7 +160,7 @@ def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
 def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None:
     """The lead-in's highest lag (300) is the level; after the first fault the lag is back
     there 4 s after recovery, after the second it never is before the third; the third is
-    followed by one sample only and is not judged."""
+    followed by the end of the load within 20 s and is not judged."""
     faults = [
         {"fault": "gateway kill -9", "injected_at_s": 30.0, "recovery_s": 10.0},
         {"fault": "kafka pause", "injected_at_s": 60.0, "recovery_s": 10.0},
