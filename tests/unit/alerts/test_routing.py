@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from alerts.routing import load_routing
+import pytest
+
+from alerts.routing import RoutingError, load_routing, parse_routing
 from iotwatch.contract.alerts import AlertRecord
 from responder.policy import DEFAULT_POLICIES, load_policies
 from tests.conftest import REPO_ROOT
@@ -46,3 +48,24 @@ def test_the_shipped_policy_file_is_the_built_in_policy() -> None:
     shipped = load_policies(DEPLOY / "policy.toml")
     assert [(p.name, p.rule, p.command) for p in shipped] == [(p.name, p.rule, p.command) for p in DEFAULT_POLICIES]
     assert all(p.ttl == 120.0 for p in shipped if p.action == "command")
+
+
+def test_routing_file_errors_name_the_problem() -> None:
+    with pytest.raises(RoutingError, match="not defined: nowhere"):
+        parse_routing(
+            {
+                "receivers": {"a": {"url": "http://x/"}},
+                "route": {"receiver": "a", "routes": [{"match": {"site": "s"}, "receiver": "nowhere"}]},
+            }
+        )
+    with pytest.raises(RoutingError, match="unknown alert field"):
+        parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_by": ["colour"]}})
+    with pytest.raises(RoutingError, match="not a duration"):
+        parse_routing({"receivers": {"a": {"url": "http://x/"}}, "route": {"receiver": "a", "group_wait": "soon"}})
+    with pytest.raises(RoutingError, match="a, b all take records"):
+        parse_routing(
+            {
+                "receivers": {name: {"url": "http://x/", "format": "record"} for name in ("a", "b")},
+                "route": {"receiver": "a"},
+            }
+        )
