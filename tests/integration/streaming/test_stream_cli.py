@@ -91,14 +91,3 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
         assert "received" in out and "┃" in out, out
         # a per-batch size is the last batch's, never summed over batches as if it were a count
         assert "state devices" not in out and "last batch: devices in state shards written" in out, out
-
-
-def test_a_checkpoint_of_another_state_layout_gets_a_hint_others_none() -> None:
-    """Spark's words for a checkpoint another version of iotwatch wrote, plus what to do about it."""
-    from streaming.job import _hint
-
-    spark_error = (
-        "[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing state key schema."
-    )
-    assert "new --checkpoint directory" in _hint(spark_error)
-    assert _hint("[STREAM_FAILED] something else") == ""
