@@ -71,7 +71,8 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         assert alerts["end_of_run_silences"] > 0  # every device falls silent when the simulators stop
         truth = read_ground_truth(run / "ground_truth.jsonl")
         warm_up_end = summary["components"]["simulate"]["start_ms"] + 30_000  # --anomalies-after 30
-        assert all(t.start_ts >= warm_up_end for t in truth if t.is_anomaly)
+        anomalies = [t for t in truth if t.is_anomaly]
+        assert anomalies and all(t.start_ts >= warm_up_end for t in anomalies)
         report = Path(summary["report"]["folder"])
         assert (report / "summary.json").exists() and (report / "stage_rates.png").exists()
         assert (report / "alerts.jsonl").exists()

@@ -78,7 +78,7 @@ def test_the_data_behind_the_key_panels(data: DashboardData, influx: InfluxV1Cli
     assert lat["tags"] == {"device_id": data.vehicles[1]} and 38.7 < lat["values"][0][1] < 38.8
     # Gateway counters: a rate per second, from cumulative counters (600 received per minute).
     (received,) = run("iotwatch-gateway", "panel 'Received and forwarded' A")
-    assert all(row[1] == pytest.approx(10.0) for row in received["values"])
+    assert received["values"] and all(row[1] == pytest.approx(10.0) for row in received["values"])
     # Dead letters by reason, restart-safe increase: both reasons seen.
     reasons = {s["tags"]["reason"] for s in run("iotwatch-gateway", "panel 'Dead letters by reason (time range)' A")}
     assert reasons == {"invalid_json", "missing_field"}

@@ -85,7 +85,8 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     assert not [line for line in lines if "py4j" in line or line.startswith("[Stage")], err[-3000:]
     progress = [line for line in lines if " stream: batch=" in line]
     assert all("records=" in p and "rate=" in p and "lag=" in p and "batch_ms=" in p for p in progress), err
-    assert len(progress) >= committed, err
+    if committed:  # (stopped during the first batch, a run may end before its first progress line)
+        assert len(progress) >= committed, err
     assert "iotwatch stream: stopped after" in out and "{" not in out, out
     if committed:
         assert "received" in out and "┃" in out, out
