@@ -10,8 +10,9 @@ rely on them):
 - ``--json`` prints one machine-readable JSON document as the last thing on stdout
   (:func:`emit`);
 - options several commands share are declared once here, each command giving its own
-  default and help (:class:`Preset`): the load of a pipeline run (:func:`run_options`,
-  :func:`run_folder_option`) and the latency runs of the benchmarks (:func:`latency_options`);
+  default and help (:class:`Preset`): ``--seed`` (:func:`seed_option`), the load and folder
+  of a pipeline run (:func:`run_options`, :func:`run_folder_option`) and the latency runs of
+  the benchmarks (:func:`latency_options`);
 - an error is one line on stderr (``iotwatch: error: ...``) and a non-zero exit status
   (:func:`iotwatch.app.main`).
 """
@@ -135,21 +136,24 @@ class Preset:
     help: str | None = None
 
 
-def run_options(
-    *, duration: Preset, homes: Preset, vehicles: Preset, seed: Preset, rate: Preset | None = None
-) -> Callable[[F], F]:
+def run_options(*, duration: Preset, homes: Preset, vehicles: Preset, rate: Preset | None = None) -> Callable[[F], F]:
     """The load of a run of the whole pipeline (``iotwatch demo``, ``iotwatch chaos``):
     ``--duration`` (wall-clock seconds), ``--rate`` (messages a second, for a command that
-    paces the simulators), ``--homes`` and ``--vehicles`` (the simulated fleet) and ``--seed``."""
+    paces the simulators), ``--homes`` and ``--vehicles`` (the simulated fleet)."""
     options = [click.option("--duration", type=float, default=duration.default, show_default=True, help=duration.help)]
     if rate is not None:
         options.append(click.option("--rate", type=float, default=rate.default, show_default=True, help=rate.help))
     options += [
         click.option("--homes", type=int, default=homes.default, show_default=True, help=homes.help),
         click.option("--vehicles", type=int, default=vehicles.default, show_default=True, help=vehicles.help),
-        click.option("--seed", type=int, default=seed.default, show_default=True, help=seed.help),
     ]
     return compose(*options)
+
+
+def seed_option(seed: Preset) -> Callable[[F], F]:
+    """``--seed``: the same seed and options make the same run (devices, anomalies, faults,
+    samples)."""
+    return click.option("--seed", type=int, default=seed.default, show_default=True, help=seed.help)
 
 
 def run_folder_option(command: str) -> Callable[[F], F]:

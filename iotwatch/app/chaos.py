@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from iotwatch.chaos.schedule import FAULT_KINDS
-from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options
+from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
 
 
 @click.command()
@@ -18,8 +18,8 @@ from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_fo
     rate=Preset(2000.0, "Messages a second from the simulators."),
     homes=Preset(40, "Simulated homes (the rate is spread over their devices)."),
     vehicles=Preset(2, "Simulated vehicles."),
-    seed=Preset(1, "Same seed, same fault schedule and devices."),
 )
+@seed_option(Preset(1, "Same seed, same fault schedule and devices."))
 @click.option(
     "--spacing",
     default=45.0,

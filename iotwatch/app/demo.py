@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options
+from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
 
 
 @click.command()
@@ -15,7 +15,6 @@ from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_fo
     duration=Preset(90.0, "Seconds the simulators run (wall clock)."),
     homes=Preset(6, "Simulated homes (several devices each)."),
     vehicles=Preset(2, "Simulated vehicles with event data recorders."),
-    seed=Preset(1),
 )
 @click.option(
     "--speedup",
@@ -40,6 +39,7 @@ from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_fo
     help="Seconds of event time before the first injected anomaly: the detectors warm "
     "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.",
 )
+@seed_option(Preset(1))
 @run_folder_option("demo")
 @click.option(
     "--keep-stack",
@@ -63,11 +63,11 @@ def demo(
     duration: float,
     homes: int,
     vehicles: int,
-    seed: int,
     speedup: float,
     anomaly_rate: float,
     fault_rate: float,
     anomalies_after: float,
+    seed: int,
     out: Path,
     keep_stack: bool,
     sites: int,

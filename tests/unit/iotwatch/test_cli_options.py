@@ -9,7 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.cli import NumberList, Preset, latency_options, run_folder_option, run_options
+from iotwatch.cli import NumberList, Preset, latency_options, run_folder_option, run_options, seed_option
 
 
 def _params(command: click.Command) -> dict[str, click.Parameter]:
@@ -44,7 +44,8 @@ def test_the_options_hand_the_command_parsed_values(tmp_path: Path, monkeypatch:
     seen: dict[str, object] = {}
 
     @click.command()
-    @run_options(duration=Preset(5.0), homes=Preset(1), vehicles=Preset(0), seed=Preset(3), rate=Preset(10.0))
+    @run_options(duration=Preset(5.0), homes=Preset(1), vehicles=Preset(0), rate=Preset(10.0))
+    @seed_option(Preset(3))
     @run_folder_option("trial")
     def run(**values: object) -> None:
         seen.update(values)
