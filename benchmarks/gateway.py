@@ -49,7 +49,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gateway.metrics import wait_healthy
-from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
@@ -539,8 +539,10 @@ def _added(path: dict[str, float | None], reference: dict[str, float | None]) ->
     type=click.IntRange(min=1),
     help="Processes of the multi-process runs (bare subscribers and gateway).",
 )
-@click.option("--rate", default=5000.0, show_default=True, help="Input rate (msg/s) of the latency phase.")
-@click.option("--latency-seconds", default=10.0, show_default=True, help="Duration of the latency phase.")
+@latency_options(
+    rate=Preset(5000.0, "Input rate (msg/s) of the latency phase."),
+    seconds=Preset(10.0, "Duration of the latency phase."),
+)
 @click.option(
     "--configured-kafka",
     is_flag=True,

@@ -23,7 +23,7 @@ from typing import Any
 import click
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.telemetry import Telemetry
@@ -251,13 +251,6 @@ def measure_latency(
     }
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(float(part)) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: give comma-separated numbers") from None
-
-
 @click.command("stream")
 @click.option(
     "--records",
@@ -267,19 +260,17 @@ def _ints(text: str) -> list[int]:
 )
 @click.option(
     "--devices",
-    "devices_text",
+    "fleet_sizes",
+    type=NumberList(),
     default="1000,10000,100000",
     show_default=True,
     help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).",
 )
-@click.option(
-    "--rate",
-    "rates_text",
-    default="5000,20000",
-    show_default=True,
-    help="Input rates (records/s) of the latency runs (comma-separated).",
+@latency_options(
+    rate=Preset("5000,20000", "Input rates (records/s) of the latency runs (comma-separated)."),
+    seconds=Preset(30.0, "Duration of each latency run."),
+    rates=True,
 )
-@click.option("--latency-seconds", default=30.0, show_default=True, help="Duration of each latency run.")
 @click.option(
     "--latency-devices",
     default=500,
@@ -291,8 +282,8 @@ def _ints(text: str) -> list[int]:
 def bench_stream(
     app: AppContext,
     records: int,
-    devices_text: str,
-    rates_text: str,
+    fleet_sizes: list[int],
+    rates: list[int],
     latency_seconds: float,
     latency_devices: int,
     as_json: bool,
@@ -305,7 +296,6 @@ def bench_stream(
     """
     from streaming.job import session_scope
 
-    fleet_sizes, rates = _ints(devices_text), _ints(rates_text)
     run = str(int(time.time()))
     base = app.settings
     with tempfile.TemporaryDirectory(prefix="iotwatch-bench-stream-") as tmp:

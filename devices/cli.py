@@ -12,7 +12,7 @@ import click
 from devices import seq_state
 from devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT, check_kinds
 from devices.config import HOME_TYPES, SimConfig
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
 
 __all__ = ["simulate"]
 
@@ -105,7 +105,7 @@ def _time_ms(value: str | None) -> int | None:
 )
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many readings.")
 @click.option("--qos", type=click.Choice(["0", "1"]), help="MQTT QoS [default: IOTWATCH_MQTT_QOS, 1].")
-@click.option("--seed", type=int, default=1, show_default=True, help="Same seed and options, same messages.")
+@seed_option(Preset(1, "Same seed and options, same messages."))
 @click.option(
     "--anomaly-rate",
     type=click.FloatRange(min=0),

@@ -9,6 +9,10 @@ rely on them):
   override the settings for the services the command talks to (:func:`endpoint_options`);
 - ``--json`` prints one machine-readable JSON document as the last thing on stdout
   (:func:`emit`);
+- options several commands share are declared once here, each command giving its own
+  default and help (:class:`Preset`): ``--seed`` (:func:`seed_option`), the load and folder
+  of a pipeline run (:func:`run_options`, :func:`run_folder_option`) and the latency runs of
+  the benchmarks (:func:`latency_options`);
 - an error is one line on stderr (``iotwatch: error: ...``) and a non-zero exit status
   (:func:`iotwatch.app.main`).
 """
@@ -19,7 +23,9 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -107,6 +113,94 @@ def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a machine-readable JSON result as the last thing on stdout."
 )
+
+
+def compose(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator made of several, applied so that ``--help`` lists their options in the
+    order given."""
+
+    def decorate(func: F) -> F:
+        for decorator in reversed(decorators):
+            func = decorator(func)
+        return func
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A shared option's default and help in one command (what the option means stays the
+    option set's; how much of it a command runs, and how it says so, is the command's)."""
+
+    default: Any
+    help: str | None = None
+
+
+def run_options(*, duration: Preset, homes: Preset, vehicles: Preset, rate: Preset | None = None) -> Callable[[F], F]:
+    """The load of a run of the whole pipeline (``iotwatch demo``, ``iotwatch chaos``):
+    ``--duration`` (wall-clock seconds), ``--rate`` (messages a second, for a command that
+    paces the simulators), ``--homes`` and ``--vehicles`` (the simulated fleet)."""
+    options = [click.option("--duration", type=float, default=duration.default, show_default=True, help=duration.help)]
+    if rate is not None:
+        options.append(click.option("--rate", type=float, default=rate.default, show_default=True, help=rate.help))
+    options += [
+        click.option("--homes", type=int, default=homes.default, show_default=True, help=homes.help),
+        click.option("--vehicles", type=int, default=vehicles.default, show_default=True, help=vehicles.help),
+    ]
+    return compose(*options)
+
+
+def seed_option(seed: Preset) -> Callable[[F], F]:
+    """``--seed``: the same seed and options make the same run (devices, anomalies, faults,
+    samples)."""
+    return click.option("--seed", type=int, default=seed.default, show_default=True, help=seed.help)
+
+
+def run_folder_option(command: str) -> Callable[[F], F]:
+    """``--out``: the folder of one run of ``command`` (stack, checkpoint, archive, logs,
+    report), handed to the command resolved; by default a new one under ``~/.iotwatch/<command>``
+    named by the time."""
+
+    def resolve(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path:
+        return (value or Path.home() / ".iotwatch" / command / time.strftime("%Y%m%d-%H%M%S")).resolve()
+
+    return click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        callback=resolve,
+        help=f"Run folder (stack, checkpoint, archive, logs, report); default ~/.iotwatch/{command}/<time>.",
+    )
+
+
+class NumberList(click.ParamType):
+    """Comma-separated numbers (``5000,20000``), as whole numbers: the sizes or rates of a
+    series of runs."""
+
+    name = "text"  # the metavar --help shows: TEXT
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        try:
+            return [int(float(part)) for part in str(value).split(",") if part.strip()]
+        except ValueError:
+            self.fail(f"{value!r}: give comma-separated numbers", param, ctx)
+
+
+def latency_options(*, rate: Preset, seconds: Preset, rates: bool = False) -> Callable[[F], F]:
+    """The latency runs of a benchmark: ``--rate`` (input records a second; with ``rates``
+    a comma-separated series, one run each) and ``--latency-seconds`` (how long each runs)."""
+    return compose(
+        click.option(
+            "--rate",
+            "rates" if rates else "rate",
+            type=NumberList() if rates else float,
+            default=rate.default,
+            show_default=True,
+            help=rate.help,
+        ),
+        click.option("--latency-seconds", type=float, default=seconds.default, show_default=True, help=seconds.help),
+    )
 
 
 #: Width of output that is not a terminal: wide enough that no table is cut (a table only

@@ -10,7 +10,7 @@ them whose right side did not come true and the share of candidate contexts it h
 learn. After a score of ``base_threshold`` or more it keeps quiet for ``rest_period``
 readings.
 
-The reproduction is exact (``tests/models/test_cad_ose.py`` holds it to the published
+The reproduction is exact (``tests/unit/evaluation/test_cad_ose.py`` holds it to the published
 per-row scores as NAB rounds them): it follows the published order of every step,
 including the two places where the original's output depends on its Python 2 runtime --
 the hash of a tuple of facts (it breaks ties between active contexts) and the iteration
@@ -415,7 +415,7 @@ class CadOse(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "cad_ose"
-    #: None claimed: on the generated test streams (``tests/models/generate.py``) its clean
+    #: None claimed: on the generated test streams (``tests/support/streams.py``) its clean
     #: scores reach those of the anomalies; it is measured on NAB instead.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 

@@ -57,7 +57,7 @@ class HalfSpaceTrees(Detector):
     name: ClassVar[str] = "half_space_trees"
     compact_state: ClassVar[bool] = False
     #: On generated single-metric data its scores do not separate anomalies from noise
-    #: (tests/models), so it claims no kind; it earns its place on nab-dev.
+    #: (tests/unit/models), so it claims no kind; it earns its place on nab-dev.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
     def __init__(

@@ -1,6 +1,9 @@
 """Shared fixtures: one real embedded stack per test session, fresh names per test.
 
 In CI (``CI=true``) a service that cannot start fails the session; it is never skipped.
+The fixtures of one area (a flaky webhook, a running gateway, the command replies of a
+simulated home) live beside that area's helpers in ``tests/support`` and are registered
+here, so the unit, integration and end-to-end tests of the area all reach them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from iotwatch.settings import Settings, load_settings
 from iotwatch.stack import EmbeddedStack, StackState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.support.alerts", "tests.support.gateway", "tests.support.homes"]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import click
 from evaluation.labelled_streams import evaluate as run_evaluation
 from evaluation.nab_scoring import PROFILES
 from evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
-from iotwatch.cli import emit, json_option
+from iotwatch.cli import Preset, emit, json_option, seed_option
 from iotwatch.errors import IotwatchError
 from models.catalog import DEFAULT_DETECTOR, names
 
@@ -214,7 +214,7 @@ def _f(value: float | None, digits: int = 2) -> str:
 @click.option(
     "--days", default=2.0, show_default=True, type=click.FloatRange(0.2), help="--simulated: event-time days."
 )
-@click.option("--seed", default=7, show_default=True, type=int, help="--simulated: simulator seed.")
+@seed_option(Preset(7, "--simulated: simulator seed."))
 @click.option(
     "--home-interval",
     "home_interval_s",

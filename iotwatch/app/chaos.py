@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +9,17 @@ import click
 from rich.console import Console
 
 from iotwatch.chaos.schedule import FAULT_KINDS
-from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
 
 
 @click.command()
-@click.option("--duration", default=600.0, show_default=True, help="Seconds of load with faults (wall clock).")
-@click.option("--rate", default=2000.0, show_default=True, help="Messages a second from the simulators.")
-@click.option("--homes", default=40, show_default=True, help="Simulated homes (the rate is spread over their devices).")
-@click.option("--vehicles", default=2, show_default=True, help="Simulated vehicles.")
-@click.option("--seed", default=1, show_default=True, help="Same seed, same fault schedule and devices.")
+@run_options(
+    duration=Preset(600.0, "Seconds of load with faults (wall clock)."),
+    rate=Preset(2000.0, "Messages a second from the simulators."),
+    homes=Preset(40, "Simulated homes (the rate is spread over their devices)."),
+    vehicles=Preset(2, "Simulated vehicles."),
+)
+@seed_option(Preset(1, "Same seed, same fault schedule and devices."))
 @click.option(
     "--spacing",
     default=45.0,
@@ -56,11 +57,7 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
     show_default=True,
     help="MB a minute of RSS growth after warm-up that fails the run.",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Run folder (stack, checkpoint, archive, logs, report); default ~/.iotwatch/chaos/<time>.",
-)
+@run_folder_option("chaos")
 @json_option
 @pass_app
 def chaos(
@@ -77,7 +74,7 @@ def chaos(
     warm_up: float,
     min_span: float,
     rss_limit: float,
-    out: Path | None,
+    out: Path,
     as_json: bool,
 ) -> None:
     """Run the pipeline under load and kill, interrupt and pause every component on a schedule.
@@ -100,9 +97,8 @@ def chaos(
     from iotwatch.spark import require_java
 
     require_java()
-    folder = (out or Path.home() / ".iotwatch" / "chaos" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     options = ChaosOptions(
-        out=folder,
+        out=out,
         schedule=ScheduleOptions(
             duration_s=duration,
             seed=seed,

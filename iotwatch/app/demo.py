@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
 
 
 @click.command()
-@click.option("--duration", default=90.0, show_default=True, help="Seconds the simulators run (wall clock).")
-@click.option("--homes", default=6, show_default=True, help="Simulated homes (several devices each).")
-@click.option("--vehicles", default=2, show_default=True, help="Simulated vehicles with event data recorders.")
+@run_options(
+    duration=Preset(90.0, "Seconds the simulators run (wall clock)."),
+    homes=Preset(6, "Simulated homes (several devices each)."),
+    vehicles=Preset(2, "Simulated vehicles with event data recorders."),
+)
 @click.option(
     "--speedup",
     default=10.0,
@@ -38,12 +39,8 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
     help="Seconds of event time before the first injected anomaly: the detectors warm "
     "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.",
 )
-@click.option("--seed", default=1, show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Run folder (stack, checkpoint, archive, logs, report); default ~/.iotwatch/demo/<time>.",
-)
+@seed_option(Preset(1))
+@run_folder_option("demo")
 @click.option(
     "--keep-stack",
     is_flag=True,
@@ -71,7 +68,7 @@ def demo(
     fault_rate: float,
     anomalies_after: float,
     seed: int,
-    out: Path | None,
+    out: Path,
     keep_stack: bool,
     sites: int,
     as_json: bool,
@@ -89,7 +86,6 @@ def demo(
     from iotwatch.demo.runner import DemoOptions, check_prerequisites, print_kept_stack, print_summary, run_demo
 
     check_prerequisites()
-    folder = out or Path.home() / ".iotwatch" / "demo" / time.strftime("%Y%m%d-%H%M%S")
     console = Console(stderr=as_json)
     options = DemoOptions(
         duration,
@@ -99,7 +95,7 @@ def demo(
         anomaly_rate,
         fault_rate,
         seed,
-        folder.resolve(),
+        out,
         anomalies_after,
         keep_stack,
         sites,

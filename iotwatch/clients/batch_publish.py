@@ -18,7 +18,7 @@ at once (TCP_QUICKACK, see :meth:`BatchPublishClient.loop_read`).
 
 It overrides private methods of paho 2 (``_handle_connack``, ``_handle_pubackcomp``,
 ``_sock_close``) and queues with ``_packet_queue``, as :class:`BufferedReadClient` does; the
-pyproject pins paho below 3 and tests/test_mqtt_client.py checks it against a broker.
+pyproject pins paho below 3 and tests/integration/iotwatch/test_mqtt_client.py checks it against a broker.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class BufferedReadClient(paho.Client):
     while whole packets are buffered (the socket does not signal them). The gateway's
     backlog drain (``iotwatch bench gateway``) measures the effect.
     It overrides two private methods of paho 2 (``_sock_recv``, ``_sock_close``): the
-    pyproject pins paho below 3; tests/test_mqtt_client.py checks it against stock paho.
+    pyproject pins paho below 3; tests/integration/iotwatch/test_mqtt_client.py checks it against stock paho.
     """
 
     _read_buffer: bytes = b""

@@ -2,7 +2,7 @@
 dashboards read. Each has one definition here -- its tags, its fields, who writes it -- and
 its writers build their points through it (:meth:`Measurement.point`), so a point with a
 tag or field the contract does not name fails where it is written, and a dashboard query
-that names one fails its test (``tests/dashboards``).
+that names one fails its test (``tests/unit/dashboards``).
 
 >>> point = DEVICE_METRICS.point(
 ...     {"site": "home-1", "device_type": "thermostat", "device_id": "d", "metric": "temperature_c"},

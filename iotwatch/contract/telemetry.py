@@ -246,7 +246,7 @@ _METRIC_NAMES = _KnownNames(MetricName)
 
 def _names_match(wire: Any) -> bool:
     """Whether the names in ``wire`` (the twin) match the patterns of their Telemetry fields.
-    tests/test_contract.py checks that each patterned field is covered here."""
+    tests/unit/iotwatch/test_contract.py checks that each patterned field is covered here."""
     names, device_types, metrics = _NAMES.seen, _DEVICE_TYPES.seen, _METRIC_NAMES.seen
     if (
         wire.device_id in names

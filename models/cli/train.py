@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pandas as pd
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
 from iotwatch.errors import IotwatchError
 from models.registry import ModelRegistry
 
@@ -69,7 +69,7 @@ def _render(result: dict[str, Any]) -> None:
     type=click.FloatRange(0, 1),
     help="Score at which the evaluation counts a row as anomalous (contamination figure).",
 )
-@click.option("--seed", default=42, show_default=True, type=int, help="Seed of the sample and the forest.")
+@seed_option(Preset(42, "Seed of the sample and the forest."))
 @click.option(
     "--master",
     default="local[2]",

@@ -11,7 +11,7 @@ streaming engine runs the one its ``device_detector`` setting names, through the
 :class:`Kernel` protocol. Each kernel names its reference detector
 (``models/kernels/<name>.py`` mirrors ``models/<name>.py`` function by function, so the
 two read side by side), converts state to and from the reference exactly, and
-``tests/models/test_kernels.py`` checks, for every kernel, that the two give the same
+``tests/unit/models/test_kernels.py`` checks, for every kernel, that the two give the same
 scores and the same final state. Change the reference first, then its
 kernel, and let that test say whether they still agree.
 """

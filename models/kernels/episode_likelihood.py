@@ -44,7 +44,7 @@ Agreement
 ---------
 The kernel follows the reference expression by expression, with Python's ``min``/``max``
 semantics and the same libm functions (``erfc``, ``log1p``, ``log``, ``log10``);
-``tests/models/test_kernels.py`` holds scores and states equal to a relative 1e-9 on
+``tests/unit/models/test_kernels.py`` holds scores and states equal to a relative 1e-9 on
 the NAB sample and a simulated fleet.
 
 Cost

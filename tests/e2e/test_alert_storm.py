@@ -1,0 +1,79 @@
+"""Alert storm control: 10,000 new devices heard once and then silent -- each device's
+``device_silent`` alert is kept on the alert topic (the log of what happened), and the
+forwarder's default grouping (site and rule) turns them into one notification per site."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from alerts.dispatch import Dispatcher
+from alerts.routing import parse_routing
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.contract.telemetry import Telemetry
+from iotwatch.settings import AlertsSettings, Settings
+from streaming.job import start
+from tests.helpers import InThread, wait_for
+
+pytestmark = pytest.mark.slow
+
+DEVICES, SITES = 10_000, 5
+
+
+def test_ten_thousand_silent_devices_become_one_notification_per_site(
+    spark: Any, test_settings: Settings, unique: str, tmp_path: Path, webhook: Any
+) -> None:
+    stream = test_settings.stream.model_copy(update={"silence_timeout_s": 3.0, "trigger_interval_s": 0.5})
+    settings = test_settings.model_copy(update={"stream": stream})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    producer = Producer({**settings.kafka.client_config(), "linger.ms": 20})
+    now = int(time.time() * 1000)
+    sites = [f"storm-{unique}-{s}" for s in range(SITES)]
+    for d in range(DEVICES):
+        reading = Telemetry(
+            v=1,
+            device_id=f"storm-{unique}-{d}",
+            device_type="door_sensor",
+            site=sites[d % SITES],
+            seq=0,
+            ts=now,
+            metrics={"open": 0.0, "battery_pct": 90.0},
+        )
+        producer.produce(settings.topics.raw, key=reading.device_id.encode(), value=reading.to_json())
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+    job = start(
+        spark, settings, checkpoint_dir=tmp_path / "ck", archive_dir=tmp_path / "archive", query_name=f"storm_{unique}"
+    )
+    try:
+        wait_for(lambda: job.totals.get("alerts_raised", 0) >= DEVICES, 300, "every device reported silent")
+        assert job.totals["reading_records"] == DEVICES and job.totals["alerts_raised"] == DEVICES
+    finally:
+        job.stop()
+
+    hook, url = webhook(fail_every=0, retry_after_at=None, stall_at=None)
+    tree = parse_routing(
+        {
+            "receivers": {"oncall": {"url": url}},
+            "route": {"receiver": "oncall", "group_wait": "2s", "group_interval": "5m"},
+        }
+    )
+    running = InThread(lambda stop: Dispatcher(settings, AlertsSettings(state_dir=tmp_path / "fwd"), tree, stop))
+    try:
+        notified = lambda: [body for _, status, body in hook.requests if status == 200]  # noqa: E731
+        wait_for(lambda: sum(len(body["alerts"]) for body in notified()) >= DEVICES, 300, "every alert notified")
+        # (a group sends again only after its group_interval: tests/unit/alerts/test_notify_policy.py)
+        bodies = notified()
+        assert len(bodies) == SITES
+        assert sorted(body["group_labels"]["site"] for body in bodies) == sorted(sites)
+        assert all(
+            body["group_labels"]["rule"] == "device_silent" and len(body["alerts"]) == DEVICES // SITES
+            for body in bodies
+        )
+    finally:
+        running.close()

@@ -1,0 +1,69 @@
+"""The pinned Spark release's upstream fixes, built by ``iotwatch setup``, are what the job's
+JVM runs: SPARK-58932's state-server socket is closed after each stateful task, so the JVM
+does not collect sockets in CLOSE_WAIT micro-batch after micro-batch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from iotwatch.clients.kafka import ensure_topics
+from iotwatch.settings import Settings
+from iotwatch.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
+from streaming.job import start
+from tests.helpers import children_running
+from tests.support.scenario import write_scenario
+
+pytestmark = pytest.mark.slow
+
+STATE_SERVER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
+
+
+def _close_wait(jvm: psutil.Process) -> int:
+    return sum(c.status == psutil.CONN_CLOSE_WAIT for c in jvm.net_connections(kind="tcp"))
+
+
+def _spark_jvm() -> psutil.Process:
+    """This process's Spark JVM (each test worker starts its own)."""
+    jvms = children_running(os.getpid(), "org.apache.spark.deploy.SparkSubmit")
+    assert jvms, "no Spark JVM among this process's children"
+    return jvms[0]
+
+
+def test_the_state_server_class_comes_from_the_fix_jar(spark) -> None:  # type: ignore[no-untyped-def]
+    assert CLOSE_STATE_SERVER_SOCKET in patches_needed()
+    jar = patch_jar()
+    assert jar is not None, "iotwatch setup did not build the Spark fixes"
+    jvm = spark.sparkContext._jvm
+    source = jvm.java.lang.Class.forName(STATE_SERVER).getProtectionDomain().getCodeSource().getLocation()
+    assert Path(source.getPath()) == jar
+
+
+def test_micro_batches_leave_no_socket_in_close_wait(
+    spark,  # type: ignore[no-untyped-def]
+    test_settings: Settings,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    stream = test_settings.stream.model_copy(update={"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 60})
+    settings = test_settings.model_copy(update={"stream": stream})
+    ensure_topics(settings.kafka, settings.topics.kafka_topics())
+    write_scenario(settings, unique, per_device=120)
+    jvm = _spark_jvm()
+    before = _close_wait(jvm)
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=tmp_path / "ck",
+        archive_dir=tmp_path / "ar",
+        available_now=True,
+        query_name=unique,
+    )
+    job.await_backlog(600)
+    batches = job.totals["batches"]
+    # without the fix: one socket per stateful task (shuffle partitions per batch) stays in CLOSE_WAIT
+    assert batches >= 10, job.totals
+    assert _close_wait(jvm) - before < 3, f"{_close_wait(jvm) - before} sockets in CLOSE_WAIT after {batches} batches"

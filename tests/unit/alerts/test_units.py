@@ -1,0 +1,134 @@
+"""Pure logic of the on-call tools: filters, text, retry policy, one post (no broker)."""
+
+from __future__ import annotations
+
+import random
+import time
+from email.utils import formatdate
+
+from rich.console import Console
+
+from alerts.notification import record_body, record_key
+from alerts.records import AlertFilter, human_age, slack_text
+from alerts.tail import TailView, line
+from alerts.webhook import Backoff, Webhook, parse_retry_after
+from iotwatch.contract.alerts import alert_as_dict
+from tests.support.alerts import changed, make_alert
+
+CRASH = make_alert("car-1", "vehicle_edr", "fleet-2", "crash", "critical", "raised", 1_700_000_000_000)
+
+
+def test_filter_minimum_severity_and_allow_lists() -> None:
+    minor = changed(CRASH, severity="minor", site="home-1")
+    assert AlertFilter.of("major").matches(CRASH) and not AlertFilter.of("major").matches(minor)
+    assert AlertFilter.of("warning").matches(minor)
+    assert AlertFilter.of(sites=["home-1"]).matches(minor) and not AlertFilter.of(sites=["home-1"]).matches(CRASH)
+    assert AlertFilter.of(device_types=["vehicle_edr"], rules=["crash"], states=["raised"]).matches(CRASH)
+    assert not AlertFilter.of(rules=["anomaly"]).matches(CRASH)
+    assert not AlertFilter.of(states=["cleared"]).matches(CRASH)
+
+
+def test_slack_text_and_payload() -> None:
+    assert slack_text(CRASH) == ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: value 31.5"
+    cleared = changed(CRASH, state="cleared", message="")
+    assert slack_text(cleared) == ":large_green_circle: [CRITICAL] crash cleared on vehicle_edr car-1 at fleet-2"
+    body = record_body(CRASH)
+    assert body["text"].startswith(":red_circle:") and {k: v for k, v in body.items() if k != "text"} == alert_as_dict(
+        CRASH
+    )
+
+
+def test_retry_after_and_backoff_are_bounded() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    assert 8 <= parse_retry_after(formatdate(time.time() + 10, usegmt=True)) <= 10  # type: ignore[operator]
+    backoff = Backoff(0.5, 8.0, rng=random.Random(1))
+    delays = [backoff.delay(n) for n in range(1, 30)]
+    assert 0.25 <= delays[0] <= 0.5 and all(d <= 8.0 for d in delays) and max(delays) >= 4.0
+    assert len({round(d, 6) for d in delays}) > 20  # jittered
+
+
+def test_human_age() -> None:
+    assert [human_age(s) for s in (5, 65, 3700, 90000)] == ["5s", "1m05s", "1h01m", "1d01h"]
+
+
+def test_a_post_is_delivered_retried_or_refused_by_the_answer(webhook) -> None:  # type: ignore[no-untyped-def]
+    hook, url = webhook(fail_every=2, retry_after_at=3, stall_at=4, stall_s=0.6)
+    client = Webhook(url, timeout_s=0.3)
+    # requests: 1 ok, 2 503, 3 429 Retry-After 1, 4 stalls past the timeout, 5 ok
+    results = [client.send(record_body(CRASH), record_key(CRASH), attempt) for attempt in range(1, 6)]
+    assert [(r.outcome, r.reason) for r in results] == [
+        ("delivered", "http_200"),
+        ("retry", "http_503"),
+        ("retry", "http_429"),
+        ("retry", "timeout"),
+        ("delivered", "http_200"),
+    ]
+    assert results[2].retry_after_s == 1.0 and results[1].retry_after_s is None
+    assert {k for k, _, _ in hook.requests} == {f"{CRASH.alert_id}:raised"}
+    hook.reject.add(CRASH.alert_id)
+    refused = client.send(record_body(CRASH), record_key(CRASH))
+    assert (refused.outcome, refused.reason) == ("permanent", "http_400")
+
+
+def test_table_and_line_render() -> None:
+    view = TailView("t", max_rows=2)
+    now = time.time() * 1000
+    for i in range(3):
+        view.add(changed(CRASH, alert_id=f"x{i}", first_event_ms=int(now - 125_000), detected_at_ms=int(now - 5_000)))
+    view.add(changed(CRASH, alert_id="x2", state="cleared"))
+    assert list(view.rows) == ["x1", "x2"]
+    console = Console(record=True, width=160)
+    console.print(view.render())
+    text = console.export_text()
+    assert "car-1" in text and "fleet-2" in text and "cleared" in text
+    assert "critical 1" in text  # one still open
+    shown = view.rows["x1"]
+    assert " 5s " in text and shown.first_event_time in text  # age since detection; the event time 2 min before it
+    detected = int(now)
+    fresh = changed(CRASH, first_event_ms=detected - 3_000, detected_at_ms=detected)
+    at_once = line(fresh, now_ms=detected + 500).plain  # printed as it arrives: no age, no event time
+    assert at_once.startswith(f"{fresh.detected_at} CRITICAL raised car-1") and "age" not in at_once, at_once
+    assert "CRITICAL raised age 42s" in line(fresh, now_ms=detected + 42_000).plain  # shown late
+    apart = changed(CRASH, first_event_ms=detected - 3_600_000, detected_at_ms=detected)
+    assert f"event time {apart.first_event_time} " in line(apart, now_ms=detected).plain
+    assert "value 31.5" in at_once
+
+
+def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> None:
+    from alerts.webhook import receiver_name
+
+    assert receiver_name("https://hooks.slack.com/services/T0/B0/XXXX") == "https://hooks.slack.com/services/…"
+    assert receiver_name("https://user:pw@example.org:8443/hook?token=abc") == "https://example.org:8443/hook/…"
+    assert receiver_name("http://[::1]:9000") == "http://[::1]:9000"
+    assert receiver_name("http://example.org/alerts") == "http://example.org/alerts"
+
+
+def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_stay_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An InfluxDB that refuses connections (nothing listens on the port): one failed write per
+    snapshot interval, not one per forwarder tick, and at most MAX_PENDING points kept."""
+    import alerts.metrics
+    from alerts.book import AlertBook
+    from alerts.metrics import LifecycleMetrics
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.settings import InfluxSettings
+    from iotwatch.stack.process import free_port
+
+    metrics = LifecycleMetrics(InfluxV1Client(InfluxSettings(url=f"http://127.0.0.1:{free_port()}")), interval_s=10)
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    book.apply_alert(changed(CRASH, state="cleared"))
+    book.apply_alert(changed(CRASH, alert_id="still-firing"))  # a snapshot point per interval
+    metrics.observe(book.alerts[CRASH.alert_id])
+    now = 1_700_000_000_000
+    metrics.flush(book, now)
+    assert metrics.failures == 1 and metrics.pending
+    for tick in range(1, 40):  # the forwarder's 0.2 s ticks within the interval
+        metrics.flush(book, now + tick * 200)
+    assert metrics.failures == 1
+    metrics.flush(book, now + 10_000)
+    assert metrics.failures == 2
+    monkeypatch.setattr(alerts.metrics, "MAX_PENDING", 3)
+    for n in range(5):
+        metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
+    assert len(metrics.pending) == 3 and metrics.dropped >= 2

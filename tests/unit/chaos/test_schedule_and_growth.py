@@ -1,0 +1,173 @@
+"""The pure parts of `iotwatch chaos`: the seeded fault schedule and the growth slope."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iotwatch.chaos.proofs import alerts_match, catch_up, commands, notifications
+from iotwatch.chaos.resources import Limits, Sample, judge, quiet_windows, slope_per_minute
+from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
+
+
+def test_every_fault_kind_runs_at_least_once_in_order_within_the_run() -> None:
+    for duration in (150.0, 600.0, 3600.0):
+        options = ScheduleOptions(duration_s=duration, spacing_s=45.0)
+        faults = plan(options)
+        kinds = [f.kind for f in faults]
+        assert set(kinds) == set(FAULT_KINDS)
+        assert len(kinds) % len(FAULT_KINDS) == 0  # whole cycles: every kind equally often
+        times = [f.at_s for f in faults]
+        assert times == sorted(times)
+        assert options.lead_s <= times[0] and times[-1] <= duration - options.tail_s
+    assert len(plan(ScheduleOptions(duration_s=3600.0, spacing_s=45.0))) == 70  # 3,555 s of 45 s slots, whole cycles
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    one, again, other = (plan(ScheduleOptions(duration_s=600.0, seed=s)) for s in (7, 7, 8))
+    assert one == again
+    assert [f.kind for f in one] != [f.kind for f in other]
+
+
+def test_a_chosen_kind_repeats_through_the_run() -> None:
+    pause = fault_kind("kafka pause")
+    faults = plan(ScheduleOptions(duration_s=300.0, spacing_s=20.0, lead_s=15.0, kinds=(pause,)))
+    assert {f.kind for f in faults} == {pause} and len(faults) == 13  # 270 s of 20 s slots
+    with pytest.raises(ValueError, match="known: gateway kill -9"):
+        fault_kind("kafka reboot")
+
+
+def test_holds_vary_around_the_kill_and_pause_holds() -> None:
+    faults = plan(ScheduleOptions(duration_s=3600.0, kill_hold_s=4.0, pause_hold_s=20.0))
+    pauses = [f.hold_s for f in faults if f.kind.action is Action.PAUSE]
+    kills = [f.hold_s for f in faults if f.kind.action is not Action.PAUSE]
+    assert all(10.0 <= h <= 30.0 for h in pauses) and all(2.0 <= h <= 6.0 for h in kills)
+
+
+def test_slope_is_fitted_within_incarnations_after_warm_up() -> None:
+    """Two incarnations growing 2 MB a minute each, restarted small: the pooled slope is
+    2 MB/min (a fit across the restart would see a drop); the warm-up's steep start is left out."""
+    points = []
+    for pid, start in ((1, 0.0), (2, 400.0)):
+        for t in np.arange(start, start + 300.0, 5.0):
+            age = t - start
+            value = 50e6 + (age * 1e6 if age < 60 else 60e6 + (age - 60) / 60 * 2e6)
+            points.append((float(t), pid, value))
+    slope, span = slope_per_minute(points, warm_up_s=60.0, min_span_s=120.0)
+    assert slope == pytest.approx(2e6, rel=1e-6)
+    assert span == pytest.approx(2 * 235.0)
+
+
+def test_slope_is_not_judged_on_too_short_a_run() -> None:
+    points = [(float(t), 1, 1e6 * t) for t in range(0, 100, 5)]
+    assert slope_per_minute(points, warm_up_s=30.0, min_span_s=120.0) == (None, 0.0)
+
+
+def test_quiet_windows_leave_out_each_fault_until_it_recovered() -> None:
+    disturbed = [(100.0, 130.0), (120.0, 150.0), (300.0, 900.0)]  # overlapping; the last never recovered
+    assert quiet_windows(disturbed, end_s=600.0) == [(0.0, 100.0), (150.0, 300.0)]
+    assert quiet_windows([], end_s=60.0) == [(0.0, 60.0)]
+
+
+def test_a_buffer_filled_by_each_fault_is_not_growth_but_growth_between_faults_is() -> None:
+    """A process whose memory steps up 20 MB during each fault and stays flat between faults
+    is within limits once the faults are left out; a fit over the whole run sees 4 MB/min.
+    One that also grows 2 MB/min between faults fails either way."""
+    faults = [(float(f), float(f) + 20.0) for f in range(150, 900, 150)]
+    windows = quiet_windows(faults, end_s=900.0)
+    rng = np.random.default_rng(3)
+
+    def rss(t: float, between: float) -> float:
+        steps = sum(1 for begin, _ in faults if t >= begin)
+        return 1e8 + steps * 20e6 + between * t / 60 + rng.normal(0, 2e5)
+
+    samples = [
+        Sample(float(t), name, 10, int(rss(t, between)), 40, 12)
+        for t in range(0, 900, 5)
+        for name, between in (("buffering", 0.0), ("leaky", 2e6))
+    ]
+    whole = judge(samples, Limits(), warm_up_s=60.0, min_span_s=120.0)
+    quiet = judge(samples, Limits(), warm_up_s=60.0, min_span_s=120.0, windows=windows)
+    assert whole["buffering"]["within_limits"] is False
+    assert quiet["buffering"]["within_limits"] is True
+    assert quiet["buffering"]["rss_bytes"]["fitted_s"] == pytest.approx(85.0 + 5 * 125.0)  # warm-up, then 5 s steps
+    assert quiet["leaky"]["within_limits"] is False
+    assert quiet["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(2e6, rel=0.05)
+
+
+def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -> None:
+    rng = np.random.default_rng(1)
+    samples = [
+        Sample(float(t), name, 10, int(rss), 40, 12)
+        for t in range(0, 900, 5)
+        for name, rss in (("leaky", 1e8 + t / 60 * 3e6), ("steady", 1e8 + rng.normal(0, 2e6)))
+    ]
+    report = judge(samples, Limits(), warm_up_s=120.0, min_span_s=120.0)
+    assert report["leaky"]["within_limits"] is False
+    assert report["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
+    assert report["steady"]["within_limits"] is True
+
+
+def _alert(alert_id: str, state: str = "raised", rule: str = "anomaly_score") -> object:
+    from tests.unit.demo.test_accounting import alert
+
+    return alert(alert_id, "d1", rule, 5, state=state)
+
+
+def test_alert_ids_equal_the_replay_s_without_the_responder_s_escalations() -> None:
+    live = {i: _alert(i) for i in ("a", "b")} | {"e": _alert("e", rule="command_escalation")}
+    same = alerts_match(live, {i: _alert(i) for i in ("a", "b")})
+    assert same["ok"] and same["responder_escalations_left_out"] == 1
+    differs = alerts_match(live, {i: _alert(i) for i in ("a", "c")})
+    assert not differs["ok"]
+    assert (differs["only_live"], differs["only_replay"]) == ({"b": "anomaly_score"}, {"c": "anomaly_score"})
+
+
+def test_notifications_are_proved_per_alert_record_and_repeats_removed_by_key() -> None:
+    from collections import Counter
+
+    alerts = [_alert("a"), _alert("a", state="cleared"), _alert("b")]
+    received = Counter({"a:raised": 2, "a:cleared": 1, "b:raised": 1})
+    proof = notifications(alerts, received)
+    assert proof["ok"] and proof["duplicates_removed_by_key"] == 1 and proof["unique_after_dedup"] == 3
+    assert notifications(alerts, Counter({"a:raised": 1}))["missing"] == ["a:cleared", "b:raised"]
+
+
+def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
+    import msgspec
+
+    from iotwatch.contract.oncall import CommandAudit
+
+    def audit(command: str, status: str) -> CommandAudit:
+        fields = {"v": 1, "command_id": command, "policy": "p", "alert_id": "a", "rule": "r", "device_id": "d"}
+        fields |= {"device_type": "t", "site": "s", "name": "close_valve", "issued_by": "responder"}
+        fields |= {"issued_at_ms": 1, "expires_at_ms": 2, "attempt": 1, "status": status}
+        return msgspec.convert(fields, CommandAudit)
+
+    history = [audit("c1", "sent"), audit("c1", "done"), audit("c2", "sent"), audit("c2", "timed_out")]
+    assert commands(history) | {"by_status": None} == {
+        "ok": True,
+        "commands": 2,
+        "acknowledged": 1,
+        "expired": 1,
+        "audit_records": 4,
+        "by_status": None,
+        "open": [],
+    }
+    assert commands([*history, audit("c3", "accepted")])["open"] == ["c3"]
+
+
+def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None:
+    """The lead-in's highest lag (300) is the level; after the first fault the lag is back
+    there 4 s after recovery, after the second it never is before the third; the third is
+    followed by the end of the load within 20 s and is not judged."""
+    faults = [
+        {"fault": "gateway kill -9", "injected_at_s": 30.0, "recovery_s": 10.0},
+        {"fault": "kafka pause", "injected_at_s": 60.0, "recovery_s": 10.0},
+        {"fault": "mqtt pause", "injected_at_s": 90.0, "recovery_s": 9.0},
+    ]
+    lag = [(float(t), 300 if t < 30 else 5000 if t < 44 else 200 if t < 60 else 4000) for t in range(0, 100)]
+    result = catch_up(faults, lag, load_s=100.0)
+    assert result["steady_lag"] == 300 and result["judged"] == 2
+    assert not result["ok"] and result["not_caught_up"] == ["kafka pause"]
+    assert faults[0]["caught_up_s"] == 4.0 and faults[1]["caught_up_s"] is None and "caught_up_s" not in faults[2]

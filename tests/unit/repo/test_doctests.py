@@ -1,0 +1,42 @@
+"""The docstring examples of every package run and print what they claim.
+
+A module is collected when its source holds an example (``>>>``), so a module that gains
+examples is tested without listing it, and one whose examples doctest stops finding (a
+docstring turned into a comment, say) fails instead of passing with nothing run.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+ROOT = REPO_ROOT
+PACKAGES = ("iotwatch", "devices", "gateway", "streaming", "models", "dashboards", "alerts", "responder")
+
+
+def _modules_with_examples() -> list[str]:
+    names = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if ">>> " in path.read_text():
+                names.append(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
+    return names
+
+
+MODULES = _modules_with_examples()
+
+
+def test_examples_are_found_beyond_one_package() -> None:
+    assert len({name.split(".")[0] for name in MODULES}) > 1 and len(MODULES) > 20
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_doctests(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{module_name} has examples in its source that doctest does not run"
+    assert result.failed == 0

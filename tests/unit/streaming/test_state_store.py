@@ -1,0 +1,171 @@
+"""Device state as columns: the table's layout, the sharded store, and old checkpoints."""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from streaming.device_state import LAST_WALL_MS, RECEIVED
+from streaming.device_table import DeviceTable
+from streaming.shard_cache import ShardCache
+from streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
+from tests.unit.streaming.test_engine import Harness, _comparable, record
+
+
+def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
+    """A shard of the per-device layout: (id length, last wall ms, state length, id, state) each."""
+    out = bytearray()
+    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
+        name = device_id.encode()
+        out += struct.pack("<IqI", len(name), last_wall_ms, len(blob)) + name + blob
+    return bytes(out)
+
+
+def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
+    """A harness whose devices have metrics, detector rows, open buckets and an open episode."""
+    harness = Harness()
+    ids = [f"th-{d}" for d in range(devices)]
+    batch = [
+        record(
+            i,
+            device=d,
+            offset=i * devices + k,
+            temperature=21.0 + (9.0 if (d, i) == ("th-1", 150) else 0),
+            humidity_pct=40.0 + k,
+        )
+        for i in range(151)
+        for k, d in enumerate(ids)
+    ]
+    harness.process(batch)
+    return harness, ids
+
+
+def _same(a: DeviceTable, b: DeviceTable) -> None:
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        assert value.shape == other.shape, name
+        if value.dtype == object:
+            assert value.tolist() == other.tolist(), name
+        else:
+            np.testing.assert_array_equal(value, other, err_msg=name)
+
+
+def test_a_table_round_trips_through_bytes_and_take_keeps_each_device_whole() -> None:
+    harness, ids = _filled()
+    table = harness.store.load_many(ids)
+    assert harness.store.found.all()
+    assert len(table.episodes) == 1 and table.ids[table.episode_device[0]] == "th-1"  # the spike's open alert
+    for compress in (True, False):
+        _same(DeviceTable.from_bytes(table.to_bytes(compress), table.detectors.shape[1]), table)
+    assert len(table.to_bytes()) < len(table.to_bytes(compress=False)) / 2
+    reordered = table.take(np.array([3, 1, 4, 0, 2]))
+    assert reordered.ids.tolist() == ["th-3", "th-1", "th-4", "th-0", "th-2"]
+    for d in range(len(table)):
+        expected, got = table.state(d), reordered.state(reordered.ids.tolist().index(table.ids[d]))
+        assert got == expected
+    assert (np.diff(reordered.metric_device) >= 0).all() and (np.diff(reordered.bucket_device) >= 0).all()
+    _same(DeviceTable.concat([table.take(np.arange(2)), table.take(np.arange(2, 5))]), table)
+    _same(table.slice(1, 4), table.take(np.arange(1, 4)))
+
+
+def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_ones() -> None:
+    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_size=3)
+    table = store.load_many(["a", "b", "c"])
+    assert not store.found.any() and table.core[:, LAST_WALL_MS].tolist() == [0, 0, 0]
+    table.core[:, LAST_WALL_MS] = 100
+    table.core[:, RECEIVED] = [1, 2, 3]
+    store.save_many(table, now_ms=100)
+    again = store.load_many(["c", "d"])
+    assert store.found.tolist() == [True, False] and again.core[:, RECEIVED].tolist() == [3, 0]
+    again.core[:, LAST_WALL_MS] = 2_000
+    again.core[1, RECEIVED] = 1  # d sent a record this batch
+    store.save_many(again, now_ms=2_000)  # a and b (last heard at 100) are past the TTL if in a rewritten shard
+    left = {d for d in "abcd" if store.load(d) is not None}
+    rewritten = set(store.shard_of(["c", "d"]).tolist())
+    assert left == {"c", "d"} | {d for d in "ab" if int(store.shard_of([d])[0]) not in rewritten}
+    store.load_many(["c", "e"])  # e asked for (say, by the silence timer) but never heard from
+    store.save_many(store.load_many(["c", "e"]), now_ms=2_000)
+    assert store.load("e") is None and store.load("c") is not None
+
+
+def test_the_shard_cache_answers_only_for_the_token_it_was_written_with(tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "cache")
+    assert cache.get("0-1", 7) is None
+    cache.put("0-1", 7, b"shard")
+    assert cache.get("0-1", 7) == b"shard" and cache.get("0-1", 8) is None and cache.get("1-1", 7) is None
+    cache.put("0-1", 8, b"newer")
+    assert cache.get("0-1", 7) is None and cache.get("0-1", 8) == b"newer"
+    (tmp_path / "cache" / "0-1").write_bytes(b"\x08")  # a file cut short reads as no copy
+    assert cache.get("0-1", 8) is None
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["0-1"]  # no partial files left
+
+
+def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_copy(tmp_path: Path) -> None:
+    """The state store stays the truth: a rolled-back version, another executor's write or a
+    copy from another partition never serves a read."""
+    ids = [f"dev-{i}" for i in range(40)]
+    state, tokens = DictMapState(), DictValueState()
+
+    def executor(name: str, partition: int = 0) -> ShardedStore:
+        store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3, tokens=tokens)
+        store.serve(partition, ShardCache(tmp_path / name))
+        return store
+
+    def batch(store: ShardedStore, received: int) -> dict[str, int]:
+        """One micro-batch touching every device; what its read came from."""
+        table = store.load_many(ids)
+        seen = table.core[:, RECEIVED].tolist()
+        table.core[:, RECEIVED] = received
+        store.save_many(table, now_ms=0)
+        return {**store.read, "received_before": seen[0] if len(set(seen)) == 1 else -1}
+
+    one = executor("one")
+    assert batch(one, 1) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 0}
+    assert batch(one, 2) == {"state_shards_read": 4, "state_shards_cached": 4, "received_before": 1}
+    version_2 = (dict(state.values), tokens.value)
+    assert batch(one, 3)["state_shards_cached"] == 4  # the cache now holds version 3
+    state.values, tokens.value = dict(version_2[0]), version_2[1]  # version 3's task failed: rolled back
+    assert batch(one, 4) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 2}
+    assert batch(executor("two"), 5)["state_shards_cached"] == 0  # another executor's cache is empty...
+    assert batch(one, 6) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 5}  # ...and wins
+    other_partition = executor("one", partition=1)
+    tokens.value = None  # (a partition's tokens are its own state: this one has none yet)
+    assert batch(other_partition, 7)["state_shards_cached"] == 0
+    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3)
+    assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 7}
+
+
+def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
+    harness, ids = _filled(3)
+    states = {d: harness.store.load(d) for d in ids}
+    legacy = DictMapState()
+    legacy.updateValue(
+        (0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0]) for d, s in states.items()}),)
+    )
+    store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_size=harness.engine.kernel.STATE_SIZE)
+    table = store.load_many(ids)
+    assert store.found.all() and [table.state(d) for d in range(3)] == [states[d] for d in ids]
+    store.save_many(table, now_ms=0)
+    assert legacy.values[(0,)][0][:4] == b"IWZ1"
+    assert store.load("th-1") == states["th-1"]
+
+
+def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
+    """Shard count is a storage detail: the same records give the same outputs."""
+    rng = random.Random(5)
+    series = [
+        record(i, device=f"th-{d}", offset=i * 4 + d, temperature=21 + rng.gauss(0, 0.2) + (9 if i == 200 + d else 0))
+        for i in range(300)
+        for d in range(4)
+    ]
+    outputs = []
+    for shards in (1, 7):
+        harness = Harness()
+        harness.store = MemoryStore(harness.engine.kernel.STATE_SIZE, harness.engine.seq_words, shards=shards)
+        rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start : start + 200])]
+        outputs.append(_comparable(rows))
+    assert outputs[0] == outputs[1]
+    assert sum(1 for row in outputs[0] if row[0] == "alert") >= 4
