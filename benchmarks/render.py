@@ -131,6 +131,39 @@ def _stream_rows(results: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def _replication_rows(results: list[dict[str, Any]]) -> list[Row]:
+    def site(name: str, cell: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
+        return lambda r: cell(r["sites"][name]) if name in r["sites"] else "–"
+
+    def latency(path: dict[str, Any]) -> str:
+        return f"{_ms(path['latency_ms']['p50'])} / {_ms(path['latency_ms']['p99'])}"
+
+    rows: list[Row] = [
+        ("load per site", lambda r: f"{r['options']['rate_per_site']:,.0f} readings/s, {r['options']['seconds']:g} s")
+    ]
+    for name in sorted({name for r in results for name in r["sites"]}):
+        rows += [
+            (
+                f"{name}: replicated / raw path throughput",
+                site(name, lambda f: f"{f['replicated_over_raw_throughput']}"),
+            ),
+            (f"{name}: raw path latency p50 / p99", site(name, lambda f: latency(f["raw_path"]))),
+            (f"{name}: replicated latency p50 / p99", site(name, lambda f: latency(f["replicated"]))),
+            (
+                f"{name}: readings produced / at the centre / copied twice",
+                site(
+                    name,
+                    lambda f: f"{f['produced']:,} / {f['replicated']['distinct']:,} / {f['replicated']['duplicates']}",
+                ),
+            ),
+            (
+                f"{name}: heartbeat lag p50 / p99",
+                site(name, lambda f: f"{_ms(f['heartbeat_lag']['p50_ms'])} / {_ms(f['heartbeat_lag']['p99_ms'])}"),
+            ),
+        ]
+    return rows
+
+
 def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
     def recovery(fault: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -218,6 +251,9 @@ def render() -> str:
     if files := newest("stream"):
         results = [json.loads(path.read_text())["result"] for path in files]
         parts.append(_table("stream", files, _stream_rows(results)))
+    if files := newest("replication"):
+        results = [json.loads(path.read_text())["result"] for path in files]
+        parts.append(_table("replication", files, _replication_rows(results)))
     if files := newest("chaos"):
         results = [json.loads(path.read_text())["result"] for path in files]
         parts.append(_table("chaos", files, _chaos_rows(results), title="iotwatch chaos"))
