@@ -177,9 +177,16 @@ def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
             return "within limits"
         found = []
         for name, entry in r["resources"]["processes"].items():
-            for measure, unit, scale in (("rss_bytes", "MB", 1e6), ("fds", "fds", 1), ("threads", "threads", 1)):
+            for measure, unit, scale in (
+                ("rss_bytes", "MB", 1e6),
+                ("anon_bytes", "MB anonymous", 1e6),
+                ("fds", "fds", 1),
+                ("threads", "threads", 1),
+            ):
+                if measure not in entry:
+                    continue
                 slope, limit = entry[measure]["slope_per_min"], entry[measure]["limit_per_min"]
-                if slope is not None and slope > limit:
+                if slope is not None and limit is not None and slope > limit:
                     found.append(f"{name} +{slope / scale:,.1f} {unit}")
         return "over: " + ", ".join(found)
 

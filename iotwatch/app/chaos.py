@@ -55,7 +55,8 @@ from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_fo
     "--rss-limit",
     default=1.0,
     show_default=True,
-    help="MB a minute of RSS growth after warm-up that fails the run.",
+    help="MB a minute of growth of anonymous resident memory (RSS without mapped files) after "
+    "warm-up that fails the run.",
 )
 @run_folder_option("chaos")
 @json_option
@@ -111,7 +112,7 @@ def chaos(
         vehicles=vehicles,
         warm_up_s=warm_up,
         min_span_s=min_span,
-        limits=Limits(rss_bytes=rss_limit * 1_000_000),
+        limits=Limits(anon_bytes=rss_limit * 1_000_000),
     )
     console = Console(stderr=True)
     settings = app.settings.model_copy(
@@ -164,10 +165,11 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     resources = summary["resources"]
     console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")
     for name, entry in resources["processes"].items():
-        rss = entry["rss_bytes"]
+        rss, anon = entry["rss_bytes"], entry["anon_bytes"]
         judged = "not judged (too short)" if entry["within_limits"] is None else verdict(entry["within_limits"])
         console.print(
             f"    {name:<9} {judged}: RSS {rss['last'] / 2**20:.1f} MiB, slope {rss['slope_per_min']} B/min; "
+            f"anonymous {anon['last'] / 2**20:.1f} MiB, slope {anon['slope_per_min']} B/min; "
             f"fds {entry['fds']['slope_per_min']}/min; threads {entry['threads']['slope_per_min']}/min"
         )
     if summary["unplanned_exits"]:

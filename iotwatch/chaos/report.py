@@ -121,8 +121,8 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
 
 def write_resource_samples(path: Path, sampler: Sampler) -> Path:
     """Every resource sample (seconds since the load started, process, pid, RSS, fds,
-    threads), so growth can be examined beyond the summary's slopes."""
-    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads"]
+    threads, anonymous resident bytes), so growth can be examined beyond the summary's slopes."""
+    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "anon_bytes"]
     pd.DataFrame([s.__dict__ for s in sampler.samples], columns=columns).to_csv(path, index=False)
     return path
 

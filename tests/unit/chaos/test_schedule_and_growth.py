@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 
 from iotwatch.chaos.proofs import alerts_match, catch_up, commands, notifications
-from iotwatch.chaos.resources import Limits, Sample, judge, quiet_windows, slope_per_minute
+from iotwatch.chaos.resources import Limits, Sample, anonymous_resident, judge, quiet_windows, slope_per_minute
 from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
 
@@ -82,7 +83,7 @@ def test_a_buffer_filled_by_each_fault_is_not_growth_but_growth_between_faults_i
         return 1e8 + steps * 20e6 + between * t / 60 + rng.normal(0, 2e5)
 
     samples = [
-        Sample(float(t), name, 10, int(rss(t, between)), 40, 12)
+        Sample(float(t), name, 10, int(rss(t, between)), 40, 12, int(rss(t, between)))
         for t in range(0, 900, 5)
         for name, between in (("buffering", 0.0), ("leaky", 2e6))
     ]
@@ -90,22 +91,39 @@ def test_a_buffer_filled_by_each_fault_is_not_growth_but_growth_between_faults_i
     quiet = judge(samples, Limits(), warm_up_s=60.0, min_span_s=120.0, windows=windows)
     assert whole["buffering"]["within_limits"] is False
     assert quiet["buffering"]["within_limits"] is True
-    assert quiet["buffering"]["rss_bytes"]["fitted_s"] == pytest.approx(85.0 + 5 * 125.0)  # warm-up, then 5 s steps
+    assert quiet["buffering"]["anon_bytes"]["fitted_s"] == pytest.approx(85.0 + 5 * 125.0)  # warm-up, then 5 s steps
     assert quiet["leaky"]["within_limits"] is False
-    assert quiet["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(2e6, rel=0.05)
+    assert quiet["leaky"]["anon_bytes"]["slope_per_min"] == pytest.approx(2e6, rel=0.05)
 
 
 def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -> None:
+    """Growth is judged on anonymous memory: a process whose RSS grows only by mapped files
+    (a server's data files read into the page cache) passes, and its RSS slope is reported."""
     rng = np.random.default_rng(1)
     samples = [
-        Sample(float(t), name, 10, int(rss), 40, 12)
+        Sample(float(t), name, 10, int(rss), 40, 12, int(anon))
         for t in range(0, 900, 5)
-        for name, rss in (("leaky", 1e8 + t / 60 * 3e6), ("steady", 1e8 + rng.normal(0, 2e6)))
+        for name, rss, anon in (
+            ("leaky", 1e8 + t / 60 * 3e6, 5e7 + t / 60 * 3e6),
+            ("steady", 1e8 + rng.normal(0, 2e6), 5e7 + rng.normal(0, 2e6)),
+            ("mapping", 1e8 + t / 60 * 3e6, 5e7 + rng.normal(0, 2e6)),
+        )
     ]
     report = judge(samples, Limits(), warm_up_s=120.0, min_span_s=120.0)
     assert report["leaky"]["within_limits"] is False
-    assert report["leaky"]["rss_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
+    assert report["leaky"]["anon_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
     assert report["steady"]["within_limits"] is True
+    assert report["mapping"]["within_limits"] is True
+    assert report["mapping"]["rss_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
+    assert report["mapping"]["rss_bytes"]["limit_per_min"] is None
+
+
+def test_anonymous_resident_memory_is_read_from_the_kernel() -> None:
+    """This process's RssAnon: positive and at most its RSS."""
+    me = psutil.Process()
+    rss = me.memory_info().rss
+    anon = anonymous_resident(me.pid, rss)
+    assert 0 < anon <= rss
 
 
 def _alert(alert_id: str, state: str = "raised", rule: str = "anomaly_score") -> object:
