@@ -22,7 +22,7 @@ from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
 from iotwatch.jars import KAFKA_VERSION, java_executable, kafka_broker
 from iotwatch.settings import KafkaSettings
-from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, wait_until
+from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
 from iotwatch.stack.service import RunningService
 
 HOST = "127.0.0.1"
@@ -128,9 +128,15 @@ def start_kafka_cluster(
         java = [java_executable(), *(heap or HEAP_OPTIONS), *JVM_OPTIONS, *_log_options(spec), "-cp", classpath]
         command = [*java, "kafka.Kafka", str(config)]
         records.append(start_process(f"kafka-{spec.node_id}", command, spec.folder / "broker.log", cwd=spec.folder))
-    return [
-        wait_for_broker(spec.endpoint, record, timeout_s, security) for spec, record in zip(specs, records, strict=True)
-    ]
+    try:
+        return [
+            wait_for_broker(spec.endpoint, record, timeout_s, security)
+            for spec, record in zip(specs, records, strict=True)
+        ]
+    except BaseException:
+        for record in records:  # the nodes not waited for yet would be left running
+            stop_process(record)
+        raise
 
 
 def replication_factor(nodes: int) -> int:

@@ -137,7 +137,9 @@ def wait_until(
     record: ProcessRecord | None = None,
     interval_s: float = 0.2,
 ) -> None:
-    """Poll ``check`` until it is true; fail early (with the log tail) if the process died."""
+    """Poll ``check`` until it is true; fail early (with the log tail) if the process died.
+    A process that is not ready in time is stopped before this raises: nothing else holds its
+    record, so it would be left running, unknown to ``stack down``."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -151,6 +153,8 @@ def wait_until(
         time.sleep(interval_s)
     reason = f" (last error: {last_error})" if last_error else ""
     tail = f"; {log_tail(record)}" if record else ""
+    if record is not None:
+        stop_process(record)
     raise StackError(f"{what}: not ready after {timeout_s:.0f} s{reason}{tail}")
 
 
