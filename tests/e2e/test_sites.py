@@ -368,7 +368,10 @@ def test_a_command_issued_at_the_centre_reaches_its_device_at_its_site_and_its_r
     # after its restart the relay published the new commands (hvac, the operator's), not the leak command again
     assert second.get("commands_published") == 2, second
     assert other.get("commands_published", 0) == 0, f"site2 published a command for site1's device: {other}"
-    assert other.get("not_at_this_site", 0) >= 1 and second.get("not_at_this_site", 0) >= 1, (second, other)
+    # the command for a device at no site is held at both relays: unpublished while it is open, or
+    # found settled (timed out at the centre) before either relay saw it open, on a slow host
+    held = ("not_at_this_site", "settled_before_publishing")
+    assert all(sum(relay.get(k, 0) for k in held) >= 1 for relay in (second, other)), (second, other)
     assert closed.get("dead_lettered", 0) == 0, closed
     print(
         f"commands across sites: responder {closed}; relay site1 {first} then {second}; relay site2 {other}; "
