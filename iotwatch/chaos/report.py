@@ -121,8 +121,9 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
 
 def write_resource_samples(path: Path, sampler: Sampler) -> Path:
     """Every resource sample (seconds since the load started, process, pid, RSS, fds,
-    threads, anonymous resident bytes), so growth can be examined beyond the summary's slopes."""
-    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "anon_bytes"]
+    threads outside and inside the bounded pools, anonymous resident bytes), so growth can be
+    examined beyond the summary's slopes."""
+    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "pooled_threads", "anon_bytes"]
     pd.DataFrame([s.__dict__ for s in sampler.samples], columns=columns).to_csv(path, index=False)
     return path
 
@@ -136,7 +137,7 @@ def plot_resources(path: Path, sampler: Sampler, faults: list[FaultRecord]) -> P
     for ax, column, scale, unit in (
         (axes[0], "rss_bytes", 2**20, "RSS (MiB)"),
         (axes[1], "fds", 1, "open fds"),
-        (axes[2], "threads", 1, "threads"),
+        (axes[2], "threads", 1, "threads (bounded pools apart)"),
     ):
         for name, rows in frame.groupby("process"):
             ax.plot(rows["t"], rows[column] / scale, lw=1, label=str(name))

@@ -14,6 +14,7 @@ such samples exist.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,15 @@ import psutil
 #: (Kafka's indexes, InfluxDB's TSM files, jars), which grow with the data kept and which the
 #: kernel reclaims under pressure; ``anon_bytes`` (Linux's RssAnon: heaps, stacks, buffers) is
 #: memory only the process can free, so growth is judged on it and RSS is reported beside it.
-MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads")
+MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads")
+
+#: Thread names (``/proc/<pid>/task/<tid>/comm``, cut to 15 characters) of pools whose size
+#: has a fixed cap in their own source and that grow and shrink with bursts of work: Spark's
+#: block-manager pools (``block-manager-ask-thread-pool`` and
+#: ``block-manager-storage-async-thread-pool``, 100 threads each, idle ones ending after 60 s)
+#: fill to their cap whenever a burst of broadcast and block removals comes, at no fixed time
+#: after start. Counted as ``pooled_threads``, reported and not judged; ``threads`` is the rest.
+BOUNDED_POOL_THREADS = ("block-manager-a", "block-manager-s")
 
 
 @dataclass(frozen=True)
@@ -37,8 +46,9 @@ class Sample:
     pid: int  # the incarnation
     rss_bytes: int
     fds: int
-    threads: int
+    threads: int  # outside the bounded pools
     anon_bytes: int = 0
+    pooled_threads: int = 0  # in the bounded pools (BOUNDED_POOL_THREADS)
 
 
 @dataclass(frozen=True)
@@ -49,12 +59,14 @@ class Limits:
     anon_bytes: float | None = 1_000_000.0
     fds: float | None = 1.0
     threads: float | None = 1.0
+    pooled_threads: float | None = None
 
 
-def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int] | None:
-    """RSS, fds, threads and anonymous resident memory summed over a process and its
-    children (the job's JVM, a server's workers); None when the process is gone."""
-    rss = fds = threads = anon = 0
+def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int, int] | None:
+    """RSS, fds, threads outside the bounded pools, anonymous resident memory and threads in
+    them, summed over a process and its children (the job's JVM, a server's workers); None
+    when the process is gone."""
+    rss = fds = threads = anon = pooled = 0
     for proc in tree:
         try:
             with proc.oneshot():
@@ -63,10 +75,27 @@ def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int] | None:
                 fds += proc.num_fds()
                 threads += proc.num_threads()
             anon += anonymous_resident(proc.pid, resident)
+            pooled += pooled_threads(proc.pid)
         except psutil.Error:
             if proc is tree[0]:
                 return None
-    return (rss, fds, threads, anon) if tree else None
+    return (rss, fds, threads - pooled, anon, pooled) if tree else None
+
+
+def pooled_threads(pid: int) -> int:
+    """Threads of ``pid`` in the bounded pools named by :data:`BOUNDED_POOL_THREADS`."""
+    count = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0  # gone meanwhile, or not Linux: every thread counts as unpooled
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+                count += comm.read().startswith(BOUNDED_POOL_THREADS)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return count
 
 
 def anonymous_resident(pid: int, rss: int) -> int:

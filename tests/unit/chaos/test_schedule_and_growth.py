@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import numpy as np
 import psutil
 import pytest
 
 from iotwatch.chaos.proofs import alerts_match, catch_up, commands, notifications
-from iotwatch.chaos.resources import Limits, Sample, anonymous_resident, judge, quiet_windows, slope_per_minute
+from iotwatch.chaos.resources import (
+    Limits,
+    Sample,
+    anonymous_resident,
+    judge,
+    measure,
+    pooled_threads,
+    quiet_windows,
+    slope_per_minute,
+)
 from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
 
@@ -124,6 +136,57 @@ def test_anonymous_resident_memory_is_read_from_the_kernel() -> None:
     rss = me.memory_info().rss
     anon = anonymous_resident(me.pid, rss)
     assert 0 < anon <= rss
+
+
+def _named_threads(names: list[str], stop: threading.Event) -> list[threading.Thread]:
+    """Threads whose kernel names (``comm``) are ``names``, waiting for ``stop``."""
+    libc = ctypes.CDLL(None)
+    started = threading.Barrier(len(names) + 1)
+
+    def run(name: str) -> None:
+        libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: this thread's comm
+        started.wait()
+        stop.wait()
+
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    return threads
+
+
+def test_threads_of_the_bounded_pools_are_counted_apart() -> None:
+    """Threads named as Spark's block-manager pools are pooled_threads; the rest are threads."""
+    stop = threading.Event()
+    before = measure([psutil.Process()])
+    assert before is not None
+    threads = _named_threads(["block-manager-ask-thread-pool-3", "block-manager-storage-async-1", "worker-7"], stop)
+    try:
+        assert pooled_threads(psutil.Process().pid) == 2
+        after = measure([psutil.Process()])
+        assert after is not None
+        assert after[2] == before[2] + 1  # worker-7
+        assert after[4] == before[4] + 2
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_a_bounded_pool_filling_to_its_cap_is_reported_not_judged() -> None:
+    """A JVM whose pools jump from 10 to 200 threads mid-run passes on threads; the same jump
+    outside the pools fails."""
+    samples = [
+        Sample(float(t), name, 10, 10**8, 40, 130 + (jump if name == "leaky" and t > 400 else 0), 10**8, pooled)
+        for t in range(0, 900, 5)
+        for jump in (190,)
+        for name, pooled in (("pooled", 10 if t <= 400 else 200), ("leaky", 10))
+    ]
+    report = judge(samples, Limits(), warm_up_s=120.0, min_span_s=120.0)
+    assert report["pooled"]["within_limits"] is True
+    assert report["pooled"]["pooled_threads"]["slope_per_min"] > 1.0
+    assert report["pooled"]["pooled_threads"]["limit_per_min"] is None
+    assert report["leaky"]["within_limits"] is False
 
 
 def _alert(alert_id: str, state: str = "raised", rule: str = "anomaly_score") -> object:
