@@ -115,6 +115,9 @@ class Responder:
         #: replies to commands not known yet, with when to give up: (monotonic deadline, topic, payload)
         self._early: deque[tuple[float, str, bytes]] = deque(maxlen=_MAX_EARLY_REPLIES)
         self._forgot_at = 0.0
+        #: Decision rounds done since the state was rebuilt from the topics: whoever needs to
+        #: know that what this process knows has been acted on waits for the next one.
+        self.rounds = 0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class Responder:
                     self.apply(message)
                 self.handle_replies()
                 self.evaluate()
+                self.rounds += 1
         finally:
             follower.close()
             self.issuer.close()
@@ -186,6 +190,11 @@ class Responder:
             self.handle_reply(topic, payload, wait_until=deadline if now < deadline else None)
         for topic, payload in self.issuer.replies():
             self.handle_reply(topic, payload, wait_until=time.monotonic() + EARLY_REPLY_GRACE_S)
+
+    @property
+    def waiting_replies(self) -> int:
+        """Replies held for the audit record of their command (it is on its way, or never comes)."""
+        return len(self._early)
 
     def handle_reply(self, topic: str, payload: bytes, wait_until: float | None = None) -> None:
         """Record a device's reply (or twin report); a reply to a command not known (yet) is kept

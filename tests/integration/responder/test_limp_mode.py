@@ -17,6 +17,7 @@ from responder.service import Responder
 from responder.twin_ops import read_twin
 from tests.helpers import InThread, read_topic, wait_for
 from tests.support.alerts import changed, make_alert, produce
+from tests.support.clock import next_rounds
 from tests.support.homes import VEHICLE, VEHICLE_SITE, Obeying, home_with_faults, mode
 
 
@@ -105,7 +106,7 @@ def test_overheating_vehicle_goes_limp_and_recovers_and_a_crash_is_an_emergency(
     assert counts["emergencies"] == 1
 
     again = InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))  # rebuilds from the topics
-    time.sleep(3)
+    next_rounds(again.service)  # it has acted on all it rebuilt
     assert not again.close().get("emergencies")
     notices = [decode(m.value(), Emergency) for m in read_topic(settings.kafka, settings.topics.emergencies, idle_s=1)]
     assert [(n.alert_id, n.device_id, n.policy) for n in notices] == [(crash.alert_id, VEHICLE, "emergency-on-crash")]

@@ -20,11 +20,12 @@ from responder.policy import DEFAULT_POLICIES
 from responder.service import Responder
 from tests.helpers import InThread, read_topic, wait_for
 from tests.support.alerts import changed, make_alert, produce
+from tests.support.clock import ShiftedClock, next_rounds
 from tests.support.homes import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode, with_respond
 
 
-def responding(settings: Settings) -> InThread:
-    return InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop))
+def responding(settings: Settings, clock: ShiftedClock) -> InThread:
+    return InThread(lambda stop: Responder(settings, DEFAULT_POLICIES, stop, clock))
 
 
 def trail(settings: Settings) -> dict[tuple[str, int], CommandAudit]:
@@ -69,7 +70,8 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     produce(settings.kafka, settings.topics.alerts, [hvac, leak, ghost, other, b"\x00not an alert", unaddressable])
 
     devices = Obeying(sim, settings.mqtt, f"sim-{unique}")
-    running = responding(settings)
+    clock = ShiftedClock()
+    running = responding(settings, clock)
     try:
         wait_for(lambda: mode(sim, THERMOSTAT) == 0 and mode(sim, LEAK) == 0, 30, "both faults ended by commands")
         # the streaming job sees the recovery and clears the alerts (within the reply timeout, else: retry)
@@ -111,7 +113,8 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
             ghost.alert_id,
         )
         assert raised.runbook_url.endswith("#command_escalation") and "reset_hvac did not fix" in raised.message
-        time.sleep(6.5)  # longer than the reply timeout: a done command of a cleared alert is not retried
+        clock.advance(6.5)  # past the reply timeout: a done command of a cleared alert is not retried
+        next_rounds(running.service)
     finally:
         first = running.close()
     audits = trail(settings)
@@ -136,9 +139,9 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert truth["water_leak"].ended_by_command == audits[(LEAK, 1)].command_id
 
     # a restart rebuilds the state from the topics: nothing is sent again
-    running = responding(settings)
+    running = responding(settings, clock)
     try:
-        time.sleep(4)
+        next_rounds(running.service)  # it has acted on all it rebuilt
     finally:
         again = running.close()
         devices.close()

@@ -113,7 +113,7 @@ def test_twin_reported_set_applied_and_refused(test_settings: Settings, unique: 
         )
         reply = CommandReply(COMMAND_SCHEMA_VERSION, "early-1", LEAK, CommandStatus.DONE, int(time.time() * 1000))
         devices.channel.reply(SITE, "leak_sensor", reply)
-        time.sleep(1.0)
+        wait_for(lambda: running.service.waiting_replies == 1, 15, "the early reply held for its command")
         publish(settings, settings.topics.commands, "early-1", encode(early.with_step(CommandOutcome.SENT, 0)))
         wait_for(
             lambda: (
