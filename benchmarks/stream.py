@@ -153,6 +153,71 @@ def measure_throughput(
     }
 
 
+def _alert_appends(settings: Settings, wanted: dict[str, set[int]], timeout_s: float) -> list[int]:
+    """Append times (ms) of the raised alerts whose first event is one of ``wanted``'s
+    (device id -> event times), read as they come until all are there or ``timeout_s``."""
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": f"bench-alerts-{time.time_ns()}", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(settings.kafka.partitions)])
+    appended: list[int] = []
+    expected, deadline = sum(len(v) for v in wanted.values()), time.monotonic() + timeout_s
+    while len(appended) < expected and time.monotonic() < deadline:
+        for message in consumer.consume(1000, 0.2):
+            if message.error():
+                continue
+            alert = decode_alert(message.value())
+            if alert.raised and alert.first_event_ms in wanted.get(alert.device_id, ()):
+                appended.append(message.timestamp()[1])
+    consumer.close()
+    return sorted(appended)
+
+
+def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, devices: int = 100) -> dict[str, Any]:
+    """The session's first query, as a job starting on a backlog: each device's warm-up
+    readings and then a spike are in Kafka; the seconds from the query's start to the spikes'
+    alerts, and the first micro-batch's duration (planning, Python workers, state set-up)."""
+    from streaming.job import start
+
+    topics = settings.topics.model_copy(
+        update={name: f"bench.{run}.startup.{name}" for name in ("raw", "alerts", "dlq")}
+    )
+    settings = settings.model_copy(update={"topics": topics})
+    ensure_topics(settings.kafka, topics.kafka_topics())
+    warm = make(settings.stream.device_detector, **settings.stream.device_detector_params).warmup_readings() + 5
+    preload(settings, topics.raw, devices, warm)
+    producer = Producer(settings.kafka.client_config())
+    spikes: dict[str, set[int]] = {}
+    rng, now = random.Random(3), int(time.time() * 1000)
+    for device in range(devices):
+        message = _reading(device, warm, now, rng, spike=True)
+        spikes.setdefault(message.device_id, set()).add(message.ts)
+        producer.produce(topics.raw, key=message.device_id.encode(), value=message.to_json())
+    producer.flush(30)
+    started_ms = time.time() * 1000
+    job = start(spark, settings, checkpoint_dir=workdir / "ck-startup", archive_dir=workdir / "archive-startup")
+    try:
+        appended = _alert_appends(settings, spikes, timeout_s=300)
+        deadline = time.monotonic() + 60  # the progress report follows the batch's commit
+        while not (batches := [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        job.stop()
+    after = [(ms - started_ms) / 1000 for ms in appended]
+    return {
+        "devices": devices,
+        "records": devices * (warm + 1),
+        "spikes_alerted": len(appended),
+        "start_to_alert_s": {
+            "first": round(after[0], 2) if after else None,
+            "last": round(after[-1], 2) if after else None,
+        },
+        "first_batch_ms": batches[0] if batches else None,
+    }
+
+
 def measure_latency(
     spark: Any, settings: Settings, workdir: Path, rate: float, seconds: float, devices: int
 ) -> dict[str, Any]:
@@ -306,6 +371,7 @@ def bench_stream(
             stream = settings.stream
             with session_scope(stream, "iotwatch-bench-stream") as spark:
                 spark.range(1).count()  # the JVM is up before anything is timed
+                startup = measure_startup(spark, settings, Path(tmp), run)
                 throughput = [
                     measure_throughput(spark, settings, Path(tmp), run, devices, max(records, 3 * devices))
                     for devices in fleet_sizes
@@ -336,6 +402,7 @@ def bench_stream(
             else None
         ),
         "latency": latency,
+        "startup": startup,
         "spark_master": base.stream.spark_master,
         "shuffle_partitions": base.stream.shuffle_partitions,
         "max_offsets_per_trigger": base.stream.max_offsets_per_trigger,
@@ -352,6 +419,12 @@ def _render(result: dict[str, Any]) -> None:
             f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
             f"state {row['state_bytes_per_device']} B/device"
         )
+    startup = result["startup"]
+    click.echo(
+        f"start-up: alerts {startup['start_to_alert_s']['first']}-{startup['start_to_alert_s']['last']} s after "
+        f"the query started on a backlog of {startup['records']} readings "
+        f"(first micro-batch {startup['first_batch_ms']} ms; {startup['spikes_alerted']}/{startup['devices']} spikes)"
+    )
     for row in result["latency"]:
         click.echo(
             f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "

@@ -1,0 +1,20 @@
+"""The start-up run of ``bench stream``: a job starting on a backlog that ends in a spike
+per device alerts on every spike, and the run says how long that took."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.stream import measure_startup
+from iotwatch.settings import Settings
+
+
+def test_a_job_starting_on_a_backlog_alerts_on_every_spike(
+    spark: Any, test_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    report = measure_startup(spark, test_settings, tmp_path, unique, devices=20)
+    assert report["spikes_alerted"] == report["devices"] == 20
+    first, last = report["start_to_alert_s"]["first"], report["start_to_alert_s"]["last"]
+    assert 0 < first <= last < 300
+    assert report["first_batch_ms"] > 0, report
