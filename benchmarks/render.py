@@ -128,6 +128,16 @@ def _stream_rows(results: list[dict[str, Any]]) -> list[Row]:
         )
     for rate in rates:
         rows.append((f"spike to alert at {rate:,.0f} readings/s, p50 / p99 (alerted)", latency(rate)))
+
+    def startup(r: dict[str, Any]) -> str:
+        found = r.get("startup")
+        if found is None:
+            return "–"
+        after = found["start_to_alert_s"]
+        return f"{after['first']}-{after['last']} s (first micro-batch {_ms(found['first_batch_ms'])})"
+
+    if any("startup" in r for r in results):
+        rows.append(("start-up on a backlog: query start to the spikes' alerts", startup))
     return rows
 
 
