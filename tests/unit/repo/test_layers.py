@@ -161,8 +161,8 @@ def test_every_package_has_its_layer() -> None:
     found = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
     assert found == TOP_LEVEL, f"top-level packages without a layer: {sorted(found - TOP_LEVEL)}"
     assert package_of("iotwatch.cli") == ("iotwatch.cli", 0)
-    assert package_of("evaluation.simulated") == ("evaluation", 5)
-    assert package_of("models.kernels.cad_ose") == ("models", 3)
+    assert package_of("iotwatch.evaluation.simulated") == ("evaluation", 5)
+    assert package_of("iotwatch.models.kernels.cad_ose") == ("models", 3)
     assert package_of("iotwatch.stack.process") == ("iotwatch.stack", len(STAGES) + 1)
     graph = _graph()
     assert len([m for m in graph if package_of(m)[1] == 0]) > 10  # (the walk found the core)
@@ -194,7 +194,7 @@ def test_no_packages_import_each_other() -> None:
 
 def test_no_modules_import_each_other() -> None:
     graph = _graph()
-    assert "streaming.job" in graph["streaming.cli"]  # (the walk sees function-level imports)
+    assert "iotwatch.streaming.job" in graph["iotwatch.streaming.cli"]  # (the walk sees function-level imports)
     cycles = _cycles(graph)
     assert not cycles, "modules that import each other (through the others listed):\n" + "\n".join(
         ", ".join(c) for c in cycles
