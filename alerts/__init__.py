@@ -5,6 +5,6 @@ alerts to a webhook, or route them to receivers by a policy tree).
 
 The alert records are :class:`iotwatch.contract.alerts.AlertRecord`, written by the streaming
 job and the responder; the on-call state is folded from them and the on-call topics
-(:mod:`iotwatch.contract.oncall`) by :mod:`alerts.book`, so every tool rebuilds it from Kafka
+(:mod:`iotwatch.contract.oncall`) by :mod:`iotwatch.alerts.book`, so every tool rebuilds it from Kafka
 and runs anywhere with Kafka access without affecting the pipeline.
 """

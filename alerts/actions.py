@@ -1,7 +1,7 @@
 """What an operator does to alerts: acknowledge them, silence and unsilence them.
 
 Each action is one record produced to its compacted topic (:mod:`iotwatch.contract.oncall`) after
-checking it against the folded state (:mod:`alerts.book`), so a typo in an alert id is a
+checking it against the folded state (:mod:`iotwatch.alerts.book`), so a typo in an alert id is a
 one-line error, not a record about an alert that never existed.
 """
 
@@ -11,7 +11,7 @@ import time
 
 from confluent_kafka import Producer
 
-from alerts.book import AlertBook, AlertView, UnknownAlert
+from iotwatch.alerts.book import AlertBook, AlertView, UnknownAlert
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, AlertState, AlertStep, Matchers, Silence, encode, stable_id
 from iotwatch.errors import IotwatchError

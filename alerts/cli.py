@@ -17,7 +17,7 @@ from iotwatch.settings import AlertsSettings
 
 def _positive_duration(text: str, option: str) -> float:
     """Seconds from ``30m``, ``2h``...; a usage error naming ``option`` for anything else or zero."""
-    from alerts.records import parse_duration
+    from iotwatch.alerts.records import parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -149,8 +149,8 @@ def tail(
     a group member that commits its offsets and resumes. --json prints each matching alert as
     one JSON object per line instead, for scripts. Ctrl-C or SIGTERM stops it (exit 0, with its counts).
     """
-    from alerts.records import AlertFilter
-    from alerts.tail import TailOptions, run_tail
+    from iotwatch.alerts.records import AlertFilter
+    from iotwatch.alerts.tail import TailOptions, run_tail
 
     settings = app.settings
     config = _alerts_settings()
@@ -231,8 +231,8 @@ def forward(
     routes_file: Path | None,
     as_json: bool,
 ) -> None:
-    from alerts.dispatch import Dispatcher, ForwardOptions
-    from alerts.routing import load_routing, single_receiver
+    from iotwatch.alerts.dispatch import Dispatcher, ForwardOptions
+    from iotwatch.alerts.routing import load_routing, single_receiver
 
     config = _alerts_settings(
         webhook_url=webhook_url,
@@ -267,12 +267,12 @@ def _forward_summary(counts: dict[str, Any]) -> str:
 
 
 def _forward_help() -> str:
-    import alerts.dispatch as dispatch
-    import alerts.notification as notification
+    import iotwatch.alerts.dispatch as dispatch
+    import iotwatch.alerts.notification as notification
 
     intro = (
         "Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to "
-        "--webhook URL, or follow a policy tree (--routes FILE; alerts.routing documents the file). "
+        "--webhook URL, or follow a policy tree (--routes FILE; iotwatch.alerts.routing documents the file). "
         "Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0). "
         "--json prints the counters at exit."
     )
@@ -315,8 +315,8 @@ def list_alerts(
 
     The footer says how many of how many are shown; --json prints {"total", "shown",
     "truncated", "alerts"}."""
-    from alerts.book import load_book
-    from alerts.views import alerts_table
+    from iotwatch.alerts.book import load_book
+    from iotwatch.alerts.views import alerts_table
 
     book = load_book(app.settings)
     if book.malformed:
@@ -355,8 +355,8 @@ def _ack_options(who: str, note: str) -> Any:
 def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
     """Acknowledge an open alert (ALERT_ID or a unique prefix of at least 6 characters): the forwarder
     stops repeating it; the acknowledgement is a record on the alert-state topic."""
-    from alerts.actions import acknowledge
-    from alerts.book import load_book
+    from iotwatch.alerts.actions import acknowledge
+    from iotwatch.alerts.book import load_book
 
     view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note)
     record = view.record
@@ -374,8 +374,8 @@ def ack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool
 @_ack_options("Who takes the acknowledgement back.", "Why.")
 def unack(app: AppContext, alert_id: str, by: str, note: str | None, as_json: bool) -> None:
     """Take back an acknowledgement (the alert is open again; critical ones are repeated again)."""
-    from alerts.actions import acknowledge
-    from alerts.book import load_book
+    from iotwatch.alerts.actions import acknowledge
+    from iotwatch.alerts.book import load_book
     from iotwatch.contract.oncall import AlertStep
 
     view = acknowledge(app.settings, load_book(app.settings), alert_id, by, note, action=AlertStep.UNACKNOWLEDGED)
@@ -407,7 +407,7 @@ def silence(
     """Mute notifications of matching alerts for a while (every matcher given must match). Alerts are
     still recorded and listed; the forwarder does not notify them (a ``record`` receiver, as
     ``alerts forward --webhook``, still gets every alert record)."""
-    from alerts.actions import add_silence
+    from iotwatch.alerts.actions import add_silence
     from iotwatch.contract.oncall import Matchers
 
     seconds = _positive_duration(duration, "--for")
@@ -428,8 +428,8 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
     """Active silences (from the silences topic)."""
     import time
 
-    from alerts.book import load_book
-    from alerts.views import silences_table
+    from iotwatch.alerts.book import load_book
+    from iotwatch.alerts.views import silences_table
 
     now = int(time.time() * 1000)
     chosen = sorted(
@@ -447,8 +447,8 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
 @pass_app
 def unsilence(app: AppContext, silence_id: str, by: str, as_json: bool) -> None:
     """End an active silence now."""
-    from alerts.actions import revoke_silence
-    from alerts.book import load_book
+    from iotwatch.alerts.actions import revoke_silence
+    from iotwatch.alerts.book import load_book
 
     ended = revoke_silence(app.settings, load_book(app.settings), silence_id, by)
     emit(_silence_dict(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))

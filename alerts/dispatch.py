@@ -1,7 +1,7 @@
 """``iotwatch alerts forward``: notify receivers per a policy tree (``--routes FILE``), with
 silences, grouping, repeats of unacknowledged critical alerts and resolved notifications;
 or post every raised/cleared alert record to one webhook (``--webhook URL``, the tree of one
-``record`` receiver: :mod:`alerts.feed`).
+``record`` receiver: :mod:`iotwatch.alerts.feed`).
 
 How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
 
@@ -23,7 +23,7 @@ ended (:meth:`Dispatcher.forget`); what is left is the open alerts, the recent g
 ``record`` receiver's backlog.
 
 State: the alerts, acknowledgements and silences are folded from their topics
-(:mod:`alerts.book`); every group notification sent is recorded on the notifications topic
+(:mod:`iotwatch.alerts.book`); every group notification sent is recorded on the notifications topic
 (compacted by receiver and group), which is all the forwarder needs to know what each
 receiver already has; a ``record`` receiver's progress is its consumer group's committed
 offsets. On start it replays the four topics to their end before it sends anything, so a
@@ -50,13 +50,13 @@ from typing import Any
 
 from confluent_kafka import Message, Producer
 
-from alerts.book import AlertBook, AlertView, book_topics, detected_ms
-from alerts.feed import Pending, RecordFeed
-from alerts.metrics import LifecycleMetrics
-from alerts.notification import body, record_body, record_key
-from alerts.notify_policy import GroupNow, decide
-from alerts.routing import Route, RoutingTree
-from alerts.webhook import Backoff, PostResult, Webhook
+from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
+from iotwatch.alerts.feed import Pending, RecordFeed
+from iotwatch.alerts.metrics import LifecycleMetrics
+from iotwatch.alerts.notification import body, record_body, record_key
+from iotwatch.alerts.notify_policy import GroupNow, decide
+from iotwatch.alerts.routing import Route, RoutingTree
+from iotwatch.alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed, topic_partitions
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert

@@ -26,7 +26,7 @@ from collections import Counter
 
 from influxdb_client import Point
 
-from alerts.book import AlertBook, AlertView, detected_ms
+from iotwatch.alerts.book import AlertBook, AlertView, detected_ms
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
 from iotwatch.contract.measurements import ALERT_ACKS, ALERT_RESOLUTIONS, ONCALL_ALERTS
 from iotwatch.errors import ServiceUnavailable

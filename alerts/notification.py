@@ -22,7 +22,7 @@ the key ``<alert_id>:<state>``::
      "message": "[CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ...",
      "text": ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ..."}
 
-That body is the alert record exactly as published (every field of streaming.alerting, any
+That body is the alert record exactly as published (every field of iotwatch.streaming.alerting, any
 future field too) plus ``text``, so Slack/Mattermost incoming webhooks can take it as is.
 ``text`` starts with :red_circle: critical, :large_orange_circle: major,
 :large_yellow_circle: minor, :large_blue_circle: warning, :large_green_circle: cleared.
@@ -44,9 +44,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.book import AlertView
-from alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank, slack_text
-from alerts.routing import Route
+from iotwatch.alerts.book import AlertView
+from iotwatch.alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank, slack_text
+from iotwatch.alerts.routing import Route
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.oncall import NotificationKind
 

@@ -1,7 +1,7 @@
 """When a group of alerts is notified, and with what: Alertmanager's and Grafana's policy as a
 pure function of the group's alerts, its last notification and the time.
 
-:class:`alerts.dispatch.Dispatcher` gathers the inputs (which alerts fire, unsilenced; which the
+:class:`iotwatch.alerts.dispatch.Dispatcher` gathers the inputs (which alerts fire, unsilenced; which the
 receiver was last told of; which cleared) and sends what this decides, so the policy is tested
 with a clock that is just a number.
 """
@@ -15,7 +15,7 @@ from iotwatch.contract.oncall import NotificationKind
 
 
 class Timings(Protocol):
-    """A route's timings (:class:`alerts.routing.Route`)."""
+    """A route's timings (:class:`iotwatch.alerts.routing.Route`)."""
 
     @property
     def group_wait_s(self) -> float: ...

@@ -34,9 +34,9 @@ the siblings after it are not tried. A policy no child took the alert from deliv
 its own receiver. Children inherit grouping and timing they do not set.
 
 A ``record`` receiver gets each raised/cleared alert record routed to it, one post per
-record with the ``Idempotency-Key`` ``<alert_id>:<state>`` (:mod:`alerts.notification`):
+record with the ``Idempotency-Key`` ``<alert_id>:<state>`` (:mod:`iotwatch.alerts.notification`):
 grouping, timing, silences and repeats do not apply, and its progress is the forwarder's
-consumer group (:mod:`alerts.feed`), so a routing file has at most one. ``alerts forward
+consumer group (:mod:`iotwatch.alerts.feed`), so a routing file has at most one. ``alerts forward
 --webhook URL`` is the tree of one ``record`` receiver (:func:`single_receiver`).
 """
 
@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from alerts.records import parse_duration
+from iotwatch.alerts.records import parse_duration
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.errors import IotwatchError, UserError
 from iotwatch.tomlfile import read_toml, validate

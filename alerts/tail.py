@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from alerts.records import AlertFilter, headline, human_age
+from iotwatch.alerts.records import AlertFilter, headline, human_age
 from iotwatch.clients.kafka import (
     FOLLOW_FETCH_WAIT_MS,
     access_refused,

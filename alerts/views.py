@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
-from alerts.records import human_age
-from alerts.tail import SEVERITY_STYLE
+from iotwatch.alerts.book import ACKNOWLEDGED, OPEN, AlertBook, AlertView
+from iotwatch.alerts.records import human_age
+from iotwatch.alerts.tail import SEVERITY_STYLE
 from iotwatch.cli import output_console
 from iotwatch.contract.oncall import Silence
 

@@ -14,8 +14,8 @@ import multiprocessing as mp
 import time
 from typing import Any
 
-from devices.broker_run import RunOptions, run
-from devices.config import HOME_TYPES, SimConfig
+from iotwatch.devices.broker_run import RunOptions, run
+from iotwatch.devices.config import HOME_TYPES, SimConfig
 from iotwatch.settings import MqttSettings
 
 __all__ = ["GOAL_LAG_P99_S", "GOAL_RSS_MB", "fleet_run"]

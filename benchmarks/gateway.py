@@ -48,12 +48,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.metrics import wait_healthy
 from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import MqttSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.process import free_port

@@ -14,7 +14,7 @@ connections and QoS, it measures
 
 and reports messages/s and the ratios simulator / raw_paho (goal: >= 0.9 at each QoS) and
 simulator / raw_batch (the share of the transport's rate that generation leaves).
-Beside the ratios it runs the large fleet (:mod:`benchmarks.fleet`, by default 100,000
+Beside the ratios it runs the large fleet (:mod:`iotwatch.benchmarks.fleet`, by default 100,000
 devices in one process, one reading per 10 s each): tick lag behind due time (goal p99 < 1 s),
 peak RSS (goal < 1 GB) and every device's seq gap-free at a subscriber. Without ``--mqtt``
 it starts its own mosquitto on a free port and stops it afterwards.
@@ -36,11 +36,11 @@ from typing import Any
 
 import click
 
-from benchmarks.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
-from devices.broker_run import RunOptions, run
-from devices.config import SimConfig
-from devices.simulation import Simulation
+from iotwatch.benchmarks.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
 from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.devices.broker_run import RunOptions, run
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import Simulation
 from iotwatch.errors import StackError
 from iotwatch.settings import MqttSettings
 

@@ -27,10 +27,10 @@ from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, late
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.telemetry import Telemetry
+from iotwatch.models.catalog import make
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stats import quantile, quantiles
-from models.catalog import make
 
 SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-up)
 
@@ -93,7 +93,7 @@ def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, An
 def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dict[str, Any]:
     """The whole job over the backlog (availableNow); steady state leaves out the first
     micro-batch, which also pays query planning and Python worker start-up."""
-    from streaming.job import start
+    from iotwatch.streaming.job import start
 
     started = time.monotonic()
     job = start(
@@ -177,7 +177,7 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
     """The session's first query, as a job starting on a backlog: each device's warm-up
     readings and then a spike are in Kafka; the seconds from the query's start to the spikes'
     alerts, and the first micro-batch's duration (planning, Python workers, state set-up)."""
-    from streaming.job import start
+    from iotwatch.streaming.job import start
 
     topics = settings.topics.model_copy(
         update={name: f"bench.{run}.startup.{name}" for name in ("raw", "alerts", "dlq")}
@@ -222,7 +222,7 @@ def measure_latency(
     spark: Any, settings: Settings, workdir: Path, rate: float, seconds: float, devices: int
 ) -> dict[str, Any]:
     """Alerts for injected spikes at a steady input rate: spike event time -> alert append time."""
-    from streaming.job import start
+    from iotwatch.streaming.job import start
 
     stream = settings.stream
     stop = threading.Event()
@@ -359,7 +359,7 @@ def bench_stream(
     Starts its own embedded Apache Kafka broker and InfluxDB (when installed), and one
     local Spark session for every run (its start-up is not counted).
     """
-    from streaming.job import session_scope
+    from iotwatch.streaming.job import session_scope
 
     run = str(int(time.time()))
     base = app.settings

@@ -1,4 +1,4 @@
-"""Grafana dashboards as code: one module per dashboard, built with :mod:`dashboards.builder`.
+"""Grafana dashboards as code: one module per dashboard, built with :mod:`iotwatch.dashboards.builder`.
 
 ``iotwatch dashboards build`` writes them to ``dashboards/json/`` (provisioned by
 docker-compose); ``iotwatch dashboards push`` uploads them to a running Grafana.
@@ -23,7 +23,7 @@ def build_all() -> dict[str, dict[str, Any]]:
 
     built: dict[str, dict[str, Any]] = {}
     for name in MODULES:
-        model = importlib.import_module(f"dashboards.{name}").dashboard().to_dict()
+        model = importlib.import_module(f"iotwatch.dashboards.{name}").dashboard().to_dict()
         built[f"{model['uid']}.json"] = model
     return built
 

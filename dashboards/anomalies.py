@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.builder import (
+from iotwatch.dashboards.builder import (
     GREEN,
     ORANGE,
     RED,
@@ -22,7 +22,7 @@ from dashboards.builder import (
     thresholds,
     value_text,
 )
-from dashboards.common import SCORE_CLEAR, SCORE_FIRE, regex, site_variable
+from iotwatch.dashboards.common import SCORE_CLEAR, SCORE_FIRE, regex, site_variable
 
 SITE = f'"site" {regex("site")}'
 SCORE = thresholds(GREEN, (SCORE_CLEAR, ORANGE), (SCORE_FIRE, RED))

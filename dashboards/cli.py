@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from dashboards import JSON_DIR, write_all
-from dashboards.builder import FOLDER
 from iotwatch.cli import AppContext, emit, json_option, pass_app
+from iotwatch.dashboards import JSON_DIR, write_all
+from iotwatch.dashboards.builder import FOLDER
 from iotwatch.errors import IotwatchError
 
 
@@ -81,8 +81,8 @@ def push(
     Idempotent: same uids, overwrite. The InfluxDB token/credentials for the datasource come
     from the iotwatch InfluxDB settings (IOTWATCH_INFLUX_TOKEN, or USERNAME/PASSWORD).
     """
-    from dashboards.push import InfluxTarget, connect
-    from dashboards.push import push as do_push
+    from iotwatch.dashboards.push import InfluxTarget, connect
+    from iotwatch.dashboards.push import push as do_push
 
     influx = None
     if not no_datasource:

@@ -9,7 +9,7 @@ dashboard variables before sending them.
 
 from __future__ import annotations
 
-from dashboards.builder import Target, Variable
+from iotwatch.dashboards.builder import Target, Variable
 
 #: Per-second rate divisor for per-batch counts summed over a $__interval bucket.
 PER_SECOND = "* 1000 / $__interval_ms"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dashboards.anomalies import SCORE, SEVERITY_MAPPING, STATE_MAPPING, coloured_cells, score_cells
-from dashboards.builder import (
+from iotwatch.dashboards.anomalies import SCORE, SEVERITY_MAPPING, STATE_MAPPING, coloured_cells, score_cells
+from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
     ORANGE,
@@ -20,7 +20,7 @@ from dashboards.builder import (
     colour,
     thresholds,
 )
-from dashboards.common import device_variable, regex, site_variable
+from iotwatch.dashboards.common import device_variable, regex, site_variable
 
 DEVICE = f'"device_id" {regex("device")}'
 

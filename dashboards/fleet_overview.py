@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboards.builder import (
+from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
     ORANGE,
@@ -18,7 +18,7 @@ from dashboards.builder import (
     thresholds,
     value_text,
 )
-from dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate
+from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate
 
 PROGRESS = "\"stage\" = 'stream_progress'"
 BATCH = "\"stage\" = 'stream'"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboards.builder import (
+from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
     ORANGE,
@@ -20,7 +20,7 @@ from dashboards.builder import (
     thresholds,
     value_text,
 )
-from dashboards.common import MSG_PER_S, regex
+from iotwatch.dashboards.common import MSG_PER_S, regex
 
 INSTANCE = f'"instance" {regex("instance")}'
 UP_DOWN = value_text({1: ("UP", GREEN), 0: ("DOWN", RED)})

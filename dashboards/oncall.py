@@ -5,7 +5,7 @@ loop: the device commands and their outcomes, also as annotations on every time 
 
 from __future__ import annotations
 
-from dashboards.builder import (
+from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
     ORANGE,
@@ -22,7 +22,7 @@ from dashboards.builder import (
     colour,
     thresholds,
 )
-from dashboards.common import regex, site_variable
+from iotwatch.dashboards.common import regex, site_variable
 
 SITE = f'"site" {regex("site")}'
 MINUTES = thresholds(GREEN, (300, ORANGE), (1800, RED))

@@ -18,8 +18,8 @@ import niquests
 from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException
 
-from dashboards import build_all
-from dashboards.builder import DATASOURCE_UID, FOLDER
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.builder import DATASOURCE_UID, FOLDER
 from iotwatch.errors import IotwatchError, ServiceUnavailable
 
 DATASOURCE_NAME = "iotwatch InfluxDB"

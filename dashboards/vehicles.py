@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboards.builder import (
+from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
     ORANGE,
@@ -18,12 +18,12 @@ from dashboards.builder import (
     TimeSeries,
     thresholds,
 )
-from dashboards.common import device_variable, regex, site_variable
+from iotwatch.dashboards.common import device_variable, regex, site_variable
 
 VEHICLE = "\"device_type\" = 'vehicle_edr'"
 DEVICES = f'{VEHICLE} AND "device_id" {regex("device")}'
 CRASHES = f"\"rule\" = 'crash' AND \"state\" = 'raised' AND {DEVICES}"
-# The crash rule fires at 4 g of longitudinal deceleration (models.crash.CrashDeceleration).
+# The crash rule fires at 4 g of longitudinal deceleration (iotwatch.models.crash.CrashDeceleration).
 ACCEL = thresholds(RED, (-4, GREEN), (4, ORANGE))
 
 

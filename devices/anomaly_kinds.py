@@ -6,7 +6,8 @@ unless told otherwise): ``spike``, ``level_shift``, ``drift``, ``flatline`` (stu
 advances, so the gap is visible). Physical anomalies change the device model itself:
 ``stuck_hvac`` (thermostat), ``water_leak`` (leak sensor), ``harsh_braking``, ``crash`` and
 ``overheating`` (vehicle; only when named in ``--anomalies`` or a scenario, so seeded runs
-that name no kinds draw what they always drew). Transport faults (:mod:`devices.faults`) share the same machinery.
+that name no kinds draw what they always drew). Transport faults (:mod:`iotwatch.devices.faults`)
+share the same machinery.
 The kind names are the contract's (:class:`iotwatch.contract.detection.AnomalyKind`), as is
 the table of the rules that may report each.
 """
@@ -18,13 +19,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from devices.home.contact import LEAK
-from devices.home.thermostat import HVAC_STUCK
-from devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.contract.detection import KIND_ALIASES, AnomalyKind, TransportFault
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, PRIMARY_METRIC, metric_span
 from iotwatch.contract.telemetry import DeviceType
+from iotwatch.devices.home.contact import LEAK
+from iotwatch.devices.home.thermostat import HVAC_STUCK
+from iotwatch.devices.vehicle import CRASH, HARSH_BRAKING, OVERHEATING
 from iotwatch.errors import UserError
 
 __all__ = [

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from devices import seq_state
-from devices.commands import CommandChannel, DeviceCommands
-from devices.config import SimConfig
-from devices.fleet import fleet_rate
-from devices.publisher import Publisher
-from devices.simulation import Simulation
 from iotwatch.contract.ground_truth import write_ground_truth
+from iotwatch.devices import seq_state
+from iotwatch.devices.commands import CommandChannel, DeviceCommands
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.fleet import fleet_rate
+from iotwatch.devices.publisher import Publisher
+from iotwatch.devices.simulation import Simulation
 from iotwatch.settings import MqttSettings
 from iotwatch.stats import quantiles
 

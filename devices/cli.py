@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
-from devices import seq_state
-from devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT, check_kinds
-from devices.config import HOME_TYPES, SimConfig
 from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
+from iotwatch.devices import seq_state
+from iotwatch.devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT, check_kinds
+from iotwatch.devices.config import HOME_TYPES, SimConfig
 
 __all__ = ["simulate"]
 
@@ -274,7 +274,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     or scenario, with the ground truth written as JSONL. Ends with a summary (--json for
     machine-readable output).
     """
-    from devices.broker_run import RunOptions, default_start_ms, run
+    from iotwatch.devices.broker_run import RunOptions, default_start_ms, run
 
     mqtt = app.settings.mqtt
     update: dict[str, Any] = {}
@@ -352,7 +352,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     start = _time_ms(opts["start_time"])
     if start is None:
         if replay and opts["replay_keep_time"]:
-            from devices.recorded import stream_start_ms
+            from iotwatch.devices.recorded import stream_start_ms
 
             start = stream_start_ms(replay)
         else:
@@ -361,7 +361,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
                 start = max(start, max(ts for _, ts in known.values()) + config.tick_ms)
     config = config.model_copy(update={"start_ms": start - start % config.tick_ms})
     # validate kinds and scenario before connecting
-    from devices.injector import Injector
+    from iotwatch.devices.injector import Injector
 
     Injector(config, [], None)  # type: ignore[arg-type]
     summary = run(config, options)
@@ -373,7 +373,7 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
 def _check_kinds(config: SimConfig) -> None:
     """--anomalies/--faults name kinds of their own category that this fleet can produce,
     and are not given without the rate that draws them."""
-    from devices.fleet import fleet_rate
+    from iotwatch.devices.fleet import fleet_rate
 
     device_types = set(fleet_rate(config)[1]) | ({config.replay_device_type} if config.replay else set())
     for names, category, rate, options in (

@@ -58,5 +58,5 @@ class SimConfig(BaseModel):
     tick_ms: int = Field(100, ge=10)
     #: put before every device id, home and fleet name: fleets of several sites stay apart
     id_prefix: str = ""
-    #: where each device's seq carries on from (devices.seq_state); None: every device from 0
+    #: where each device's seq carries on from (iotwatch.devices.seq_state); None: every device from 0
     seq_state: Path | None = None

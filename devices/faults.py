@@ -4,7 +4,7 @@
 few readings), ``late`` (delivered long after its event time), ``clock_skew`` (the
 device clock is off, so ``ts`` is wrong) and ``malformed`` (a payload the contract
 rejects, for the dead-letter path). Kinds and their parameters live in
-:mod:`devices.anomaly_kinds`; this module holds what is specific to payloads.
+:mod:`iotwatch.devices.anomaly_kinds`; this module holds what is specific to payloads.
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.config import HOME_TYPES, SimConfig
-from devices.group import DeviceGroup, DeviceSpec
-from devices.home import (
+from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
+from iotwatch.contract.telemetry import DeviceType
+from iotwatch.devices.config import HOME_TYPES, SimConfig
+from iotwatch.devices.group import DeviceGroup, DeviceSpec
+from iotwatch.devices.home import (
     AirQualityGroup,
     DoorSensorGroup,
     HomeContext,
@@ -21,10 +23,8 @@ from devices.home import (
     SmartMeterGroup,
     ThermostatGroup,
 )
-from devices.rng import CounterRng
-from devices.vehicle import VehicleGroup
-from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
-from iotwatch.contract.telemetry import DeviceType
+from iotwatch.devices.rng import CounterRng
+from iotwatch.devices.vehicle import VehicleGroup
 
 __all__ = ["Fleet", "build_fleet", "fleet_rate", "home_mix"]
 
@@ -149,7 +149,7 @@ def build_fleet(config: SimConfig, shard: int = 0, shards: int = 1) -> Fleet:
             VehicleGroup(vehicles, rng, threshold_g=config.edr_threshold_g, pre_event_s=config.edr_pre_event_s)
         )
     if config.replay:
-        from devices.recorded import RecordedSeriesGroup
+        from iotwatch.devices.recorded import RecordedSeriesGroup
 
         files = [(i, path) for i, path in enumerate(config.replay) if i % shards == shard]
         if files:

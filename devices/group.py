@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from devices.rng import CounterRng
 from iotwatch.contract.device_topics import status_topic, telemetry_topic
 from iotwatch.contract.metric_catalog import METRIC_DECIMALS
 from iotwatch.contract.telemetry import SCHEMA_VERSION
+from iotwatch.devices.rng import CounterRng
 
 __all__ = ["DeviceGroup", "DeviceSpec", "Event"]
 

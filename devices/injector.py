@@ -13,14 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from devices.anomaly_kinds import ANOMALY, TRANSPORT, Kind, apply_measurement, draw_params, kinds_for, resolve_kind
-from devices.config import SimConfig
-from devices.group import DeviceGroup
-from devices.rng import CounterRng
-from devices.scenario import load_scenario
 from iotwatch.contract.device_topics import status_payload
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
+from iotwatch.devices.anomaly_kinds import (
+    ANOMALY,
+    TRANSPORT,
+    Kind,
+    apply_measurement,
+    draw_params,
+    kinds_for,
+    resolve_kind,
+)
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.group import DeviceGroup
+from iotwatch.devices.rng import CounterRng
+from iotwatch.devices.scenario import load_scenario
 
 __all__ = ["Active", "Effects", "Injector", "STATUS"]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from devices.config import SimConfig
-from devices.group import DeviceGroup, DeviceSpec, Event
-from devices.rng import CounterRng
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.group import DeviceGroup, DeviceSpec, Event
+from iotwatch.devices.rng import CounterRng
 from iotwatch.errors import UserError
 
 __all__ = ["RecordedSeriesGroup", "load_stream", "stream_start_ms"]

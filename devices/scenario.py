@@ -2,7 +2,7 @@
 
 JSON (``{"anomalies": [...]}``) or TOML (``[[anomalies]]`` tables). Each entry::
 
-    kind = "spike"                     # any kind in devices.anomaly_kinds.KINDS
+    kind = "spike"                     # any kind in iotwatch.devices.anomaly_kinds.KINDS
     devices = "home-0000*-thermostat-*"  # glob or list of globs over device ids; "*" = fleet-wide
     device_type = "thermostat"         # optional filter
     fraction = 0.5                     # optional: a seeded share of the matching devices
@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from devices.anomaly_kinds import resolve_kind
+from iotwatch.devices.anomaly_kinds import resolve_kind
 from iotwatch.errors import IotwatchError
 
 __all__ = ["Scenario", "ScenarioEntry", "ScenarioError", "load_scenario"]

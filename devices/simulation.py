@@ -16,16 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from devices import seq_state
-from devices.anomaly_kinds import TRANSPORT
-from devices.config import SimConfig
-from devices.faults import corrupt
-from devices.fleet import build_fleet
-from devices.group import DeviceGroup
-from devices.injector import DRAWS, STATUS, Injector
-from devices.rng import CounterRng
-from devices.twin import DeviceTwins
 from iotwatch.contract.device_commands import TwinProperties
+from iotwatch.devices import seq_state
+from iotwatch.devices.anomaly_kinds import TRANSPORT
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.faults import corrupt
+from iotwatch.devices.fleet import build_fleet
+from iotwatch.devices.group import DeviceGroup
+from iotwatch.devices.injector import DRAWS, STATUS, Injector
+from iotwatch.devices.rng import CounterRng
+from iotwatch.devices.twin import DeviceTwins
 
 __all__ = ["Outgoing", "STATUS", "Simulation"]
 
@@ -118,7 +118,7 @@ class Simulation:
         return out
 
     def obey(self, device_id: str, command: str, command_id: str, args: dict[str, Any] | None = None) -> str | None:
-        """Carry out ``command`` on a simulated device (:mod:`devices.twin`): a corrective command
+        """Carry out ``command`` on a simulated device (:mod:`iotwatch.devices.twin`): a corrective command
         ends the physical anomaly it fixes, and the ground truth names the command. None when
         done, else why the device cannot do it."""
         where = self._where.get(device_id)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from devices.group import DeviceGroup
-from devices.home.contact import LeakSensorGroup
-from devices.home.thermostat import ThermostatGroup
-from devices.vehicle import VehicleGroup
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.device_commands import SET_PROPERTIES, TwinProperties, twin_properties
 from iotwatch.contract.telemetry import ContractViolation
+from iotwatch.devices.group import DeviceGroup
+from iotwatch.devices.home.contact import LeakSensorGroup
+from iotwatch.devices.home.thermostat import ThermostatGroup
+from iotwatch.devices.vehicle import VehicleGroup
 
 #: The firmware every simulated device starts with.
 FIRMWARE = "1.0.0"

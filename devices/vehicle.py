@@ -22,9 +22,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from devices.group import DeviceGroup, DeviceSpec, Event
-from devices.rng import CounterRng, normal_from
 from iotwatch.contract.telemetry import DeviceType
+from iotwatch.devices.group import DeviceGroup, DeviceSpec, Event
+from iotwatch.devices.rng import CounterRng, normal_from
 
 HARSH_BRAKING = 1
 CRASH = 2

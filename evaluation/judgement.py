@@ -47,10 +47,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.anomaly_kinds import KINDS
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection
+from iotwatch.devices.anomaly_kinds import KINDS
 from iotwatch.stats import quantile, rounded
 
 __all__ = ["END_OF_RUN", "FALSE_ALARM", "RELATED", "TRUE", "JudgedRun", "Judgement", "RaisedAlert", "judge"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.nab_scoring import (
+from iotwatch.evaluation.nab_scoring import (
     PROBATION_PERCENT,
     CostProfile,
     normalised,
@@ -27,9 +27,9 @@ from evaluation.nab_scoring import (
     probationary_length,
     sweep_stream,
 )
-from evaluation.sources import LabelledStream
+from iotwatch.evaluation.sources import LabelledStream
+from iotwatch.models.catalog import make
 from iotwatch.stats import quantile, rounded
-from models.catalog import make
 
 __all__ = ["evaluate", "score_stream"]
 

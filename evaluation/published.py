@@ -1,16 +1,16 @@
 """The job's default detector beside a reproduced NAB leader and NAB's published figures.
 
 For the nab-dev streams of a NAB-layout dataset, per half of the split
-(:data:`evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
+(:data:`iotwatch.evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
 
 - *default*: the job's default detector with the job's parameters, its threshold
   optimised on the streams reported (as ``evaluate`` scores every detector);
-- *reproduced*: CAD OSE (:func:`models.cad_ose.nab_scores`), run as NAB runs it: each
+- *reproduced*: CAD OSE (:func:`iotwatch.models.cad_ose.nab_scores`), run as NAB runs it: each
   stream's own minimum and maximum given beforehand; at its threshold optimised on the
   streams reported, and at the published corpus threshold (where it equals the published
   figure when the reproduction is exact);
 - *published*: NAB's published per-stream standard scores of six detectors at their
-  whole-corpus thresholds (:data:`~evaluation.sources.NAB_PUBLISHED_SCORES`), summed
+  whole-corpus thresholds (:data:`~iotwatch.evaluation.sources.NAB_PUBLISHED_SCORES`), summed
   and normalised between the detector that never fires and a perfect one.
 """
 
@@ -22,21 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.labelled_streams import score_stream
-from evaluation.nab_scoring import (
+from iotwatch.evaluation.labelled_streams import score_stream
+from iotwatch.evaluation.nab_scoring import (
     CostProfile,
     normalised,
     optimise_threshold,
     raw_at_threshold,
     sweep_stream,
 )
-from evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, split_keys
-from models.cad_ose import nab_scores
-from models.catalog import DEFAULT_DETECTOR
+from iotwatch.evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, split_keys
+from iotwatch.models.cad_ose import nab_scores
+from iotwatch.models.catalog import DEFAULT_DETECTOR
 
 __all__ = ["PUBLISHED_DETECTORS", "REPRODUCED", "compare", "published_scores"]
 
-#: NAB's name of the detector :mod:`models.cad_ose` reproduces.
+#: NAB's name of the detector :mod:`iotwatch.models.cad_ose` reproduces.
 REPRODUCED = "contextOSE"
 #: Published detectors in the order of their whole-corpus score.
 PUBLISHED_DETECTORS = ("ARTime", "numenta", "contextOSE", "knncad", "randomCutForest", "windowedGaussian")

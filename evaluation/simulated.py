@@ -2,7 +2,7 @@
 
 A deterministic simulated fleet (homes and vehicles with rate-injected anomalies of every
 kind, optionally transport faults) is generated on a virtual clock, with its ground truth.
-Every device's messages go through :class:`streaming.engine.PartitionEngine` -- the exact
+Every device's messages go through :class:`iotwatch.streaming.engine.PartitionEngine` -- the exact
 step of the Spark job -- in the order the simulator emitted them (the Kafka order of one
 partition), with the virtual arrival time as the Kafka timestamp and ``now_ms``. The job's
 processing-time silence timer is simulated: a device's messages are handed over in runs
@@ -11,7 +11,7 @@ separated by arrivals more than ``silence_timeout_s`` apart, and between two run
 engine's results do not depend on how a stream is cut into batches).
 
 The raised alerts are judged against the ground truth by the one evaluator,
-:func:`evaluation.judgement.judge` (the demo's report judges by it too): detections,
+:func:`iotwatch.evaluation.judgement.judge` (the demo's report judges by it too): detections,
 related alerts and false alarms per kind and per rule, with a burn-in at the start
 (detectors warming up on a fleet that was switched on all at once) left out of every count.
 
@@ -26,14 +26,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.config import SimConfig
-from devices.simulation import STATUS, Simulation
-from evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from iotwatch.contract.ground_truth import Injection
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import STATUS, Simulation
+from iotwatch.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from iotwatch.settings import StreamSettings
-from streaming.engine import PartitionEngine
-from streaming.partition_io import RecordColumns
-from streaming.state_store import MemoryStore
+from iotwatch.streaming.engine import PartitionEngine
+from iotwatch.streaming.partition_io import RecordColumns
+from iotwatch.streaming.state_store import MemoryStore
 
 __all__ = [
     "GOALS",

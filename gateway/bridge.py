@@ -42,8 +42,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.mapping import CompiledRule, Router, RoutingError
-from gateway.metrics import GatewayStats, MetricsServer, influx_points, status_line
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
@@ -52,6 +50,8 @@ from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import ContractViolation, decode_telemetry
 from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.gateway.mapping import CompiledRule, Router, RoutingError
+from iotwatch.gateway.metrics import GatewayStats, MetricsServer, influx_points, status_line
 from iotwatch.heap import freeze_startup_heap
 from iotwatch.settings import Settings
 

@@ -58,8 +58,8 @@ def gateway(
     to Kafka idempotently and acknowledges each MQTT message only after Kafka confirmed it.
     SIGTERM or Ctrl-C drains in-flight messages before exit; --json prints the final counts.
     """
-    from gateway.bridge import Gateway
-    from gateway.supervisor import Supervisor, serve
+    from iotwatch.gateway.bridge import Gateway
+    from iotwatch.gateway.supervisor import Supervisor, serve
 
     update: dict[str, Any] = {
         k: v

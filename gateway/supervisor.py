@@ -64,7 +64,7 @@ def instance_settings(settings: Settings, index: int) -> Settings:
 
 def serve(settings: Settings, stop: threading.Event) -> dict[str, Any]:
     """Run one gateway until ``stop`` is set; its final counts."""
-    from gateway.bridge import Gateway
+    from iotwatch.gateway.bridge import Gateway
 
     bridge = Gateway(settings)
     bridge.start()

@@ -1,4 +1,4 @@
-"""Anomaly detectors behind one small protocol (:class:`models.base.Detector`).
+"""Anomaly detectors behind one small protocol (:class:`iotwatch.models.base.Detector`).
 
 >>> from models import make, names
 >>> names()[:3]
@@ -8,7 +8,7 @@
 0.0
 """
 
-from models.base import ANOMALY_KINDS, Detector, Reading, z_to_score
-from models.catalog import DEFAULT_DETECTOR, describe, make, names
+from iotwatch.models.base import ANOMALY_KINDS, Detector, Reading, z_to_score
+from iotwatch.models.catalog import DEFAULT_DETECTOR, describe, make, names
 
 __all__ = ["ANOMALY_KINDS", "DEFAULT_DETECTOR", "Detector", "Reading", "describe", "make", "names", "z_to_score"]

@@ -47,7 +47,7 @@ ANOMALY_KINDS: frozenset[AnomalyKind] = frozenset(AnomalyKind)
 #: Values are clipped to +-this before arithmetic, so squares never overflow.
 VALUE_LIMIT = 1e100
 
-#: Version of the JSON payload of :meth:`Detector.dumps` (read by :func:`models.catalog.load`).
+#: Version of the JSON payload of :meth:`Detector.dumps` (read by :func:`iotwatch.models.catalog.load`).
 PAYLOAD_FORMAT = 1
 
 
@@ -75,7 +75,7 @@ class Detector(abc.ABC):
     :meth:`to_state` / :meth:`set_state`.
     """
 
-    #: Its name in :data:`models.catalog.DETECTORS`, also the key in serialised payloads.
+    #: Its name in :data:`iotwatch.models.catalog.DETECTORS`, also the key in serialised payloads.
     name: ClassVar[str] = ""
     #: True when the whole learned state is a few numbers (per-device state store).
     compact_state: ClassVar[bool] = True
@@ -150,7 +150,7 @@ class Detector(abc.ABC):
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
         """Restore what :meth:`to_state` returned (into a detector with the same params)."""
-        raise NotImplementedError(f"{self.name} is a fleet model: load it with models.catalog.load()")
+        raise NotImplementedError(f"{self.name} is a fleet model: load it with iotwatch.models.catalog.load()")
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **params: Any) -> Self:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
 
 __all__ = [
     "CadOse",
@@ -411,7 +411,7 @@ class CadOse(UnivariateMixin, Detector):
     their span each side (values beyond it take the outermost level; no score until it is
     set), and ``rest_period`` is fixed (150 is NAB's on a stream of 5,000 readings or more).
     ``max_contexts`` bounds the state (:class:`ContextOperator`); the kernel
-    (:mod:`models.kernels.cad_ose`) holds it in a fixed row.
+    (:mod:`iotwatch.models.kernels.cad_ose`) holds it in a fixed row.
     """
 
     name: ClassVar[str] = "cad_ose"

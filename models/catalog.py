@@ -1,6 +1,6 @@
 """Every detector by name: the CLI, the evaluation and the contract tests iterate this.
 
->>> from models.catalog import make, names
+>>> from iotwatch.models.catalog import make, names
 >>> "ensemble" in names()
 True
 >>> make("robust_zscore", halflife=100.0).halflife
@@ -15,24 +15,24 @@ import pickle
 from typing import Any
 
 from iotwatch.errors import UserError
-from models.base import PAYLOAD_FORMAT, Detector
+from iotwatch.models.base import PAYLOAD_FORMAT, Detector
 
 __all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load", "make", "names"]
 
 #: Name -> module that defines it (imported on first use).
 DETECTORS: dict[str, str] = {
-    "ensemble": "models.ensemble:CalibratedEnsemble",
-    "episode_likelihood": "models.episode_likelihood:EpisodeLikelihood",
-    "cad_ose": "models.cad_ose:CadOse",
-    "tail_ensemble": "models.tail_ensemble:TailEnsemble",
-    "repeat_run": "models.repeat_run:RepeatRun",
-    "robust_zscore": "models.robust_zscore:RobustZScore",
-    "holt_winters": "models.forecast:HoltWintersResidual",
-    "half_space_trees": "models.halfspace:HalfSpaceTrees",
-    "hst_ranked": "models.halfspace_ranked:RankedHalfSpaceTrees",
-    "isolation_forest": "models.iforest:IsolationForest",
-    "flatline": "models.flatline:Flatline",
-    "crash": "models.crash:CrashDeceleration",
+    "ensemble": "iotwatch.models.ensemble:CalibratedEnsemble",
+    "episode_likelihood": "iotwatch.models.episode_likelihood:EpisodeLikelihood",
+    "cad_ose": "iotwatch.models.cad_ose:CadOse",
+    "tail_ensemble": "iotwatch.models.tail_ensemble:TailEnsemble",
+    "repeat_run": "iotwatch.models.repeat_run:RepeatRun",
+    "robust_zscore": "iotwatch.models.robust_zscore:RobustZScore",
+    "holt_winters": "iotwatch.models.forecast:HoltWintersResidual",
+    "half_space_trees": "iotwatch.models.halfspace:HalfSpaceTrees",
+    "hst_ranked": "iotwatch.models.halfspace_ranked:RankedHalfSpaceTrees",
+    "isolation_forest": "iotwatch.models.iforest:IsolationForest",
+    "flatline": "iotwatch.models.flatline:Flatline",
+    "crash": "iotwatch.models.crash:CrashDeceleration",
 }
 
 #: The detector ``score-csv`` uses unless told otherwise, and the streaming job's

@@ -8,7 +8,7 @@ import numpy as np
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
-from models.base import Detector, Reading, StatelessMixin, UnivariateMixin
+from iotwatch.models.base import Detector, Reading, StatelessMixin, UnivariateMixin
 
 __all__ = ["CrashDeceleration", "STANDARD_GRAVITY", "is_crash"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
-import models.forecast
-import models.robust_zscore  # noqa: F401
+import iotwatch.models.forecast
+import iotwatch.models.robust_zscore  # noqa: F401
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
-from models.base import Detector, Reading
-from models.catalog import make
-from models.likelihood import AnomalyLikelihood
+from iotwatch.models.base import Detector, Reading
+from iotwatch.models.catalog import make
+from iotwatch.models.likelihood import AnomalyLikelihood
 
 __all__ = ["CalibratedEnsemble", "DEFAULT_COMPONENTS"]
 
@@ -27,7 +27,7 @@ class CalibratedEnsemble(Detector):
     """Combine compact detectors and calibrate with an anomaly likelihood.
 
     Each reading is scored by every component; the raw score is their maximum (or
-    mean), and :class:`models.likelihood.AnomalyLikelihood` turns the raw score into how
+    mean), and :class:`iotwatch.models.likelihood.AnomalyLikelihood` turns the raw score into how
     unusual the recent raw scores are *for this stream*. The output therefore means the
     same thing on every device and metric, so one alert threshold (around 0.5, a tail
     probability of 1e-5) serves the fleet. The state is the components' states plus
@@ -43,7 +43,7 @@ class CalibratedEnsemble(Detector):
         Readings the members learn from before their scores are calibrated: their
         start-up scores would otherwise distort the long-run fit.
     short_window, halflife, learning_period, instant
-        Passed to :class:`models.likelihood.AnomalyLikelihood`.
+        Passed to :class:`iotwatch.models.likelihood.AnomalyLikelihood`.
 
     Examples
     --------

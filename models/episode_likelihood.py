@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin
-from models.exceedance import ExceedanceTail
-from models.numeric import decay_weight, upper_tail
-from models.repeat_run import RepeatRun
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.exceedance import ExceedanceTail
+from iotwatch.models.numeric import decay_weight, upper_tail
+from iotwatch.models.repeat_run import RepeatRun
 
 __all__ = ["BINS", "VIEWS", "EpisodeLikelihood"]
 
@@ -73,10 +73,10 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     Three more views judge at once what averaging would blur:
 
     - *quiet*: the step view's lower tail (a stream that moves much less than it did);
-    - *instant step*: the step's Pareto tail (:class:`models.exceedance.ExceedanceTail`),
+    - *instant step*: the step's Pareto tail (:class:`iotwatch.models.exceedance.ExceedanceTail`),
       counted ``1 / instant_weight`` times rarer (a Pareto tail errs on the side of
       common), so a lone spike alarms on its own reading;
-    - *stuck*: a run of identical readings (:class:`models.repeat_run.RepeatRun`), judged
+    - *stuck*: a run of identical readings (:class:`iotwatch.models.repeat_run.RepeatRun`), judged
       only on streams that repeat a reading at most ``max_repeat_rate`` of the time and,
       once the range is set, not at its floor (a count at zero, an idle load).
 
@@ -95,7 +95,7 @@ class EpisodeLikelihood(UnivariateMixin, Detector):
     Benchmarks and operators alike want one alarm per episode: a reading scores only when
     its score exceeds the *held* peak of earlier scores, which decays with half-life
     ``hold_halflife`` readings; otherwise it scores 0. Whatever the threshold, an episode
-    crosses it once. The state is 52 numbers (:mod:`models.kernels.episode_likelihood`
+    crosses it once. The state is 52 numbers (:mod:`iotwatch.models.kernels.episode_likelihood`
     has the layout and the compiled twin); no score for the first ``warmup`` readings.
 
     Examples

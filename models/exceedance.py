@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from iotwatch.errors import UserError
-from models.numeric import decay_weight
+from iotwatch.models.numeric import decay_weight
 
 __all__ = ["ExceedanceTail"]
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
-from models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
 
 __all__ = ["Flatline"]
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin, z_to_score
-from models.numeric import decay_weight
+from iotwatch.models.base import Detector, Reading, UnivariateMixin, z_to_score
+from iotwatch.models.numeric import decay_weight
 
 __all__ = ["HoltWintersResidual"]
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 from river import anomaly, compose, preprocessing
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import VALUE_LIMIT, Detector, Reading
+from iotwatch.models.base import VALUE_LIMIT, Detector, Reading
 
 __all__ = ["HalfSpaceTrees", "with_deltas"]
 

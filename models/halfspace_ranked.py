@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading
-from models.halfspace import HalfSpaceTrees
-from models.rank_calibration import RankCalibrator
+from iotwatch.models.base import Detector, Reading
+from iotwatch.models.halfspace import HalfSpaceTrees
+from iotwatch.models.rank_calibration import RankCalibrator
 
 __all__ = ["RankedHalfSpaceTrees"]
 
@@ -15,8 +15,8 @@ __all__ = ["RankedHalfSpaceTrees"]
 class RankedHalfSpaceTrees(Detector):
     """Half-Space Trees whose scores are ranked against the stream's own recent scores.
 
-    :class:`models.halfspace.HalfSpaceTrees` gives the raw score;
-    :class:`models.rank_calibration.RankCalibrator` turns it into a log-scaled empirical
+    :class:`iotwatch.models.halfspace.HalfSpaceTrees` gives the raw score;
+    :class:`iotwatch.models.rank_calibration.RankCalibrator` turns it into a log-scaled empirical
     tail probability over the last ``history`` raw scores and reports only the first of a
     burst of high scores (``suppress`` readings). The output is comparable across streams
     (one threshold for all), and one anomaly raises one alarm. ``score-csv --detector
@@ -25,9 +25,9 @@ class RankedHalfSpaceTrees(Detector):
     Parameters
     ----------
     features, n_trees, height, window_size, seed
-        Passed to :class:`models.halfspace.HalfSpaceTrees`.
+        Passed to :class:`iotwatch.models.halfspace.HalfSpaceTrees`.
     history, warmup, suppress
-        Passed to :class:`models.rank_calibration.RankCalibrator`.
+        Passed to :class:`iotwatch.models.rank_calibration.RankCalibrator`.
 
     Examples
     --------

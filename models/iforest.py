@@ -9,7 +9,7 @@ import pandas as pd
 from sklearn.ensemble import IsolationForest as _SkIsolationForest
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading
+from iotwatch.models.base import Detector, Reading
 
 __all__ = ["IsolationForest"]
 

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Self
 
-from models.numeric import decay_weight, upper_tail
+from iotwatch.models.numeric import decay_weight, upper_tail
 
 __all__ = ["AnomalyLikelihood", "log_tail_score"]
 

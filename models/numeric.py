@@ -1,5 +1,5 @@
 """Numeric primitives the detectors share: written once, run by the reference detectors as
-plain Python and compiled into their kernels (:mod:`models.kernels.primitives`), so both
+plain Python and compiled into their kernels (:mod:`iotwatch.models.kernels.primitives`), so both
 compute the same floats."""
 
 from __future__ import annotations

@@ -14,14 +14,14 @@ threads alike), so concurrent registrations never share or corrupt a version.
 A version is a ``candidate`` when registered; :meth:`ModelRegistry.approve` makes it
 ``approved`` and :meth:`ModelRegistry.retire` takes it out of service. Scorers use the
 newest approved version (:meth:`ModelRegistry.latest_approved`); retiring it falls back
-to the previous approved one. With a ``publisher`` (:class:`models.updates.UpdatePublisher`)
+to the previous approved one. With a ``publisher`` (:class:`iotwatch.models.updates.UpdatePublisher`)
 each approval and retirement is announced on the model-updates topic, which
-:class:`models.watcher.ModelWatcher` follows to hot-swap models.
+:class:`iotwatch.models.watcher.ModelWatcher` follows to hot-swap models.
 
 Examples
 --------
 >>> import tempfile
->>> from models.robust_zscore import RobustZScore
+>>> from iotwatch.models.robust_zscore import RobustZScore
 >>> registry = ModelRegistry(tempfile.mkdtemp())
 >>> v1 = registry.register(RobustZScore(), "thermostat", trained_on=TrainedOn(rows=10, devices=2))
 >>> v1.version, v1.status
@@ -54,12 +54,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from iotwatch.contract.telemetry import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
+from iotwatch.models.base import Detector
+from iotwatch.models.catalog import load
 from iotwatch.settings import RegistrySettings
-from models.base import Detector
-from models.catalog import load
 
 if TYPE_CHECKING:
-    from models.updates import UpdatePublisher
+    from iotwatch.models.updates import UpdatePublisher
 
 __all__ = [
     "MODEL_FILE",

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin
-from models.likelihood import log_tail_score
-from models.numeric import decay_weight
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.likelihood import log_tail_score
+from iotwatch.models.numeric import decay_weight
 
 __all__ = ["RepeatRun"]
 
@@ -29,7 +29,7 @@ class RepeatRun(UnivariateMixin, Detector):
     level that only falls or rises (a fuel gauge, still while the vehicle is parked). Noise
     reverses the direction of change about every other reading; the stream is judged only
     while its rate of reversals (an exponentially weighted mean over changes) is at least
-    ``min_reversals``. The fixed-count :class:`models.flatline.Flatline` rule is the
+    ``min_reversals``. The fixed-count :class:`iotwatch.models.flatline.Flatline` rule is the
     alternative when the count is known.
 
     Parameters

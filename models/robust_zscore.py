@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin, z_to_score
-from models.numeric import decay_weight
+from iotwatch.models.base import Detector, Reading, UnivariateMixin, z_to_score
+from iotwatch.models.numeric import decay_weight
 
 __all__ = ["RobustZScore"]
 
@@ -23,7 +23,7 @@ class RobustZScore(UnivariateMixin, Detector):
     level is kept per phase bucket (hour of day by default, from the event time) with one
     pooled residual scale; once a bucket has seen ``season_warmup`` readings the
     seasonal deviation is used, so a value that is normal at noon but not at midnight is
-    flagged. The deviation ``|z|`` maps to a score with :func:`models.base.z_to_score`
+    flagged. The deviation ``|z|`` maps to a score with :func:`iotwatch.models.base.z_to_score`
     (``z_half`` scales give 0.5).
 
     Parameters

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
-from models.base import Detector, Reading, UnivariateMixin
-from models.exceedance import ExceedanceTail
-from models.forecast import HoltWintersResidual
-from models.likelihood import log_tail_score
-from models.repeat_run import RepeatRun
-from models.robust_zscore import RobustZScore
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.exceedance import ExceedanceTail
+from iotwatch.models.forecast import HoltWintersResidual
+from iotwatch.models.likelihood import log_tail_score
+from iotwatch.models.repeat_run import RepeatRun
+from iotwatch.models.robust_zscore import RobustZScore
 
 __all__ = ["TailEnsemble"]
 
@@ -20,18 +20,18 @@ class TailEnsemble(UnivariateMixin, Detector):
     """The per-(device, metric) detector of the streaming job.
 
     Three views of one metric, each a deviation with its own
-    :class:`models.exceedance.ExceedanceTail` (peaks over threshold):
+    :class:`iotwatch.models.exceedance.ExceedanceTail` (peaks over threshold):
 
-    - *level*: robust z against a slow baseline (:class:`models.robust_zscore.RobustZScore`)
+    - *level*: robust z against a slow baseline (:class:`iotwatch.models.robust_zscore.RobustZScore`)
       -- drifts over minutes to hours, long shifts;
     - *change*: the one-step Holt-Winters forecast residual in residual scales
-      (:class:`models.forecast.HoltWintersResidual`) -- spikes, the onset of a shift,
+      (:class:`iotwatch.models.forecast.HoltWintersResidual`) -- spikes, the onset of a shift,
       bursts of noise;
-    - *stuck*: the run of identical readings (:class:`models.repeat_run.RepeatRun`) --
+    - *stuck*: the run of identical readings (:class:`iotwatch.models.repeat_run.RepeatRun`) --
       flatlines.
 
     The reading's tail probability is the smallest of the three times three (Bonferroni),
-    and the score is its log scale (:func:`models.likelihood.log_tail_score`: 0.5 at
+    and the score is its log scale (:func:`iotwatch.models.likelihood.log_tail_score`: 0.5 at
     1e-5, 0.6 at 1e-7.5). Unlike a likelihood fitted to bounded raw scores, the tail keeps
     extreme deviations extreme, and because every tail is the stream's own, one threshold
     means one false-alarm rate per reading on every device and metric. No score is given
@@ -52,7 +52,7 @@ class TailEnsemble(UnivariateMixin, Detector):
 
     name: ClassVar[str] = "tail_ensemble"
     #: Drifts over minutes to hours are caught as level changes; a drift over days is
-    #: the seasonal :class:`~models.robust_zscore.RobustZScore`'s job (not claimed here).
+    #: the seasonal :class:`~iotwatch.models.robust_zscore.RobustZScore`'s job (not claimed here).
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST, AnomalyKind.FLATLINE}
     )

@@ -1,6 +1,6 @@
 """Batch training of fleet models from the Parquet archive, with Spark.
 
-The streaming job archives one row per scored reading (:data:`streaming.schemas.ARCHIVE_COLUMNS`)::
+The streaming job archives one row per scored reading (:data:`iotwatch.streaming.schemas.ARCHIVE_COLUMNS`)::
 
     <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
     device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
@@ -11,7 +11,7 @@ range, as one row per ``(device_id, event_ms)`` with one column per metric, carr
 each metric forward within a device (as the streaming scorer does) and adds the
 device's previous reading, so the change features are right even on a random sample.
 Rows are split deterministically by a hash of ``(device_id, event_ms)``: one in ten is
-held out. An :class:`models.iforest.IsolationForest` is fitted on at most ``max_rows``
+held out. An :class:`iotwatch.models.iforest.IsolationForest` is fitted on at most ``max_rows``
 training rows (a deterministic hash-ordered sample) and scored on the held-out rows for
 the evaluation figures, then registered as a candidate in the registry.
 """
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from iotwatch.errors import IotwatchError
+from iotwatch.models.iforest import IsolationForest
+from iotwatch.models.registry import ModelRegistry, ModelVersion, TrainedOn
 from iotwatch.stats import quantile
-from models.iforest import IsolationForest
-from models.registry import ModelRegistry, ModelVersion, TrainedOn
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -13,7 +13,7 @@ from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings
 
 if TYPE_CHECKING:
-    from models.registry import ModelVersion
+    from iotwatch.models.registry import ModelVersion
 
 __all__ = ["UpdatePublisher", "update_of"]
 

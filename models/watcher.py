@@ -23,9 +23,9 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.errors import ServiceUnavailable
+from iotwatch.models.base import Detector
+from iotwatch.models.registry import ModelRegistry, ModelVersion
 from iotwatch.settings import KafkaSettings
-from models.base import Detector
-from models.registry import ModelRegistry, ModelVersion
 
 __all__ = ["ModelWatcher"]
 

@@ -27,8 +27,8 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:
     """Send corrective commands to devices for firing alerts, per a policy; follow the devices'
     replies, retry, escalate, and keep the audit trail on the commands topic. Stop with SIGTERM or Ctrl-C."""
-    from responder.policy import load_policies
-    from responder.service import Responder
+    from iotwatch.responder.policy import load_policies
+    from iotwatch.responder.service import Responder
 
     policies = load_policies(policy_file or app.settings.respond.policy_file)
     counts = Responder(app.settings, policies, stop_on_signals()).run(timeout_s)
@@ -53,7 +53,7 @@ def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
     site's replica of the commands topic to the site's devices over MQTT, write their replies to
     the site's replies topic (copied to the centre) and their twin reports to the site's twin
     topic. Run one per site against the site's Kafka and MQTT broker. Stop with SIGTERM or Ctrl-C."""
-    from responder.relay import SiteRelay
+    from iotwatch.responder.relay import SiteRelay
 
     counts = SiteRelay(app.settings, stop_on_signals()).run(timeout_s)
     emit(
@@ -77,7 +77,7 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
     The footer says how many of how many are shown; --json prints {"total", "shown", "truncated", "commands"}."""
     from iotwatch.clients.kafka import read_to_end
     from iotwatch.contract.oncall import BadRecord, CommandAudit, decode
-    from responder.service import audit_dict
+    from iotwatch.responder.service import audit_dict
 
     latest: dict[str, CommandAudit] = {}
     for message in read_to_end(app.settings.kafka, app.settings.topics.commands):
@@ -105,8 +105,8 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
 def _commands_table(audits: list, total: int) -> None:  # type: ignore[type-arg]
     from rich.table import Table
 
-    from alerts.views import console as make_console
-    from alerts.views import shown_of
+    from iotwatch.alerts.views import console as make_console
+    from iotwatch.alerts.views import shown_of
 
     table = Table(pad_edge=False, box=None, header_style="bold")
     for name in ("command", "device", "name", "attempt", "outcome", "trail", "alert"):

@@ -6,7 +6,7 @@
   fixed client id: replies (and twin reports) sent while the responder is down wait at the broker.
 - ``sites`` (:class:`SiteDelivery`): devices are at edge sites, each with its own broker. The
   ``sent`` audit record on the commands topic is the command: MirrorMaker 2 copies the
-  commands topic to every site, where the site's relay (:mod:`responder.relay`) publishes it
+  commands topic to every site, where the site's relay (:mod:`iotwatch.responder.relay`) publishes it
   to its devices and writes their replies to the site's replies topic, which MirrorMaker
   copies back as ``<site>.<replies topic>``; this side reads those by pattern.
 """

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from alerts.records import parse_duration
+from iotwatch.alerts.records import parse_duration
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.metric_catalog import DANGER_LIMITS
 from iotwatch.errors import IotwatchError, UserError

@@ -17,7 +17,7 @@ centre's commands topic, and MirrorMaker 2 copies that topic to every site
 Delivery is at least once and idempotent. On start the relay reads the replica from its
 beginning (compacted: each command's newest record) and publishes again every command whose
 newest record there is still ``sent``; a device answers a command it has seen again without
-running it again (``devices.commands``), and the responder records a repeated reply once. A
+running it again (``iotwatch.devices.commands``), and the responder records a repeated reply once. A
 command answered, timed out or expired at the centre is not published once that record has
 reached the site.
 """
@@ -41,9 +41,9 @@ from iotwatch.contract.device_topics import COMMAND_ACK_SUFFIX, TWIN_REPORTED_SU
 from iotwatch.contract.oncall import BadRecord, CommandAudit, CommandOutcome, decode, encode
 from iotwatch.contract.telemetry import ContractViolation
 from iotwatch.errors import ServiceUnavailable
+from iotwatch.responder.issuer import REPLY_FILTER, TWIN_FILTER, command_of
+from iotwatch.responder.twin_reports import reported_twin
 from iotwatch.settings import Settings
-from responder.issuer import REPLY_FILTER, TWIN_FILTER, command_of
-from responder.twin_reports import reported_twin
 
 log = logging.getLogger(__name__)
 

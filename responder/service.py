@@ -1,7 +1,7 @@
 """``iotwatch respond``: firing alerts in, corrective commands out, every step audited.
 
 For a firing alert that a policy covers, the responder sends the policy's command to the
-alerting device (over MQTT, or with sites through the device's site: :mod:`responder.issuer`)
+alerting device (over MQTT, or with sites through the device's site: :mod:`iotwatch.responder.issuer`)
 and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
@@ -9,7 +9,7 @@ compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``
 that failed, was rejected or timed out -- or was done while the alert kept firing for
 another reply timeout -- is tried again with a new command id, up to ``max_attempts``,
 then the audit says ``escalated`` and on-call is paged: a critical
-``command_escalation`` alert (:mod:`responder.escalation`) goes on the alert topic, for the
+``command_escalation`` alert (:mod:`iotwatch.responder.escalation`) goes on the alert topic, for the
 forwarder to route and repeat until acknowledged; it clears when the original alert does.
 
 At most one command is open per (device, policy). Command ids are hashes of alert, policy
@@ -26,7 +26,7 @@ A policy with ``action = "emergency"`` (a crash) sends no command: the responder
 :class:`~iotwatch.contract.oncall.Emergency` record per alert to the emergencies topic, for the
 emergency services' integration. The responder also records what devices report of their
 twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
-(:mod:`responder.twin_ops` has the operators' side).
+(:mod:`iotwatch.responder.twin_ops` has the operators' side).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message, Producer
 
-from alerts.book import AlertBook, detected_ms
+from iotwatch.alerts.book import AlertBook, detected_ms
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, alert_message
@@ -63,14 +63,14 @@ from iotwatch.contract.oncall import (
 )
 from iotwatch.contract.telemetry import ContractViolation, DeviceTypeName, Name
 from iotwatch.errors import ServiceUnavailable
+from iotwatch.responder.command_policy import OPEN, CommandNow, Next, next_step
+from iotwatch.responder.escalation import RULE as ESCALATION_RULE
+from iotwatch.responder.escalation import escalation_id, escalation_record
+from iotwatch.responder.issuer import CommandIssuer, Delivery, SiteDelivery, command_of
+from iotwatch.responder.metrics import write_command
+from iotwatch.responder.policy import CommandPolicy
+from iotwatch.responder.twin_reports import reported_twin
 from iotwatch.settings import Settings
-from responder.command_policy import OPEN, CommandNow, Next, next_step
-from responder.escalation import RULE as ESCALATION_RULE
-from responder.escalation import escalation_id, escalation_record
-from responder.issuer import CommandIssuer, Delivery, SiteDelivery, command_of
-from responder.metrics import write_command
-from responder.policy import CommandPolicy
-from responder.twin_reports import reported_twin
 
 log = logging.getLogger(__name__)
 

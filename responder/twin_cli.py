@@ -23,7 +23,7 @@ def devices() -> None:
 def show(app: AppContext, device_id: str, as_json: bool) -> None:
     """A device's twin: per property what operators want, what the device reports, and whether they agree."""
     from iotwatch.errors import IotwatchError
-    from responder.twin_ops import read_twin
+    from iotwatch.responder.twin_ops import read_twin
 
     twin = read_twin(app.settings, device_id)
     if twin.desired is None and twin.reported is None:
@@ -58,8 +58,8 @@ def set_(
     as_json: bool,
 ) -> None:
     """Set desired properties (e.g. setpoint_c=19.5, valve=closed, limp_mode=true) and send them to the device."""
-    from alerts.records import parse_duration
-    from responder.twin_ops import parse_assignments, set_desired
+    from iotwatch.alerts.records import parse_duration
+    from iotwatch.responder.twin_ops import parse_assignments, set_desired
 
     try:
         ttl_s = parse_duration(ttl)

@@ -133,7 +133,7 @@ def set_desired(
     now_ms: int | None = None,
 ) -> tuple[TwinRecord, Command]:
     """Record the desired change and send it to the device; returns the desired record and the command."""
-    from responder.issuer import CommandIssuer
+    from iotwatch.responder.issuer import CommandIssuer
 
     if not change.as_dict():
         raise IotwatchError("nothing to set: give at least one key=value")

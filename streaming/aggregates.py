@@ -1,7 +1,7 @@
 """Event-time aggregates: per device, metric and bucket of ``aggregate_interval_s``, the
 count, sum, extremes, last value and highest score, emitted once when the bucket closes.
 
-Open buckets live in the device's state (:data:`streaming.device_state.BUCKET_FIELDS`), so a
+Open buckets live in the device's state (:data:`iotwatch.streaming.device_state.BUCKET_FIELDS`), so a
 bucket that spans micro-batches, a restart or a replay comes out the same.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from streaming.device_state import BUCKET_FIELDS, MAX_EVENT_MS
-from streaming.device_table import DeviceTable
-from streaming.partition_io import AGGREGATE_COLUMNS
-from streaming.scored_readings import ScoredReadings
+from iotwatch.streaming.device_state import BUCKET_FIELDS, MAX_EVENT_MS
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.partition_io import AGGREGATE_COLUMNS
+from iotwatch.streaming.scored_readings import ScoredReadings
 
 
 def close_buckets(

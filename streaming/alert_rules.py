@@ -1,7 +1,7 @@
 """From rule scores to alert records: the lifecycle of every (device, rule) that fires or has
 an alert open, and the device-silence rule (found in the log, or by the job's timer).
 
-The rules score every reading at once (:func:`streaming.rules.rule_scores`); only here does
+The rules score every reading at once (:func:`iotwatch.streaming.rules.rule_scores`); only here does
 the engine loop in Python, and only over the devices where a rule fires or an alert is open.
 Alerts are listed in (device, Kafka order, rule order), the same on every run.
 """
@@ -17,14 +17,14 @@ import numpy as np
 from iotwatch.contract.alerts import AlertRecord, iso_time
 from iotwatch.contract.detection import Rule
 from iotwatch.settings import StreamSettings
-from streaming import rules
-from streaming.alerting import EpisodeStatus, Observation, RuleSpec, advance
-from streaming.device_state import LAST_WALL_MS, MAX_EVENT_MS, SEQ_HIGH
-from streaming.device_table import DeviceTable
-from streaming.episode_book import RULE_CODE, EpisodeBook
-from streaming.fleet_scoring import FleetScores
-from streaming.scored_readings import ScoredReadings
-from streaming.sorted_batch import Sequenced, SortedBatch
+from iotwatch.streaming import rules
+from iotwatch.streaming.alerting import EpisodeStatus, Observation, RuleSpec, advance
+from iotwatch.streaming.device_state import LAST_WALL_MS, MAX_EVENT_MS, SEQ_HIGH
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.episode_book import RULE_CODE, EpisodeBook
+from iotwatch.streaming.fleet_scoring import FleetScores
+from iotwatch.streaming.scored_readings import ScoredReadings
+from iotwatch.streaming.sorted_batch import Sequenced, SortedBatch
 
 #: Describes reading ``i`` for an alert record; the metric is the one an open alert was raised on.
 Describe = Callable[[int, str | None], Observation]
@@ -34,7 +34,7 @@ _Placed = tuple[tuple[int, int, int], AlertRecord]
 
 @dataclass(frozen=True)
 class AlertRules:
-    """The job's rules with their anti-flap parameters (:func:`streaming.rules.rule_specs`)."""
+    """The job's rules with their anti-flap parameters (:func:`iotwatch.streaming.rules.rule_specs`)."""
 
     settings: StreamSettings
     specs: dict[str, RuleSpec]

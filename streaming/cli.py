@@ -82,7 +82,7 @@ def stream(
         }.items()
         if v is not None
     }
-    from streaming.job import run_job  # (pyspark loads only when the job runs, not for --help)
+    from iotwatch.streaming.job import run_job  # (pyspark loads only when the job runs, not for --help)
 
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
@@ -101,8 +101,8 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
-    from streaming.progress import BATCH_GAUGES
-    from streaming.schemas import TALLY_FIELDS
+    from iotwatch.streaming.progress import BATCH_GAUGES
+    from iotwatch.streaming.schemas import TALLY_FIELDS
 
     table = Table()
     table.add_column("total")

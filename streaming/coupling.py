@@ -2,7 +2,7 @@
 
 A smart meter's real power and current come from one metering chip and one load:
 when a kettle, an oven or the heating switches, both jump by the same ratio and the
-power factor ``P / (V * I)`` (:func:`streaming.cleaning.with_derived`) stays where it
+power factor ``P / (V * I)`` (:func:`iotwatch.streaming.cleaning.with_derived`) stays where it
 was. Their per-metric detectors cannot know that: on a quiet evening the first kettle
 is as surprising to ``power_w`` alone as an injected spike. A fault in the meter (a
 spiking, stuck or drifting power register) moves one of them alone, and then the power
@@ -12,7 +12,7 @@ So, per reading, a :class:`Coupling` explains its moving metrics' scores when ev
 of them is surprising (a surprise of at least the alert's clear score: they moved
 together) while its witness is not (a surprise below the fire score; a reading without
 the witness explains nothing). Surprises are the detectors' scores before their
-one-alarm-per-episode hold (:meth:`models.base.Detector.surprise_one`): a held score is 0
+one-alarm-per-episode hold (:meth:`iotwatch.models.base.Detector.surprise_one`): a held score is 0
 while the detector's peak decays, so power could score a kettle that current, still
 holding the oven's peak, scores 0. An explained score does not raise or keep an
 ``anomaly_score`` alert and does not name the alert's metric; the archive keeps the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streaming.cleaning import entry_column
+from iotwatch.streaming.cleaning import entry_column
 
 __all__ = ["COUPLINGS", "Coupling", "explained_entries"]
 

@@ -11,7 +11,7 @@ documented fixed layout and no JSON or pickles, so loading and saving a device c
 - ``episodes`` (int64, one row per non-idle rule, :data:`EPISODE_FIELDS`) and their peak
   scores (float64): the alert lifecycle (idle rules keep nothing);
 - ``metrics`` (names) with one detector state row each (float64, in the layout of the
-  device detector's kernel, see :mod:`models.kernels`) and the metric's previous value
+  device detector's kernel, see :mod:`iotwatch.models.kernels`) and the metric's previous value
   (the fleet model's change features);
 - ``buckets`` (float64 rows, :data:`BUCKET_FIELDS`): open event-time aggregates.
 """
@@ -117,7 +117,7 @@ class DeviceState:
         )
 
     def to_value(self) -> tuple[bytes]:
-        """The state-store value (see :data:`streaming.schemas.DEVICE_STATE_SCHEMA`): the
+        """The state-store value (see :data:`iotwatch.streaming.schemas.DEVICE_STATE_SCHEMA`): the
         parts' lengths (uint32), then the parts, in one binary field -- one field to convert
         per state-store call."""
         parts = self.parts()

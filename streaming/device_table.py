@@ -1,6 +1,6 @@
 """Many devices' state as columns: what a micro-batch loads, updates and saves.
 
-The per-device layout (:mod:`streaming.device_state`) stays the contract of what a device
+The per-device layout (:mod:`iotwatch.streaming.device_state`) stays the contract of what a device
 keeps; a :class:`DeviceTable` holds that of many devices at once, one array per field, so
 that loading, updating and saving state costs numpy operations over the batch's devices,
 not Python work per device (at 100k devices a batch touches as many states as readings):
@@ -29,8 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from streaming.cleaning import scored_names
-from streaming.device_state import BUCKET_FIELDS, CORE_FIELDS, EPISODE_FIELDS, MAX_EVENT_MS, SEQ_HIGH, DeviceState
+from iotwatch.streaming.cleaning import scored_names
+from iotwatch.streaming.device_state import (
+    BUCKET_FIELDS,
+    CORE_FIELDS,
+    EPISODE_FIELDS,
+    MAX_EVENT_MS,
+    SEQ_HIGH,
+    DeviceState,
+)
 
 #: First bytes of a serialised table, and of a compressed one (a state-store value of the
 #: previous, per-device layout starts with a name length, never this large).

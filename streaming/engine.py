@@ -1,22 +1,22 @@
 """Everything the job does to one Kafka partition's records of a micro-batch, on columns.
 
 This is the speed layer's hot path, without Spark (testable on plain arrays): the Spark
-side (:mod:`streaming.processor`) hands it the decoded records of one partition and a
+side (:mod:`iotwatch.streaming.processor`) hands it the decoded records of one partition and a
 store of per-device state, and writes what it returns. Per micro-batch it costs a few
 microseconds per reading, because every step works on whole columns:
 
 1. records sorted by device and sequence bookkeeping of every record
-   (:mod:`streaming.sorted_batch`, compiled): dead letters, duplicates, late records, clock
+   (:mod:`iotwatch.streaming.sorted_batch`, compiled): dead letters, duplicates, late records, clock
    steps, counter resets;
 2. the readings' metrics cleaned (units, derived metrics, physical ranges) and every scored
    metric through the device detector's compiled kernel in one call
-   (:mod:`streaming.scored_readings`);
-3. fleet-model scores per device type (:mod:`streaming.fleet_scoring`);
+   (:mod:`iotwatch.streaming.scored_readings`);
+3. fleet-model scores per device type (:mod:`iotwatch.streaming.fleet_scoring`);
 4. rule scores per reading, then the alert lifecycle only where a rule fires or an alert is
-   open (:mod:`streaming.alert_rules`, episodes kept by :mod:`streaming.episode_book`);
-5. event-time aggregates (:mod:`streaming.aggregates`) and the output frame
-   (:mod:`streaming.reading_frame`): one row per reading, plus alerts, aggregates, dead
-   letters and the batch's counters (:mod:`streaming.partition_io`).
+   open (:mod:`iotwatch.streaming.alert_rules`, episodes kept by :mod:`iotwatch.streaming.episode_book`);
+5. event-time aggregates (:mod:`iotwatch.streaming.aggregates`) and the output frame
+   (:mod:`iotwatch.streaming.reading_frame`): one row per reading, plus alerts, aggregates, dead
+   letters and the batch's counters (:mod:`iotwatch.streaming.partition_io`).
 
 Records of a device are handled in the order Kafka appended them, which makes every result
 independent of how the stream is cut into micro-batches: a restart from a checkpoint, or a
@@ -29,18 +29,18 @@ import time
 from collections.abc import Iterable
 
 from iotwatch.contract.detection import Rule
+from iotwatch.models.catalog import make
+from iotwatch.models.kernels import Kernel, kernel_for
 from iotwatch.settings import StreamSettings
-from models.catalog import make
-from models.kernels import Kernel, kernel_for
-from streaming import rules
-from streaming.aggregates import close_buckets, flush_buckets
-from streaming.alert_rules import AlertRules
-from streaming.episode_book import EpisodeBook
-from streaming.fleet_scoring import FleetLookup, fleet_scores
-from streaming.partition_io import BatchOutput, DeviceStore, RecordColumns, empty_readings
-from streaming.reading_frame import reading_frame
-from streaming.scored_readings import DeviceScorer
-from streaming.sorted_batch import SortedBatch, dead_letters, sequence
+from iotwatch.streaming import rules
+from iotwatch.streaming.aggregates import close_buckets, flush_buckets
+from iotwatch.streaming.alert_rules import AlertRules
+from iotwatch.streaming.episode_book import EpisodeBook
+from iotwatch.streaming.fleet_scoring import FleetLookup, fleet_scores
+from iotwatch.streaming.partition_io import BatchOutput, DeviceStore, RecordColumns, empty_readings
+from iotwatch.streaming.reading_frame import reading_frame
+from iotwatch.streaming.scored_readings import DeviceScorer
+from iotwatch.streaming.sorted_batch import SortedBatch, dead_letters, sequence
 
 __all__ = ["BatchOutput", "DeviceStore", "FleetLookup", "PartitionEngine", "RecordColumns"]
 

@@ -1,8 +1,8 @@
 """The alert episodes of a micro-batch's devices: read from the devices' state rows as the
 lifecycle needs them, written back once at the end of the batch.
 
-In the state an episode is a row of integers (:data:`streaming.device_state.EPISODE_FIELDS`)
-and a peak score; while a batch runs it is an :class:`~streaming.alerting.Episode`, the
+In the state an episode is a row of integers (:data:`iotwatch.streaming.device_state.EPISODE_FIELDS`)
+and a peak score; while a batch runs it is an :class:`~iotwatch.streaming.alerting.Episode`, the
 lifecycle's own record. Idle episodes keep no row.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from iotwatch.contract.detection import Rule
-from streaming.alerting import AlertContext, DeviceIdentity, Episode, EpisodeStatus, alert_id
-from streaming.device_state import (
+from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, EpisodeStatus, alert_id
+from iotwatch.streaming.device_state import (
     EP_ABOVE,
     EP_BELOW,
     EP_LAST_MS,
@@ -27,7 +27,7 @@ from streaming.device_state import (
     OPEN,
     PENDING,
 )
-from streaming.device_table import DeviceTable
+from iotwatch.streaming.device_table import DeviceTable
 
 #: Rules in the order their alerts are listed for one reading; a rule's position is its code
 #: in the saved episodes (``EP_RULE``), so new rules go at the end.

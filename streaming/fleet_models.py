@@ -1,7 +1,7 @@
 """Fleet models in the scorers: the newest approved model per device type, hot-swapped.
 
 Training (``iotwatch train``) registers and approves models; each Python worker of the
-streaming job keeps one :class:`models.watcher.ModelWatcher`, which follows the
+streaming job keeps one :class:`iotwatch.models.watcher.ModelWatcher`, which follows the
 model-updates topic and reloads a device type's model when a new version is approved --
 no restart. Scoring stays separate from training: the job never fits a fleet model.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
+from iotwatch.models.registry import ModelRegistry
+from iotwatch.models.watcher import ModelWatcher
 from iotwatch.settings import Settings
-from models.registry import ModelRegistry
-from models.watcher import ModelWatcher
-from streaming.fleet_scoring import FleetLookup, FleetModel
+from iotwatch.streaming.fleet_scoring import FleetLookup, FleetModel
 
 log = logging.getLogger(__name__)
 

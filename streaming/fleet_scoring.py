@@ -11,9 +11,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
-from streaming.alerting import Observation
-from streaming.device_table import DeviceTable
-from streaming.scored_readings import ScoredReadings
+from iotwatch.streaming.alerting import Observation
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.scored_readings import ScoredReadings
 
 
 @runtime_checkable

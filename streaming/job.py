@@ -1,7 +1,7 @@
 """The streaming job: Kafka -> per-device stateful cleaning and scoring -> sinks.
 
 The same code runs in local mode (``iotwatch stream``) and under ``spark-submit`` on a
-cluster (``python -m streaming.job`` as the application, master from spark-submit): the
+cluster (``python -m iotwatch.streaming.job`` as the application, master from spark-submit): the
 scale-out path is Spark's -- Kafka partitions read in parallel by executors, state
 sharded by device over ``shuffle_partitions`` -- not ours.
 """
@@ -25,11 +25,11 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
-from streaming.kafka_source import read_kafka_stream
-from streaming.operator_key import OPERATOR_KEY
-from streaming.processor import PartitionProcessor
-from streaming.progress import OBSERVATION, ProgressReporter, tally_sums
-from streaming.schemas import TALLY_SCHEMA
+from iotwatch.streaming.kafka_source import read_kafka_stream
+from iotwatch.streaming.operator_key import OPERATOR_KEY
+from iotwatch.streaming.processor import PartitionProcessor
+from iotwatch.streaming.progress import OBSERVATION, ProgressReporter, tally_sums
+from iotwatch.streaming.schemas import TALLY_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RunningJob:
 
     @property
     def totals(self) -> Counter[str]:
-        """Running totals of every micro-batch so far (see :mod:`streaming.progress`)."""
+        """Running totals of every micro-batch so far (see :mod:`iotwatch.streaming.progress`)."""
         return self.reporter.totals
 
     def caught_up(self) -> bool:
@@ -191,8 +191,8 @@ def start(
 def _warm_worker(_: object) -> None:
     """In a Python worker: import the job's modules and load its compiled kernels."""
     from iotwatch.heap import freeze_startup_heap
-    from models.kernels import warm_all
-    from streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
+    from iotwatch.models.kernels import warm_all
+    from iotwatch.streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
 
     warm_all()
     sequencing.warm()

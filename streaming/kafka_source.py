@@ -71,8 +71,8 @@ def read_kafka_stream(
 ) -> DataFrame:
     """A streaming DataFrame of ``topics`` (or, with ``pattern``, of every topic matching that
     regular expression, found as they appear) with the connector's columns (headers included), or
-    with ``packed`` the telemetry decoded and packed in chunks (:data:`streaming.schemas.PACKED_SCHEMA`),
-    keyed for a stateful operator of ``operator_tasks`` tasks (:mod:`streaming.operator_key`)."""
+    with ``packed`` the telemetry decoded and packed in chunks (:data:`iotwatch.streaming.schemas.PACKED_SCHEMA`),
+    keyed for a stateful operator of ``operator_tasks`` tasks (:mod:`iotwatch.streaming.operator_key`)."""
     require_connector(spark)
     reader = (
         spark.readStream.format(FORMAT)
@@ -89,8 +89,8 @@ def read_kafka_stream(
     frame = reader.load()
     if not packed:
         return frame
-    from streaming.packing import pack_records
-    from streaming.schemas import PACKED_SCHEMA
+    from iotwatch.streaming.packing import pack_records
+    from iotwatch.streaming.schemas import PACKED_SCHEMA
 
     # One packing task per core: with more Kafka partitions than cores, tasks in waves would
     # each pay a Python task's set-up in every micro-batch.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from streaming.cleaning import scored_names
-from streaming.device_table import DeviceTable
+from iotwatch.streaming.cleaning import scored_names
+from iotwatch.streaming.device_table import DeviceTable
 
 
 def assign_slots(

@@ -9,7 +9,7 @@ core waits.
 The key is ``salt << 32 | partition``, with the smallest salt that lands partition ``p`` on
 task ``p mod n``: any number of partitions then spreads as evenly as ``n`` allows, and the
 key still names exactly one Kafka partition (its low 32 bits, :func:`partition_of`). The
-packing step computes it (:mod:`streaming.packing`): a column of the packed rows costs the
+packing step computes it (:mod:`iotwatch.streaming.packing`): a column of the packed rows costs the
 query nothing, where an expression computing it would be re-planned in every micro-batch.
 """
 

@@ -18,8 +18,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_batch
-from streaming.operator_key import operator_key, stream_partition
-from streaming.schemas import PACKED_SCHEMA
+from iotwatch.streaming.operator_key import operator_key, stream_partition
+from iotwatch.streaming.schemas import PACKED_SCHEMA
 
 #: Records per packed row (a chunk of one partition's consecutive records).
 CHUNK_RECORDS = 20_000
@@ -74,8 +74,8 @@ def pack_records(
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function (``tasks`` and ``home_topic`` bound with
     :func:`functools.partial`): ``key, value, topic, partition, offset, timestamp`` rows in,
-    :data:`streaming.schemas.PACKED_SCHEMA` rows out (per topic and partition, in offset order;
-    partitions numbered by :func:`streaming.operator_key.stream_partition`)."""
+    :data:`iotwatch.streaming.schemas.PACKED_SCHEMA` rows out (per topic and partition, in offset order;
+    partitions numbered by :func:`iotwatch.streaming.operator_key.stream_partition`)."""
     for batch in batches:
         if not batch.num_rows:
             continue

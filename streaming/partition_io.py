@@ -1,7 +1,7 @@
 """What the partition engine takes and gives: a partition's decoded records, the device
 store it reads and writes, and the output of one micro-batch.
 
-These are the engine's boundary with the Spark side (:mod:`streaming.processor`) and with the
+These are the engine's boundary with the Spark side (:mod:`iotwatch.streaming.processor`) and with the
 tools that run it without Spark (the simulated-fleet evaluation, the dead-letter replay):
 plain columns, no Spark types.
 """
@@ -18,8 +18,15 @@ import pandas as pd
 from iotwatch.contract.alerts import AlertRecord, encode_alert
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
-from streaming.device_table import DeviceTable
-from streaming.schemas import AGGREGATE_STATS, READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.schemas import (
+    AGGREGATE_STATS,
+    READING_COLUMNS,
+    SCORED_METRICS,
+    WIDE_METRICS,
+    score_column,
+    value_column,
+)
 
 #: Columns of the aggregates (one row per device, metric and closed event-time bucket).
 AGGREGATE_COLUMNS = ("device_id", "device_type", "site", "metric", "event_ms", *AGGREGATE_STATS)
@@ -67,7 +74,7 @@ class RecordColumns:
 
 class DeviceStore(Protocol):
     """Where per-device state lives between micro-batches (Spark's state store in the job;
-    :mod:`streaming.state_store`). Devices are loaded and saved a batch at a time, as one
+    :mod:`iotwatch.streaming.state_store`). Devices are loaded and saved a batch at a time, as one
     :class:`DeviceTable` in the order asked for (devices not seen before as new rows);
     ``found`` says which were known."""
 

@@ -1,13 +1,13 @@
 """The Spark side of the per-partition logic: ``transformWithStateInPandas`` glue.
 
 The stateful operator is keyed by Kafka partition (salted to spread the partitions over its
-tasks: :mod:`streaming.operator_key`): every record of a device is in its
+tasks: :mod:`iotwatch.streaming.operator_key`): every record of a device is in its
 device's partition (the gateway keys by ``device_id``), so one call handles all of a
-partition's records of a micro-batch at once, on columns (:mod:`streaming.engine`), and
+partition's records of a micro-batch at once, on columns (:mod:`iotwatch.streaming.engine`), and
 writes what comes out -- alerts, dead letters, aggregates, the archive -- itself
-(:mod:`streaming.sinks`); it emits only one tally row of counters per call.
+(:mod:`iotwatch.streaming.sinks`); it emits only one tally row of counters per call.
 Per-device state lives in the RocksDB state store, as columnar shards per partition
-(:class:`streaming.state_store.ShardedStore`: one state-store call per shard, not per
+(:class:`iotwatch.streaming.state_store.ShardedStore`: one state-store call per shard, not per
 device; devices gone for good are dropped after the state TTL); a small per-partition roster says
 when each device was last heard of, and one processing-time timer per partition fires
 when the next device is due to be reported silent. (Adding partitions to the raw topic
@@ -28,13 +28,19 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
 from iotwatch.settings import Settings
-from streaming.operator_key import partition_of
-from streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA, TALLY_FIELDS, TALLY_SCHEMA
+from iotwatch.streaming.operator_key import partition_of
+from iotwatch.streaming.schemas import (
+    DEVICE_SHARD_SCHEMA,
+    ROSTER_SCHEMA,
+    SHARD_TOKENS_SCHEMA,
+    TALLY_FIELDS,
+    TALLY_SCHEMA,
+)
 
 if TYPE_CHECKING:
-    from streaming.engine import PartitionEngine
-    from streaming.partition_io import RecordColumns
-    from streaming.shard_cache import ShardCache
+    from iotwatch.streaming.engine import PartitionEngine
+    from iotwatch.streaming.partition_io import RecordColumns
+    from iotwatch.streaming.shard_cache import ShardCache
 
 _SEP = "\x1f"
 
@@ -92,7 +98,7 @@ class Roster:
 
 
 class StepClock:
-    """Milliseconds per step of one call, for its tally (:data:`streaming.schemas.TALLY_FIELDS`)."""
+    """Milliseconds per step of one call, for its tally (:data:`iotwatch.streaming.schemas.TALLY_FIELDS`)."""
 
     def __init__(self) -> None:
         self.steps: dict[str, int] = {}
@@ -114,8 +120,8 @@ def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
 
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
-    """Packed rows (``streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
-    from streaming.partition_io import RecordColumns
+    """Packed rows (``iotwatch.streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
+    from iotwatch.streaming.partition_io import RecordColumns
 
     chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
     if not chunks:
@@ -145,7 +151,7 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
 
 
 class PartitionProcessor(StatefulProcessor):
-    """Keyed by Kafka partition; see :class:`streaming.engine.PartitionEngine`."""
+    """Keyed by Kafka partition; see :class:`iotwatch.streaming.engine.PartitionEngine`."""
 
     def __init__(self, settings: Settings, archive_dir: str) -> None:
         self.all_settings = settings  # the fleet-model watcher needs Kafka and registry settings
@@ -171,14 +177,14 @@ class PartitionProcessor(StatefulProcessor):
         the top: the driver imports this module to run ``init``, in a fresh Python process,
         while it plans the first micro-batch.)"""
         from iotwatch.heap import freeze_startup_heap
-        from models.kernels import kernel_for
-        from streaming import sequencing
-        from streaming.engine import PartitionEngine
-        from streaming.fleet_models import fleet_lookup
-        from streaming.shard_cache import ShardCache
-        from streaming.sinks.archive import ArchiveWriter
-        from streaming.sinks.events import EventSinks
-        from streaming.state_store import ShardedStore
+        from iotwatch.models.kernels import kernel_for
+        from iotwatch.streaming import sequencing
+        from iotwatch.streaming.engine import PartitionEngine
+        from iotwatch.streaming.fleet_models import fleet_lookup
+        from iotwatch.streaming.shard_cache import ShardCache
+        from iotwatch.streaming.sinks.archive import ArchiveWriter
+        from iotwatch.streaming.sinks.events import EventSinks
+        from iotwatch.streaming.state_store import ShardedStore
 
         kernel_for(self.settings.device_detector).warm()
         sequencing.warm()

@@ -1,6 +1,6 @@
 """What the job did, batch by batch: Spark's query progress plus the stateful operator's tallies.
 
-The stateful operator writes every output itself (:mod:`streaming.sinks`) and emits one
+The stateful operator writes every output itself (:mod:`iotwatch.streaming.sinks`) and emits one
 tally row per partition; the query sums them with an observation
 (:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
 reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
@@ -30,8 +30,8 @@ from pyspark.sql.streaming import StreamingQuery
 from iotwatch.clients.influx import drop_kept_client, kept_client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
-from streaming.sinks.influx_points import pipeline_point
+from iotwatch.streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
+from iotwatch.streaming.sinks.influx_points import pipeline_point
 
 log = logging.getLogger(__name__)
 

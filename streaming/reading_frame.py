@@ -1,5 +1,5 @@
 """The archive's rows: one row per reading in the wide layout of
-:data:`streaming.schemas.READING_COLUMNS`, built by scattering the entries into columns."""
+:data:`iotwatch.streaming.schemas.READING_COLUMNS`, built by scattering the entries into columns."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from streaming.schemas import READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
-from streaming.scored_readings import ScoredReadings
-from streaming.sorted_batch import SortedBatch
+from iotwatch.streaming.schemas import READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.scored_readings import ScoredReadings
+from iotwatch.streaming.sorted_batch import SortedBatch
 
 _WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
 _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}

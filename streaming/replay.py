@@ -86,7 +86,7 @@ def replay(app: AppContext, tag: str, follow: bool, keep_checkpoint: bool, as_js
     settings, checkpoint, archive = replay_settings(app.settings, tag)
     if checkpoint.exists() and not keep_checkpoint:
         shutil.rmtree(checkpoint)
-    from streaming.job import run_job  # (pyspark loads only when the replay runs)
+    from iotwatch.streaming.job import run_job  # (pyspark loads only when the replay runs)
 
     job = run_job(settings, checkpoint, archive, available_now=not follow, duration=None, query_name=f"replay_{tag}")
     comparison = compare(

@@ -1,7 +1,7 @@
 """The alert rules: which conditions each reading is judged on, and how each fires.
 
-Every rule turns one reading into an :class:`~streaming.alerting.Observation` (a score in
-[0, 1] plus what to say about it); :mod:`streaming.alerting` turns observations into a
+Every rule turns one reading into an :class:`~iotwatch.streaming.alerting.Observation` (a score in
+[0, 1] plus what to say about it); :mod:`iotwatch.streaming.alerting` turns observations into a
 raised/cleared lifecycle. Rules that do not apply to a device type return nothing.
 
 The danger rules (:data:`DANGER_RULES`: coolant overheating, low battery, humid air) judge a
@@ -22,10 +22,10 @@ import numpy as np
 from iotwatch.contract.alerts import Severity
 from iotwatch.contract.detection import Rule
 from iotwatch.contract.metric_catalog import danger_limits
+from iotwatch.models.crash import is_crash
 from iotwatch.settings import StreamSettings
-from models.crash import is_crash
-from streaming.alerting import Observation, RuleSpec
-from streaming.cleaning import physical_range
+from iotwatch.streaming.alerting import Observation, RuleSpec
+from iotwatch.streaming.cleaning import physical_range
 
 #: The rules of the catalogue's danger limits, and their severities.
 DANGER_RULES: dict[str, Severity] = {limit.rule: Severity(limit.severity) for _, _, limit in danger_limits()}

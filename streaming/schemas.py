@@ -15,21 +15,21 @@ from pyspark.sql.types import (
 )
 
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
-from streaming.cleaning import DERIVED_METRICS, NOT_SCORED
+from iotwatch.streaming.cleaning import DERIVED_METRICS, NOT_SCORED
 
 
 def _arrays(element: DataType, *names: str) -> list[StructField]:
     return [StructField(name, ArrayType(element)) for name in names]
 
 
-#: Kafka records after decoding (``streaming.packing``): one row per chunk of consecutive
+#: Kafka records after decoding (``iotwatch.streaming.packing``): one row per chunk of consecutive
 #: records of one Kafka partition, each column an array with one element per record (the
 #: metrics flattened, ``metric_row`` pointing at their record). Few rows, so Spark's
 #: per-row costs in the stateful operator do not count.
 PACKED_SCHEMA = StructType(
     [
         StructField("partition", IntegerType(), False),
-        StructField("operator_key", LongType(), False),  # the grouping key: streaming.operator_key
+        StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),
         *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
         *_arrays(StringType(), "key", "reason", "detail", "device_id", "device_type", "site", "event", "metric_name"),
@@ -54,11 +54,11 @@ def score_column(metric: str) -> str:
     return f"s__{metric}"
 
 
-#: The rows of scored readings (:attr:`streaming.partition_io.BatchOutput.readings`): a fixed wide
+#: The rows of scored readings (:attr:`iotwatch.streaming.partition_io.BatchOutput.readings`): a fixed wide
 #: layout -- a value column per catalogued metric and a score column per scored one, NaN
 #: where the reading has none; uncatalogued metrics in the ``extra_*`` arrays; the names of
 #: out-of-range metrics. The stateful task archives them itself
-#: (:mod:`streaming.sinks.archive`); they do not pass through Spark.
+#: (:mod:`iotwatch.streaming.sinks.archive`); they do not pass through Spark.
 READING_COLUMNS = (
     "kind",
     "device_id",
@@ -106,7 +106,7 @@ WORKER_STEP_LABELS = tuple(label for name, label in TALLY_FIELDS.items() if name
 
 #: What the stateful operator emits: one tally row per partition and call, a column per
 #: counter. Alerts, dead letters, aggregates and the archive are written by the operator
-#: itself (:mod:`streaming.sinks`), so only these few numbers reach the driver, summed by
+#: itself (:mod:`iotwatch.streaming.sinks`), so only these few numbers reach the driver, summed by
 #: an observation on the stream.
 TALLY_SCHEMA = StructType(
     [StructField("kafka_partition", IntegerType(), False), *(StructField(name, LongType()) for name in TALLY_FIELDS)]
@@ -116,16 +116,16 @@ TALLY_SCHEMA = StructType(
 AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
 
 #: One shard of a partition's device states in the state store: its devices' state as one
-#: serialised :class:`streaming.device_table.DeviceTable` (see
-#: :class:`streaming.state_store.ShardedStore`).
+#: serialised :class:`iotwatch.streaming.device_table.DeviceTable` (see
+#: :class:`iotwatch.streaming.state_store.ShardedStore`).
 DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
 
 #: Per Kafka partition: the token of each shard's local copy, an int64 per shard
-#: (:mod:`streaming.shard_cache`).
+#: (:mod:`iotwatch.streaming.shard_cache`).
 SHARD_TOKENS_SCHEMA = StructType([StructField("tokens", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
-#: silence was reported (see :class:`streaming.processor.Roster`).
+#: silence was reported (see :class:`iotwatch.streaming.processor.Roster`).
 ROSTER_SCHEMA = StructType(
     [
         StructField("devices", StringType()),
@@ -137,7 +137,7 @@ ROSTER_SCHEMA = StructType(
 
 #: Columns of the Parquet archive (the batch layer's master dataset): one row per reading,
 #: its metrics and detector scores as structs of the wide layout (uncatalogued ones as
-#: maps), under the partition directories date and device_type (:mod:`streaming.sinks.archive`).
+#: maps), under the partition directories date and device_type (:mod:`iotwatch.streaming.sinks.archive`).
 ARCHIVE_COLUMNS = (
     "device_id",
     "site",

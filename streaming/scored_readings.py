@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from models.kernels import Kernel
-from streaming import rules
-from streaming.alerting import RuleSpec
-from streaming.cleaning import clean_entries, entry_column, scored_names
-from streaming.coupling import explained_entries
-from streaming.device_table import DeviceTable
-from streaming.metric_slots import assign_slots, remember_last
-from streaming.sorted_batch import Sequenced, SortedBatch
+from iotwatch.models.kernels import Kernel
+from iotwatch.streaming import rules
+from iotwatch.streaming.alerting import RuleSpec
+from iotwatch.streaming.cleaning import clean_entries, entry_column, scored_names
+from iotwatch.streaming.coupling import explained_entries
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.metric_slots import assign_slots, remember_last
+from iotwatch.streaming.sorted_batch import Sequenced, SortedBatch
 
 #: The metrics that give a device's position; an alert raised on a reading that has them carries them.
 _POSITION = frozenset({"lat_deg", "lon_deg"})
@@ -70,7 +70,7 @@ class ScoredReadings:
         return {self.names[k]: float(self.values[k]) for k in self.entries(i) if self.names[k] in _POSITION}
 
     def view(self, i: int) -> rules.ReadingView:
-        """Reading ``i`` as one :class:`~streaming.rules.ReadingView` (alert messages)."""
+        """Reading ``i`` as one :class:`~iotwatch.streaming.rules.ReadingView` (alert messages)."""
         span = self.entries(i)
         metrics = {self.names[k]: float(self.values[k]) for k in span}
         oor = tuple(self.names[k] for k in span if self.entry_oor[k])

@@ -2,7 +2,7 @@
 
 One pass over a micro-batch's records of many devices (in the order Kafka appended them)
 decides what each record is, and updates each device's ``core`` counters and seq bitmap
-(:mod:`streaming.device_state`) in place. The rules are those of the contract's
+(:mod:`iotwatch.streaming.device_state`) in place. The rules are those of the contract's
 at-least-once transport: ``(device_id, seq)`` identifies a reading, so a seq seen before
 is a duplicate; a record older than the device's newest event time by more than the
 allowed lateness, arriving after a newer seq, is late; a record that is newest by seq yet
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streaming.device_state import (
+from iotwatch.streaming.device_state import (
     CLOCK_STEPS,
     CORE_FIELDS,
     DEAD_LETTERED,

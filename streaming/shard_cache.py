@@ -5,7 +5,7 @@ most with the fleet: the JVM pickles each binary value as a Latin-1 string and t
 worker unpickles it, about 57 MB/s (at 100,000 devices, some 40 MB of shards a batch).
 Every shard a batch reads it also writes, so the worker that writes a shard keeps a copy
 in a local file, stamped with a random *token*; the token goes to the state store too, in
-one small value per partition (:class:`streaming.state_store.ShardedStore`). The next
+one small value per partition (:class:`iotwatch.streaming.state_store.ShardedStore`). The next
 read of the shard -- by any Python worker of the executor -- takes the file when its
 token is the one in the state store, and the state store otherwise.
 

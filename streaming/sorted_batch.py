@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from streaming.device_state import CORE_FIELDS, COUNTERS, LAST_WALL_MS
-from streaming.device_table import DeviceTable
-from streaming.partition_io import DeviceStore, RecordColumns
-from streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
+from iotwatch.streaming.device_state import CORE_FIELDS, COUNTERS, LAST_WALL_MS
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.partition_io import DeviceStore, RecordColumns
+from iotwatch.streaming.sequencing import INVALID, LATE_RECORD, OUT_OF_ORDER, SCORED_RECORD, classify
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def _adopt_identity(
 
 @dataclass(frozen=True)
 class Sequenced:
-    """The outcome of each position's sequence bookkeeping (:mod:`streaming.sequencing`)."""
+    """The outcome of each position's sequence bookkeeping (:mod:`iotwatch.streaming.sequencing`)."""
 
     outcome: np.ndarray  # int8 per position
     log_gap: np.ndarray  # ms since the device's previous record in the log

@@ -7,7 +7,7 @@ Python worker and the JVM -- and numpy work over the shard's columns, never Pyth
 per device. Devices silent longer than the TTL are dropped when their shard is rewritten
 (the store's own TTL would keep them, since the shard itself stays busy). In the job, a
 shard read is served from the executor's local copy when the state store says that copy
-is current (:mod:`streaming.shard_cache`). Tests and the simulated evaluation use the same
+is current (:mod:`iotwatch.streaming.shard_cache`). Tests and the simulated evaluation use the same
 store over a dict (:class:`MemoryStore`).
 """
 
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
-from streaming.device_table import COMPRESSED, MAGIC, DeviceTable
-from streaming.shard_cache import ShardCache
+from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
+from iotwatch.streaming.device_table import COMPRESSED, MAGIC, DeviceTable
+from iotwatch.streaming.shard_cache import ShardCache
 
 
 class MapStateLike(Protocol):

@@ -79,7 +79,7 @@ def test_settings(stack_settings: Settings, unique: str) -> Settings:
 def spark(base_settings: Settings) -> Iterator[object]:
     """One local Spark session for every Spark test (start-up costs 10-20 s), configured
     as the streaming job configures it."""
-    from streaming.job import spark_session
+    from iotwatch.streaming.job import spark_session
 
     session = spark_session(base_settings.stream.model_copy(update={"spark_master": "local[2]"}), "iotwatch-tests")
     session.sparkContext.setLogLevel("ERROR")
@@ -92,6 +92,6 @@ def spark(base_settings: Settings) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def nab_dir() -> Path:
     """The labelled NAB streams shipped in the repository (nothing outside it is needed)."""
-    from evaluation.sources import NAB_SAMPLE
+    from iotwatch.evaluation.sources import NAB_SAMPLE
 
     return NAB_SAMPLE

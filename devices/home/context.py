@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from devices.rng import CounterRng
+from iotwatch.devices.rng import CounterRng
 
 __all__ = ["HomeContext"]
 

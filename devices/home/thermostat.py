@@ -13,10 +13,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from devices.group import DeviceGroup, DeviceSpec, Event
-from devices.home.context import HomeContext
-from devices.rng import CounterRng, normal_from
 from iotwatch.contract.telemetry import DeviceType
+from iotwatch.devices.group import DeviceGroup, DeviceSpec, Event
+from iotwatch.devices.home.context import HomeContext
+from iotwatch.devices.rng import CounterRng, normal_from
 
 HVAC_STUCK = 1
 _STREAM = 100

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-from evaluation.labelled_streams import evaluate as run_evaluation
-from evaluation.nab_scoring import PROFILES
-from evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 from iotwatch.cli import Preset, emit, json_option, seed_option
 from iotwatch.errors import IotwatchError
-from models.catalog import DEFAULT_DETECTOR, names
+from iotwatch.evaluation.labelled_streams import evaluate as run_evaluation
+from iotwatch.evaluation.nab_scoring import PROFILES
+from iotwatch.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
+from iotwatch.models.catalog import DEFAULT_DETECTOR, names
 
 __all__ = ["evaluate", "default_dataset"]
 
@@ -35,7 +35,7 @@ DEFAULT_EVALUATED = tuple(
 
 
 def default_dataset() -> Path:
-    """The NAB sample shipped with iotwatch (:data:`evaluation.sources.NAB_SAMPLE`)."""
+    """The NAB sample shipped with iotwatch (:data:`iotwatch.evaluation.sources.NAB_SAMPLE`)."""
     return NAB_SAMPLE
 
 
@@ -311,7 +311,7 @@ def evaluate(
     if simulated:
         if dataset or readings or truth or detectors or split:
             raise IotwatchError("--simulated takes no --dataset, --readings, --truth, --detector or --split")
-        from evaluation.simulated import evaluate_simulated
+        from iotwatch.evaluation.simulated import evaluate_simulated
 
         result = evaluate_simulated(
             homes,
@@ -340,7 +340,7 @@ def evaluate(
     result = run_evaluation(streams, list(detectors or DEFAULT_EVALUATED), PROFILES[profile])
     result = {"dataset": str(dataset or readings), "split": split, "profile": profile, **result}
     if isinstance(source, NabSource):
-        from evaluation.published import compare
+        from iotwatch.evaluation.published import compare
 
         result["published_comparison"] = compare(streams, PROFILES[profile])
     emit(result, as_json, _render)

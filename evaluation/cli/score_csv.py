@@ -11,10 +11,10 @@ import click
 import numpy as np
 import pandas as pd
 
-from evaluation.sources import read_nab_csv
 from iotwatch.cli import emit, json_option
 from iotwatch.errors import IotwatchError
-from models.catalog import DEFAULT_DETECTOR, make, names
+from iotwatch.evaluation.sources import read_nab_csv
+from iotwatch.models.catalog import DEFAULT_DETECTOR, make, names
 
 __all__ = ["score_csv", "score_file"]
 

@@ -12,10 +12,10 @@ from iotwatch.app import LazyGroup
 
 #: Benchmark name -> "module:attribute" of its click command (imported when run).
 BENCHMARKS: dict[str, str] = {
-    "gateway": "benchmarks.gateway:bench_gateway",
-    "stream": "benchmarks.stream:bench_stream",
-    "simulate": "benchmarks.simulate:bench_simulate",
-    "replication": "benchmarks.replication:bench_replication",
+    "gateway": "iotwatch.benchmarks.gateway:bench_gateway",
+    "stream": "iotwatch.benchmarks.stream:bench_stream",
+    "simulate": "iotwatch.benchmarks.simulate:bench_simulate",
+    "replication": "iotwatch.benchmarks.replication:bench_replication",
 }
 
 

@@ -62,7 +62,7 @@ def _page(items: Sequence[Any], limit: int, show_all: bool) -> tuple[Sequence[An
 def _selection(
     ids: Sequence[str], reasons: Sequence[str], devices: Sequence[str], stages: Sequence[str], since: str | None
 ) -> Any:
-    from alerts.records import parse_duration
+    from iotwatch.alerts.records import parse_duration
     from iotwatch.deadletters import Selection
 
     since_ms = None
@@ -119,8 +119,8 @@ def list_(app: AppContext, selection: Any, limit: int, show_all: bool, as_json: 
 def _groups_table(groups: Sequence[Any], total: int, letters: int) -> None:
     from rich.table import Table
 
-    from alerts.records import human_age
-    from alerts.views import console, shown_of
+    from iotwatch.alerts.records import human_age
+    from iotwatch.alerts.views import console, shown_of
 
     now = time.time() * 1000
     table = Table(pad_edge=False, box=None, header_style="bold")
@@ -151,7 +151,7 @@ def _groups_table(groups: Sequence[Any], total: int, letters: int) -> None:
 def show(app: AppContext, selection: Any, limit: int, show_all: bool, as_json: bool) -> None:
     """Dead letters record by record, newest first: id, reason, stage, device, MQTT topic, when,
     the detail and an excerpt of the record as it arrived."""
-    from alerts.views import shown_of
+    from iotwatch.alerts.views import shown_of
 
     chosen = list(reversed(selection.pick(_read(app))))
     shown, page = _page(chosen, limit, show_all)

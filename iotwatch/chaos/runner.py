@@ -28,7 +28,6 @@ from typing import Any
 
 from rich.console import Console
 
-from gateway.metrics import wait_healthy
 from iotwatch.chaos import proofs, report
 from iotwatch.chaos.faults import FaultRunner, Recovery, Targets
 from iotwatch.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
@@ -42,10 +41,11 @@ from iotwatch.demo.live import LiveState, Probe
 from iotwatch.demo.oncall_person import Receiver
 from iotwatch.demo.runner import component_env, decoded_alerts, iotwatch_command, wait_for_stream
 from iotwatch.errors import IotwatchError
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.process import Component, free_port
-from streaming.replay import alert_ids
+from iotwatch.streaming.replay import alert_ids
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ producers -> consumers):
   ground truth carries, with the rules that may report each kind.
 - :class:`.ground_truth.Injection`: JSON lines beside a simulator run
   (``simulate --ground-truth``), one per injected anomaly or transport fault; simulators ->
-  the one evaluator of alerts (``evaluation.judgement``: ``evaluate --simulated``,
+  the one evaluator of alerts (``iotwatch.evaluation.judgement``: ``evaluate --simulated``,
   the demo), the demo's loss accounting, ``evaluate --readings --truth``.
 
 The metric catalogue (:mod:`.metric_catalog`: units, physical ranges, danger limits,

@@ -4,9 +4,9 @@ in order.
 
 Producers:
 
-- the streaming job (:func:`streaming.alerting.advance`): ``raised`` when a rule's episode
+- the streaming job (:func:`iotwatch.streaming.alerting.advance`): ``raised`` when a rule's episode
   opens, ``cleared`` when it closes; ``detector`` says which rule family saw it;
-- the responder (:func:`responder.escalation.escalation_record`): a ``command_escalation``
+- the responder (:func:`iotwatch.responder.escalation.escalation_record`): a ``command_escalation``
   alert when corrective commands could not fix a condition (``detector`` ``responder``,
   ``caused_by`` the original alert).
 
@@ -97,7 +97,7 @@ class AlertRecord(msgspec.Struct, frozen=True, kw_only=True):
     alert_id: str  # a hash of device, rule and the event time the episode started
     state: AlertLifecycle
     severity: Severity
-    rule: str  # a rule of streaming.rules (or responder.escalation.RULE)
+    rule: str  # a rule of iotwatch.streaming.rules (or iotwatch.responder.escalation.RULE)
     detector: str  # which rule family or detector: rule, ensemble, fleet, responder, ...
     device_id: str
     device_type: str

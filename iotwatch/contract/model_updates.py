@@ -5,8 +5,8 @@ device type's events stay in order within one partition::
     {"v": 1, "device_type": "thermostat", "detector": "isolation_forest", "version": 3,
      "status": "approved", "path": ".../v000003/model.bin", "created_at": "2025-...+00:00"}
 
-Producer: :class:`models.updates.UpdatePublisher` (``iotwatch train`` and the registry's
-approve/reject). Consumer: the streaming job's :class:`models.watcher.ModelWatcher`.
+Producer: :class:`iotwatch.models.updates.UpdatePublisher` (``iotwatch train`` and the registry's
+approve/reject). Consumer: the streaming job's :class:`iotwatch.models.watcher.ModelWatcher`.
 
 The registry on disk stays the source of truth: an event only says "look again", so a
 lost or reordered event cannot make a watcher use a model that is not the newest approved.

@@ -3,7 +3,7 @@
 Every topic here is compacted by its key, so the latest record per key is the current
 state and replaying the topic from the beginning rebuilds it (event sourcing, no side
 database). The streaming job's own ``raised``/``cleared`` records stay in ``iot.alerts``;
-an alert's state is the fold of both logs (:mod:`alerts.book`).
+an alert's state is the fold of both logs (:mod:`iotwatch.alerts.book`).
 
 ========================  ===============  ==========================================
 topic (settings.topics)   key              record

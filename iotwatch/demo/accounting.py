@@ -1,5 +1,5 @@
 """After a demo run: where every reading went, by device and seq, and how the alerts
-judge against the injected anomalies (by the one evaluator, :mod:`evaluation.judgement`).
+judge against the injected anomalies (by the one evaluator, :mod:`iotwatch.evaluation.judgement`).
 
 Transport: per device, the seqs in the raw Kafka topic must run from 0 to the newest
 without gaps, except the ranges the ground truth declares as dropouts (the simulator
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.judgement import JudgedRun, RaisedAlert, judge
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
+from iotwatch.evaluation.judgement import JudgedRun, RaisedAlert, judge
 from iotwatch.stats import rounded
 
 
@@ -122,7 +122,7 @@ def judge_alerts(
     alerts: list[AlertRecord], truth: list[Injection], raw: RawIndex, speedup: float = 1.0
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The run's raised alerts judged against its ground truth by the one evaluator
-    (:func:`evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``): the
+    (:func:`iotwatch.evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``): the
     demo's summary of its report, and each raised alert's verdict (alert id -> true,
     related, false or end_of_run).
 

@@ -15,8 +15,8 @@ from typing import Any
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
+from iotwatch.responder.command_policy import OPEN
 from iotwatch.stats import quantiles
-from responder.command_policy import OPEN
 
 
 def timings(

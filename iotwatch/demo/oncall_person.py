@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from alerts.actions import acknowledge
-from alerts.book import load_book
+from iotwatch.alerts.actions import acknowledge
+from iotwatch.alerts.book import load_book
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 

@@ -12,11 +12,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.demo.live import LiveState
+from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 
 
 def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
@@ -91,7 +91,7 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     return path
 
 
-#: How an alert is drawn in the device plots, by its verdict (:mod:`evaluation.judgement`).
+#: How an alert is drawn in the device plots, by its verdict (:mod:`iotwatch.evaluation.judgement`).
 ALERT_STYLE = {
     TRUE: ("tab:green", "--"),
     RELATED: ("tab:olive", "--"),

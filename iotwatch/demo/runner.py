@@ -23,11 +23,6 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from dashboards import build_all
-from dashboards.queries import Picks, check_all
-from dashboards.queries import summarise as summarise_checks
-from evaluation.judgement import TRUE
-from gateway.metrics import wait_healthy
 from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
@@ -35,10 +30,15 @@ from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.contract.oncall import CommandAudit, decode
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.queries import Picks, check_all
+from iotwatch.dashboards.queries import summarise as summarise_checks
 from iotwatch.demo import accounting, closed_loop, report
 from iotwatch.demo.live import LiveState, Probe, render
 from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
+from iotwatch.evaluation.judgement import TRUE
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.replication import LagHistory, ReplicationLag, write_lag
 from iotwatch.settings import KafkaSettings, Settings
 from iotwatch.stack import EmbeddedStack

@@ -7,7 +7,7 @@ so a user with no ACL can do nothing. Each service gets what its code does, no m
 - ``stream`` reads readings and model updates, writes alerts and dead letters;
 - ``responder`` reads alerts, its command log and its emergency records; writes commands,
   alerts (escalations), dead letters, device twins (what devices report) and emergency
-  records; with sites, at a site (the relay, :mod:`responder.relay`) it reads the replica of
+  records; with sites, at a site (the relay, :mod:`iotwatch.responder.relay`) it reads the replica of
   the centre's commands and writes replies, twins and dead letters, and at the centre it
   reads every site's replies;
 - ``mirror`` (with sites, MirrorMaker 2 of each site; :func:`mirror_grants`) reads what it

@@ -10,7 +10,7 @@ import pandas as pd
 
 from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
 from iotwatch.errors import IotwatchError
-from models.registry import ModelRegistry
+from iotwatch.models.registry import ModelRegistry
 
 __all__ = ["train"]
 
@@ -97,9 +97,9 @@ def train(
     """Fit an Isolation Forest per device type on the archived readings (Spark batch job)
     and register each as a candidate model; with --approve, approve it and announce it
     on the model-updates topic so running scorers swap it in."""
+    from iotwatch.models.training import BATCH_CONF, TrainConfig, train_fleet_models
+    from iotwatch.models.updates import UpdatePublisher
     from iotwatch.spark import session_scope
-    from models.training import BATCH_CONF, TrainConfig, train_fleet_models
-    from models.updates import UpdatePublisher
 
     settings = app.settings
     archive = archive or settings.stream.archive_dir

@@ -1,10 +1,10 @@
 """Compiled twins of the per-reading detectors, for the streaming hot path.
 
-The detectors in :mod:`models` are the readable reference: one Python object per
+The detectors in :mod:`iotwatch.models` are the readable reference: one Python object per
 ``(device, metric)`` stream, its state a nested JSON-able dict, microseconds a reading. A
 kernel does the same arithmetic in numba-compiled code over a whole micro-batch at once,
 with every stream's state one row of a float64 array: no Python object per reading, so a
-reading costs arithmetic only (``python -m models.kernels.<name>`` times both).
+reading costs arithmetic only (``python -m iotwatch.models.kernels.<name>`` times both).
 
 :func:`kernel_for` finds the kernel of a detector by name (:data:`KERNELS`): the
 streaming engine runs the one its ``device_detector`` setting names, through the small
@@ -27,22 +27,22 @@ from typing import Protocol, cast
 import numpy as np
 
 from iotwatch.errors import UserError
-from models.base import Detector
+from iotwatch.models.base import Detector
 
 __all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
 
 #: Detector name -> the module of its compiled twin.
 KERNELS: dict[str, str] = {
-    "cad_ose": "models.kernels.cad_ose",
-    "episode_likelihood": "models.kernels.episode_likelihood",
-    "tail_ensemble": "models.kernels.tail_ensemble",
+    "cad_ose": "iotwatch.models.kernels.cad_ose",
+    "episode_likelihood": "iotwatch.models.kernels.episode_likelihood",
+    "tail_ensemble": "iotwatch.models.kernels.tail_ensemble",
 }
 
 
 class Kernel(Protocol):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
     the parameter vector read from a reference detector, a fresh row, the batch step (also
-    giving each reading's surprise before the hold, :meth:`models.base.Detector.surprise_one`),
+    giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`),
     and a warm-up that compiles (or loads) the step before the first micro-batch."""
 
     STATE_SIZE: int

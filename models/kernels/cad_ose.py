@@ -1,4 +1,4 @@
-"""Compiled twin of :class:`models.cad_ose.CadOse`: one float64 row per stream.
+"""Compiled twin of :class:`iotwatch.models.cad_ose.CadOse`: one float64 row per stream.
 
 The reference keeps CAD OSE's context memory in dicts and lists; this kernel keeps it in
 a fixed row sized by the capacity constants (:data:`CONTEXTS`, :data:`FACTS`,
@@ -35,7 +35,7 @@ Cost and memory
 ---------------
 A row is ``STATE_SIZE * 8`` bytes (264 KB). Each reading crosses its facts with every
 stored semi-context, as the published algorithm does, so a reading costs in proportion to
-the contexts stored (up to ``max_contexts``). ``python -m models.kernels.cad_ose`` prints the
+the contexts stored (up to ``max_contexts``). ``python -m iotwatch.models.kernels.cad_ose`` prints the
 reference loop and the kernel per reading on young interleaved streams.
 """
 
@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from iotwatch.errors import UserError
-from models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
-from models.kernels import benchmark, warm_kernel
-from models.kernels.primitives import check_batch, jit, reading_value
+from iotwatch.models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
+from iotwatch.models.kernels import benchmark, warm_kernel
+from iotwatch.models.kernels.primitives import check_batch, jit, reading_value
 
 __all__ = [
     "CONTEXTS",
@@ -217,7 +217,7 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> CadOse:
 
 @_jit
 def _hash(facts: np.ndarray, count: int) -> tuple[int, int]:
-    """:func:`models.cad_ose.py2_tuple_hash` of ``facts[:count]``: its high (signed) and
+    """:func:`iotwatch.models.cad_ose.py2_tuple_hash` of ``facts[:count]``: its high (signed) and
     low 32 bits, so that ``(high, low)`` orders as the signed 64-bit hash does."""
     x = np.uint64(0x345678)
     mult = np.uint64(1000003)
@@ -345,7 +345,7 @@ def _store(
 @_jit
 def _reorder(row: np.ndarray, lid: int, new: int, tables: np.ndarray) -> None:
     """Chain the contexts of left semi-context ``lid``, ``new`` among them, in the order
-    CPython 2.7 iterates its dict of right id -> context (:class:`models.cad_ose.Py2IntKeyOrder`;
+    CPython 2.7 iterates its dict of right id -> context (:class:`iotwatch.models.cad_ose.Py2IntKeyOrder`;
     stored in id order, so the ids sorted are the insertion order)."""
     ids = tables[2]
     count = 0

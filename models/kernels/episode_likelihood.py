@@ -1,4 +1,4 @@
-"""Compiled twin of :class:`models.episode_likelihood.EpisodeLikelihood`: one float64 row per stream.
+"""Compiled twin of :class:`iotwatch.models.episode_likelihood.EpisodeLikelihood`: one float64 row per stream.
 
 The streaming job scores every reading of every ``(device, metric)`` stream with this
 detector; the reference is readable Python (a few microseconds a reading), this kernel
@@ -25,10 +25,10 @@ A row has :data:`STATE_SIZE` (52) numbers; the counter is a float (exact below 2
                        short average, 1 its long-run mean, 2 its long-run variance
 ``SLOW + b``           the slow histogram's share of bin ``b``
 ``RECENT + b``         the fast histogram's
-``STEP_TAIL + k``      the step's :class:`~models.exceedance.ExceedanceTail`: its
+``STEP_TAIL + k``      the step's :class:`~iotwatch.models.exceedance.ExceedanceTail`: its
                        ``to_state`` but the count (``TAIL_RATE`` .. ``TAIL_CLUSTER_PEAK``
                        of :mod:`.tail_ensemble`, less one)
-``STUCK + k``          the :class:`~models.repeat_run.RepeatRun`: ``RATE``, ``RUN``,
+``STUCK + k``          the :class:`~iotwatch.models.repeat_run.RepeatRun`: ``RATE``, ``RUN``,
                        ``REVERSALS``, ``DIRECTION``
 =====================  ==========================================================
 
@@ -49,14 +49,14 @@ the NAB sample and a simulated fleet.
 
 Cost
 ----
-``python -m models.kernels.episode_likelihood`` times 200,000 readings of 1,000 interleaved
+``python -m iotwatch.models.kernels.episode_likelihood`` times 200,000 readings of 1,000 interleaved
 streams (random order) after warm-up on one core, through the kernel and through the
 reference ``score_learn_one`` loop, and prints both per reading. The kernel works on a row
 of floats a stream, so its cost per reading is arithmetic, not Python objects.
 
 Examples
 --------
->>> from models.episode_likelihood import EpisodeLikelihood
+>>> from iotwatch.models.episode_likelihood import EpisodeLikelihood
 >>> params = params_vector(EpisodeLikelihood())
 >>> states = np.tile(initial_state(params), (2, 1))
 >>> rng = np.random.default_rng(1)
@@ -81,7 +81,7 @@ from typing import Any
 
 import numpy as np
 
-from models.episode_likelihood import (
+from iotwatch.models.episode_likelihood import (
     _FLOOR,
     _FLOOR_BINS,
     _HALF_DECADES,
@@ -92,9 +92,9 @@ from models.episode_likelihood import (
     VIEWS,
     EpisodeLikelihood,
 )
-from models.kernels import benchmark, warm_kernel
-from models.kernels.primitives import check_batch, decay_weight, jit, py_max, py_min, reading_value, upper_tail
-from models.kernels.tail_ensemble import (
+from iotwatch.models.kernels import benchmark, warm_kernel
+from iotwatch.models.kernels.primitives import check_batch, decay_weight, jit, py_max, py_min, reading_value, upper_tail
+from iotwatch.models.kernels.tail_ensemble import (
     TAIL_PARAMS,
     TAIL_SIZE,
     _put,

@@ -1,9 +1,9 @@
 """Compiled primitives every kernel uses: Python's semantics for ``max``, ``min`` and ``**``,
 a reading's value as the reference detectors take it, the shared numeric primitives of
-:mod:`models.numeric` compiled, and the batch check of ``score_learn``.
+:mod:`iotwatch.models.numeric` compiled, and the batch check of ``score_learn``.
 
 Kernels compute the same floats as their reference detectors (see
-:mod:`models.kernels.tail_ensemble`, Exactness); these are the pieces that make it so.
+:mod:`iotwatch.models.kernels.tail_ensemble`, Exactness); these are the pieces that make it so.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from models import numeric
-from models.base import VALUE_LIMIT
+from iotwatch.models import numeric
+from iotwatch.models.base import VALUE_LIMIT
 
 __all__ = ["check_batch", "decay_weight", "jit", "libm_pow", "py_max", "py_min", "reading_value", "upper_tail"]
 

@@ -1,4 +1,4 @@
-"""Compiled twin of :class:`models.tail_ensemble.TailEnsemble`: one float64 row per stream.
+"""Compiled twin of :class:`iotwatch.models.tail_ensemble.TailEnsemble`: one float64 row per stream.
 
 The streaming job scores every reading of every ``(device, metric)`` stream with the tail
 ensemble. The reference detector is a tree of six Python objects, microseconds a reading;
@@ -12,13 +12,13 @@ floats (exact below 2**53) and ``None`` as NaN:
 
 ========================  ========================================================
 ``ENSEMBLE_N``            readings the ensemble learned (scores start at ``warmup``)
-``LEVEL_*``               :class:`~models.robust_zscore.RobustZScore`: ``N``, ``MU``,
+``LEVEL_*``               :class:`~iotwatch.models.robust_zscore.RobustZScore`: ``N``, ``MU``,
                           ``VAR``, ``RVAR`` (the seasonal scale: stays 0 without season)
-``CHANGE_*``              :class:`~models.forecast.HoltWintersResidual`: ``N``,
+``CHANGE_*``              :class:`~iotwatch.models.forecast.HoltWintersResidual`: ``N``,
                           ``LEVEL``, ``TREND``, ``RVAR``, ``BEYOND``
-``STUCK_*``               :class:`~models.repeat_run.RepeatRun`: ``N``, ``RATE``,
+``STUCK_*``               :class:`~iotwatch.models.repeat_run.RepeatRun`: ``N``, ``RATE``,
                           ``LAST`` (NaN: none yet), ``RUN``, ``REVERSALS``, ``DIRECTION``
-``LEVEL_TAIL + TAIL_*``   the level view's :class:`~models.exceedance.ExceedanceTail`:
+``LEVEL_TAIL + TAIL_*``   the level view's :class:`~iotwatch.models.exceedance.ExceedanceTail`:
                           ``N``, ``RATE``, ``PEAKS``, ``INDEX``, ``GAP``,
                           ``CLUSTER_PEAK`` (the order of its ``to_state`` list)
 ``CHANGE_TAIL + TAIL_*``  the change view's, likewise
@@ -36,13 +36,13 @@ semantics (:func:`_min`, :func:`_max`) and the same libm calls, so scores and st
 agree to the bit on the tested data. One trap: CPython computes ``x ** 2`` with libm's
 ``pow``, which is not always correctly rounded (about 1 in 1,200 random ``x`` differs
 from ``x * x`` in the last bit), while numba/LLVM turn any ``x ** 2`` into ``x * x``;
-:func:`~models.kernels.primitives.libm_pow` calls libm's ``pow`` itself. A deviation that is ``None`` (a view
+:func:`~iotwatch.models.kernels.primitives.libm_pow` calls libm's ``pow`` itself. A deviation that is ``None`` (a view
 warming up) is carried as NaN: the reference treats a NaN deviation exactly like
 ``None`` (tail 1.0, nothing learned), so the sentinel cannot change a result.
 
 Cost
 ----
-``python -m models.kernels.tail_ensemble`` times 200,000 readings of 1,000 interleaved
+``python -m iotwatch.models.kernels.tail_ensemble`` times 200,000 readings of 1,000 interleaved
 streams (random order, 200 readings a stream) after warm-up on one core, through the
 reference ``score_learn_one`` loop (a dict a reading) and through :func:`score_learn`, and
 prints both per reading. A large share of the kernel's time is the four libm ``pow`` calls
@@ -55,7 +55,7 @@ Two streams interleaved in one call; stream 1 ends with a spike. The kernel's sc
 those of a reference detector fed stream 1 alone:
 
 >>> import numpy as np
->>> from models.tail_ensemble import TailEnsemble
+>>> from iotwatch.models.tail_ensemble import TailEnsemble
 >>> params = params_vector(TailEnsemble())
 >>> states = np.tile(initial_state(params), (2, 1))
 >>> rng = np.random.default_rng(1)
@@ -81,10 +81,10 @@ from typing import Any
 import numpy as np
 
 from iotwatch.errors import UserError
-from models.exceedance import ExceedanceTail
-from models.kernels import benchmark, warm_kernel
-from models.kernels.primitives import check_batch, jit, libm_pow, py_max, py_min, reading_value
-from models.tail_ensemble import TailEnsemble
+from iotwatch.models.exceedance import ExceedanceTail
+from iotwatch.models.kernels import benchmark, warm_kernel
+from iotwatch.models.kernels.primitives import check_batch, jit, libm_pow, py_max, py_min, reading_value
+from iotwatch.models.tail_ensemble import TailEnsemble
 
 __all__ = [
     "CHANGE_BEYOND",
@@ -208,7 +208,7 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
 
 
 def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
-    """An :class:`~models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
+    """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
     (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
     p[base : base + TAIL_PARAMS] = (
         tail.threshold,
@@ -316,7 +316,7 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemb
 
 @_jit
 def _log_tail_score(tail: float) -> float:
-    """``models.likelihood.log_tail_score``."""
+    """``iotwatch.models.likelihood.log_tail_score``."""
     decades = py_max(0.0, -math.log10(py_min(py_max(tail, 1e-300), 1.0)))
     return decades / (decades + 5.0)
 

@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from streaming.schemas import ARCHIVE_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.schemas import ARCHIVE_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
 
 _METRICS_TYPE = pa.struct([pa.field(m, pa.float64()) for m in WIDE_METRICS])
 _SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
@@ -90,7 +90,7 @@ def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
 
 
 def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
-    """The reading rows of :class:`streaming.partition_io.BatchOutput` in the archive's layout, plus
+    """The reading rows of :class:`iotwatch.streaming.partition_io.BatchOutput` in the archive's layout, plus
     the partition columns ``date`` and ``device_type``."""
     event_ms = readings["event_ms"].to_numpy(dtype=np.int64)
     stamps = event_ms.astype("datetime64[ms]")

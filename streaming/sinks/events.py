@@ -19,11 +19,11 @@ from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from streaming.sinks.influx_points import aggregate_point, alert_point
-from streaming.sinks.kafka_rows import produce_all, warm_producer
+from iotwatch.streaming.sinks.influx_points import aggregate_point, alert_point
+from iotwatch.streaming.sinks.kafka_rows import produce_all, warm_producer
 
 if TYPE_CHECKING:
-    from streaming.partition_io import BatchOutput
+    from iotwatch.streaming.partition_io import BatchOutput
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from iotwatch.contract.measurements import ALERTS, DEVICE_METRICS, PIPELINE
 
 
 def aggregate_point(row: dict[str, Any]) -> Point:
-    """One closed aggregate (:data:`streaming.partition_io.AGGREGATE_COLUMNS`)."""
+    """One closed aggregate (:data:`iotwatch.streaming.partition_io.AGGREGATE_COLUMNS`)."""
     return DEVICE_METRICS.point(
         {name: row[name] for name in ("site", "device_type", "device_id", "metric")},
         {

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing
+from iotwatch.alerts.dispatch import Dispatcher
+from iotwatch.alerts.routing import parse_routing
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import AlertsSettings, Settings
-from streaming.job import start
+from iotwatch.streaming.job import start
 from tests.helpers import InThread, wait_for
 
 pytestmark = pytest.mark.slow

@@ -12,19 +12,19 @@ from typing import Any
 
 import pytest
 
-from devices.broker_run import RunOptions, run
-from devices.config import SimConfig
-from devices.simulation import Simulation
-from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.detection import Rule
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.oncall import CommandAudit, decode
+from iotwatch.devices.broker_run import RunOptions, run
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import Simulation
+from iotwatch.gateway.bridge import Gateway
+from iotwatch.responder.policy import DEFAULT_POLICIES
+from iotwatch.responder.service import Responder
 from iotwatch.settings import Settings, StreamSettings
-from responder.policy import DEFAULT_POLICIES
-from responder.service import Responder
-from streaming.job import start
-from streaming.rules import ReadingView, evaluate
+from iotwatch.streaming.job import start
+from iotwatch.streaming.rules import ReadingView, evaluate
 from tests.helpers import InThread, read_topic, wait_for
 from tests.support.homes import LEAK, THERMOSTAT
 

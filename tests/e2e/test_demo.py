@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import build_all
-from dashboards.queries import queries
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.ground_truth import read_ground_truth
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.queries import queries
 from iotwatch.settings import InfluxSettings
 from iotwatch.stack import StackState
 from tests.helpers import user_env

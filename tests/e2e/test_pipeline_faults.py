@@ -19,13 +19,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_REASON, H_STAGE, header_value
 from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
-from streaming.job import RunningJob, start
+from iotwatch.streaming.job import RunningJob, start
 from tests.helpers import read_topic, reading, wait_for
 from tests.support.corpus import corpus, publish
 from tests.support.gateway import gateway_settings

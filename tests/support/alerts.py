@@ -18,7 +18,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict, alert_message
 from iotwatch.contract.detection import Rule
 from iotwatch.settings import KafkaSettings
-from streaming.alerting import alert_id
+from iotwatch.streaming.alerting import alert_id
 
 DEVICES = [
     ("car-1", "vehicle_edr", "fleet-2"),
@@ -38,7 +38,7 @@ RULES = [
 def make_alert(
     device_id: str, device_type: str, site: str, rule: str, severity: str, state: str, start_ms: int, **extra: Any
 ) -> AlertRecord:
-    """A record as streaming.alerting publishes it (``extra`` sets or overrides fields)."""
+    """A record as iotwatch.streaming.alerting publishes it (``extra`` sets or overrides fields)."""
     verb = "raised" if state == "raised" else "cleared"
     fields: dict[str, Any] = {
         "alert_id": alert_id(device_id, rule, start_ms),

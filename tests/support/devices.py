@@ -6,8 +6,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from devices.config import SimConfig
-from devices.simulation import STATUS, Simulation
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import STATUS, Simulation
 
 START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from devices.commands import CommandChannel, DeviceCommands
-from devices.config import SimConfig
-from devices.simulation import Simulation
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, Command
+from iotwatch.devices.commands import CommandChannel, DeviceCommands
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import Simulation
 from iotwatch.settings import MqttSettings, Settings
 
 THERMOSTAT, LEAK = "home-00000-thermostat-0", "home-00000-leak_sensor-0"

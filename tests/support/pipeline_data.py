@@ -3,7 +3,7 @@
 The streaming job runs (Spark local, the real Apache Kafka broker, the real InfluxDB) on
 the scenario of tests/support/scenario.py (thermostats, a leak sensor, a vehicle with a
 crash) plus a second vehicle that reports GPS positions; gateway status reports are written
-with gateway.metrics.influx_points from a real GatewayStats snapshot. Everything goes to a
+with iotwatch.gateway.metrics.influx_points from a real GatewayStats snapshot. Everything goes to a
 fresh InfluxDB database.
 """
 
@@ -16,16 +16,16 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from alerts.actions import acknowledge
-from alerts.book import load_book
-from alerts.metrics import LifecycleMetrics
-from gateway.metrics import GatewayStats, influx_points
+from iotwatch.alerts.actions import acknowledge
+from iotwatch.alerts.book import load_book
+from iotwatch.alerts.metrics import LifecycleMetrics
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.contract.telemetry import Telemetry
+from iotwatch.gateway.metrics import GatewayStats, influx_points
+from iotwatch.responder.metrics import write_command
 from iotwatch.settings import Settings
-from responder.metrics import write_command
 from tests.support.scenario import write_scenario
 
 
@@ -176,7 +176,7 @@ def write_oncall_activity(settings: Settings, device: str) -> None:
 
 
 def populate(spark: Any, base: Settings, run: str, work_dir: Path) -> DashboardData:
-    from streaming.job import start
+    from iotwatch.streaming.job import start
 
     settings = dashboard_settings(base, run)
     client = InfluxV1Client(settings.influx)

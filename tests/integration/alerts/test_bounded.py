@@ -12,13 +12,13 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from alerts.actions import add_silence
-from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing, single_receiver
+from iotwatch.alerts.actions import add_silence
+from iotwatch.alerts.dispatch import Dispatcher
+from iotwatch.alerts.routing import parse_routing, single_receiver
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, Matchers, encode
+from iotwatch.responder.service import Responder
 from iotwatch.settings import AlertsSettings, Settings
-from responder.service import Responder
 from tests.helpers import InThread, wait_for
 from tests.support.alerts import changed, make_alert, produce
 

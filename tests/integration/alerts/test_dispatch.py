@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from alerts.actions import acknowledge, add_silence
-from alerts.book import load_book
-from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing
+from iotwatch.alerts.actions import acknowledge, add_silence
+from iotwatch.alerts.book import load_book
+from iotwatch.alerts.dispatch import Dispatcher
+from iotwatch.alerts.routing import parse_routing
 from iotwatch.contract.oncall import AlertState, AlertStep, Matchers, Notification, decode
 from iotwatch.settings import AlertsSettings, Settings
 from tests.helpers import InThread, read_topic, user_env, wait_for

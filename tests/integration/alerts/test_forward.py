@@ -14,9 +14,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from alerts.dispatch import Dispatcher, ForwardOptions
-from alerts.notification import record_body
-from alerts.routing import single_receiver
+from iotwatch.alerts.dispatch import Dispatcher, ForwardOptions
+from iotwatch.alerts.notification import record_body
+from iotwatch.alerts.routing import single_receiver
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.settings import AlertsSettings, Settings
@@ -268,7 +268,7 @@ def test_a_receiver_down_holds_the_backlog_and_nothing_is_committed_past_it(
     import logging
     import time
 
-    caplog.set_level(logging.WARNING, logger="alerts.dispatch")
+    caplog.set_level(logging.WARNING, logger="iotwatch.alerts.dispatch")
     records = alert_run(3)
     produce(test_settings.kafka, test_settings.topics.alerts, records)
     hook, url = webhook(fail_every=1, retry_after_at=None, stall_at=None)

@@ -8,7 +8,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
-from alerts.book import load_book
+from iotwatch.alerts.book import load_book
 from iotwatch.app import cli
 from iotwatch.contract.oncall import AlertState, Silence, decode
 from iotwatch.errors import IotwatchError

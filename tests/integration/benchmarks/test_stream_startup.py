@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stream import measure_startup
+from iotwatch.benchmarks.stream import measure_startup
 from iotwatch.settings import Settings
 
 

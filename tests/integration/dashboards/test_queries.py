@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from dashboards import build_all
-from dashboards.queries import Picks, has_data, queries, substitute
 from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.queries import Picks, has_data, queries, substitute
 from iotwatch.settings import Settings
 from tests.support.pipeline_data import DashboardData, populate
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import requests
 
-from alerts.book import load_book
-from alerts.routing import load_routing
+from iotwatch.alerts.book import load_book
+from iotwatch.alerts.routing import load_routing
 from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.settings import Settings
 from tests.support.alerts import make_alert, produce

@@ -16,9 +16,9 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from devices.broker_run import RunOptions, run
-from devices.config import SimConfig
 from iotwatch.contract.telemetry import decode_telemetry
+from iotwatch.devices.broker_run import RunOptions, run
+from iotwatch.devices.config import SimConfig
 from iotwatch.settings import Settings
 
 IOTWATCH = [sys.executable, "-m", "iotwatch"]

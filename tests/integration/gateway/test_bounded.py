@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import requests
 
-from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.helpers import reading

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.stack.process import stop_process
@@ -70,7 +70,7 @@ def _gateway(test_settings: Settings, unique: str, broker: Broker) -> tuple[Sett
 def test_mosquitto_restart_with_persistence_loses_nothing(
     test_settings: Settings, unique: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gateway.bridge")
+    caplog.set_level(logging.INFO, logger="iotwatch.gateway.bridge")
     broker = Broker(tmp_path)
     try:
         settings, bridge = _gateway(test_settings, unique, broker)

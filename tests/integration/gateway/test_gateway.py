@@ -11,12 +11,12 @@ from pathlib import Path
 
 import requests
 
-from gateway.bridge import Gateway
-from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_ORIGINAL_BYTES, H_REASON, header_value
 from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.gateway.bridge import Gateway
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
 from iotwatch.stack.process import free_port, stop_process

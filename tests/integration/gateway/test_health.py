@@ -8,8 +8,8 @@ from pathlib import Path
 
 import requests
 
-from gateway.bridge import Gateway
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
 from iotwatch.stack.kafka_broker import start_kafka_broker
 from iotwatch.stack.process import stop_process

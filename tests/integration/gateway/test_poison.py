@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.bridge import Gateway
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_ORIGINAL_BYTES, H_ORIGINAL_SHA256, H_REASON, header_value
 from iotwatch.contract.device_topics import telemetry_topic
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
 from tests.helpers import assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device
 from tests.support.corpus import body, corpus, publish

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 
-from gateway.metrics import wait_healthy
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
 from iotwatch.stack.process import free_port
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs

@@ -10,16 +10,16 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from gateway.bridge import Gateway
 from iotwatch.app import cli
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.deadletters import H_REPLAY_OF
+from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings, StreamSettings
-from streaming.engine import PartitionEngine
-from streaming.partition_io import RecordColumns
-from streaming.state_store import MemoryStore
+from iotwatch.streaming.engine import PartitionEngine
+from iotwatch.streaming.partition_io import RecordColumns
+from iotwatch.streaming.state_store import MemoryStore
 from tests.helpers import read_topic
 from tests.support.gateway import gateway_settings
 

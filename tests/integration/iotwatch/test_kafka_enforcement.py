@@ -24,10 +24,10 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 from pydantic import SecretStr
 
-from alerts.actions import acknowledge, add_silence, revoke_silence
-from alerts.book import load_book
-from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing
+from iotwatch.alerts.actions import acknowledge, add_silence, revoke_silence
+from iotwatch.alerts.book import load_book
+from iotwatch.alerts.dispatch import Dispatcher
+from iotwatch.alerts.routing import parse_routing
 from iotwatch.clients.kafka import (
     TopicFollower,
     admin_client,
@@ -47,12 +47,12 @@ from iotwatch.contract.oncall import AlertState, AlertStep, CommandAudit, Emerge
 from iotwatch.contract.oncall import decode as decode_record
 from iotwatch.errors import AccessRefused
 from iotwatch.provision.kafka_acls import service_grants
+from iotwatch.responder.policy import CommandPolicy
+from iotwatch.responder.service import Responder
+from iotwatch.responder.twin_ops import parse_assignments, read_twin, set_desired
 from iotwatch.settings import AlertsSettings, KafkaSettings, Settings, TopicSettings
 from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
 from iotwatch.stack.process import stop_process
-from responder.policy import CommandPolicy
-from responder.service import Responder
-from responder.twin_ops import parse_assignments, read_twin, set_desired
 from tests.helpers import InThread, user_env, wait_for
 from tests.support.alerts import make_alert, produce
 
@@ -331,7 +331,9 @@ def test_what_a_user_may_not_do_is_refused_in_one_line(secured: dict[str, KafkaS
     ]
     # the stream may see the alert topic (it writes it) but not read it: the fetch is refused
     tail = iotwatch(secured["stream"], "alerts", "tail", "--json", "--from-beginning", "--timeout", "20")
-    said = [line for line in tail.stderr.splitlines() if " INFO alerts.tail: alerts tail: following " not in line]
+    said = [
+        line for line in tail.stderr.splitlines() if " INFO iotwatch.alerts.tail: alerts tail: following " not in line
+    ]
     assert (tail.returncode, said) == (  # what it follows (said on start), then the refusal
         1,
         [

@@ -14,13 +14,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.contract.model_updates import ModelUpdate
+from iotwatch.models.base import Detector
+from iotwatch.models.iforest import IsolationForest
+from iotwatch.models.registry import ModelRegistry, RegistryError, TrainedOn
+from iotwatch.models.robust_zscore import RobustZScore
+from iotwatch.models.updates import UpdatePublisher
+from iotwatch.models.watcher import ModelWatcher
 from iotwatch.settings import RegistrySettings, Settings
-from models.base import Detector
-from models.iforest import IsolationForest
-from models.registry import ModelRegistry, RegistryError, TrainedOn
-from models.robust_zscore import RobustZScore
-from models.updates import UpdatePublisher
-from models.watcher import ModelWatcher
 
 DT, DET = "thermostat", "isolation_forest"
 

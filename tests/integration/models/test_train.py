@@ -16,8 +16,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from iotwatch.app import cli
 from iotwatch.contract.model_updates import ModelUpdate
+from iotwatch.models.registry import ModelRegistry
 from iotwatch.settings import Settings
-from models.registry import ModelRegistry
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
     """Two days, two device types, three devices each, in the streaming job's archive layout
     (one row per reading, metrics as a struct of the wide layout; a few readings with an
     out-of-range value); returns (device, event) rows in range per type."""
-    from streaming.schemas import SCORED_METRICS, WIDE_METRICS
+    from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS
 
     rng = np.random.default_rng(0)
     in_range: dict[str, int] = {}
@@ -79,7 +79,7 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
 
 
 def _archive_schema() -> pa.Schema:
-    from streaming.schemas import SCORED_METRICS, WIDE_METRICS
+    from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS
 
     return pa.schema(
         [

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from devices.home.contact import LEAK as LEAK_MODE
-from devices.home.thermostat import HVAC_STUCK
+from iotwatch.devices.home.contact import LEAK as LEAK_MODE
+from iotwatch.devices.home.thermostat import HVAC_STUCK
+from iotwatch.responder.issuer import CommandIssuer
 from iotwatch.settings import Settings
-from responder.issuer import CommandIssuer
 from tests.helpers import wait_for as eventually
 from tests.support.homes import LEAK, SITE, THERMOSTAT, Obeying, Replies, command, home_with_faults, mode
 

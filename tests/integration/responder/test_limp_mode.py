@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from devices.vehicle import LIMP_KMH, OVERHEATING
 from iotwatch.contract.oncall import CommandAudit, Emergency, decode
+from iotwatch.devices.vehicle import LIMP_KMH, OVERHEATING
+from iotwatch.responder.policy import DEFAULT_POLICIES, OVERHEAT_C
+from iotwatch.responder.service import Responder
+from iotwatch.responder.twin_ops import read_twin
 from iotwatch.settings import Settings
-from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
-from responder.service import Responder
-from responder.twin_ops import read_twin
 from tests.helpers import InThread, read_topic, wait_for
 from tests.support.alerts import changed, make_alert, produce
 from tests.support.clock import next_rounds

@@ -15,9 +15,9 @@ from iotwatch.app import cli
 from iotwatch.contract.alerts import AlertRecord, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome, decode
+from iotwatch.responder.policy import DEFAULT_POLICIES
+from iotwatch.responder.service import Responder
 from iotwatch.settings import Settings
-from responder.policy import DEFAULT_POLICIES
-from responder.service import Responder
 from tests.helpers import InThread, read_topic, wait_for
 from tests.support.alerts import changed, make_alert, produce
 from tests.support.clock import ShiftedClock, next_rounds

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from alerts.actions import publish
+from iotwatch.alerts.actions import publish
 from iotwatch.app import cli
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
+from iotwatch.responder.service import Responder
+from iotwatch.responder.twin_ops import read_twin
 from iotwatch.settings import Settings
-from responder.service import Responder
-from responder.twin_ops import read_twin
 from tests.helpers import InThread, wait_for
 from tests.support.homes import LEAK, SITE, THERMOSTAT, Obeying, home_with_faults, mode
 

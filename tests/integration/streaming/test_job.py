@@ -18,7 +18,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.dead_letters import H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from streaming.job import start
+from iotwatch.streaming.job import start
 from tests.helpers import children_running, read_topic, user_env, wait_for
 from tests.support.scenario import write_scenario
 
@@ -288,9 +288,9 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(
     from confluent_kafka import Producer
 
     from iotwatch.contract.telemetry import Telemetry
-    from models.iforest import IsolationForest
-    from models.registry import ModelRegistry
-    from models.updates import UpdatePublisher
+    from iotwatch.models.iforest import IsolationForest
+    from iotwatch.models.registry import ModelRegistry
+    from iotwatch.models.updates import UpdatePublisher
 
     settings = _job_settings(test_settings, trigger_interval_s=0.5, fleet_detector="isolation_forest")
     settings = settings.model_copy(update={"registry": settings.registry.model_copy(update={"path": tmp_path / "reg"})})

@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
-from streaming.kafka_source import read_kafka_batch, read_kafka_stream
-from streaming.operator_key import operator_key
+from iotwatch.streaming.kafka_source import read_kafka_batch, read_kafka_stream
+from iotwatch.streaming.operator_key import operator_key
 from tests.helpers import reading
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import random
 import pytest
 from pyspark.sql import functions as F
 
-from streaming.operator_key import operator_key, partition_of, spark_hash_long
+from iotwatch.streaming.operator_key import operator_key, partition_of, spark_hash_long
 
 
 def test_spark_hash_long_is_sparks_hash(spark) -> None:

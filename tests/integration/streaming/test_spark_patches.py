@@ -13,7 +13,7 @@ import pytest
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
-from streaming.job import start
+from iotwatch.streaming.job import start
 from tests.helpers import children_running
 from tests.support.scenario import write_scenario
 

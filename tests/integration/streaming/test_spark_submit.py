@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import streaming.job
+import iotwatch.streaming.job
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from tests.helpers import read_topic, user_env
@@ -44,7 +44,9 @@ def test_spark_submit_on_a_standalone_cluster(test_settings: Settings, unique: s
         IOTWATCH_REGISTRY_PATH=str(tmp_path / "registry"),
     )
     with standalone_cluster(tmp_path / "cluster") as cluster:
-        command = cluster.submit_command(Path(streaming.job.__file__), "--available-now", python=sys.executable)
+        command = cluster.submit_command(
+            Path(iotwatch.streaming.job.__file__), "--available-now", python=sys.executable
+        )
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stderr[-4000:]
         applications = list(cluster.worker_dir.glob("app-*"))

@@ -80,7 +80,7 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     assert process.returncode == 0, err[-3000:]
     assert not [line for line in lines if any(m in line for m in TRACE_MARKERS)], err[-3000:]
     assert not [line for line in lines if " ERROR " in line], err[-3000:]
-    stopping = next(i for i, line in enumerate(lines) if " streaming.job: stopping" in line)
+    stopping = next(i for i, line in enumerate(lines) if " iotwatch.streaming.job: stopping" in line)
     assert not [line for line in lines[stopping:] if " WARNING spark." in line], err[-3000:]
     assert not [line for line in lines if "py4j" in line or line.startswith("[Stage")], err[-3000:]
     progress = [line for line in lines if " stream: batch=" in line]

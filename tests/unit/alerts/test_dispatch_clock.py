@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from alerts.dispatch import Dispatcher
-from alerts.routing import parse_routing
+from iotwatch.alerts.dispatch import Dispatcher
+from iotwatch.alerts.routing import parse_routing
 from iotwatch.contract.alerts import AlertRecord, alert_message
 from iotwatch.settings import AlertsSettings, Settings
 from tests.support.alerts import make_alert

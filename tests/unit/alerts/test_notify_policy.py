@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from alerts.notify_policy import Due, GroupNow, decide
+from iotwatch.alerts.notify_policy import Due, GroupNow, decide
 from iotwatch.contract.oncall import NotificationKind
 
 

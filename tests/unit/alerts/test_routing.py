@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.routing import RoutingError, load_routing, parse_routing
+from iotwatch.alerts.routing import RoutingError, load_routing, parse_routing
 from iotwatch.contract.alerts import AlertRecord
-from responder.policy import DEFAULT_POLICIES, load_policies
+from iotwatch.responder.policy import DEFAULT_POLICIES, load_policies
 from tests.conftest import REPO_ROOT
 from tests.support.alerts import make_alert
 

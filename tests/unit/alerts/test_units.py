@@ -8,10 +8,10 @@ from email.utils import formatdate
 
 from rich.console import Console
 
-from alerts.notification import record_body, record_key
-from alerts.records import AlertFilter, human_age, slack_text
-from alerts.tail import TailView, line
-from alerts.webhook import Backoff, Webhook, parse_retry_after
+from iotwatch.alerts.notification import record_body, record_key
+from iotwatch.alerts.records import AlertFilter, human_age, slack_text
+from iotwatch.alerts.tail import TailView, line
+from iotwatch.alerts.webhook import Backoff, Webhook, parse_retry_after
 from iotwatch.contract.alerts import alert_as_dict
 from tests.support.alerts import changed, make_alert
 
@@ -96,7 +96,7 @@ def test_table_and_line_render() -> None:
 
 
 def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> None:
-    from alerts.webhook import receiver_name
+    from iotwatch.alerts.webhook import receiver_name
 
     assert receiver_name("https://hooks.slack.com/services/T0/B0/XXXX") == "https://hooks.slack.com/services/…"
     assert receiver_name("https://user:pw@example.org:8443/hook?token=abc") == "https://example.org:8443/hook/…"
@@ -107,9 +107,9 @@ def test_receiver_name_keeps_scheme_host_port_and_first_path_segment_only() -> N
 def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_stay_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """An InfluxDB that refuses connections (nothing listens on the port): one failed write per
     snapshot interval, not one per forwarder tick, and at most MAX_PENDING points kept."""
-    import alerts.metrics
-    from alerts.book import AlertBook
-    from alerts.metrics import LifecycleMetrics
+    import iotwatch.alerts.metrics
+    from iotwatch.alerts.book import AlertBook
+    from iotwatch.alerts.metrics import LifecycleMetrics
     from iotwatch.clients.influx import InfluxV1Client
     from iotwatch.settings import InfluxSettings
     from iotwatch.stack.process import free_port
@@ -128,7 +128,7 @@ def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_sta
     assert metrics.failures == 1
     metrics.flush(book, now + 10_000)
     assert metrics.failures == 2
-    monkeypatch.setattr(alerts.metrics, "MAX_PENDING", 3)
+    monkeypatch.setattr(iotwatch.alerts.metrics, "MAX_PENDING", 3)
     for n in range(5):
         metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
     assert len(metrics.pending) == 3 and metrics.dropped >= 2

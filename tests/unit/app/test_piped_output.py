@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evaluation.sources import NAB_SAMPLE
+from iotwatch.evaluation.sources import NAB_SAMPLE
 
 
 def test_a_piped_evaluate_table_is_not_cut_to_80_columns(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards import JSON_DIR, build_all, render
-from dashboards.builder import DATASOURCE, FOLDER
-from dashboards.queries import all_panels, is_builtin, queries, variables_used
 from iotwatch.app import main
+from iotwatch.dashboards import JSON_DIR, build_all, render
+from iotwatch.dashboards.builder import DATASOURCE, FOLDER
+from iotwatch.dashboards.queries import all_panels, is_builtin, queries, variables_used
 from tests.conftest import REPO_ROOT
 
 BUILT = build_all()

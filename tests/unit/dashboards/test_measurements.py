@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from dashboards import build_all
-from dashboards.queries import queries
 from iotwatch.contract.measurements import DEVICE_METRICS, MEASUREMENTS, PIPELINE
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.queries import queries
 
 QUOTED = re.compile(r'"([^"]+)"')
 #: A quoted name compared in WHERE, or listed in GROUP BY: a tag.

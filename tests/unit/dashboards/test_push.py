@@ -13,9 +13,9 @@ import socket
 
 import pytest
 
-from dashboards import build_all
-from dashboards.push import DATASOURCE_NAME, InfluxTarget, connect, push
 from iotwatch.app import main
+from iotwatch.dashboards import build_all
+from iotwatch.dashboards.push import DATASOURCE_NAME, InfluxTarget, connect, push
 from iotwatch.errors import IotwatchError
 from tests.support.fake_grafana import FakeGrafana
 

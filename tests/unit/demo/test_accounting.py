@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.demo.accounting import RawIndex, judge_alerts
 from iotwatch.demo.runner import pick_values
+from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from tests.helpers import injection
 
 
@@ -38,7 +38,7 @@ def alert(alert_id: str, device: str, rule: str, first_seq: int, seq: int | None
 
 
 def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
-    """The demo judges by :func:`evaluation.judgement.judge`; its summary adds up and
+    """The demo judges by :func:`iotwatch.evaluation.judgement.judge`; its summary adds up and
     every device's silence when the simulators stop is the end of the run."""
     raw = RawIndex(identities={"t1": ("thermostat", "h"), "t2": ("thermostat", "h")})
     raw.seqs["t1"].update(range(900))

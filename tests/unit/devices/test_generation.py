@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.config import SimConfig
-from devices.faults import corrupt
-from devices.scenario import ScenarioError, load_scenario
-from devices.simulation import STATUS, Simulation
 from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import ContractViolation, DeviceType, decode_telemetry
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.faults import corrupt
+from iotwatch.devices.scenario import ScenarioError, load_scenario
+from iotwatch.devices.simulation import STATUS, Simulation
 from tests.support.devices import START_MS, generate, telemetry_by_device
 
 
@@ -367,7 +367,7 @@ def test_scenario_errors_are_one_line(tmp_path: Path) -> None:
 def test_a_second_run_carries_on_each_devices_seq_from_the_state_file(tmp_path: Path) -> None:
     """What the first run ends with (seq_end, saved by the runner) is where the second starts,
     device by device; a device new to the file starts at 0."""
-    from devices import seq_state
+    from iotwatch.devices import seq_state
 
     state = tmp_path / "seq.json"
     first = Simulation(SimConfig(seed=5, homes=2, vehicles=1, start_ms=START_MS, seq_state=state))
@@ -388,7 +388,7 @@ def test_a_second_run_carries_on_each_devices_seq_from_the_state_file(tmp_path: 
 
 
 def test_a_damaged_seq_state_file_is_an_error_that_names_it(tmp_path: Path) -> None:
-    from devices import seq_state
+    from iotwatch.devices import seq_state
 
     state = tmp_path / "seq.json"
     state.write_text("{not json")

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.nab_scoring import PROFILES, raw_at_threshold, sweep_stream
-from evaluation.sources import NAB_PUBLISHED_SCORES, NAB_SAMPLE, NabSource
-from models.cad_ose import ContextualAnomalyCore, Py2IntKeyOrder, nab_scores, py2_tuple_hash
+from iotwatch.evaluation.nab_scoring import PROFILES, raw_at_threshold, sweep_stream
+from iotwatch.evaluation.sources import NAB_PUBLISHED_SCORES, NAB_SAMPLE, NabSource
+from iotwatch.models.cad_ose import ContextualAnomalyCore, Py2IntKeyOrder, nab_scores, py2_tuple_hash
 
 PUBLISHED = NAB_SAMPLE / "published" / "contextOSE"
 STREAMS = {s.key: s for s in NabSource(NAB_SAMPLE).streams()}

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from evaluation.sources import NabSource, split_keys
 from iotwatch.app import cli
+from iotwatch.evaluation.sources import NabSource, split_keys
+from iotwatch.models.catalog import DEFAULT_DETECTOR, make
 from iotwatch.settings import StreamSettings
-from models.catalog import DEFAULT_DETECTOR, make
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,8 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
 def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from evaluation.cli.score_csv import score_file
-    from models.catalog import make
+    from iotwatch.evaluation.cli.score_csv import score_file
+    from iotwatch.models.catalog import make
 
     warmup = make(DEFAULT_DETECTOR).warmup_readings()
     rows = warmup - 20

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from devices.anomaly_kinds import KINDS
-from evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE, JudgedRun, RaisedAlert, judge
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND
 from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection, decode_injection, encode_injection
+from iotwatch.devices.anomaly_kinds import KINDS
+from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE, JudgedRun, RaisedAlert, judge
 from tests.helpers import injection
 
 T0 = 1_700_000_000_000

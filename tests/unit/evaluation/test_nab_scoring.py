@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.nab_scoring import (
+from iotwatch.evaluation.nab_scoring import (
     PROFILES,
     normalised,
     optimise_threshold,

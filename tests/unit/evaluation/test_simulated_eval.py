@@ -7,8 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from evaluation.judgement import RaisedAlert
-from evaluation.simulated import (
+from iotwatch.app import cli
+from iotwatch.evaluation.judgement import RaisedAlert
+from iotwatch.evaluation.simulated import (
     GOALS,
     RECOMMENDED,
     check_goals,
@@ -18,7 +19,6 @@ from evaluation.simulated import (
     settings_for,
     simulate,
 )
-from iotwatch.app import cli
 from tests.helpers import injection
 
 OBVIOUS = ("spike", "water_leak", "crash", "out_of_range", "dropout")
@@ -174,7 +174,7 @@ def test_cli_simulated_json() -> None:
     assert doc["goals"]["drift_median_delay_s"] == 60.0
     assert set(doc["configs"]["defaults"]["goals"]) == set(doc["goals"])
 
-    from evaluation.cli.evaluate import _render_simulated
+    from iotwatch.evaluation.cli.evaluate import _render_simulated
 
     _render_simulated(doc)  # the rich tables render from the JSON document
 

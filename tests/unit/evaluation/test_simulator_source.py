@@ -8,10 +8,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from devices.config import SimConfig
-from devices.simulation import STATUS, Simulation
 from iotwatch.app import cli
 from iotwatch.contract.ground_truth import read_ground_truth, write_ground_truth
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import STATUS, Simulation
 from iotwatch.errors import IotwatchError
 from tests.support.devices import START_MS
 

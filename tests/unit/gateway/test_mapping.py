@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from paho.mqtt.client import topic_matches_sub
 
-from gateway.mapping import Router, RoutingError, filter_regex
 from iotwatch.contract.telemetry import Telemetry
+from iotwatch.gateway.mapping import Router, RoutingError, filter_regex
 from iotwatch.settings import MappingRule, TopicSettings
 
 FILTERS = ["iot/+/+/+/telemetry", "a/#", "#", "+/b", "a/+", "+", "a/b/c", "a/+/#", "$SYS/#", "+/+", "a.b/+"]

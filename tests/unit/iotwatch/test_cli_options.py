@@ -31,8 +31,8 @@ def test_demo_and_chaos_take_the_run_options_with_their_own_defaults_and_help() 
 
 
 def test_the_benchmarks_latency_runs_share_their_options() -> None:
-    from benchmarks.gateway import bench_gateway
-    from benchmarks.stream import bench_stream
+    from iotwatch.benchmarks.gateway import bench_gateway
+    from iotwatch.benchmarks.stream import bench_stream
 
     gateway, stream = _params(bench_gateway), _params(bench_stream)
     assert gateway["latency_seconds"].opts == stream["latency_seconds"].opts == ["--latency-seconds"]

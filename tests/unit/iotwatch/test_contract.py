@@ -11,10 +11,6 @@ import msgspec
 import numpy as np
 import pytest
 
-from devices.anomaly_kinds import MALFORMED_VARIANTS
-from devices.config import SimConfig
-from devices.faults import corrupt
-from devices.simulation import STATUS
 from iotwatch.contract.alerts import (
     ALERT_SCHEMA_VERSION,
     AlertLifecycle,
@@ -36,8 +32,12 @@ from iotwatch.contract.telemetry import (
     decode_batch,
     decode_telemetry,
 )
-from models.registry import ModelRegistry, RegistryError
-from models.robust_zscore import RobustZScore
+from iotwatch.devices.anomaly_kinds import MALFORMED_VARIANTS
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.faults import corrupt
+from iotwatch.devices.simulation import STATUS
+from iotwatch.models.registry import ModelRegistry, RegistryError
+from iotwatch.models.robust_zscore import RobustZScore
 from tests.support.devices import START_MS, generate
 
 NOW = START_MS + 60_000
@@ -295,9 +295,9 @@ def test_device_type_is_a_registry_name(tmp_path: Any) -> None:
     for name in ("a:b", "thermostat\n"):
         with pytest.raises(RegistryError):
             registry.register(RobustZScore(), name)
-    import models.registry
+    import iotwatch.models.registry
 
-    assert models.registry._NAME.pattern == DEVICE_TYPE_PATTERN
+    assert iotwatch.models.registry._NAME.pattern == DEVICE_TYPE_PATTERN
 
 
 def test_metrics_count_names_and_values() -> None:
@@ -576,8 +576,8 @@ def test_alert_records_that_are_not_alerts_say_why(raw: bytes | None, says: str)
 def test_both_alert_producers_write_the_contract_record() -> None:
     """The job's lifecycle and the responder's escalation both build the contract's record."""
     from iotwatch.contract.oncall import CommandAudit, CommandOutcome
-    from responder.escalation import RULE, escalation_record
-    from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
+    from iotwatch.responder.escalation import RULE, escalation_record
+    from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
 
     spec = RuleSpec("stuck_hvac", Severity.MAJOR, fire=0.5, clear=0.2)
     context = AlertContext(DeviceIdentity("home-1-thermostat-0", "thermostat", "home-1"), now_ms=lambda: 7)
@@ -596,11 +596,11 @@ def test_one_spelling_per_rule_and_anomaly_kind() -> None:
     """Every rule the job can raise and the responder's escalation are contract rules; the
     simulators inject exactly the contract's anomaly kinds, each judged by the one table;
     the earlier spellings of two kinds still resolve, to the one spelling."""
-    from devices.anomaly_kinds import ANOMALY, KINDS, resolve_kind
     from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
+    from iotwatch.devices.anomaly_kinds import ANOMALY, KINDS, resolve_kind
+    from iotwatch.responder.escalation import RULE
     from iotwatch.settings import StreamSettings
-    from responder.escalation import RULE
-    from streaming.rules import rule_specs
+    from iotwatch.streaming.rules import rule_specs
 
     assert {*rule_specs(StreamSettings(), "ensemble"), RULE} == {rule.value for rule in Rule}
     injected = {name for name, kind in KINDS.items() if kind.category == ANOMALY}

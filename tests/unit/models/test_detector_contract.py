@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from models.base import ANOMALY_KINDS, Detector
-from models.catalog import DETECTORS, describe, detector_class, load, names
-from models.catalog import make as _catalog_make
+from iotwatch.models.base import ANOMALY_KINDS, Detector
+from iotwatch.models.catalog import DETECTORS, describe, detector_class, load, names
+from iotwatch.models.catalog import make as _catalog_make
 from tests.support.streams import clean
 
 T0 = 1_700_000_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.catalog import describe, make, names
+from iotwatch.models.catalog import describe, make, names
 from tests.support.streams import ONSET, clean, with_anomaly
 
 #: Parameters the rules need.
@@ -53,7 +53,7 @@ def test_rules_fire_only_on_their_kind() -> None:
 def test_repeat_run_judges_only_streams_where_runs_are_news() -> None:
     """A noisy sensor stuck at one value is flagged; a smooth signal holding still at its
     daily peak, a battery level and a meter idling at zero are not."""
-    from models.repeat_run import RepeatRun
+    from iotwatch.models.repeat_run import RepeatRun
 
     rng = np.random.default_rng(3)
     i = np.arange(6000)

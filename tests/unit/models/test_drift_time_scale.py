@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.episode_likelihood import EpisodeLikelihood
-from models.kernels import episode_likelihood as kernel
+from iotwatch.models.episode_likelihood import EpisodeLikelihood
+from iotwatch.models.kernels import episode_likelihood as kernel
 
 START_MS = 1_763_784_000_000
 FIRE = 0.40  # the streaming job's alert_fire_score

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from models.exceedance import ExceedanceTail
+from iotwatch.models.exceedance import ExceedanceTail
 
 
 def _quiet(tail: ExceedanceTail, rng: random.Random, readings: int) -> None:

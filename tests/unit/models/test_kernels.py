@@ -1,6 +1,6 @@
 """Every compiled kernel (models/kernels/) agrees with its reference detector (models/):
 same scores, same final state, whatever the data. The shared checks run over every kernel
-of :data:`models.kernels.KERNELS`; the tail ensemble's own checks follow."""
+of :data:`iotwatch.models.kernels.KERNELS`; the tail ensemble's own checks follow."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from devices.config import SimConfig
-from devices.simulation import STATUS, Simulation
-from evaluation.sources import NAB_SAMPLE, NabSource
+from iotwatch.devices.config import SimConfig
+from iotwatch.devices.simulation import STATUS, Simulation
+from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
+from iotwatch.models.base import Detector
+from iotwatch.models.cad_ose import CadOse
+from iotwatch.models.episode_likelihood import EpisodeLikelihood
+from iotwatch.models.exceedance import ExceedanceTail
+from iotwatch.models.forecast import HoltWintersResidual
+from iotwatch.models.kernels import KERNELS, kernel_for
+from iotwatch.models.kernels import cad_ose as cad_kernel
+from iotwatch.models.kernels import episode_likelihood as episode_kernel
+from iotwatch.models.kernels import tail_ensemble as kernel
+from iotwatch.models.repeat_run import RepeatRun
+from iotwatch.models.robust_zscore import RobustZScore
+from iotwatch.models.tail_ensemble import TailEnsemble
 from iotwatch.settings import StreamSettings
-from models.base import Detector
-from models.cad_ose import CadOse
-from models.episode_likelihood import EpisodeLikelihood
-from models.exceedance import ExceedanceTail
-from models.forecast import HoltWintersResidual
-from models.kernels import KERNELS, kernel_for
-from models.kernels import cad_ose as cad_kernel
-from models.kernels import episode_likelihood as episode_kernel
-from models.kernels import tail_ensemble as kernel
-from models.repeat_run import RepeatRun
-from models.robust_zscore import RobustZScore
-from models.tail_ensemble import TailEnsemble
 
 RTOL, ATOL = 1e-9, 1e-12
 START_MS = 1_763_784_000_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.rank_calibration import RankCalibrator
+from iotwatch.models.rank_calibration import RankCalibrator
 
 
 def _run(cal: RankCalibrator, raw: np.ndarray) -> np.ndarray:

@@ -27,6 +27,6 @@ def test_every_record_of_the_contract_has_its_table() -> None:
 def test_types_constraints_and_comments_reach_the_tables() -> None:
     page = markdown()
     assert "| `seq` | int (>= 0, <= 2^63-1) | required | per-device counter from 0, +1 a message |" in page
-    assert "| `rule` | string | required | a rule of streaming.rules" in page
+    assert "| `rule` | string | required | a rule of iotwatch.streaming.rules" in page
     assert "| `severity` | [Severity](#severity) | required |" in page
     assert "| thermostat | `temperature_c` | degC | -10 to 45 |" in page

@@ -7,15 +7,16 @@ The layers, lowest first:
    lag, the kit every command is built from (``iotwatch.cli``) and the generators of the
    reference pages. It imports no stage and nothing of the app layer.
 2. **The stages**, in this order: devices, gateway, models, streaming, evaluation, alerts,
-   responder, dashboards. A stage imports the core and the stages before it in this order,
-   never one after it. The evaluation (``evaluation/``, with ``iotwatch evaluate`` and
-   ``iotwatch score-csv``) runs the streaming job's logic over simulated devices, so it sits
-   above streaming and devices, while the detectors it measures (``models/``) sit below
-   streaming, which runs them.
+   responder, dashboards (``iotwatch.devices`` from ``devices/``, and so on: each stage's
+   folder sits at the repository's top level and installs under ``iotwatch``). A stage imports
+   the core and the stages before it in this order, never one after it. The evaluation
+   (``evaluation/``, with ``iotwatch evaluate`` and ``iotwatch score-csv``) runs the streaming
+   job's logic over simulated devices, so it sits above streaming and devices, while the
+   detectors it measures (``models/``) sit below streaming, which runs them.
 3. **The app layer**: the frame that registers every command (``iotwatch.app``,
    ``iotwatch.__main__``), ``iotwatch demo`` (``iotwatch.demo``), ``iotwatch chaos``
    (``iotwatch.chaos``), the embedded stack (``iotwatch.stack``), provisioning
-   (``iotwatch.provision``) and ``benchmarks``. It may import anything below it; nothing below
+   (``iotwatch.provision``) and ``iotwatch.benchmarks``. It may import anything below it; nothing below
    imports it.
 
 A package is a stage, an app package, or a child of ``iotwatch`` (``iotwatch.contract``,
@@ -31,25 +32,27 @@ from collections.abc import Iterator, Mapping, Set
 from pathlib import Path
 
 from tests.conftest import REPO_ROOT
+from tests.support.layout import FOLDERS, module_name
 
 ROOT = REPO_ROOT
 CORE = "iotwatch"
 #: The stages, lowest first: name -> the modules it is made of (a module belongs to the
 #: longest prefix that names it).
 STAGES: dict[str, tuple[str, ...]] = {
-    "devices": ("devices",),
-    "gateway": ("gateway",),
-    "models": ("models",),
-    "streaming": ("streaming",),
-    "evaluation": ("evaluation",),
-    "alerts": ("alerts",),
-    "responder": ("responder",),
-    "dashboards": ("dashboards",),
+    "devices": ("iotwatch.devices",),
+    "gateway": ("iotwatch.gateway",),
+    "models": ("iotwatch.models",),
+    "streaming": ("iotwatch.streaming",),
+    "evaluation": ("iotwatch.evaluation",),
+    "alerts": ("iotwatch.alerts",),
+    "responder": ("iotwatch.responder",),
+    "dashboards": ("iotwatch.dashboards",),
 }
 #: The app layer's packages, above every stage.
 APP = ("iotwatch.app", "iotwatch.__main__", "iotwatch.demo", "iotwatch.chaos", "iotwatch.stack", "iotwatch.provision")
-APP_PACKAGES = (*APP, "benchmarks")
-TOP_LEVEL = {CORE, "benchmarks", *(prefix.split(".")[0] for prefixes in STAGES.values() for prefix in prefixes)}
+APP_PACKAGES = (*APP, "iotwatch.benchmarks")
+#: The installed packages with a top-level folder of their own: the core and every stage.
+TOP_LEVEL = {CORE, "iotwatch.benchmarks", *(prefix for prefixes in STAGES.values() for prefix in prefixes)}
 
 #: Prefix -> (package, layer): the core is layer 0, the stages 1.. in order, the app layer last.
 _PREFIXES: dict[str, tuple[str, int]] = {
@@ -70,10 +73,9 @@ def package_of(module: str) -> tuple[str, int]:
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for package in TOP_LEVEL:
-        for path in (ROOT / package).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            modules[name.removesuffix(".__init__")] = path
+    for folder in FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            modules[module_name(path)] = path
     return modules
 
 
@@ -158,11 +160,11 @@ def _cycles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
 
 
 def test_every_package_has_its_layer() -> None:
-    found = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
+    found = {FOLDERS.get(path.parent.name, path.parent.name) for path in ROOT.glob("*/__init__.py")} - {"tests"}
     assert found == TOP_LEVEL, f"top-level packages without a layer: {sorted(found - TOP_LEVEL)}"
     assert package_of("iotwatch.cli") == ("iotwatch.cli", 0)
-    assert package_of("evaluation.simulated") == ("evaluation", 5)
-    assert package_of("models.kernels.cad_ose") == ("models", 3)
+    assert package_of("iotwatch.evaluation.simulated") == ("evaluation", 5)
+    assert package_of("iotwatch.models.kernels.cad_ose") == ("models", 3)
     assert package_of("iotwatch.stack.process") == ("iotwatch.stack", len(STAGES) + 1)
     graph = _graph()
     assert len([m for m in graph if package_of(m)[1] == 0]) > 10  # (the walk found the core)
@@ -194,7 +196,7 @@ def test_no_packages_import_each_other() -> None:
 
 def test_no_modules_import_each_other() -> None:
     graph = _graph()
-    assert "streaming.job" in graph["streaming.cli"]  # (the walk sees function-level imports)
+    assert "iotwatch.streaming.job" in graph["iotwatch.streaming.cli"]  # (the walk sees function-level imports)
     cycles = _cycles(graph)
     assert not cycles, "modules that import each other (through the others listed):\n" + "\n".join(
         ", ".join(c) for c in cycles

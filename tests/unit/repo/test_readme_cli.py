@@ -128,7 +128,7 @@ def test_the_score_csv_lines_shown_are_what_it_prints(tmp_path: Path) -> None:
 
 
 def test_progress_stop_summary_and_stack_lines_have_the_shape_the_code_prints() -> None:
-    from streaming.progress import progress_line
+    from iotwatch.streaming.progress import progress_line
 
     text = documents_text()
     assert progress_line(1, 8380, 1798.3, 0, 4660) in text

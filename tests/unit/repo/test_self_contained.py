@@ -26,7 +26,7 @@ def test_no_tracked_file_reads_beside_the_repository() -> None:
 
 
 def test_shipped_nab_sample_is_complete() -> None:
-    from evaluation.sources import NAB_SAMPLE, NabSource
+    from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 
     source = NabSource(NAB_SAMPLE)
     assert len(source.keys()) == 7 and set(source.windows) == set(source.keys())

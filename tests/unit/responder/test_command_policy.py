@@ -4,7 +4,7 @@ times out, when an attempt is repeated, when the condition is escalated -- witho
 from __future__ import annotations
 
 from iotwatch.contract.oncall import CommandOutcome as Outcome
-from responder.command_policy import CommandNow, Next, next_step
+from iotwatch.responder.command_policy import CommandNow, Next, next_step
 
 TIMEOUT_MS, ATTEMPTS = 20_000, 3
 

@@ -6,9 +6,9 @@ saturates; the detector's own coolant alerts send nothing, and healthy vehicles 
 
 from __future__ import annotations
 
-from evaluation.simulated import run_alerts, settings_for, simulate
 from iotwatch.contract.alerts import AlertRecord, decode_alert
-from responder.policy import DEFAULT_POLICIES, OVERHEAT_C
+from iotwatch.evaluation.simulated import run_alerts, settings_for, simulate
+from iotwatch.responder.policy import DEFAULT_POLICIES, OVERHEAT_C
 
 
 def raised(kinds: tuple[str, ...], rate: float, seed: int) -> list[AlertRecord]:

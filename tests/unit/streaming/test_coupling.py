@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from streaming.coupling import explained_entries
+from iotwatch.streaming.coupling import explained_entries
 from tests.unit.streaming.test_engine import Harness, alerts_of, readings_of, record
 
 

@@ -14,9 +14,9 @@ import pytest
 from iotwatch.contract.detection import Rule
 from iotwatch.contract.metric_catalog import DANGER_LIMITS, DEVICE_METRICS, danger_limits
 from iotwatch.settings import StreamSettings
-from streaming import rules
-from streaming.alerting import alert_id
-from streaming.episode_book import RULE_ORDER
+from iotwatch.streaming import rules
+from iotwatch.streaming.alerting import alert_id
+from iotwatch.streaming.episode_book import RULE_ORDER
 from tests.unit.streaming.test_engine import T0, Harness, _comparable, alerts_of, record
 
 COOLANT = DANGER_LIMITS["vehicle_edr"]["coolant_temp_c"]

@@ -15,12 +15,12 @@ from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.settings import StreamSettings
-from streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
-from streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
-from streaming.device_state import CORE_FIELDS, DeviceState
-from streaming.engine import PartitionEngine
-from streaming.partition_io import BatchOutput, RecordColumns
-from streaming.state_store import MemoryStore
+from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
+from iotwatch.streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
+from iotwatch.streaming.device_state import CORE_FIELDS, DeviceState
+from iotwatch.streaming.engine import PartitionEngine
+from iotwatch.streaming.partition_io import BatchOutput, RecordColumns
+from iotwatch.streaming.state_store import MemoryStore
 
 T0 = 1_763_784_000_000
 
@@ -411,7 +411,7 @@ def test_state_is_a_few_numbers_and_round_trips() -> None:
 def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
     import pandas as pd
 
-    from models.iforest import IsolationForest
+    from iotwatch.models.iforest import IsolationForest
 
     rng = np.random.default_rng(0)
     normal = pd.DataFrame({"temperature_c": rng.normal(21, 0.2, 3000)})
@@ -435,9 +435,9 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
     task writes) and its tally to the operator's Spark output schema."""
     from pyspark.sql.conversion import PandasToArrowConversion
 
-    from streaming.processor import tally_row
-    from streaming.schemas import TALLY_SCHEMA
-    from streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
+    from iotwatch.streaming.processor import tally_row
+    from iotwatch.streaming.schemas import TALLY_SCHEMA
+    from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
 
     harness = Harness()
     odd = Rec(
@@ -558,7 +558,7 @@ def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() ->
     """A checkpoint written before episodes kept their metric still loads (metric -1: none)."""
     import struct
 
-    from streaming.device_state import _HEADER, EP_METRIC, EPISODE_FIELDS
+    from iotwatch.streaming.device_state import _HEADER, EP_METRIC, EPISODE_FIELDS
 
     harness = Harness()
     harness.run([noisy_series(301, spike_at=300)])

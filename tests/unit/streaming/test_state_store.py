@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from streaming.device_state import LAST_WALL_MS, RECEIVED
-from streaming.device_table import DeviceTable
-from streaming.shard_cache import ShardCache
-from streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
+from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
+from iotwatch.streaming.device_table import DeviceTable
+from iotwatch.streaming.shard_cache import ShardCache
+from iotwatch.streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
 from tests.unit.streaming.test_engine import Harness, _comparable, record
 
 
