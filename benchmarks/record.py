@@ -1,9 +1,10 @@
-"""Run one ``iotwatch bench`` command (or an ``iotwatch chaos`` run) and keep its JSON result
+"""Run one ``iotwatch bench`` command (or an ``iotwatch chaos`` or ``iotwatch demo`` run) and keep its JSON result
 as a file under ``results/``.
 
     python benchmarks/record.py stream [bench options...]
     python benchmarks/record.py gateway --processes 2
     python benchmarks/record.py chaos --duration 600
+    python benchmarks/record.py demo
 
 A chaos run that fails a proof (exit 1) is kept too: its JSON says which proof failed.
 
@@ -26,7 +27,7 @@ import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Runs recorded that are commands of their own rather than ``iotwatch bench`` benches.
-COMMANDS = {"chaos": ["iotwatch", "chaos"]}
+COMMANDS = {"chaos": ["iotwatch", "chaos"], "demo": ["iotwatch", "demo"]}
 
 
 def machine() -> dict[str, object]:

@@ -174,6 +174,30 @@ def _replication_rows(results: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def _demo_rows() -> list[Row]:
+    def latency(r: dict[str, Any]) -> str:
+        found = r["latency_ms"]
+        return f"{_ms(found['raw_append_to_alert_p50'])} / {_ms(found['raw_append_to_alert_p99'])}"
+
+    def gateway(r: dict[str, Any]) -> str:
+        found = r["latency_ms"]
+        return f"{_ms(found['gateway_delivery_p50'])} / {_ms(found['gateway_delivery_p99'])}"
+
+    return [
+        ("loss by seq", lambda r: f"{r['loss']['loss']} of {r['loss']['unique_readings_in_kafka']:,}"),
+        ("reading in Kafka to its alert in Kafka, p50 / p99", latency),
+        ("gateway delivery (MQTT in to Kafka's acknowledgement), p50 / p99", gateway),
+        (
+            "anomalies detected (recall); alerts detecting one (precision)",
+            lambda r: (
+                f"{r['alerts']['anomalies_detected']} of {r['alerts']['anomalies_injected']} "
+                f"({r['alerts']['recall']}); {r['alerts']['alerts_detecting_an_anomaly']} of "
+                f"{r['alerts']['alerts_raised']} ({r['alerts']['precision']})"
+            ),
+        ),
+    ]
+
+
 def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
     def recovery(fault: str) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
@@ -271,6 +295,8 @@ def render() -> str:
     if files := newest("replication"):
         results = [json.loads(path.read_text())["result"] for path in files]
         parts.append(_table("replication", files, _replication_rows(results)))
+    if files := newest("demo"):
+        parts.append(_table("demo", files, _demo_rows(), title="iotwatch demo"))
     if files := newest("chaos"):
         results = [json.loads(path.read_text())["result"] for path in files]
         parts.append(_table("chaos", files, _chaos_rows(results), title="iotwatch chaos"))
