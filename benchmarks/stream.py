@@ -195,7 +195,13 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
         producer.produce(topics.raw, key=message.device_id.encode(), value=message.to_json())
     producer.flush(30)
     started_ms = time.time() * 1000
-    job = start(spark, settings, checkpoint_dir=workdir / "ck-startup", archive_dir=workdir / "archive-startup")
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=workdir / f"ck-startup-{run}",
+        archive_dir=workdir / f"archive-startup-{run}",
+        query_name=f"bench_startup_{run}",
+    )
     try:
         appended = _alert_appends(settings, spikes, timeout_s=300)
         deadline = time.monotonic() + 60  # the progress report follows the batch's commit
@@ -203,6 +209,7 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
             if time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        phases = next((p for p in job.reporter.phases if p["records"]), None)
     finally:
         job.stop()
     after = [(ms - started_ms) / 1000 for ms in appended]
@@ -215,6 +222,7 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
             "last": round(after[-1], 2) if after else None,
         },
         "first_batch_ms": batches[0] if batches else None,
+        "first_batch_phases_ms": phases,
     }
 
 
