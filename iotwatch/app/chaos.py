@@ -158,7 +158,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     lag = summary["lag"]
     console.print(
-        f"  lag back to its fault-free level ({lag['steady_lag']} records) after each fault "
+        f"  lag back to {lag['level_s']:g} s of input ({lag['level']} records) after each fault "
         f"{verdict(lag['ok'])}: {lag['judged']} judged"
         + (f", not caught up after {', '.join(lag['not_caught_up'])}" if lag["not_caught_up"] else "")
     )

@@ -101,20 +101,27 @@ def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[st
 #: a backlog of a few seconds' load takes the job a few micro-batches to clear.
 CATCH_UP_WINDOW_S = 20.0
 
+#: The lag a job that keeps up falls to between micro-batches, in seconds of input: a
+#: micro-batch a second and a few seconds for the slowest of them.
+LAG_LEVEL_S = 10.0
+
 
 def catch_up(
-    faults: list[dict[str, Any]], lag: list[tuple[float, int]], load_s: float, window_s: float = CATCH_UP_WINDOW_S
+    faults: list[dict[str, Any]],
+    lag: list[tuple[float, int]],
+    load_s: float,
+    rate: float,
+    window_s: float = CATCH_UP_WINDOW_S,
 ) -> dict[str, Any]:
     """Whether the job's lag (raw topic end minus its committed offset, ``(t_s, lag)`` samples)
-    fell back to its fault-free level after each recovered fault, before the next fault: the
-    level is the highest lag before the first fault. A fault whose recovery the next fault
-    follows within ``window_s`` is not judged. Adds ``caught_up_s`` (seconds from recovery)
-    to each judged fault."""
+    fell back to the level of a job that keeps up after each recovered fault, before the next
+    fault: :data:`LAG_LEVEL_S` seconds of input at ``rate`` records a second. A fault whose
+    recovery the next fault follows within ``window_s`` is not judged. Adds ``caught_up_s``
+    (seconds from recovery) to each judged fault; reports the lead-in's highest lag (the
+    start-up backlog included) beside the level."""
     first = min((f["injected_at_s"] for f in faults if f["injected_at_s"] is not None), default=load_s)
     before = [value for t, value in lag if t < first]
-    if not before:
-        return {"ok": True, "steady_lag": None, "judged": 0, "not_caught_up": []}
-    steady = max(before)
+    level = int(rate * LAG_LEVEL_S)
     starts = sorted(f["injected_at_s"] for f in faults if f["injected_at_s"] is not None)
     judged, late, seconds = 0, [], []
     for fault in faults:
@@ -126,7 +133,7 @@ def catch_up(
         if end - recovered < window_s or len(window) < 2:
             continue
         judged += 1
-        back = next((t for t, value in window if value <= steady), None)
+        back = next((t for t, value in window if value <= level), None)
         fault["caught_up_s"] = None if back is None else round(back - recovered, 1)
         if back is None:
             late.append(fault["fault"])
@@ -134,7 +141,9 @@ def catch_up(
             seconds.append(back - recovered)
     return {
         "ok": not late,
-        "steady_lag": steady,
+        "level": level,
+        "level_s": LAG_LEVEL_S,
+        "lead_in_max_lag": max(before) if before else None,
         "judged": judged,
         "caught_up_s": quantiles(seconds, (0.5, 1.0), digits=1) if seconds else None,
         "not_caught_up": late,

@@ -40,6 +40,7 @@ def write(
         "folder": str(folder),
         "plots": [str(p) for p in plots if p],
         "resources_csv": str(write_resource_samples(folder / "resources.csv", sampler)),
+        "pipeline_csv": str(write_pipeline_samples(folder / "pipeline.csv", live, started)),
     }
     write_summary(folder, {**summary, "report": where})
     return where
@@ -116,6 +117,15 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
+
+
+def write_pipeline_samples(path: Path, live: LiveState, started: float) -> Path:
+    """Every sample of the pipeline (seconds since the load started, the raw topic's end and
+    the job's committed offset summed over partitions, and the lag between them), so the lag
+    proof can be checked against the series it judged."""
+    rows = [(x.t - started, x.raw_end, x.stream_offset, max(0, x.raw_end - x.stream_offset)) for x in live.samples]
+    pd.DataFrame(rows, columns=["t", "raw_end", "stream_offset", "lag"]).to_csv(path, index=False)
     return path
 
 

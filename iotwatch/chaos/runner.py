@@ -333,6 +333,7 @@ def _prove(
     resources = judge(sampler.samples, options.limits, options.warm_up_s, options.min_span_s, windows)
     state_store = [(t, 0, float(b)) for t, b in sampler.state_store]
     state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s, windows)
+    lag_series = [(x.t - runner.started, max(0, x.raw_end - x.stream_offset)) for x in timeline.live.samples]
     verdicts = {
         "loss": loss,
         "alerts": alert_proof,
@@ -341,8 +342,9 @@ def _prove(
         "recovery": proofs.recovery(faults, restarted),
         "lag": proofs.catch_up(
             faults,
-            [(x.t - runner.started, max(0, x.raw_end - x.stream_offset)) for x in timeline.live.samples],
+            lag_series,
             timeline.load_s,
+            options.rate,
         ),
     }
     resources_ok = all(entry["within_limits"] is not False for entry in resources.values())

@@ -239,16 +239,16 @@ def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
 
 
 def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None:
-    """The lead-in's highest lag (300) is the level; after the first fault the lag is back
-    there 4 s after recovery, after the second it never is before the third; the third is
-    followed by the end of the load within 20 s and is not judged."""
+    """The level is 10 s of input (300 records at 30 a second); after the first fault the lag
+    is back there 4 s after recovery, after the second it never is before the third; the
+    third is followed by the end of the load within 20 s and is not judged."""
     faults = [
         {"fault": "gateway kill -9", "injected_at_s": 30.0, "recovery_s": 10.0},
         {"fault": "kafka pause", "injected_at_s": 60.0, "recovery_s": 10.0},
         {"fault": "mqtt pause", "injected_at_s": 90.0, "recovery_s": 9.0},
     ]
-    lag = [(float(t), 300 if t < 30 else 5000 if t < 44 else 200 if t < 60 else 4000) for t in range(0, 100)]
-    result = catch_up(faults, lag, load_s=100.0)
-    assert result["steady_lag"] == 300 and result["judged"] == 2
+    lag = [(float(t), 9000 if t < 30 else 5000 if t < 44 else 200 if t < 60 else 4000) for t in range(0, 100)]
+    result = catch_up(faults, lag, load_s=100.0, rate=30.0)
+    assert result["level"] == 300 and result["lead_in_max_lag"] == 9000 and result["judged"] == 2
     assert not result["ok"] and result["not_caught_up"] == ["kafka pause"]
     assert faults[0]["caught_up_s"] == 4.0 and faults[1]["caught_up_s"] is None and "caught_up_s" not in faults[2]
