@@ -227,6 +227,18 @@ def emit(result: Any, as_json: bool, render: Callable[[Any], None] | None = None
         click.echo(json.dumps(result, indent=2, default=str))
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (``kill``, a supervisor, a CI timeout) unwinds the command as Ctrl-C does: a
+    command that starts servers and children stops them on its way out instead of dying
+    and leaving them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
 def stop_on_signals() -> threading.Event:
     """SIGTERM and Ctrl-C end a command's loop at the next safe point instead of killing it mid-post."""
     stop = threading.Event()

@@ -9,7 +9,17 @@ import click
 from rich.console import Console
 
 from iotwatch.chaos.schedule import FAULT_KINDS
-from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
+from iotwatch.cli import (
+    AppContext,
+    Preset,
+    emit,
+    interrupt_on_sigterm,
+    json_option,
+    pass_app,
+    run_folder_option,
+    run_options,
+    seed_option,
+)
 
 
 @click.command()
@@ -98,6 +108,7 @@ def chaos(
     from iotwatch.spark import require_java
 
     require_java()
+    interrupt_on_sigterm()
     options = ChaosOptions(
         out=out,
         schedule=ScheduleOptions(

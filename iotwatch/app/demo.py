@@ -7,7 +7,17 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from iotwatch.cli import AppContext, Preset, emit, json_option, pass_app, run_folder_option, run_options, seed_option
+from iotwatch.cli import (
+    AppContext,
+    Preset,
+    emit,
+    interrupt_on_sigterm,
+    json_option,
+    pass_app,
+    run_folder_option,
+    run_options,
+    seed_option,
+)
 
 
 @click.command()
@@ -86,6 +96,7 @@ def demo(
     from iotwatch.demo.runner import DemoOptions, check_prerequisites, print_kept_stack, print_summary, run_demo
 
     check_prerequisites()
+    interrupt_on_sigterm()
     console = Console(stderr=as_json)
     options = DemoOptions(
         duration,

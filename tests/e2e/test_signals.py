@@ -141,3 +141,42 @@ def test_a_signal_to_the_stream_process_group_stops_spark_cleanly(
     code, out, err = stop_by_signal(argv, _env(test_settings), "stream: batch=", sig, start_timeout_s=180)
     assert_clean(code, out, err, "iotwatch stream: stopped after")
     assert " ERROR " not in err, err
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_to_chaos_stops_every_process_it_started(tmp_path: Path) -> None:
+    """``kill PID`` of `iotwatch chaos` (its servers and components run in sessions of their
+    own, out of reach of a signal to its group) unwinds it as Ctrl-C does: nothing it started
+    is left running."""
+    import psutil
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "iotwatch", "chaos", "--duration", "300", "--rate", "200", "--homes", "5"]
+        + ["--out", str(tmp_path / "run")],
+        env=user_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("starting the pipeline" in line for line in seen):
+            assert time.monotonic() < deadline and process.poll() is None, "".join(seen)
+            if select.select([process.stderr], [], [], 0.5)[0]:
+                seen.append(process.stderr.readline())
+        time.sleep(5)  # the job and the gateway starting
+        started = psutil.Process(process.pid).children(recursive=True)
+        assert len(started) >= 4, started  # mosquitto, Kafka, InfluxDB, the job...
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    _gone, alive = psutil.wait_procs(started, timeout=30)
+    left = [(p.pid, p.name()) for p in alive]
+    for proc in alive:  # not to leave them to the rest of the suite
+        proc.kill()
+    assert not left, left
