@@ -1,19 +1,19 @@
-"""Compiled twins of the per-reading detectors, for the streaming hot path.
+"""The per-reading detectors' arithmetic, compiled: one kernel a detector, for the streaming
+hot path and for the detector's own class.
 
-The detectors in :mod:`iotwatch.models` are the readable reference: one Python object per
-``(device, metric)`` stream, its state a nested JSON-able dict, microseconds a reading. A
-kernel does the same arithmetic in numba-compiled code over a whole micro-batch at once,
-with every stream's state one row of a float64 array: no Python object per reading, so a
-reading costs arithmetic only (``python -m iotwatch.models.kernels.<name>`` times both).
+A kernel scores a whole micro-batch of interleaved streams in one numba call, with every
+stream's state one row of a float64 array: no Python object per reading, so a reading
+costs arithmetic only. Its detector class (:mod:`iotwatch.models`) is a thin wrapper: its
+state is one such row and each ``score_learn_one`` is the same compiled step on a batch of
+one reading. Numeric pieces the kernels share live in :mod:`.primitives`. With numba's JIT
+disabled (``NUMBA_DISABLE_JIT=1``) the same code runs as plain Python, to read and step
+through; ``tests/unit/models/test_detector_kernels.py`` holds both runs to scores pinned on
+the NAB sample.
 
 :func:`kernel_for` finds the kernel of a detector by name (:data:`KERNELS`): the
 streaming engine runs the one its ``device_detector`` setting names, through the small
-:class:`Kernel` protocol. Each kernel names its reference detector
-(``models/kernels/<name>.py`` mirrors ``models/<name>.py`` function by function, so the
-two read side by side), converts state to and from the reference exactly, and
-``tests/unit/models/test_kernels.py`` checks, for every kernel, that the two give the same
-scores and the same final state. Change the reference first, then its
-kernel, and let that test say whether they still agree.
+:class:`Kernel` protocol. ``python -m iotwatch.models.kernels.<name>`` times a reading
+through the class (one call a reading) and through one batch call.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from iotwatch.models.base import Detector
 
 __all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
 
-#: Detector name -> the module of its compiled twin.
+#: Detector name -> the module of its kernel.
 KERNELS: dict[str, str] = {
     "cad_ose": "iotwatch.models.kernels.cad_ose",
     "episode_likelihood": "iotwatch.models.kernels.episode_likelihood",
@@ -41,7 +41,7 @@ KERNELS: dict[str, str] = {
 
 class Kernel(Protocol):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
-    the parameter vector read from a reference detector, a fresh row, the batch step (also
+    the parameter vector read from a detector, a fresh row, the batch step (also
     giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`),
     and a warm-up that compiles (or loads) the step before the first micro-batch."""
 
@@ -69,7 +69,7 @@ class Kernel(Protocol):
 
 
 def kernel_for(detector: str) -> Kernel:
-    """The compiled twin of the detector registered as ``detector`` (imported on first use)."""
+    """The kernel of the detector registered as ``detector`` (imported on first use)."""
     try:
         module: ModuleType = importlib.import_module(KERNELS[detector])
     except KeyError:
@@ -98,8 +98,9 @@ def warm_kernel(kernel: Kernel, detector: Detector) -> None:
 def benchmark(
     kernel: Kernel, make: Callable[[], Detector], streams: int = 1000, readings: int = 200_000, seed: int = 0
 ) -> dict[str, float]:
-    """Nanoseconds a reading, reference loop (a dict a reading, as the job once called it)
-    vs kernel, on interleaved noisy streams, after warm-up."""
+    """Nanoseconds a reading on interleaved noisy streams, after warm-up: through the
+    detector class, one ``score_learn_one`` call (a batch of one reading) a reading, and
+    through one batch call of the kernel; the difference is what a call costs in Python."""
     rng = np.random.default_rng(seed)
     stream = rng.integers(0, streams, readings).astype(np.int64)
     values = np.round(rng.normal(20.0, 1.0, readings) + stream % 7, 2)
@@ -114,5 +115,5 @@ def benchmark(
     start = time.perf_counter()
     for s, v, t in zip(stream.tolist(), values.tolist(), t_ms.tolist(), strict=True):
         detectors[s].score_learn_one({"m": v}, t)
-    reference = time.perf_counter() - start
-    return {"reference_ns": round(reference / readings * 1e9, 1), "kernel_ns": round(compiled / readings * 1e9, 1)}
+    one_by_one = time.perf_counter() - start
+    return {"class_ns": round(one_by_one / readings * 1e9, 1), "batch_ns": round(compiled / readings * 1e9, 1)}

@@ -1,0 +1,184 @@
+"""Each per-reading detector with a kernel (:data:`iotwatch.models.kernels.KERNELS`) is that
+kernel: its class calls the compiled step on a batch of one reading. These tests hold the
+scores to values pinned on the shipped NAB sample (``fixtures/<name>_nab.npz``: every
+reading's score, and surprise where a hold lowers the score, of three NAB streams; their
+README says how they were made), hold a run with numba's JIT disabled (the same code as
+plain Python, for reading and debugging) to the compiled run, and check what the batch
+adds to the one-reading path: interleaved streams, uneven micro-batches, state that moves
+between the two."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
+from iotwatch.models.base import Detector
+from iotwatch.models.cad_ose import nab_scores
+from iotwatch.models.catalog import load, make
+from iotwatch.models.kernels import kernel_for
+
+FIXTURES = Path(__file__).parent / "fixtures"
+#: Detectors whose class wraps their kernel.
+WRAPPED = ["cad_ose"]
+#: The stream the pure-Python run reads (the shortest of the sample), and how many readings.
+PLAIN_KEY, PLAIN_READINGS = "realTraffic/speed_7578.csv", 700
+
+STREAMS = {s.key: s for s in NabSource(NAB_SAMPLE).streams()}
+
+
+def pinned(name: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / f"{name}_nab.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+def feed(det: Detector, values: np.ndarray, t_ms: np.ndarray, surprises: list[float] | None = None) -> np.ndarray:
+    """Score-learn each reading through the detector's class, one call a reading."""
+    scores = []
+    for v, t in zip(values.tolist(), t_ms.tolist(), strict=True):
+        if surprises is not None:
+            surprises.append(det.surprise_one({"m": v}, int(t)))
+        scores.append(det.score_learn_one({"m": v}, int(t)))
+    return np.array(scores)
+
+
+@pytest.fixture(params=WRAPPED)
+def name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_scores_equal_the_pinned_ones(name: str) -> None:
+    fixture = pinned(name)
+    keys = sorted({k.split(":")[0] for k in fixture})
+    assert len(keys) == 3 and sum(len(STREAMS[k]) for k in keys) > 7000
+    for key in keys:
+        stream = STREAMS[key]
+        surprises: list[float] = []
+        scores = feed(make(name), stream.values[:, 0], stream.t_ms, surprises)
+        np.testing.assert_array_equal(scores, fixture[f"{key}:score"], err_msg=key)
+        if f"{key}:nab_scores" in fixture:  # NAB's run of CAD OSE: the range given, no cap
+            np.testing.assert_array_equal(nab_scores(stream.values[:, 0]), fixture[f"{key}:nab_scores"], err_msg=key)
+        if f"{key}:surprise" in fixture:
+            np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:surprise"], err_msg=key)
+        assert scores.max() > 0.0
+
+
+_PLAIN_RUN = """
+import json, sys
+import numpy as np
+from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
+from iotwatch.models.catalog import make
+name, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stream = next(s for s in NabSource(NAB_SAMPLE).streams() if s.key == key)
+det = make(name)
+scores = [det.score_learn_one({"m": v}, t) for v, t in zip(stream.values[:n, 0].tolist(), stream.t_ms[:n].tolist())]
+print(json.dumps({"jit": not __import__("numba").config.DISABLE_JIT, "scores": [repr(s) for s in scores]}))
+"""
+
+
+def test_plain_python_run_equals_the_compiled_one(name: str) -> None:
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PLAIN_RUN, name, PLAIN_KEY, str(PLAIN_READINGS)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["jit"] is False
+    plain = np.array([float(s) for s in result["scores"]])
+    compiled = pinned(name)[f"{PLAIN_KEY}:score"][:PLAIN_READINGS]
+    assert compiled.max() > 0.0
+    np.testing.assert_array_equal(plain, compiled)
+
+
+def test_one_batch_of_interleaved_streams_equals_a_detector_per_stream(name: str) -> None:
+    """The streaming engine's call (all streams' readings in one batch, one row each) gives
+    each stream the scores its own detector gives it reading by reading."""
+    keys = sorted(STREAMS)[:4]
+    rng = np.random.default_rng(3)
+    stream = rng.permutation(np.repeat(np.arange(len(keys)), [min(len(STREAMS[k]), 1500) for k in keys]))
+    values, t_ms = np.empty(len(stream)), np.empty(len(stream), dtype=np.int64)
+    expected = np.empty(len(stream))
+    for s, key in enumerate(keys):
+        at = np.flatnonzero(stream == s)
+        values[at], t_ms[at] = STREAMS[key].values[: len(at), 0], STREAMS[key].t_ms[: len(at)]
+        expected[at] = feed(make(name), values[at], t_ms[at])
+    kernel = kernel_for(name)
+    params = kernel.params_vector(make(name))
+    states = np.tile(kernel.initial_state(params), (len(keys), 1))
+    whole = kernel.score_learn(states, stream.astype(np.int64), values, t_ms, params)
+    np.testing.assert_array_equal(whole, expected)
+    # uneven micro-batches (an empty one, one of one reading) give the same
+    states_parts = np.tile(kernel.initial_state(params), (len(keys), 1))
+    cuts = np.sort(np.concatenate([rng.integers(0, len(stream), 30), [0, 0, 1]]))
+    bounds = np.concatenate([[0], cuts, [len(stream)]])
+    parts = [
+        kernel.score_learn(states_parts, stream[lo:hi].astype(np.int64), values[lo:hi], t_ms[lo:hi], params)
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    np.testing.assert_array_equal(states_parts, states)
+
+
+def test_state_moves_between_detector_and_batch(name: str) -> None:
+    """A detector's saved state continues in the batch kernel and back, as one run."""
+    stream = STREAMS["artificialWithAnomaly/art_daily_jumpsup.csv"]
+    values, t_ms = stream.values[:, 0], stream.t_ms
+    expected = pinned(name)["artificialWithAnomaly/art_daily_jumpsup.csv:score"]
+    third = len(values) // 3
+    det = make(name)
+    first = feed(det, values[:third], t_ms[:third])
+    kernel = kernel_for(name)
+    params = kernel.params_vector(det)
+    states = np.array([[float(v) for v in det.to_state()["row"]]])
+    zeros = np.zeros(third, dtype=np.int64)
+    second = kernel.score_learn(states, zeros, values[third : 2 * third], t_ms[third : 2 * third], params)
+    back = load(
+        json.dumps(
+            {
+                "format": 1,
+                "detector": name,
+                "params": det.get_params(),
+                "state": {"row": [v if np.isfinite(v) else repr(v) for v in states[0].tolist()]},
+            }
+        ).encode()
+    )
+    rest = feed(back, values[2 * third :], t_ms[2 * third :])
+    np.testing.assert_array_equal(np.concatenate([first, second, rest]), expected)
+
+
+def test_non_finite_and_extreme_values_score_in_range(name: str) -> None:
+    rng = np.random.default_rng(11)
+    n = 3000
+    noisy = np.round(rng.normal(20.0, 0.3, n), 2)
+    noisy[rng.integers(0, n, 120)] = rng.choice([np.nan, np.inf, -np.inf, 1e308, -1e308, 1e100, -0.0], 120)
+    giant = rng.choice([1e308, -1e308, 1e-300, 5e99, -5e99, 0.0], n)
+    t = 1_763_784_000_000 + np.arange(n, dtype=np.int64) * 1000
+    for column in (noisy, giant, np.full(n, np.nan), np.full(n, -1e308)):
+        scores = feed(make(name), column, t)
+        assert np.isfinite(scores).all() and scores.min() >= 0.0 and scores.max() <= 1.0
+        assert (scores[~np.isfinite(column)] == 0.0).all()
+
+
+def test_kernel_refuses_bad_shapes(name: str) -> None:
+    kernel = kernel_for(name)
+    params = kernel.params_vector(make(name))
+    states = np.tile(kernel.initial_state(params), (2, 1))
+    before = states.copy()
+    one, zero = np.ones(1), np.zeros(1, dtype=np.int64)
+    with pytest.raises(IndexError):  # checked before the first reading is learned
+        kernel.score_learn(states, np.array([0, 2]), np.ones(2), np.zeros(2, dtype=np.int64), params)
+    np.testing.assert_array_equal(states, before)
+    with pytest.raises(ValueError):
+        kernel.score_learn(states, np.zeros(2, dtype=np.int64), one, zero, params)
+    with pytest.raises(ValueError):
+        kernel.score_learn(states[:, :10].copy(), zero, one, zero, params)
