@@ -24,19 +24,17 @@ algorithm).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Self
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
 from iotwatch.contract.detection import AnomalyKind
-from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.base import Reading
+from iotwatch.models.kernels import Kernel, KernelDetector
 from iotwatch.models.kernels import cad_ose as kernel
 
 __all__ = ["CadOse", "nab_scores"]
-
-#: The stream index of a detector's one row, and an event time (CAD OSE reads none).
-_ROW0 = np.zeros(1, dtype=np.int64)
 
 
 def nab_scores(
@@ -57,7 +55,7 @@ def nab_scores(
     return scores
 
 
-class CadOse(UnivariateMixin, Detector):
+class CadOse(KernelDetector):
     """CAD OSE on a stream: the published algorithm over a value range set by the stream's
     first readings, its context memory capped.
 
@@ -71,6 +69,7 @@ class CadOse(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "cad_ose"
+    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
     #: None claimed: on the generated test streams (``tests/support/streams.py``) its clean
     #: scores reach those of the anomalies; it is measured on NAB instead.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
@@ -96,8 +95,7 @@ class CadOse(UnivariateMixin, Detector):
         self.max_active_neurons = max_active_neurons
         self.value_bits = value_bits
         self.max_contexts = max_contexts
-        self._params = kernel.params_vector(self)
-        self._states = kernel.initial_state(self._params).reshape(1, kernel.STATE_SIZE)
+        self._start()
 
     def warmup_readings(self) -> int:
         return self.range_readings + self.rest_period
@@ -106,33 +104,7 @@ class CadOse(UnivariateMixin, Detector):
         """The row as JSON: each number at most 24 characters and its separator."""
         return 64 + 26 * kernel.STATE_SIZE
 
-    def _step(self, states: np.ndarray, x: Reading) -> float:
-        v = self._value(x)
-        value = np.array([math.nan if v is None else v])
-        return float(kernel.score_learn(states, _ROW0, value, _ROW0, self._params)[0])
-
     def score_one(self, x: Reading, t_ms: int) -> float:
         """The score :meth:`score_learn_one` would give (CAD OSE scores by learning: this
-        learns on a copy of the row, so it is slow; the streaming step is
-        :meth:`score_learn_one`)."""
-        return self._step(self._states.copy(), x)
-
-    def learn_one(self, x: Reading, t_ms: int) -> None:
-        self._step(self._states, x)
-
-    def score_learn_one(self, x: Reading, t_ms: int) -> float:
-        return self._step(self._states, x)
-
-    # --- state --------------------------------------------------------------------------
-
-    def to_state(self) -> dict[str, Any]:
-        """The kernel's row (:mod:`iotwatch.models.kernels.cad_ose`, State layout); its
-        non-finite numbers (the empty range) as strings, so the JSON is strict."""
-        return {"row": [v if math.isfinite(v) else repr(v) for v in self._states[0].tolist()]}
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        row = np.array([float(v) for v in state["row"]])
-        if row.shape != (kernel.STATE_SIZE,):
-            raise ValueError(f"a cad_ose state row has {kernel.STATE_SIZE} numbers, not {row.shape}")
-        self._states = row.reshape(1, kernel.STATE_SIZE)
-        return self
+        learns on a copy of the 264 KB row; the streaming step is :meth:`score_learn_one`)."""
+        return super().score_one(x, t_ms)

@@ -19,17 +19,18 @@ through the class (one call a reading) and through one batch call.
 from __future__ import annotations
 
 import importlib
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Protocol, cast
+from typing import Any, ClassVar, Protocol, Self, cast
 
 import numpy as np
 
 from iotwatch.errors import UserError
-from iotwatch.models.base import Detector
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
 
-__all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
+__all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
 
 #: Detector name -> the module of its kernel.
 KERNELS: dict[str, str] = {
@@ -66,6 +67,58 @@ class Kernel(Protocol):
     ) -> np.ndarray: ...
 
     def warm(self) -> None: ...
+
+
+#: The stream index of a :class:`KernelDetector`'s one row.
+_ROW0 = np.zeros(1, dtype=np.int64)
+
+
+class KernelDetector(UnivariateMixin, Detector):
+    """A per-reading detector that is its kernel: its state is one row of the kernel's
+    states and every call runs the kernel's step on a batch of one reading (on a copy of
+    the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
+    once its parameters are set."""
+
+    _kernel: ClassVar[Kernel]
+
+    def _start(self) -> None:
+        """A fresh row, for this detector's parameters."""
+        self._params = self._kernel.params_vector(self)
+        self._states = self._kernel.initial_state(self._params).reshape(1, self._kernel.STATE_SIZE)
+
+    def _step(self, states: np.ndarray, x: Reading, t_ms: int) -> tuple[float, float]:
+        """The kernel's step on ``states`` (one row): the score and the surprise before any hold."""
+        v = self._value(x)
+        value = np.array([math.nan if v is None else v])
+        surprise = np.zeros(1)
+        t = np.array([t_ms], dtype=np.int64)
+        score = self._kernel.score_learn_into(states, _ROW0, value, t, self._params, surprise)
+        return float(score[0]), float(surprise[0])
+
+    def score_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states.copy(), x, t_ms)[0]
+
+    def surprise_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states.copy(), x, t_ms)[1]
+
+    def learn_one(self, x: Reading, t_ms: int) -> None:
+        self._step(self._states, x, t_ms)
+
+    def score_learn_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states, x, t_ms)[0]
+
+    def to_state(self) -> dict[str, Any]:
+        """The kernel's row (its module's State layout); non-finite numbers (no reading yet,
+        an empty range) as their names, so the JSON is strict."""
+        return {"row": [v if math.isfinite(v) else repr(v) for v in self._states[0].tolist()]}
+
+    def set_state(self, state: Mapping[str, Any]) -> Self:
+        row = np.array([float(v) for v in state["row"]])
+        size = self._kernel.STATE_SIZE
+        if row.shape != (size,):
+            raise ValueError(f"a {self.name} state row has {size} numbers, not {row.shape}")
+        self._states = row.reshape(1, size)
+        return self
 
 
 def kernel_for(detector: str) -> Kernel:

@@ -81,9 +81,34 @@ from typing import Any
 import numpy as np
 
 from iotwatch.errors import UserError
-from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.kernels import benchmark, warm_kernel
-from iotwatch.models.kernels.primitives import check_batch, jit, libm_pow, py_max, py_min, reading_value
+from iotwatch.models.kernels.primitives import (
+    TAIL_CLUSTER_PEAK,
+    TAIL_GAP,
+    TAIL_INDEX,
+    TAIL_N,
+    TAIL_PARAMS,
+    TAIL_PEAKS,
+    TAIL_RATE,
+    TAIL_SIZE,
+    Floats,
+    check_batch,
+    jit,
+    libm_pow,
+    log_tail_score,
+    put_initial_tail,
+    put_state,
+    put_tail_params,
+    py_max,
+    py_min,
+    reading_value,
+    repeat_learn,
+    repeat_tail,
+    tail_learn,
+    tail_params,
+    tail_state,
+    tail_tail,
+)
 from iotwatch.models.tail_ensemble import TailEnsemble
 
 __all__ = [
@@ -137,9 +162,6 @@ ENSEMBLE_N = 0
 LEVEL_N, LEVEL_MU, LEVEL_VAR, LEVEL_RVAR = 1, 2, 3, 4
 CHANGE_N, CHANGE_LEVEL, CHANGE_TREND, CHANGE_RVAR, CHANGE_BEYOND = 5, 6, 7, 8, 9
 STUCK_N, STUCK_RATE, STUCK_LAST, STUCK_RUN, STUCK_REVERSALS, STUCK_DIRECTION = 10, 11, 12, 13, 14, 15
-#: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
-TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
-TAIL_SIZE = 6
 LEVEL_TAIL = 16
 CHANGE_TAIL = LEVEL_TAIL + TAIL_SIZE
 STATE_SIZE = CHANGE_TAIL + TAIL_SIZE
@@ -157,19 +179,6 @@ P_CHANGE_WARMUP, P_CHANGE_ALPHA, P_CHANGE_BETA, P_CHANGE_A_VAR, P_CHANGE_CLIP, P
     14,
     15,
 )
-#: An ExceedanceTail's parameters, relative to its base.
-(TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
-    0,
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
-)
-TAIL_PARAMS = 9
 P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
@@ -177,8 +186,6 @@ PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
 _jit = jit
 #: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
 _NO_SURPRISE = np.empty(0)
-#: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
-Floats = tuple[float, ...]
 
 
 # --- conversion to and from the reference --------------------------------------------------------
@@ -205,29 +212,6 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     put_tail_params(p, P_LEVEL_TAIL, detector._level_tail)
     put_tail_params(p, P_CHANGE_TAIL, detector._change_tail)
     return p
-
-
-def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
-    """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
-    (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
-    p[base : base + TAIL_PARAMS] = (
-        tail.threshold,
-        tail._a,
-        tail._b,
-        tail.prior_rate,
-        tail.prior_readings,
-        tail.prior_index,
-        tail.prior_peaks,
-        tail.clip,
-        tail.run_gap,
-    )
-
-
-def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
-    """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
-    row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
-    row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
-    row[base + TAIL_GAP] = params[p_base + TP_RUN_GAP]
 
 
 def initial_state(params: np.ndarray) -> np.ndarray:
@@ -312,13 +296,6 @@ def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemb
 # the order of the row layout, returning the new state: tuples live in registers, while
 # numba reference-counts every array handed to a function (two atomic calls a call, which
 # cost more than the arithmetic). Only the ensemble step touches the row.
-
-
-@_jit
-def _log_tail_score(tail: float) -> float:
-    """``iotwatch.models.likelihood.log_tail_score``."""
-    decades = py_max(0.0, -math.log10(py_min(py_max(tail, 1e-300), 1.0)))
-    return decades / (decades + 5.0)
 
 
 @_jit
@@ -408,97 +385,6 @@ def _hw_learn(state: Floats, params: Floats, v: float) -> Floats:
     return n, new_level, trend, rvar, beyond
 
 
-# --- RepeatRun: state (n, rate, last, run, reversals, direction),
-#     params (tolerance, a, prior_readings, max_repeat_rate, min_reversals) -----------------------------
-
-
-@_jit
-def _repeat_run_length(state: Floats, params: Floats, v: float) -> float:
-    last, run = state[2], state[3]
-    return run + 1.0 if not math.isnan(last) and abs(v - last) <= params[0] else 0.0
-
-
-@_jit
-def _repeat_judged(state: Floats, params: Floats) -> bool:
-    return state[1] <= params[3] and state[4] >= params[4]
-
-
-@_jit
-def _repeat_tail(state: Floats, params: Floats, v: float) -> float:
-    run = _repeat_run_length(state, params, v)
-    if run == 0.0 or not _repeat_judged(state, params):
-        return 1.0
-    return math.exp(run * math.log(py_max(state[1], 1e-6)))
-
-
-@_jit
-def _repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
-    run = _repeat_run_length(state, params, v)
-    n, rate, last, _, reversals, direction = state
-    _, a_min, prior_readings, _, _ = params
-    if not math.isnan(last):
-        n += 1.0
-        a = py_max(1.0 / (n + prior_readings), a_min)
-        rate += a * ((1.0 if run != 0.0 else 0.0) - rate)
-        if run == 0.0:
-            change = 1.0 if v > last else -1.0
-            if direction != 0.0:
-                reversals += a * ((1.0 if change != direction else 0.0) - reversals)
-            direction = change
-    return n, rate, v, run, reversals, direction
-
-
-# --- ExceedanceTail: state (n, rate, peaks, index, gap, cluster_peak),
-#     params (threshold, a, b, prior_readings, prior_peaks, clip, run_gap) ------------------------------
-
-
-@_jit
-def tail_tail(state: Floats, params: Floats, d: float) -> float:
-    if math.isnan(d):
-        return 1.0
-    threshold = params[0]
-    if d <= threshold:
-        return 1.0
-    if math.isinf(d):
-        return 0.0
-    rate, index = state[1], state[3]
-    return py_min(1.0, rate * math.exp(-math.log(d / threshold) / py_max(index, 1e-6)))
-
-
-@_jit
-def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
-    if not math.isfinite(d):
-        return state
-    n, rate, peaks, index, gap, cluster_peak = state
-    threshold, a_min, _, prior_readings, _, _, run_gap = params
-    n += 1.0
-    a = py_max(1.0 / (n + prior_readings), a_min)
-    if d <= threshold:
-        rate -= a * rate
-        gap = py_min(gap + 1.0, run_gap)
-        if cluster_peak != 0.0 and gap >= run_gap:
-            peaks, index = _tail_learn_peak(peaks, index, params, cluster_peak)
-            cluster_peak = 0.0
-        return n, rate, peaks, index, gap, cluster_peak
-    starts_cluster = gap >= run_gap
-    gap = 0.0
-    rate += a * ((1.0 if starts_cluster else 0.0) - rate)
-    if run_gap <= 0:
-        peaks, index = _tail_learn_peak(peaks, index, params, d)
-    else:
-        cluster_peak = py_max(cluster_peak, d)
-    return n, rate, peaks, index, gap, cluster_peak
-
-
-@_jit
-def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tuple[float, float]:
-    threshold, _, b_min, _, prior_peaks, clip, _ = params
-    peaks += 1.0
-    b = py_max(1.0 / (peaks + prior_peaks), b_min)
-    log_excess = py_min(math.log(d / threshold), clip * index)
-    return peaks, index + b * (log_excess - index)
-
-
 # --- TailEnsemble --------------------------------------------------------------------------------------
 
 
@@ -525,38 +411,6 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
 
 
 @_jit
-def tail_params(p: np.ndarray, q: int) -> Floats:
-    return (
-        p[q + TP_THRESHOLD],
-        p[q + TP_A],
-        p[q + TP_B],
-        p[q + TP_PRIOR_READINGS],
-        p[q + TP_PRIOR_PEAKS],
-        p[q + TP_CLIP],
-        p[q + TP_RUN_GAP],
-    )
-
-
-@_jit
-def tail_state(row: np.ndarray, base: int) -> Floats:
-    return (
-        row[base + TAIL_N],
-        row[base + TAIL_RATE],
-        row[base + TAIL_PEAKS],
-        row[base + TAIL_INDEX],
-        row[base + TAIL_GAP],
-        row[base + TAIL_CLUSTER_PEAK],
-    )
-
-
-@_jit
-def _put(row: np.ndarray, first: int, state: Floats) -> None:
-    """Write a member's state back to its (contiguous) offsets, starting at ``first``."""
-    for k in range(len(state)):
-        row[first + k] = state[k]
-
-
-@_jit
 def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     """``TailEnsemble.score_learn_one`` on one stream's row."""
     warmup, level_p, change_p, stuck_p, level_tail_p, change_tail_p = members
@@ -580,14 +434,14 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
     if row[ENSEMBLE_N] >= warmup:
         tail = py_min(
             py_min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
-            _repeat_tail(stuck_state, stuck_p, v),
+            repeat_tail(stuck_state, stuck_p, v),
         )
-        score = _log_tail_score(py_min(1.0, 3.0 * tail))
-    _put(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
-    _put(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
-    _put(row, LEVEL_N, _zscore_learn(level_state, level_p, v))
-    _put(row, CHANGE_N, _hw_learn(change_state, change_p, v))
-    _put(row, STUCK_N, _repeat_learn(stuck_state, stuck_p, v))
+        score = log_tail_score(py_min(1.0, 3.0 * tail))
+    put_state(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
+    put_state(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
+    put_state(row, LEVEL_N, _zscore_learn(level_state, level_p, v))
+    put_state(row, CHANGE_N, _hw_learn(change_state, change_p, v))
+    put_state(row, STUCK_N, repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score
 

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from iotwatch.models.kernels import kernel_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Detectors whose class wraps their kernel.
-WRAPPED = ["cad_ose"]
+WRAPPED = ["cad_ose", "episode_likelihood"]
 #: The stream the pure-Python run reads (the shortest of the sample), and how many readings.
 PLAIN_KEY, PLAIN_READINGS = "realTraffic/speed_7578.csv", 700
 
@@ -67,6 +68,60 @@ def test_scores_equal_the_pinned_ones(name: str) -> None:
         if f"{key}:surprise" in fixture:
             np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:surprise"], err_msg=key)
         assert scores.max() > 0.0
+
+
+#: The parameters of ``fixtures/<name>_params_nab.npz`` (pinned like the defaults', on two streams).
+PARAMETERS: dict[str, dict[str, dict[str, Any]]] = {
+    "episode_likelihood": {
+        "counted-in-readings": {
+            "warmup": 200,
+            "range_s": 0.0,
+            "histogram_halflife_s": 0.0,
+            "recent_halflife_s": 0.0,
+            "histogram_weight": 1.0,
+            "trend_weight": 1.0,
+            "max_repeat_rate": 0.05,
+        },
+        "fast": {
+            "metric": "value",
+            "warmup": 0,
+            "range_readings": 10,
+            "histogram_warmup": 0,
+            "short_alpha": 0.5,
+            "min_variance": 1e-6,
+            "hold_halflife": 5.0,
+            "clip": 10.0,
+            "recent_halflife": 3.0,
+            "margin": 0.0,
+            "instant_weight": 1.0,
+            "max_repeat_rate": 1.0,
+        },
+    },
+    # the run detector's arithmetic is the kernels' (primitives.repeat_learn)
+    "repeat_run": {
+        "default": {},
+        "tolerant": {"tolerance": 0.5, "halflife": 100.0, "min_reversals": 0.1, "max_repeat_rate": 0.6},
+    },
+}
+CASES = [(name, label) for name, sets in PARAMETERS.items() for label in sets]
+
+
+@pytest.mark.parametrize(("name", "label"), CASES, ids=[f"{n}-{label}" for n, label in CASES])
+def test_other_parameters_equal_the_pinned_scores(name: str, label: str) -> None:
+    params = PARAMETERS[name][label]
+    fixture = pinned(f"{name}_params")
+    keys = sorted({k.split("|")[1].split(":")[0] for k in fixture if k.startswith(f"{label}|")})
+    assert len(keys) == 2
+    for key in keys:
+        det = make(name, **params)
+        metric = params.get("metric") or "m"
+        surprises, scores = [], []
+        for v, t in zip(STREAMS[key].values[:, 0].tolist(), STREAMS[key].t_ms.tolist(), strict=True):
+            surprises.append(det.surprise_one({metric: v}, t))
+            scores.append(det.score_learn_one({metric: v}, t))
+        np.testing.assert_array_equal(scores, fixture[f"{label}|{key}:score"], err_msg=key)
+        np.testing.assert_array_equal(surprises, fixture[f"{label}|{key}:surprise"], err_msg=key)
+        assert max(scores) > 0.0
 
 
 _PLAIN_RUN = """

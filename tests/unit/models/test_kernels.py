@@ -16,16 +16,13 @@ from iotwatch.devices.config import SimConfig
 from iotwatch.devices.simulation import STATUS, Simulation
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.base import Detector
-from iotwatch.models.episode_likelihood import EpisodeLikelihood
 from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels import KERNELS, kernel_for
-from iotwatch.models.kernels import episode_likelihood as episode_kernel
 from iotwatch.models.kernels import tail_ensemble as kernel
 from iotwatch.models.repeat_run import RepeatRun
 from iotwatch.models.robust_zscore import RobustZScore
 from iotwatch.models.tail_ensemble import TailEnsemble
-from iotwatch.settings import StreamSettings
 from tests.unit.models.test_detector_kernels import WRAPPED
 
 RTOL, ATOL = 1e-9, 1e-12
@@ -61,12 +58,6 @@ class Case:
 
 CASES = {
     "tail_ensemble": Case(kernel, TailEnsemble, COUNTERS),
-    "episode_likelihood": Case(
-        episode_kernel,
-        EpisodeLikelihood,
-        [episode_kernel.N, episode_kernel.STUCK_RUN, episode_kernel.STUCK_DIRECTION]
-        + [episode_kernel.STEP_TAIL + k - 1 for k in (kernel.TAIL_PEAKS, kernel.TAIL_GAP)],
-    ),
 }
 
 
@@ -301,44 +292,6 @@ def test_state_hands_over_mid_stream_both_ways(nab: Readings, case: Case) -> Non
     np.testing.assert_allclose(second, whole[half:], rtol=RTOL, atol=ATOL)
     for s, det in finished.items():
         assert_same_state(states[s], det, case=case)  # and to_reference() rebuilds each as the whole run left it
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: EpisodeLikelihood(**StreamSettings().device_detector_params),
-        lambda: EpisodeLikelihood(
-            warmup=200,
-            range_s=0.0,
-            histogram_halflife_s=0.0,
-            recent_halflife_s=0.0,
-            histogram_weight=1.0,
-            trend_weight=1.0,
-            max_repeat_rate=0.05,
-        ),
-        lambda: EpisodeLikelihood(
-            metric="value",
-            warmup=0,
-            range_readings=10,
-            histogram_warmup=0,
-            short_alpha=0.5,
-            min_variance=1e-6,
-            hold_halflife=5.0,
-            clip=10.0,
-            recent_halflife=3.0,
-            margin=0.0,
-            instant_weight=1.0,
-            max_repeat_rate=1.0,
-        ),
-    ],
-    ids=["streaming-job", "counted-in-readings", "fast"],
-)
-def test_episode_likelihood_other_parameters_agree(nab: Readings, make: Callable[[], EpisodeLikelihood]) -> None:
-    case = CASES["episode_likelihood"]
-    np.testing.assert_array_equal(
-        episode_kernel.initial_state(episode_kernel.params_vector(make())), episode_kernel.from_reference(make())
-    )
-    assert_agree(make, nab, 7, case=case)
 
 
 def test_kernels_refuse_bad_shapes(case: Case) -> None:
