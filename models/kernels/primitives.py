@@ -39,6 +39,8 @@ __all__ = [
     "TAIL_SIZE",
     "check_batch",
     "decay_weight",
+    "hw_deviation",
+    "hw_learn",
     "jit",
     "libm_pow",
     "log_tail_score",
@@ -50,11 +52,15 @@ __all__ = [
     "reading_value",
     "repeat_learn",
     "repeat_tail",
+    "scale",
     "tail_learn",
     "tail_params",
     "tail_state",
     "tail_tail",
     "upper_tail",
+    "zscore_deviation",
+    "zscore_learn",
+    "zscore_update",
 ]
 
 #: How every kernel function is compiled: cached on disk, without the GIL.
@@ -153,6 +159,97 @@ def check_batch(
         if stream[i] < 0 or stream[i] >= rows:
             raise IndexError("stream index out of range of states")
     return n
+
+
+# --- the level and change members: RobustZScore's baseline (state (n, mu, var), params
+#     (warmup, a, clip)) and HoltWintersResidual's forecast (state (n, level, trend, rvar,
+#     beyond), params (warmup, alpha, beta, a_var, clip, reset_after, gamma)); a seasonal
+#     detector passes its bucket's season term, the others 0.0 ---------------------------------
+
+
+@jit
+def scale(var: float, level: float) -> float:
+    """A residual scale: ``sqrt(var)``, floored at 0.1 % of the level (a constant stream)."""
+    return math.sqrt(py_max(var, libm_pow(1e-3 * abs(level) + 1e-9, 2.0)))
+
+
+@jit
+def zscore_deviation(state: Floats, params: Floats, v: float) -> float:
+    """The signed z of ``v`` against the baseline (NaN while warming up)."""
+    n, mu, var = state
+    if n < params[0]:
+        return math.nan
+    return (v - mu) / scale(var, mu)
+
+
+@jit
+def zscore_update(v: float, mu: float, var: float, a_mu: float, a_var: float, clip: float) -> tuple[float, float]:
+    """A mean and variance once ``v`` is learned, the residual clipped to ``clip`` scales
+    (to twice that for the variance)."""
+    s = scale(var, mu)
+    r = py_min(py_max(v - mu, -clip * s), clip * s)
+    r_var = py_min(py_max(v - mu, -2.0 * clip * s), 2.0 * clip * s)
+    return mu + a_mu * r, (1.0 - a_var) * var + a_var * r_var * r_var
+
+
+@jit
+def zscore_learn(state: Floats, params: Floats, v: float) -> Floats:
+    """The baseline once ``v`` is learned: plain running moments while warming up, then
+    exponentially weighted and clipped."""
+    n, mu, var = state
+    warmup, a, clip = params
+    n += 1.0
+    if n <= warmup:  # plain running moments while warming up
+        delta = v - mu
+        mu += delta / n
+        var += (delta * (v - mu) - var) / n
+    else:
+        mu, var = zscore_update(v, mu, var, a, a, clip)
+    return n, mu, var
+
+
+@jit
+def hw_deviation(state: Floats, params: Floats, v: float, season: float) -> float:
+    """The signed one-step forecast residual of ``v`` in residual scales (NaN while warming up)."""
+    n, level, trend, rvar, _ = state
+    if n < params[0]:
+        return math.nan
+    return (v - (level + trend + season)) / scale(rvar, level)
+
+
+@jit
+def hw_learn(state: Floats, params: Floats, v: float, season: float) -> tuple[Floats, float]:
+    """The forecaster once ``v`` is learned, and its bucket's new season term. Past warm-up
+    the residual is clipped to ``clip`` scales; ``reset_after`` clipped residuals in a row
+    on one side move the level to the reading."""
+    n, level, trend, rvar, beyond = state
+    warmup, alpha, beta, a_var_slow, clip, reset_after, gamma = params
+    n += 1.0
+    if n == 1.0:
+        return (n, v, trend, rvar, beyond), season
+    forecast = level + trend + season
+    err = v - forecast
+    err_var = err
+    if n > warmup:
+        bound = clip * scale(rvar, level)
+        if reset_after != 0.0 and abs(err) > bound:
+            side = 1.0 if err > 0 else -1.0
+            beyond = beyond + side if beyond * side > 0 else side
+            if abs(beyond) >= reset_after:
+                return (n, v - season, 0.0, rvar, 0.0), season
+        else:
+            beyond = 0.0
+        err = py_min(py_max(err, -bound), bound)
+        err_var = py_min(py_max(err_var, -2.0 * bound), 2.0 * bound)
+        a_var = a_var_slow
+    else:
+        a_var = 1.0 / n
+    fitted = forecast + err
+    new_level = alpha * (fitted - season) + (1.0 - alpha) * (level + trend)
+    trend = beta * (new_level - level) + (1.0 - beta) * trend
+    new_season = gamma * (fitted - new_level) + (1.0 - gamma) * season
+    rvar = (1.0 - a_var) * rvar + a_var * err_var * err_var
+    return (n, new_level, trend, rvar, beyond), new_season
 
 
 # --- RepeatRun: state (n, rate, last, run, reversals, direction),

@@ -23,11 +23,11 @@ from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.base import Detector
 from iotwatch.models.cad_ose import nab_scores
 from iotwatch.models.catalog import load, make
-from iotwatch.models.kernels import kernel_for
+from iotwatch.models.kernels import KERNELS, KernelDetector, kernel_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Detectors whose class wraps their kernel.
-WRAPPED = ["cad_ose", "episode_likelihood"]
+WRAPPED = ["cad_ose", "episode_likelihood", "tail_ensemble"]
 #: The stream the pure-Python run reads (the shortest of the sample), and how many readings.
 PLAIN_KEY, PLAIN_READINGS = "realTraffic/speed_7578.csv", 700
 
@@ -52,6 +52,14 @@ def feed(det: Detector, values: np.ndarray, t_ms: np.ndarray, surprises: list[fl
 @pytest.fixture(params=WRAPPED)
 def name(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def test_every_kernel_is_its_detector() -> None:
+    assert sorted(KERNELS) == sorted(WRAPPED)
+    for name in WRAPPED:
+        det = make(name)
+        assert isinstance(det, KernelDetector) and det._kernel is kernel_for(name)
+        assert len(det.to_state()["row"]) == kernel_for(name).STATE_SIZE
 
 
 def test_scores_equal_the_pinned_ones(name: str) -> None:
@@ -97,7 +105,21 @@ PARAMETERS: dict[str, dict[str, dict[str, Any]]] = {
             "max_repeat_rate": 1.0,
         },
     },
-    # the run detector's arithmetic is the kernels' (primitives.repeat_learn)
+    "tail_ensemble": {
+        "warmup100-z2.5": {"warmup": 100, "z_threshold": 2.5},
+        "fast": {
+            "metric": "value",
+            "warmup": 5,
+            "level_halflife": 50.0,
+            "change_alpha": 0.6,
+            "tail_index_prior": 0.4,
+            "max_repeat_rate": 0.5,
+        },
+        "warmup0": {"warmup": 0, "z_threshold": 1.0},
+    },
+    # the members' arithmetic is the kernels' (primitives.zscore_learn, hw_learn, repeat_learn)
+    "robust_zscore": {"default": {}, "no-season": {"season_buckets": 0, "warmup": 10}},
+    "holt_winters": {"default": {}, "no-season-reset": {"season_buckets": 0, "reset_after": 3, "alpha": 0.5}},
     "repeat_run": {
         "default": {},
         "tolerant": {"tolerance": 0.5, "halflife": 100.0, "min_reversals": 0.1, "max_repeat_rate": 0.6},
