@@ -218,19 +218,11 @@ def test_state_moves_between_detector_and_batch(name: str) -> None:
     first = feed(det, values[:third], t_ms[:third])
     kernel = kernel_for(name)
     params = kernel.params_vector(det)
-    states = np.array([[float(v) for v in det.to_state()["row"]]])
+    states = np.array([[float(v) for v in json.loads(json.dumps(det.to_state(), allow_nan=False))["row"]]])
     zeros = np.zeros(third, dtype=np.int64)
     second = kernel.score_learn(states, zeros, values[third : 2 * third], t_ms[third : 2 * third], params)
-    back = load(
-        json.dumps(
-            {
-                "format": 1,
-                "detector": name,
-                "params": det.get_params(),
-                "state": {"row": [v if np.isfinite(v) else repr(v) for v in states[0].tolist()]},
-            }
-        ).encode()
-    )
+    det.set_state({"row": states[0].tolist()})  # the batch's row back into the detector
+    back = load(det.dumps())  # and through a registry payload (strict JSON)
     rest = feed(back, values[2 * third :], t_ms[2 * third :])
     np.testing.assert_array_equal(np.concatenate([first, second, rest]), expected)
 
