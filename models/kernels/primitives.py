@@ -5,11 +5,14 @@ uses, and the members two detectors share.
   :func:`libm_pow`), a reading's value as :class:`iotwatch.models.base.UnivariateMixin`
   takes it (:func:`reading_value`), the primitives of :mod:`iotwatch.models.numeric`
   compiled, and the batch check of every kernel's ``score_learn``;
-- the Pareto tail of :class:`iotwatch.models.exceedance.ExceedanceTail` (:func:`tail_tail`,
-  :func:`tail_learn`) and the run of identical readings of
+- the members the detectors share, as pure functions of a state tuple and a parameter
+  tuple: the Pareto tail of :class:`iotwatch.models.exceedance.ExceedanceTail`
+  (:func:`tail_tail`, :func:`tail_learn`), the run of identical readings of
   :class:`iotwatch.models.repeat_run.RepeatRun` (:func:`repeat_tail`,
-  :func:`repeat_learn`): pure functions of a state tuple and a parameter tuple, which
-  those classes call one value at a time and the kernels call inside their step.
+  :func:`repeat_learn`), the baseline of :class:`iotwatch.models.robust_zscore.RobustZScore`
+  (:func:`zscore_learn`) and the forecaster of
+  :class:`iotwatch.models.forecast.HoltWintersResidual` (:func:`hw_learn`). Those classes
+  call them one value at a time; the kernels call them inside their step.
 
 State and parameters pass as tuples of floats, not arrays: tuples live in registers, while
 numba reference-counts every array handed to a function (two atomic calls a call, which
