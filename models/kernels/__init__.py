@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self, cast
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from iotwatch.errors import UserError
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.catalog import make
 
 __all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
 
@@ -148,9 +149,7 @@ def warm_kernel(kernel: Kernel, detector: Detector) -> None:
     kernel.score_learn(states, np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), params)
 
 
-def benchmark(
-    kernel: Kernel, make: Callable[[], Detector], streams: int = 1000, readings: int = 200_000, seed: int = 0
-) -> dict[str, float]:
+def benchmark(name: str, streams: int = 1000, readings: int = 200_000, seed: int = 0) -> dict[str, float]:
     """Nanoseconds a reading on interleaved noisy streams, after warm-up: through the
     detector class, one ``score_learn_one`` call (a batch of one reading) a reading, and
     through one batch call of the kernel; the difference is what a call costs in Python."""
@@ -158,13 +157,14 @@ def benchmark(
     stream = rng.integers(0, streams, readings).astype(np.int64)
     values = np.round(rng.normal(20.0, 1.0, readings) + stream % 7, 2)
     t_ms = 1_700_000_000_000 + np.arange(readings, dtype=np.int64) * 100
+    kernel = kernel_for(name)
     kernel.warm()
-    params = kernel.params_vector(make())
+    params = kernel.params_vector(make(name))
     states = np.tile(kernel.initial_state(params), (streams, 1))
     start = time.perf_counter()
     kernel.score_learn(states, stream, values, t_ms, params)
     compiled = time.perf_counter() - start
-    detectors = [make() for _ in range(streams)]
+    detectors = [make(name) for _ in range(streams)]
     start = time.perf_counter()
     for s, v, t in zip(stream.tolist(), values.tolist(), t_ms.tolist(), strict=True):
         detectors[s].score_learn_one({"m": v}, t)

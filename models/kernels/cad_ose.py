@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from iotwatch.errors import UserError
+from iotwatch.models.catalog import make
 from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import check_batch, jit, reading_value
 
@@ -686,12 +687,8 @@ def given_range_scores(
 
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes."""
-    from iotwatch.models.cad_ose import CadOse
-
-    warm_kernel(sys.modules[__name__], CadOse())
+    warm_kernel(sys.modules[__name__], make("cad_ose"))
 
 
 if __name__ == "__main__":
-    from iotwatch.models.cad_ose import CadOse
-
-    print({"state_bytes": STATE_SIZE * 8, **benchmark(sys.modules[__name__], CadOse, streams=200)})
+    print({"state_bytes": STATE_SIZE * 8, **benchmark("cad_ose", streams=200)})

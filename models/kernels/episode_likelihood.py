@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from iotwatch.models.catalog import make
 from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import (
@@ -526,12 +527,8 @@ def score_learn(
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
     worker's first micro-batch does not pay for it."""
-    from iotwatch.models.episode_likelihood import EpisodeLikelihood
-
-    warm_kernel(sys.modules[__name__], EpisodeLikelihood())
+    warm_kernel(sys.modules[__name__], make("episode_likelihood"))
 
 
 if __name__ == "__main__":
-    from iotwatch.models.episode_likelihood import EpisodeLikelihood
-
-    print(benchmark(sys.modules[__name__], EpisodeLikelihood))
+    print(benchmark("episode_likelihood"))

@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from iotwatch.models.catalog import make
 from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels import benchmark, warm_kernel
@@ -335,12 +336,8 @@ def score_learn(
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
     worker's first micro-batch does not pay for it."""
-    from iotwatch.models.tail_ensemble import TailEnsemble
-
-    warm_kernel(sys.modules[__name__], TailEnsemble())
+    warm_kernel(sys.modules[__name__], make("tail_ensemble"))
 
 
 if __name__ == "__main__":
-    from iotwatch.models.tail_ensemble import TailEnsemble
-
-    print(benchmark(sys.modules[__name__], TailEnsemble))
+    print(benchmark("tail_ensemble"))
