@@ -27,15 +27,20 @@ sensor: one tail-probability threshold means about one false-alarm rate per read
 every stream. Priors (a rate and an index worth some pseudo-observations) keep a young
 stream conservative. A Pareto tail is heavier than a Gaussian one, which errs on the side
 of fewer false alarms on streams nobody has characterised.
+
+The arithmetic is :func:`iotwatch.models.kernels.primitives.tail_tail` and
+:func:`~iotwatch.models.kernels.primitives.tail_learn`, the functions the kernels of
+``episode_likelihood`` and ``tail_ensemble`` call: this class holds one tail's state and
+parameters and calls them one value at a time.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Self
 
 from iotwatch.errors import UserError
+from iotwatch.models.kernels.primitives import tail_learn, tail_tail
 from iotwatch.models.numeric import decay_weight
 
 __all__ = ["ExceedanceTail"]
@@ -98,56 +103,40 @@ class ExceedanceTail:
         self.run_gap = run_gap
         self._a = decay_weight(halflife)
         self._b = decay_weight(index_halflife)
+        #: The parameter tuple of :func:`~iotwatch.models.kernels.primitives.tail_learn`.
+        self._params = (
+            float(threshold),
+            self._a,
+            self._b,
+            float(prior_readings),
+            float(prior_peaks),
+            float(clip),
+            float(run_gap),
+        )
         self.set_state([])
 
     def to_state(self) -> list[float]:
-        return [self._n, self._rate, self._peaks, self._index, self._gap, self._cluster_peak]
+        """``[readings, rate, peaks, index, gap, open cluster's peak]``."""
+        return list(self._state)
 
     def set_state(self, state: list[float] | Mapping[str, Any]) -> Self:
         values = (list(state) + [None] * 6)[:6] if not isinstance(state, Mapping) else [None] * 6
         n, rate, peaks, index, gap, cluster_peak = values
-        self._n = float(n or 0.0)
-        self._rate = self.prior_rate if rate is None else float(rate)
-        self._peaks = float(peaks or 0.0)
-        self._index = self.prior_index if index is None else float(index)
-        # readings since the last exceedance, counted up to run_gap (a finite, JSON-safe number)
-        self._gap = float(self.run_gap) if gap is None else float(gap)
-        self._cluster_peak = float(cluster_peak or 0.0)  # peak of the open cluster (0: none open)
+        self._state = (
+            float(n or 0.0),
+            self.prior_rate if rate is None else float(rate),
+            float(peaks or 0.0),
+            self.prior_index if index is None else float(index),
+            # readings since the last exceedance, counted up to run_gap (a finite, JSON-safe number)
+            float(self.run_gap) if gap is None else float(gap),
+            float(cluster_peak or 0.0),  # peak of the open cluster (0: none open)
+        )
         return self
 
     def tail(self, d: float) -> float:
         """``P(deviation >= d)`` under the stream's fitted tail (1.0 at or below ``u``)."""
-        if math.isnan(d):
-            return 1.0
-        if d <= self.threshold:
-            return 1.0
-        if math.isinf(d):
-            return 0.0
-        return min(1.0, self._rate * math.exp(-math.log(d / self.threshold) / max(self._index, 1e-6)))
+        return tail_tail(self._state, self._params, float(d))
 
     def learn(self, d: float) -> None:
         """Count one reading's deviation."""
-        if not math.isfinite(d):
-            return
-        self._n += 1.0
-        a = max(1.0 / (self._n + self.prior_readings), self._a)
-        if d <= self.threshold:
-            self._rate -= a * self._rate
-            self._gap = min(self._gap + 1.0, float(self.run_gap))
-            if self._cluster_peak and self._gap >= self.run_gap:
-                self._learn_peak(self._cluster_peak)
-                self._cluster_peak = 0.0
-            return
-        starts_cluster = self._gap >= self.run_gap
-        self._gap = 0.0
-        self._rate += a * ((1.0 if starts_cluster else 0.0) - self._rate)
-        if self.run_gap <= 0:
-            self._learn_peak(d)
-        else:
-            self._cluster_peak = max(self._cluster_peak, d)
-
-    def _learn_peak(self, d: float) -> None:
-        self._peaks += 1.0
-        b = max(1.0 / (self._peaks + self.prior_peaks), self._b)
-        log_excess = min(math.log(d / self.threshold), self.clip * self._index)
-        self._index += b * (log_excess - self._index)
+        self._state = tail_learn(self._state, self._params, float(d))

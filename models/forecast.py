@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.base import Detector, Reading, UnivariateMixin, z_to_score
+from iotwatch.models.kernels.primitives import hw_deviation, hw_learn
 from iotwatch.models.numeric import decay_weight
 
 __all__ = ["HoltWintersResidual"]
@@ -119,15 +119,14 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         b = self._bucket(t_ms)
         return self._level + self._trend + (self._season[b] if b >= 0 else 0.0)
 
-    def _scale(self) -> float:
-        return math.sqrt(max(self._rvar, (1e-3 * abs(self._level) + 1e-9) ** 2))
-
     def deviation(self, x: Reading, t_ms: int) -> float | None:
         """The signed forecast residual in residual scales, or ``None`` while warming up."""
         v = self._value(x)
         if v is None or self._n < self.warmup:
             return None
-        return (v - self.forecast(t_ms)) / self._scale()
+        b = self._bucket(t_ms)
+        state = (float(self._n), self._level, self._trend, self._rvar, float(self._beyond))
+        return hw_deviation(state, (float(self.warmup),), v, self._season[b] if b >= 0 else 0.0)
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         z = self.deviation(x, t_ms)
@@ -137,33 +136,20 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         v = self._value(x)
         if v is None:
             return
-        self._n += 1
-        if self._n == 1:
-            self._level = v
-            return
         b = self._bucket(t_ms)
-        season = self._season[b] if b >= 0 else 0.0
-        err = v - self.forecast(t_ms)
-        err_var = err
-        if self._n > self.warmup:
-            bound = self.clip * self._scale()
-            if self.reset_after and abs(err) > bound:
-                side = 1 if err > 0 else -1
-                self._beyond = self._beyond + side if self._beyond * side > 0 else side
-                if abs(self._beyond) >= self.reset_after:
-                    self._level, self._trend, self._beyond = v - season, 0.0, 0
-                    return
-            else:
-                self._beyond = 0
-            err = min(max(err, -bound), bound)
-            err_var = min(max(err_var, -2.0 * bound), 2.0 * bound)
-            a_var = self._a_var
-        else:
-            a_var = 1.0 / self._n
-        fitted = self.forecast(t_ms) + err
-        level = self.alpha * (fitted - season) + (1.0 - self.alpha) * (self._level + self._trend)
-        self._trend = self.beta * (level - self._level) + (1.0 - self.beta) * self._trend
-        self._level = level
+        state = (float(self._n), self._level, self._trend, self._rvar, float(self._beyond))
+        params = (
+            float(self.warmup),
+            self.alpha,
+            self.beta,
+            self._a_var,
+            float(self.clip),
+            float(self.reset_after),
+            self.gamma,
+        )
+        (n, self._level, self._trend, self._rvar, beyond), season = hw_learn(
+            state, params, v, self._season[b] if b >= 0 else 0.0
+        )
+        self._n, self._beyond = int(n), int(beyond)
         if b >= 0:
-            self._season[b] = self.gamma * (fitted - level) + (1.0 - self.gamma) * season
-        self._rvar = (1.0 - a_var) * self._rvar + a_var * err_var * err_var
+            self._season[b] = season

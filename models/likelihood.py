@@ -27,19 +27,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, Self
 
-from iotwatch.models.numeric import decay_weight, upper_tail
+from iotwatch.models.numeric import decay_weight, log_tail_score, upper_tail
 
 __all__ = ["AnomalyLikelihood", "log_tail_score"]
-
-
-def log_tail_score(tail: float) -> float:
-    """Log scale of a tail probability, in ``[0, 1)``: 0.5 at 1e-5.
-
-    >>> [round(log_tail_score(p), 3) for p in (1.0, 1e-2, 1e-5, 1e-10, 1e-40, 0.0)]
-    [0.0, 0.286, 0.5, 0.667, 0.889, 0.984]
-    """
-    decades = max(0.0, -math.log10(min(max(tail, 1e-300), 1.0)))
-    return decades / (decades + 5.0)
 
 
 def _ewm(value: float, mean: float, var: float, a: float) -> tuple[float, float]:

@@ -1,4 +1,8 @@
-"""Stuck sensors: a run of identical readings on a stream that rarely repeats itself."""
+"""Stuck sensors: a run of identical readings on a stream that rarely repeats itself.
+
+The arithmetic is :func:`iotwatch.models.kernels.primitives.repeat_tail` and
+:func:`~iotwatch.models.kernels.primitives.repeat_learn`, the functions the kernels of
+``episode_likelihood`` and ``tail_ensemble`` call for their *stuck* view."""
 
 from __future__ import annotations
 
@@ -8,7 +12,13 @@ from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
-from iotwatch.models.likelihood import log_tail_score
+from iotwatch.models.kernels.primitives import (
+    log_tail_score,
+    repeat_judged,
+    repeat_learn,
+    repeat_run_length,
+    repeat_tail,
+)
 from iotwatch.models.numeric import decay_weight
 
 __all__ = ["RepeatRun"]
@@ -83,62 +93,52 @@ class RepeatRun(UnivariateMixin, Detector):
         self.max_repeat_rate = max_repeat_rate
         self.min_reversals = min_reversals
         self._a = decay_weight(halflife)
+        #: The parameter tuple of :func:`~iotwatch.models.kernels.primitives.repeat_learn`.
+        self._params = (float(tolerance), self._a, float(prior_readings), float(max_repeat_rate), float(min_reversals))
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
+        n, rate, last, run, reversals, direction = self._state
         return {
-            "n": self._n,
-            "rate": self._rate,
-            "last": self._last,
-            "run": self._run,
-            "reversals": self._reversals,
-            "direction": self._direction,
+            "n": int(n),
+            "rate": rate,
+            "last": None if math.isnan(last) else last,
+            "run": int(run),
+            "reversals": reversals,
+            "direction": int(direction),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> Self:
-        self._n = int(state.get("n", 0))
-        self._rate = float(state.get("rate", self.prior_rate))
         last = state.get("last")
-        self._last = None if last is None else float(last)
-        self._run = int(state.get("run", 0))
-        self._reversals = float(state.get("reversals", 0.0))
-        self._direction = int(state.get("direction", 0))  # sign of the last change
+        #: ``(readings, repeat rate, last value (NaN: none), run, reversal rate, sign of the last change)``.
+        self._state = (
+            float(int(state.get("n", 0))),
+            float(state.get("rate", self.prior_rate)),
+            math.nan if last is None else float(last),
+            float(int(state.get("run", 0))),
+            float(state.get("reversals", 0.0)),
+            float(int(state.get("direction", 0))),
+        )
         return self
 
     def judged(self) -> bool:
         """Whether runs on this stream say anything (see the class notes)."""
-        return self._rate <= self.max_repeat_rate and self._reversals >= self.min_reversals
+        return bool(repeat_judged(self._state, self._params))
 
     def run_length(self, x: Reading) -> int | None:
         """Repeats of the previous reading ending with this one (0: it differs)."""
         v = self._value(x)
-        if v is None:
-            return None
-        return self._run + 1 if self._last is not None and abs(v - self._last) <= self.tolerance else 0
+        return None if v is None else int(repeat_run_length(self._state, self._params, v))
 
     def tail(self, x: Reading, t_ms: int) -> float:
         """Probability of a run at least this long, were repeats independent at the stream's rate."""
-        run = self.run_length(x)
-        if not run or not self.judged():
-            return 1.0
-        return math.exp(run * math.log(max(self._rate, 1e-6)))
+        v = self._value(x)
+        return 1.0 if v is None else repeat_tail(self._state, self._params, v)
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         return log_tail_score(self.tail(x, t_ms))
 
     def learn_one(self, x: Reading, t_ms: int) -> None:
-        run = self.run_length(x)
-        if run is None:
-            return
         v = self._value(x)
-        if self._last is not None and v is not None:
-            self._n += 1
-            a = max(1.0 / (self._n + self.prior_readings), self._a)
-            self._rate += a * ((1.0 if run else 0.0) - self._rate)
-            if run == 0:
-                direction = 1 if v > self._last else -1
-                if self._direction:
-                    self._reversals += a * ((1.0 if direction != self._direction else 0.0) - self._reversals)
-                self._direction = direction
-        self._run = run
-        self._last = v
+        if v is not None:
+            self._state = repeat_learn(self._state, self._params, v)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.base import Detector, Reading, UnivariateMixin, z_to_score
+from iotwatch.models.kernels.primitives import scale, zscore_learn, zscore_update
 from iotwatch.models.numeric import decay_weight
 
 __all__ = ["RobustZScore"]
@@ -122,9 +122,6 @@ class RobustZScore(UnivariateMixin, Detector):
         period_ms = self.season_period_s * 1000.0
         return int((t_ms % period_ms) / period_ms * self.season_buckets) % self.season_buckets
 
-    def _scale(self, var: float, level: float) -> float:
-        return math.sqrt(max(var, (1e-3 * abs(level) + 1e-9) ** 2))
-
     def deviation(self, x: Reading, t_ms: int) -> float | None:
         """The signed robust z of the reading, or ``None`` while warming up."""
         v = self._value(x)
@@ -133,8 +130,8 @@ class RobustZScore(UnivariateMixin, Detector):
         if self.season_buckets:
             b = self._bucket(t_ms)
             if self._sn[b] >= self.season_warmup:
-                return (v - self._smu[b]) / self._scale(self._rvar, self._smu[b])
-        return (v - self._mu) / self._scale(self._var, self._mu)
+                return (v - self._smu[b]) / scale(self._rvar, self._smu[b])
+        return (v - self._mu) / scale(self._var, self._mu)
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         z = self.deviation(x, t_ms)
@@ -144,13 +141,10 @@ class RobustZScore(UnivariateMixin, Detector):
         v = self._value(x)
         if v is None:
             return
-        self._n += 1
-        if self._n <= self.warmup:  # plain running moments while warming up
-            delta = v - self._mu
-            self._mu += delta / self._n
-            self._var += (delta * (v - self._mu) - self._var) / self._n
-        else:
-            self._mu, self._var = self._update(v, self._mu, self._var, self._a, self._a)
+        n, self._mu, self._var = zscore_learn(
+            (float(self._n), self._mu, self._var), (float(self.warmup), self._a, float(self.clip)), v
+        )
+        self._n = int(n)
         if self.season_buckets:
             b = self._bucket(t_ms)
             if self._sn[b] == 0:
@@ -158,11 +152,7 @@ class RobustZScore(UnivariateMixin, Detector):
                 if self._rvar == 0.0:
                     self._rvar = self._var
             else:
-                self._smu[b], self._rvar = self._update(v, self._smu[b], self._rvar, self._a_season, self._a)
+                self._smu[b], self._rvar = zscore_update(
+                    v, self._smu[b], self._rvar, self._a_season, self._a, float(self.clip)
+                )
             self._sn[b] += 1
-
-    def _update(self, v: float, mu: float, var: float, a_mu: float, a_var: float) -> tuple[float, float]:
-        scale = self._scale(var, mu)
-        r = min(max(v - mu, -self.clip * scale), self.clip * scale)
-        r_var = min(max(v - mu, -2.0 * self.clip * scale), 2.0 * self.clip * scale)
-        return mu + a_mu * r, (1.0 - a_var) * var + a_var * r_var * r_var

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import ClassVar
 
 from iotwatch.contract.detection import AnomalyKind
-from iotwatch.models.base import Detector, Reading, UnivariateMixin
-from iotwatch.models.exceedance import ExceedanceTail
-from iotwatch.models.forecast import HoltWintersResidual
-from iotwatch.models.likelihood import log_tail_score
-from iotwatch.models.repeat_run import RepeatRun
-from iotwatch.models.robust_zscore import RobustZScore
+from iotwatch.models.kernels import Kernel, KernelDetector
+from iotwatch.models.kernels import tail_ensemble as kernel
 
 __all__ = ["TailEnsemble"]
 
 
-class TailEnsemble(UnivariateMixin, Detector):
+class TailEnsemble(KernelDetector):
     """The per-(device, metric) detector of the streaming job.
 
     Three views of one metric, each a deviation with its own
@@ -35,7 +30,13 @@ class TailEnsemble(UnivariateMixin, Detector):
     1e-5, 0.6 at 1e-7.5). Unlike a likelihood fitted to bounded raw scores, the tail keeps
     extreme deviations extreme, and because every tail is the stream's own, one threshold
     means one false-alarm rate per reading on every device and metric. No score is given
-    for the first ``warmup`` readings; the state is about thirty numbers.
+    for the first ``warmup`` readings.
+
+    The arithmetic is one compiled kernel (:mod:`iotwatch.models.kernels.tail_ensemble`,
+    which has the layout of the state: 28 numbers), built from the members' functions in
+    :mod:`iotwatch.models.kernels.primitives` (the level and change views without a
+    season); this class holds one stream's row and calls the kernel's step on a batch of
+    one reading.
 
     Examples
     --------
@@ -51,6 +52,7 @@ class TailEnsemble(UnivariateMixin, Detector):
     """
 
     name: ClassVar[str] = "tail_ensemble"
+    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
     #: Drifts over minutes to hours are caught as level changes; a drift over days is
     #: the seasonal :class:`~iotwatch.models.robust_zscore.RobustZScore`'s job (not claimed here).
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
@@ -74,73 +76,4 @@ class TailEnsemble(UnivariateMixin, Detector):
         self.z_threshold = z_threshold
         self.tail_index_prior = tail_index_prior
         self.max_repeat_rate = max_repeat_rate
-        members = min(warmup, 30)
-        self._level = RobustZScore(metric, halflife=level_halflife, season_buckets=0, warmup=members)
-        self._change = HoltWintersResidual(metric, alpha=change_alpha, season_buckets=0, warmup=members, reset_after=3)
-        self._stuck = RepeatRun(metric, max_repeat_rate=max_repeat_rate)
-        self._level_tail = ExceedanceTail(threshold=z_threshold, prior_index=tail_index_prior)
-        self._change_tail = ExceedanceTail(threshold=z_threshold, prior_index=tail_index_prior)
-        self.set_state({})
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "n": self._n,
-            "level": self._level.to_state(),
-            "change": self._change.to_state(),
-            "stuck": self._stuck.to_state(),
-            "level_tail": self._level_tail.to_state(),
-            "change_tail": self._change_tail.to_state(),
-        }
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        self._n = int(state.get("n", 0))
-        self._level.set_state(state.get("level") or {})
-        self._change.set_state(state.get("change") or {})
-        self._stuck.set_state(state.get("stuck") or {})
-        self._level_tail.set_state(state.get("level_tail") or {})
-        self._change_tail.set_state(state.get("change_tail") or {})
-        return self
-
-    def _deviations(self, x: Reading, t_ms: int) -> tuple[float | None, float | None]:
-        level, change = self._level.deviation(x, t_ms), self._change.deviation(x, t_ms)
-        return (None if level is None else abs(level)), (None if change is None else abs(change))
-
-    def tails(self, x: Reading, t_ms: int) -> dict[str, float]:
-        """Each view's tail probability for this reading (1.0 while a view warms up)."""
-        level, change = self._deviations(x, t_ms)
-        return {
-            "level": 1.0 if level is None else self._level_tail.tail(level),
-            "change": 1.0 if change is None else self._change_tail.tail(change),
-            "stuck": self._stuck.tail(x, t_ms),
-        }
-
-    def score_one(self, x: Reading, t_ms: int) -> float:
-        if self._n < self.warmup or self._value(x) is None:
-            return 0.0
-        return log_tail_score(min(1.0, 3.0 * min(self.tails(x, t_ms).values())))
-
-    def learn_one(self, x: Reading, t_ms: int) -> None:
-        self.score_learn_one(x, t_ms)
-
-    def score_learn_one(self, x: Reading, t_ms: int) -> float:
-        """Score, then learn, computing each view's deviation once (the streaming hot path)."""
-        if self._value(x) is None:
-            return 0.0
-        level, change = self._deviations(x, t_ms)
-        score = 0.0
-        if self._n >= self.warmup:
-            tail = min(
-                1.0 if level is None else self._level_tail.tail(level),
-                1.0 if change is None else self._change_tail.tail(change),
-                self._stuck.tail(x, t_ms),
-            )
-            score = log_tail_score(min(1.0, 3.0 * tail))
-        if level is not None:
-            self._level_tail.learn(level)
-        if change is not None:
-            self._change_tail.learn(change)
-        self._level.learn_one(x, t_ms)
-        self._change.learn_one(x, t_ms)
-        self._stuck.learn_one(x, t_ms)
-        self._n += 1
-        return score
+        self._start()

@@ -1,37 +1,39 @@
-"""Compiled twins of the per-reading detectors, for the streaming hot path.
+"""The per-reading detectors' arithmetic, compiled: one kernel a detector, for the streaming
+hot path and for the detector's own class.
 
-The detectors in :mod:`iotwatch.models` are the readable reference: one Python object per
-``(device, metric)`` stream, its state a nested JSON-able dict, microseconds a reading. A
-kernel does the same arithmetic in numba-compiled code over a whole micro-batch at once,
-with every stream's state one row of a float64 array: no Python object per reading, so a
-reading costs arithmetic only (``python -m iotwatch.models.kernels.<name>`` times both).
+A kernel scores a whole micro-batch of interleaved streams in one numba call, with every
+stream's state one row of a float64 array: no Python object per reading, so a reading
+costs arithmetic only. Its detector class (:mod:`iotwatch.models`) is a thin wrapper: its
+state is one such row and each ``score_learn_one`` is the same compiled step on a batch of
+one reading. Numeric pieces the kernels share live in :mod:`.primitives`. With numba's JIT
+disabled (``NUMBA_DISABLE_JIT=1``) the same code runs as plain Python, to read and step
+through; ``tests/unit/models/test_detector_kernels.py`` holds both runs to scores pinned on
+the NAB sample.
 
 :func:`kernel_for` finds the kernel of a detector by name (:data:`KERNELS`): the
 streaming engine runs the one its ``device_detector`` setting names, through the small
-:class:`Kernel` protocol. Each kernel names its reference detector
-(``models/kernels/<name>.py`` mirrors ``models/<name>.py`` function by function, so the
-two read side by side), converts state to and from the reference exactly, and
-``tests/unit/models/test_kernels.py`` checks, for every kernel, that the two give the same
-scores and the same final state. Change the reference first, then its
-kernel, and let that test say whether they still agree.
+:class:`Kernel` protocol. ``python -m iotwatch.models.kernels.<name>`` times a reading
+through the class (one call a reading) and through one batch call.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Protocol, cast
+from typing import Any, ClassVar, Protocol, Self, cast
 
 import numpy as np
 
 from iotwatch.errors import UserError
-from iotwatch.models.base import Detector
+from iotwatch.models.base import Detector, Reading, UnivariateMixin
+from iotwatch.models.catalog import make
 
-__all__ = ["KERNELS", "Kernel", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
+__all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
 
-#: Detector name -> the module of its compiled twin.
+#: Detector name -> the module of its kernel.
 KERNELS: dict[str, str] = {
     "cad_ose": "iotwatch.models.kernels.cad_ose",
     "episode_likelihood": "iotwatch.models.kernels.episode_likelihood",
@@ -41,7 +43,7 @@ KERNELS: dict[str, str] = {
 
 class Kernel(Protocol):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
-    the parameter vector read from a reference detector, a fresh row, the batch step (also
+    the parameter vector read from a detector, a fresh row, the batch step (also
     giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`),
     and a warm-up that compiles (or loads) the step before the first micro-batch."""
 
@@ -68,8 +70,60 @@ class Kernel(Protocol):
     def warm(self) -> None: ...
 
 
+#: The stream index of a :class:`KernelDetector`'s one row.
+_ROW0 = np.zeros(1, dtype=np.int64)
+
+
+class KernelDetector(UnivariateMixin, Detector):
+    """A per-reading detector that is its kernel: its state is one row of the kernel's
+    states and every call runs the kernel's step on a batch of one reading (on a copy of
+    the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
+    once its parameters are set."""
+
+    _kernel: ClassVar[Kernel]
+
+    def _start(self) -> None:
+        """A fresh row, for this detector's parameters."""
+        self._params = self._kernel.params_vector(self)
+        self._states = self._kernel.initial_state(self._params).reshape(1, self._kernel.STATE_SIZE)
+
+    def _step(self, states: np.ndarray, x: Reading, t_ms: int) -> tuple[float, float]:
+        """The kernel's step on ``states`` (one row): the score and the surprise before any hold."""
+        v = self._value(x)
+        value = np.array([math.nan if v is None else v])
+        surprise = np.zeros(1)
+        t = np.array([t_ms], dtype=np.int64)
+        score = self._kernel.score_learn_into(states, _ROW0, value, t, self._params, surprise)
+        return float(score[0]), float(surprise[0])
+
+    def score_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states.copy(), x, t_ms)[0]
+
+    def surprise_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states.copy(), x, t_ms)[1]
+
+    def learn_one(self, x: Reading, t_ms: int) -> None:
+        self._step(self._states, x, t_ms)
+
+    def score_learn_one(self, x: Reading, t_ms: int) -> float:
+        return self._step(self._states, x, t_ms)[0]
+
+    def to_state(self) -> dict[str, Any]:
+        """The kernel's row (its module's State layout); non-finite numbers (no reading yet,
+        an empty range) as their names, so the JSON is strict."""
+        return {"row": [v if math.isfinite(v) else repr(v) for v in self._states[0].tolist()]}
+
+    def set_state(self, state: Mapping[str, Any]) -> Self:
+        row = np.array([float(v) for v in state["row"]])
+        size = self._kernel.STATE_SIZE
+        if row.shape != (size,):
+            raise ValueError(f"a {self.name} state row has {size} numbers, not {row.shape}")
+        self._states = row.reshape(1, size)
+        return self
+
+
 def kernel_for(detector: str) -> Kernel:
-    """The compiled twin of the detector registered as ``detector`` (imported on first use)."""
+    """The kernel of the detector registered as ``detector`` (imported on first use)."""
     try:
         module: ModuleType = importlib.import_module(KERNELS[detector])
     except KeyError:
@@ -95,24 +149,24 @@ def warm_kernel(kernel: Kernel, detector: Detector) -> None:
     kernel.score_learn(states, np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), params)
 
 
-def benchmark(
-    kernel: Kernel, make: Callable[[], Detector], streams: int = 1000, readings: int = 200_000, seed: int = 0
-) -> dict[str, float]:
-    """Nanoseconds a reading, reference loop (a dict a reading, as the job once called it)
-    vs kernel, on interleaved noisy streams, after warm-up."""
+def benchmark(name: str, streams: int = 1000, readings: int = 200_000, seed: int = 0) -> dict[str, float]:
+    """Nanoseconds a reading on interleaved noisy streams, after warm-up: through the
+    detector class, one ``score_learn_one`` call (a batch of one reading) a reading, and
+    through one batch call of the kernel; the difference is what a call costs in Python."""
     rng = np.random.default_rng(seed)
     stream = rng.integers(0, streams, readings).astype(np.int64)
     values = np.round(rng.normal(20.0, 1.0, readings) + stream % 7, 2)
     t_ms = 1_700_000_000_000 + np.arange(readings, dtype=np.int64) * 100
+    kernel = kernel_for(name)
     kernel.warm()
-    params = kernel.params_vector(make())
+    params = kernel.params_vector(make(name))
     states = np.tile(kernel.initial_state(params), (streams, 1))
     start = time.perf_counter()
     kernel.score_learn(states, stream, values, t_ms, params)
     compiled = time.perf_counter() - start
-    detectors = [make() for _ in range(streams)]
+    detectors = [make(name) for _ in range(streams)]
     start = time.perf_counter()
     for s, v, t in zip(stream.tolist(), values.tolist(), t_ms.tolist(), strict=True):
         detectors[s].score_learn_one({"m": v}, t)
-    reference = time.perf_counter() - start
-    return {"reference_ns": round(reference / readings * 1e9, 1), "kernel_ns": round(compiled / readings * 1e9, 1)}
+    one_by_one = time.perf_counter() - start
+    return {"class_ns": round(one_by_one / readings * 1e9, 1), "batch_ns": round(compiled / readings * 1e9, 1)}

@@ -1,12 +1,18 @@
-"""Compiled twin of :class:`iotwatch.models.cad_ose.CadOse`: one float64 row per stream.
+"""CAD OSE, the contextual anomaly detector: the arithmetic of
+:class:`iotwatch.models.cad_ose.CadOse` and of NAB's published run of it
+(:func:`iotwatch.models.cad_ose.nab_scores`), one float64 row per stream.
 
-The reference keeps CAD OSE's context memory in dicts and lists; this kernel keeps it in
-a fixed row sized by the capacity constants (:data:`CONTEXTS`, :data:`FACTS`,
-:data:`RIGHTS`), which bound ``max_contexts``, ``value_bits + max_active_neurons`` and
-``value_bits`` of the detectors it runs (:func:`params_vector` refuses larger ones).
+CAD OSE's context memory (its semi-contexts, the contexts joining them, the order each
+dict iterates) lives in a fixed row sized by a capacity of contexts (:func:`state_size`;
+:data:`CONTEXTS` for the catalogued detector, :data:`STATE_SIZE` numbers). :data:`FACTS`
+and :data:`RIGHTS` bound ``value_bits + max_active_neurons`` and ``value_bits``
+(:func:`params_vector` refuses larger ones).
 
 State layout
 ------------
+With ``C`` contexts of capacity (``next = CONTEXT + 6 C``, ``left = next + C``,
+``right = left + LEFT_WIDTH C``, ``index = right + 3 RIGHTS``):
+
 =====================  ==========================================================
 ``N``, ``LOW``,        readings seen and the range of the first ``range_readings``
 ``HIGH``, ``STARTED``  (1 once the range is set and the memory runs)
@@ -14,79 +20,97 @@ State layout
 ``N_CONTEXTS``,        contexts, left and right semi-contexts stored
 ``N_LEFT``,
 ``N_RIGHT``
-``N_LEFT_FACTS``,      the last step's left facts (sensor facts, then neuron facts
-``LEFT_FACTS + k``     ``NEURON_BASE + context``), ascending
+``N_LEFT_FACTS``,      the last step's left facts (sensor facts ``2 * bit + value``,
+``LEFT_FACTS + k``     then neuron facts ``NEURON_BASE + context``), ascending
 ``CONTEXT + 6 c + k``  context ``c``: left id, right id, selected, hits, active,
                        zero level
-``NEXT + c``           the next context of the same left semi-context in the order its
+``next + c``           the next context of the same left semi-context in the order its
                        dict iterates (-1: none; kept so at each new context)
-``LEFT + w l + k``     left semi-context ``l`` (``w`` = :data:`LEFT_WIDTH`): its facts'
+``left + w l + k``     left semi-context ``l`` (``w`` = :data:`LEFT_WIDTH`): its facts'
                        count, the hash's high and low 32 bits, its first context, the
                        bits of its facts the last left facts hold, then its facts
-``RIGHT + 3 r + k``    right semi-context ``r``: its facts as a bit mask (fact ``f``
+``right + 3 r + k``    right semi-context ``r``: its facts as a bit mask (fact ``f``
                        is bit ``f``), the hash's high and low 32 bits
-``INDEX + i``          the left semi-contexts by hash (open addressing; ``id + 1``)
+``index + i``          the left semi-contexts by hash (open addressing over ``2 C``
+                       slots; ``id + 1``)
 =====================  ==========================================================
 
-Hashes are CPython 2.7's tuple hashes as in the reference (64 bits, kept as two exact
-halves); a semi-context is found by its hash, as the reference's dicts find it.
+The published algorithm's output depends on its Python 2 runtime in two places: the hash
+of a tuple of facts (it breaks ties between active contexts) and the iteration order of
+a small dict of integers (it numbers new contexts). Both are computed here as CPython 2.7
+on 64 bits computes them (:func:`py2_tuple_hash`, :func:`py2_dict_order`); hashes are
+kept as two exact 32-bit halves and a semi-context is found by its hash.
 
 Cost and memory
 ---------------
-A row is ``STATE_SIZE * 8`` bytes (264 KB). Each reading crosses its facts with every
-stored semi-context, as the published algorithm does, so a reading costs in proportion to
-the contexts stored (up to ``max_contexts``). ``python -m iotwatch.models.kernels.cad_ose`` prints the
-reference loop and the kernel per reading on young interleaved streams.
+A row of the catalogued detector is ``STATE_SIZE * 8`` bytes (264 KB). Each reading
+crosses its facts with every stored semi-context, as the published algorithm does, so a
+reading costs in proportion to the contexts stored (up to ``max_contexts``).
+``python -m iotwatch.models.kernels.cad_ose`` times a reading through the detector class
+(one call a reading) and through one batch call, on young interleaved streams.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from iotwatch.errors import UserError
-from iotwatch.models.cad_ose import NEURON_BASE, CadOse, Py2IntKeyOrder, py2_tuple_hash
+from iotwatch.models.catalog import make
 from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import check_batch, jit, reading_value
+
+if TYPE_CHECKING:
+    from iotwatch.models.cad_ose import CadOse
 
 __all__ = [
     "CONTEXTS",
     "FACTS",
+    "NEURON_BASE",
     "PARAMS_SIZE",
     "RIGHTS",
     "STATE_SIZE",
-    "from_reference",
+    "given_range_scores",
     "initial_state",
     "params_vector",
+    "py2_dict_order",
+    "py2_tuple_hash",
     "score_learn",
     "score_learn_into",
-    "to_reference",
+    "state_size",
     "warm",
 ]
 
-#: Capacity: contexts (and so left semi-contexts), facts of a left semi-context, right
-#: semi-contexts (every set of sensor facts of ``value_bits`` <= 3 bits).
+#: Capacity of the catalogued detector's row: contexts (and so left semi-contexts), facts
+#: of a left semi-context, right semi-contexts (every set of sensor facts of ``value_bits``
+#: <= 3 bits).
 CONTEXTS = 1024
 FACTS = 18
 RIGHTS = 64
+#: Neuron facts are ``NEURON_BASE + context``, above every sensor fact.
+NEURON_BASE = 2**31
 
 N, LOW, HIGH, STARTED, SINCE, N_CONTEXTS, N_LEFT, N_RIGHT, N_LEFT_FACTS = range(9)
 LEFT_FACTS = 9
 CONTEXT = LEFT_FACTS + FACTS
 C_LEFT, C_RIGHT, C_SELECTED, C_HITS, C_ACTIVE, C_ZERO = range(6)
-NEXT = CONTEXT + 6 * CONTEXTS
 L_SIZE, L_HI, L_LO, L_FIRST, L_CROSSED, L_FACTS = range(6)
 LEFT_WIDTH = L_FACTS + FACTS
-LEFT = NEXT + CONTEXTS
-RIGHT = LEFT + LEFT_WIDTH * CONTEXTS
-#: Open-addressing index of the left semi-contexts by hash: ``id + 1`` at slot ``low bits
-#: mod INDEX_SLOTS`` or the next free one (0: free).
-INDEX = RIGHT + 3 * RIGHTS
-INDEX_SLOTS = 2 * CONTEXTS
-STATE_SIZE = INDEX + INDEX_SLOTS
+#: Numbers a context of capacity adds to a row: its six counts, its next, its left
+#: semi-context, two index slots.
+PER_CONTEXT = 6 + 1 + LEFT_WIDTH + 2
+
+
+@jit
+def state_size(contexts: int) -> int:
+    """Numbers in a row holding up to ``contexts`` contexts."""
+    return CONTEXT + PER_CONTEXT * contexts + 3 * RIGHTS
+
+
+STATE_SIZE = state_size(CONTEXTS)
 
 (
     P_RANGE_READINGS,
@@ -103,9 +127,6 @@ PARAMS_SIZE = 8
 _jit = jit
 _NO_SURPRISE = np.empty(0)
 _LOW32 = 0xFFFFFFFF
-
-
-# --- conversion to and from the reference ------------------------------------------------------
 
 
 def params_vector(detector: CadOse) -> np.ndarray:
@@ -133,92 +154,35 @@ def params_vector(detector: CadOse) -> np.ndarray:
     )
 
 
-def initial_state(params: np.ndarray) -> np.ndarray:
-    """A fresh stream's row."""
-    row = np.zeros(STATE_SIZE)
+def initial_state(params: np.ndarray, contexts: int = CONTEXTS) -> np.ndarray:
+    """A fresh stream's row, holding up to ``contexts`` contexts."""
+    row = np.zeros(state_size(contexts))
     row[LOW], row[HIGH] = math.inf, -math.inf
-    row[NEXT : NEXT + CONTEXTS] = -1.0
+    row[CONTEXT + 6 * contexts : CONTEXT + 7 * contexts] = -1.0
     return row
-
-
-def _halves(h: int) -> tuple[float, float]:
-    return float(h >> 32), float(h & _LOW32)
-
-
-def from_reference(detector: CadOse) -> np.ndarray:
-    """The row holding a reference detector's state (exact)."""
-    params = params_vector(detector)
-    row = initial_state(params)
-    state = detector.to_state()
-    row[N], row[LOW], row[HIGH] = state["n"], state["low"], state["high"]
-    if "contexts" not in state:
-        return row
-    row[STARTED], row[SINCE] = 1.0, state["since"]
-    row[N_CONTEXTS], row[N_LEFT], row[N_RIGHT] = len(state["contexts"]), len(state["left"]), len(state["right"])
-    row[N_LEFT_FACTS] = len(state["left_facts"])
-    row[LEFT_FACTS : LEFT_FACTS + len(state["left_facts"])] = state["left_facts"]
-    left_facts = set(state["left_facts"])
-    for lid, facts in enumerate(state["left"]):
-        base = LEFT + LEFT_WIDTH * lid
-        row[base + L_SIZE] = len(facts)
-        row[base + L_HI], row[base + L_LO] = _halves(py2_tuple_hash(tuple(facts)))
-        row[base + L_FIRST] = -1.0
-        row[base + L_CROSSED] = sum(1 << k for k, f in enumerate(facts) if f in left_facts)
-        row[base + L_FACTS : base + L_FACTS + len(facts)] = facts
-        slot = int(row[base + L_LO]) % INDEX_SLOTS
-        while row[INDEX + slot] != 0.0:
-            slot = (slot + 1) % INDEX_SLOTS
-        row[INDEX + slot] = lid + 1
-    for rid, facts in enumerate(state["right"]):
-        base = RIGHT + 3 * rid
-        row[base] = sum(1 << f for f in facts)
-        row[base + 1], row[base + 2] = _halves(py2_tuple_hash(tuple(facts)))
-    by_left: dict[int, dict[int, int]] = {}
-    for cid, context in enumerate(state["contexts"]):
-        row[CONTEXT + 6 * cid : CONTEXT + 6 * cid + 6] = context
-        by_left.setdefault(context[0], {})[context[1]] = cid
-    for lid, contexts in by_left.items():
-        order = Py2IntKeyOrder()
-        for rid in contexts:  # in id order: as they were stored
-            order.add(rid)
-        chain = [contexts[rid] for rid in order]
-        row[LEFT + LEFT_WIDTH * lid + L_FIRST] = chain[0]
-        for a, b in zip(chain, chain[1:] + [-1], strict=True):
-            row[NEXT + a] = b
-    return row
-
-
-def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> CadOse:
-    """A reference detector built with ``detector_params`` holding the state of ``row``."""
-    r = np.asarray(row, dtype=np.float64)
-    if r.shape != (STATE_SIZE,):
-        raise ValueError(f"a state row has {STATE_SIZE} numbers, not {r.shape}")
-    state: dict[str, Any] = {"n": int(r[N]), "low": float(r[LOW]), "high": float(r[HIGH])}
-    if r[STARTED]:
-        n_left_facts = int(r[N_LEFT_FACTS])
-        state["since"] = int(r[SINCE])
-        state["left_facts"] = [int(f) for f in r[LEFT_FACTS : LEFT_FACTS + n_left_facts]]
-        state["left"] = []
-        for lid in range(int(r[N_LEFT])):
-            base = LEFT + LEFT_WIDTH * lid
-            state["left"].append([int(f) for f in r[base + L_FACTS : base + L_FACTS + int(r[base + L_SIZE])]])
-        state["right"] = []
-        for rid in range(int(r[N_RIGHT])):
-            mask = int(r[RIGHT + 3 * rid])
-            state["right"].append([f for f in range(6) if mask >> f & 1])
-        state["contexts"] = [
-            [int(x) for x in r[CONTEXT + 6 * cid : CONTEXT + 6 * cid + 6]] for cid in range(int(r[N_CONTEXTS]))
-        ]
-    return CadOse(**detector_params).set_state(state)
 
 
 # --- the step --------------------------------------------------------------------------------
 
 
 @_jit
+def _layout(row: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """A row's capacity of contexts and the offsets of its sized parts: next, left, right,
+    index, and the index's slots."""
+    contexts = (row.shape[0] - CONTEXT - 3 * RIGHTS) // PER_CONTEXT
+    nxt = CONTEXT + 6 * contexts
+    lft = nxt + contexts
+    rgt = lft + LEFT_WIDTH * contexts
+    index = rgt + 3 * RIGHTS
+    return contexts, nxt, lft, rgt, index, 2 * contexts
+
+
+@_jit
 def _hash(facts: np.ndarray, count: int) -> tuple[int, int]:
-    """:func:`iotwatch.models.cad_ose.py2_tuple_hash` of ``facts[:count]``: its high (signed) and
-    low 32 bits, so that ``(high, low)`` orders as the signed 64-bit hash does."""
+    """CPython 2.7's ``hash(tuple(facts[:count]))`` on a 64-bit build (an int hashes to
+    itself there; the original breaks ties between active contexts by these hashes): its
+    high (signed) and low 32 bits, so that ``(high, low)`` orders as the signed 64-bit hash
+    does."""
     x = np.uint64(0x345678)
     mult = np.uint64(1000003)
     n = count
@@ -258,28 +222,31 @@ def _popcount(mask: int) -> int:
 @_jit
 def _find_left(row: np.ndarray, hi: int, lo: int) -> int:
     """The left semi-context with this hash (-1: none), through the index."""
-    slot = lo % INDEX_SLOTS
-    while row[INDEX + slot] != 0.0:
-        lid = int(row[INDEX + slot]) - 1
-        base = LEFT + LEFT_WIDTH * lid
+    _, _, lft, _, index, slots = _layout(row)
+    slot = lo % slots
+    while row[index + slot] != 0.0:
+        lid = int(row[index + slot]) - 1
+        base = lft + LEFT_WIDTH * lid
         if row[base + L_HI] == hi and row[base + L_LO] == lo:
             return lid
-        slot = (slot + 1) % INDEX_SLOTS
+        slot = (slot + 1) % slots
     return -1
 
 
 @_jit
 def _index_left(row: np.ndarray, lid: int, lo: int) -> None:
-    slot = lo % INDEX_SLOTS
-    while row[INDEX + slot] != 0.0:
-        slot = (slot + 1) % INDEX_SLOTS
-    row[INDEX + slot] = lid + 1
+    _, _, _, _, index, slots = _layout(row)
+    slot = lo % slots
+    while row[index + slot] != 0.0:
+        slot = (slot + 1) % slots
+    row[index + slot] = lid + 1
 
 
 @_jit
 def _find_right(row: np.ndarray, hi: int, lo: int) -> int:
+    _, _, _, rgt, _, _ = _layout(row)
     for rid in range(int(row[N_RIGHT])):
-        base = RIGHT + 3 * rid
+        base = rgt + 3 * rid
         if row[base + 1] == hi and row[base + 2] == lo:
             return rid
     return -1
@@ -287,16 +254,17 @@ def _find_right(row: np.ndarray, hi: int, lo: int) -> int:
 
 @_jit
 def _find(row: np.ndarray, lhi: int, llo: int, rhi: int, rlo: int) -> int:
-    """``ContextOperator._find``: the context with these sides' hashes (-1: unknown)."""
+    """The stored context with sides of these hashes (-1: unknown)."""
+    _, nxt, lft, _, _, _ = _layout(row)
     lid = _find_left(row, lhi, llo)
     rid = _find_right(row, rhi, rlo)
     if lid < 0 or rid < 0:
         return -1
-    c = int(row[LEFT + LEFT_WIDTH * lid + L_FIRST])
+    c = int(row[lft + LEFT_WIDTH * lid + L_FIRST])
     while c >= 0:
         if row[CONTEXT + 6 * c + C_RIGHT] == rid:
             return c
-        c = int(row[NEXT + c])
+        c = int(row[nxt + c])
     return -1
 
 
@@ -314,7 +282,9 @@ def _store(
     zero: float,
     tables: np.ndarray,
 ) -> int:
-    """``ContextOperator._store``: the new context's id (-1: the memory is full)."""
+    """Store an unknown context (its left and right semi-contexts too when new): its id
+    (-1: ``max_contexts`` are stored, no more are)."""
+    _, _, lft, rgt, _, _ = _layout(row)
     c = int(row[N_CONTEXTS])
     if c >= p[P_MAX_CONTEXTS]:
         return -1
@@ -322,7 +292,7 @@ def _store(
     if lid < 0:
         lid = int(row[N_LEFT])
         row[N_LEFT] = lid + 1
-        base = LEFT + LEFT_WIDTH * lid
+        base = lft + LEFT_WIDTH * lid
         row[base + L_SIZE], row[base + L_HI], row[base + L_LO] = n_left, lhi, llo
         row[base + L_FIRST], row[base + L_CROSSED] = -1.0, 0.0
         for k in range(n_left):
@@ -332,7 +302,7 @@ def _store(
     if rid < 0:
         rid = int(row[N_RIGHT])
         row[N_RIGHT] = rid + 1
-        row[RIGHT + 3 * rid], row[RIGHT + 3 * rid + 1], row[RIGHT + 3 * rid + 2] = right_mask, rhi, rlo
+        row[rgt + 3 * rid], row[rgt + 3 * rid + 1], row[rgt + 3 * rid + 2] = right_mask, rhi, rlo
     row[N_CONTEXTS] = c + 1
     base = CONTEXT + 6 * c
     row[base + C_LEFT], row[base + C_RIGHT] = lid, rid
@@ -345,24 +315,45 @@ def _store(
 @_jit
 def _reorder(row: np.ndarray, lid: int, new: int, tables: np.ndarray) -> None:
     """Chain the contexts of left semi-context ``lid``, ``new`` among them, in the order
-    CPython 2.7 iterates its dict of right id -> context (:class:`iotwatch.models.cad_ose.Py2IntKeyOrder`;
+    CPython 2.7 iterates its dict of right id -> context (:func:`_py2_table`;
     stored in id order, so the ids sorted are the insertion order)."""
+    _, nxt, lft, _, _, _ = _layout(row)
     ids = tables[2]
     count = 0
-    c = int(row[LEFT + LEFT_WIDTH * lid + L_FIRST])
+    c = int(row[lft + LEFT_WIDTH * lid + L_FIRST])
     while c >= 0:
         ids[count] = c
         count += 1
-        c = int(row[NEXT + c])
+        c = int(row[nxt + c])
     ids[count] = new
     count += 1
     ids[:count].sort()
+    keys = tables[3]
+    for k in range(count):
+        keys[k] = int(row[CONTEXT + 6 * ids[k] + C_RIGHT])
+    size = _py2_table(keys, ids, count, tables)
+    table_keys, table_ids = tables[0], tables[1]
+    previous = lft + LEFT_WIDTH * lid + L_FIRST
+    for k in range(size):
+        if table_keys[k] >= 0:
+            row[previous] = table_ids[k]
+            previous = nxt + table_ids[k]
+    row[previous] = -1.0
+
+
+@_jit
+def _py2_table(keys: np.ndarray, values: np.ndarray, count: int, tables: np.ndarray) -> int:
+    """CPython 2.7's dict of ``keys[:count]`` (small non-negative ints, inserted in that order,
+    never deleted) -> ``values``: open addressing over a power-of-two table (``i = 5 i +
+    perturb + 1``, ``perturb >>= 5``), grown to the smallest power of two above four times
+    the keys once two thirds are filled. Its table goes to ``tables[0]`` (keys, -1: free)
+    and ``tables[1]`` (values); the result is the table's size, so reading the slots in
+    order iterates the dict as CPython 2.7 does."""
     table_keys, table_ids = tables[0], tables[1]
     size = 8
     table_keys[:size] = -1
     for used in range(1, count + 1):
-        c = ids[used - 1]
-        _py2_insert(table_keys, table_ids, size, int(row[CONTEXT + 6 * c + C_RIGHT]), c)
+        _py2_insert(table_keys, table_ids, size, keys[used - 1], values[used - 1])
         if used * 3 >= size * 2:
             grown = 8
             while grown <= 4 * used:
@@ -375,12 +366,7 @@ def _reorder(row: np.ndarray, lid: int, new: int, tables: np.ndarray) -> None:
                 if old_keys[k] >= 0:
                     _py2_insert(table_keys, table_ids, grown, old_keys[k], old_ids[k])
             size = grown
-    previous = LEFT + LEFT_WIDTH * lid + L_FIRST
-    for k in range(size):
-        if table_keys[k] >= 0:
-            row[previous] = table_ids[k]
-            previous = NEXT + table_ids[k]
-    row[previous] = -1.0
+    return size
 
 
 @_jit
@@ -407,8 +393,14 @@ def _same(a: np.ndarray, na: int, b: np.ndarray, nb: int) -> bool:
 
 @_jit
 def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tables: np.ndarray) -> tuple[float, float]:
-    """``ContextualAnomalyCore._step`` on sensor facts given as a mask: the share of
-    selected contexts that came true and the share of candidate contexts that were new."""
+    """Learn one step's sensor facts (a mask), in the published order: store the
+    zero-level context (the last step's left facts followed by these); update every context
+    whose left side the last step fully held; take as neurons the ``max_active_neurons``
+    contexts that came true, most often active first (ties broken by the sides' hashes);
+    store the candidate contexts not known yet while there is room; cross this step's left
+    facts with the left semi-contexts. Returns the share of selected contexts that came
+    true and the share of candidate contexts that were new."""
+    _, nxt, lft, rgt, _, _ = _layout(row)
     n_sensed = _popcount(sensed)
     sensed_facts = np.empty(6)
     _mask_facts(sensed, sensed_facts)
@@ -438,7 +430,7 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
     n_active = 0
     n_cand = 0
     for lid in range(int(row[N_LEFT])):
-        base = LEFT + LEFT_WIDTH * lid
+        base = lft + LEFT_WIDTH * lid
         n_crossed = _popcount(int(row[base + L_CROSSED]))
         if n_crossed == 0:
             continue
@@ -447,12 +439,12 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
         following = int(row[base + L_FIRST])
         while following >= 0:  # the contexts it begins, in its dict's order
             c = following
-            following = int(row[NEXT + c])
+            following = int(row[nxt + c])
             if c == new_context:
                 continue
             cb = CONTEXT + 6 * c
             rid = int(row[cb + C_RIGHT])
-            right_mask = int(row[RIGHT + 3 * rid])
+            right_mask = int(row[rgt + 3 * rid])
             right_size = _popcount(right_mask)
             right_crossed = _popcount(right_mask & sensed)
             if full:
@@ -466,8 +458,8 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
                         active_key[0, n_active] = row[cb + C_ACTIVE]
                         active_key[1, n_active] = row[base + L_HI]
                         active_key[2, n_active] = row[base + L_LO]
-                        active_key[3, n_active] = row[RIGHT + 3 * rid + 1]
-                        active_key[4, n_active] = row[RIGHT + 3 * rid + 2]
+                        active_key[3, n_active] = row[rgt + 3 * rid + 1]
+                        active_key[4, n_active] = row[rgt + 3 * rid + 2]
                         n_active += 1
                         continue
                     if row[cb + C_ZERO] != 0.0 and new_flag and short:
@@ -555,7 +547,7 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
     n_new = int(row[N_LEFT_FACTS])
     new_left = row[LEFT_FACTS : LEFT_FACTS + n_new]
     for lid in range(int(row[N_LEFT])):
-        base = LEFT + LEFT_WIDTH * lid
+        base = lft + LEFT_WIDTH * lid
         mask = 0
         j = 0
         for k in range(int(row[base + L_SIZE])):
@@ -573,7 +565,8 @@ def _step(row: np.ndarray, p: np.ndarray, sensed: int, scratch: np.ndarray, tabl
 @_jit
 def _left_crossed_with(row: np.ndarray, lid: int, mask: int, out: np.ndarray) -> int:
     """The facts of left semi-context ``lid`` at the bits of ``mask``, ascending: their count."""
-    base = LEFT + LEFT_WIDTH * lid
+    _, _, lft, _, _, _ = _layout(row)
+    base = lft + LEFT_WIDTH * lid
     count = 0
     for k in range(int(row[base + L_SIZE])):
         if mask >> k & 1:
@@ -584,7 +577,10 @@ def _left_crossed_with(row: np.ndarray, lid: int, mask: int, out: np.ndarray) ->
 
 @_jit
 def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarray, tables: np.ndarray) -> float:
-    """``CadOse.score_learn_one`` on one stream's row."""
+    """Score, then learn, one reading of one stream: no score until the first
+    ``range_readings`` readings set the range, then the published score ``(1 - active share
+    + new share) / 2`` of the reading's step number, ``rest_period`` readings of silence
+    after one of ``base_threshold`` or more."""
     v = reading_value(x)
     if math.isnan(v):
         return 0.0
@@ -629,9 +625,13 @@ def score_learn_into(
     surprise (no hold to lift: the score itself) goes to ``surprise`` when it has the
     batch's length. Raises on mismatched shapes or a stream index out of range, before
     learning anything."""
-    n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
-    scratch = np.empty((9, CONTEXTS))
-    tables = np.empty((3, 16 * RIGHTS), dtype=np.int64)  # a dict's table (and its copy while it grows), ids
+    contexts = (states.shape[1] - CONTEXT - 3 * RIGHTS) // PER_CONTEXT
+    if state_size(contexts) != states.shape[1] or params.shape[0] != PARAMS_SIZE or params[P_MAX_CONTEXTS] > contexts:
+        raise ValueError("states must be rows of state_size(contexts) numbers, contexts >= max_contexts")
+    n = check_batch(states, stream, values, t_ms, params, states.shape[1], PARAMS_SIZE)
+    scratch = np.empty((9, contexts))
+    # a dict's table (and its copy while it grows), the context ids and the keys of one left semi-context
+    tables = np.empty((4, 16 * RIGHTS), dtype=np.int64)
     out = np.empty(n)
     for i in range(n):
         out[i] = _score_learn_one(states[stream[i]], values[i], params, scratch, tables)
@@ -647,10 +647,48 @@ def score_learn(
     return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
 
 
+def py2_dict_order(keys: list[int]) -> list[int]:
+    """The order CPython 2.7 iterates a dict of small non-negative int ``keys`` inserted in
+    the given order (the order that numbers CAD OSE's new contexts)."""
+    tables = np.empty((4, 16 * RIGHTS), dtype=np.int64)
+    values = np.arange(len(keys), dtype=np.int64)
+    size = _py2_table(np.asarray(keys, dtype=np.int64), values, len(keys), tables)
+    return [int(k) for k in tables[0, :size] if k >= 0]
+
+
+def py2_tuple_hash(items: list[int]) -> int:
+    """CPython 2.7's ``hash(tuple(items))`` on a 64-bit build, for non-negative ints below 2**63."""
+    hi, lo = _hash(np.asarray(items, dtype=np.float64), len(items))
+    return (int(hi) << 32) | int(lo)
+
+
+def given_range_scores(
+    values: np.ndarray, low: float, high: float, params: np.ndarray, max_contexts: int | None
+) -> tuple[np.ndarray, int]:
+    """Scores of one stream whose value range is known beforehand (NAB's run: no readings
+    spent on the range), and the contexts stored. ``max_contexts=None`` is the published
+    algorithm's unbounded memory: the run repeats with twice the capacity while a run fills
+    it, so no context is ever refused."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    zeros = np.zeros(len(values), dtype=np.int64)
+    capacity = CONTEXTS if max_contexts is None else int(max_contexts)
+    while True:
+        p = params.copy()
+        p[P_MAX_CONTEXTS] = capacity
+        row = initial_state(p, capacity)
+        row[STARTED], row[LOW], row[HIGH] = 1.0, low, high
+        states = row.reshape(1, -1)
+        scores = score_learn(states, zeros, values, zeros, p)
+        stored = int(states[0, N_CONTEXTS])
+        if max_contexts is not None or stored < capacity:
+            return scores, stored
+        capacity *= 2
+
+
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes."""
-    warm_kernel(sys.modules[__name__], CadOse())
+    warm_kernel(sys.modules[__name__], make("cad_ose"))
 
 
 if __name__ == "__main__":
-    print({"state_bytes": STATE_SIZE * 8, **benchmark(sys.modules[__name__], CadOse)})
+    print({"state_bytes": STATE_SIZE * 8, **benchmark("cad_ose", streams=200)})

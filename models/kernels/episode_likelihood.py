@@ -1,8 +1,8 @@
-"""Compiled twin of :class:`iotwatch.models.episode_likelihood.EpisodeLikelihood`: one float64 row per stream.
+"""The arithmetic of :class:`iotwatch.models.episode_likelihood.EpisodeLikelihood`: one float64 row per stream.
 
 The streaming job scores every reading of every ``(device, metric)`` stream with this
-detector; the reference is readable Python (a few microseconds a reading), this kernel
-runs the same arithmetic over a whole micro-batch of interleaved streams in one numba call.
+detector: this kernel runs its step over a whole micro-batch of interleaved streams in one
+numba call; the class runs the same step on a batch of one reading.
 
 State layout
 ------------
@@ -25,11 +25,13 @@ A row has :data:`STATE_SIZE` (52) numbers; the counter is a float (exact below 2
                        short average, 1 its long-run mean, 2 its long-run variance
 ``SLOW + b``           the slow histogram's share of bin ``b``
 ``RECENT + b``         the fast histogram's
-``STEP_TAIL + k``      the step's :class:`~iotwatch.models.exceedance.ExceedanceTail`: its
-                       ``to_state`` but the count (``TAIL_RATE`` .. ``TAIL_CLUSTER_PEAK``
-                       of :mod:`.tail_ensemble`, less one)
-``STUCK + k``          the :class:`~iotwatch.models.repeat_run.RepeatRun`: ``RATE``, ``RUN``,
-                       ``REVERSALS``, ``DIRECTION``
+``STEP_TAIL + k``      the step's Pareto tail (:func:`~.primitives.tail_learn`, as
+                       :class:`~iotwatch.models.exceedance.ExceedanceTail`): its state but
+                       the count (``TAIL_RATE`` .. ``TAIL_CLUSTER_PEAK`` of
+                       :mod:`.primitives`, less one)
+``STUCK + k``          the run of identical readings (:func:`~.primitives.repeat_learn`,
+                       as :class:`~iotwatch.models.repeat_run.RepeatRun`): ``RATE``,
+                       ``RUN``, ``REVERSALS``, ``DIRECTION``
 =====================  ==========================================================
 
 Two counts and a value are not stored because the row holds them already: the tail
@@ -38,21 +40,15 @@ detector every reading but the first (``max(N - 1, 0)``) and its last value is `
 That keeps a device of four metrics under 2 KB in the job's state store.
 
 Parameters are a float64 vector (:func:`params_vector`, offsets ``P_*``), read from a
-reference detector so any constructor arguments carry over.
-
-Agreement
----------
-The kernel follows the reference expression by expression, with Python's ``min``/``max``
-semantics and the same libm functions (``erfc``, ``log1p``, ``log``, ``log10``);
-``tests/unit/models/test_kernels.py`` holds scores and states equal to a relative 1e-9 on
-the NAB sample and a simulated fleet.
+detector so any constructor arguments carry over.
 
 Cost
 ----
-``python -m iotwatch.models.kernels.episode_likelihood`` times 200,000 readings of 1,000 interleaved
-streams (random order) after warm-up on one core, through the kernel and through the
-reference ``score_learn_one`` loop, and prints both per reading. The kernel works on a row
-of floats a stream, so its cost per reading is arithmetic, not Python objects.
+``python -m iotwatch.models.kernels.episode_likelihood`` times 200,000 readings of 1,000
+interleaved streams (random order) after warm-up on one core, through one batch call and
+through the class's ``score_learn_one`` (a batch of one reading a call), and prints both
+per reading. The kernel works on a row of floats a stream, so its cost per reading is
+arithmetic, not Python objects.
 
 Examples
 --------
@@ -67,9 +63,10 @@ Examples
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, N])
 (0.39, 0.73, 2000)
->>> ref = EpisodeLikelihood()
->>> ref_scores = [ref.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
->>> bool(np.allclose(scores[1::2], ref_scores, rtol=1e-9)), bool(np.allclose(from_reference(ref), states[1]))
+>>> one = EpisodeLikelihood()
+>>> alone = [one.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
+>>> row = np.array([float(v) for v in one.to_state()["row"]])
+>>> bool(np.array_equal(scores[1::2], alone)), bool(np.array_equal(row, states[1], equal_nan=True))
 (True, True)
 """
 
@@ -77,35 +74,36 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iotwatch.models.episode_likelihood import (
-    _FLOOR,
-    _FLOOR_BINS,
-    _HALF_DECADES,
-    _HISTOGRAM_VIEWS,
-    _STEP,
-    _TREND,
-    BINS,
-    VIEWS,
-    EpisodeLikelihood,
-)
+from iotwatch.models.catalog import make
+from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.kernels import benchmark, warm_kernel
-from iotwatch.models.kernels.primitives import check_batch, decay_weight, jit, py_max, py_min, reading_value, upper_tail
-from iotwatch.models.kernels.tail_ensemble import (
+from iotwatch.models.kernels.primitives import (
     TAIL_PARAMS,
     TAIL_SIZE,
-    _put,
-    _repeat_learn,
-    _repeat_tail,
+    check_batch,
+    decay_weight,
+    jit,
     put_initial_tail,
+    put_state,
     put_tail_params,
+    py_max,
+    py_min,
+    reading_value,
+    repeat_learn,
+    repeat_tail,
     tail_learn,
     tail_params,
     tail_tail,
+    upper_tail,
 )
+from iotwatch.models.repeat_run import RepeatRun
+
+if TYPE_CHECKING:
+    from iotwatch.models.episode_likelihood import EpisodeLikelihood
 
 __all__ = [
     "A_HISTOGRAM",
@@ -127,14 +125,31 @@ __all__ = [
     "T0",
     "VAR",
     "VIEW",
-    "from_reference",
     "initial_state",
     "params_vector",
     "score_learn",
     "score_learn_into",
-    "to_reference",
     "warm",
 ]
+
+#: Histogram bins: ``BINS - 2`` inner bins over the early range (widened by ``margin``
+#: each side) and one open bin below and one above it.
+BINS = 8
+#: Smoothed views: level, step, recent distribution (relative entropy), value rarity.
+VIEWS = 5
+#: The step view's position in ``views``; its lower tail is the *quiet* view.
+_STEP = 1
+#: Views from this position on read the histograms: judged once the range is set.
+_HISTOGRAM_VIEWS = 3
+#: The trend view's position: the short average of signed steps (a drift moves one way).
+_TREND = 2
+#: Smallest probability a histogram bin is credited with (keeps logarithms finite).
+_FLOOR = 1e-4
+#: Runs of identical readings in the bins up to this one (below and at the bottom of the
+#: early range) are not judged: a count at zero, a meter at its idle load repeat by nature.
+_FLOOR_BINS = 1
+#: Decades of tail probability that score 0.5.
+_HALF_DECADES = 10.0
 
 # --- state layout ------------------------------------------------------------------------------
 
@@ -186,26 +201,27 @@ _jit = jit
 _NO_SURPRISE = np.empty(0)
 
 
-# --- conversion to and from the reference ------------------------------------------------------
+# --- parameters and a fresh row ----------------------------------------------------------------
 
 
 def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
-    """Every number the kernel's arithmetic needs, read from a reference detector (its very floats)."""
+    """Every number the step needs, from a detector's parameters (its half-lives as
+    per-reading weights; the step's tail and run detector with their own defaults)."""
     p = np.empty(PARAMS_SIZE)
     p[:P_STEP_TAIL] = (
         detector.warmup,
         detector.range_readings,
         detector.histogram_warmup,
         1.0 if detector.distribution_views else 0.0,
-        detector._a_level,
-        detector._a_step,
-        detector._a_likelihood,
+        decay_weight(detector.level_halflife),
+        decay_weight(detector.step_halflife),
+        decay_weight(detector.likelihood_halflife),
         detector.short_alpha,
         detector.min_variance,
-        detector._hold,
+        1.0 - decay_weight(detector.hold_halflife),
         detector.clip,
-        detector._a_histogram,
-        detector._a_recent,
+        decay_weight(detector.histogram_halflife),
+        decay_weight(detector.recent_halflife),
         detector.margin,
         detector.instant_weight,
         1000.0 * detector.range_s,
@@ -219,8 +235,8 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
         detector.light_trend_weight,
         detector.trend_halflife_s,
     )
-    put_tail_params(p, P_STEP_TAIL, detector.step_tail)
-    stuck = detector.stuck
+    put_tail_params(p, P_STEP_TAIL, ExceedanceTail())
+    stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
     p[P_STUCK:] = (
         stuck.tolerance,
         stuck._a,
@@ -233,7 +249,7 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
 
 
 def initial_state(params: np.ndarray) -> np.ndarray:
-    """A fresh stream's row: what an untrained reference detector holds."""
+    """A fresh stream's row: nothing learned, the tail's and the run detector's priors."""
     row = np.zeros(STATE_SIZE)
     row[LAST], row[LOW], row[HIGH], row[T0] = math.nan, math.inf, -math.inf, math.nan
     row[A_HISTOGRAM], row[A_RECENT] = params[P_A_HISTOGRAM], params[P_A_RECENT]
@@ -245,83 +261,13 @@ def initial_state(params: np.ndarray) -> np.ndarray:
     return row
 
 
-def from_reference(detector: EpisodeLikelihood) -> np.ndarray:
-    """The row holding a reference detector's learned state (exact). Raises if the counts
-    the row does not store are not what it would derive (a detector fed otherwise)."""
-    state = detector.to_state()
-    n, stuck = state["n"], state["stuck"]
-    if (state["step_tail"][0], stuck["n"], stuck["last"]) != (
-        max(n - detector.warmup, 0),
-        max(n - 1, 0),
-        state["last"],
-    ):
-        raise ValueError("the detector's members were not fed as it feeds them: no row holds this state")
-    row = np.empty(STATE_SIZE)
-    row[:VIEW] = (
-        n,
-        state["mean"],
-        state["var"],
-        state["step_var"],
-        math.nan if state["last"] is None else state["last"],
-        state["low"],
-        state["high"],
-        state["held"],
-        math.nan if state["t0"] is None else state["t0"],
-        state["range_n"],
-        state["a_histogram"],
-        state["a_recent"],
-    )
-    row[VIEW:SLOW] = [x for view in state["views"] for x in view]
-    row[SLOW:RECENT] = state["slow"]
-    row[RECENT:STEP_TAIL] = state["recent"]
-    row[STEP_TAIL:STUCK] = state["step_tail"][1:]
-    row[STUCK:] = stuck["rate"], stuck["run"], stuck["reversals"], stuck["direction"]
-    return row
-
-
-def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> EpisodeLikelihood:
-    """A reference detector built with ``detector_params`` holding the state of ``row`` (exact)."""
-    r = [float(v) for v in np.asarray(row, dtype=np.float64)]
-    if len(r) != STATE_SIZE:
-        raise ValueError(f"a state row has {STATE_SIZE} numbers, not {len(r)}")
-    detector = EpisodeLikelihood(**detector_params)
-    n = int(r[N])
-    last = None if math.isnan(r[LAST]) else r[LAST]
-    state = {
-        "n": n,
-        "mean": r[MEAN],
-        "var": r[VAR],
-        "step_var": r[STEP_VAR],
-        "last": last,
-        "low": r[LOW],
-        "high": r[HIGH],
-        "held": r[HELD],
-        "t0": None if math.isnan(r[T0]) else r[T0],
-        "range_n": int(r[RANGE_N]),
-        "a_histogram": r[A_HISTOGRAM],
-        "a_recent": r[A_RECENT],
-        "views": [r[VIEW + 3 * j : VIEW + 3 * j + 3] for j in range(VIEWS)],
-        "slow": r[SLOW:RECENT],
-        "recent": r[RECENT:STEP_TAIL],
-        "step_tail": [float(max(n - detector.warmup, 0)), *r[STEP_TAIL:STUCK]],
-        "stuck": {
-            "n": max(n - 1, 0),
-            "rate": r[STUCK_RATE],
-            "last": last,
-            "run": int(r[STUCK_RUN]),
-            "reversals": r[STUCK_REVERSALS],
-            "direction": int(r[STUCK_DIRECTION]),
-        },
-    }
-    return detector.set_state(state)
-
-
-# --- the step, mirroring the reference's methods -----------------------------------------------
+# --- the step ------------------------------------------------------------------------------------
 
 
 @_jit
 def _bin(low: float, high: float, margin: float, v: float) -> int:
-    """``EpisodeLikelihood._bin``."""
+    """The histogram bin of ``v``: ``BINS - 2`` inner bins over the range widened by
+    ``margin`` each side, one open bin below it and one above (0 while no range is set)."""
     if not high > low:
         return 0
     span = high - low
@@ -335,7 +281,7 @@ def _bin(low: float, high: float, margin: float, v: float) -> int:
 
 @_jit
 def _scales(row: np.ndarray) -> tuple[float, float]:
-    """``EpisodeLikelihood._scales``."""
+    """Level and step deviations, floored at 0.1 % of the level (a constant stream)."""
     floor = 1e-3 * abs(row[MEAN])
     floor = floor * floor + 1e-12
     return math.sqrt(py_max(row[VAR], floor)), math.sqrt(py_max(row[STEP_VAR], floor))
@@ -369,7 +315,9 @@ def _stuck(row: np.ndarray) -> tuple[float, float, float, float, float, float]:
 
 @_jit
 def _light(row: np.ndarray, p: np.ndarray) -> float:
-    """``EpisodeLikelihood._light``: 1 on a stream whose steps are light-tailed, 0 on a heavy-tailed one."""
+    """1 on a stream whose steps beyond 3 deviations are at most ``trend_clip_rate`` of them
+    (about a Gaussian's rate: a big step there is rare), 0 from twice that rate on
+    (heavy-tailed steps: a count stream's bursts, an appliance switching), linear between."""
     if p[P_TREND_CLIP_RATE] <= 0.0:
         return 1.0
     return py_min(py_max(2.0 - row[STEP_TAIL] / p[P_TREND_CLIP_RATE], 0.0), 1.0)
@@ -377,13 +325,15 @@ def _light(row: np.ndarray, p: np.ndarray) -> float:
 
 @_jit
 def _trend_clip(row: np.ndarray, p: np.ndarray) -> float:
-    """``EpisodeLikelihood._trend_clip``: wider on a stream whose steps are light-tailed."""
+    """How many step deviations one step may add to the trend: ``clip``, up to
+    ``trend_clip`` on a light-tailed stream (:func:`_light`), where a drift's steps are big."""
     return p[P_CLIP] + (p[P_TREND_CLIP] - p[P_CLIP]) * _light(row, p)
 
 
 @_jit
 def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
-    """``EpisodeLikelihood._trend_tail_weight``."""
+    """How many times more common the trend's tail counts: ``trend_weight``, and
+    ``light_trend_weight`` on a light-tailed stream (geometric between)."""
     if p[P_LIGHT_TREND_WEIGHT] == p[P_TREND_WEIGHT]:
         return p[P_TREND_WEIGHT]
     return math.exp(
@@ -402,7 +352,8 @@ def _score(
     tail_p: tuple,
     stuck_p: tuple,
 ) -> float:
-    """``EpisodeLikelihood._score``: the smallest tail on the log scale."""
+    """The smallest tail of the views on the log scale, ``d / (d + 10)`` of its decades ``d``
+    (before the one-per-episode hold)."""
     judged = (
         VIEWS
         if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0 and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP]
@@ -423,14 +374,15 @@ def _score(
             tail = py_min(tail, upper_tail(-z) * weight)
     tail = py_min(tail, p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step))
     if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
-        tail = py_min(tail, _repeat_tail(_stuck(row), stuck_p, v))
+        tail = py_min(tail, repeat_tail(_stuck(row), stuck_p, v))
     decades = -math.log10(py_max(tail, 1e-300))
     return decades / (decades + _HALF_DECADES)
 
 
 @_jit
 def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> None:
-    """``EpisodeLikelihood._set_histogram_rates``."""
+    """Half-lives in event time, so a stream read every 30 s and one read every 5 min
+    compare the same hours of their lives (the range period gives the interval)."""
     if interval_s > 0.0:
         if p[P_HISTOGRAM_HALFLIFE_S] > 0.0:
             row[A_HISTOGRAM] = decay_weight(p[P_HISTOGRAM_HALFLIFE_S] / interval_s)
@@ -440,7 +392,8 @@ def _set_histogram_rates(row: np.ndarray, p: np.ndarray, interval_s: float) -> N
 
 @_jit
 def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
-    """``EpisodeLikelihood._trend_weight``: the event-time half-life over the mean interval so far."""
+    """The trend's per-reading weight: a half-life of ``trend_halflife_s`` of event time
+    over the stream's mean reading interval so far, never more than ``trend_alpha``."""
     if p[P_TREND_HALFLIFE_S] > 0.0 and not math.isnan(row[T0]) and row[N] > 0.0 and t > row[T0]:
         return py_min(p[P_TREND_ALPHA], decay_weight(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
     return p[P_TREND_ALPHA]
@@ -450,8 +403,8 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
 def _score_learn_one(
     row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
 ) -> tuple[float, float]:
-    """``EpisodeLikelihood.score_learn_one`` on one stream's row, and the reading's
-    surprise (``surprise_one``: the score before the hold)."""
+    """Score, then learn, one reading of one stream's row: its score (0 unless above the
+    held peak) and its surprise (the score before the hold)."""
     v = reading_value(x)
     if math.isnan(v):
         return 0.0, 0.0
@@ -484,8 +437,8 @@ def _score_learn_one(
         if score > row[HELD]:
             out = score
         row[HELD] = py_max(row[HELD] * p[P_HOLD], score)
-        _put(row, STEP_TAIL, tail_learn(_step_tail(row, warmup), tail_p, step)[1:])
-    _, rate, _, run, reversals, direction = _repeat_learn(_stuck(row), stuck_p, v)
+        put_state(row, STEP_TAIL, tail_learn(_step_tail(row, warmup), tail_p, step)[1:])
+    _, rate, _, run, reversals, direction = repeat_learn(_stuck(row), stuck_p, v)
     row[STUCK_RATE], row[STUCK_RUN], row[STUCK_REVERSALS], row[STUCK_DIRECTION] = rate, run, reversals, direction
     # learn: the level and step baselines
     n += 1.0
@@ -541,7 +494,7 @@ def score_learn_into(
     surprise: np.ndarray,
 ) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place): ``EpisodeLikelihood.score_learn_one({"m": values[i]}, t_ms[i])``;
+    (updated in place), as :class:`~iotwatch.models.episode_likelihood.EpisodeLikelihood` scores them;
     each reading's ``surprise_one`` goes to ``surprise`` when it has the batch's length
     (pass an empty array to skip it).
 
@@ -574,8 +527,8 @@ def score_learn(
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
     worker's first micro-batch does not pay for it."""
-    warm_kernel(sys.modules[__name__], EpisodeLikelihood())
+    warm_kernel(sys.modules[__name__], make("episode_likelihood"))
 
 
 if __name__ == "__main__":
-    print(benchmark(sys.modules[__name__], EpisodeLikelihood))
+    print(benchmark("episode_likelihood"))

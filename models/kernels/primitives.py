@@ -1,15 +1,29 @@
-"""Compiled primitives every kernel uses: Python's semantics for ``max``, ``min`` and ``**``,
-a reading's value as the reference detectors take it, the shared numeric primitives of
-:mod:`iotwatch.models.numeric` compiled, and the batch check of ``score_learn``.
+"""The one numeric module of the per-reading detectors: compiled primitives every kernel
+uses, and the members two detectors share.
 
-Kernels compute the same floats as their reference detectors (see
-:mod:`iotwatch.models.kernels.tail_ensemble`, Exactness); these are the pieces that make it so.
+- Python's semantics for ``max``, ``min`` and ``**`` (:func:`py_max`, :func:`py_min`,
+  :func:`libm_pow`), a reading's value as :class:`iotwatch.models.base.UnivariateMixin`
+  takes it (:func:`reading_value`), the primitives of :mod:`iotwatch.models.numeric`
+  compiled, and the batch check of every kernel's ``score_learn``;
+- the members the detectors share, as pure functions of a state tuple and a parameter
+  tuple: the Pareto tail of :class:`iotwatch.models.exceedance.ExceedanceTail`
+  (:func:`tail_tail`, :func:`tail_learn`), the run of identical readings of
+  :class:`iotwatch.models.repeat_run.RepeatRun` (:func:`repeat_tail`,
+  :func:`repeat_learn`), the baseline of :class:`iotwatch.models.robust_zscore.RobustZScore`
+  (:func:`zscore_learn`) and the forecaster of
+  :class:`iotwatch.models.forecast.HoltWintersResidual` (:func:`hw_learn`). Those classes
+  call them one value at a time; the kernels call them inside their step.
+
+State and parameters pass as tuples of floats, not arrays: tuples live in registers, while
+numba reference-counts every array handed to a function (two atomic calls a call, which
+cost more than the arithmetic). With ``NUMBA_DISABLE_JIT=1`` all of it runs as plain
+Python.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -20,17 +34,68 @@ from numba.extending import intrinsic
 from iotwatch.models import numeric
 from iotwatch.models.base import VALUE_LIMIT
 
-__all__ = ["check_batch", "decay_weight", "jit", "libm_pow", "py_max", "py_min", "reading_value", "upper_tail"]
+if TYPE_CHECKING:
+    from iotwatch.models.exceedance import ExceedanceTail
+
+__all__ = [
+    "TAIL_PARAMS",
+    "TAIL_SIZE",
+    "check_batch",
+    "decay_weight",
+    "hw_deviation",
+    "hw_learn",
+    "jit",
+    "libm_pow",
+    "log_tail_score",
+    "put_initial_tail",
+    "put_state",
+    "put_tail_params",
+    "py_max",
+    "py_min",
+    "reading_value",
+    "repeat_learn",
+    "repeat_tail",
+    "scale",
+    "tail_learn",
+    "tail_params",
+    "tail_state",
+    "tail_tail",
+    "upper_tail",
+    "zscore_deviation",
+    "zscore_learn",
+    "zscore_update",
+]
 
 #: How every kernel function is compiled: cached on disk, without the GIL.
 jit = numba.njit(cache=True, nogil=True)
 
+#: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
+Floats = tuple[float, ...]
+
+#: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
+TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
+TAIL_SIZE = 6
+#: An ExceedanceTail's parameters, relative to its base.
+(TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+)
+TAIL_PARAMS = 9
+
 decay_weight = jit(numeric.decay_weight)
+log_tail_score = jit(numeric.log_tail_score)
 upper_tail = jit(numeric.upper_tail)
 
 
 @intrinsic
-def libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
+def _libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
     """libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness).
 
     Declared ``nobuiltin`` so LLVM cannot rewrite ``pow(x, 2.0)`` into ``x * x``.
@@ -43,6 +108,16 @@ def libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
         return builder.call(fn, args)
 
     return types.float64(types.float64, types.float64), codegen
+
+
+def _python_pow(x: float, y: float) -> float:
+    """``x ** y`` as CPython computes it (libm's ``pow``): :func:`libm_pow` without the JIT."""
+    return x**y
+
+
+#: libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness in
+#: :mod:`iotwatch.models.kernels.tail_ensemble`); plain ``**`` when the JIT is disabled.
+libm_pow = _python_pow if numba.config.DISABLE_JIT else _libm_pow
 
 
 @jit
@@ -87,3 +162,248 @@ def check_batch(
         if stream[i] < 0 or stream[i] >= rows:
             raise IndexError("stream index out of range of states")
     return n
+
+
+# --- the level and change members: RobustZScore's baseline (state (n, mu, var), params
+#     (warmup, a, clip)) and HoltWintersResidual's forecast (state (n, level, trend, rvar,
+#     beyond), params (warmup, alpha, beta, a_var, clip, reset_after, gamma)); a seasonal
+#     detector passes its bucket's season term, the others 0.0 ---------------------------------
+
+
+@jit
+def scale(var: float, level: float) -> float:
+    """A residual scale: ``sqrt(var)``, floored at 0.1 % of the level (a constant stream)."""
+    return math.sqrt(py_max(var, libm_pow(1e-3 * abs(level) + 1e-9, 2.0)))
+
+
+@jit
+def zscore_deviation(state: Floats, params: Floats, v: float) -> float:
+    """The signed z of ``v`` against the baseline (NaN while warming up)."""
+    n, mu, var = state
+    if n < params[0]:
+        return math.nan
+    return (v - mu) / scale(var, mu)
+
+
+@jit
+def zscore_update(v: float, mu: float, var: float, a_mu: float, a_var: float, clip: float) -> tuple[float, float]:
+    """A mean and variance once ``v`` is learned, the residual clipped to ``clip`` scales
+    (to twice that for the variance)."""
+    s = scale(var, mu)
+    r = py_min(py_max(v - mu, -clip * s), clip * s)
+    r_var = py_min(py_max(v - mu, -2.0 * clip * s), 2.0 * clip * s)
+    return mu + a_mu * r, (1.0 - a_var) * var + a_var * r_var * r_var
+
+
+@jit
+def zscore_learn(state: Floats, params: Floats, v: float) -> Floats:
+    """The baseline once ``v`` is learned: plain running moments while warming up, then
+    exponentially weighted and clipped."""
+    n, mu, var = state
+    warmup, a, clip = params
+    n += 1.0
+    if n <= warmup:  # plain running moments while warming up
+        delta = v - mu
+        mu += delta / n
+        var += (delta * (v - mu) - var) / n
+    else:
+        mu, var = zscore_update(v, mu, var, a, a, clip)
+    return n, mu, var
+
+
+@jit
+def hw_deviation(state: Floats, params: Floats, v: float, season: float) -> float:
+    """The signed one-step forecast residual of ``v`` in residual scales (NaN while warming up)."""
+    n, level, trend, rvar, _ = state
+    if n < params[0]:
+        return math.nan
+    return (v - (level + trend + season)) / scale(rvar, level)
+
+
+@jit
+def hw_learn(state: Floats, params: Floats, v: float, season: float) -> tuple[Floats, float]:
+    """The forecaster once ``v`` is learned, and its bucket's new season term. Past warm-up
+    the residual is clipped to ``clip`` scales; ``reset_after`` clipped residuals in a row
+    on one side move the level to the reading."""
+    n, level, trend, rvar, beyond = state
+    warmup, alpha, beta, a_var_slow, clip, reset_after, gamma = params
+    n += 1.0
+    if n == 1.0:
+        return (n, v, trend, rvar, beyond), season
+    forecast = level + trend + season
+    err = v - forecast
+    err_var = err
+    if n > warmup:
+        bound = clip * scale(rvar, level)
+        if reset_after != 0.0 and abs(err) > bound:
+            side = 1.0 if err > 0 else -1.0
+            beyond = beyond + side if beyond * side > 0 else side
+            if abs(beyond) >= reset_after:
+                return (n, v - season, 0.0, rvar, 0.0), season
+        else:
+            beyond = 0.0
+        err = py_min(py_max(err, -bound), bound)
+        err_var = py_min(py_max(err_var, -2.0 * bound), 2.0 * bound)
+        a_var = a_var_slow
+    else:
+        a_var = 1.0 / n
+    fitted = forecast + err
+    new_level = alpha * (fitted - season) + (1.0 - alpha) * (level + trend)
+    trend = beta * (new_level - level) + (1.0 - beta) * trend
+    new_season = gamma * (fitted - new_level) + (1.0 - gamma) * season
+    rvar = (1.0 - a_var) * rvar + a_var * err_var * err_var
+    return (n, new_level, trend, rvar, beyond), new_season
+
+
+# --- RepeatRun: state (n, rate, last, run, reversals, direction),
+#     params (tolerance, a, prior_readings, max_repeat_rate, min_reversals) -----------------------------
+
+
+@jit
+def repeat_run_length(state: Floats, params: Floats, v: float) -> float:
+    last, run = state[2], state[3]
+    return run + 1.0 if not math.isnan(last) and abs(v - last) <= params[0] else 0.0
+
+
+@jit
+def repeat_judged(state: Floats, params: Floats) -> bool:
+    return state[1] <= params[3] and state[4] >= params[4]
+
+
+@jit
+def repeat_tail(state: Floats, params: Floats, v: float) -> float:
+    """Probability of a run at least this long, were repeats independent at the stream's
+    rate (1.0 when ``v`` ends no run or the stream is not judged)."""
+    run = repeat_run_length(state, params, v)
+    if run == 0.0 or not repeat_judged(state, params):
+        return 1.0
+    return math.exp(run * math.log(py_max(state[1], 1e-6)))
+
+
+@jit
+def repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
+    """The run detector's state once ``v`` is learned."""
+    run = repeat_run_length(state, params, v)
+    n, rate, last, _, reversals, direction = state
+    _, a_min, prior_readings, _, _ = params
+    if not math.isnan(last):
+        n += 1.0
+        a = py_max(1.0 / (n + prior_readings), a_min)
+        rate += a * ((1.0 if run != 0.0 else 0.0) - rate)
+        if run == 0.0:
+            change = 1.0 if v > last else -1.0
+            if direction != 0.0:
+                reversals += a * ((1.0 if change != direction else 0.0) - reversals)
+            direction = change
+    return n, rate, v, run, reversals, direction
+
+
+# --- ExceedanceTail: state (n, rate, peaks, index, gap, cluster_peak),
+#     params (threshold, a, b, prior_readings, prior_peaks, clip, run_gap) ------------------------------
+
+
+@jit
+def tail_tail(state: Floats, params: Floats, d: float) -> float:
+    """``P(deviation >= d)`` under the fitted tail (1.0 at or below the threshold; NaN: a
+    view warming up, 1.0)."""
+    if math.isnan(d):
+        return 1.0
+    threshold = params[0]
+    if d <= threshold:
+        return 1.0
+    if math.isinf(d):
+        return 0.0
+    rate, index = state[1], state[3]
+    return py_min(1.0, rate * math.exp(-math.log(d / threshold) / py_max(index, 1e-6)))
+
+
+@jit
+def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
+    """The tail's state once one reading's deviation ``d`` is counted (a non-finite one is not)."""
+    if not math.isfinite(d):
+        return state
+    n, rate, peaks, index, gap, cluster_peak = state
+    threshold, a_min, _, prior_readings, _, _, run_gap = params
+    n += 1.0
+    a = py_max(1.0 / (n + prior_readings), a_min)
+    if d <= threshold:
+        rate -= a * rate
+        gap = py_min(gap + 1.0, run_gap)
+        if cluster_peak != 0.0 and gap >= run_gap:
+            peaks, index = _tail_learn_peak(peaks, index, params, cluster_peak)
+            cluster_peak = 0.0
+        return n, rate, peaks, index, gap, cluster_peak
+    starts_cluster = gap >= run_gap
+    gap = 0.0
+    rate += a * ((1.0 if starts_cluster else 0.0) - rate)
+    if run_gap <= 0:
+        peaks, index = _tail_learn_peak(peaks, index, params, d)
+    else:
+        cluster_peak = py_max(cluster_peak, d)
+    return n, rate, peaks, index, gap, cluster_peak
+
+
+@jit
+def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tuple[float, float]:
+    threshold, _, b_min, _, prior_peaks, clip, _ = params
+    peaks += 1.0
+    b = py_max(1.0 / (peaks + prior_peaks), b_min)
+    log_excess = py_min(math.log(d / threshold), clip * index)
+    return peaks, index + b * (log_excess - index)
+
+
+@jit
+def tail_params(p: np.ndarray, q: int) -> Floats:
+    """The tuple :func:`tail_tail` and :func:`tail_learn` take, from a tail's parameters at ``p[q:]``."""
+    return (
+        p[q + TP_THRESHOLD],
+        p[q + TP_A],
+        p[q + TP_B],
+        p[q + TP_PRIOR_READINGS],
+        p[q + TP_PRIOR_PEAKS],
+        p[q + TP_CLIP],
+        p[q + TP_RUN_GAP],
+    )
+
+
+@jit
+def tail_state(row: np.ndarray, base: int) -> Floats:
+    """A tail's state tuple, from its block at ``row[base:]``."""
+    return (
+        row[base + TAIL_N],
+        row[base + TAIL_RATE],
+        row[base + TAIL_PEAKS],
+        row[base + TAIL_INDEX],
+        row[base + TAIL_GAP],
+        row[base + TAIL_CLUSTER_PEAK],
+    )
+
+
+@jit
+def put_state(row: np.ndarray, first: int, state: Floats) -> None:
+    """Write a member's state back to its (contiguous) offsets, starting at ``first``."""
+    for k in range(len(state)):
+        row[first + k] = state[k]
+
+
+def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
+    """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
+    (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
+    p[base : base + TAIL_PARAMS] = (
+        tail.threshold,
+        tail._a,
+        tail._b,
+        tail.prior_rate,
+        tail.prior_readings,
+        tail.prior_index,
+        tail.prior_peaks,
+        tail.clip,
+        tail.run_gap,
+    )
+
+
+def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
+    """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
+    row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
+    row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
+    row[base + TAIL_GAP] = params[p_base + TP_RUN_GAP]

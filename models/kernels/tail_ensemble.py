@@ -1,58 +1,61 @@
-"""Compiled twin of :class:`iotwatch.models.tail_ensemble.TailEnsemble`: one float64 row per stream.
+"""The arithmetic of :class:`iotwatch.models.tail_ensemble.TailEnsemble`: one float64 row per stream.
 
 The streaming job scores every reading of every ``(device, metric)`` stream with the tail
-ensemble. The reference detector is a tree of six Python objects, microseconds a reading;
-this kernel runs the same arithmetic, operation for operation, over a whole micro-batch
-of interleaved streams in one numba call, each stream's state a row of one float64 array.
+ensemble: this kernel runs its step over a whole micro-batch of interleaved streams in one
+numba call, each stream's state a row of one float64 array; the class runs the same step
+on a batch of one reading. The step is made of the members' functions in
+:mod:`.primitives`, which the member classes (:class:`~iotwatch.models.robust_zscore.RobustZScore`,
+:class:`~iotwatch.models.forecast.HoltWintersResidual`,
+:class:`~iotwatch.models.repeat_run.RepeatRun`,
+:class:`~iotwatch.models.exceedance.ExceedanceTail`) call too.
 
 State layout
 ------------
 A row has :data:`STATE_SIZE` (28) numbers, at these offsets; counters are stored as
-floats (exact below 2**53) and ``None`` as NaN:
+floats (exact below 2**53) and "none yet" as NaN:
 
 ========================  ========================================================
 ``ENSEMBLE_N``            readings the ensemble learned (scores start at ``warmup``)
-``LEVEL_*``               :class:`~iotwatch.models.robust_zscore.RobustZScore`: ``N``, ``MU``,
-                          ``VAR``, ``RVAR`` (the seasonal scale: stays 0 without season)
-``CHANGE_*``              :class:`~iotwatch.models.forecast.HoltWintersResidual`: ``N``,
+``LEVEL_*``               the level baseline (:func:`~.primitives.zscore_learn`): ``N``,
+                          ``MU``, ``VAR``, ``RVAR`` (the seasonal scale: stays 0)
+``CHANGE_*``              the change forecaster (:func:`~.primitives.hw_learn`): ``N``,
                           ``LEVEL``, ``TREND``, ``RVAR``, ``BEYOND``
-``STUCK_*``               :class:`~iotwatch.models.repeat_run.RepeatRun`: ``N``, ``RATE``,
-                          ``LAST`` (NaN: none yet), ``RUN``, ``REVERSALS``, ``DIRECTION``
-``LEVEL_TAIL + TAIL_*``   the level view's :class:`~iotwatch.models.exceedance.ExceedanceTail`:
+``STUCK_*``               the run detector (:func:`~.primitives.repeat_learn`): ``N``,
+                          ``RATE``, ``LAST`` (NaN: none yet), ``RUN``, ``REVERSALS``,
+                          ``DIRECTION``
+``LEVEL_TAIL + TAIL_*``   the level view's Pareto tail (:func:`~.primitives.tail_learn`):
                           ``N``, ``RATE``, ``PEAKS``, ``INDEX``, ``GAP``,
-                          ``CLUSTER_PEAK`` (the order of its ``to_state`` list)
+                          ``CLUSTER_PEAK`` (the order of ``ExceedanceTail.to_state``)
 ``CHANGE_TAIL + TAIL_*``  the change view's, likewise
 ========================  ========================================================
 
-Each member's numbers are contiguous, in this order. No seasonal arrays: the ensemble
-builds its members with ``season_buckets=0`` (:func:`params_vector` refuses others).
-Parameters are a float64 vector too (:func:`params_vector`, offsets ``P_*`` and, per
-tail, ``TP_*``), read from a reference detector so any constructor arguments carry over.
+Each member's numbers are contiguous, in this order. No seasonal arrays: the ensemble's
+level and change views have no season. Parameters are a float64 vector too
+(:func:`params_vector`, offsets ``P_*`` and, per tail, ``TP_*``).
 
 Exactness
 ---------
-The kernel mirrors the reference expression by expression, with Python's ``min``/``max``
-semantics (:func:`_min`, :func:`_max`) and the same libm calls, so scores and states
-agree to the bit on the tested data. One trap: CPython computes ``x ** 2`` with libm's
-``pow``, which is not always correctly rounded (about 1 in 1,200 random ``x`` differs
-from ``x * x`` in the last bit), while numba/LLVM turn any ``x ** 2`` into ``x * x``;
-:func:`~iotwatch.models.kernels.primitives.libm_pow` calls libm's ``pow`` itself. A deviation that is ``None`` (a view
-warming up) is carried as NaN: the reference treats a NaN deviation exactly like
-``None`` (tail 1.0, nothing learned), so the sentinel cannot change a result.
+The arithmetic uses Python's ``min``/``max`` semantics (:func:`~.primitives.py_min`,
+:func:`~.primitives.py_max`) and CPython's libm calls, so the compiled step and the same
+code run as plain Python (``NUMBA_DISABLE_JIT=1``) give the same floats. One trap:
+CPython computes ``x ** 2`` with libm's ``pow``, which is not always correctly rounded
+(about 1 in 1,200 random ``x`` differs from ``x * x`` in the last bit), while numba/LLVM
+turn any ``x ** 2`` into ``x * x``; :func:`~iotwatch.models.kernels.primitives.libm_pow`
+calls libm's ``pow`` itself. A deviation of a view warming up is NaN: its tail is 1.0 and
+nothing is learned from it.
 
 Cost
 ----
-``python -m iotwatch.models.kernels.tail_ensemble`` times 200,000 readings of 1,000 interleaved
-streams (random order, 200 readings a stream) after warm-up on one core, through the
-reference ``score_learn_one`` loop (a dict a reading) and through :func:`score_learn`, and
-prints both per reading. A large share of the kernel's time is the four libm ``pow`` calls
-kept for exactness. Helper functions take tuples, not arrays: numba counts references of
-every array argument atomically, which costs more than the arithmetic.
+``python -m iotwatch.models.kernels.tail_ensemble`` times 200,000 readings of 1,000
+interleaved streams (random order, 200 readings a stream) after warm-up on one core,
+through the class's ``score_learn_one`` (a batch of one reading a call) and through one
+:func:`score_learn` call, and prints both per reading. A large share of the kernel's time
+is the four libm ``pow`` calls kept for exactness.
 
 Examples
 --------
-Two streams interleaved in one call; stream 1 ends with a spike. The kernel's scores are
-those of a reference detector fed stream 1 alone:
+Two streams interleaved in one call; stream 1 ends with a spike. The batch gives stream 1
+the scores a detector fed stream 1 alone gives it:
 
 >>> import numpy as np
 >>> from iotwatch.models.tail_ensemble import TailEnsemble
@@ -66,26 +69,58 @@ those of a reference detector fed stream 1 alone:
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, ENSEMBLE_N])
 (0.35, 0.72, 2000)
->>> ref = TailEnsemble()
->>> ref_scores = [ref.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
->>> bool(np.array_equal(scores[1::2], ref_scores)), bool(np.array_equal(from_reference(ref), states[1]))
-(True, True)
+>>> one = TailEnsemble()
+>>> alone = [one.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
+>>> bool(np.array_equal(scores[1::2], alone))
+True
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iotwatch.errors import UserError
+from iotwatch.models.catalog import make
 from iotwatch.models.exceedance import ExceedanceTail
+from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels import benchmark, warm_kernel
-from iotwatch.models.kernels.primitives import check_batch, jit, libm_pow, py_max, py_min, reading_value
-from iotwatch.models.tail_ensemble import TailEnsemble
+from iotwatch.models.kernels.primitives import (
+    TAIL_CLUSTER_PEAK,
+    TAIL_GAP,
+    TAIL_INDEX,
+    TAIL_N,
+    TAIL_PARAMS,
+    TAIL_PEAKS,
+    TAIL_RATE,
+    TAIL_SIZE,
+    Floats,
+    check_batch,
+    hw_deviation,
+    hw_learn,
+    jit,
+    log_tail_score,
+    put_initial_tail,
+    put_state,
+    put_tail_params,
+    py_min,
+    reading_value,
+    repeat_learn,
+    repeat_tail,
+    tail_learn,
+    tail_params,
+    tail_state,
+    tail_tail,
+    zscore_deviation,
+    zscore_learn,
+)
+from iotwatch.models.repeat_run import RepeatRun
+from iotwatch.models.robust_zscore import RobustZScore
 
+if TYPE_CHECKING:
+    from iotwatch.models.tail_ensemble import TailEnsemble
 __all__ = [
     "CHANGE_BEYOND",
     "CHANGE_LEVEL",
@@ -115,7 +150,6 @@ __all__ = [
     "TAIL_RATE",
     "TAIL_SIZE",
     "TAIL_PARAMS",
-    "from_reference",
     "initial_state",
     "params_vector",
     "put_initial_tail",
@@ -127,7 +161,6 @@ __all__ = [
     "tail_params",
     "tail_state",
     "tail_tail",
-    "to_reference",
     "warm",
 ]
 
@@ -137,9 +170,6 @@ ENSEMBLE_N = 0
 LEVEL_N, LEVEL_MU, LEVEL_VAR, LEVEL_RVAR = 1, 2, 3, 4
 CHANGE_N, CHANGE_LEVEL, CHANGE_TREND, CHANGE_RVAR, CHANGE_BEYOND = 5, 6, 7, 8, 9
 STUCK_N, STUCK_RATE, STUCK_LAST, STUCK_RUN, STUCK_REVERSALS, STUCK_DIRECTION = 10, 11, 12, 13, 14, 15
-#: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
-TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
-TAIL_SIZE = 6
 LEVEL_TAIL = 16
 CHANGE_TAIL = LEVEL_TAIL + TAIL_SIZE
 STATE_SIZE = CHANGE_TAIL + TAIL_SIZE
@@ -157,19 +187,6 @@ P_CHANGE_WARMUP, P_CHANGE_ALPHA, P_CHANGE_BETA, P_CHANGE_A_VAR, P_CHANGE_CLIP, P
     14,
     15,
 )
-#: An ExceedanceTail's parameters, relative to its base.
-(TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
-    0,
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
-)
-TAIL_PARAMS = 9
 P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
@@ -177,23 +194,18 @@ PARAMS_SIZE = P_CHANGE_TAIL + TAIL_PARAMS
 _jit = jit
 #: The empty ``surprise`` of :func:`score_learn` (no surprises kept).
 _NO_SURPRISE = np.empty(0)
-#: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
-Floats = tuple[float, ...]
 
 
-# --- conversion to and from the reference --------------------------------------------------------
+# --- parameters and a fresh row ----------------------------------------------------------------
 
 
 def params_vector(detector: TailEnsemble) -> np.ndarray:
-    """Every number the kernel's arithmetic needs, read from a reference detector.
-
-    Read from the member objects (not recomputed from the ensemble's arguments), so the
-    smoothing constants are the very floats the reference uses, and a detector whose
-    members were built differently still gets a matching kernel.
-    """
-    level, change, stuck = detector._level, detector._change, detector._stuck
-    if level.season_buckets or change.season_buckets:
-        raise UserError("the kernel has no seasonal baseline: members need season_buckets=0")
+    """Every number the step needs, read from the members the ensemble is made of, built
+    from its parameters (so the smoothing constants are the members' own floats)."""
+    members = min(detector.warmup, 30)
+    level = RobustZScore(halflife=detector.level_halflife, season_buckets=0, warmup=members)
+    change = HoltWintersResidual(alpha=detector.change_alpha, season_buckets=0, warmup=members, reset_after=3)
+    stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
     p = np.empty(PARAMS_SIZE)
     p[P_WARMUP] = detector.warmup
     p[P_LEVEL_WARMUP], p[P_LEVEL_A], p[P_LEVEL_CLIP] = level.warmup, level._a, level.clip
@@ -202,36 +214,13 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_RATE] = stuck.tolerance, stuck._a, stuck.prior_rate
     p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE] = stuck.prior_readings, stuck.max_repeat_rate
     p[P_STUCK_MIN_REVERSALS] = stuck.min_reversals
-    put_tail_params(p, P_LEVEL_TAIL, detector._level_tail)
-    put_tail_params(p, P_CHANGE_TAIL, detector._change_tail)
+    for base in (P_LEVEL_TAIL, P_CHANGE_TAIL):
+        put_tail_params(p, base, ExceedanceTail(threshold=detector.z_threshold, prior_index=detector.tail_index_prior))
     return p
 
 
-def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
-    """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
-    (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
-    p[base : base + TAIL_PARAMS] = (
-        tail.threshold,
-        tail._a,
-        tail._b,
-        tail.prior_rate,
-        tail.prior_readings,
-        tail.prior_index,
-        tail.prior_peaks,
-        tail.clip,
-        tail.run_gap,
-    )
-
-
-def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
-    """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
-    row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
-    row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
-    row[base + TAIL_GAP] = params[p_base + TP_RUN_GAP]
-
-
 def initial_state(params: np.ndarray) -> np.ndarray:
-    """A fresh stream's row: what an untrained reference detector holds (priors included)."""
+    """A fresh stream's row: nothing learned, the members' priors."""
     row = np.zeros(STATE_SIZE)
     row[STUCK_RATE] = params[P_STUCK_PRIOR_RATE]
     row[STUCK_LAST] = math.nan
@@ -240,266 +229,7 @@ def initial_state(params: np.ndarray) -> np.ndarray:
     return row
 
 
-def from_reference(detector: TailEnsemble) -> np.ndarray:
-    """The row holding a reference detector's learned state (exact)."""
-    state = detector.to_state()
-    level, change, stuck = state["level"], state["change"], state["stuck"]
-    row = np.empty(STATE_SIZE)
-    row[ENSEMBLE_N] = state["n"]
-    row[[LEVEL_N, LEVEL_MU, LEVEL_VAR, LEVEL_RVAR]] = level["n"], level["mu"], level["var"], level["rvar"]
-    row[[CHANGE_N, CHANGE_LEVEL, CHANGE_TREND, CHANGE_RVAR, CHANGE_BEYOND]] = (
-        change["n"],
-        change["level"],
-        change["trend"],
-        change["rvar"],
-        change["beyond"],
-    )
-    row[[STUCK_N, STUCK_RATE, STUCK_LAST, STUCK_RUN, STUCK_REVERSALS, STUCK_DIRECTION]] = (
-        stuck["n"],
-        stuck["rate"],
-        math.nan if stuck["last"] is None else stuck["last"],
-        stuck["run"],
-        stuck["reversals"],
-        stuck["direction"],
-    )
-    row[LEVEL_TAIL : LEVEL_TAIL + TAIL_SIZE] = state["level_tail"]
-    row[CHANGE_TAIL : CHANGE_TAIL + TAIL_SIZE] = state["change_tail"]
-    return row
-
-
-def to_reference(row: np.ndarray, detector_params: dict[str, Any]) -> TailEnsemble:
-    """A reference detector built with ``detector_params`` (``TailEnsemble.get_params()``)
-    holding the state of ``row`` (exact): to inspect, persist or cross-check a stream."""
-    r = [float(v) for v in np.asarray(row, dtype=np.float64)]
-    if len(r) != STATE_SIZE:
-        raise ValueError(f"a state row has {STATE_SIZE} numbers, not {len(r)}")
-    last = r[STUCK_LAST]
-    state = {
-        "n": int(r[ENSEMBLE_N]),
-        "level": {
-            "n": int(r[LEVEL_N]),
-            "mu": r[LEVEL_MU],
-            "var": r[LEVEL_VAR],
-            "rvar": r[LEVEL_RVAR],
-            "smu": [],
-            "sn": [],
-        },
-        "change": {
-            "n": int(r[CHANGE_N]),
-            "level": r[CHANGE_LEVEL],
-            "trend": r[CHANGE_TREND],
-            "rvar": r[CHANGE_RVAR],
-            "season": [],
-            "beyond": int(r[CHANGE_BEYOND]),
-        },
-        "stuck": {
-            "n": int(r[STUCK_N]),
-            "rate": r[STUCK_RATE],
-            "last": None if math.isnan(last) else last,
-            "run": int(r[STUCK_RUN]),
-            "reversals": r[STUCK_REVERSALS],
-            "direction": int(r[STUCK_DIRECTION]),
-        },
-        "level_tail": r[LEVEL_TAIL : LEVEL_TAIL + TAIL_SIZE],
-        "change_tail": r[CHANGE_TAIL : CHANGE_TAIL + TAIL_SIZE],
-    }
-    return TailEnsemble(**detector_params).set_state(state)
-
-
-# --- shared helpers: Python's semantics, compiled ------------------------------------------------
-#
-# Every member below is a pure function of its state and parameters, as tuples of floats in
-# the order of the row layout, returning the new state: tuples live in registers, while
-# numba reference-counts every array handed to a function (two atomic calls a call, which
-# cost more than the arithmetic). Only the ensemble step touches the row.
-
-
-@_jit
-def _log_tail_score(tail: float) -> float:
-    """``iotwatch.models.likelihood.log_tail_score``."""
-    decades = py_max(0.0, -math.log10(py_min(py_max(tail, 1e-300), 1.0)))
-    return decades / (decades + 5.0)
-
-
-@_jit
-def _scale(var: float, level: float) -> float:
-    """``RobustZScore._scale`` and ``HoltWintersResidual._scale`` (the same formula)."""
-    return math.sqrt(py_max(var, libm_pow(1e-3 * abs(level) + 1e-9, 2.0)))
-
-
-# --- RobustZScore (season_buckets=0): state (n, mu, var), params (warmup, a, clip) ---------------------
-
-
-@_jit
-def _zscore_deviation(state: Floats, params: Floats, v: float) -> float:
-    n, mu, var = state
-    if n < params[0]:
-        return math.nan
-    return (v - mu) / _scale(var, mu)
-
-
-@_jit
-def _zscore_update(v: float, mu: float, var: float, a_mu: float, a_var: float, clip: float) -> tuple[float, float]:
-    scale = _scale(var, mu)
-    r = py_min(py_max(v - mu, -clip * scale), clip * scale)
-    r_var = py_min(py_max(v - mu, -2.0 * clip * scale), 2.0 * clip * scale)
-    return mu + a_mu * r, (1.0 - a_var) * var + a_var * r_var * r_var
-
-
-@_jit
-def _zscore_learn(state: Floats, params: Floats, v: float) -> Floats:
-    n, mu, var = state
-    warmup, a, clip = params
-    n += 1.0
-    if n <= warmup:  # plain running moments while warming up
-        delta = v - mu
-        mu += delta / n
-        var += (delta * (v - mu) - var) / n
-    else:
-        mu, var = _zscore_update(v, mu, var, a, a, clip)
-    return n, mu, var
-
-
-# --- HoltWintersResidual (season_buckets=0): state (n, level, trend, rvar, beyond),
-#     params (warmup, alpha, beta, a_var, clip, reset_after) -------------------------------------------
-
-
-@_jit
-def _hw_forecast(level: float, trend: float) -> float:
-    return level + trend + 0.0  # + 0.0: the absent season term, added as the reference adds it
-
-
-@_jit
-def _hw_deviation(state: Floats, params: Floats, v: float) -> float:
-    n, level, trend, rvar, _ = state
-    if n < params[0]:
-        return math.nan
-    return (v - _hw_forecast(level, trend)) / _scale(rvar, level)
-
-
-@_jit
-def _hw_learn(state: Floats, params: Floats, v: float) -> Floats:
-    n, level, trend, rvar, beyond = state
-    warmup, alpha, beta, a_var_slow, clip, reset_after = params
-    n += 1.0
-    if n == 1.0:
-        return n, v, trend, rvar, beyond
-    season = 0.0
-    err = v - _hw_forecast(level, trend)
-    err_var = err
-    if n > warmup:
-        bound = clip * _scale(rvar, level)
-        if reset_after != 0.0 and abs(err) > bound:
-            side = 1.0 if err > 0 else -1.0
-            beyond = beyond + side if beyond * side > 0 else side
-            if abs(beyond) >= reset_after:
-                return n, v - season, 0.0, rvar, 0.0
-        else:
-            beyond = 0.0
-        err = py_min(py_max(err, -bound), bound)
-        err_var = py_min(py_max(err_var, -2.0 * bound), 2.0 * bound)
-        a_var = a_var_slow
-    else:
-        a_var = 1.0 / n
-    fitted = _hw_forecast(level, trend) + err
-    new_level = alpha * (fitted - season) + (1.0 - alpha) * (level + trend)
-    trend = beta * (new_level - level) + (1.0 - beta) * trend
-    rvar = (1.0 - a_var) * rvar + a_var * err_var * err_var
-    return n, new_level, trend, rvar, beyond
-
-
-# --- RepeatRun: state (n, rate, last, run, reversals, direction),
-#     params (tolerance, a, prior_readings, max_repeat_rate, min_reversals) -----------------------------
-
-
-@_jit
-def _repeat_run_length(state: Floats, params: Floats, v: float) -> float:
-    last, run = state[2], state[3]
-    return run + 1.0 if not math.isnan(last) and abs(v - last) <= params[0] else 0.0
-
-
-@_jit
-def _repeat_judged(state: Floats, params: Floats) -> bool:
-    return state[1] <= params[3] and state[4] >= params[4]
-
-
-@_jit
-def _repeat_tail(state: Floats, params: Floats, v: float) -> float:
-    run = _repeat_run_length(state, params, v)
-    if run == 0.0 or not _repeat_judged(state, params):
-        return 1.0
-    return math.exp(run * math.log(py_max(state[1], 1e-6)))
-
-
-@_jit
-def _repeat_learn(state: Floats, params: Floats, v: float) -> Floats:
-    run = _repeat_run_length(state, params, v)
-    n, rate, last, _, reversals, direction = state
-    _, a_min, prior_readings, _, _ = params
-    if not math.isnan(last):
-        n += 1.0
-        a = py_max(1.0 / (n + prior_readings), a_min)
-        rate += a * ((1.0 if run != 0.0 else 0.0) - rate)
-        if run == 0.0:
-            change = 1.0 if v > last else -1.0
-            if direction != 0.0:
-                reversals += a * ((1.0 if change != direction else 0.0) - reversals)
-            direction = change
-    return n, rate, v, run, reversals, direction
-
-
-# --- ExceedanceTail: state (n, rate, peaks, index, gap, cluster_peak),
-#     params (threshold, a, b, prior_readings, prior_peaks, clip, run_gap) ------------------------------
-
-
-@_jit
-def tail_tail(state: Floats, params: Floats, d: float) -> float:
-    if math.isnan(d):
-        return 1.0
-    threshold = params[0]
-    if d <= threshold:
-        return 1.0
-    if math.isinf(d):
-        return 0.0
-    rate, index = state[1], state[3]
-    return py_min(1.0, rate * math.exp(-math.log(d / threshold) / py_max(index, 1e-6)))
-
-
-@_jit
-def tail_learn(state: Floats, params: Floats, d: float) -> Floats:
-    if not math.isfinite(d):
-        return state
-    n, rate, peaks, index, gap, cluster_peak = state
-    threshold, a_min, _, prior_readings, _, _, run_gap = params
-    n += 1.0
-    a = py_max(1.0 / (n + prior_readings), a_min)
-    if d <= threshold:
-        rate -= a * rate
-        gap = py_min(gap + 1.0, run_gap)
-        if cluster_peak != 0.0 and gap >= run_gap:
-            peaks, index = _tail_learn_peak(peaks, index, params, cluster_peak)
-            cluster_peak = 0.0
-        return n, rate, peaks, index, gap, cluster_peak
-    starts_cluster = gap >= run_gap
-    gap = 0.0
-    rate += a * ((1.0 if starts_cluster else 0.0) - rate)
-    if run_gap <= 0:
-        peaks, index = _tail_learn_peak(peaks, index, params, d)
-    else:
-        cluster_peak = py_max(cluster_peak, d)
-    return n, rate, peaks, index, gap, cluster_peak
-
-
-@_jit
-def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tuple[float, float]:
-    threshold, _, b_min, _, prior_peaks, clip, _ = params
-    peaks += 1.0
-    b = py_max(1.0 / (peaks + prior_peaks), b_min)
-    log_excess = py_min(math.log(d / threshold), clip * index)
-    return peaks, index + b * (log_excess - index)
-
-
-# --- TailEnsemble --------------------------------------------------------------------------------------
+# --- the step ------------------------------------------------------------------------------------
 
 
 @_jit
@@ -513,6 +243,7 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
         p[P_CHANGE_A_VAR],
         p[P_CHANGE_CLIP],
         p[P_CHANGE_RESET_AFTER],
+        0.0,  # gamma: no season
     )
     stuck = (
         p[P_STUCK_TOLERANCE],
@@ -525,40 +256,9 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
 
 
 @_jit
-def tail_params(p: np.ndarray, q: int) -> Floats:
-    return (
-        p[q + TP_THRESHOLD],
-        p[q + TP_A],
-        p[q + TP_B],
-        p[q + TP_PRIOR_READINGS],
-        p[q + TP_PRIOR_PEAKS],
-        p[q + TP_CLIP],
-        p[q + TP_RUN_GAP],
-    )
-
-
-@_jit
-def tail_state(row: np.ndarray, base: int) -> Floats:
-    return (
-        row[base + TAIL_N],
-        row[base + TAIL_RATE],
-        row[base + TAIL_PEAKS],
-        row[base + TAIL_INDEX],
-        row[base + TAIL_GAP],
-        row[base + TAIL_CLUSTER_PEAK],
-    )
-
-
-@_jit
-def _put(row: np.ndarray, first: int, state: Floats) -> None:
-    """Write a member's state back to its (contiguous) offsets, starting at ``first``."""
-    for k in range(len(state)):
-        row[first + k] = state[k]
-
-
-@_jit
 def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
-    """``TailEnsemble.score_learn_one`` on one stream's row."""
+    """Score, then learn, one reading of one stream's row: the smallest of the three views'
+    tails, times three, on the log scale."""
     warmup, level_p, change_p, stuck_p, level_tail_p, change_tail_p = members
     v = reading_value(x)
     if math.isnan(v):
@@ -574,20 +274,20 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
         row[STUCK_DIRECTION],
     )
     level_tail, change_tail = tail_state(row, LEVEL_TAIL), tail_state(row, CHANGE_TAIL)
-    level = abs(_zscore_deviation(level_state, level_p, v))  # NaN: None, warming up
-    change = abs(_hw_deviation(change_state, change_p, v))
+    level = abs(zscore_deviation(level_state, level_p, v))  # NaN: warming up
+    change = abs(hw_deviation(change_state, change_p, v, 0.0))  # no season
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
         tail = py_min(
             py_min(tail_tail(level_tail, level_tail_p, level), tail_tail(change_tail, change_tail_p, change)),
-            _repeat_tail(stuck_state, stuck_p, v),
+            repeat_tail(stuck_state, stuck_p, v),
         )
-        score = _log_tail_score(py_min(1.0, 3.0 * tail))
-    _put(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
-    _put(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
-    _put(row, LEVEL_N, _zscore_learn(level_state, level_p, v))
-    _put(row, CHANGE_N, _hw_learn(change_state, change_p, v))
-    _put(row, STUCK_N, _repeat_learn(stuck_state, stuck_p, v))
+        score = log_tail_score(py_min(1.0, 3.0 * tail))
+    put_state(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
+    put_state(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
+    put_state(row, LEVEL_N, zscore_learn(level_state, level_p, v))
+    put_state(row, CHANGE_N, hw_learn(change_state, change_p, v, 0.0)[0])
+    put_state(row, STUCK_N, repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score
 
@@ -602,14 +302,14 @@ def score_learn_into(
     surprise: np.ndarray,
 ) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place): ``TailEnsemble.score_learn_one({"m": values[i]}, t_ms[i])``; the
+    (updated in place), as :class:`~iotwatch.models.tail_ensemble.TailEnsemble` scores them; the
     ensemble holds nothing, so each reading's surprise is its score, copied to
     ``surprise`` when it has the batch's length (pass an empty array to skip it).
 
     One call takes a whole micro-batch, many streams interleaved; each stream's readings
     must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
     ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused
-    while the ensemble has no seasonal view, kept so the call matches the reference's),
+    while the ensemble has no seasonal view, kept so every kernel takes the same call),
     ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
     code :func:`warm` compiled (others compile a variant on first use). A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
@@ -636,8 +336,8 @@ def score_learn(
 def warm() -> None:
     """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
     worker's first micro-batch does not pay for it."""
-    warm_kernel(sys.modules[__name__], TailEnsemble())
+    warm_kernel(sys.modules[__name__], make("tail_ensemble"))
 
 
 if __name__ == "__main__":
-    print(benchmark(sys.modules[__name__], TailEnsemble))
+    print(benchmark("tail_ensemble"))

@@ -16,7 +16,8 @@ import pytest
 
 from iotwatch.evaluation.nab_scoring import PROFILES, raw_at_threshold, sweep_stream
 from iotwatch.evaluation.sources import NAB_PUBLISHED_SCORES, NAB_SAMPLE, NabSource
-from iotwatch.models.cad_ose import ContextualAnomalyCore, Py2IntKeyOrder, nab_scores, py2_tuple_hash
+from iotwatch.models.cad_ose import CadOse, nab_scores
+from iotwatch.models.kernels.cad_ose import given_range_scores, params_vector, py2_dict_order, py2_tuple_hash
 
 PUBLISHED = NAB_SAMPLE / "published" / "contextOSE"
 STREAMS = {s.key: s for s in NabSource(NAB_SAMPLE).streams()}
@@ -58,21 +59,17 @@ def test_python2_tuple_hash() -> None:
 
 
 def test_python2_dict_order_grows_and_wraps() -> None:
-    order = Py2IntKeyOrder()
-    for key in range(6):
-        order.add(key)
-    assert list(order) == list(range(6))  # the table grew to 32 at the sixth key
-    order.add(40)
-    assert list(order) == [0, 1, 2, 3, 4, 5, 40]  # 40 & 31 == 8
-    order.add(33)  # slot 1 is taken: probes on to 5 * 1 + 33 + 1 == 39 -> slot 7
-    assert list(order) == [0, 1, 2, 3, 4, 5, 33, 40]
+    assert py2_dict_order(list(range(6))) == list(range(6))  # the table grew to 32 at the sixth key
+    assert py2_dict_order([*range(6), 40]) == [0, 1, 2, 3, 4, 5, 40]  # 40 & 31 == 8
+    # slot 1 is taken: 33 probes on to 5 * 1 + 33 + 1 == 39 -> slot 7
+    assert py2_dict_order([*range(6), 40, 33]) == [0, 1, 2, 3, 4, 5, 33, 40]
+    assert py2_dict_order([9, 1, 17]) == [9, 17, 1]
 
 
 def test_contexts_stay_within_the_cap() -> None:
     values = STREAMS["realTweets/Twitter_volume_FB.csv"].values[:3000, 0]
-    capped = ContextualAnomalyCore(float(values.min()), float(values.max()), rest_period=90, max_contexts=200)
-    free = ContextualAnomalyCore(float(values.min()), float(values.max()), rest_period=90)
-    for v in values.tolist():
-        capped.score_learn(v)
-        free.score_learn(v)
-    assert capped.contexts() == 200 < free.contexts()
+    low, high = float(values.min()), float(values.max())
+    params = params_vector(CadOse(rest_period=90))
+    _, capped = given_range_scores(values, low, high, params, max_contexts=200)
+    _, free = given_range_scores(values, low, high, params, max_contexts=None)
+    assert capped == 200 < free

@@ -21,7 +21,7 @@ TESTS = REPO_ROOT / "tests"
 LEVELS = ("unit", "integration", "e2e")
 #: Unit folders that are no code package: the deployment's files, and the repository as a whole.
 NOT_PACKAGES = {"deploy", "repo"}
-#: A path under tests/ named in prose, e.g. tests/unit/models/test_kernels.py or tests/e2e/.
+#: A path under tests/ named in prose, e.g. tests/unit/models/test_detector_kernels.py or tests/e2e/.
 _TEXT = {".py", ".md", ".toml", ".yml", ".yaml", ".properties", ".conf", ""}
 _NAMED = re.compile(r"\btests/[\w/]+(?:\.py|/)")
 
