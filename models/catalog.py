@@ -10,6 +10,7 @@ True
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import pickle
 from typing import Any
@@ -74,6 +75,19 @@ def describe(name: str) -> dict[str, Any]:
     }
 
 
+#: Packages that fleet-model pickles written before the stages installed under ``iotwatch``
+#: name at the top level (``models.iforest``); read as ``iotwatch.<stage>``, so a registry
+#: written then still loads.
+_UNPREFIXED_STAGES = frozenset({"models", "devices", "streaming", "evaluation"})
+
+
+class _RegistryUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".", 1)[0] in _UNPREFIXED_STAGES:
+            module = f"iotwatch.{module}"
+        return super().find_class(module, name)
+
+
 def load(payload: bytes) -> Detector:
     """The detector :meth:`Detector.dumps` wrote (JSON of a compact state, resolved by name
     here; a pickle for fleet models: only load those from a registry you trust)."""
@@ -82,7 +96,7 @@ def load(payload: bytes) -> Detector:
         if doc.get("format") != PAYLOAD_FORMAT:
             raise UserError(f"unsupported detector payload format {doc.get('format')!r}")
         return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
-    obj = pickle.loads(payload)
+    obj = _RegistryUnpickler(io.BytesIO(payload)).load()
     if not isinstance(obj, Detector):
         raise UserError(f"payload holds a {type(obj).__name__}, not a Detector")
     return obj

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -138,3 +139,17 @@ def test_declared_warm_up_is_when_scores_start(name: str) -> None:
     assert not np.any(scores[:warmup] > 0), np.flatnonzero(scores[:warmup] > 0)[:5]
     if np.any(scores > 0):
         assert scores[warmup + 30] > 0
+
+
+def test_a_fleet_model_pickled_under_the_stages_former_top_level_names_loads() -> None:
+    """A registry written when the stages installed as top-level packages names them so in
+    its pickles (``models.iforest``): such a payload loads and scores as the model did."""
+    _, values = clean(seed=5, n=600)
+    det = make("isolation_forest")
+    _feed(det, values[:500])
+    payload = pickle.dumps(det, protocol=2)  # protocol 2 names each class as text: `c<module>\n<name>\n`
+    former = payload.replace(b"\nciotwatch.models.", b"\ncmodels.").replace(b"ciotwatch.models.", b"cmodels.")
+    assert b"iotwatch.models" not in former and b"cmodels.iforest" in former
+    copy = load(former)
+    rest = values[500:]
+    assert _feed(copy, rest, T0 + 500 * 60_000) == _feed(det, rest, T0 + 500 * 60_000)
