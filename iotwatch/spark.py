@@ -138,6 +138,7 @@ def _launch_jvm(conf: Mapping[str, str]) -> None:
 
     if SparkContext._gateway is not None:
         return
+    conf = with_class_data(conf)
     spark_conf = SparkConf(loadDefaults=False)
     for key, value in conf.items():
         spark_conf.set(key, value)
@@ -150,6 +151,20 @@ def _launch_jvm(conf: Mapping[str, str]) -> None:
     )
     JvmOutput(gateway.proc.stdout)
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+
+
+def with_class_data(conf: Mapping[str, str]) -> dict[str, str]:
+    """``conf`` with the driver JVM's class-data sharing options (:mod:`iotwatch.class_data`),
+    keyed by what the archive must match: the Spark release, the classpath, the JVM options."""
+    import pyspark
+
+    from iotwatch import class_data
+    from iotwatch.jars import java_executable
+
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    parts = [pyspark.__version__, conf.get("spark.driver.extraClassPath", ""), conf.get("spark.jars", ""), options]
+    extra = class_data.jvm_options(java_executable(), parts)
+    return {**conf, "spark.driver.extraJavaOptions": f"{options} {extra}".strip()} if extra else dict(conf)
 
 
 #: JIT of the local-mode JVM: the quick C1 compiler only. Spark generates and compiles new

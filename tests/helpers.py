@@ -14,6 +14,7 @@ import psutil
 from confluent_kafka import Consumer, Message, TopicPartition
 from paho.mqtt.client import MQTT_ERR_NO_CONN
 
+from iotwatch import class_data
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.ground_truth import ANOMALY, Injection
@@ -37,10 +38,12 @@ def children_running(pid: int, command_part: str) -> list[psutil.Process]:
 
 def user_env(home: Path | None = None) -> dict[str, str]:
     """The environment of a command run as a user runs it: none of the developer's IOTWATCH_*
-    settings, but the Java artifacts `iotwatch setup` installed (found where this process
-    finds them, whatever HOME is); ``home``: a HOME of the test's own."""
+    settings, but the Java artifacts `iotwatch setup` installed and the Spark driver's
+    class-data archives (found where this process finds them, whatever HOME is); ``home``: a
+    HOME of the test's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env["IOTWATCH_JARS_DIR"] = str(jars_root())
+    env["IOTWATCH_CLASS_DATA_DIR"] = str(class_data.folder() or "")  # one archive for every test's JVM
     if home is not None:
         env["HOME"] = str(home)
     return env

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from iotwatch.spark import LOCAL_DRIVER_MEMORY
+from tests.helpers import user_env
 
 
 def test_the_driver_heap_is_committed_at_start(spark: Any) -> None:
@@ -17,3 +23,45 @@ def test_the_driver_heap_is_committed_at_start(spark: Any) -> None:
     management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
     arguments = list(management.getRuntimeMXBean().getInputArguments())
     assert "-XX:+AlwaysPreTouch" in arguments
+
+
+_SHARING = """
+from iotwatch.spark import session_scope
+with session_scope("class-data") as spark:
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    print("SHARING", bean.getVMOption("UseSharedSpaces").getValue(), bean.getVMOption("SharedArchiveFile").getValue())
+"""
+
+
+def _sharing(env: dict[str, str]) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", _SHARING], env=env, capture_output=True, text=True, timeout=300)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("SHARING")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    return line.split()[1:]
+
+
+def _written(folder: Path, timeout_s: float = 120) -> Path:
+    """The one dump in ``folder`` once its size stops changing."""
+    deadline, sizes = time.monotonic() + timeout_s, [-1]
+    while time.monotonic() < deadline:
+        dumps = list(folder.glob("*.*.jsa"))
+        if len(dumps) == 1:
+            sizes.append(dumps[0].stat().st_size)
+            if sizes[-1] == sizes[-2] > 10_000_000:
+                return dumps[0]
+        time.sleep(1.0)
+    raise AssertionError(f"no finished class-data dump in {folder} within {timeout_s} s: {sizes[-3:]}")
+
+
+def test_a_later_driver_maps_the_class_data_archive_the_first_wrote(tmp_path: Path) -> None:
+    """The first JVM of a classpath writes its classes' archive at exit; a later one, once the
+    archive is adopted, maps it (the JVM's own UseSharedSpaces says so)."""
+    env = {**user_env(tmp_path), "IOTWATCH_CLASS_DATA_DIR": str(tmp_path / "cds")}
+    assert _sharing(env)[0] == "true"  # the JDK's base archive; this one writes the dynamic one
+    dump = _written(tmp_path / "cds")  # by the JVM as it exits, after its Python driver
+    os.utime(dump, (0, 0))  # settled: as if written a while ago
+    used, archive = _sharing(env)
+    assert used == "true" and archive == str(tmp_path / "cds" / f"{dump.name.split('.')[0]}.jsa")
