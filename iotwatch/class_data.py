@@ -7,9 +7,11 @@ archive file that a later JVM maps at start: on this project's hosts that takes 
 a session's start-up (``tests/integration/iotwatch/test_spark_driver.py`` checks the archive
 is used).
 
-The first JVM of a classpath writes the archive when it exits (``-XX:ArchiveClassesAtExit``,
-to a name of its own, as several JVMs may start at once); a later start adopts a finished
-one as the archive of that classpath (``-XX:SharedArchiveFile``). An archive is keyed by
+The first streaming job's JVM of a classpath writes the archive when it exits
+(``-XX:ArchiveClassesAtExit``, to a name of its own, as several JVMs may start at once), so
+it holds what the job loads: Spark SQL, the Kafka source, the stateful operator. A later
+start adopts a finished one as the archive of that classpath (``-XX:SharedArchiveFile``),
+and every local session maps it. An archive is keyed by
 what it must match -- the Java runtime, the Spark release, the driver's classpath and JVM
 options -- and lives under ``~/.iotwatch/class-data`` (``IOTWATCH_CLASS_DATA_DIR``; empty
 turns sharing off). A JVM that finds an archive it cannot use (another runtime, a damaged
@@ -79,9 +81,10 @@ def prune(where: Path, key: str, now: float | None = None) -> None:
             path.unlink(missing_ok=True)
 
 
-def jvm_options(java: str, parts: Iterable[str]) -> str:
-    """Options that make the driver JVM use the archive of its classpath, or write one at its
-    exit when there is none yet; empty when sharing is off or the folder cannot be made."""
+def jvm_options(java: str, parts: Iterable[str], writes: bool = True) -> str:
+    """Options that make the driver JVM use the archive of its classpath, or (``writes``)
+    write one at its exit when there is none yet; empty when sharing is off, there is nothing
+    to map and nothing to write, or the folder cannot be made."""
     where = folder()
     if where is None:
         return ""
@@ -94,4 +97,6 @@ def jvm_options(java: str, parts: Iterable[str]) -> str:
         return ""
     if archive is not None:
         return f"-XX:SharedArchiveFile={archive} {QUIET}"
+    if not writes:
+        return ""
     return f"-XX:ArchiveClassesAtExit={where / f'{key}.{uuid.uuid4().hex[:8]}.jsa'} {QUIET}"

@@ -131,14 +131,14 @@ def quiet_stop() -> Iterator[None]:
         JvmOutput.stopping.clear()
 
 
-def _launch_jvm(conf: Mapping[str, str]) -> None:
+def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> None:
     """Start Spark's JVM (as pyspark would) with its output piped to :class:`JvmOutput`."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     if SparkContext._gateway is not None:
         return
-    conf = with_class_data(conf)
+    conf = with_class_data(conf, writes_class_data)
     spark_conf = SparkConf(loadDefaults=False)
     for key, value in conf.items():
         spark_conf.set(key, value)
@@ -153,9 +153,10 @@ def _launch_jvm(conf: Mapping[str, str]) -> None:
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 
 
-def with_class_data(conf: Mapping[str, str]) -> dict[str, str]:
+def with_class_data(conf: Mapping[str, str], writes: bool = False) -> dict[str, str]:
     """``conf`` with the driver JVM's class-data sharing options (:mod:`iotwatch.class_data`),
-    keyed by what the archive must match: the Spark release, the classpath, the JVM options."""
+    keyed by what the archive must match: the Spark release, the classpath, the JVM options;
+    ``writes``: dump an archive at exit when there is none yet."""
     import pyspark
 
     from iotwatch import class_data
@@ -163,7 +164,7 @@ def with_class_data(conf: Mapping[str, str]) -> dict[str, str]:
 
     options = conf.get("spark.driver.extraJavaOptions", "")
     parts = [pyspark.__version__, conf.get("spark.driver.extraClassPath", ""), conf.get("spark.jars", ""), options]
-    extra = class_data.jvm_options(java_executable(), parts)
+    extra = class_data.jvm_options(java_executable(), parts, writes=writes)
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {extra}".strip()} if extra else dict(conf)
 
 
@@ -227,9 +228,12 @@ def spark_session(
     *,
     shuffle_partitions: int = 4,
     conf: Mapping[str, str] | None = None,
+    writes_class_data: bool = False,
 ) -> SparkSession:
     """A session with UTC time, Arrow transfers and the given extra ``conf``; Python workers
-    use this interpreter (its venv has the project's packages) unless told otherwise."""
+    use this interpreter (its venv has the project's packages) unless told otherwise. A local
+    session maps its classpath's class-data archive; with ``writes_class_data`` (the streaming
+    job's) it writes one at exit when there is none, so the archive holds what the job loads."""
     from pyspark.sql import SparkSession
 
     require_java()
@@ -246,7 +250,7 @@ def spark_session(
         settings.update(kafka_connector_conf())
     settings.update(conf or {})
     if local:
-        _launch_jvm(settings)
+        _launch_jvm(settings, writes_class_data)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)

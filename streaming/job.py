@@ -66,14 +66,26 @@ def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -
     """A session for the job (the master is left to spark-submit when running under it)."""
     from iotwatch.spark import spark_session as session
 
-    return session(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
+    return session(
+        app_name,
+        settings.spark_master,
+        shuffle_partitions=settings.shuffle_partitions,
+        conf=STREAM_CONF,
+        writes_class_data=True,
+    )
 
 
 def session_scope(settings: StreamSettings, app_name: str) -> AbstractContextManager[SparkSession]:
     """:func:`spark_session`, stopped (with its JVM) when the block ends."""
     from iotwatch.spark import session_scope as scope
 
-    return scope(app_name, settings.spark_master, shuffle_partitions=settings.shuffle_partitions, conf=STREAM_CONF)
+    return scope(
+        app_name,
+        settings.spark_master,
+        shuffle_partitions=settings.shuffle_partitions,
+        conf=STREAM_CONF,
+        writes_class_data=True,
+    )
 
 
 @dataclass

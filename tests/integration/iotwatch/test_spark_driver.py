@@ -26,8 +26,9 @@ def test_the_driver_heap_is_committed_at_start(spark: Any) -> None:
 
 
 _SHARING = """
-from iotwatch.spark import session_scope
-with session_scope("class-data") as spark:
+from iotwatch.settings import StreamSettings
+from iotwatch.streaming.job import session_scope
+with session_scope(StreamSettings(), "class-data") as spark:
     jvm = spark.sparkContext._jvm
     bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
@@ -57,8 +58,8 @@ def _written(folder: Path, timeout_s: float = 120) -> Path:
 
 
 def test_a_later_driver_maps_the_class_data_archive_the_first_wrote(tmp_path: Path) -> None:
-    """The first JVM of a classpath writes its classes' archive at exit; a later one, once the
-    archive is adopted, maps it (the JVM's own UseSharedSpaces says so)."""
+    """The first streaming job's JVM of a classpath writes its classes' archive at exit; a
+    later one, once the archive is adopted, maps it (the JVM's own UseSharedSpaces says so)."""
     env = {**user_env(tmp_path), "IOTWATCH_CLASS_DATA_DIR": str(tmp_path / "cds")}
     assert _sharing(env)[0] == "true"  # the JDK's base archive; this one writes the dynamic one
     dump = _written(tmp_path / "cds")  # by the JVM as it exits, after its Python driver

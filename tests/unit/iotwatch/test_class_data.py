@@ -48,13 +48,16 @@ def test_the_key_follows_the_classpath_and_flags_not_system_properties() -> None
 
 def test_options_write_an_archive_first_then_map_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IOTWATCH_CLASS_DATA_DIR", str(tmp_path / "cds"))
+    assert class_data.jvm_options(JAVA, ["4.2.0"], writes=False) == ""  # a plain session does not write one
     first = class_data.jvm_options(JAVA, ["4.2.0"])
     assert first.startswith(f"-XX:ArchiveClassesAtExit={tmp_path / 'cds'}/") and "-Xlog:cds=off" in first
     written = Path(first.split()[0].split("=", 1)[1])
     written.write_bytes(b"x" * 10)
     os.utime(written, (0, 0))
     key = written.name.split(".")[0]
-    assert class_data.jvm_options(JAVA, ["4.2.0"]).startswith(f"-XX:SharedArchiveFile={tmp_path / 'cds' / key}.jsa ")
+    for writes in (True, False):
+        mapped = class_data.jvm_options(JAVA, ["4.2.0"], writes=writes)
+        assert mapped.startswith(f"-XX:SharedArchiveFile={tmp_path / 'cds' / key}.jsa ")
     monkeypatch.setenv("IOTWATCH_CLASS_DATA_DIR", "")
     assert class_data.jvm_options(JAVA, ["4.2.0"]) == ""
 
