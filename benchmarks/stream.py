@@ -153,24 +153,34 @@ def measure_throughput(
     }
 
 
-def _alert_appends(settings: Settings, wanted: dict[str, set[int]], timeout_s: float) -> list[int]:
-    """Append times (ms) of the raised alerts whose first event is one of ``wanted``'s
-    (device id -> event times), read as they come until all are there or ``timeout_s``."""
+def _spike_alerts(
+    settings: Settings, wanted: dict[str, set[int]], *, timeout_s: float, idle_s: float | None = None
+) -> list[tuple[int, int]]:
+    """``(first event ms, append ms)`` of the raised alerts whose first event is one of
+    ``wanted``'s (device id -> event times), read from the alert topic's start as they come:
+    until one is there for each wanted event or, with ``idle_s``, until the topic has been
+    quiet that long (every alert of a stopped job read, repeats too); at most ``timeout_s``."""
     consumer = Consumer(
         {**settings.kafka.client_config(), "group.id": f"bench-alerts-{time.time_ns()}", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(settings.kafka.partitions)])
-    appended: list[int] = []
+    found: list[tuple[int, int]] = []
     expected, deadline = sum(len(v) for v in wanted.values()), time.monotonic() + timeout_s
-    while len(appended) < expected and time.monotonic() < deadline:
-        for message in consumer.consume(1000, 0.2):
+    idle_since = time.monotonic()
+    while time.monotonic() < deadline:
+        if idle_s is None and len(found) >= expected:
+            break
+        if idle_s is not None and time.monotonic() - idle_since >= idle_s:
+            break
+        for message in consumer.consume(1000, 0.2 if idle_s is None else 0.5):
+            idle_since = time.monotonic()
             if message.error():
                 continue
             alert = decode_alert(message.value())
             if alert.raised and alert.first_event_ms in wanted.get(alert.device_id, ()):
-                appended.append(message.timestamp()[1])
+                found.append((alert.first_event_ms, message.timestamp()[1]))
     consumer.close()
-    return sorted(appended)
+    return found
 
 
 def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, devices: int = 100) -> dict[str, Any]:
@@ -203,7 +213,7 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
         query_name=f"bench_startup_{run}",
     )
     try:
-        appended = _alert_appends(settings, spikes, timeout_s=300)
+        appended = sorted(ms for _, ms in _spike_alerts(settings, spikes, timeout_s=300))
         deadline = time.monotonic() + 60  # the progress report follows the batch's commit
         while not (batches := [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]):
             if time.monotonic() > deadline:
@@ -284,22 +294,7 @@ def measure_latency(
     batches = [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]
     phases = [p for p in job.reporter.phases if p["records"]]
     job.stop()
-    latencies = []
-    consumer = Consumer(
-        {**settings.kafka.client_config(), "group.id": f"bench-lat-{time.time_ns()}", "enable.auto.commit": False}
-    )
-    consumer.assign([TopicPartition(settings.topics.alerts, p, 0) for p in range(settings.kafka.partitions)])
-    idle_since = time.monotonic()
-    while time.monotonic() - idle_since < 3:
-        for message in consumer.consume(1000, 0.5):
-            idle_since = time.monotonic()
-            if message.error():
-                continue
-            alert = decode_alert(message.value())
-            if alert.raised and alert.first_event_ms in spikes.get(alert.device_id, ()):
-                latencies.append(message.timestamp()[1] - alert.first_event_ms)
-    consumer.close()
-    latencies.sort()
+    latencies = sorted(ms - first for first, ms in _spike_alerts(settings, spikes, timeout_s=600, idle_s=3))
     injected = sum(len(v) for v in spikes.values())
     return {
         "input_rate_records_per_s": rate,
