@@ -98,10 +98,9 @@ def plot_pipeline(path: Path, live: LiveState, faults: list[FaultRecord], starte
 
 def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: float) -> Path | None:
     """Device to raw topic latency (the reading's time to its append), p50 and p99 per 5 s."""
-    if not raw.appended:
+    if not raw.readings:
         return None
-    appended = np.fromiter(raw.appended.values(), dtype=np.int64, count=len(raw.appended))
-    event = np.fromiter((raw.event_ms[k] for k in raw.appended), dtype=np.int64, count=len(raw.appended))
+    appended, event = raw.appended_ms, raw.event_ms
     frame = pd.DataFrame({"bin": (appended / 1000.0 - started) // 5 * 5, "latency_s": (appended - event) / 1000.0})
     stats = frame.groupby("bin")["latency_s"].quantile([0.5, 0.99]).unstack()
     fig, ax = plt.subplots(figsize=(12, 4))

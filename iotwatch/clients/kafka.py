@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -190,6 +190,17 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -
         follower.close()
 
 
+def batches_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0) -> Iterator[list[Message]]:
+    """:func:`read_to_end` a batch at a time, for topics too long to hold as records (an
+    hour's raw topic is millions): the reader keeps what it derives, not the records. A
+    partition not read to its end within ``timeout_s`` is :class:`ServiceUnavailable`."""
+    follower = TopicFollower(settings, [topic])
+    try:
+        yield from follower.batches(timeout_s)
+    finally:
+        follower.close()
+
+
 #: ``fetch.wait.max.ms`` of consumers that follow a topic for people or devices waiting on it
 #: (the responder, alert dispatch, ``iotwatch alerts tail``). Kafka answers a waiting fetch as
 #: soon as a record arrives, so this costs no latency; it bounds how long an idle follower's
@@ -229,24 +240,29 @@ class TopicFollower:
     def catch_up(self, timeout_s: float = 120.0, *, strict: bool = True) -> list[Message]:
         """The records up to the end each partition had when reached (partition EOF);
         ``strict``: :class:`ServiceUnavailable` when a partition's end was not reached in time."""
-        records: list[Message] = []
+        return [record for batch in self.batches(timeout_s, strict=strict) for record in batch]
+
+    def batches(self, timeout_s: float = 120.0, *, strict: bool = True) -> Iterator[list[Message]]:
+        """:meth:`catch_up` as the batches the consumer returns (up to 5,000 records each)."""
         at_end: set[tuple[str | None, int | None]] = set()  # a partition EOF names both
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(self.partitions) and time.monotonic() < deadline:
+            batch: list[Message] = []
             for message in self._consumer.consume(5000, 1.0):
                 error = message.error()
                 if error is None:
-                    records.append(message)
+                    batch.append(message)
                 elif error.code() == KafkaError._PARTITION_EOF:
                     at_end.add((message.topic(), message.partition()))
                 else:
                     raise_if_refused(self.settings, error, "READ", message.topic())
+            if batch:
+                yield batch
         if strict and len(at_end) < len(self.partitions):
             raise ServiceUnavailable(
                 f"Kafka: could not read {len(self.partitions) - len(at_end)} partition(s) "
                 f"to their end within {timeout_s:.0f} s"
             )
-        return records
 
     def poll(self, timeout_s: float) -> list[Message]:
         """New records (errors such as partition EOF left out)."""

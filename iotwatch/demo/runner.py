@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.live import Live
 
 from iotwatch.clients.influx import InfluxV1Client, kept_client
-from iotwatch.clients.kafka import read_to_end
+from iotwatch.clients.kafka import batches_to_end, read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import read_ground_truth
@@ -336,24 +337,25 @@ def sites_summary(
     ).values()
     result = {}
     for site in sites:
-        site_records = read_to_end(edge_kafka(settings, state, site), settings.topics.raw)
-        at_site = accounting.index_raw(site_records)
-        replica_records = read_to_end(settings.kafka, remote_topic(site, settings.topics.raw))
-        at_centre = accounting.index_raw(replica_records)
-        unique = sum(len(seqs) for seqs in at_centre.seqs.values())
-        not_replicated = sum(len(seqs - at_centre.seqs.get(device, set())) for device, seqs in at_site.seqs.items())
+        at_site = accounting.index_raw([read_to_end(edge_kafka(settings, state, site), settings.topics.raw)])
+        at_centre = accounting.index_raw([read_to_end(settings.kafka, remote_topic(site, settings.topics.raw))])
+        centre_seqs = at_centre.seqs()
+        not_replicated = sum(
+            len(np.setdiff1d(seqs, centre_seqs.get(device, seqs[:0]), assume_unique=True))
+            for device, seqs in at_site.seqs().items()
+        )
         mine = [event for event in truth if event.device_id.startswith(f"{site}-")]
         archived_here = {device: seqs for device, seqs in archived.items() if device.startswith(f"{site}-")}
-        loss = accounting.account(at_centre.seqs, archived_here, late, mine)
+        loss = accounting.account(centre_seqs, archived_here, late, mine)
         raised = [a for a in alerts if a.raised and a.device_id.startswith(f"{site}-")]
         result[site] = {
-            "readings_at_site": sum(len(seqs) for seqs in at_site.seqs.values()),
-            "readings_at_centre": unique,
-            "records_at_site": len(site_records),
-            "records_at_centre": len(replica_records),
+            "readings_at_site": at_site.readings,
+            "readings_at_centre": at_centre.readings,
+            "records_at_site": at_site.records,
+            "records_at_centre": at_centre.records,
             # MirrorMaker's at-least-once copies (the site's own duplicates, e.g. a device
             # publishing twice, are in both counts)
-            "copied_twice_by_mirror_maker": len(replica_records) - len(site_records),
+            "copied_twice_by_mirror_maker": at_centre.records - at_site.records,
             "not_replicated": not_replicated,
             "loss": loss["loss"] + not_replicated,
             "archived": loss["archived"],
@@ -501,20 +503,20 @@ def _summarise(
         record for topic in dead_letter_topics for record in read_to_end(settings.kafka, topic)
     )
     raw = accounting.index_raw(
-        record for topic in _raw_topics(settings, options) for record in read_to_end(settings.kafka, topic)
+        batch for topic in _raw_topics(settings, options) for batch in batches_to_end(settings.kafka, topic)
     )
-    appended = raw.appended
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
     alerts, alert_records = decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
-    latencies = sorted(
-        r.timestamp()[1] - appended[(a.device_id, a.seq)]
+    appended = [
+        (r.timestamp()[1], raw.appended_at(a.device_id, a.seq))
         for r, a in zip(alert_records, alerts, strict=True)
-        if a.raised and a.rule != "device_silent" and (a.device_id, a.seq) in appended
-    )
-    loss = accounting.account(raw.seqs, accounting.archived_seqs(archive), late, truth)
+        if a.raised and a.rule != "device_silent" and a.seq is not None
+    ]
+    latencies = sorted(alerted - reading for alerted, reading in appended if reading is not None)
+    loss = accounting.account(raw.seqs(), accounting.archived_seqs(archive), late, truth)
     detection, verdicts = accounting.judge_alerts(alerts, truth, raw, options.speedup)
     simulator, gateway, stream = results.get("simulate", {}), results.get("gateway", {}), results.get("stream", {})
     audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
