@@ -13,6 +13,14 @@ from iotwatch.settings import StreamSettings
 
 log = logging.getLogger(__name__)
 
+#: ``--archive DIR``: the job writes the archive there, ``iotwatch archive`` looks after it.
+archive_option = click.option(
+    "--archive",
+    "archive_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).",
+)
+
 
 @click.command()
 @endpoint_options(kafka=True, influx=True)
@@ -23,12 +31,7 @@ log = logging.getLogger(__name__)
     help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR); restart with the same "
     "directory to resume exactly where the job stopped.",
 )
-@click.option(
-    "--archive",
-    "archive_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Parquet archive of clean readings (default IOTWATCH_STREAM_ARCHIVE_DIR).",
-)
+@archive_option
 @click.option(
     "--trigger",
     "trigger_s",

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "gateway": "iotwatch.gateway.cli:gateway",
     "stream": "iotwatch.streaming.cli:stream",
     "replay": "iotwatch.streaming.replay:replay",
+    "archive": "iotwatch.streaming.archive_cli:archive",
     "demo": "iotwatch.app.demo:demo",
     "chaos": "iotwatch.app.chaos:chaos",
     "bench": "iotwatch.app.bench:bench",
