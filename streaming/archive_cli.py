@@ -44,13 +44,16 @@ def compact(app: AppContext, archive_dir: Path | None, min_age_s: float, target_
     micro-batch, many thousands an hour; readers (``iotwatch train``, Spark SQL, pandas)
     pay for every file. Safe while the job runs: only files older than --min-age are
     merged, and each output is in place before its inputs are removed. Run it on a
-    schedule (a cron job or a systemd timer, hourly).
+    schedule (a cron job or a systemd timer, hourly). A file that cannot be read leaves
+    the files it would be merged with as they are, and the exit status is 1.
     """
     from iotwatch.streaming.archive_compaction import compact as run
 
     root = archive_dir or app.settings.stream.archive_dir
     result = run(root, min_age_s=min_age_s, target_bytes=int(target_mb * 2**20)).to_dict()
     emit({"archive": str(root), **result}, as_json, _render)
+    if result["failed_groups"]:  # a schedule's failure mail says so; the files are left as they were
+        raise SystemExit(1)
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -60,3 +63,5 @@ def _render(result: dict[str, Any]) -> None:
         f"{result['superseded_removed']:,} superseded removed; {result['rows_merged']:,} rows) "
         f"in {result['seconds']:.1f} s"
     )
+    for failure in result["failed_groups"]:
+        output_console().print(f"[red]left as they were: {failure}[/red]")

@@ -25,6 +25,8 @@ format's OPTIMIZE does:
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import re
 import time
@@ -38,7 +40,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iotwatch.errors import IotwatchError
 from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA
+
+log = logging.getLogger(__name__)
 
 #: ``part-<partition>-<first offset>-<last offset>.parquet``, as the archive writer names files.
 FILE_NAME = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
@@ -80,6 +85,8 @@ class CompactionResult:
     rows_merged: int = 0
     seconds: float = 0.0
     outputs: list[str] = field(default_factory=list)
+    #: groups left unmerged because a file could not be read or written, with the reason
+    failed_groups: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,14 +99,27 @@ class CompactionResult:
             "bytes_merged": self.bytes_merged,
             "rows_merged": self.rows_merged,
             "seconds": round(self.seconds, 1),
+            "failed_groups": self.failed_groups,
         }
 
 
 def compact(archive: Path, min_age_s: float = 3600.0, target_bytes: int = 128 * 2**20) -> CompactionResult:
-    """Compact ``<archive>/readings`` (see the module's docstring)."""
+    """Compact ``<archive>/readings`` (see the module's docstring). One compaction at a time
+    per archive (a lock file): a second one, e.g. from an overlapping schedule, is refused."""
+    root = archive / "readings"
+    if not root.is_dir():
+        return CompactionResult()
+    with open(archive / ".compaction.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IotwatchError(f"another compaction of {archive} is running; try again when it ends") from None
+        return _compact(root, min_age_s, target_bytes)
+
+
+def _compact(root: Path, min_age_s: float, target_bytes: int) -> CompactionResult:
     started = time.monotonic()
     result = CompactionResult()
-    root = archive / "readings"
     folders = sorted({path.parent for path in root.glob("date=*/device_type=*/part-*.parquet")})
     cutoff = time.time() - min_age_s
     for folder in folders:
@@ -113,7 +133,11 @@ def compact(archive: Path, min_age_s: float = 3600.0, target_bytes: int = 128 * 
             kept = _remove_superseded(partition_files, result)
             old = sorted((f for f in kept if f.mtime < cutoff), key=lambda f: (f.first, f.last))
             for group in _packed(old, target_bytes):
-                _merge(folder, group, result)
+                try:
+                    _merge(folder, group, result)
+                except (OSError, pa.ArrowException) as exc:  # a damaged file stops its group only
+                    log.warning("archive compaction left %d files of %s as they are: %s", len(group), folder, exc)
+                    result.failed_groups.append(f"{folder}: {exc}")
     result.seconds = time.monotonic() - started
     return result
 

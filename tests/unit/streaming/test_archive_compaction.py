@@ -3,6 +3,7 @@ archive's file naming kept, young files left alone, leftovers of a crash or a re
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from iotwatch.app import cli
+from iotwatch.errors import IotwatchError
 from iotwatch.streaming.archive_compaction import compact
 from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA
 
@@ -61,7 +64,7 @@ def test_small_files_are_merged_per_partition_and_named_for_their_offsets(tmp_pa
     assert rows(tmp_path) == before
     assert (result["folders"], result["files_before"], result["files_after"]) == (2, 22, 4)
     assert (result["files_merged"], result["files_written"], result["rows_merged"]) == (20, 2, 200)
-    assert not list(tmp_path.rglob(".*"))  # no temporary file left
+    assert not list(tmp_path.rglob("*.tmp"))  # no temporary file left
     merged = pq.read_table(tmp_path / "readings" / FOLDER / names(tmp_path)[0])
     assert merged.schema == ARCHIVE_SCHEMA and merged["seq"].to_pylist() == list(range(100))  # offset order
 
@@ -106,6 +109,25 @@ def test_files_an_output_covers_are_removed_first(tmp_path: Path) -> None:
     assert result["superseded_removed"] == 2
     assert names(tmp_path) == [f"part-00000-{0:019d}-{49:019d}.parquet"]
     assert rows(tmp_path) == sorted((f"t{s % 3}", s) for s in range(50))
+
+
+def test_a_damaged_file_leaves_its_group_alone_and_one_compaction_runs_at_a_time(tmp_path: Path) -> None:
+    for first in range(0, 30, 10):
+        write_file(tmp_path, 0, first, first + 9)
+        write_file(tmp_path, 1, first, first + 9)
+    damaged = tmp_path / "readings" / FOLDER / f"part-00001-{30:019d}-{39:019d}.parquet"
+    damaged.write_bytes(b"PAR1 cut short")
+    os.utime(damaged, (HOUR_AGO, HOUR_AGO))
+
+    result = compact(tmp_path, min_age_s=600).to_dict()
+
+    assert (result["files_written"], result["files_after"]) == (1, 5)  # partition 0 merged
+    assert len(result["failed_groups"]) == 1 and "part-00001" not in names(tmp_path)[0]
+    assert damaged.exists() and not list(tmp_path.rglob("*.tmp"))
+    with open(tmp_path / ".compaction.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(IotwatchError, match="another compaction"):
+            compact(tmp_path)
 
 
 def test_the_command_reports_what_it_did(tmp_path: Path) -> None:
