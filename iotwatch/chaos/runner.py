@@ -58,9 +58,6 @@ SILENCE_TIMEOUT_S = 3600.0
 #: The responder's timeouts in a chaos run: commands left open when the devices stop expire
 #: within the drain.
 COMMAND_TTL_S, REPLY_TIMEOUT_S = 30.0, 15.0
-#: Time to read the raw topic for the loss proof (an hour's load is millions of records):
-#: a topic not read to its end in time fails the run, it does not prove a shorter one.
-RAW_READ_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -311,7 +308,7 @@ def _prove(
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     late, dead_reasons = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
     # an hour's raw topic is millions of records: indexed a batch at a time, never held
-    raw = accounting.index_raw(batches_to_end(settings.kafka, settings.topics.raw, timeout_s=RAW_READ_TIMEOUT_S))
+    raw = accounting.index_raw(batches_to_end(settings.kafka, settings.topics.raw, accounting.RAW_READ_TIMEOUT_S))
     loss: dict[str, Any] = accounting.account(raw.seqs(), accounting.archived_seqs(out / "archive"), late, truth)
     loss["ok"] = loss["loss"] == 0 and loss["unique_readings_in_kafka"] > 0
     stream = results.get("stream", {}).get("totals", {})

@@ -32,6 +32,10 @@ from iotwatch.stats import rounded
 Seqs = dict[str, np.ndarray]
 
 _INT64 = 2**63
+#: Time to read a raw topic for the loss proof (an hour's load is millions of records, read
+#: at about 100,000 a second here): a topic not read to its end in time fails the proof, it
+#: does not prove a shorter one.
+RAW_READ_TIMEOUT_S = 1800.0
 
 
 @dataclass

@@ -503,7 +503,9 @@ def _summarise(
         record for topic in dead_letter_topics for record in read_to_end(settings.kafka, topic)
     )
     raw = accounting.index_raw(
-        batch for topic in _raw_topics(settings, options) for batch in batches_to_end(settings.kafka, topic)
+        batch
+        for topic in _raw_topics(settings, options)
+        for batch in batches_to_end(settings.kafka, topic, accounting.RAW_READ_TIMEOUT_S)
     )
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
     alerts, alert_records = decoded_alerts(alert_records)
