@@ -51,6 +51,12 @@ class LiveState:
     alerts_seen: int = 0
 
 
+#: Seconds a probe's Kafka client may go without an answer before it is replaced: a client
+#: can stay unanswered after a paused broker is back while another client of the same
+#: process is answered, and a chaos run's recovery check would then see no new record.
+STALE_CLIENT_S = 10.0
+
+
 class Probe:
     """Reads the current counters of every stage."""
 
@@ -68,7 +74,9 @@ class Probe:
         self.gateway_urls = [f"http://127.0.0.1:{port}/metrics" for port in gateway_ports]
         self.checkpoint = checkpoint
         config = {**client_config(settings.kafka), "enable.auto.commit": False}
-        self.offsets = Consumer({**config, "group.id": "demo-live-offsets"})
+        self._offsets_config = {**config, "group.id": "demo-live-offsets"}
+        self.offsets = Consumer(self._offsets_config)
+        self._unanswered_since: float | None = None  # when the raw topics' ends last went unanswered
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions
         self.raw_partitions = [
@@ -109,12 +117,24 @@ class Probe:
 
     def raw_end(self) -> int:
         """The raw topics' end offsets at the centre, summed (see :func:`_log_end`)."""
-        return _log_end(self.offsets, self.raw_partitions, self._raw_ends)
+        total, answered = _log_end(self.offsets, self.raw_partitions, self._raw_ends)
+        now = time.monotonic()
+        if answered:
+            self._unanswered_since = None
+        elif self._unanswered_since is None:
+            self._unanswered_since = now
+        elif now - self._unanswered_since > STALE_CLIENT_S:
+            log.warning("no end offset of the raw topic for %.0f s: asking with a new Kafka client", STALE_CLIENT_S)
+            self.offsets.close()
+            self.offsets = Consumer(self._offsets_config)
+            self._unanswered_since = None
+        return total
 
     def edge_end(self) -> int:
         """The sites' raw topics' end offsets, summed."""
         return sum(
-            _log_end(edge, self.edge_partitions, known) for edge, known in zip(self.edges, self._edge_ends, strict=True)
+            _log_end(edge, self.edge_partitions, known)[0]
+            for edge, known in zip(self.edges, self._edge_ends, strict=True)
         )
 
     def stream_offset(self) -> int:
@@ -155,15 +175,20 @@ class Probe:
         return sample
 
 
-def _log_end(consumer: Consumer, partitions: list[TopicPartition], known: dict[tuple[str, int], int]) -> int:
-    """The partitions' end offsets summed; a partition Kafka does not answer for within a
-    second (it is restarting) counts with its last known end in ``known``."""
+def _log_end(
+    consumer: Consumer, partitions: list[TopicPartition], known: dict[tuple[str, int], int]
+) -> tuple[int, bool]:
+    """The partitions' end offsets summed, and whether Kafka answered for any; a partition
+    Kafka does not answer for within a second (it is restarting) counts with its last known
+    end in ``known``."""
+    answered = False
     for tp in partitions:
         try:
             known[(tp.topic, tp.partition)] = end_offset(consumer, tp)
+            answered = True
         except KafkaException as exc:
             log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
-    return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions)
+    return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions), answered
 
 
 def _rate(state: LiveState, pick: Any) -> float:
