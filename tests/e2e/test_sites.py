@@ -194,7 +194,10 @@ def test_a_group_fails_over_to_the_replica_with_translated_offsets(
     group = f"oncall-{unique}"
     # A consumer of the site's topic reads and commits 200 readings per device...
     consumer = Consumer({**client_config(site), "group.id": group, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topics.raw, p) for p in range(partitions)])
+    # from each partition's end before the produce: assigned without an offset, the consumer
+    # looks "latest" up later, and records produced meanwhile would fall before it
+    ends = [consumer.get_watermark_offsets(TopicPartition(topics.raw, p), timeout=10)[1] for p in range(partitions)]
+    consumer.assign([TopicPartition(topics.raw, p, ends[p]) for p in range(partitions)])
     produce(site, topics.raw, devices, range(200))
     committed_part = _read_mine(consumer, devices, 200 * len(devices))
     consumer.commit(asynchronous=False)
