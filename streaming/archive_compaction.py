@@ -84,7 +84,6 @@ class CompactionResult:
     bytes_merged: int = 0
     rows_merged: int = 0
     seconds: float = 0.0
-    outputs: list[str] = field(default_factory=list)
     #: groups left unmerged because a file could not be read or written, with the reason
     failed_groups: list[str] = field(default_factory=list)
 
@@ -204,4 +203,3 @@ def _merge(folder: Path, group: list[ArchiveFile], result: CompactionResult) -> 
     result.files_written += 1
     result.bytes_merged += sum(f.size for f in group)
     result.rows_merged += rows
-    result.outputs.append(str(folder / name))
