@@ -39,7 +39,7 @@ MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads")
 BOUNDED_POOL_THREADS = ("block-manager-a", "block-manager-s")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     t: float  # seconds since the run started
     process: str

@@ -31,10 +31,16 @@ log = logging.getLogger(__name__)
 SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "warning": "cyan"}
 
 
-@dataclass
+#: The gateway counters a sample keeps (the live view, the report's plots and the drain check
+#: read them); an hour's run samples every second, so the rest of the gateway's metrics are
+#: left to its own final report.
+GATEWAY_COUNTERS = ("received", "forwarded", "dead_lettered", "inflight")
+
+
+@dataclass(slots=True)
 class Sample:
     t: float
-    gateway: dict[str, float]
+    gateway: dict[str, float]  # GATEWAY_COUNTERS, summed over the gateways
     raw_end: int
     stream_offset: int
     alerts: int
@@ -99,7 +105,7 @@ class Probe:
             edge.close()
 
     def gateway(self) -> dict[str, float]:
-        """Every gateway's counters, summed."""
+        """Every gateway's :data:`GATEWAY_COUNTERS`, summed."""
         values: dict[str, float] = {}
         for url in self.gateway_urls:
             try:
@@ -112,7 +118,8 @@ class Probe:
                         ("_bucket", "_created")
                     ):
                         key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
-                        values[key] = values.get(key, 0.0) + sample.value
+                        if key in GATEWAY_COUNTERS:
+                            values[key] = values.get(key, 0.0) + sample.value
         return values
 
     def raw_end(self) -> int:
