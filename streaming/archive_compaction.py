@@ -41,11 +41,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iotwatch.errors import IotwatchError
-from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA
+from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, file_name
 
 log = logging.getLogger(__name__)
 
-#: ``part-<partition>-<first offset>-<last offset>.parquet``, as the archive writer names files.
+#: ``part-<partition>-<first offset>-<last offset>.parquet``, as :func:`file_name` names files.
 FILE_NAME = re.compile(r"^part-(\d+)-(\d+)-(\d+)\.parquet$")
 #: Rows written to an output at a time: Parquet row groups of a useful size, memory bounded.
 ROW_GROUP_ROWS = 128 * 1024
@@ -175,7 +175,7 @@ def _packed(files: list[ArchiveFile], target_bytes: int) -> Iterator[list[Archiv
 def _merge(folder: Path, group: list[ArchiveFile], result: CompactionResult) -> None:
     """Write ``group``'s rows, in order, as one file named for its offsets; then remove ``group``."""
     partition = group[0].partition
-    name = f"part-{partition:05d}-{min(f.first for f in group):019d}-{max(f.last for f in group):019d}.parquet"
+    name = file_name(partition, min(f.first for f in group), max(f.last for f in group))
     temporary = folder / f".{name}.{uuid.uuid4().hex}.tmp"
     rows = 0
     try:

@@ -57,6 +57,12 @@ ARCHIVE_SCHEMA = pa.schema(
 assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
 
 
+def file_name(partition: int, first_offset: int, last_offset: int) -> str:
+    """An archive file's name: the Kafka partition and the offsets its rows were read from,
+    zero-padded so that names sort in offset order."""
+    return f"part-{partition:05d}-{first_offset:019d}-{last_offset:019d}.parquet"
+
+
 def _doubles(values: Any) -> pa.Array:
     """NaN is 'absent' in the reading frame and null in the archive."""
     return pa.array(np.asarray(values, dtype=np.float64), type=pa.float64(), from_pandas=True)
@@ -133,7 +139,7 @@ class ArchiveWriter:
         keys = pd.MultiIndex.from_arrays([table["date"].to_numpy(), table["device_type"].to_numpy()])
         codes, groups = pd.factorize(keys)
         files = table.drop_columns(["date", "device_type"])
-        name = f"part-{partition:05d}-{first_offset:019d}-{last_offset:019d}.parquet"
+        name = file_name(partition, first_offset, last_offset)
         for code, (date, device_type) in enumerate(groups):
             folder = self.readings_dir / f"date={date}" / f"device_type={device_type}"
             folder.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
-"""``iotwatch train`` on a small generated Parquet archive, with real Spark and the real broker."""
+"""``iotwatch train`` on a small generated Parquet archive, part of it compacted, with real Spark
+and the real broker."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from iotwatch.app import cli
 from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.models.registry import ModelRegistry
 from iotwatch.settings import Settings
+from iotwatch.streaming.archive_compaction import compact
+from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, file_name
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +32,15 @@ METRICS = {"thermostat": ("humidity_pct", "temperature_c"), "meter": ("power_w",
 
 
 def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
-    """Two days, two device types, three devices each, in the streaming job's archive layout
-    (one row per reading, metrics as a struct of the wide layout; a few readings with an
-    out-of-range value); returns (device, event) rows in range per type."""
+    """Two days, two device types, three devices each, as the streaming job writes its archive
+    (one row per reading, metrics as a struct of the wide layout, two files per folder named by
+    Kafka partition and offsets; a few readings with an out-of-range value); returns
+    (device, event) rows in range per type."""
     from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS
 
     rng = np.random.default_rng(0)
     in_range: dict[str, int] = {}
+    offset = 0
     for device_type, metrics in METRICS.items():
         for day in range(2):
             frames = []
@@ -60,50 +66,41 @@ def _write_archive(root: Path, rows_per_device: int = 400) -> dict[str, int]:
                             "scores": [{m: 0.0 if m in values else None for m in SCORED_METRICS} for _ in i],
                             "out_of_range": [list(metrics) if b else None for b in bad],
                             "extra_metrics": None,
+                            "extra_scores": None,
                             "detector": "tail_ensemble",
                         }
                     )
                 )
             frame = pd.concat(frames, ignore_index=True)
             date = pd.Timestamp(T0 + day * DAY_MS, unit="ms").strftime("%Y-%m-%d")
+            folder = root / "readings" / f"date={date}" / f"device_type={device_type}"
+            folder.mkdir(parents=True)
             shuffled = frame.sample(frac=1.0, random_state=day)
-            for batch_id, part in enumerate((shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2 :])):
-                target = root / "readings" / f"date={date}" / f"device_type={device_type}" / f"batch_id={batch_id}"
-                target.mkdir(parents=True)
-                table = pa.Table.from_pandas(part, schema=_ARCHIVE_SCHEMA, preserve_index=False)
-                pq.write_table(table, target / "part-0.parquet", coerce_timestamps="us")  # as Spark writes
+            for part in (shuffled.iloc[: len(shuffled) // 2], shuffled.iloc[len(shuffled) // 2 :]):
+                table = pa.Table.from_pandas(part, schema=ARCHIVE_SCHEMA, preserve_index=False)
+                pq.write_table(table, folder / file_name(0, offset, offset + len(part) - 1))
+                offset += len(part)
             if day == 1:  # only the second day is in the --since range
                 ok = frame[frame["out_of_range"].isna()]
                 in_range[device_type] = len(ok[["device_id", "event_ms"]].drop_duplicates())
     return in_range
 
 
-def _archive_schema() -> pa.Schema:
-    from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS
-
-    return pa.schema(
-        [
-            ("device_id", pa.string()),
-            ("site", pa.string()),
-            ("seq", pa.int64()),
-            ("event_ms", pa.int64()),
-            ("event_time", pa.timestamp("us", tz="UTC")),
-            ("metrics", pa.struct([(m, pa.float64()) for m in WIDE_METRICS])),
-            ("scores", pa.struct([(m, pa.float64()) for m in SCORED_METRICS])),
-            ("out_of_range", pa.list_(pa.string())),
-            ("extra_metrics", pa.map_(pa.string(), pa.float64())),
-            ("detector", pa.string()),
-        ]
-    )
-
-
-_ARCHIVE_SCHEMA = _archive_schema()
+def _compact_thermostats(archive: Path) -> None:
+    """Compact the thermostats' folders (their files made an hour old) and leave the meters'
+    as the job wrote them, so training reads both kinds of file."""
+    hour_ago = time.time() - 3700
+    for path in (archive / "readings").glob("date=*/device_type=thermostat/*.parquet"):
+        os.utime(path, (hour_ago, hour_ago))
+    result = compact(archive, min_age_s=3600).to_dict()
+    assert (result["files_merged"], result["files_written"], result["files_after"]) == (4, 2, 6), result
 
 
 def test_train_registers_approves_and_announces(
     tmp_path: Path, test_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     in_range = _write_archive(tmp_path / "archive")
+    _compact_thermostats(tmp_path / "archive")
     topic = test_settings.topics.model_updates
     monkeypatch.setenv("IOTWATCH_TOPIC_MODEL_UPDATES", topic)
     registry_dir = tmp_path / "registry"

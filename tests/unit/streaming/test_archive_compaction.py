@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from iotwatch.app import cli
 from iotwatch.errors import IotwatchError
 from iotwatch.streaming.archive_compaction import compact
-from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA
+from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, file_name
 
 FOLDER = "date=2026-11-27/device_type=thermostat"
 HOUR_AGO = time.time() - 3600
@@ -31,7 +31,7 @@ def write_file(
         {"device_id": f"t{offset % 3}", "site": "h", "seq": offset, "event_ms": 1000 * offset, "detector": "d"}
         for offset in range(first, last + 1)
     ]
-    path = archive / "readings" / folder / f"part-{partition:05d}-{first:019d}-{last:019d}.parquet"
+    path = archive / "readings" / folder / file_name(partition, first, last)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=ARCHIVE_SCHEMA), path)
     os.utime(path, (mtime, mtime))
@@ -57,9 +57,9 @@ def test_small_files_are_merged_per_partition_and_named_for_their_offsets(tmp_pa
     result = compact(tmp_path, min_age_s=600).to_dict()
 
     assert names(tmp_path) == [
-        f"part-00000-{0:019d}-{99:019d}.parquet",
-        f"part-00000-{100:019d}-{104:019d}.parquet",
-        f"part-00001-{1000:019d}-{1099:019d}.parquet",
+        file_name(0, 0, 99),
+        file_name(0, 100, 104),
+        file_name(1, 1000, 1099),
     ]
     assert rows(tmp_path) == before
     assert (result["folders"], result["files_before"], result["files_after"]) == (2, 22, 4)
@@ -107,7 +107,7 @@ def test_files_an_output_covers_are_removed_first(tmp_path: Path) -> None:
     result = compact(tmp_path, min_age_s=600).to_dict()
 
     assert result["superseded_removed"] == 2
-    assert names(tmp_path) == [f"part-00000-{0:019d}-{49:019d}.parquet"]
+    assert names(tmp_path) == [file_name(0, 0, 49)]
     assert rows(tmp_path) == sorted((f"t{s % 3}", s) for s in range(50))
 
 
@@ -115,7 +115,7 @@ def test_a_damaged_file_leaves_its_group_alone_and_one_compaction_runs_at_a_time
     for first in range(0, 30, 10):
         write_file(tmp_path, 0, first, first + 9)
         write_file(tmp_path, 1, first, first + 9)
-    damaged = tmp_path / "readings" / FOLDER / f"part-00001-{30:019d}-{39:019d}.parquet"
+    damaged = tmp_path / "readings" / FOLDER / file_name(1, 30, 39)
     damaged.write_bytes(b"PAR1 cut short")
     os.utime(damaged, (HOUR_AGO, HOUR_AGO))
 
