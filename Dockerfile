@@ -58,12 +58,13 @@ COPY . .
 RUN pip install --no-deps . \
     && iotwatch --help > /dev/null
 
-# Run as an unprivileged user. /var/lib/iotwatch is the working directory, so relative
-# paths (e.g. Spark checkpoints) land in the volume docker-compose mounts there.
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin iotwatch \
-    && mkdir -p /var/lib/iotwatch \
-    && chown iotwatch:iotwatch /var/lib/iotwatch
+# Run as an unprivileged user whose home is the working directory, /var/lib/iotwatch: what
+# the commands keep under ~/.iotwatch (the job's checkpoints and archive, the simulator's
+# device seqs) and relative paths land in the volume docker-compose mounts there, and
+# survive the container's re-creation.
+RUN useradd --create-home --home-dir /var/lib/iotwatch --uid 10001 --shell /usr/sbin/nologin iotwatch
 USER iotwatch
+ENV HOME=/var/lib/iotwatch
 WORKDIR /var/lib/iotwatch
 
 # -g: forward signals to the whole process group (Python and the JVM Spark started).

@@ -213,6 +213,19 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
                 assert source in declared, f"{name}: named volume {source} is not declared under volumes:"
 
 
+def test_services_that_keep_state_keep_it_in_a_volume(compose: dict[str, Any]) -> None:
+    """The commands keep their state under ~/.iotwatch (settings' defaults): the image's home
+    is its working directory, and the services with state mount a named volume there, so a
+    re-created container resumes (checkpoints, archive, device seqs)."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    home = re.search(r"^ENV HOME=(\S+)$", dockerfile, re.MULTILINE)
+    assert home and f"--home-dir {home[1]}" in dockerfile and f"WORKDIR {home[1]}" in dockerfile
+    stateful = {"stream", "archive-compactor", "simulator", "site1-simulator"}
+    for name in stateful:
+        targets = {v.split(":")[1] for v in compose["services"][name].get("volumes", []) if isinstance(v, str)}
+        assert home[1] in targets, f"{name} keeps state under {home[1]} without a volume there"
+
+
 # --- variables -------------------------------------------------------------------------
 
 
@@ -315,7 +328,7 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     built = services_built_here(compose)
     # the "sites" profile
     site = {"site1-gateway", "site1-simulator", "site1-kafka-topics", "site1-central-kafka-topics", "site1-relay"}
-    assert set(built) == {"gateway", "stream", "simulator", "kafka-topics", "responder"} | site
+    assert set(built) == {"gateway", "stream", "archive-compactor", "simulator", "kafka-topics", "responder"} | site
     assert len({svc.get("image") for svc in built.values()}) == 1
     commands = {
         name: svc["command"] if isinstance(svc["command"], list) else shlex.split(svc["command"])
@@ -325,6 +338,7 @@ def test_iotwatch_services_share_one_image(compose: dict[str, Any]) -> None:
     assert commands["stream"][-1] == "stream"
     assert "simulate" in commands["simulator"]
     assert "respond" in commands["responder"]
+    assert commands["archive-compactor"][-5:] == ["archive", "compact", "--every", "3600", "--json"]
     assert commands["kafka-topics"][-3:] == ["provision", "topics", "--acls"]
     assert commands["site1-kafka-topics"] == [*commands["kafka-topics"], "--site", "site1"]
     assert commands["site1-central-kafka-topics"] == [*commands["kafka-topics"], "--linked-site", "site1"]

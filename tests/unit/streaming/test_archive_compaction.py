@@ -6,7 +6,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -139,3 +143,34 @@ def test_the_command_reports_what_it_did(tmp_path: Path) -> None:
     assert (report["archive"], report["files_before"], report["files_after"]) == (str(tmp_path), 3, 1)
     refused = CliRunner().invoke(cli, ["archive", "compact", "--archive", str(tmp_path), "--min-age", "5"])
     assert refused.exit_code == 2 and "--min-age" in refused.output
+
+
+def _until(done: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_every_repeats_until_stopped_and_survives_a_failed_round(tmp_path: Path) -> None:
+    for first in range(0, 30, 10):
+        write_file(tmp_path, 0, first, first + 9)
+    command = [sys.executable, "-m", "iotwatch", "archive", "compact", "--archive", str(tmp_path)]
+    command += ["--min-age", "60", "--every", "60", "--json"]
+    log = tmp_path / "stderr.log"
+
+    with open(tmp_path / ".compaction.lock", "w") as lock, open(log, "wb") as stderr:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another compaction runs: the first round fails
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr)
+        _until(lambda: "another compaction" in log.read_text(), "logged failure")
+        assert process.poll() is None and len(names(tmp_path)) == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr)
+        _until(lambda: len(names(tmp_path)) == 1, "compacted folder")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert [json.loads(line)["files_after"] for line in out.splitlines()] == [1]
