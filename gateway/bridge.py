@@ -42,7 +42,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.influx import InfluxV1Client, OutageLog
 from iotwatch.clients.kafka import client_config
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
@@ -115,6 +115,7 @@ class Gateway:
         self._disconnecting = False  # a clean stop: the MQTT disconnect is ours, not a lost connection
         self._metrics_server: MetricsServer | None = None
         self._influx = InfluxV1Client(settings.influx) if settings.influx.enabled else None
+        self._influx_outage = OutageLog(log, "gateway metrics")
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -532,7 +533,9 @@ class Gateway:
             try:
                 self._influx.write_points(influx_points(snap, self.instance, int(time.time() * 1000)))
             except IotwatchError as exc:
-                log.warning("gateway metrics not written to InfluxDB: %s", exc)
+                self._influx_outage.failed(exc)
+            else:
+                self._influx_outage.written()
         return snap
 
     def run(self, stop: threading.Event) -> None:

@@ -27,7 +27,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import drop_kept_client, kept_client
+from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
@@ -117,6 +117,7 @@ class ProgressReporter:
 
     def __init__(self, settings: Settings, query_name: str) -> None:
         self.influx = settings.influx if settings.influx.enabled else None
+        self._influx_outage = OutageLog(log, "pipeline health")
         self.query_name = query_name
         self.lock = threading.Lock()
         self.totals: Counter[str] = Counter()
@@ -222,4 +223,6 @@ class ProgressReporter:
         except IotwatchError as exc:
             drop_kept_client(self.influx)
             self.totals["influx_write_failures"] += 1
-            log.warning("pipeline health not written to InfluxDB (derived data; the pipeline goes on): %s", exc)
+            self._influx_outage.failed(exc)
+        else:
+            self._influx_outage.written()

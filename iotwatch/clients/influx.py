@@ -7,8 +7,10 @@ dashboards everywhere. Points are serialised with influxdb-client's ``Point``.
 
 from __future__ import annotations
 
+import logging
+import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import requests
@@ -110,6 +112,50 @@ def drop_kept_client(settings: InfluxSettings) -> None:
     client = _kept.pop(_key(settings), None)
     if client is not None:
         client.close()
+
+
+class OutageLog:
+    """Log lines for one writer's failed InfluxDB writes: one as an outage starts, one every
+    ``every_s`` while it lasts (with the failures so far) and one when a write succeeds
+    again. A writer that writes every micro-batch would otherwise log a line a write for
+    the whole outage, burying what else happens meanwhile."""
+
+    def __init__(
+        self, logger: logging.Logger, what: str, every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.logger = logger
+        self.what = what  # e.g. "pipeline health"
+        self.every_s = every_s
+        self.clock = clock
+        self.failures = 0
+        self._since: float | None = None  # when the outage started
+        self._logged = 0.0  # when it was last logged
+
+    def failed(self, error: Exception) -> None:
+        now = self.clock()
+        self.failures += 1
+        if self._since is None:
+            self._since = self._logged = now
+            self.logger.warning("%s not written to InfluxDB (the pipeline goes on): %s", self.what, error)
+        elif now - self._logged >= self.every_s:
+            self._logged = now
+            self.logger.warning(
+                "%s still not written to InfluxDB after %.0f s (%d failed writes): %s",
+                self.what,
+                now - self._since,
+                self.failures,
+                error,
+            )
+
+    def written(self) -> None:
+        if self._since is not None:
+            self.logger.info(
+                "%s written to InfluxDB again after %.0f s (%d failed writes)",
+                self.what,
+                self.clock() - self._since,
+                self.failures,
+            )
+            self._since, self.failures = None, 0
 
 
 def event_time_ns(ms: int, key: str) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from iotwatch.clients.influx import drop_kept_client, kept_client
+from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
 from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from iotwatch.streaming.partition_io import BatchOutput
 
 log = logging.getLogger(__name__)
+#: One per Python worker, which outlives the micro-batches (and the sinks) it runs.
+_influx_outage = OutageLog(log, "aggregates and alerts")
 
 
 def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
@@ -81,8 +83,9 @@ class EventSinks:
         try:
             for start in range(0, len(points), 5000):
                 client.write_points(points[start : start + 5000])
-            return 0
         except IotwatchError as exc:
-            log.warning("aggregates not written to InfluxDB: %s", exc)
+            _influx_outage.failed(exc)
             drop_kept_client(self.influx)
             return 1
+        _influx_outage.written()
+        return 0
