@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple, fields
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.chaos.faults import FaultRecord
-from iotwatch.chaos.resources import Sampler
+from iotwatch.chaos.resources import Sample, Sampler
 from iotwatch.demo.accounting import RawIndex
 from iotwatch.demo.live import LiveState
 from iotwatch.demo.report import write_summary
@@ -133,15 +134,20 @@ def write_resource_samples(path: Path, sampler: Sampler) -> Path:
     threads outside and inside the bounded pools, anonymous resident bytes), so growth can be
     examined beyond the summary's slopes."""
     columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "pooled_threads", "anon_bytes"]
-    pd.DataFrame([s.__dict__ for s in sampler.samples], columns=columns).to_csv(path, index=False)
+    sample_frame(sampler)[columns].to_csv(path, index=False)
     return path
+
+
+def sample_frame(sampler: Sampler) -> pd.DataFrame:
+    """The resource samples as a table, a column per :class:`Sample` field."""
+    return pd.DataFrame([astuple(s) for s in sampler.samples], columns=[f.name for f in fields(Sample)])
 
 
 def plot_resources(path: Path, sampler: Sampler, faults: list[FaultRecord]) -> Path | None:
     """RSS, open file descriptors and threads of every process tree over the run."""
     if not sampler.samples:
         return None
-    frame = pd.DataFrame([s.__dict__ for s in sampler.samples])
+    frame = sample_frame(sampler)
     fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
     for ax, column, scale, unit in (
         (axes[0], "rss_bytes", 2**20, "RSS (MiB)"),
