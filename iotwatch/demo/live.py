@@ -80,26 +80,23 @@ class Probe:
         self.gateway_urls = [f"http://127.0.0.1:{port}/metrics" for port in gateway_ports]
         self.checkpoint = checkpoint
         config = {**client_config(settings.kafka), "enable.auto.commit": False}
-        self._offsets_config = {**config, "group.id": "demo-live-offsets"}
-        self.offsets = Consumer(self._offsets_config)
-        self._unanswered_since: float | None = None  # when the raw topics' ends last went unanswered
         self.alerts = Consumer({**config, "group.id": "demo-live-alerts"})
         partitions = settings.kafka.partitions
-        self.raw_partitions = [
-            TopicPartition(topic, p) for topic in (raw_topics or [settings.topics.raw]) for p in range(partitions)
-        ]
+        self.raw = LogEnd(
+            {**config, "group.id": "demo-live-offsets"},
+            [TopicPartition(topic, p) for topic in (raw_topics or [settings.topics.raw]) for p in range(partitions)],
+        )
         self.edges = [
-            Consumer({**client_config(edge), "enable.auto.commit": False, "group.id": "demo-live-offsets"})
+            LogEnd(
+                {**client_config(edge), "enable.auto.commit": False, "group.id": "demo-live-offsets"},
+                [TopicPartition(settings.topics.raw, p) for p in range(partitions)],
+            )
             for edge in edges or []
         ]
-        self.edge_partitions = [TopicPartition(settings.topics.raw, p) for p in range(partitions)]
-        #: (topic, partition) -> last known end, at the centre and per site
-        self._raw_ends: dict[tuple[str, int], int] = {}
-        self._edge_ends: list[dict[tuple[str, int], int]] = [{} for _ in self.edges]
         self.alerts.assign([TopicPartition(settings.topics.alerts, p, OFFSET_BEGINNING) for p in range(partitions)])
 
     def close(self) -> None:
-        self.offsets.close()
+        self.raw.close()
         self.alerts.close()
         for edge in self.edges:
             edge.close()
@@ -123,26 +120,12 @@ class Probe:
         return values
 
     def raw_end(self) -> int:
-        """The raw topics' end offsets at the centre, summed (see :func:`_log_end`)."""
-        total, answered = _log_end(self.offsets, self.raw_partitions, self._raw_ends)
-        now = time.monotonic()
-        if answered:
-            self._unanswered_since = None
-        elif self._unanswered_since is None:
-            self._unanswered_since = now
-        elif now - self._unanswered_since > STALE_CLIENT_S:
-            log.warning("no end offset of the raw topic for %.0f s: asking with a new Kafka client", STALE_CLIENT_S)
-            self.offsets.close()
-            self.offsets = Consumer(self._offsets_config)
-            self._unanswered_since = None
-        return total
+        """The raw topics' end offsets at the centre, summed (see :class:`LogEnd`)."""
+        return self.raw.total()
 
     def edge_end(self) -> int:
         """The sites' raw topics' end offsets, summed."""
-        return sum(
-            _log_end(edge, self.edge_partitions, known)[0]
-            for edge, known in zip(self.edges, self._edge_ends, strict=True)
-        )
+        return sum(edge.total() for edge in self.edges)
 
     def stream_offset(self) -> int:
         """Records the job has finished (all sinks written): the end offsets of the newest
@@ -182,20 +165,46 @@ class Probe:
         return sample
 
 
-def _log_end(
-    consumer: Consumer, partitions: list[TopicPartition], known: dict[tuple[str, int], int]
-) -> tuple[int, bool]:
-    """The partitions' end offsets summed, and whether Kafka answered for any; a partition
-    Kafka does not answer for within a second (it is restarting) counts with its last known
-    end in ``known``."""
-    answered = False
-    for tp in partitions:
-        try:
-            known[(tp.topic, tp.partition)] = end_offset(consumer, tp)
-            answered = True
-        except KafkaException as exc:
-            log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
-    return sum(known.get((tp.topic, tp.partition), 0) for tp in partitions), answered
+class LogEnd:
+    """The summed end offsets of some partitions, read with a client of their own.
+
+    A partition Kafka does not answer for within a second (it is restarting) counts with its
+    last known end. A client that goes :data:`STALE_CLIENT_S` without any answer is replaced:
+    it can stay unanswered after a paused broker is back, while other clients are answered."""
+
+    def __init__(self, config: dict[str, Any], partitions: list[TopicPartition]) -> None:
+        self.config = config
+        self.partitions = partitions
+        self.consumer = Consumer(config)
+        self._known: dict[tuple[str, int], int] = {}
+        self._unanswered_since: float | None = None
+
+    def total(self) -> int:
+        answered = False
+        for tp in self.partitions:
+            try:
+                self._known[(tp.topic, tp.partition)] = end_offset(self.consumer, tp)
+                answered = True
+            except KafkaException as exc:
+                log.debug("live view: no end offset of %s [%d]: %s", tp.topic, tp.partition, exc)
+        now = time.monotonic()
+        if answered:
+            self._unanswered_since = None
+        elif self._unanswered_since is None:
+            self._unanswered_since = now
+        elif now - self._unanswered_since > STALE_CLIENT_S:
+            log.warning("no end offset of %s for %.0f s: asking with a new Kafka client", self.topics, STALE_CLIENT_S)
+            self.consumer.close()
+            self.consumer = Consumer(self.config)
+            self._unanswered_since = None
+        return sum(self._known.get((tp.topic, tp.partition), 0) for tp in self.partitions)
+
+    @property
+    def topics(self) -> str:
+        return ", ".join(sorted({tp.topic for tp in self.partitions}))
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def _rate(state: LiveState, pick: Any) -> float:
