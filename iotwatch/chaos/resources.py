@@ -14,7 +14,9 @@ such samples exist.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -65,10 +67,14 @@ class Limits:
 def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int, int] | None:
     """RSS, fds, threads outside the bounded pools, anonymous resident memory and threads in
     them, summed over a process and its children (the job's JVM, a server's workers); None
-    when the process is gone."""
+    when the process is gone. A child that shares its parent's address space is not counted:
+    between ``posix_spawn``'s clone and its exec a JVM's child reports the JVM's whole memory
+    as its own, so a sample taken then would count the JVM twice."""
     rss = fds = threads = anon = pooled = 0
     for proc in tree:
         try:
+            if proc is not tree[0] and shares_address_space(proc.pid, proc.ppid()):
+                continue
             with proc.oneshot():
                 resident = proc.memory_info().rss
                 rss += resident
@@ -80,6 +86,20 @@ def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int, int] | None
             if proc is tree[0]:
                 return None
     return (rss, fds, threads - pooled, anon, pooled) if tree else None
+
+
+#: Linux's ``kcmp`` system call, per architecture, and its ``KCMP_VM`` comparison.
+_KCMP_SYSCALL = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_VM = 1
+_libc = ctypes.CDLL(None, use_errno=True) if _KCMP_SYSCALL is not None else None
+
+
+def shares_address_space(pid: int, other: int) -> bool:
+    """Whether two processes run in one address space (``kcmp(KCMP_VM)``): a ``vfork`` or
+    ``posix_spawn`` child before its exec. False where the kernel cannot tell."""
+    if _libc is None or pid == other:
+        return False
+    return bool(_libc.syscall(_KCMP_SYSCALL, pid, other, _KCMP_VM, 0, 0) == 0)
 
 
 def pooled_threads(pid: int) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
+import subprocess
 import threading
 
 import numpy as np
@@ -18,6 +21,7 @@ from iotwatch.chaos.resources import (
     measure,
     pooled_threads,
     quiet_windows,
+    shares_address_space,
     slope_per_minute,
 )
 from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
@@ -136,6 +140,44 @@ def test_anonymous_resident_memory_is_read_from_the_kernel() -> None:
     rss = me.memory_info().rss
     anon = anonymous_resident(me.pid, rss)
     assert 0 < anon <= rss
+
+
+_CLONE_STACKS: list[ctypes.Array[ctypes.c_char]] = []
+
+
+def _clone_sharing_memory() -> int:
+    """A child process in this process's address space (``clone(CLONE_VM)``, as ``vfork`` and
+    ``posix_spawn`` make before their exec), waiting in ``pause()`` on a stack of its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    stack = ctypes.create_string_buffer(1 << 16)
+    _CLONE_STACKS.append(stack)  # the child runs on it: kept for the whole session
+    libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    top = ctypes.addressof(stack) + len(stack) - 16
+    pid = libc.clone(ctypes.cast(libc.pause, ctypes.c_void_p), top, 0x100 | signal.SIGCHLD, None)  # CLONE_VM
+    assert pid > 0, os.strerror(ctypes.get_errno())
+    return int(pid)
+
+
+def test_a_child_in_its_parent_s_address_space_is_not_counted_twice() -> None:
+    """A child between clone and exec reports its parent's memory, fds and more as its own:
+    the tree's measure leaves it out; a child with an address space of its own counts."""
+    me = psutil.Process()
+    alias = _clone_sharing_memory()
+    own = subprocess.Popen(["sleep", "30"])
+    try:
+        assert shares_address_space(alias, me.pid) and not shares_address_space(own.pid, me.pid)
+        alone, with_alias, with_own = (
+            measure(tree) for tree in ([me], [me, psutil.Process(alias)], [me, psutil.Process(own.pid)])
+        )
+        assert alone is not None and with_alias is not None and with_own is not None
+        assert with_alias[1] == alone[1] and with_alias[2] == alone[2]  # fds and threads
+        assert with_alias[3] < 1.5 * alone[3]  # anonymous memory (this process's may move a little)
+        assert with_own[2] == alone[2] + 1  # sleep's one thread
+    finally:
+        os.kill(alias, signal.SIGKILL)
+        os.waitpid(alias, 0)
+        own.kill()
+        own.wait()
 
 
 def _named_threads(names: list[str], stop: threading.Event) -> list[threading.Thread]:
