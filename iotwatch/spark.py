@@ -181,6 +181,15 @@ LOCAL_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 LOCAL_DRIVER_MEMORY = "1g"
 LOCAL_HEAP_OPTIONS = f"-Xms{LOCAL_DRIVER_MEMORY} -XX:+AlwaysPreTouch"
 
+#: glibc malloc arenas of the local JVM and its Python workers (``MALLOC_ARENA_MAX``, unless
+#: the environment sets it). glibc gives a thread that meets a locked arena an arena of its
+#: own, up to eight per core, and keeps the memory freed in each; the job's native memory
+#: (RocksDB, compression codecs, Netty) is allocated from Spark's many short-lived pool
+#: threads. With the default the job's anonymous memory still creeps up about a megabyte a
+#: minute a quarter of an hour after start; with two it is flat after four minutes and
+#: 60 MB lower. Hadoop's launch scripts cap arenas the same way (at four).
+LOCAL_MALLOC_ARENAS = "2"
+
 
 def local_jvm_conf() -> dict[str, str]:
     """Spark settings for the driver JVM (local mode): iotwatch's log4j layout and level, no
@@ -250,6 +259,7 @@ def spark_session(
         settings.update(kafka_connector_conf())
     settings.update(conf or {})
     if local:
+        os.environ.setdefault("MALLOC_ARENA_MAX", LOCAL_MALLOC_ARENAS)  # the JVM inherits it
         _launch_jvm(settings, writes_class_data)
     builder = SparkSession.builder
     for key, value in settings.items():

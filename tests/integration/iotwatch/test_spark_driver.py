@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iotwatch.spark import LOCAL_DRIVER_MEMORY
+from iotwatch.spark import LOCAL_DRIVER_MEMORY, LOCAL_MALLOC_ARENAS
 from tests.helpers import user_env
 
 
@@ -23,6 +23,14 @@ def test_the_driver_heap_is_committed_at_start(spark: Any) -> None:
     management = spark.sparkContext._jvm.java.lang.management.ManagementFactory
     arguments = list(management.getRuntimeMXBean().getInputArguments())
     assert "-XX:+AlwaysPreTouch" in arguments
+
+
+def test_the_driver_jvm_runs_with_few_malloc_arenas(spark: Any) -> None:
+    """The JVM's environment caps glibc's malloc arenas, so native memory freed by its
+    short-lived threads is used again instead of kept in an arena per thread."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', LOCAL_MALLOC_ARENAS)}".encode() in environ
 
 
 _SHARING = """
