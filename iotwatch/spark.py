@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -132,25 +133,77 @@ def quiet_stop() -> Iterator[None]:
 
 
 def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> None:
-    """Start Spark's JVM (as pyspark would) with its output piped to :class:`JvmOutput`."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
+    """Start Spark's JVM through ``spark-submit``, as pyspark's ``launch_gateway`` does, but
+    with an environment of its own (:func:`local_jvm_env`) instead of this process's, which
+    stays untouched; its output is piped to :class:`JvmOutput`."""
+    from py4j.clientserver import ClientServer, JavaParameters, PythonParameters
+    from py4j.java_gateway import java_import
+    from pyspark import SparkContext
+    from pyspark.find_spark_home import _find_spark_home
+    from pyspark.serializers import UTF8Deserializer, read_int
 
     if SparkContext._gateway is not None:
         return
-    conf = with_class_data(conf, writes_class_data)
-    spark_conf = SparkConf(loadDefaults=False)
-    for key, value in conf.items():
-        spark_conf.set(key, value)
-    # A session of its own: Ctrl-C and a SIGTERM to the command's process group reach the command,
-    # which stops the query cleanly, not the JVM and its Python workers mid-batch (the JVM
-    # still ends with the command: it exits when its stdin, a pipe from here, closes).
-    gateway = launch_gateway(
-        spark_conf,
-        popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "start_new_session": True},
+    command = [os.path.join(_find_spark_home(), "bin", "spark-submit")]
+    for key, value in with_class_data(conf, writes_class_data).items():
+        command += ["--conf", f"{key}={value}"]
+    command.append("pyspark-shell")
+    with tempfile.TemporaryDirectory(prefix="iotwatch-jvm-") as conn_dir:
+        conn_info = os.path.join(conn_dir, "gateway")
+        env = {**local_jvm_env(), "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": conn_info}
+        # A session of its own: Ctrl-C and a SIGTERM to the command's process group reach the
+        # command, which stops the query cleanly, not the JVM and its Python workers mid-batch.
+        # The JVM still ends with the command: it exits when its stdin, a pipe from here, closes.
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        while proc.poll() is None and not os.path.isfile(conn_info):
+            time.sleep(0.1)
+        if not os.path.isfile(conn_info):
+            output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise RuntimeError(f"Spark's JVM exited with code {proc.returncode} before it was up:\n{output}")
+        with open(conn_info, "rb") as info:
+            port, secret = read_int(info), UTF8Deserializer().loads(info)
+    gateway = ClientServer(
+        java_parameters=JavaParameters(port=port, auth_token=secret, auto_convert=True),
+        python_parameters=PythonParameters(port=0, eager_load=False),
     )
-    JvmOutput(gateway.proc.stdout)
+    gateway.proc = proc
+    for name in _PYSPARK_JVM_IMPORTS:
+        java_import(gateway.jvm, name)
+    JvmOutput(proc.stdout)
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
+
+
+#: The JVM names pyspark refers to unqualified (``sc._jvm.PythonUtils``): what its own
+#: ``launch_gateway`` imports into every gateway it starts.
+_PYSPARK_JVM_IMPORTS = (
+    "org.apache.spark.SparkConf",
+    "org.apache.spark.api.java.*",
+    "org.apache.spark.api.python.*",
+    "org.apache.spark.ml.python.*",
+    "org.apache.spark.mllib.api.python.*",
+    "org.apache.spark.resource.*",
+    "org.apache.spark.sql.Encoders",
+    "org.apache.spark.sql.OnSuccessCall",
+    "org.apache.spark.sql.functions",
+    "org.apache.spark.sql.classic.*",
+    "org.apache.spark.sql.api.python.*",
+    "org.apache.spark.sql.hive.*",
+    "scala.Tuple2",
+)
+
+
+def local_jvm_env() -> dict[str, str]:
+    """The local JVM's environment: this process's, with malloc arenas capped
+    (:data:`LOCAL_MALLOC_ARENAS`) and Python workers on this interpreter, each unless the
+    environment sets it. The Python workers inherit it from the JVM."""
+    return {"MALLOC_ARENA_MAX": LOCAL_MALLOC_ARENAS, "PYSPARK_PYTHON": sys.executable, **os.environ}
 
 
 def with_class_data(conf: Mapping[str, str], writes: bool = False) -> dict[str, str]:
@@ -246,7 +299,6 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     require_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {
         "spark.app.name": app_name,
         "spark.sql.session.timeZone": "UTC",
@@ -259,12 +311,13 @@ def spark_session(
         settings.update(kafka_connector_conf())
     settings.update(conf or {})
     if local:
-        os.environ.setdefault("MALLOC_ARENA_MAX", LOCAL_MALLOC_ARENAS)  # the JVM inherits it
         _launch_jvm(settings, writes_class_data)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if local:  # pyspark names the workers' interpreter from os.environ, not from the JVM's
+        spark.sparkContext.pythonExec = local_jvm_env()["PYSPARK_PYTHON"]
     _quiet_accumulator_server(spark)
     return spark
 

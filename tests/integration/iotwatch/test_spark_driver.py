@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,32 @@ def test_the_driver_jvm_runs_with_few_malloc_arenas(spark: Any) -> None:
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', LOCAL_MALLOC_ARENAS)}".encode() in environ
+
+
+_ENVIRONMENT = """
+import json, os, sys
+before = dict(os.environ)
+from pyspark.sql import functions as F
+from iotwatch.spark import session_scope
+with session_scope("environment") as spark:
+    worker = F.udf(lambda _: json.dumps([sys.executable, os.environ.get("MALLOC_ARENA_MAX")]))
+    seen = json.loads(spark.range(1).select(worker("id")).first()[0])
+    same = dict(os.environ) == before
+    print("ENVIRONMENT", json.dumps({"worker": seen, "unchanged": same, "driver": sys.executable}))
+"""
+
+
+def test_the_session_leaves_this_process_environment_alone(tmp_path: Path) -> None:
+    """The local JVM gets its settings (malloc arenas, the workers' interpreter) in an
+    environment of its own: the Python process's is the same after the session as before,
+    and the Python workers still run this interpreter with the arena cap."""
+    env = {k: v for k, v in user_env(tmp_path).items() if k not in ("PYSPARK_PYTHON", "MALLOC_ARENA_MAX")}
+    done = subprocess.run([sys.executable, "-c", _ENVIRONMENT], env=env, capture_output=True, text=True, timeout=300)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("ENVIRONMENT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    seen = json.loads(line.split(" ", 1)[1])
+    assert seen["unchanged"] is True
+    assert seen["worker"] == [seen["driver"], LOCAL_MALLOC_ARENAS]
 
 
 _SHARING = """
