@@ -49,8 +49,8 @@ with session_scope("environment") as spark:
 
 def test_the_session_leaves_this_process_environment_alone(tmp_path: Path) -> None:
     """The local JVM gets its settings (malloc arenas, the workers' interpreter) in an
-    environment of its own: the Python process's is the same after the session as before,
-    and the Python workers still run this interpreter with the arena cap."""
+    environment of its own: starting a session leaves the Python process's environment
+    untouched, and the Python workers run this interpreter with the arena cap."""
     env = {k: v for k, v in user_env(tmp_path).items() if k not in ("PYSPARK_PYTHON", "MALLOC_ARENA_MAX")}
     done = subprocess.run([sys.executable, "-c", _ENVIRONMENT], env=env, capture_output=True, text=True, timeout=300)
     line = next((line for line in done.stdout.splitlines() if line.startswith("ENVIRONMENT")), None)
