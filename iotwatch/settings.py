@@ -318,10 +318,11 @@ class GatewaySettings(_ConcernSettings):
     )
     max_inflight: int = Field(2000, ge=1, description="messages received but not yet confirmed by Kafka")
     linger_ms: int = Field(
-        10,
+        5,
         ge=0,
         description="how long the Kafka producer waits to fill a batch: added latency "
-        "against fewer, larger produce requests (under load batches fill while a request is out)",
+        "against fewer, larger produce requests (under load batches fill while a request is out); "
+        "5, the Kafka clients' own default",
     )
     max_payload_bytes: int = Field(256 * 1024, ge=1)
     max_future_skew_ms: int = Field(24 * 3600 * 1000, ge=0)
