@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -147,7 +148,7 @@ def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> Non
     command = [os.path.join(_find_spark_home(), "bin", "spark-submit")]
     for key, value in with_class_data(conf, writes_class_data).items():
         command += ["--conf", f"{key}={value}"]
-    command.append("pyspark-shell")
+    command += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))  # as pyspark reads it
     with tempfile.TemporaryDirectory(prefix="iotwatch-jvm-") as conn_dir:
         conn_info = os.path.join(conn_dir, "gateway")
         env = {**local_jvm_env(), "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": conn_info}
