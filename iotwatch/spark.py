@@ -140,18 +140,19 @@ def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> Non
     from py4j.clientserver import ClientServer, JavaParameters, PythonParameters
     from py4j.java_gateway import java_import
     from pyspark import SparkContext
-    from pyspark.find_spark_home import _find_spark_home
     from pyspark.serializers import UTF8Deserializer, read_int
 
     if SparkContext._gateway is not None:
         return
-    command = [os.path.join(_find_spark_home(), "bin", "spark-submit")]
-    for key, value in with_class_data(conf, writes_class_data).items():
+    env = local_jvm_env()
+    spark_home = jvm_spark_home(env["PYSPARK_PYTHON"])
+    command = [os.path.join(spark_home, "bin", "spark-submit")]
+    for key, value in with_class_data(conf, spark_home, writes_class_data).items():
         command += ["--conf", f"{key}={value}"]
     command += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))  # as pyspark reads it
     with tempfile.TemporaryDirectory(prefix="iotwatch-jvm-") as conn_dir:
         conn_info = os.path.join(conn_dir, "gateway")
-        env = {**local_jvm_env(), "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": conn_info}
+        env.update({"SPARK_HOME": spark_home, "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": conn_info})
         # A session of its own: Ctrl-C and a SIGTERM to the command's process group reach the
         # command, which stops the query cleanly, not the JVM and its Python workers mid-batch.
         # The JVM still ends with the command: it exits when its stdin, a pipe from here, closes.
@@ -207,17 +208,43 @@ def local_jvm_env() -> dict[str, str]:
     return {"MALLOC_ARENA_MAX": LOCAL_MALLOC_ARENAS, "PYSPARK_PYTHON": sys.executable, **os.environ}
 
 
-def with_class_data(conf: Mapping[str, str], writes: bool = False) -> dict[str, str]:
+def jvm_spark_home(python: str) -> str:
+    """The Spark home the local JVM runs from: when its Python workers run this interpreter
+    and Spark is pip's pyspark, a home without the zipped Python sources
+    (:mod:`iotwatch.spark_home`), else the one pyspark finds."""
+    import pyspark
+    from pyspark.find_spark_home import _find_spark_home
+
+    from iotwatch.jars import jars_root
+    from iotwatch.spark_home import local_spark_home
+
+    found = Path(_find_spark_home())
+    if python != sys.executable or found.resolve() != Path(pyspark.__file__).parent.resolve():
+        return str(found)
+    try:
+        return str(local_spark_home(found, jars_root(), pyspark.__version__))
+    except OSError as exc:
+        log.debug("running Spark from %s: no linked home (%s)", found, exc)
+        return str(found)
+
+
+def with_class_data(conf: Mapping[str, str], spark_home: str, writes: bool = False) -> dict[str, str]:
     """``conf`` with the driver JVM's class-data sharing options (:mod:`iotwatch.class_data`),
-    keyed by what the archive must match: the Spark release, the classpath, the JVM options;
-    ``writes``: dump an archive at exit when there is none yet."""
+    keyed by what the archive must match: the Spark release and home, the classpath, the JVM
+    options; ``writes``: dump an archive at exit when there is none yet."""
     import pyspark
 
     from iotwatch import class_data
     from iotwatch.jars import java_executable
 
     options = conf.get("spark.driver.extraJavaOptions", "")
-    parts = [pyspark.__version__, conf.get("spark.driver.extraClassPath", ""), conf.get("spark.jars", ""), options]
+    parts = [
+        pyspark.__version__,
+        spark_home,
+        conf.get("spark.driver.extraClassPath", ""),
+        conf.get("spark.jars", ""),
+        options,
+    ]
     extra = class_data.jvm_options(java_executable(), parts, writes=writes)
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {extra}".strip()} if extra else dict(conf)
 

@@ -34,6 +34,19 @@ def test_the_driver_jvm_runs_with_few_malloc_arenas(spark: Any) -> None:
     assert f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', LOCAL_MALLOC_ARENAS)}".encode() in environ
 
 
+def test_python_workers_import_pyspark_as_installed(spark: Any) -> None:
+    """The Python workers import the installed pyspark, with its cached bytecode, not the
+    zipped copy that Spark puts first on their path for machines without pyspark: nothing to
+    compile when a worker starts (:mod:`iotwatch.spark_home`)."""
+    import pyspark
+    from pyspark.sql import functions as F
+
+    where = F.udf(lambda _: json.dumps([__import__("pyspark").__file__, [p for p in sys.path if ".zip" in p]]))
+    worker_pyspark, zips = json.loads(spark.range(1).select(where("id")).first()[0])
+    assert worker_pyspark == pyspark.__file__
+    assert not [path for path in zips if Path(path).exists()]
+
+
 _ENVIRONMENT = """
 import json, os, sys
 before = dict(os.environ)
