@@ -13,36 +13,10 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from iotwatch.contract.metric_catalog import DEVICE_METRICS, UNIT_ALIASES
+from iotwatch.contract.metric_catalog import DEVICE_METRICS, NOT_SCORED, UNIT_ALIASES
 
 QUALITY_OK = "ok"
 QUALITY_OUT_OF_RANGE = "out_of_range"
-
-#: Metrics whose values are states, positions, counters or driver inputs: range-checked,
-#: archived and aggregated, but not given to the statistical detectors (rules look at them
-#: instead). A fuel gauge is one too: it falls smoothly and jumps at every refuel, so a
-#: per-metric detector raised an alert at each fill-up (about one per vehicle-day).
-NOT_SCORED = frozenset(
-    {
-        "hvac_on",
-        "open",
-        "water_detected",
-        "lat_deg",
-        "lon_deg",
-        "heading_deg",
-        "energy_kwh",
-        "setpoint_c",
-        "steering_angle_deg",
-        "throttle_pct",
-        "brake_pct",
-        "speed_kmh",
-        "engine_rpm",
-        "accel_x_g",
-        "accel_y_g",
-        "accel_z_g",
-        "fuel_level_pct",
-    }
-)
 
 
 def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -54,9 +28,6 @@ def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
             out.setdefault(canonical, convert(value))
     return out
 
-
-#: Metrics the job computes from others (see :func:`with_derived`).
-DERIVED_METRICS = ("power_factor",)
 
 #: Below this apparent power (V x A) a meter's power factor is mostly rounding noise.
 MIN_APPARENT_VA = 20.0

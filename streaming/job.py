@@ -59,6 +59,12 @@ STREAM_CONF = {
     # projections are interpreted.
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # One pool of Python workers for the whole job. Spark keeps a pool per worker environment,
+    # and simplified tracebacks put a variable in the environment of SQL UDFs (the packing
+    # step) that transformWithStateInPandas and RDD jobs do not have: two daemons, each with
+    # its own workers that import the job and load its kernels on their first batch. The
+    # setting only trims pyspark's own frames from a UDF's error.
+    "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
 }
 
 
@@ -206,6 +212,7 @@ def _warm_worker(_: object) -> None:
     from iotwatch.models.kernels import warm_all
     from iotwatch.streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
 
+    processor.import_handlers()
     warm_all()
     sequencing.warm()
     freeze_startup_heap()

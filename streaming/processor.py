@@ -13,169 +13,68 @@ when each device was last heard of, and one processing-time timer per partition 
 when the next device is due to be reported silent. (Adding partitions to the raw topic
 moves devices between partitions, and their state with them is lost: as with Kafka
 Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
+
+When a query plans its first micro-batch, Spark starts a Python process on the driver that
+unpickles the processor and runs :meth:`PartitionProcessor.init` only to learn the state
+variables' schemas; the query's first alerts wait for it. So this module imports no more
+than ``init`` needs, the processor carries the settings pickled (unpickled by the task that
+serves a partition), and the handlers import what they use (pandas, the engine, the sinks)
+when they first run.
 """
 
 from __future__ import annotations
 
-import time
+import pickle
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from iotwatch.contract.telemetry import DecodedBatch, decode_batch
-from iotwatch.settings import Settings
 from iotwatch.streaming.operator_key import partition_of
-from iotwatch.streaming.schemas import (
-    DEVICE_SHARD_SCHEMA,
-    ROSTER_SCHEMA,
-    SHARD_TOKENS_SCHEMA,
-    TALLY_FIELDS,
-    TALLY_SCHEMA,
-)
+from iotwatch.streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from iotwatch.settings import Settings, StreamSettings
     from iotwatch.streaming.engine import PartitionEngine
-    from iotwatch.streaming.partition_io import RecordColumns
+    from iotwatch.streaming.roster import Roster
     from iotwatch.streaming.shard_cache import ShardCache
 
-_SEP = "\x1f"
 
-
-class Roster:
-    """The devices of one partition with the wall time each was last heard of, and whether
-    its silence has been reported: what the silence timer needs, without reading every
-    device's full state."""
-
-    def __init__(self, devices: list[str], last_wall_ms: np.ndarray, silent: np.ndarray, timer_ms: int) -> None:
-        self.devices, self.last_wall_ms, self.silent, self.timer_ms = devices, last_wall_ms, silent, timer_ms
-
-    @classmethod
-    def load(cls, value: tuple[Any, ...] | None) -> Roster:
-        if value is None:
-            return cls([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
-        devices, last, silent, timer_ms = value
-        return cls(
-            devices.split(_SEP) if devices else [],
-            np.frombuffer(last, dtype=np.int64).copy(),
-            np.frombuffer(silent, dtype=np.bool_).copy(),
-            int(timer_ms),
-        )
-
-    def to_value(self) -> tuple[Any, ...]:
-        return (_SEP.join(self.devices), self.last_wall_ms.tobytes(), self.silent.tobytes(), self.timer_ms)
-
-    def heard(self, devices: list[str], now_ms: int) -> None:
-        rows = pd.Index(self.devices).get_indexer(devices) if self.devices else np.full(len(devices), -1)
-        new = np.flatnonzero(rows < 0)
-        if len(new):
-            rows[new] = len(self.devices) + np.arange(len(new))
-            self.devices = self.devices + [devices[i] for i in new.tolist()]
-            self.last_wall_ms = np.concatenate([self.last_wall_ms, np.zeros(len(new), dtype=np.int64)])
-            self.silent = np.concatenate([self.silent, np.zeros(len(new), dtype=bool)])
-        self.last_wall_ms[rows] = now_ms
-        self.silent[rows] = False
-
-    def due(self, now_ms: int, timeout_ms: int) -> list[str]:
-        """Devices silent for the timeout whose silence was not reported yet (now marked)."""
-        rows = np.flatnonzero(~self.silent & (self.last_wall_ms + timeout_ms <= now_ms))
-        self.silent[rows] = True
-        return [self.devices[i] for i in rows.tolist()]
-
-    def forget(self, now_ms: int, ttl_ms: int) -> None:
-        """Drop devices whose state the store's TTL has dropped too."""
-        keep = self.last_wall_ms + ttl_ms > now_ms
-        if not keep.all():
-            self.devices = [d for d, k in zip(self.devices, keep.tolist(), strict=True) if k]
-            self.last_wall_ms, self.silent = self.last_wall_ms[keep], self.silent[keep]
-
-    def next_due_ms(self, timeout_ms: int) -> int:
-        waiting = self.last_wall_ms[~self.silent]
-        return int(waiting.min()) + timeout_ms if len(waiting) else 0
-
-
-class StepClock:
-    """Milliseconds per step of one call, for its tally (:data:`iotwatch.streaming.schemas.TALLY_FIELDS`)."""
-
-    def __init__(self) -> None:
-        self.steps: dict[str, int] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, step: str) -> None:
-        now = time.perf_counter()
-        self.steps[step] = round((now - self._last) * 1000)
-        self._last = now
-
-
-def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
-    """The one output row of a partition and call: its counters (absent ones are 0)."""
-    columns = {
-        "kafka_partition": np.array([partition], dtype=np.int32),
-        **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS},
-    }
-    return pd.DataFrame(columns, columns=TALLY_SCHEMA.names)
-
-
-def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
-    """Packed rows (``iotwatch.streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
-    from iotwatch.streaming.partition_io import RecordColumns
-
-    chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
-    if not chunks:
-        empty = np.zeros(0, dtype=np.int64)
-        return RecordColumns(
-            partition, empty, empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object), decode_batch([])
-        )
-    cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
-    sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
-    row_base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]), [len(c.metric_row) for c in chunks])
-    decoded = DecodedBatch(
-        reason=cat("reason", object),
-        detail=cat("detail", object),
-        device_id=cat("device_id", object),
-        device_type=cat("device_type", object),
-        site=cat("site", object),
-        event=cat("event", object),
-        seq=cat("seq", np.int64),
-        ts=cat("ts", np.int64),
-        metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64),
-        metric_name=cat("metric_name", object),
-        metric_value=cat("metric_value", np.float64),
-    )
-    return RecordColumns(
-        partition, cat("offset", np.int64), cat("append_ms", np.int64), cat("key", object), cat("raw", object), decoded
-    )
+def import_handlers() -> None:
+    """Import what the handlers and :meth:`PartitionProcessor._start` use: a worker that runs
+    this before its first batch (``iotwatch.streaming.job.warm_python_workers``) spends none
+    of that batch on imports."""
+    from iotwatch.streaming import engine, fleet_models, operator_rows, roster, shard_cache, state_store  # noqa: F401
+    from iotwatch.streaming.sinks import archive, events  # noqa: F401
 
 
 class PartitionProcessor(StatefulProcessor):
     """Keyed by Kafka partition; see :class:`iotwatch.streaming.engine.PartitionEngine`."""
 
     def __init__(self, settings: Settings, archive_dir: str) -> None:
-        self.all_settings = settings  # the fleet-model watcher needs Kafka and registry settings
-        self.settings = settings.stream
         self.archive_dir = archive_dir
+        self.timeout_ms = int(settings.stream.silence_timeout_s * 1000)
+        self.ttl_ms = int(settings.stream.state_ttl_s * 1000)
+        # the fleet-model watcher needs Kafka and registry settings too: all of them, pickled
+        self._pickled_settings = pickle.dumps(settings)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables. Spark also runs ``init`` on the driver, when it plans the
         first micro-batch, only to learn their schemas: what the handlers need (compiled kernels,
-        Kafka producers, the fleet-model watcher) is made on first use, in :meth:`_serve`."""
+        Kafka producers, the fleet-model watcher) is made on first use, in :meth:`_start`."""
         self.handle = handle
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
         self.shard_state = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
         self.shard_tokens = handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
-        self.timeout_ms = int(self.settings.silence_timeout_s * 1000)
-        self.ttl_ms = int(self.settings.state_ttl_s * 1000)
         self.cache: ShardCache | None = None
         self.engine: PartitionEngine | None = None
 
     def _start(self) -> PartitionEngine:
-        """The engine, sinks, archive writer and device store of this task. (Imported here, not at
-        the top: the driver imports this module to run ``init``, in a fresh Python process,
-        while it plans the first micro-batch.)"""
+        """The settings, engine, sinks, archive writer and device store of this task."""
         from iotwatch.heap import freeze_startup_heap
         from iotwatch.models.kernels import kernel_for
         from iotwatch.streaming import sequencing
@@ -186,6 +85,8 @@ class PartitionProcessor(StatefulProcessor):
         from iotwatch.streaming.sinks.events import EventSinks
         from iotwatch.streaming.state_store import ShardedStore
 
+        self.all_settings: Settings = pickle.loads(self._pickled_settings)
+        self.settings: StreamSettings = self.all_settings.stream
         kernel_for(self.settings.device_detector).warm()
         sequencing.warm()
         freeze_startup_heap()
@@ -208,6 +109,9 @@ class PartitionProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
+        from iotwatch.streaming.operator_rows import StepClock, tally_row, unpack
+        from iotwatch.streaming.roster import Roster
+
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         clock = StepClock()
         partition, engine = self._serve(key)
@@ -232,6 +136,9 @@ class PartitionProcessor(StatefulProcessor):
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
+        from iotwatch.streaming.operator_rows import tally_row
+        from iotwatch.streaming.roster import Roster
+
         if not self.roster.exists():
             return
         partition, engine = self._serve(key)

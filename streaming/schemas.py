@@ -14,8 +14,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from iotwatch.contract.metric_catalog import DEVICE_METRICS
-from iotwatch.streaming.cleaning import DERIVED_METRICS, NOT_SCORED
+from iotwatch.contract.metric_catalog import DERIVED_METRICS, DEVICE_METRICS, NOT_SCORED
 
 
 def _arrays(element: DataType, *names: str) -> list[StructField]:
@@ -125,7 +124,7 @@ DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
 SHARD_TOKENS_SCHEMA = StructType([StructField("tokens", BinaryType())])
 
 #: Per Kafka partition: the devices seen, when each was last heard of and whether its
-#: silence was reported (see :class:`iotwatch.streaming.processor.Roster`).
+#: silence was reported (see :class:`iotwatch.streaming.roster.Roster`).
 ROSTER_SCHEMA = StructType(
     [
         StructField("devices", StringType()),

@@ -33,10 +33,12 @@ __all__ = [
     "DANGER_LIMITS",
     "DEVICE_METRICS",
     "DEFAULT_INTERVAL_S",
+    "DERIVED_METRICS",
     "KNOWN_METRICS",
     "UNIT_ALIASES",
     "PRIMARY_METRIC",
     "METRIC_DECIMALS",
+    "NOT_SCORED",
     "DangerLimit",
     "danger_limits",
     "metric_range",
@@ -122,6 +124,36 @@ KNOWN_METRICS: Mapping[str, frozenset[str]] = MappingProxyType(
         device_type: frozenset(metrics)
         | frozenset(alias for alias, (canonical, _convert) in UNIT_ALIASES.items() if canonical in metrics)
         for device_type, metrics in DEVICE_METRICS.items()
+    }
+)
+
+
+#: Metrics the streaming job computes from others (``iotwatch.streaming.cleaning.with_derived``).
+DERIVED_METRICS = ("power_factor",)
+
+#: Metrics whose values are states, positions, counters or driver inputs: range-checked,
+#: archived and aggregated, but not given to the statistical detectors (rules look at them
+#: instead). A fuel gauge is one too: it falls smoothly and jumps at every refuel, so a
+#: per-metric detector raised an alert at each fill-up (about one per vehicle-day).
+NOT_SCORED = frozenset(
+    {
+        "hvac_on",
+        "open",
+        "water_detected",
+        "lat_deg",
+        "lon_deg",
+        "heading_deg",
+        "energy_kwh",
+        "setpoint_c",
+        "steering_angle_deg",
+        "throttle_pct",
+        "brake_pct",
+        "speed_kmh",
+        "engine_rpm",
+        "accel_x_g",
+        "accel_y_g",
+        "accel_z_g",
+        "fuel_level_pct",
     }
 )
 

@@ -435,7 +435,7 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
     task writes) and its tally to the operator's Spark output schema."""
     from pyspark.sql.conversion import PandasToArrowConversion
 
-    from iotwatch.streaming.processor import tally_row
+    from iotwatch.streaming.operator_rows import tally_row
     from iotwatch.streaming.schemas import TALLY_SCHEMA
     from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
 

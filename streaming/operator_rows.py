@@ -1,0 +1,66 @@
+"""The stateful operator's rows: the packed chunks it is given back into a partition's
+columns (:func:`unpack`), and the one tally row of counters it gives per call
+(:func:`tally_row`), with the time of each step (:class:`StepClock`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+
+from iotwatch.contract.telemetry import DecodedBatch, decode_batch
+from iotwatch.streaming.partition_io import RecordColumns
+from iotwatch.streaming.schemas import TALLY_FIELDS, TALLY_SCHEMA
+
+
+class StepClock:
+    """Milliseconds per step of one call, for its tally (:data:`iotwatch.streaming.schemas.TALLY_FIELDS`)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.steps[step] = round((now - self._last) * 1000)
+        self._last = now
+
+
+def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
+    """The one output row of a partition and call: its counters (absent ones are 0)."""
+    columns = {
+        "kafka_partition": np.array([partition], dtype=np.int32),
+        **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS},
+    }
+    return pd.DataFrame(columns, columns=TALLY_SCHEMA.names)
+
+
+def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
+    """Packed rows (``iotwatch.streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
+    chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
+    if not chunks:
+        empty = np.zeros(0, dtype=np.int64)
+        return RecordColumns(
+            partition, empty, empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object), decode_batch([])
+        )
+    cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
+    sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
+    row_base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]), [len(c.metric_row) for c in chunks])
+    decoded = DecodedBatch(
+        reason=cat("reason", object),
+        detail=cat("detail", object),
+        device_id=cat("device_id", object),
+        device_type=cat("device_type", object),
+        site=cat("site", object),
+        event=cat("event", object),
+        seq=cat("seq", np.int64),
+        ts=cat("ts", np.int64),
+        metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64),
+        metric_name=cat("metric_name", object),
+        metric_value=cat("metric_value", np.float64),
+    )
+    return RecordColumns(
+        partition, cat("offset", np.int64), cat("append_ms", np.int64), cat("key", object), cat("raw", object), decoded
+    )
