@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from iotwatch.clients.influx import InfluxV1Client
@@ -28,6 +29,18 @@ pytestmark = pytest.mark.slow
 def _job_settings(settings: Settings, **stream: object) -> Settings:
     update = {"silence_timeout_s": 3600.0, "max_offsets_per_trigger": 400, **stream}
     return settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
+
+
+def _python_daemons(jvm_pid: int) -> list[psutil.Process]:
+    """The JVM's Python worker daemons (one per pool of workers)."""
+    daemons = []
+    for child in psutil.Process(jvm_pid).children():
+        try:
+            if "pyspark.daemon" in child.cmdline():
+                daemons.append(child)
+        except psutil.Error:  # a worker that ended meanwhile
+            pass
+    return daemons
 
 
 def _alerts(settings: Settings) -> list[dict]:
@@ -86,6 +99,9 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(
     assert 0 < totals["state_shards_cached"] < totals["state_shards_read"]
     # Where the operator's time went: each worker step timed in every call.
     assert totals["worker_ms_engine"] > 0 and all(f"worker_ms_{s}" in totals for s in ("unpack", "sinks", "archive"))
+    # One pool of Python workers: the packing step and the stateful operator run in the same,
+    # warmed workers (one daemon), not each in workers of their own.
+    assert len(_python_daemons(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())) == 1
 
     # Archive: clean readings in Parquet, partitioned by date and device type, each (device, seq) once.
     archive = pd.read_parquet(tmp_path / "archive" / "readings")
