@@ -131,10 +131,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                     out,
                 )
             )
-        for port in gateway_ports.values():
-            wait_healthy(port, timeout_s=60)
-        wait_for_stream(children[0], checkpoint)
-        # the closed loop: the responder commands devices over the one MQTT broker, or with
+        # The alert consumers start while Spark does: none of their start-up then competes with
+        # the job's first micro-batch for the CPU.
+        # The closed loop: the responder commands devices over the one MQTT broker, or with
         # sites writes the commands at the centre for each site's relay to deliver
         children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
         for site in sites:
@@ -154,6 +153,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 out,
             )
         )
+        for port in gateway_ports.values():
+            wait_healthy(port, timeout_s=60)
+        wait_for_stream(children[0], checkpoint)
         on_call = OnCallPerson(settings)
         simulators = [
             Component(
