@@ -30,6 +30,7 @@ from iotwatch.streaming.operator_key import OPERATOR_KEY
 from iotwatch.streaming.processor import PartitionProcessor
 from iotwatch.streaming.progress import OBSERVATION, ProgressReporter, tally_sums
 from iotwatch.streaming.schemas import TALLY_SCHEMA
+from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ STREAM_CONF = {
     # its own workers that import the job and load its kernels on their first batch. The
     # setting only trims pyspark's own frames from a UDF's error.
     "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
+    # Workers forked from a daemon that has loaded the job (:mod:`iotwatch.streaming.worker_daemon`).
+    "spark.python.daemon.module": "iotwatch.streaming.worker_daemon",
+    **{f"spark.executorEnv.{name}": value for name, value in JEMALLOC_CONF.items()},
 }
 
 

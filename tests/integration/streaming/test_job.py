@@ -36,7 +36,7 @@ def _python_daemons(jvm_pid: int) -> list[psutil.Process]:
     daemons = []
     for child in psutil.Process(jvm_pid).children():
         try:
-            if "pyspark.daemon" in child.cmdline():
+            if {"pyspark.daemon", "iotwatch.streaming.worker_daemon"} & set(child.cmdline()):
                 daemons.append(child)
         except psutil.Error:  # a worker that ended meanwhile
             pass
@@ -99,9 +99,14 @@ def test_job_scores_alerts_archives_and_accounts_for_every_record(
     assert 0 < totals["state_shards_cached"] < totals["state_shards_read"]
     # Where the operator's time went: each worker step timed in every call.
     assert totals["worker_ms_engine"] > 0 and all(f"worker_ms_{s}" in totals for s in ("unpack", "sinks", "archive"))
-    # One pool of Python workers: the packing step and the stateful operator run in the same,
-    # warmed workers (one daemon), not each in workers of their own.
-    assert len(_python_daemons(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())) == 1
+    # One pool of Python workers: the packing step and the stateful operator run in the same
+    # workers (one daemon), not each in workers of their own. The daemon has loaded the job
+    # (pandas among it) before forking them, and forks from its one thread.
+    daemons = _python_daemons(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    assert len(daemons) == 1
+    assert "iotwatch.streaming.worker_daemon" in daemons[0].cmdline()
+    assert daemons[0].num_threads() == 1
+    assert any("/pandas/" in m.path for m in daemons[0].memory_maps())
 
     # Archive: clean readings in Parquet, partitioned by date and device type, each (device, seq) once.
     archive = pd.read_parquet(tmp_path / "archive" / "readings")
@@ -225,7 +230,7 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     # time on a loaded machine, does to a micro-batch): the job starts the query again from its
     # checkpoint, in the same process, and goes on.
     running, _, deadline = stream_until_two_more_commits()
-    workers = children_running(running.pid, "pyspark.daemon")
+    workers = children_running(running.pid, "pyspark.worker")
     assert workers, "no Python worker of the job found"
     for worker in workers:
         worker.kill()
