@@ -211,15 +211,11 @@ def start(
 
 
 def _warm_worker(_: object) -> None:
-    """In a Python worker: import the job's modules and load its compiled kernels."""
-    from iotwatch.heap import freeze_startup_heap
-    from iotwatch.models.kernels import warm_all
-    from iotwatch.streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
+    """In a Python worker: import the job's modules and load its compiled kernels (already
+    done when the worker was forked from :mod:`iotwatch.streaming.worker_daemon`)."""
+    from iotwatch.streaming.worker_daemon import load_job
 
-    processor.import_handlers()
-    warm_all()
-    sequencing.warm()
-    freeze_startup_heap()
+    load_job()
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:
