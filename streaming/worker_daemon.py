@@ -32,16 +32,26 @@ def threads() -> int:
         return 0
 
 
-def load_job() -> None:
-    """Import the job's modules and load its compiled kernels, then freeze the heap so that
-    garbage collections in the workers do not copy the shared pages."""
-    from iotwatch.heap import freeze_startup_heap
+def compile_job() -> None:
+    """Import the job's modules and compile its kernels, or load them from numba's cache.
+
+    Compiling takes about 30 s of CPU and numba keeps the result on disk, so ``iotwatch
+    setup`` runs this once: otherwise the first job's workers would each compile during its
+    first micro-batch."""
     from iotwatch.models.kernels import warm_all
     from iotwatch.streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
 
     processor.import_handlers()
     warm_all()
     sequencing.warm()
+
+
+def load_job() -> None:
+    """Load the job (:func:`compile_job`), then freeze the heap so that garbage collections
+    in the workers do not copy the shared pages."""
+    from iotwatch.heap import freeze_startup_heap
+
+    compile_job()
     freeze_startup_heap()
 
 
