@@ -260,8 +260,8 @@ def _gateway_process(
         IOTWATCH_TOPIC_DLQ=f"{topic}.dlq",
         IOTWATCH_TOPIC_MQTT_TELEMETRY_FILTER=f"iot/{site}/+/+/telemetry",
     )
-    port = free_port()
-    ports = [port + i for i in range(processes)] if processes > 1 else [port]
+    port = free_port(count=processes)
+    ports = [port + i for i in range(processes)]
     command = [
         sys.executable,
         "-m",
@@ -279,10 +279,17 @@ def _gateway_process(
         str(processes),
         "--json",
     ]
-    log = open(workdir / f"{name}.log", "ab")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
-    for each in ports:
-        wait_healthy(each)
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
+    try:
+        for each in ports:
+            wait_healthy(each)
+    except TimeoutError as exc:
+        process.kill()
+        process.wait()
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"{exc} (exit status {process.returncode}); its log ends:\n{tail}") from None
     return process, ports
 
 

@@ -114,11 +114,28 @@ def _reap(pid: int) -> None:
         pass
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now (the OS picks it)."""
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port that is free right now (the OS picks it); with ``count``, the first of that many
+    consecutive free ports (``iotwatch gateway --processes N`` serves metrics on N of them:
+    the port after an OS-picked one may be another connection's local port)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            first = int(sock.getsockname()[1])
+            if count == 1:
+                return first
+            if first + count - 1 <= 65535 and all(_bindable(host, first + i) for i in range(1, count)):
+                return first
+    raise OSError(f"no {count} consecutive free ports on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

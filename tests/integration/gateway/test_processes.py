@@ -22,7 +22,7 @@ def test_two_processes_share_the_load_and_a_kill_minus_nine_loses_nothing(
     test_settings: Settings, unique: str, tmp_path: Path
 ) -> None:
     ensure_topics(test_settings.kafka, [test_settings.topics.raw, test_settings.topics.dlq])
-    port = free_port()
+    port = free_port(count=2)
     command = [*_gateway_command(test_settings, f"gw-{unique}", port), "--processes", "2"]
     log = open(tmp_path / "gateway.log", "wb")
     supervisor = subprocess.Popen(command, env=_gateway_env(test_settings), stdout=subprocess.PIPE, stderr=log)
