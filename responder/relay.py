@@ -47,9 +47,6 @@ from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Devices' retained online/offline status: a device with one on this broker is at this site.
-STATUS_FILTER = "iot/+/+/+/status"
-
 
 class SiteRelay:
     """One site's relay: the replica of the commands topic to its devices, their replies and
@@ -57,8 +54,11 @@ class SiteRelay:
 
     def __init__(self, settings: Settings, stop: threading.Event, clock: Callable[[], float] = time.time) -> None:
         self.settings, self.stop, self.clock = settings, stop, clock
+        # a device with a retained online/offline status on this broker is at this site
         self.session = PersistentSession(
-            settings.mqtt, settings.respond.relay_client_id, [STATUS_FILTER, TWIN_FILTER, REPLY_FILTER]
+            settings.mqtt,
+            settings.respond.relay_client_id,
+            [settings.topics.mqtt_status_filter, TWIN_FILTER, REPLY_FILTER],
         )
         self._producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
         #: devices seen on this site's broker
