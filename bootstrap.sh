@@ -13,7 +13,8 @@
 # reinstalled only when pyproject.toml changes.
 # Java artifacts: Apache Kafka's broker and Spark's Kafka connector, resolved once from Maven
 # Central by `iotwatch setup` into ~/.iotwatch/jars (IOTWATCH_JARS_DIR to change); offline,
-# IOTWATCH_JARS_FROM=DIR installs them from a folder of jars downloaded elsewhere.
+# IOTWATCH_JARS_FROM=DIR installs them from a folder of jars downloaded elsewhere. The same
+# command compiles the streaming job's numba kernels into numba's cache (once, about 30 s).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 

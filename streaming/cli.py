@@ -54,6 +54,14 @@ archive_option = click.option(
 @click.option(
     "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds (more than 0)."
 )
+@click.option(
+    "--warm-up/--no-warm-up",
+    default=True,
+    show_default=True,
+    help="In local mode, run one synthetic reading through the job's operator in a throwaway query "
+    "before reading Kafka, so that the first readings do not wait for the JVM and the Python workers "
+    "to warm up (not with --available-now).",
+)
 @json_option
 @pass_app
 def stream(
@@ -65,6 +73,7 @@ def stream(
     starting_offsets: str | None,
     available_now: bool,
     duration: float | None,
+    warm_up: bool,
     as_json: bool,
 ) -> None:
     """Run the PySpark Structured Streaming job: clean, deduplicate, score, alert.
@@ -89,7 +98,9 @@ def stream(
 
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
-    job = run_job(settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration)
+    job = run_job(
+        settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration, warm_up=warm_up
+    )
     summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals), "last_progress": job.reporter.last}
     emit(summary, as_json, render_summary)
 

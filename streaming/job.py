@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from iotwatch.clients.influx import InfluxV1Client
@@ -161,8 +161,11 @@ def start(
     archive_dir: Path | None = None,
     available_now: bool = False,
     query_name: str = "iotwatch_stream",
+    warm_up: bool = False,
 ) -> RunningJob:
-    """Start the query; offsets and state are kept in ``checkpoint_dir``."""
+    """Start the query; offsets and state are kept in ``checkpoint_dir``. With ``warm_up``,
+    one synthetic reading goes through the job's operator first
+    (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm."""
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
@@ -177,13 +180,35 @@ def start(
         operator_tasks=tasks,
         pattern=settings.topics.raw_pattern,
     )
+    reporter = ProgressReporter(settings, query_name)
+    log.info(
+        "streaming %s from %s; checkpoint %s; archive %s",
+        f"topics matching {settings.topics.raw_pattern}" if settings.topics.raw_pattern else settings.topics.raw,
+        settings.kafka.bootstrap_servers,
+        checkpoint,
+        archive,
+    )
+    warm_python_workers(spark)
+    if warm_up:
+        from iotwatch.streaming.warm_up import run_warm_up
+
+        run_warm_up(spark, settings, tasks)
+    query = start_operator(packed, settings, archive, checkpoint, query_name, available_now)
+    reporter.follow(query)
+    return RunningJob(spark, query, reporter)
+
+
+def start_operator(
+    packed: DataFrame, settings: Settings, archive: str, checkpoint: Path, query_name: str, available_now: bool
+) -> StreamingQuery:
+    """Start the job's stateful operator over ``packed`` rows (:func:`iotwatch.streaming.kafka_source.pack_kafka_rows`),
+    offsets and state in ``checkpoint``."""
     tallies = packed.groupBy(OPERATOR_KEY).transformWithStateInPandas(
         statefulProcessor=PartitionProcessor(settings, archive),
         outputStructType=TALLY_SCHEMA,
         outputMode="Append",
         timeMode="ProcessingTime",
     )
-    reporter = ProgressReporter(settings, query_name)
     # Every output is written by the stateful operator itself; what reaches the sink is one
     # tally row per partition, summed by the observation. The no-op sink runs the batch.
     sink = (
@@ -195,19 +220,9 @@ def start(
     sink = (
         sink.trigger(availableNow=True)
         if available_now
-        else sink.trigger(processingTime=f"{stream.trigger_interval_s} seconds")
+        else sink.trigger(processingTime=f"{settings.stream.trigger_interval_s} seconds")
     )
-    log.info(
-        "streaming %s from %s; checkpoint %s; archive %s",
-        f"topics matching {settings.topics.raw_pattern}" if settings.topics.raw_pattern else settings.topics.raw,
-        settings.kafka.bootstrap_servers,
-        checkpoint,
-        archive,
-    )
-    warm_python_workers(spark)
-    query = sink.start()
-    reporter.follow(query)
-    return RunningJob(spark, query, reporter)
+    return sink.start()
 
 
 def _warm_worker(_: object) -> None:
@@ -269,10 +284,13 @@ def run_job(
     available_now: bool,
     duration: float | None,
     query_name: str = "iotwatch_stream",
+    warm_up: bool = False,
 ) -> RunningJob:
     """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
-    raises :class:`StreamingQueryFailed` with its root cause."""
+    raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
+    micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
+    where its source file is readable by the executor, and not with ``available_now``)."""
     prepare_outputs(settings)
     stop = threading.Event()
     _stop_on_signals(stop)
@@ -281,6 +299,7 @@ def run_job(
         started = time.monotonic()
         restarts = 0
         earlier: Counter[str] = Counter()
+        local = spark.sparkContext.master.startswith("local")
         while True:
             job = start(
                 spark,
@@ -289,6 +308,7 @@ def run_job(
                 archive_dir=archive_dir,
                 available_now=available_now,
                 query_name=query_name,
+                warm_up=warm_up and not restarts and not available_now and local,
             )
             if restarts:
                 job.reporter.totals.update(earlier)

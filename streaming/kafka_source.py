@@ -89,15 +89,22 @@ def read_kafka_stream(
     frame = reader.load()
     if not packed:
         return frame
+    return pack_kafka_rows(frame, operator_tasks, topics[0] if topics else None)
+
+
+def pack_kafka_rows(frame: DataFrame, operator_tasks: int = 1, home_topic: str | None = None) -> DataFrame:
+    """Rows with the connector's ``key, value, topic, partition, offset, timestamp`` columns,
+    decoded and packed in chunks (:data:`iotwatch.streaming.schemas.PACKED_SCHEMA`) for a
+    stateful operator of ``operator_tasks`` tasks."""
     from iotwatch.streaming.packing import pack_records
     from iotwatch.streaming.schemas import PACKED_SCHEMA
 
     # One packing task per core: with more Kafka partitions than cores, tasks in waves would
     # each pay a Python task's set-up in every micro-batch.
-    packer = partial(pack_records, tasks=operator_tasks, home_topic=topics[0] if topics else None)
+    packer = partial(pack_records, tasks=operator_tasks, home_topic=home_topic)
     return (
         frame.select("key", "value", "topic", "partition", "offset", "timestamp")
-        .coalesce(spark.sparkContext.defaultParallelism)
+        .coalesce(frame.sparkSession.sparkContext.defaultParallelism)
         .mapInArrow(packer, PACKED_SCHEMA)
     )
 
