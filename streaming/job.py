@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from iotwatch.clients.influx import InfluxV1Client
@@ -26,10 +26,8 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.kafka_source import read_kafka_stream
-from iotwatch.streaming.operator_key import OPERATOR_KEY
-from iotwatch.streaming.processor import PartitionProcessor
-from iotwatch.streaming.progress import OBSERVATION, ProgressReporter, tally_sums
-from iotwatch.streaming.schemas import TALLY_SCHEMA
+from iotwatch.streaming.operator_query import start_operator
+from iotwatch.streaming.progress import ProgressReporter
 from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
 
 log = logging.getLogger(__name__)
@@ -196,33 +194,6 @@ def start(
     query = start_operator(packed, settings, archive, checkpoint, query_name, available_now)
     reporter.follow(query)
     return RunningJob(spark, query, reporter)
-
-
-def start_operator(
-    packed: DataFrame, settings: Settings, archive: str, checkpoint: Path, query_name: str, available_now: bool
-) -> StreamingQuery:
-    """Start the job's stateful operator over ``packed`` rows (:func:`iotwatch.streaming.kafka_source.pack_kafka_rows`),
-    offsets and state in ``checkpoint``."""
-    tallies = packed.groupBy(OPERATOR_KEY).transformWithStateInPandas(
-        statefulProcessor=PartitionProcessor(settings, archive),
-        outputStructType=TALLY_SCHEMA,
-        outputMode="Append",
-        timeMode="ProcessingTime",
-    )
-    # Every output is written by the stateful operator itself; what reaches the sink is one
-    # tally row per partition, summed by the observation. The no-op sink runs the batch.
-    sink = (
-        tallies.observe(OBSERVATION, *tally_sums())
-        .writeStream.format("noop")
-        .queryName(query_name)
-        .option("checkpointLocation", str(checkpoint))
-    )
-    sink = (
-        sink.trigger(availableNow=True)
-        if available_now
-        else sink.trigger(processingTime=f"{settings.stream.trigger_interval_s} seconds")
-    )
-    return sink.start()
 
 
 def _warm_worker(_: object) -> None:

@@ -57,8 +57,8 @@ def warm_up_settings(settings: Settings) -> Settings:
 
 def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
     """Run the warm-up query to its end; its batch counts and seconds (logged)."""
-    from iotwatch.streaming.job import start_operator
     from iotwatch.streaming.kafka_source import pack_kafka_rows
+    from iotwatch.streaming.operator_query import start_operator
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="iotwatch-warm-up-") as folder:
