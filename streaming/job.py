@@ -163,7 +163,8 @@ def start(
 ) -> RunningJob:
     """Start the query; offsets and state are kept in ``checkpoint_dir``. With ``warm_up``,
     one synthetic reading goes through the job's operator first
-    (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm."""
+    (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
+    when records are waiting, which the first micro-batch then reads at once."""
     stream = settings.stream
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
@@ -188,9 +189,12 @@ def start(
     )
     warm_python_workers(spark)
     if warm_up:
-        from iotwatch.streaming.warm_up import run_warm_up
+        from iotwatch.streaming.warm_up import records_waiting, run_warm_up
 
-        run_warm_up(spark, settings, tasks)
+        if waiting := records_waiting(settings, checkpoint):
+            log.info("no warm-up micro-batch: %d records are waiting for the job", waiting)
+        else:
+            run_warm_up(spark, settings, tasks)
     query = start_operator(packed, settings, archive, checkpoint, query_name, available_now)
     reporter.follow(query)
     return RunningJob(spark, query, reporter)

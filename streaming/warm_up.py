@@ -14,6 +14,7 @@ dead letter; otherwise the job logs a warning and goes on (the warm-up only save
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from confluent_kafka import KafkaException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -50,17 +52,84 @@ def synthetic_reading(now_ms: int) -> bytes:
     return msgspec.json.encode(reading)
 
 
+def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0) -> int | None:
+    """Records of the raw topic past the checkpoint's last committed micro-batch (past the
+    starting offsets for a new checkpoint); None when that cannot be told (a topic pattern,
+    an unreadable checkpoint, Kafka not answering). A job with records waiting starts on them
+    at once: a warm-up would only come first."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from iotwatch.clients.kafka import client_config, end_offset
+
+    topics = settings.topics
+    if topics.raw_pattern:
+        return None
+    try:
+        committed = _committed_offsets(checkpoint)
+        consumer = Consumer({**client_config(settings.kafka), "group.id": "iotwatch-warm-up", "log_level": 0})
+    except (OSError, ValueError, KafkaException):
+        return None
+    try:
+        metadata = consumer.list_topics(topics.raw, timeout=timeout_s).topics.get(topics.raw)
+        if metadata is None or metadata.error is not None:
+            return None
+        waiting = 0
+        for number in metadata.partitions:
+            partition = TopicPartition(topics.raw, number)
+            end = end_offset(consumer, partition, timeout_s)
+            if committed is not None:
+                start = committed.get(topics.raw, {}).get(str(number), 0)
+            elif _starts_at_latest(settings.stream.starting_offsets):
+                start = end
+            else:
+                start = int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[0])
+            waiting += max(0, end - start)
+        return waiting
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
+
+
+def _committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """The Kafka offsets of the checkpoint's last committed micro-batch (Spark's offset log:
+    a version line, the batch's metadata, then one line per source); None for a new one."""
+    commits = [int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    return json.loads(lines[2])
+
+
+def _starts_at_latest(starting_offsets: str) -> bool:
+    return starting_offsets.strip() == "latest"
+
+
 def warm_up_settings(settings: Settings) -> Settings:
     """``settings`` with no InfluxDB, so the warm-up leaves no metrics behind."""
     return settings.model_copy(update={"influx": settings.influx.model_copy(update={"url": None})})
 
 
 def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
-    """Run the warm-up query to its end; its batch counts and seconds (logged)."""
+    """Run the warm-up query to its end; its batch counts and seconds (logged). A warm-up
+    that fails is logged and the job starts without it."""
+    started = time.monotonic()
+    try:
+        counts = _run(spark, settings, tasks)
+    except Exception as exc:
+        counts = {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    counts["seconds"] = round(time.monotonic() - started, 2)
+    if counts.get("reading") != 1 or counts.get("alerts_raised") or counts.get("dlq"):
+        log.warning("the warm-up micro-batch did not process its one reading as expected: %s", counts)
+    else:
+        log.info("warm-up micro-batch: one reading through the operator in %.1f s", counts["seconds"])
+    return counts
+
+
+def _run(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
     from iotwatch.streaming.kafka_source import pack_kafka_rows
     from iotwatch.streaming.operator_query import start_operator
 
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="iotwatch-warm-up-") as folder:
         work = Path(folder)
         source = work / "source"
@@ -84,13 +153,7 @@ def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str
             "iotwatch_warm_up",
             available_now=True,
         )
-        counts = _first_batch(query)
-    counts["seconds"] = round(time.monotonic() - started, 2)
-    if counts.get("reading") != 1 or counts.get("alerts_raised") or counts.get("dlq"):
-        log.warning("the warm-up micro-batch did not process its one reading as expected: %s", counts)
-    else:
-        log.info("warm-up micro-batch: one reading through the operator in %.1f s", counts["seconds"])
-    return counts
+        return _first_batch(query)
 
 
 def _first_batch(query: Any) -> dict[str, Any]:
