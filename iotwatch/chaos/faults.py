@@ -33,6 +33,11 @@ from iotwatch.stack.process import Component
 
 log = logging.getLogger(__name__)
 
+#: A fault has not recovered while the gateway holds a message Kafka has not confirmed for
+#: longer than this: the MQTT broker still keeps it, and the next fault would strike two
+#: components at once (a kill -9 of mosquitto loses what it has not saved yet).
+CONFIRMED_WITHIN_S = 5.0
+
 #: How long a Ctrl-C'd component may take to stop (the job finishes or abandons its micro-batch).
 INTERRUPT_WAIT_S = 60.0
 
@@ -159,6 +164,7 @@ class Recovery:
     def __init__(self, settings: Settings, gateway_port: int, probe: Probe) -> None:
         self.settings = settings
         self.health_url = f"http://127.0.0.1:{gateway_port}/health"
+        self.metrics_url = f"http://127.0.0.1:{gateway_port}/metrics"
         self.probe = probe
         self.lag = 0  # raw topic records the job had not committed at the last check
         self.unmet = ""  # the first condition the last check found unmet
@@ -186,6 +192,8 @@ class Recovery:
         self.lag = max(0, raw_now - processed)
         if not healthy:
             self.unmet = "the gateway's health check"
+        elif (oldest := self._oldest_unconfirmed_s()) > CONFIRMED_WITHIN_S:
+            self.unmet = f"Kafka to confirm the gateway's oldest message ({oldest:.0f} s unconfirmed)"
         elif raw_now <= raw_then:
             self.unmet = f"the raw topic to grow past {raw_then} records (gateway to Kafka)"
         elif processed < raw_then:
@@ -195,6 +203,19 @@ class Recovery:
         else:
             self.unmet = ""
         return not self.unmet
+
+    def _oldest_unconfirmed_s(self) -> float:
+        """Age of the gateway's oldest message not yet confirmed by Kafka (0 if unknown)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            text = requests.get(self.metrics_url, timeout=1).text
+        except requests.RequestException:
+            return 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name == "iotwatch_gateway_oldest_inflight_seconds":
+                return max((sample.value for sample in family.samples), default=0.0)
+        return 0.0
 
     def _alert_end(self) -> int:
         total = 0
