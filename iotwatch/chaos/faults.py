@@ -3,7 +3,8 @@
 The targets are the run's component processes (:class:`~iotwatch.stack.process.Component`)
 and the embedded stack's servers. A killed target is started again after its hold, as a
 supervisor (systemd, Kubernetes) would; a paused one is continued. A fault has *recovered*
-when its target is back and data flows end to end again: the gateway reports healthy, the
+when its target is back and data flows end to end again: the gateway reports healthy, Kafka
+confirms its messages again (none unconfirmed for more than :data:`CONFIRMED_WITHIN_S`), the
 raw topic has grown since the target came back, and the streaming job has committed every
 record that was in the raw topic then (for the forwarder also: its consumer group has
 committed every alert that was in the alert topic then). The next fault waits for that,
