@@ -67,7 +67,7 @@ def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0
     try:
         committed = _committed_offsets(checkpoint)
         consumer = Consumer({**client_config(settings.kafka), "group.id": "iotwatch-warm-up", "log_level": 0})
-    except (OSError, ValueError, KafkaException):
+    except (OSError, ValueError, IndexError, KafkaException):  # IndexError: an offset log cut short
         return None
     try:
         metadata = consumer.list_topics(topics.raw, timeout=timeout_s).topics.get(topics.raw)
