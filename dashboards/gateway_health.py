@@ -126,15 +126,21 @@ def dashboard() -> Dashboard:
                 overrides=[colour(".* received$", BLUE, regex=True), colour(".* forwarded$", GREEN, regex=True)],
             ),
             TimeSeries(
-                title="In flight and oldest age",
+                title="In flight and ages",
                 unit="short",
                 thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
-                description="Unconfirmed messages (left) and the age of the oldest one (right, seconds).",
+                description="Unconfirmed messages (left); the age of the oldest one and the event-time age "
+                "of the newest reading received (right, seconds): the second grows while the MQTT broker "
+                "holds a backlog for the gateway.",
                 targets=[
                     last("inflight", alias="$tag_instance in flight"),
                     last("oldest_inflight_s", alias="$tag_instance oldest (s)"),
+                    last("newest_reading_age_s", alias="$tag_instance newest reading age (s)"),
                 ],
-                overrides=[colour(".* oldest \\(s\\)$", ORANGE, regex=True, unit="s", custom__axisPlacement="right")],
+                overrides=[
+                    colour(".* oldest \\(s\\)$", ORANGE, regex=True, unit="s", custom__axisPlacement="right"),
+                    colour(".* reading age \\(s\\)$", BLUE, regex=True, unit="s", custom__axisPlacement="right"),
+                ],
             ),
         ],
     )

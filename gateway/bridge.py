@@ -103,6 +103,8 @@ class Gateway:
         self._last_seq: dict[str, int] = {}  # device -> last seq, least recently seen first
         self._generation = 0
         self._last_delivery_at = time.monotonic()
+        self._newest_event_ms = 0  # newest event time received since the gauges' last refresh
+        self._newest_seen_ms = 0  # newest event time at the gauges' last refresh that had one
         self._open = False  # accepting messages (read on the hot path: a plain attribute)
         self._instance_bytes = self.instance.encode()
         self._stopped = threading.Event()
@@ -160,7 +162,12 @@ class Gateway:
         freeze_startup_heap()  # before the first message: no full collection pauses the hot path
         if self.config.metrics_port is not None:
             self._metrics_server = MetricsServer(
-                self.stats, self.instance, self.health, self.config.metrics_host, self.config.metrics_port
+                self.stats,
+                self.instance,
+                self.health,
+                self.config.metrics_host,
+                self.config.metrics_port,
+                refresh=self.update_gauges,
             )
             self._metrics_server.start()
         self._poller.start()
@@ -283,6 +290,8 @@ class Gateway:
                 f"device_id {reading.site}/{reading.device_type}/{reading.device_id}",
             )
         self._account_seq(reading.device_id, reading.seq)
+        if reading.ts > self._newest_event_ms:
+            self._newest_event_ms = reading.ts
         return reading
 
     def _account_seq(self, device_id: str, seq: int) -> None:
@@ -514,13 +523,22 @@ class Gateway:
             return False, f"in-flight buffer full ({snap['inflight']}/{self.config.max_inflight}); backpressure on MQTT"
         return True, f"forwarded {snap['forwarded']}, in flight {snap['inflight']}"
 
-    def refresh_gauges(self) -> dict[str, Any]:
+    def update_gauges(self) -> None:
+        """Set the gauges from the state now (each scrape and each status period)."""
         now = time.monotonic()
         oldest = self._oldest_pending(now)
         self.stats.oldest_inflight_s = now - oldest
         self.stats.inflight = len(self._pending)
         if now - oldest > 5 and now - self._last_delivery_at > 5:
             self.stats.kafka_up = False  # nothing confirmed for 5 s while messages wait
+        newest, self._newest_event_ms = self._newest_event_ms, 0
+        if newest:
+            self._newest_seen_ms = newest
+        if self._newest_seen_ms:
+            self.stats.newest_reading_age_s = max(0.0, time.time() - self._newest_seen_ms / 1000.0)
+
+    def refresh_gauges(self) -> dict[str, Any]:
+        self.update_gauges()
         snapshot = self.stats.snapshot()
         snapshot["tracked_devices"] = self.tracked_devices
         return snapshot

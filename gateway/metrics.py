@@ -46,6 +46,9 @@ class GatewayStats:
     devices_forgotten: int = 0  # devices dropped from the seq map past its cap (max_devices)
     inflight: int = 0
     oldest_inflight_s: float = 0.0
+    #: event-time age of the newest reading received (the devices' clocks against this one's):
+    #: how far the gateway runs behind the devices, e.g. a backlog the MQTT broker still holds
+    newest_reading_age_s: float = 0.0
     kafka_up: bool = False
     mqtt_connected: bool = False
     latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
@@ -80,6 +83,7 @@ class GatewayStats:
                 "devices_forgotten": self.devices_forgotten,
                 "inflight": self.inflight,
                 "oldest_inflight_s": round(self.oldest_inflight_s, 3),
+                "newest_reading_age_s": round(self.newest_reading_age_s, 3),
                 "kafka_up": self.kafka_up,
                 "mqtt_connected": self.mqtt_connected,
                 "delivery_latency_ms_p50": delivery["p50"],
@@ -89,11 +93,17 @@ class GatewayStats:
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: GatewayStats, instance: str) -> None:
+    """The stats as Prometheus families; ``refresh`` sets the gauges first, so a scrape reads
+    them as of now, not as of the last status period."""
+
+    def __init__(self, stats: GatewayStats, instance: str, refresh: Callable[[], None] | None = None) -> None:
         self.stats = stats
         self.instance = instance
+        self.refresh = refresh
 
     def collect(self) -> Iterator[Any]:
+        if self.refresh is not None:
+            self.refresh()
         s = self.stats
         labels = ["instance"]
         with s.lock:
@@ -123,6 +133,11 @@ class _StatsCollector(Collector):
                     s.inflight,
                 ),
                 ("oldest_inflight_seconds", "age of the oldest unconfirmed message", s.oldest_inflight_s),
+                (
+                    "newest_reading_age_seconds",
+                    "event-time age of the newest reading received (how far behind the devices)",
+                    s.newest_reading_age_s,
+                ),
                 ("kafka_up", "1 while Kafka is reachable", int(s.kafka_up)),
                 ("mqtt_connected", "1 while connected to the MQTT broker", int(s.mqtt_connected)),
             ):
@@ -144,10 +159,16 @@ class MetricsServer:
     """Serves ``/metrics`` (Prometheus text) and ``/health`` (200 or 503 with a reason)."""
 
     def __init__(
-        self, stats: GatewayStats, instance: str, health: Callable[[], tuple[bool, str]], host: str, port: int
+        self,
+        stats: GatewayStats,
+        instance: str,
+        health: Callable[[], tuple[bool, str]],
+        host: str,
+        port: int,
+        refresh: Callable[[], None] | None = None,
     ) -> None:
         registry = CollectorRegistry()
-        registry.register(_StatsCollector(stats, instance))
+        registry.register(_StatsCollector(stats, instance, refresh))
         metrics_app = make_wsgi_app(registry)
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -196,6 +217,7 @@ def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[P
     fields: dict[str, float | int | None] = {name: int(snapshot[name]) for name in counters}
     fields |= {
         "oldest_inflight_s": float(snapshot["oldest_inflight_s"]),
+        "newest_reading_age_s": float(snapshot["newest_reading_age_s"]),
         "kafka_up": int(snapshot["kafka_up"]),
         "mqtt_connected": int(snapshot["mqtt_connected"]),
         "delivery_latency_ms_p50": snapshot["delivery_latency_ms_p50"],

@@ -5,9 +5,10 @@ and the embedded stack's servers. A killed target is started again after its hol
 supervisor (systemd, Kubernetes) would; a paused one is continued. A fault has *recovered*
 when its target is back and data flows end to end again: the gateway reports healthy, Kafka
 confirms its messages again (none unconfirmed for more than :data:`CONFIRMED_WITHIN_S`), the
-raw topic has grown since the target came back, and the streaming job has committed every
-record that was in the raw topic then (for the forwarder also: its consumer group has
-committed every alert that was in the alert topic then). The next fault waits for that,
+MQTT broker holds no backlog for the gateway (the newest reading it received is at most
+:data:`BEHIND_WITHIN_S` old), the raw topic has grown since the target came back, and the
+streaming job has committed every record that was in the raw topic then (for the forwarder
+also: its consumer group has committed every alert that was in the alert topic then). The next fault waits for that,
 so each recovery time is the fault's own.
 """
 
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 #: longer than this: the MQTT broker still keeps it, and the next fault would strike two
 #: components at once (a kill -9 of mosquitto loses what it has not saved yet).
 CONFIRMED_WITHIN_S = 5.0
+
+#: A fault has not recovered while the newest reading the gateway received is older than this
+#: (event time): the MQTT broker still holds a backlog for the gateway, in memory until its
+#: next save, and a kill -9 of it would lose what it had acknowledged to the devices.
+BEHIND_WITHIN_S = 2.0
 
 #: How long a Ctrl-C'd component may take to stop (the job finishes or abandons its micro-batch).
 INTERRUPT_WAIT_S = 60.0
@@ -191,10 +197,14 @@ class Recovery:
             healthy = False
         raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
         self.lag = max(0, raw_now - processed)
+        gauges = self._gateway_gauges() if healthy else {}
+        oldest, behind = gauges.get("oldest_inflight_seconds", 0.0), gauges.get("newest_reading_age_seconds", 0.0)
         if not healthy:
             self.unmet = "the gateway's health check"
-        elif (oldest := self._oldest_unconfirmed_s()) > CONFIRMED_WITHIN_S:
+        elif oldest > CONFIRMED_WITHIN_S:
             self.unmet = f"Kafka to confirm the gateway's oldest message ({oldest:.0f} s unconfirmed)"
+        elif behind > BEHIND_WITHIN_S:
+            self.unmet = f"the MQTT broker's backlog for the gateway (newest reading received {behind:.0f} s old)"
         elif raw_now <= raw_then:
             self.unmet = f"the raw topic to grow past {raw_then} records (gateway to Kafka)"
         elif processed < raw_then:
@@ -205,18 +215,20 @@ class Recovery:
             self.unmet = ""
         return not self.unmet
 
-    def _oldest_unconfirmed_s(self) -> float:
-        """Age of the gateway's oldest message not yet confirmed by Kafka (0 if unknown)."""
+    def _gateway_gauges(self) -> dict[str, float]:
+        """The gateway's gauges by name without the ``iotwatch_gateway_`` prefix (empty if
+        it does not answer)."""
         from prometheus_client.parser import text_string_to_metric_families
 
         try:
             text = requests.get(self.metrics_url, timeout=1).text
         except requests.RequestException:
-            return 0.0
-        for family in text_string_to_metric_families(text):
-            if family.name == "iotwatch_gateway_oldest_inflight_seconds":
-                return max((sample.value for sample in family.samples), default=0.0)
-        return 0.0
+            return {}
+        return {
+            family.name.removeprefix("iotwatch_gateway_"): max(sample.value for sample in family.samples)
+            for family in text_string_to_metric_families(text)
+            if family.type == "gauge" and family.samples
+        }
 
     def _alert_end(self) -> int:
         total = 0

@@ -90,7 +90,7 @@ GATEWAY = Measurement(
     _names("instance"),
     _names(
         "received forwarded dead_lettered delivery_failures duplicates seq_gaps inflight oldest_inflight_s "
-        "kafka_up mqtt_connected delivery_latency_ms_p50 delivery_latency_ms_p99"
+        "newest_reading_age_s kafka_up mqtt_connected delivery_latency_ms_p50 delivery_latency_ms_p99"
     ),
     "each gateway instance: its counters and health, once per status period",
 )

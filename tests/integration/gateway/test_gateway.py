@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
@@ -245,6 +246,7 @@ def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
             time.sleep(1)
             health_seen.append(bridge.health()[0])
         snapshot_during = bridge.refresh_gauges()
+        scraped = requests.get(f"http://127.0.0.1:{bridge.metrics_port}/metrics", timeout=5).text
         kafka_service = restart_kafka_node(kafka_service, timeout_s=60)  # same port, same log
         publisher.join(timeout=60)
         deadline = time.monotonic() + 60
@@ -257,6 +259,14 @@ def test_kafka_outage_then_recovery_no_gap_and_nothing_acknowledged_undelivered(
     assert not all(health_seen), "health must report the outage"
     assert snapshot_during["kafka_up"] is False and snapshot_during["inflight"] > 0
     assert snapshot_during["inflight"] <= 200  # bounded: the broker holds the rest
+    # a scrape reads the gauges as of now (no status period ran): both ages show the outage
+    gauges = {
+        family.name: family.samples[0].value
+        for family in text_string_to_metric_families(scraped)
+        if family.type == "gauge" and family.samples
+    }
+    assert gauges["iotwatch_gateway_oldest_inflight_seconds"] > 5
+    assert gauges["iotwatch_gateway_newest_reading_age_seconds"] > 5  # the MQTT broker holds the backlog
     assert summary["inflight"] == 0
     seqs = seqs_by_device(records)
     for device in devices:
