@@ -153,22 +153,32 @@ def read_topic(
     idle_s: float = 3.0,
     partitions: int | None = None,
 ) -> list[Message]:
-    """Every record of ``topic`` from the beginning: until ``expected`` arrived, or nothing new for ``idle_s``."""
-    from iotwatch.clients.kafka import list_topics
+    """Every record of ``topic`` from the beginning: until ``expected`` arrived, or (without
+    ``expected``) until the topic's end offsets as of the call are read and then nothing new
+    came for ``idle_s``. (Idle time alone ends a read early on a loaded machine, where a
+    fetch can take longer than ``idle_s``.)"""
+    from iotwatch.clients.kafka import end_offset, list_topics
 
     count = partitions or list_topics(kafka)[topic]
     consumer = Consumer(
         {**kafka.client_config(), "group.id": f"reader-{time.monotonic_ns()}", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+    assigned = [TopicPartition(topic, p, 0) for p in range(count)]
+    consumer.assign(assigned)
+    ends = {tp.partition: end_offset(consumer, TopicPartition(topic, tp.partition), timeout_s=10.0) for tp in assigned}
     records: list[Message] = []
     deadline = time.monotonic() + timeout_s
     last_new = time.monotonic()
+
+    def at_ends() -> bool:
+        positions = consumer.position([TopicPartition(topic, p) for p in ends])
+        return all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions)
+
     try:
         while time.monotonic() < deadline:
             if expected is not None and len(records) >= expected:
                 break
-            if expected is None and time.monotonic() - last_new > idle_s:
+            if expected is None and time.monotonic() - last_new > idle_s and at_ends():
                 break
             batch = consumer.consume(1000, 0.5)
             fresh = [m for m in batch if m.error() is None]
