@@ -163,9 +163,8 @@ def read_topic(
     consumer = Consumer(
         {**kafka.client_config(), "group.id": f"reader-{time.monotonic_ns()}", "enable.auto.commit": False}
     )
-    assigned = [TopicPartition(topic, p, 0) for p in range(count)]
-    consumer.assign(assigned)
-    ends = {tp.partition: end_offset(consumer, TopicPartition(topic, tp.partition), timeout_s=10.0) for tp in assigned}
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+    ends = {p: end_offset(consumer, TopicPartition(topic, p), timeout_s=10.0) for p in range(count)}
     records: list[Message] = []
     deadline = time.monotonic() + timeout_s
     last_new = time.monotonic()

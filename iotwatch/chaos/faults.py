@@ -8,8 +8,8 @@ confirms its messages again (none unconfirmed for more than :data:`CONFIRMED_WIT
 MQTT broker holds no backlog for the gateway (the newest reading it received is at most
 :data:`BEHIND_WITHIN_S` old), the raw topic has grown since the target came back, and the
 streaming job has committed every record that was in the raw topic then (for the forwarder
-also: its consumer group has committed every alert that was in the alert topic then). The next fault waits for that,
-so each recovery time is the fault's own.
+also: its consumer group has committed every alert that was in the alert topic then). The
+next fault waits for that, so each recovery time is the fault's own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from iotwatch.chaos.schedule import SERVICES, Action, PlannedFault
 from iotwatch.clients.kafka import client_config, end_offset
-from iotwatch.demo.live import Probe
+from iotwatch.demo.live import Probe, gateway_metrics
 from iotwatch.settings import Settings
 from iotwatch.stack.embedded import EmbeddedStack, StackState
 from iotwatch.stack.process import Component
@@ -197,7 +197,7 @@ class Recovery:
             healthy = False
         raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
         self.lag = max(0, raw_now - processed)
-        gauges = self._gateway_gauges() if healthy else {}
+        gauges = gateway_metrics(self.metrics_url) if healthy else {}
         oldest, behind = gauges.get("oldest_inflight_seconds", 0.0), gauges.get("newest_reading_age_seconds", 0.0)
         if not healthy:
             self.unmet = "the gateway's health check"
@@ -214,21 +214,6 @@ class Recovery:
         else:
             self.unmet = ""
         return not self.unmet
-
-    def _gateway_gauges(self) -> dict[str, float]:
-        """The gateway's gauges by name without the ``iotwatch_gateway_`` prefix (empty if
-        it does not answer)."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        try:
-            text = requests.get(self.metrics_url, timeout=1).text
-        except requests.RequestException:
-            return {}
-        return {
-            family.name.removeprefix("iotwatch_gateway_"): max(sample.value for sample in family.samples)
-            for family in text_string_to_metric_families(text)
-            if family.type == "gauge" and family.samples
-        }
 
     def _alert_end(self) -> int:
         total = 0

@@ -102,21 +102,13 @@ class Probe:
             edge.close()
 
     def gateway(self) -> dict[str, float]:
-        """Every gateway's :data:`GATEWAY_COUNTERS`, summed."""
+        """Every gateway's :data:`GATEWAY_COUNTERS`, summed (a gateway that does not answer
+        this second adds nothing this time)."""
         values: dict[str, float] = {}
         for url in self.gateway_urls:
-            try:
-                text = requests.get(url, timeout=1).text
-            except requests.RequestException:
-                continue  # a gateway that does not answer this second adds nothing this time
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(
-                        ("_bucket", "_created")
-                    ):
-                        key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
-                        if key in GATEWAY_COUNTERS:
-                            values[key] = values.get(key, 0.0) + sample.value
+            for key, value in gateway_metrics(url).items():
+                if key in GATEWAY_COUNTERS:
+                    values[key] = values.get(key, 0.0) + value
         return values
 
     def raw_end(self) -> int:
@@ -163,6 +155,23 @@ class Probe:
         )
         state.samples.append(sample)
         return sample
+
+
+def gateway_metrics(url: str) -> dict[str, float]:
+    """One gateway's ``/metrics`` at ``url``: each metric by its name without the
+    ``iotwatch_gateway_`` prefix and ``_total`` suffix, summed over its labels (dead letters
+    over their reasons); histogram buckets left out. Empty if the gateway does not answer."""
+    try:
+        text = requests.get(url, timeout=1).text
+    except requests.RequestException:
+        return {}
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(("_bucket", "_created")):
+                key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
 
 
 class LogEnd:
