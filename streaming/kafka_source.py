@@ -22,6 +22,14 @@ FORMAT = "kafka"
 CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 #: How old the consumer's topic metadata may get when it subscribes by pattern.
 PATTERN_METADATA_AGE_MS = 10_000
+#: How long the broker may hold a fetch that finds no new record (Kafka's default: 500 ms).
+#: A task's consumer, once it holds its records, has already asked for the offsets after
+#: them; at the end of the log the broker holds that request, and the client sends no other
+#: fetch to that broker until it is answered. So the next read of the partition (the next
+#: micro-batch of a job that keeps up, or the next step of a query's first batch) waits for
+#: it whenever no new record comes meanwhile: up to the whole default per read, on a quiet
+#: topic or at the end of a backlog.
+FETCH_MAX_WAIT_MS = 10
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
@@ -80,6 +88,7 @@ def read_kafka_stream(
         .option(*(("subscribePattern", pattern) if pattern else ("subscribe", ",".join(topics))))
         .option("startingOffsets", starting_offsets)
         .option("includeHeaders", "true")
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
@@ -126,5 +135,6 @@ def read_kafka_batch(
         .option("startingOffsets", starting_offsets)
         .option("endingOffsets", ending_offsets)
         .option("includeHeaders", "true")
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         .load()
     )
