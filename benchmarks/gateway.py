@@ -13,7 +13,8 @@ sessions come back and drain them:
 Each for 1 and for ``--processes`` processes on one shared subscription. The rate is
 messages over the time from the first to the last message handled (raw: received;
 gateway: the Kafka records' create times, read back from Kafka to check every one
-arrived), so process start-up does not count for either side.
+arrived, once the gateway reports them all confirmed), so process start-up does not count
+for either side, nor does the check's reading.
 
 Latency: a paced publisher at ``--rate`` msg/s through each path (the first second not
 counted); from publish (the payload's ``ts``) to the bare subscriber (raw), or to a Kafka
@@ -53,7 +54,7 @@ from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
-from iotwatch.gateway.metrics import wait_healthy
+from iotwatch.gateway.metrics import scrape, wait_healthy
 from iotwatch.settings import MqttSettings, Settings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stack.process import free_port
@@ -314,6 +315,18 @@ def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float =
     return out
 
 
+def _wait_confirmed(ports: list[int], expected: int, timeout_s: float = 600) -> None:
+    """Until the gateways on ``ports`` report ``expected`` messages confirmed by Kafka
+    (forwarded or dead-lettered), from their ``/metrics`` four times a second: reading the
+    records back meanwhile would take a core's share from the drain it measures."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        scraped = [scrape(f"http://127.0.0.1:{port}/metrics") for port in ports]
+        if sum(m.get("forwarded", 0) + m.get("dead_lettered", 0) for m in scraped) >= expected:
+            return
+        time.sleep(0.25)
+
+
 def drain_gateway(
     settings: Settings, messages: list[tuple[str, Telemetry]], site: str, processes: int, workdir: Path
 ) -> dict[str, Any]:
@@ -323,8 +336,9 @@ def drain_gateway(
     process, _ports = _gateway_process(settings, site, topic, processes, workdir, site)
     _stop(process)  # the sessions exist now, offline: the backlog queues for them
     _publish(settings.mqtt, messages, f"{site}-pub")
-    process, _ports = _gateway_process(settings, site, topic, processes, workdir, site)
+    process, ports = _gateway_process(settings, site, topic, processes, workdir, site)
     try:
+        _wait_confirmed(ports, len(messages))
         records = _read_back(settings, topic, len(messages))
     finally:
         summary = _stop(process)

@@ -211,6 +211,26 @@ def wait_healthy(port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) ->
     raise TimeoutError(f"the gateway on port {port} did not report healthy within {timeout_s:.0f} s")
 
 
+def scrape(url: str) -> dict[str, float]:
+    """A gateway's ``/metrics`` at ``url``: each metric by its name without the
+    ``iotwatch_gateway_`` prefix and ``_total`` suffix, summed over its labels (dead letters
+    over their reasons); histogram buckets left out. Empty if the gateway does not answer."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = requests.get(url, timeout=1).text
+    except requests.RequestException:
+        return {}
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(("_bucket", "_created")):
+                key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
 def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[Point]:
     """The ``gateway`` measurement (one point per status period) and dead letters by reason."""
     counters = ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps", "inflight")

@@ -28,7 +28,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from iotwatch.chaos.schedule import SERVICES, Action, PlannedFault
 from iotwatch.clients.kafka import client_config, end_offset
-from iotwatch.demo.live import Probe, gateway_metrics
+from iotwatch.demo.live import Probe
+from iotwatch.gateway.metrics import scrape
 from iotwatch.settings import Settings
 from iotwatch.stack.embedded import EmbeddedStack, StackState
 from iotwatch.stack.process import Component
@@ -197,7 +198,7 @@ class Recovery:
             healthy = False
         raw_now, processed = self.probe.raw_end(), self.probe.stream_offset()
         self.lag = max(0, raw_now - processed)
-        gauges = gateway_metrics(self.metrics_url) if healthy else {}
+        gauges = scrape(self.metrics_url) if healthy else {}
         oldest, behind = gauges.get("oldest_inflight_seconds", 0.0), gauges.get("newest_reading_age_seconds", 0.0)
         if not healthy:
             self.unmet = "the gateway's health check"

@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from iotwatch.clients.kafka import client_config, end_offset
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
+from iotwatch.gateway.metrics import scrape
 from iotwatch.settings import KafkaSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ class Probe:
         this second adds nothing this time)."""
         values: dict[str, float] = {}
         for url in self.gateway_urls:
-            for key, value in gateway_metrics(url).items():
+            for key, value in scrape(url).items():
                 if key in GATEWAY_COUNTERS:
                     values[key] = values.get(key, 0.0) + value
         return values
@@ -155,23 +154,6 @@ class Probe:
         )
         state.samples.append(sample)
         return sample
-
-
-def gateway_metrics(url: str) -> dict[str, float]:
-    """One gateway's ``/metrics`` at ``url``: each metric by its name without the
-    ``iotwatch_gateway_`` prefix and ``_total`` suffix, summed over its labels (dead letters
-    over their reasons); histogram buckets left out. Empty if the gateway does not answer."""
-    try:
-        text = requests.get(url, timeout=1).text
-    except requests.RequestException:
-        return {}
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("iotwatch_gateway_") and not sample.name.endswith(("_bucket", "_created")):
-                key = sample.name.removeprefix("iotwatch_gateway_").removesuffix("_total")
-                values[key] = values.get(key, 0.0) + sample.value
-    return values
 
 
 class LogEnd:
