@@ -269,7 +269,8 @@ def _f(value: float | None, digits: int = 2) -> str:
     "detectors",
     multiple=True,
     type=click.Choice(names()),
-    help=f"Detector to evaluate (repeatable; default: {', '.join(DEFAULT_EVALUATED)}).",
+    help=f"Detector to evaluate (repeatable; default: {', '.join(DEFAULT_EVALUATED)}); with "
+    "--simulated, the job's defaults with this per-metric detector, beside the defaults.",
 )
 @click.option(
     "--split",
@@ -309,15 +310,23 @@ def evaluate(
     timer) and report, per anomaly kind, the recall, precision, F1 and detection delay of the
     raised alerts, and the false alarms per device-day per rule."""
     if simulated:
-        if dataset or readings or truth or detectors or split:
-            raise IotwatchError("--simulated takes no --dataset, --readings, --truth, --detector or --split")
-        from iotwatch.evaluation.simulated import evaluate_simulated
+        if dataset or readings or truth or split:
+            raise IotwatchError("--simulated takes no --dataset, --readings, --truth or --split")
+        from iotwatch.evaluation.simulated import RECOMMENDED, evaluate_simulated
 
+        # each --detector: the defaults with that per-metric detector, beside the defaults
+        configs = (
+            {"defaults": None, "recommended": RECOMMENDED}
+            | {f"device_detector={d}": {"device_detector": d} for d in detectors}
+            if detectors
+            else None
+        )
         result = evaluate_simulated(
             homes,
             vehicles,
             days,
             seed,
+            configs=configs,
             grace_readings=grace_readings,
             home_interval_s=home_interval_s,
             vehicle_interval_s=vehicle_interval_s,

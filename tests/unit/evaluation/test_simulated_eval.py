@@ -179,6 +179,40 @@ def test_cli_simulated_json() -> None:
     _render_simulated(doc)  # the rich tables render from the JSON document
 
 
+def test_cli_simulated_detector_adds_a_configuration() -> None:
+    """``--detector`` with ``--simulated``: the job's defaults with that per-metric detector,
+    reported beside the defaults (the settings it ran with say so)."""
+    result = CliRunner().invoke(
+        cli,
+        ["evaluate", "--simulated", "--homes", "1", "--vehicles", "0", "--days", "0.3", "--detector", "tail_ensemble"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(
+        cli,
+        [
+            "evaluate",
+            "--simulated",
+            "--homes",
+            "1",
+            "--vehicles",
+            "0",
+            "--days",
+            "0.3",
+            "--detector",
+            "tail_ensemble",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
+    doc = json.loads(result.output)
+    assert list(doc["configs"]) == ["defaults", "recommended", "device_detector=tail_ensemble"]
+    ran = doc["configs"]["device_detector=tail_ensemble"]["settings"]
+    assert ran["device_detector"] == "tail_ensemble"
+    assert doc["configs"]["defaults"]["settings"]["device_detector"] == "episode_likelihood"
+    assert doc["configs"]["device_detector=tail_ensemble"]["overall"] != doc["configs"]["defaults"]["overall"]
+
+
 def test_readings_a_late_fault_delays_raise_no_false_alarm() -> None:
     """The simulator's ``late`` fault holds readings back behind newer ones (within the allowed
     lateness): they are archived and go through the rules, but no alert is raised on them --
