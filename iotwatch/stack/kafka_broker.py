@@ -272,6 +272,13 @@ def _format(spec: KafkaNodeSpec, config: Path, cluster_id: str, classpath: str, 
 
 
 def _log_options(spec: KafkaNodeSpec) -> list[str]:
+    """The broker's log, and its garbage collector's as Kafka's own start script keeps it
+    (``kafkaServer-gc.log`` beside the log, rotated): a pause shows there with its length."""
     config = spec.folder / "log4j2.properties"
     config.write_text(LOG4J_CONFIG.format(level="INFO"))
-    return [f"-Dlog4j2.configurationFile={config}", f"-Dkafka.logs.dir={spec.folder}"]
+    gc_log = spec.folder / "kafkaServer-gc.log"
+    return [
+        f"-Dlog4j2.configurationFile={config}",
+        f"-Dkafka.logs.dir={spec.folder}",
+        f"-Xlog:gc*:file={gc_log}:time,tags:filecount=2,filesize=10M",
+    ]

@@ -148,6 +148,8 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
         values = [record.value for record in consumer]
         consumer.close()
         assert b"from-kafka-python" in values
+        # the broker's garbage collector logs beside its log, as Kafka's start script has it
+        assert "Using G1" in (run_dir / "kafka" / "kafkaServer-gc.log").read_text()
 
         # InfluxDB: curl writes line protocol and reads it back with InfluxQL.
         influx, db = ends["influx"], state["influx_database"]
