@@ -33,11 +33,13 @@ FETCH_MAX_WAIT_MS = 10
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
-    """The connector's connection options. The Java client spells credentials differently from
-    librdkafka (a JAAS line instead of ``sasl.username``, a PEM truststore instead of a CA file)."""
+    """The connector's consumer options: the connection and :data:`FETCH_MAX_WAIT_MS`. The Java
+    client spells credentials differently from librdkafka (a JAAS line instead of
+    ``sasl.username``, a PEM truststore instead of a CA file)."""
     opts = {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         "kafka.security.protocol": settings.security_protocol,
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
     }
     if settings.sasl_mechanism:
         opts["kafka.sasl.mechanism"] = settings.sasl_mechanism
@@ -88,7 +90,6 @@ def read_kafka_stream(
         .option(*(("subscribePattern", pattern) if pattern else ("subscribe", ",".join(topics))))
         .option("startingOffsets", starting_offsets)
         .option("includeHeaders", "true")
-        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
@@ -135,6 +136,5 @@ def read_kafka_batch(
         .option("startingOffsets", starting_offsets)
         .option("endingOffsets", ending_offsets)
         .option("includeHeaders", "true")
-        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         .load()
     )
