@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "SimulatedFleet",
     "check_goals",
     "compare",
+    "configurations",
     "evaluate_fleet",
     "evaluate_simulated",
     "match",
@@ -235,6 +236,14 @@ def match(
 # -- settings and the whole evaluation -------------------------------------------------------------
 
 
+def configurations(detectors: Sequence[str] = ()) -> dict[str, dict[str, Any] | None]:
+    """What ``evaluate --simulated`` compares: the defaults, the recommended settings and,
+    for each of ``detectors``, the defaults with that per-metric detector."""
+    return {"defaults": None, "recommended": RECOMMENDED} | {
+        f"device_detector={name}": {"device_detector": name} for name in detectors
+    }
+
+
 def settings_for(overrides: dict[str, Any] | None = None) -> StreamSettings:
     """Stream settings for the evaluation: the defaults (environment and config file
     ignored, so the numbers do not depend on where they run) with ``overrides``. The fleet
@@ -326,7 +335,7 @@ def evaluate_simulated(
     fleet = simulate(homes, vehicles, days, seed, **sim_kwargs)
     generated = time.perf_counter() - began
     if configs is None:
-        configs = {"defaults": None, "recommended": RECOMMENDED}
+        configs = configurations()
     results = compare(fleet, configs, grace_readings=grace_readings, burn_in_s=burn_in_s)
     for run in results.values():
         run["goals"] = check_goals(run)

@@ -312,21 +312,14 @@ def evaluate(
     if simulated:
         if dataset or readings or truth or split:
             raise IotwatchError("--simulated takes no --dataset, --readings, --truth or --split")
-        from iotwatch.evaluation.simulated import RECOMMENDED, evaluate_simulated
+        from iotwatch.evaluation.simulated import configurations, evaluate_simulated
 
-        # each --detector: the defaults with that per-metric detector, beside the defaults
-        configs = (
-            {"defaults": None, "recommended": RECOMMENDED}
-            | {f"device_detector={d}": {"device_detector": d} for d in detectors}
-            if detectors
-            else None
-        )
         result = evaluate_simulated(
             homes,
             vehicles,
             days,
             seed,
-            configs=configs,
+            configs=configurations(detectors),
             grace_readings=grace_readings,
             home_interval_s=home_interval_s,
             vehicle_interval_s=vehicle_interval_s,
