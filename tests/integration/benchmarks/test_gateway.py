@@ -15,7 +15,8 @@ def _bench_gateway(*options: str, **env: str) -> dict[str, Any]:
     """``iotwatch bench gateway --json`` with small sizes, its report; ``env``: IOTWATCH_* to set."""
     environment = user_env()
     result = subprocess.run(
-        [sys.executable, "-m", "iotwatch", "bench", "gateway", "--rate", "500", "--latency-seconds", "1", "--json"]
+        [sys.executable, "-m", "iotwatch", "bench", "gateway", "--rate", "500", "--latency-seconds", "1"]
+        + ["--kafka-warmup-seconds", "2", "--json"]
         + list(options),
         capture_output=True,
         text=True,
@@ -35,6 +36,8 @@ def test_bench_gateway_reports_backlog_drain_and_latency_as_json() -> None:
         assert run["gateway"]["forwarded"] == 2000 and run["gateway"]["dead_lettered"] == 0
         assert run["ratio"] == round(run["gateway_msgs_per_s"] / run["bare_subscriber_msgs_per_s"], 3)
     assert drain["gateway_scaling"] is not None
+    # the broker was warmed up first: 2 s at 500/s, read back by the warm-up's own consumer
+    assert report["kafka_warmup"]["seconds"] == 2 and report["kafka_warmup"]["records_read"] > 500
     latency = report["latency"]
     assert latency["gateway"]["received"] == 1000  # 1 s of warm-up, then 1 s counted
     assert latency["gateway"]["messages"] > 400 and latency["raw"]["messages"] > 400  # counted after warm-up
