@@ -1,7 +1,8 @@
 """``iotwatch bench gateway``: the gateway's own ceiling against the raw MQTT path, one run.
 
-Both measures start on a warm Kafka broker: 20 s of paced produce and fetch first
-(``warm_kafka``, ``--kafka-warmup-seconds``), since a broker's JIT compiles its request path in its first 15-20 s.
+Both measures start on a warm Kafka broker: 20 s of paced produce and fetch come first
+(``warm_kafka``, ``--kafka-warmup-seconds``), since a broker's JIT compiles its request
+path in its first 15-20 s.
 
 Backlog drain (what the gateway can do, not what a publisher can feed it): N QoS 1
 messages are queued at the broker for persistent sessions that are offline, then the
