@@ -169,6 +169,11 @@ def _rate(count: int, first: float, last: float) -> float:
 # -- warm-up ----------------------------------------------------------------------------------
 
 
+def _plain_producer(settings: Settings) -> Producer:
+    """A stock producer with the gateway's linger, and none of its other work."""
+    return Producer({**client_config(settings.kafka), "linger.ms": settings.gateway.linger_ms})
+
+
 def _reader(settings: Settings, topic: str, offset: int) -> Consumer:
     """A consumer of every partition of ``topic`` from ``offset`` that asks the broker to
     answer a fetch within 5 ms when nothing is there."""
@@ -197,7 +202,7 @@ def warm_kafka(settings: Settings, rate: float, seconds: float = KAFKA_WARMUP_S)
     while a consumer fetches them as the latency runs' reader does; returns the records read."""
     topic = "bench.warmup"
     ensure_topics(settings.kafka, [topic])
-    producer = Producer({**client_config(settings.kafka), "linger.ms": settings.gateway.linger_ms})
+    producer = _plain_producer(settings)
     consumer = _reader(settings, topic, OFFSET_END)
     started, sent, read = time.monotonic(), 0, 0
     while (elapsed := time.monotonic() - started) < seconds:
@@ -508,7 +513,7 @@ def _bare_bridge(settings: Settings, client_id: str, mqtt_filter: str, topic: st
     """The least a bridge does, as a process: a stock paho subscriber (automatic PUBACK, no
     validation) producing each payload with a plain producer (the gateway's linger, keyed by
     the topic's device id). Its latency is the two brokers' own, the gateway's reference."""
-    producer = Producer({**client_config(settings.kafka), "linger.ms": settings.gateway.linger_ms})
+    producer = _plain_producer(settings)
     produce = producer.produce
 
     def on_message(_c: Any, _u: Any, message: Any) -> None:
