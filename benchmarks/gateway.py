@@ -197,26 +197,43 @@ def _reader(settings: Settings, topic: str, offset: int) -> Consumer:
 KAFKA_WARMUP_S = 20.0
 
 
-def warm_kafka(settings: Settings, rate: float, seconds: float = KAFKA_WARMUP_S) -> int:
+def warm_kafka(settings: Settings, rate: float, seconds: float = KAFKA_WARMUP_S) -> dict[str, int]:
     """Produce small records at ``rate`` a second for ``seconds`` with the gateway's linger
-    while a consumer fetches them as the latency runs' reader does; returns the records read."""
+    while a consumer fetches them as the latency runs' reader does, then read the rest back;
+    returns the records sent and read (equal unless the broker lost some)."""
     topic = "bench.warmup"
     ensure_topics(settings.kafka, [topic])
     producer = _plain_producer(settings)
+    # the reader starts at the log's end as it is now, so it reads every record sent below
+    # however late its first fetch comes
     consumer = _reader(settings, topic, OFFSET_END)
+    ends = [
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        for p in range(settings.kafka.partitions)
+    ]
+    consumer.assign([TopicPartition(topic, p, end) for p, end in enumerate(ends)])
     started, sent, read = time.monotonic(), 0, 0
+
+    def fetch() -> None:
+        nonlocal read
+        # the reader's own poll: one record at a time as they become readable
+        for record in iter(lambda: consumer.poll(0), None):
+            read += record.error() is None
+
     while (elapsed := time.monotonic() - started) < seconds:
         while sent < elapsed * rate:
             producer.produce(topic, b"{}", str(sent % 100).encode())
             sent += 1
         producer.poll(0)
-        # the reader's own poll: one record at a time as they become readable
-        for record in iter(lambda: consumer.poll(0), None):
-            read += record.error() is None
+        fetch()
         time.sleep(_PACING_S)
     producer.flush(10)
+    deadline = time.monotonic() + 30
+    while read < sent and time.monotonic() < deadline:
+        fetch()
+        time.sleep(_PACING_S)
     consumer.close()
-    return read
+    return {"records_sent": sent, "records_read": read}
 
 
 # -- backlog drain ---------------------------------------------------------------------------
@@ -667,7 +684,7 @@ def bench_gateway(
         tempfile.TemporaryDirectory(prefix="iotwatch-bench-") as tmp,
         _brokers(app.settings, Path(tmp), configured_kafka) as (settings, brokers),
     ):
-        warmup_records = warm_kafka(settings, rate, warmup_s)
+        warmup = warm_kafka(settings, rate, warmup_s)
         receive_maximum = settings.gateway.max_inflight
         counts = sorted({1, processes})
         drains: dict[str, dict[str, Any]] = {}
@@ -705,7 +722,7 @@ def bench_gateway(
         "devices": devices,
         "processes": processes,
         **brokers,
-        "kafka_warmup": {"seconds": warmup_s, "msgs_per_s": rate, "records_read": warmup_records},
+        "kafka_warmup": {"seconds": warmup_s, "msgs_per_s": rate, **warmup},
         "backlog_drain": {
             **{f"processes_{n}": drains[str(n)] for n in (str(c) for c in counts)},
             "gateway_scaling": _ratio(many["gateway_msgs_per_s"], one["gateway_msgs_per_s"]),
