@@ -42,7 +42,14 @@ JVM_OPTIONS = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headle
 #: node clusters here; a deployment raises them), topics and groups looked for every few
 #: seconds rather than every ten minutes, checkpoints, group offsets and heartbeats every
 #: second, source offsets saved every 5 s (what a kill -9 re-sends at most).
+#: MirrorMaker's connectors declare themselves in ServiceLoader manifests: reading those
+#: replaces the reflective scan of every jar that Connect's default makes for the driver and
+#: each herder (seconds each, tens of seconds on a busy host). Set at the top level for the
+#: driver and per cluster for the herders, whose worker configuration takes its target's keys.
+PLUGIN_DISCOVERY = "service_load"
+
 REPLICATION_SETTINGS = {
+    "plugin.discovery": PLUGIN_DISCOVERY,
     "replication.factor": "1",
     "checkpoints.topic.replication.factor": "1",
     "heartbeats.topic.replication.factor": "1",
@@ -103,6 +110,7 @@ def mm2_properties(site: ClusterLink, central: ClusterLink, topics: TopicSetting
     }
     for cluster in (site, central):
         settings[f"{cluster.alias}.bootstrap.servers"] = cluster.bootstrap_servers
+        settings[f"{cluster.alias}.plugin.discovery"] = PLUGIN_DISCOVERY
         for key, value in (cluster.client or {}).items():
             settings[f"{cluster.alias}.{key}"] = value
     return settings

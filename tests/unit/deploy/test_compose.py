@@ -604,7 +604,7 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
     """The site's MirrorMaker logs in on both clusters with SCRAM as the mirror user, and its
     configuration runs the embedded stack's flows and replication settings
     (iotwatch/stack/mirror_maker.py); the site's relay delivers the centre's commands."""
-    from iotwatch.stack.mirror_maker import REPLICATION_SETTINGS
+    from iotwatch.stack.mirror_maker import PLUGIN_DISCOVERY, REPLICATION_SETTINGS
 
     services = compose["services"]
     site = {name: svc for name, svc in services.items() if name.startswith("site1-")}
@@ -632,6 +632,7 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
     lines = [line for line in template.read_text().splitlines() if line and not line.startswith("#")]
     properties = dict(line.split("=", 1) for line in lines)
     assert {k: v for k, v in properties.items() if k in REPLICATION_SETTINGS} == REPLICATION_SETTINGS
+    assert properties["SITE.plugin.discovery"] == properties["central.plugin.discovery"] == PLUGIN_DISCOVERY
     assert properties["SITE->central.topics"] == r"iot\\.telemetry\\.raw|iot\\.telemetry\\.dlq|iot\\.commands\\.replies"
     assert properties["central->SITE.topics"] == r"iot\\.commands"
     # the mirror user, with the grants of the site's init step and the centre's for this site
