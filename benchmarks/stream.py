@@ -28,7 +28,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.models.catalog import make
-from iotwatch.settings import Settings
+from iotwatch.settings import Settings, StreamSettings
 from iotwatch.stack import EmbeddedStack
 from iotwatch.stats import quantile, quantiles
 
@@ -185,6 +185,29 @@ def _spike_alerts(
                 found.append((alert.first_event_ms, message.timestamp()[1]))
     consumer.close()
     return found
+
+
+def detector_costs(stream: StreamSettings, readings: int = 20_000) -> list[dict[str, Any]]:
+    """Each detector of the job: the device types it scores, its state row per metric, and
+    nanoseconds per metric-reading through its compiled kernel (one batch call) against the
+    same step called once a reading through its class (:func:`iotwatch.models.kernels.benchmark`)."""
+    from iotwatch.models.kernels import benchmark, kernel_for
+
+    detectors = [stream.device_detector, *sorted(set(stream.device_detectors.values()) - {stream.device_detector})]
+    out = []
+    for name in detectors:
+        types = sorted(t for t, d in stream.device_detectors.items() if d == name)
+        cost = benchmark(name, streams=200, readings=readings)
+        out.append(
+            {
+                "detector": name,
+                "device_types": "every type not named" if name == stream.device_detector else types,
+                "state_bytes_per_metric": kernel_for(name).STATE_SIZE * 8,
+                "batch_ns_per_reading": cost["batch_ns"],
+                "class_ns_per_reading": cost["class_ns"],
+            }
+        )
+    return out
 
 
 def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, devices: int = 100) -> dict[str, Any]:
@@ -410,6 +433,7 @@ def bench_stream(
         ),
         "latency": latency,
         "startup": startup,
+        "detectors": detector_costs(base.stream),
         "spark_master": base.stream.spark_master,
         "shuffle_partitions": base.stream.shuffle_partitions,
         "max_offsets_per_trigger": base.stream.max_offsets_per_trigger,
@@ -432,6 +456,11 @@ def _render(result: dict[str, Any]) -> None:
         f"the query started on a backlog of {startup['records']} readings "
         f"(first micro-batch {startup['first_batch_ms']} ms; {startup['spikes_alerted']}/{startup['devices']} spikes)"
     )
+    for row in result["detectors"]:
+        click.echo(
+            f"detector {row['detector']} ({row['device_types']}): {row['state_bytes_per_metric']} B a metric, "
+            f"{row['batch_ns_per_reading']} ns a metric-reading (one call a reading: {row['class_ns_per_reading']} ns)"
+        )
     for row in result["latency"]:
         click.echo(
             f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "

@@ -175,7 +175,7 @@ def run_alerts(
 ) -> list[RaisedAlert]:
     """Every device's messages through :class:`PartitionEngine`, with the silence timer; the raised alerts."""
     engine = PartitionEngine(settings)
-    store = MemoryStore(engine.kernel.STATE_SIZE, engine.seq_words)
+    store = MemoryStore(engine.state_sizes, engine.seq_words)
     timeout_ms = int(settings.silence_timeout_s * 1000)
     alerts: list[RaisedAlert] = []
 
@@ -275,6 +275,9 @@ def evaluate_fleet(
         for name in (
             "device_detector",
             "device_detector_params",
+            "device_detectors",
+            "detector_params",
+            "detector_alert_scores",
             "alert_fire_score",
             "alert_clear_score",
             "alert_hold_readings",

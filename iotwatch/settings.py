@@ -443,6 +443,24 @@ class StreamSettings(_ConcernSettings):
         "the job runs exactly what score-csv and `iotwatch evaluate` measure (a test holds them "
         "equal) -- see models/episode_likelihood.py",
     )
+    device_detectors: dict[str, str] = Field(
+        default_factory=dict,
+        description="detector per device type (JSON, type -> detector with a compiled kernel), for the "
+        "types that need another than device_detector: e.g. a detector whose state is too large for "
+        "the whole fleet on the few types that need it (streaming/detector_plan.py); other types run "
+        "device_detector",
+    )
+    detector_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="parameters (JSON, detector -> parameters) of the detectors device_detectors names; "
+        "device_detector's are device_detector_params",
+    )
+    detector_alert_scores: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"episode_likelihood": (0.40, 0.35), "cad_ose": (0.77, 0.70)},
+        description="the anomaly rule's fire and clear scores (JSON, detector -> [fire, clear]) for the "
+        "detectors device_detectors names: each detector's scores have their own scale (cad_ose: 0.77 is "
+        "its optimum on NAB); device_detector's are alert_fire_score and alert_clear_score",
+    )
     alert_fire_score: float = Field(
         0.40,
         gt=0,
@@ -490,6 +508,31 @@ class StreamSettings(_ConcernSettings):
     def runbook_url(self, rule: str) -> str:
         """The runbook link of ``rule``'s alerts."""
         return self.runbook_urls.get(rule) or self.runbook_url_template.format(rule=rule)
+
+    @field_validator("detector_alert_scores")
+    @classmethod
+    def _check_alert_scores(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for detector, (fire, clear) in value.items():
+            if not 0 <= clear < fire <= 1:
+                raise ValueError(f"{detector}: the clear score must be below the fire score, both in [0, 1]")
+        return value
+
+    def detector_of(self, device_type: str | None) -> str:
+        """The detector that scores the metrics of ``device_type`` (``None``: a stream of no
+        known type, such as a CSV file given to ``score-csv`` or ``evaluate``)."""
+        return self.device_detectors.get(device_type or "", self.device_detector)
+
+    def detector_params_of(self, detector: str) -> dict[str, Any]:
+        """The parameters the job runs ``detector`` with (over the detector's own defaults)."""
+        if detector == self.device_detector:
+            return dict(self.device_detector_params)
+        return dict(self.detector_params.get(detector, {}))
+
+    def alert_scores_of(self, detector: str) -> tuple[float, float]:
+        """The anomaly rule's fire and clear scores on ``detector``'s scores."""
+        if detector == self.device_detector:
+            return self.alert_fire_score, self.alert_clear_score
+        return self.detector_alert_scores.get(detector, (self.alert_fire_score, self.alert_clear_score))
 
 
 class RegistrySettings(_ConcernSettings):

@@ -34,10 +34,17 @@ _Placed = tuple[tuple[int, int, int], AlertRecord]
 
 @dataclass(frozen=True)
 class AlertRules:
-    """The job's rules with their anti-flap parameters (:func:`iotwatch.streaming.rules.rule_specs`)."""
+    """The job's rules with their anti-flap parameters (:func:`iotwatch.streaming.rules.rule_specs`);
+    ``anomaly_banks``: the anomaly rule on each detector bank's scores (its levels and
+    detector, :class:`~iotwatch.streaming.detector_plan.DetectorPlan`), chosen by each
+    reading's bank (none: ``specs``' for all)."""
 
     settings: StreamSettings
     specs: dict[str, RuleSpec]
+    anomaly_banks: tuple[RuleSpec, ...] = ()
+
+    def _anomaly_spec(self, bank: int) -> RuleSpec:
+        return self.anomaly_banks[bank] if self.anomaly_banks else self.specs[Rule.ANOMALY_SCORE]
 
     @property
     def timeout_ms(self) -> int:
@@ -66,14 +73,19 @@ class AlertRules:
             describe[Rule.FLEET_ANOMALY] = describe_fleet
         bounds = np.searchsorted(readings.device, np.arange(len(batch.devices) + 1))
         for rule, (applies, score) in scores.items():
-            spec = self.specs[rule]
-            firing = applies & (score >= spec.fire)
+            fire: float | np.ndarray = self.specs[rule].fire
+            if rule == Rule.ANOMALY_SCORE and self.anomaly_banks:
+                fire = np.array([spec.fire for spec in self.anomaly_banks])[readings.bank]
+            firing = applies & (score >= fire)
             candidates = set(np.unique(readings.device[firing]).tolist()) | book.open_devices(rule)
             for d in sorted(candidates):
                 lo, hi = bounds[d], bounds[d + 1]
                 idx = lo + np.flatnonzero(applies[lo:hi])
+                spec = self.specs[rule]
+                if rule == Rule.ANOMALY_SCORE and hi > lo:
+                    spec = self._anomaly_spec(int(readings.bank[lo]))
                 found.extend(
-                    self._run_episode(sequenced, readings, book, d, rule, idx, score, firing, describe[rule], fleet)
+                    self._run_episode(sequenced, readings, book, d, spec, idx, score, firing, describe[rule], fleet)
                 )
         found.extend(self._silences_in_log(batch, sequenced, readings, book))
         found.sort(key=lambda item: item[0])
@@ -85,14 +97,15 @@ class AlertRules:
         readings: ScoredReadings,
         book: EpisodeBook,
         d: int,
-        rule: str,
+        spec: RuleSpec,
         idx: np.ndarray,
         score: np.ndarray,
         firing: np.ndarray,
         describe: Describe,
         fleet: FleetScores | None,
     ) -> list[_Placed]:
-        spec, episode = self.specs[rule], book.episode(d, rule)
+        rule = spec.name
+        episode = book.episode(d, rule)
         context = book.context(d)
         hot = np.flatnonzero(firing[idx])
         out = []
@@ -110,6 +123,8 @@ class AlertRules:
                 updates: dict[str, object] = dict(readings.position(i))
                 if rule == Rule.FLEET_ANOMALY and fleet is not None:
                     updates["model_version"] = fleet.versions[readings.device_type[i]]
+                elif rule == Rule.ANOMALY_SCORE and spec.detector != self.specs[rule].detector:
+                    updates["model_version"] = f"{spec.detector}@online"  # a device type's own detector
                 if updates:
                     alert = msgspec.structs.replace(alert, **updates)
                 out.append(((d, int(sequenced.scored[i]), RULE_CODE[rule]), alert))
@@ -129,11 +144,10 @@ class AlertRules:
         return describe
 
     def _describe_anomaly(self, readings: ScoredReadings) -> Describe:
-        fire = self.specs[Rule.ANOMALY_SCORE].fire
-
         def describe(i: int, metric: str | None = None) -> Observation:
             """The most anomalous metric of the reading; or ``metric``, the one the open alert
             was raised on, so that its clear speaks of the same metric."""
+            fire = self._anomaly_spec(int(readings.bank[i])).fire
             span = readings.entries(i)
             ranked = sorted(
                 (

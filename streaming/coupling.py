@@ -55,8 +55,8 @@ def explained_entries(
     names: np.ndarray,
     surprises: np.ndarray,
     *,
-    moved: float,
-    broken: float,
+    moved: float | np.ndarray,
+    broken: float | np.ndarray,
     couplings: tuple[Coupling, ...] = COUPLINGS,
 ) -> np.ndarray:
     """Which metric entries' scores a coupling explains (boolean, one per entry).
@@ -64,7 +64,8 @@ def explained_entries(
     ``reading_type`` is each reading's device type, ``entry_reading`` each entry's reading
     (entries of a reading are contiguous), ``names``/``surprises`` each entry's metric and
     detector surprise (NaN: not scored). A moving metric moved when its surprise is at
-    least ``moved``; the witness broke when its surprise is at least ``broken``."""
+    least ``moved``; the witness broke when its surprise is at least ``broken`` (each a
+    level, or one per reading: its detector's)."""
     explained = np.zeros(len(names), dtype=bool)
     if not len(names):
         return explained

@@ -8,8 +8,12 @@ not Python work per device (at 100k devices a batch touches as many states as re
 - per device (row ``d``): ``ids``, ``device_type``, ``site``, ``core`` and ``seqs`` rows;
 - per (device, metric), rows grouped by device in slot order (a metric's *slot* is its
   rank among its device's metrics, the number episodes and buckets refer to):
-  ``metric_device``, ``metric_name``, ``metric_last`` and ``metric_detector``, the row of
-  its detector state in ``detectors`` (-1: a metric the detectors do not see);
+  ``metric_device``, ``metric_name``, ``metric_last``, ``metric_bank`` and
+  ``metric_detector``, the row of its detector state in ``detectors[metric_bank]`` (-1: a
+  metric the detectors do not see);
+- ``detectors``: one array of state rows per *bank*, a detector kernel of the job (its rows
+  are that kernel's width: a device type may run a detector whose state is a hundred times
+  another's, see :mod:`iotwatch.streaming.detector_plan`);
 - non-idle alert episodes (``episode_device``, ``episodes``, ``peaks``) and open aggregate
   buckets (``bucket_device``, ``buckets``), each grouped by device.
 
@@ -22,6 +26,7 @@ bytes per device are the cost of a large fleet; LZ4 costs under a microsecond a 
 
 from __future__ import annotations
 
+import builtins
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,14 +45,20 @@ from iotwatch.streaming.device_state import (
 )
 
 #: First bytes of a serialised table, and of a compressed one (a state-store value of the
-#: previous, per-device layout starts with a name length, never this large).
-MAGIC = b"IWT1"
+#: previous, per-device layout starts with a name length, never this large). ``IWT1``, the
+#: layout of one detector bank, is still read (as bank 0).
+MAGIC = b"IWT2"
+MAGIC_ONE_BANK = b"IWT1"
 COMPRESSED = b"IWZ1"
 _RAW_LENGTH = struct.Struct("<Q")
 _SEP = "\x1f"
-#: After MAGIC: devices, metrics, detector rows, episodes, buckets, seq words, detector
-#: state size, and the byte lengths of the five string parts.
-_HEADER = struct.Struct("<7I5I")
+#: After MAGIC: devices, metrics, episodes, buckets, seq words, banks, and the byte lengths
+#: of the five string parts; then each bank's rows and row size.
+_HEADER = struct.Struct("<6I5I")
+_BANK = struct.Struct("<2I")
+#: After MAGIC_ONE_BANK: devices, metrics, detector rows, episodes, buckets, seq words,
+#: detector state size, and the five string lengths.
+_HEADER_ONE_BANK = struct.Struct("<7I5I")
 
 
 def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -92,7 +103,8 @@ class DeviceTable:
     metric_name: np.ndarray
     metric_last: np.ndarray
     metric_detector: np.ndarray
-    detectors: np.ndarray
+    metric_bank: np.ndarray
+    detectors: list[np.ndarray]
     episode_device: np.ndarray
     episodes: np.ndarray
     peaks: np.ndarray
@@ -103,8 +115,9 @@ class DeviceTable:
         return len(self.ids)
 
     @classmethod
-    def empty(cls, ids: Sequence[str] | np.ndarray, seq_words: int, state_size: int) -> DeviceTable:
-        """New devices: no type or site yet, nothing seen (seq high-water mark -1)."""
+    def empty(cls, ids: Sequence[str] | np.ndarray, seq_words: int, state_sizes: Sequence[int]) -> DeviceTable:
+        """New devices: no type or site yet, nothing seen (seq high-water mark -1);
+        ``state_sizes``: the row width of each detector bank."""
         n = len(ids)
         core = np.zeros((n, len(CORE_FIELDS)), dtype=np.int64)
         core[:, SEQ_HIGH] = -1
@@ -120,7 +133,8 @@ class DeviceTable:
             _strings([]),
             np.zeros(0),
             none,
-            np.zeros((0, state_size)),
+            none,
+            [np.zeros((0, size)) for size in state_sizes],
             none,
             np.zeros((0, len(EPISODE_FIELDS)), dtype=np.int64),
             np.zeros(0),
@@ -138,20 +152,32 @@ class DeviceTable:
         bounds = np.searchsorted(self.metric_device, [d, d + 1])
         return list(self.metric_name[bounds[0] : bounds[1]])
 
-    def add_metrics(self, device: np.ndarray, name: np.ndarray, watched: np.ndarray, initial: np.ndarray) -> np.ndarray:
+    def add_metrics(
+        self,
+        device: np.ndarray,
+        name: np.ndarray,
+        watched: np.ndarray,
+        bank: np.ndarray,
+        initials: Sequence[np.ndarray],
+    ) -> np.ndarray:
         """Append new (device, metric) rows -- after each device's existing ones, in the given
-        order -- with a fresh detector row for the ``watched`` ones. Rows move: returns where
-        each row went, the existing ones first, then the new ones in the given order."""
-        q = len(self.detectors)
+        order -- with a fresh detector row (``initials[bank]``) in its ``bank`` for the
+        ``watched`` ones. Rows move: returns where each row went, the existing ones first,
+        then the new ones in the given order."""
         detector = np.full(len(device), -1, dtype=np.int64)
-        detector[watched] = q + np.arange(int(watched.sum()))
-        self.detectors = np.ascontiguousarray(np.vstack([self.detectors, np.tile(initial, (int(watched.sum()), 1))]))
+        for b, initial in enumerate(initials):
+            mine = watched & (bank == b)
+            count = int(mine.sum())
+            if count:
+                detector[mine] = len(self.detectors[b]) + np.arange(count)
+                self.detectors[b] = np.ascontiguousarray(np.vstack([self.detectors[b], np.tile(initial, (count, 1))]))
         all_device = np.concatenate([self.metric_device, device.astype(np.int64)])
         order = np.argsort(all_device, kind="stable")
         self.metric_device = all_device[order]
         self.metric_name = np.concatenate([self.metric_name, name.astype(object)])[order]
         self.metric_last = np.concatenate([self.metric_last, np.full(len(device), np.nan)])[order]
         self.metric_detector = np.concatenate([self.metric_detector, detector])[order]
+        self.metric_bank = np.concatenate([self.metric_bank, np.where(watched, bank, 0).astype(np.int64)])[order]
         position = np.empty(len(order), dtype=np.int64)
         position[order] = np.arange(len(order))
         return position
@@ -171,10 +197,7 @@ class DeviceTable:
             return order, mapped[order]
 
         m, metric_device = grouped(self.metric_device)
-        detector = self.metric_detector[m]
-        used = detector >= 0
-        renumbered = np.full(len(m), -1, dtype=np.int64)
-        renumbered[used] = np.arange(int(used.sum()))
+        renumbered, detectors = self._pick_detectors(m)
         e, episode_device = grouped(self.episode_device)
         b, bucket_device = grouped(self.bucket_device)
         return DeviceTable(
@@ -187,7 +210,8 @@ class DeviceTable:
             self.metric_name[m],
             self.metric_last[m],
             renumbered,
-            np.ascontiguousarray(self.detectors[detector[used]]),
+            self.metric_bank[m],
+            detectors,
             episode_device,
             self.episodes[e],
             self.peaks[e],
@@ -200,10 +224,7 @@ class DeviceTable:
         m = slice(*np.searchsorted(self.metric_device, [lo, hi]).tolist())
         e = slice(*np.searchsorted(self.episode_device, [lo, hi]).tolist())
         b = slice(*np.searchsorted(self.bucket_device, [lo, hi]).tolist())
-        detector = self.metric_detector[m]
-        used = detector >= 0
-        renumbered = np.full(len(detector), -1, dtype=np.int64)
-        renumbered[used] = np.arange(int(used.sum()))
+        renumbered, detectors = self._pick_detectors(m)
         return DeviceTable(
             self.ids[lo:hi],
             self.device_type[lo:hi],
@@ -214,13 +235,26 @@ class DeviceTable:
             self.metric_name[m],
             self.metric_last[m],
             renumbered,
-            np.ascontiguousarray(self.detectors[detector[used]]),
+            self.metric_bank[m],
+            detectors,
             self.episode_device[e] - lo,
             self.episodes[e],
             self.peaks[e],
             self.bucket_device[b] - lo,
             self.buckets[b],
         )
+
+    def _pick_detectors(self, m: np.ndarray | builtins.slice) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The detector rows of the metric rows ``m``, each bank's in metric order, and
+        each metric's row in its bank's new array (-1: not watched)."""
+        detector, bank = self.metric_detector[m], self.metric_bank[m]
+        renumbered = np.full(len(detector), -1, dtype=np.int64)
+        picked = []
+        for b, rows in enumerate(self.detectors):
+            used = (detector >= 0) & (bank == b)
+            renumbered[used] = np.arange(int(used.sum()))
+            picked.append(np.ascontiguousarray(rows[detector[used]]))
+        return renumbered, picked
 
     @classmethod
     def concat(cls, tables: Sequence[DeviceTable]) -> DeviceTable:
@@ -229,7 +263,9 @@ class DeviceTable:
         if len(tables) == 1:
             return first
         base = np.cumsum([0] + [len(t) for t in tables[:-1]])
-        detector_base = np.cumsum([0] + [len(t.detectors) for t in tables[:-1]])
+        banks = len(first.detectors)
+        # where each table's rows start in each bank's joined array: (tables, banks)
+        detector_base = np.cumsum([[0] * banks] + [[len(d) for d in t.detectors] for t in tables[:-1]], axis=0)
         cat = np.concatenate
         return cls(
             cat([t.ids for t in tables]),
@@ -242,11 +278,12 @@ class DeviceTable:
             cat([t.metric_last for t in tables]),
             cat(
                 [
-                    np.where(t.metric_detector >= 0, t.metric_detector + b, -1)
+                    np.where(t.metric_detector >= 0, t.metric_detector + b[t.metric_bank], -1)
                     for t, b in zip(tables, detector_base, strict=True)
                 ]
             ),
-            np.ascontiguousarray(cat([t.detectors for t in tables])),
+            cat([t.metric_bank for t in tables]),
+            [np.ascontiguousarray(cat([t.detectors[b] for t in tables])) for b in range(banks)],
             cat([t.episode_device + b for t, b in zip(tables, base, strict=True)]),
             cat([t.episodes for t in tables]),
             cat([t.peaks for t in tables]),
@@ -274,20 +311,21 @@ class DeviceTable:
         header = MAGIC + _HEADER.pack(
             len(self),
             len(self.metric_device),
-            len(self.detectors),
             len(self.episodes),
             len(self.buckets),
             self.seqs.shape[1],
-            self.detectors.shape[1],
+            len(self.detectors),
             len(ids),
             len(type_vocabulary),
             len(site_vocabulary),
             len(name_vocabulary),
             0,
         )
+        banks = b"".join(_BANK.pack(*rows.shape) for rows in self.detectors)
         return b"".join(
             [
                 header,
+                banks,
                 ids,
                 type_vocabulary,
                 site_vocabulary,
@@ -300,7 +338,8 @@ class DeviceTable:
                 self.metric_device.astype(np.int32).tobytes(),
                 self.metric_last.tobytes(),
                 self.metric_detector.astype(np.int32).tobytes(),
-                self.detectors.tobytes(),
+                self.metric_bank.astype(np.int8).tobytes(),
+                *(rows.tobytes() for rows in self.detectors),
                 self.episode_device.astype(np.int32).tobytes(),
                 self.episodes.astype(np.int64).tobytes(),
                 self.peaks.tobytes(),
@@ -310,7 +349,9 @@ class DeviceTable:
         )
 
     @classmethod
-    def from_bytes(cls, blob: bytes, state_size: int) -> DeviceTable:
+    def from_bytes(cls, blob: bytes, state_sizes: Sequence[int]) -> DeviceTable:
+        """A table of :meth:`to_bytes`, whose detector banks must be ``state_sizes`` wide
+        (a table of one bank, ``IWT1``, is bank 0 and the others start empty)."""
         if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
             blob = pa.decompress(
@@ -319,15 +360,23 @@ class DeviceTable:
                 codec="lz4",
                 asbytes=True,
             )
-        if blob[: len(MAGIC)] != MAGIC:
+        at = len(MAGIC)
+        if blob[: len(MAGIC)] == MAGIC:
+            n, p, e, b, words, count, *lengths = _HEADER.unpack_from(blob, at)
+            at += _HEADER.size
+            banks = [_BANK.unpack_from(blob, at + k * _BANK.size) for k in range(count)]
+            at += count * _BANK.size
+        elif blob[: len(MAGIC_ONE_BANK)] == MAGIC_ONE_BANK:
+            n, p, q, e, b, words, size, *lengths = _HEADER_ONE_BANK.unpack_from(blob, at)
+            at += _HEADER_ONE_BANK.size
+            banks = [(q, size)] + [(0, width) for width in state_sizes[1:]]
+        else:
             raise ValueError("not a device table")
-        n, p, q, e, b, words, size, *lengths = _HEADER.unpack_from(blob, len(MAGIC))
-        if size != state_size:
+        if [size for _, size in banks] != list(state_sizes):
             raise ValueError(
-                f"device state holds detector rows of {size} numbers, this detector keeps {state_size}: "
-                f"the detector changed; start from a new checkpoint"
+                f"device state holds detector rows of {[size for _, size in banks]} numbers, this job's detectors "
+                f"keep {list(state_sizes)}: the detectors changed; start from a new checkpoint"
             )
-        at = len(MAGIC) + _HEADER.size
         text = []
         for length in lengths[:4]:
             text.append(blob[at : at + length])
@@ -341,17 +390,26 @@ class DeviceTable:
 
         type_codes, site_codes, name_codes = array(np.int32, n), array(np.int32, n), array(np.int32, p)
         ids = _strings(text[0].decode().split(_SEP)) if n else _strings([])
+        core = array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS)))
+        seqs = array(np.uint64, n * words, (n, words))
+        metric_device = array(np.int32, p).astype(np.int64)
+        metric_last = array(np.float64, p)
+        metric_detector = array(np.int32, p).astype(np.int64)
+        one_bank = blob[: len(MAGIC)] == MAGIC_ONE_BANK
+        metric_bank = np.zeros(p, dtype=np.int64) if one_bank else array(np.int8, p).astype(np.int64)
+        detectors = [array(np.float64, rows * size, (rows, size)) for rows, size in banks]
         return cls(
             ids,
             _decode_strings(text[1], type_codes),
             _decode_strings(text[2], site_codes),
-            array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS))),
-            array(np.uint64, n * words, (n, words)),
-            array(np.int32, p).astype(np.int64),
+            core,
+            seqs,
+            metric_device,
             _decode_strings(text[3], name_codes),
-            array(np.float64, p),
-            array(np.int32, p).astype(np.int64),
-            array(np.float64, q * size, (q, size)),
+            metric_last,
+            metric_detector,
+            metric_bank,
+            detectors,
             array(np.int32, e).astype(np.int64),
             array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))),
             array(np.float64, e),
@@ -362,9 +420,15 @@ class DeviceTable:
     # -- one device as a record (tests, tools, the per-device layout) ------------------------------------
 
     def state(self, d: int) -> DeviceState:
-        """Device ``d``'s state in the per-device layout."""
+        """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
+        device's metrics share its type's detector)."""
         one = self.take(np.array([d]))
-        detectors = one.detectors[one.metric_detector[one.metric_detector >= 0]]
+        watched = one.metric_detector >= 0
+        banks = np.unique(one.metric_bank[watched])
+        bank = int(banks[0]) if len(banks) else 0
+        if len(banks) > 1:
+            raise ValueError(f"device {one.ids[0]} has detector rows in banks {banks.tolist()}")
+        detectors = one.detectors[bank][one.metric_detector[watched]]
         return DeviceState(
             str(one.device_type[0]),
             str(one.site[0]),
@@ -380,10 +444,11 @@ class DeviceTable:
 
     @classmethod
     def from_states(
-        cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_size: int
+        cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_sizes: Sequence[int]
     ) -> DeviceTable:
-        """Devices from their per-device states (a checkpoint in the per-device layout)."""
-        table = cls.empty(ids, seq_words, state_size)
+        """Devices from their per-device states (a checkpoint in the per-device layout,
+        which kept one detector: its rows go to bank 0)."""
+        table = cls.empty(ids, seq_words, state_sizes)
         if not states:
             return table
         table.device_type = _strings([s.device_type for s in states])
@@ -397,7 +462,9 @@ class DeviceTable:
         # the per-device layout kept a detector row for each scored metric, in metric order
         watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
         table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
-        table.detectors = np.ascontiguousarray(np.concatenate([s.detectors for s in states]).reshape(-1, state_size))
+        table.metric_bank = np.zeros(len(watched), dtype=np.int64)
+        rows = np.concatenate([s.detectors for s in states]).reshape(-1, state_sizes[0])
+        table.detectors[0] = np.ascontiguousarray(rows)
         table.episode_device = np.repeat(np.arange(len(states)), [len(s.episodes) for s in states])
         table.episodes = np.concatenate([s.episodes for s in states]).astype(np.int64).reshape(-1, len(EPISODE_FIELDS))
         table.peaks = np.concatenate([s.peaks for s in states])

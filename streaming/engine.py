@@ -9,8 +9,8 @@ microseconds per reading, because every step works on whole columns:
    (:mod:`iotwatch.streaming.sorted_batch`, compiled): dead letters, duplicates, late records, clock
    steps, counter resets;
 2. the readings' metrics cleaned (units, derived metrics, physical ranges) and every scored
-   metric through the device detector's compiled kernel in one call
-   (:mod:`iotwatch.streaming.scored_readings`);
+   metric through its device type's detector kernel, one call per detector
+   (:mod:`iotwatch.streaming.scored_readings`, :mod:`iotwatch.streaming.detector_plan`);
 3. fleet-model scores per device type (:mod:`iotwatch.streaming.fleet_scoring`);
 4. rule scores per reading, then the alert lifecycle only where a rule fires or an alert is
    open (:mod:`iotwatch.streaming.alert_rules`, episodes kept by :mod:`iotwatch.streaming.episode_book`);
@@ -29,12 +29,11 @@ import time
 from collections.abc import Iterable
 
 from iotwatch.contract.detection import Rule
-from iotwatch.models.catalog import make
-from iotwatch.models.kernels import Kernel, kernel_for
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming import rules
 from iotwatch.streaming.aggregates import close_buckets, flush_buckets
 from iotwatch.streaming.alert_rules import AlertRules
+from iotwatch.streaming.detector_plan import DetectorPlan
 from iotwatch.streaming.episode_book import EpisodeBook
 from iotwatch.streaming.fleet_scoring import FleetLookup, fleet_scores
 from iotwatch.streaming.partition_io import BatchOutput, DeviceStore, RecordColumns, empty_readings
@@ -54,11 +53,10 @@ class PartitionEngine:
         self.settings = settings
         self.fleet_models = fleet_models
         self.detector_name = settings.device_detector
-        kernel = kernel_for(self.detector_name)
-        params = kernel.params_vector(make(self.detector_name, **dict(settings.device_detector_params)))
         specs = rules.rule_specs(settings, self.detector_name)
-        self.scorer = DeviceScorer(kernel, params, kernel.initial_state(params), specs[Rule.ANOMALY_SCORE])
-        self.rules = AlertRules(settings, specs)
+        self.plan = DetectorPlan.from_settings(settings, specs[Rule.ANOMALY_SCORE])
+        self.scorer = DeviceScorer(self.plan)
+        self.rules = AlertRules(settings, specs, tuple(bank.anomaly for bank in self.plan.banks))
         self.model_version = model_version or f"{self.detector_name}@online"
         self.lateness_ms = int(settings.allowed_lateness_s * 1000)
         self.bucket_ms = settings.aggregate_interval_s * 1000
@@ -67,9 +65,9 @@ class PartitionEngine:
         self.seq_words = self.window // 64
 
     @property
-    def kernel(self) -> Kernel:
-        """The device detector's compiled kernel (its state size sizes the state store)."""
-        return self.scorer.kernel
+    def state_sizes(self) -> list[int]:
+        """The row width of each detector bank (the state store's detector arrays)."""
+        return self.plan.state_sizes
 
     def process(self, store: DeviceStore, records: RecordColumns, now_ms: int | None = None) -> BatchOutput:
         """Handle one partition's records of a micro-batch; device state is read from and

@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
+from iotwatch.models.kernels import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator
@@ -166,6 +167,7 @@ def start(
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
     stream = settings.stream
+    check_kernels({stream.device_detector, *stream.device_detectors.values()})  # here, not in a task
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too

@@ -3,6 +3,8 @@ first time the device reports the metric, and the metric's newest in-range value
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -11,22 +13,29 @@ from iotwatch.streaming.device_table import DeviceTable
 
 
 def assign_slots(
-    table: DeviceTable, pair_device: np.ndarray, pair_name: np.ndarray, initial: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    table: DeviceTable,
+    pair_device: np.ndarray,
+    pair_name: np.ndarray,
+    pair_bank: np.ndarray,
+    initials: Sequence[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each (device, metric) pair (distinct): its row in the table's metrics, added
-    when new; its slot (rank among its device's metrics); and its detector row (-1 for
-    metrics the detectors do not see)."""
+    when new (its detector state a fresh row of ``initials[pair_bank]``); its slot (rank
+    among its device's metrics); its detector row (-1 for metrics the detectors do not
+    see) and the bank that row is in."""
     rows = _metric_rows(table, pair_device, pair_name)
     new = np.flatnonzero(rows < 0)
     if len(new):
         watched = scored_names(pair_name[new])
         known = len(table.metric_device)
-        moved = table.add_metrics(pair_device[new], pair_name[new], watched, initial)
+        moved = table.add_metrics(pair_device[new], pair_name[new], watched, pair_bank[new], initials)
         found = rows >= 0
         rows[found] = moved[rows[found]]
         rows[new] = moved[known:]
-    slots = rows - table.metric_bounds()[pair_device] if len(rows) else rows
-    return rows, slots, table.metric_detector[rows] if len(rows) else rows
+    if not len(rows):
+        return rows, rows, rows, rows
+    slots = rows - table.metric_bounds()[pair_device]
+    return rows, slots, table.metric_detector[rows], table.metric_bank[rows]
 
 
 def _metric_rows(table: DeviceTable, pair_device: np.ndarray, pair_name: np.ndarray) -> np.ndarray:

@@ -87,7 +87,8 @@ class PartitionProcessor(StatefulProcessor):
 
         self.all_settings: Settings = pickle.loads(self._pickled_settings)
         self.settings: StreamSettings = self.all_settings.stream
-        kernel_for(self.settings.device_detector).warm()
+        for detector in {self.settings.device_detector, *self.settings.device_detectors.values()}:
+            kernel_for(detector).warm()
         sequencing.warm()
         freeze_startup_heap()
         engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))
@@ -98,7 +99,7 @@ class PartitionProcessor(StatefulProcessor):
             self.settings.state_shards,
             self.ttl_ms,
             engine.seq_words,
-            engine.kernel.STATE_SIZE,
+            engine.state_sizes,
             self.shard_tokens,
         )
         if self.settings.shard_cache:

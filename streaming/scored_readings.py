@@ -1,5 +1,5 @@
 """The readings of a micro-batch, cleaned and scored: every scored metric of every reading
-through the device detector's compiled kernel in one call.
+through its device type's detector kernel, one call per detector of the job.
 
 The result, :class:`ScoredReadings`, is the columns the rules, the alert lifecycle, the
 aggregates and the output frame read: per reading and per entry (one metric of one reading),
@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from iotwatch.models.kernels import Kernel
 from iotwatch.streaming import rules
-from iotwatch.streaming.alerting import RuleSpec
 from iotwatch.streaming.cleaning import clean_entries, entry_column, scored_names
 from iotwatch.streaming.coupling import explained_entries
+from iotwatch.streaming.detector_plan import DetectorPlan
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.metric_slots import assign_slots, remember_last
 from iotwatch.streaming.sorted_batch import Sequenced, SortedBatch
@@ -33,6 +32,7 @@ class ScoredReadings:
 
     device: np.ndarray  # int64: row in the devices' state table
     device_type: np.ndarray
+    bank: np.ndarray  # int64: the detector bank of its device type (the anomaly rule's levels)
     event: np.ndarray
     seq: np.ndarray
     ts: np.ndarray
@@ -80,18 +80,16 @@ class ScoredReadings:
 
 @dataclass(frozen=True)
 class DeviceScorer:
-    """The device detector of the job: its compiled kernel, parameters and the state row a
-    new (device, metric) starts from, with the anomaly rule's levels (a coupling that
-    explains a move must take it below ``clear``)."""
+    """The job's device detectors (:class:`~iotwatch.streaming.detector_plan.DetectorPlan`):
+    each device type's kernel, parameters and the anomaly rule's levels on its scores (a
+    coupling that explains a move must take it below its detector's ``clear``)."""
 
-    kernel: Kernel
-    params: np.ndarray
-    initial: np.ndarray
-    anomaly: RuleSpec
+    plan: DetectorPlan
 
     def score(self, batch: SortedBatch, sequenced: Sequenced, table: DeviceTable) -> ScoredReadings:
-        """Clean the readings' metrics, run the detector kernel over every scored metric at
-        once (learning as it scores), and keep each metric's newest value."""
+        """Clean the readings' metrics, run each detector's kernel over every scored metric
+        of its device types at once (learning as it scores), and keep each metric's newest
+        value."""
         decoded = batch.records.decoded
         scored_positions = sequenced.scored
         reading_of = np.full(len(batch.records), -1, dtype=np.int64)
@@ -100,6 +98,7 @@ class DeviceScorer:
         keep = entry_reading >= 0
         reading_device = batch.codes[scored_positions]
         reading_type = table.device_type[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
+        reading_bank = self.plan.banks_of(reading_type)
         er, names, values, oor = clean_entries(
             entry_reading[keep], decoded.metric_name[keep], decoded.metric_value[keep], reading_type
         )
@@ -111,7 +110,9 @@ class DeviceScorer:
         pair_name = (
             np.asarray(name_list, dtype=object)[pair_keys % width] if len(pair_keys) else np.zeros(0, dtype=object)
         )
-        pair_row, pair_slot, pair_detector = assign_slots(table, pair_device, pair_name, self.initial)
+        pair_row, pair_slot, pair_detector, pair_bank = assign_slots(
+            table, pair_device, pair_name, self.plan.banks_of(table.device_type[pair_device]), self.plan.initials
+        )
         # A reading that arrives after a newer one of its device is archived and goes through
         # the rules, but the detectors neither learn from it nor score it: fed out of event
         # time order, a drifting or seasonal metric would look like a jump back.
@@ -121,20 +122,19 @@ class DeviceScorer:
         surprises = np.full(len(names), np.nan)
         ts = batch.ts[scored_positions]
         if watched.any():
-            surprise = np.empty(int(watched.sum()))
-            scores[watched] = self.kernel.score_learn_into(
-                table.detectors,
-                pair_detector[pair_codes[watched]].astype(np.int64),
-                values[watched],
-                ts[er[watched]].astype(np.int64),
-                self.params,
-                surprise,
+            self._score_learn(
+                table,
+                np.flatnonzero(watched),
+                pair_detector[pair_codes],
+                pair_bank[pair_codes],
+                values,
+                ts[er],
+                scores,
+                surprises,
             )
-            surprises[watched] = surprise
         remember_last(table, pair_row, pair_codes, values, ~oor & in_order[er])
-        explained = explained_entries(
-            reading_type, er, names, surprises, moved=self.anomaly.clear, broken=self.anomaly.fire
-        )
+        fire, clear = self.plan.levels(reading_bank)
+        explained = explained_entries(reading_type, er, names, surprises, moved=clear, broken=fire)
         alert_scores = np.where(explained, 0.0, scores)
         n = len(scored_positions)
         anomaly = np.zeros(n)
@@ -143,6 +143,7 @@ class DeviceScorer:
         return ScoredReadings(
             device=reading_device,
             device_type=reading_type,
+            bank=reading_bank,
             event=batch.event[scored_positions],
             seq=batch.seq[scored_positions],
             ts=ts,
@@ -158,3 +159,31 @@ class DeviceScorer:
             pair_slot=pair_slot[pair_codes] if len(pair_codes) else np.zeros(0, dtype=np.int64),
             starts=np.searchsorted(er, np.arange(n + 1)),
         )
+
+    def _score_learn(
+        self,
+        table: DeviceTable,
+        watched: np.ndarray,
+        entry_detector: np.ndarray,
+        entry_bank: np.ndarray,
+        values: np.ndarray,
+        entry_ts: np.ndarray,
+        scores: np.ndarray,
+        surprises: np.ndarray,
+    ) -> None:
+        """Score and learn the ``watched`` entries, each bank's through its kernel in one
+        call (in entry order: a stream's readings in its order), into ``scores`` and ``surprises``."""
+        for b, bank in enumerate(self.plan.banks):
+            mine = watched[entry_bank[watched] == b]
+            if not len(mine):
+                continue
+            surprise = np.empty(len(mine))
+            scores[mine] = bank.kernel.score_learn_into(
+                table.detectors[b],
+                entry_detector[mine].astype(np.int64),
+                values[mine],
+                entry_ts[mine].astype(np.int64),
+                bank.params,
+                surprise,
+            )
+            surprises[mine] = surprise

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
-from iotwatch.streaming.device_table import COMPRESSED, MAGIC, DeviceTable
+from iotwatch.streaming.device_table import COMPRESSED, MAGIC, MAGIC_ONE_BANK, DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
 
 
@@ -83,13 +83,13 @@ class ShardedStore:
         shards: int,
         ttl_ms: int,
         seq_words: int,
-        state_size: int,
+        state_sizes: Sequence[int],
         tokens: ValueStateLike | None = None,
     ) -> None:
         """``tokens``: where the state store keeps the token of each shard's cached copy
         (without it, no cache is used)."""
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
-        self.seq_words, self.state_size = seq_words, state_size
+        self.seq_words, self.state_sizes = seq_words, list(state_sizes)
         self.tokens = tokens
         self.cache: ShardCache | None = None
         self.partition = 0  # the grouping key the state handles serve now (see serve)
@@ -143,15 +143,15 @@ class ShardedStore:
     def _read(self, shard: int) -> DeviceTable:
         blob = self._read_value(shard)
         if blob is None:
-            return DeviceTable.empty([], self.seq_words, self.state_size)
-        if blob[: len(MAGIC)] in (MAGIC, COMPRESSED):
-            return DeviceTable.from_bytes(blob, self.state_size)
+            return DeviceTable.empty([], self.seq_words, self.state_sizes)
+        if blob[: len(MAGIC)] in (MAGIC, MAGIC_ONE_BANK, COMPRESSED):
+            return DeviceTable.from_bytes(blob, self.state_sizes)
         entries = decode_legacy_shard(blob)
         return DeviceTable.from_states(
             list(entries),
-            [DeviceState.from_value((e[1],), self.state_size) for e in entries.values()],
+            [DeviceState.from_value((e[1],), self.state_sizes[0]) for e in entries.values()],
             self.seq_words,
-            self.state_size,
+            self.state_sizes,
         )
 
     def load_many(self, device_ids: Sequence[str]) -> DeviceTable:
@@ -163,14 +163,14 @@ class ShardedStore:
         self._loaded = {s: self._read(s) for s in np.unique(self._shard_of).tolist()}
         if not self._loaded:
             self.found = np.zeros(0, dtype=bool)
-            return DeviceTable.empty([], self.seq_words, self.state_size)
+            return DeviceTable.empty([], self.seq_words, self.state_sizes)
         known = DeviceTable.concat(list(self._loaded.values()))
         rows = pd.Index(known.ids).get_indexer(ids) if len(known) else np.full(len(ids), -1)
         self.found = rows >= 0
         missing = np.flatnonzero(rows < 0)
         if len(missing):
             rows[missing] = len(known) + np.arange(len(missing))
-            known = DeviceTable.concat([known, DeviceTable.empty(ids[missing], self.seq_words, self.state_size)])
+            known = DeviceTable.concat([known, DeviceTable.empty(ids[missing], self.seq_words, self.state_sizes)])
         return known.take(rows)
 
     def save_many(self, table: DeviceTable, now_ms: int) -> None:
@@ -217,8 +217,8 @@ class ShardedStore:
 class MemoryStore(ShardedStore):
     """Device state in a dict (tests, evaluation): the job's store without Spark."""
 
-    def __init__(self, state_size: int, seq_words: int = 64, shards: int = 256) -> None:
-        super().__init__(DictMapState(), shards, 2**62, seq_words, state_size)
+    def __init__(self, state_sizes: Sequence[int], seq_words: int = 64, shards: int = 256) -> None:
+        super().__init__(DictMapState(), shards, 2**62, seq_words, state_sizes)
 
 
 _ENTRY = struct.Struct("<IqI")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, Self, cast
 
@@ -31,7 +31,7 @@ from iotwatch.errors import UserError
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
 from iotwatch.models.catalog import make
 
-__all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "kernel_for", "warm_all", "warm_kernel"]
+__all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "check_kernels", "kernel_for", "warm_all", "warm_kernel"]
 
 #: Detector name -> the module of its kernel.
 KERNELS: dict[str, str] = {
@@ -122,15 +122,21 @@ class KernelDetector(UnivariateMixin, Detector):
         return self
 
 
-def kernel_for(detector: str) -> Kernel:
-    """The kernel of the detector registered as ``detector`` (imported on first use)."""
-    try:
-        module: ModuleType = importlib.import_module(KERNELS[detector])
-    except KeyError:
+def check_kernels(detectors: Iterable[str]) -> None:
+    """Refuse detectors without a compiled kernel (without importing any kernel: a driver
+    checks its settings this way before its tasks compile them)."""
+    missing = sorted(set(detectors) - set(KERNELS))
+    if missing:
         raise UserError(
             f"the streaming job runs detectors that have a compiled kernel "
-            f"({', '.join(sorted(KERNELS))}), not {detector!r}"
-        ) from None
+            f"({', '.join(sorted(KERNELS))}), not {', '.join(map(repr, missing))}"
+        )
+
+
+def kernel_for(detector: str) -> Kernel:
+    """The kernel of the detector registered as ``detector`` (imported on first use)."""
+    check_kernels([detector])
+    module: ModuleType = importlib.import_module(KERNELS[detector])
     return cast(Kernel, module)
 
 

@@ -18,3 +18,16 @@ def test_a_job_starting_on_a_backlog_alerts_on_every_spike(
     first, last = report["start_to_alert_s"]["first"], report["start_to_alert_s"]["last"]
     assert 0 < first <= last < 300
     assert report["first_batch_ms"] > 0, report
+
+
+def test_the_report_gives_each_detectors_state_and_cost_per_metric_reading() -> None:
+    from iotwatch.benchmarks.stream import detector_costs
+    from iotwatch.settings import StreamSettings
+
+    rows = detector_costs(StreamSettings(device_detectors={"air_quality": "cad_ose"}), readings=2_000)
+    assert [(r["detector"], r["device_types"]) for r in rows] == [
+        ("episode_likelihood", "every type not named"),
+        ("cad_ose", ["air_quality"]),
+    ]
+    assert [r["state_bytes_per_metric"] for r in rows] == [416, 263_896]
+    assert all(r["batch_ns_per_reading"] > 0 and r["class_ns_per_reading"] > 0 for r in rows)

@@ -92,7 +92,7 @@ def test_list_show_and_replay_a_fixed_record_that_then_comes_through_once(test_s
 
     # the streaming engine (what each Spark task runs) over the raw topic: seq 3 once
     engine = PartitionEngine(StreamSettings())
-    store = MemoryStore(engine.kernel.STATE_SIZE, engine.seq_words)
+    store = MemoryStore(engine.state_sizes, engine.seq_words)
     columns = RecordColumns.from_payloads(
         0,
         [m.value() for m in records],

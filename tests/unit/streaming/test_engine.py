@@ -75,7 +75,7 @@ class Harness:
 
     def __init__(self, settings: StreamSettings | None = None, **kwargs: Any) -> None:
         self.engine = PartitionEngine(settings or StreamSettings(), **kwargs)
-        self.store = MemoryStore(self.engine.kernel.STATE_SIZE, self.engine.seq_words)
+        self.store = MemoryStore(self.engine.state_sizes, self.engine.seq_words)
 
     def process(self, records: list[Rec], now_ms: int = 0) -> list[dict[str, Any]]:
         return self.output(records, now_ms).rows()

@@ -44,7 +44,12 @@ def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
 
 
 def _same(a: DeviceTable, b: DeviceTable) -> None:
+    assert len(a.detectors) == len(b.detectors)
+    for bank, (rows, other) in enumerate(zip(a.detectors, b.detectors, strict=True)):
+        np.testing.assert_array_equal(rows, other, err_msg=f"bank {bank}")
     for name, value in vars(a).items():
+        if name == "detectors":
+            continue
         other = getattr(b, name)
         assert value.shape == other.shape, name
         if value.dtype == object:
@@ -59,7 +64,7 @@ def test_a_table_round_trips_through_bytes_and_take_keeps_each_device_whole() ->
     assert harness.store.found.all()
     assert len(table.episodes) == 1 and table.ids[table.episode_device[0]] == "th-1"  # the spike's open alert
     for compress in (True, False):
-        _same(DeviceTable.from_bytes(table.to_bytes(compress), table.detectors.shape[1]), table)
+        _same(DeviceTable.from_bytes(table.to_bytes(compress), [d.shape[1] for d in table.detectors]), table)
     assert len(table.to_bytes()) < len(table.to_bytes(compress=False)) / 2
     reordered = table.take(np.array([3, 1, 4, 0, 2]))
     assert reordered.ids.tolist() == ["th-3", "th-1", "th-4", "th-0", "th-2"]
@@ -72,7 +77,7 @@ def test_a_table_round_trips_through_bytes_and_take_keeps_each_device_whole() ->
 
 
 def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_ones() -> None:
-    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_size=3)
+    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_sizes=[3])
     table = store.load_many(["a", "b", "c"])
     assert not store.found.any() and table.core[:, LAST_WALL_MS].tolist() == [0, 0, 0]
     table.core[:, LAST_WALL_MS] = 100
@@ -110,7 +115,7 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     state, tokens = DictMapState(), DictValueState()
 
     def executor(name: str, partition: int = 0) -> ShardedStore:
-        store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3, tokens=tokens)
+        store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
         store.serve(partition, ShardCache(tmp_path / name))
         return store
 
@@ -134,7 +139,7 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     other_partition = executor("one", partition=1)
     tokens.value = None  # (a partition's tokens are its own state: this one has none yet)
     assert batch(other_partition, 7)["state_shards_cached"] == 0
-    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_size=3)
+    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3])
     assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 7}
 
 
@@ -145,12 +150,55 @@ def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table(
     legacy.updateValue(
         (0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0]) for d, s in states.items()}),)
     )
-    store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_size=harness.engine.kernel.STATE_SIZE)
+    store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_sizes=harness.engine.state_sizes)
     table = store.load_many(ids)
     assert store.found.all() and [table.state(d) for d in range(3)] == [states[d] for d in ids]
     store.save_many(table, now_ms=0)
     assert legacy.values[(0,)][0][:4] == b"IWZ1"
     assert store.load("th-1") == states["th-1"]
+
+
+def _one_bank_bytes(table: DeviceTable) -> bytes:
+    """``table`` (its detectors all in bank 0) in the layout of one detector bank, ``IWT1``."""
+    from iotwatch.streaming.device_table import _encode_strings
+
+    ids = "\x1f".join(table.ids.tolist()).encode()
+    (types, type_codes), (sites, site_codes) = _encode_strings(table.device_type), _encode_strings(table.site)
+    names, name_codes = _encode_strings(table.metric_name)
+    rows = table.detectors[0]
+    header = struct.pack(
+        "<7I5I",
+        len(table),
+        len(table.metric_device),
+        len(rows),
+        len(table.episodes),
+        len(table.buckets),
+        table.seqs.shape[1],
+        rows.shape[1],
+        len(ids),
+        len(types),
+        len(sites),
+        len(names),
+        0,
+    )
+    parts = [ids, types, sites, names, type_codes, site_codes, name_codes, table.core.tobytes(), table.seqs.tobytes()]
+    parts += [table.metric_device.astype(np.int32).tobytes(), table.metric_last.tobytes()]
+    parts += [table.metric_detector.astype(np.int32).tobytes(), rows.tobytes()]
+    parts += [table.episode_device.astype(np.int32).tobytes(), table.episodes.tobytes(), table.peaks.tobytes()]
+    parts += [table.bucket_device.astype(np.int32).tobytes(), table.buckets.tobytes()]
+    return b"IWT1" + header + b"".join(parts)
+
+
+def test_a_checkpoint_of_one_detector_bank_is_read_as_bank_0() -> None:
+    """State written before a job kept a detector per device type: its rows are the default
+    detector's (bank 0); the other banks start empty."""
+    harness, ids = _filled(3)
+    table = harness.store.load_many(ids)
+    blob = _one_bank_bytes(table)
+    _same(DeviceTable.from_bytes(blob, harness.engine.state_sizes), table)
+    wider = DeviceTable.from_bytes(blob, [*harness.engine.state_sizes, 7])
+    assert len(wider.detectors) == 2 and wider.detectors[1].shape == (0, 7)
+    np.testing.assert_array_equal(wider.detectors[0], table.detectors[0])
 
 
 def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
@@ -164,7 +212,7 @@ def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
     outputs = []
     for shards in (1, 7):
         harness = Harness()
-        harness.store = MemoryStore(harness.engine.kernel.STATE_SIZE, harness.engine.seq_words, shards=shards)
+        harness.store = MemoryStore(harness.engine.state_sizes, harness.engine.seq_words, shards=shards)
         rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start : start + 200])]
         outputs.append(_comparable(rows))
     assert outputs[0] == outputs[1]

@@ -1,0 +1,86 @@
+"""Which detector scores each device type's metrics, and the banks of state rows they keep.
+
+Detectors differ in the state a metric needs by orders of magnitude (``episode_likelihood``
+keeps 416 B, ``cad_ose`` 264 KB): a fleet runs the light one, and a few device types may run
+another (``stream.device_detectors``). Each detector of the job is a *bank*: its kernel,
+parameters, fresh state row and the anomaly rule's levels on its scores. A
+:class:`~iotwatch.streaming.device_table.DeviceTable` keeps one array of rows per bank, so a
+metric's state is its own detector's width. Bank 0 is ``stream.device_detector``, the one
+every type not named runs; the others follow in name order, so a job's settings fix the
+banks of its checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from iotwatch.errors import UserError
+from iotwatch.models.catalog import make
+from iotwatch.models.kernels import Kernel, kernel_for
+from iotwatch.settings import StreamSettings
+from iotwatch.streaming.alerting import RuleSpec
+
+
+@dataclass(frozen=True)
+class DetectorBank:
+    """One detector of the job: its compiled kernel, parameters, the state row a new
+    (device, metric) starts from, and the anomaly rule on its scores (levels, name)."""
+
+    name: str
+    kernel: Kernel
+    params: np.ndarray
+    initial: np.ndarray
+    anomaly: RuleSpec
+
+
+@dataclass(frozen=True)
+class DetectorPlan:
+    """The job's detector banks and the bank of each named device type (others: bank 0)."""
+
+    banks: tuple[DetectorBank, ...]
+    bank_of_type: dict[str, int]
+
+    @classmethod
+    def from_settings(cls, settings: StreamSettings, anomaly: RuleSpec) -> DetectorPlan:
+        """The banks ``settings`` ask for; ``anomaly``: the anomaly rule, whose levels each
+        bank sets to its detector's (:meth:`StreamSettings.alert_scores_of`)."""
+        names = [settings.device_detector] + sorted(
+            set(settings.device_detectors.values()) - {settings.device_detector}
+        )
+        banks = []
+        for name in names:
+            kernel = kernel_for(name)
+            try:
+                detector = make(name, **settings.detector_params_of(name))
+            except TypeError as exc:
+                raise UserError(f"the parameters of detector {name} in the stream settings: {exc}") from None
+            params = kernel.params_vector(detector)
+            fire, clear = settings.alert_scores_of(name)
+            spec = replace(anomaly, fire=fire, clear=clear, detector=name)
+            banks.append(DetectorBank(name, kernel, params, kernel.initial_state(params), spec))
+        index = {name: b for b, name in enumerate(names)}
+        return cls(tuple(banks), {t: index[d] for t, d in settings.device_detectors.items()})
+
+    @property
+    def state_sizes(self) -> list[int]:
+        """Each bank's row width (the shape of a device table's detector arrays)."""
+        return [bank.kernel.STATE_SIZE for bank in self.banks]
+
+    @property
+    def initials(self) -> list[np.ndarray]:
+        return [bank.initial for bank in self.banks]
+
+    def banks_of(self, device_type: np.ndarray) -> np.ndarray:
+        """The bank of each device type (int64, 0 for the types not named)."""
+        if not self.bank_of_type or not len(device_type):
+            return np.zeros(len(device_type), dtype=np.int64)
+        return pd.Series(device_type, dtype=object).map(self.bank_of_type).fillna(0).to_numpy(dtype=np.int64)
+
+    def levels(self, bank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The anomaly rule's fire and clear score for each entry of ``bank``."""
+        fire = np.array([b.anomaly.fire for b in self.banks])
+        clear = np.array([b.anomaly.clear for b in self.banks])
+        return fire[bank], clear[bank]
