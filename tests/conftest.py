@@ -22,6 +22,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.support.alerts", "tests.support.gateway", "tests.support.homes"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test file is one unit of work for a pytest-xdist worker (``--dist=loadgroup``),
+    except the end-to-end files, which are one together: each runs a whole pipeline of its
+    own (servers, Spark, simulators), and two at once on a 2-core machine starve each other
+    into timeouts, so they run one after another on one worker while the other runs the rest."""
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        group = "e2e" if path.is_relative_to(REPO_ROOT / "tests" / "e2e") else str(path.relative_to(REPO_ROOT))
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def base_settings() -> Settings:
     """Settings from defaults only: the developer's IOTWATCH_* variables do not leak in."""
