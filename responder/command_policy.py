@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from iotwatch.contract.oncall import CommandOutcome
+from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 
 #: Outcomes of a command still waiting for its device.
 OPEN = frozenset({CommandOutcome.SENT, CommandOutcome.ACCEPTED})
@@ -30,6 +30,12 @@ class CommandNow:
     last_step_ms: int  # when its newest step (issue, reply, timeout) happened
     expires_at_ms: int  # the device rejects it as expired after this
     now_ms: int
+
+    @classmethod
+    def of(cls, audit: CommandAudit, now_ms: int) -> CommandNow:
+        """The command as its latest audit record says, at ``now_ms``."""
+        last_step_ms = audit.history[-1].at_ms if audit.history else audit.issued_at_ms
+        return cls(audit.status, audit.attempt, last_step_ms, audit.expires_at_ms, now_ms)
 
 
 def next_step(command: CommandNow, reply_timeout_ms: int, max_attempts: int) -> tuple[bool, Next]:

@@ -5,7 +5,8 @@ alerting device (over MQTT, or with sites through the device's site: :mod:`iotwa
 and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
 compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
 ``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
-(and, if the device never answered, not before the command expired) ``timed_out``; one
+(and, if the device never answered, not before the command expired) ``timed_out``, also
+when its alert has cleared meanwhile (then without another attempt); one
 that failed, was rejected or timed out -- or was done while the alert kept firing for
 another reply timeout -- is tried again with a new command id, up to ``max_attempts``,
 then the audit says ``escalated`` and on-call is paged: a critical
@@ -270,6 +271,7 @@ class Responder:
                             and _addressable(view.raised)
                         ):
                             self._emergency(view.raised, policy, now)
+                self._time_out_unanswered(view.alert_id, now, timeout_ms)
                 continue
             alert = view.record
             if not _addressable(alert):
@@ -293,14 +295,7 @@ class Responder:
                         self._issue(alert, policy, 1, now)
                         open_keys.add((alert.device_id, policy.name))
                     continue
-                command = CommandNow(
-                    last.status,
-                    last.attempt,
-                    last.history[-1].at_ms if last.history else last.issued_at_ms,
-                    last.expires_at_ms,
-                    now,
-                )
-                timed_out, step = next_step(command, timeout_ms, self.config.max_attempts)
+                timed_out, step = next_step(CommandNow.of(last, now), timeout_ms, self.config.max_attempts)
                 if timed_out:
                     last = self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time"))
                 if step is Next.RETRY:
@@ -310,6 +305,17 @@ class Responder:
         self._clear_escalations(now)
         if self.clock() - self._forgot_at >= 5.0:
             self.forget(now)
+
+    def _time_out_unanswered(self, alert_id: str, now: int, timeout_ms: int) -> None:
+        """Settle the open commands of a cleared alert as a firing one's are (``timed_out``
+        once unanswered past expiry and reply timeout), without a retry: nothing needs
+        correcting any more, and a command left ``sent`` would read as in flight forever."""
+        for policy in self.policies:
+            last = self.latest.get((alert_id, policy.name))
+            if last is None or last.status not in OPEN:
+                continue
+            if next_step(CommandNow.of(last, now), timeout_ms, self.config.max_attempts)[0]:
+                self._publish(last.with_step(CommandOutcome.TIMED_OUT, now, "no final reply in time (alert cleared)"))
 
     def forget(self, now: int) -> None:
         """Drop cleared alerts whose commands are settled (final, or unanswered past expiry and

@@ -167,6 +167,38 @@ def test_responder_commands_devices_audits_escalates_and_restarts_cleanly(
     assert table.exit_code == 0 and "escalated" in table.stdout and "close_valve" in table.stdout
 
 
+def test_a_command_unanswered_when_its_alert_clears_times_out_and_is_not_sent_again(
+    test_settings: Settings, unique: str
+) -> None:
+    """The device never answers and the alert clears first: once expired and past the reply
+    timeout the command is ``timed_out`` (not left ``sent``, as if still in flight), and no
+    other attempt goes out, since nothing needs correcting any more."""
+    settings = with_respond(test_settings, client_id=f"responder-{unique}", reply_timeout_s=6.0, command_ttl_s=8.0)
+    device = "home-00077-thermostat-0"
+    start = int(time.time() * 1000) - 10_000
+    hvac = make_alert(device, "thermostat", "home-00077", "stuck_hvac", "major", "raised", start)
+    produce(settings.kafka, settings.topics.alerts, [hvac])
+    clock = ShiftedClock()
+    running = responding(settings, clock)
+    try:
+        wait_for(lambda: running.service.counts["commands_sent"] == 1, 30, "the command sent")
+        wait_for(lambda: (device, 1) in trail(settings), 30, "the command's audit")
+        produce(
+            settings.kafka, settings.topics.alerts, [changed(hvac, state="cleared", detected_at_ms=int(clock() * 1000))]
+        )
+        next_rounds(running.service)
+        # not expired yet: the device may still run it
+        assert trail(settings)[(device, 1)].status == CommandOutcome.SENT
+        clock.advance(8.0 + 6.0 + 1.0)
+        wait_for(lambda: trail(settings)[(device, 1)].status == CommandOutcome.TIMED_OUT, 30, "the command timed out")
+        next_rounds(running.service)
+    finally:
+        counts = running.close()
+    audits = trail(settings)
+    assert set(audits) == {(device, 1)} and statuses(audits[(device, 1)]) == ["sent", "timed_out"]
+    assert counts["commands_sent"] == 1 and counts.get("escalated", 0) == 0
+
+
 def test_a_step_read_back_after_a_newer_one_does_not_undo_it(test_settings: Settings) -> None:
     """The responder follows the command topic it writes: its own older records come back after
     it moved on. Taking them as news re-ran the timeout and escalated a second time (CI)."""
