@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,15 +23,24 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.support.alerts", "tests.support.gateway", "tests.support.homes"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test file is one unit of work for a pytest-xdist worker (``--dist=loadgroup``),
-    except the end-to-end files, which are one together: each runs a whole pipeline of its
-    own (servers, Spark, simulators), and two at once on a 2-core machine starve each other
-    into timeouts, so they run one after another on one worker while the other runs the rest."""
-    for item in items:
-        path = Path(str(item.fspath)).resolve()
-        group = "e2e" if path.is_relative_to(REPO_ROOT / "tests" / "e2e") else str(path.relative_to(REPO_ROOT))
-        item.add_marker(pytest.mark.xdist_group(group))
+#: Test folders whose files run one after another on one pytest-xdist worker: each
+#: end-to-end file runs a whole pipeline of its own (servers, Spark, simulators), and two at
+#: once on a 2-core machine starve each other into start-up and settle timeouts.
+ONE_WORKER_FOLDERS = ("tests/e2e/",)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each test file is one unit of work for a worker (``--dist=loadfile``: its module
+    fixtures start once), except that the files of :data:`ONE_WORKER_FOLDERS` are one unit
+    together, so the other worker runs the rest meanwhile."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrFolderScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((folder for folder in ONE_WORKER_FOLDERS if path.startswith(folder)), path)
+
+    return FileOrFolderScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
