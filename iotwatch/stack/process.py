@@ -99,6 +99,29 @@ def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
     _reap(record.pid)
 
 
+def _session_members(session: int) -> list[psutil.Process]:
+    """The processes still in ``session`` (a component's, started with a session of its own)."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != session and os.getsid(proc.pid) == session:
+                members.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def _end_all(procs: list[psutil.Process], timeout_s: float = 10.0) -> None:
+    """SIGTERM the processes still running, SIGKILL those left after ``timeout_s``."""
+    alive = [proc for proc in procs if proc.is_running()]
+    for proc in alive:
+        _signal(proc, signal.SIGTERM)
+    _, left = psutil.wait_procs(alive, timeout=timeout_s)
+    for proc in left:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=5)
+
+
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
     try:
         proc.send_signal(sig)
@@ -241,13 +264,18 @@ class Component:
             pass
 
     def stop(self, timeout_s: float = 90.0) -> dict[str, Any]:
-        """SIGTERM (the components drain and print their summary), SIGKILL if it hangs."""
+        """SIGTERM (the components drain and print their summary), SIGKILL if it hangs; then
+        end what it leaves behind: a process it started and did not stop (PySpark's JVM
+        launcher, when the job is stopped while its session is still starting) would
+        otherwise outlive it, orphaned in the component's session."""
         if self.running():
+            tree = self.tree()
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+            _end_all([*tree[1:], *_session_members(self.pid)])
         return self.result()
 
     def result(self) -> dict[str, Any]:
