@@ -323,7 +323,7 @@ def test_a_command_issued_at_the_centre_reaches_its_device_at_its_site_and_its_r
         # the relay is down when the next command is issued: the site delivers it when it is back
         wait_for(
             lambda: status(site1.kafka, topics.commands_replica, LEAK) == CommandOutcome.DONE,
-            30,
+            120,  # a replication round trip through MirrorMaker: tens of seconds on a loaded host
             "the leak command's outcome copied back to the site",
         )
         first = relay1.close()

@@ -229,8 +229,12 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
     # Its Python workers killed mid-stream (what a worker that crashes, or does not start in
     # time on a loaded machine, does to a micro-batch): the job starts the query again from its
     # checkpoint, in the same process, and goes on.
-    running, _, deadline = stream_until_two_more_commits()
-    workers = children_running(running.pid, "pyspark.worker")
+    running, before, deadline = stream_until_two_more_commits()
+    assert commits() >= before + 2, f"no progress after restarting at batch {before}"
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline and not workers and running.poll() is None:
+        workers = children_running(running.pid, "pyspark.worker")
+        time.sleep(0.2)
     assert workers, "no Python worker of the job found"
     for worker in workers:
         worker.kill()
