@@ -90,12 +90,7 @@ def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:
         family = [proc]
-    for member in family:
-        _signal(member, signal.SIGTERM)
-    _, alive = psutil.wait_procs(family, timeout=timeout_s)
-    for member in alive:
-        _signal(member, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=5)
+    _end_all(family, timeout_s)
     _reap(record.pid)
 
 
