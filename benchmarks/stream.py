@@ -193,9 +193,8 @@ def detector_costs(stream: StreamSettings, readings: int = 20_000) -> list[dict[
     same step called once a reading through its class (:func:`iotwatch.models.kernels.benchmark`)."""
     from iotwatch.models.kernels import benchmark, kernel_for
 
-    detectors = [stream.device_detector, *sorted(set(stream.device_detectors.values()) - {stream.device_detector})]
     out = []
-    for name in detectors:
+    for name in stream.detector_names():
         types = sorted(t for t, d in stream.device_detectors.items() if d == name)
         cost = benchmark(name, streams=200, readings=readings)
         out.append(

@@ -517,6 +517,12 @@ class StreamSettings(_ConcernSettings):
                 raise ValueError(f"{detector}: the clear score must be below the fire score, both in [0, 1]")
         return value
 
+    def detector_names(self) -> list[str]:
+        """The job's detectors: ``device_detector`` first, then the others it runs, by name
+        (the order of their state banks in a checkpoint)."""
+        others = set(self.device_detectors.values()) - {self.device_detector}
+        return [self.device_detector, *sorted(others)]
+
     def detector_of(self, device_type: str | None) -> str:
         """The detector that scores the metrics of ``device_type`` (``None``: a stream of no
         known type, such as a CSV file given to ``score-csv`` or ``evaluate``)."""

@@ -47,9 +47,7 @@ class DetectorPlan:
     def from_settings(cls, settings: StreamSettings, anomaly: RuleSpec) -> DetectorPlan:
         """The banks ``settings`` ask for; ``anomaly``: the anomaly rule, whose levels each
         bank sets to its detector's (:meth:`StreamSettings.alert_scores_of`)."""
-        names = [settings.device_detector] + sorted(
-            set(settings.device_detectors.values()) - {settings.device_detector}
-        )
+        names = settings.detector_names()
         banks = []
         for name in names:
             kernel = kernel_for(name)

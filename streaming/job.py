@@ -167,7 +167,7 @@ def start(
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
     stream = settings.stream
-    check_kernels({stream.device_detector, *stream.device_detectors.values()})  # here, not in a task
+    check_kernels(stream.detector_names())  # here, not in a task
     checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too

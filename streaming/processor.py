@@ -87,7 +87,7 @@ class PartitionProcessor(StatefulProcessor):
 
         self.all_settings: Settings = pickle.loads(self._pickled_settings)
         self.settings: StreamSettings = self.all_settings.stream
-        for detector in {self.settings.device_detector, *self.settings.device_detectors.values()}:
+        for detector in self.settings.detector_names():
             kernel_for(detector).warm()
         sequencing.warm()
         freeze_startup_heap()
