@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -228,23 +229,36 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
             assert running.returncode == 0, err[-3000:]
     # Its Python workers killed mid-stream (what a worker that crashes, or does not start in
     # time on a loaded machine, does to a micro-batch): the job starts the query again from its
-    # checkpoint, in the same process, and goes on.
+    # checkpoint, in the same process, and goes on. A kill between micro-batches fails nothing
+    # (Spark forks a new worker for the next task), so the workers are killed every few seconds
+    # until one was running a task.
     running, before, deadline = stream_until_two_more_commits()
     assert commits() >= before + 2, f"no progress after restarting at batch {before}"
-    workers: list[psutil.Process] = []
-    while time.monotonic() < deadline and not workers and running.poll() is None:
-        workers = children_running(running.pid, "pyspark.worker")
-        time.sleep(0.2)
-    assert workers, "no Python worker of the job found"
-    for worker in workers:
-        worker.kill()
+    assert running.stderr is not None
+    log_lines: list[str] = []
+    reader = threading.Thread(target=lambda: log_lines.extend(running.stderr or ()), daemon=True)
+    reader.start()
+    restarted_message = "starting it again from its checkpoint (restart 1 of"
+    killed = 0
+    while time.monotonic() < deadline and running.poll() is None:
+        if any(restarted_message in line for line in log_lines):
+            break
+        for worker in forked_python_workers(running.pid):
+            worker.kill()
+            killed += 1
+        time.sleep(3)
+    assert killed, "no Python worker of the job found"
     killed_at = commits()
     while time.monotonic() < deadline and commits() < killed_at + 2 and running.poll() is None:
         time.sleep(0.2)
-    assert running.poll() is None, running.communicate()[1][-3000:]
-    os.killpg(running.pid, signal.SIGINT)
-    _, err = running.communicate(timeout=120)
-    assert running.returncode == 0 and "starting it again from its checkpoint (restart 1 of" in err, err[-3000:]
+    alive = running.poll() is None
+    if alive:
+        os.killpg(running.pid, signal.SIGINT)
+    running.wait(timeout=120)
+    reader.join(timeout=10)
+    err = "".join(log_lines)
+    assert alive, err[-3000:]
+    assert running.returncode == 0 and restarted_message in err, err[-3000:]
     assert commits() >= killed_at + 2, err[-3000:]
     second = subprocess.run(
         _stream_command(restarted, checkpoint, archive, "--available-now"),
@@ -258,6 +272,21 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     archived = pd.read_parquet(archive / "readings").drop_duplicates(["device_id", "seq"])
     assert archived.groupby("device_id")["seq"].apply(sorted).to_dict() == scenario.readings
+
+
+def forked_python_workers(job_pid: int) -> list[psutil.Process]:
+    """The job's Python workers: the processes its worker daemon forked, not the daemon itself
+    (Spark answers a dead daemon by starting another, which fails no micro-batch)."""
+    family = children_running(job_pid, "worker_daemon")
+    daemons = {process.pid for process in family}
+    found = []
+    for process in family:
+        try:
+            if process.ppid() in daemons:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
