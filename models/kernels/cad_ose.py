@@ -15,7 +15,8 @@ With ``C`` contexts of capacity (``next = CONTEXT + 6 C``, ``left = next + C``,
 
 =====================  ==========================================================
 ``N``, ``LOW``,        readings seen and the range of the first ``range_readings``
-``HIGH``, ``STARTED``  (1 once the range is set and the memory runs)
+``HIGH``, ``STARTED``  (widened by any reading beyond it, with ``widen_range``);
+                       ``STARTED`` is 1 once the range is set and the memory runs
 ``SINCE``              raw scores since the last of ``base_threshold`` or more
 ``N_CONTEXTS``,        contexts, left and right semi-contexts stored
 ``N_LEFT``,
@@ -121,8 +122,9 @@ STATE_SIZE = state_size(CONTEXTS)
     P_MAX_ACTIVE,
     P_BITS,
     P_MAX_CONTEXTS,
-) = range(8)
-PARAMS_SIZE = 8
+    P_WIDEN,
+) = range(9)
+PARAMS_SIZE = 9
 
 _jit = jit
 _NO_SURPRISE = np.empty(0)
@@ -149,6 +151,7 @@ def params_vector(detector: CadOse) -> np.ndarray:
             detector.max_active_neurons,
             detector.value_bits,
             detector.max_contexts,
+            1.0 if detector.widen_range else 0.0,
         ],
         dtype=np.float64,
     )
@@ -576,13 +579,23 @@ def _left_crossed_with(row: np.ndarray, lid: int, mask: int, out: np.ndarray) ->
 
 
 @_jit
+def _forget(row: np.ndarray) -> None:
+    """Empty the context memory, keeping the readings seen, the range and the start."""
+    contexts, nxt, _, _, _, _ = _layout(row)
+    row[SINCE:] = 0.0
+    row[nxt : nxt + contexts] = -1.0
+
+
+@_jit
 def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarray, tables: np.ndarray) -> float:
     """Score, then learn, one reading of one stream: no score until the first
     ``range_readings`` readings set the range, then the published score ``(1 - active share
     + new share) / 2`` of the reading's step number, ``rest_period`` readings of silence
-    after one of ``base_threshold`` or more."""
+    after one of ``base_threshold`` or more. With ``widen_range``, a reading beyond the range
+    widens it to take the reading in, empties the memory (its facts were cut on the old
+    range) and scores 1."""
     v = reading_value(x)
-    if math.isnan(v):
+    if not math.isfinite(v):
         return 0.0
     row[N] += 1.0
     if row[STARTED] == 0.0:
@@ -596,6 +609,13 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarr
     span = row[HIGH] - row[LOW]
     min_value = row[LOW] - p[P_MARGIN] * span
     max_value = row[HIGH] + p[P_MARGIN] * span
+    widened = p[P_WIDEN] > 0.0 and (v < min_value or v > max_value)
+    if widened:
+        row[LOW], row[HIGH] = min(row[LOW], v), max(row[HIGH], v)
+        _forget(row)
+        span = row[HIGH] - row[LOW]
+        min_value = row[LOW] - p[P_MARGIN] * span
+        max_value = row[HIGH] + p[P_MARGIN] * span
     max_bin = 2.0 ** p[P_BITS] - 1.0
     full = max_value - min_value
     width = (full if full != 0.0 else max_bin) / max_bin
@@ -608,7 +628,7 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarr
     rest = p[P_REST]
     out = raw if 0 < rest <= row[SINCE] else 0.0
     row[SINCE] = 0.0 if raw >= p[P_BASE_THRESHOLD] else row[SINCE] + 1.0
-    return out
+    return 1.0 if widened else out
 
 
 @_jit

@@ -24,6 +24,7 @@ from iotwatch.models.base import Detector
 from iotwatch.models.cad_ose import nab_scores
 from iotwatch.models.catalog import load, make
 from iotwatch.models.kernels import KERNELS, KernelDetector, kernel_for
+from iotwatch.models.kernels.cad_ose import given_range_scores, params_vector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Detectors whose class wraps their kernel.
@@ -117,6 +118,8 @@ PARAMETERS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "warmup0": {"warmup": 0, "z_threshold": 1.0},
     },
+    # the range fixed by the first 150 readings, as NAB's run never widens it
+    "cad_ose": {"fixed-range": {"range_readings": 150, "margin": 0.0, "rest_period": 150, "widen_range": False}},
     # the members' arithmetic is the kernels' (primitives.zscore_learn, hw_learn, repeat_learn)
     "robust_zscore": {"default": {}, "no-season": {"season_buckets": 0, "warmup": 10}},
     "holt_winters": {"default": {}, "no-season-reset": {"season_buckets": 0, "reset_after": 3, "alpha": 0.5}},
@@ -146,6 +149,35 @@ def test_other_parameters_equal_the_pinned_scores(name: str, label: str) -> None
         expected = fixture.get(f"{label}|{key}:surprise", fixture[f"{label}|{key}:score"])
         np.testing.assert_array_equal(surprises, expected, err_msg=key)
         assert max(scores) > 0.0
+
+
+def test_cad_ose_widens_its_range_and_starts_its_memory_again_at_a_reading_beyond_it() -> None:
+    """The streaming ``cad_ose`` is NAB's run of CAD OSE over one range at a time: from the
+    first ``range_readings`` readings' range until a reading beyond it (with the margin),
+    which scores 1 and starts a fresh memory over the range widened to take it in."""
+    stream = STREAMS["artificialWithAnomaly/art_daily_jumpsup.csv"]
+    values = stream.values[:, 0]
+    det = make("cad_ose")
+    scores = feed(det, values, stream.t_ms)
+
+    params = params_vector(det)
+    first, margin = det.range_readings, det.margin
+    low, high = float(values[:first].min()), float(values[:first].max())
+    expected, widened, start = np.zeros(len(values)), [], first
+    while start < len(values):
+        span, checked = high - low, start + 1 if widened else start  # a widening reading is inside
+        rest = values[checked:]
+        outside = np.flatnonzero((rest < low - margin * span) | (rest > high + margin * span))
+        end = len(values) if len(outside) == 0 else checked + int(outside[0])
+        expected[start:end], _ = given_range_scores(values[start:end], low, high, params, det.max_contexts)
+        if widened:
+            expected[start] = 1.0
+        if end < len(values):
+            widened.append(end)
+            low, high = min(low, float(values[end])), max(high, float(values[end]))
+        start = end
+    assert len(widened) >= 2  # the stream's jumps go beyond the range of its first readings
+    np.testing.assert_array_equal(scores, expected)
 
 
 _PLAIN_RUN = """
