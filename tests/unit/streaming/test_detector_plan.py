@@ -78,22 +78,22 @@ def test_an_anomaly_alert_names_the_detector_that_scored_it_and_uses_its_levels(
     sensor_alerts = [a for a in raised if a.device_id == "aq-0"]
     assert sensor_alerts
     for alert in sensor_alerts:
-        assert (alert.detector, alert.fire_score, alert.clear_score) == ("cad_ose", 0.77, 0.70)
-        assert alert.model_version == "cad_ose@online" and alert.score >= 0.77
+        assert (alert.detector, alert.fire_score, alert.clear_score) == ("cad_ose", 0.80, 0.73)
+        assert alert.model_version == "cad_ose@online" and alert.score >= 0.80
     assert all(a.detector == "episode_likelihood" and a.fire_score == 0.40 for a in raised if a.device_id != "aq-0")
     sensor_scores = {r["seq"]: r["scores"] for r in readings_of(rows) if r["device_id"] == "aq-0" and r["scores"]}
     # the CO2 spike is beyond every value cad_ose has seen: it widens the range and scores 1
     assert sensor_scores[1400]["co2_ppm"] == 1.0
     # cad_ose's scores between the thermostats' fire level and its own raise nothing
-    between = sum(0.40 <= max(scores.values()) < 0.77 for scores in sensor_scores.values())
+    between = sum(0.40 <= max(scores.values()) < 0.80 for scores in sensor_scores.values())
     assert between > 10
-    assert all(max(sensor_scores[a.first_seq].values()) >= 0.77 for a in sensor_alerts)
+    assert all(max(sensor_scores[a.first_seq].values()) >= 0.80 for a in sensor_alerts)
 
 
 def test_the_settings_name_each_types_detector_and_its_levels() -> None:
     assert MIXED.detector_of("air_quality") == "cad_ose"
     assert MIXED.detector_of("thermostat") == MIXED.detector_of(None) == "episode_likelihood"
-    assert MIXED.alert_scores_of("cad_ose") == (0.77, 0.70)
+    assert MIXED.alert_scores_of("cad_ose") == (0.80, 0.73)
     assert MIXED.alert_scores_of("episode_likelihood") == (MIXED.alert_fire_score, MIXED.alert_clear_score)
     assert StreamSettings(detector_params={"cad_ose": {"max_contexts": 256}}).detector_params_of("cad_ose") == {
         "max_contexts": 256
