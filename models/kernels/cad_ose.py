@@ -587,6 +587,13 @@ def _forget(row: np.ndarray) -> None:
 
 
 @_jit
+def _cut_range(row: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """The values the levels are cut over: the range widened by ``margin`` of its span each side."""
+    span = row[HIGH] - row[LOW]
+    return row[LOW] - p[P_MARGIN] * span, row[HIGH] + p[P_MARGIN] * span
+
+
+@_jit
 def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarray, tables: np.ndarray) -> float:
     """Score, then learn, one reading of one stream: no score until the first
     ``range_readings`` readings set the range, then the published score ``(1 - active share
@@ -606,16 +613,12 @@ def _score_learn_one(row: np.ndarray, x: float, p: np.ndarray, scratch: np.ndarr
         if row[N] >= p[P_RANGE_READINGS]:
             row[STARTED] = 1.0
         return 0.0
-    span = row[HIGH] - row[LOW]
-    min_value = row[LOW] - p[P_MARGIN] * span
-    max_value = row[HIGH] + p[P_MARGIN] * span
+    min_value, max_value = _cut_range(row, p)
     widened = p[P_WIDEN] > 0.0 and (v < min_value or v > max_value)
     if widened:
         row[LOW], row[HIGH] = min(row[LOW], v), max(row[HIGH], v)
         _forget(row)
-        span = row[HIGH] - row[LOW]
-        min_value = row[LOW] - p[P_MARGIN] * span
-        max_value = row[HIGH] + p[P_MARGIN] * span
+        min_value, max_value = _cut_range(row, p)
     max_bin = 2.0 ** p[P_BITS] - 1.0
     full = max_value - min_value
     width = (full if full != 0.0 else max_bin) / max_bin

@@ -166,8 +166,8 @@ def test_cad_ose_widens_its_range_and_starts_its_memory_again_at_a_reading_beyon
     expected, widened, start = np.zeros(len(values)), [], first
     while start < len(values):
         span, checked = high - low, start + 1 if widened else start  # a widening reading is inside
-        rest = values[checked:]
-        outside = np.flatnonzero((rest < low - margin * span) | (rest > high + margin * span))
+        remaining = values[checked:]
+        outside = np.flatnonzero((remaining < low - margin * span) | (remaining > high + margin * span))
         end = len(values) if len(outside) == 0 else checked + int(outside[0])
         expected[start:end], _ = given_range_scores(values[start:end], low, high, params, det.max_contexts)
         if widened:
