@@ -114,7 +114,7 @@ def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
         pa.array(readings["out_of_range"].tolist(), type=pa.list_(pa.string())),
         _maps(readings["extra_names"], readings["extra_values"], keep_nan=True) if has_extras else no_maps,
         _maps(readings["extra_names"], readings["extra_scores"], keep_nan=False) if has_extras else no_maps,
-        pa.array(np.full(n, detector, dtype=object), type=pa.string()),
+        pa.repeat(pa.scalar(detector, pa.string()), n),
     ]
     table = pa.Table.from_arrays(columns, schema=ARCHIVE_SCHEMA)
     dates = np.datetime_as_string(stamps.astype("datetime64[D]"), unit="D")
@@ -136,14 +136,19 @@ class ArchiveWriter:
         if readings.empty:
             return 0
         table = archive_table(readings, self.detector)
-        keys = pd.MultiIndex.from_arrays([table["date"].to_numpy(), table["device_type"].to_numpy()])
-        codes, groups = pd.factorize(keys)
+        # each column factorised on its own: a MultiIndex of the pairs builds a tuple per row
+        date_codes, dates = pd.factorize(table["date"].to_numpy())
+        type_codes, device_types = pd.factorize(table["device_type"].to_numpy())
+        codes = date_codes * len(device_types) + type_codes
+        groups = np.unique(codes)
         files = table.drop_columns(["date", "device_type"])
         name = file_name(partition, first_offset, last_offset)
-        for code, (date, device_type) in enumerate(groups):
+        for code in groups.tolist():
+            date, device_type = dates[code // len(device_types)], device_types[code % len(device_types)]
             folder = self.readings_dir / f"date={date}" / f"device_type={device_type}"
             folder.mkdir(parents=True, exist_ok=True)
             temporary = folder / f".{name}.{uuid.uuid4().hex}.tmp"
-            pq.write_table(files.take(np.flatnonzero(codes == code)), temporary, compression="snappy")
+            rows = files if len(groups) == 1 else files.take(np.flatnonzero(codes == code))
+            pq.write_table(rows, temporary, compression="snappy")
             os.replace(temporary, folder / name)
         return len(groups)

@@ -478,6 +478,24 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
     assert not list((tmp_path / "readings").rglob(".*"))  # no temporary files left behind
 
 
+def test_the_archive_writes_a_file_per_date_and_device_type_present_each_with_its_rows(tmp_path) -> None:
+    from iotwatch.streaming.sinks.archive import ArchiveWriter
+
+    day = 86_400_000
+    lab = Telemetry(v=1, device_id="x", device_type="lab", site="h", seq=0, ts=T0, metrics={"flux": 1.5}).to_json()
+    out = Harness().output([record(0), record(1, ts=T0 + day), Rec("x", lab, 2)])
+    assert ArchiveWriter(str(tmp_path), "tail_ensemble").write(out.readings, 0, 0, 2) == 3  # not the 4th pair
+    files = {
+        str(f.parent.relative_to(tmp_path / "readings")): pd.read_parquet(f)[["device_id", "seq"]].values.tolist()
+        for f in (tmp_path / "readings").rglob("*.parquet")
+    }
+    assert files == {
+        "date=2025-11-22/device_type=thermostat": [["th-1", 0]],
+        "date=2025-11-23/device_type=thermostat": [["th-1", 1]],
+        "date=2025-11-22/device_type=lab": [["x", 0]],
+    }
+
+
 def test_meter_power_factor_is_derived_and_scored() -> None:
     """A power register spike that looks like a kettle in power alone breaks P = V * I * pf."""
     assert with_derived("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0}) == {
