@@ -89,24 +89,34 @@ def clean_entries(
     """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened
     metrics: entry ``k`` is metric ``name[k] = value[k]`` of record ``record[k]``, whose device
     type is ``device_type[record[k]]``. Returns ``(record, name, value, out_of_range)``
-    sorted by record, then metric name (one reading's metrics in a stable order)."""
+    sorted by record, then metric name (one reading's metrics in a stable order).
+
+    The names are factorised once and compared as codes: a batch has a few distinct metric
+    names among hundreds of thousands of entries."""
     record, name, value = _normalise_entries(record, name, value)
     record, name, value = _derive_power_factor(record, name, value, device_type)
-    order = np.lexsort((name.astype(str), record)) if len(record) else np.zeros(0, dtype=np.int64)
-    record, name, value = record[order], name[order], value[order]
-    return record, name, value, _out_of_range(name, value, device_type[record])
+    codes, names = pd.factorize(name)
+    if len(record):
+        name_rank = np.argsort(np.argsort(np.asarray(names, dtype=str)))
+        order = np.lexsort((name_rank[codes], record))
+    else:
+        order = np.zeros(0, dtype=np.int64)
+    record, name, value, codes = record[order], name[order], value[order], codes[order]
+    return record, name, value, _out_of_range(codes, names, value, device_type[record])
 
 
 def _normalise_entries(
     record: np.ndarray, name: np.ndarray, value: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    aliases = [alias for alias in pd.unique(name).tolist() if alias in UNIT_ALIASES]
+    if not aliases:
+        return record, name, value
     keep = np.ones(len(name), dtype=bool)
     value = value.copy()
     name = name.copy()
-    for alias, (canonical, convert) in UNIT_ALIASES.items():
+    for alias in aliases:
+        canonical, convert = UNIT_ALIASES[alias]
         hits = np.flatnonzero(name == alias)
-        if not len(hits):
-            continue
         already = set(record[name == canonical].tolist())  # the canonical one wins
         for k in hits.tolist():
             if record[k] in already:
@@ -142,12 +152,13 @@ def _derive_power_factor(
     )
 
 
-def _out_of_range(name: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> np.ndarray:
-    low = np.full(len(name), -np.inf)
-    high = np.full(len(name), np.inf)
-    if len(name):
+def _out_of_range(name_codes: np.ndarray, names: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> np.ndarray:
+    """Entries outside their device type's physical range (``names[name_codes[k]]`` is entry
+    ``k``'s metric)."""
+    low = np.full(len(name_codes), -np.inf)
+    high = np.full(len(name_codes), np.inf)
+    if len(name_codes):
         type_codes, types = pd.factorize(device_type)
-        name_codes, names = pd.factorize(name)
         codes, pairs = pd.factorize(type_codes.astype(np.int64) * len(names) + name_codes)
         bounds = np.array(
             [
