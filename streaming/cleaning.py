@@ -9,6 +9,7 @@ value must not poison a device's baseline).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -83,13 +84,22 @@ def entry_column(n: int, entry_reading: np.ndarray, names: np.ndarray, values: n
     return column
 
 
-def clean_entries(
-    record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+class CleanEntries(NamedTuple):
+    """Cleaned entries, sorted by record, then metric name (one reading's metrics in a stable
+    order); ``names[name_codes[k]]`` is ``name[k]``, for callers that group by metric."""
+
+    record: np.ndarray
+    name: np.ndarray
+    value: np.ndarray
+    out_of_range: np.ndarray
+    name_codes: np.ndarray
+    names: np.ndarray  # the distinct metric names
+
+
+def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> CleanEntries:
     """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened
     metrics: entry ``k`` is metric ``name[k] = value[k]`` of record ``record[k]``, whose device
-    type is ``device_type[record[k]]``. Returns ``(record, name, value, out_of_range)``
-    sorted by record, then metric name (one reading's metrics in a stable order).
+    type is ``device_type[record[k]]``.
 
     The names are factorised once and compared as codes: a batch has a few distinct metric
     names among hundreds of thousands of entries."""
@@ -102,7 +112,7 @@ def clean_entries(
     else:
         order = np.zeros(0, dtype=np.int64)
     record, name, value, codes = record[order], name[order], value[order], codes[order]
-    return record, name, value, _out_of_range(codes, names, value, device_type[record])
+    return CleanEntries(record, name, value, _out_of_range(codes, names, value, device_type[record]), codes, names)
 
 
 def _normalise_entries(

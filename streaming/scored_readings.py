@@ -99,11 +99,10 @@ class DeviceScorer:
         reading_device = batch.codes[scored_positions]
         reading_type = table.device_type[reading_device] if len(reading_device) else np.zeros(0, dtype=object)
         reading_bank = self.plan.banks_of(reading_type)
-        er, names, values, oor = clean_entries(
+        er, names, values, oor, name_codes, name_list = clean_entries(
             entry_reading[keep], decoded.metric_name[keep], decoded.metric_value[keep], reading_type
         )
         entry_device = reading_device[er]
-        name_codes, name_list = pd.factorize(names)
         width = max(len(name_list), 1)
         pair_codes, pair_keys = pd.factorize(entry_device.astype(np.int64) * width + name_codes)
         pair_device = (pair_keys // width).astype(np.int64)
@@ -117,7 +116,7 @@ class DeviceScorer:
         # the rules, but the detectors neither learn from it nor score it: fed out of event
         # time order, a drifting or seasonal metric would look like a jump back.
         in_order = sequenced.in_order
-        watched = scored_names(names) & ~oor & in_order[er]
+        watched = scored_names(name_list)[name_codes] & ~oor & in_order[er]
         scores = np.full(len(names), np.nan)
         surprises = np.full(len(names), np.nan)
         ts = batch.ts[scored_positions]
