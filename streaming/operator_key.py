@@ -63,6 +63,11 @@ def stream_partition(topic: str, partition: int, home_topic: str | None) -> int:
     return ((zlib.crc32(topic.encode()) % 32767) + 1) << _TOPIC_SHIFT | partition
 
 
+def source_partition(partition: int) -> int:
+    """The Kafka partition, in its own topic, of a job's partition number (:func:`stream_partition`)."""
+    return partition & (1 << _TOPIC_SHIFT) - 1
+
+
 @lru_cache(maxsize=4096)
 def operator_key(partition: int, tasks: int) -> int:
     """``salt << 32 | partition`` with the smallest salt for which Spark places the key on

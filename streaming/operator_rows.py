@@ -62,5 +62,11 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         metric_value=cat("metric_value", np.float64),
     )
     return RecordColumns(
-        partition, cat("offset", np.int64), cat("append_ms", np.int64), cat("key", object), cat("raw", object), decoded
+        partition,
+        cat("offset", np.int64),
+        cat("append_ms", np.int64),
+        cat("key", object),
+        cat("raw", object),
+        decoded,
+        chunks[0].topic,
     )

@@ -5,6 +5,12 @@ Packing one source task's records into a row per chunk -- every field an array -
 that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
 hands the stateful operator typed columns instead of JSON. :func:`pack_records` does it in a
 ``mapInArrow`` behind Spark's Kafka connector, one task per core.
+
+A record's key and original bytes travel on only when the decoder rejected it: they are
+what its dead letter needs, and of a valid record the key is its ``device_id`` and the bytes
+are in the log at its offset (read back there for the rare dead letter the stateful operator
+finds: :mod:`iotwatch.streaming.sinks.read_back`). The bytes were nearly half of a packed row,
+which crosses Arrow and the shuffle twice.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
 
 
 def pack_chunk(
+    topic: str,
     partition: int,
     tasks: int,
     keys: list[bytes | None],
@@ -42,10 +49,15 @@ def pack_chunk(
     stamps_ms: np.ndarray,
 ) -> pa.RecordBatch:
     """Decode one chunk of one partition's records into a packed row, keyed for a stateful
-    operator of ``tasks`` tasks."""
-    key_text = [None if k is None else k.decode("utf-8", "replace") for k in keys]
+    operator of ``tasks`` tasks; keys and bytes kept for the rejected records only."""
     decoded = decode_batch(values, keys, metrics_of=KNOWN_METRICS)
+    key_text: list[str | None] = [None] * len(values)
+    raw: list[bytes | None] = [None] * len(values)
+    for i in np.flatnonzero(~decoded.valid).tolist():
+        raw[i] = values[i]
+        key_text[i] = None if keys[i] is None else keys[i].decode("utf-8", "replace")
     columns = {
+        "topic": pa.array([topic], pa.string()),
         "partition": pa.array([partition], pa.int32()),
         "operator_key": pa.array([operator_key(partition, tasks)], pa.int64()),
         "first_offset": pa.array([int(offsets[0]) if len(offsets) else 0], pa.int64()),
@@ -63,7 +75,7 @@ def pack_chunk(
         "event": decoded.event,
         "metric_name": decoded.metric_name,
         "metric_value": decoded.metric_value,
-        "raw": pa.array(values, pa.binary()),
+        "raw": pa.array(raw, pa.binary()),
     }
     arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
@@ -92,6 +104,7 @@ def pack_records(
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
                 yield pack_chunk(
+                    source["topic"],
                     partition,
                     tasks,
                     chunk["key"].to_pylist(),

@@ -34,14 +34,18 @@ AGGREGATE_COLUMNS = ("device_id", "device_type", "site", "metric", "event_ms", *
 
 @dataclass(frozen=True)
 class RecordColumns:
-    """One Kafka partition's records of a micro-batch, decoded, in offset order."""
+    """One Kafka partition's records of a micro-batch, decoded, in offset order.
+
+    ``key`` and ``raw`` may be None for a record the decoder accepted (the job packs them only
+    for rejected ones): its key is its ``device_id``, and its bytes are in ``topic`` at its offset."""
 
     partition: int
     offset: np.ndarray  # int64
     append_ms: np.ndarray  # int64 Kafka timestamp (0: none)
     key: np.ndarray  # object: the Kafka key as text, or None
-    raw: np.ndarray  # object: the original payload bytes
+    raw: np.ndarray  # object: the original payload bytes, or None
     decoded: DecodedBatch
+    topic: str | None = None  # the Kafka topic, when read from one
 
     def __len__(self) -> int:
         return len(self.offset)

@@ -23,10 +23,12 @@ def _arrays(element: DataType, *names: str) -> list[StructField]:
 
 #: Kafka records after decoding (``iotwatch.streaming.packing``): one row per chunk of consecutive
 #: records of one Kafka partition, each column an array with one element per record (the
-#: metrics flattened, ``metric_row`` pointing at their record). Few rows, so Spark's
-#: per-row costs in the stateful operator do not count.
+#: metrics flattened, ``metric_row`` pointing at their record; ``key`` and ``raw`` null but
+#: for the records the decoder rejected). Few rows, so Spark's per-row costs in the stateful
+#: operator do not count.
 PACKED_SCHEMA = StructType(
     [
+        StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),

@@ -145,7 +145,7 @@ def sequence(batch: SortedBatch, table: DeviceTable, window: int, lateness_ms: i
 def dead_letters(
     batch: SortedBatch, sequenced: Sequenced, table: DeviceTable, lateness_ms: int
 ) -> list[dict[str, Any]]:
-    """Contract violations and late records, with their reason and original bytes."""
+    """Contract violations and late records, with their reason and original bytes (where kept)."""
     records, decoded = batch.records, batch.records.decoded
     rows = []
     for p in sequenced.dead.tolist():
@@ -156,9 +156,10 @@ def dead_letters(
             "device_id": batch.devices[d] if d >= 0 else None,
             "device_type": (table.device_type[d] or None) if d >= 0 else None,
             "site": (table.site[d] or None) if d >= 0 else None,
+            "kafka_topic": records.topic,
             "kafka_partition": records.partition,
             "kafka_offset": int(records.offset[r]),
-            "raw": records.raw[r],
+            "raw": records.raw[r],  # None for a decoded record: read back (iotwatch.streaming.sinks.read_back)
         }
         if sequenced.outcome[p] == LATE_RECORD:
             row.update(

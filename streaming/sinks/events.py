@@ -19,8 +19,10 @@ from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
+from iotwatch.streaming.operator_key import source_partition
 from iotwatch.streaming.sinks.influx_points import aggregate_point, alert_point
 from iotwatch.streaming.sinks.kafka_rows import produce_all, warm_producer
+from iotwatch.streaming.sinks.read_back import LogReader, with_original_bytes
 
 if TYPE_CHECKING:
     from iotwatch.streaming.partition_io import BatchOutput
@@ -34,8 +36,9 @@ def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[t
     """A dead-letter row of the engine as a Kafka record: original bytes, why in headers."""
     key = row["device_id"].encode() if row["device_id"] else None
     letter = DeadLetter(row["reason"], row["detail"] or "", "stream", bytes(row["raw"] or b""), key)
-    source = [
-        ("kafka.partition", str(row["kafka_partition"]).encode()),
+    source = [  # where the record is in the log
+        *([("kafka.topic", row["kafka_topic"].encode())] if row.get("kafka_topic") else []),
+        ("kafka.partition", str(source_partition(row["kafka_partition"])).encode()),
         ("kafka.offset", str(row["kafka_offset"]).encode()),
     ]
     return key, letter.original, letter.headers(source)
@@ -49,6 +52,7 @@ class EventSinks:
         self.alerts_topic = settings.topics.alerts
         self.dlq_topic = settings.topics.dlq
         self.influx = settings.influx if settings.influx.enabled else None
+        self.log = LogReader(self.kafka_config)
         warm_producer(self.kafka_config)  # once per worker: the first alert is not kept waiting
 
     def write(self, output: BatchOutput) -> dict[str, int]:
@@ -62,7 +66,8 @@ class EventSinks:
                 map(alert_message, alerts),
             )
         if output.dead_letters:
-            produce_all(self.kafka_config, self.dlq_topic, (dead_letter_record(r) for r in output.dead_letters))
+            letters = with_original_bytes(self.log, output.dead_letters)
+            produce_all(self.kafka_config, self.dlq_topic, map(dead_letter_record, letters))
         failures = 0
         if self.influx is not None and (alerts or len(output.aggregates)):
             points = [aggregate_point(row) for row in output.aggregates.to_dict("records")]

@@ -407,6 +407,7 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(
     readings: each poison record is a dead letter with its reason or handled as documented
     (a reading 23 h ahead is within the contract's skew and scored), and all 100 are scored
     and archived -- with fleet scoring on."""
+    import msgspec
     from confluent_kafka import Producer
 
     from iotwatch.contract.telemetry import Telemetry
@@ -454,6 +455,9 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(
         metrics={"temperature_c": 20.0},
     )
     producer.produce(settings.topics.raw, key=ahead.device_id.encode(), value=ahead.to_json())
+    # an older seq 23 h behind the device's newest reading: late, dead-lettered with its bytes read back from the log
+    behind = msgspec.structs.replace(ahead, seq=0, ts=now - 60_000).to_json()
+    producer.produce(settings.topics.raw, key=ahead.device_id.encode(), value=behind)
     for seq in range(100):
         reading = Telemetry(
             v=1,
@@ -472,8 +476,13 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(
     assert job.query.exception() is None
     assert job.totals["reading_records"] == 100 + 2  # the good device, the victim's first reading, the one ahead
     assert job.totals["dlq"] == len(poison)
-    dead = read_topic(settings.kafka, settings.topics.dlq, expected=len(poison), timeout_s=30, idle_s=3)
-    assert sorted(header_value(m.headers(), H_REASON) for m in dead) == sorted(reason for reason, _ in poison)
+    assert job.totals["late"] == 1
+    dead = read_topic(settings.kafka, settings.topics.dlq, expected=len(poison) + 1, timeout_s=30, idle_s=3)
+    # each dead letter holds its record's original bytes: kept by the packing step for the records
+    # the decoder rejected, read back from the raw topic for the conflict and the late one
+    letters = sorted((header_value(m.headers(), H_REASON), m.value()) for m in dead)
+    assert letters == sorted([*poison, ("late", behind)])
+    assert {header_value(m.headers(), "kafka.topic") for m in dead} == {settings.topics.raw}
     archive = pd.read_parquet(tmp_path / "archive" / "readings")
     assert sorted(archive[archive["device_id"] == good]["seq"]) == list(range(100))
 
