@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
+from iotwatch.streaming.packing import dictionary_decode
 from iotwatch.streaming.partition_io import RecordColumns
-from iotwatch.streaming.schemas import TALLY_FIELDS, TALLY_SCHEMA
+from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, TALLY_FIELDS, TALLY_SCHEMA, dictionary_of
 
 
 class StepClock:
@@ -48,18 +49,18 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
     sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
     row_base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]), [len(c.metric_row) for c in chunks])
+    strings = {
+        name: np.concatenate([dictionary_decode(getattr(c, name), getattr(c, dictionary_of(name))) for c in chunks])
+        for name in DICTIONARY_COLUMNS
+    }
     decoded = DecodedBatch(
         reason=cat("reason", object),
         detail=cat("detail", object),
-        device_id=cat("device_id", object),
-        device_type=cat("device_type", object),
-        site=cat("site", object),
-        event=cat("event", object),
         seq=cat("seq", np.int64),
         ts=cat("ts", np.int64),
         metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64),
-        metric_name=cat("metric_name", object),
         metric_value=cat("metric_value", np.float64),
+        **strings,
     )
     return RecordColumns(
         partition,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -25,7 +26,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_batch
 from iotwatch.streaming.operator_key import operator_key, stream_partition
-from iotwatch.streaming.schemas import PACKED_SCHEMA
+from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, PACKED_SCHEMA, dictionary_of
 
 #: Records per packed row (a chunk of one partition's consecutive records).
 CHUNK_RECORDS = 20_000
@@ -37,6 +38,17 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
     """One list value holding all of ``values`` (a single-row list column)."""
     inner = values if isinstance(values, pa.Array) else pa.array(values, type=type_.value_type)
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
+
+
+def dictionary_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (int32, -1 for None) into the distinct ``values``, and those."""
+    codes, names = pd.factorize(values, use_na_sentinel=True)
+    return codes.astype(np.int32), np.asarray(names, dtype=object)
+
+
+def dictionary_decode(codes: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """The values :func:`dictionary_encode` encoded: ``names`` shared, no string made per entry."""
+    return np.append(np.asarray(names, dtype=object), None)[np.asarray(codes, dtype=np.int64)]
 
 
 def pack_chunk(
@@ -69,11 +81,11 @@ def pack_chunk(
         "key": pa.array(key_text, pa.string()),
         "reason": decoded.reason,
         "detail": decoded.detail,
-        "device_id": decoded.device_id,
-        "device_type": decoded.device_type,
-        "site": decoded.site,
-        "event": decoded.event,
-        "metric_name": decoded.metric_name,
+        **{
+            column: part
+            for name in DICTIONARY_COLUMNS
+            for column, part in zip((name, dictionary_of(name)), dictionary_encode(getattr(decoded, name)), strict=True)
+        },
         "metric_value": decoded.metric_value,
         "raw": pa.array(raw, pa.binary()),
     }

@@ -21,11 +21,21 @@ def _arrays(element: DataType, *names: str) -> list[StructField]:
     return [StructField(name, ArrayType(element)) for name in names]
 
 
+#: String columns of the packed rows with few distinct values among many entries (a chunk's
+#: records are a few devices' readings): sent as codes into the chunk's own dictionary, the
+#: column :func:`dictionary_of` it (-1 for None), so a chunk carries each string once.
+DICTIONARY_COLUMNS = ("device_id", "device_type", "site", "event", "metric_name")
+
+
+def dictionary_of(column: str) -> str:
+    return f"{column}_dictionary"
+
+
 #: Kafka records after decoding (``iotwatch.streaming.packing``): one row per chunk of consecutive
 #: records of one Kafka partition, each column an array with one element per record (the
 #: metrics flattened, ``metric_row`` pointing at their record; ``key`` and ``raw`` null but
-#: for the records the decoder rejected). Few rows, so Spark's per-row costs in the stateful
-#: operator do not count.
+#: for the records the decoder rejected; the :data:`DICTIONARY_COLUMNS` as codes). Few rows,
+#: so Spark's per-row costs in the stateful operator do not count.
 PACKED_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
@@ -33,7 +43,9 @@ PACKED_SCHEMA = StructType(
         StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),
         *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
-        *_arrays(StringType(), "key", "reason", "detail", "device_id", "device_type", "site", "event", "metric_name"),
+        *_arrays(StringType(), "key", "reason", "detail"),
+        *_arrays(IntegerType(), *DICTIONARY_COLUMNS),
+        *_arrays(StringType(), *(dictionary_of(name) for name in DICTIONARY_COLUMNS)),
         *_arrays(DoubleType(), "metric_value"),
         *_arrays(BinaryType(), "raw"),
     ]

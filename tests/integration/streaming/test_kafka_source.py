@@ -14,6 +14,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.streaming.kafka_source import read_kafka_batch, read_kafka_stream
 from iotwatch.streaming.operator_key import operator_key
+from iotwatch.streaming.packing import dictionary_decode
 from tests.helpers import reading
 
 pytestmark = pytest.mark.slow
@@ -27,6 +28,10 @@ def _produce(settings: Settings, topic: str, devices: list[str], count: int) -> 
                 topic, key=device.encode(), value=reading(device, seq).to_json(), headers=[("h", device.encode())]
             )
     assert producer.flush(30) == 0
+
+
+def _device_ids(chunk: Any) -> list[str]:
+    return dictionary_decode(chunk.device_id, chunk.device_id_dictionary).tolist()
 
 
 def test_batch_read_has_keys_values_headers_and_offsets(spark: Any, test_settings: Settings, unique: str) -> None:
@@ -61,7 +66,9 @@ def test_stream_read_packs_decoded_readings_per_partition(spark: Any, test_setti
     for chunk in chunks:
         assert chunk.operator_key == operator_key(chunk.partition, 2)
         assert list(chunk.offset) == sorted(chunk.offset), "a chunk holds one partition's records in offset order"
-        for device, seq in zip(chunk.device_id, chunk.seq, strict=True):
+        assert chunk.topic == topic
+        assert set(chunk.raw) == {None}, "a valid record's bytes stay in the log"
+        for device, seq in zip(_device_ids(chunk), chunk.seq, strict=True):
             seqs.setdefault(device, []).append(seq)
     assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(25)) for device in devices}
 
@@ -87,9 +94,10 @@ def test_stream_read_by_pattern_keeps_each_topics_partitions_apart(
     seqs: dict[str, list[int]] = {}
     for chunk in spark.sql(f"SELECT * FROM pattern_{unique}").collect():
         assert chunk.operator_key == operator_key(chunk.partition, 2)
-        assert len({site_of[device] for device in chunk.device_id}) == 1, "a chunk mixes two sites' records"
-        partitions[site_of[chunk.device_id[0]]].add(chunk.partition)
-        for device, seq in zip(chunk.device_id, chunk.seq, strict=True):
+        device_ids = _device_ids(chunk)
+        assert len({site_of[device] for device in device_ids}) == 1, "a chunk mixes two sites' records"
+        partitions[site_of[device_ids[0]]].add(chunk.partition)
+        for device, seq in zip(device_ids, chunk.seq, strict=True):
             seqs.setdefault(device, []).append(seq)
     assert not partitions["sa"] & partitions["sb"]
     assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(10)) for device in site_of}
