@@ -48,14 +48,22 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         )
     cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
     sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
-    row_base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]), [len(c.metric_row) for c in chunks])
+    bases = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    row_base = np.repeat(bases, [len(c.metric_row) for c in chunks])
+    rejected = cat("rejected", np.int64) + np.repeat(bases, [len(c.rejected) for c in chunks])
+
+    def of_rejected(name: str) -> np.ndarray:
+        column = np.full(int(sizes.sum()), None, dtype=object)
+        column[rejected] = cat(name, object)
+        return column
+
     strings = {
         name: np.concatenate([dictionary_decode(getattr(c, name), getattr(c, dictionary_of(name))) for c in chunks])
         for name in DICTIONARY_COLUMNS
     }
     decoded = DecodedBatch(
-        reason=cat("reason", object),
-        detail=cat("detail", object),
+        reason=of_rejected("reason"),
+        detail=of_rejected("detail"),
         seq=cat("seq", np.int64),
         ts=cat("ts", np.int64),
         metric_row=cat("metric_row", np.int64) + row_base.astype(np.int64),
@@ -66,8 +74,8 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         partition,
         cat("offset", np.int64),
         cat("append_ms", np.int64),
-        cat("key", object),
-        cat("raw", object),
+        of_rejected("key"),
+        of_rejected("raw"),
         decoded,
         chunks[0].topic,
     )

@@ -6,11 +6,12 @@ that cost per chunk instead, and decoding here, in bulk with the contract's deco
 hands the stateful operator typed columns instead of JSON. :func:`pack_records` does it in a
 ``mapInArrow`` behind Spark's Kafka connector, one task per core.
 
-A record's key and original bytes travel on only when the decoder rejected it: they are
-what its dead letter needs, and of a valid record the key is its ``device_id`` and the bytes
-are in the log at its offset (read back there for the rare dead letter the stateful operator
-finds: :mod:`iotwatch.streaming.sinks.read_back`). The bytes were nearly half of a packed row,
-which crosses Arrow and the shuffle twice.
+A packed row crosses Arrow and the shuffle twice, so it carries little: strings repeated
+across records (device, site, metric names) once per chunk, in a dictionary; a record's
+key, reason and original bytes only when the decoder rejected it, since they are what its
+dead letter needs. Of a valid record the key is its ``device_id`` and the bytes are in the
+log at its offset, read back there for the rare dead letter the stateful operator finds
+(:mod:`iotwatch.streaming.sinks.read_back`). The bytes alone were nearly half of a row.
 """
 
 from __future__ import annotations
@@ -61,13 +62,10 @@ def pack_chunk(
     stamps_ms: np.ndarray,
 ) -> pa.RecordBatch:
     """Decode one chunk of one partition's records into a packed row, keyed for a stateful
-    operator of ``tasks`` tasks; keys and bytes kept for the rejected records only."""
+    operator of ``tasks`` tasks; keys, reasons and bytes of the rejected records only."""
     decoded = decode_batch(values, keys, metrics_of=KNOWN_METRICS)
-    key_text: list[str | None] = [None] * len(values)
-    raw: list[bytes | None] = [None] * len(values)
-    for i in np.flatnonzero(~decoded.valid).tolist():
-        raw[i] = values[i]
-        key_text[i] = None if keys[i] is None else keys[i].decode("utf-8", "replace")
+    rejected = np.flatnonzero(~decoded.valid)
+    rejected_keys = [keys[i] for i in rejected.tolist()]
     columns = {
         "topic": pa.array([topic], pa.string()),
         "partition": pa.array([partition], pa.int32()),
@@ -78,16 +76,17 @@ def pack_chunk(
         "seq": decoded.seq,
         "ts": decoded.ts,
         "metric_row": decoded.metric_row,
-        "key": pa.array(key_text, pa.string()),
-        "reason": decoded.reason,
-        "detail": decoded.detail,
+        "rejected": rejected.astype(np.int32),
+        "key": pa.array([None if k is None else k.decode("utf-8", "replace") for k in rejected_keys], pa.string()),
+        "reason": decoded.reason[rejected],
+        "detail": decoded.detail[rejected],
+        "raw": pa.array([values[i] for i in rejected.tolist()], pa.binary()),
         **{
             column: part
             for name in DICTIONARY_COLUMNS
             for column, part in zip((name, dictionary_of(name)), dictionary_encode(getattr(decoded, name)), strict=True)
         },
         "metric_value": decoded.metric_value,
-        "raw": pa.array(raw, pa.binary()),
     }
     arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)

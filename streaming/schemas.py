@@ -33,21 +33,23 @@ def dictionary_of(column: str) -> str:
 
 #: Kafka records after decoding (``iotwatch.streaming.packing``): one row per chunk of consecutive
 #: records of one Kafka partition, each column an array with one element per record (the
-#: metrics flattened, ``metric_row`` pointing at their record; ``key`` and ``raw`` null but
-#: for the records the decoder rejected; the :data:`DICTIONARY_COLUMNS` as codes). Few rows,
-#: so Spark's per-row costs in the stateful operator do not count.
+#: metrics flattened, ``metric_row`` pointing at their record; ``key``, ``reason``,
+#: ``detail`` and ``raw`` only for the ``rejected`` records; the :data:`DICTIONARY_COLUMNS` as
+#: codes). Few rows, so Spark's per-row costs in the stateful operator do not count.
 PACKED_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),
-        *_arrays(LongType(), "offset", "append_ms", "seq", "ts", "metric_row"),
+        *_arrays(LongType(), "offset", "append_ms", "seq", "ts"),
+        *_arrays(IntegerType(), "metric_row"),  # the entry's record in the chunk (of iotwatch.streaming.packing.CHUNK_RECORDS)
+        *_arrays(IntegerType(), "rejected"),  # the records the decoder rejected; the next four are theirs
         *_arrays(StringType(), "key", "reason", "detail"),
+        *_arrays(BinaryType(), "raw"),
         *_arrays(IntegerType(), *DICTIONARY_COLUMNS),
         *_arrays(StringType(), *(dictionary_of(name) for name in DICTIONARY_COLUMNS)),
         *_arrays(DoubleType(), "metric_value"),
-        *_arrays(BinaryType(), "raw"),
     ]
 )
 
