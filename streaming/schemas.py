@@ -43,7 +43,7 @@ PACKED_SCHEMA = StructType(
         StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),
         *_arrays(LongType(), "offset", "append_ms", "seq", "ts"),
-        *_arrays(IntegerType(), "metric_row"),  # the entry's record in the chunk (of iotwatch.streaming.packing.CHUNK_RECORDS)
+        *_arrays(IntegerType(), "metric_row"),  # the entry's record in its chunk (packing.CHUNK_RECORDS)
         *_arrays(IntegerType(), "rejected"),  # the records the decoder rejected; the next four are theirs
         *_arrays(StringType(), "key", "reason", "detail"),
         *_arrays(BinaryType(), "raw"),
