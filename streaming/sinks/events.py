@@ -20,7 +20,7 @@ from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.operator_key import source_partition
-from iotwatch.streaming.sinks.influx_points import aggregate_point, alert_point
+from iotwatch.streaming.sinks.influx_points import aggregate_lines, alert_point
 from iotwatch.streaming.sinks.kafka_rows import produce_all, warm_producer
 from iotwatch.streaming.sinks.read_back import LogReader, with_original_bytes
 
@@ -70,9 +70,8 @@ class EventSinks:
             produce_all(self.kafka_config, self.dlq_topic, map(dead_letter_record, letters))
         failures = 0
         if self.influx is not None and (alerts or len(output.aggregates)):
-            points = [aggregate_point(row) for row in output.aggregates.to_dict("records")]
-            points += [alert_point(a) for a in alerts]
-            failures = self._write_influx(points)
+            lines = aggregate_lines(output.aggregates) + [alert_point(a).to_line_protocol() for a in alerts]
+            failures = self._write_influx(lines)
         return {
             "alerts_raised": sum(a.raised for a in alerts),
             "alerts_cleared": sum(not a.raised for a in alerts),
@@ -80,14 +79,14 @@ class EventSinks:
             "influx_write_failures": failures,
         }
 
-    def _write_influx(self, points: list[Any]) -> int:
+    def _write_influx(self, lines: list[str]) -> int:
         """Metrics are derived data (recomputable from the archive): a failed write is logged
         and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
         assert self.influx is not None
         client = kept_client(self.influx)  # one HTTP session per worker, kept between micro-batches
         try:
-            for start in range(0, len(points), 5000):
-                client.write_points(points[start : start + 5000])
+            for start in range(0, len(lines), 5000):
+                client.write_lines(lines[start : start + 5000])
         except IotwatchError as exc:
             _influx_outage.failed(exc)
             drop_kept_client(self.influx)
