@@ -64,8 +64,14 @@ def _combine(rows: np.ndarray) -> np.ndarray:
     counts and sums added, extremes kept, ``last`` from the row of highest ``order``."""
     if not len(rows):
         return np.zeros((0, 1 + len(BUCKET_FIELDS)))
-    rows = rows[np.lexsort((rows[:, 9], rows[:, 2], rows[:, 1], rows[:, 0]))]
-    first = np.flatnonzero(np.r_[True, np.any(rows[1:, :3] != rows[:-1, :3], axis=1)])
+    # one integer key in (device, start, slot) order; a stable sort keeps the rows' own order
+    # within a bucket, which is ``order``'s (the open buckets first, then the readings in turn)
+    starts, _ = pd.factorize(rows[:, 1], sort=True)
+    slot = rows[:, 2].astype(np.int64)
+    key = (rows[:, 0].astype(np.int64) * (starts.max() + 1) + starts) * (slot.max() + 1) + slot
+    order = np.argsort(key, kind="stable")
+    rows, key = rows[order], key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     last = np.r_[first[1:], len(rows)] - 1
     return np.column_stack(
         [
