@@ -25,6 +25,9 @@ H_INGEST_MS = "iotwatch.ingest_ms"  # when the gateway received the message
 H_GATEWAY = "iotwatch.gateway"  # which gateway instance forwarded it
 H_ORIGINAL_BYTES = "iotwatch.original_bytes"  # size of the input when the value is only an excerpt of it
 H_ORIGINAL_SHA256 = "iotwatch.original_sha256"  # hex SHA-256 of the whole input, when the value is an excerpt
+H_KAFKA_TOPIC = "kafka.topic"  # the topic the streaming job read the record from
+H_KAFKA_PARTITION = "kafka.partition"  # the partition of that topic
+H_KAFKA_OFFSET = "kafka.offset"  # the record's offset there: with the two above, where it is in the log
 
 Headers = list[tuple[str, bytes]]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
 from iotwatch.contract.alerts import alert_message
-from iotwatch.contract.dead_letters import DeadLetter
+from iotwatch.contract.dead_letters import H_KAFKA_OFFSET, H_KAFKA_PARTITION, H_KAFKA_TOPIC, DeadLetter
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.operator_key import source_partition
@@ -36,10 +36,10 @@ def dead_letter_record(row: dict[str, Any]) -> tuple[bytes | None, bytes, list[t
     """A dead-letter row of the engine as a Kafka record: original bytes, why in headers."""
     key = row["device_id"].encode() if row["device_id"] else None
     letter = DeadLetter(row["reason"], row["detail"] or "", "stream", bytes(row["raw"] or b""), key)
-    source = [  # where the record is in the log
-        *([("kafka.topic", row["kafka_topic"].encode())] if row.get("kafka_topic") else []),
-        ("kafka.partition", str(source_partition(row["kafka_partition"])).encode()),
-        ("kafka.offset", str(row["kafka_offset"]).encode()),
+    source = [
+        *([(H_KAFKA_TOPIC, row["kafka_topic"].encode())] if row.get("kafka_topic") else []),
+        (H_KAFKA_PARTITION, str(source_partition(row["kafka_partition"])).encode()),
+        (H_KAFKA_OFFSET, str(row["kafka_offset"]).encode()),
     ]
     return key, letter.original, letter.headers(source)
 

@@ -17,7 +17,7 @@ import pytest
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.contract.dead_letters import H_REASON, header_value
+from iotwatch.contract.dead_letters import H_KAFKA_TOPIC, H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import start
@@ -482,7 +482,7 @@ def test_poison_records_are_dead_lettered_and_the_job_goes_on(
     # the decoder rejected, read back from the raw topic for the conflict and the late one
     letters = sorted((header_value(m.headers(), H_REASON), m.value()) for m in dead)
     assert letters == sorted([*poison, ("late", behind)])
-    assert {header_value(m.headers(), "kafka.topic") for m in dead} == {settings.topics.raw}
+    assert {header_value(m.headers(), H_KAFKA_TOPIC) for m in dead} == {settings.topics.raw}
     archive = pd.read_parquet(tmp_path / "archive" / "readings")
     assert sorted(archive[archive["device_id"] == good]["seq"]) == list(range(100))
 
