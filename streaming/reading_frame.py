@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iotwatch.streaming.schemas import READING_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS, score_column, value_column
 from iotwatch.streaming.scored_readings import ScoredReadings
 from iotwatch.streaming.sorted_batch import SortedBatch
 
 _WIDE_INDEX = {m: i for i, m in enumerate(WIDE_METRICS)}
 _SCORED_INDEX = {m: i for i, m in enumerate(SCORED_METRICS)}
+_BLOCK_COLUMNS = [value_column(m) for m in WIDE_METRICS] + [score_column(m) for m in SCORED_METRICS]
 
 
 def reading_frame(batch: SortedBatch, scored: np.ndarray, site: np.ndarray, readings: ScoredReadings) -> pd.DataFrame:
@@ -36,20 +37,25 @@ def reading_frame(batch: SortedBatch, scored: np.ndarray, site: np.ndarray, read
     name_codes, names = pd.factorize(readings.names)
     wide_of = np.array([_WIDE_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
     scored_of = np.array([_SCORED_INDEX.get(n, -1) for n in names] + [-1], dtype=np.int64)[name_codes]
-    values = np.full((len(WIDE_METRICS), m), np.nan)
+    # the value and score columns as one float block, laid out as pandas keeps a block (a row
+    # per column), so the frame takes it without the copy that assembling columns costs
+    block = np.full((len(WIDE_METRICS) + len(SCORED_METRICS), m), np.nan)
     hit = wide_of >= 0
-    values[wide_of[hit], readings.entry_reading[hit]] = readings.values[hit]
-    scores = np.full((len(SCORED_METRICS), m), np.nan)
+    block[wide_of[hit], readings.entry_reading[hit]] = readings.values[hit]
     hit = scored_of >= 0
-    scores[scored_of[hit], readings.entry_reading[hit]] = readings.entry_scores[hit]
-    columns.update((value_column(metric), values[i]) for i, metric in enumerate(WIDE_METRICS))
-    columns.update((score_column(metric), scores[i]) for i, metric in enumerate(SCORED_METRICS))
-    columns["out_of_range"] = _grouped(readings.entry_reading, readings.names, readings.entry_oor, m)
+    block[len(WIDE_METRICS) + scored_of[hit], readings.entry_reading[hit]] = readings.entry_scores[hit]
     extra = wide_of < 0
-    columns["extra_names"] = _grouped(readings.entry_reading, readings.names, extra, m)
-    columns["extra_values"] = _grouped(readings.entry_reading, readings.values, extra, m)
-    columns["extra_scores"] = _grouped(readings.entry_reading, readings.entry_scores, extra, m)
-    return pd.DataFrame(columns, columns=list(READING_COLUMNS))
+    tail = {
+        "out_of_range": _grouped(readings.entry_reading, readings.names, readings.entry_oor, m),
+        "extra_names": _grouped(readings.entry_reading, readings.names, extra, m),
+        "extra_values": _grouped(readings.entry_reading, readings.values, extra, m),
+        "extra_scores": _grouped(readings.entry_reading, readings.entry_scores, extra, m),
+    }
+    return pd.concat(
+        [pd.DataFrame(columns), pd.DataFrame(block.T, columns=_BLOCK_COLUMNS, copy=False), pd.DataFrame(tail)],
+        axis=1,
+        copy=False,
+    )
 
 
 def _grouped(entry_reading: np.ndarray, values: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:

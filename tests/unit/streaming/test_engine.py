@@ -436,7 +436,7 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
     from pyspark.sql.conversion import PandasToArrowConversion
 
     from iotwatch.streaming.operator_rows import tally_row
-    from iotwatch.streaming.schemas import TALLY_SCHEMA
+    from iotwatch.streaming.schemas import READING_COLUMNS, TALLY_SCHEMA
     from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, ArchiveWriter, archive_table
 
     harness = Harness()
@@ -453,6 +453,7 @@ def test_outputs_convert_to_the_archive_and_the_tally_layouts(tmp_path) -> None:
         Harness().output([]),
     ]
     for out in outputs:
+        assert tuple(out.readings.columns) == READING_COLUMNS
         table = archive_table(out.readings, "tail_ensemble")
         assert table.num_rows == len(out.readings)
         assert table.drop_columns(["date", "device_type"]).schema == ARCHIVE_SCHEMA
