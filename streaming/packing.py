@@ -65,7 +65,7 @@ def pack_chunk(
     operator of ``tasks`` tasks; keys, reasons and bytes of the rejected records only."""
     decoded = decode_batch(values, keys, metrics_of=KNOWN_METRICS)
     rejected = np.flatnonzero(~decoded.valid)
-    rejected_keys = [keys[i] for i in rejected.tolist()]
+    at = rejected.tolist()
     columns = {
         "topic": pa.array([topic], pa.string()),
         "partition": pa.array([partition], pa.int32()),
@@ -77,10 +77,10 @@ def pack_chunk(
         "ts": decoded.ts,
         "metric_row": decoded.metric_row,
         "rejected": rejected.astype(np.int32),
-        "key": pa.array([None if k is None else k.decode("utf-8", "replace") for k in rejected_keys], pa.string()),
+        "key": pa.array([None if keys[i] is None else keys[i].decode("utf-8", "replace") for i in at], pa.string()),
         "reason": decoded.reason[rejected],
         "detail": decoded.detail[rejected],
-        "raw": pa.array([values[i] for i in rejected.tolist()], pa.binary()),
+        "raw": pa.array([values[i] for i in at], pa.binary()),
         **{
             column: part
             for name in DICTIONARY_COLUMNS

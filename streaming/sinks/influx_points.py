@@ -13,14 +13,25 @@ from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.measurements import ALERTS, DEVICE_METRICS, PIPELINE
 
 #: The aggregates' columns written to ``device_metrics`` (tags, time, fields).
-AGGREGATE_LINE_COLUMNS = ("site", "device_type", "device_id", "metric", "event_ms")
-AGGREGATE_LINE_COLUMNS += ("mean", "min", "max", "last", "max_score", "count")
+AGGREGATE_LINE_COLUMNS = [
+    "site",
+    "device_type",
+    "device_id",
+    "metric",
+    "event_ms",
+    "mean",
+    "min",
+    "max",
+    "last",
+    "max_score",
+    "count",
+]
 
 
 def aggregate_lines(aggregates: pd.DataFrame) -> list[str]:
     """Closed aggregates (:data:`iotwatch.streaming.partition_io.AGGREGATE_COLUMNS`), thousands a
     micro-batch, as line protocol in one pass over the frame."""
-    frame = aggregates[list(AGGREGATE_LINE_COLUMNS)].astype({"count": np.int64, "event_ms": np.int64})
+    frame = aggregates[AGGREGATE_LINE_COLUMNS].astype({"count": np.int64, "event_ms": np.int64})
     return DEVICE_METRICS.lines(frame, "event_ms")
 
 

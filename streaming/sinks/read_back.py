@@ -62,9 +62,10 @@ class LogReader:
                 for message in consumer.consume(min(last - position + 1, 5000), 1.0):
                     error = message.error()
                     if error is None:
-                        position = message.offset() + 1
-                        if position - 1 in wanted:
-                            found[position - 1] = message.value() or b""
+                        offset = message.offset()
+                        position = offset + 1
+                        if offset in wanted:
+                            found[offset] = message.value() or b""
                     elif error.code() == KafkaError._PARTITION_EOF or not error.retriable():
                         position = last + 1  # the log ends before them, or retention deleted them
         consumer.unassign()
@@ -87,21 +88,22 @@ class LogReader:
             )
         return self._consumer
 
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+
+def _source(row: dict[str, Any]) -> tuple[str, int, int] | None:
+    """Where a dead-letter row's record is in the log, when its bytes are to be read back."""
+    if row["raw"] is not None or not row.get("kafka_topic"):
+        return None
+    return row["kafka_topic"], source_partition(row["kafka_partition"]), row["kafka_offset"]
 
 
 def with_original_bytes(reader: LogReader, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Dead-letter rows of the engine, those without ``raw`` given their record's bytes from
     the log (in their ``kafka_topic``, at their partition and offset)."""
+    sources = [_source(row) for row in rows]
     missing: dict[tuple[str, int], list[int]] = {}
-    for row in rows:
-        if row["raw"] is None and row.get("kafka_topic"):
-            missing.setdefault((row["kafka_topic"], source_partition(row["kafka_partition"])), []).append(
-                row["kafka_offset"]
-            )
+    for source in sources:
+        if source is not None:
+            missing.setdefault(source[:2], []).append(source[2])
     if not missing:
         return rows
     values = {
@@ -110,12 +112,10 @@ def with_original_bytes(reader: LogReader, rows: list[dict[str, Any]]) -> list[d
         for offset, value in reader.values(topic, partition, offsets).items()
     }
     out = []
-    for row in rows:
-        if row["raw"] is None and row.get("kafka_topic"):
-            key = (row["kafka_topic"], source_partition(row["kafka_partition"]), row["kafka_offset"])
-            if key in values:
-                row = {**row, "raw": values[key]}
-            else:
-                row = {**row, "detail": f"{row['detail']} (its bytes are no longer in {row['kafka_topic']})"}
+    for row, source in zip(rows, sources, strict=True):
+        if source in values:
+            row = {**row, "raw": values[source]}
+        elif source is not None:
+            row = {**row, "detail": f"{row['detail']} (its bytes are no longer in {source[0]})"}
         out.append(row)
     return out
