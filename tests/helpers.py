@@ -80,6 +80,7 @@ class Publisher:
     site: str = "home-1"
     published: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # device -> (seq, time)
     done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
     def start(self) -> Publisher:
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -87,11 +88,22 @@ class Publisher:
         return self
 
     def _run(self) -> None:
+        try:
+            self._publish_all()
+        except BaseException as exc:  # reported by join(), not lost in the thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _publish_all(self) -> None:
+        acknowledged = threading.Semaphore(0)
         client = make_client(self.mqtt, f"test-pub-{id(self)}")
+        client.on_publish = lambda *_: acknowledged.release()
         client.max_queued_messages_set(0)
         client.connect(self.mqtt.host, self.mqtt.port)
         client.loop_start()
         started = time.monotonic()
+        sent = 0
         for seq in range(self.count):
             for device in self.devices:
                 message = reading(device, seq, site=self.site)
@@ -99,18 +111,25 @@ class Publisher:
                 info = client.publish(telemetry_topic(self.site, "thermostat", device), message.to_json(), qos=1)
                 assert info.rc in (0, MQTT_ERR_NO_CONN), info.rc
                 self.published.setdefault(device, []).append((seq, time.time()))
+                sent += 1
                 if self.rate_per_s:
-                    sent = (seq * len(self.devices)) + 1
                     delay = started + sent / self.rate_per_s - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-        info.wait_for_publish(30)
+        # Every PUBACK, not the last message's: that one may have been published while the
+        # broker was down (rc NO_CONN), and paho's wait_for_publish raises for it although
+        # paho sends it after the reconnect.
+        deadline = time.monotonic() + 90
+        for count in range(sent):
+            left = max(0.0, deadline - time.monotonic())
+            assert acknowledged.acquire(timeout=left), f"{count} of {sent} readings acknowledged"
         client.disconnect()
         client.loop_stop()
-        self.done.set()
 
     def join(self, timeout: float = 120) -> None:
         assert self.done.wait(timeout), "publisher did not finish"
+        if self.error is not None:
+            raise AssertionError(f"publisher failed: {self.error!r}") from self.error
 
 
 def injection(

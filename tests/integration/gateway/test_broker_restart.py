@@ -31,7 +31,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
 from iotwatch.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.stack.process import stop_process
+from iotwatch.stack.process import log_tail, stop_process
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, seqs_by_device, user_env
 from tests.support.gateway import gateway_settings
 
@@ -56,6 +56,17 @@ class Broker:
     def stop(self) -> None:
         stop_process(self.running.process)
 
+    def join(self, publisher: Publisher) -> None:
+        """Wait for ``publisher``; if it fails, say whether the restarted broker still runs
+        and what it logged last (a broker that died is a different failure from a lost
+        acknowledgement)."""
+        try:
+            publisher.join(timeout=120)
+        except AssertionError as exc:
+            alive = "running" if self.running.process.is_running() else "NOT running"
+            tail = log_tail(self.running.process, 20)
+            raise AssertionError(f"{exc}; the restarted broker is {alive}; {tail}") from exc
+
 
 def _gateway(test_settings: Settings, unique: str, broker: Broker) -> tuple[Settings, Gateway]:
     """A started gateway on ``broker`` and this test's topics."""
@@ -78,7 +89,7 @@ def test_mosquitto_restart_with_persistence_loses_nothing(
         publisher = Publisher(settings.mqtt, devices, count=1500, rate_per_s=1000).start()
         time.sleep(2.0)
         broker.restart()
-        publisher.join(timeout=120)
+        broker.join(publisher)
         _records, seqs = read_all_seqs(settings.kafka, settings.topics.raw, devices, 1500, timeout_s=30)
         summary = bridge.stop()
     finally:
