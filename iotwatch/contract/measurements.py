@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from influxdb_client import Point
-from influxdb_client.client.write.dataframe_serializer import data_frame_to_list_of_points
-from influxdb_client.client.write_api import PointSettings
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FieldValue = float | int | str | bool
 
@@ -71,6 +72,11 @@ class Measurement:
             raise ValueError(f"{self.name} has no tag(s) or field(s) {sorted(unknown)}")
         if frame.empty:
             return []
+        # imported here: pandas costs every process that imports the contract (the gateway,
+        # the simulators, the on-call tools) almost two seconds of start-up
+        from influxdb_client.client.write.dataframe_serializer import data_frame_to_list_of_points
+        from influxdb_client.client.write_api import PointSettings
+
         lines: list[str] = data_frame_to_list_of_points(
             frame.copy(),  # the serializer converts the time column in place
             PointSettings(),
