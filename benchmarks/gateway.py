@@ -101,10 +101,11 @@ def _payloads(devices: int, per_device: int, site: str) -> list[tuple[str, Telem
 
 
 def _publish_share(
-    mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float, start_at: float
+    mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float, start: Any
 ) -> None:
-    """Publish at QoS 1 from ``start_at`` (epoch s), paced at ``rate`` msg/s (0: as fast as the
-    broker accepts); ``ts`` is stamped at publish time."""
+    """Publish at QoS 1 once every publisher is connected (``start``: a barrier of them all and
+    the caller, whose action sets the common start time), paced at ``rate`` msg/s (0: as fast
+    as the broker accepts); ``ts`` is stamped at publish time."""
     # the share lives to the end: a collection walking it would hold a message between its
     # stamp and its send, and show as latency of whichever path is measured
     gc.freeze()
@@ -113,6 +114,8 @@ def _publish_share(
     client.max_queued_messages_set(0)
     client.connect(mqtt.host, mqtt.port)
     client.loop_start()
+    start.barrier.wait(120)
+    start_at = start.at.value
     time.sleep(max(0.0, start_at - time.time()))
     info = None
     for index, (topic, reading) in enumerate(messages):
@@ -145,21 +148,38 @@ def _publish(
 ) -> float:
     """Publish from ``publishers`` processes (one Python publisher falls short of 5,000 msg/s
     on a busy machine), each with the devices of its share in order; returns the start time."""
-    start_at = time.time() + 3.0  # the processes start and connect meanwhile
     shares = [[m for m in messages if zlib.crc32(m[0].encode()) % publishers == i] for i in range(publishers)]
+    shares = [share for share in shares if share]
     context = multiprocessing.get_context("spawn")
+    start = _StartLine(context, len(shares))
     workers = [
         context.Process(
-            target=_publish_share, args=(mqtt, share, f"{client_id}-{i}", rate * len(share) / len(messages), start_at)
+            target=_publish_share, args=(mqtt, share, f"{client_id}-{i}", rate * len(share) / len(messages), start)
         )
         for i, share in enumerate(shares)
-        if share
     ]
     for worker in workers:
         worker.start()
+    start.barrier.wait(120)
     for worker in workers:
         worker.join()
-    return start_at
+    return start.at.value
+
+
+class _StartLine:
+    """The publishers' common start: each waits at :attr:`barrier` once connected, and the
+    last to arrive (the caller included) sets :attr:`at` a moment ahead, so that all begin
+    together however long their processes took to start."""
+
+    #: Seconds between the last publisher's arrival and the start.
+    LEAD_S = 0.2
+
+    def __init__(self, context: Any, publishers: int) -> None:
+        self.at = context.Value("d", 0.0)
+        self.barrier = context.Barrier(publishers + 1, action=self._set_start)
+
+    def _set_start(self) -> None:
+        self.at.value = time.time() + self.LEAD_S
 
 
 def _rate(count: int, first: float, last: float) -> float:
