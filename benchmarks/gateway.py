@@ -104,8 +104,8 @@ def _publish_share(
     mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], client_id: str, rate: float, start: Any
 ) -> None:
     """Publish at QoS 1 once every publisher is connected (``start``: a barrier of them all and
-    the caller, whose action sets the common start time), paced at ``rate`` msg/s (0: as fast
-    as the broker accepts); ``ts`` is stamped at publish time."""
+    the caller), paced at ``rate`` msg/s (0: as fast as the broker accepts); ``ts`` is stamped
+    at publish time."""
     # the share lives to the end: a collection walking it would hold a message between its
     # stamp and its send, and show as latency of whichever path is measured
     gc.freeze()
@@ -114,9 +114,8 @@ def _publish_share(
     client.max_queued_messages_set(0)
     client.connect(mqtt.host, mqtt.port)
     client.loop_start()
-    start.barrier.wait(120)
-    start_at = start.at.value
-    time.sleep(max(0.0, start_at - time.time()))
+    start.wait(120)
+    start_at = time.time()
     info = None
     for index, (topic, reading) in enumerate(messages):
         if rate:
@@ -151,7 +150,8 @@ def _publish(
     shares = [[m for m in messages if zlib.crc32(m[0].encode()) % publishers == i] for i in range(publishers)]
     shares = [share for share in shares if share]
     context = multiprocessing.get_context("spawn")
-    start = _StartLine(context, len(shares))
+    # all begin together once connected, however long their processes took to start
+    start = context.Barrier(len(shares) + 1)
     workers = [
         context.Process(
             target=_publish_share, args=(mqtt, share, f"{client_id}-{i}", rate * len(share) / len(messages), start)
@@ -160,26 +160,11 @@ def _publish(
     ]
     for worker in workers:
         worker.start()
-    start.barrier.wait(120)
+    start.wait(120)
+    started = time.time()
     for worker in workers:
         worker.join()
-    return start.at.value
-
-
-class _StartLine:
-    """The publishers' common start: each waits at :attr:`barrier` once connected, and the
-    last to arrive (the caller included) sets :attr:`at` a moment ahead, so that all begin
-    together however long their processes took to start."""
-
-    #: Seconds between the last publisher's arrival and the start.
-    LEAD_S = 0.2
-
-    def __init__(self, context: Any, publishers: int) -> None:
-        self.at = context.Value("d", 0.0)
-        self.barrier = context.Barrier(publishers + 1, action=self._set_start)
-
-    def _set_start(self) -> None:
-        self.at.value = time.time() + self.LEAD_S
+    return started
 
 
 def _rate(count: int, first: float, last: float) -> float:

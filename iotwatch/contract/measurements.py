@@ -72,8 +72,8 @@ class Measurement:
             raise ValueError(f"{self.name} has no tag(s) or field(s) {sorted(unknown)}")
         if frame.empty:
             return []
-        # imported here: pandas costs every process that imports the contract (the gateway,
-        # the simulators, the on-call tools) almost two seconds of start-up
+        # imported here (they import pandas): the gateway, the responder and the alert
+        # forwarder import the contract, and pandas would add seconds to each one's start-up
         from influxdb_client.client.write.dataframe_serializer import data_frame_to_list_of_points
         from influxdb_client.client.write_api import PointSettings
 
