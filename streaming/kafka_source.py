@@ -89,7 +89,9 @@ def read_kafka_stream(
         .options(**kafka_options(settings))
         .option(*(("subscribePattern", pattern) if pattern else ("subscribe", ",".join(topics))))
         .option("startingOffsets", starting_offsets)
-        .option("includeHeaders", "true")
+        # the packed path reads none of the headers (the gateway's four per record): the
+        # connector would still convert each one into the row
+        .option("includeHeaders", "false" if packed else "true")
     )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
