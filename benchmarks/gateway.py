@@ -9,8 +9,9 @@ messages are queued at the broker for persistent sessions that are offline, then
 sessions come back and drain them:
 
 (a) raw path: bare paho subscribers (stock paho, MQTT 5, automatic PUBACK, the same
-    Receive Maximum as the gateway) that only count; and the same reading the socket as
-    the gateway does (``BufferedReadClient``), which shows what the gateway's own work costs;
+    Receive Maximum as the gateway) that only count; and the same on the gateway's own MQTT
+    client (``BufferedReadClient``: buffered socket reads, the short path for plain QoS 0/1
+    messages), which shows what the gateway's own work costs;
 (b) gateway path: ``iotwatch gateway`` validates, produces to Kafka and acknowledges each
     message after Kafka confirmed it.
 
@@ -304,7 +305,7 @@ def drain_bare(
     buffered_reads: bool = False,
 ) -> dict[str, Any]:
     """Backlog drained by ``processes`` bare subscribers (one shared subscription when > 1);
-    ``buffered_reads``: with the gateway's socket reading, to see the broker's own ceiling."""
+    ``buffered_reads``: on the gateway's own MQTT client, to see the broker's own ceiling."""
     mqtt_filter = f"iot/{site}/+/+/telemetry" if processes == 1 else f"$share/{site}/iot/{site}/+/+/telemetry"
     ids = [f"{site}-bare-{i}" for i in range(processes)]
     for client_id in ids:  # create the sessions, then leave them offline
