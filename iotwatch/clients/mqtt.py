@@ -33,7 +33,7 @@ class BufferedReadClient(paho.Client):
     send it) go to ``on_message`` on a short path: stock paho builds a ``Properties`` object
     per message (its tables of about thirty entries), gives each message a
     ``threading.Condition`` it only needs for outgoing messages, and matches every topic
-    against per-filter callbacks; together a quarter of a draining gateway's time. The
+    against per-filter callbacks; together most of a draining gateway's time. The
     message ``on_message`` gets has the same fields, with ``properties`` None and no ``info``.
     Anything else (QoS 2, properties, per-filter callbacks, paho logging) takes paho's path.
 
