@@ -6,7 +6,6 @@ import queue
 import ssl
 import struct
 import threading
-import time
 import uuid
 from typing import Any, Literal
 
@@ -90,7 +89,7 @@ class BufferedReadClient(paho.Client):
         ):
             return super()._handle_publish()
         message: Any = paho.MQTTMessage.__new__(paho.MQTTMessage)  # no __init__: no Condition
-        message.timestamp = time.monotonic()  # paho's clock for it
+        message.timestamp = paho.time_func()  # the clock paho stamps its messages with
         message.state = paho.mqtt_ms_invalid
         message.dup = bool(header & 0x08)
         message.retain = bool(header & 0x01)
