@@ -5,8 +5,9 @@ JSON-parses every record -- the raw path -- and (b) by the whole job (decode, va
 deduplicate, score, alert, aggregate, archive, InfluxDB); the ratio of their records per
 second is the figure, at several fleet sizes (readings of 4 metrics each), with the bytes of
 state the job keeps per device. Latency: at each stated input rate, readings stamped with the
-current time carry injected spikes; latency is from a spike's event time to the append time
-of its alert on the alert topic.
+current time carry injected spikes, produced as the gateway forwards readings (its linger, its
+four headers); latency is from a spike's event time to the append time of its alert on the
+alert topic.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
+from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC
+from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.models.catalog import make
 from iotwatch.settings import Settings, StreamSettings
@@ -274,7 +277,9 @@ def measure_latency(
     produced = [0]
 
     def produce() -> None:
-        producer = Producer({**settings.kafka.client_config(), "linger.ms": 1})
+        # as the gateway forwards readings: its linger, and its four headers on every record
+        producer = Producer({**settings.kafka.client_config(), "linger.ms": settings.gateway.linger_ms})
+        gateway = f"bench-{os.getpid()}".encode()
         rng = random.Random(2)
         seq, started = 1, time.monotonic()
         warmup = make(stream.device_detector, **stream.device_detector_params).warmup_readings() + 5
@@ -284,9 +289,20 @@ def measure_latency(
                 message = _reading(device, seq, int(time.time() * 1000), rng, spike)
                 if spike:
                     spikes.setdefault(message.device_id, set()).add(message.ts)
+                headers = [
+                    (H_MQTT_TOPIC, telemetry_topic(message.site, message.device_type, message.device_id).encode()),
+                    (H_MQTT_QOS, b"1"),
+                    (H_INGEST_MS, b"%d" % message.ts),
+                    (H_GATEWAY, gateway),
+                ]
                 while True:
                     try:
-                        producer.produce(settings.topics.raw, key=message.device_id.encode(), value=message.to_json())
+                        producer.produce(
+                            settings.topics.raw,
+                            key=message.device_id.encode(),
+                            value=message.to_json(),
+                            headers=headers,
+                        )
                         break
                     except BufferError:
                         producer.poll(0.05)
