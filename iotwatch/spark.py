@@ -251,9 +251,13 @@ def with_class_data(conf: Mapping[str, str], spark_home: str, writes: bool = Fal
 
 #: JIT of the local-mode JVM: the quick C1 compiler only. Spark generates and compiles new
 #: classes for every query it plans, and the optimising C2 compiler then spends minutes of
-#: CPU on them; with few cores that CPU is taken from the micro-batches. Cluster deployments
+#: CPU on them; with few cores that CPU is taken from the micro-batches. With C1 alone the
+#: JVM reserves only 48 MB for compiled code, which the job fills within a few minutes (its
+#: micro-batches keep generating code); the JVM then flushes compiled methods, hot ones
+#: included, and recompiles them, and the micro-batches stall for a second or two. So the
+#: reserve is the tiered JVM's default, 240 MB (committed only as used). Cluster deployments
 #: set their executors' options in spark-submit.
-LOCAL_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+LOCAL_JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 #: Heap of the local-mode driver JVM, committed and touched at start (``-Xms`` = ``-Xmx``,
 #: ``AlwaysPreTouch``): its resident memory is then fixed from the first second, instead of
