@@ -28,9 +28,10 @@ PATTERN_METADATA_AGE_MS = 10_000
 #: fetch to that broker until it is answered. So the next read of the partition (the next
 #: micro-batch of a job that keeps up, or the next step of a query's first batch) waits for
 #: it whenever no new record comes meanwhile: up to the whole window per read, and a task
-#: reads its partitions one after another. At 10 ms a micro-batch of 5,000 readings/s still
-#: spent about 9 ms per partition read waiting; at 1 ms that wait is gone. A consumer only
-#: fetches while a task reads, so a shorter window costs empty fetches only then.
+#: reads its partitions one after another. At 5,000 readings/s (four partitions, two tasks)
+#: the reading and packing stage of a micro-batch took 63 ms with 10 ms here and 45 ms with
+#: 1 ms. A consumer only fetches while a task reads, so a short window costs empty fetches
+#: only then.
 FETCH_MAX_WAIT_MS = 1
 
 
