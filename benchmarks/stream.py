@@ -280,6 +280,7 @@ def measure_latency(
         # as the gateway forwards readings: its linger, and its four headers on every record
         producer = Producer({**settings.kafka.client_config(), "linger.ms": settings.gateway.linger_ms})
         gateway = f"bench-{os.getpid()}".encode()
+        mqtt_topics: dict[int, bytes] = {}  # per device, made once: the generator shares the job's cores
         rng = random.Random(2)
         seq, started = 1, time.monotonic()
         warmup = make(stream.device_detector, **stream.device_detector_params).warmup_readings() + 5
@@ -289,8 +290,10 @@ def measure_latency(
                 message = _reading(device, seq, int(time.time() * 1000), rng, spike)
                 if spike:
                     spikes.setdefault(message.device_id, set()).add(message.ts)
+                if device not in mqtt_topics:
+                    mqtt_topics[device] = telemetry_topic(message.site, message.device_type, message.device_id).encode()
                 headers = [
-                    (H_MQTT_TOPIC, telemetry_topic(message.site, message.device_type, message.device_id).encode()),
+                    (H_MQTT_TOPIC, mqtt_topics[device]),
                     (H_MQTT_QOS, b"1"),
                     (H_INGEST_MS, b"%d" % message.ts),
                     (H_GATEWAY, gateway),
