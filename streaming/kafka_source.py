@@ -108,20 +108,20 @@ def read_kafka_stream(
 
 
 def pack_kafka_rows(frame: DataFrame, operator_tasks: int = 1, home_topic: str | None = None) -> DataFrame:
-    """Rows with the connector's ``key, value, topic, partition, offset, timestamp`` columns,
-    decoded and packed in chunks (:data:`iotwatch.streaming.schemas.PACKED_SCHEMA`) for a
-    stateful operator of ``operator_tasks`` tasks."""
+    """Rows with (at least) the connector's ``key, value, topic, partition, offset, timestamp``
+    columns, decoded and packed in chunks (:data:`iotwatch.streaming.schemas.PACKED_SCHEMA`)
+    for a stateful operator of ``operator_tasks`` tasks.
+
+    The rows go to the packing step as the connector makes them, with no projection first:
+    every Kafka record passes through the JVM here, and selecting the six columns copied each
+    record into a new row (its ``timestampType`` column costs less to pass along)."""
     from iotwatch.streaming.packing import pack_records
     from iotwatch.streaming.schemas import PACKED_SCHEMA
 
     # One packing task per core: with more Kafka partitions than cores, tasks in waves would
     # each pay a Python task's set-up in every micro-batch.
     packer = partial(pack_records, tasks=operator_tasks, home_topic=home_topic)
-    return (
-        frame.select("key", "value", "topic", "partition", "offset", "timestamp")
-        .coalesce(frame.sparkSession.sparkContext.defaultParallelism)
-        .mapInArrow(packer, PACKED_SCHEMA)
-    )
+    return frame.coalesce(frame.sparkSession.sparkContext.defaultParallelism).mapInArrow(packer, PACKED_SCHEMA)
 
 
 def read_kafka_batch(
