@@ -322,11 +322,11 @@ def measure_latency(
         producer = Producer({**settings.kafka.client_config(), "linger.ms": settings.gateway.linger_ms})
         gateway = f"bench-{os.getpid()}".encode()
         readings = LiveReadings(devices)
-        offsets = np.arange(devices)
+        device_numbers = np.arange(devices)
         seq, started = 1, time.monotonic()
         warmup = make(stream.device_detector, **stream.device_detector_params).warmup_readings() + 5
         while not stop.is_set():
-            spiking = (seq + offsets) % SPIKE_EVERY == 0 if seq > warmup else np.zeros(devices, dtype=bool)
+            spiking = (seq + device_numbers) % SPIKE_EVERY == 0 if seq > warmup else np.zeros(devices, dtype=bool)
             temperatures, humidities = readings.round(spiking)
             for device in range(devices):
                 ts = int(time.time() * 1000)
