@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.contract.telemetry import DecodedBatch, decode_batch
-from iotwatch.streaming.packing import dictionary_decode
+from iotwatch.streaming.packing import dictionary_decode, packed_column
 from iotwatch.streaming.partition_io import RecordColumns
-from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, TALLY_FIELDS, TALLY_SCHEMA, dictionary_of
+from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, PACKED_BUFFERS, TALLY_FIELDS, TALLY_SCHEMA, dictionary_of
 
 
 class StepClock:
@@ -46,11 +46,17 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         return RecordColumns(
             partition, empty, empty, np.zeros(0, dtype=object), np.zeros(0, dtype=object), decode_batch([])
         )
-    cat = lambda name, dtype=None: np.concatenate([np.asarray(getattr(c, name), dtype=dtype) for c in chunks])  # noqa: E731
-    sizes = np.array([len(c.offset) for c in chunks], dtype=np.int64)
+    buffers = {name: [packed_column(c, name) for c in chunks] for name in PACKED_BUFFERS}
+
+    def cat(name: str, dtype: type) -> np.ndarray:
+        """The chunks' ``name`` column, one array (a copy: the buffers are read-only)."""
+        parts = buffers.get(name) or [np.asarray(getattr(c, name), dtype=dtype) for c in chunks]
+        return np.concatenate(parts).astype(dtype, copy=False)
+
+    sizes = np.array([len(part) for part in buffers["offset"]], dtype=np.int64)
     bases = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    row_base = np.repeat(bases, [len(c.metric_row) for c in chunks])
-    rejected = cat("rejected", np.int64) + np.repeat(bases, [len(c.rejected) for c in chunks])
+    row_base = np.repeat(bases, [len(part) for part in buffers["metric_row"]])
+    rejected = cat("rejected", np.int64) + np.repeat(bases, [len(part) for part in buffers["rejected"]])
 
     def of_rejected(name: str) -> np.ndarray:
         column = np.full(int(sizes.sum()), None, dtype=object)
@@ -58,7 +64,12 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         return column
 
     strings = {
-        name: np.concatenate([dictionary_decode(getattr(c, name), getattr(c, dictionary_of(name))) for c in chunks])
+        name: np.concatenate(
+            [
+                dictionary_decode(codes, getattr(c, dictionary_of(name)))
+                for codes, c in zip(buffers[name], chunks, strict=True)
+            ]
+        )
         for name in DICTIONARY_COLUMNS
     }
     decoded = DecodedBatch(

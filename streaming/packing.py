@@ -1,8 +1,9 @@
 """Kafka records -> decoded, packed chunks, before the stateful operator.
 
 Spark's Python stateful operators pay per row (a Python tuple, a pandas frame per key).
-Packing one source task's records into a row per chunk -- every field an array -- makes
-that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
+Packing one source task's records into a row per chunk -- every field a column of the
+chunk's records, numeric ones as one buffer each (:data:`iotwatch.streaming.schemas.PACKED_BUFFERS`)
+-- makes that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
 hands the stateful operator typed columns instead of JSON. :func:`pack_records` does it in a
 ``mapInArrow`` behind Spark's Kafka connector, one task per core.
 
@@ -17,6 +18,7 @@ log at its offset, read back there for the rare dead letter the stateful operato
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,7 +29,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_batch
 from iotwatch.streaming.operator_key import operator_key, stream_partition
-from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, PACKED_SCHEMA, dictionary_of
+from iotwatch.streaming.schemas import DICTIONARY_COLUMNS, PACKED_BUFFERS, PACKED_SCHEMA, dictionary_of
 
 #: Records per packed row (a chunk of one partition's consecutive records).
 CHUNK_RECORDS = 20_000
@@ -39,6 +41,17 @@ def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
     """One list value holding all of ``values`` (a single-row list column)."""
     inner = values if isinstance(values, pa.Array) else pa.array(values, type=type_.value_type)
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
+
+
+def _buffer(values: np.ndarray, dtype: str) -> pa.Array:
+    """A single-row binary column holding ``values`` as bytes of ``dtype``."""
+    return pa.array([np.ascontiguousarray(values, dtype=dtype).tobytes()], pa.binary())
+
+
+def packed_column(chunk: Any, name: str) -> np.ndarray:
+    """One of a packed row's :data:`iotwatch.streaming.schemas.PACKED_BUFFERS` (an attribute
+    of ``chunk``: a Spark row or a pandas row) as its array, read-only over the row's bytes."""
+    return np.frombuffer(getattr(chunk, name), dtype=PACKED_BUFFERS[name])
 
 
 def dictionary_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,6 +101,8 @@ def pack_chunk(
         },
         "metric_value": decoded.metric_value,
     }
+    for name, dtype in PACKED_BUFFERS.items():
+        columns[name] = _buffer(columns[name], dtype)
     arrays = [_listed(columns[f.name], f.type) if pa.types.is_list(f.type) else columns[f.name] for f in _SCHEMA]
     return pa.RecordBatch.from_arrays(arrays, schema=_SCHEMA)
 

@@ -6,7 +6,6 @@ from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     DataType,
-    DoubleType,
     IntegerType,
     LongType,
     StringType,
@@ -31,25 +30,35 @@ def dictionary_of(column: str) -> str:
     return f"{column}_dictionary"
 
 
+#: The numeric columns of the packed rows and their element types: each is one binary value,
+#: the column's elements as little-endian bytes of that type (:func:`iotwatch.streaming.packing.packed_column`).
+#: A packed row crosses the JVM three times (from the packing step's Arrow into Spark's row,
+#: through the shuffle, into Arrow for the stateful operator): an array column is copied there
+#: element by element, with a null bit each -- a fifth of the JVM's CPU in those stages, at a
+#: few dozen elements per record -- and a binary value in one copy.
+PACKED_BUFFERS: dict[str, str] = {
+    **dict.fromkeys(("offset", "append_ms", "seq", "ts"), "<i8"),
+    "metric_row": "<i4",  # the entry's record in its chunk (packing.CHUNK_RECORDS)
+    "rejected": "<i4",  # the records the decoder rejected; key, reason, detail and raw are theirs
+    **dict.fromkeys(DICTIONARY_COLUMNS, "<i4"),
+    "metric_value": "<f8",
+}
+
 #: Kafka records after decoding (``iotwatch.streaming.packing``): one row per chunk of consecutive
-#: records of one Kafka partition, each column an array with one element per record (the
-#: metrics flattened, ``metric_row`` pointing at their record; ``key``, ``reason``,
-#: ``detail`` and ``raw`` only for the ``rejected`` records; the :data:`DICTIONARY_COLUMNS` as
-#: codes). Few rows, so Spark's per-row costs in the stateful operator do not count.
+#: records of one Kafka partition, each column one element per record (the metrics flattened,
+#: ``metric_row`` pointing at their record; ``key``, ``reason``, ``detail`` and ``raw`` only
+#: for the ``rejected`` records; the :data:`DICTIONARY_COLUMNS` as codes), numeric ones as
+#: :data:`PACKED_BUFFERS`. Few rows, so Spark's per-row costs in the stateful operator do not count.
 PACKED_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("operator_key", LongType(), False),  # the grouping key: iotwatch.streaming.operator_key
         StructField("first_offset", LongType(), False),
-        *_arrays(LongType(), "offset", "append_ms", "seq", "ts"),
-        *_arrays(IntegerType(), "metric_row"),  # the entry's record in its chunk (packing.CHUNK_RECORDS)
-        *_arrays(IntegerType(), "rejected"),  # the records the decoder rejected; the next four are theirs
+        *(StructField(name, BinaryType(), False) for name in PACKED_BUFFERS),
         *_arrays(StringType(), "key", "reason", "detail"),
         *_arrays(BinaryType(), "raw"),
-        *_arrays(IntegerType(), *DICTIONARY_COLUMNS),
         *_arrays(StringType(), *(dictionary_of(name) for name in DICTIONARY_COLUMNS)),
-        *_arrays(DoubleType(), "metric_value"),
     ]
 )
 

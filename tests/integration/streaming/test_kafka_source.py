@@ -14,7 +14,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.streaming.kafka_source import read_kafka_batch, read_kafka_stream
 from iotwatch.streaming.operator_key import operator_key
-from iotwatch.streaming.packing import dictionary_decode
+from iotwatch.streaming.packing import dictionary_decode, packed_column
 from tests.helpers import reading
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def _produce(settings: Settings, topic: str, devices: list[str], count: int) -> 
 
 
 def _device_ids(chunk: Any) -> list[str]:
-    return dictionary_decode(chunk.device_id, chunk.device_id_dictionary).tolist()
+    return dictionary_decode(packed_column(chunk, "device_id"), chunk.device_id_dictionary).tolist()
 
 
 def test_batch_read_has_keys_values_headers_and_offsets(spark: Any, test_settings: Settings, unique: str) -> None:
@@ -65,10 +65,12 @@ def test_stream_read_packs_decoded_readings_per_partition(spark: Any, test_setti
     seqs: dict[str, list[int]] = {}
     for chunk in chunks:
         assert chunk.operator_key == operator_key(chunk.partition, 2)
-        assert list(chunk.offset) == sorted(chunk.offset), "a chunk holds one partition's records in offset order"
+        offsets = packed_column(chunk, "offset").tolist()
+        assert offsets == sorted(offsets), "a chunk holds one partition's records in offset order"
         assert chunk.topic == topic
-        assert list(chunk.rejected) == list(chunk.raw) == [], "a valid record's bytes stay in the log"
-        for device, seq in zip(_device_ids(chunk), chunk.seq, strict=True):
+        rejected = packed_column(chunk, "rejected").tolist()
+        assert rejected == list(chunk.raw) == [], "a valid record's bytes stay in the log"
+        for device, seq in zip(_device_ids(chunk), packed_column(chunk, "seq").tolist(), strict=True):
             seqs.setdefault(device, []).append(seq)
     assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(25)) for device in devices}
 
@@ -97,7 +99,7 @@ def test_stream_read_by_pattern_keeps_each_topics_partitions_apart(
         device_ids = _device_ids(chunk)
         assert len({site_of[device] for device in device_ids}) == 1, "a chunk mixes two sites' records"
         partitions[site_of[device_ids[0]]].add(chunk.partition)
-        for device, seq in zip(device_ids, chunk.seq, strict=True):
+        for device, seq in zip(device_ids, packed_column(chunk, "seq").tolist(), strict=True):
             seqs.setdefault(device, []).append(seq)
     assert not partitions["sa"] & partitions["sb"]
     assert {device: sorted(s) for device, s in seqs.items()} == {device: list(range(10)) for device in site_of}
