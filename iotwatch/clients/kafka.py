@@ -39,13 +39,22 @@ def end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float =
     A client that does not fetch a topic refreshes the topic's metadata only every
     ``topic.metadata.refresh.interval.ms`` (5 minutes). If a broker restart or a fenced broker
     left the partition unknown or leaderless in its cache, every query fails locally ("Unknown
-    partition") until then, while the broker is long back. So a failed query fetches the
-    topic's metadata anew and asks once more; a second failure is raised."""
+    partition") until then, while the broker is long back; a topic created a moment ago can
+    answer "not leader" until its leader's election reaches the broker asked. So a failed
+    query fetches the topic's metadata anew and asks again, for up to ``timeout_s`` more; the
+    last failure is raised."""
     try:
         return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
     except KafkaException:
+        deadline = time.monotonic() + timeout_s
+    while True:
         consumer.list_topics(partition.topic, timeout=timeout_s)
-        return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, int]:
