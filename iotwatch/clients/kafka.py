@@ -41,8 +41,8 @@ def end_offset(consumer: Consumer, partition: TopicPartition, timeout_s: float =
     left the partition unknown or leaderless in its cache, every query fails locally ("Unknown
     partition") until then, while the broker is long back; a topic created a moment ago can
     answer "not leader" until its leader's election reaches the broker asked. So a failed
-    query fetches the topic's metadata anew and asks again, for up to ``timeout_s`` more; the
-    last failure is raised."""
+    query fetches the topic's metadata anew and asks again, until ``timeout_s`` has passed
+    since the first failure; the last failure is raised."""
     try:
         return int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[1])
     except KafkaException:
