@@ -221,9 +221,14 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     for stop_signal in (signal.SIGINT, signal.SIGKILL):
         running, before, _ = stream_until_two_more_commits()
+        jvms = children_running(running.pid, "org.apache.spark.deploy.SparkSubmit")
         if running.poll() is None:
             os.killpg(running.pid, stop_signal)
         _, err = running.communicate(timeout=120)
+        # The JVM has a session of its own and ends when the command's pipe to it closes: until
+        # then it may still commit batches, which the next start must not take for its own.
+        _, lingering = psutil.wait_procs(jvms, timeout=60)
+        assert not lingering, f"Spark's JVM outlived the command stopped by {stop_signal.name} by 60 s"
         assert commits() >= before + 2, f"no progress after restarting at batch {before}: {err[-3000:]}"
         if stop_signal == signal.SIGINT:
             assert running.returncode == 0, err[-3000:]
@@ -276,17 +281,18 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
 def forked_python_workers(job_pid: int) -> list[psutil.Process]:
     """The job's Python workers: the processes its worker daemon forked, not the daemon itself
-    (Spark answers a dead daemon by starting another, which fails no micro-batch)."""
-    family = children_running(job_pid, "worker_daemon")
-    daemons = {process.pid for process in family}
-    found = []
-    for process in family:
+    (Spark answers a dead daemon by starting another, which fails no micro-batch). Python
+    processes only: spark-submit's command line names the daemon module too, and so does the
+    shell its launcher forks, which must not be killed."""
+    family = []
+    for process in children_running(job_pid, "worker_daemon"):
         try:
-            if process.ppid() in daemons:
-                found.append(process)
+            if process.name().startswith("python"):
+                family.append((process, process.ppid()))
         except psutil.Error:
             continue
-    return found
+    daemons = {process.pid for process, _ in family}
+    return [process for process, parent in family if parent in daemons]
 
 
 def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
