@@ -280,19 +280,16 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
 
 def forked_python_workers(job_pid: int) -> list[psutil.Process]:
-    """The job's Python workers: the processes its worker daemon forked, not the daemon itself
-    (Spark answers a dead daemon by starting another, which fails no micro-batch). Python
-    processes only: spark-submit's command line names the daemon module too, and so does the
-    shell its launcher forks, which must not be killed."""
-    family = []
-    for process in children_running(job_pid, "worker_daemon"):
+    """The job's Python workers: the processes its JVM's worker daemons forked, not the daemons
+    themselves (Spark answers a dead daemon by starting another, which fails no micro-batch)."""
+    workers = []
+    for jvm in children_running(job_pid, "org.apache.spark.deploy.SparkSubmit"):
         try:
-            if process.name().startswith("python"):
-                family.append((process, process.ppid()))
-        except psutil.Error:
+            for daemon in _python_daemons(jvm.pid):
+                workers += [worker for worker in daemon.children() if worker.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:  # the JVM, a daemon or a worker ended meanwhile
             continue
-    daemons = {process.pid for process, _ in family}
-    return [process for process, parent in family if parent in daemons]
+    return workers
 
 
 def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
