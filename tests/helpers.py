@@ -36,6 +36,15 @@ def children_running(pid: int, command_part: str) -> list[psutil.Process]:
     return found
 
 
+#: The main class of the JVM that ``pyspark`` (through ``spark-submit``) starts for a session.
+SPARK_SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
+
+
+def spark_jvms(pid: int) -> list[psutil.Process]:
+    """The Spark driver JVMs among the descendants of ``pid`` (:func:`children_running`)."""
+    return children_running(pid, SPARK_SUBMIT_CLASS)
+
+
 def user_env(home: Path | None = None) -> dict[str, str]:
     """The environment of a command run as a user runs it: none of the developer's IOTWATCH_*
     settings, but the Java artifacts `iotwatch setup` installed and the Spark driver's

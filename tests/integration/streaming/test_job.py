@@ -21,7 +21,7 @@ from iotwatch.contract.dead_letters import H_KAFKA_TOPIC, H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import start
-from tests.helpers import children_running, read_topic, user_env, wait_for
+from tests.helpers import read_topic, spark_jvms, user_env, wait_for
 from tests.support.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -221,7 +221,7 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
 
     for stop_signal in (signal.SIGINT, signal.SIGKILL):
         running, before, _ = stream_until_two_more_commits()
-        jvms = children_running(running.pid, "org.apache.spark.deploy.SparkSubmit")
+        jvms = spark_jvms(running.pid)
         if running.poll() is None:
             os.killpg(running.pid, stop_signal)
         _, err = running.communicate(timeout=120)
@@ -283,7 +283,7 @@ def forked_python_workers(job_pid: int) -> list[psutil.Process]:
     """The job's Python workers: the processes its JVM's worker daemons forked, not the daemons
     themselves (Spark answers a dead daemon by starting another, which fails no micro-batch)."""
     workers = []
-    for jvm in children_running(job_pid, "org.apache.spark.deploy.SparkSubmit"):
+    for jvm in spark_jvms(job_pid):
         try:
             for daemon in _python_daemons(jvm.pid):
                 workers += [worker for worker in daemon.children() if worker.status() != psutil.STATUS_ZOMBIE]

@@ -14,7 +14,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
 from iotwatch.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
 from iotwatch.streaming.job import start
-from tests.helpers import children_running
+from tests.helpers import spark_jvms
 from tests.support.scenario import write_scenario
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def _close_wait(jvm: psutil.Process) -> int:
 
 def _spark_jvm() -> psutil.Process:
     """This process's Spark JVM (each test worker starts its own)."""
-    jvms = children_running(os.getpid(), "org.apache.spark.deploy.SparkSubmit")
+    jvms = spark_jvms(os.getpid())
     assert jvms, "no Spark JVM among this process's children"
     return jvms[0]
 
