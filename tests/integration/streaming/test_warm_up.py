@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import ensure_topics
+from iotwatch.clients.kafka import ensure_topics, topic_partitions
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import start
 from iotwatch.streaming.warm_up import DEVICE, records_waiting, run_warm_up
@@ -29,7 +29,10 @@ def test_the_warm_up_runs_one_reading_through_the_operator_and_leaves_no_trace(
 
     counts = run_warm_up(spark, settings, int(spark.conf.get("spark.sql.shuffle.partitions")))
 
-    # the reading went through unpacking, the engine and the archive writer
+    # the connector read the raw topic's offsets; the reading went through unpacking, the
+    # engine and the archive writer
+    raw_partitions = topic_partitions(settings.kafka, [settings.topics.raw], "READ")[settings.topics.raw]
+    assert counts["kafka_partitions"] == raw_partitions, counts
     assert counts["reading"] == 1 and counts["archive_files"] == 1, counts
     assert counts["alerts_raised"] == 0 and counts["dlq"] == 0, counts
     # and nothing of it reached the job's topics, archive or metrics
