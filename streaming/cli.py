@@ -58,9 +58,9 @@ archive_option = click.option(
     "--warm-up/--no-warm-up",
     default=True,
     show_default=True,
-    help="In local mode, when no records are waiting, run one synthetic reading through the job's "
-    "operator in a throwaway query before reading Kafka, so that the first readings do not wait for "
-    "the JVM and the Python workers to warm up (not with --available-now).",
+    help="In local mode, when no records are waiting, run a synthetic reading of each device type "
+    "through the job's operator in a throwaway query before reading Kafka, so that the first readings "
+    "do not wait for the JVM and the Python workers to warm up (not with --available-now).",
 )
 @json_option
 @pass_app

@@ -169,7 +169,7 @@ def start(
     warm_up: bool = False,
 ) -> RunningJob:
     """Start the query; offsets and state are kept in ``checkpoint_dir``. With ``warm_up``,
-    one synthetic reading goes through the job's operator first
+    synthetic readings go through the job's operator first
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
     stream = settings.stream

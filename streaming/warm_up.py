@@ -1,4 +1,4 @@
-"""A warm-up micro-batch: one synthetic reading through the job's operator before it reads Kafka.
+"""A warm-up micro-batch: synthetic readings through the job's operator before it reads Kafka.
 
 A query's first micro-batch that reads data pays for what the JVM and the Python workers
 have not done yet: loading and compiling the stateful operator's classes and RocksDB, the
@@ -6,12 +6,12 @@ state store's first version, the operator's Python runner, the sinks' Kafka prod
 two cores that takes several seconds, and a job started before its devices (a new
 deployment, the demo) would spend them on the first readings, so its first alerts would
 come seconds late. Here a throwaway query runs the same operator (the same packing, state
-and engine code) over one reading of a device of its own, read from a file, with its
-checkpoint and archive in a temporary folder and no InfluxDB: the job's topics, state and
-archive see nothing of it. Before it, an empty offset range of the raw topic is read through
-Spark's Kafka connector, so that the query's first offset request runs warm too. The tally
-must show the reading processed, with no alert and no dead letter; otherwise the job logs a
-warning and goes on (the warm-up only saves time).
+and engine code) over one reading of each device type, from devices of its own, read from a
+file, with its checkpoint and archive in a temporary folder and no InfluxDB: the job's topics,
+state and archive see nothing of it. Before it, an empty offset range of the raw topic is read
+through Spark's Kafka connector, so that the query's first offset request runs warm too. The
+tally must show the readings processed, with no alert and no dead letter; otherwise the job
+logs a warning and goes on (the warm-up only saves time).
 """
 
 from __future__ import annotations
@@ -28,30 +28,39 @@ from confluent_kafka import KafkaException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from iotwatch.contract.telemetry import SCHEMA_VERSION, Telemetry
+from iotwatch.contract.metric_catalog import DEVICE_METRICS
+from iotwatch.contract.telemetry import SCHEMA_VERSION, DeviceType, Telemetry
 from iotwatch.settings import Settings
 from iotwatch.streaming.progress import OBSERVATION, batch_counts
 
 log = logging.getLogger(__name__)
 
-#: The synthetic device: its own site, so that no fleet device's state or seqs are touched.
+#: The synthetic devices' site (and their names' prefix): their own, so that no fleet
+#: device's state or seqs are touched.
 DEVICE = "iotwatch-warm-up"
 #: The warm-up's longest wait for its micro-batch.
 TIMEOUT_S = 120.0
 
 
-def synthetic_reading(now_ms: int) -> bytes:
-    """One contract-valid thermostat reading of :data:`DEVICE`, as the gateway writes it."""
-    reading = Telemetry(
-        v=SCHEMA_VERSION,
-        device_id=DEVICE,
-        device_type="thermostat",
-        site=DEVICE,
-        seq=0,
-        ts=now_ms,
-        metrics={"temperature_c": 21.0},
-    )
-    return msgspec.json.encode(reading)
+def synthetic_readings(now_ms: int) -> list[Telemetry]:
+    """One contract-valid reading of each device type, as the gateway writes them, so that
+    every type's unpacking, scoring and archive paths run: each metric at the middle of its
+    physical range (inside every danger limit), its flags off, no event."""
+    return [
+        Telemetry(
+            v=SCHEMA_VERSION,
+            device_id=f"{DEVICE}-{device_type}",
+            device_type=device_type,
+            site=DEVICE,
+            seq=0,
+            ts=now_ms,
+            metrics={
+                metric: 0.0 if unit == "bool" else (low + high) / 2
+                for metric, (unit, low, high) in DEVICE_METRICS[device_type].items()
+            },
+        )
+        for device_type in DeviceType
+    ]
 
 
 def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0) -> int | None:
@@ -153,12 +162,13 @@ def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str
     except Exception as exc:
         counts = {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
     counts["seconds"] = round(time.monotonic() - started, 2)
-    if counts.get("reading") != 1 or counts.get("alerts_raised") or counts.get("dlq"):
-        log.warning("the warm-up micro-batch did not process its one reading as expected: %s", counts)
+    if counts.get("reading") != len(DeviceType) or counts.get("alerts_raised") or counts.get("dlq"):
+        log.warning("the warm-up micro-batch did not process its readings as expected: %s", counts)
     else:
         log.info(
-            "warm-up: the offsets of %d Kafka partitions read, one reading through the operator, in %.1f s",
+            "warm-up: the offsets of %d Kafka partitions read, %d readings through the operator, in %.1f s",
             counts["kafka_partitions"],
+            counts["reading"],
             counts["seconds"],
         )
     return counts
@@ -172,14 +182,25 @@ def _run(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
         work = Path(folder)
         source = work / "source"
         source.mkdir()
-        (source / "reading.json").write_bytes(synthetic_reading(int(time.time() * 1000)) + b"\n")
-        rows = spark.readStream.format("text").load(str(source))
+        # as Kafka records: reading i on partition i mod tasks (every task of the operator
+        # runs one, see streaming/operator_key.py), at offset i
+        records = [
+            {
+                "key": reading.device_id,
+                "value": msgspec.json.encode(reading).decode(),
+                "partition": i % tasks,
+                "offset": i,
+            }
+            for i, reading in enumerate(synthetic_readings(int(time.time() * 1000)))
+        ]
+        (source / "readings.json").write_text("".join(json.dumps(record) + "\n" for record in records))
+        rows = spark.readStream.schema("key STRING, value STRING, partition INT, offset LONG").json(str(source))
         kafka_shaped = rows.select(
-            F.lit(DEVICE).cast("binary").alias("key"),
+            F.col("key").cast("binary").alias("key"),
             F.col("value").cast("binary").alias("value"),
             F.lit(settings.topics.raw).alias("topic"),
-            F.lit(0).alias("partition"),
-            F.lit(0).cast("long").alias("offset"),
+            F.col("partition"),
+            F.col("offset"),
             F.current_timestamp().alias("timestamp"),
         )
         packed = pack_kafka_rows(kafka_shaped, tasks, settings.topics.raw)

@@ -10,6 +10,7 @@ from confluent_kafka import Producer
 
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics, topic_partitions
+from iotwatch.contract.telemetry import DeviceType
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import start
 from iotwatch.streaming.warm_up import DEVICE, records_waiting, run_warm_up
@@ -18,7 +19,7 @@ from tests.helpers import read_topic, reading
 pytestmark = pytest.mark.slow
 
 
-def test_the_warm_up_runs_one_reading_through_the_operator_and_leaves_no_trace(
+def test_the_warm_up_runs_a_reading_of_each_device_type_through_the_operator_and_leaves_no_trace(
     spark, test_settings: Settings, tmp_path: Path
 ) -> None:
     archive = tmp_path / "archive"
@@ -29,11 +30,11 @@ def test_the_warm_up_runs_one_reading_through_the_operator_and_leaves_no_trace(
 
     counts = run_warm_up(spark, settings, int(spark.conf.get("spark.sql.shuffle.partitions")))
 
-    # the connector read the raw topic's offsets; the reading went through unpacking, the
-    # engine and the archive writer
+    # the connector read the raw topic's offsets; the readings went through unpacking, the
+    # engine and the archive writer (one file per device type)
     raw_partitions = topic_partitions(settings.kafka, [settings.topics.raw], "READ")[settings.topics.raw]
     assert counts["kafka_partitions"] == raw_partitions, counts
-    assert counts["reading"] == 1 and counts["archive_files"] == 1, counts
+    assert counts["reading"] == len(DeviceType) and counts["archive_files"] == len(DeviceType), counts
     assert counts["alerts_raised"] == 0 and counts["dlq"] == 0, counts
     # and nothing of it reached the job's topics, archive or metrics
     for topic in (settings.topics.raw, settings.topics.alerts, settings.topics.dlq):
@@ -41,7 +42,7 @@ def test_the_warm_up_runs_one_reading_through_the_operator_and_leaves_no_trace(
     assert not archive.exists()
     client = InfluxV1Client(settings.influx)
     try:
-        assert client.query(f"SELECT count(*) FROM /.*/ WHERE device_id = '{DEVICE}'") == []
+        assert client.query(f"SELECT count(*) FROM /.*/ WHERE device_id =~ /^{DEVICE}-/") == []
     finally:
         client.close()
 
