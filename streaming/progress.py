@@ -80,11 +80,18 @@ def kafka_lag(progress: Any) -> int | None:
     return total
 
 
-def kafka_records(progress: Any) -> int:
-    """Kafka records the batch read (its offset ranges), whatever rows the source made of them."""
-    return sum(
-        _distance(_offsets(source.startOffset) or {}, _offsets(source.endOffset)) or 0 for source in progress.sources
-    )
+def kafka_records(progress: Any) -> int | None:
+    """Kafka records the batch read (its offset ranges), whatever rows the source made of
+    them; None for a query's first micro-batch, whose report has no start offsets (it starts
+    at the initial offsets, which only the checkpoint holds: counting from 0 would count a
+    topic's whole history for a job that starts at its end)."""
+    total = 0
+    for source in progress.sources:
+        read = _distance(_offsets(source.startOffset), _offsets(source.endOffset))
+        if read is None:
+            return None
+        total += read
+    return total
 
 
 #: Tallies that measure a micro-batch rather than count events: what its state writes held
@@ -175,7 +182,10 @@ class ProgressReporter:
 
     def record(self, progress: Any) -> None:
         """Count one micro-batch's progress report (in batch order)."""
+        counts = batch_counts(progress.observedMetrics.get(OBSERVATION))
         records = kafka_records(progress)
+        if records is None:
+            records = counts["received"]  # the operator receives every record the batch read
         trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
         rows = int(progress.numInputRows)
         fields = {
@@ -187,7 +197,6 @@ class ProgressReporter:
             "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
-        counts = batch_counts(progress.observedMetrics.get(OBSERVATION))
         self.totals.update({BATCH_GAUGES.get(name, name): value for name, value in counts.items()})
         self.totals["batches"] += 1
         fields.update({f"{name}_written": counts[name] for name in BATCH_GAUGES})
