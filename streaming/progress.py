@@ -69,15 +69,21 @@ def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str
     )
 
 
-def kafka_lag(progress: Any) -> int | None:
-    """Records between what the last batch read and the log end, over all partitions."""
+def _sources_distance(progress: Any, since: str, until: str) -> int | None:
+    """Records between two of each source's offsets (``startOffset``, ``endOffset``,
+    ``latestOffset``) in a progress report, over all sources; None when one is missing."""
     total = 0
     for source in progress.sources:
-        lag = _distance(_offsets(source.endOffset), _offsets(source.latestOffset))
-        if lag is None:
+        distance = _distance(_offsets(getattr(source, since)), _offsets(getattr(source, until)))
+        if distance is None:
             return None
-        total += lag
+        total += distance
     return total
+
+
+def kafka_lag(progress: Any) -> int | None:
+    """Records between what the last batch read and the log end, over all partitions."""
+    return _sources_distance(progress, "endOffset", "latestOffset")
 
 
 def kafka_records(progress: Any) -> int | None:
@@ -85,13 +91,7 @@ def kafka_records(progress: Any) -> int | None:
     them; None for a query's first micro-batch, whose report has no start offsets (it starts
     at the initial offsets, which only the checkpoint holds: counting from 0 would count a
     topic's whole history for a job that starts at its end)."""
-    total = 0
-    for source in progress.sources:
-        read = _distance(_offsets(source.startOffset), _offsets(source.endOffset))
-        if read is None:
-            return None
-        total += read
-    return total
+    return _sources_distance(progress, "startOffset", "endOffset")
 
 
 #: Tallies that measure a micro-batch rather than count events: what its state writes held
