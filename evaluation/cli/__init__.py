@@ -1,2 +1,0 @@
-"""The evaluation's commands: ``iotwatch evaluate`` and ``iotwatch score-csv`` (registered in
-:data:`iotwatch.app.SUBCOMMANDS`)."""

@@ -1,1 +1,0 @@
-"""The detectors' command: ``iotwatch train`` (registered in :data:`iotwatch.app.SUBCOMMANDS`)."""
