@@ -1,5 +1,5 @@
-"""``python -m iotwatch`` is the ``iotwatch`` command."""
+"""``python -m iotwatch.application`` is the ``iotwatch`` command."""
 
-from iotwatch.app import main
+from iotwatch.application.cli import main
 
 main()

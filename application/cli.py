@@ -10,59 +10,48 @@ traceback under ``--log-level debug``.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from pathlib import Path
 
 import click
 
-from iotwatch.cli import AppContext
+from iotwatch.cli import AppContext, LazyGroup
 from iotwatch.errors import IotwatchError
 
 #: Sub-command name -> "module:attribute" of its click command. Modules are imported
-#: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import.
+#: only when their command runs, so ``iotwatch --help`` does not pay for Spark's import;
+#: the names are literal, and tests/unit/repo/test_layers.py reads them as imports.
 SUBCOMMANDS: dict[str, str] = {
-    "score-csv": "iotwatch.evaluation.cli.score_csv:score_csv",
-    "evaluate": "iotwatch.evaluation.cli.evaluate:evaluate",
-    "train": "iotwatch.models.cli.train:train",
-    "setup": "iotwatch.app.setup:setup",
-    "stack": "iotwatch.app.stack:stack",
+    "score-csv": "iotwatch.evaluation.score_csv_cli:score_csv",
+    "evaluate": "iotwatch.evaluation.cli:evaluate",
+    "train": "iotwatch.models.cli:train",
+    "setup": "iotwatch.application.setup_cli:setup",
+    "stack": "iotwatch.application.stack.cli:stack",
     "gateway": "iotwatch.gateway.cli:gateway",
     "stream": "iotwatch.streaming.cli:stream",
-    "replay": "iotwatch.streaming.replay:replay",
+    "replay": "iotwatch.streaming.replay_cli:replay",
     "archive": "iotwatch.streaming.archive_cli:archive",
-    "demo": "iotwatch.app.demo:demo",
-    "chaos": "iotwatch.app.chaos:chaos",
-    "bench": "iotwatch.app.bench:bench",
+    "demo": "iotwatch.application.demo.cli:demo",
+    "chaos": "iotwatch.application.chaos.cli:chaos",
+    "bench": "iotwatch.application.bench.cli:bench",
     "simulate": "iotwatch.devices.cli:simulate",
     "dashboards": "iotwatch.dashboards.cli:dashboards",
     "alerts": "iotwatch.alerts.cli:alerts",
-    "provision": "iotwatch.app.provision:provision",
+    "provision": "iotwatch.application.provision.cli:provision",
     "respond": "iotwatch.responder.cli:respond",
     "relay": "iotwatch.responder.cli:relay",
     "commands": "iotwatch.responder.cli:commands",
     "devices": "iotwatch.responder.twin_cli:devices",
-    "deadletters": "iotwatch.app.deadletters:deadletters",
+    "deadletters": "iotwatch.application.dead_letters_cli:deadletters",
 }
 
 
-class LazyGroup(click.Group):
-    """A group whose sub-commands (``registry``: name -> "module:attribute") are imported when used."""
-
-    registry: dict[str, str] = SUBCOMMANDS
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.registry})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.registry:
-            module_name, attribute = self.registry[cmd_name].split(":")
-            return getattr(importlib.import_module(module_name), attribute)
-        return super().get_command(ctx, cmd_name)
+class _Commands(LazyGroup):
+    registry = SUBCOMMANDS
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--config",
     "config_file",

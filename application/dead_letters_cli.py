@@ -1,5 +1,5 @@
 """``iotwatch deadletters``: what the pipeline refused, why and from which device, and a replay
-of chosen records once the cause is fixed (:mod:`iotwatch.deadletters`)."""
+of chosen records once the cause is fixed (:mod:`iotwatch.application.dead_letters`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_a
 
 
 def _selection_options(func: Any) -> Any:
-    """Ids and matchers, handed to ``func`` as one ``selection`` (:class:`iotwatch.deadletters.Selection`)."""
+    """Ids and matchers, handed to ``func`` as one ``selection``
+    (:class:`iotwatch.application.dead_letters.Selection`)."""
 
     @functools.wraps(func)
     def with_selection(
@@ -63,7 +64,7 @@ def _selection(
     ids: Sequence[str], reasons: Sequence[str], devices: Sequence[str], stages: Sequence[str], since: str | None
 ) -> Any:
     from iotwatch.alerts.records import parse_duration
-    from iotwatch.deadletters import Selection
+    from iotwatch.application.dead_letters import Selection
 
     since_ms = None
     if since is not None:
@@ -79,7 +80,7 @@ def _selection(
 
 
 def _read(app: AppContext) -> list[Any]:
-    from iotwatch.deadletters import read_dead_letters
+    from iotwatch.application.dead_letters import read_dead_letters
 
     letters, unreadable = read_dead_letters(app.settings)
     if unreadable:
@@ -106,7 +107,7 @@ def deadletters() -> None:
 def list_(app: AppContext, selection: Any, limit: int, show_all: bool, as_json: bool) -> None:
     """Dead letters grouped by reason, stage and device: how many, first and last, the newest
     detail and the id of the newest record (for `show` and `replay`); the largest group first."""
-    from iotwatch.deadletters import grouped
+    from iotwatch.application.dead_letters import grouped
 
     chosen = selection.pick(_read(app))
     groups = grouped(chosen)
@@ -183,7 +184,7 @@ def replay(app: AppContext, selection: Any, dry_run: bool, as_json: bool) -> Non
     pass are produced (keyed by device id), those that still fail are listed with their reason
     and not produced. Replaying a record twice is harmless: the streaming job drops a reading
     it has seen by (device_id, seq)."""
-    from iotwatch.deadletters import replay as replay_records
+    from iotwatch.application.dead_letters import replay as replay_records
 
     if selection == type(selection)():
         raise click.UsageError("choose what to replay: ids (PARTITION:OFFSET) or --reason/--device/--stage/--since")

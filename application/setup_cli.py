@@ -22,15 +22,15 @@ from iotwatch.cli import emit, json_option
 @json_option
 def setup(jars_from: Path | None, as_json: bool) -> None:
     """Resolve Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector from Maven Central,
-    and build the upstream fixes the pinned Spark release needs (iotwatch.spark_patches).
+    and build the upstream fixes the pinned Spark release needs (iotwatch.jvm.spark_patches).
 
     Each is resolved once with Maven into its own folder under ~/.iotwatch/jars (or
     IOTWATCH_JARS_DIR); a folder already there is kept, so running this again needs no network.
     Then compile the streaming job's numba kernels into numba's cache (about 30 s the first
     time; a few seconds to load them afterwards).
     """
-    from iotwatch.jars import all_sets, install
-    from iotwatch.spark_patches import patches_needed
+    from iotwatch.jvm.jars import all_sets, install
+    from iotwatch.jvm.spark_patches import patches_needed
 
     result = {}
     for jar_set in all_sets():
@@ -62,7 +62,7 @@ def _spark_patches(jars_from: Path | None) -> dict[str, Any]:
     another machine's ``spark-patches-<version>`` folder or spark-sql's sources jar). A fix
     that cannot be built is reported, not fatal: the job runs without it, with the bug."""
     from iotwatch.errors import StackError
-    from iotwatch.spark_patches import build_patches, install_built, patch_jar, patches_needed
+    from iotwatch.jvm.spark_patches import build_patches, install_built, patch_jar, patches_needed
 
     issues = ", ".join(p.issue for p in patches_needed())
     already = patch_jar() is not None

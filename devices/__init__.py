@@ -10,5 +10,5 @@ and vehicle event data recorders publishing contract telemetry over MQTT.
 - :mod:`iotwatch.devices.simulation` -- the broker-free, deterministic message generator;
 - :mod:`iotwatch.devices.publisher`, :mod:`iotwatch.devices.broker_run`, :mod:`iotwatch.devices.cli` --
   ``iotwatch simulate``;
-- :mod:`iotwatch.benchmarks.simulate` -- ``iotwatch bench simulate``.
+- :mod:`iotwatch.application.bench.simulate` -- ``iotwatch bench simulate``.
 """

@@ -8,7 +8,7 @@ libraries' chatter is held back unless ``--log-level debug`` asks for it:
   connection failure, which librdkafka repeats on every reconnect attempt, becomes one
   summarised line per broker and reason (:class:`RepeatSummary`);
 - py4j (Spark's Python-JVM bridge) logs every command at INFO: shown from WARNING only;
-- Spark's own log4j output at WARN and no console progress bar (:mod:`iotwatch.spark`).
+- Spark's own log4j output at WARN and no console progress bar (:mod:`iotwatch.jvm.spark`).
 """
 
 from __future__ import annotations

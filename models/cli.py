@@ -97,9 +97,9 @@ def train(
     """Fit an Isolation Forest per device type on the archived readings (Spark batch job)
     and register each as a candidate model; with --approve, approve it and announce it
     on the model-updates topic so running scorers swap it in."""
+    from iotwatch.jvm.spark import session_scope
     from iotwatch.models.training import BATCH_CONF, TrainConfig, train_fleet_models
     from iotwatch.models.updates import UpdatePublisher
-    from iotwatch.spark import session_scope
 
     settings = app.settings
     archive = archive or settings.stream.archive_dir
@@ -132,5 +132,5 @@ def train(
     emit(result, as_json, _render)
 
 
-if __name__ == "__main__":  # spark-submit models/cli/train.py --archive ... (the master comes from spark-submit)
+if __name__ == "__main__":  # spark-submit models/cli.py --archive ... (the master comes from spark-submit)
     train.main(prog_name="iotwatch train", obj=AppContext(None))

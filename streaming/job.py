@@ -24,9 +24,9 @@ from pyspark.sql.streaming import StreamingQuery
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
+from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
 from iotwatch.models.kernels import check_kernels
 from iotwatch.settings import Settings, StreamSettings
-from iotwatch.spark import ARROW_UNCHECKED_ENV
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator
 from iotwatch.streaming.progress import ProgressReporter
@@ -79,7 +79,7 @@ STREAM_CONF = {
 
 def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -> SparkSession:
     """A session for the job (the master is left to spark-submit when running under it)."""
-    from iotwatch.spark import spark_session as session
+    from iotwatch.jvm.spark import spark_session as session
 
     return session(
         app_name,
@@ -92,7 +92,7 @@ def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -
 
 def session_scope(settings: StreamSettings, app_name: str) -> AbstractContextManager[SparkSession]:
     """:func:`spark_session`, stopped (with its JVM) when the block ends."""
-    from iotwatch.spark import session_scope as scope
+    from iotwatch.jvm.spark import session_scope as scope
 
     return scope(
         app_name,
@@ -145,7 +145,7 @@ class RunningJob:
         The benchmarks stop at once: waiting for the end of a micro-batch there makes the
         next query's spike-to-alert latency worse (perhaps the stopped query's state stores
         stay loaded until Spark's maintenance unloads them)."""
-        from iotwatch.spark import quiet_stop
+        from iotwatch.jvm.spark import quiet_stop
 
         deadline = time.monotonic() + wait_s
         try:

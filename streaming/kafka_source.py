@@ -1,7 +1,7 @@
 """Reading Kafka in Spark: Spark's own Kafka connector (``spark-sql-kafka-0-10``).
 
 The connector is a Maven artifact that pip's pyspark does not ship: ``iotwatch setup`` puts it
-on local sessions' classpath (:func:`iotwatch.spark.kafka_connector_conf`); a cluster passes it
+on local sessions' classpath (:func:`iotwatch.jvm.spark.kafka_connector_conf`); a cluster passes it
 to spark-submit (``--packages`` or ``--jars``). Offsets live in the query's checkpoint, so a
 restarted job resumes where its last committed micro-batch ended.
 """

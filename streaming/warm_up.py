@@ -227,7 +227,7 @@ def _first_batch(query: Any) -> dict[str, Any]:
         error = query.exception()
         return {"error": str(error).splitlines()[0] if error else f"no micro-batch within {TIMEOUT_S:.0f} s"}
     finally:
-        from iotwatch.spark import quiet_stop
+        from iotwatch.jvm.spark import quiet_stop
 
         with quiet_stop():
             query.stop()

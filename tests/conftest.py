@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from iotwatch.application.stack import EmbeddedStack, StackState
 from iotwatch.settings import Settings, load_settings
-from iotwatch.stack import EmbeddedStack, StackState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.support.alerts", "tests.support.gateway", "tests.support.homes"]

@@ -14,12 +14,12 @@ import psutil
 from confluent_kafka import Consumer, Message, TopicPartition
 from paho.mqtt.client import MQTT_ERR_NO_CONN
 
-from iotwatch import class_data
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.ground_truth import ANOMALY, Injection
 from iotwatch.contract.telemetry import Telemetry
-from iotwatch.jars import jars_root
+from iotwatch.jvm import class_data
+from iotwatch.jvm.jars import jars_root
 from iotwatch.settings import KafkaSettings, MqttSettings
 
 

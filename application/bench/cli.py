@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import click
 
-from iotwatch.app import LazyGroup
+from iotwatch.cli import LazyGroup
 
 #: Benchmark name -> "module:attribute" of its click command (imported when run).
 BENCHMARKS: dict[str, str] = {
-    "gateway": "iotwatch.benchmarks.gateway:bench_gateway",
-    "stream": "iotwatch.benchmarks.stream:bench_stream",
-    "simulate": "iotwatch.benchmarks.simulate:bench_simulate",
-    "replication": "iotwatch.benchmarks.replication:bench_replication",
+    "gateway": "iotwatch.application.bench.gateway:bench_gateway",
+    "stream": "iotwatch.application.bench.stream:bench_stream",
+    "simulate": "iotwatch.application.bench.simulate:bench_simulate",
+    "replication": "iotwatch.application.bench.replication:bench_replication",
 }
 
 

@@ -57,6 +57,8 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from iotwatch.application.stack import EmbeddedStack
+from iotwatch.application.stack.process import free_port
 from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
@@ -64,8 +66,6 @@ from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.gateway.metrics import scrape, wait_healthy
 from iotwatch.settings import MqttSettings, Settings
-from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.process import free_port
 from iotwatch.stats import quantiles
 
 #: Messages a publisher may have unacknowledged (paho's packet ids wrap at 65,535).

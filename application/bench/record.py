@@ -1,10 +1,10 @@
 """Run one ``iotwatch bench`` command (or an ``iotwatch chaos`` or ``iotwatch demo`` run) and keep its JSON result
 as a file under ``results/``.
 
-    python benchmarks/record.py stream [bench options...]
-    python benchmarks/record.py gateway --processes 2
-    python benchmarks/record.py chaos --duration 600
-    python benchmarks/record.py demo
+    python application/bench/record.py stream [bench options...]
+    python application/bench/record.py gateway --processes 2
+    python application/bench/record.py chaos --duration 600
+    python application/bench/record.py demo
 
 A chaos run that fails a proof (exit 1) is kept too: its JSON says which proof failed.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 #: Runs recorded that are commands of their own rather than ``iotwatch bench`` benches.
 COMMANDS = {"chaos": ["iotwatch", "chaos"], "demo": ["iotwatch", "demo"]}
 

@@ -11,7 +11,7 @@ follow every site the whole time:
 MirrorMaker keeps each record's timestamp (when the producer created it), so both readers
 measure the same latency -- created at the site to read by a consumer -- one directly, one
 across the link: the difference is what replication adds. Throughput is records over the
-time from the first to the last record read. The heartbeat lag (:mod:`iotwatch.replication`)
+time from the first to the last record read. The heartbeat lag (:mod:`iotwatch.application.stack.replication`)
 is sampled meanwhile. Results print as JSON with ``--json``.
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 import click
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
+from iotwatch.application.stack import EmbeddedStack
+from iotwatch.application.stack.mirror_maker import remote_topic
+from iotwatch.application.stack.replication import LagHistory, ReplicationLag
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.clients.kafka import client_config, list_topics
 from iotwatch.contract.telemetry import Telemetry
-from iotwatch.replication import LagHistory, ReplicationLag
 from iotwatch.settings import KafkaSettings
-from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.mirror_maker import remote_topic
 from iotwatch.stats import quantiles
 
 

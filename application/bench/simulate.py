@@ -14,7 +14,7 @@ connections and QoS, it measures
 
 and reports messages/s and the ratios simulator / raw_paho (goal: >= 0.9 at each QoS) and
 simulator / raw_batch (the share of the transport's rate that generation leaves).
-Beside the ratios it runs the large fleet (:mod:`iotwatch.benchmarks.fleet`, by default 100,000
+Beside the ratios it runs the large fleet (:mod:`iotwatch.application.bench.fleet`, by default 100,000
 devices in one process, one reading per 10 s each): tick lag behind due time (goal p99 < 1 s),
 peak RSS (goal < 1 GB) and every device's seq gap-free at a subscriber. Without ``--mqtt``
 it starts its own mosquitto on a free port and stops it afterwards.
@@ -36,7 +36,7 @@ from typing import Any
 
 import click
 
-from iotwatch.benchmarks.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
+from iotwatch.application.bench.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.devices.broker_run import RunOptions, run
 from iotwatch.devices.config import SimConfig
@@ -237,7 +237,7 @@ def _mosquitto_pub(mqtt: MqttSettings, config: SimConfig, qos: int) -> dict[str,
 
 
 def _own_broker(run_dir: Path) -> tuple[str, Any]:
-    from iotwatch.stack.mqtt_broker import start_mqtt_broker
+    from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
 
     service = start_mqtt_broker(run_dir, "mosquitto", timeout_s=30.0)
     return service.endpoint, service.process
@@ -308,8 +308,8 @@ def bench_simulate(
     as_json: bool,
 ) -> None:
     """Simulator msg/s vs a bare paho loop (and mosquitto_pub -l) with the same payloads."""
+    from iotwatch.application.stack.process import stop_process
     from iotwatch.settings import normalise_mqtt_url
-    from iotwatch.stack.process import stop_process
 
     if homes + vehicles == 0:
         raise click.UsageError("nothing to simulate: --homes or --vehicles must be > 0")

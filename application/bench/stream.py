@@ -26,6 +26,7 @@ import click
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from iotwatch.application.stack import EmbeddedStack
 from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
@@ -34,7 +35,6 @@ from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
 from iotwatch.models.catalog import make
 from iotwatch.settings import Settings, StreamSettings
-from iotwatch.stack import EmbeddedStack
 from iotwatch.stats import quantile, quantiles
 
 #: Seconds of input at a latency run's rate before its measured seconds. A job that starts (or

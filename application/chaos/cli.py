@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from iotwatch.chaos.schedule import FAULT_KINDS
+from iotwatch.application.chaos.schedule import FAULT_KINDS
 from iotwatch.cli import (
     AppContext,
     Preset,
@@ -102,10 +102,10 @@ def chaos(
     grow while the pipeline runs undisturbed after warm-up. Writes summary.json and plots to the run
     folder's report/; exits 1 when any proof fails.
     """
-    from iotwatch.chaos.resources import Limits
-    from iotwatch.chaos.runner import ChaosOptions, run_chaos
-    from iotwatch.chaos.schedule import ScheduleOptions, fault_kind
-    from iotwatch.spark import require_java
+    from iotwatch.application.chaos.resources import Limits
+    from iotwatch.application.chaos.runner import ChaosOptions, run_chaos
+    from iotwatch.application.chaos.schedule import ScheduleOptions, fault_kind
+    from iotwatch.jvm.spark import require_java
 
     require_java()
     interrupt_on_sigterm()

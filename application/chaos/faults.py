@@ -1,6 +1,6 @@
 """Injecting the schedule's faults into the running system and timing each recovery.
 
-The targets are the run's component processes (:class:`~iotwatch.stack.process.Component`)
+The targets are the run's component processes (:class:`~iotwatch.application.stack.process.Component`)
 and the embedded stack's servers. A killed target is started again after its hold, as a
 supervisor (systemd, Kubernetes) would; a paused one is continued. A fault has *recovered*
 when its target is back and data flows end to end again: the gateway reports healthy, Kafka
@@ -26,13 +26,13 @@ import psutil
 import requests
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from iotwatch.chaos.schedule import SERVICES, Action, PlannedFault
+from iotwatch.application.chaos.schedule import SERVICES, Action, PlannedFault
+from iotwatch.application.demo.live import Probe
+from iotwatch.application.stack.embedded import EmbeddedStack, StackState
+from iotwatch.application.stack.process import Component
 from iotwatch.clients.kafka import client_config, end_offset
-from iotwatch.demo.live import Probe
 from iotwatch.gateway.metrics import scrape
 from iotwatch.settings import Settings
-from iotwatch.stack.embedded import EmbeddedStack, StackState
-from iotwatch.stack.process import Component
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What a chaos run proves from the data it left, each as a small verdict with its figures.
 
-- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.demo.accounting`);
+- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.application.demo.accounting`);
 - alerts: the live alert ids equal those of a fault-free Kappa replay of the same raw topic
   (the responder's escalations are not the job's and are left out);
 - notifications: each alert record (raised, cleared) reached the receiver at least once;

@@ -14,11 +14,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from iotwatch.chaos.faults import FaultRecord
-from iotwatch.chaos.resources import Sample, Sampler
-from iotwatch.demo.accounting import RawIndex
-from iotwatch.demo.live import LiveState
-from iotwatch.demo.report import write_summary
+from iotwatch.application.chaos.faults import FaultRecord
+from iotwatch.application.chaos.resources import Sample, Sampler
+from iotwatch.application.demo.accounting import RawIndex
+from iotwatch.application.demo.live import LiveState
+from iotwatch.application.demo.report import write_summary
 
 
 def write(

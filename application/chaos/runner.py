@@ -30,24 +30,24 @@ from typing import Any
 import psutil
 from rich.console import Console
 
-from iotwatch.chaos import proofs, report
-from iotwatch.chaos.faults import FaultRunner, Recovery, Targets
-from iotwatch.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
-from iotwatch.chaos.schedule import Action, ScheduleOptions, plan
+from iotwatch.application.chaos import proofs, report
+from iotwatch.application.chaos.faults import FaultRunner, Recovery, Targets
+from iotwatch.application.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
+from iotwatch.application.chaos.schedule import Action, ScheduleOptions, plan
+from iotwatch.application.demo import accounting
+from iotwatch.application.demo.live import LiveState, Probe
+from iotwatch.application.demo.oncall_person import Receiver
+from iotwatch.application.demo.runner import component_env, decoded_alerts, iotwatch_command, wait_for_stream
+from iotwatch.application.stack import EmbeddedStack
+from iotwatch.application.stack.process import Component, free_port
 from iotwatch.clients.kafka import batches_to_end, read_to_end
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.oncall import CommandAudit, decode
-from iotwatch.demo import accounting
-from iotwatch.demo.live import LiveState, Probe
-from iotwatch.demo.oncall_person import Receiver
-from iotwatch.demo.runner import component_env, decoded_alerts, iotwatch_command, wait_for_stream
 from iotwatch.errors import IotwatchError
 from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
-from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.process import Component, free_port
-from iotwatch.streaming.replay import alert_ids
+from iotwatch.streaming.replay_cli import alert_ids
 
 log = logging.getLogger(__name__)
 

@@ -93,7 +93,13 @@ def demo(
     query returns data, and writes a report folder with PNG plots and summary.json. Stops
     everything it started (but the stack with --keep-stack).
     """
-    from iotwatch.demo.runner import DemoOptions, check_prerequisites, print_kept_stack, print_summary, run_demo
+    from iotwatch.application.demo.runner import (
+        DemoOptions,
+        check_prerequisites,
+        print_kept_stack,
+        print_summary,
+        run_demo,
+    )
 
     check_prerequisites()
     interrupt_on_sigterm()

@@ -12,10 +12,10 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from iotwatch.application.demo.live import LiveState
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
-from iotwatch.demo.live import LiveState
 from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 
 

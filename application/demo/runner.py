@@ -24,6 +24,15 @@ import numpy as np
 from rich.console import Console
 from rich.live import Live
 
+from iotwatch.application.demo import accounting, closed_loop, report
+from iotwatch.application.demo.live import LiveState, Probe, render
+from iotwatch.application.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
+from iotwatch.application.stack import EmbeddedStack
+from iotwatch.application.stack.embedded import StackState, remember_last_stack
+from iotwatch.application.stack.mirror_maker import remote_topic
+from iotwatch.application.stack.process import Component, free_port
+from iotwatch.application.stack.replication import LagHistory, ReplicationLag, write_lag
+from iotwatch.application.stack.sites import site_names
 from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import batches_to_end, read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
@@ -34,19 +43,10 @@ from iotwatch.contract.oncall import CommandAudit, decode
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.queries import Picks, check_all
 from iotwatch.dashboards.queries import summarise as summarise_checks
-from iotwatch.demo import accounting, closed_loop, report
-from iotwatch.demo.live import LiveState, Probe, render
-from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.errors import IotwatchError
 from iotwatch.evaluation.judgement import TRUE
 from iotwatch.gateway.metrics import wait_healthy
-from iotwatch.replication import LagHistory, ReplicationLag, write_lag
 from iotwatch.settings import KafkaSettings, Settings
-from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.embedded import StackState, remember_last_stack
-from iotwatch.stack.mirror_maker import remote_topic
-from iotwatch.stack.process import Component, free_port
-from iotwatch.stack.sites import site_names
 from iotwatch.stats import quantiles
 
 log = logging.getLogger(__name__)
@@ -764,6 +764,6 @@ def print_kept_stack(console: Console, stack: dict[str, Any]) -> None:
 
 
 def check_prerequisites() -> None:
-    from iotwatch.spark import require_java
+    from iotwatch.jvm.spark import require_java
 
     require_java()

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
+from iotwatch.application.provision.mqtt_accounts import provision_fleet, read_fleet
+from iotwatch.application.provision.tls import make_certificates
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
-from iotwatch.provision.mqtt_accounts import provision_fleet, read_fleet
-from iotwatch.provision.tls import make_certificates
 
 DEFAULT_FLEET_DIR = Path("deploy/mosquitto/fleet")
 DEFAULT_TLS_DIR = Path("deploy/mosquitto/tls")
@@ -131,7 +131,7 @@ def topics(app: AppContext, acls: bool, site: str | None, linked_sites: tuple[st
         "replication_factor": settings.kafka.replication_factor,
     }
     if acls:
-        from iotwatch.provision.kafka_acls import apply_grants, mirror_grants, service_grants
+        from iotwatch.application.provision.kafka_acls import apply_grants, mirror_grants, service_grants
 
         grants = service_grants(settings.topics, list(linked_sites), at_site=bool(site))
         if site or linked_sites:

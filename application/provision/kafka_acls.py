@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from iotwatch.application.stack.mirror_maker import CENTRAL, remote_topic
 from iotwatch.clients.kafka import admin_client
 from iotwatch.errors import ServiceUnavailable
 from iotwatch.settings import KafkaSettings, TopicSettings
-from iotwatch.stack.mirror_maker import CENTRAL, remote_topic
 
 Operation = Literal["read", "write", "create", "describe", "describe_configs", "alter", "alter_configs"]
 #: MirrorMaker 2's user (docker-compose.yml, profile "sites"), on the site's cluster and the centre's.

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import msgspec
 
+from iotwatch.application.provision.files import write_private
 from iotwatch.contract import device_topics, telemetry
 from iotwatch.errors import UserError
-from iotwatch.provision.files import write_private
 
 PASSWD_FILE = "passwd"
 ACL_FILE = "acl"

@@ -1,5 +1,5 @@
 """The embedded single-machine stack: real MQTT, Apache Kafka and InfluxDB servers."""
 
-from iotwatch.stack.embedded import EmbeddedStack, StackState
+from iotwatch.application.stack.embedded import EmbeddedStack, StackState
 
 __all__ = ["EmbeddedStack", "StackState"]

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
+from iotwatch.application.stack import EmbeddedStack
+from iotwatch.application.stack.embedded import forget_last_stack, remember_last_stack, resolve_run_dir
 from iotwatch.cli import AppContext, emit, json_option, pass_app
-from iotwatch.stack import EmbeddedStack
-from iotwatch.stack.embedded import forget_last_stack, remember_last_stack, resolve_run_dir
 
 run_dir_option = click.option(
     "--run-dir",
@@ -184,9 +184,9 @@ def lag(app: AppContext, run_dir: Path | None, sites: tuple[str, ...], watch: fl
     """
     import time
 
+    from iotwatch.application.stack.embedded import StackState
+    from iotwatch.application.stack.replication import ReplicationLag, write_lag
     from iotwatch.clients.influx import InfluxV1Client
-    from iotwatch.replication import ReplicationLag, write_lag
-    from iotwatch.stack.embedded import StackState
 
     settings = app.settings
     state = StackState.load(resolve_run_dir(settings, run_dir))

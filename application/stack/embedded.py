@@ -17,18 +17,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from iotwatch.clients.influx import InfluxV1Client
-from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
-from iotwatch.clients.mqtt import round_trip
-from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
-from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, RespondSettings, Settings, TopicSettings
-from iotwatch.stack.influxdb import influxd_binary, start_influxdb
-from iotwatch.stack.kafka_broker import replication_factor, restart_kafka_node, start_kafka_broker, start_kafka_cluster
-from iotwatch.stack.mirror_maker import remote_topic
-from iotwatch.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.stack.process import stop_process
-from iotwatch.stack.service import RunningService
-from iotwatch.stack.sites import (
+from iotwatch.application.stack.influxdb import influxd_binary, start_influxdb
+from iotwatch.application.stack.kafka_broker import (
+    replication_factor,
+    restart_kafka_node,
+    start_kafka_broker,
+    start_kafka_cluster,
+)
+from iotwatch.application.stack.mirror_maker import remote_topic
+from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.service import RunningService
+from iotwatch.application.stack.sites import (
     edge_topics,
     raw_pattern,
     site_names,
@@ -37,6 +37,11 @@ from iotwatch.stack.sites import (
     start_site_link,
     start_site_servers,
 )
+from iotwatch.clients.influx import InfluxV1Client
+from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
+from iotwatch.clients.mqtt import round_trip
+from iotwatch.errors import IotwatchError, MissingArtifacts, StackError
+from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, RespondSettings, Settings, TopicSettings
 
 log = logging.getLogger(__name__)
 

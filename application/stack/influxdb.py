@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from iotwatch.application.stack.process import free_port, start_process, wait_until
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.errors import StackError
 from iotwatch.settings import InfluxSettings
-from iotwatch.stack.process import free_port, start_process, wait_until
-from iotwatch.stack.service import RunningService
 
 HOST = "127.0.0.1"
 

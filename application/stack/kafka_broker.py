@@ -18,12 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iotwatch.application.stack.process import (
+    ProcessRecord,
+    free_port,
+    port_open,
+    start_process,
+    stop_process,
+    wait_until,
+)
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
-from iotwatch.jars import KAFKA_VERSION, java_executable, kafka_broker
+from iotwatch.jvm.jars import KAFKA_VERSION, java_executable, kafka_broker
 from iotwatch.settings import KafkaSettings
-from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
-from iotwatch.stack.service import RunningService
 
 HOST = "127.0.0.1"
 IMPLEMENTATION = f"apache-kafka {KAFKA_VERSION}"

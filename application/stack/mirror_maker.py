@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from iotwatch.application.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J_CONFIG
+from iotwatch.application.stack.kafka_broker import escape_property
+from iotwatch.application.stack.process import ProcessRecord, start_process, wait_until
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.kafka import list_topics
-from iotwatch.jars import KAFKA_VERSION, java_executable, mirror_maker
+from iotwatch.jvm.jars import KAFKA_VERSION, java_executable, mirror_maker
 from iotwatch.settings import KafkaSettings, TopicSettings
-from iotwatch.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J_CONFIG
-from iotwatch.stack.kafka_broker import escape_property
-from iotwatch.stack.process import ProcessRecord, start_process, wait_until
-from iotwatch.stack.service import RunningService
 
 IMPLEMENTATION = f"apache-kafka-mirrormaker2 {KAFKA_VERSION}"
 MAIN_CLASS = "org.apache.kafka.connect.mirror.MirrorMaker"
@@ -162,7 +162,7 @@ def wait_for_mirror(
 ) -> RunningService:
     """Wait until the site's replicas exist at the centre and a heartbeat the site emitted
     after this process started has been copied there: the site's flow runs."""
-    from iotwatch.replication import HEARTBEATS_TOPIC, ReplicationLag
+    from iotwatch.application.stack.replication import HEARTBEATS_TOPIC, ReplicationLag
 
     wanted = [remote_topic(site, name) for name in (topics.raw, topics.dlq, topics.replies, HEARTBEATS_TOPIC)]
     wait_until(

@@ -7,11 +7,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from iotwatch.application.stack.process import free_port, start_process, wait_until
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.mqtt import round_trip
 from iotwatch.errors import StackError
 from iotwatch.settings import MqttSettings
-from iotwatch.stack.process import free_port, start_process, wait_until
-from iotwatch.stack.service import RunningService
 
 HOST = "127.0.0.1"
 

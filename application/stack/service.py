@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from iotwatch.stack.process import ProcessRecord
+from iotwatch.application.stack.process import ProcessRecord
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The multi-site topology: per site an MQTT broker and a one-node Kafka cluster, linked to the
-central Kafka cluster by the site's MirrorMaker 2 (:mod:`iotwatch.stack.mirror_maker`).
+central Kafka cluster by the site's MirrorMaker 2 (:mod:`iotwatch.application.stack.mirror_maker`).
 
 A site keeps ingesting while its link is down: its gateway writes to its own cluster, and
 MirrorMaker copies the backlog to ``<site>.<raw topic>`` at the centre when the link is back.
@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from iotwatch.application.stack.kafka_broker import EDGE_HEAP_OPTIONS, start_kafka_broker
+from iotwatch.application.stack.mirror_maker import CENTRAL, ClusterLink, start_mirror_maker
+from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import KafkaSettings, TopicSettings
-from iotwatch.stack.kafka_broker import EDGE_HEAP_OPTIONS, start_kafka_broker
-from iotwatch.stack.mirror_maker import CENTRAL, ClusterLink, start_mirror_maker
-from iotwatch.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.stack.process import stop_process
-from iotwatch.stack.service import RunningService
 
 #: The service kinds each site runs, in start order.
 SITE_KINDS = ("mqtt", "kafka", "mirror")

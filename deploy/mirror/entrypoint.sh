@@ -4,7 +4,7 @@
 # with the site's alias and both clusters' addresses, and the SASL/SCRAM login MirrorMaker
 # uses on each (the link from the site to the centre is authenticated): the mirror user, with
 # only the ACLs `iotwatch provision topics --acls --site/--linked-site` grant it
-# (iotwatch/provision/kafka_acls.py), then starts MirrorMaker as the Kafka image ships it.
+# (application/provision/kafka_acls.py), then starts MirrorMaker as the Kafka image ships it.
 #
 #   SITE                the site's alias: its topics are <SITE>.<topic> at the centre
 #   SITE_BOOTSTRAP      the site's Kafka (host:port)

@@ -4,7 +4,7 @@ A local session's JVM loads and verifies some ten thousand classes of Spark, Kaf
 and their libraries before the first micro-batch runs, and does it again in every command.
 Java's dynamic class-data sharing (JDK 13+) keeps those classes, parsed and verified, in an
 archive file that a later JVM maps at start: on this project's hosts that takes about 40 % off
-a session's start-up (``tests/integration/iotwatch/test_spark_driver.py`` checks the archive
+a session's start-up (``tests/integration/jvm/test_spark_driver.py`` checks the archive
 is used).
 
 The first streaming job's JVM of a classpath writes the archive when it exits

@@ -5,7 +5,7 @@ own settings) come from spark-submit and are left alone.
 
 In local mode the JVM's output goes through Python logging like every other library's
 (:class:`JvmOutput`): log4j at WARN (INFO with ``--log-level debug``) in the layout of
-``iotwatch/log4j2.properties``, no console progress bar, and the Python workers' chatter
+``iotwatch/jvm/log4j2.properties``, no console progress bar, and the Python workers' chatter
 and stack traces at DEBUG, so a user's stderr shows warnings and errors one line each.
 """
 
@@ -217,12 +217,12 @@ def local_jvm_env() -> dict[str, str]:
 def jvm_spark_home(python: str) -> str:
     """The Spark home the local JVM runs from: when its Python workers run this interpreter
     and Spark is pip's pyspark, a home without the zipped Python sources
-    (:mod:`iotwatch.spark_home`), else the one pyspark finds."""
+    (:mod:`iotwatch.jvm.spark_home`), else the one pyspark finds."""
     import pyspark
     from pyspark.find_spark_home import _find_spark_home
 
-    from iotwatch.jars import jars_root
-    from iotwatch.spark_home import local_spark_home
+    from iotwatch.jvm.jars import jars_root
+    from iotwatch.jvm.spark_home import local_spark_home
 
     found = Path(_find_spark_home())
     if python != sys.executable or found.resolve() != Path(pyspark.__file__).parent.resolve():
@@ -235,13 +235,13 @@ def jvm_spark_home(python: str) -> str:
 
 
 def with_class_data(conf: Mapping[str, str], spark_home: str, writes: bool = False) -> dict[str, str]:
-    """``conf`` with the driver JVM's class-data sharing options (:mod:`iotwatch.class_data`),
+    """``conf`` with the driver JVM's class-data sharing options (:mod:`iotwatch.jvm.class_data`),
     keyed by what the archive must match: the Spark release and home, the classpath, the JVM
     options; ``writes``: dump an archive at exit when there is none yet."""
     import pyspark
 
-    from iotwatch import class_data
-    from iotwatch.jars import java_executable
+    from iotwatch.jvm import class_data
+    from iotwatch.jvm.jars import java_executable
 
     options = conf.get("spark.driver.extraJavaOptions", "")
     parts = [
@@ -308,9 +308,9 @@ def local_jvm_conf() -> dict[str, str]:
 def kafka_connector_conf() -> dict[str, str]:
     """``spark.jars`` with Spark's Kafka connector when ``iotwatch setup`` installed it (a
     cluster gets it from spark-submit's ``--packages`` or ``--jars`` instead), and the
-    pinned release's fixes first on the classpath (:mod:`iotwatch.spark_patches`)."""
-    from iotwatch.jars import spark_kafka_connector
-    from iotwatch.spark_patches import patches_conf
+    pinned release's fixes first on the classpath (:mod:`iotwatch.jvm.spark_patches`)."""
+    from iotwatch.jvm.jars import spark_kafka_connector
+    from iotwatch.jvm.spark_patches import patches_conf
 
     connector = spark_kafka_connector()
     conf = patches_conf()
@@ -321,7 +321,7 @@ def kafka_connector_conf() -> dict[str, str]:
 
 def require_java() -> None:
     """Spark needs a JVM: say what to install instead of a py4j stack trace."""
-    from iotwatch.jars import java_executable
+    from iotwatch.jvm.jars import java_executable
 
     java_executable()
 

@@ -12,7 +12,7 @@ alert.
 A local session's Python workers run this interpreter, which has pyspark installed. Its JVM
 therefore runs from a home of links to the installation's entries, ``python`` left out, and
 the workers import the installed package with its cached bytecode. The home lives beside the
-jars ``iotwatch setup`` installs (:func:`iotwatch.jars.jars_root`), one per pyspark
+jars ``iotwatch setup`` installs (:func:`iotwatch.jvm.jars.jars_root`), one per pyspark
 installation, so that every session has the same classpath and maps the same class-data
 archive. A Spark home the user chose (``SPARK_HOME``), or workers on another interpreter, are
 used as they are.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iotwatch.errors import StackError
-from iotwatch.jars import COMPLETE_MARK, SCALA_BINARY_VERSION, jars_root, java_executable, pyspark_jars_dir
+from iotwatch.jvm.jars import COMPLETE_MARK, SCALA_BINARY_VERSION, jars_root, java_executable, pyspark_jars_dir
 
 JAR_NAME = "iotwatch-spark-patches.jar"
 

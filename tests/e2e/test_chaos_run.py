@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from iotwatch.chaos.schedule import FAULT_KINDS
+from iotwatch.application.chaos.schedule import FAULT_KINDS
 from tests.helpers import user_env
 
 pytestmark = pytest.mark.slow

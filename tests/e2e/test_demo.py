@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from iotwatch.application.stack import StackState
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.queries import queries
 from iotwatch.settings import InfluxSettings
-from iotwatch.stack import StackState
 from tests.helpers import user_env
 
 

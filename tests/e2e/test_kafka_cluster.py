@@ -21,11 +21,11 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from iotwatch.application.stack.kafka_broker import start_kafka_cluster
+from iotwatch.application.stack.process import stop_process
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
-from iotwatch.stack.kafka_broker import start_kafka_cluster
-from iotwatch.stack.process import stop_process
 from iotwatch.streaming.job import root_cause, start
 from tests.helpers import Publisher, wait_for
 from tests.support.gateway import gateway_settings

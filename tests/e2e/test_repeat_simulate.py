@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from iotwatch.application.stack.process import free_port
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
-from iotwatch.stack.process import free_port
 from tests.helpers import read_topic, user_env
 
 pytestmark = pytest.mark.slow

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from iotwatch.application.stack.process import free_port
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.settings import Settings
-from iotwatch.stack.process import free_port
 from tests.conftest import REPO_ROOT
 from tests.helpers import reading, user_env
 

@@ -18,20 +18,20 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from iotwatch.application.stack import EmbeddedStack, StackState
+from iotwatch.application.stack.mirror_maker import CENTRAL, remote_topic, restart_mirror_maker
+from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.replication import ReplicationLag
+from iotwatch.application.stack.sites import site_role
 from iotwatch.clients.kafka import client_config, list_topics
 from iotwatch.contract.device_commands import TwinProperties
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome, TwinRecord, decode
 from iotwatch.gateway.bridge import Gateway
-from iotwatch.replication import ReplicationLag
 from iotwatch.responder.policy import DEFAULT_POLICIES
 from iotwatch.responder.relay import SiteRelay
 from iotwatch.responder.service import Responder
 from iotwatch.responder.twin_ops import set_desired
 from iotwatch.settings import KafkaSettings, Settings
-from iotwatch.stack import EmbeddedStack, StackState
-from iotwatch.stack.mirror_maker import CENTRAL, remote_topic, restart_mirror_maker
-from iotwatch.stack.process import stop_process
-from iotwatch.stack.sites import site_role
 from tests.helpers import InThread, Publisher, assert_no_loss, read_all_seqs, read_topic, reading, wait_for
 from tests.support.alerts import make_alert
 from tests.support.alerts import produce as produce_alerts

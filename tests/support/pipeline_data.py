@@ -128,7 +128,7 @@ def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -
 
 def write_replication_lag(settings: Settings, run: str, samples: int = 6) -> None:
     """Replication lag of two sites a minute apart, as the sites' monitor writes it."""
-    from iotwatch.replication import write_lag
+    from iotwatch.application.stack.replication import write_lag
 
     now = int(time.time() * 1000)
     client = InfluxV1Client(settings.influx)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pyspark
 
-from iotwatch.jars import spark_kafka_connector
-from iotwatch.stack.process import free_port
+from iotwatch.application.stack.process import free_port
+from iotwatch.jvm.jars import spark_kafka_connector
 
 SPARK_HOME = Path(pyspark.__file__).parent
 

@@ -9,7 +9,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from iotwatch.alerts.book import load_book
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.contract.oncall import AlertState, Silence, decode
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings

@@ -13,7 +13,7 @@ from typing import Any
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import AlertRecord, alert_message, decode_alert, encode_alert
 from iotwatch.settings import Settings

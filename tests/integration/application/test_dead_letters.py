@@ -10,11 +10,11 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
+from iotwatch.application.dead_letters import H_REPLAY_OF
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
-from iotwatch.deadletters import H_REPLAY_OF
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.engine import PartitionEngine

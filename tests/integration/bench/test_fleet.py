@@ -3,7 +3,7 @@ that sees every device's seq from 0 gap-free, the tick lag and the peak RSS repo
 
 from __future__ import annotations
 
-from iotwatch.benchmarks.fleet import fleet_run
+from iotwatch.application.bench.fleet import fleet_run
 from iotwatch.settings import Settings
 
 

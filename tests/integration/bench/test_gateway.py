@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from iotwatch.stack import StackState
+from iotwatch.application.stack import StackState
 from tests.helpers import user_env
 
 

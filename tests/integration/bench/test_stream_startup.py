@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from iotwatch.benchmarks.stream import measure_startup
+from iotwatch.application.bench.stream import measure_startup
 from iotwatch.settings import Settings
 
 
@@ -21,7 +21,7 @@ def test_a_job_starting_on_a_backlog_alerts_on_every_spike(
 
 
 def test_the_report_gives_each_detectors_state_and_cost_per_metric_reading() -> None:
-    from iotwatch.benchmarks.stream import detector_costs
+    from iotwatch.application.bench.stream import detector_costs
     from iotwatch.settings import StreamSettings
 
     rows = detector_costs(StreamSettings(device_detectors={"air_quality": "cad_ose"}), readings=2_000)

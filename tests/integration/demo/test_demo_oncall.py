@@ -10,7 +10,7 @@ import requests
 
 from iotwatch.alerts.book import load_book
 from iotwatch.alerts.routing import load_routing
-from iotwatch.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
+from iotwatch.application.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
 from iotwatch.settings import Settings
 from tests.support.alerts import make_alert, produce
 

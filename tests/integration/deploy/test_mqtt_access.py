@@ -31,8 +31,15 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from iotwatch.application.stack.process import (
+    ProcessRecord,
+    free_port,
+    port_open,
+    start_process,
+    stop_process,
+    wait_until,
+)
 from iotwatch.contract import device_topics
-from iotwatch.stack.process import ProcessRecord, free_port, port_open, start_process, stop_process, wait_until
 from tests.conftest import REPO_ROOT
 from tests.helpers import user_env
 

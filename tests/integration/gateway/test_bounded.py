@@ -11,12 +11,12 @@ from pathlib import Path
 import psutil
 import requests
 
+from iotwatch.application.stack.process import free_port
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
-from iotwatch.stack.process import free_port
 from tests.helpers import reading
 from tests.integration.gateway.test_gateway import _gateway_command, _gateway_env
 

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
+from iotwatch.application.stack.process import log_tail, stop_process
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
-from iotwatch.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.stack.process import log_tail, stop_process
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, seqs_by_device, user_env
 from tests.support.gateway import gateway_settings
 

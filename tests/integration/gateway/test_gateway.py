@@ -12,6 +12,8 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from iotwatch.application.stack.kafka_broker import restart_kafka_node, start_kafka_broker
+from iotwatch.application.stack.process import free_port, stop_process
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_ORIGINAL_BYTES, H_REASON, header_value
@@ -19,8 +21,6 @@ from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
-from iotwatch.stack.kafka_broker import restart_kafka_node, start_kafka_broker
-from iotwatch.stack.process import free_port, stop_process
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs, read_topic, reading, seqs_by_device, user_env
 from tests.support.gateway import gateway_settings
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import requests
 
+from iotwatch.application.stack.kafka_broker import start_kafka_broker
+from iotwatch.application.stack.process import stop_process
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.gateway.bridge import Gateway
 from iotwatch.settings import Settings
-from iotwatch.stack.kafka_broker import start_kafka_broker
-from iotwatch.stack.process import stop_process
 from tests.support.gateway import gateway_settings
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import psutil
 
+from iotwatch.application.stack.process import free_port
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.gateway.metrics import wait_healthy
 from iotwatch.settings import Settings
-from iotwatch.stack.process import free_port
 from tests.helpers import Publisher, assert_no_loss, read_all_seqs
 from tests.integration.gateway.test_gateway import _gateway_command, _gateway_env
 

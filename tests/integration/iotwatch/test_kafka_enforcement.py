@@ -28,6 +28,9 @@ from iotwatch.alerts.actions import acknowledge, add_silence, revoke_silence
 from iotwatch.alerts.book import load_book
 from iotwatch.alerts.dispatch import Dispatcher
 from iotwatch.alerts.routing import parse_routing
+from iotwatch.application.provision.kafka_acls import service_grants
+from iotwatch.application.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
+from iotwatch.application.stack.process import stop_process
 from iotwatch.clients.kafka import (
     TopicFollower,
     admin_client,
@@ -46,13 +49,10 @@ from iotwatch.contract.device_topics import twin_reported_topic
 from iotwatch.contract.oncall import AlertState, AlertStep, CommandAudit, Emergency, Matchers, Silence, TwinRecord
 from iotwatch.contract.oncall import decode as decode_record
 from iotwatch.errors import AccessRefused
-from iotwatch.provision.kafka_acls import service_grants
 from iotwatch.responder.policy import CommandPolicy
 from iotwatch.responder.service import Responder
 from iotwatch.responder.twin_ops import parse_assignments, read_twin, set_desired
 from iotwatch.settings import AlertsSettings, KafkaSettings, Settings, TopicSettings
-from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
-from iotwatch.stack.process import stop_process
 from tests.helpers import InThread, user_env, wait_for
 from tests.support.alerts import make_alert, produce
 

@@ -1,4 +1,4 @@
-"""The local-mode driver JVM as :mod:`iotwatch.spark` starts it."""
+"""The local-mode driver JVM as :mod:`iotwatch.jvm.spark` starts it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iotwatch.spark import LOCAL_DRIVER_MEMORY, LOCAL_MALLOC_ARENAS
+from iotwatch.jvm.spark import LOCAL_DRIVER_MEMORY, LOCAL_MALLOC_ARENAS
 from tests.helpers import user_env
 
 
@@ -37,7 +37,7 @@ def test_the_driver_jvm_runs_with_few_malloc_arenas(spark: Any) -> None:
 def test_python_workers_import_pyspark_as_installed(spark: Any) -> None:
     """The Python workers import the installed pyspark, with its cached bytecode, not the
     zipped copy that Spark puts first on their path for machines without pyspark: nothing to
-    compile when a worker starts (:mod:`iotwatch.spark_home`)."""
+    compile when a worker starts (:mod:`iotwatch.jvm.spark_home`)."""
     import pyspark
     from pyspark.sql import functions as F
 
@@ -51,7 +51,7 @@ _ENVIRONMENT = """
 import json, os, sys
 before = dict(os.environ)
 from pyspark.sql import functions as F
-from iotwatch.spark import session_scope
+from iotwatch.jvm.spark import session_scope
 with session_scope("environment") as spark:
     worker = F.udf(lambda _: json.dumps([sys.executable, os.environ.get("MALLOC_ARENA_MAX")]))
     seen = json.loads(spark.range(1).select(worker("id")).first()[0])

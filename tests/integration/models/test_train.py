@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.models.registry import ModelRegistry
 from iotwatch.settings import Settings

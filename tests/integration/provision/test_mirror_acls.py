@@ -1,7 +1,7 @@
 """MirrorMaker 2 with least privilege: two clusters that authenticate with SCRAM and
 authorize with ACLs (as docker-compose runs them), provisioned by ``iotwatch provision topics
 --acls --site`` / ``--linked-site``, and MirrorMaker logged in on both as the ``mirror`` user.
-Every flow works with the grants of :func:`iotwatch.provision.kafka_acls.mirror_grants` alone,
+Every flow works with the grants of :func:`iotwatch.application.provision.kafka_acls.mirror_grants` alone,
 MirrorMaker logs no authorization error, and the services read the replicas with theirs."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from iotwatch.application.provision.kafka_acls import MIRROR_USER
+from iotwatch.application.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
+from iotwatch.application.stack.mirror_maker import CENTRAL, ClusterLink, remote_topic, start_mirror_maker
+from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.service import RunningService
 from iotwatch.clients.kafka import client_config, list_topics, produce_confirmed, read_to_end
-from iotwatch.provision.kafka_acls import MIRROR_USER
 from iotwatch.settings import KafkaSettings, TopicSettings
-from iotwatch.stack.kafka_broker import ADMIN_USER, SCRAM_MECHANISM, KafkaSecurity, start_kafka_broker
-from iotwatch.stack.mirror_maker import CENTRAL, ClusterLink, remote_topic, start_mirror_maker
-from iotwatch.stack.process import stop_process
-from iotwatch.stack.service import RunningService
 from tests.helpers import wait_for
 from tests.integration.iotwatch.test_kafka_enforcement import iotwatch, user_settings
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.contract.alerts import AlertRecord, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome, decode

@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from iotwatch.alerts.actions import publish
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.responder.service import Responder

@@ -18,11 +18,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from paho.mqtt.enums import CallbackAPIVersion
 
+from iotwatch.application.stack import StackState
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import end_offset, ensure_topics, list_topics
-from iotwatch.jars import KAFKA_VERSION
+from iotwatch.jvm.jars import KAFKA_VERSION
 from iotwatch.settings import KafkaSettings, Settings, TopicSettings
-from iotwatch.stack import StackState
 from tests.helpers import user_env
 
 IOTWATCH = [sys.executable, "-m", "iotwatch"]
@@ -196,8 +196,8 @@ def test_third_party_clients_use_stack_up_json_endpoints(tmp_path: Path, unique:
 
 def test_failed_start_stops_what_was_already_started(tmp_path: Path, base_settings: Settings) -> None:
     """A failure part-way (here: influxd asked for but its config dir unwritable) leaves nothing running."""
+    from iotwatch.application.stack import EmbeddedStack
     from iotwatch.errors import StackError
-    from iotwatch.stack import EmbeddedStack
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -218,8 +218,8 @@ def test_failed_start_stops_what_was_already_started(tmp_path: Path, base_settin
 
 
 def test_second_up_on_a_running_run_dir_is_refused(stack: StackState, base_settings: Settings) -> None:
+    from iotwatch.application.stack import EmbeddedStack
     from iotwatch.errors import StackError
-    from iotwatch.stack import EmbeddedStack
 
     with pytest.raises(StackError, match="already running"):
         EmbeddedStack(base_settings, stack.run_dir).up()

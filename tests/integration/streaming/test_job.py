@@ -297,7 +297,7 @@ def test_replay_reprocesses_the_log_into_separate_outputs_and_compares(
 ) -> None:
     from click.testing import CliRunner
 
-    from iotwatch.app import cli
+    from iotwatch.application.cli import cli
 
     settings = _job_settings(test_settings)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
@@ -500,9 +500,9 @@ def test_influxdb_outage_is_counted_and_loses_nothing_from_kafka_or_the_archive(
 
     from confluent_kafka import Producer
 
+    from iotwatch.application.stack.influxdb import start_influxdb
+    from iotwatch.application.stack.process import start_process, stop_process
     from iotwatch.contract.telemetry import Telemetry
-    from iotwatch.stack.influxdb import start_influxdb
-    from iotwatch.stack.process import start_process, stop_process
 
     influx = start_influxdb(tmp_path / "influx", f"outage_{unique}", timeout_s=60)
     settings = _job_settings(test_settings, trigger_interval_s=0.5, aggregate_interval_s=1)

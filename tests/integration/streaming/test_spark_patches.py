@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from iotwatch.clients.kafka import ensure_topics
+from iotwatch.jvm.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
 from iotwatch.settings import Settings
-from iotwatch.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
 from iotwatch.streaming.job import start
 from tests.helpers import spark_jvms
 from tests.support.scenario import write_scenario

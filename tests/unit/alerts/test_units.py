@@ -110,9 +110,9 @@ def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_sta
     import iotwatch.alerts.metrics
     from iotwatch.alerts.book import AlertBook
     from iotwatch.alerts.metrics import LifecycleMetrics
+    from iotwatch.application.stack.process import free_port
     from iotwatch.clients.influx import InfluxV1Client
     from iotwatch.settings import InfluxSettings
-    from iotwatch.stack.process import free_port
 
     metrics = LifecycleMetrics(InfluxV1Client(InfluxSettings(url=f"http://127.0.0.1:{free_port()}")), interval_s=10)
     book = AlertBook()

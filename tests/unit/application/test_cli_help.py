@@ -1,6 +1,6 @@
 """Every ``iotwatch`` command, sub-command included, imports and explains itself with --help.
 
-Sub-commands are imported only when used (``iotwatch.app.SUBCOMMANDS``), so a broken
+Sub-commands are imported only when used (``iotwatch.application.cli.SUBCOMMANDS``), so a broken
 import or a bad option declaration would otherwise surface only when a user runs that
 command.
 """
@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.app import SUBCOMMANDS, cli
+from iotwatch.application.cli import SUBCOMMANDS, cli
 
 
 def _paths(group: click.Group, ctx: click.Context, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

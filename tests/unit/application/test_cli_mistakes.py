@@ -165,7 +165,7 @@ def test_a_bug_is_an_internal_error_with_its_traceback_under_debug(tmp_path: Pat
     the real command line in a process of its own."""
     program = (
         "import sys, click\n"
-        "from iotwatch.app import cli, main\n"
+        "from iotwatch.application.cli import cli, main\n"
         "@cli.command('explode')\n"
         "def explode():\n"
         "    raise ValueError('an index went wrong')\n"

@@ -9,7 +9,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from iotwatch.benchmarks.stream import SPIKE_C, TEMPERATURE_C, LiveReadings, _reading
+from iotwatch.application.bench.stream import SPIKE_C, TEMPERATURE_C, LiveReadings, _reading
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
 from iotwatch.contract.telemetry import decode_telemetry

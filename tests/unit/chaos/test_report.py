@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from iotwatch.chaos import report
-from iotwatch.chaos.faults import FaultRecord
-from iotwatch.chaos.resources import Sample, Sampler
-from iotwatch.chaos.schedule import Action, FaultKind, PlannedFault
-from iotwatch.demo.accounting import RawIndex
-from iotwatch.demo.live import LiveState
-from iotwatch.demo.live import Sample as LiveSample
+from iotwatch.application.chaos import report
+from iotwatch.application.chaos.faults import FaultRecord
+from iotwatch.application.chaos.resources import Sample, Sampler
+from iotwatch.application.chaos.schedule import Action, FaultKind, PlannedFault
+from iotwatch.application.demo.accounting import RawIndex
+from iotwatch.application.demo.live import LiveState
+from iotwatch.application.demo.live import Sample as LiveSample
 
 STARTED = 1_800_000_000.0
 

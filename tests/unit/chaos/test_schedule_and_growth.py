@@ -12,8 +12,8 @@ import numpy as np
 import psutil
 import pytest
 
-from iotwatch.chaos.proofs import alerts_match, catch_up, commands, notifications
-from iotwatch.chaos.resources import (
+from iotwatch.application.chaos.proofs import alerts_match, catch_up, commands, notifications
+from iotwatch.application.chaos.resources import (
     Limits,
     Sample,
     anonymous_resident,
@@ -24,7 +24,7 @@ from iotwatch.chaos.resources import (
     shares_address_space,
     slope_per_minute,
 )
-from iotwatch.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
+from iotwatch.application.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
 
 
 def test_every_fault_kind_runs_at_least_once_in_order_within_the_run() -> None:

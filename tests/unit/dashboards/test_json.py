@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from iotwatch.app import main
+from iotwatch.application.cli import main
 from iotwatch.dashboards import JSON_DIR, build_all, render
 from iotwatch.dashboards.builder import DATASOURCE, FOLDER
 from iotwatch.dashboards.queries import all_panels, is_builtin, queries, variables_used

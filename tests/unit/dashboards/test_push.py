@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from iotwatch.app import main
+from iotwatch.application.cli import main
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.push import DATASOURCE_NAME, InfluxTarget, connect, push
 from iotwatch.errors import IotwatchError

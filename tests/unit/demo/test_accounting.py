@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iotwatch.application.demo.accounting import RawIndex, account, archived_seqs, index_raw, judge_alerts
+from iotwatch.application.demo.runner import pick_values
 from iotwatch.contract.alerts import AlertRecord
-from iotwatch.demo.accounting import RawIndex, account, archived_seqs, index_raw, judge_alerts
-from iotwatch.demo.runner import pick_values
 from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from tests.helpers import injection
 

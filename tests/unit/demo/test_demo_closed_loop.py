@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from iotwatch.application.demo.closed_loop import summarise, timings
+from iotwatch.application.demo.report import plot_closed_loop
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
-from iotwatch.demo.closed_loop import summarise, timings
-from iotwatch.demo.report import plot_closed_loop
 from tests.helpers import injection
 from tests.support.alerts import make_alert
 

@@ -389,9 +389,9 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
 
 def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) -> None:
     """An authorizer denies by default, admin is the only SASL super user, and the ACLs the
-    init step grants (iotwatch/provision/kafka_acls.py) give each service only the topics
+    init step grants (application/provision/kafka_acls.py) give each service only the topics
     its code uses: above all, only the stream and the responder write alerts (pages)."""
-    from iotwatch.provision.kafka_acls import GROUP_PREFIXES, acl_bindings, service_grants
+    from iotwatch.application.provision.kafka_acls import GROUP_PREFIXES, acl_bindings, service_grants
     from iotwatch.settings import TopicSettings
 
     services = compose["services"]
@@ -462,7 +462,7 @@ def test_the_sites_mirror_maker_and_relay_have_least_privilege() -> None:
     what it copies, and writes only replicas (``<other cluster>.*``) and its own topics; the
     centre grants the stream and the responder the sites' replicas they read, a site the
     relay (the responder's user) the replica of the commands and the replies it writes."""
-    from iotwatch.provision.kafka_acls import MIRROR_USER, mirror_grants, service_grants
+    from iotwatch.application.provision.kafka_acls import MIRROR_USER, mirror_grants, service_grants
     from iotwatch.settings import TopicSettings
 
     topics = TopicSettings()
@@ -595,7 +595,7 @@ def test_influxdb_init_script_creates_the_dbrp_mapping(compose: dict[str, Any]) 
 def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str, Any]) -> None:
     """Tests and deployment run one broker: the compose image's tag is the version whose jars
     ``iotwatch setup`` resolves for the embedded stack."""
-    from iotwatch.jars import KAFKA_VERSION
+    from iotwatch.jvm.jars import KAFKA_VERSION
 
     assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
 
@@ -603,8 +603,8 @@ def test_compose_runs_the_kafka_version_of_the_embedded_stack(compose: dict[str,
 def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_does(compose: dict[str, Any]) -> None:
     """The site's MirrorMaker logs in on both clusters with SCRAM as the mirror user, and its
     configuration runs the embedded stack's flows and replication settings
-    (iotwatch/stack/mirror_maker.py); the site's relay delivers the centre's commands."""
-    from iotwatch.stack.mirror_maker import PLUGIN_DISCOVERY, REPLICATION_SETTINGS
+    (application/stack/mirror_maker.py); the site's relay delivers the centre's commands."""
+    from iotwatch.application.stack.mirror_maker import PLUGIN_DISCOVERY, REPLICATION_SETTINGS
 
     services = compose["services"]
     site = {name: svc for name, svc in services.items() if name.startswith("site1-")}

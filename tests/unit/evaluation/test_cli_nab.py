@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.evaluation.sources import NabSource, split_keys
 from iotwatch.models.catalog import DEFAULT_DETECTOR, make
 from iotwatch.settings import StreamSettings
@@ -66,7 +66,7 @@ def test_score_csv_default_detector_and_errors(nab_dir: Path, tmp_path: Path) ->
 def test_score_csv_warns_when_the_stream_is_shorter_than_the_warm_up(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from iotwatch.evaluation.cli.score_csv import score_file
+    from iotwatch.evaluation.score_csv_cli import score_file
     from iotwatch.models.catalog import make
 
     warmup = make(DEFAULT_DETECTOR).warmup_readings()

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.evaluation.judgement import RaisedAlert
 from iotwatch.evaluation.simulated import (
     GOALS,
@@ -174,7 +174,7 @@ def test_cli_simulated_json() -> None:
     assert doc["goals"]["drift_median_delay_s"] == 60.0
     assert set(doc["configs"]["defaults"]["goals"]) == set(doc["goals"])
 
-    from iotwatch.evaluation.cli.evaluate import _render_simulated
+    from iotwatch.evaluation.cli import _render_simulated
 
     _render_simulated(doc)  # the rich tables render from the JSON document
 
@@ -207,7 +207,7 @@ def test_cli_simulated_detector_adds_a_configuration() -> None:
     assert doc["configs"]["defaults"]["settings"]["device_detector"] == "episode_likelihood"
     assert doc["configs"]["device_detector=tail_ensemble"]["overall"] != doc["configs"]["defaults"]["overall"]
 
-    from iotwatch.evaluation.cli.evaluate import _render_simulated
+    from iotwatch.evaluation.cli import _render_simulated
 
     _render_simulated(doc)  # the added configuration renders too
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.contract.ground_truth import read_ground_truth, write_ground_truth
 from iotwatch.devices.config import SimConfig
 from iotwatch.devices.simulation import STATUS, Simulation

@@ -17,8 +17,8 @@ def _params(command: click.Command) -> dict[str, click.Parameter]:
 
 
 def test_demo_and_chaos_take_the_run_options_with_their_own_defaults_and_help() -> None:
-    from iotwatch.app.chaos import chaos
-    from iotwatch.app.demo import demo
+    from iotwatch.application.chaos.cli import chaos
+    from iotwatch.application.demo.cli import demo
 
     demo_params, chaos_params = _params(demo), _params(chaos)
     for name in ("duration", "homes", "vehicles", "seed", "out"):
@@ -31,8 +31,8 @@ def test_demo_and_chaos_take_the_run_options_with_their_own_defaults_and_help() 
 
 
 def test_the_benchmarks_latency_runs_share_their_options() -> None:
-    from iotwatch.benchmarks.gateway import bench_gateway
-    from iotwatch.benchmarks.stream import bench_stream
+    from iotwatch.application.bench.gateway import bench_gateway
+    from iotwatch.application.bench.stream import bench_stream
 
     gateway, stream = _params(bench_gateway), _params(bench_stream)
     assert gateway["latency_seconds"].opts == stream["latency_seconds"].opts == ["--latency-seconds"]

@@ -8,10 +8,10 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+from iotwatch.application.stack.process import free_port
 from iotwatch.clients.kafka import client_config
 from iotwatch.logs import LIBRDKAFKA, RepeatSummary, configure
 from iotwatch.settings import KafkaSettings
-from iotwatch.stack.process import free_port
 
 
 def test_a_producer_that_cannot_connect_logs_one_line_per_broker(caplog: pytest.LogCaptureFixture) -> None:
@@ -39,7 +39,7 @@ def test_spark_jvm_output_lines_become_log_records_at_sane_levels(caplog: pytest
     at DEBUG, everything at DEBUG while a stop interrupts work."""
     import io
 
-    from iotwatch.spark import JvmOutput, quiet_stop
+    from iotwatch.jvm.spark import JvmOutput, quiet_stop
 
     configure("INFO")
     output = JvmOutput(io.BytesIO(b""))

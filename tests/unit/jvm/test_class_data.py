@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from iotwatch import class_data
+from iotwatch.jvm import class_data
 
 JAVA = sys.executable  # any existing file stands for the runtime: its path, size and time count
 

@@ -1,5 +1,5 @@
 """The benchmarks page's tables and the README's headline table are the ones
-``benchmarks/render.py`` makes from the result files in ``benchmarks/results/``: a figure in
+``application/bench/render.py`` makes from the result files in ``benchmarks/results/``: a figure in
 the documentation always has its run beside it."""
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ def test_the_page_and_the_readme_are_generated_from_the_result_files() -> None:
     render = _render_module()
     page = render.PAGE.read_text()
     assert render.current(page) == render.render().strip() != "", (
-        "docs/benchmarks.md's tables are out of date: run `python benchmarks/render.py`"
+        "docs/benchmarks.md's tables are out of date: run `python application/bench/render.py`"
     )
     readme = render.README.read_text()
     assert render.current(readme, render.HEADLINE_BEGIN, render.HEADLINE_END) == render.headline().strip(), (
-        "README.md's headline figures are out of date: run `python benchmarks/render.py`"
+        "README.md's headline figures are out of date: run `python application/bench/render.py`"
     )
     assert render.BEGIN not in readme, "the full tables live on the benchmarks page, not in the README"
 

@@ -6,13 +6,13 @@ import inspect
 
 import msgspec
 
+from iotwatch.application.reference_pages.contract_reference import CONTRACT, PAGE, RECORDS, markdown
 from iotwatch.contract import alerts, device_commands, ground_truth, model_updates, oncall, telemetry
-from iotwatch.contract_reference import CONTRACT, PAGE, RECORDS, markdown
 
 
 def test_the_page_is_generated_from_the_records() -> None:
     assert CONTRACT.current(PAGE.read_text()) == CONTRACT.expected(), (
-        f"{PAGE.name} is out of date: run `python -m iotwatch.contract_reference`"
+        f"{PAGE.name} is out of date: run `python -m iotwatch.application.reference_pages.contract_reference`"
     )
 
 

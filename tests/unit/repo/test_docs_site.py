@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from iotwatch.app import SUBCOMMANDS
+from iotwatch.application.cli import SUBCOMMANDS
 from tests.conftest import REPO_ROOT
 from tests.unit.repo.test_no_narration import NARRATION
 

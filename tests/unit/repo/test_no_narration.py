@@ -48,7 +48,7 @@ NARRATION = re.compile("|".join(f"(?:{p})" for p in PHRASINGS), re.I)
 
 #: Legitimate uses of the same words, which must not be flagged.
 NOT_NARRATION = (
-    "The job gets its Spark session from iotwatch.spark.",
+    "The job gets its Spark session from iotwatch.jvm.spark.",
     "The gateway resumes its persistent session after a restart.",
     "The seed is used to generate the same messages.",
     "Event time is after 2000-01-01.",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from tests.conftest import REPO_ROOT
-from tests.unit.app.test_cli_mistakes import run_iotwatch
+from tests.unit.application.test_cli_mistakes import run_iotwatch
 
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 _BLOCK = re.compile(r"^```(sh|console|bash)\n(.*?)^```", re.M | re.S)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from iotwatch.application.reference_pages.settings_reference import PAGE, REFERENCE, markdown
 from iotwatch.settings import Settings, load_settings
-from iotwatch.settings_reference import PAGE, REFERENCE, markdown
 
 
 def test_the_page_lists_every_setting_as_the_classes_define_it() -> None:
@@ -17,7 +17,8 @@ def test_the_page_lists_every_setting_as_the_classes_define_it() -> None:
         for name in field.annotation.model_fields:  # type: ignore[union-attr]
             assert f"| `{name}` |" in reference
     assert REFERENCE.current(PAGE.read_text()) == REFERENCE.expected(), (
-        f"{PAGE.name}'s settings reference is out of date: run `python -m iotwatch.settings_reference`"
+        f"{PAGE.name}'s settings reference is out of date: "
+        "run `python -m iotwatch.application.reference_pages.settings_reference`"
     )
 
 

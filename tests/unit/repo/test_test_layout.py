@@ -3,7 +3,7 @@ they test, and every test path a document or docstring names exists.
 
 - ``tests/unit/<package>/``: pure logic, no servers (``tests/unit/conftest.py`` fails a unit
   test that asks for the embedded stack or Spark). ``<package>`` is a top-level package, a
-  package of ``iotwatch`` (``app``, ``chaos``, ``demo``, ...), ``deploy`` (the deployment's
+  package of the core or the application (``jvm``, ``chaos``, ``stack``, ...), ``deploy`` (the deployment's
   files) or ``repo`` (checks over the whole repository: layering, documents, types).
 - ``tests/integration/<package>/``: one component against real servers.
 - ``tests/e2e/``: several processes, or the whole pipeline.
@@ -27,7 +27,8 @@ _NAMED = re.compile(r"\btests/[\w/]+(?:\.py|/)")
 
 
 def _package_exists(name: str) -> bool:
-    return (REPO_ROOT / name / "__init__.py").exists() or (REPO_ROOT / "iotwatch" / name / "__init__.py").exists()
+    """A top-level package, or a package of the core or of the application (``jvm``, ``stack``)."""
+    return any((REPO_ROOT / folder / name / "__init__.py").exists() for folder in ("", "iotwatch", "application"))
 
 
 def test_every_test_file_sits_at_a_level_and_unit_tests_under_their_package() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from iotwatch.application.stack.process import start_process, wait_until
 from iotwatch.errors import StackError
-from iotwatch.stack.process import start_process, wait_until
 
 
 def test_a_process_not_ready_in_time_is_stopped_before_the_error(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_a_stopped_component_leaves_nothing_of_its_own_running(tmp_path: Path) -
 
     import psutil
 
-    from iotwatch.stack.process import Component
+    from iotwatch.application.stack.process import Component
 
     script = (
         "import signal, subprocess, sys, time\n"

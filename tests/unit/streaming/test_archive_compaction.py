@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from iotwatch.app import cli
+from iotwatch.application.cli import cli
 from iotwatch.errors import IotwatchError
 from iotwatch.streaming.archive_compaction import compact
 from iotwatch.streaming.sinks.archive import ARCHIVE_SCHEMA, file_name
