@@ -435,7 +435,7 @@ class StreamSettings(_ConcernSettings):
     device_detector: str = Field(
         "episode_likelihood",
         description="per-(device, metric) detector from models "
-        "with a compiled kernel (iotwatch.models.kernels.KERNELS; also score-csv's default)",
+        "with a compiled kernel (iotwatch.models.catalog.KERNELS; also score-csv's default)",
     )
     device_detector_params: dict[str, Any] = Field(
         default_factory=dict,

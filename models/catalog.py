@@ -9,32 +9,37 @@ True
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import pickle
+from collections.abc import Iterable
 from typing import Any
 
 from iotwatch.errors import UserError
 from iotwatch.models.base import PAYLOAD_FORMAT, Detector
+from iotwatch.models.kernels import Kernel, KernelDetector, warm_kernel
+from iotwatch.models.members import MEMBERS, member_class
 
-__all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load", "make", "names"]
+__all__ = [
+    "DEFAULT_DETECTOR",
+    "DETECTORS",
+    "KERNELS",
+    "check_kernels",
+    "describe",
+    "detector_class",
+    "kernel_for",
+    "load",
+    "make",
+    "names",
+    "warm",
+    "warm_all",
+]
 
-#: Name -> module that defines it (imported on first use).
-DETECTORS: dict[str, str] = {
-    "ensemble": "iotwatch.models.ensemble:CalibratedEnsemble",
-    "episode_likelihood": "iotwatch.models.episode_likelihood:EpisodeLikelihood",
-    "cad_ose": "iotwatch.models.cad_ose:CadOse",
-    "tail_ensemble": "iotwatch.models.tail_ensemble:TailEnsemble",
-    "repeat_run": "iotwatch.models.repeat_run:RepeatRun",
-    "robust_zscore": "iotwatch.models.robust_zscore:RobustZScore",
-    "holt_winters": "iotwatch.models.forecast:HoltWintersResidual",
-    "half_space_trees": "iotwatch.models.halfspace:HalfSpaceTrees",
-    "hst_ranked": "iotwatch.models.halfspace_ranked:RankedHalfSpaceTrees",
-    "isolation_forest": "iotwatch.models.iforest:IsolationForest",
-    "flatline": "iotwatch.models.flatline:Flatline",
-    "crash": "iotwatch.models.crash:CrashDeceleration",
-}
+#: Every detector's name: the ensemble's members and the ensemble, which is made of them.
+DETECTORS: tuple[str, ...] = ("ensemble", *MEMBERS)
+
+#: The detectors with a compiled kernel (:mod:`iotwatch.models.kernels`), which the streaming job runs.
+KERNELS: tuple[str, ...] = ("cad_ose", "episode_likelihood", "tail_ensemble")
 
 #: The detector ``score-csv`` uses unless told otherwise, and the streaming job's
 #: (``StreamSettings.device_detector``, run with its own defaults; a test holds detector and
@@ -52,11 +57,13 @@ def names() -> list[str]:
 
 def detector_class(name: str) -> type[Detector]:
     """The detector class registered under ``name`` (its module imported on first use)."""
-    try:
-        module_name, attribute = DETECTORS[name].split(":")
-    except KeyError:
-        raise UserError(f"unknown detector {name!r}; choose from {', '.join(names())}") from None
-    return getattr(importlib.import_module(module_name), attribute)
+    if name == "ensemble":
+        from iotwatch.models.ensemble import CalibratedEnsemble
+
+        return CalibratedEnsemble
+    if name not in MEMBERS:
+        raise UserError(f"unknown detector {name!r}; choose from {', '.join(names())}")
+    return member_class(name)
 
 
 def make(name: str, **params: Any) -> Detector:
@@ -73,6 +80,37 @@ def describe(name: str) -> dict[str, Any]:
         "detects": sorted(cls.detects),
         "summary": (cls.__doc__ or "").strip().splitlines()[0],
     }
+
+
+def check_kernels(detectors: Iterable[str]) -> None:
+    """Refuse detectors without a compiled kernel (without importing any kernel: a driver
+    checks its settings this way before its tasks compile them)."""
+    missing = sorted(set(detectors) - set(KERNELS))
+    if missing:
+        raise UserError(
+            f"the streaming job runs detectors that have a compiled kernel "
+            f"({', '.join(sorted(KERNELS))}), not {', '.join(map(repr, missing))}"
+        )
+
+
+def kernel_for(detector: str) -> Kernel:
+    """The kernel of the detector registered as ``detector`` (imported on first use)."""
+    check_kernels([detector])
+    cls = detector_class(detector)
+    assert issubclass(cls, KernelDetector), cls
+    return cls._kernel
+
+
+def warm(detector: str) -> None:
+    """Compile (or load from numba's cache) the kernel of ``detector`` for the job's dtypes."""
+    warm_kernel(kernel_for(detector), make(detector))
+
+
+def warm_all() -> None:
+    """Compile (or load from numba's cache) every kernel: a worker warms up before it
+    knows which detector its job runs."""
+    for name in KERNELS:
+        warm(name)
 
 
 #: Packages that fleet-model pickles written before the stages installed under ``iotwatch``

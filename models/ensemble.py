@@ -10,8 +10,8 @@ import iotwatch.models.robust_zscore  # noqa: F401
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.errors import UserError
 from iotwatch.models.base import Detector, Reading
-from iotwatch.models.catalog import make
 from iotwatch.models.likelihood import AnomalyLikelihood
+from iotwatch.models.members import member_class
 
 __all__ = ["CalibratedEnsemble", "DEFAULT_COMPONENTS"]
 
@@ -36,7 +36,7 @@ class CalibratedEnsemble(Detector):
     Parameters
     ----------
     components
-        ``(catalog name, params)`` pairs of compact detectors.
+        ``(catalog name, params)`` pairs of compact detectors (:data:`iotwatch.models.members.MEMBERS`).
     combine
         ``"max"`` or ``"mean"`` of the component scores.
     warmup
@@ -84,7 +84,7 @@ class CalibratedEnsemble(Detector):
         self.learning_period = learning_period
         self._members: list[Detector] = []
         for member_name, params in self.components:
-            member = make(member_name, **params)
+            member = member_class(member_name)(**params)
             if not member.compact_state:
                 raise ValueError(f"ensemble members must keep compact state; {member_name} does not")
             self._members.append(member)

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from iotwatch.errors import UserError
-from iotwatch.models.catalog import make
-from iotwatch.models.kernels import Kernel, kernel_for
+from iotwatch.models.catalog import kernel_for, make
+from iotwatch.models.kernels import Kernel
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import RuleSpec
 

@@ -25,7 +25,7 @@ from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
 from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
-from iotwatch.models.kernels import check_kernels
+from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator

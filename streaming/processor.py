@@ -76,7 +76,7 @@ class PartitionProcessor(StatefulProcessor):
     def _start(self) -> PartitionEngine:
         """The settings, engine, sinks, archive writer and device store of this task."""
         from iotwatch.heap import freeze_startup_heap
-        from iotwatch.models.kernels import kernel_for
+        from iotwatch.models.catalog import warm
         from iotwatch.streaming import sequencing
         from iotwatch.streaming.engine import PartitionEngine
         from iotwatch.streaming.fleet_models import fleet_lookup
@@ -88,7 +88,7 @@ class PartitionProcessor(StatefulProcessor):
         self.all_settings: Settings = pickle.loads(self._pickled_settings)
         self.settings: StreamSettings = self.all_settings.stream
         for detector in self.settings.detector_names():
-            kernel_for(detector).warm()
+            warm(detector)
         sequencing.warm()
         freeze_startup_heap()
         engine = PartitionEngine(self.settings, fleet_models=fleet_lookup(self.all_settings))

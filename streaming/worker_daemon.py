@@ -38,7 +38,7 @@ def compile_job() -> None:
     Compiling takes about 30 s of CPU and numba keeps the result on disk, so ``iotwatch
     setup`` runs this once: otherwise the first job's workers would each compile during its
     first micro-batch."""
-    from iotwatch.models.kernels import warm_all
+    from iotwatch.models.catalog import warm_all
     from iotwatch.streaming import packing, processor, sequencing  # noqa: F401 - imported for its import cost
 
     processor.import_handlers()

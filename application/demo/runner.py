@@ -78,7 +78,7 @@ KEPT_VARIABLES = ("IOTWATCH_JARS_DIR",)
 
 def iotwatch_command(*args: str) -> list[str]:
     """An ``iotwatch`` command line run by this Python (the run's components)."""
-    return [sys.executable, "-m", "iotwatch", "--log-level", "WARNING", *args]
+    return [sys.executable, "-m", "iotwatch.application", "--log-level", "WARNING", *args]
 
 
 def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:

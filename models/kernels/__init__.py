@@ -10,42 +10,30 @@ disabled (``NUMBA_DISABLE_JIT=1``) the same code runs as plain Python, to read a
 through; ``tests/unit/models/test_detector_kernels.py`` holds both runs to scores pinned on
 the NAB sample.
 
-:func:`kernel_for` finds the kernel of a detector by name (:data:`KERNELS`): the
-streaming engine runs the one its ``device_detector`` setting names, through the small
-:class:`Kernel` protocol. ``python -m iotwatch.models.kernels.<name>`` times a reading
-through the class (one call a reading) and through one batch call.
+:func:`iotwatch.models.catalog.kernel_for` finds the kernel of a detector by name
+(:data:`iotwatch.models.catalog.KERNELS`, through the detector's class: no kernel imports the
+catalogue): the streaming engine runs the one its ``device_detector`` setting names, through the
+small :class:`Kernel` protocol. ``iotwatch bench stream`` times a reading through the class
+(one call a reading) and through one batch call.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import time
-from collections.abc import Iterable, Mapping
-from types import ModuleType
-from typing import Any, ClassVar, Protocol, Self, cast
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
-from iotwatch.errors import UserError
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
-from iotwatch.models.catalog import make
 
-__all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "check_kernels", "kernel_for", "warm_all", "warm_kernel"]
-
-#: Detector name -> the module of its kernel.
-KERNELS: dict[str, str] = {
-    "cad_ose": "iotwatch.models.kernels.cad_ose",
-    "episode_likelihood": "iotwatch.models.kernels.episode_likelihood",
-    "tail_ensemble": "iotwatch.models.kernels.tail_ensemble",
-}
+__all__ = ["Kernel", "KernelDetector", "warm_kernel"]
 
 
 class Kernel(Protocol):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
     the parameter vector read from a detector, a fresh row, the batch step (also
-    giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`),
-    and a warm-up that compiles (or loads) the step before the first micro-batch."""
+    giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`)."""
 
     STATE_SIZE: int
 
@@ -66,8 +54,6 @@ class Kernel(Protocol):
         params: np.ndarray,
         surprise: np.ndarray,
     ) -> np.ndarray: ...
-
-    def warm(self) -> None: ...
 
 
 #: The stream index of a :class:`KernelDetector`'s one row.
@@ -122,57 +108,9 @@ class KernelDetector(UnivariateMixin, Detector):
         return self
 
 
-def check_kernels(detectors: Iterable[str]) -> None:
-    """Refuse detectors without a compiled kernel (without importing any kernel: a driver
-    checks its settings this way before its tasks compile them)."""
-    missing = sorted(set(detectors) - set(KERNELS))
-    if missing:
-        raise UserError(
-            f"the streaming job runs detectors that have a compiled kernel "
-            f"({', '.join(sorted(KERNELS))}), not {', '.join(map(repr, missing))}"
-        )
-
-
-def kernel_for(detector: str) -> Kernel:
-    """The kernel of the detector registered as ``detector`` (imported on first use)."""
-    check_kernels([detector])
-    module: ModuleType = importlib.import_module(KERNELS[detector])
-    return cast(Kernel, module)
-
-
-def warm_all() -> None:
-    """Compile (or load from numba's cache) every kernel: a worker warms up before it
-    knows which detector its job runs."""
-    for name in KERNELS:
-        kernel_for(name).warm()
-
-
 def warm_kernel(kernel: Kernel, detector: Detector) -> None:
     """Run ``kernel`` once on one reading with ``detector``'s parameters: numba compiles
     (or loads from its cache) the batch step for the job's dtypes."""
     params = kernel.params_vector(detector)
     states = kernel.initial_state(params).reshape(1, kernel.STATE_SIZE)
     kernel.score_learn(states, np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), params)
-
-
-def benchmark(name: str, streams: int = 1000, readings: int = 200_000, seed: int = 0) -> dict[str, float]:
-    """Nanoseconds a reading on interleaved noisy streams, after warm-up: through the
-    detector class, one ``score_learn_one`` call (a batch of one reading) a reading, and
-    through one batch call of the kernel; the difference is what a call costs in Python."""
-    rng = np.random.default_rng(seed)
-    stream = rng.integers(0, streams, readings).astype(np.int64)
-    values = np.round(rng.normal(20.0, 1.0, readings) + stream % 7, 2)
-    t_ms = 1_700_000_000_000 + np.arange(readings, dtype=np.int64) * 100
-    kernel = kernel_for(name)
-    kernel.warm()
-    params = kernel.params_vector(make(name))
-    states = np.tile(kernel.initial_state(params), (streams, 1))
-    start = time.perf_counter()
-    kernel.score_learn(states, stream, values, t_ms, params)
-    compiled = time.perf_counter() - start
-    detectors = [make(name) for _ in range(streams)]
-    start = time.perf_counter()
-    for s, v, t in zip(stream.tolist(), values.tolist(), t_ms.tolist(), strict=True):
-        detectors[s].score_learn_one({"m": v}, t)
-    one_by_one = time.perf_counter() - start
-    return {"class_ns": round(one_by_one / readings * 1e9, 1), "batch_ns": round(compiled / readings * 1e9, 1)}

@@ -47,21 +47,18 @@ Cost and memory
 A row of the catalogued detector is ``STATE_SIZE * 8`` bytes (264 KB). Each reading
 crosses its facts with every stored semi-context, as the published algorithm does, so a
 reading costs in proportion to the contexts stored (up to ``max_contexts``).
-``python -m iotwatch.models.kernels.cad_ose`` times a reading through the detector class
+``iotwatch bench stream`` times a reading through the detector class
 (one call a reading) and through one batch call, on young interleaved streams.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from iotwatch.errors import UserError
-from iotwatch.models.catalog import make
-from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import check_batch, jit, reading_value
 
 if TYPE_CHECKING:
@@ -82,7 +79,6 @@ __all__ = [
     "score_learn",
     "score_learn_into",
     "state_size",
-    "warm",
 ]
 
 #: Capacity of the catalogued detector's row: contexts (and so left semi-contexts), facts
@@ -706,12 +702,3 @@ def given_range_scores(
         if max_contexts is not None or stored < capacity:
             return scores, stored
         capacity *= 2
-
-
-def warm() -> None:
-    """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes."""
-    warm_kernel(sys.modules[__name__], make("cad_ose"))
-
-
-if __name__ == "__main__":
-    print({"state_bytes": STATE_SIZE * 8, **benchmark("cad_ose", streams=200)})

@@ -44,7 +44,7 @@ detector so any constructor arguments carry over.
 
 Cost
 ----
-``python -m iotwatch.models.kernels.episode_likelihood`` times 200,000 readings of 1,000
+``iotwatch bench stream`` times 200,000 readings of 1,000
 interleaved streams (random order) after warm-up on one core, through one batch call and
 through the class's ``score_learn_one`` (a batch of one reading a call), and prints both
 per reading. The kernel works on a row of floats a stream, so its cost per reading is
@@ -73,14 +73,11 @@ Examples
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iotwatch.models.catalog import make
 from iotwatch.models.exceedance import ExceedanceTail
-from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import (
     TAIL_PARAMS,
     TAIL_SIZE,
@@ -129,7 +126,6 @@ __all__ = [
     "params_vector",
     "score_learn",
     "score_learn_into",
-    "warm",
 ]
 
 #: Histogram bins: ``BINS - 2`` inner bins over the early range (widened by ``margin``
@@ -522,13 +518,3 @@ def score_learn(
 ) -> np.ndarray:
     """:func:`score_learn_into` without the surprises: the scores alone."""
     return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
-
-
-def warm() -> None:
-    """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
-    worker's first micro-batch does not pay for it."""
-    warm_kernel(sys.modules[__name__], make("episode_likelihood"))
-
-
-if __name__ == "__main__":
-    print(benchmark("episode_likelihood"))

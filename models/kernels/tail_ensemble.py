@@ -46,7 +46,7 @@ nothing is learned from it.
 
 Cost
 ----
-``python -m iotwatch.models.kernels.tail_ensemble`` times 200,000 readings of 1,000
+``iotwatch bench stream`` times 200,000 readings of 1,000
 interleaved streams (random order, 200 readings a stream) after warm-up on one core,
 through the class's ``score_learn_one`` (a batch of one reading a call) and through one
 :func:`score_learn` call, and prints both per reading. A large share of the kernel's time
@@ -78,15 +78,12 @@ True
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iotwatch.models.catalog import make
 from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.forecast import HoltWintersResidual
-from iotwatch.models.kernels import benchmark, warm_kernel
 from iotwatch.models.kernels.primitives import (
     TAIL_CLUSTER_PEAK,
     TAIL_GAP,
@@ -161,7 +158,6 @@ __all__ = [
     "tail_params",
     "tail_state",
     "tail_tail",
-    "warm",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -311,7 +307,7 @@ def score_learn_into(
     ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused
     while the ensemble has no seasonal view, kept so every kernel takes the same call),
     ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
-    code :func:`warm` compiled (others compile a variant on first use). A non-finite
+    code :func:`iotwatch.models.catalog.warm` compiled (others compile a variant on first use). A non-finite
     value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
     of range, before learning anything.
     """
@@ -331,13 +327,3 @@ def score_learn(
 ) -> np.ndarray:
     """:func:`score_learn_into` without the surprises: the scores alone."""
     return score_learn_into(states, stream, values, t_ms, params, _NO_SURPRISE)
-
-
-def warm() -> None:
-    """Compile (or load from numba's cache) :func:`score_learn` for the job's dtypes, so a
-    worker's first micro-batch does not pay for it."""
-    warm_kernel(sys.modules[__name__], make("tail_ensemble"))
-
-
-if __name__ == "__main__":
-    print(benchmark("tail_ensemble"))

@@ -38,7 +38,7 @@ def _log_tails(run: Path, lines: int = 15) -> str:
 def test_every_component_killed_once_under_load_loses_nothing_and_recovers(tmp_path: Path) -> None:
     run = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "iotwatch", "chaos", "--duration", "120", "--rate", "300", "--homes", "10"]
+        [sys.executable, "-m", "iotwatch.application", "chaos", "--duration", "120", "--rate", "300", "--homes", "10"]
         + ["--spacing", "8", "--lead", "15", "--seed", "3", "--out", str(run), "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

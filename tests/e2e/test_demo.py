@@ -99,7 +99,16 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         # --keep-stack: only the stack is left, it answers, and `stack down` stops it.
         assert state is not None and summary["stack"]["stop"] == f"iotwatch stack down --run-dir {state.run_dir}"
         status = subprocess.run(
-            [sys.executable, "-m", "iotwatch", "stack", "status", "--run-dir", str(state.run_dir), "--json"],
+            [
+                sys.executable,
+                "-m",
+                "iotwatch.application",
+                "stack",
+                "status",
+                "--run-dir",
+                str(state.run_dir),
+                "--json",
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -117,7 +126,7 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         assert leftovers(run) <= stack_pids, "the demo left more than the stack running"
     finally:
         subprocess.run(
-            [sys.executable, "-m", "iotwatch", "stack", "down", "--run-dir", str(run / "stack")],
+            [sys.executable, "-m", "iotwatch.application", "stack", "down", "--run-dir", str(run / "stack")],
             capture_output=True,
             env=env,
             timeout=120,

@@ -24,7 +24,7 @@ from tests.helpers import read_topic, user_env
 
 pytestmark = pytest.mark.slow
 
-IOTWATCH = [sys.executable, "-m", "iotwatch"]
+IOTWATCH = [sys.executable, "-m", "iotwatch.application"]
 
 
 def _env(settings: Settings, home: Path) -> dict[str, str]:

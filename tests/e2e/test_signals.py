@@ -36,7 +36,7 @@ def stop_by_signal(
     """Run ``iotwatch ARGV`` in its own process group, wait for ``started_line`` on stderr (what it
     says on start), send ``sig`` to the group; exit status, stdout and stderr."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "iotwatch", *argv],
+        [sys.executable, "-m", "iotwatch.application", *argv],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,7 +151,7 @@ def test_sigterm_to_chaos_stops_every_process_it_started(tmp_path: Path) -> None
     import psutil
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "iotwatch", "chaos", "--duration", "300", "--rate", "200", "--homes", "5"]
+        [sys.executable, "-m", "iotwatch.application", "chaos", "--duration", "300", "--rate", "200", "--homes", "5"]
         + ["--out", str(tmp_path / "run")],
         env=user_env(tmp_path),
         stdout=subprocess.DEVNULL,

@@ -129,7 +129,16 @@ def _tail_process(settings: Settings, *args: str) -> subprocess.Popen[str]:
     """``iotwatch alerts tail`` in its own process group (as a terminal runs it)."""
     env = user_env()
     env["IOTWATCH_TOPIC_ALERTS"] = settings.topics.alerts
-    command = [sys.executable, "-m", "iotwatch", "alerts", "tail", "--kafka", settings.kafka.bootstrap_servers, *args]
+    command = [
+        sys.executable,
+        "-m",
+        "iotwatch.application",
+        "alerts",
+        "tail",
+        "--kafka",
+        settings.kafka.bootstrap_servers,
+        *args,
+    ]
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -195,7 +204,19 @@ def test_since_starts_at_the_alerts_written_in_that_window(test_settings: Settin
 
 def test_since_with_a_group_is_refused_in_one_line(test_settings: Settings) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "iotwatch", "alerts", "tail", "--since", "1h", "--group", "g", "--kafka", "127.0.0.1:1"],
+        [
+            sys.executable,
+            "-m",
+            "iotwatch.application",
+            "alerts",
+            "tail",
+            "--since",
+            "1h",
+            "--group",
+            "g",
+            "--kafka",
+            "127.0.0.1:1",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

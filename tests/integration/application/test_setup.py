@@ -31,7 +31,7 @@ def test_after_setup_a_new_process_loads_every_kernel_from_numbas_cache() -> Non
     """Setup compiles the job's kernels into numba's cache on disk, so the Python workers of
     the first job load them instead of compiling for about 30 s in its first micro-batch."""
     setup = subprocess.run(
-        [sys.executable, "-m", "iotwatch", "setup", "--json"],
+        [sys.executable, "-m", "iotwatch.application", "setup", "--json"],
         env=user_env(),
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ def _bench_gateway(*options: str, **env: str) -> dict[str, Any]:
     """``iotwatch bench gateway --json`` with small sizes, its report; ``env``: IOTWATCH_* to set."""
     environment = user_env()
     result = subprocess.run(
-        [sys.executable, "-m", "iotwatch", "bench", "gateway", "--rate", "500", "--latency-seconds", "1"]
+        [sys.executable, "-m", "iotwatch.application", "bench", "gateway", "--rate", "500", "--latency-seconds", "1"]
         + ["--kafka-warmup-seconds", "2", "--json"]
         + list(options),
         capture_output=True,

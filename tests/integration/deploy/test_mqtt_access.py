@@ -44,7 +44,7 @@ from tests.conftest import REPO_ROOT
 from tests.helpers import user_env
 
 REPO = REPO_ROOT
-IOTWATCH = [sys.executable, "-m", "iotwatch"]
+IOTWATCH = [sys.executable, "-m", "iotwatch.application"]
 SERVICE_ACCOUNTS = {
     "MQTT_USERNAME": "iotwatch",
     "MQTT_RESPONDER_USERNAME": "responder",

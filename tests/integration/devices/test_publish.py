@@ -21,7 +21,7 @@ from iotwatch.devices.broker_run import RunOptions, run
 from iotwatch.devices.config import SimConfig
 from iotwatch.settings import Settings
 
-IOTWATCH = [sys.executable, "-m", "iotwatch"]
+IOTWATCH = [sys.executable, "-m", "iotwatch.application"]
 
 
 class Subscriber:

@@ -229,7 +229,7 @@ def iotwatch(kafka: KafkaSettings, *args: str) -> subprocess.CompletedProcess[st
     env = user_env()
     env.update(kafka.as_environment())
     return subprocess.run(
-        [sys.executable, "-m", "iotwatch", *args], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "iotwatch.application", *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 

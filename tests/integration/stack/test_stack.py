@@ -25,7 +25,7 @@ from iotwatch.jvm.jars import KAFKA_VERSION
 from iotwatch.settings import KafkaSettings, Settings, TopicSettings
 from tests.helpers import user_env
 
-IOTWATCH = [sys.executable, "-m", "iotwatch"]
+IOTWATCH = [sys.executable, "-m", "iotwatch.application"]
 
 
 def test_paho_publish_subscribe_round_trip(stack_settings: Settings, unique: str) -> None:

@@ -104,7 +104,7 @@ def run_iotwatch(
     argv: list[str], home: Path, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "iotwatch", *argv],
+        [sys.executable, "-m", "iotwatch.application", *argv],
         env={**user_env(home), **(env or {})},
         cwd=cwd,
         capture_output=True,

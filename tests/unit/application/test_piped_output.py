@@ -13,7 +13,7 @@ from iotwatch.evaluation.sources import NAB_SAMPLE
 def test_a_piped_evaluate_table_is_not_cut_to_80_columns(tmp_path: Path) -> None:
     argv = ["evaluate", "--dataset", str(NAB_SAMPLE), "--split", "held_out", "--detector", "robust_zscore"]
     result = subprocess.run(
-        [sys.executable, "-m", "iotwatch", *argv], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-m", "iotwatch.application", *argv], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith(("┃", "│"))]

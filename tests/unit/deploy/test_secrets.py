@@ -51,7 +51,7 @@ def test_services_refuse_placeholder_secrets(command: list[str], variable: str, 
         IOTWATCH_KAFKA_SASL_PASSWORD="real-secret",
     )
     env[variable] = value
-    result = run([sys.executable, "-m", "iotwatch", *command], env)
+    result = run([sys.executable, "-m", "iotwatch.application", *command], env)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

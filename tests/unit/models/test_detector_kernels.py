@@ -1,4 +1,4 @@
-"""Each per-reading detector with a kernel (:data:`iotwatch.models.kernels.KERNELS`) is that
+"""Each per-reading detector with a kernel (:data:`iotwatch.models.catalog.KERNELS`) is that
 kernel: its class calls the compiled step on a batch of one reading. These tests hold the
 scores to values pinned on the shipped NAB sample (``fixtures/<name>_nab.npz``: every
 reading's score, and surprise where a hold lowers the score, of three NAB streams; their
@@ -22,8 +22,8 @@ import pytest
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.base import Detector
 from iotwatch.models.cad_ose import nab_scores
-from iotwatch.models.catalog import load, make
-from iotwatch.models.kernels import KERNELS, KernelDetector, kernel_for
+from iotwatch.models.catalog import KERNELS, kernel_for, load, make
+from iotwatch.models.kernels import KernelDetector
 from iotwatch.models.kernels.cad_ose import given_range_scores, params_vector
 
 FIXTURES = Path(__file__).parent / "fixtures"

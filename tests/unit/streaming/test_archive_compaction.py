@@ -155,7 +155,7 @@ def _until(done: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None
 def test_every_repeats_until_stopped_and_survives_a_failed_round(tmp_path: Path) -> None:
     for first in range(0, 30, 10):
         write_file(tmp_path, 0, first, first + 9)
-    command = [sys.executable, "-m", "iotwatch", "archive", "compact", "--archive", str(tmp_path)]
+    command = [sys.executable, "-m", "iotwatch.application", "archive", "compact", "--archive", str(tmp_path)]
     command += ["--min-age", "60", "--every", "60", "--json"]
     log = tmp_path / "stderr.log"
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from iotwatch.errors import UserError
-from iotwatch.models.kernels import check_kernels, kernel_for
+from iotwatch.models.catalog import check_kernels, kernel_for
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.device_table import DeviceTable
 from tests.unit.streaming.test_engine import Harness, Rec, alerts_of, readings_of, record

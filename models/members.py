@@ -1,0 +1,77 @@
+"""The detectors an ensemble can hold, by name: every catalogued detector but the ensemble itself
+(:mod:`iotwatch.models.catalog` adds it, so the ensemble and the catalogue need not import each
+other).
+
+Each detector's module is imported when the detector is first asked for (the fleet detectors
+bring scikit-learn and river), through ordinary imports, so the layering test sees the edge.
+"""
+
+from __future__ import annotations
+
+from iotwatch.errors import UserError
+from iotwatch.models.base import Detector
+
+#: The names, in the catalogue's order.
+MEMBERS = (
+    "episode_likelihood",
+    "cad_ose",
+    "tail_ensemble",
+    "repeat_run",
+    "robust_zscore",
+    "holt_winters",
+    "half_space_trees",
+    "hst_ranked",
+    "isolation_forest",
+    "flatline",
+    "crash",
+)
+
+
+def member_class(name: str) -> type[Detector]:
+    """The detector class registered under ``name``."""
+    match name:
+        case "episode_likelihood":
+            from iotwatch.models.episode_likelihood import EpisodeLikelihood
+
+            return EpisodeLikelihood
+        case "cad_ose":
+            from iotwatch.models.cad_ose import CadOse
+
+            return CadOse
+        case "tail_ensemble":
+            from iotwatch.models.tail_ensemble import TailEnsemble
+
+            return TailEnsemble
+        case "repeat_run":
+            from iotwatch.models.repeat_run import RepeatRun
+
+            return RepeatRun
+        case "robust_zscore":
+            from iotwatch.models.robust_zscore import RobustZScore
+
+            return RobustZScore
+        case "holt_winters":
+            from iotwatch.models.forecast import HoltWintersResidual
+
+            return HoltWintersResidual
+        case "half_space_trees":
+            from iotwatch.models.halfspace import HalfSpaceTrees
+
+            return HalfSpaceTrees
+        case "hst_ranked":
+            from iotwatch.models.halfspace_ranked import RankedHalfSpaceTrees
+
+            return RankedHalfSpaceTrees
+        case "isolation_forest":
+            from iotwatch.models.iforest import IsolationForest
+
+            return IsolationForest
+        case "flatline":
+            from iotwatch.models.flatline import Flatline
+
+            return Flatline
+        case "crash":
+            from iotwatch.models.crash import CrashDeceleration
+
+            return CrashDeceleration
+    raise UserError(f"unknown detector {name!r}; choose from {', '.join(sorted(MEMBERS))}")
