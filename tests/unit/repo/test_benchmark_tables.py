@@ -4,23 +4,11 @@ the documentation always has its run beside it."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from tests.conftest import REPO_ROOT
-
-REPO = REPO_ROOT
-
-
-def _render_module():  # benchmarks/ is a folder of scripts, not a package
-    spec = importlib.util.spec_from_file_location("benchmark_render", REPO / "benchmarks" / "render.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from iotwatch.application.bench import render as render_module
 
 
 def test_the_page_and_the_readme_are_generated_from_the_result_files() -> None:
-    render = _render_module()
+    render = render_module
     page = render.PAGE.read_text()
     assert render.current(page) == render.render().strip() != "", (
         "docs/benchmarks.md's tables are out of date: run `python application/bench/render.py`"
@@ -33,9 +21,18 @@ def test_the_page_and_the_readme_are_generated_from_the_result_files() -> None:
 
 
 def test_every_linked_result_file_exists() -> None:
-    render = _render_module()
+    render = render_module
     block = render.current(render.PAGE.read_text())
-    names = [part.split(")")[0] for part in block.split(f"({render.RESULTS_URL}")[1:]]
+    names = [part.split(")")[0] for part in block.split(f"({render.RESULTS_LINK}")[1:]]
     assert names
     for name in names:
         assert (render.RESULTS / name).is_file(), name
+
+
+def test_every_result_file_is_cited_by_a_page() -> None:
+    """A result file no page cites is dropped (git keeps it): the folder holds the evidence of
+    the figures the documents show, not every run."""
+    render = render_module
+    pages = "\n".join(p.read_text() for p in [render.README, *(render.REPO / "docs").rglob("*.md")])
+    uncited = [path.name for path in sorted(render.RESULTS.glob("*.json")) if path.stem not in pages]
+    assert not uncited, f"result files no page cites (git rm them): {uncited}"
