@@ -31,47 +31,27 @@ def member_class(name: str) -> type[Detector]:
     """The detector class registered under ``name``."""
     match name:
         case "episode_likelihood":
-            from iotwatch.models.episode_likelihood import EpisodeLikelihood
-
-            return EpisodeLikelihood
+            from iotwatch.models.episode_likelihood import EpisodeLikelihood as found
         case "cad_ose":
-            from iotwatch.models.cad_ose import CadOse
-
-            return CadOse
+            from iotwatch.models.cad_ose import CadOse as found
         case "tail_ensemble":
-            from iotwatch.models.tail_ensemble import TailEnsemble
-
-            return TailEnsemble
+            from iotwatch.models.tail_ensemble import TailEnsemble as found
         case "repeat_run":
-            from iotwatch.models.repeat_run import RepeatRun
-
-            return RepeatRun
+            from iotwatch.models.repeat_run import RepeatRun as found
         case "robust_zscore":
-            from iotwatch.models.robust_zscore import RobustZScore
-
-            return RobustZScore
+            from iotwatch.models.robust_zscore import RobustZScore as found
         case "holt_winters":
-            from iotwatch.models.forecast import HoltWintersResidual
-
-            return HoltWintersResidual
+            from iotwatch.models.forecast import HoltWintersResidual as found
         case "half_space_trees":
-            from iotwatch.models.halfspace import HalfSpaceTrees
-
-            return HalfSpaceTrees
+            from iotwatch.models.halfspace import HalfSpaceTrees as found
         case "hst_ranked":
-            from iotwatch.models.halfspace_ranked import RankedHalfSpaceTrees
-
-            return RankedHalfSpaceTrees
+            from iotwatch.models.halfspace_ranked import RankedHalfSpaceTrees as found
         case "isolation_forest":
-            from iotwatch.models.iforest import IsolationForest
-
-            return IsolationForest
+            from iotwatch.models.iforest import IsolationForest as found
         case "flatline":
-            from iotwatch.models.flatline import Flatline
-
-            return Flatline
+            from iotwatch.models.flatline import Flatline as found
         case "crash":
-            from iotwatch.models.crash import CrashDeceleration
-
-            return CrashDeceleration
-    raise UserError(f"unknown detector {name!r}; choose from {', '.join(sorted(MEMBERS))}")
+            from iotwatch.models.crash import CrashDeceleration as found
+        case _:
+            raise UserError(f"unknown detector {name!r}; choose from {', '.join(sorted(MEMBERS))}")
+    return found
