@@ -352,7 +352,7 @@ def _gateway_process(
     command = [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "--log-level",
         "WARNING",
         "gateway",

@@ -26,7 +26,7 @@ def test_demo_runs_every_stage_loses_nothing_and_writes_the_report(tmp_path: Pat
         [
             sys.executable,
             "-m",
-            "iotwatch",
+            "iotwatch.application",
             "demo",
             "--duration",
             "30",

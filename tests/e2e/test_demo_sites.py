@@ -22,7 +22,7 @@ def test_the_sites_demo_loses_nothing_replicates_alerts_and_settles_commands_per
         [
             sys.executable,
             "-m",
-            "iotwatch",
+            "iotwatch.application",
             "demo",
             "--sites",
             "2",

@@ -240,7 +240,7 @@ def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
         [
             sys.executable,
             "-m",
-            "iotwatch",
+            "iotwatch.application",
             "--log-level",
             "ERROR",
             "alerts",
@@ -273,7 +273,7 @@ def test_the_command_line_forwards_with_a_routing_file_and_stops_on_sigterm(
         [
             sys.executable,
             "-m",
-            "iotwatch",
+            "iotwatch.application",
             "alerts",
             "forward",
             "--kafka",

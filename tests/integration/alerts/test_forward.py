@@ -125,7 +125,7 @@ def forward_command(
     argv = [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "--log-level",
         "ERROR",
         "alerts",
@@ -232,7 +232,7 @@ def test_timeout_ends_a_run_against_a_dead_receiver(test_settings: Settings, uni
     argv = [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "alerts",
         "forward",
         "--kafka",

@@ -121,7 +121,7 @@ def test_mosquitto_restart_under_the_real_simulator_loses_nothing(
             [
                 sys.executable,
                 "-m",
-                "iotwatch",
+                "iotwatch.application",
                 "--log-level",
                 "WARNING",
                 "simulate",

@@ -168,7 +168,7 @@ def _gateway_command(settings: Settings, client_id: str, metrics_port: int) -> l
     return [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "gateway",
         "--mqtt",
         settings.mqtt.url,

@@ -32,7 +32,7 @@ def test_provision_topics_creates_the_pipelines_topics_once(test_settings: Setti
     command = [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "provision",
         "topics",
         "--kafka",

@@ -140,7 +140,7 @@ def _stream_command(settings: Settings, checkpoint: Path, archive: Path, *extra:
     return [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "--log-level",
         "WARNING",
         "stream",

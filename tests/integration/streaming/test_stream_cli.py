@@ -52,7 +52,7 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     argv = [
         sys.executable,
         "-m",
-        "iotwatch",
+        "iotwatch.application",
         "stream",
         "--kafka",
         test_settings.kafka.bootstrap_servers,
