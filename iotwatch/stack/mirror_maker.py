@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from iotwatch.clients.kafka import list_topics
+from iotwatch.clients.kafka import java_client_properties, list_topics
 from iotwatch.jars import KAFKA_VERSION, java_executable, mirror_maker
 from iotwatch.settings import KafkaSettings, TopicSettings
 from iotwatch.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J_CONFIG
@@ -88,6 +88,14 @@ class ClusterLink:
     alias: str
     bootstrap_servers: str
     client: Mapping[str, str] | None = None
+
+    @classmethod
+    def of(cls, alias: str, settings: KafkaSettings) -> ClusterLink:
+        """The link to the cluster ``settings`` connect to, logged in and verifying the
+        brokers' certificates as they say (no client settings for a plaintext cluster)."""
+        client = java_client_properties(settings)
+        bootstrap = client.pop("bootstrap.servers")
+        return cls(alias, bootstrap, client if settings.security_protocol != "PLAINTEXT" else None)
 
 
 def remote_topic(site: str, topic: str) -> str:
