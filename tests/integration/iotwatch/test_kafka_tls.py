@@ -106,6 +106,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, K
         stop_process(broker.process)
 
 
+@pytest.mark.slow  # Spark's session
 def test_gateway_spark_connector_and_alerts_tail_work_over_sasl_ssl(
     tls_broker: dict[str, KafkaSettings], stack_settings: Settings, spark: Any, unique: str
 ) -> None:

@@ -18,19 +18,21 @@ from iotwatch.settings import KafkaSettings, TopicSettings
 from iotwatch.stack.mirror_maker import remote_topic
 from tests.helpers import user_env, wait_for
 
-IOTWATCH = [sys.executable, "-m", "iotwatch"]
+
+def iotwatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "iotwatch", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+#: a whole stack with a site and its MirrorMaker (about 90 s)
+pytestmark = pytest.mark.slow
 
 
 def test_stack_up_tls_with_a_site_replicates_over_tls_and_refuses_plaintext(tmp_path: Path, unique: str) -> None:
     run_dir = tmp_path / "run"
     env = user_env()
-    up = subprocess.run(
-        [*IOTWATCH, "stack", "up", "--tls", "--sites", "1", "--no-influx", "--run-dir", str(run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    up = iotwatch(env, "stack", "up", "--tls", "--sites", "1", "--no-influx", "--run-dir", str(run_dir), "--json")
     assert up.returncode == 0, up.stderr
     state = json.loads(up.stdout)
     try:
@@ -57,16 +59,8 @@ def test_stack_up_tls_with_a_site_replicates_over_tls_and_refuses_plaintext(tmp_
         )
         with pytest.raises(TlsRefused, match="speaks TLS and this client PLAINTEXT"):
             list_topics(KafkaSettings(bootstrap_servers=central), timeout_s=5)
-        status = subprocess.run(
-            [*IOTWATCH, "stack", "status", "--run-dir", str(run_dir), "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        status = iotwatch(env, "stack", "status", "--run-dir", str(run_dir), "--json")
         assert status.returncode == 0 and json.loads(status.stdout)["up"] is True, status.stdout
     finally:
-        down = subprocess.run(
-            [*IOTWATCH, "stack", "down", "--run-dir", str(run_dir)], capture_output=True, text=True, env=env, timeout=60
-        )
+        down = iotwatch(env, "stack", "down", "--run-dir", str(run_dir))
     assert down.returncode == 0, down.stderr
