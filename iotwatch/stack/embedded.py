@@ -88,12 +88,22 @@ class StackState:
         """The edge sites (none for a one-cluster stack), in start order."""
         return [site for role in self.services if (site := split_role(role)[0]) and split_role(role)[1] == "kafka"]
 
+    def kafka_security(self) -> dict[str, Any]:
+        """How clients connect to the stack's Kafka nodes: TLS verified with :attr:`ca_file`
+        when the stack has it, else plaintext; no users either way."""
+        tls = self.ca_file is not None
+        return {
+            "security_protocol": "SSL" if tls else "PLAINTEXT",
+            "ssl_ca_location": Path(self.ca_file) if self.ca_file else None,
+            "sasl_mechanism": None,
+            "sasl_username": None,
+            "sasl_password": None,
+        }
+
     def kafka_client(self, endpoint: str) -> KafkaSettings:
-        """Client settings for one of the stack's Kafka clusters (``endpoint``), over TLS
-        verified with :attr:`ca_file` when the stack has it."""
-        if self.ca_file is None:
-            return KafkaSettings(bootstrap_servers=endpoint)
-        return KafkaSettings(bootstrap_servers=endpoint, security_protocol="SSL", ssl_ca_location=Path(self.ca_file))
+        """Client settings for one of the stack's Kafka clusters (``endpoint``), whatever the
+        caller's IOTWATCH_KAFKA_* variables say."""
+        return KafkaSettings(bootstrap_servers=endpoint, **self.kafka_security())
 
     def site_endpoints(self, site: str) -> dict[str, str]:
         """The site's MQTT broker and Kafka cluster, as its devices and gateway reach them."""
@@ -108,9 +118,7 @@ class StackState:
         if len(self.kafka_nodes) > 1:
             kafka = applied.kafka.model_copy(update={"replication_factor": replication_factor(len(self.kafka_nodes))})
             applied = applied.model_copy(update={"kafka": kafka})
-        if self.ca_file is not None:
-            tls = {"security_protocol": "SSL", "ssl_ca_location": Path(self.ca_file)}
-            applied = applied.model_copy(update={"kafka": applied.kafka.model_copy(update=tls)})
+        applied = applied.model_copy(update={"kafka": applied.kafka.model_copy(update=self.kafka_security())})
         if self.sites:
             topics = applied.topics.model_copy(update={"raw_pattern": raw_pattern(applied.topics)})
             respond = applied.respond.model_copy(update={"delivery": "sites"})

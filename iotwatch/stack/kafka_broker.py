@@ -188,19 +188,18 @@ def wait_for_broker(
 
 def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> KafkaSettings:
     """Client settings for ``endpoint`` as the super user (or anonymous without users),
-    verifying the broker's certificate with its CA when it has TLS."""
-    if security is None:
-        return KafkaSettings(bootstrap_servers=endpoint)
-    login = (
-        {"sasl_mechanism": SCRAM_MECHANISM, "sasl_username": ADMIN_USER, "sasl_password": security.admin_password()}
-        if security.sasl
-        else {}
-    )
+    verifying the broker's certificate with its CA when it has TLS. Every connection setting
+    is given, so none comes from the caller's IOTWATCH_KAFKA_* variables (which may name
+    another cluster's security)."""
+    protocol = security.protocol if security else "PLAINTEXT"
+    sasl = security is not None and security.sasl
     return KafkaSettings(
         bootstrap_servers=endpoint,
-        security_protocol=security.protocol,
-        ssl_ca_location=security.tls.ca_file if security.tls else None,
-        **login,
+        security_protocol=protocol,
+        ssl_ca_location=security.tls.ca_file if security and security.tls else None,
+        sasl_mechanism=SCRAM_MECHANISM if sasl else None,
+        sasl_username=ADMIN_USER if sasl else None,
+        sasl_password=security.admin_password() if security and sasl else None,
     )
 
 

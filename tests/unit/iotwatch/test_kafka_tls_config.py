@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaError
 from pydantic import SecretStr
 
 from iotwatch.clients.kafka import java_client_properties, tls_refused
 from iotwatch.settings import KafkaSettings, load_settings
 from iotwatch.stack.embedded import StackState
+from iotwatch.stack.kafka_broker import admin_settings
 from iotwatch.stack.mirror_maker import CENTRAL, ClusterLink
 from iotwatch.streaming.kafka_source import kafka_options
 
@@ -65,3 +67,17 @@ def test_a_tls_client_of_a_plaintext_listener_is_told_so_in_one_line() -> None:
     refused = tls_refused(SASL_SSL, [failure])
     assert refused is not None and "does not speak TLS on this port" in str(refused) and "\n" not in str(refused)
     assert tls_refused(SASL_SSL, [KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")]) is None
+
+
+def test_the_stack_s_own_clients_ignore_the_caller_s_kafka_security(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell pointed at a TLS cluster can still start and use a plaintext stack, and back."""
+    monkeypatch.setenv("IOTWATCH_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("IOTWATCH_KAFKA_SASL_USERNAME", "gateway")
+    plain = StackState(tmp_path).kafka_client("127.0.0.1:9092")
+    assert (plain.security_protocol, plain.sasl_username, plain.ssl_ca_location) == ("PLAINTEXT", None, None)
+    assert admin_settings("127.0.0.1:9092").security_protocol == "PLAINTEXT"
+    assert StackState(tmp_path).apply_to(load_settings()).kafka.security_protocol == "PLAINTEXT"
+    tls = StackState(tmp_path, ca_file="/run/tls/ca.crt").kafka_client("127.0.0.1:9092")
+    assert (tls.security_protocol, tls.sasl_username) == ("SSL", None)
