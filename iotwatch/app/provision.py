@@ -117,8 +117,9 @@ def tls(
     a broker's keystore keeps its password, so its configuration does not change either.
     """
     brokers = [_broker(spec) for spec in kafka_brokers]
-    summary = make_certificates(_checked(out_dir), list(hosts), days, new_ca=new_ca).summary()
-    keystores = [make_kafka_keystore(_checked(kafka_out), out_dir, name, names, days) for name, names in brokers]
+    out_dir, kafka_out = _checked(out_dir), _checked(kafka_out, "--kafka-out")  # both before anything is written
+    summary = make_certificates(out_dir, list(hosts), days, new_ca=new_ca).summary()
+    keystores = [make_kafka_keystore(kafka_out, out_dir, name, names, days) for name, names in brokers]
     emit({**summary, "kafka": [keystore.summary() for keystore in keystores]}, as_json, _render_tls)
 
 
@@ -192,11 +193,11 @@ def topics(app: AppContext, acls: bool, site: str | None, linked_sites: tuple[st
     emit(summary, as_json, _render_summary)
 
 
-def _checked(out_dir: Path) -> Path:
+def _checked(out_dir: Path, option: str = "--out") -> Path:
     """The default folders are where docker-compose mounts them: refuse to scatter secrets
     into a folder compose will never read when run outside the repository root."""
     if out_dir in (DEFAULT_FLEET_DIR, DEFAULT_TLS_DIR, DEFAULT_KAFKA_TLS_DIR) and not out_dir.parent.is_dir():
-        raise click.UsageError(f"{out_dir.parent} does not exist here: run from the repository root or pass --out")
+        raise click.UsageError(f"{out_dir.parent} does not exist here: run from the repository root or pass {option}")
     return out_dir
 
 
