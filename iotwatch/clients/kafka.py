@@ -155,13 +155,20 @@ def login_refused(settings: KafkaSettings) -> AccessRefused:
 
 def tls_refused(settings: KafkaSettings, failures: list[KafkaError]) -> TlsRefused | None:
     """The one line for a connection refused at the TLS handshake (None: it was not): which
-    of the certificate's trust, its names, or the two ends' protocols is wrong."""
+    of the certificate's trust, its names, or the two ends' protocols is wrong. ``failures``:
+    what librdkafka reported (none: a handshake of its own finds out)."""
     texts = " | ".join(failure.str() for failure in failures)
     servers = settings.bootstrap_servers
     host, _, port = servers.split(",")[0].rpartition(":")
     tls = settings.security_protocol.endswith("SSL")
-    if tls and ("certificate verify failed" in texts or "certificate could not be verified" in texts):
-        problem = certificate_problem(host, int(port), settings.ssl_ca_location) or "its certificate was not verified"
+    unverified = "certificate verify failed" in texts or "certificate could not be verified" in texts
+    # no failure named: the caller only knows the cluster is unreachable, so look at its certificate
+    problem = (
+        certificate_problem(host, int(port), settings.ssl_ca_location) if tls and (unverified or not failures) else None
+    )
+    if problem is None and unverified:
+        problem = "a broker's certificate was not verified (one the cluster advertises, not the bootstrap server's)"
+    if problem is not None:
         return TlsRefused(
             f"Kafka at {servers} refused over TLS: {problem} "
             f"(check {KafkaSettings.env_name('ssl_ca_location')} and the host names in "

@@ -13,6 +13,7 @@ One broker for the module: its start and the provisioning cost a few seconds, no
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import subprocess
 import sys
@@ -162,7 +163,11 @@ def refusal(settings: KafkaSettings) -> str:
 
 
 def test_another_ca_a_name_not_in_the_certificate_and_plaintext_are_refused_in_one_line(
-    tls_broker: dict[str, KafkaSettings], tmp_path: Path
+    tls_broker: dict[str, KafkaSettings],
+    stack_settings: Settings,
+    unique: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     gateway = tls_broker["gateway"]
     port = gateway.bootstrap_servers.rsplit(":", 1)[1]
@@ -176,6 +181,19 @@ def test_another_ca_a_name_not_in_the_certificate_and_plaintext_are_refused_in_o
 
     line = refusal(gateway.model_copy(update={"security_protocol": "SASL_PLAINTEXT"}))
     assert "speaks TLS and this client SASL_PLAINTEXT" in line
+
+    # a running gateway whose broker's certificate it cannot verify says why it is down
+    untrusting = gateway.model_copy(update={"ssl_ca_location": stranger.ca_file})
+    settings = gateway_settings(stack_settings, unique, kafka_check_interval_s=1.0).model_copy(
+        update={"kafka": untrusting}
+    )
+    bridge = Gateway(settings)
+    with caplog.at_level(logging.ERROR, logger="iotwatch.gateway.bridge"):
+        bridge.start()
+        try:
+            wait_for(lambda: "not signed by the CA" in caplog.text, 15, "the gateway's reason")
+        finally:
+            bridge.stop(drain=False)
 
     # the command line says the same in one line on stderr, exit status 1
     env = gateway.model_copy(update={"ssl_ca_location": stranger.ca_file}).as_environment()
