@@ -43,7 +43,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from iotwatch.clients.influx import InfluxV1Client, OutageLog
-from iotwatch.clients.kafka import client_config
+from iotwatch.clients.kafka import client_config, tls_refused
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.contract.device_topics import parse_device_topic
@@ -479,6 +479,9 @@ class Gateway:
                 up, reason = False, str(exc.args[0].str() if exc.args else exc)
             was_up, self.stats.kafka_up = self.stats.kafka_up, up
             if not up and (was_up or first):
+                # a certificate the client cannot verify, or a protocol mismatch, said as such
+                refused = tls_refused(self.settings.kafka, [])
+                reason = str(refused) if refused is not None else reason
                 log.error("Kafka %s unreachable (metadata request: %s)", self.settings.kafka.bootstrap_servers, reason)
             elif up and not was_up:
                 log.info("Kafka %s answers", self.settings.kafka.bootstrap_servers)

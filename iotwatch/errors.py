@@ -31,3 +31,8 @@ class ServiceUnavailable(IotwatchError):
 class AccessRefused(IotwatchError):
     """A server refused the configured user: unknown user or wrong password, or no ACL
     for the operation (the message names the user, the resource and the operation)."""
+
+
+class TlsRefused(ServiceUnavailable):
+    """A TLS connection failed its handshake: a certificate the client does not trust, one
+    for another name, or one side speaking TLS and the other not (the message says which)."""

@@ -145,7 +145,11 @@ class KafkaSettings(_ConcernSettings):
     sasl_mechanism: str | None = Field(None, description="e.g. PLAIN, SCRAM-SHA-256, SCRAM-SHA-512")
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
-    ssl_ca_location: Path | None = None
+    ssl_ca_location: Path | None = Field(
+        None,
+        description="CA certificate (PEM) that signed the brokers' certificates, for SSL and SASL_SSL; "
+        "the system's CAs if unset. Clients also check that the broker's name is in its certificate",
+    )
     partitions: int = Field(4, ge=1, description="partition count for topics iotwatch creates")
     replication_factor: int = Field(1, ge=1)
 
@@ -280,6 +284,11 @@ class StackSettings(_ConcernSettings):
         description="nodes of the central Kafka cluster, each a combined broker and controller; "
         "with 3 or more, topics keep 3 replicas with min.insync.replicas 2, so a node can fail "
         "without loss or a pause in writes",
+    )
+    tls: bool = Field(
+        False,
+        description="every Kafka node's listener speaks TLS (security protocol SSL) with a server "
+        "certificate from a private CA in <run_dir>/tls; clients verify it with its ca.crt",
     )
 
 

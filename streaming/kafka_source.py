@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
+from iotwatch.clients.kafka import java_client_properties
 from iotwatch.errors import StackError
 
 if TYPE_CHECKING:
@@ -36,26 +37,13 @@ FETCH_MAX_WAIT_MS = 1
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
-    """The connector's consumer options: the connection and :data:`FETCH_MAX_WAIT_MS`. The Java
-    client spells credentials differently from librdkafka (a JAAS line instead of
-    ``sasl.username``, a PEM truststore instead of a CA file)."""
-    opts = {
-        "kafka.bootstrap.servers": settings.bootstrap_servers,
-        "kafka.security.protocol": settings.security_protocol,
+    """The connector's consumer options: the connection in the Java client's spelling
+    (:func:`iotwatch.clients.kafka.java_client_properties`, each key prefixed ``kafka.``) and
+    :data:`FETCH_MAX_WAIT_MS`."""
+    return {
+        **{f"kafka.{key}": value for key, value in java_client_properties(settings).items()},
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
     }
-    if settings.sasl_mechanism:
-        opts["kafka.sasl.mechanism"] = settings.sasl_mechanism
-        module = "plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN" else "scram.ScramLoginModule"
-        password = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
-        opts["kafka.sasl.jaas.config"] = (
-            f"org.apache.kafka.common.security.{module} required "
-            f'username="{settings.sasl_username or ""}" password="{password}";'
-        )
-    if settings.ssl_ca_location:
-        opts["kafka.ssl.truststore.type"] = "PEM"
-        opts["kafka.ssl.truststore.location"] = str(settings.ssl_ca_location)
-    return opts
 
 
 def require_connector(spark: SparkSession) -> None:

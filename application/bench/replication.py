@@ -132,8 +132,8 @@ def bench_replication(
 
 
 def _measure(raw: str, state: Any, rate: float, seconds: float) -> dict[str, Any]:
-    central = KafkaSettings(bootstrap_servers=state.services["kafka"].endpoint)
-    edges = {site: KafkaSettings(bootstrap_servers=state.site_endpoints(site)["kafka"]) for site in state.sites}
+    central = state.kafka_client(state.services["kafka"].endpoint)
+    edges = {site: state.kafka_client(state.site_endpoints(site)["kafka"]) for site in state.sites}
     readers = {
         site: (PathReader(edge, raw).start(), PathReader(central, remote_topic(site, raw)).start())
         for site, edge in edges.items()

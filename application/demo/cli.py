@@ -66,6 +66,12 @@ from iotwatch.cli import (
     "--vehicles each), replicated to the central Kafka cluster by MirrorMaker 2; the summary "
     "reports per site (0: one cluster).",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Kafka over TLS: every Kafka node's listener (and each site's MirrorMaker link) speaks "
+    "SSL, verified with a private CA the stack makes (as stack up --tls).",
+)
 @json_option
 @pass_app
 def demo(
@@ -81,6 +87,7 @@ def demo(
     out: Path,
     keep_stack: bool,
     sites: int,
+    tls: bool,
     as_json: bool,
 ) -> None:
     """Run the whole pipeline on the embedded stack and report what happened.
@@ -116,6 +123,7 @@ def demo(
         anomalies_after,
         keep_stack,
         sites,
+        tls,
     )
     summary = run_demo(app.settings, options, console)
     if as_json:

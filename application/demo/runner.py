@@ -70,6 +70,8 @@ class DemoOptions:
     #: edge sites (each its MQTT broker, Kafka node, gateway and simulators), replicated to
     #: the central cluster by MirrorMaker 2; 0: one cluster
     sites: int = 0
+    #: Kafka's listeners (and MirrorMaker's links) over TLS, verified with the stack's private CA
+    tls: bool = False
 
 
 #: Variables of the caller the components keep: where `iotwatch setup` put the Java artifacts.
@@ -100,7 +102,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     sites = site_names(options.sites)
-    stack_settings = settings.stack.model_copy(update={"sites": options.sites})
+    tls = options.tls or settings.stack.tls
+    stack_settings = settings.stack.model_copy(update={"sites": options.sites, "tls": tls})
     stack = EmbeddedStack(settings.model_copy(update={"stack": stack_settings}), out / "stack")
     children: list[Component] = []
     summary: dict[str, Any] | None = None

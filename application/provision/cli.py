@@ -12,11 +12,15 @@ from typing import Any
 import click
 
 from iotwatch.application.provision.mqtt_accounts import provision_fleet, read_fleet
-from iotwatch.application.provision.tls import make_certificates
+from iotwatch.certificates import make_certificates, make_kafka_keystore
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 
 DEFAULT_FLEET_DIR = Path("deploy/mosquitto/fleet")
 DEFAULT_TLS_DIR = Path("deploy/mosquitto/tls")
+DEFAULT_KAFKA_TLS_DIR = Path("deploy/kafka/tls")
+#: The compose Kafka broker and the names its clients reach it by: ``kafka`` on the compose
+#: network (the sites' MirrorMaker), ``localhost`` and 127.0.0.1 through the published port.
+DEFAULT_KAFKA_BROKERS = ("kafka=kafka,localhost,127.0.0.1",)
 
 
 @click.group()
@@ -76,15 +80,64 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
     "--days", type=click.IntRange(min=1), default=825, show_default=True, help="Validity of the certificates."
 )
 @click.option("--new-ca", is_flag=True, help="Replace the CA too (devices must then trust the new ca.crt).")
+@click.option(
+    "--kafka",
+    "kafka_brokers",
+    multiple=True,
+    default=DEFAULT_KAFKA_BROKERS,
+    show_default=True,
+    metavar="BROKER=HOST[,HOST...]",
+    help="A Kafka broker and every name or address its clients reach it by (repeatable): its "
+    "keystore BROKER.p12 is signed by the same CA. Add the host of KAFKA_EXTERNAL_HOST.",
+)
+@click.option(
+    "--kafka-out",
+    "kafka_out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_KAFKA_TLS_DIR,
+    show_default=True,
+    help="Folder for the brokers' keystores (BROKER.p12, BROKER.p12.password) and a copy of ca.crt.",
+)
 @json_option
-def tls(out_dir: Path, hosts: tuple[str, ...], days: int, new_ca: bool, as_json: bool) -> None:
-    """A private CA and a server certificate for mosquitto's TLS listener (port 8883).
+def tls(
+    out_dir: Path,
+    hosts: tuple[str, ...],
+    days: int,
+    new_ca: bool,
+    kafka_brokers: tuple[str, ...],
+    kafka_out: Path,
+    as_json: bool,
+) -> None:
+    """A private CA, a server certificate for mosquitto's TLS listener (port 8883) and a
+    keystore per Kafka broker for its TLS listener (EXTERNAL, SASL_SSL).
 
-    Devices and services verify the broker with ca.crt (IOTWATCH_MQTT_TLS_CA_FILE, URL
-    mqtts://HOST:8883). An existing CA is kept, so renewing the server certificate does
-    not touch the devices.
+    Devices and services verify the MQTT broker with ca.crt (IOTWATCH_MQTT_TLS_CA_FILE, URL
+    mqtts://HOST:8883) and the Kafka brokers with the same file (IOTWATCH_KAFKA_SSL_CA_LOCATION).
+    An existing CA is kept, so renewing the servers' certificates does not touch the clients;
+    a broker's keystore keeps its password, so its configuration does not change either.
     """
-    emit(make_certificates(_checked(out_dir), list(hosts), days, new_ca=new_ca).summary(), as_json, _render_summary)
+    brokers = [_broker(spec) for spec in kafka_brokers]
+    out_dir, kafka_out = _checked(out_dir), _checked(kafka_out, "--kafka-out")  # both before anything is written
+    summary = make_certificates(out_dir, list(hosts), days, new_ca=new_ca).summary()
+    keystores = [make_kafka_keystore(kafka_out, out_dir, name, names, days) for name, names in brokers]
+    emit({**summary, "kafka": [keystore.summary() for keystore in keystores]}, as_json, _render_tls)
+
+
+def _render_tls(result: dict[str, Any]) -> None:
+    _render_summary({key: value for key, value in result.items() if key != "kafka"})
+    for keystore in result["kafka"]:
+        click.echo(
+            f"kafka broker {keystore['broker']} ({', '.join(keystore['hosts'])}): {keystore['keystore']}, "
+            f"password in {keystore['keystore_password_file']}"
+        )
+
+
+def _broker(spec: str) -> tuple[str, list[str]]:
+    """``BROKER=HOST[,HOST...]`` as the broker's name and its hosts."""
+    name, sep, hosts = spec.partition("=")
+    if not sep or not name or not hosts:
+        raise click.BadParameter(f"{spec!r} is not BROKER=HOST[,HOST...]", param_hint="--kafka")
+    return name.strip(), [host.strip() for host in hosts.split(",")]
 
 
 @provision.command()
@@ -140,11 +193,11 @@ def topics(app: AppContext, acls: bool, site: str | None, linked_sites: tuple[st
     emit(summary, as_json, _render_summary)
 
 
-def _checked(out_dir: Path) -> Path:
+def _checked(out_dir: Path, option: str = "--out") -> Path:
     """The default folders are where docker-compose mounts them: refuse to scatter secrets
     into a folder compose will never read when run outside the repository root."""
-    if out_dir in (DEFAULT_FLEET_DIR, DEFAULT_TLS_DIR) and not out_dir.parent.is_dir():
-        raise click.UsageError(f"{out_dir.parent} does not exist here: run from the repository root or pass --out")
+    if out_dir in (DEFAULT_FLEET_DIR, DEFAULT_TLS_DIR, DEFAULT_KAFKA_TLS_DIR) and not out_dir.parent.is_dir():
+        raise click.UsageError(f"{out_dir.parent} does not exist here: run from the repository root or pass {option}")
     return out_dir
 
 

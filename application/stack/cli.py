@@ -50,6 +50,13 @@ def stack() -> None:
     help="Nodes of the central Kafka cluster (default IOTWATCH_STACK_KAFKA_NODES, 1); with 3, "
     "topics keep 3 replicas and one node may fail.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    default=None,
+    help="Kafka's listeners speak TLS (SSL) with a certificate from a private CA in <run-dir>/tls; "
+    "clients verify it with the ca_file printed (default IOTWATCH_STACK_TLS).",
+)
 @click.option("--foreground", is_flag=True, help="Stay attached; Ctrl-C (or SIGTERM) stops the stack.")
 @json_option
 @pass_app
@@ -61,6 +68,7 @@ def up(
     no_influx: bool,
     sites: int | None,
     kafka_nodes: int | None,
+    tls: bool | None,
     foreground: bool,
     as_json: bool,
 ) -> None:
@@ -68,6 +76,10 @@ def up(
 
     With --kafka-nodes 3: a three-node central Kafka cluster (combined brokers and
     controllers), its topics replicated three times with min.insync.replicas 2.
+
+    With --tls: every Kafka node's listener speaks TLS, its certificate signed by a private CA
+    made in <run-dir>/tls; a plaintext client is refused. The output names the CA file
+    (ca_file) and the IOTWATCH_KAFKA_* variables that make a client verify it.
 
     With --sites N: N edge sites (an MQTT broker and a one-node Kafka cluster each) and one
     MirrorMaker 2 per site copying its raw and dead-letter topics to the central cluster
@@ -86,6 +98,8 @@ def up(
         stack_update["sites"] = sites
     if kafka_nodes is not None:
         stack_update["kafka_nodes"] = kafka_nodes
+    if tls:
+        stack_update["tls"] = True
     kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)
@@ -105,6 +119,8 @@ def _render_up(result: dict[str, Any]) -> None:
     if "influx" not in result["services"]:
         click.echo("  influx  (not running: metrics are disabled)")
     click.echo(f"  topics  {', '.join(result['topics'])} ({result['partitions']} partitions)")
+    if result["ca_file"]:
+        click.echo(f"  Kafka over TLS, verified with {result['ca_file']}")
     click.echo("point other shells at it with:")
     for name, value in result["env"].items():
         click.echo(f"  export {name}={shlex.quote(value)}")

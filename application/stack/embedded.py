@@ -2,7 +2,9 @@
 
 Everything lives under one run directory: each server's config, data and log in its own
 sub-folder, and ``stack.json`` recording what was started (pids with creation times,
-endpoints) so a later ``down`` or ``status`` from another process finds them.
+endpoints) so a later ``down`` or ``status`` from another process finds them. With TLS
+(``stack.tls``) the private CA and the Kafka nodes' keystore live in ``tls/``, and every
+client of the stack verifies the nodes' certificate with ``tls/ca.crt`` (``ca_file``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from iotwatch.application.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.application.stack.kafka_broker import (
+    HOST,
+    KafkaSecurity,
     replication_factor,
     restart_kafka_node,
     start_kafka_broker,
@@ -37,6 +41,7 @@ from iotwatch.application.stack.sites import (
     start_site_link,
     start_site_servers,
 )
+from iotwatch.certificates import CA_CERT, KafkaKeystore, make_kafka_keystore
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_pipeline_topics, list_topics
 from iotwatch.clients.mqtt import round_trip
@@ -46,6 +51,11 @@ from iotwatch.settings import InfluxSettings, KafkaSettings, MqttSettings, Respo
 log = logging.getLogger(__name__)
 
 STATE_FILE = "stack.json"
+#: The run directory's folder of the private CA and the Kafka nodes' keystore (``stack.tls``).
+TLS_FOLDER = "tls"
+#: The one certificate every embedded Kafka node presents: they all listen on the loopback.
+TLS_BROKER = "kafka"
+TLS_HOSTS = [HOST, "localhost"]
 START_ATTEMPTS = 2  # a free port can be taken between choosing it and binding it
 
 
@@ -59,6 +69,8 @@ class StackState:
     partitions: int = 0
     database: str | None = None
     started_at: float = field(default_factory=time.time)
+    #: The CA certificate the Kafka nodes' TLS listeners are verified with (None: plaintext).
+    ca_file: str | None = None
 
     def endpoints(self) -> dict[str, str | None]:
         """Where clients reach each server; Kafka's is every central node (bootstrap servers)."""
@@ -76,6 +88,23 @@ class StackState:
         """The edge sites (none for a one-cluster stack), in start order."""
         return [site for role in self.services if (site := split_role(role)[0]) and split_role(role)[1] == "kafka"]
 
+    def kafka_security(self) -> dict[str, Any]:
+        """How clients connect to the stack's Kafka nodes: TLS verified with :attr:`ca_file`
+        when the stack has it, else plaintext; no users either way."""
+        tls = self.ca_file is not None
+        return {
+            "security_protocol": "SSL" if tls else "PLAINTEXT",
+            "ssl_ca_location": Path(self.ca_file) if self.ca_file else None,
+            "sasl_mechanism": None,
+            "sasl_username": None,
+            "sasl_password": None,
+        }
+
+    def kafka_client(self, endpoint: str) -> KafkaSettings:
+        """Client settings for one of the stack's Kafka clusters (``endpoint``), whatever the
+        caller's IOTWATCH_KAFKA_* variables say."""
+        return KafkaSettings(bootstrap_servers=endpoint, **self.kafka_security())
+
     def site_endpoints(self, site: str) -> dict[str, str]:
         """The site's MQTT broker and Kafka cluster, as its devices and gateway reach them."""
         return {kind: self.services[site_role(site, kind)].endpoint for kind in ("mqtt", "kafka")}
@@ -89,6 +118,7 @@ class StackState:
         if len(self.kafka_nodes) > 1:
             kafka = applied.kafka.model_copy(update={"replication_factor": replication_factor(len(self.kafka_nodes))})
             applied = applied.model_copy(update={"kafka": kafka})
+        applied = applied.model_copy(update={"kafka": applied.kafka.model_copy(update=self.kafka_security())})
         if self.sites:
             topics = applied.topics.model_copy(update={"raw_pattern": raw_pattern(applied.topics)})
             respond = applied.respond.model_copy(update={"delivery": "sites"})
@@ -108,6 +138,9 @@ class StackState:
             variables["IOTWATCH_INFLUX_DATABASE"] = self.database
         if len(self.kafka_nodes) > 1:
             variables[KafkaSettings.env_name("replication_factor")] = str(replication_factor(len(self.kafka_nodes)))
+        if self.ca_file is not None:
+            variables[KafkaSettings.env_name("security_protocol")] = "SSL"
+            variables[KafkaSettings.env_name("ssl_ca_location")] = self.ca_file
         if self.sites:
             del variables["IOTWATCH_MQTT_URL"]  # devices connect to their site
             variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(TopicSettings())
@@ -125,6 +158,7 @@ class StackState:
             "run_dir": str(self.run_dir),
             "started_at": self.started_at,
             "endpoints": self.endpoints(),
+            "ca_file": self.ca_file,
             "topics": self.topics,
             "partitions": self.partitions,
             "influx_database": self.database,
@@ -146,7 +180,15 @@ class StackState:
             return None
         data = json.loads(path.read_text())
         services = {role: RunningService.from_dict(svc) for role, svc in data["services"].items()}
-        return cls(run_dir, services, data["topics"], data["partitions"], data["influx_database"], data["started_at"])
+        return cls(
+            run_dir,
+            services,
+            data["topics"],
+            data["partitions"],
+            data["influx_database"],
+            data["started_at"],
+            data.get("ca_file"),
+        )
 
 
 def last_stack_file() -> Path:
@@ -210,6 +252,8 @@ class EmbeddedStack:
         state = StackState(self.run_dir)
         timeout = self.settings.stack.startup_timeout_s
         sites = site_names(self.settings.stack.sites)
+        if self.settings.stack.tls:
+            state.ca_file = str(self._keystore(issue=True).ca_file)
         try:
             if not sites:  # with sites, devices connect to their site's broker
                 self._start(state, lambda: start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout))
@@ -237,10 +281,12 @@ class EmbeddedStack:
         ``kafka-2``, ...), replicated as :func:`replication_factor` says."""
         timeout = self.settings.stack.startup_timeout_s
         nodes = self.settings.stack.kafka_nodes
+        security = self._security(state)
         if nodes == 1:
-            self._start(state, lambda: start_kafka_broker(self.run_dir, timeout))
+            self._start(state, lambda: start_kafka_broker(self.run_dir, timeout, security=security))
             return
-        for node_id, service in enumerate(start_kafka_cluster(self.run_dir, timeout, nodes=nodes), start=1):
+        cluster = start_kafka_cluster(self.run_dir, timeout, nodes=nodes, security=security)
+        for node_id, service in enumerate(cluster, start=1):
             state.services[kafka_node_role(node_id)] = replace(service, role=kafka_node_role(node_id))
         state.save()
 
@@ -248,7 +294,13 @@ class EmbeddedStack:
         """A site's MQTT broker and Kafka node, then its MirrorMaker to the centre."""
         timeout = self.settings.stack.startup_timeout_s
         for service in start_site_servers(
-            self.run_dir, site, self.settings.stack.mqtt_broker, self.settings.kafka, self.settings.topics, timeout
+            self.run_dir,
+            site,
+            self.settings.stack.mqtt_broker,
+            central,
+            self.settings.topics,
+            timeout,
+            self._security(state),
         ):
             state.services[service.role] = service
         state.save()
@@ -257,6 +309,19 @@ class EmbeddedStack:
             state,
             lambda: start_site_link(self.run_dir, site, edge, central, self.settings.topics, timeout),
         )
+
+    def _keystore(self, *, issue: bool = False) -> KafkaKeystore:
+        """The Kafka nodes' keystore in ``tls/``; ``issue``: a fresh certificate from the
+        folder's CA (made on the first start, kept afterwards)."""
+        folder = self.run_dir / TLS_FOLDER
+        if issue:
+            return make_kafka_keystore(folder, folder, TLS_BROKER, TLS_HOSTS)
+        keystore, password = folder / f"{TLS_BROKER}.p12", folder / f"{TLS_BROKER}.p12.password"
+        return KafkaKeystore(TLS_BROKER, tuple(TLS_HOSTS), keystore, password, folder / CA_CERT)
+
+    def _security(self, state: StackState) -> KafkaSecurity | None:
+        """How the stack's Kafka nodes secure their listener: TLS when it has a CA, else not at all."""
+        return KafkaSecurity(tls=self._keystore()) if state.ca_file is not None else None
 
     def _want_influx(self) -> bool:
         choice = self.settings.stack.influxdb
@@ -293,7 +358,7 @@ class EmbeddedStack:
         if role == "mqtt":
             new = start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout, port=port)
         elif is_kafka_node(role):
-            new = replace(restart_kafka_node(old, timeout), role=role)
+            new = replace(restart_kafka_node(old, timeout, self._security(state)), role=role)
         else:
             new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
         state.services[role] = new
@@ -376,12 +441,12 @@ def _health_check(service: RunningService, state: StackState) -> str:
         round_trip(MqttSettings(url=service.endpoint))
         return "publish/subscribe round trip ok"
     if kind == "kafka" or is_kafka_node(kind):
-        topics = list_topics(KafkaSettings(bootstrap_servers=service.endpoint))
+        topics = list_topics(state.kafka_client(service.endpoint))
         wanted = edge_topics(TopicSettings()) if site else state.topics
         missing = [name for name in wanted if name not in topics]
         return f"{len(topics)} topics" + (f", missing {missing}" if missing else "")
     if kind == "mirror":
-        central = list_topics(KafkaSettings(bootstrap_servers=state.services["kafka"].endpoint))
+        central = list_topics(state.kafka_client(state.services["kafka"].endpoint))
         replicas = [remote_topic(site or "", name) for name in edge_topics(TopicSettings())]
         missing = [name for name in replicas if name not in central]
         return "replicas at the centre: " + (f"missing {missing}" if missing else ", ".join(replicas))

@@ -4,9 +4,12 @@ Each node is one JVM that is both broker and controller (``process.roles=broker,
 with its configuration, log directory and log file in its own folder of the run directory.
 The log directory is formatted once (``kafka.tools.StorageTool format``); a node started again
 from the same folder finds it formatted and keeps its topics, offsets and committed groups.
-A cluster is several such nodes voting in one controller quorum. With ``users`` the client
+A cluster is several such nodes voting in one controller quorum. With SCRAM users the client
 listener speaks SASL/SCRAM-SHA-512 and an ACL authorizer refuses what no ACL allows, as in
-docker-compose.yml (users are written into the metadata when the storage is formatted).
+docker-compose.yml (users are written into the metadata when the storage is formatted). With
+a keystore the client listener speaks TLS (``SSL``, or ``SASL_SSL`` with users): clients verify
+the broker's certificate against the private CA that signed it (:mod:`iotwatch.certificates`),
+and so do the nodes between themselves.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from iotwatch.application.stack.process import (
     wait_until,
 )
 from iotwatch.application.stack.service import RunningService
+from iotwatch.certificates import KafkaKeystore
 from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
 from iotwatch.jvm.jars import KAFKA_VERSION, java_executable, kafka_broker
@@ -62,9 +66,20 @@ logger.state.level = warn
 
 @dataclass(frozen=True)
 class KafkaSecurity:
-    """SASL/SCRAM users (name -> password) and the ACL authorizer; ``admin`` is the super user."""
+    """SASL/SCRAM users (name -> password) and the ACL authorizer, ``admin`` the super user;
+    and/or TLS on the client listener with ``tls``'s keystore."""
 
-    passwords: Mapping[str, str]
+    passwords: Mapping[str, str] = field(default_factory=dict)
+    tls: KafkaKeystore | None = None
+
+    @property
+    def sasl(self) -> bool:
+        return bool(self.passwords)
+
+    @property
+    def protocol(self) -> str:
+        """The client listener's security protocol."""
+        return ("SASL_" if self.sasl else "") + ("SSL" if self.tls else "PLAINTEXT")
 
     def admin_password(self) -> str:
         return self.passwords[ADMIN_USER]
@@ -179,15 +194,19 @@ def wait_for_broker(
 
 
 def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> KafkaSettings:
-    """Client settings for ``endpoint`` as the super user (or anonymous without security)."""
-    if security is None:
-        return KafkaSettings(bootstrap_servers=endpoint)
+    """Client settings for ``endpoint`` as the super user (or anonymous without users),
+    verifying the broker's certificate with its CA when it has TLS. Every connection setting
+    is given, so none comes from the caller's IOTWATCH_KAFKA_* variables (which may name
+    another cluster's security)."""
+    protocol = security.protocol if security else "PLAINTEXT"
+    sasl = security is not None and security.sasl
     return KafkaSettings(
         bootstrap_servers=endpoint,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism=SCRAM_MECHANISM,
-        sasl_username=ADMIN_USER,
-        sasl_password=security.admin_password(),
+        security_protocol=protocol,
+        ssl_ca_location=security.tls.ca_file if security and security.tls else None,
+        sasl_mechanism=SCRAM_MECHANISM if sasl else None,
+        sasl_username=ADMIN_USER if sasl else None,
+        sasl_password=security.admin_password() if security and sasl else None,
     )
 
 
@@ -208,7 +227,7 @@ def _cluster_id(folder: Path) -> str:
 def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaSecurity | None) -> Path:
     spec.folder.mkdir(parents=True, exist_ok=True)
     replicas = replication_factor(nodes)
-    client_protocol = "SASL_PLAINTEXT" if security else "PLAINTEXT"
+    client_protocol = security.protocol if security else "PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(spec.node_id),
@@ -237,7 +256,18 @@ def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaS
         "log.retention.check.interval.ms": "5000",
         "log.initial.task.delay.ms": "1000",
     }
-    if security:
+    if security and security.tls:
+        settings.update(
+            {
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(security.tls.keystore),
+                "ssl.keystore.password": security.tls.password,
+                # the nodes are each other's clients on this listener: they verify each other too
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": str(security.tls.ca_file),
+            }
+        )
+    if security and security.sasl:
         login = (
             "org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="{ADMIN_USER}" password="{security.admin_password()}";'

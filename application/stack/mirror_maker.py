@@ -27,7 +27,7 @@ from iotwatch.application.stack.kafka_broker import LOG4J_CONFIG as BROKER_LOG4J
 from iotwatch.application.stack.kafka_broker import escape_property
 from iotwatch.application.stack.process import ProcessRecord, start_process, wait_until
 from iotwatch.application.stack.service import RunningService
-from iotwatch.clients.kafka import list_topics
+from iotwatch.clients.kafka import java_client_properties, list_topics
 from iotwatch.jvm.jars import KAFKA_VERSION, java_executable, mirror_maker
 from iotwatch.settings import KafkaSettings, TopicSettings
 
@@ -88,6 +88,14 @@ class ClusterLink:
     alias: str
     bootstrap_servers: str
     client: Mapping[str, str] | None = None
+
+    @classmethod
+    def of(cls, alias: str, settings: KafkaSettings) -> ClusterLink:
+        """The link to the cluster ``settings`` connect to, logged in and verifying the
+        brokers' certificates as they say (no client settings for a plaintext cluster)."""
+        client = java_client_properties(settings)
+        bootstrap = client.pop("bootstrap.servers")
+        return cls(alias, bootstrap, client if settings.security_protocol != "PLAINTEXT" else None)
 
 
 def remote_topic(site: str, topic: str) -> str:

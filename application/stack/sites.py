@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from iotwatch.application.stack.kafka_broker import EDGE_HEAP_OPTIONS, start_kafka_broker
+from iotwatch.application.stack.kafka_broker import EDGE_HEAP_OPTIONS, KafkaSecurity, start_kafka_broker
 from iotwatch.application.stack.mirror_maker import CENTRAL, ClusterLink, start_mirror_maker
 from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
 from iotwatch.application.stack.process import stop_process
@@ -52,14 +52,21 @@ def edge_topics(topics: TopicSettings) -> list[str]:
 
 
 def start_site_servers(
-    run_dir: Path, site: str, mqtt_choice: str, kafka: KafkaSettings, topics: TopicSettings, timeout_s: float
+    run_dir: Path,
+    site: str,
+    mqtt_choice: str,
+    kafka: KafkaSettings,
+    topics: TopicSettings,
+    timeout_s: float,
+    security: KafkaSecurity | None = None,
 ) -> list[RunningService]:
-    """The site's MQTT broker and Kafka node in ``run_dir/<site>``, with its topics."""
+    """The site's MQTT broker and Kafka node in ``run_dir/<site>`` (with ``security``, as the
+    centre's), with its topics; ``kafka``: the client settings of the centre."""
     folder = run_dir / site
     mqtt = start_mqtt_broker(folder, mqtt_choice, timeout_s)
     services = [dataclasses.replace(mqtt, role=site_role(site, "mqtt"))]
     try:
-        node = start_kafka_broker(folder, timeout_s, heap=EDGE_HEAP_OPTIONS)
+        node = start_kafka_broker(folder, timeout_s, heap=EDGE_HEAP_OPTIONS, security=security)
     except BaseException:
         stop_process(mqtt.process)
         raise
@@ -73,11 +80,12 @@ def start_site_servers(
 def start_site_link(
     run_dir: Path, site: str, edge_endpoint: str, central: KafkaSettings, topics: TopicSettings, timeout_s: float
 ) -> RunningService:
-    """The site's MirrorMaker 2 between its cluster and the centre."""
+    """The site's MirrorMaker 2 between its cluster and the centre, connecting to both as
+    ``central`` says (over TLS, verifying the brokers' certificates, when it does)."""
     return start_mirror_maker(
         run_dir / site / "mirror",
-        ClusterLink(site, edge_endpoint),
-        ClusterLink(CENTRAL, central.bootstrap_servers),
+        ClusterLink.of(site, central.model_copy(update={"bootstrap_servers": edge_endpoint})),
+        ClusterLink.of(CENTRAL, central),
         topics,
         central,
         timeout_s,

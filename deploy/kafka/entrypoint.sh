@@ -1,6 +1,7 @@
 #!/bin/sh
 # Entry point of the "kafka" service (docker-compose.yml runs it with /bin/sh): SASL/SCRAM
-# for every client, then the image's own start script given as arguments.
+# for every client, the TLS listeners' keystore, then the image's own start script given as
+# arguments.
 #
 # KRaft keeps SCRAM credentials in the cluster metadata, so the first ones must be written
 # when the storage is formatted (kafka-storage format --add-scram): the image's start script
@@ -40,6 +41,22 @@ printf 'KafkaServer {\n  %s\n};\n' "$LOGIN" > "$CONF_DIR/jaas.conf"
 printf 'security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\nsasl.jaas.config=%s\n' "$LOGIN" \
     > "$CONF_DIR/admin.properties"
 export KAFKA_OPTS="${KAFKA_OPTS:-} -Djava.security.auth.login.config=$CONF_DIR/jaas.conf"
+
+# A listener over TLS (SASL_SSL in the listener map) presents the keystore of `iotwatch provision
+# tls` (deploy/kafka/tls, mounted read-only): PKCS12, its password in the file beside it. The
+# image copies KAFKA_SSL_* into server.properties.
+TLS_DIR=/iotwatch/kafka/tls
+case "${KAFKA_LISTENER_SECURITY_PROTOCOL_MAP:?}" in
+    *SSL*)
+        for file in "$TLS_DIR/kafka.p12" "$TLS_DIR/kafka.p12.password"; do
+            [ -r "$file" ] || fail "cannot read $file: run iotwatch provision tls, then let uid $(id -u) read it (chown $(id -u) deploy/kafka/tls/kafka.p12*)"
+        done
+        export KAFKA_SSL_KEYSTORE_TYPE=PKCS12
+        export KAFKA_SSL_KEYSTORE_LOCATION="$TLS_DIR/kafka.p12"
+        KAFKA_SSL_KEYSTORE_PASSWORD="$(cat "$TLS_DIR/kafka.p12.password")"
+        export KAFKA_SSL_KEYSTORE_PASSWORD
+        ;;
+esac
 
 if [ ! -e "${KAFKA_LOG_DIRS:?}/meta.properties" ]; then
     # The same KRaft settings the image renders from KAFKA_* (docker-compose.yml).

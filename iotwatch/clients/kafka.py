@@ -16,7 +16,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from iotwatch.errors import AccessRefused, ServiceUnavailable
+from iotwatch.clients.tls_probe import certificate_problem, speaks_tls
+from iotwatch.errors import AccessRefused, ServiceUnavailable, TlsRefused
 from iotwatch.settings import KafkaSettings, TopicSettings
 
 
@@ -27,6 +28,26 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
     from iotwatch.logs import librdkafka_logger
 
     return {**settings.client_config(), "logger": librdkafka_logger()}
+
+
+def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
+    """The connection in the Java client's spelling, for Spark's Kafka connector and
+    MirrorMaker 2: a JAAS line instead of ``sasl.username``, a PEM truststore instead of a CA
+    file. The Java client verifies the broker's name against its certificate by default
+    (``ssl.endpoint.identification.algorithm=https``), as librdkafka does."""
+    properties = {"bootstrap.servers": settings.bootstrap_servers, "security.protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        properties["sasl.mechanism"] = settings.sasl_mechanism
+        module = "plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN" else "scram.ScramLoginModule"
+        password = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
+        properties["sasl.jaas.config"] = (
+            f"org.apache.kafka.common.security.{module} required "
+            f'username="{settings.sasl_username or ""}" password="{password}";'
+        )
+    if settings.ssl_ca_location:
+        properties["ssl.truststore.type"] = "PEM"
+        properties["ssl.truststore.location"] = str(settings.ssl_ca_location)
+    return properties
 
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
@@ -68,14 +89,21 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 5.0) -> dict[str, in
     # dict[str, Any]: librdkafka's configuration takes callbacks too, which the stub's value type leaves out
     config: dict[str, Any] = {**client_config(settings), **quiet, "error_cb": failures.append}
     admin = AdminClient(config)
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        admin.poll(0)  # was the login refused?
-        if any(failure.code() == KafkaError._AUTHENTICATION for failure in failures):
-            raise login_refused(settings) from exc
-        raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
-    return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+    # asked a second at a time: a refused login or TLS handshake is final, and said at once
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+            return {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+        except KafkaException as exc:
+            admin.poll(0)  # was the login refused?
+            if any(failure.code() == KafkaError._AUTHENTICATION for failure in failures):
+                raise login_refused(settings) from exc
+            refused = tls_refused(settings, failures)
+            if refused is not None:
+                raise refused from exc
+            if time.monotonic() >= deadline:
+                raise ServiceUnavailable(f"Kafka at {settings.bootstrap_servers} did not answer: {exc}") from exc
 
 
 def topic_partitions(
@@ -123,6 +151,41 @@ def login_refused(settings: KafkaSettings) -> AccessRefused:
         f"(unknown user or wrong password; check {KafkaSettings.env_name('sasl_username')} "
         f"and {KafkaSettings.env_name('sasl_password')})"
     )
+
+
+def tls_refused(settings: KafkaSettings, failures: list[KafkaError]) -> TlsRefused | None:
+    """The one line for a connection refused at the TLS handshake (None: it was not): which
+    of the certificate's trust, its names, or the two ends' protocols is wrong. ``failures``:
+    what librdkafka reported (none: a handshake of its own finds out)."""
+    texts = " | ".join(failure.str() for failure in failures)
+    servers = settings.bootstrap_servers
+    host, _, port = servers.split(",")[0].rpartition(":")
+    tls = settings.security_protocol.endswith("SSL")
+    unverified = "certificate verify failed" in texts or "certificate could not be verified" in texts
+    # no failure named: the caller only knows the cluster is unreachable, so look at its certificate
+    problem = (
+        certificate_problem(host, int(port), settings.ssl_ca_location) if tls and (unverified or not failures) else None
+    )
+    if problem is None and unverified:
+        problem = "a broker's certificate was not verified (one the cluster advertises, not the bootstrap server's)"
+    if problem is not None:
+        return TlsRefused(
+            f"Kafka at {servers} refused over TLS: {problem} "
+            f"(check {KafkaSettings.env_name('ssl_ca_location')} and the host names in "
+            f"{KafkaSettings.env_name('bootstrap_servers')})"
+        )
+    if tls and "PLAINTEXT broker listener" in texts:
+        return TlsRefused(
+            f"Kafka at {servers} does not speak TLS on this port, and this client {settings.security_protocol}: "
+            f"check {KafkaSettings.env_name('security_protocol')} and the port"
+        )
+    if not tls and speaks_tls(host, int(port)):
+        return TlsRefused(
+            f"Kafka at {servers} speaks TLS and this client {settings.security_protocol}: set "
+            f"{KafkaSettings.env_name('security_protocol')}=SSL (SASL_SSL with a user) and "
+            f"{KafkaSettings.env_name('ssl_ca_location')}"
+        )
+    return None
 
 
 def _user(settings: KafkaSettings) -> str:

@@ -53,11 +53,11 @@ def sites(tmp_path_factory: pytest.TempPathFactory, base_settings: Settings) -> 
 
 
 def central(state: StackState) -> KafkaSettings:
-    return KafkaSettings(bootstrap_servers=state.services["kafka"].endpoint)
+    return state.kafka_client(state.services["kafka"].endpoint)
 
 
 def edge(state: StackState, site: str) -> KafkaSettings:
-    return KafkaSettings(bootstrap_servers=state.site_endpoints(site)["kafka"])
+    return state.kafka_client(state.site_endpoints(site)["kafka"])
 
 
 def site_settings(state: StackState, base: Settings, site: str) -> Settings:

@@ -103,7 +103,18 @@ def _run_broker(binary: str, folder: Path) -> Iterator[Broker]:
     fleet = folder / "fleet.csv"
     fleet.write_text("site,device_type,device_id\n" + "".join(f"{s},{t},{d}\n" for s, t, d in (D1, D2)))
     provisioned = iotwatch("provision", "mqtt", "--fleet", str(fleet), "--out", str(folder / "fleet"))
-    iotwatch("provision", "tls", "--out", str(folder / "tls"), "--host", "localhost", "--host", "127.0.0.1")
+    iotwatch(
+        "provision",
+        "tls",
+        "--out",
+        str(folder / "tls"),
+        "--host",
+        "localhost",
+        "--host",
+        "127.0.0.1",
+        "--kafka-out",
+        str(folder / "kafka-tls"),
+    )
     passwords = {user: service_password(user) for user in SERVICE_ACCOUNTS.values()}
     for _site, _type, device in (D1, D2):
         credentials = json.loads((folder / "fleet" / "devices" / f"{device}.json").read_text())
@@ -389,7 +400,7 @@ def test_tls_listener_refuses_clients_not_trusting_the_ca(broker: Broker) -> Non
     with pytest.raises(ssl.SSLCertVerificationError):
         untrusting.client.connect("localhost", broker.tls_port)
     stranger = broker.folder / "other-ca"
-    iotwatch("provision", "tls", "--out", str(stranger), "--host", "localhost")
+    iotwatch("provision", "tls", "--out", str(stranger), "--host", "localhost", "--kafka-out", str(stranger))
     with pytest.raises(ssl.SSLCertVerificationError):
         Client(broker, D1[2], tls_ca=stranger / "ca.crt")
 

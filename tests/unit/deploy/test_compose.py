@@ -387,6 +387,35 @@ def test_every_kafka_client_authenticates_with_scram(compose: dict[str, Any]) ->
         assert services[name]["depends_on"]["kafka-topics"]["condition"] == "service_completed_successfully"
 
 
+def test_kafka_listeners_that_leave_the_compose_network_speak_tls(compose: dict[str, Any]) -> None:
+    """The published listeners (EXTERNAL for clients off the network, REPLICATION for the
+    sites' MirrorMakers) are SASL_SSL; INTERNAL stays on the compose network; the entry point
+    gives an SSL listener the keystore of `iotwatch provision tls`."""
+    kafka = compose["services"]["kafka"]
+    env = environment_of(kafka)
+    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols == {
+        "INTERNAL": "SASL_PLAINTEXT",
+        "CONTROLLER": "PLAINTEXT",
+        "EXTERNAL": "SASL_SSL",
+        "REPLICATION": "SASL_SSL",
+    }
+    published = [port.rsplit(":", 1)[1] for port in kafka["ports"]]
+    listeners = dict(item.split("://") for item in env["KAFKA_LISTENERS"].split(","))
+    assert {name for name, address in listeners.items() if address.rsplit(":", 1)[1] in published} == {
+        "EXTERNAL",
+        "REPLICATION",
+    }
+    entrypoint = host_path(kafka, kafka["entrypoint"][-1])
+    assert entrypoint is not None
+    script = entrypoint.read_text()
+    assert 'KAFKA_SSL_KEYSTORE_LOCATION="$TLS_DIR/kafka.p12"' in script
+    assert host_path(kafka, "/iotwatch/kafka/tls/kafka.p12") == REPO / "deploy/kafka/tls/kafka.p12"
+    # a site's broker is reached on the site's network only: no TLS listener there
+    site = environment_of(compose["services"]["site1-kafka"])
+    assert "SSL" not in site["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+
+
 def test_kafka_gives_each_service_user_least_privilege(compose: dict[str, Any]) -> None:
     """An authorizer denies by default, admin is the only SASL super user, and the ACLs the
     init step grants (application/provision/kafka_acls.py) give each service only the topics
@@ -623,12 +652,18 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
     mirror = services["site1-mirror"]
     assert mirror["image"] == services["kafka"]["image"]
     env = environment_of(mirror)
-    assert (env["SITE_BOOTSTRAP"], env["CENTRAL_BOOTSTRAP"]) == ("site1-kafka:9092", "kafka:9092")
+    # the link to the centre leaves the site: the centre's REPLICATION listener, SASL_SSL
+    assert (env["SITE_BOOTSTRAP"], env["CENTRAL_BOOTSTRAP"]) == (
+        "site1-kafka:9092",
+        "${KAFKA_REPLICATION_HOST:-kafka}:9095",
+    )
     entrypoint = host_path(mirror, mirror["entrypoint"][-1])
     template = host_path(mirror, "/iotwatch/mirror/mm2.properties")
     assert entrypoint is not None and template is not None
     script = entrypoint.read_text()
     assert "security.protocol=SASL_PLAINTEXT" in script and "sasl.mechanism=SCRAM-SHA-512" in script
+    assert "central.security.protocol=SASL_SSL" in script and "central.ssl.truststore.type=PEM" in script
+    assert host_path(mirror, "/iotwatch/tls/ca.crt") == REPO / "deploy/kafka/tls/ca.crt"
     lines = [line for line in template.read_text().splitlines() if line and not line.startswith("#")]
     properties = dict(line.split("=", 1) for line in lines)
     assert {k: v for k, v in properties.items() if k in REPLICATION_SETTINGS} == REPLICATION_SETTINGS
@@ -638,6 +673,7 @@ def test_the_sites_profile_links_its_site_to_the_centre_as_the_embedded_stack_do
     # the mirror user, with the grants of the site's init step and the centre's for this site
     assert 'username=\\"mirror\\" password=\\"$SCRAM_MIRROR_PASSWORD\\"' in script and "admin" not in script
     assert set(env) == {"SITE", "SITE_BOOTSTRAP", "CENTRAL_BOOTSTRAP", "SCRAM_MIRROR_PASSWORD"}
+    assert "9095" in environment_of(services["kafka"])["KAFKA_LISTENERS"]
     assert services["site1-kafka-topics"]["command"][-2:] == ["--site", "site1"]
     assert services["site1-central-kafka-topics"]["command"][-2:] == ["--linked-site", "site1"]
     assert environment_of(services["site1-central-kafka-topics"])["IOTWATCH_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
