@@ -24,6 +24,7 @@ __all__ = ["DEFAULT_DETECTOR", "DETECTORS", "describe", "detector_class", "load"
 DETECTORS: dict[str, str] = {
     "ensemble": "iotwatch.models.ensemble:CalibratedEnsemble",
     "episode_likelihood": "iotwatch.models.episode_likelihood:EpisodeLikelihood",
+    "declared_levels": "iotwatch.models.declared_levels:DeclaredLevels",
     "cad_ose": "iotwatch.models.cad_ose:CadOse",
     "tail_ensemble": "iotwatch.models.tail_ensemble:TailEnsemble",
     "repeat_run": "iotwatch.models.repeat_run:RepeatRun",

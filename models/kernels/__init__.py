@@ -36,6 +36,7 @@ __all__ = ["KERNELS", "Kernel", "KernelDetector", "benchmark", "check_kernels", 
 #: Detector name -> the module of its kernel.
 KERNELS: dict[str, str] = {
     "cad_ose": "iotwatch.models.kernels.cad_ose",
+    "declared_levels": "iotwatch.models.kernels.declared_levels",
     "episode_likelihood": "iotwatch.models.kernels.episode_likelihood",
     "tail_ensemble": "iotwatch.models.kernels.tail_ensemble",
 }
@@ -95,6 +96,14 @@ class KernelDetector(UnivariateMixin, Detector):
         t = np.array([t_ms], dtype=np.int64)
         score = self._kernel.score_learn_into(states, _ROW0, value, t, self._params, surprise)
         return float(score[0]), float(surprise[0])
+
+    def declare(self, low: float | None = None, high: float | None = None, probation: int | None = None) -> Self:
+        """Put the declared range and probation into the row, when the kernel can use them
+        (its module's ``declare``); other kernels ignore them."""
+        declare = getattr(self._kernel, "declare", None)
+        if declare is not None:
+            declare(self._states[0], low, high, probation)
+        return self
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         return self._step(self._states.copy(), x, t_ms)[0]
