@@ -24,7 +24,7 @@ the episode-likelihood score less ``shift`` decades: with the range known, a rea
 level the stream has not visited is the stronger evidence.
 
 Cost: the episode-likelihood step plus 96 counts read and three written a reading; the
-row is 153 numbers (1,224 B). ``python -m iotwatch.models.kernels.declared_levels`` times it.
+row is 152 numbers (1,216 B). ``python -m iotwatch.models.kernels.declared_levels`` times it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,17 @@ from iotwatch.models.kernels.primitives import check_batch, decay_weight, jit, p
 if TYPE_CHECKING:
     from iotwatch.models.declared_levels import DeclaredLevels
 
-__all__ = ["PARAMS_SIZE", "RESOLUTIONS", "STATE_SIZE", "declare", "initial_state", "params_vector", "score_learn", "score_learn_into", "warm"]
+__all__ = [
+    "PARAMS_SIZE",
+    "RESOLUTIONS",
+    "STATE_SIZE",
+    "declare",
+    "initial_state",
+    "params_vector",
+    "score_learn",
+    "score_learn_into",
+    "warm",
+]
 
 #: Levels the declared range is cut into, at each resolution.
 RESOLUTIONS = (24, 32, 40)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from iotwatch.evaluation.labelled_streams import declare_nab
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.base import Detector
 from iotwatch.models.cad_ose import nab_scores
@@ -28,7 +29,7 @@ from iotwatch.models.kernels.cad_ose import given_range_scores, params_vector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Detectors whose class wraps their kernel.
-WRAPPED = ["cad_ose", "episode_likelihood", "tail_ensemble"]
+WRAPPED = ["cad_ose", "declared_levels", "episode_likelihood", "tail_ensemble"]
 #: The stream the pure-Python run reads (the shortest of the sample), and how many readings.
 PLAIN_KEY, PLAIN_READINGS = "realTraffic/speed_7578.csv", 700
 
@@ -77,6 +78,11 @@ def test_scores_equal_the_pinned_ones(name: str) -> None:
         if f"{key}:surprise" in fixture:
             np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:surprise"], err_msg=key)
         assert scores.max() > 0.0
+        if f"{key}:nab_protocol_score" in fixture:  # the range and probation declared, as NAB does
+            surprises = []
+            declared = feed(declare_nab(make(name), stream.values[:, 0]), stream.values[:, 0], stream.t_ms, surprises)
+            np.testing.assert_array_equal(declared, fixture[f"{key}:nab_protocol_score"], err_msg=key)
+            np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:nab_protocol_surprise"], err_msg=key)
 
 
 #: The parameters of ``fixtures/<name>_params_nab.npz`` (pinned like the defaults', on two streams).
@@ -183,6 +189,7 @@ def test_cad_ose_widens_its_range_and_starts_its_memory_again_at_a_reading_beyon
 _PLAIN_RUN = """
 import json, sys
 import numpy as np
+from iotwatch.evaluation.labelled_streams import declare_nab
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.catalog import make
 name, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
