@@ -20,8 +20,10 @@ class DeclaredLevels(EpisodeLikelihood):
     or NAB's ``inputMin`` / ``inputMax``) the larger of its score less ``shift_decades``
     decades and a *level* view: how rarely the reading's level of the declared range (cut
     in 24, 32 and 40 levels, the least surprising) has been visited so far, with one alarm
-    per episode (half-life ``level_hold_halflife`` readings). The level view scores from the
-    declared probation on (without one, from ``warmup``).
+    per episode (half-life ``level_hold_halflife`` readings), the decades of both times
+    ``stretch`` (NAB's optimised threshold on these scores, 0.28 unstretched, falls at the
+    job's fire score 0.40 stretched; a stretch reorders nothing). The level view scores
+    from the declared probation on (without one, from ``warmup``).
 
     The view and its parameters were chosen on the tuning half of nab-dev under NAB's
     protocol (``docs/detection.md``, ``evaluation/results/nab_protocols.md``). The kernel
@@ -39,9 +41,12 @@ class DeclaredLevels(EpisodeLikelihood):
     name: ClassVar[str] = "declared_levels"
     _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
 
-    def __init__(self, shift_decades: float = 8.0, level_hold_halflife: float = 300.0, **params: Any) -> None:
+    def __init__(
+        self, shift_decades: float = 8.0, level_hold_halflife: float = 300.0, stretch: float = 1.7, **params: Any
+    ) -> None:
         self.shift_decades = shift_decades
         self.level_hold_halflife = level_hold_halflife
+        self.stretch = stretch
         super().__init__(**params)
 
     def get_params(self) -> dict[str, Any]:
@@ -49,5 +54,6 @@ class DeclaredLevels(EpisodeLikelihood):
         return {
             "shift_decades": self.shift_decades,
             "level_hold_halflife": self.level_hold_halflife,
+            "stretch": self.stretch,
             **{p: getattr(self, p) for p in inspect.signature(EpisodeLikelihood.__init__).parameters if p != "self"},
         }

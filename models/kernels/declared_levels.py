@@ -20,8 +20,9 @@ the three resolutions (so a reading near a level's edge is not judged by a cut t
 happens to split its neighbourhood). Decades ``d`` score ``d / (d + 10)``, as the
 episode-likelihood views do; a reading scores only above the held, decaying peak of
 earlier level scores. The row's score is the larger, in decades, of the level view's and
-the episode-likelihood score less ``shift`` decades: with the range known, a reading at a
-level the stream has not visited is the stronger evidence.
+the episode-likelihood score less ``shift`` decades (with the range known, a reading at a
+level the stream has not visited is the stronger evidence), times ``stretch``: so the
+alert's fire score (0.40) is where NAB's threshold falls on these scores too.
 
 Cost: the episode-likelihood step plus 96 counts read and three written a reading; the
 row is 152 numbers (1,216 B). ``python -m iotwatch.models.kernels.declared_levels`` times it.
@@ -66,16 +67,17 @@ COUNTS = EL_SIZE + 4
 STATE_SIZE = COUNTS + sum(RESOLUTIONS)
 
 P_EL = 0
-P_SHIFT, P_HOLD = el.PARAMS_SIZE, el.PARAMS_SIZE + 1
-PARAMS_SIZE = el.PARAMS_SIZE + 2
+P_SHIFT, P_HOLD, P_STRETCH = el.PARAMS_SIZE, el.PARAMS_SIZE + 1, el.PARAMS_SIZE + 2
+PARAMS_SIZE = el.PARAMS_SIZE + 3
 
 
 def params_vector(detector: DeclaredLevels) -> np.ndarray:
-    """The episode-likelihood parameters, then the shift and the level hold's decay."""
+    """The episode-likelihood parameters, then the shift, the level hold's decay and the stretch."""
     p = np.empty(PARAMS_SIZE)
     p[: el.PARAMS_SIZE] = el.params_vector(detector)  # type: ignore[arg-type]
     p[P_SHIFT] = detector.shift_decades
     p[P_HOLD] = 1.0 - decay_weight(detector.level_hold_halflife)
+    p[P_STRETCH] = detector.stretch
     return p
 
 
@@ -138,8 +140,8 @@ def _score_learn_one(
     level_out = score if score > row[HELD] else 0.0
     row[HELD] = py_max(row[HELD] * p[P_HOLD], score)
     shifted = py_max(_decades(out) - p[P_SHIFT], 0.0)
-    decades = py_max(_decades(level_out), shifted)
-    raw_decades = py_max(surprise, py_max(_decades(raw) - p[P_SHIFT], 0.0))
+    decades = p[P_STRETCH] * py_max(_decades(level_out), shifted)
+    raw_decades = p[P_STRETCH] * py_max(surprise, py_max(_decades(raw) - p[P_SHIFT], 0.0))
     return decades / (decades + _HALF_DECADES), raw_decades / (raw_decades + _HALF_DECADES)
 
 
