@@ -192,9 +192,11 @@ import numpy as np
 from iotwatch.evaluation.labelled_streams import declare_nab
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.catalog import make
-name, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name, key, n, protocol = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 stream = next(s for s in NabSource(NAB_SAMPLE).streams() if s.key == key)
 det = make(name)
+if protocol == "nab":
+    declare_nab(det, stream.values[:, 0])
 scores = [det.score_learn_one({"m": v}, t) for v, t in zip(stream.values[:n, 0].tolist(), stream.t_ms[:n].tolist())]
 print(json.dumps({"jit": not __import__("numba").config.DISABLE_JIT, "scores": [repr(s) for s in scores]}))
 """
@@ -202,8 +204,10 @@ print(json.dumps({"jit": not __import__("numba").config.DISABLE_JIT, "scores": [
 
 def test_plain_python_run_equals_the_compiled_one(name: str) -> None:
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    # the declared-range path where the detector has one (NAB's protocol), else the live one
+    protocol = "nab" if f"{PLAIN_KEY}:nab_protocol_score" in pinned(name) else "live"
     out = subprocess.run(
-        [sys.executable, "-c", _PLAIN_RUN, name, PLAIN_KEY, str(PLAIN_READINGS)],
+        [sys.executable, "-c", _PLAIN_RUN, name, PLAIN_KEY, str(PLAIN_READINGS), protocol],
         env=env,
         check=True,
         capture_output=True,
@@ -213,7 +217,7 @@ def test_plain_python_run_equals_the_compiled_one(name: str) -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["jit"] is False
     plain = np.array([float(s) for s in result["scores"]])
-    compiled = pinned(name)[f"{PLAIN_KEY}:score"][:PLAIN_READINGS]
+    compiled = pinned(name)[f"{PLAIN_KEY}:{'nab_protocol_score' if protocol == 'nab' else 'score'}"][:PLAIN_READINGS]
     assert compiled.max() > 0.0
     np.testing.assert_array_equal(plain, compiled)
 
