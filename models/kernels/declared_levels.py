@@ -164,7 +164,11 @@ def score_learn_into(
     keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
-        out[i], raw = _score_learn_one(states[stream[i]], values[i], float(t_ms[i]), params, tail_p, stuck_p)
+        row = states[stream[i]]
+        if math.isnan(row[LOW]):  # no declared range: episode_likelihood's step alone
+            out[i], raw = el._score_learn_one(row, values[i], float(t_ms[i]), params, tail_p, stuck_p)
+        else:
+            out[i], raw = _score_learn_one(row, values[i], float(t_ms[i]), params, tail_p, stuck_p)
         if keep:
             surprise[i] = raw
     return out
