@@ -28,17 +28,38 @@ from iotwatch.evaluation.nab_scoring import (
     sweep_stream,
 )
 from iotwatch.evaluation.sources import LabelledStream
+from iotwatch.models.base import Detector
 from iotwatch.models.catalog import make
 from iotwatch.stats import quantile, rounded
 
-__all__ = ["evaluate", "score_stream"]
+__all__ = ["PROTOCOLS", "declare_nab", "evaluate", "score_stream"]
+
+#: What a detector is told before a stream's first reading: nothing (``live``, as the job
+#: meets a metric) or what NAB's base detector gives it (``nab``, :func:`declare_nab`).
+PROTOCOLS = ("live", "nab")
 
 _DAY_MS = 86_400_000
 
 
-def score_stream(detector_name: str, stream: LabelledStream, params: dict[str, Any] | None = None) -> np.ndarray:
-    """Anomaly scores of a fresh detector over one stream, in ``[0, 1]``."""
+def declare_nab(detector: Detector, values: np.ndarray) -> Detector:
+    """Tell ``detector`` what NAB's base detector (``nab/detectors/base.py``) gives every
+    detector before a stream's first reading: the stream's minimum and maximum
+    (``inputMin``, ``inputMax``) and its probationary length, 15 % of the rows
+    (``probationaryPeriod``, :func:`~iotwatch.evaluation.nab_scoring.probationary_length`)."""
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return detector
+    return detector.declare(float(finite.min()), float(finite.max()), probationary_length(len(values)))
+
+
+def score_stream(
+    detector_name: str, stream: LabelledStream, params: dict[str, Any] | None = None, protocol: str = "live"
+) -> np.ndarray:
+    """Anomaly scores of a fresh detector over one stream, in ``[0, 1]``, under ``protocol``
+    (:data:`PROTOCOLS`)."""
     detector = make(detector_name, **(params or {}))
+    if protocol == "nab":
+        declare_nab(detector, stream.values[:, 0])
     scores = detector.score_learn_many(stream.values, stream.t_ms, stream.metrics)
     return np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
 
@@ -126,13 +147,20 @@ def evaluate(
     detectors: list[str],
     profile: CostProfile,
     params: dict[str, dict[str, Any]] | None = None,
+    protocol: str = "live",
 ) -> dict[str, Any]:
-    """Evaluate ``detectors`` on ``streams``; the JSON-able report (deterministic but for ``seconds``)."""
+    """Evaluate ``detectors`` on ``streams`` under ``protocol``; the JSON-able report
+    (deterministic but for ``seconds``)."""
     streams = list(streams)
-    report: dict[str, Any] = {"streams": len(streams), "windows": sum(len(s.windows) for s in streams), "detectors": {}}
+    report: dict[str, Any] = {
+        "streams": len(streams),
+        "windows": sum(len(s.windows) for s in streams),
+        "protocol": protocol,
+        "detectors": {},
+    }
     for name in detectors:
         began = time.perf_counter()
-        scores = [score_stream(name, s, (params or {}).get(name)) for s in streams]
+        scores = [score_stream(name, s, (params or {}).get(name), protocol) for s in streams]
         swept = [sweep_stream(s.key, sc, s.windows, profile) for s, sc in zip(streams, scores, strict=True)]
         threshold, _ = optimise_threshold(swept, profile)
         parts = [_stream_metrics(s, sc, threshold, profile) for s, sc in zip(streams, scores, strict=True)]

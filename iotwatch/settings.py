@@ -442,9 +442,16 @@ class StreamSettings(_ConcernSettings):
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
     device_detector: str = Field(
-        "episode_likelihood",
+        "declared_levels",
         description="per-(device, metric) detector from models "
-        "with a compiled kernel (iotwatch.models.catalog.KERNELS; also score-csv's default)",
+        "with a compiled kernel (iotwatch.models.catalog.KERNELS; also score-csv's default); "
+        "declared_levels scores as episode_likelihood on a metric without a declared range (metric_ranges)",
+    )
+    metric_ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="normal range an operator declares per metric (JSON, 'device_type.metric' -> [low, high]): "
+        "a detector that can use a declared range (declared_levels) also judges a reading by how rarely its "
+        "level of that range has been visited; metrics not named have none (models/declared_levels.py)",
     )
     device_detector_params: dict[str, Any] = Field(
         default_factory=dict,
@@ -465,7 +472,11 @@ class StreamSettings(_ConcernSettings):
         "device_detector's are device_detector_params",
     )
     detector_alert_scores: dict[str, tuple[float, float]] = Field(
-        default_factory=lambda: {"episode_likelihood": (0.40, 0.35), "cad_ose": (0.80, 0.73)},
+        default_factory=lambda: {
+            "declared_levels": (0.40, 0.35),
+            "episode_likelihood": (0.40, 0.35),
+            "cad_ose": (0.80, 0.73),
+        },
         description="the anomaly rule's fire and clear scores (JSON, detector -> [fire, clear]) for the "
         "detectors device_detectors names: each detector's scores have their own scale (cad_ose: 0.80 is "
         "its optimum on nab-dev's tuning half); device_detector's are alert_fire_score and alert_clear_score",

@@ -98,6 +98,15 @@ class Detector(abc.ABC):
         the reading may be as surprising as the one that began it). Without a hold: the score."""
         return self.score_one(x, t_ms)
 
+    def declare(self, low: float | None = None, high: float | None = None, probation: int | None = None) -> Self:
+        """Tell a fresh detector what is known before its first reading: the metric's value
+        range (``low``, ``high``) and the readings it may learn from before it is judged
+        (``probation``). NAB's base detector gives every detector its stream's minimum,
+        maximum and 15 % of its rows (``inputMin``, ``inputMax``, ``probationaryPeriod``);
+        an operator may declare a metric's normal range. A detector that cannot use them
+        ignores them (this default); none is told anything else in advance."""
+        return self
+
     def warmup_readings(self) -> int:
         """Readings this detector learns from before its scores mean anything (it scores 0
         until then), so tools can warn about a stream shorter than that."""

@@ -14,6 +14,7 @@ from iotwatch.models.base import Detector
 #: The names, in the catalogue's order.
 MEMBERS = (
     "episode_likelihood",
+    "declared_levels",
     "cad_ose",
     "tail_ensemble",
     "repeat_run",
@@ -32,6 +33,8 @@ def member_class(name: str) -> type[Detector]:
     match name:
         case "episode_likelihood":
             from iotwatch.models.episode_likelihood import EpisodeLikelihood as found
+        case "declared_levels":
+            from iotwatch.models.declared_levels import DeclaredLevels as found
         case "cad_ose":
             from iotwatch.models.cad_ose import CadOse as found
         case "tail_ensemble":

@@ -12,7 +12,7 @@ banks of its checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ from iotwatch.models.catalog import kernel_for, make
 from iotwatch.models.kernels import Kernel
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import RuleSpec
+from iotwatch.streaming.device_table import DeviceTable
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class DetectorPlan:
 
     banks: tuple[DetectorBank, ...]
     bank_of_type: dict[str, int]
+    #: ``"device_type.metric"`` -> the normal range declared for it (``stream.metric_ranges``).
+    declared: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: StreamSettings, anomaly: RuleSpec) -> DetectorPlan:
@@ -60,7 +63,20 @@ class DetectorPlan:
             spec = replace(anomaly, fire=fire, clear=clear, detector=name)
             banks.append(DetectorBank(name, kernel, params, kernel.initial_state(params), spec))
         index = {name: b for b, name in enumerate(names)}
-        return cls(tuple(banks), {t: index[d] for t, d in settings.device_detectors.items()})
+        return cls(
+            tuple(banks), {t: index[d] for t, d in settings.device_detectors.items()}, dict(settings.metric_ranges)
+        )
+
+    def declare(
+        self, table: DeviceTable, rows: np.ndarray, bank: np.ndarray, device: np.ndarray, name: np.ndarray
+    ) -> None:
+        """Put each new watched metric's declared range into its fresh detector row, when its
+        bank's kernel can use one (a ``declare`` function; the others ignore it)."""
+        for row, b, d, metric in zip(rows.tolist(), bank.tolist(), device.tolist(), name.tolist(), strict=True):
+            declared = self.declared.get(f"{table.device_type[d]}.{metric}")
+            declare = getattr(self.banks[b].kernel, "declare", None)
+            if row >= 0 and declared is not None and declare is not None:
+                declare(table.detectors[b][row], declared[0], declared[1], None)
 
     @property
     def state_sizes(self) -> list[int]:

@@ -3,13 +3,16 @@ first time the device reports the metric, and the metric's newest in-range value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from iotwatch.streaming.cleaning import scored_names
 from iotwatch.streaming.device_table import DeviceTable
+
+#: ``(table, detector rows, banks, devices, metric names)`` of newly added pairs.
+Declare = Callable[[DeviceTable, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def assign_slots(
@@ -18,11 +21,12 @@ def assign_slots(
     pair_name: np.ndarray,
     pair_bank: np.ndarray,
     initials: Sequence[np.ndarray],
+    declare: Declare | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each (device, metric) pair (distinct): its row in the table's metrics, added
     when new (its detector state a fresh row of ``initials[pair_bank]``); its slot (rank
     among its device's metrics); its detector row (-1 for metrics the detectors do not
-    see) and the bank that row is in."""
+    see) and the bank that row is in. ``declare`` puts declared ranges into new pairs' rows."""
     rows = _metric_rows(table, pair_device, pair_name)
     new = np.flatnonzero(rows < 0)
     if len(new):
@@ -32,6 +36,9 @@ def assign_slots(
         found = rows >= 0
         rows[found] = moved[rows[found]]
         rows[new] = moved[known:]
+        if declare is not None:
+            added = rows[new]
+            declare(table, table.metric_detector[added], table.metric_bank[added], pair_device[new], pair_name[new])
     if not len(rows):
         return rows, rows, rows, rows
     slots = rows - table.metric_bounds()[pair_device]

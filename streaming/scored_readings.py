@@ -110,7 +110,12 @@ class DeviceScorer:
             np.asarray(name_list, dtype=object)[pair_keys % width] if len(pair_keys) else np.zeros(0, dtype=object)
         )
         pair_row, pair_slot, pair_detector, pair_bank = assign_slots(
-            table, pair_device, pair_name, self.plan.banks_of(table.device_type[pair_device]), self.plan.initials
+            table,
+            pair_device,
+            pair_name,
+            self.plan.banks_of(table.device_type[pair_device]),
+            self.plan.initials,
+            self.plan.declare if self.plan.declared else None,
         )
         # A reading that arrives after a newer one of its device is archived and goes through
         # the rules, but the detectors neither learn from it nor score it: fed out of event

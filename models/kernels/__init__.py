@@ -13,7 +13,7 @@ the NAB sample.
 :func:`iotwatch.models.catalog.kernel_for` finds the kernel of a detector by name
 (:data:`iotwatch.models.catalog.KERNELS`, through the detector's class: no kernel imports the
 catalogue): the streaming engine runs the one its ``device_detector`` setting names, through the
-small :class:`Kernel` protocol. ``iotwatch bench stream`` times a reading through the class
+small :class:`Kernel` protocol. ``python -m iotwatch.models.catalog NAME`` times a reading through the class
 (one call a reading) and through one batch call.
 """
 
@@ -81,6 +81,14 @@ class KernelDetector(UnivariateMixin, Detector):
         t = np.array([t_ms], dtype=np.int64)
         score = self._kernel.score_learn_into(states, _ROW0, value, t, self._params, surprise)
         return float(score[0]), float(surprise[0])
+
+    def declare(self, low: float | None = None, high: float | None = None, probation: int | None = None) -> Self:
+        """Put the declared range and probation into the row, when the kernel can use them
+        (its module's ``declare``); other kernels ignore them."""
+        declare = getattr(self._kernel, "declare", None)
+        if declare is not None:
+            declare(self._states[0], low, high, probation)
+        return self
 
     def score_one(self, x: Reading, t_ms: int) -> float:
         return self._step(self._states.copy(), x, t_ms)[0]

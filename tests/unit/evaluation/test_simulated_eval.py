@@ -204,7 +204,7 @@ def test_cli_simulated_detector_adds_a_configuration() -> None:
     assert list(doc["configs"]) == ["defaults", "recommended", "device_detector=tail_ensemble"]
     ran = doc["configs"]["device_detector=tail_ensemble"]["settings"]
     assert ran["device_detector"] == "tail_ensemble"
-    assert doc["configs"]["defaults"]["settings"]["device_detector"] == "episode_likelihood"
+    assert doc["configs"]["defaults"]["settings"]["device_detector"] == "declared_levels"
     assert doc["configs"]["device_detector=tail_ensemble"]["overall"] != doc["configs"]["defaults"]["overall"]
 
     from iotwatch.evaluation.cli import _render_simulated

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from iotwatch.evaluation.labelled_streams import declare_nab
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.base import Detector
 from iotwatch.models.cad_ose import nab_scores
@@ -28,7 +29,7 @@ from iotwatch.models.kernels.cad_ose import given_range_scores, params_vector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Detectors whose class wraps their kernel.
-WRAPPED = ["cad_ose", "episode_likelihood", "tail_ensemble"]
+WRAPPED = ["cad_ose", "declared_levels", "episode_likelihood", "tail_ensemble"]
 #: The stream the pure-Python run reads (the shortest of the sample), and how many readings.
 PLAIN_KEY, PLAIN_READINGS = "realTraffic/speed_7578.csv", 700
 
@@ -77,6 +78,11 @@ def test_scores_equal_the_pinned_ones(name: str) -> None:
         if f"{key}:surprise" in fixture:
             np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:surprise"], err_msg=key)
         assert scores.max() > 0.0
+        if f"{key}:nab_protocol_score" in fixture:  # the range and probation declared, as NAB does
+            surprises = []
+            declared = feed(declare_nab(make(name), stream.values[:, 0]), stream.values[:, 0], stream.t_ms, surprises)
+            np.testing.assert_array_equal(declared, fixture[f"{key}:nab_protocol_score"], err_msg=key)
+            np.testing.assert_array_equal(np.array(surprises), fixture[f"{key}:nab_protocol_surprise"], err_msg=key)
 
 
 #: The parameters of ``fixtures/<name>_params_nab.npz`` (pinned like the defaults', on two streams).
@@ -183,11 +189,14 @@ def test_cad_ose_widens_its_range_and_starts_its_memory_again_at_a_reading_beyon
 _PLAIN_RUN = """
 import json, sys
 import numpy as np
+from iotwatch.evaluation.labelled_streams import declare_nab
 from iotwatch.evaluation.sources import NAB_SAMPLE, NabSource
 from iotwatch.models.catalog import make
-name, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name, key, n, protocol = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 stream = next(s for s in NabSource(NAB_SAMPLE).streams() if s.key == key)
 det = make(name)
+if protocol == "nab":
+    declare_nab(det, stream.values[:, 0])
 scores = [det.score_learn_one({"m": v}, t) for v, t in zip(stream.values[:n, 0].tolist(), stream.t_ms[:n].tolist())]
 print(json.dumps({"jit": not __import__("numba").config.DISABLE_JIT, "scores": [repr(s) for s in scores]}))
 """
@@ -195,8 +204,10 @@ print(json.dumps({"jit": not __import__("numba").config.DISABLE_JIT, "scores": [
 
 def test_plain_python_run_equals_the_compiled_one(name: str) -> None:
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    # the declared-range path where the detector has one (NAB's protocol), else the live one
+    protocol = "nab" if f"{PLAIN_KEY}:nab_protocol_score" in pinned(name) else "live"
     out = subprocess.run(
-        [sys.executable, "-c", _PLAIN_RUN, name, PLAIN_KEY, str(PLAIN_READINGS)],
+        [sys.executable, "-c", _PLAIN_RUN, name, PLAIN_KEY, str(PLAIN_READINGS), protocol],
         env=env,
         check=True,
         capture_output=True,
@@ -206,7 +217,7 @@ def test_plain_python_run_equals_the_compiled_one(name: str) -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["jit"] is False
     plain = np.array([float(s) for s in result["scores"]])
-    compiled = pinned(name)[f"{PLAIN_KEY}:score"][:PLAIN_READINGS]
+    compiled = pinned(name)[f"{PLAIN_KEY}:{'nab_protocol_score' if protocol == 'nab' else 'score'}"][:PLAIN_READINGS]
     assert compiled.max() > 0.0
     np.testing.assert_array_equal(plain, compiled)
 

@@ -59,8 +59,8 @@ def test_each_device_type_is_scored_by_its_own_detector_as_if_the_job_ran_that_o
     alone_cad = Harness(StreamSettings(device_detector="cad_ose")).run([sensor])
     assert _scores(rows, "th-") and _scores(rows, "th-") == _scores(alone_el, "th-")
     assert _scores(rows, "aq-") and _scores(rows, "aq-") == _scores(alone_cad, "aq-")
-    # two banks, each of its kernel's width: the sensor's 3 metrics at 264 KB, the thermostats' at 416 B
-    assert mixed.engine.state_sizes == [kernel_for("episode_likelihood").STATE_SIZE, kernel_for("cad_ose").STATE_SIZE]
+    # two banks, each of its kernel's width: the sensor's 3 metrics at 264 KB, the thermostats' at 1,216 B
+    assert mixed.engine.state_sizes == [kernel_for("declared_levels").STATE_SIZE, kernel_for("cad_ose").STATE_SIZE]
     table = mixed.store.load_many(["th-0", "th-1", "aq-0"])
     assert [len(rows) for rows in table.detectors] == [4, 3]  # temperature and humidity of each thermostat
     restored = DeviceTable.from_bytes(table.to_bytes(), mixed.engine.state_sizes)
@@ -80,7 +80,7 @@ def test_an_anomaly_alert_names_the_detector_that_scored_it_and_uses_its_levels(
     for alert in sensor_alerts:
         assert (alert.detector, alert.fire_score, alert.clear_score) == ("cad_ose", 0.80, 0.73)
         assert alert.model_version == "cad_ose@online" and alert.score >= 0.80
-    assert all(a.detector == "episode_likelihood" and a.fire_score == 0.40 for a in raised if a.device_id != "aq-0")
+    assert all(a.detector == "declared_levels" and a.fire_score == 0.40 for a in raised if a.device_id != "aq-0")
     sensor_scores = {r["seq"]: r["scores"] for r in readings_of(rows) if r["device_id"] == "aq-0" and r["scores"]}
     # the CO2 spike is beyond every value cad_ose has seen: it widens the range and scores 1
     assert sensor_scores[1400]["co2_ppm"] == 1.0
@@ -92,9 +92,9 @@ def test_an_anomaly_alert_names_the_detector_that_scored_it_and_uses_its_levels(
 
 def test_the_settings_name_each_types_detector_and_its_levels() -> None:
     assert MIXED.detector_of("air_quality") == "cad_ose"
-    assert MIXED.detector_of("thermostat") == MIXED.detector_of(None) == "episode_likelihood"
+    assert MIXED.detector_of("thermostat") == MIXED.detector_of(None) == "declared_levels"
     assert MIXED.alert_scores_of("cad_ose") == (0.80, 0.73)
-    assert MIXED.alert_scores_of("episode_likelihood") == (MIXED.alert_fire_score, MIXED.alert_clear_score)
+    assert MIXED.alert_scores_of("declared_levels") == (MIXED.alert_fire_score, MIXED.alert_clear_score)
     assert StreamSettings(detector_params={"cad_ose": {"max_contexts": 256}}).detector_params_of("cad_ose") == {
         "max_contexts": 256
     }
@@ -110,3 +110,26 @@ def test_a_detector_without_a_kernel_or_with_unknown_parameters_is_refused_in_on
         Harness(
             StreamSettings(device_detectors={"air_quality": "cad_ose"}, detector_params={"cad_ose": {"contexts": 9}})
         )
+
+
+def test_a_metric_range_declared_in_the_settings_reaches_its_detector_row() -> None:
+    """``stream.metric_ranges`` declares a metric's normal range: a new (device, metric) row of
+    a detector that can use one starts with it; other metrics, and other types, have none."""
+    from iotwatch.models.kernels import declared_levels
+
+    thermostats, sensor = _fleet(n=200)
+    settings = StreamSettings(metric_ranges={"thermostat.temperature_c": (10.0, 35.0)})
+    harness = Harness(settings)
+    rows = harness.run([sorted(thermostats + sensor, key=lambda r: r.offset)])
+    table = harness.store.load_many(["th-0", "th-1", "aq-0"])
+    declared = {
+        (table.ids[d], name): tuple(table.detectors[0][row, [declared_levels.LOW, declared_levels.HIGH]])
+        for d, name, row in zip(table.metric_device, table.metric_name, table.metric_detector, strict=True)
+        if row >= 0
+    }
+    assert declared[("th-0", "temperature_c")] == declared[("th-1", "temperature_c")] == (10.0, 35.0)
+    assert all(np.isnan(v[0]) for k, v in declared.items() if k[1] != "temperature_c")
+    assert np.isnan(declared[("aq-0", "temperature_c")][0])  # declared for thermostats only
+    # the declared metric is judged against the range's levels; the others score as before
+    plain = Harness().run([sorted(thermostats + sensor, key=lambda r: r.offset)])
+    assert _scores(rows, "aq-") == _scores(plain, "aq-")
