@@ -50,7 +50,6 @@ __all__ = [
     "params_vector",
     "score_learn",
     "score_learn_into",
-    "warm",
 ]
 
 #: Levels the declared range is cut into, at each resolution.
