@@ -374,7 +374,11 @@ class StreamSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_STREAM_", frozen=True, extra="ignore")
 
     spark_master: str | None = Field("local[2]", description="empty when spark-submit sets the master")
-    checkpoint_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "checkpoints" / "stream")
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="offsets and per-device state; empty: ~/.iotwatch/checkpoints/<Kafka cluster id>/stream, "
+        "so that each Kafka cluster (each embedded stack) has its own",
+    )
     archive_dir: Path = Field(
         default_factory=lambda: Path.home() / ".iotwatch" / "archive",
         description="Parquet master dataset: clean readings by date and device type",

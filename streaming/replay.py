@@ -20,6 +20,7 @@ from iotwatch.clients.kafka import read_to_end
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import KafkaSettings, Settings
+from iotwatch.streaming.checkpoint import resolve_checkpoint
 
 
 def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]:
@@ -29,7 +30,7 @@ def replay_settings(settings: Settings, tag: str) -> tuple[Settings, Path, Path]
     )
     influx = settings.influx.model_copy(update={"database": f"{settings.influx.database}_{tag}"})
     stream = settings.stream.model_copy(update={"starting_offsets": "earliest"})
-    root = Path(settings.stream.checkpoint_dir).expanduser().resolve().parent
+    root = resolve_checkpoint(settings, None).parent
     return (
         settings.model_copy(update={"topics": topics, "influx": influx, "stream": stream}),
         root / f"replay-{tag}",
