@@ -500,6 +500,13 @@ class StreamSettings(_ConcernSettings):
         description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below)",
     )
     stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
+    stuck_hvac_settle_c_per_h: float = Field(
+        1.0,
+        gt=0,
+        description="the slowest a working HVAC moves a room toward its setpoint: running far from "
+        "the setpoint (after an operator's or the schedule's change) raises stuck_hvac only once the gap "
+        "has lasted gap / this many hours (pushing past the setpoint needs only stuck_hvac_s)",
+    )
     stuck_hvac_readings: int = Field(3, ge=1, description="... and for at least this many readings")
     runbook_url_template: str = Field(
         "https://github.com/iotwatch/iotwatch/blob/main/docs/runbooks.md#{rule}",
