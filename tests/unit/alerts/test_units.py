@@ -132,3 +132,18 @@ def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_sta
     for n in range(5):
         metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
     assert len(metrics.pending) == 3 and metrics.dropped >= 2
+
+
+def test_a_short_alert_id_asks_for_six_characters_a_long_unknown_one_is_unknown() -> None:
+    """``alerts ack f0a``: too short to pick an alert, whether one starts with it or not."""
+    import pytest
+
+    from iotwatch.alerts.book import MIN_PREFIX, AlertBook, UnknownAlert
+
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    with pytest.raises(UnknownAlert, match=f"too short: give at least {MIN_PREFIX} characters"):
+        book.find(CRASH.alert_id[:3])
+    assert book.find(CRASH.alert_id[:MIN_PREFIX]).alert_id == CRASH.alert_id
+    with pytest.raises(UnknownAlert, match="no alert with id 'ffffffffff'"):
+        book.find("ffffffffff")
