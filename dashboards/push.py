@@ -20,7 +20,7 @@ from grafana_client.client import GrafanaClientError, GrafanaException
 
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.builder import DATASOURCE_UID, FOLDER
-from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.errors import IotwatchError, ServiceUnavailable, connection_failure
 
 DATASOURCE_NAME = "iotwatch InfluxDB"
 
@@ -135,22 +135,7 @@ def push(api: GrafanaApi, folder: str = FOLDER, influx: InfluxTarget | None = No
         raise IotwatchError(f"Grafana refused the request: {exc.message}") from exc
     except niquests.exceptions.RequestException as exc:
         raise ServiceUnavailable(
-            f"Grafana did not answer ({unreachable_reason(exc)}): check that it runs and that --url (GRAFANA_URL) "
+            f"Grafana did not answer ({connection_failure(exc)}): check that it runs and that --url (GRAFANA_URL) "
             "points at it"
         ) from exc
     return result
-
-
-def unreachable_reason(exc: BaseException) -> str:
-    """The operating system's words for why a connection failed (``connection refused``,
-    ``name or service not known``, ``timed out``), not the HTTP library's nested repr."""
-    text = str(exc)
-    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
-    if found:
-        return found.group(1).strip().lower()
-    if "NameResolutionError" in text or "Failed to resolve" in text:
-        host = re.search(r"Failed to resolve '([^']+)'", text)
-        return f"cannot resolve {host.group(1)}" if host else "cannot resolve the host"
-    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
-        return "timed out"
-    return type(exc).__name__
