@@ -72,9 +72,9 @@ class AlertRules:
 
             describe[Rule.FLEET_ANOMALY] = describe_fleet
         bounds = np.searchsorted(readings.device, np.arange(len(batch.devices) + 1))
-        holds = (
-            {Rule.STUCK_HVAC: rules.stuck_hvac_hold_ms(readings, self.settings)} if Rule.STUCK_HVAC in scores else {}
-        )
+        holds: dict[str, np.ndarray] = {}
+        if Rule.STUCK_HVAC in scores:
+            holds[Rule.STUCK_HVAC] = rules.stuck_hvac_hold_ms(readings, self.settings)
         for rule, (applies, score) in scores.items():
             fire: float | np.ndarray = self.specs[rule].fire
             if rule == Rule.ANOMALY_SCORE and self.anomaly_banks:
