@@ -495,9 +495,10 @@ class StreamSettings(_ConcernSettings):
     )
     stuck_hvac_c: float = Field(4.0, gt=0, description="temperature this far from setpoint while heating/cooling")
     stuck_hvac_overshoot_c: float = Field(
-        1.0,
+        0.5,
         gt=0,
-        description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below)",
+        description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below; "
+        "a thermostat switches its HVAC off a few tenths of a degree past the setpoint)",
     )
     stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
     stuck_hvac_settle_c_per_h: float = Field(
