@@ -197,6 +197,11 @@ class AlertBook:
                 raise UnknownAlert(
                     f"alert id prefix {alert_id!r} is ambiguous ({len(matches)} alerts); give more of it"
                 )
+        if len(alert_id) < MIN_PREFIX:
+            raise UnknownAlert(
+                f"alert id {alert_id!r} is too short: give at least {MIN_PREFIX} characters of it "
+                "(as `alerts list` shows them)"
+            )
         raise UnknownAlert(f"no alert with id {alert_id!r} on the alert topic")
 
     def silence_for(self, alert: AlertRecord, now_ms: int) -> Silence | None:

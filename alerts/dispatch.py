@@ -53,7 +53,7 @@ from confluent_kafka import Message, Producer
 from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
 from iotwatch.alerts.feed import Pending, RecordFeed
 from iotwatch.alerts.metrics import LifecycleMetrics
-from iotwatch.alerts.notification import body, record_body, record_key
+from iotwatch.alerts.notification import posts, record_body, record_key
 from iotwatch.alerts.notify_policy import GroupNow, decide
 from iotwatch.alerts.routing import Route, RoutingTree
 from iotwatch.alerts.webhook import Backoff, PostResult, Webhook
@@ -389,7 +389,7 @@ class Dispatcher:
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _post(self, receiver: str, document: dict[str, Any], key: str, attempt: int) -> PostResult:
+    def _post(self, receiver: str, document: Any, key: str, attempt: int) -> PostResult:
         """One post, no longer than the run has left."""
         webhook = self.webhooks[receiver]
         timeout_s = None
@@ -467,30 +467,35 @@ class Dispatcher:
     ) -> None:
         receiver, group_key = gid
         views: dict[str, AlertView] = self.book.alerts
-        document = body(
+        key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
+        sends = posts(
             receiver,
-            self.tree.receivers[receiver].format,
+            self.tree.receivers[receiver],
             group.route,
             group_key,
             kind,
             [views[a] for a in firing],
             [views[a] for a in resolved],
             repeated,
+            key,
+            now,
         )
-        key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
-        result = self._post(receiver, document, key, group.failures + 1)
-        if result.outcome == "retry":  # not recorded: tried again later, other receivers are not held up
-            group.failures += 1
-            group.retry_at_ms = now + int(self._retry_in(receiver, group.failures, result) * 1000)
-            return
+        delivered = True
+        for document, post_key in sends:  # a receiver taking one event per alert gets several
+            result = self._post(receiver, document, post_key, group.failures + 1)
+            if result.outcome == "retry":  # not recorded: tried again later (the posts are idempotent)
+                group.failures += 1
+                group.retry_at_ms = now + int(self._retry_in(receiver, group.failures, result) * 1000)
+                return
+            if result.outcome != "delivered":
+                delivered = False
+                self._dead_letter(receiver, group_key, document, result.reason, result.detail)
         group.failures, group.retry_at_ms = 0, 0
-        if result.outcome != "delivered":
-            self._dead_letter(receiver, group_key, document, result.reason, result.detail)
         record = Notification(ONCALL_SCHEMA_VERSION, receiver, group_key, kind, now, firing, resolved, repeated)
         self._record(record)
         self.sent[gid] = record
         group.pending_since_ms = None
-        self.counts[f"sent_{kind.value}"] += result.outcome == "delivered"
+        self.counts[f"sent_{kind.value}"] += delivered
         log.info(
             "notified %s: %s %s (%d firing, %d resolved)", receiver, kind.value, group_key, len(firing), len(resolved)
         )
@@ -508,7 +513,7 @@ class Dispatcher:
         self,
         receiver: str,
         group_key: str,
-        document: dict[str, Any] | None,
+        document: Any,
         reason: str,
         detail: str,
         source: Pending | None = None,

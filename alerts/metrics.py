@@ -47,6 +47,7 @@ class LifecycleMetrics:
         self.failures = 0
         self.dropped = 0  # points dropped while InfluxDB was away
         self.retry_at_ms = 0  # after a failed write, the next one is not tried before this
+        self.away = False  # the last write failed: InfluxDB is lost until one succeeds
 
     def observe(self, view: AlertView) -> None:
         """Queue the event points ``view`` has that were not queued yet."""
@@ -90,16 +91,23 @@ class LifecycleMetrics:
             return
         try:
             self.client.write_points(self.pending, precision="ns")
-            self.pending = []
         except ServiceUnavailable as exc:
             self.failures += 1
             self.retry_at_ms = now_ms + self.interval_ms
-            log.warning(
-                "InfluxDB write of %d on-call points failed (kept for the next try in %.0f s): %s",
-                len(self.pending),
-                self.interval_ms / 1000,
+            # one line when InfluxDB is lost, one when it is back; the tries between at DEBUG
+            level = logging.WARNING if not self.away else logging.DEBUG
+            log.log(
+                level,
+                "InfluxDB lost: %s; on-call points are kept (tried again every %.0f s)",
                 exc,
+                self.interval_ms / 1000,
             )
+            self.away = True
+            return
+        if self.away:
+            log.warning("InfluxDB back: %d on-call points written", len(self.pending))
+        self.away = False
+        self.pending = []
 
     def snapshot(self, book: AlertBook, now_ms: int) -> list[Point]:
         counts: Counter[tuple[str, str, str]] = Counter()

@@ -37,7 +37,9 @@ Group notifications carry a key derived from the receiver, the group and what it
      "text": ":red_circle: [FIRING:2] site=home-1 rule=water_leak\\n• [CRITICAL] water_leak raised on ..."}
 
 ``slack`` receivers get only ``{"text": ...}`` (Slack, Mattermost and Rocket.Chat incoming
-webhooks take it as is; runbooks as ``<url|runbook>`` links).
+webhooks take it as is; runbooks as ``<url|runbook>`` links). ``pagerduty`` and ``alertmanager``
+receivers get those tools' own APIs (:mod:`iotwatch.alerts.paging_apis`): one PagerDuty event
+per alert, or one Alertmanager post listing the notification's alerts.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from __future__ import annotations
 from typing import Any
 
 from iotwatch.alerts.book import AlertView
+from iotwatch.alerts.paging_apis import alertmanager_alerts, pagerduty_events
 from iotwatch.alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank, slack_text
-from iotwatch.alerts.routing import Route
+from iotwatch.alerts.routing import Receiver, Route
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.oncall import NotificationKind
 
@@ -59,6 +62,26 @@ def record_body(alert: AlertRecord) -> dict[str, Any]:
 def record_key(alert: AlertRecord) -> str:
     """A ``record`` receiver's ``Idempotency-Key``: the same for every post of this record."""
     return f"{alert.alert_id}:{alert.state}"
+
+
+def posts(
+    receiver: str,
+    config: Receiver,
+    route: Route,
+    group_key: str,
+    kind: NotificationKind,
+    firing: list[AlertView],
+    resolved: list[AlertView],
+    repeated: list[str],
+    key: str,
+    now_ms: int,
+) -> list[tuple[Any, str]]:
+    """What one group notification sends ``receiver``: (body, ``Idempotency-Key``) per post."""
+    if config.format == "pagerduty":
+        return pagerduty_events(config.routing_key or "", firing, resolved)
+    if config.format == "alertmanager":
+        return [(alertmanager_alerts(firing, resolved, now_ms, config.resolve_after, config.generator_url), key)]
+    return [(body(receiver, config.format, route, group_key, kind, firing, resolved, repeated), key)]
 
 
 def body(

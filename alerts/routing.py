@@ -12,6 +12,13 @@ TOML::
     [receivers.archive]
     url = "https://siem.example/iotwatch"
     format = "record"                    # every raised/cleared record as it is, one post each
+    [receivers.pager]
+    url = "https://events.pagerduty.com/v2/enqueue"
+    format = "pagerduty"                 # Events API v2: trigger/resolve per alert, dedup key = alert id
+    routing_key = "<integration key>"
+    [receivers.alertmanager]
+    url = "http://alertmanager:9093/api/v2/alerts"
+    format = "alertmanager"              # Alertmanager's postable alerts; endsAt on clear
 
     [route]                              # the root policy matches every alert
     receiver = "oncall"
@@ -46,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from iotwatch.alerts.records import parse_duration
 from iotwatch.contract.alerts import AlertRecord
@@ -65,9 +72,23 @@ class Receiver(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
-    format: Literal["json", "slack", "record"] = "json"
+    format: Literal["json", "slack", "record", "pagerduty", "alertmanager"] = "json"
     headers: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(10.0, gt=0)
+    #: ``pagerduty``: the Events API v2 integration key of the service (required)
+    routing_key: str | None = None
+    #: ``alertmanager``: each alert's ``generatorURL`` (e.g. the Grafana dashboard); a firing
+    #: alert's ``endsAt`` is this far ahead, renewed with every notification of its group
+    generator_url: str | None = None
+    resolve_after: float = 24 * 3600.0
+
+    _resolve_after = field_validator("resolve_after", mode="before")(lambda cls, v: parse_duration(v))
+
+    @model_validator(mode="after")
+    def _format_needs(self) -> Receiver:
+        if self.format == "pagerduty" and not self.routing_key:
+            raise UserError("a pagerduty receiver needs routing_key (the service's Events API v2 integration key)")
+        return self
 
     @field_validator("url")
     @classmethod

@@ -91,6 +91,7 @@ def viewer_consumer(
             "enable.auto.offset.store": False,
             "client.id": "iotwatch-alerts-tail",
             "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
+            "enable.partition.eof": True,  # where each partition's backlog ends (BacklogOrder)
         }
     )
     if start == "since" and since_ms is not None:
@@ -222,6 +223,49 @@ class TailOptions:
     max_rows: int = 30
 
 
+#: Alerts of a backlog held at most, to be shown in time order (then shown, and more read).
+BACKLOG_MAX = 100_000
+#: A backlog whose partitions' end events do not all come is shown after this quiet time.
+STALLED_S = 2.0
+
+
+class BacklogOrder:
+    """A viewer reading what the topic already holds (``--from-beginning``, ``--since``) gets
+    it partition by partition; this holds those records until every partition has reached
+    its end (the consumer's end-of-partition events) and hands them over in time order
+    (Kafka timestamp, then partition and offset). After that, records pass straight through."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.ended: set[int] = set()
+        self.held: list[Message] | None = []
+        self.last_held = time.monotonic()
+
+    def stalled(self, quiet_s: float = STALLED_S) -> bool:
+        """Records are held, yet none came for ``quiet_s`` and not every partition said it ended."""
+        return bool(self.held) and time.monotonic() - self.last_held > quiet_s
+
+    def take(self, message: Message) -> list[Message]:
+        """The records to show now, given this one (held, or passed on)."""
+        if self.held is None:
+            return [message]
+        self.held.append(message)
+        self.last_held = time.monotonic()
+        return self.release() if len(self.held) >= BACKLOG_MAX else []
+
+    def partition_ended(self, partition: int) -> list[Message]:
+        if self.held is None:
+            return []
+        self.ended.add(partition)
+        return self.release(final=True) if len(self.ended) >= self.partitions else []
+
+    def release(self, final: bool = False) -> list[Message]:
+        """The held records in time order (all that remain, e.g. when the tail stops)."""
+        held = sorted(self.held or (), key=lambda m: (m.timestamp()[1], m.partition(), m.offset()))
+        self.held = None if final else []
+        return held
+
+
 def run_tail(
     settings: Settings, alerts: AlertsSettings, options: TailOptions, stop: threading.Event, out: TextIO | None = None
 ) -> dict[str, int]:
@@ -230,7 +274,7 @@ def run_tail(
     since_ms: int | None = None
     if options.group_id is not None:
         consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
-        where = f"group {options.group_id}"
+        where, partitions = f"group {options.group_id}", 0
     else:
         start = "since" if options.since_s is not None else "earliest" if options.from_beginning else "latest"
         since_ms = int(time.time() * 1000 - options.since_s * 1000) if options.since_s is not None else None
@@ -251,6 +295,15 @@ def run_tail(
         if options.live and not options.as_json
         else None
     )
+    backlog = options.group_id is None and (options.from_beginning or options.since_s is not None)
+    order = BacklogOrder(partitions) if backlog else None
+
+    def show(messages: list[Message]) -> None:
+        for shown in messages:
+            if options.limit is not None and view.shown >= options.limit:
+                return
+            _handle(shown, view, options, console, out)
+
     try:
         if live is not None:
             live.start()
@@ -260,15 +313,25 @@ def run_tail(
                 break
             message = consumer.poll(min(0.5, remaining))
             if message is None:
+                if order is not None and order.stalled():  # no end events, and nothing more for a while
+                    show(order.release(final=True))
                 continue
             if message.error() is not None:
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    show(order.partition_ended(message.partition()) if order is not None else [])
+                    continue
                 _check_error(settings, options.group_id, message)
                 continue
             if since_ms is not None and message.timestamp()[1] < since_ms:
                 continue  # written before the window (a broker may answer offsets by time coarsely)
+            if order is not None:
+                show(order.take(message))
+                continue
             _handle(message, view, options, console, out)
             if options.group_id is not None:
                 consumer.store_offsets(message=message)
+        if order is not None:
+            show(order.release(final=True))  # stopped before every partition's end: what was read
     finally:
         if live is not None:
             live.stop()

@@ -75,8 +75,9 @@ class Webhook:
         """Where posts go, without secrets (:func:`receiver_name`)."""
         return receiver_name(self.url)
 
-    def send(self, document: dict[str, Any], key: str, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
-        """Post ``document`` as JSON with ``key`` as its Idempotency-Key (the same on every retry)."""
+    def send(self, document: Any, key: str, attempt: int = 1, timeout_s: float | None = None) -> PostResult:
+        """Post ``document`` (an object or a list) as JSON with ``key`` as its Idempotency-Key
+        (the same on every retry)."""
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,

@@ -20,7 +20,7 @@ from grafana_client.client import GrafanaClientError, GrafanaException
 
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.builder import DATASOURCE_UID, FOLDER
-from iotwatch.errors import IotwatchError, ServiceUnavailable
+from iotwatch.errors import IotwatchError, ServiceUnavailable, connection_failure
 
 DATASOURCE_NAME = "iotwatch InfluxDB"
 
@@ -134,5 +134,8 @@ def push(api: GrafanaApi, folder: str = FOLDER, influx: InfluxTarget | None = No
     except GrafanaException as exc:
         raise IotwatchError(f"Grafana refused the request: {exc.message}") from exc
     except niquests.exceptions.RequestException as exc:
-        raise ServiceUnavailable(f"Grafana did not answer: {exc}") from exc
+        raise ServiceUnavailable(
+            f"Grafana did not answer ({connection_failure(exc)}): check that it runs and that --url (GRAFANA_URL) "
+            "points at it"
+        ) from exc
     return result

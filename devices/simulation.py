@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from iotwatch.contract.device_commands import TwinProperties
+from iotwatch.contract.ground_truth import OPERATOR, SETPOINT_CHANGE, Injection
 from iotwatch.devices import seq_state
 from iotwatch.devices.anomaly_kinds import TRANSPORT
 from iotwatch.devices.config import SimConfig
 from iotwatch.devices.faults import corrupt
 from iotwatch.devices.fleet import build_fleet
 from iotwatch.devices.group import DeviceGroup
+from iotwatch.devices.home.thermostat import ThermostatGroup
 from iotwatch.devices.injector import DRAWS, STATUS, Injector
 from iotwatch.devices.rng import CounterRng
 from iotwatch.devices.twin import DeviceTwins
@@ -129,7 +131,36 @@ class Simulation:
         def end(kind: str, by: str) -> None:
             self.injector.end_by_command(gi, i, kind, self.now_ms, by, self._extra)
 
-        return self.twins.obey(self.groups[gi], i, command, args or {}, end, command_id)
+        group = self.groups[gi]
+        before = float(group.setpoint[i]) if isinstance(group, ThermostatGroup) else None
+        refused = self.twins.obey(group, i, command, args or {}, end, command_id)
+        if refused is None and isinstance(group, ThermostatGroup) and before != float(group.setpoint[i]):
+            self.injector.records.append(self._setpoint_change(group, i, before, command_id))
+        return refused
+
+    def _setpoint_change(self, group: ThermostatGroup, i: int, before: float | None, command_id: str) -> Injection:
+        """The ground truth of an operator's setpoint change: expected, not an anomaly, from now
+        until the room can have reached the new setpoint at the HVAC's power (the settling)."""
+        after = float(group.setpoint[i])
+        power_c_per_h = float(group.homes.hvac_power_c_per_h[group.home[i]])
+        settle_ms = int(abs(after - (before if before is not None else after)) / power_c_per_h * 3_600_000)
+        interval = int(group.interval[i])
+        seq = int(group.seq[i])
+        readings = max(1, settle_ms // max(interval, 1))
+        return Injection(
+            device_id=group.device_ids[i],
+            device_type=group.device_type,
+            site=group.sites[i],
+            kind=SETPOINT_CHANGE,
+            category=OPERATOR,
+            start_ts=self.now_ms,
+            end_ts=self.now_ms + settle_ms,
+            start_seq=seq,
+            end_seq=seq + readings - 1,
+            messages=readings,
+            source="command",
+            params={"from_c": before, "to_c": after, "command_id": command_id},
+        )
 
     def reported(self, device_id: str) -> TwinProperties | None:
         """The twin properties the device reports (None: not simulated here)."""

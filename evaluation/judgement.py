@@ -49,7 +49,7 @@ from typing import Any
 
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
-from iotwatch.contract.ground_truth import ANOMALY, TRANSPORT, Injection
+from iotwatch.contract.ground_truth import ANOMALY, OPERATOR, TRANSPORT, Injection
 from iotwatch.devices.anomaly_kinds import KINDS
 from iotwatch.stats import quantile, rounded
 
@@ -158,7 +158,7 @@ def judge(
                         else:
                             delay_readings = float(alert.seq - event.start_seq)
                         detections[id(event)] = (alert, delay_readings, (alert.raised_ms - event.start_ts) / 1000.0)
-                elif status == FALSE_ALARM:
+                elif status == FALSE_ALARM and event.category != OPERATOR:
                     after = min(max(event.end_seq - event.start_seq, grace_readings), _AFTERMATH_MAX_MS // step)
                     if inside or event.end_seq < alert.seq <= event.end_seq + grace_readings + after:
                         status = RELATED
@@ -242,8 +242,30 @@ def judge(
         "kinds": per_kind,
         "rules": per_rule,
         "transport_faults": count_names(e.kind for e in truth if e.category == TRANSPORT),
+        "operator_actions": _operator_actions(truth, by_device, verdicts),
     }
     return Judgement(report, verdicts)
+
+
+def _operator_actions(
+    truth: list[Injection], by_device: Mapping[str, list[RaisedAlert]], verdicts: Mapping[str, str]
+) -> dict[str, Any]:
+    """Operators' commanded changes (expected, not anomalies) and the false alarms raised on
+    their devices while the devices settled after them: each such alert is an operator's
+    action reported as a fault."""
+    actions = [e for e in truth if e.category == OPERATOR]
+    alerted: list[RaisedAlert] = []
+    for event in actions:
+        alerted += [
+            a
+            for a in by_device.get(event.device_id, ())
+            if event.start_ts <= a.raised_ms <= event.end_ts and verdicts.get(a.alert_id) == FALSE_ALARM
+        ]
+    return {
+        "actions": count_names(e.kind for e in actions),
+        "alerted": len({id(a) for a in alerted}),
+        "alerted_by_rule": count_names(a.rule for a in alerted),
+    }
 
 
 def _rules_for(kind: str) -> frozenset[str]:

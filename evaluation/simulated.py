@@ -24,10 +24,15 @@ import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from iotwatch.contract.device_commands import SET_PROPERTIES
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.devices.config import SimConfig
+from iotwatch.devices.home.thermostat import ThermostatGroup
 from iotwatch.devices.simulation import STATUS, Simulation
 from iotwatch.evaluation.judgement import JudgedRun, RaisedAlert, count_names, judge
 from iotwatch.settings import StreamSettings
@@ -46,6 +51,7 @@ __all__ = [
     "evaluate_simulated",
     "match",
     "run_alerts",
+    "run_fleet",
     "settings_for",
     "simulate",
 ]
@@ -115,11 +121,17 @@ def simulate(
     fault_kinds: tuple[str, ...] | None = None,
     mix: dict[str, int] | None = None,
     tick_ms: int = 5000,
+    setpoint_changes_per_day: float = 1.0,
+    scenario: Path | None = None,
 ) -> SimulatedFleet:
     """Generate the fleet on a virtual clock (no broker). ``anomalies_per_day`` is per device;
     ``kinds`` limits the anomaly kinds (default: all that apply to each device type),
     ``fault_kinds`` the transport faults (with ``faults``);
-    ``mix`` fixes the devices per home by type (default: each home draws its own)."""
+    ``mix`` fixes the devices per home by type (default: each home draws its own);
+    ``setpoint_changes_per_day``: operators' setpoint changes per thermostat, through its twin
+    as ``devices set`` sends them (2-6 C up or down, seeded): expected, not anomalies, and the
+    ground truth says so (:data:`iotwatch.contract.ground_truth.OPERATOR`); ``scenario``: a
+    scenario file of planned anomalies (:mod:`iotwatch.devices.scenario`)."""
     params = {
         "homes": homes,
         "vehicles": vehicles,
@@ -134,6 +146,7 @@ def simulate(
         "fault_kinds": list(fault_kinds) if fault_kinds else None,
         "mix": mix,
         "tick_ms": tick_ms,
+        "setpoint_changes_per_day": setpoint_changes_per_day,
     }
     config = SimConfig(
         seed=seed,
@@ -148,23 +161,59 @@ def simulate(
         fault_kinds=fault_kinds,
         mix=mix,
         tick_ms=tick_ms,
+        scenario=scenario,
     )
     sim = Simulation(config)
+    return run_fleet(sim, params, days, _setpoint_changes(sim, setpoint_changes_per_day, days, seed))
+
+
+def run_fleet(
+    sim: Simulation, params: dict[str, Any], days: float, changes: Sequence[tuple[int, str, float]] = ()
+) -> SimulatedFleet:
+    """Run ``sim`` for ``days`` on its virtual clock, carrying out the operators' setpoint
+    ``changes`` ((time, thermostat, setpoint) as ``devices set`` sends them) when they fall due."""
+    start_ms = sim.config.start_ms
     devices: dict[str, DeviceStream] = {}
     by_uid: dict[int, DeviceStream] = {}
     for group in sim.groups:
         for i, device_id in enumerate(group.device_ids):
             stream = DeviceStream(device_id, group.device_type, int(group.interval[i]))
             devices[device_id] = by_uid[int(group.uid[i])] = stream
+    due = sorted(changes, reverse=True)  # the next one last
     for batch in sim.run(days * 86400.0):
+        while due and due[-1][0] <= sim.now_ms:
+            at_ms, device_id, setpoint = due.pop()
+            refused = sim.obey(device_id, SET_PROPERTIES, f"operator-{at_ms}-{device_id}", {"setpoint_c": setpoint})
+            if refused:
+                raise RuntimeError(f"the simulated {device_id} refused its setpoint: {refused}")
         arrival = sim.now_ms  # the end of the tick the messages were sent in
         for uid, _topic, payload, group_index in batch:
             if group_index == STATUS:
                 continue
             data = payload if isinstance(payload, bytes) else payload.encode()
             by_uid[int(uid)].messages.append((arrival, data))
-    end_ms = START_MS + int(days * _DAY_MS)
-    return SimulatedFleet(params, dict(sorted(devices.items())), sim.injector.records, START_MS, end_ms)
+    end_ms = start_ms + int(days * _DAY_MS)
+    return SimulatedFleet(params, dict(sorted(devices.items())), sim.injector.records, start_ms, end_ms)
+
+
+def _setpoint_changes(sim: Simulation, per_day: float, days: float, seed: int) -> list[tuple[int, str, float]]:
+    """(time, thermostat, new setpoint) of the operators' changes: a Poisson process per
+    thermostat after the burn-in hours, each 2-6 C up or down
+    from the home's comfort temperature, within 15-28 C."""
+    rng = np.random.default_rng([seed, 61])
+    out = []
+    for group in sim.groups:
+        if not isinstance(group, ThermostatGroup):
+            continue
+        for i, device_id in enumerate(group.device_ids):
+            count = rng.poisson(per_day * days)
+            for at_s in rng.uniform(3 * 3600.0, days * 86400.0, count):
+                step = rng.uniform(2.0, 6.0) * rng.choice([-1.0, 1.0])
+                comfort = float(group.homes.comfort_c[group.home[i]])
+                out.append(
+                    (START_MS + int(at_s * 1000), device_id, round(float(min(28.0, max(15.0, comfort + step))), 1))
+                )
+    return out
 
 
 # -- through the streaming job's per-device logic -----------------------------------------------

@@ -89,6 +89,7 @@ class GatewayStats:
                 "delivery_latency_ms_p50": delivery["p50"],
                 "delivery_latency_ms_p99": delivery["p99"],
                 "uptime_s": round(time.time() - self.started_at, 1),
+                "started_ms": int(self.started_at * 1000),
             }
 
 
@@ -232,7 +233,11 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[Point]:
-    """The ``gateway`` measurement (one point per status period) and dead letters by reason."""
+    """The ``gateway`` measurement (one point per status period) and dead letters by reason.
+
+    Each reason's counter is also written as 0 at the gateway's start (the same point every
+    time, so InfluxDB keeps one): the dashboards' increase of a counter needs a value before
+    its first one, or a reason's first dead letters would show nowhere."""
     counters = ("received", "forwarded", "dead_lettered", "delivery_failures", "duplicates", "seq_gaps", "inflight")
     fields: dict[str, float | int | None] = {name: int(snapshot[name]) for name in counters}
     fields |= {
@@ -244,10 +249,12 @@ def influx_points(snapshot: dict[str, Any], instance: str, ts_ms: int) -> list[P
         "delivery_latency_ms_p99": snapshot["delivery_latency_ms_p99"],
     }
     points = [GATEWAY.point({"instance": instance}, fields, ts_ms)]
+    started_ms = snapshot.get("started_ms")
     for reason, count in snapshot["dead_letter_reasons"].items():
-        points.append(
-            GATEWAY_DEAD_LETTERS.point({"instance": instance, "reason": reason}, {"count": int(count)}, ts_ms)
-        )
+        tags = {"instance": instance, "reason": reason}
+        if started_ms is not None and started_ms < ts_ms:
+            points.append(GATEWAY_DEAD_LETTERS.point(tags, {"count": 0}, started_ms))
+        points.append(GATEWAY_DEAD_LETTERS.point(tags, {"count": int(count)}, ts_ms))
     return points
 
 

@@ -4,6 +4,8 @@ Anything else that reaches the command line is a bug: it is reported as an inter
 with its traceback under ``--log-level debug``.
 """
 
+import re
+
 
 class IotwatchError(Exception):
     """An expected failure with a message that says what to do about it."""
@@ -36,3 +38,18 @@ class AccessRefused(IotwatchError):
 class TlsRefused(ServiceUnavailable):
     """A TLS connection failed its handshake: a certificate the client does not trust, one
     for another name, or one side speaking TLS and the other not (the message says which)."""
+
+
+def connection_failure(exc: BaseException) -> str:
+    """The operating system's words for why a connection failed (``connection refused``,
+    ``name or service not known``, ``timed out``), not the HTTP library's nested repr."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if found:
+        return found.group(1).strip().lower()
+    if "NameResolutionError" in text or "Failed to resolve" in text:
+        host = re.search(r"Failed to resolve '([^']+)'", text)
+        return f"cannot resolve {host.group(1)}" if host else "cannot resolve the host"
+    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return "timed out"
+    return type(exc).__name__

@@ -383,7 +383,11 @@ class StreamSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_STREAM_", frozen=True, extra="ignore")
 
     spark_master: str | None = Field("local[2]", description="empty when spark-submit sets the master")
-    checkpoint_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "checkpoints" / "stream")
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="offsets and per-device state; empty: ~/.iotwatch/checkpoints/<Kafka cluster id>/stream, "
+        "so that each Kafka cluster (each embedded stack) has its own",
+    )
     archive_dir: Path = Field(
         default_factory=lambda: Path.home() / ".iotwatch" / "archive",
         description="Parquet master dataset: clean readings by date and device type",
@@ -511,11 +515,19 @@ class StreamSettings(_ConcernSettings):
     )
     stuck_hvac_c: float = Field(4.0, gt=0, description="temperature this far from setpoint while heating/cooling")
     stuck_hvac_overshoot_c: float = Field(
-        1.0,
+        0.5,
         gt=0,
-        description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below)",
+        description="or this far past the setpoint in the direction the HVAC pushes (heating above, cooling below; "
+        "a thermostat switches its HVAC off a few tenths of a degree past the setpoint)",
     )
     stuck_hvac_s: float = Field(120.0, ge=0, description="... for this long (event time) raises stuck_hvac")
+    stuck_hvac_settle_c_per_h: float = Field(
+        1.0,
+        gt=0,
+        description="the slowest a working HVAC moves a room toward its setpoint: running far from "
+        "the setpoint (after an operator's or the schedule's change) raises stuck_hvac only once the gap "
+        "has lasted gap / this many hours (pushing past the setpoint needs only stuck_hvac_s)",
+    )
     stuck_hvac_readings: int = Field(3, ge=1, description="... and for at least this many readings")
     runbook_url_template: str = Field(
         "https://github.com/iotwatch/iotwatch/blob/main/docs/runbooks.md#{rule}",

@@ -9,7 +9,7 @@ Alerts are listed in (device, Kafka order, rule order), the same on every run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import numpy as np
@@ -72,6 +72,9 @@ class AlertRules:
 
             describe[Rule.FLEET_ANOMALY] = describe_fleet
         bounds = np.searchsorted(readings.device, np.arange(len(batch.devices) + 1))
+        holds: dict[str, np.ndarray] = {}
+        if Rule.STUCK_HVAC in scores:
+            holds[Rule.STUCK_HVAC] = rules.stuck_hvac_hold_ms(readings, self.settings)
         for rule, (applies, score) in scores.items():
             fire: float | np.ndarray = self.specs[rule].fire
             if rule == Rule.ANOMALY_SCORE and self.anomaly_banks:
@@ -85,7 +88,9 @@ class AlertRules:
                 if rule == Rule.ANOMALY_SCORE and hi > lo:
                     spec = self._anomaly_spec(int(readings.bank[lo]))
                 found.extend(
-                    self._run_episode(sequenced, readings, book, d, spec, idx, score, firing, describe[rule], fleet)
+                    self._run_episode(
+                        sequenced, readings, book, d, spec, idx, score, firing, describe[rule], fleet, holds.get(rule)
+                    )
                 )
         found.extend(self._silences_in_log(batch, sequenced, readings, book))
         found.sort(key=lambda item: item[0])
@@ -103,7 +108,9 @@ class AlertRules:
         firing: np.ndarray,
         describe: Describe,
         fleet: FleetScores | None,
+        hold_ms: np.ndarray | None = None,
     ) -> list[_Placed]:
+        """``hold_ms``: a rule whose hold depends on the reading (:func:`rules.stuck_hvac_hold_ms`)."""
         rule = spec.name
         episode = book.episode(d, rule)
         context = book.context(d)
@@ -116,8 +123,9 @@ class AlertRules:
             def observed(i: int = i) -> Observation:
                 return describe(i, episode.metric)
 
+            held = spec if hold_ms is None else replace(spec, hold_ms=int(hold_ms[i]))
             alert = advance(
-                episode, spec, float(score[i]), int(readings.ts[i]), int(readings.seq[i]), context, observed
+                episode, held, float(score[i]), int(readings.ts[i]), int(readings.seq[i]), context, observed
             )
             if alert is not None:
                 updates: dict[str, object] = dict(readings.position(i))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 from iotwatch.settings import StreamSettings
+
+if TYPE_CHECKING:
+    from iotwatch.streaming.checkpoint import ResetTo
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +31,9 @@ archive_option = click.option(
     "--checkpoint",
     "checkpoint_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR); restart with the same "
-    "directory to resume exactly where the job stopped.",
+    help="Offsets and per-device state (default IOTWATCH_STREAM_CHECKPOINT_DIR, else "
+    "~/.iotwatch/checkpoints/<Kafka cluster id>/stream); restart with the same directory to resume "
+    "exactly where the job stopped.",
 )
 @archive_option
 @click.option(
@@ -46,6 +50,12 @@ archive_option = click.option(
     "on a backlog faster, most of all with a large fleet.",
 )
 @click.option("--starting-offsets", help="earliest | latest | JSON per partition, for a new checkpoint.")
+@click.option(
+    "--reset-offsets",
+    type=click.Choice(["earliest", "latest"]),
+    help="Set the checkpoint aside (renamed, with its device state) and read the topic from its start or "
+    "its end: the way out when Kafka no longer has the checkpoint's offsets.",
+)
 @click.option(
     "--available-now",
     is_flag=True,
@@ -71,6 +81,7 @@ def stream(
     trigger_s: float | None,
     max_offsets_per_trigger: int | None,
     starting_offsets: str | None,
+    reset_offsets: ResetTo | None,
     available_now: bool,
     duration: float | None,
     warm_up: bool,
@@ -83,7 +94,8 @@ def stream(
     duplicates by (device_id, seq), scores every reading with per-device online detectors
     and rules, publishes raised/cleared alerts to the alert topic, archives clean readings
     to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
-    topics and the InfluxDB database.
+    topics and the InfluxDB database. Refuses a checkpoint whose offsets Kafka no longer
+    has (another stack's, a re-created topic's) before Spark starts.
     """
     update: dict[str, Any] = {
         k: v
@@ -99,7 +111,13 @@ def stream(
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
     job = run_job(
-        settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration, warm_up=warm_up
+        settings,
+        checkpoint_dir,
+        archive_dir,
+        available_now=available_now,
+        duration=duration,
+        warm_up=warm_up,
+        reset_offsets=reset_offsets,
     )
     summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals), "last_progress": job.reporter.last}
     emit(summary, as_json, render_summary)

@@ -27,6 +27,7 @@ from iotwatch.errors import IotwatchError
 from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
 from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
+from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator
 from iotwatch.streaming.progress import ProgressReporter
@@ -174,7 +175,7 @@ def start(
     when records are waiting, which the first micro-batch then reads at once."""
     stream = settings.stream
     check_kernels(stream.detector_names())  # here, not in a task
-    checkpoint = Path(checkpoint_dir or stream.checkpoint_dir).expanduser().resolve()
+    checkpoint = resolve_checkpoint(settings, checkpoint_dir)
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too
     packed = read_kafka_stream(
@@ -268,13 +269,23 @@ def run_job(
     duration: float | None,
     query_name: str = "iotwatch_stream",
     warm_up: bool = False,
+    reset_offsets: ResetTo | None = None,
 ) -> RunningJob:
     """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
-    where its source file is readable by the executor, and not with ``available_now``)."""
+    where its source file is readable by the executor, and not with ``available_now``).
+    A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
+    ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`)."""
     prepare_outputs(settings)
+    cluster = cluster_id(settings)
+    checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
+    prepare_checkpoint(settings, checkpoint_dir, cluster, reset_offsets)
+    if reset_offsets:
+        settings = settings.model_copy(
+            update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}
+        )
     stop = threading.Event()
     _stop_on_signals(stop)
     with session_scope(settings.stream, "iotwatch-stream") as spark:
@@ -337,8 +348,9 @@ def _serve(
 
 def _restartable(error: str) -> bool:
     """A failure that starting again from the checkpoint can get past: not one the user must
-    fix first (a checkpoint of another state layout fails the same way every time)."""
-    return not any(name in error for name in _STATE_LAYOUT_ERRORS)
+    fix first (a checkpoint of another state layout, or offsets Kafka no longer has, fail the
+    same way every time)."""
+    return not any(name in error for name in (*_STATE_LAYOUT_ERRORS, DATA_LOST))
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -347,6 +359,8 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
+#: Spark's words for a checkpoint whose offsets the Kafka cluster no longer has.
+DATA_LOST = "Some data may have been lost"
 #: Spark's error classes for a checkpoint whose state another version of iotwatch laid out otherwise.
 _STATE_LAYOUT_ERRORS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
 
@@ -358,6 +372,8 @@ def _hint(error: str) -> str:
             " -- the checkpoint was written by an earlier iotwatch with another state layout: "
             "start with a new --checkpoint directory (with --starting-offsets earliest it reprocesses the topic)"
         )
+    if DATA_LOST in error:
+        return f" -- the checkpoint's offsets are no longer in Kafka: {WAY_OUT}"
     return ""
 
 

@@ -141,24 +141,41 @@ class _Hvac:
     heating: np.ndarray  # outside colder than the setpoint: the HVAC heats
     overshoot: np.ndarray  # past the setpoint in the direction the HVAC pushes
     stuck: np.ndarray  # running, and past the setpoint or far from it
+    gap: np.ndarray  # degrees between the temperature and the setpoint
 
 
 def _hvac(readings: BatchReadings, settings: StreamSettings) -> _Hvac:
     """HVAC running but not doing its job: past the setpoint in the direction it pushes
     (heating above it, cooling below it: a thermostat's hysteresis switches off within a
-    fraction of a degree), or far from the setpoint either way. Heating or cooling is
-    told by the outside temperature: below the setpoint, the HVAC heats."""
+    fraction of a degree), or far from the setpoint either way. Heating or cooling is what
+    the thermostat reports (``hvac_cooling``); from a thermostat that does not, it is told by
+    the outside temperature: below the setpoint, the HVAC heats."""
     temperature, setpoint, hvac = (readings.metric(m) for m in ("temperature_c", "setpoint_c", "hvac_on"))
-    outside = readings.metric("outside_temperature_c")
+    outside, mode = readings.metric("outside_temperature_c"), readings.metric("hvac_cooling")
     gap = temperature - setpoint
     with np.errstate(invalid="ignore"):
-        heating, cooling = outside < setpoint, outside > setpoint
+        reported = ~np.isnan(mode)
+        heating = np.where(reported, mode < 0.5, outside < setpoint)
+        cooling = np.where(reported, mode >= 0.5, outside > setpoint)
         overshoot = (heating & (gap > settings.stuck_hvac_overshoot_c)) | (
             cooling & (gap < -settings.stuck_hvac_overshoot_c)
         )
         stuck = (hvac >= 0.5) & (overshoot | (np.abs(gap) > settings.stuck_hvac_c))
     known = ~np.isnan(temperature) & ~np.isnan(setpoint) & ~np.isnan(hvac)
-    return _Hvac(known, heating, overshoot, stuck)
+    return _Hvac(known, heating, overshoot, stuck, np.abs(gap))
+
+
+def stuck_hvac_hold_ms(readings: BatchReadings, settings: StreamSettings) -> np.ndarray:
+    """How long (event time) each reading's stuck-HVAC condition must last before it raises:
+    ``stuck_hvac_s`` for an HVAC pushing past its setpoint (never the way to a setpoint); for
+    one running far from it, also the time a working HVAC needs to close that gap at
+    ``stuck_hvac_settle_c_per_h``. A setpoint moved by an operator (the twin's desired state)
+    or the household's schedule leaves the room far from it while the HVAC works its way
+    there: that settling is not a fault, and its length grows with the gap."""
+    hvac = _hvac(readings, settings)
+    settle_ms = np.nan_to_num(hvac.gap) / settings.stuck_hvac_settle_c_per_h * 3_600_000
+    base = settings.stuck_hvac_s * 1000
+    return np.where(hvac.overshoot, base, np.maximum(base, settle_ms)).astype(np.int64)
 
 
 # --- one reading: the observations alert records carry ---------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iotwatch.contract.alerts import iso_time
 from iotwatch.streaming.device_state import CORE_FIELDS, COUNTERS, LAST_WALL_MS
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.partition_io import DeviceStore, RecordColumns
@@ -167,8 +168,7 @@ def dead_letters(
                 seq=int(decoded.seq[r]),
                 event_ms=int(decoded.ts[r]),
                 reason="late",
-                detail=f"event time {decoded.ts[r]} is more than {lateness_ms} ms older than the device's "
-                f"newest {sequenced.prior_newest[p]}",
+                detail=late_detail(int(decoded.ts[r]), int(sequenced.prior_newest[p]), lateness_ms),
             )
         elif batch.conflict[p]:
             row.update(
@@ -180,3 +180,11 @@ def dead_letters(
             row.update(reason=decoded.reason[r], detail=decoded.detail[r])
         rows.append(row)
     return rows
+
+
+def late_detail(event_ms: int, newest_ms: int, lateness_ms: int) -> str:
+    """Why a record is late, in UTC times an operator reads (the form alert records use)."""
+    return (
+        f"event time {iso_time(event_ms)} is {(newest_ms - event_ms) / 1000:.1f} s older than the device's newest "
+        f"{iso_time(newest_ms)} (allowed lateness {lateness_ms / 1000:g} s)"
+    )

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import SCHEMA_VERSION, DeviceType, Telemetry
 from iotwatch.settings import Settings
+from iotwatch.streaming.checkpoint import committed_offsets, raw_offsets
 from iotwatch.streaming.progress import OBSERVATION, batch_counts
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0
     if settings.topics.raw_pattern:
         return None
     try:
-        committed = _committed_offsets(checkpoint)
+        committed = committed_offsets(checkpoint)
     except (OSError, ValueError, IndexError):  # IndexError: an offset log cut short
         return None
     offsets = raw_offsets(settings, timeout_s)
@@ -89,34 +89,6 @@ def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0
     return waiting
 
 
-def raw_offsets(settings: Settings, timeout_s: float = 5.0) -> dict[int, tuple[int, int]] | None:
-    """Each partition of the raw topic with its log start and end offsets; None when Kafka
-    does not answer or the topic is missing."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from iotwatch.clients.kafka import client_config, end_offset
-
-    raw = settings.topics.raw
-    try:
-        consumer = Consumer({**client_config(settings.kafka), "group.id": "iotwatch-warm-up", "log_level": 0})
-    except KafkaException:
-        return None
-    try:
-        metadata = consumer.list_topics(raw, timeout=timeout_s).topics.get(raw)
-        if metadata is None or metadata.error is not None:
-            return None
-        offsets = {}
-        for number in sorted(metadata.partitions):
-            partition = TopicPartition(raw, number)
-            end = end_offset(consumer, partition, timeout_s)
-            offsets[number] = (int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[0]), end)
-        return offsets
-    except KafkaException:
-        return None
-    finally:
-        consumer.close()
-
-
 def warm_kafka_reader(spark: SparkSession, settings: Settings) -> int:
     """Read an empty offset range of the raw topic through Spark's Kafka connector: the
     query's first offset request then finds the connector's classes loaded and its admin
@@ -131,16 +103,6 @@ def warm_kafka_reader(spark: SparkSession, settings: Settings) -> int:
     ends = json.dumps({settings.topics.raw: {str(number): end for number, (_, end) in offsets.items()}})
     read_kafka_batch(spark, settings.kafka, [settings.topics.raw], starting_offsets=ends, ending_offsets=ends).count()
     return len(offsets)
-
-
-def _committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
-    """The Kafka offsets of the checkpoint's last committed micro-batch (Spark's offset log:
-    a version line, the batch's metadata, then one line per source); None for a new one."""
-    commits = [int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
-    if not commits:
-        return None
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    return json.loads(lines[2])
 
 
 def _starts_at_latest(starting_offsets: str) -> bool:

@@ -20,7 +20,12 @@ from iotwatch.application.stack import EmbeddedStack, StackState
 from iotwatch.settings import Settings, load_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-pytest_plugins = ["tests.support.alerts", "tests.support.gateway", "tests.support.homes"]
+pytest_plugins = [
+    "tests.support.alerts",
+    "tests.support.gateway",
+    "tests.support.homes",
+    "tests.support.paging_schemas",
+]
 
 
 #: Test folders whose files run one after another on one pytest-xdist worker: each

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ SEVERITY_STYLE = {"critical": "bold red", "major": "red", "minor": "yellow", "wa
 #: The gateway counters a sample keeps (the live view, the report's plots and the drain check
 #: read them); an hour's run samples every second, so the rest of the gateway's metrics are
 #: left to its own final report.
-GATEWAY_COUNTERS = ("received", "forwarded", "dead_lettered", "inflight")
+GATEWAY_COUNTERS = ("received", "forwarded", "dead_lettered", "inflight", "kafka_up")
 
 
 @dataclass(slots=True)
@@ -101,11 +102,14 @@ class Probe:
             edge.close()
 
     def gateway(self) -> dict[str, float]:
-        """Every gateway's :data:`GATEWAY_COUNTERS`, summed (a gateway that does not answer
-        this second adds nothing this time)."""
-        values: dict[str, float] = {}
+        """Every gateway's :data:`GATEWAY_COUNTERS`, summed (``kafka_up``: the gateways that
+        reach Kafka), and ``answered``: the gateways that answered this second (one that does
+        not adds nothing this time)."""
+        values: dict[str, float] = {"answered": 0.0}
         for url in self.gateway_urls:
-            for key, value in scrape(url).items():
+            scraped = scrape(url)
+            values["answered"] += bool(scraped)
+            for key, value in scraped.items():
                 if key in GATEWAY_COUNTERS:
                     values[key] = values.get(key, 0.0) + value
         return values
@@ -205,6 +209,17 @@ def _rate(state: LiveState, pick: Any) -> float:
     return max(0.0, (pick(b) - pick(a)) / max(b.t - a.t, 1e-6))
 
 
+def kafka_note(gateway: Mapping[str, float]) -> str:
+    """What the gateways say of Kafka: up, DOWN (at how many of them), or nothing known when
+    no gateway answered (stopped at the end of a run, or busy), rather than a DOWN it did not say."""
+    answered, up = int(gateway.get("answered", 0)), int(gateway.get("kafka_up", 0))
+    if not answered:
+        return "gateway not answering"
+    if up >= answered:
+        return "kafka up"
+    return "kafka DOWN" if answered == 1 else f"kafka DOWN at {answered - up} of {answered} gateways"
+
+
 def render(state: LiveState, started: float, duration: float | None, phase: str) -> Group:
     """The rich renderable for one refresh."""
     last = state.samples[-1] if state.samples else Sample(time.time(), {}, 0, 0, 0)
@@ -226,7 +241,7 @@ def render(state: LiveState, started: float, duration: float | None, phase: str)
         "gateway -> Kafka",
         f"{gw.get('forwarded', 0):.0f}",
         f"{_rate(state, lambda s: s.gateway.get('forwarded', 0)):.0f}",
-        "kafka up" if gw.get("kafka_up") else "kafka DOWN",
+        kafka_note(gw),
     )
     stages.add_row("Kafka raw topic", f"{last.raw_end}", f"{_rate(state, lambda s: s.raw_end):.0f}", "")
     lag = max(0, last.raw_end - last.stream_offset)

@@ -4,7 +4,10 @@ dT/dt = (T_out - T) / tau + occupants' heat + HVAC; the HVAC switches on below
 setpoint - 0.3 degC (heating homes) or above setpoint + 0.3 (cooling homes) and off past
 the other side. The setpoint follows the household (comfort when awake at home, setback
 otherwise) unless an operator set one (:attr:`ThermostatGroup.setpoint_override`, the twin's
-desired ``setpoint_c``). A stuck HVAC (mode ``HVAC_STUCK``) runs regardless, so the room runs away.
+desired ``setpoint_c``). A stuck HVAC (mode ``HVAC_STUCK``) runs regardless, so the room runs away
+past the setpoint. Each reading says what the HVAC does when on (``hvac_cooling``), as
+thermostats report their heat or cool mode: the outside temperature does not tell it (a cooling
+home's nights are often colder than its setpoint).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class ThermostatGroup(DeviceGroup):
         "humidity_pct",
         "setpoint_c",
         "hvac_on",
+        "hvac_cooling",
         "outside_temperature_c",
     )
     draws: ClassVar[int] = 6
@@ -86,5 +90,8 @@ class ThermostatGroup(DeviceGroup):
         self.temp[idx], self.hvac[idx], self.humidity[idx] = temp, hvac, humidity
         homes.hvac_on[home] = hvac
         homes.room_temp_c[home] = temp
-        values = np.column_stack([temp + 0.03 * noise[:, 2], humidity, setpoint, hvac.astype(np.float64), t_out])
+        cooling = (~heating).astype(np.float64)
+        values = np.column_stack(
+            [temp + 0.03 * noise[:, 2], humidity, setpoint, hvac.astype(np.float64), cooling, t_out]
+        )
         return values, []

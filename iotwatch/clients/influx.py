@@ -16,7 +16,7 @@ from typing import Any
 import requests
 from influxdb_client import Point
 
-from iotwatch.errors import ServiceUnavailable
+from iotwatch.errors import ServiceUnavailable, connection_failure
 from iotwatch.settings import InfluxSettings
 
 
@@ -68,7 +68,7 @@ class InfluxV1Client:
                 f"{self.base_url}/write", params=params, data="\n".join(lines).encode(), timeout=self.timeout_s
             )
         except requests.RequestException as exc:
-            raise ServiceUnavailable(f"InfluxDB write to {self.base_url} failed: {exc}") from exc
+            raise ServiceUnavailable(f"InfluxDB write to {self.base_url} failed ({connection_failure(exc)})") from exc
         if response.status_code != 204:
             raise ServiceUnavailable(f"InfluxDB write answered {response.status_code}: {response.text.strip()}")
 

@@ -33,6 +33,8 @@ from iotwatch.contract.detection import canonical_kind
 __all__ = [
     "ANOMALY",
     "GROUND_TRUTH_VERSION",
+    "OPERATOR",
+    "SETPOINT_CHANGE",
     "TRANSPORT",
     "BadGroundTruth",
     "Injection",
@@ -44,10 +46,15 @@ __all__ = [
 ]
 
 GROUND_TRUTH_VERSION = 1
-#: The two categories of injection: an anomaly of what a device measures or does (alerts
-#: should report it), or a fault of the transport (the pipeline should absorb it).
+#: The categories of injection: an anomaly of what a device measures or does (alerts
+#: should report it), a fault of the transport (the pipeline should absorb it), or an
+#: operator's commanded change (a setpoint moved through the twin: expected, and no alert
+#: should report the settling that follows it).
 ANOMALY: Literal["anomaly"] = "anomaly"
 TRANSPORT: Literal["transport"] = "transport"
+OPERATOR: Literal["operator"] = "operator"
+#: The operator action the simulators record: a thermostat's setpoint set through its twin.
+SETPOINT_CHANGE = "setpoint_change"
 
 
 class BadGroundTruth(ValueError):
@@ -63,8 +70,9 @@ class Injection(msgspec.Struct, frozen=True, kw_only=True):
     site: str
     #: an :class:`iotwatch.contract.detection.AnomalyKind`, or a transport fault's kind
     kind: str
-    category: Literal["anomaly", "transport"]
-    #: event time (ms) of the first and the last affected reading
+    category: Literal["anomaly", "transport", "operator"]
+    #: event time (ms) of the first and the last affected reading (an operator action: when it
+    #: was carried out, and when the device's physics has settled after it)
     start_ts: int
     end_ts: int
     #: seqs of the first and the last affected reading (inclusive)
@@ -72,7 +80,7 @@ class Injection(msgspec.Struct, frozen=True, kw_only=True):
     end_seq: int
     #: readings affected (a dropout's are the ones never published)
     messages: int
-    source: Literal["rate", "scenario"]
+    source: Literal["rate", "scenario", "command"]
     #: the kind's drawn parameters (metric, delta, copies...)
     params: dict[str, Any] = {}
     #: the command that ended it (``simulate --obey-commands``), if one did

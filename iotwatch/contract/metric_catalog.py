@@ -53,6 +53,8 @@ _METRICS: dict[str, dict[str, MetricRange]] = {
         "humidity_pct": ("%RH", 0.0, 100.0),
         "setpoint_c": ("degC", 5.0, 35.0),
         "hvac_on": ("bool", 0.0, 1.0),
+        # what the HVAC does when on (1 cools, 0 heats), as thermostats report their mode
+        "hvac_cooling": ("bool", 0.0, 1.0),
         "outside_temperature_c": ("degC", -40.0, 50.0),
     },
     DeviceType.SMART_METER: {
@@ -138,6 +140,7 @@ DERIVED_METRICS = ("power_factor",)
 NOT_SCORED = frozenset(
     {
         "hvac_on",
+        "hvac_cooling",
         "open",
         "water_detected",
         "lat_deg",
@@ -229,6 +232,7 @@ METRIC_DECIMALS: Mapping[str, int] = MappingProxyType(
         "humidity_pct": 1,
         "setpoint_c": 1,
         "hvac_on": 0,
+        "hvac_cooling": 0,
         "outside_temperature_c": 2,
         "power_w": 1,
         "voltage_v": 1,

@@ -106,8 +106,9 @@ def write_wet_leak_sensor(settings: Settings, run: str, readings: int = 20) -> s
 
 def write_gateway_reports(settings: Settings, instance: str, reports: int = 6) -> None:
     """Status reports a minute apart, as a running gateway writes them (cumulative counters)."""
-    stats = GatewayStats(kafka_up=True, mqtt_connected=True)
     now = int(time.time() * 1000)
+    # started before its first report, as a gateway is
+    stats = GatewayStats(kafka_up=True, mqtt_connected=True, started_at=(now - reports * 60_000) / 1000)
     client = InfluxV1Client(settings.influx)
     try:
         for i in range(reports):

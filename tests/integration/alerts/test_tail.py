@@ -222,3 +222,23 @@ def test_since_with_a_group_is_refused_in_one_line(test_settings: Settings) -> N
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--since" in result.stderr
+
+
+def test_a_viewer_shows_the_backlog_in_time_order_across_partitions(test_settings: Settings) -> None:
+    """``--from-beginning`` without a group: what the topic holds, oldest first, not partition
+    by partition; each partition still ends with what was written to it last."""
+    from iotwatch.clients.kafka import topic_partitions
+
+    topic = test_settings.topics.alerts
+    ensure_topics(test_settings.kafka, [topic])
+    partitions = topic_partitions(test_settings.kafka, [topic], "READ")[topic]
+    assert partitions >= 2
+    records = alert_run(6)
+    producer = Producer(test_settings.kafka.client_config())
+    for n, record in enumerate(records):  # written in this order, to partitions 0, 1, 0, 1, ...
+        key, value, headers = alert_message(record)
+        producer.produce(topic, value, key=key, headers=headers, partition=n % 2)
+        producer.flush(10)
+        time.sleep(0.005)  # a later record has a later timestamp
+    shown = lines(run_tail(test_settings, "--from-beginning", "--json", "--timeout", "15").output)
+    assert list(map(encode_alert, shown)) == list(map(encode_alert, records))

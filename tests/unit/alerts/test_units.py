@@ -132,3 +132,66 @@ def test_on_call_metrics_wait_for_the_next_snapshot_after_a_failed_write_and_sta
     for n in range(5):
         metrics.flush(book, now + 20_000 + n * 10_000)  # a snapshot point each
     assert len(metrics.pending) == 3 and metrics.dropped >= 2
+
+
+def test_a_short_alert_id_asks_for_six_characters_a_long_unknown_one_is_unknown() -> None:
+    """``alerts ack f0a``: too short to pick an alert, whether one starts with it or not."""
+    import pytest
+
+    from iotwatch.alerts.book import MIN_PREFIX, AlertBook, UnknownAlert
+
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    with pytest.raises(UnknownAlert, match=f"too short: give at least {MIN_PREFIX} characters"):
+        book.find(CRASH.alert_id[:3])
+    assert book.find(CRASH.alert_id[:MIN_PREFIX]).alert_id == CRASH.alert_id
+    with pytest.raises(UnknownAlert, match="no alert with id 'ffffffffff'"):
+        book.find("ffffffffff")
+
+
+def test_on_call_metrics_say_once_when_influxdb_is_lost_and_once_when_it_is_back(caplog) -> None:  # type: ignore[no-untyped-def]
+    """``alerts forward`` with no InfluxDB: one short line, not a urllib3 warning every 10 s;
+    one line when writes succeed again (an HTTP server answering InfluxDB's 204)."""
+    import logging
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from iotwatch.alerts.book import AlertBook
+    from iotwatch.alerts.metrics import LifecycleMetrics
+    from iotwatch.application.stack.process import free_port
+    from iotwatch.clients.influx import InfluxV1Client
+    from iotwatch.settings import InfluxSettings
+
+    class Influx(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = free_port()
+    metrics = LifecycleMetrics(InfluxV1Client(InfluxSettings(url=f"http://127.0.0.1:{port}")), interval_s=10)
+    book = AlertBook()
+    book.apply_alert(CRASH)
+    now = 1_700_000_000_000
+    with caplog.at_level(logging.DEBUG, logger="iotwatch.alerts.metrics"):
+        for n in range(6):  # a minute without InfluxDB
+            metrics.flush(book, now + n * 10_000)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Influx)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            metrics.flush(book, now + 60_000)
+            metrics.flush(book, now + 70_000)
+        finally:
+            server.shutdown()
+            server.server_close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith(
+        f"InfluxDB lost: InfluxDB write to http://127.0.0.1:{port} failed (connection refused)"
+    )
+    assert "urllib3" not in warnings[0] and "HTTPConnectionPool" not in warnings[0]
+    assert warnings[1].startswith("InfluxDB back: ")
+    assert metrics.failures == 6 and not metrics.pending

@@ -306,7 +306,10 @@ def test_rules_fire_for_crash_harsh_braking_leak_stuck_hvac_and_out_of_range() -
     crash = [record(0, device="car", device_type="vehicle_edr", speed_kmh=50.0, accel_x_g=-7.0)]
     harsh = [record(0, device="van", device_type="vehicle_edr", speed_kmh=40.0, accel_x_g=-0.8)]
     leak = [record(0, device="leak", device_type="leak_sensor", water_detected=1.0)]
-    hvac = [record(i, device="th", temperature=30.0, setpoint_c=21.0, hvac_on=1.0) for i in range(150)]
+    hvac = [  # heating (cold outside) 9 C past the setpoint
+        record(i, device="th", temperature=30.0, setpoint_c=21.0, hvac_on=1.0, outside_temperature_c=5.0)
+        for i in range(150)
+    ]
     odd = [record(0, device="x", temperature=999.0)]
     raised = {}
     for batch in (crash, harsh, leak, hvac, odd):
@@ -533,9 +536,18 @@ def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> Non
     """Heating (outside colder than the setpoint) and running 1.5 C above it: stuck on.
     Running 1.5 C below it is a normal warm-up; cooling 1.5 C above it is normal too."""
 
-    def rule_alerts(temperature: float, outside: float) -> list[str]:
+    def rule_alerts(temperature: float, outside: float, cooling: float | None = None) -> list[str]:
+        mode = {} if cooling is None else {"hvac_cooling": cooling}
         batch = [
-            record(i, device="th", temperature=temperature, setpoint_c=21.0, hvac_on=1.0, outside_temperature_c=outside)
+            record(
+                i,
+                device="th",
+                temperature=temperature,
+                setpoint_c=21.0,
+                hvac_on=1.0,
+                outside_temperature_c=outside,
+                **mode,
+            )
             for i in range(200)
         ]
         return [a.rule for a in alerts_of(Harness().process(batch))]
@@ -544,6 +556,24 @@ def test_stuck_hvac_fires_on_overshoot_in_the_direction_the_hvac_pushes() -> Non
     assert "stuck_hvac" not in rule_alerts(19.5, outside=5.0)
     assert "stuck_hvac" not in rule_alerts(22.5, outside=30.0)
     assert "stuck_hvac" in rule_alerts(19.5, outside=30.0)
+    # the thermostat's own mode outranks the outside temperature: a cooling home's cool night
+    assert "stuck_hvac" in rule_alerts(19.5, outside=15.0, cooling=1.0)
+    assert "stuck_hvac" not in rule_alerts(22.5, outside=15.0, cooling=1.0)
+
+
+def test_far_from_a_new_setpoint_settles_for_as_long_as_the_gap_takes_to_close() -> None:
+    """Running 6 C below a setpoint just raised (no overshoot): a working HVAC needs hours
+    to get there, so 200 s of it raise nothing; 7 h of it (past 6 C / 1 C/h) do."""
+
+    def raised(seconds: int, step_s: int) -> list[str]:
+        batch = [
+            record(i, device="th", temperature=15.0, setpoint_c=21.0, hvac_on=1.0, outside_temperature_c=5.0)
+            for i in range(0, seconds, step_s)
+        ]
+        return [a.rule for a in alerts_of(Harness().process(batch)) if a.state == "raised"]
+
+    assert raised(200, 1) == []
+    assert raised(7 * 3600, 60) == ["stuck_hvac"]
 
 
 def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso() -> None:

@@ -1,0 +1,151 @@
+"""The job's checkpoint: which Kafka cluster it belongs to, and whether that cluster still has its offsets.
+
+A checkpoint holds the Kafka offsets of the job's last micro-batch and the devices' state. It
+belongs to one Kafka cluster: read against another (a new embedded stack, a re-created topic,
+a log whose retention deleted what the job had not read yet) Spark fails the query with "Some
+data may have been lost", the same way at every restart. So the default checkpoint is kept per
+cluster (``~/.iotwatch/checkpoints/<cluster id>/stream``), a checkpoint records the cluster it
+was written for, and before Spark starts the job refuses, in one line naming the way out, a
+checkpoint whose offsets the cluster no longer has. ``--reset-offsets earliest|latest`` sets
+such a checkpoint aside (renamed, not deleted) and starts a new one at that end of the topic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from iotwatch.clients.kafka import client_config, end_offset
+from iotwatch.errors import ServiceUnavailable, UserError
+from iotwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Where default checkpoints live, one folder per Kafka cluster id.
+CHECKPOINTS_ROOT = Path("~/.iotwatch/checkpoints")
+#: The file in a checkpoint naming the Kafka cluster it was written for (Spark ignores it).
+SOURCE_FILE = "iotwatch-kafka.json"
+#: The way out, named by every refusal.
+WAY_OUT = (
+    "start with a new --checkpoint DIR, or pass --reset-offsets earliest|latest to set this one aside "
+    "and read the topic from its start or its end"
+)
+
+ResetTo = Literal["earliest", "latest"]
+
+
+def cluster_id(settings: Settings, timeout_s: float = 10.0) -> str:
+    """The Kafka cluster's id, as its metadata reports it (KRaft and ZooKeeper clusters alike)."""
+    consumer = Consumer({**client_config(settings.kafka), "group.id": "iotwatch-checkpoint", "log_level": 0})
+    try:
+        found = consumer.list_topics(timeout=timeout_s).cluster_id
+    except KafkaException as exc:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka.bootstrap_servers} did not answer: {exc}") from exc
+    finally:
+        consumer.close()
+    if not found:
+        raise ServiceUnavailable(f"Kafka at {settings.kafka.bootstrap_servers} reports no cluster id")
+    return str(found)
+
+
+def default_checkpoint(cluster: str) -> Path:
+    """The default checkpoint of the job reading Kafka cluster ``cluster``."""
+    return (CHECKPOINTS_ROOT / cluster / "stream").expanduser().resolve()
+
+
+def resolve_checkpoint(settings: Settings, checkpoint_dir: Path | None) -> Path:
+    """``--checkpoint``, else ``IOTWATCH_STREAM_CHECKPOINT_DIR``, else the Kafka cluster's default."""
+    chosen = checkpoint_dir or settings.stream.checkpoint_dir
+    return Path(chosen).expanduser().resolve() if chosen else default_checkpoint(cluster_id(settings))
+
+
+def prepare_checkpoint(settings: Settings, checkpoint: Path, cluster: str, reset: ResetTo | None) -> None:
+    """Refuse a checkpoint of another cluster, or one whose offsets Kafka no longer has
+    (:class:`UserError`, one line); with ``reset``, set such a checkpoint aside instead (any
+    existing one, in fact: the user asked to start over). Then record ``cluster`` in it."""
+    if reset and checkpoint.exists() and any(path.name != SOURCE_FILE for path in checkpoint.iterdir()):
+        aside = checkpoint.with_name(f"{checkpoint.name}.set-aside-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
+        checkpoint.rename(aside)
+        log.warning("checkpoint %s set aside as %s; reading the topic from its %s", checkpoint, aside, reset)
+    elif problem := checkpoint_problem(settings, checkpoint, cluster):
+        raise UserError(f"checkpoint {checkpoint} {problem}: {WAY_OUT}")
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / SOURCE_FILE).write_text(
+        json.dumps({"kafka_cluster_id": cluster, "bootstrap_servers": settings.kafka.bootstrap_servers}) + "\n"
+    )
+
+
+def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> str | None:
+    """Why the job cannot resume from ``checkpoint`` on ``cluster``, or None (a new checkpoint,
+    or one whose every offset is still in the log)."""
+    committed = _committed(checkpoint)
+    if committed is None:
+        return None
+    source = checkpoint / SOURCE_FILE
+    if source.exists():
+        written_for = json.loads(source.read_text()).get("kafka_cluster_id")
+        if written_for and written_for != cluster:
+            return f"belongs to Kafka cluster {written_for}, not {cluster} at {settings.kafka.bootstrap_servers}"
+    if settings.topics.raw_pattern:
+        return None  # the topics are found as they appear: Spark checks them
+    offsets = raw_offsets(settings)
+    if offsets is None:
+        return None  # Kafka did not answer: Spark's own retries and errors take over
+    for partition, offset in sorted(committed.get(settings.topics.raw, {}).items(), key=lambda kv: int(kv[0])):
+        span = offsets.get(int(partition))
+        where = f"{settings.topics.raw} partition {partition}"
+        if span is None:
+            return f"reads {where}, which Kafka does not have"
+        log_start, end = span
+        if offset > end:
+            return f"is at offset {offset:,} of {where}, past its end {end:,} (another or a re-created topic)"
+        if offset < log_start:
+            return f"is at offset {offset:,} of {where}, whose log now starts at {log_start:,} (records deleted)"
+    return None
+
+
+def _committed(checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """The offsets of the checkpoint's last committed micro-batch; None for a new checkpoint."""
+    try:
+        return committed_offsets(checkpoint)
+    except (OSError, ValueError, IndexError) as exc:
+        raise UserError(f"checkpoint {checkpoint} cannot be read ({exc}): {WAY_OUT}") from exc
+
+
+def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """The Kafka offsets of the checkpoint's last committed micro-batch (Spark's offset log:
+    a version line, the batch's metadata, then one line per source); None for a new one."""
+    commits = [int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    if not commits:
+        return None
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    return json.loads(lines[2])
+
+
+def raw_offsets(settings: Settings, timeout_s: float = 5.0) -> dict[int, tuple[int, int]] | None:
+    """Each partition of the raw topic with its log start and end offsets; None when Kafka
+    does not answer or the topic is missing."""
+    raw = settings.topics.raw
+    try:
+        consumer = Consumer({**client_config(settings.kafka), "group.id": "iotwatch-checkpoint", "log_level": 0})
+    except KafkaException:
+        return None
+    try:
+        metadata = consumer.list_topics(raw, timeout=timeout_s).topics.get(raw)
+        if metadata is None or metadata.error is not None:
+            return None
+        offsets = {}
+        for number in sorted(metadata.partitions):
+            partition = TopicPartition(raw, number)
+            end = end_offset(consumer, partition, timeout_s)
+            offsets[number] = (int(consumer.get_watermark_offsets(partition, timeout=timeout_s)[0]), end)
+        return offsets
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
