@@ -65,9 +65,10 @@ class EpisodeLikelihood(KernelDetector):
     series sampled every 5 min compare the same hours of their lives. Past ``warmup`` the
     baselines learn an outlier clipped to ``clip`` deviations (learning a young stream's
     early spike whole would numb its step view for a day). The histogram views learn once
-    the range is set and are judged ``histogram_warmup`` readings later, unless
-    ``distribution_views`` is off. The smallest tail of all views, in decades ``d``, scores
-    ``d / (d + 10)``.
+    the range is set and are judged once they have learned as many readings as the range
+    took (a whole cycle: judged sooner, every hour of the day they have not yet seen is
+    rare) and at least ``histogram_warmup``, unless ``distribution_views`` is off. The
+    smallest tail of all views, in decades ``d``, scores ``d / (d + 10)``.
 
     Benchmarks and operators alike want one alarm per episode: a reading scores only when
     its score exceeds the *held* peak of earlier scores, which decays with half-life

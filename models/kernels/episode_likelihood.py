@@ -338,6 +338,18 @@ def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
 
 
 @_jit
+def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
+    """Whether the histogram views are judged: once the range is set, the histograms must
+    learn for as many readings as the range took (a day at least: a daily cycle seen whole)
+    and ``histogram_warmup`` readings. Judged after fewer, the slow histogram and the
+    views' own likelihoods know the hours since the range closed, not the day: each part
+    of the cycle it has not yet visited is rare, and a new sensor false-alarms through its
+    second day."""
+    closed = row[RANGE_N]
+    return closed != 0.0 and row[N] >= closed + py_max(closed, p[P_HISTOGRAM_WARMUP])
+
+
+@_jit
 def _score(
     row: np.ndarray,
     p: np.ndarray,
@@ -350,11 +362,7 @@ def _score(
 ) -> float:
     """The smallest tail of the views on the log scale, ``d / (d + 10)`` of its decades ``d``
     (before the one-per-episode hold)."""
-    judged = (
-        VIEWS
-        if p[P_DISTRIBUTION_VIEWS] != 0.0 and row[RANGE_N] != 0.0 and row[N] >= row[RANGE_N] + p[P_HISTOGRAM_WARMUP]
-        else _HISTOGRAM_VIEWS
-    )
+    judged = VIEWS if p[P_DISTRIBUTION_VIEWS] != 0.0 and _histograms_learned(row, p) else _HISTOGRAM_VIEWS
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
