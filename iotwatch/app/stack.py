@@ -1,4 +1,4 @@
-"""``iotwatch stack up|down|status``: the embedded servers for demos and tests."""
+"""``iotwatch stack up|down|status|stop|start|restart``: the embedded servers for demos and tests."""
 
 from __future__ import annotations
 
@@ -75,6 +75,7 @@ def up(
 
     Each server is health-checked with a real client before this returns. The servers keep
     running after the command exits (unless --foreground); `iotwatch stack down` stops them.
+    On a stack some of whose servers died, only those start again, on their own ports.
     """
     settings = app.settings
     stack_update: dict[str, Any] = {}
@@ -142,6 +143,62 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
         as_json,
         lambda r: click.echo(f"stopped: {', '.join(r['stopped']) or 'nothing was running'}"),
     )
+
+
+service_argument = click.argument("service", metavar="SERVICE")
+
+
+@stack.command("stop")
+@service_argument
+@run_dir_option
+@json_option
+@pass_app
+def stop_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
+    """Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka),
+    leaving the others running: an outage to rehearse. `stack start SERVICE` brings it
+    back on the same port with the same data, so every shell's exports stay valid."""
+    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
+    changed = embedded.stop_service(service)
+    _emit_one(embedded, service, "stopped" if changed else "was not running", as_json)
+
+
+@stack.command("start")
+@service_argument
+@run_dir_option
+@json_option
+@pass_app
+def start_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
+    """Start one stopped server again on its own port with its own data; returns once a
+    real client is served."""
+    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
+    changed = embedded.start_service(service)
+    _emit_one(embedded, service, "started" if changed else "was running already", as_json)
+
+
+@stack.command("restart")
+@service_argument
+@run_dir_option
+@json_option
+@pass_app
+def restart_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
+    """Stop one server and start it again on its own port with its own data."""
+    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
+    embedded.stop_service(service)
+    embedded.start_service(service)
+    _emit_one(embedded, service, "restarted", as_json)
+
+
+def _emit_one(embedded: EmbeddedStack, role: str, outcome: str, as_json: bool) -> None:
+    _state, service = embedded.service(role)
+    result = {
+        "run_dir": str(embedded.run_dir),
+        "service": role,
+        "outcome": outcome,
+        "endpoint": service.endpoint,
+        "pid": service.process.pid,
+        "running": service.process.is_running(),
+    }
+    emit(result, as_json, lambda r: click.echo(f"{r['service']} {r['outcome']} ({r['endpoint']}, pid {r['pid']})"))
 
 
 @stack.command()
