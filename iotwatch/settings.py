@@ -429,7 +429,16 @@ class StreamSettings(_ConcernSettings):
         "executor when the state store says it is current (streaming/shard_cache.py): "
         "saves the state-store read, the cost that grows most with the fleet",
     )
-    silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
+    silence_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="no data for this long, while other devices' records kept arriving, raises device_silent",
+    )
+    ingestion_gap_s: float = Field(
+        60.0,
+        gt=0,
+        description="no records of a raw topic for this long, while devices were reporting, raises ingestion_gap",
+    )
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
     device_detector: str = Field(

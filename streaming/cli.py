@@ -115,7 +115,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
-    from iotwatch.streaming.progress import BATCH_GAUGES
+    from iotwatch.streaming.progress import BATCH_GAUGES, PARTITION_GAUGES
     from iotwatch.streaming.schemas import TALLY_FIELDS
 
     table = Table()
@@ -125,7 +125,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     # each count once, under the name the gateway and the tallies use (received, scored,
     # duplicates, late, dead_lettered, ...); per-batch sizes are shown for the last batch below
     for name, label in TALLY_FIELDS.items():
-        if name not in BATCH_GAUGES:
+        if name not in BATCH_GAUGES and name not in PARTITION_GAUGES:
             table.add_row(name.replace("_", " "), f"{totals.get(label, 0):,}")
     last = summary["last_progress"]
     if last:

@@ -27,6 +27,7 @@ from iotwatch.errors import IotwatchError
 from iotwatch.models.kernels import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.spark import ARROW_UNCHECKED_ENV
+from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator
 from iotwatch.streaming.progress import ProgressReporter
@@ -167,8 +168,10 @@ def start(
     available_now: bool = False,
     query_name: str = "iotwatch_stream",
     warm_up: bool = False,
+    gaps: IngestionGaps | None = None,
 ) -> RunningJob:
-    """Start the query; offsets and state are kept in ``checkpoint_dir``. With ``warm_up``,
+    """Start the query; offsets and state are kept in ``checkpoint_dir``; ``gaps``: where
+    the input's gaps are judged (:mod:`iotwatch.streaming.ingestion_gap`). With ``warm_up``,
     synthetic readings go through the job's operator first
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
@@ -187,7 +190,7 @@ def start(
         operator_tasks=tasks,
         pattern=settings.topics.raw_pattern,
     )
-    reporter = ProgressReporter(settings, query_name)
+    reporter = ProgressReporter(settings, query_name, gaps)
     log.info(
         "streaming %s from %s; checkpoint %s; archive %s",
         f"topics matching {settings.topics.raw_pattern}" if settings.topics.raw_pattern else settings.topics.raw,
@@ -283,6 +286,8 @@ def run_job(
         restarts = 0
         earlier: Counter[str] = Counter()
         local = spark.sparkContext.master.startswith("local")
+        writer = None if available_now else GapAlertWriter(settings)
+        gaps = None if writer is None else IngestionGaps(settings, writer)
         while True:
             job = start(
                 spark,
@@ -292,6 +297,7 @@ def run_job(
                 available_now=available_now,
                 query_name=query_name,
                 warm_up=warm_up and not restarts and not available_now and local,
+                gaps=gaps,
             )
             if restarts:
                 job.reporter.totals.update(earlier)
@@ -311,6 +317,8 @@ def run_job(
             )
             if stop.wait(RESTART_BACKOFF_S):
                 break
+        if writer is not None:
+            writer.close()
     if exception is not None:
         raise StreamingQueryFailed(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
