@@ -28,7 +28,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import numpy as np
+
 from iotwatch.contract.detection import Rule
+from iotwatch.contract.telemetry import GOODBYE_EVENT
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming import rules
 from iotwatch.streaming.aggregates import close_buckets, flush_buckets
@@ -98,6 +101,7 @@ class PartitionEngine:
             sequenced.counters,
             heard_append_ms=table.core[:, LAST_APPEND_MS].copy(),
             heard_event_ms=table.core[:, MAX_EVENT_MS].copy(),
+            goodbyes=goodbyes(batch),
         )
 
     def silence(self, store: DeviceStore, device_ids: Iterable[str], now_ms: int) -> BatchOutput:
@@ -111,3 +115,15 @@ class PartitionEngine:
         aggregates = flush_buckets(table)
         store.save_many(table, now_ms)
         return BatchOutput(empty_readings(), alerts, aggregates, [], device_ids, {})
+
+
+def goodbyes(batch: SortedBatch) -> list[str]:
+    """Devices whose last valid record of the batch (in Kafka order) is a goodbye
+    (:data:`iotwatch.contract.telemetry.GOODBYE_EVENT`)."""
+    valid = np.flatnonzero(batch.valid & (batch.codes >= 0))
+    if not len(valid):
+        return []
+    codes = batch.codes[valid]
+    last = valid[np.r_[codes[1:] != codes[:-1], True]]  # positions are in (device, Kafka order)
+    said = last[batch.event[last] == GOODBYE_EVENT]
+    return [str(d) for d in batch.devices[batch.codes[said]].tolist()]

@@ -130,6 +130,7 @@ class PartitionProcessor(StatefulProcessor):
         clock.lap("ms_archive")
         roster.heard(out.devices, now_ms, out.heard_append_ms, out.heard_event_ms)
         roster.said_goodbye(out.goodbyes)
+        tally["goodbyes"] = len(out.goodbyes)
         for name, count in self._report_silence(engine, roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
         clock.lap("ms_roster")

@@ -13,7 +13,7 @@ import pytest
 
 from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
-from iotwatch.contract.telemetry import Telemetry
+from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from iotwatch.streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
@@ -413,6 +413,25 @@ def test_the_backlog_after_an_outage_is_no_silence_but_a_device_left_behind_is()
     )
     out = clocked.engine.process(clocked.store, columns, T0 + 80_000, event_clock_ms=T0 + (5 + timeout_s + 2) * 1000)
     assert [(a.device_id, a.state) for a in alerts_of(out.rows())] == [("th-9", "raised"), ("th-9", "cleared")]
+
+
+def test_a_device_whose_last_record_is_a_goodbye_is_named_and_one_heard_after_it_is_not() -> None:
+    bye = Telemetry(
+        v=1,
+        device_id="th-1",
+        device_type="thermostat",
+        site="h1",
+        seq=5,
+        ts=T0 + 5000,
+        metrics={"temperature_c": 21.0},
+        event=GOODBYE_EVENT,
+    )
+    goodbye = Rec("th-1", bye.to_json(), 5)
+    harness = Harness()
+    out = harness.output([*(record(i) for i in range(5)), goodbye, record(0, device="th-2")], now_ms=T0)
+    assert out.goodbyes == ["th-1"] and alerts_of(out.rows()) == []
+    again = harness.output([record(6, offset=6)], now_ms=T0 + 7000)  # it came back
+    assert again.goodbyes == []
 
 
 def test_aggregates_are_emitted_once_per_bucket() -> None:
