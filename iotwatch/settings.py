@@ -189,7 +189,7 @@ class TopicSettings(_ConcernSettings):
     mqtt_telemetry_filter: str = "iot/+/+/+/telemetry"
     mqtt_status_filter: str = Field(
         "iot/+/+/+/status",
-        description="devices' retained online/offline status: a site's relay learns which devices are at its site",
+        description="devices' retained online/offline/lost status: a site's relay learns which devices are at its site",
     )
     alert_state: str = Field("iot.alerts.state", description="operators' acknowledgements, compacted by alert id")
     silences: str = Field("iot.alerts.silences", description="silences, compacted by silence id")

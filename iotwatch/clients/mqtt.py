@@ -6,6 +6,7 @@ import queue
 import ssl
 import struct
 import threading
+import time
 import uuid
 from typing import Any, Literal
 
@@ -186,6 +187,30 @@ def round_trip(settings: MqttSettings, timeout_s: float = 5.0) -> None:
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def retained(settings: MqttSettings, topic: str, timeout_s: float = 3.0) -> bytes | None:
+    """The retained message of ``topic`` (None: none), read by subscribing once: the broker
+    sends a retained message before it acknowledges the subscription."""
+    got: list[bytes] = []
+    subscribed = threading.Event()
+    client = make_client(settings, f"iotwatch-retained-{uuid.uuid4().hex[:8]}")
+    client.on_subscribe = lambda *_args: subscribed.set()
+    client.on_message = lambda _c, _u, msg: got.append(bytes(msg.payload)) if msg.retain else None
+    try:
+        client.connect(settings.host, settings.port, keepalive=settings.keepalive_s)
+    except OSError as exc:
+        raise ServiceUnavailable(f"MQTT broker {settings.url} refused the connection: {exc}") from exc
+    client.loop_start()
+    try:
+        client.subscribe(topic, qos=1)
+        if not subscribed.wait(timeout_s):
+            raise ServiceUnavailable(f"MQTT broker {settings.url} did not acknowledge a subscription")
+        time.sleep(0.2)  # the retained message is in flight before the acknowledgement: let it land
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return got[-1] if got else None
 
 
 class PersistentSession:

@@ -122,7 +122,7 @@ def test_ground_truth_matches_injected_changes(tmp_path: Path) -> None:
     missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
     assert missing == list(range(dropout.start_seq, dropout.end_seq + 1)) and len(missing) >= 4
     statuses = [json.loads(p)["state"] for _, topic, p, g in messages if g == STATUS]
-    assert statuses == ["offline", "online"]
+    assert statuses == ["lost", "online"]
 
     duplicate = truth["duplicate"]
     meter0 = [m["seq"] for m in dirty["home-00000-smart_meter-0"]]
