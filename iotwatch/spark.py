@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -401,3 +402,42 @@ def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any)
                     spark.stop()
             except Exception as exc:
                 log.warning("stopping Spark: %s", str(exc).splitlines()[0])
+            end_jvm()
+
+
+#: Longest wait for the local JVM to exit after its session stopped (the first job of a
+#: classpath writes its class-data archive then: tens of seconds); then it is killed.
+JVM_EXIT_WAIT_S = 120.0
+
+
+def end_jvm(wait_s: float = JVM_EXIT_WAIT_S) -> None:
+    """End the local Spark JVM this process started (:func:`_launch_jvm`) and wait for it, so
+    that it does not outlive the command: a command started again at once would otherwise
+    run beside it, both JVMs with their heaps. Closing its stdin ends it; it may first write
+    its class-data archive (:mod:`iotwatch.class_data`)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception as exc:  # the JVM may be gone already
+        log.debug("closing the py4j gateway: %s", exc)
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(2.0)
+    except subprocess.TimeoutExpired:
+        log.info("waiting for Spark's JVM to exit (it writes its class-data archive once per classpath)")
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            log.warning("Spark's JVM did not exit within %.0f s: killing it", wait_s)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    SparkContext._gateway = SparkContext._jvm = None
