@@ -68,6 +68,38 @@ _DETAIL = re.compile(
 )
 
 
+#: Kafka's Java clients (Spark's Kafka source) on a broker they cannot reach: a line per
+#: client and reconnect attempt, every second or so, for as long as the broker is down.
+_KAFKA_UNREACHABLE = re.compile(
+    r"(?:Connection to node \S+ \((?P<node>[^)]*)\) could not be established"
+    r"|Bootstrap broker (?P<bootstrap>\S+) \(id: \S+ rack: \S+\) disconnected)"
+)
+#: A broker's repeats are folded for this long after the last one: a later outage is news again.
+FOLD_S = 300.0
+
+
+class KafkaRepeats:
+    """Fold the Kafka clients' repeated "could not be established" lines of Spark's JVM into
+    one WARNING per broker and outage (the rest at DEBUG), like :class:`iotwatch.logs.RepeatSummary`
+    folds librdkafka's."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}
+
+    def fold(self, text: str) -> str | None:
+        """The one line to log at WARNING for ``text`` (None: not such a line, or a repeat)."""
+        match = _KAFKA_UNREACHABLE.search(text)
+        if match is None:
+            return None
+        broker = (match["node"] or match["bootstrap"] or "?").rsplit("/", 1)[-1]
+        now, last = self.clock(), self.last.get(broker)
+        self.last[broker] = now
+        if last is not None and now - last < FOLD_S:
+            return ""
+        return f"Kafka broker {broker} unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+
+
 class JvmOutput:
     """Reads the JVM's merged stdout/stderr and logs each line: log4j lines under
     ``spark.<logger>`` at their level, detail (stack traces, worker prints) at DEBUG, and
@@ -81,6 +113,7 @@ class JvmOutput:
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
         self._continues: tuple[str, int] | None = None  # (logger, level) of the log4j line being continued
+        self.kafka_repeats = KafkaRepeats()
         self.thread = threading.Thread(target=self._run, name="spark-jvm-output", daemon=True)
         self.thread.start()
 
@@ -102,6 +135,11 @@ class JvmOutput:
             level, name = _LEVELS[match[1]], "spark." + short
             if any(short == logger and text.startswith(start) for logger, start in _NOT_NEWS):
                 level = logging.DEBUG
+            elif level == logging.WARNING and (folded := self.kafka_repeats.fold(text)) is not None:
+                if folded:
+                    text = folded
+                else:
+                    level = logging.DEBUG
             self._continues = (name, min(level, logging.INFO))
         elif _DETAIL.match(line):
             level, name, text = logging.DEBUG, "spark.jvm", line

@@ -98,3 +98,39 @@ def test_a_repeated_failure_s_counters_leave_the_summary_whole(detail: str) -> N
         "Kafka broker 127.0.0.1:9: Connect to 127.0.0.1:9 failed: Connection refused "
         "(retrying; repeats are logged at DEBUG)"
     )
+
+
+def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Kafka source's clients repeat "could not be established" every second while a
+    broker is down: one WARNING per broker, the repeats at DEBUG, and a new outage after
+    a quiet spell is news again."""
+    import io
+
+    from iotwatch.spark import FOLD_S, JvmOutput
+
+    configure("INFO")
+    monkeypatch.setattr(JvmOutput, "quiet_until", 0.0)  # not right after another test's stop
+    output = JvmOutput(io.BytesIO(b""))
+    now = [0.0]
+    output.kafka_repeats.clock = lambda: now[0]
+    consumer = (
+        "WARN org.apache.kafka.clients.NetworkClient: [Consumer clientId=consumer-spark-1, groupId=spark-1] "
+        "Connection to node 1 (localhost/127.0.0.1:9092) could not be established. Node may not be available."
+    )
+    admin = (
+        "WARN org.apache.kafka.clients.NetworkClient: [AdminClient clientId=adminclient-1] Connection to node -1 "
+        "(localhost/127.0.0.1:9092) could not be established. Broker may not be available."
+    )
+    with caplog.at_level(logging.DEBUG):
+        for second in range(120):  # a two-minute outage
+            now[0] = float(second)
+            output.emit(consumer)
+            output.emit(admin)
+        now[0] = 120 + FOLD_S
+        output.emit(consumer)  # the next outage
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+    ] * 2
