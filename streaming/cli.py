@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, Working, emit, endpoint_options, json_option, pass_app
 from iotwatch.settings import StreamSettings
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,16 @@ def stream(
 
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
-    job = run_job(
-        settings, checkpoint_dir, archive_dir, available_now=available_now, duration=duration, warm_up=warm_up
-    )
+    with Working("stream") as working:
+        job = run_job(
+            settings,
+            checkpoint_dir,
+            archive_dir,
+            available_now=available_now,
+            duration=duration,
+            warm_up=warm_up,
+            step=lambda text: working.step(text) if text else working.done(),
+        )
     summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals), "last_progress": job.reporter.last}
     emit(summary, as_json, render_summary)
 

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,15 +272,21 @@ def run_job(
     duration: float | None,
     query_name: str = "iotwatch_stream",
     warm_up: bool = False,
+    step: Callable[[str | None], None] | None = None,
 ) -> RunningJob:
-    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
+    """``step``: told what the job is doing until its first micro-batch ran (then None).
+
+    Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
     where its source file is readable by the executor, and not with ``available_now``)."""
+    step = step or (lambda _text: None)
+    step("creating topics")
     prepare_outputs(settings)
     stop = threading.Event()
     _stop_on_signals(stop)
+    step("starting Spark")
     with session_scope(settings.stream, "iotwatch-stream") as spark:
         _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
         started = time.monotonic()
@@ -289,6 +296,7 @@ def run_job(
         writer = None if available_now else GapAlertWriter(settings)
         gaps = None if writer is None else IngestionGaps(settings, writer)
         while True:
+            step("planning the query" + (" and a warm-up micro-batch" if warm_up and not restarts else ""))
             job = start(
                 spark,
                 settings,
@@ -301,7 +309,8 @@ def run_job(
             )
             if restarts:
                 job.reporter.totals.update(earlier)
-            exception = _serve(job, stop, started, duration, available_now)
+            step("waiting for the first micro-batch")
+            exception = _serve(job, stop, started, duration, available_now, step)
             if exception is None or stop.is_set() or not _restartable(str(exception)):
                 break
             if restarts >= settings.stream.query_restarts:
@@ -325,12 +334,21 @@ def run_job(
 
 
 def _serve(
-    job: RunningJob, stop: threading.Event, started: float, duration: float | None, available_now: bool
+    job: RunningJob,
+    stop: threading.Event,
+    started: float,
+    duration: float | None,
+    available_now: bool,
+    step: Callable[[str | None], None],
 ) -> Exception | None:
     """Let the query run until a stop, ``duration``, the backlog's end or its failure; then
     stop it (the micro-batch in progress finishes) and return its exception, if any."""
     try:
+        first = True
         while job.query.isActive and not stop.is_set():
+            if first and job.totals.get("batches", 0):
+                step(None)
+                first = False
             if duration is not None and time.monotonic() - started >= duration:
                 break
             if available_now and job.caught_up():

@@ -131,6 +131,10 @@ def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
         now[0] = 120 + FOLD_S
         output.emit(consumer)  # the next outage
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == [
-        "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
-    ] * 2
+    assert (
+        warnings
+        == [
+            "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+        ]
+        * 2
+    )
