@@ -72,7 +72,8 @@ _DETAIL = re.compile(
 #: client and reconnect attempt, every second or so, for as long as the broker is down.
 _KAFKA_UNREACHABLE = re.compile(
     r"(?:Connection to node \S+ \((?P<node>[^)]*)\) could not be established"
-    r"|Bootstrap broker (?P<bootstrap>\S+) \(id: \S+ rack: \S+\) disconnected)"
+    r"|Bootstrap broker (?P<bootstrap>\S+) \(id: \S+ rack: \S+\) disconnected"
+    r"|(?P<offsets>Error in attempt \d+ getting Kafka offsets))"
 )
 #: A broker's repeats are folded for this long after the last one: a later outage is news again.
 FOLD_S = 300.0
@@ -92,11 +93,13 @@ class KafkaRepeats:
         match = _KAFKA_UNREACHABLE.search(text)
         if match is None:
             return None
-        broker = (match["node"] or match["bootstrap"] or "?").rsplit("/", 1)[-1]
+        broker = (match["node"] or match["bootstrap"] or "offsets").rsplit("/", 1)[-1]
         now, last = self.clock(), self.last.get(broker)
         self.last[broker] = now
         if last is not None and now - last < FOLD_S:
             return ""
+        if match["offsets"]:
+            return "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
         return f"Kafka broker {broker} unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
 
 

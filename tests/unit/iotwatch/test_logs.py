@@ -123,18 +123,18 @@ def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
         "WARN org.apache.kafka.clients.NetworkClient: [AdminClient clientId=adminclient-1] Connection to node -1 "
         "(localhost/127.0.0.1:9092) could not be established. Broker may not be available."
     )
+    offsets = "WARN org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin: Error in attempt 2 getting Kafka offsets:"
     with caplog.at_level(logging.DEBUG):
         for second in range(120):  # a two-minute outage
             now[0] = float(second)
             output.emit(consumer)
             output.emit(admin)
+            if second % 60 == 59:
+                output.emit(offsets)
+                output.emit("org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
         now[0] = 120 + FOLD_S
         output.emit(consumer)  # the next outage
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert (
-        warnings
-        == [
-            "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
-        ]
-        * 2
-    )
+    down = "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+    offsets_once = "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
+    assert warnings == [down, offsets_once, down]
