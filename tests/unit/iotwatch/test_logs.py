@@ -138,3 +138,37 @@ def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
     down = "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
     offsets_once = "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
     assert warnings == [down, offsets_once, down]
+
+
+def test_a_broker_that_answers_again_is_said_once_and_its_next_outage_is_news(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka's statistics say a broker is ``UP`` again: one line that it answers (only for
+    a broker whose failure was reported), and its next failure is reported again."""
+    import json
+
+    from iotwatch.logs import broker_states, librdkafka_logger
+
+    configure("INFO")
+    logger = librdkafka_logger()
+    failure = (
+        "FAIL [rdkafka#consumer-3] [thrd:127.0.0.1:19092/bootstrap]: 127.0.0.1:19092/bootstrap: "
+        "Connect to ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)"
+    )
+
+    def stats(state: str) -> str:
+        return json.dumps({"brokers": {"127.0.0.1:19092/1": {"nodename": "127.0.0.1:19092", "state": state}}})
+
+    with caplog.at_level(logging.INFO):
+        broker_states(stats("UP"))  # never reported down: nothing to say
+        logger.warning(failure)
+        logger.warning(failure)
+        broker_states(stats("CONNECT"))
+        broker_states(stats("UP"))
+        broker_states(stats("UP"))
+        logger.warning(failure)
+    down = (
+        "Kafka broker 127.0.0.1:19092: Connect to 127.0.0.1:19092 failed: Connection refused "
+        "(retrying; repeats are logged at DEBUG)"
+    )
+    assert [r.getMessage() for r in caplog.records] == [down, "Kafka broker 127.0.0.1:19092 answers again", down]
