@@ -129,6 +129,7 @@ class GapAlertWriter:
                 "acks": "all",
                 "message.timeout.ms": 24 * 3600 * 1000,  # an outage of Kafka is what it reports
                 "logger": librdkafka_logger(),
+                "log_level": 2,  # its refused connections are the gap it reports: not another line
             }
         )
 
