@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,47 +146,46 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
     )
 
 
-service_argument = click.argument("service", metavar="SERVICE")
+def _stop(embedded: EmbeddedStack, role: str) -> str:
+    return "stopped" if embedded.stop_service(role) else "was not running"
 
 
-@stack.command("stop")
-@service_argument
-@run_dir_option
-@json_option
-@pass_app
-def stop_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
-    """Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka),
-    leaving the others running: an outage to rehearse. `stack start SERVICE` brings it
-    back on the same port with the same data, so every shell's exports stay valid."""
-    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
-    changed = embedded.stop_service(service)
-    _emit_one(embedded, service, "stopped" if changed else "was not running", as_json)
+def _start(embedded: EmbeddedStack, role: str) -> str:
+    return "started" if embedded.start_service(role) else "was running already"
 
 
-@stack.command("start")
-@service_argument
-@run_dir_option
-@json_option
-@pass_app
-def start_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
-    """Start one stopped server again on its own port with its own data; returns once a
-    real client is served."""
-    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
-    changed = embedded.start_service(service)
-    _emit_one(embedded, service, "started" if changed else "was running already", as_json)
+def _restart(embedded: EmbeddedStack, role: str) -> str:
+    embedded.stop_service(role)
+    embedded.start_service(role)
+    return "restarted"
 
 
-@stack.command("restart")
-@service_argument
-@run_dir_option
-@json_option
-@pass_app
-def restart_one(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
-    """Stop one server and start it again on its own port with its own data."""
-    embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
-    embedded.stop_service(service)
-    embedded.start_service(service)
-    _emit_one(embedded, service, "restarted", as_json)
+def _one_server_command(name: str, action: Callable[[EmbeddedStack, str], str], help_text: str) -> None:
+    """``stack NAME SERVICE``: ``action`` on one server of the stack, the others left running."""
+
+    @stack.command(name, help=help_text)
+    @click.argument("service", metavar="SERVICE")
+    @run_dir_option
+    @json_option
+    @pass_app
+    def command(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
+        embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
+        _emit_one(embedded, service, action(embedded, service), as_json)
+
+
+_one_server_command(
+    "stop",
+    _stop,
+    "Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka), leaving the "
+    "others running: an outage to rehearse. `stack start SERVICE` brings it back on the same port with "
+    "the same data, so every shell's exports stay valid.",
+)
+_one_server_command(
+    "start",
+    _start,
+    "Start one stopped server again on its own port with its own data; returns once a real client is served.",
+)
+_one_server_command("restart", _restart, "Stop one server and start it again on its own port with its own data.")
 
 
 def _emit_one(embedded: EmbeddedStack, role: str, outcome: str, as_json: bool) -> None:
