@@ -80,7 +80,7 @@ class Harness:
     def process(self, records: list[Rec], now_ms: int = 0) -> list[dict[str, Any]]:
         return self.output(records, now_ms).rows()
 
-    def output(self, records: list[Rec], now_ms: int = 0) -> BatchOutput:
+    def output(self, records: list[Rec], now_ms: int = 0, event_clock_ms: int = 0) -> BatchOutput:
         columns = RecordColumns.from_payloads(
             0,
             [r.value for r in records],
@@ -89,7 +89,7 @@ class Harness:
             [r.append_ms for r in records],
             now_ms=T0 + 10**9,
         )
-        return self.engine.process(self.store, columns, now_ms)
+        return self.engine.process(self.store, columns, now_ms, event_clock_ms)
 
     def run(self, batches: list[list[Rec]]) -> list[dict[str, Any]]:
         return [row for batch in batches for row in self.process(batch)]
@@ -403,15 +403,7 @@ def test_the_backlog_after_an_outage_is_no_silence_but_a_device_left_behind_is()
     assert alerts_of(alone.output(later, now_ms=T0 + 80_000).rows()) == []  # nobody else: a gap of the input
     clocked = Harness()
     clocked.process(device("th-9", range(0, 5)), now_ms=T0 + 5000)
-    columns = RecordColumns.from_payloads(
-        0,
-        [r.value for r in later],
-        [r.key for r in later],
-        [r.offset for r in later],
-        [r.append_ms for r in later],
-        now_ms=T0 + 10**9,
-    )
-    out = clocked.engine.process(clocked.store, columns, T0 + 80_000, event_clock_ms=T0 + (5 + timeout_s + 2) * 1000)
+    out = clocked.output(later, now_ms=T0 + 80_000, event_clock_ms=T0 + (5 + timeout_s + 2) * 1000)
     assert [(a.device_id, a.state) for a in alerts_of(out.rows())] == [("th-9", "raised"), ("th-9", "cleared")]
 
 
