@@ -226,6 +226,28 @@ def dashboard() -> Dashboard:
             ),
         ],
     )
+    devices = Row(
+        "Devices offline and silences held",
+        [
+            TimeSeries(
+                title="Goodbyes and held silences",
+                unit="short",
+                draw_style="bars",
+                legend_calcs=("sum", "max"),
+                width=24,
+                description="Devices that said goodbye (their last reading carried the offline event: marked "
+                "offline, no device_silent) and devices past the silence timeout whose partition's input "
+                "stopped too (an ingestion gap holds their silence; see the ingestion_gap runbook).",
+                targets=[
+                    Target(
+                        f'SELECT sum("goodbyes") AS "said goodbye", max("silence_held") AS "silences held" '
+                        f'FROM "pipeline" WHERE {BATCH} AND $timeFilter GROUP BY time($__interval) fill(none)'
+                    ),
+                ],
+                overrides=[colour("said goodbye", BLUE), colour("silences held", ORANGE)],
+            ),
+        ],
+    )
     sites = Row(
         "Sites",
         [
@@ -255,5 +277,5 @@ def dashboard() -> Dashboard:
         description="Ingest rate per stage, Kafka lag, micro-batch duration, rejected data and the sites' "
         "replication lag.",
         tags=("iotwatch", "pipeline"),
-        rows=[now, ingest, batches, rejected, sites],
+        rows=[now, ingest, batches, rejected, devices, sites],
     )

@@ -128,6 +128,8 @@ def _run_shard(
             counters[base], counters[base + 1] = publisher.sent, publisher.errors
             counters[base + 2], counters[base + 3] = sim.readings, publisher.status_sent
         publisher.publish(sim.finish())
+        if not sim.exhausted:  # stopped, or its duration is over: the devices say goodbye
+            publisher.publish(sim.goodbye())
         publisher.flush()
         wall = time.monotonic() - (first_publish or wall0)
         publisher.publish_status(devices, online=False)

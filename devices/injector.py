@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from iotwatch.contract.device_topics import status_payload
+from iotwatch.contract.device_topics import DeviceStatus, status_payload
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.devices.anomaly_kinds import (
@@ -268,7 +268,7 @@ class Injector:
             group.mode[i] = kind.mode
             group.mode_since[i] = t
         if kind.name == "dropout":
-            out.append((int(group.uid[i]), group.status_topics[i], status_payload(False, t), STATUS))
+            out.append((int(group.uid[i]), group.status_topics[i], status_payload(DeviceStatus.LOST, t), STATUS))
 
     def end_by_command(
         self, gi: int, i: int, kind: str, t: int, command_id: str, out: list[tuple[int, str, Any, int]]
@@ -291,7 +291,14 @@ class Injector:
         if active.kind.mode and not any(a.kind.mode for a in self.active.get(key, ())):
             group.mode[active.i] = 0
         if active.kind.name == "dropout":
-            out.append((int(group.uid[active.i]), group.status_topics[active.i], status_payload(True, t), STATUS))
+            out.append(
+                (
+                    int(group.uid[active.i]),
+                    group.status_topics[active.i],
+                    status_payload(DeviceStatus.ONLINE, t),
+                    STATUS,
+                )
+            )
         if active.messages:
             self.records.append(
                 Injection(

@@ -23,7 +23,7 @@ from typing import Any
 
 from iotwatch.clients.batch_publish import BatchPublishClient, Outgoing
 from iotwatch.clients.mqtt import make_client
-from iotwatch.contract.device_topics import status_payload
+from iotwatch.contract.device_topics import DeviceStatus, status_payload
 from iotwatch.errors import ServiceUnavailable, UserError
 from iotwatch.settings import MqttSettings
 
@@ -98,7 +98,9 @@ class Publisher:
         assert isinstance(client, BatchPublishClient)
         client.window = self.window
         client.reconnect_delay_set(0.5, 5)
-        client.will_set(will_topic, status_payload(False, int(time.time() * 1000)), qos=self.qos, retain=True)
+        client.will_set(
+            will_topic, status_payload(DeviceStatus.LOST, int(time.time() * 1000)), qos=self.qos, retain=True
+        )
         conn = _Connection(client, client_id)
         self._conns.append(conn)
         return conn
@@ -133,7 +135,7 @@ class Publisher:
 
     def _connection_status(self, online: bool) -> None:
         """Each shared connection's own retained status (its will says ``offline``)."""
-        payload = status_payload(online, int(time.time() * 1000))
+        payload = status_payload(DeviceStatus.ONLINE if online else DeviceStatus.OFFLINE, int(time.time() * 1000))
         for conn in self._conns:
             if conn.connected.is_set():
                 topic = f"{SIMULATOR_STATUS_PREFIX}/{conn.client_id}/status"
@@ -170,7 +172,7 @@ class Publisher:
 
     def publish_status(self, devices: Iterable[tuple[int, str]], online: bool) -> None:
         ts = int(time.time() * 1000)
-        payload = status_payload(online, ts)
+        payload = status_payload(DeviceStatus.ONLINE if online else DeviceStatus.OFFLINE, ts)
         self.publish((uid, topic, payload, STATUS_GROUP) for uid, topic in devices)
 
     @property

@@ -18,6 +18,7 @@ import numpy as np
 
 from iotwatch.contract.device_commands import TwinProperties
 from iotwatch.contract.ground_truth import OPERATOR, SETPOINT_CHANGE, Injection
+from iotwatch.contract.telemetry import GOODBYE_EVENT
 from iotwatch.devices import seq_state
 from iotwatch.devices.anomaly_kinds import TRANSPORT
 from iotwatch.devices.config import SimConfig
@@ -166,6 +167,28 @@ class Simulation:
         """The twin properties the device reports (None: not simulated here)."""
         where = self._where.get(device_id)
         return None if where is None else self.twins.reported(self.groups[where[0]], where[1])
+
+    def goodbye(self) -> list[Outgoing]:
+        """Every device's last reading, due now, carrying the goodbye event
+        (:data:`iotwatch.contract.telemetry.GOODBYE_EVENT`): the devices stop cleanly, and the
+        job marks them offline instead of silent."""
+        out: list[Outgoing] = []
+        for gi, group in enumerate(self.groups):
+            idx = np.arange(group.size)
+            if not len(idx):
+                continue
+            seq = group.seq[idx].copy()
+            t = np.maximum(group.next_due[idx] - group.interval[idx], self.now_ms)
+            u = self.rng.uniform(group.uid[idx], seq, 0, group.draws + DRAWS)
+            values, _events = group.step(idx, t, seq, u[:, : group.draws])
+            uids = group.uid[idx].tolist()
+            for r, i in enumerate(idx.tolist()):
+                payload = group.event_payload(i, int(seq[r]), int(t[r]), values[r], GOODBYE_EVENT, None)
+                out.append((uids[r], group.topics[i], payload, gi))
+            group.advance(idx)
+            self.readings += len(idx)
+            self.events[GOODBYE_EVENT] = self.events.get(GOODBYE_EVENT, 0) + len(idx)
+        return out
 
     def finish(self) -> list[Outgoing]:
         """Deliver what is still held back (late, out of order) and close open anomalies."""

@@ -263,3 +263,66 @@ class LazyGroup(click.Group):
             module_name, attribute = self.registry[cmd_name].split(":")
             return getattr(importlib.import_module(module_name), attribute)
         return super().get_command(ctx, cmd_name)
+
+
+class Working:
+    """What a command is doing while it prints nothing else: on a terminal, a line on stderr
+    (rich) with the current step and the seconds so far, gone when the work is done; in a
+    pipe or a log, one log line per step. Commands that can be silent for more than two
+    seconds (Spark starting, a long merge) show it from their first second.
+
+    >>> with Working("testing") as working:
+    ...     working.step("a step")
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what, self.current = what, ""
+        self.started = time.monotonic()
+        self._status: Any = None
+        self.finished = False
+
+    def __enter__(self) -> Working:
+        if sys.stderr.isatty():
+            from rich.console import Console
+
+            self._status = Console(stderr=True).status(self._text(), spinner="dots")
+            self._status.start()
+            threading.Thread(target=self._tick, name="working", daemon=True).start()
+        else:
+            import logging
+
+            logging.getLogger("iotwatch").info("%s ...", self.what)
+        return self
+
+    def step(self, text: str) -> None:
+        """Name the step in progress (nothing once done)."""
+        if self.finished:
+            return
+        self.current = text
+        if self._status is None:
+            import logging
+
+            logging.getLogger("iotwatch").info("%s: %s", self.what, text)
+        else:
+            self._status.update(self._text())
+
+    def done(self) -> None:
+        """The work is done (or its own output starts): the line goes."""
+        self.finished = True
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _text(self) -> str:
+        step = f": {self.current}" if self.current else ""
+        return f"{self.what}{step} ({time.monotonic() - self.started:.0f} s)"
+
+    def _tick(self) -> None:
+        while self._status is not None:
+            status = self._status
+            if status is not None:
+                status.update(self._text())
+            time.sleep(0.5)
+
+    def __exit__(self, *_exc: object) -> None:
+        self.done()

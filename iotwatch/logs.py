@@ -60,6 +60,37 @@ class RepeatSummary(logging.Filter):
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(LIBRDKAFKA).isEnabledFor(logging.DEBUG)
 
+    def recovered(self, broker: str) -> bool:
+        """``broker`` answers again: forget its failures (the next outage is news again);
+        whether any had been reported."""
+        with self._lock:
+            gone = {key for key in self._seen if key[0] == broker}
+            self._seen -= gone
+        return bool(gone)
+
+
+#: How often librdkafka clients report their brokers' states (:func:`broker_states`).
+STATS_INTERVAL_MS = 5000
+
+
+def broker_states(stats: str) -> None:
+    """librdkafka's statistics callback: a broker whose failure :class:`RepeatSummary` reported
+    and that is ``UP`` again gets one line saying so, so a command that said Kafka was gone
+    also says when it is back."""
+    import json
+
+    summary = next((f for f in librdkafka_logger().filters if isinstance(f, RepeatSummary)), None)
+    if summary is None:
+        return
+    try:
+        brokers = json.loads(stats).get("brokers", {})
+    except ValueError:
+        return
+    for broker in brokers.values():
+        name = str(broker.get("nodename", ""))
+        if broker.get("state") == "UP" and summary.recovered(name):
+            logging.getLogger(LIBRDKAFKA).info("Kafka broker %s answers again", name)
+
 
 def librdkafka_logger() -> logging.Logger:
     """The logger handed to confluent-kafka clients (summarising repeats, see :class:`RepeatSummary`)."""

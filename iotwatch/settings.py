@@ -193,7 +193,7 @@ class TopicSettings(_ConcernSettings):
     mqtt_telemetry_filter: str = "iot/+/+/+/telemetry"
     mqtt_status_filter: str = Field(
         "iot/+/+/+/status",
-        description="devices' retained online/offline status: a site's relay learns which devices are at its site",
+        description="devices' retained online/offline/lost status: a site's relay learns which devices are at its site",
     )
     alert_state: str = Field("iot.alerts.state", description="operators' acknowledgements, compacted by alert id")
     silences: str = Field("iot.alerts.silences", description="silences, compacted by silence id")
@@ -442,7 +442,16 @@ class StreamSettings(_ConcernSettings):
         "executor when the state store says it is current (streaming/shard_cache.py): "
         "saves the state-store read, the cost that grows most with the fleet",
     )
-    silence_timeout_s: float = Field(60.0, gt=0, description="no data for this long raises device_silent")
+    silence_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="no data for this long, while other devices' records kept arriving, raises device_silent",
+    )
+    ingestion_gap_s: float = Field(
+        60.0,
+        gt=0,
+        description="no records of a raw topic for this long, while devices were reporting, raises ingestion_gap",
+    )
     state_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="state of devices silent this long is dropped")
     aggregate_interval_s: int = Field(60, ge=1, description="event-time bucket of the per-device aggregates")
     device_detector: str = Field(

@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pandas as pd
 
-from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
+from iotwatch.cli import AppContext, Preset, Working, emit, endpoint_options, json_option, pass_app, seed_option
 from iotwatch.errors import IotwatchError
 from iotwatch.models.registry import ModelRegistry
 
@@ -117,8 +117,11 @@ def train(
     if not (archive / "readings").is_dir():
         raise IotwatchError(f"{archive / 'readings'} does not exist: no archive to train on (see --archive)")
     registry = ModelRegistry(registry_path or settings.registry.path)
-    with session_scope("iotwatch-train", master or None, conf=BATCH_CONF) as spark:
-        models = train_fleet_models(spark, config, registry)
+    with Working("train") as working:
+        working.step("starting Spark")
+        with session_scope("iotwatch-train", master or None, conf=BATCH_CONF) as spark:
+            working.step(f"reading {archive / 'readings'} and fitting a model per device type")
+            models = train_fleet_models(spark, config, registry)
     if approve:
         publisher = UpdatePublisher(settings.kafka, settings.topics.model_updates)
         registry.publisher = publisher

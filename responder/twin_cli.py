@@ -17,18 +17,20 @@ def devices() -> None:
 
 @devices.command()
 @click.argument("device_id")
-@endpoint_options(kafka=True)
+@endpoint_options(mqtt=True, kafka=True)
 @json_option
 @pass_app
 def show(app: AppContext, device_id: str, as_json: bool) -> None:
-    """A device's twin: per property what operators want, what the device reports, and whether they agree."""
+    """A device's twin: per property what operators want, what the device reports, and whether
+    they agree; and its connection, from its retained status: online, offline (it said goodbye:
+    no silence alert) or lost (its last will: silent)."""
     from iotwatch.errors import IotwatchError
-    from iotwatch.responder.twin_ops import read_twin
+    from iotwatch.responder.twin_ops import read_connection, read_twin
 
     twin = read_twin(app.settings, device_id)
     if twin.desired is None and twin.reported is None:
         raise IotwatchError(f"no twin for device {device_id} (it never reported and nobody set one)")
-    emit(twin.as_dict(), as_json, _render)
+    emit({**twin.as_dict(), "connection": read_connection(app.settings, twin)}, as_json, _render)
 
 
 @devices.command(name="set")
@@ -99,6 +101,10 @@ def _render(twin: dict[str, Any]) -> None:
     if desired:
         out.print(f"desired version {desired['version']} by {desired['by']}", style="dim")
     out.print("reported " + ("never" if not reported else f"by the device at {_when(reported['at_ms'])}"), style="dim")
+    connection = twin.get("connection") or {}
+    state = connection.get("state") or "unknown"
+    since = f" since {_when(connection['ts'])}" if connection.get("ts") else ""
+    out.print(f"connection {state}{since}" + (f" ({connection['detail']})" if connection.get("detail") else ""))
 
 
 def _text(value: Any) -> str:

@@ -12,6 +12,7 @@ property that is in sync from one still pending.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,36 @@ def read_twin(settings: Settings, device_id: str) -> Twin:
             continue  # a later record of the same key is what counts; a bad one is skipped
         setattr(twin, side.value, record)
     return twin
+
+
+_CONNECTION_DETAIL = {
+    "online": "",
+    "offline": "said goodbye: marked offline, no silence alert",
+    "lost": "its last will: silent, device_silent applies",
+}
+
+
+def read_connection(settings: Settings, twin: Twin) -> dict[str, Any]:
+    """The device's retained status (:class:`iotwatch.contract.device_topics.DeviceStatus`):
+    ``state`` online, offline or lost (None: never published), its time, and what it means."""
+    from iotwatch.clients.mqtt import retained
+    from iotwatch.contract.device_topics import status_topic
+
+    known = twin.reported or twin.desired
+    if known is None:
+        return {"state": None, "ts": None, "detail": "site and type unknown"}
+    try:
+        payload = retained(settings.mqtt, status_topic(known.site, known.device_type, twin.device_id))
+    except IotwatchError as exc:
+        return {"state": None, "ts": None, "detail": str(exc)}
+    if payload is None:
+        return {"state": None, "ts": None, "detail": "no retained status"}
+    try:
+        status = json.loads(payload)
+        state, ts = str(status["state"]), int(status["ts"])
+    except (ValueError, KeyError, TypeError):
+        return {"state": None, "ts": None, "detail": f"unreadable status {payload[:80]!r}"}
+    return {"state": state, "ts": ts, "detail": _CONNECTION_DETAIL.get(state, "")}
 
 
 def parse_assignments(pairs: tuple[str, ...]) -> TwinProperties:

@@ -57,8 +57,10 @@ class AlertRules:
         readings: ScoredReadings,
         book: EpisodeBook,
         fleet: FleetScores | None,
+        event_clock_ms: int = 0,
     ) -> list[AlertRecord]:
-        """The alerts this batch raises and clears, in (device, Kafka order, rule order)."""
+        """The alerts this batch raises and clears, in (device, Kafka order, rule order);
+        ``event_clock_ms``: the newest event time of the partition's earlier batches."""
         found: list[_Placed] = []
         scores = rules.rule_scores(readings, self.settings)
         scores[Rule.ANOMALY_SCORE] = (np.ones(readings.n, dtype=bool), readings.anomaly)
@@ -92,7 +94,7 @@ class AlertRules:
                         sequenced, readings, book, d, spec, idx, score, firing, describe[rule], fleet, holds.get(rule)
                     )
                 )
-        found.extend(self._silences_in_log(batch, sequenced, readings, book))
+        found.extend(self._silences_in_log(batch, sequenced, readings, book, event_clock_ms))
         found.sort(key=lambda item: item[0])
         return [alert for _, alert in found]
 
@@ -177,20 +179,39 @@ class AlertRules:
         return describe
 
     def _silences_in_log(
-        self, batch: SortedBatch, sequenced: Sequenced, readings: ScoredReadings, book: EpisodeBook
+        self,
+        batch: SortedBatch,
+        sequenced: Sequenced,
+        readings: ScoredReadings,
+        book: EpisodeBook,
+        event_clock_ms: int = 0,
     ) -> list[_Placed]:
         """A silence found in the log: a record arrived in Kafka more than the silence timeout
         after the device's previous one. The processing-time timer cannot see it when the gap
         reaches the job inside one micro-batch (catching up on a backlog, a restart, a
         replay); the log's own timestamps can, the same way on every run. Raised there and
         cleared by the next scored reading, with the alert id the timer would have given;
-        nothing is raised when the timer already did."""
+        nothing is raised when the timer already did.
+
+        A gap counts only where the device fell behind its peers: its event time jumped by
+        the timeout too, and other records of the partition carry event times inside the
+        gap. The backlog after an outage of the pipeline arrives late in the log but with
+        the event times of the outage, device after device: no silence."""
         timeout_ms = self.timeout_ms
         log_gap = sequenced.log_gap
-        gaps = np.flatnonzero((log_gap > timeout_ms) & (batch.codes >= 0))
+        event_gap = np.where(sequenced.prior_newest >= 0, batch.ts - sequenced.prior_newest, 0)
+        gaps = np.flatnonzero((log_gap > timeout_ms) & (event_gap > timeout_ms) & (batch.codes >= 0))
+        if len(gaps):
+            events = np.sort(batch.ts[batch.valid & (batch.codes >= 0)])
+            start = sequenced.prior_newest[gaps] + timeout_ms
+            peers = np.searchsorted(events, batch.ts[gaps], "left") > np.searchsorted(events, start, "left")
+            peers |= (event_clock_ms >= start) & (event_clock_ms < batch.ts[gaps])
+            gaps = gaps[peers]
         devices = set(batch.codes[gaps].tolist()) | book.open_devices(Rule.DEVICE_SILENT)
         if not devices:
             return []
+        in_gap = np.zeros(len(batch.codes), dtype=bool)
+        in_gap[gaps] = True
         reading_at = np.full(len(batch.codes), -1, dtype=np.int64)
         reading_at[sequenced.scored] = np.arange(len(sequenced.scored))
         spec = self.specs[Rule.DEVICE_SILENT]
@@ -200,7 +221,7 @@ class AlertRules:
             episode = book.episode(d, Rule.DEVICE_SILENT)
             context = book.context(d)
             for p in range(bounds[d], bounds[d + 1]):
-                if log_gap[p] > timeout_ms and episode.status is EpisodeStatus.IDLE:
+                if in_gap[p] and episode.status is EpisodeStatus.IDLE:
                     newest, high = max(int(sequenced.prior_newest[p]), 0), int(sequenced.prior_high[p])
                     what = f"no data for {log_gap[p] / 1000:.0f} s in the log (last event time {iso_time(newest)})"
                     alert = advance(episode, spec, 1.0, newest, high, context, self._silent(what))

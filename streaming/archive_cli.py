@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, json_option, output_console, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, Working, emit, json_option, output_console, pass_app, stop_on_signals
 from iotwatch.errors import IotwatchError
 from iotwatch.streaming.cli import archive_option
 
@@ -68,7 +68,9 @@ def compact(
     root = archive_dir or app.settings.stream.archive_dir
 
     def once() -> dict[str, Any]:
-        result = {"archive": str(root), **run(root, min_age_s=min_age_s, target_bytes=int(target_mb * 2**20)).to_dict()}
+        with Working(f"compacting {root}"):
+            done = run(root, min_age_s=min_age_s, target_bytes=int(target_mb * 2**20))
+        result = {"archive": str(root), **done.to_dict()}
         if as_json and every_s is not None:  # a line a round (JSON Lines), for a log collector
             click.echo(json.dumps(result))
         else:

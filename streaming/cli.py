@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, Working, emit, endpoint_options, json_option, pass_app
 from iotwatch.settings import StreamSettings
 
 if TYPE_CHECKING:
@@ -110,15 +110,17 @@ def stream(
 
     settings = app.settings
     settings = settings.model_copy(update={"stream": settings.stream.model_copy(update=update)})
-    job = run_job(
-        settings,
-        checkpoint_dir,
-        archive_dir,
-        available_now=available_now,
-        duration=duration,
-        warm_up=warm_up,
-        reset_offsets=reset_offsets,
-    )
+    with Working("stream") as working:
+        job = run_job(
+            settings,
+            checkpoint_dir,
+            archive_dir,
+            available_now=available_now,
+            duration=duration,
+            warm_up=warm_up,
+            reset_offsets=reset_offsets,
+            step=lambda text: working.step(text) if text else working.done(),
+        )
     summary = {"batches": job.totals.get("batches", 0), "totals": dict(job.totals), "last_progress": job.reporter.last}
     emit(summary, as_json, render_summary)
 
@@ -133,7 +135,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"iotwatch stream: stopped after {summary['batches']:,} micro-batches")
     if not summary["totals"] and not summary["last_progress"]:
         return
-    from iotwatch.streaming.progress import BATCH_GAUGES
+    from iotwatch.streaming.progress import BATCH_GAUGES, PARTITION_GAUGES
     from iotwatch.streaming.schemas import TALLY_FIELDS
 
     table = Table()
@@ -143,7 +145,7 @@ def render_summary(summary: dict[str, Any]) -> None:
     # each count once, under the name the gateway and the tallies use (received, scored,
     # duplicates, late, dead_lettered, ...); per-batch sizes are shown for the last batch below
     for name, label in TALLY_FIELDS.items():
-        if name not in BATCH_GAUGES:
+        if name not in BATCH_GAUGES and name not in PARTITION_GAUGES:
             table.add_row(name.replace("_", " "), f"{totals.get(label, 0):,}")
     last = summary["last_progress"]
     if last:

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
 from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
+from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
 from iotwatch.streaming.kafka_source import read_kafka_stream
 from iotwatch.streaming.operator_query import start_operator
 from iotwatch.streaming.progress import ProgressReporter
@@ -168,8 +170,10 @@ def start(
     available_now: bool = False,
     query_name: str = "iotwatch_stream",
     warm_up: bool = False,
+    gaps: IngestionGaps | None = None,
 ) -> RunningJob:
-    """Start the query; offsets and state are kept in ``checkpoint_dir``. With ``warm_up``,
+    """Start the query; offsets and state are kept in ``checkpoint_dir``; ``gaps``: where
+    the input's gaps are judged (:mod:`iotwatch.streaming.ingestion_gap`). With ``warm_up``,
     synthetic readings go through the job's operator first
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
@@ -188,7 +192,7 @@ def start(
         operator_tasks=tasks,
         pattern=settings.topics.raw_pattern,
     )
-    reporter = ProgressReporter(settings, query_name)
+    reporter = ProgressReporter(settings, query_name, gaps)
     log.info(
         "streaming %s from %s; checkpoint %s; archive %s",
         f"topics matching {settings.topics.raw_pattern}" if settings.topics.raw_pattern else settings.topics.raw,
@@ -270,14 +274,25 @@ def run_job(
     query_name: str = "iotwatch_stream",
     warm_up: bool = False,
     reset_offsets: ResetTo | None = None,
+    step: Callable[[str | None], None] | None = None,
 ) -> RunningJob:
-    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
+    """``step``: told what the job is doing until its first micro-batch ran (then None).
+
+    Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
+    (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
+    raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
+    micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
+    ``step``: told what the job is doing until its first micro-batch ran (then None).
+
+    Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
     where its source file is readable by the executor, and not with ``available_now``).
     A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
     ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`)."""
+    step = step or (lambda _text: None)
+    step("creating topics")
     prepare_outputs(settings)
     cluster = cluster_id(settings)
     checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
@@ -288,13 +303,17 @@ def run_job(
         )
     stop = threading.Event()
     _stop_on_signals(stop)
+    step("starting Spark")
     with session_scope(settings.stream, "iotwatch-stream") as spark:
         _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
         started = time.monotonic()
         restarts = 0
         earlier: Counter[str] = Counter()
         local = spark.sparkContext.master.startswith("local")
+        writer = None if available_now else GapAlertWriter(settings)
+        gaps = None if writer is None else IngestionGaps(settings, writer)
         while True:
+            step("planning the query" + (" and a warm-up micro-batch" if warm_up and not restarts else ""))
             job = start(
                 spark,
                 settings,
@@ -303,10 +322,12 @@ def run_job(
                 available_now=available_now,
                 query_name=query_name,
                 warm_up=warm_up and not restarts and not available_now and local,
+                gaps=gaps,
             )
             if restarts:
                 job.reporter.totals.update(earlier)
-            exception = _serve(job, stop, started, duration, available_now)
+            step("waiting for the first micro-batch")
+            exception = _serve(job, stop, started, duration, available_now, step)
             if exception is None or stop.is_set() or not _restartable(str(exception)):
                 break
             if restarts >= settings.stream.query_restarts:
@@ -322,18 +343,29 @@ def run_job(
             )
             if stop.wait(RESTART_BACKOFF_S):
                 break
+        if writer is not None:
+            writer.close()
     if exception is not None:
         raise StreamingQueryFailed(f"streaming query failed: {root_cause(str(exception))}{_hint(str(exception))}")
     return job
 
 
 def _serve(
-    job: RunningJob, stop: threading.Event, started: float, duration: float | None, available_now: bool
+    job: RunningJob,
+    stop: threading.Event,
+    started: float,
+    duration: float | None,
+    available_now: bool,
+    step: Callable[[str | None], None],
 ) -> Exception | None:
     """Let the query run until a stop, ``duration``, the backlog's end or its failure; then
     stop it (the micro-batch in progress finishes) and return its exception, if any."""
     try:
+        first = True
         while job.query.isActive and not stop.is_set():
+            if first and job.totals.get("batches", 0):
+                step(None)
+                first = False
             if duration is not None and time.monotonic() - started >= duration:
                 break
             if available_now and job.caught_up():

@@ -110,6 +110,11 @@ class BatchOutput:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    #: per device of ``devices``: its newest Kafka append time and event time (the roster's clocks)
+    heard_append_ms: np.ndarray | None = None
+    heard_event_ms: np.ndarray | None = None
+    #: devices whose status said ``offline`` in this batch (a clean goodbye: not silence)
+    goodbyes: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """Everything as dicts tagged with a ``kind`` (tests and small tools): readings

@@ -118,7 +118,8 @@ class PartitionProcessor(StatefulProcessor):
         partition, engine = self._serve(key)
         records = unpack(rows, partition)
         clock.lap("ms_unpack")
-        out = engine.process(self.devices, records, now_ms)
+        roster = Roster.load(self.roster.get() if self.roster.exists() else None)
+        out = engine.process(self.devices, records, now_ms, event_clock_ms=roster.event_ms)
         clock.lap("ms_engine")
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
         clock.lap("ms_sinks")
@@ -127,8 +128,9 @@ class PartitionProcessor(StatefulProcessor):
                 out.readings, partition, int(records.offset.min()), int(records.offset.max())
             )
         clock.lap("ms_archive")
-        roster = Roster.load(self.roster.get() if self.roster.exists() else None)
-        roster.heard(out.devices, now_ms)
+        roster.heard(out.devices, now_ms, out.heard_append_ms, out.heard_event_ms)
+        roster.said_goodbye(out.goodbyes)
+        tally["goodbyes"] = len(out.goodbyes)
         for name, count in self._report_silence(engine, roster, now_ms).items():
             tally[name] = tally.get(name, 0) + count
         clock.lap("ms_roster")
@@ -157,17 +159,20 @@ class PartitionProcessor(StatefulProcessor):
         return partition, engine
 
     def _report_silence(self, engine: PartitionEngine, roster: Roster, now_ms: int) -> dict[str, int]:
-        """Raise ``device_silent`` for devices due, keep the roster and re-arm the timer."""
+        """Raise ``device_silent`` for devices due (silent while the partition's records moved
+        on: :class:`iotwatch.streaming.roster.Roster`), keep the roster and re-arm the timer."""
         counts: dict[str, int] = {}
         due = roster.due(now_ms, self.timeout_ms)
         if due:
             counts = self.sinks.write(engine.silence(self.devices, due, now_ms))
+        counts["silence_held"] = roster.held(now_ms, self.timeout_ms)
+        counts["devices_reporting"] = roster.reporting()
         roster.forget(now_ms, self.ttl_ms)
         # The timer is re-armed only to fire earlier: one that fires before anyone is due
         # finds nobody and re-arms for the next. (Moving it later on every batch, as devices
         # keep reporting, cost a timer delete and register per partition and batch, and the
         # state server's set-up of the timer state for each task.)
-        next_ms = roster.next_due_ms(self.timeout_ms)
+        next_ms = roster.next_due_ms(self.timeout_ms, now_ms)
         if next_ms and (not roster.timer_ms or next_ms < roster.timer_ms):
             if roster.timer_ms:
                 self.handle.deleteTimer(roster.timer_ms)

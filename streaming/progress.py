@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -33,6 +33,9 @@ from iotwatch.settings import Settings
 from iotwatch.streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
 from iotwatch.streaming.sinks.influx_points import pipeline_point
 
+if TYPE_CHECKING:
+    from iotwatch.streaming.ingestion_gap import IngestionGaps
+
 log = logging.getLogger(__name__)
 
 #: The name of the observation that sums the tallies of a micro-batch.
@@ -42,6 +45,10 @@ HISTORY = 10_000
 #: How often the reporter reads the query's progress (Spark keeps the last 100 reports:
 #: ``spark.sql.streaming.numRecentProgressUpdates``).
 POLL_S = 0.2
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def tally_sums() -> list[Column]:
@@ -81,6 +88,21 @@ def _sources_distance(progress: Any, since: str, until: str) -> int | None:
     return total
 
 
+def records_by_topic(progress: Any, received: int) -> dict[str, int]:
+    """Kafka records the batch read per topic (a query's first batch, which has no start
+    offsets: ``received`` for each topic it read)."""
+    out: dict[str, int] = {}
+    for source in progress.sources:
+        until = _offsets(source.endOffset) or {}
+        since = _offsets(source.startOffset)
+        for topic in until:
+            if since is None:
+                out[topic] = out.get(topic, 0) + received
+            else:
+                out[topic] = out.get(topic, 0) + (_distance({topic: since.get(topic, {})}, {topic: until[topic]}) or 0)
+    return out
+
+
 def kafka_lag(progress: Any) -> int | None:
     """Records between what the last batch read and the log end, over all partitions."""
     return _sources_distance(progress, "endOffset", "latestOffset")
@@ -99,6 +121,10 @@ def kafka_records(progress: Any) -> int | None:
 #: anything a user knows, so the totals carry their sums under names that say so
 #: (``state_bytes_written``, ``state_device_writes``) and ``last`` the last batch's values.
 BATCH_GAUGES = {"state_bytes": "state_bytes_written", "state_devices": "state_device_writes"}
+#: Tallies that are states of the partitions a batch touched, not counts: kept out of the
+#: totals (``devices_reporting``: devices neither silent nor gone offline; ``silence_held``:
+#: devices past the silence timeout whose partition's input stopped too).
+PARTITION_GAUGES = ("devices_reporting", "silence_held")
 
 
 def batch_counts(observed: Any) -> dict[str, int]:
@@ -122,8 +148,9 @@ class ProgressReporter:
     """Running totals and per-batch history of one query, its log lines and its ``pipeline``
     points, from the query's progress reports (:meth:`follow` reads them in a thread)."""
 
-    def __init__(self, settings: Settings, query_name: str) -> None:
+    def __init__(self, settings: Settings, query_name: str, gaps: IngestionGaps | None = None) -> None:
         self.influx = settings.influx if settings.influx.enabled else None
+        self.gaps = gaps
         self._influx_outage = OutageLog(log, "pipeline health")
         self.query_name = query_name
         self.lock = threading.Lock()
@@ -150,6 +177,8 @@ class ProgressReporter:
         while not self._stop.wait(POLL_S):
             try:
                 self.poll()
+                if self.gaps is not None:
+                    self.gaps.tick(now_ms())
             except Exception as exc:
                 log.debug("reading the query's progress: %s", str(exc).splitlines()[0] if str(exc) else exc)
 
@@ -197,7 +226,11 @@ class ProgressReporter:
             "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
-        self.totals.update({BATCH_GAUGES.get(name, name): value for name, value in counts.items()})
+        if self.gaps is not None:
+            self.gaps.batch(records_by_topic(progress, counts["received"]), counts["devices_reporting"], now_ms())
+        self.totals.update(
+            {BATCH_GAUGES.get(name, name): value for name, value in counts.items() if name not in PARTITION_GAUGES}
+        )
         self.totals["batches"] += 1
         fields.update({f"{name}_written": counts[name] for name in BATCH_GAUGES})
         self.last = fields

@@ -1,6 +1,17 @@
 """The devices of one Kafka partition and when each was last heard of: what the stateful
 operator's silence timer needs (``device_silent``), kept as one small value per partition
-in the state store (:data:`iotwatch.streaming.schemas.ROSTER_SCHEMA`)."""
+in the state store (:data:`iotwatch.streaming.schemas.ROSTER_SCHEMA`).
+
+A device is silent when its peers kept arriving without it, not when nothing arrives at all:
+besides the wall time since it was last heard of (the timer), the partition's own clocks --
+the newest Kafka append time and the newest event time of any of its records -- must have
+moved past the device's by the silence timeout. An outage of the pipeline (Kafka down, the
+gateway gone) stops every clock at once, so it holds every device's timer; the backlog that
+follows carries the event and append times of the outage and moves the clocks as it is read,
+device by device. (The pipeline-wide incident is the job's ``ingestion_gap``,
+:mod:`iotwatch.streaming.ingestion_gap`.) A device that said goodbye (its retained status
+``offline``) is marked offline: never reported silent until it is heard again.
+"""
 
 from __future__ import annotations
 
@@ -10,55 +21,134 @@ import numpy as np
 import pandas as pd
 
 _SEP = "\x1f"
+#: Per-device int64 columns of ``last_wall_ms`` in the stored value (one column in rosters
+#: written before the partition clocks: read with unknown clocks).
+_WALL, _APPEND, _EVENT = range(3)
+_COLUMNS = 3
+#: After the per-device columns: the partition's clocks, newest append and event time.
+_CLOCKS = 2
+#: Values of ``silent``: still reporting, reported silent, said goodbye (offline).
+REPORTING, SILENT, OFFLINE = 0, 1, 2
 
 
 class Roster:
-    """The devices of one partition with the wall time each was last heard of, and whether
-    its silence has been reported: what the silence timer needs, without reading every
-    device's full state."""
+    """The devices of one partition: when each was last heard of (wall, append and event
+    time), whether its silence was reported or it went offline, and the partition's clocks."""
 
-    def __init__(self, devices: list[str], last_wall_ms: np.ndarray, silent: np.ndarray, timer_ms: int) -> None:
-        self.devices, self.last_wall_ms, self.silent, self.timer_ms = devices, last_wall_ms, silent, timer_ms
+    def __init__(
+        self,
+        devices: list[str],
+        heard_ms: np.ndarray,
+        state: np.ndarray,
+        timer_ms: int,
+        log_ms: int = 0,
+        event_ms: int = 0,
+    ) -> None:
+        self.devices, self.heard_ms, self.state, self.timer_ms = devices, heard_ms, state, timer_ms
+        self.log_ms, self.event_ms = log_ms, event_ms
 
     @classmethod
     def load(cls, value: tuple[Any, ...] | None) -> Roster:
         if value is None:
-            return cls([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
-        devices, last, silent, timer_ms = value
-        return cls(
-            devices.split(_SEP) if devices else [],
-            np.frombuffer(last, dtype=np.int64).copy(),
-            np.frombuffer(silent, dtype=np.bool_).copy(),
-            int(timer_ms),
-        )
+            return cls([], np.zeros((0, _COLUMNS), dtype=np.int64), np.zeros(0, dtype=np.int8), 0)
+        devices, last, state, timer_ms = value
+        names = devices.split(_SEP) if devices else []
+        numbers = np.frombuffer(last, dtype=np.int64)
+        heard = np.zeros((len(names), _COLUMNS), dtype=np.int64)
+        log_ms = event_ms = 0
+        if len(numbers) == len(names):  # wall times only
+            heard[:, _WALL] = numbers
+        else:
+            heard[:] = numbers[: len(names) * _COLUMNS].reshape(len(names), _COLUMNS)
+            log_ms, event_ms = (int(v) for v in numbers[len(names) * _COLUMNS :])
+        return cls(names, heard, np.frombuffer(state, dtype=np.int8).copy(), int(timer_ms), log_ms, event_ms)
 
     def to_value(self) -> tuple[Any, ...]:
-        return (_SEP.join(self.devices), self.last_wall_ms.tobytes(), self.silent.tobytes(), self.timer_ms)
+        numbers = np.concatenate([self.heard_ms.ravel(), np.asarray([self.log_ms, self.event_ms], dtype=np.int64)])
+        return (_SEP.join(self.devices), numbers.tobytes(), self.state.tobytes(), self.timer_ms)
 
-    def heard(self, devices: list[str], now_ms: int) -> None:
+    def _rows(self, devices: list[str]) -> np.ndarray:
+        """The rows of ``devices``, new ones appended."""
         rows = pd.Index(self.devices).get_indexer(devices) if self.devices else np.full(len(devices), -1)
         new = np.flatnonzero(rows < 0)
         if len(new):
             rows[new] = len(self.devices) + np.arange(len(new))
             self.devices = self.devices + [devices[i] for i in new.tolist()]
-            self.last_wall_ms = np.concatenate([self.last_wall_ms, np.zeros(len(new), dtype=np.int64)])
-            self.silent = np.concatenate([self.silent, np.zeros(len(new), dtype=bool)])
-        self.last_wall_ms[rows] = now_ms
-        self.silent[rows] = False
+            self.heard_ms = np.concatenate([self.heard_ms, np.zeros((len(new), _COLUMNS), dtype=np.int64)])
+            self.state = np.concatenate([self.state, np.full(len(new), REPORTING, dtype=np.int8)])
+        return rows
+
+    def heard(
+        self, devices: list[str], now_ms: int, append_ms: np.ndarray | None = None, event_ms: np.ndarray | None = None
+    ) -> None:
+        """``devices`` sent records this batch; ``append_ms``/``event_ms``: each one's newest
+        Kafka append time and event time (0 or absent: unknown), which move the partition's
+        clocks. A device's event time counts no later than its append time (a device whose
+        clock runs ahead does not move the partition's event clock)."""
+        rows = self._rows(devices)
+        self.heard_ms[rows, _WALL] = now_ms
+        self.state[rows] = REPORTING
+        if append_ms is not None and len(append_ms):
+            appended = np.asarray(append_ms, dtype=np.int64)
+            self.heard_ms[rows, _APPEND] = np.maximum(self.heard_ms[rows, _APPEND], appended)
+            self.log_ms = max(self.log_ms, int(appended.max()))
+        if event_ms is not None and len(event_ms):
+            events = np.asarray(event_ms, dtype=np.int64)
+            if append_ms is not None and len(append_ms):
+                events = np.where(appended > 0, np.minimum(events, appended), events)
+            self.heard_ms[rows, _EVENT] = np.maximum(self.heard_ms[rows, _EVENT], events)
+            self.event_ms = max(self.event_ms, int(events.max()))
+
+    def said_goodbye(self, devices: list[str]) -> None:
+        """These devices went offline cleanly: no silence is reported for them."""
+        self.state[self._rows(devices)] = OFFLINE
+
+    def reporting(self) -> int:
+        """Devices heard of that neither went silent nor said goodbye."""
+        return int((self.state == REPORTING).sum())
+
+    def offline(self) -> list[str]:
+        return [self.devices[i] for i in np.flatnonzero(self.state == OFFLINE).tolist()]
 
     def due(self, now_ms: int, timeout_ms: int) -> list[str]:
-        """Devices silent for the timeout whose silence was not reported yet (now marked)."""
-        rows = np.flatnonzero(~self.silent & (self.last_wall_ms + timeout_ms <= now_ms))
-        self.silent[rows] = True
+        """Devices silent for the timeout, in wall time and while the partition's clocks moved
+        on without them, whose silence was not reported yet (now marked)."""
+        rows = np.flatnonzero(
+            self._waiting() & (self.heard_ms[:, _WALL] + timeout_ms <= now_ms) & self._left_behind(timeout_ms)
+        )
+        self.state[rows] = SILENT
         return [self.devices[i] for i in rows.tolist()]
+
+    def held(self, now_ms: int, timeout_ms: int) -> int:
+        """Devices the wall clock says are silent but the partition's clocks do not: what an
+        input gap holds."""
+        return int(
+            (self._waiting() & (self.heard_ms[:, _WALL] + timeout_ms <= now_ms) & ~self._left_behind(timeout_ms)).sum()
+        )
+
+    def _waiting(self) -> np.ndarray:
+        return self.state == REPORTING
+
+    def _left_behind(self, timeout_ms: int) -> np.ndarray:
+        """Whether each device's append and event time are a timeout behind the partition's
+        (a clock the partition never had, e.g. records without Kafka timestamps, is not judged)."""
+        behind = np.ones(len(self.devices), dtype=bool)
+        for column, clock in ((_APPEND, self.log_ms), (_EVENT, self.event_ms)):
+            if clock > 0:
+                behind &= self.heard_ms[:, column] + timeout_ms <= clock
+        return behind
 
     def forget(self, now_ms: int, ttl_ms: int) -> None:
         """Drop devices whose state the store's TTL has dropped too."""
-        keep = self.last_wall_ms + ttl_ms > now_ms
+        keep = self.heard_ms[:, _WALL] + ttl_ms > now_ms
         if not keep.all():
             self.devices = [d for d, k in zip(self.devices, keep.tolist(), strict=True) if k]
-            self.last_wall_ms, self.silent = self.last_wall_ms[keep], self.silent[keep]
+            self.heard_ms, self.state = self.heard_ms[keep], self.state[keep]
 
-    def next_due_ms(self, timeout_ms: int) -> int:
-        waiting = self.last_wall_ms[~self.silent]
-        return int(waiting.min()) + timeout_ms if len(waiting) else 0
+    def next_due_ms(self, timeout_ms: int, now_ms: int) -> int:
+        """When the timer should look again: the first device still reporting whose wall-time
+        timeout is ahead (0: none). Devices past it wait for the partition's clocks, which only
+        records move: the next batch with records looks at them."""
+        due = self.heard_ms[self._waiting(), _WALL] + timeout_ms
+        ahead = due[due > now_ms]
+        return int(ahead.min()) if len(ahead) else 0

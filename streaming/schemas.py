@@ -121,6 +121,9 @@ TALLY_FIELDS = {
     "state_devices": "state_devices",
     "state_shards_read": "state_shards_read",
     "state_shards_cached": "state_shards_cached",
+    "goodbyes": "goodbyes",  # devices whose status said offline: marked offline, not silent
+    "devices_reporting": "devices_reporting",
+    "silence_held": "silence_held",
     # milliseconds the Python worker spends per step, summed over the partitions (where a
     # micro-batch's time goes inside the stateful operator, beside Spark's own phases)
     **{f"ms_{step}": f"worker_ms_{step}" for step in ("unpack", "engine", "sinks", "archive", "roster")},

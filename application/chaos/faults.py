@@ -46,8 +46,10 @@ CONFIRMED_WITHIN_S = 5.0
 #: next save, and a kill -9 of it would lose what it had acknowledged to the devices.
 BEHIND_WITHIN_S = 2.0
 
-#: How long a Ctrl-C'd component may take to stop (the job finishes or abandons its micro-batch).
-INTERRUPT_WAIT_S = 60.0
+#: How long a Ctrl-C'd component may take to stop: the job finishes or abandons its micro-batch,
+#: then waits for its Spark JVM, which may first write its class-data archive
+#: (:data:`iotwatch.jvm.spark.JVM_EXIT_WAIT_S`).
+INTERRUPT_WAIT_S = 180.0
 
 
 @dataclass

@@ -188,7 +188,8 @@ def judge_alerts(
     demo's summary of its report, and each raised alert's verdict (alert id -> true,
     related, false or end_of_run).
 
-    Every device falls silent when the simulators stop: a ``device_silent`` alert at a
+    The simulators' devices say goodbye when they stop (no ``device_silent``); one that
+    stops without it (a simulator killed) falls silent: a ``device_silent`` alert at a
     device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
     the end of the run, left out of precision. The responder's escalation, raised on no
     reading of its own, is judged at its original alert's reading. The demo runs event

@@ -1,10 +1,11 @@
-"""``iotwatch stack up|down|status``: the embedded servers for demos and tests."""
+"""``iotwatch stack up|down|status|stop|start|restart``: the embedded servers for demos and tests."""
 
 from __future__ import annotations
 
 import shlex
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ def up(
 
     Each server is health-checked with a real client before this returns. The servers keep
     running after the command exits (unless --foreground); `iotwatch stack down` stops them.
+    On a stack some of whose servers died, only those start again, on their own ports.
     """
     settings = app.settings
     stack_update: dict[str, Any] = {}
@@ -158,6 +160,61 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
         as_json,
         lambda r: click.echo(f"stopped: {', '.join(r['stopped']) or 'nothing was running'}"),
     )
+
+
+def _stop(embedded: EmbeddedStack, role: str) -> str:
+    return "stopped" if embedded.stop_service(role) else "was not running"
+
+
+def _start(embedded: EmbeddedStack, role: str) -> str:
+    return "started" if embedded.start_service(role) else "was running already"
+
+
+def _restart(embedded: EmbeddedStack, role: str) -> str:
+    embedded.stop_service(role)
+    embedded.start_service(role)
+    return "restarted"
+
+
+def _one_server_command(name: str, action: Callable[[EmbeddedStack, str], str], help_text: str) -> None:
+    """``stack NAME SERVICE``: ``action`` on one server of the stack, the others left running."""
+
+    @stack.command(name, help=help_text)
+    @click.argument("service", metavar="SERVICE")
+    @run_dir_option
+    @json_option
+    @pass_app
+    def command(app: AppContext, service: str, run_dir: Path | None, as_json: bool) -> None:
+        embedded = EmbeddedStack(app.settings, resolve_run_dir(app.settings, run_dir))
+        _emit_one(embedded, service, action(embedded, service), as_json)
+
+
+_one_server_command(
+    "stop",
+    _stop,
+    "Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka), leaving the "
+    "others running: an outage to rehearse. `stack start SERVICE` brings it back on the same port with "
+    "the same data, so every shell's exports stay valid.",
+)
+_one_server_command(
+    "start",
+    _start,
+    "Start one stopped server again on its own port with its own data; returns once a real client is served.",
+)
+_one_server_command("restart", _restart, "Stop one server and start it again on its own port with its own data.")
+
+
+def _emit_one(embedded: EmbeddedStack, role: str, outcome: str, as_json: bool) -> None:
+    _state, service = embedded.service(role)
+    result = {
+        "run_dir": str(embedded.run_dir),
+        "service": role,
+        "outcome": outcome,
+        "endpoint": service.endpoint,
+        "pid": service.process.pid,
+        "running": service.process.is_running(),
+    }
+    emit(result, as_json, lambda r: click.echo(f"{r['service']} {r['outcome']} ({r['endpoint']}, pid {r['pid']})"))
 
 
 @stack.command()

@@ -30,7 +30,7 @@ from iotwatch.application.stack.kafka_broker import (
 )
 from iotwatch.application.stack.mirror_maker import remote_topic
 from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.process import start_process, stop_process, wait_until
 from iotwatch.application.stack.service import RunningService
 from iotwatch.application.stack.sites import (
     edge_topics,
@@ -246,8 +246,14 @@ class EmbeddedStack:
                     f"a stack is already running from {self.run_dir} "
                     f"(iotwatch stack down --run-dir {self.run_dir} first)"
                 )
-            self._stop_services(existing)  # stale: some servers died; clear the rest
-            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+            if any(svc.process.is_running() for svc in existing.services.values()):
+                # half-dead: start what died where its clients expect it; every shell's
+                # exports stay valid (a new stack would move every port)
+                for role, svc in list(existing.services.items()):
+                    if not svc.process.is_running():
+                        self.restart_service(existing, role)
+                return existing
+            (self.run_dir / STATE_FILE).unlink(missing_ok=True)  # all dead: start afresh
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = StackState(self.run_dir)
         timeout = self.settings.stack.startup_timeout_s
@@ -357,13 +363,46 @@ class EmbeddedStack:
         port = int(old.endpoint.rsplit(":", 1)[1])
         if role == "mqtt":
             new = start_mqtt_broker(self.run_dir, self.settings.stack.mqtt_broker, timeout, port=port)
-        elif is_kafka_node(role):
+        elif is_kafka_node(role) or split_role(role)[1] == "kafka":
             new = replace(restart_kafka_node(old, timeout, self._security(state)), role=role)
-        else:
+        elif role == "influx":
             new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
+        else:  # a site's broker or MirrorMaker: its own command again, until it is healthy
+            record = start_process(old.process.name, old.process.command, Path(old.process.log_file))
+            new = replace(old, process=record)
+            wait_until(lambda: bool(_health_check(new, state)), timeout_s=timeout, what=role, record=record)
         state.services[role] = new
         state.save()
         return new
+
+    # -- one server at a time ----------------------------------------------------------
+
+    def service(self, role: str) -> tuple[StackState, RunningService]:
+        """The running stack's state and its server ``role`` (StackError naming the roles)."""
+        state = StackState.load(self.run_dir)
+        if state is None:
+            raise StackError(f"no stack in {self.run_dir} (iotwatch stack up first)")
+        if role not in state.services:
+            raise StackError(f"no server {role!r} in the stack of {self.run_dir}: {', '.join(state.services)}")
+        return state, state.services[role]
+
+    def stop_service(self, role: str) -> bool:
+        """Stop one server, keeping its record (port, data, command) for ``start_service``;
+        False if it was not running."""
+        _state, service = self.service(role)
+        if not service.process.is_running():
+            return False
+        stop_process(service.process)
+        return True
+
+    def start_service(self, role: str) -> bool:
+        """Start one stopped server on its own port with its own data; False if it was
+        running already."""
+        state, service = self.service(role)
+        if service.process.is_running():
+            return False
+        self.restart_service(state, role)
+        return True
 
     # -- down / status -----------------------------------------------------------------
 

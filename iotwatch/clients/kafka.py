@@ -23,11 +23,16 @@ from iotwatch.settings import KafkaSettings, TopicSettings
 
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
     """Connection properties for a confluent-kafka client, with librdkafka's log lines going
-    through Python logging (repeated connection failures summarised, :mod:`iotwatch.logs`)
-    instead of straight to stderr."""
-    from iotwatch.logs import librdkafka_logger
+    through Python logging (repeated connection failures summarised, and a broker that
+    answers again said so: :mod:`iotwatch.logs`) instead of straight to stderr."""
+    from iotwatch.logs import STATS_INTERVAL_MS, broker_states, librdkafka_logger
 
-    return {**settings.client_config(), "logger": librdkafka_logger()}
+    return {
+        **settings.client_config(),
+        "logger": librdkafka_logger(),
+        "stats_cb": broker_states,
+        "statistics.interval.ms": STATS_INTERVAL_MS,
+    }
 
 
 def java_client_properties(settings: KafkaSettings) -> dict[str, str]:

@@ -6,7 +6,10 @@ import queue
 import ssl
 import struct
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
@@ -162,15 +165,16 @@ def make_client(
     return client
 
 
-def round_trip(settings: MqttSettings, timeout_s: float = 5.0) -> None:
-    """Publish a QoS 1 message to a fresh topic and receive it back, or raise."""
-    topic = f"iotwatch/health/{uuid.uuid4().hex}"
-    payload = uuid.uuid4().bytes
+@contextmanager
+def _subscribed(
+    settings: MqttSettings, name: str, topic: str, on_message: Callable[[paho.MQTTMessage], None], timeout_s: float
+) -> Iterator[paho.Client]:
+    """A short-lived client subscribed to ``topic`` at QoS 1 (acknowledged), disconnected
+    at the end; ServiceUnavailable when the broker refuses or does not acknowledge."""
     subscribed = threading.Event()
-    received = threading.Event()
-    client = make_client(settings, f"iotwatch-health-{uuid.uuid4().hex[:8]}")
+    client = make_client(settings, f"iotwatch-{name}-{uuid.uuid4().hex[:8]}")
     client.on_subscribe = lambda *_args: subscribed.set()
-    client.on_message = lambda _c, _u, msg: received.set() if msg.payload == payload else None
+    client.on_message = lambda _c, _u, msg: on_message(msg)
     try:
         client.connect(settings.host, settings.port, keepalive=settings.keepalive_s)
     except OSError as exc:
@@ -180,12 +184,34 @@ def round_trip(settings: MqttSettings, timeout_s: float = 5.0) -> None:
         client.subscribe(topic, qos=1)
         if not subscribed.wait(timeout_s):
             raise ServiceUnavailable(f"MQTT broker {settings.url} did not acknowledge a subscription")
-        client.publish(topic, payload, qos=1)
-        if not received.wait(timeout_s):
-            raise ServiceUnavailable(f"MQTT broker {settings.url} did not deliver a test message")
+        yield client
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def round_trip(settings: MqttSettings, timeout_s: float = 5.0) -> None:
+    """Publish a QoS 1 message to a fresh topic and receive it back, or raise."""
+    topic = f"iotwatch/health/{uuid.uuid4().hex}"
+    payload = uuid.uuid4().bytes
+    received = threading.Event()
+    with _subscribed(
+        settings, "health", topic, lambda msg: received.set() if msg.payload == payload else None, timeout_s
+    ) as client:
+        client.publish(topic, payload, qos=1)
+        if not received.wait(timeout_s):
+            raise ServiceUnavailable(f"MQTT broker {settings.url} did not deliver a test message")
+
+
+def retained(settings: MqttSettings, topic: str, timeout_s: float = 3.0) -> bytes | None:
+    """The retained message of ``topic`` (None: none), read by subscribing once: the broker
+    sends a retained message before it acknowledges the subscription."""
+    got: list[bytes] = []
+    with _subscribed(
+        settings, "retained", topic, lambda msg: got.append(bytes(msg.payload)) if msg.retain else None, timeout_s
+    ):
+        time.sleep(0.2)  # the retained message is in flight before the acknowledgement: let it land
+    return got[-1] if got else None
 
 
 class PersistentSession:

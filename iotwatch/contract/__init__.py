@@ -7,7 +7,9 @@ producers -> consumers):
 - :class:`.telemetry.Telemetry`: MQTT ``iot/<site>/<type>/<id>/telemetry``, then the raw
   Kafka topic; devices (simulators) -> gateway (validates), streaming job.
 - device status (:func:`.device_topics.status_payload`): MQTT ``.../status``, retained;
-  devices and their last will -> gateway.
+  devices and their last will (``lost``) -> ``devices show``, a site's relay. A clean stop is
+  also a last reading with the goodbye event (:data:`.telemetry.GOODBYE_EVENT`), which the
+  streaming job reads: the device is offline, not silent.
 - :class:`.device_commands.Command`: MQTT ``.../commands``; responder, ``iotwatch devices set``
   -> devices. :class:`.device_commands.CommandReply`: ``.../commands/ack``; devices -> responder.
   :class:`.device_commands.TwinReport`: ``.../twin/reported``; devices -> responder.

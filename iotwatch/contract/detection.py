@@ -34,6 +34,7 @@ class Rule(StrEnum):
     BATTERY_LOW = "battery_low"
     HUMIDITY_HIGH = "humidity_high"
     COMMAND_ESCALATION = "command_escalation"  # the responder: commands did not fix a condition
+    INGESTION_GAP = "ingestion_gap"  # the job: a raw topic's whole input stopped (site or cluster)
 
 
 class AnomalyKind(StrEnum):

@@ -1,12 +1,13 @@
 """The MQTT topic layout of devices: where a device publishes and where it is told things.
 
 ``iot/<site>/<device_type>/<device_id>/<kind>``, kind one of ``telemetry``, ``status``
-(retained online/offline), ``commands``, ``commands/ack`` and ``twin/reported``.
+(retained online/offline/lost: :class:`DeviceStatus`), ``commands``, ``commands/ack`` and ``twin/reported``.
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 
 from iotwatch.contract.telemetry import SCHEMA_VERSION, ContractViolation
 
@@ -49,9 +50,19 @@ def parse_device_topic(topic: str) -> tuple[str, str, str, str]:
     return parts[1], parts[2], parts[3], parts[4]
 
 
-def status_payload(online: bool, ts_ms: int) -> bytes:
-    """The retained status message (and, for offline, the MQTT last will)."""
-    return json.dumps({"v": SCHEMA_VERSION, "state": "online" if online else "offline", "ts": ts_ms}).encode()
+class DeviceStatus(StrEnum):
+    """The ``state`` of a device's retained status: ``online`` once connected, ``offline``
+    when it stops cleanly (its goodbye), ``lost`` when its connection ended without one (the
+    MQTT last will, which the broker publishes for it)."""
+
+    ONLINE = "online"
+    OFFLINE = "offline"
+    LOST = "lost"
+
+
+def status_payload(state: DeviceStatus, ts_ms: int) -> bytes:
+    """The retained status message (``lost``: the MQTT last will)."""
+    return json.dumps({"v": SCHEMA_VERSION, "state": str(state), "ts": ts_ms}).encode()
 
 
 def parse_command_ack_topic(topic: str) -> tuple[str, str, str]:

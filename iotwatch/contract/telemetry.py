@@ -90,6 +90,10 @@ MAX_METRICS = 64
 MAX_JSON_DEPTH = 200
 #: ``seq`` fits a signed 64-bit integer.
 MAX_SEQ = 2**63 - 1
+#: The ``event`` of a device's last reading before it stops cleanly (a goodbye): the job marks
+#: the device offline instead of reporting it silent, until it is heard again. A device that
+#: vanishes without it (its MQTT last will fires, or it just stops) is silent.
+GOODBYE_EVENT = "offline"
 
 # Patterns end in \Z, not $: msgspec matches with Python's re, where $ also matches before
 # a final newline ("thermostat\n"), which the contract has always rejected.

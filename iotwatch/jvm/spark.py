@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,41 @@ _DETAIL = re.compile(
 )
 
 
+#: Kafka's Java clients (Spark's Kafka source) on a broker they cannot reach: a line per
+#: client and reconnect attempt, every second or so, for as long as the broker is down.
+_KAFKA_UNREACHABLE = re.compile(
+    r"(?:Connection to node \S+ \((?P<node>[^)]*)\) could not be established"
+    r"|Bootstrap broker (?P<bootstrap>\S+) \(id: \S+ rack: \S+\) disconnected"
+    r"|(?P<offsets>Error in attempt \d+ getting Kafka offsets))"
+)
+#: A broker's repeats are folded for this long after the last one: a later outage is news again.
+FOLD_S = 300.0
+
+
+class KafkaRepeats:
+    """Fold the Kafka clients' repeated "could not be established" lines of Spark's JVM into
+    one WARNING per broker and outage (the rest at DEBUG), like :class:`iotwatch.logs.RepeatSummary`
+    folds librdkafka's."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}
+
+    def fold(self, text: str) -> str | None:
+        """The one line to log at WARNING for ``text`` (None: not such a line, or a repeat)."""
+        match = _KAFKA_UNREACHABLE.search(text)
+        if match is None:
+            return None
+        broker = (match["node"] or match["bootstrap"] or "offsets").rsplit("/", 1)[-1]
+        now, last = self.clock(), self.last.get(broker)
+        self.last[broker] = now
+        if last is not None and now - last < FOLD_S:
+            return ""
+        if match["offsets"]:
+            return "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
+        return f"Kafka broker {broker} unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+
+
 class JvmOutput:
     """Reads the JVM's merged stdout/stderr and logs each line: log4j lines under
     ``spark.<logger>`` at their level, detail (stack traces, worker prints) at DEBUG, and
@@ -80,6 +116,7 @@ class JvmOutput:
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
         self._continues: tuple[str, int] | None = None  # (logger, level) of the log4j line being continued
+        self.kafka_repeats = KafkaRepeats()
         self.thread = threading.Thread(target=self._run, name="spark-jvm-output", daemon=True)
         self.thread.start()
 
@@ -101,6 +138,11 @@ class JvmOutput:
             level, name = _LEVELS[match[1]], "spark." + short
             if any(short == logger and text.startswith(start) for logger, start in _NOT_NEWS):
                 level = logging.DEBUG
+            elif level == logging.WARNING and (folded := self.kafka_repeats.fold(text)) is not None:
+                if folded:
+                    text = folded
+                else:
+                    level = logging.DEBUG
             self._continues = (name, min(level, logging.INFO))
         elif _DETAIL.match(line):
             level, name, text = logging.DEBUG, "spark.jvm", line
@@ -401,3 +443,42 @@ def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any)
                     spark.stop()
             except Exception as exc:
                 log.warning("stopping Spark: %s", str(exc).splitlines()[0])
+            end_jvm()
+
+
+#: Longest wait for the local JVM to exit after its session stopped (the first job of a
+#: classpath writes its class-data archive then: tens of seconds); then it is killed.
+JVM_EXIT_WAIT_S = 120.0
+
+
+def end_jvm(wait_s: float = JVM_EXIT_WAIT_S) -> None:
+    """End the local Spark JVM this process started (:func:`_launch_jvm`) and wait for it, so
+    that it does not outlive the command: a command started again at once would otherwise
+    run beside it, both JVMs with their heaps. Closing its stdin ends it; it may first write
+    its class-data archive (:mod:`iotwatch.jvm.class_data`)."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception as exc:  # the JVM may be gone already
+        log.debug("closing the py4j gateway: %s", exc)
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(2.0)
+    except subprocess.TimeoutExpired:
+        log.info("waiting for Spark's JVM to exit (it writes its class-data archive once per classpath)")
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            log.warning("Spark's JVM did not exit within %.0f s: killing it", wait_s)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    SparkContext._gateway = SparkContext._jvm = None

@@ -273,7 +273,12 @@ def test_device_publishes_its_own_telemetry_and_status(gateway: Client, device: 
     payload = marker()
     assert device.publish(device_topics.telemetry_topic(*D1), payload) == 0
     assert (device_topics.telemetry_topic(*D1), payload) in gateway.wait_for(payload)
-    assert device.publish(device_topics.status_topic(*D1), device_topics.status_payload(True, 0)) in ACCEPTED
+    assert (
+        device.publish(
+            device_topics.status_topic(*D1), device_topics.status_payload(device_topics.DeviceStatus.ONLINE, 0)
+        )
+        in ACCEPTED
+    )
 
 
 @pytest.mark.parametrize(

@@ -191,12 +191,12 @@ def test_status_is_retained_and_the_last_will_marks_a_killed_device_offline(
         while time.monotonic() < deadline and len(sub.messages) == killed_at:
             time.sleep(0.1)
         sub.close()
-        assert [json.loads(p)["state"] for _, p, _ in sub.messages[killed_at:]] == ["offline"]  # the will
+        assert [json.loads(p)["state"] for _, p, _ in sub.messages[killed_at:]] == ["lost"]  # the will
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert [s["state"] for s in _retained_status(stack_settings, topic)] == ["offline"]
+    assert [s["state"] for s in _retained_status(stack_settings, topic)] == ["lost"]
 
 
 def test_cli_simulate_json_run(stack_settings: Settings, unique: str, tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from iotwatch.alerts.actions import publish
 from iotwatch.application.cli import cli
+from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_commands import COMMAND_SCHEMA_VERSION, CommandReply, CommandStatus
+from iotwatch.contract.device_topics import DeviceStatus, status_payload, status_topic
 from iotwatch.contract.oncall import ONCALL_SCHEMA_VERSION, CommandAudit, CommandOutcome, encode
 from iotwatch.responder.service import Responder
 from iotwatch.responder.twin_ops import read_twin
@@ -31,6 +33,18 @@ def iotwatch(settings: Settings, *args: str) -> dict:  # type: ignore[type-arg]
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def retain(settings: Settings, topic: str, payload: bytes) -> None:
+    """Publish ``payload`` as ``topic``'s retained message (QoS 1, acknowledged)."""
+    client = make_client(settings.mqtt, f"retain-{time.monotonic_ns()}")
+    client.connect(settings.mqtt.host, settings.mqtt.port)
+    client.loop_start()
+    try:
+        client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 def test_twin_reported_set_applied_and_refused(test_settings: Settings, unique: str, tmp_path: Path) -> None:
@@ -71,6 +85,15 @@ def test_twin_reported_set_applied_and_refused(test_settings: Settings, unique: 
 
         shown = iotwatch(settings, "devices", "show", THERMOSTAT)
         assert shown["reported"]["properties"]["firmware"] == "1.0.0" and shown["desired"] is None
+        assert shown["connection"]["state"] is None  # these devices keep no retained status
+        status = status_topic(SITE, "thermostat", THERMOSTAT)
+        retain(settings, status, status_payload(DeviceStatus.OFFLINE, 1_763_784_000_000))
+        try:
+            connection = iotwatch(settings, "devices", "show", THERMOSTAT)["connection"]
+        finally:
+            retain(settings, status, b"")  # a retained message is cleared by an empty one
+        assert connection["state"] == "offline" and connection["ts"] == 1_763_784_000_000
+        assert "no silence alert" in connection["detail"]
         iotwatch(settings, "devices", "set", THERMOSTAT, "setpoint_c=18.5", "firmware=1.1.0", "--by", "bob")
         wait_for(
             lambda: (

@@ -323,3 +323,45 @@ def test_a_three_node_stack_replicates_every_topic_and_takes_writes_with_a_node_
 
 def _iotwatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*IOTWATCH, *args], env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_one_server_stops_and_starts_on_its_port_and_up_revives_only_the_dead(tmp_path: Path) -> None:
+    """``stack stop|start|restart SERVICE`` touch one server, which comes back where its
+    clients expect it; ``stack up`` on a half-dead stack starts only what died."""
+    env = user_env(home=tmp_path / "home")
+    run_dir = str((tmp_path / "one").resolve())
+
+    def iotwatch(*args: str) -> dict[str, object]:
+        done = subprocess.run(
+            [*IOTWATCH, "stack", *args, "--run-dir", run_dir, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    up = iotwatch("up", "--no-influx")
+    try:
+        ends = up["endpoints"]
+        mqtt_pid = up["services"]["mqtt"]["process"]["pid"]
+        stopped = iotwatch("stop", "kafka")
+        assert stopped["outcome"] == "stopped" and not stopped["running"]
+        assert not psutil.pid_exists(stopped["pid"]) or psutil.Process(stopped["pid"]).status() == "zombie"
+        assert iotwatch("stop", "kafka")["outcome"] == "was not running"
+        revived = iotwatch("up", "--no-influx")  # half-dead: only Kafka starts again
+        assert revived["endpoints"] == ends
+        assert revived["services"]["mqtt"]["process"]["pid"] == mqtt_pid
+        assert revived["services"]["kafka"]["process"]["pid"] != stopped["pid"]
+        assert list_topics(KafkaSettings(bootstrap_servers=ends["kafka"]))  # serves clients again
+        assert iotwatch("start", "kafka")["outcome"] == "was running already"
+        restarted = iotwatch("restart", "mqtt")
+        assert restarted["outcome"] == "restarted" and restarted["pid"] != mqtt_pid and restarted["running"]
+        assert f"mqtt://{restarted['endpoint'].split('//')[1]}" == ends["mqtt"]
+        unknown = subprocess.run(
+            [*IOTWATCH, "stack", "stop", "zookeeper", "--run-dir", run_dir], env=env, capture_output=True, text=True
+        )
+        assert unknown.returncode == 1 and "mqtt, kafka" in unknown.stderr
+    finally:
+        subprocess.run([*IOTWATCH, "stack", "down", "--run-dir", run_dir], env=env, capture_output=True, timeout=60)

@@ -225,10 +225,12 @@ def test_kill_and_restart_from_checkpoint_accounts_for_everything_with_the_same_
         if running.poll() is None:
             os.killpg(running.pid, stop_signal)
         _, err = running.communicate(timeout=120)
-        # The JVM has a session of its own and ends when the command's pipe to it closes: until
-        # then it may still commit batches, which the next start must not take for its own.
-        _, lingering = psutil.wait_procs(jvms, timeout=60)
-        assert not lingering, f"Spark's JVM outlived the command stopped by {stop_signal.name} by 60 s"
+        # The JVM has a session of its own: a stopped command ends it and waits for it; a killed
+        # one leaves it to end when its pipe closes, and until then it may still commit batches,
+        # which the next start must not take for its own.
+        grace = 5 if stop_signal == signal.SIGINT else 60
+        _, lingering = psutil.wait_procs(jvms, timeout=grace)
+        assert not lingering, f"Spark's JVM outlived the command stopped by {stop_signal.name} by {grace} s"
         assert commits() >= before + 2, f"no progress after restarting at batch {before}: {err[-3000:]}"
         if stop_signal == signal.SIGINT:
             assert running.returncode == 0, err[-3000:]

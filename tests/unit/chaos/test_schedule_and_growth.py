@@ -237,10 +237,13 @@ def _alert(alert_id: str, state: str = "raised", rule: str = "anomaly_score") ->
     return alert(alert_id, "d1", rule, 5, state=state)
 
 
-def test_alert_ids_equal_the_replay_s_without_the_responder_s_escalations() -> None:
-    live = {i: _alert(i) for i in ("a", "b")} | {"e": _alert("e", rule="command_escalation")}
+def test_alert_ids_equal_the_replay_s_without_the_responder_s_escalations_and_the_outages() -> None:
+    live = {i: _alert(i) for i in ("a", "b")} | {
+        "e": _alert("e", rule="command_escalation"),
+        "g": _alert("g", rule="ingestion_gap"),
+    }
     same = alerts_match(live, {i: _alert(i) for i in ("a", "b")})
-    assert same["ok"] and same["responder_escalations_left_out"] == 1
+    assert same["ok"] and same["responder_escalations_left_out"] == 1 and same["ingestion_gaps_left_out"] == 1
     differs = alerts_match(live, {i: _alert(i) for i in ("a", "c")})
     assert not differs["ok"]
     assert (differs["only_live"], differs["only_replay"]) == ({"b": "anomaly_score"}, {"c": "anomaly_score"})

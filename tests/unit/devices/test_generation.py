@@ -10,7 +10,7 @@ import pytest
 
 from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
-from iotwatch.contract.telemetry import ContractViolation, DeviceType, decode_telemetry
+from iotwatch.contract.telemetry import GOODBYE_EVENT, ContractViolation, DeviceType, decode_telemetry
 from iotwatch.devices.config import SimConfig
 from iotwatch.devices.faults import corrupt
 from iotwatch.devices.scenario import ScenarioError, load_scenario
@@ -122,7 +122,7 @@ def test_ground_truth_matches_injected_changes(tmp_path: Path) -> None:
     missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
     assert missing == list(range(dropout.start_seq, dropout.end_seq + 1)) and len(missing) >= 4
     statuses = [json.loads(p)["state"] for _, topic, p, g in messages if g == STATUS]
-    assert statuses == ["offline", "online"]
+    assert statuses == ["lost", "online"]
 
     duplicate = truth["duplicate"]
     meter0 = [m["seq"] for m in dirty["home-00000-smart_meter-0"]]
@@ -394,3 +394,23 @@ def test_a_damaged_seq_state_file_is_an_error_that_names_it(tmp_path: Path) -> N
     state.write_text("{not json")
     with pytest.raises(ValueError, match=f"seq state file {state}"):
         seq_state.load(state)
+
+
+def test_a_clean_stop_is_one_goodbye_reading_per_device_carrying_on_its_seq() -> None:
+    """``Simulation.goodbye``: every device's last reading is valid telemetry with the
+    goodbye event, its seq one past the device's last, its event time not before it."""
+    sim = Simulation(SimConfig(seed=4, homes=3, vehicles=1, start_ms=START_MS))
+    last: dict[str, tuple[int, int]] = {}
+    for _ in range(30):
+        for _uid, _topic, payload, _group in sim.tick():
+            if isinstance(payload, str) and '"seq"' in payload:
+                message = decode_telemetry(payload.encode())
+                last[message.device_id] = (message.seq, message.ts)
+    readings = sim.readings
+    goodbyes = [decode_telemetry(payload.encode()) for _uid, _topic, payload, _group in sim.goodbye()]
+    assert sorted(m.device_id for m in goodbyes) == sorted(sim._where)
+    assert all(m.event == GOODBYE_EVENT for m in goodbyes)
+    for message in goodbyes:
+        seq, ts = last[message.device_id]
+        assert message.seq == seq + 1 and message.ts >= ts
+    assert sim.readings == readings + len(goodbyes) and sim.events[GOODBYE_EVENT] == len(goodbyes)

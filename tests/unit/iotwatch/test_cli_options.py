@@ -70,3 +70,28 @@ def test_the_options_hand_the_command_parsed_values(tmp_path: Path, monkeypatch:
     assert runner.invoke(latency, ["--rate", "1e3, 2500"]).exit_code == 0 and seen["rates"] == [1000, 2500]
     refused = runner.invoke(latency, ["--rate", "fast"])
     assert refused.exit_code == 2 and "'fast': give comma-separated numbers" in refused.output
+
+
+def test_a_command_that_works_silently_says_what_it_is_doing_from_its_first_second(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """``Working``: outside a terminal, one log line at the start and one per step, none after
+    the work is done; ``iotwatch archive compact`` shows it before its result."""
+    import logging
+
+    from click.testing import CliRunner
+
+    from iotwatch.application.cli import cli
+    from iotwatch.cli import Working
+
+    with caplog.at_level(logging.INFO, logger="iotwatch"), Working("train") as working:
+        working.step("starting Spark")
+        working.done()
+        working.step("too late")
+    assert [r.getMessage() for r in caplog.records] == ["train ...", "train: starting Spark"]
+    (tmp_path / "readings").mkdir()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="iotwatch"):
+        result = CliRunner().invoke(cli, ["archive", "compact", "--archive", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"compacting {tmp_path} ..." in caplog.messages and "files ->" in result.stdout

@@ -593,7 +593,8 @@ def test_both_alert_producers_write_the_contract_record() -> None:
 
 
 def test_one_spelling_per_rule_and_anomaly_kind() -> None:
-    """Every rule the job can raise and the responder's escalation are contract rules; the
+    """Every rule the job can raise (its per-device rules and the driver's ``ingestion_gap``)
+    and the responder's escalation are contract rules; the
     simulators inject exactly the contract's anomaly kinds, each judged by the one table;
     the earlier spellings of two kinds still resolve, to the one spelling."""
     from iotwatch.contract.detection import RULES_FOR_ANOMALY_KIND, AnomalyKind, Rule
@@ -602,7 +603,7 @@ def test_one_spelling_per_rule_and_anomaly_kind() -> None:
     from iotwatch.settings import StreamSettings
     from iotwatch.streaming.rules import rule_specs
 
-    assert {*rule_specs(StreamSettings(), "ensemble"), RULE} == {rule.value for rule in Rule}
+    assert {*rule_specs(StreamSettings(), "ensemble"), RULE, Rule.INGESTION_GAP} == {rule.value for rule in Rule}
     injected = {name for name, kind in KINDS.items() if kind.category == ANOMALY}
     assert injected == {kind.value for kind in AnomalyKind} == set(RULES_FOR_ANOMALY_KIND)
     assert all(rules <= {rule.value for rule in Rule} for rules in RULES_FOR_ANOMALY_KIND.values())

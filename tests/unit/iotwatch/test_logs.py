@@ -98,3 +98,77 @@ def test_a_repeated_failure_s_counters_leave_the_summary_whole(detail: str) -> N
         "Kafka broker 127.0.0.1:9: Connect to 127.0.0.1:9 failed: Connection refused "
         "(retrying; repeats are logged at DEBUG)"
     )
+
+
+def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Kafka source's clients repeat "could not be established" every second while a
+    broker is down: one WARNING per broker, the repeats at DEBUG, and a new outage after
+    a quiet spell is news again."""
+    import io
+
+    from iotwatch.jvm.spark import FOLD_S, JvmOutput
+
+    configure("INFO")
+    monkeypatch.setattr(JvmOutput, "quiet_until", 0.0)  # not right after another test's stop
+    output = JvmOutput(io.BytesIO(b""))
+    now = [0.0]
+    output.kafka_repeats.clock = lambda: now[0]
+    consumer = (
+        "WARN org.apache.kafka.clients.NetworkClient: [Consumer clientId=consumer-spark-1, groupId=spark-1] "
+        "Connection to node 1 (localhost/127.0.0.1:9092) could not be established. Node may not be available."
+    )
+    admin = (
+        "WARN org.apache.kafka.clients.NetworkClient: [AdminClient clientId=adminclient-1] Connection to node -1 "
+        "(localhost/127.0.0.1:9092) could not be established. Broker may not be available."
+    )
+    offsets = "WARN org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin: Error in attempt 2 getting Kafka offsets:"
+    with caplog.at_level(logging.DEBUG):
+        for second in range(120):  # a two-minute outage
+            now[0] = float(second)
+            output.emit(consumer)
+            output.emit(admin)
+            if second % 60 == 59:
+                output.emit(offsets)
+                output.emit("org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
+        now[0] = 120 + FOLD_S
+        output.emit(consumer)  # the next outage
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    down = "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
+    offsets_once = "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
+    assert warnings == [down, offsets_once, down]
+
+
+def test_a_broker_that_answers_again_is_said_once_and_its_next_outage_is_news(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka's statistics say a broker is ``UP`` again: one line that it answers (only for
+    a broker whose failure was reported), and its next failure is reported again."""
+    import json
+
+    from iotwatch.logs import broker_states, librdkafka_logger
+
+    configure("INFO")
+    logger = librdkafka_logger()
+    failure = (
+        "FAIL [rdkafka#consumer-3] [thrd:127.0.0.1:19092/bootstrap]: 127.0.0.1:19092/bootstrap: "
+        "Connect to ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)"
+    )
+
+    def stats(state: str) -> str:
+        return json.dumps({"brokers": {"127.0.0.1:19092/1": {"nodename": "127.0.0.1:19092", "state": state}}})
+
+    with caplog.at_level(logging.INFO):
+        broker_states(stats("UP"))  # never reported down: nothing to say
+        logger.warning(failure)
+        logger.warning(failure)
+        broker_states(stats("CONNECT"))
+        broker_states(stats("UP"))
+        broker_states(stats("UP"))
+        logger.warning(failure)
+    down = (
+        "Kafka broker 127.0.0.1:19092: Connect to 127.0.0.1:19092 failed: Connection refused "
+        "(retrying; repeats are logged at DEBUG)"
+    )
+    assert [r.getMessage() for r in caplog.records] == [down, "Kafka broker 127.0.0.1:19092 answers again", down]

@@ -13,7 +13,7 @@ import pytest
 
 from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
-from iotwatch.contract.telemetry import Telemetry
+from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from iotwatch.streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
@@ -80,7 +80,7 @@ class Harness:
     def process(self, records: list[Rec], now_ms: int = 0) -> list[dict[str, Any]]:
         return self.output(records, now_ms).rows()
 
-    def output(self, records: list[Rec], now_ms: int = 0) -> BatchOutput:
+    def output(self, records: list[Rec], now_ms: int = 0, event_clock_ms: int = 0) -> BatchOutput:
         columns = RecordColumns.from_payloads(
             0,
             [r.value for r in records],
@@ -89,7 +89,7 @@ class Harness:
             [r.append_ms for r in records],
             now_ms=T0 + 10**9,
         )
-        return self.engine.process(self.store, columns, now_ms)
+        return self.engine.process(self.store, columns, now_ms, event_clock_ms)
 
     def run(self, batches: list[list[Rec]]) -> list[dict[str, Any]]:
         return [row for batch in batches for row in self.process(batch)]
@@ -336,18 +336,24 @@ def test_silence_raises_device_silent_and_data_clears_it() -> None:
 
 
 def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> None:
-    """A job catching up on a backlog sees the silence in the records' Kafka timestamps,
-    with the alert id the processing-time timer gives; a gap the timer already reported
-    is not raised twice."""
+    """A job catching up on a backlog sees the silence in the records' Kafka timestamps and
+    event times, while a peer kept reporting, with the alert id the processing-time timer
+    gives; a gap the timer already reported is not raised twice."""
     timeout_ms = int(StreamSettings().silence_timeout_s * 1000)
-    before = [record(i, append_ms=T0 + i * 1000) for i in range(5)]
-    resumed = T0 + 4000 + timeout_ms + 5000
-    after = [record(5 + i, append_ms=resumed + i * 1000) for i in range(3)]
+    resumed_s = 4 + timeout_ms // 1000 + 5
 
-    in_one_batch = alerts_of(Harness().process(before + after, now_ms=resumed + 3000))
-    assert [(a.rule, a.state) for a in in_one_batch] == [
-        ("device_silent", "raised"),
-        ("device_silent", "cleared"),
+    def stamped(seq: int, second: int, device: str = "th-1") -> Rec:
+        return record(seq, device=device, ts=T0 + second * 1000, append_ms=T0 + second * 1000, offset=second * 10)
+
+    before = [stamped(i, i) for i in range(5)]
+    after = [stamped(5 + i, resumed_s + i) for i in range(3)]
+    peer = [stamped(i, i, "th-2") for i in range(resumed_s + 3)]  # kept arriving meanwhile
+    resumed = T0 + resumed_s * 1000
+
+    in_one_batch = alerts_of(Harness().process(before + after + peer, now_ms=resumed + 3000))
+    assert [(a.device_id, a.rule, a.state) for a in in_one_batch] == [
+        ("th-1", "device_silent", "raised"),
+        ("th-1", "device_silent", "cleared"),
     ]
     assert in_one_batch[0].first_event_ms == T0 + 4000 and "in the log" in in_one_batch[0].message
 
@@ -362,6 +368,65 @@ def test_a_gap_in_the_log_raises_device_silent_once_even_inside_one_batch() -> N
 
     steady = [record(i, append_ms=T0 + i * 1000) for i in range(50)]  # closer together than the timeout
     assert alerts_of(Harness().process(steady)) == []
+
+
+def test_the_backlog_after_an_outage_is_no_silence_but_a_device_left_behind_is() -> None:
+    """Kafka was down for twice the silence timeout while the devices kept publishing: their
+    records reach the log after the outage (a gap in append time) with the event times of the
+    outage. No device is silent -- unless its own event times jumped while its peers' did not,
+    or the partition's earlier batches carried the peers past it (``event_clock_ms``)."""
+    timeout_s = int(StreamSettings().silence_timeout_s)
+    down, up = 10, 10 + 2 * timeout_s  # seconds after T0
+
+    def device(name: str, seconds: range, appended: int | None = None) -> list[Rec]:
+        return [
+            record(
+                s,
+                device=name,
+                ts=T0 + s * 1000,
+                append_ms=T0 + (s if appended is None or s < down else appended) * 1000,
+            )
+            for s in seconds
+        ]
+
+    fleet = [device(f"th-{n}", range(0, up + 5), appended=up) for n in range(3)]
+    assert alerts_of(Harness().process([r for recs in fleet for r in recs], now_ms=T0 + (up + 6) * 1000)) == []
+
+    # th-9 stopped at the outage and came back after it: its event times jumped, its peers' did not
+    stopped = device("th-9", range(0, down + 1)) + [
+        record(s, device="th-9", ts=T0 + s * 1000, append_ms=T0 + (up + 5) * 1000) for s in range(up + 4, up + 6)
+    ]
+    rows = Harness().process([r for recs in fleet for r in recs] + stopped, now_ms=T0 + (up + 6) * 1000)
+    assert [(a.device_id, a.state) for a in alerts_of(rows)] == [("th-9", "raised"), ("th-9", "cleared")]
+
+    # the peers went past the device in earlier batches: the partition's event clock says so
+    alone = Harness()
+    alone.process(device("th-9", range(0, 5)), now_ms=T0 + 5000)
+    later = device("th-9", range(5 + timeout_s + 5, 5 + timeout_s + 8))
+    assert alerts_of(alone.output(later, now_ms=T0 + 80_000).rows()) == []  # nobody else: a gap of the input
+    clocked = Harness()
+    clocked.process(device("th-9", range(0, 5)), now_ms=T0 + 5000)
+    out = clocked.output(later, now_ms=T0 + 80_000, event_clock_ms=T0 + (5 + timeout_s + 2) * 1000)
+    assert [(a.device_id, a.state) for a in alerts_of(out.rows())] == [("th-9", "raised"), ("th-9", "cleared")]
+
+
+def test_a_device_whose_last_record_is_a_goodbye_is_named_and_one_heard_after_it_is_not() -> None:
+    bye = Telemetry(
+        v=1,
+        device_id="th-1",
+        device_type="thermostat",
+        site="h1",
+        seq=5,
+        ts=T0 + 5000,
+        metrics={"temperature_c": 21.0},
+        event=GOODBYE_EVENT,
+    )
+    goodbye = Rec("th-1", bye.to_json(), 5)
+    harness = Harness()
+    out = harness.output([*(record(i) for i in range(5)), goodbye, record(0, device="th-2")], now_ms=T0)
+    assert out.goodbyes == ["th-1"] and alerts_of(out.rows()) == []
+    again = harness.output([record(6, offset=6)], now_ms=T0 + 7000)  # it came back
+    assert again.goodbyes == []
 
 
 def test_aggregates_are_emitted_once_per_bucket() -> None:
