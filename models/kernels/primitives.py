@@ -22,7 +22,10 @@ Python.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -66,7 +69,24 @@ __all__ = [
     "zscore_update",
 ]
 
-#: How every kernel function is compiled: cached on disk, without the GIL.
+
+def _kernel_cache_dir() -> str:
+    """numba's disk cache checks only the file a function is defined in, not the functions
+    it calls from other files: a kernel cached before a change to a primitive, to
+    :mod:`iotwatch.models.numeric` or to another kernel it calls would go on running the old
+    code. So the kernels cache in a folder named by a digest of every source they compile
+    from (under ``NUMBA_CACHE_DIR`` when set, else ``~/.cache/iotwatch/numba``)."""
+    models = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for source in sorted([*models.glob("kernels/*.py"), models / "numeric.py", models / "base.py"]):
+        digest.update(source.name.encode() + source.read_bytes())
+    base = numba.config.CACHE_DIR or os.path.join(os.path.expanduser("~"), ".cache", "iotwatch", "numba")
+    return os.path.join(base, digest.hexdigest()[:16])
+
+
+numba.config.CACHE_DIR = _kernel_cache_dir()
+
+#: How every kernel function is compiled: cached on disk (:func:`_kernel_cache_dir`), without the GIL.
 jit = numba.njit(cache=True, nogil=True)
 
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
