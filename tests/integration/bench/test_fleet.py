@@ -12,8 +12,8 @@ def test_a_paced_fleet_arrives_gap_free_on_schedule(stack_settings: Settings) ->
     sub = report["subscriber"]
     assert report["devices_per_process"] == 3000 and report["errors"] == 0
     assert report["target_rate"] == 1500.0
-    # every device's phase lies within its first interval: 3 readings each in 6 s
-    assert report["sent"] == sub["received"] == 9000
+    # every device's phase lies within its first interval: 3 readings each in 6 s, then its goodbye
+    assert report["sent"] == sub["received"] == 3000 * (3 + 1)
     assert sub["devices"] == sub["gap_free_devices"] == 3000
     assert sub["missing"] == sub["duplicates_or_reordered"] == sub["invalid"] == 0
     assert report["every_device_gap_free"]
