@@ -37,6 +37,9 @@ pytestmark = pytest.mark.slow
 
 OUTAGE_S = 20.0
 SILENCE_S = 8.0
+#: Long enough that a broker busy loading its coordinators after the restart (a few seconds on a
+#: loaded 2-core machine) is not a second gap, well inside the outage.
+GAP_S = 10.0
 
 
 class LostDevice:
@@ -80,7 +83,7 @@ def test_a_kafka_outage_is_one_ingestion_gap_and_a_clean_stop_is_no_silence(
     embedded = EmbeddedStack(base, tmp_path / "stack")
     state = embedded.up()
     stream = base.stream.model_copy(
-        update={"silence_timeout_s": SILENCE_S, "ingestion_gap_s": 4.0, "trigger_interval_s": 0.5}
+        update={"silence_timeout_s": SILENCE_S, "ingestion_gap_s": GAP_S, "trigger_interval_s": 0.5}
     )
     settings = gateway_settings(state.apply_to(base).model_copy(update={"stream": stream}), run)
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
@@ -113,7 +116,7 @@ def test_a_kafka_outage_is_one_ingestion_gap_and_a_clean_stop_is_no_silence(
         assert gaps.open_gaps() == [settings.topics.raw]  # raised while Kafka is down
         assert embedded.start_service("kafka")
         wait_for(lambda: not gaps.open_gaps(), 120, "the gap cleared by the records after the outage")
-        wait_for(lambda: gateway.report()["inflight"] == 0, 120, "the gateway's backlog in Kafka")
+        wait_for(lambda: gateway.report()["inflight"] == 0, 300, "the gateway's backlog in Kafka")
         lost.drop()  # while the fleet keeps reporting
         time.sleep(SILENCE_S + 6)
         fleet.send_signal(signal.SIGINT)  # a clean stop: every device says goodbye
