@@ -173,7 +173,7 @@ def run_folder_option(command: str) -> Callable[[F], F]:
     )
 
 
-class NumberList(click.ParamType):
+class NumberList(click.ParamType[list[int]]):
     """Comma-separated numbers (``5000,20000``), as whole numbers: the sizes or rates of a
     series of runs."""
 
@@ -261,7 +261,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.registry:
             module_name, attribute = self.registry[cmd_name].split(":")
-            return getattr(importlib.import_module(module_name), attribute)
+            command: click.Command = getattr(importlib.import_module(module_name), attribute)
+            return command
         return super().get_command(ctx, cmd_name)
 
 

@@ -124,7 +124,8 @@ def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
     if not commits:
         return None
     lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    return json.loads(lines[2])
+    offsets: dict[str, dict[str, int]] = json.loads(lines[2])
+    return offsets
 
 
 def raw_offsets(settings: Settings, timeout_s: float = 5.0) -> dict[int, tuple[int, int]] | None:

@@ -136,7 +136,7 @@ class GapAlertWriter:
     def __call__(self, record: AlertRecord) -> None:
         key, value, headers = alert_message(record)
         log.warning("%s %s: %s", record.rule, record.state, record.message)
-        self.producer.produce(self.topic, key=key, value=value, headers=headers)
+        self.producer.produce(self.topic, key=key, value=value, headers=list(headers))
         self.producer.poll(0)
 
     def close(self, timeout_s: float = 10.0) -> None:

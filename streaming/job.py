@@ -181,7 +181,7 @@ def start(
     check_kernels(stream.detector_names())  # here, not in a task
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))  # the stateful operator's, spark-submit's too
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # the stateful operator's, spark-submit's too
     packed = read_kafka_stream(
         spark,
         settings.kafka,
@@ -309,7 +309,7 @@ def run_job(
         started = time.monotonic()
         restarts = 0
         earlier: Counter[str] = Counter()
-        local = spark.sparkContext.master.startswith("local")
+        local = (spark.sparkContext.master or "").startswith("local")
         writer = None if available_now else GapAlertWriter(settings)
         gaps = None if writer is None else IngestionGaps(settings, writer)
         while True:

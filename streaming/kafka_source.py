@@ -49,9 +49,10 @@ def kafka_options(settings: KafkaSettings) -> dict[str, str]:
 def require_connector(spark: SparkSession) -> None:
     """Say how to get the connector, instead of Spark's "Failed to find data source: kafka"."""
     jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a running session's context has its JVM
     try:
-        loader = jvm.Thread.currentThread().getContextClassLoader()  # type: ignore[union-attr]
-        jvm.Class.forName(CONNECTOR_CLASS, False, loader)  # type: ignore[union-attr]
+        loader = jvm.Thread.currentThread().getContextClassLoader()
+        jvm.Class.forName(CONNECTOR_CLASS, False, loader)
     except Exception as exc:
         raise StackError(
             "Spark's Kafka connector is not on the classpath: run `iotwatch setup` (local mode), "

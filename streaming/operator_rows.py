@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -40,7 +41,7 @@ def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
     """Packed rows (``iotwatch.streaming.schemas.PACKED_SCHEMA``) back into one partition's columns."""
-    chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=lambda r: r.first_offset)
+    chunks = sorted((row for frame in frames for row in frame.itertuples(index=False)), key=attrgetter("first_offset"))
     if not chunks:
         empty = np.zeros(0, dtype=np.int64)
         return RecordColumns(
@@ -88,5 +89,5 @@ def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:
         of_rejected("key"),
         of_rejected("raw"),
         decoded,
-        chunks[0].topic,
+        str(chunks[0].topic),
     )

@@ -37,13 +37,13 @@ CHUNK_RECORDS = 20_000
 _SCHEMA: pa.Schema = to_arrow_schema(PACKED_SCHEMA, timezone="UTC")
 
 
-def _listed(values: pa.Array | np.ndarray, type_: pa.DataType) -> pa.Array:
+def _listed(values: pa.Array[Any] | np.ndarray, type_: pa.ListType[Any]) -> pa.Array[Any]:
     """One list value holding all of ``values`` (a single-row list column)."""
     inner = values if isinstance(values, pa.Array) else pa.array(values, type=type_.value_type)
     return pa.ListArray.from_arrays(pa.array([0, len(inner)], pa.int32()), inner.cast(type_.value_type))
 
 
-def _buffer(values: np.ndarray, dtype: str) -> pa.Array:
+def _buffer(values: np.ndarray, dtype: str) -> pa.Array[Any]:
     """A single-row binary column holding ``values`` as bytes of ``dtype``."""
     return pa.array([np.ascontiguousarray(values, dtype=dtype).tobytes()], pa.binary())
 
@@ -62,7 +62,7 @@ def dictionary_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dictionary_decode(codes: np.ndarray, names: np.ndarray) -> np.ndarray:
     """The values :func:`dictionary_encode` encoded: ``names`` shared, no string made per entry."""
-    return np.append(np.asarray(names, dtype=object), None)[np.asarray(codes, dtype=np.int64)]
+    return np.append(np.asarray(names, dtype=object), np.array([None]))[np.asarray(codes, dtype=np.int64)]
 
 
 def pack_chunk(
@@ -79,7 +79,7 @@ def pack_chunk(
     decoded = decode_batch(values, keys, metrics_of=KNOWN_METRICS)
     rejected = np.flatnonzero(~decoded.valid)
     at = rejected.tolist()
-    columns = {
+    columns: dict[str, Any] = {  # arrays of numpy and of arrow
         "topic": pa.array([topic], pa.string()),
         "partition": pa.array([partition], pa.int32()),
         "operator_key": pa.array([operator_key(partition, tasks)], pa.int64()),
@@ -90,7 +90,9 @@ def pack_chunk(
         "ts": decoded.ts,
         "metric_row": decoded.metric_row,
         "rejected": rejected.astype(np.int32),
-        "key": pa.array([None if keys[i] is None else keys[i].decode("utf-8", "replace") for i in at], pa.string()),
+        "key": pa.array(
+            [None if (key := keys[i]) is None else key.decode("utf-8", "replace") for i in at], pa.string()
+        ),
         "reason": decoded.reason[rejected],
         "detail": decoded.detail[rejected],
         "raw": pa.array([values[i] for i in at], pa.binary()),
@@ -126,7 +128,7 @@ def pack_records(
                 part = table.filter(pc.and_(in_topic, pc.equal(table["partition"], source["partition"])))
             part = part.sort_by("offset")
             partition = stream_partition(source["topic"], int(source["partition"]), home_topic)
-            stamps = pc.fill_null(pc.divide(part["timestamp"].combine_chunks().cast(pa.int64()), 1000), 0)
+            stamps = part["timestamp"].combine_chunks().cast(pa.int64()).fill_null(0).to_numpy() // 1000
             for start in range(0, part.num_rows, CHUNK_RECORDS):
                 chunk = part.slice(start, CHUNK_RECORDS)
                 yield pack_chunk(
@@ -136,5 +138,5 @@ def pack_records(
                     chunk["key"].to_pylist(),
                     chunk["value"].to_pylist(),
                     chunk["offset"].to_numpy(),
-                    stamps.slice(start, CHUNK_RECORDS).to_numpy(),
+                    stamps[start : start + CHUNK_RECORDS],
                 )

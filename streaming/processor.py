@@ -107,7 +107,7 @@ class PartitionProcessor(StatefulProcessor):
         self.engine = engine
         return engine
 
-    def handleInputRows(
+    def handleInputRows(  # type: ignore[override]  # transformWithStateInPandas passes pandas frames only
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
     ) -> Iterator[pd.DataFrame]:
         from iotwatch.streaming.operator_rows import StepClock, tally_row, unpack

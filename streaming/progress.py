@@ -217,12 +217,13 @@ class ProgressReporter:
             records = counts["received"]  # the operator receives every record the batch read
         trigger_ms = int(progress.durationMs.get("triggerExecution", 0))
         rows = int(progress.numInputRows)
-        fields = {
+        rate, lag = records * 1000 / trigger_ms if trigger_ms else 0.0, kafka_lag(progress)
+        fields: dict[str, float | int | None] = {
             "input_rows": records,  # Kafka records, not Spark rows (the source packs records in chunks)
             "input_rows_per_s": float(progress.inputRowsPerSecond or 0.0) * records / rows if rows else 0.0,
-            "processed_rows_per_s": records * 1000 / trigger_ms if trigger_ms else 0.0,
+            "processed_rows_per_s": rate,
             "trigger_ms": trigger_ms,
-            "lag_records": kafka_lag(progress),
+            "lag_records": lag,
             "state_rows": int(sum(op.numRowsTotal for op in progress.stateOperators)),
             "state_memory_bytes": int(sum(op.memoryUsedBytes for op in progress.stateOperators)),
         }
@@ -247,9 +248,7 @@ class ProgressReporter:
         log.log(
             logging.INFO if records else logging.DEBUG,
             "%s",
-            progress_line(
-                int(progress.batchId), records, fields["processed_rows_per_s"], fields["lag_records"], trigger_ms
-            ),
+            progress_line(int(progress.batchId), records, rate, lag, trigger_ms),
         )
         if self.influx is not None:
             self._write_influx(fields, {**counts, "batch_duration_ms": trigger_ms, "batch_id": int(progress.batchId)})

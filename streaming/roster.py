@@ -69,7 +69,7 @@ class Roster:
 
     def _rows(self, devices: list[str]) -> np.ndarray:
         """The rows of ``devices``, new ones appended."""
-        rows = pd.Index(self.devices).get_indexer(devices) if self.devices else np.full(len(devices), -1)
+        rows = pd.Index(self.devices).get_indexer(pd.Index(devices)) if self.devices else np.full(len(devices), -1)
         new = np.flatnonzero(rows < 0)
         if len(new):
             rows[new] = len(self.devices) + np.arange(len(new))
@@ -127,7 +127,8 @@ class Roster:
         )
 
     def _waiting(self) -> np.ndarray:
-        return self.state == REPORTING
+        waiting: np.ndarray = self.state == REPORTING
+        return waiting
 
     def _left_behind(self, timeout_ms: int) -> np.ndarray:
         """Whether each device's append and event time are a timeout behind the partition's

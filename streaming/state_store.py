@@ -165,7 +165,7 @@ class ShardedStore:
             self.found = np.zeros(0, dtype=bool)
             return DeviceTable.empty([], self.seq_words, self.state_sizes)
         known = DeviceTable.concat(list(self._loaded.values()))
-        rows = pd.Index(known.ids).get_indexer(ids) if len(known) else np.full(len(ids), -1)
+        rows = pd.Index(known.ids).get_indexer(pd.Index(ids)) if len(known) else np.full(len(ids), -1)
         self.found = rows >= 0
         missing = np.flatnonzero(rows < 0)
         if len(missing):
@@ -202,7 +202,7 @@ class ShardedStore:
             self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
             self.written["state_devices"] += len(merged)
-        if self.cache is not None and self._loaded:  # (without a cache the tokens do not change)
+        if self.cache is not None and self.tokens is not None and self._loaded:  # (no cache: the tokens stay)
             self.tokens.update((self._token.tobytes(),))
         self._loaded = {}
 

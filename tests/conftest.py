@@ -48,6 +48,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FileOrFolderScheduling(config, log)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After a run that checked the types (``tests/unit/repo/test_types.py``), how many lines
+    of product code silence mypy (each with its error code and reason, or that test fails)."""
+    if not any(
+        getattr(report, "nodeid", "").startswith("tests/unit/repo/test_types.py")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+    ):
+        return
+    from tests.support.type_check import silencers
+
+    explained, unexplained = silencers()
+    terminalreporter.write_sep("-", "type check")
+    terminalreporter.write_line(
+        f"type: ignore in product code: {len(explained)}, each with an error code and a reason"
+        + (f"; {len(unexplained)} other silencer(s), which fail the type test" if unexplained else "")
+    )
+
+
 @pytest.fixture(scope="session")
 def base_settings() -> Settings:
     """Settings from defaults only: the developer's IOTWATCH_* variables do not leak in."""

@@ -220,6 +220,7 @@ def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> Non
     gateway.proc = proc
     for name in _PYSPARK_JVM_IMPORTS:
         java_import(gateway.jvm, name)
+    assert proc.stdout is not None  # a pipe: stdout=PIPE
     JvmOutput(proc.stdout)
     SparkContext._gateway, SparkContext._jvm = gateway, gateway.jvm
 

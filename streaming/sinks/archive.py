@@ -39,21 +39,20 @@ _SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
 _MAP_TYPE = pa.map_(pa.string(), pa.float64())
 
 #: The archive's file schema (the partition columns ``date`` and ``device_type`` are directories).
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        pa.field("device_id", pa.string()),
-        pa.field("site", pa.string()),
-        pa.field("seq", pa.int64()),
-        pa.field("event_ms", pa.int64()),
-        pa.field("event_time", pa.timestamp("us", tz="UTC")),
-        pa.field("metrics", _METRICS_TYPE),
-        pa.field("scores", _SCORES_TYPE),
-        pa.field("out_of_range", pa.list_(pa.string())),
-        pa.field("extra_metrics", _MAP_TYPE),
-        pa.field("extra_scores", _MAP_TYPE),
-        pa.field("detector", pa.string()),
-    ]
-)
+_ARCHIVE_TYPES: dict[str, pa.DataType] = {
+    "device_id": pa.string(),
+    "site": pa.string(),
+    "seq": pa.int64(),
+    "event_ms": pa.int64(),
+    "event_time": pa.timestamp("us", tz="UTC"),
+    "metrics": _METRICS_TYPE,
+    "scores": _SCORES_TYPE,
+    "out_of_range": pa.list_(pa.string()),
+    "extra_metrics": _MAP_TYPE,
+    "extra_scores": _MAP_TYPE,
+    "detector": pa.string(),
+}
+ARCHIVE_SCHEMA = pa.schema(_ARCHIVE_TYPES)
 assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
 
 
@@ -63,16 +62,16 @@ def file_name(partition: int, first_offset: int, last_offset: int) -> str:
     return f"part-{partition:05d}-{first_offset:019d}-{last_offset:019d}.parquet"
 
 
-def _doubles(values: Any) -> pa.Array:
+def _doubles(values: Any) -> pa.Array[Any]:
     """NaN is 'absent' in the reading frame and null in the archive."""
     return pa.array(np.asarray(values, dtype=np.float64), type=pa.float64(), from_pandas=True)
 
 
-def _struct(frame: pd.DataFrame, metrics: tuple[str, ...], column: Any, kind: pa.StructType) -> pa.Array:
+def _struct(frame: pd.DataFrame, metrics: tuple[str, ...], column: Any, kind: pa.StructType) -> pa.Array[Any]:
     return pa.StructArray.from_arrays([_doubles(frame[column(m)].to_numpy()) for m in metrics], fields=list(kind))
 
 
-def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
+def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array[Any]:
     """``names[i] -> values[i]`` per row (null where the row has no extras); a NaN value is
     dropped where ``keep_nan`` is false (an extra metric that was not scored has no score)."""
     offsets, keys, items, valid = [0], [], [], []
@@ -86,7 +85,7 @@ def _maps(names: pd.Series, values: pd.Series, keep_nan: bool) -> pa.Array:
             valid.append(True)
         offsets.append(len(keys))
     mask = pa.array([not v for v in valid], type=pa.bool_())
-    return pa.MapArray.from_arrays(
+    return pa.MapArray.from_arrays(  # type: ignore[call-overload, no-any-return]  # stubs: no int32 offsets, no type=
         pa.array(offsets, type=pa.int32()),
         pa.array(keys, type=pa.string()),
         pa.array(items, type=pa.float64()),
@@ -103,7 +102,7 @@ def archive_table(readings: pd.DataFrame, detector: str) -> pa.Table:
     has_extras = readings["extra_names"].notna().any()
     n = len(readings)
     no_maps = pa.nulls(n, type=_MAP_TYPE)
-    columns = [
+    columns: list[pa.Array[Any]] = [
         pa.array(readings["device_id"].to_numpy(), type=pa.string()),
         pa.array(readings["site"].to_numpy(), type=pa.string()),
         pa.array(readings["seq"].to_numpy(dtype=np.int64), type=pa.int64()),

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 from influxdb_client import Point
@@ -51,5 +53,5 @@ def alert_point(alert: AlertRecord) -> Point:
     )
 
 
-def pipeline_point(fields: dict[str, float | int], ts_ms: int, stage: str = "stream") -> Point:
+def pipeline_point(fields: Mapping[str, float | int | None], ts_ms: int, stage: str = "stream") -> Point:
     return PIPELINE.point({"stage": stage}, fields, ts_ms)

@@ -56,7 +56,7 @@ def produce_all(config: dict[str, str], topic: str, records: Iterable[Record], t
     for key, value, headers in records:
         while True:
             try:
-                producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+                producer.produce(topic, key=key, value=value, headers=list(headers), on_delivery=on_delivery)
                 break
             except BufferError:
                 producer.poll(0.1)
