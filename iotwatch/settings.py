@@ -655,10 +655,6 @@ class AlertsSettings(_ConcernSettings):
         description="routing file (TOML) of `alerts forward`: receivers, "
         "policy tree, grouping; without it every alert goes to webhook_url",
     )
-    book_group_prefix: str = Field(
-        "iotwatch-alerts-book",
-        description="prefix of the consumer groups that fold the on-call topics (no offsets are committed)",
-    )
 
 
 class RespondSettings(_ConcernSettings):

@@ -1,14 +1,13 @@
 """Per device type and metric: unit normalisation, derived metrics and physical range checks.
 
 Readings are flagged, never silently dropped: a value outside its physical range keeps
-its value, gets ``quality = "out_of_range"``, is archived as such, feeds the
+its value, is listed in its reading's ``out_of_range`` metrics, is archived as such, feeds the
 ``out_of_range`` rule and is kept away from the statistical detectors (one impossible
 value must not poison a device's baseline).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -16,48 +15,8 @@ import pandas as pd
 
 from iotwatch.contract.metric_catalog import DEVICE_METRICS, NOT_SCORED, UNIT_ALIASES
 
-QUALITY_OK = "ok"
-QUALITY_OUT_OF_RANGE = "out_of_range"
-
-
-def normalise_units(metrics: Mapping[str, float]) -> dict[str, float]:
-    """Convert known aliases to the canonical metric (the canonical one wins if both exist)."""
-    out = dict(metrics)
-    for alias, (canonical, convert) in UNIT_ALIASES.items():
-        if alias in out:
-            value = out.pop(alias)
-            out.setdefault(canonical, convert(value))
-    return out
-
-
 #: Below this apparent power (V x A) a meter's power factor is mostly rounding noise.
 MIN_APPARENT_VA = 20.0
-
-
-def with_derived(device_type: str, metrics: Mapping[str, float]) -> dict[str, float]:
-    """The metrics plus derived ones that tie several sensors of a device together.
-
-    A smart meter's real power, voltage and current come from one metering chip, so
-    ``power_factor = P / (V * I)`` is nearly constant for a device. A fault in one of the
-    three (a stuck or spiking power register) breaks it at once, even when the faulty
-    value alone looks like an appliance switching on; the per-metric detectors score the
-    derived metric like any other. A reported ``power_factor`` is kept as it is.
-    """
-    out = dict(metrics)
-    if device_type == "smart_meter" and "power_factor" not in out:
-        p, v, i = out.get("power_w"), out.get("voltage_v"), out.get("current_a")
-        if p is not None and v is not None and i is not None and v * i >= MIN_APPARENT_VA:
-            out["power_factor"] = round(p / (v * i), 4)
-    return out
-
-
-def quality_of(device_type: str, metric: str, value: float) -> str:
-    """``out_of_range`` when the catalog knows the metric and the value is outside it."""
-    known = DEVICE_METRICS.get(device_type)
-    if known is None or metric not in known:
-        return QUALITY_OK
-    _, low, high = known[metric]
-    return QUALITY_OK if low <= value <= high else QUALITY_OUT_OF_RANGE
 
 
 def physical_range(device_type: str, metric: str) -> tuple[float, float] | None:
@@ -66,13 +25,6 @@ def physical_range(device_type: str, metric: str) -> tuple[float, float] | None:
         return None
     _, low, high = known[metric]
     return low, high
-
-
-def is_scored(metric: str) -> bool:
-    return metric not in NOT_SCORED
-
-
-# --- the same, over a whole micro-batch at once (the streaming hot path) -----------------------
 
 
 def entry_column(n: int, entry_reading: np.ndarray, names: np.ndarray, values: np.ndarray, metric: str) -> np.ndarray:
@@ -97,9 +49,17 @@ class CleanEntries(NamedTuple):
 
 
 def clean_entries(record: np.ndarray, name: np.ndarray, value: np.ndarray, device_type: np.ndarray) -> CleanEntries:
-    """:func:`normalise_units`, :func:`with_derived` and :func:`quality_of` over flattened
-    metrics: entry ``k`` is metric ``name[k] = value[k]`` of record ``record[k]``, whose device
-    type is ``device_type[record[k]]``.
+    """A micro-batch's metrics cleaned: entry ``k`` is metric ``name[k] = value[k]`` of record
+    ``record[k]``, whose device type is ``device_type[record[k]]``. Unit aliases become their
+    canonical metric (the canonical one wins if a reading has both); a smart meter gets the
+    derived ``power_factor`` (below); an entry outside its device type's physical range, where
+    the catalogue knows the metric, is flagged ``out_of_range``.
+
+    A smart meter's real power, voltage and current come from one metering chip, so
+    ``power_factor = P / (V * I)`` is nearly constant for a device. A fault in one of the
+    three (a stuck or spiking power register) breaks it at once, even when the faulty value
+    alone looks like an appliance switching on; the per-metric detectors score the derived
+    metric like any other. A reported ``power_factor`` is kept as it is.
 
     The names are factorised once and compared as codes: a batch has a few distinct metric
     names among hundreds of thousands of entries."""

@@ -2,7 +2,7 @@
 
 A smart meter's real power and current come from one metering chip and one load:
 when a kettle, an oven or the heating switches, both jump by the same ratio and the
-power factor ``P / (V * I)`` (:func:`iotwatch.streaming.cleaning.with_derived`) stays where it
+power factor ``P / (V * I)`` (:func:`iotwatch.streaming.cleaning.clean_entries`) stays where it
 was. Their per-metric detectors cannot know that: on a quiet evening the first kettle
 is as surprising to ``power_w`` alone as an injected spike. A fault in the meter (a
 spiking, stuck or drifting power register) moves one of them alone, and then the power

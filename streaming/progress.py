@@ -156,7 +156,6 @@ class ProgressReporter:
         self.lock = threading.Lock()
         self.totals: Counter[str] = Counter()
         self.last: dict[str, Any] = {}
-        self.last_batch: dict[str, Any] = {}
         self.last_batch_id = -1
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         #: Where each micro-batch's time went (Spark's ``durationMs``: addBatch, queryPlanning,
@@ -235,7 +234,6 @@ class ProgressReporter:
         self.totals["batches"] += 1
         fields.update({f"{name}_written": counts[name] for name in BATCH_GAUGES})
         self.last = fields
-        self.last_batch = {"batch_id": progress.batchId, **counts, "batch_duration_ms": trigger_ms}
         self.last_batch_id = int(progress.batchId)
         self.history.append(fields)
         self.phases.append(

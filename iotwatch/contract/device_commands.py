@@ -31,10 +31,6 @@ class CommandStatus(StrEnum):
     FAILED = "failed"
 
 
-#: Replies after which the device does nothing more about a command.
-FINAL_COMMAND_STATUSES = frozenset({CommandStatus.REJECTED, CommandStatus.DONE, CommandStatus.FAILED})
-
-
 class Command(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What a device is told to do. ``command_id`` is deterministic where the issuer is
     (the responder hashes alert, policy and attempt), so a re-sent command is recognised."""

@@ -130,7 +130,7 @@ KNOWN_METRICS: Mapping[str, frozenset[str]] = MappingProxyType(
 )
 
 
-#: Metrics the streaming job computes from others (``iotwatch.streaming.cleaning.with_derived``).
+#: Metrics the streaming job computes from others (``iotwatch.streaming.cleaning.clean_entries``).
 DERIVED_METRICS = ("power_factor",)
 
 #: Metrics whose values are states, positions, counters or driver inputs: range-checked,

@@ -16,7 +16,7 @@ from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
-from iotwatch.streaming.cleaning import QUALITY_OUT_OF_RANGE, normalise_units, quality_of, with_derived
+from iotwatch.streaming.cleaning import clean_entries
 from iotwatch.streaming.device_state import CORE_FIELDS, DeviceState
 from iotwatch.streaming.engine import PartitionEngine
 from iotwatch.streaming.partition_io import BatchOutput, RecordColumns
@@ -437,10 +437,23 @@ def test_aggregates_are_emitted_once_per_bucket() -> None:
     assert aggregates[0]["count"] == 60 and aggregates[0]["mean"] == pytest.approx(21.0)
 
 
+def cleaned(device_type: str, metrics: dict[str, float]) -> tuple[dict[str, float], set[str]]:
+    """One reading through :func:`clean_entries`: its metrics, and those out of range."""
+    entries = clean_entries(
+        np.zeros(len(metrics), dtype=np.int64),
+        np.array(list(metrics), dtype=object),
+        np.array(list(metrics.values()), dtype=float),
+        np.array([device_type], dtype=object),
+    )
+    return dict(zip(entries.name.tolist(), entries.value.tolist(), strict=True)), set(
+        entries.name[entries.out_of_range].tolist()
+    )
+
+
 def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
-    assert normalise_units({"temperature_f": 212.0}) == {"temperature_c": 100.0}
-    assert quality_of("thermostat", "temperature_c", 100.0) == QUALITY_OUT_OF_RANGE
-    assert quality_of("unknown_type", "whatever", 1e9) == "ok"
+    assert cleaned("thermostat", {"temperature_f": 212.0}) == ({"temperature_c": 100.0}, {"temperature_c"})
+    assert cleaned("thermostat", {"temperature_f": 212.0, "temperature_c": 21.0}) == ({"temperature_c": 21.0}, set())
+    assert cleaned("unknown_type", {"whatever": 1e9}) == ({"whatever": 1e9}, set())
     rows = Harness().process(
         [
             record(0, temperature_f=212.0),
@@ -567,14 +580,20 @@ def test_the_archive_writes_a_file_per_date_and_device_type_present_each_with_it
 
 def test_meter_power_factor_is_derived_and_scored() -> None:
     """A power register spike that looks like a kettle in power alone breaks P = V * I * pf."""
-    assert with_derived("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0}) == {
-        "power_w": 460.0,
-        "voltage_v": 230.0,
+    assert cleaned("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0})[0] == {
         "current_a": 2.0,
         "power_factor": 1.0,
+        "power_w": 460.0,
+        "voltage_v": 230.0,
     }
-    assert "power_factor" not in with_derived("smart_meter", {"power_w": 1.0, "voltage_v": 230.0, "current_a": 0.004})
-    assert "power_factor" not in with_derived("thermostat", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0})
+    assert "power_factor" not in cleaned("smart_meter", {"power_w": 1.0, "voltage_v": 230.0, "current_a": 0.004})[0]
+    assert "power_factor" not in cleaned("thermostat", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0})[0]
+    assert (
+        cleaned("smart_meter", {"power_w": 460.0, "voltage_v": 230.0, "current_a": 2.0, "power_factor": 0.9})[0][
+            "power_factor"
+        ]
+        == 0.9
+    )
     rng = random.Random(4)
     batch = []
     for i in range(400):
