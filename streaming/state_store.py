@@ -58,22 +58,6 @@ class DictMapState:
         self.values[key] = value
 
 
-class DictValueState:
-    """A ``ValueState`` in an attribute: the shard tokens without Spark (tests)."""
-
-    def __init__(self) -> None:
-        self.value: tuple[Any, ...] | None = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self) -> tuple[Any, ...] | None:
-        return self.value
-
-    def update(self, value: tuple[Any, ...]) -> None:
-        self.value = value
-
-
 class ShardedStore:
     """A partition's device states in shards; see the module's docstring."""
 

@@ -5,14 +5,31 @@ from __future__ import annotations
 import random
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
-from iotwatch.streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
+from iotwatch.streaming.state_store import DictMapState, MemoryStore, ShardedStore
 from tests.unit.streaming.test_engine import Harness, _comparable, record
+
+
+class DictValueState:
+    """A ``ValueState`` in an attribute: the shard tokens without Spark."""
+
+    def __init__(self) -> None:
+        self.value: tuple[Any, ...] | None = None
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple[Any, ...] | None:
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
 
 
 def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
