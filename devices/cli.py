@@ -266,7 +266,7 @@ def _time_ms(value: str | None) -> int | None:
 @json_option
 @click.pass_context
 @pass_app
-def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
+def simulate(app: AppContext, ctx: click.Context, /, **opts: Any) -> None:
     """Simulate homes and vehicles publishing telemetry over MQTT.
 
     Every message follows the contract in iotwatch/contract.py; each device also keeps a
@@ -362,8 +362,9 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     config = config.model_copy(update={"start_ms": start - start % config.tick_ms})
     # validate kinds and scenario before connecting
     from iotwatch.devices.injector import Injector
+    from iotwatch.devices.rng import CounterRng
 
-    Injector(config, [], None)  # type: ignore[arg-type]
+    Injector(config, [], CounterRng(config.seed))
     summary = run(config, options)
     emit(summary, opts["as_json"], _render)
     if summary["errors"]:

@@ -82,8 +82,8 @@ class RecordedSeriesGroup(DeviceGroup):
     """One device per replayed file; readings follow the file's rows."""
 
     def __init__(self, files: list[tuple[int, Path]], rng: CounterRng, config: SimConfig, uid_base: int) -> None:
-        self.device_type = config.replay_device_type  # type: ignore[misc]
-        self.metrics = (config.replay_metric,)  # type: ignore[misc]
+        self.device_type = config.replay_device_type
+        self.metrics = (config.replay_metric,)
         self.loop = config.replay_loop
         self.streams: list[tuple[np.ndarray, np.ndarray]] = []
         specs = []

@@ -507,4 +507,5 @@ def _ended_ms(audit: CommandAudit) -> int:
 
 
 def audit_dict(audit: CommandAudit) -> dict[str, Any]:
-    return msgspec.to_builtins(audit)  # type: ignore[no-any-return]
+    as_dict: dict[str, Any] = msgspec.to_builtins(audit)  # a Struct becomes a dict
+    return as_dict
