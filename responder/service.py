@@ -157,7 +157,12 @@ class Responder:
 
     def apply(self, message: Message) -> None:
         if message.topic() == self.settings.topics.emergencies:
-            self.notified.add(message.key().decode())
+            key = message.key()  # the alert id: this responder keys every emergency record by it
+            if key is None:
+                self.counts["malformed_emergency"] += 1
+                log.warning("skipping an emergency record without its alert id at offset %s", message.offset())
+            else:
+                self.notified.add(key.decode(errors="replace"))
             return
         if message.topic() != self.settings.topics.commands:
             self.book.apply(message, self.settings)
