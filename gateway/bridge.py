@@ -44,7 +44,7 @@ from paho.mqtt.properties import Properties
 
 from iotwatch.clients.influx import InfluxV1Client, OutageLog
 from iotwatch.clients.kafka import client_config, tls_refused
-from iotwatch.clients.mqtt import make_client
+from iotwatch.clients.mqtt import BufferedReadClient, make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
@@ -141,7 +141,7 @@ class Gateway:
             }
         )
 
-    def _make_mqtt(self) -> paho.Client:
+    def _make_mqtt(self) -> BufferedReadClient:
         client = make_client(
             self.settings.mqtt,
             self.instance,
@@ -150,6 +150,7 @@ class Gateway:
             protocol=self.config.mqtt_protocol,
             buffered_reads=True,
         )
+        assert isinstance(client, BufferedReadClient)  # acks go out together (ack_many)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -238,7 +239,7 @@ class Gateway:
             topic = message.topic
         except UnicodeDecodeError:  # paho raises on a topic that is not UTF-8 (mosquitto refuses those)
             topic = bytes(message._topic).decode("utf-8", "replace")
-        payload = message.payload
+        payload = bytes(message.payload)  # paho types it bytes | bytearray; it is bytes (no copy made)
         qos = message.qos
         headers = [
             (H_MQTT_TOPIC, topic.encode()),
@@ -247,6 +248,7 @@ class Gateway:
             (H_GATEWAY, self._instance_bytes),
         ]
         reason = None
+        key: bytes | None  # the rule's, or the dead letter's
         try:
             rule = self.router.match(topic)
             parsed = self._validate(rule, topic, payload, now_ms)
@@ -344,7 +346,7 @@ class Gateway:
                     pending.topic,
                     pending.value,
                     pending.key,
-                    headers=pending.headers,
+                    headers=list(pending.headers),  # the producer's type: a list of (str, str | bytes | None)
                     on_delivery=functools.partial(self._on_delivery, pending_id),
                 )
                 return
