@@ -30,7 +30,6 @@ from iotwatch.settings import Settings
 log = logging.getLogger(__name__)
 
 OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK = "open", "acknowledged", "cleared", "cleared_after_ack"
-STATUSES = (OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK)
 #: The shortest alert-id prefix ``alerts ack`` accepts (ids are 24 hex digits).
 MIN_PREFIX = 6
 
