@@ -73,6 +73,10 @@ _REFUSED_ERRORS = {
 _QOS_BYTES = (b"0", b"1", b"2")
 
 
+#: Record headers as the producer types them (ours are all bytes).
+KafkaHeaders = list[tuple[str, str | bytes | None]]
+
+
 class _Pending(NamedTuple):
     """A received MQTT message whose Kafka record is not confirmed yet."""
 
@@ -83,7 +87,7 @@ class _Pending(NamedTuple):
     topic: str
     key: bytes | None
     value: bytes
-    headers: list[tuple[str, bytes]]
+    headers: KafkaHeaders
     reason: str | None  # the dead-letter reason, None for a forwarded reading
     mqtt_topic: str
 
@@ -239,9 +243,9 @@ class Gateway:
             topic = message.topic
         except UnicodeDecodeError:  # paho raises on a topic that is not UTF-8 (mosquitto refuses those)
             topic = bytes(message._topic).decode("utf-8", "replace")
-        payload = bytes(message.payload)  # paho types it bytes | bytearray; it is bytes (no copy made)
+        payload: bytes = message.payload  # type: ignore[assignment]  # paho's parser (and ours) gives bytes, not bytearray
         qos = message.qos
-        headers = [
+        headers: KafkaHeaders = [
             (H_MQTT_TOPIC, topic.encode()),
             (H_MQTT_QOS, _QOS_BYTES[qos]),
             (H_INGEST_MS, b"%d" % now_ms),
@@ -322,20 +326,20 @@ class Gateway:
         return len(self._last_seq)
 
     def _dead_letter(
-        self, reason: str, detail: str, topic: str, payload: bytes, headers: list[tuple[str, bytes]]
-    ) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
+        self, reason: str, detail: str, topic: str, payload: bytes, headers: KafkaHeaders
+    ) -> tuple[str, bytes | None, bytes, KafkaHeaders]:
         """The dead-letter record: the original bytes, or an excerpt when too large to carry."""
         try:
             key: bytes | None = parse_device_topic(topic)[2].encode()
         except ContractViolation:
             key = topic.encode(errors="replace")
-        extra = [h for h in headers if h[0] != H_MQTT_TOPIC]
+        extra = [(name, value) for name, value in headers if name != H_MQTT_TOPIC and isinstance(value, bytes)]
         value = payload
         if len(payload) > self.config.max_payload_bytes:
             value, sizes = excerpt(payload, self.config.dead_letter_excerpt_bytes)
             extra += sizes
         letter = DeadLetter(reason, detail, "gateway", value, key, topic)
-        return self.settings.topics.dlq, key, value, letter.headers(extra)
+        return self.settings.topics.dlq, key, value, list(letter.headers(extra))
 
     # -- Kafka side ------------------------------------------------------------------------
 
@@ -346,7 +350,7 @@ class Gateway:
                     pending.topic,
                     pending.value,
                     pending.key,
-                    headers=list(pending.headers),  # the producer's type: a list of (str, str | bytes | None)
+                    headers=pending.headers,
                     on_delivery=functools.partial(self._on_delivery, pending_id),
                 )
                 return
