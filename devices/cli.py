@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +47,16 @@ def _mix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dic
 
 
 def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    from iotwatch.devices.recorded import parse_time_ms
+
     if value is None:
         return None
     try:
-        number = float(value)
-        return int(number if number > 1e11 else number * 1000)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time_ms(value)
     except ValueError:
         raise click.BadParameter(
             f"{value!r} is not an ISO time or epoch seconds/ms", param_hint="--start-time"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 @click.command()

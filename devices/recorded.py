@@ -26,7 +26,9 @@ __all__ = ["RecordedSeriesGroup", "load_stream", "stream_start_ms"]
 _NEVER = np.iinfo(np.int64).max // 2
 
 
-def _parse_time(text: str) -> int:
+def parse_time_ms(text: str) -> int:
+    """Epoch ms of epoch seconds or milliseconds, or of an ISO time (UTC unless it says);
+    ValueError for anything else."""
     text = text.strip()
     try:
         number = float(text)
@@ -56,7 +58,7 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 if not row:
                     continue
                 try:
-                    times.append(_parse_time(row[0]))
+                    times.append(parse_time_ms(row[0]))
                     values.append(float(row[1]))
                 except (ValueError, IndexError) as exc:
                     raise UserError(f"replay file {path}, line {line_no}: {exc}") from None
