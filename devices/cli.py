@@ -47,10 +47,10 @@ def _mix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dic
 
 
 def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    from iotwatch.devices.recorded import parse_time_ms
-
     if value is None:
         return None
+    from iotwatch.devices.recorded import parse_time_ms
+
     try:
         return parse_time_ms(value)
     except ValueError:
