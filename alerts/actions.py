@@ -45,8 +45,8 @@ def acknowledge(
     view = book.find(alert_id)
     if view.cleared is not None:
         raise IotwatchError(f"alert {view.alert_id} already cleared; it cannot be {action.value} any more")
-    if action == AlertStep.ACKNOWLEDGED and view.acked:
-        raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.ack.by}")  # type: ignore[union-attr]
+    if action == AlertStep.ACKNOWLEDGED and view.acknowledgement is not None:
+        raise IotwatchError(f"alert {view.alert_id} was already acknowledged by {view.acknowledgement.by}")
     if action == AlertStep.UNACKNOWLEDGED and not view.acked:
         raise IotwatchError(f"alert {view.alert_id} is not acknowledged")
     ack = AlertState(

@@ -30,7 +30,6 @@ from iotwatch.settings import Settings
 log = logging.getLogger(__name__)
 
 OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK = "open", "acknowledged", "cleared", "cleared_after_ack"
-STATUSES = (OPEN, ACKNOWLEDGED, CLEARED, CLEARED_AFTER_ACK)
 #: The shortest alert-id prefix ``alerts ack`` accepts (ids are 24 hex digits).
 MIN_PREFIX = 6
 
@@ -58,8 +57,13 @@ class AlertView:
         return record
 
     @property
+    def acknowledgement(self) -> AlertState | None:
+        """The acknowledgement in force: None when nobody acknowledged or it was taken back."""
+        return self.ack if self.ack is not None and self.ack.acknowledged else None
+
+    @property
     def acked(self) -> bool:
-        return self.ack is not None and self.ack.acknowledged
+        return self.acknowledgement is not None
 
     @property
     def firing(self) -> bool:
@@ -67,8 +71,9 @@ class AlertView:
 
     @property
     def status(self) -> str:
+        ack = self.acknowledgement
         if self.cleared is not None:
-            return CLEARED_AFTER_ACK if self.acked and self.ack.at_ms <= detected_ms(self.cleared) else CLEARED  # type: ignore[union-attr]
+            return CLEARED_AFTER_ACK if ack is not None and ack.at_ms <= detected_ms(self.cleared) else CLEARED
         if self.ack is not None and self.ack.action == AlertStep.CLEARED_AFTER_ACK:
             return CLEARED_AFTER_ACK  # the alert topic's clear is gone (retention); the state topic keeps it
         return ACKNOWLEDGED if self.acked else OPEN
@@ -87,9 +92,10 @@ class AlertView:
         return detected_ms(self.raised) if self.raised else None
 
     def seconds_to_ack(self) -> float | None:
-        if not self.acked or self.raised is None:
+        ack = self.acknowledgement
+        if ack is None or self.raised is None:
             return None
-        return max(0.0, (self.ack.at_ms - detected_ms(self.raised)) / 1000)  # type: ignore[union-attr]
+        return max(0.0, (ack.at_ms - detected_ms(self.raised)) / 1000)
 
     def seconds_to_clear(self) -> float | None:
         if self.raised is None or self.cleared is None:
@@ -98,7 +104,7 @@ class AlertView:
 
     def as_dict(self) -> dict[str, Any]:
         """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
-        ack = self.ack if self.acked else None
+        ack = self.acknowledgement
         return {
             **alert_as_dict(self.record),
             "status": self.status,

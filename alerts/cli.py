@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, F, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
@@ -41,7 +42,7 @@ def alerts() -> None:
     """On-call tools: watch, list, acknowledge and silence alerts; forward them to receivers."""
 
 
-def common_options(kind: str, limit_help: str) -> Any:
+def common_options(kind: str, limit_help: str) -> Callable[[F], F]:
     """--group, where a new group starts, --limit, --timeout: both commands must be stoppable by
     scripts and tests. A viewer (tail) starts a new group at the newest alert; a delivery
     pipeline (forward) at the oldest retained one, so alerts raised before its first run are
@@ -82,10 +83,10 @@ def common_options(kind: str, limit_help: str) -> Any:
     return stacked(options)
 
 
-def stacked(options: list[Any]) -> Any:
+def stacked(options: list[Callable[[Any], Any]]) -> Callable[[F], F]:
     """One decorator applying ``options`` (click decorators) in the order written."""
 
-    def decorate(func: Any) -> Any:
+    def decorate(func: F) -> F:
         for option in reversed(options):
             func = option(func)
         return func
@@ -284,7 +285,7 @@ def _forward_help() -> str:
 forward.help = _forward_help()
 
 
-def _user_option(help_text: str) -> Any:
+def _user_option(help_text: str) -> Callable[[F], F]:
     from iotwatch.settings import user_name
 
     return click.option("--by", "by", default=user_name, show_default="your user name", help=help_text)
@@ -336,7 +337,7 @@ def list_alerts(
     emit(result, as_json, lambda _: alerts_table(views, book, len(matching)))
 
 
-def _ack_options(who: str, note: str) -> Any:
+def _ack_options(who: str, note: str) -> Callable[[F], F]:
     """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
     return stacked(
         [
@@ -457,4 +458,5 @@ def unsilence(app: AppContext, silence_id: str, by: str, as_json: bool) -> None:
 def _silence_dict(record: Any) -> dict[str, Any]:
     import msgspec
 
-    return msgspec.to_builtins(record)  # type: ignore[no-any-return]
+    as_dict: dict[str, Any] = msgspec.to_builtins(record)  # a Struct becomes a dict
+    return as_dict

@@ -272,9 +272,9 @@ class Dispatcher:
             log.warning("malformed record at %s[%d]@%d: %s", topic, message.partition(), message.offset(), exc)
         routes = self.tree.routes(alert) if alert is not None else []
         if self.feed is not None:
-            pending = self.feed.pending(
-                message.partition(), message.offset(), alert, message.value() or b"", message.key(), detail
-            )
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None  # a consumed record has both
+            pending = self.feed.pending(partition, offset, alert, message.value() or b"", message.key(), detail)
             routed = alert is None or any(r.receiver == self.feed.receiver for r in routes)
             self.feed.offer(pending, routed, alert is not None and self._seen(alert))
         else:
@@ -368,18 +368,18 @@ class Dispatcher:
         (decided after the replay, so a step already recorded is not written again)."""
         for alert_id in sorted(self._closing):
             view = self.book.alerts[alert_id]
-            if not view.needs_cleared_after_ack():
+            ack, cleared = view.ack, view.cleared
+            if ack is None or cleared is None or not view.needs_cleared_after_ack():
                 continue
-            ack = view.ack
             step = AlertState(
                 ONCALL_SCHEMA_VERSION,
                 alert_id,
                 AlertStep.CLEARED_AFTER_ACK,
                 ack.by,
-                ack.at_ms,  # type: ignore[union-attr]
+                ack.at_ms,
                 ack.note,
-                detected_ms(view.cleared),
-            )  # type: ignore[union-attr,arg-type]
+                detected_ms(cleared),
+            )
             produce_confirmed(
                 self.settings.kafka, self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step)
             )
@@ -554,6 +554,6 @@ class Dispatcher:
             else:
                 original = json.dumps(document, default=str).encode()
             dead = DeadLetter(reason, detail, "alerts-forward", original, source.key if source else group_key.encode())
-            self._producer.produce(topic, original, key=dead.key, headers=dead.headers())
+            self._producer.produce(topic, original, key=dead.key, headers=list(dead.headers()))
             if self._producer.flush(10) > 0:
                 log.error("dead-letter topic %s did not confirm within 10 s (the file has it)", topic)

@@ -59,11 +59,14 @@ class LifecycleMetrics:
             "severity": str(record.severity),
             "rule": str(record.rule),
         }
-        if view.acked and (view.alert_id, "ack") not in self.written:
+        ack = view.acknowledgement
+        if ack is not None and (view.alert_id, "ack") not in self.written:
             self.written.add((view.alert_id, "ack"))
-            ack = view.ack
-            assert ack is not None
-            fields = {"seconds_to_ack": float(view.seconds_to_ack() or 0.0), "by": ack.by, "alert_id": view.alert_id}
+            fields: dict[str, float | str] = {
+                "seconds_to_ack": float(view.seconds_to_ack() or 0.0),
+                "by": ack.by,
+                "alert_id": view.alert_id,
+            }
             self.pending.append(ALERT_ACKS.point(tags, fields, event_time_ns(ack.at_ms, view.alert_id), "ns"))
         if view.cleared is not None and (view.alert_id, "clear") not in self.written:
             self.written.add((view.alert_id, "clear"))

@@ -48,9 +48,9 @@ from typing import Any
 
 from iotwatch.alerts.book import AlertView
 from iotwatch.alerts.paging_apis import alertmanager_alerts, pagerduty_events
-from iotwatch.alerts.records import CLEARED_EMOJI, EMOJI, headline, severity_rank, slack_text
+from iotwatch.alerts.records import CLEARED_EMOJI, EMOJI, headline, slack_text
 from iotwatch.alerts.routing import Receiver, Route
-from iotwatch.contract.alerts import AlertRecord, alert_as_dict
+from iotwatch.contract.alerts import AlertRecord, alert_as_dict, severity_rank
 from iotwatch.contract.oncall import NotificationKind
 
 
@@ -141,8 +141,9 @@ def _text(
 def _line(view: AlertView) -> str:
     record = view.cleared or view.record
     text = f"• {headline(record)}"
-    if view.acked:
-        text += f" (acknowledged by {view.ack.by}" + (f": {view.ack.note})" if view.ack.note else ")")  # type: ignore[union-attr]
+    ack = view.acknowledgement
+    if ack is not None:
+        text += f" (acknowledged by {ack.by}" + (f": {ack.note})" if ack.note else ")")
     runbook = view.record.runbook_url
     if runbook:
         text += f" <{runbook}|runbook>"

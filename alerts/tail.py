@@ -316,11 +316,12 @@ def run_tail(
                 if order is not None and order.stalled():  # no end events, and nothing more for a while
                     show(order.release(final=True))
                 continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    show(order.partition_ended(message.partition()) if order is not None else [])
+            error, partition = message.error(), message.partition()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and partition is not None:
+                    show(order.partition_ended(partition) if order is not None else [])
                     continue
-                _check_error(settings, options.group_id, message)
+                _check_error(settings, options.group_id, error, message.topic())
                 continue
             if since_ms is not None and message.timestamp()[1] < since_ms:
                 continue  # written before the window (a broker may answer offsets by time coarsely)
@@ -383,10 +384,9 @@ def _commit_positions(consumer: Consumer) -> None:
         log.warning("could not commit the tail's position: %s", exc)
 
 
-def _check_error(settings: Settings, group_id: str | None, message: Message) -> None:
+def _check_error(settings: Settings, group_id: str | None, error: KafkaError, topic: str | None) -> None:
     """Log a consumer error; a refusal by the broker's ACLs ends the tail in one line."""
-    error = message.error()
-    raise_if_refused(settings.kafka, error, "READ", message.topic() or settings.topics.alerts)
+    raise_if_refused(settings.kafka, error, "READ", topic or settings.topics.alerts)
     if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
         raise access_refused(settings.kafka, "READ", f"consumer group {group_id}")
     if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:

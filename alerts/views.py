@@ -45,7 +45,7 @@ def alerts_table(views: Sequence[AlertView], book: AlertBook, total: int) -> Non
         record = view.record
         severity = str(record.severity)
         raised = view.raised_ms
-        ack = view.ack if view.acked else None
+        ack = view.acknowledgement
         silence = book.silence_for(record, now) if view.firing else None
         table.add_row(
             view.alert_id[:12],

@@ -9,6 +9,13 @@ compared with a fresh build.
 
 Grafana migrates older schema versions when it loads a dashboard, so the JSON written here
 keeps to fields that have been stable for many releases (schemaVersion 39, Grafana 10+).
+
+Why not Grafana's ``grafana-foundation-sdk``: its builders (every release on the package index,
+generated for Grafana 10.1 to 11.6 and for its main branch) cover the panels, variables and
+thresholds, but have no InfluxDB data source: no typed InfluxQL target (``query``,
+``rawQuery``, ``resultFormat``, ``alias``), and its ``AnnotationQuery`` has no ``query``,
+``textColumn`` or ``tagsColumn``, the fields of an InfluxQL annotation. Every target and
+annotation of these dashboards would be an untyped dict beside the SDK's builders.
 """
 
 from __future__ import annotations

@@ -74,11 +74,12 @@ def datasource_model(influx: InfluxTarget) -> dict[str, Any]:
 
 def connect(url: str, token: str | None, timeout_s: float = 10.0) -> GrafanaApi:
     """``token`` is a service-account token, or ``user:password`` for basic authentication."""
-    credential: Any = token
+    credential: str | tuple[str, str] | None = token
     if token and ":" in token:
         user, _, password = token.partition(":")
         credential = (user, password)
-    return GrafanaApi.from_url(url.rstrip("/"), credential=credential, timeout=timeout_s)
+    api: GrafanaApi = GrafanaApi.from_url(url.rstrip("/"), credential=credential, timeout=timeout_s)  # unannotated
+    return api
 
 
 def _ensure_folder(api: GrafanaApi, name: str) -> dict[str, Any]:

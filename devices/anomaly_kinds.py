@@ -191,13 +191,13 @@ def apply_measurement(
 ) -> float:
     """The anomalous value of one reading (before clipping to the physical range)."""
     if kind in ("spike", "level_shift"):
-        return value + params["delta"]
+        return value + float(params["delta"])
     if kind == "drift":
-        return value + params["delta"] * (elapsed_ms / duration_ms if duration_ms > 0 else 1.0)
+        return value + float(params["delta"]) * (elapsed_ms / duration_ms if duration_ms > 0 else 1.0)
     if kind == "flatline":
         return float(state.setdefault("value", value))
     if kind == "noise_burst":
-        return value + params["sigma"] * noise
+        return value + float(params["sigma"]) * noise
     if kind == "out_of_range":
         return float(params["value"])
     return value

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,13 @@ _ANOMALY_KINDS = sorted(k for k, v in KINDS.items() if v.category != TRANSPORT)
 _FAULT_KINDS = sorted(k for k, v in KINDS.items() if v.category == TRANSPORT)
 
 
-def _kinds(value: str | None) -> tuple[str, ...] | None:
+def _kinds(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
     if not value:
         return None
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def _mix(value: str | None) -> dict[str, int] | None:
+def _mix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> dict[str, int] | None:
     if not value:
         return None
     mix: dict[str, int] = {}
@@ -46,23 +46,17 @@ def _mix(value: str | None) -> dict[str, int] | None:
     return mix
 
 
-def _time_ms(value: str | None) -> int | None:
+def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
+    from iotwatch.devices.recorded import parse_time_ms
+
     try:
-        number = float(value)
-        return int(number if number > 1e11 else number * 1000)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parse_time_ms(value)
     except ValueError:
         raise click.BadParameter(
             f"{value!r} is not an ISO time or epoch seconds/ms", param_hint="--start-time"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 @click.command()
@@ -73,6 +67,7 @@ def _time_ms(value: str | None) -> int | None:
 @click.option(
     "--mix",
     metavar="TYPE=N,...",
+    callback=_mix,
     help="Devices per home, e.g. 'thermostat=1,door_sensor=2' "
     "(types: " + ", ".join(HOME_TYPES) + "); default: each home draws its own mix.",
 )
@@ -117,6 +112,7 @@ def _time_ms(value: str | None) -> int | None:
     "--anomalies",
     "anomaly_kinds",
     metavar="KIND,...",
+    callback=_kinds,
     help="Anomaly kinds --anomaly-rate draws from (default all that apply, but those drawn only when named: "
     + ", ".join(k for k in _ANOMALY_KINDS if not KINDS[k].drawn_by_default)
     + "): "
@@ -143,6 +139,7 @@ def _time_ms(value: str | None) -> int | None:
     "--faults",
     "fault_kinds",
     metavar="KIND,...",
+    callback=_kinds,
     help="Transport faults --fault-rate draws from (default all): " + ", ".join(_FAULT_KINDS),
 )
 @click.option(
@@ -164,12 +161,15 @@ def _time_ms(value: str | None) -> int | None:
 )
 @click.option(
     "--as-fast-as-possible",
-    "afap",
+    "as_fast_as_possible",
     is_flag=True,
     help="No pacing: stamp event times on a virtual clock and publish as fast as the broker takes.",
 )
 @click.option(
-    "--start-time", metavar="ISO|EPOCH", help="Event time of the start (default: now; accelerated runs end about now)."
+    "--start-time",
+    metavar="ISO|EPOCH",
+    callback=_time_ms,
+    help="Event time of the start (default: now; accelerated runs end about now).",
 )
 @click.option(
     "--processes",
@@ -187,6 +187,7 @@ def _time_ms(value: str | None) -> int | None:
 )
 @click.option(
     "--connection-per-device",
+    "per_device",
     is_flag=True,
     help="One MQTT connection per device, each with its own last will (small fleets).",
 )
@@ -226,7 +227,9 @@ def _time_ms(value: str | None) -> int | None:
     help="Replay a timestamp,value CSV as a device (repeatable); replaces the simulated fleet "
     "unless --homes/--vehicles are given too.",
 )
-@click.option("--replay-type", default="replay", show_default=True, help="device_type of replayed streams.")
+@click.option(
+    "--replay-type", "replay_device_type", default="replay", show_default=True, help="device_type of replayed streams."
+)
 @click.option("--replay-metric", default="value", show_default=True, help="Metric name of replayed values.")
 @click.option("--replay-keep-time", is_flag=True, help="Keep the recorded timestamps instead of starting now.")
 @click.option("--replay-loop", is_flag=True, help="Start a stream over when it ends.")
@@ -237,7 +240,7 @@ def _time_ms(value: str | None) -> int | None:
     show_default=True,
     help="Virtual-time step of the scheduler (part of the determinism key).",
 )
-@click.option("--client-id-prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
+@click.option("--client-id-prefix", "client_prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
 @click.option(
     "--id-prefix",
     default="",
@@ -266,7 +269,7 @@ def _time_ms(value: str | None) -> int | None:
 @json_option
 @click.pass_context
 @pass_app
-def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
+def simulate(app: AppContext, ctx: click.Context, /, **opts: Any) -> None:
     """Simulate homes and vehicles publishing telemetry over MQTT.
 
     Every message follows the contract in iotwatch/contract.py; each device also keeps a
@@ -277,54 +280,21 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     from iotwatch.devices.broker_run import RunOptions, default_start_ms, run
 
     mqtt = app.settings.mqtt
-    update: dict[str, Any] = {}
-    if opts["username"]:
-        update["username"] = opts["username"]
+    update: dict[str, Any] = {key: opts[key] for key in ("username", "tls_ca_file", "tls_insecure") if opts[key]}
     if opts["password"]:
         from pydantic import SecretStr
 
         update["password"] = SecretStr(opts["password"])
-    if opts["tls_ca_file"]:
-        update["tls_ca_file"] = opts["tls_ca_file"]
-    if opts["tls_insecure"]:
-        update["tls_insecure"] = True
     mqtt = mqtt.model_copy(update=update)
-    qos = int(opts["qos"]) if opts["qos"] is not None else mqtt.qos
-    replay = tuple(opts["replay"])
+    replay = opts["replay"] = tuple(opts["replay"])
     fleet_given = any(
         ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in ("homes", "vehicles")
     )
-    homes, vehicles = opts["homes"], opts["vehicles"]
     if replay and not fleet_given:
-        homes, vehicles = 0, 0
-    config = SimConfig(
-        seed=opts["seed"],
-        homes=homes,
-        vehicles=vehicles,
-        mix=_mix(opts["mix"]),
-        rate=opts["rate"],
-        vehicle_hz=opts["vehicle_hz"],
-        target_rate=opts["target_rate"],
-        ramp_up_s=opts["ramp_up_s"],
-        duration_s=opts["duration_s"],
-        count=opts["count"],
-        anomaly_rate=opts["anomaly_rate"],
-        anomaly_kinds=_kinds(opts["anomaly_kinds"]),
-        anomalies_after_s=opts["anomalies_after_s"],
-        fault_rate=opts["fault_rate"],
-        fault_kinds=_kinds(opts["fault_kinds"]),
-        scenario=opts["scenario"],
-        edr_threshold_g=opts["edr_threshold_g"],
-        edr_pre_event_s=opts["edr_pre_event_s"],
-        replay=replay,
-        replay_device_type=opts["replay_type"],
-        replay_metric=opts["replay_metric"],
-        replay_keep_time=opts["replay_keep_time"],
-        replay_loop=opts["replay_loop"],
-        tick_ms=opts["tick_ms"],
-        id_prefix=opts["id_prefix"],
-    )
-    if homes + vehicles + len(replay) == 0:
+        opts["homes"], opts["vehicles"] = 0, 0
+    # each option is named after the SimConfig or RunOptions field it sets
+    config = SimConfig(**{name: opts[name] for name in SimConfig.model_fields if name in opts})
+    if config.homes + config.vehicles + len(replay) == 0:
         raise click.UsageError("nothing to simulate: give --homes, --vehicles or --replay")
     _check_kinds(config)
     state_path = opts["seq_state_path"] or seq_state.default_path(mqtt.url)
@@ -335,21 +305,11 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     config = config.model_copy(update={"seq_state": state_path})
-    options = RunOptions(
-        mqtt=mqtt,
-        qos=qos,
-        processes=opts["processes"],
-        connections=opts["connections"],
-        per_device=opts["connection_per_device"],
-        speedup=opts["speedup"],
-        as_fast_as_possible=opts["afap"],
-        max_inflight=opts["max_inflight"],
-        client_prefix=opts["client_id_prefix"],
-        ground_truth=opts["ground_truth"],
-        obey_commands=opts["obey_commands"],
-        progress=sys.stderr.isatty() if opts["progress"] is None else opts["progress"],
-    )
-    start = _time_ms(opts["start_time"])
+    opts["qos"] = int(opts["qos"]) if opts["qos"] is not None else mqtt.qos
+    opts["progress"] = sys.stderr.isatty() if opts["progress"] is None else opts["progress"]
+    run_fields = [field.name for field in dataclasses.fields(RunOptions) if field.name != "mqtt"]
+    options = RunOptions(mqtt=mqtt, **{name: opts[name] for name in run_fields})
+    start = opts["start_time"]
     if start is None:
         if replay and opts["replay_keep_time"]:
             from iotwatch.devices.recorded import stream_start_ms
@@ -362,8 +322,9 @@ def simulate(app: AppContext, ctx: click.Context, **opts: Any) -> None:
     config = config.model_copy(update={"start_ms": start - start % config.tick_ms})
     # validate kinds and scenario before connecting
     from iotwatch.devices.injector import Injector
+    from iotwatch.devices.rng import CounterRng
 
-    Injector(config, [], None)  # type: ignore[arg-type]
+    Injector(config, [], CounterRng(config.seed))
     summary = run(config, options)
     emit(summary, opts["as_json"], _render)
     if summary["errors"]:

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from iotwatch.contract.device_topics import status_topic, telemetry_topic
 from iotwatch.contract.metric_catalog import METRIC_DECIMALS
 from iotwatch.contract.telemetry import SCHEMA_VERSION
-from iotwatch.devices.rng import CounterRng
+from iotwatch.devices.rng import CounterRng, Floats
 
 __all__ = ["DeviceGroup", "DeviceSpec", "Event"]
 
@@ -45,8 +46,8 @@ class DeviceGroup:
     """Devices of one type simulated together. Subclasses set ``device_type`` and
     ``metrics`` and implement :meth:`step` (and optionally :meth:`finalize`)."""
 
-    device_type: ClassVar[str]
-    metrics: ClassVar[tuple[str, ...]]
+    device_type: str  # set by the class, or per instance (a replayed file's)
+    metrics: tuple[str, ...]
     #: uniforms per reading the model's step consumes (passed in as ``u``)
     draws: ClassVar[int] = 0
 
@@ -101,8 +102,8 @@ class DeviceGroup:
         """See the final readings (after anomalies); return events triggered by them."""
         return []
 
-    def dt_s(self, idx: np.ndarray) -> np.ndarray:
-        return self.interval[idx] * 1e-3
+    def dt_s(self, idx: npt.NDArray[np.intp]) -> Floats:
+        return self.interval[idx] / 1000.0
 
     # -- serialisation -------------------------------------------------------------------
 

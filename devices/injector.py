@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from iotwatch.contract.device_topics import DeviceStatus, status_payload
-from iotwatch.contract.ground_truth import Injection
+from iotwatch.contract.ground_truth import Injection, InjectionSource
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.devices.anomaly_kinds import (
     ANOMALY,
@@ -29,6 +29,7 @@ from iotwatch.devices.config import SimConfig
 from iotwatch.devices.group import DeviceGroup
 from iotwatch.devices.rng import CounterRng
 from iotwatch.devices.scenario import load_scenario
+from iotwatch.devices.vehicle import VehicleGroup
 
 __all__ = ["Active", "Effects", "Injector", "STATUS"]
 
@@ -53,7 +54,7 @@ class Active:
     start_ms: int
     end_ms: int
     params: dict[str, Any]
-    source: str
+    source: InjectionSource
     first_ts: int = -1
     last_ts: int = -1
     first_seq: int = -1
@@ -187,7 +188,7 @@ class Injector:
     @staticmethod
     def _may_start(group: DeviceGroup, i: int, kind: Kind) -> bool:
         minimum = _MIN_SPEED.get(kind.name)
-        return minimum is None or float(group.speed[i]) > minimum  # type: ignore[attr-defined]
+        return minimum is None or (isinstance(group, VehicleGroup) and float(group.speed[i]) > minimum)
 
     def apply(
         self, gi: int, group: DeviceGroup, idx: np.ndarray, t: np.ndarray, seq: np.ndarray, values: np.ndarray
@@ -246,7 +247,7 @@ class Injector:
         seq: int,
         duration_s: float | None,
         given: dict[str, Any],
-        source: str,
+        source: InjectionSource,
         out: list[tuple[int, str, Any, int]],
     ) -> None:
         uid = group.uid[i : i + 1]

@@ -97,7 +97,7 @@ class Publisher:
         client = make_client(self.settings, client_id, client_class=BatchPublishClient)
         assert isinstance(client, BatchPublishClient)
         client.window = self.window
-        client.reconnect_delay_set(0.5, 5)
+        client.reconnect_delay_set(0.5, 5)  # type: ignore[arg-type]  # paho annotates int; its back-off sums floats
         client.will_set(
             will_topic, status_payload(DeviceStatus.LOST, int(time.time() * 1000)), qos=self.qos, retain=True
         )

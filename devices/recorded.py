@@ -26,7 +26,9 @@ __all__ = ["RecordedSeriesGroup", "load_stream", "stream_start_ms"]
 _NEVER = np.iinfo(np.int64).max // 2
 
 
-def _parse_time(text: str) -> int:
+def parse_time_ms(text: str) -> int:
+    """Epoch ms of epoch seconds or milliseconds, or of an ISO time (UTC unless it says);
+    ValueError for anything else."""
     text = text.strip()
     try:
         number = float(text)
@@ -56,7 +58,7 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 if not row:
                     continue
                 try:
-                    times.append(_parse_time(row[0]))
+                    times.append(parse_time_ms(row[0]))
                     values.append(float(row[1]))
                 except (ValueError, IndexError) as exc:
                     raise UserError(f"replay file {path}, line {line_no}: {exc}") from None
@@ -82,8 +84,8 @@ class RecordedSeriesGroup(DeviceGroup):
     """One device per replayed file; readings follow the file's rows."""
 
     def __init__(self, files: list[tuple[int, Path]], rng: CounterRng, config: SimConfig, uid_base: int) -> None:
-        self.device_type = config.replay_device_type  # type: ignore[misc]
-        self.metrics = (config.replay_metric,)  # type: ignore[misc]
+        self.device_type = config.replay_device_type
+        self.metrics = (config.replay_metric,)
         self.loop = config.replay_loop
         self.streams: list[tuple[np.ndarray, np.ndarray]] = []
         specs = []

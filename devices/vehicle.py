@@ -63,8 +63,8 @@ DEFAULT_PRE_EVENT_S = 5.0
 
 
 class VehicleGroup(DeviceGroup):
-    device_type: ClassVar[str] = DeviceType.VEHICLE_EDR.value
-    metrics: ClassVar[tuple[str, ...]] = (
+    device_type = DeviceType.VEHICLE_EDR.value
+    metrics = (
         "speed_kmh",
         "engine_rpm",
         "throttle_pct",

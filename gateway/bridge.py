@@ -44,7 +44,7 @@ from paho.mqtt.properties import Properties
 
 from iotwatch.clients.influx import InfluxV1Client, OutageLog
 from iotwatch.clients.kafka import client_config, tls_refused
-from iotwatch.clients.mqtt import make_client
+from iotwatch.clients.mqtt import BufferedReadClient, make_client
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC, DeadLetter, excerpt
 from iotwatch.contract.device_topics import parse_device_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
@@ -73,6 +73,10 @@ _REFUSED_ERRORS = {
 _QOS_BYTES = (b"0", b"1", b"2")
 
 
+#: Record headers as the producer types them (ours are all bytes).
+KafkaHeaders = list[tuple[str, str | bytes | None]]
+
+
 class _Pending(NamedTuple):
     """A received MQTT message whose Kafka record is not confirmed yet."""
 
@@ -83,7 +87,7 @@ class _Pending(NamedTuple):
     topic: str
     key: bytes | None
     value: bytes
-    headers: list[tuple[str, bytes]]
+    headers: KafkaHeaders
     reason: str | None  # the dead-letter reason, None for a forwarded reading
     mqtt_topic: str
 
@@ -141,7 +145,7 @@ class Gateway:
             }
         )
 
-    def _make_mqtt(self) -> paho.Client:
+    def _make_mqtt(self) -> BufferedReadClient:
         client = make_client(
             self.settings.mqtt,
             self.instance,
@@ -150,6 +154,7 @@ class Gateway:
             protocol=self.config.mqtt_protocol,
             buffered_reads=True,
         )
+        assert isinstance(client, BufferedReadClient)  # acks go out together (ack_many)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -238,15 +243,16 @@ class Gateway:
             topic = message.topic
         except UnicodeDecodeError:  # paho raises on a topic that is not UTF-8 (mosquitto refuses those)
             topic = bytes(message._topic).decode("utf-8", "replace")
-        payload = message.payload
+        payload: bytes = message.payload  # type: ignore[assignment]  # paho's parser (and ours) gives bytes, not bytearray
         qos = message.qos
-        headers = [
+        headers: KafkaHeaders = [
             (H_MQTT_TOPIC, topic.encode()),
             (H_MQTT_QOS, _QOS_BYTES[qos]),
             (H_INGEST_MS, b"%d" % now_ms),
             (H_GATEWAY, self._instance_bytes),
         ]
         reason = None
+        key: bytes | None  # the rule's, or the dead letter's
         try:
             rule = self.router.match(topic)
             parsed = self._validate(rule, topic, payload, now_ms)
@@ -320,20 +326,20 @@ class Gateway:
         return len(self._last_seq)
 
     def _dead_letter(
-        self, reason: str, detail: str, topic: str, payload: bytes, headers: list[tuple[str, bytes]]
-    ) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
+        self, reason: str, detail: str, topic: str, payload: bytes, headers: KafkaHeaders
+    ) -> tuple[str, bytes | None, bytes, KafkaHeaders]:
         """The dead-letter record: the original bytes, or an excerpt when too large to carry."""
         try:
             key: bytes | None = parse_device_topic(topic)[2].encode()
         except ContractViolation:
             key = topic.encode(errors="replace")
-        extra = [h for h in headers if h[0] != H_MQTT_TOPIC]
+        extra = [(name, value) for name, value in headers if name != H_MQTT_TOPIC and isinstance(value, bytes)]
         value = payload
         if len(payload) > self.config.max_payload_bytes:
             value, sizes = excerpt(payload, self.config.dead_letter_excerpt_bytes)
             extra += sizes
         letter = DeadLetter(reason, detail, "gateway", value, key, topic)
-        return self.settings.topics.dlq, key, value, letter.headers(extra)
+        return self.settings.topics.dlq, key, value, list(letter.headers(extra))
 
     # -- Kafka side ------------------------------------------------------------------------
 

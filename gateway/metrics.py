@@ -127,7 +127,7 @@ class _StatsCollector(Collector):
             for reason, count in sorted(s.dead_lettered.items()):
                 dead.add_metric([self.instance, reason], count)
             yield dead
-            for name, doc, value in (
+            for name, doc, level in (
                 (
                     "inflight",
                     "messages received, not yet confirmed by Kafka (not yet acknowledged to MQTT)",
@@ -143,7 +143,7 @@ class _StatsCollector(Collector):
                 ("mqtt_connected", "1 while connected to the MQTT broker", int(s.mqtt_connected)),
             ):
                 gauge = GaugeMetricFamily(f"iotwatch_gateway_{name}", doc, labels=labels)
-                gauge.add_metric([self.instance], value)
+                gauge.add_metric([self.instance], level)
                 yield gauge
             cumulative, buckets = 0, []
             for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_buckets, strict=True):
@@ -179,7 +179,8 @@ class MetricsServer:
                     "200 OK" if healthy else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")]
                 )
                 return [f"{'ok' if healthy else 'unhealthy'}: {reason}\n".encode()]
-            return metrics_app(environ, start_response)
+            body: list[bytes] = metrics_app(environ, start_response)  # prometheus_client's app is untyped
+            return body
 
         class _QuietHandler(WSGIRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:

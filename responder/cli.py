@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
+
+if TYPE_CHECKING:
+    from iotwatch.contract.oncall import CommandAudit
 
 
 @click.command()
@@ -102,7 +106,7 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
     emit(result, as_json, lambda _: _commands_table(chosen, len(matching)))
 
 
-def _commands_table(audits: list, total: int) -> None:  # type: ignore[type-arg]
+def _commands_table(audits: list[CommandAudit], total: int) -> None:
     from rich.table import Table
 
     from iotwatch.alerts.views import console as make_console

@@ -113,12 +113,13 @@ class SiteDelivery:
     def replies(self) -> list[tuple[str, bytes]]:
         out = []
         for message in self._consumer.consume(1000, 0.0):
+            key = message.key()  # the relay keys every reply by its MQTT topic
             if message.error() is not None:
                 log.warning("respond: reading the sites' replies: %s", message.error())
-            elif message.key() is None:  # the relay keys every reply by its MQTT topic
+            elif key is None:
                 log.error("respond: a reply without its MQTT topic at %s@%d", message.topic(), message.offset())
             else:
-                out.append((message.key().decode(errors="replace"), message.value() or b""))
+                out.append((key.decode(errors="replace"), message.value() or b""))
         return out
 
     def close(self) -> None:

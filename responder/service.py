@@ -157,7 +157,12 @@ class Responder:
 
     def apply(self, message: Message) -> None:
         if message.topic() == self.settings.topics.emergencies:
-            self.notified.add(message.key().decode())
+            key = message.key()  # the alert id: this responder keys every emergency record by it
+            if key is None:
+                self.counts["malformed_emergency"] += 1
+                log.warning("skipping an emergency record without its alert id at offset %s", message.offset())
+            else:
+                self.notified.add(key.decode(errors="replace"))
             return
         if message.topic() != self.settings.topics.commands:
             self.book.apply(message, self.settings)
@@ -507,4 +512,5 @@ def _ended_ms(audit: CommandAudit) -> int:
 
 
 def audit_dict(audit: CommandAudit) -> dict[str, Any]:
-    return msgspec.to_builtins(audit)  # type: ignore[no-any-return]
+    as_dict: dict[str, Any] = msgspec.to_builtins(audit)  # a Struct becomes a dict
+    return as_dict

@@ -19,8 +19,8 @@ _CO2_PER_PERSON = 18_000.0
 
 
 class AirQualityGroup(DeviceGroup):
-    device_type: ClassVar[str] = DeviceType.AIR_QUALITY.value
-    metrics: ClassVar[tuple[str, ...]] = ("co2_ppm", "pm25_ugm3", "temperature_c")
+    device_type = DeviceType.AIR_QUALITY.value
+    metrics = ("co2_ppm", "pm25_ugm3", "temperature_c")
     draws: ClassVar[int] = 6
 
     def __init__(self, specs: list[DeviceSpec], rng: CounterRng, homes: HomeContext) -> None:

@@ -48,8 +48,8 @@ class _BinarySensorGroup(DeviceGroup):
 
 
 class DoorSensorGroup(_BinarySensorGroup):
-    device_type: ClassVar[str] = DeviceType.DOOR_SENSOR.value
-    metrics: ClassVar[tuple[str, ...]] = ("open", "battery_pct", "temperature_c")
+    device_type = DeviceType.DOOR_SENSOR.value
+    metrics = ("open", "battery_pct", "temperature_c")
     _stream: ClassVar[int] = _DOOR_STREAM
     draws: ClassVar[int] = 4
 
@@ -73,8 +73,8 @@ class DoorSensorGroup(_BinarySensorGroup):
 
 
 class LeakSensorGroup(_BinarySensorGroup):
-    device_type: ClassVar[str] = DeviceType.LEAK_SENSOR.value
-    metrics: ClassVar[tuple[str, ...]] = ("water_detected", "battery_pct", "temperature_c")
+    device_type = DeviceType.LEAK_SENSOR.value
+    metrics = ("water_detected", "battery_pct", "temperature_c")
     _stream: ClassVar[int] = _LEAK_STREAM
     draws: ClassVar[int] = 2
 

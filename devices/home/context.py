@@ -8,8 +8,9 @@ seed: climate, household size, work pattern, time-zone shift, house insulation.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from iotwatch.devices.rng import CounterRng
+from iotwatch.devices.rng import CounterRng, Floats
 
 __all__ = ["HomeContext"]
 
@@ -47,11 +48,11 @@ class HomeContext:
         self._day = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
         self._times = np.zeros((n, 4))
 
-    def local_hours(self, home: np.ndarray, t_ms: np.ndarray) -> np.ndarray:
+    def local_hours(self, home: npt.NDArray[np.intp], t_ms: npt.NDArray[np.int64]) -> Floats:
         """Local time of day in hours [0, 24)."""
         return np.mod(t_ms / HOUR_MS + self.tz_shift_h[home], 24.0)
 
-    def outside_temp(self, home: np.ndarray, t_ms: np.ndarray) -> np.ndarray:
+    def outside_temp(self, home: npt.NDArray[np.intp], t_ms: npt.NDArray[np.int64]) -> Floats:
         """Daily cycle (minimum near 05:00, maximum near 15:00) plus slow weather."""
         hours = self.local_hours(home, t_ms)
         days = t_ms / DAY_MS
@@ -59,7 +60,8 @@ class HomeContext:
         weather = 2.5 * np.sin(_TWO_PI * days / 3.7 + self.weather_phase[home, 0]) + 1.0 * np.sin(
             _TWO_PI * days / 0.83 + self.weather_phase[home, 1]
         )
-        return self.outside_mean_c[home] + self.outside_amp_c[home] * daily + weather
+        temperature: Floats = self.outside_mean_c[home] + self.outside_amp_c[home] * daily + weather
+        return temperature
 
     def schedule(self, home: np.ndarray, t_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(people at home, awake) for each reading; leave and return times vary by day."""

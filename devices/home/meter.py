@@ -19,8 +19,8 @@ _STREAM = 200
 
 
 class SmartMeterGroup(DeviceGroup):
-    device_type: ClassVar[str] = DeviceType.SMART_METER.value
-    metrics: ClassVar[tuple[str, ...]] = ("power_w", "voltage_v", "current_a", "energy_kwh")
+    device_type = DeviceType.SMART_METER.value
+    metrics = ("power_w", "voltage_v", "current_a", "energy_kwh")
     draws: ClassVar[int] = 6
 
     def __init__(self, specs: list[DeviceSpec], rng: CounterRng, homes: HomeContext) -> None:

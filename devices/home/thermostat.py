@@ -26,8 +26,8 @@ _STREAM = 100
 
 
 class ThermostatGroup(DeviceGroup):
-    device_type: ClassVar[str] = DeviceType.THERMOSTAT.value
-    metrics: ClassVar[tuple[str, ...]] = (
+    device_type = DeviceType.THERMOSTAT.value
+    metrics = (
         "temperature_c",
         "humidity_pct",
         "setpoint_c",

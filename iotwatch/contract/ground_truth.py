@@ -38,6 +38,7 @@ __all__ = [
     "TRANSPORT",
     "BadGroundTruth",
     "Injection",
+    "InjectionSource",
     "decode_injection",
     "encode_injection",
     "read_ground_truth",
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 GROUND_TRUTH_VERSION = 1
+#: What started an injection: the random rate, a scenario file, or an operator's command.
+InjectionSource = Literal["rate", "scenario", "command"]
 #: The categories of injection: an anomaly of what a device measures or does (alerts
 #: should report it), a fault of the transport (the pipeline should absorb it), or an
 #: operator's commanded change (a setpoint moved through the twin: expected, and no alert
@@ -80,7 +83,7 @@ class Injection(msgspec.Struct, frozen=True, kw_only=True):
     end_seq: int
     #: readings affected (a dropout's are the ones never published)
     messages: int
-    source: Literal["rate", "scenario", "command"]
+    source: InjectionSource
     #: the kind's drawn parameters (metric, delta, copies...)
     params: dict[str, Any] = {}
     #: the command that ended it (``simulate --obey-commands``), if one did

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from click.testing import CliRunner
+from confluent_kafka import Message
 
 from iotwatch.application.cli import cli
 from iotwatch.contract.alerts import AlertRecord, decode_alert
@@ -224,3 +225,14 @@ def test_a_step_read_back_after_a_newer_one_does_not_undo_it(test_settings: Sett
     responder._remember(sent)  # read back from the topic
     assert responder.audits["c1"].status == CommandOutcome.ESCALATED
     assert responder.latest[("a1", "reset-stuck-hvac")].status == CommandOutcome.ESCALATED
+
+
+def test_an_emergency_record_without_its_alert_id_is_skipped(test_settings: Settings) -> None:
+    """A keyless record on the emergencies topic (written by another tool) is counted and
+    skipped: reading its key as the alert id stopped the responder with an AttributeError."""
+    responder = Responder(test_settings, DEFAULT_POLICIES, threading.Event())
+    emergencies = test_settings.topics.emergencies
+    responder.apply(Message(topic=emergencies, key=None, value=b"{}"))
+    responder.apply(Message(topic=emergencies, key=b"a1", value=b"{}"))
+    assert responder.notified == {"a1"}
+    assert responder.counts["malformed_emergency"] == 1
