@@ -34,13 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import multiprocessing
 import os
 import queue
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -57,8 +53,9 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from iotwatch.application.harness.pipeline import iotwatch_command
 from iotwatch.application.stack import EmbeddedStack
-from iotwatch.application.stack.process import free_port
+from iotwatch.application.stack.process import Component, free_port
 from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
@@ -339,7 +336,7 @@ def drain_bare(
 
 def _gateway_process(
     settings: Settings, site: str, topic: str, processes: int, workdir: Path, name: str
-) -> tuple[subprocess.Popen[bytes], list[int]]:
+) -> tuple[Component, list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env.update(settings.mqtt.as_environment() | settings.kafka.as_environment())  # credentials and TLS too
     env.update(
@@ -349,12 +346,7 @@ def _gateway_process(
     )
     port = free_port(count=processes)
     ports = [port + i for i in range(processes)]
-    command = [
-        sys.executable,
-        "-m",
-        "iotwatch.application",
-        "--log-level",
-        "WARNING",
+    command = iotwatch_command(
         "gateway",
         "--influx",
         "",
@@ -365,25 +357,16 @@ def _gateway_process(
         "--processes",
         str(processes),
         "--json",
-    ]
-    log_path = workdir / f"{name}.log"
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
+    )
+    gateway = Component(name, command, env, workdir)
     try:
         for each in ports:
             wait_healthy(each)
     except TimeoutError as exc:
-        process.kill()
-        process.wait()
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise TimeoutError(f"{exc} (exit status {process.returncode}); its log ends:\n{tail}") from None
-    return process, ports
-
-
-def _stop(process: subprocess.Popen[bytes]) -> dict[str, Any]:
-    process.send_signal(signal.SIGTERM)
-    out, _ = process.communicate(timeout=120)
-    return json.loads(out) if out.strip() else {}
+        gateway.kill()
+        tail = gateway.log_path.read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"{exc} (exit status {gateway.process.returncode}); its log ends:\n{tail}") from None
+    return gateway, ports
 
 
 def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float = 600) -> list[tuple[int, int]]:
@@ -420,14 +403,14 @@ def drain_gateway(
     topic = f"bench.{site}.raw"
     ensure_topics(settings.kafka, [topic, f"{topic}.dlq"])
     process, _ports = _gateway_process(settings, site, topic, processes, workdir, site)
-    _stop(process)  # the sessions exist now, offline: the backlog queues for them
+    process.stop(timeout_s=120)  # the sessions exist now, offline: the backlog queues for them
     _publish(settings.mqtt, messages, f"{site}-pub")
     process, ports = _gateway_process(settings, site, topic, processes, workdir, site)
     try:
         _wait_confirmed(ports, len(messages))
         records = _read_back(settings, topic, len(messages))
     finally:
-        summary = _stop(process)
+        summary = process.stop(timeout_s=120)
     created = [c for c, _ts in records]
     first, last = (min(created) / 1000, max(created) / 1000) if created else (0.0, 0.0)
     return {
@@ -590,7 +573,7 @@ def latency_gateway(
     try:
         started, readable, created = _paced_into_kafka(settings, messages, topic, rate)
     finally:
-        summary = _stop(process)
+        summary = process.stop(timeout_s=120)
     return {
         "messages": len(_counted(readable, started)),
         "received": len(readable),

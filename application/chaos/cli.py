@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -105,6 +104,8 @@ def chaos(
     from iotwatch.application.chaos.resources import Limits
     from iotwatch.application.chaos.runner import ChaosOptions, run_chaos
     from iotwatch.application.chaos.schedule import ScheduleOptions, fault_kind
+    from iotwatch.application.chaos.summary import print_summary
+    from iotwatch.application.harness import results
     from iotwatch.jvm.spark import require_java
 
     require_java()
@@ -130,59 +131,6 @@ def chaos(
         update={"stack": app.settings.stack.model_copy(update={"kafka_nodes": kafka_nodes})}
     )
     summary = run_chaos(settings, options, console)
-    emit(summary, as_json, lambda s: print_summary(console, s))
-    if not summary["ok"]:
+    emit(results.as_json(summary), as_json, lambda _: print_summary(console, summary))
+    if not summary.ok:
         raise SystemExit(1)
-
-
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    def verdict(ok: bool | None) -> str:
-        return "[green]ok[/green]" if ok else "[bold red]FAILED[/bold red]"
-
-    loss, alerts, notes, commands, recovery = (
-        summary[k] for k in ("loss", "alerts", "notifications", "commands", "recovery")
-    )
-    console.print(f"\n[bold]iotwatch chaos[/bold]: {verdict(summary['ok'])} after {summary['load_s']} s of load")
-    console.print(
-        f"  loss by seq {verdict(loss['ok'])}: {loss['loss']} lost of {loss['unique_readings_in_kafka']} "
-        f"readings ({loss['archived']} archived, {loss['late']} late); duplicates {loss['duplicates']}"
-    )
-    console.print(
-        f"  alerts vs replay {verdict(alerts['ok'])}: live {alerts['live']}, replay {alerts['replay']}, "
-        f"same {alerts['same']}"
-    )
-    console.print(
-        f"  notifications {verdict(notes['ok'])}: {notes['alert_records']} alert records, {notes['posts_received']} "
-        f"posts, {notes['duplicates_removed_by_key']} repeats removed by Idempotency-Key"
-    )
-    console.print(
-        f"  commands {verdict(commands['ok'])}: {commands['commands']} ({commands['acknowledged']} acknowledged, "
-        f"{commands['expired']} expired, open {len(commands['open'])})"
-    )
-    console.print(f"  recovery {verdict(recovery['ok'])}:")
-    for fault in summary["faults"]:
-        console.print(
-            f"    {fault['injected_at_s']:>7} s  {fault['fault']:<18} down {fault['down_s']} s, "
-            f"recovered after {fault['recovery_s']} s (lag then {fault['lag_at_recovery']})"
-            + (f"; not recovered: waiting for {fault['waiting_for']}" if fault.get("waiting_for") else "")
-            + (f"; lag back to steady after {fault['caught_up_s']} s" if fault.get("caught_up_s") is not None else "")
-        )
-    lag = summary["lag"]
-    console.print(
-        f"  lag back to {lag['level_s']:g} s of input ({lag['level']} records) after each fault "
-        f"{verdict(lag['ok'])}: {lag['judged']} judged"
-        + (f", not caught up after {', '.join(lag['not_caught_up'])}" if lag["not_caught_up"] else "")
-    )
-    resources = summary["resources"]
-    console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")
-    for name, entry in resources["processes"].items():
-        rss, anon = entry["rss_bytes"], entry["anon_bytes"]
-        judged = "not judged (too short)" if entry["within_limits"] is None else verdict(entry["within_limits"])
-        console.print(
-            f"    {name:<9} {judged}: RSS {rss['last'] / 2**20:.1f} MiB, slope {rss['slope_per_min']} B/min; "
-            f"anonymous {anon['last'] / 2**20:.1f} MiB, slope {anon['slope_per_min']} B/min; "
-            f"fds {entry['fds']['slope_per_min']}/min; threads {entry['threads']['slope_per_min']}/min"
-        )
-    if summary["unplanned_exits"]:
-        console.print(f"  [red]ended without a fault: {summary['unplanned_exits']}[/red]")
-    console.print(f"  report: {summary['report']['folder']}")

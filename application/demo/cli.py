@@ -100,13 +100,9 @@ def demo(
     query returns data, and writes a report folder with PNG plots and summary.json. Stops
     everything it started (but the stack with --keep-stack).
     """
-    from iotwatch.application.demo.runner import (
-        DemoOptions,
-        check_prerequisites,
-        print_kept_stack,
-        print_summary,
-        run_demo,
-    )
+    from iotwatch.application.demo.runner import DemoOptions, check_prerequisites, run_demo
+    from iotwatch.application.demo.summary import print_kept_stack, print_summary
+    from iotwatch.application.harness import results
 
     check_prerequisites()
     interrupt_on_sigterm()
@@ -126,11 +122,8 @@ def demo(
         tls,
     )
     summary = run_demo(app.settings, options, console)
-    if as_json:
-        if summary.get("stack"):
-            print_kept_stack(console, summary["stack"])
-        emit(summary, True)
-    else:
-        print_summary(console, summary)
-    if summary["loss"]["loss"] or any(site["loss"] for site in summary.get("sites", {}).values()):
+    if as_json and summary.stack:
+        print_kept_stack(console, summary.stack)
+    emit(results.as_json(summary), as_json, lambda _: print_summary(console, summary))
+    if summary.lost:
         raise SystemExit(1)
