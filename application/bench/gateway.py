@@ -273,8 +273,8 @@ def _bare_drain(
     receive_maximum: int,
     idle_s: float,
     buffered_reads: bool,
-    results: Queue,
-) -> None:  # type: ignore[type-arg]
+    results: Queue[tuple[int, float, float]],
+) -> None:
     """A bare subscriber process: resume the session, count until idle, report (count, first, last)."""
     stamps = [0, 0.0, 0.0]
 
@@ -290,7 +290,7 @@ def _bare_drain(
         time.sleep(0.1)
     client.disconnect()
     client.loop_stop()
-    results.put(tuple(stamps))
+    results.put((int(stamps[0]), stamps[1], stamps[2]))
 
 
 def drain_bare(
@@ -311,7 +311,7 @@ def drain_bare(
         client.loop_stop()
     _publish(mqtt, messages, f"{site}-pub")
     context = multiprocessing.get_context("spawn")
-    results: Queue = context.Queue()  # type: ignore[type-arg]
+    results: Queue[tuple[int, float, float]] = context.Queue()
     workers = [
         context.Process(
             target=_bare_drain, args=(mqtt, client_id, mqtt_filter, receive_maximum, 3.0, buffered_reads, results)
@@ -379,7 +379,7 @@ def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float =
     while len(out) < expected and time.monotonic() < deadline:
         for record in consumer.consume(10_000, 0.5):
             if record.error() is None:
-                out.append((record.timestamp()[1], decode(record.value()).ts))
+                out.append((record.timestamp()[1], decode(record.value() or b"").ts))
     consumer.close()
     return out
 
@@ -468,7 +468,14 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     }
 
 
-def _read_latencies(settings: Settings, topic: str, expected: int, ready: Any, stop: Any, out: Queue) -> None:
+def _read_latencies(
+    settings: Settings,
+    topic: str,
+    expected: int,
+    ready: Any,
+    stop: Any,
+    out: Queue[tuple[array[int], array[float], array[float]]],
+) -> None:
     """Read ``topic`` as records become readable, as a process of its own (a thread of the
     bench would share its interpreter, and its garbage collections, with the messages the
     bench holds). Puts ``(payload ts, publish to readable ms, publish to the record's create
@@ -483,7 +490,7 @@ def _read_latencies(settings: Settings, topic: str, expected: int, ready: Any, s
         # records or the timeout, which would add up to the timeout to every latency
         record = consumer.poll(0.05)
         if record is not None and record.error() is None:
-            now, ts = time.time() * 1000, decode(record.value()).ts
+            now, ts = time.time() * 1000, decode(record.value() or b"").ts
             stamps.append(ts)
             readable.append(now - ts)
             created.append(record.timestamp()[1] - ts)

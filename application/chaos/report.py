@@ -101,7 +101,7 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
         return None
     appended, event = raw.appended_ms, raw.event_ms
     frame = pd.DataFrame({"bin": (appended / 1000.0 - started) // 5 * 5, "latency_s": (appended - event) / 1000.0})
-    stats = frame.groupby("bin")["latency_s"].quantile([0.5, 0.99]).unstack()
+    stats = frame.groupby("bin")["latency_s"].quantile(np.array([0.5, 0.99])).unstack()
     fig, ax = plt.subplots(figsize=(12, 4))
     ax.plot(stats.index, stats[0.5], lw=1, label="p50")
     ax.plot(stats.index, stats[0.99], lw=1, label="p99")

@@ -121,7 +121,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         where = f"{len(sites)} sites" if sites else "the stack"
         console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
         children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
-        gateway_ports = {site: (gateway_port if site is None else free_port()) for site in (sites or [None])}
+        places: list[str | None] = [*sites] or [None]  # the sites, or the one cluster
+        gateway_ports = {site: (gateway_port if site is None else free_port()) for site in places}
         for site, port in gateway_ports.items():
             children.append(
                 Component(
@@ -164,7 +165,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
                 {**env, **state.site_env(site)} if site else env,
                 out,
             )  # a new pipeline: every device from seq 0
-            for site in sites or [None]
+            for site in places
         ]
         children.extend(simulators)
         live = LiveState()

@@ -88,7 +88,7 @@ class KeptStack(msgspec.Struct, kw_only=True):
     kept: bool
     run_dir: str
     endpoints: dict[str, str | None]
-    influx_database: str
+    influx_database: str | None
     env: dict[str, str]
     stop: str
 

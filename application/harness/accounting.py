@@ -205,7 +205,9 @@ def archived_seqs(archive: Path) -> Seqs:
     for path in sorted(root.glob("**/*.parquet")) if root.exists() else []:
         table = pq.read_table(path, columns=["device_id", "seq"])
         encoded = table.column("device_id").combine_chunks().dictionary_encode()
-        names = np.asarray([codes.setdefault(name, len(codes)) for name in encoded.dictionary.to_pylist()], np.int32)
+        names = np.asarray(
+            [codes.setdefault(str(name), len(codes)) for name in encoded.dictionary.to_pylist()], np.int32
+        )
         device.append(names[encoded.indices.to_numpy()])
         seq.append(table.column("seq").to_numpy())
     if not codes:
