@@ -8,27 +8,19 @@ import click
 from rich.console import Console
 
 from iotwatch.application.chaos.schedule import FAULT_KINDS
-from iotwatch.cli import (
-    AppContext,
-    Preset,
-    emit,
-    interrupt_on_sigterm,
-    json_option,
-    pass_app,
-    run_folder_option,
-    run_options,
-    seed_option,
-)
+from iotwatch.application.harness.options import scenario_options
+from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_app
 
 
 @click.command()
-@run_options(
+@scenario_options(
+    "chaos",
+    seed=Preset(1, "Same seed, same fault schedule and devices."),
     duration=Preset(600.0, "Seconds of load with faults (wall clock)."),
     rate=Preset(2000.0, "Messages a second from the simulators."),
     homes=Preset(40, "Simulated homes (the rate is spread over their devices)."),
     vehicles=Preset(2, "Simulated vehicles."),
 )
-@seed_option(Preset(1, "Same seed, same fault schedule and devices."))
 @click.option(
     "--spacing",
     default=45.0,
@@ -67,8 +59,6 @@ from iotwatch.cli import (
     help="MB a minute of growth of anonymous resident memory (RSS without mapped files) after "
     "warm-up that fails the run.",
 )
-@run_folder_option("chaos")
-@json_option
 @pass_app
 def chaos(
     app: AppContext,

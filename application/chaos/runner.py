@@ -36,15 +36,7 @@ from iotwatch.application.chaos.faults import FaultRunner, Recovery, Targets
 from iotwatch.application.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
 from iotwatch.application.chaos.schedule import Action, ScheduleOptions, plan
 from iotwatch.application.chaos.summary import ChaosMessages, ChaosSummary, Resources
-from iotwatch.application.harness import accounting
-from iotwatch.application.harness.pipeline import (
-    CatchUp,
-    component_env,
-    decoded_alerts,
-    gateway_command,
-    iotwatch_command,
-    wait_for_stream,
-)
+from iotwatch.application.harness import accounting, pipeline
 from iotwatch.application.harness.probe import LiveState, Probe
 from iotwatch.application.harness.receiver import Receiver
 from iotwatch.application.harness.results import write_summary
@@ -124,7 +116,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> Ch
     try:
         state = stack.up()
         settings = state.apply_to(settings)
-        env = component_env(state, out, silence_timeout_s=SILENCE_TIMEOUT_S)
+        env = pipeline.component_env(state, out, silence_timeout_s=SILENCE_TIMEOUT_S)
         env.update(
             IOTWATCH_RESPOND_COMMAND_TTL_S=str(COMMAND_TTL_S),
             IOTWATCH_RESPOND_REPLY_TIMEOUT_S=str(REPLY_TIMEOUT_S),
@@ -132,13 +124,13 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> Ch
         )
         gateway_port = free_port()
         console.print(f"stack up in {out / 'stack'}; starting the pipeline")
-        components["stream"] = Component("stream", iotwatch_command("stream", "--json"), env, out)
-        components["gateway"] = Component("gateway", gateway_command(GATEWAY_ID, gateway_port), env, out)
+        components["stream"] = Component("stream", pipeline.iotwatch_command("stream", "--json"), env, out)
+        components["gateway"] = Component("gateway", pipeline.gateway_command(GATEWAY_ID, gateway_port), env, out)
         wait_healthy(gateway_port, timeout_s=60)
-        wait_for_stream(components["stream"], out / "checkpoint")
-        components["respond"] = Component("respond", iotwatch_command("respond", "--json"), env, out)
+        pipeline.wait_for_stream(components["stream"], out / "checkpoint")
+        components["respond"] = Component("respond", pipeline.iotwatch_command("respond", "--json"), env, out)
         components["forward"] = Component(
-            "forward", iotwatch_command("alerts", "forward", "--webhook", receiver.url, "--json"), env, out
+            "forward", pipeline.iotwatch_command("alerts", "forward", "--webhook", receiver.url, "--json"), env, out
         )
         truth_path = out / "ground_truth.jsonl"
         simulator = Component("simulate", _simulate_command(options, out, truth_path), env, out)
@@ -178,7 +170,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> Ch
         results = {name: components[name].stop() for name in ("respond", "forward", "gateway", "stream")}
         results["simulate"] = simulator.result()
         console.print("pipeline stopped; replaying the raw topic without faults (Kappa)")
-        replay = Component("replay", iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
+        replay = Component("replay", pipeline.iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
         others.append(replay)
         try:
             replay.process.wait(options.replay_timeout_s)
@@ -212,7 +204,7 @@ def _simulate_command(options: ChaosOptions, out: Path, truth_path: Path) -> lis
         "--seq-state": out / "simulate-seq.json",
     }
     flags = ("--obey-commands", "--no-progress", "--json")
-    return iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
+    return pipeline.iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
 
 
 def _await_first_batch(probe: Probe, simulator: Component, timeout_s: float) -> None:
@@ -279,7 +271,7 @@ def _drain(
     console.print("load stopped; draining")
     deadline = time.monotonic() + options.drain_timeout_s
     done = {"stream": False, "commands": False, "notifications": False}
-    catch_up = CatchUp()
+    catch_up = pipeline.CatchUp()
     while time.monotonic() < deadline and not all(done.values()):
         done["stream"] = catch_up.update(probe.sample(timeline.live))
         if done["stream"]:
@@ -293,7 +285,7 @@ def _drain(
 
 def all_alerts(settings: Settings) -> list[AlertRecord]:
     """Every alert record on the alert topic (raised and cleared)."""
-    return decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))[0]
+    return pipeline.decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))[0]
 
 
 def _prove(

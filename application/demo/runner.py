@@ -36,15 +36,7 @@ from iotwatch.application.demo.summary import (
     ReportFiles,
     SiteFigures,
 )
-from iotwatch.application.harness import accounting
-from iotwatch.application.harness.pipeline import (
-    CatchUp,
-    component_env,
-    decoded_alerts,
-    gateway_command,
-    iotwatch_command,
-    wait_for_stream,
-)
+from iotwatch.application.harness import accounting, pipeline
 from iotwatch.application.harness.probe import LiveState, Probe
 from iotwatch.application.harness.receiver import Receiver
 from iotwatch.application.harness.results import write_summary
@@ -117,17 +109,17 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         checkpoint, archive, truth_path = out / "checkpoint", out / "archive", out / "ground_truth.jsonl"
         gateway_port = free_port()
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
-        env = component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
+        env = pipeline.component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
         where = f"{len(sites)} sites" if sites else "the stack"
         console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
-        children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
+        children.append(Component("stream", pipeline.iotwatch_command("stream", "--json"), env, out))
         places: list[str | None] = [*sites] or [None]  # the sites, or the one cluster
         gateway_ports = {site: (gateway_port if site is None else free_port()) for site in places}
         for site, port in gateway_ports.items():
             children.append(
                 Component(
                     _named("gateway", site),
-                    gateway_command(gateway_id(site), port),
+                    pipeline.gateway_command(gateway_id(site), port),
                     {**env, **state.site_env(site)} if site else env,
                     out,
                 )
@@ -136,18 +128,21 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         # the job's first micro-batch for the CPU.
         # The closed loop: the responder commands devices over the one MQTT broker, or with
         # sites writes the commands at the centre for each site's relay to deliver
-        children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
+        children.append(Component("respond", pipeline.iotwatch_command("respond", "--json"), env, out))
         for site in sites:
             children.append(
                 Component(
-                    _named("relay", site), iotwatch_command("relay", "--json"), {**env, **state.site_env(site)}, out
+                    _named("relay", site),
+                    pipeline.iotwatch_command("relay", "--json"),
+                    {**env, **state.site_env(site)},
+                    out,
                 )
             )
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
             Component(
                 "forward",
-                iotwatch_command(
+                pipeline.iotwatch_command(
                     "alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"
                 ),
                 {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
@@ -156,7 +151,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         )
         for port in gateway_ports.values():
             wait_healthy(port, timeout_s=60)
-        wait_for_stream(children[0], checkpoint)
+        pipeline.wait_for_stream(children[0], checkpoint)
         on_call = OnCallPerson(settings)
         simulators = [
             Component(
@@ -253,7 +248,7 @@ def gateway_id(site: str | None) -> str:
 def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
     """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
     prefix = f"{site}-" if site else ""
-    return iotwatch_command(
+    return pipeline.iotwatch_command(
         "simulate",
         "--homes",
         str(options.homes),
@@ -332,7 +327,7 @@ def sites_summary(
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     archived = accounting.archived_seqs(archive)
     late, _ = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
-    alerts, _ = decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
+    alerts, _ = pipeline.decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
     commands = closed_loop.latest_audits(
         decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)
     ).values()
@@ -447,7 +442,7 @@ def _drain(
     has processed everything in the raw topic (its newest committed batch reached the log end);
     ``each_second`` goes on meanwhile (the on-call person: the job's alerts come late)."""
     deadline = time.monotonic() + timeout_s
-    catch_up = CatchUp()
+    catch_up = pipeline.CatchUp()
     while time.monotonic() < deadline:
         each_second()
         sample = probe.sample(live)
@@ -484,7 +479,7 @@ def _summarise(
         for batch in batches_to_end(settings.kafka, topic, accounting.RAW_READ_TIMEOUT_S)
     )
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
-    alerts, alert_records = decoded_alerts(alert_records)
+    alerts, alert_records = pipeline.decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
