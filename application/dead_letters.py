@@ -10,13 +10,14 @@ twice is harmless: the streaming job removes a reading it has seen by ``(device_
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from iotwatch.clients.kafka import client_config, read_to_end
 from iotwatch.contract.dead_letters import H_INGEST_MS, H_MQTT_TOPIC, DeadLetter, header_value
@@ -85,13 +86,22 @@ def read_dead_letters(settings: Settings, timeout_s: float = 60.0) -> tuple[list
     return letters, unreadable
 
 
+def _note_failure(failures: list[str], record_id: str, err: KafkaError | None, _msg: Message) -> None:
+    """A delivery report: the replayed record ``record_id`` that Kafka did not confirm."""
+    if err is not None:
+        failures.append(record_id)
+
+
 def _stored(message: Message) -> StoredDeadLetter:
-    headers = message.headers()
+    # a consumed record's headers are (name, bytes) pairs; a partition and an offset it has
+    headers = cast(list[tuple[str, bytes | None]] | None, message.headers())
+    partition, offset = message.partition(), message.offset()
+    assert partition is not None and offset is not None
     letter = DeadLetter.of_message(message.value(), message.key(), headers)
     dead_at = header_value(headers, "iotwatch.dead_at_ms")
     return StoredDeadLetter(
-        message.partition(),
-        message.offset(),
+        partition,
+        offset,
         letter,
         int(dead_at) if dead_at and dead_at.isdigit() else None,
         message.timestamp()[1],
@@ -203,7 +213,7 @@ def replay(settings: Settings, chosen: Sequence[StoredDeadLetter], *, dry_run: b
     producer = Producer({**client_config(settings.kafka), "enable.idempotence": True, "linger.ms": 5})
     failures: list[str] = []
     for stored, key in accepted:
-        headers = [
+        headers: list[tuple[str, str | bytes | None]] = [
             (H_REPLAY_OF, f"{settings.topics.dlq}:{stored.record_id}".encode()),
             (H_INGEST_MS, str(now_ms).encode()),
         ]
@@ -214,7 +224,7 @@ def replay(settings: Settings, chosen: Sequence[StoredDeadLetter], *, dry_run: b
             stored.letter.original,
             key=key,
             headers=headers,
-            on_delivery=lambda err, _msg, rid=stored.record_id: failures.append(rid) if err is not None else None,
+            on_delivery=functools.partial(_note_failure, failures, stored.record_id),
         )
     if producer.flush(30.0) > 0 or failures:
         raise ServiceUnavailable(f"Kafka did not confirm replayed records on {settings.topics.raw}")

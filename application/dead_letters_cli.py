@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -13,7 +13,7 @@ import click
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
 
 
-def _selection_options(func: Any) -> Any:
+def _selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Ids and matchers, handed to ``func`` as one ``selection``
     (:class:`iotwatch.application.dead_letters.Selection`)."""
 
@@ -42,10 +42,10 @@ def _selection_options(func: Any) -> Any:
     return with_selection
 
 
-def _page_options(what: str, default: int) -> Any:
+def _page_options(what: str, default: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--limit and --all of a listing."""
 
-    def decorate(func: Any) -> Any:
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option("--all", "show_all", is_flag=True, help=f"Every {what} (no --limit).")(func)
         return click.option(
             "--limit", type=click.IntRange(min=1), default=default, show_default=True, help=f"{what}s shown at most."

@@ -34,13 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import multiprocessing
 import os
 import queue
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -57,8 +53,9 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from iotwatch.application.harness.pipeline import iotwatch_command
 from iotwatch.application.stack import EmbeddedStack
-from iotwatch.application.stack.process import free_port
+from iotwatch.application.stack.process import Component, free_port
 from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import client_config, ensure_topics
 from iotwatch.clients.mqtt import make_client
@@ -276,8 +273,8 @@ def _bare_drain(
     receive_maximum: int,
     idle_s: float,
     buffered_reads: bool,
-    results: Queue,
-) -> None:  # type: ignore[type-arg]
+    results: Queue[tuple[int, float, float]],
+) -> None:
     """A bare subscriber process: resume the session, count until idle, report (count, first, last)."""
     stamps = [0, 0.0, 0.0]
 
@@ -293,7 +290,7 @@ def _bare_drain(
         time.sleep(0.1)
     client.disconnect()
     client.loop_stop()
-    results.put(tuple(stamps))
+    results.put((int(stamps[0]), stamps[1], stamps[2]))
 
 
 def drain_bare(
@@ -314,7 +311,7 @@ def drain_bare(
         client.loop_stop()
     _publish(mqtt, messages, f"{site}-pub")
     context = multiprocessing.get_context("spawn")
-    results: Queue = context.Queue()  # type: ignore[type-arg]
+    results: Queue[tuple[int, float, float]] = context.Queue()
     workers = [
         context.Process(
             target=_bare_drain, args=(mqtt, client_id, mqtt_filter, receive_maximum, 3.0, buffered_reads, results)
@@ -339,7 +336,7 @@ def drain_bare(
 
 def _gateway_process(
     settings: Settings, site: str, topic: str, processes: int, workdir: Path, name: str
-) -> tuple[subprocess.Popen[bytes], list[int]]:
+) -> tuple[Component, list[int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_")}
     env.update(settings.mqtt.as_environment() | settings.kafka.as_environment())  # credentials and TLS too
     env.update(
@@ -349,12 +346,7 @@ def _gateway_process(
     )
     port = free_port(count=processes)
     ports = [port + i for i in range(processes)]
-    command = [
-        sys.executable,
-        "-m",
-        "iotwatch.application",
-        "--log-level",
-        "WARNING",
+    command = iotwatch_command(
         "gateway",
         "--influx",
         "",
@@ -365,25 +357,16 @@ def _gateway_process(
         "--processes",
         str(processes),
         "--json",
-    ]
-    log_path = workdir / f"{name}.log"
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=log)
+    )
+    gateway = Component(name, command, env, workdir)
     try:
         for each in ports:
             wait_healthy(each)
     except TimeoutError as exc:
-        process.kill()
-        process.wait()
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise TimeoutError(f"{exc} (exit status {process.returncode}); its log ends:\n{tail}") from None
-    return process, ports
-
-
-def _stop(process: subprocess.Popen[bytes]) -> dict[str, Any]:
-    process.send_signal(signal.SIGTERM)
-    out, _ = process.communicate(timeout=120)
-    return json.loads(out) if out.strip() else {}
+        gateway.kill()
+        tail = gateway.log_path.read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"{exc} (exit status {gateway.process.returncode}); its log ends:\n{tail}") from None
+    return gateway, ports
 
 
 def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float = 600) -> list[tuple[int, int]]:
@@ -396,7 +379,7 @@ def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float =
     while len(out) < expected and time.monotonic() < deadline:
         for record in consumer.consume(10_000, 0.5):
             if record.error() is None:
-                out.append((record.timestamp()[1], decode(record.value()).ts))
+                out.append((record.timestamp()[1], decode(record.value() or b"").ts))
     consumer.close()
     return out
 
@@ -420,14 +403,14 @@ def drain_gateway(
     topic = f"bench.{site}.raw"
     ensure_topics(settings.kafka, [topic, f"{topic}.dlq"])
     process, _ports = _gateway_process(settings, site, topic, processes, workdir, site)
-    _stop(process)  # the sessions exist now, offline: the backlog queues for them
+    process.stop(timeout_s=120)  # the sessions exist now, offline: the backlog queues for them
     _publish(settings.mqtt, messages, f"{site}-pub")
     process, ports = _gateway_process(settings, site, topic, processes, workdir, site)
     try:
         _wait_confirmed(ports, len(messages))
         records = _read_back(settings, topic, len(messages))
     finally:
-        summary = _stop(process)
+        summary = process.stop(timeout_s=120)
     created = [c for c, _ts in records]
     first, last = (min(created) / 1000, max(created) / 1000) if created else (0.0, 0.0)
     return {
@@ -485,7 +468,14 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     }
 
 
-def _read_latencies(settings: Settings, topic: str, expected: int, ready: Any, stop: Any, out: Queue) -> None:
+def _read_latencies(
+    settings: Settings,
+    topic: str,
+    expected: int,
+    ready: Any,
+    stop: Any,
+    out: Queue[tuple[array[int], array[float], array[float]]],
+) -> None:
     """Read ``topic`` as records become readable, as a process of its own (a thread of the
     bench would share its interpreter, and its garbage collections, with the messages the
     bench holds). Puts ``(payload ts, publish to readable ms, publish to the record's create
@@ -500,7 +490,7 @@ def _read_latencies(settings: Settings, topic: str, expected: int, ready: Any, s
         # records or the timeout, which would add up to the timeout to every latency
         record = consumer.poll(0.05)
         if record is not None and record.error() is None:
-            now, ts = time.time() * 1000, decode(record.value()).ts
+            now, ts = time.time() * 1000, decode(record.value() or b"").ts
             stamps.append(ts)
             readable.append(now - ts)
             created.append(record.timestamp()[1] - ts)
@@ -590,7 +580,7 @@ def latency_gateway(
     try:
         started, readable, created = _paced_into_kafka(settings, messages, topic, rate)
     finally:
-        summary = _stop(process)
+        summary = process.stop(timeout_s=120)
     return {
         "messages": len(_counted(readable, started)),
         "received": len(readable),

@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -62,7 +63,11 @@ def main(argv: list[str]) -> int:
     bench, options = argv[0], argv[1:]
     command = [*COMMANDS.get(bench, ["iotwatch", "bench", bench]), *options, "--json"]
     started = dt.datetime.now(dt.UTC)
-    record = {"bench": bench, "command": " ".join(command), "started": started.isoformat(timespec="seconds")}
+    record: dict[str, Any] = {
+        "bench": bench,
+        "command": " ".join(command),
+        "started": started.isoformat(timespec="seconds"),
+    }
     record.update(commit=commit(), machine=machine())
     run = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     kept_when_failing = bench in COMMANDS and "\n{" in f"\n{run.stdout}"

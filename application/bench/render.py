@@ -117,15 +117,16 @@ def _stream_rows(results: list[dict[str, Any]]) -> list[Row]:
 
         return cell
 
-    for devices in fleets:
-        rows.append(
-            (
-                f"{devices:,} devices: job records/s (**ratio** to the plain consumer)",
-                lambda r, d=devices: (
-                    f"{fleet(d, 'job_steady_state_records_per_s', _rate)(r)} (**{fleet(d, 'ratio', str)(r)}**)"
-                ),
+    def throughput(devices: int) -> Callable[[dict[str, Any]], str]:
+        def cell(r: dict[str, Any]) -> str:
+            return (
+                f"{fleet(devices, 'job_steady_state_records_per_s', _rate)(r)} (**{fleet(devices, 'ratio', str)(r)}**)"
             )
-        )
+
+        return cell
+
+    for devices in fleets:
+        rows.append((f"{devices:,} devices: job records/s (**ratio** to the plain consumer)", throughput(devices)))
         rows.append(
             (f"{devices:,} devices: state per device", fleet(devices, "state_bytes_per_device", "{:,.0f} B".format))
         )

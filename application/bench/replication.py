@@ -63,7 +63,7 @@ class PathReader:
                 self.first = self.first or now
                 self.last = now
                 self.latencies_ms.append(now * 1000 - message.timestamp()[1])
-                self.keys.add(message.value())
+                self.keys.add(message.value() or b"")
 
     def close(self) -> dict[str, Any]:
         self.stop.set()

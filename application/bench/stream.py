@@ -138,7 +138,7 @@ def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, An
     while count < total and time.monotonic() < deadline:
         for message in consumer.consume(10_000, 0.5):
             if message.error() is None:
-                json.loads(message.value())
+                json.loads(message.value() or b"")
                 count += 1
     elapsed = time.monotonic() - started
     consumer.close()
@@ -367,7 +367,7 @@ def measure_latency(
                 ts = int(time.time() * 1000)
                 if spiking[device]:
                     spikes.setdefault(readings.ids[device], set()).add(ts)
-                headers = [
+                headers: list[tuple[str, str | bytes | None]] = [
                     (H_MQTT_TOPIC, readings.mqtt_topics[device]),
                     (H_MQTT_QOS, b"1"),
                     (H_INGEST_MS, b"%d" % ts),

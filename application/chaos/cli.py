@@ -3,33 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 
 from iotwatch.application.chaos.schedule import FAULT_KINDS
-from iotwatch.cli import (
-    AppContext,
-    Preset,
-    emit,
-    interrupt_on_sigterm,
-    json_option,
-    pass_app,
-    run_folder_option,
-    run_options,
-    seed_option,
-)
+from iotwatch.application.harness.options import scenario_options
+from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_app
 
 
 @click.command()
-@run_options(
+@scenario_options(
+    "chaos",
+    seed=Preset(1, "Same seed, same fault schedule and devices."),
     duration=Preset(600.0, "Seconds of load with faults (wall clock)."),
     rate=Preset(2000.0, "Messages a second from the simulators."),
     homes=Preset(40, "Simulated homes (the rate is spread over their devices)."),
     vehicles=Preset(2, "Simulated vehicles."),
 )
-@seed_option(Preset(1, "Same seed, same fault schedule and devices."))
 @click.option(
     "--spacing",
     default=45.0,
@@ -68,8 +59,6 @@ from iotwatch.cli import (
     help="MB a minute of growth of anonymous resident memory (RSS without mapped files) after "
     "warm-up that fails the run.",
 )
-@run_folder_option("chaos")
-@json_option
 @pass_app
 def chaos(
     app: AppContext,
@@ -105,6 +94,8 @@ def chaos(
     from iotwatch.application.chaos.resources import Limits
     from iotwatch.application.chaos.runner import ChaosOptions, run_chaos
     from iotwatch.application.chaos.schedule import ScheduleOptions, fault_kind
+    from iotwatch.application.chaos.summary import print_summary
+    from iotwatch.application.harness import results
     from iotwatch.jvm.spark import require_java
 
     require_java()
@@ -130,59 +121,6 @@ def chaos(
         update={"stack": app.settings.stack.model_copy(update={"kafka_nodes": kafka_nodes})}
     )
     summary = run_chaos(settings, options, console)
-    emit(summary, as_json, lambda s: print_summary(console, s))
-    if not summary["ok"]:
+    emit(results.as_json(summary), as_json, lambda _: print_summary(console, summary))
+    if not summary.ok:
         raise SystemExit(1)
-
-
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    def verdict(ok: bool | None) -> str:
-        return "[green]ok[/green]" if ok else "[bold red]FAILED[/bold red]"
-
-    loss, alerts, notes, commands, recovery = (
-        summary[k] for k in ("loss", "alerts", "notifications", "commands", "recovery")
-    )
-    console.print(f"\n[bold]iotwatch chaos[/bold]: {verdict(summary['ok'])} after {summary['load_s']} s of load")
-    console.print(
-        f"  loss by seq {verdict(loss['ok'])}: {loss['loss']} lost of {loss['unique_readings_in_kafka']} "
-        f"readings ({loss['archived']} archived, {loss['late']} late); duplicates {loss['duplicates']}"
-    )
-    console.print(
-        f"  alerts vs replay {verdict(alerts['ok'])}: live {alerts['live']}, replay {alerts['replay']}, "
-        f"same {alerts['same']}"
-    )
-    console.print(
-        f"  notifications {verdict(notes['ok'])}: {notes['alert_records']} alert records, {notes['posts_received']} "
-        f"posts, {notes['duplicates_removed_by_key']} repeats removed by Idempotency-Key"
-    )
-    console.print(
-        f"  commands {verdict(commands['ok'])}: {commands['commands']} ({commands['acknowledged']} acknowledged, "
-        f"{commands['expired']} expired, open {len(commands['open'])})"
-    )
-    console.print(f"  recovery {verdict(recovery['ok'])}:")
-    for fault in summary["faults"]:
-        console.print(
-            f"    {fault['injected_at_s']:>7} s  {fault['fault']:<18} down {fault['down_s']} s, "
-            f"recovered after {fault['recovery_s']} s (lag then {fault['lag_at_recovery']})"
-            + (f"; not recovered: waiting for {fault['waiting_for']}" if fault.get("waiting_for") else "")
-            + (f"; lag back to steady after {fault['caught_up_s']} s" if fault.get("caught_up_s") is not None else "")
-        )
-    lag = summary["lag"]
-    console.print(
-        f"  lag back to {lag['level_s']:g} s of input ({lag['level']} records) after each fault "
-        f"{verdict(lag['ok'])}: {lag['judged']} judged"
-        + (f", not caught up after {', '.join(lag['not_caught_up'])}" if lag["not_caught_up"] else "")
-    )
-    resources = summary["resources"]
-    console.print(f"  resources {verdict(resources['ok'])} (judged: {', '.join(resources['judged']) or 'none'}):")
-    for name, entry in resources["processes"].items():
-        rss, anon = entry["rss_bytes"], entry["anon_bytes"]
-        judged = "not judged (too short)" if entry["within_limits"] is None else verdict(entry["within_limits"])
-        console.print(
-            f"    {name:<9} {judged}: RSS {rss['last'] / 2**20:.1f} MiB, slope {rss['slope_per_min']} B/min; "
-            f"anonymous {anon['last'] / 2**20:.1f} MiB, slope {anon['slope_per_min']} B/min; "
-            f"fds {entry['fds']['slope_per_min']}/min; threads {entry['threads']['slope_per_min']}/min"
-        )
-    if summary["unplanned_exits"]:
-        console.print(f"  [red]ended without a fault: {summary['unplanned_exits']}[/red]")
-    console.print(f"  report: {summary['report']['folder']}")

@@ -27,7 +27,7 @@ import requests
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from iotwatch.application.chaos.schedule import SERVICES, Action, PlannedFault
-from iotwatch.application.demo.live import Probe
+from iotwatch.application.harness.probe import Probe
 from iotwatch.application.stack.embedded import EmbeddedStack, StackState
 from iotwatch.application.stack.process import Component
 from iotwatch.clients.kafka import client_config, end_offset

@@ -1,6 +1,6 @@
 """What a chaos run proves from the data it left, each as a small verdict with its figures.
 
-- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.application.demo.accounting`);
+- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.application.harness.accounting`);
 - alerts: the live alert ids equal those of a fault-free Kappa replay of the same raw topic
   (the responder's escalations and the live job's ``ingestion_gap`` -- the outages the run
   injected, which a replay of the log cannot see -- are left out);
@@ -16,6 +16,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
+from iotwatch.application.harness.accounting import Loss
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.oncall import CommandAudit, CommandOutcome
 from iotwatch.stats import quantiles
@@ -29,57 +32,119 @@ ACKNOWLEDGED = (CommandOutcome.DONE, CommandOutcome.REJECTED, CommandOutcome.FAI
 EXPIRED = (CommandOutcome.TIMED_OUT, CommandOutcome.ESCALATED)
 
 
-def alerts_match(live: dict[str, AlertRecord], replay: dict[str, AlertRecord]) -> dict[str, Any]:
+class Proof(msgspec.Struct, kw_only=True):
+    """A verdict (``ok``) with the figures that decided it."""
+
+    ok: bool
+
+
+class LossProof(Loss, kw_only=True):
+    """Loss by seq (none, of a raw topic that is not empty), and the copies on the way."""
+
+    ok: bool
+    #: the raw topic's copies beyond the first, the gateway's count, the job's removals since its last start
+    duplicates: dict[str, int | None]
+    dead_letters_by_stage_and_reason: dict[str, int]
+
+
+class AlertsProof(Proof, kw_only=True):
+    live: int
+    replay: int
+    same: int
+    responder_escalations_left_out: int
+    ingestion_gaps_left_out: int
+    only_live: dict[str, str]
+    only_replay: dict[str, str]
+
+
+class NotificationsProof(Proof, kw_only=True):
+    alert_records: int
+    posts_received: int
+    unique_after_dedup: int
+    duplicates_removed_by_key: int
+    keys_repeated: int
+    missing: list[str]
+    unexpected: list[str]
+
+
+class CommandsProof(Proof, kw_only=True):
+    commands: int
+    acknowledged: int
+    expired: int
+    audit_records: int
+    by_status: dict[str, int]
+    open: list[str]
+
+
+class RecoveryProof(Proof, kw_only=True):
+    faults: int
+    not_recovered: list[str]
+    waiting_for: dict[str, str]
+    recovery_s_by_fault: dict[str, dict[str, float | None]]
+    restarted: dict[str, int]
+    never_restarted: list[str]
+
+
+class CatchUpProof(Proof, kw_only=True):
+    level: int
+    level_s: float
+    lead_in_max_lag: int | None
+    judged: int
+    caught_up_s: dict[str, float | None] | None
+    not_caught_up: list[str]
+
+
+def alerts_match(live: dict[str, AlertRecord], replay: dict[str, AlertRecord]) -> AlertsProof:
     """Raised alert ids of the live job against the replay's (alert id -> raised record)."""
     job = {alert_id: a for alert_id, a in live.items() if a.rule not in (RESPONDER_RULE, PIPELINE_RULE)}
     only_live, only_replay = sorted(set(job) - set(replay)), sorted(set(replay) - set(job))
-    return {
-        "ok": not only_live and not only_replay and bool(job),
-        "live": len(job),
-        "replay": len(replay),
-        "same": len(set(job) & set(replay)),
-        "responder_escalations_left_out": sum(a.rule == RESPONDER_RULE for a in live.values()),
-        "ingestion_gaps_left_out": sum(a.rule == PIPELINE_RULE for a in live.values()),
-        "only_live": {i: job[i].rule for i in only_live[:20]},
-        "only_replay": {i: replay[i].rule for i in only_replay[:20]},
-    }
+    return AlertsProof(
+        ok=not only_live and not only_replay and bool(job),
+        live=len(job),
+        replay=len(replay),
+        same=len(set(job) & set(replay)),
+        responder_escalations_left_out=sum(a.rule == RESPONDER_RULE for a in live.values()),
+        ingestion_gaps_left_out=sum(a.rule == PIPELINE_RULE for a in live.values()),
+        only_live={i: job[i].rule for i in only_live[:20]},
+        only_replay={i: replay[i].rule for i in only_replay[:20]},
+    )
 
 
-def notifications(alerts: Iterable[AlertRecord], received: Counter[str]) -> dict[str, Any]:
+def notifications(alerts: Iterable[AlertRecord], received: Counter[str]) -> NotificationsProof:
     """Each alert record's ``<alert_id>:<state>`` against the keys the receiver got."""
     expected = {f"{a.alert_id}:{a.state}" for a in alerts}
     missing = sorted(expected - set(received))
     repeats = {key: n for key, n in received.items() if n > 1}
-    return {
-        "ok": not missing,
-        "alert_records": len(expected),
-        "posts_received": sum(received.values()),
-        "unique_after_dedup": len(received),
-        "duplicates_removed_by_key": sum(n - 1 for n in repeats.values()),
-        "keys_repeated": len(repeats),
-        "missing": missing[:20],
-        "unexpected": sorted(set(received) - expected)[:20],
-    }
+    return NotificationsProof(
+        ok=not missing,
+        alert_records=len(expected),
+        posts_received=sum(received.values()),
+        unique_after_dedup=len(received),
+        duplicates_removed_by_key=sum(n - 1 for n in repeats.values()),
+        keys_repeated=len(repeats),
+        missing=missing[:20],
+        unexpected=sorted(set(received) - expected)[:20],
+    )
 
 
-def commands(audits: Iterable[CommandAudit]) -> dict[str, Any]:
+def commands(audits: Iterable[CommandAudit]) -> CommandsProof:
     """The latest audit record per command: acknowledged (a final reply), expired, or open."""
     audits = list(audits)
     latest = {audit.command_id: audit for audit in audits}
     outcome = Counter(a.status.value for a in latest.values())
     still_open = sorted(i for i, a in latest.items() if a.status not in (*ACKNOWLEDGED, *EXPIRED))
-    return {
-        "ok": not still_open,
-        "commands": len(latest),
-        "acknowledged": sum(1 for a in latest.values() if a.status in ACKNOWLEDGED),
-        "expired": sum(1 for a in latest.values() if a.status in EXPIRED),
-        "audit_records": len(audits),
-        "by_status": dict(sorted(outcome.items())),
-        "open": still_open[:20],
-    }
+    return CommandsProof(
+        ok=not still_open,
+        commands=len(latest),
+        acknowledged=sum(1 for a in latest.values() if a.status in ACKNOWLEDGED),
+        expired=sum(1 for a in latest.values() if a.status in EXPIRED),
+        audit_records=len(audits),
+        by_status=dict(sorted(outcome.items())),
+        open=still_open[:20],
+    )
 
 
-def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[str, Any]:
+def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> RecoveryProof:
     """Every fault recovered; recovery seconds per fault kind; each target started again
     (``restarted``: target -> starts after the first)."""
     by_kind: dict[str, list[float]] = {}
@@ -88,17 +153,17 @@ def recovery(faults: list[dict[str, Any]], restarted: dict[str, int]) -> dict[st
             by_kind.setdefault(fault["fault"], []).append(fault["recovery_s"])
     failed = [f["fault"] for f in faults if not f["recovered"] or f.get("error")]
     never = sorted(target for target, n in restarted.items() if n < 1)
-    return {
-        "ok": bool(faults) and not failed and not never,
-        "faults": len(faults),
-        "not_recovered": failed,
-        "waiting_for": {f["fault"]: f["waiting_for"] for f in faults if f.get("waiting_for")},
-        "recovery_s_by_fault": {
+    return RecoveryProof(
+        ok=bool(faults) and not failed and not never,
+        faults=len(faults),
+        not_recovered=failed,
+        waiting_for={f["fault"]: f["waiting_for"] for f in faults if f.get("waiting_for")},
+        recovery_s_by_fault={
             kind: {**quantiles(values, (0.5, 1.0), digits=1), "n": len(values)} for kind, values in by_kind.items()
         },
-        "restarted": restarted,
-        "never_restarted": never,
-    }
+        restarted=restarted,
+        never_restarted=never,
+    )
 
 
 #: The shortest stretch from a fault's recovery to the next fault in which the lag is judged:
@@ -116,7 +181,7 @@ def catch_up(
     load_s: float,
     rate: float,
     window_s: float = CATCH_UP_WINDOW_S,
-) -> dict[str, Any]:
+) -> CatchUpProof:
     """Whether the job's lag (raw topic end minus its committed offset, ``(t_s, lag)`` samples)
     fell back to the level of a job that keeps up after each recovered fault, before the next
     fault: :data:`LAG_LEVEL_S` seconds of input at ``rate`` records a second. A fault whose
@@ -143,12 +208,12 @@ def catch_up(
             late.append(fault["fault"])
         else:
             seconds.append(back - recovered)
-    return {
-        "ok": not late,
-        "level": level,
-        "level_s": LAG_LEVEL_S,
-        "lead_in_max_lag": max(before) if before else None,
-        "judged": judged,
-        "caught_up_s": quantiles(seconds, (0.5, 1.0), digits=1) if seconds else None,
-        "not_caught_up": late,
-    }
+    return CatchUpProof(
+        ok=not late,
+        level=level,
+        level_s=LAG_LEVEL_S,
+        lead_in_max_lag=max(before) if before else None,
+        judged=judged,
+        caught_up_s=quantiles(seconds, (0.5, 1.0), digits=1) if seconds else None,
+        not_caught_up=late,
+    )

@@ -1,4 +1,4 @@
-"""The chaos run's report folder: summary JSON and plots over time with the faults marked
+"""The chaos run's report folder: plots over time with the faults marked
 (each fault shaded from injection until its target was back, a dotted line at recovery)."""
 
 from __future__ import annotations
@@ -16,35 +16,33 @@ import pandas as pd
 
 from iotwatch.application.chaos.faults import FaultRecord
 from iotwatch.application.chaos.resources import Sample, Sampler
-from iotwatch.application.demo.accounting import RawIndex
-from iotwatch.application.demo.live import LiveState
-from iotwatch.application.demo.report import write_summary
+from iotwatch.application.chaos.summary import ChaosReport
+from iotwatch.application.harness.accounting import RawIndex
+from iotwatch.application.harness.probe import LiveState
 
 
 def write(
     folder: Path,
-    summary: dict[str, Any],
     live: LiveState,
     sampler: Sampler,
     faults: list[FaultRecord],
     started: float,
     raw: RawIndex,
-) -> dict[str, Any]:
-    """Plots and ``summary.json`` in ``folder``; returns where they are (for the summary)."""
+    loss: int,
+) -> ChaosReport:
+    """Plots and the samples as CSV in ``folder``; returns where they are (for the summary)."""
     folder.mkdir(parents=True, exist_ok=True)
     plots = [
-        plot_pipeline(folder / "pipeline.png", live, faults, started, summary["loss"]["loss"]),
+        plot_pipeline(folder / "pipeline.png", live, faults, started, loss),
         plot_latency(folder / "latency.png", raw, faults, started),
         plot_resources(folder / "resources.png", sampler, faults),
     ]
-    where = {
-        "folder": str(folder),
-        "plots": [str(p) for p in plots if p],
-        "resources_csv": str(write_resource_samples(folder / "resources.csv", sampler)),
-        "pipeline_csv": str(write_pipeline_samples(folder / "pipeline.csv", live, started)),
-    }
-    write_summary(folder, {**summary, "report": where})
-    return where
+    return ChaosReport(
+        folder=str(folder),
+        plots=[str(p) for p in plots if p],
+        resources_csv=str(write_resource_samples(folder / "resources.csv", sampler)),
+        pipeline_csv=str(write_pipeline_samples(folder / "pipeline.csv", live, started)),
+    )
 
 
 def mark_faults(ax: Any, faults: list[FaultRecord], label: bool = False) -> None:
@@ -103,7 +101,7 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
         return None
     appended, event = raw.appended_ms, raw.event_ms
     frame = pd.DataFrame({"bin": (appended / 1000.0 - started) // 5 * 5, "latency_s": (appended - event) / 1000.0})
-    stats = frame.groupby("bin")["latency_s"].quantile([0.5, 0.99]).unstack()
+    stats = frame.groupby("bin")["latency_s"].quantile(np.array([0.5, 0.99])).unstack()
     fig, ax = plt.subplots(figsize=(12, 4))
     ax.plot(stats.index, stats[0.5], lw=1, label="p50")
     ax.plot(stats.index, stats[0.99], lw=1, label="p99")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 from rich.console import Console
 
@@ -34,10 +35,11 @@ from iotwatch.application.chaos import proofs, report
 from iotwatch.application.chaos.faults import FaultRunner, Recovery, Targets
 from iotwatch.application.chaos.resources import Limits, Sampler, judge, quiet_windows, slope_per_minute
 from iotwatch.application.chaos.schedule import Action, ScheduleOptions, plan
-from iotwatch.application.demo import accounting
-from iotwatch.application.demo.live import LiveState, Probe
-from iotwatch.application.demo.oncall_person import Receiver
-from iotwatch.application.demo.runner import component_env, decoded_alerts, iotwatch_command, wait_for_stream
+from iotwatch.application.chaos.summary import ChaosMessages, ChaosSummary, Resources
+from iotwatch.application.harness import accounting, pipeline
+from iotwatch.application.harness.probe import LiveState, Probe
+from iotwatch.application.harness.receiver import Receiver
+from iotwatch.application.harness.results import write_summary
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.application.stack.process import Component, free_port
 from iotwatch.clients.kafka import batches_to_end, read_to_end
@@ -99,7 +101,7 @@ class Timeline:
     load_s: float = 0.0  # how long the load ran
 
 
-def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> dict[str, Any]:
+def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> ChaosSummary:
     """One chaos run in ``options.out`` (see the module's docstring); returns the summary.
     Everything it started is stopped, on Ctrl-C or an error too."""
     out = options.out
@@ -114,7 +116,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
     try:
         state = stack.up()
         settings = state.apply_to(settings)
-        env = component_env(state, out, silence_timeout_s=SILENCE_TIMEOUT_S)
+        env = pipeline.component_env(state, out, silence_timeout_s=SILENCE_TIMEOUT_S)
         env.update(
             IOTWATCH_RESPOND_COMMAND_TTL_S=str(COMMAND_TTL_S),
             IOTWATCH_RESPOND_REPLY_TIMEOUT_S=str(REPLY_TIMEOUT_S),
@@ -122,18 +124,13 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         )
         gateway_port = free_port()
         console.print(f"stack up in {out / 'stack'}; starting the pipeline")
-        components["stream"] = Component("stream", iotwatch_command("stream", "--json"), env, out)
-        components["gateway"] = Component(
-            "gateway",
-            iotwatch_command("gateway", "--client-id", GATEWAY_ID, "--metrics-port", str(gateway_port), "--json"),
-            env,
-            out,
-        )
+        components["stream"] = Component("stream", pipeline.iotwatch_command("stream", "--json"), env, out)
+        components["gateway"] = Component("gateway", pipeline.gateway_command(GATEWAY_ID, gateway_port), env, out)
         wait_healthy(gateway_port, timeout_s=60)
-        wait_for_stream(components["stream"], out / "checkpoint")
-        components["respond"] = Component("respond", iotwatch_command("respond", "--json"), env, out)
+        pipeline.wait_for_stream(components["stream"], out / "checkpoint")
+        components["respond"] = Component("respond", pipeline.iotwatch_command("respond", "--json"), env, out)
         components["forward"] = Component(
-            "forward", iotwatch_command("alerts", "forward", "--webhook", receiver.url, "--json"), env, out
+            "forward", pipeline.iotwatch_command("alerts", "forward", "--webhook", receiver.url, "--json"), env, out
         )
         truth_path = out / "ground_truth.jsonl"
         simulator = Component("simulate", _simulate_command(options, out, truth_path), env, out)
@@ -173,7 +170,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
         results = {name: components[name].stop() for name in ("respond", "forward", "gateway", "stream")}
         results["simulate"] = simulator.result()
         console.print("pipeline stopped; replaying the raw topic without faults (Kappa)")
-        replay = Component("replay", iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
+        replay = Component("replay", pipeline.iotwatch_command("replay", "--tag", REPLAY_TAG, "--json"), env, out)
         others.append(replay)
         try:
             replay.process.wait(options.replay_timeout_s)
@@ -181,7 +178,10 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> di
             console.print(f"[red]the replay did not finish within {options.replay_timeout_s:.0f} s[/red]")
         results["replay"] = replay.stop(timeout_s=30)
         summary, raw = _prove(settings, options, runner, sampler, timeline, receiver, components, results, drained)
-        summary["report"] = report.write(out / "report", summary, timeline.live, sampler, runner.records, started, raw)
+        summary.report = report.write(
+            out / "report", timeline.live, sampler, runner.records, started, raw, summary.loss.loss
+        )
+        write_summary(out / "report", summary)
         return summary
     finally:
         receiver.close()
@@ -204,7 +204,7 @@ def _simulate_command(options: ChaosOptions, out: Path, truth_path: Path) -> lis
         "--seq-state": out / "simulate-seq.json",
     }
     flags = ("--obey-commands", "--no-progress", "--json")
-    return iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
+    return pipeline.iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
 
 
 def _await_first_batch(probe: Probe, simulator: Component, timeout_s: float) -> None:
@@ -271,24 +271,21 @@ def _drain(
     console.print("load stopped; draining")
     deadline = time.monotonic() + options.drain_timeout_s
     done = {"stream": False, "commands": False, "notifications": False}
-    caught_up_since: float | None = None
+    catch_up = pipeline.CatchUp()
     while time.monotonic() < deadline and not all(done.values()):
-        sample = probe.sample(timeline.live)
-        idle = sample.gateway.get("inflight", 1) == 0 and sample.stream_offset >= sample.raw_end > 0
-        caught_up_since = (caught_up_since or time.monotonic()) if idle else None
-        done["stream"] = caught_up_since is not None and time.monotonic() - caught_up_since >= 8
+        done["stream"] = catch_up.update(probe.sample(timeline.live))
         if done["stream"]:
             audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
-            done["commands"] = proofs.commands(audits)["ok"]
+            done["commands"] = proofs.commands(audits).ok
             alerts = all_alerts(settings)
-            done["notifications"] = proofs.notifications(alerts, receiver.keys)["ok"]
+            done["notifications"] = proofs.notifications(alerts, receiver.keys).ok
         time.sleep(2.0)
     return done
 
 
 def all_alerts(settings: Settings) -> list[AlertRecord]:
     """Every alert record on the alert topic (raised and cleared)."""
-    return decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))[0]
+    return pipeline.decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))[0]
 
 
 def _prove(
@@ -299,9 +296,9 @@ def _prove(
     timeline: Timeline,
     receiver: Receiver,
     components: dict[str, Component],
-    results: dict[str, Any],
+    results: dict[str, dict[str, Any]],
     drained: dict[str, bool],
-) -> tuple[dict[str, Any], accounting.RawIndex]:
+) -> tuple[ChaosSummary, accounting.RawIndex]:
     """The summary: each proof's verdict and figures, resources, faults; and the raw topic's index."""
     out = options.out
     truth_path = out / "ground_truth.jsonl"
@@ -309,16 +306,18 @@ def _prove(
     late, dead_reasons = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
     # an hour's raw topic is millions of records: indexed a batch at a time, never held
     raw = accounting.index_raw(batches_to_end(settings.kafka, settings.topics.raw, accounting.RAW_READ_TIMEOUT_S))
-    loss: dict[str, Any] = accounting.account(raw.seqs(), accounting.archived_seqs(out / "archive"), late, truth)
-    loss["ok"] = loss["loss"] == 0 and loss["unique_readings_in_kafka"] > 0
+    loss = accounting.account(raw.seqs(), accounting.archived_seqs(out / "archive"), late, truth)
     stream = results.get("stream", {}).get("totals", {})
-    gateway = results.get("gateway", {})
-    loss["duplicates"] = {
-        "raw_topic_copies_beyond_first": raw.records - raw.unparseable - raw.readings,
-        "gateway_seen": gateway.get("duplicates"),
-        "removed_by_stream_last_start": stream.get("duplicate"),
-    }
-    loss["dead_letters_by_stage_and_reason"] = dict(sorted(dead_reasons.items()))
+    loss_proof = proofs.LossProof(
+        **msgspec.structs.asdict(loss),
+        ok=loss.loss == 0 and loss.unique_readings_in_kafka > 0,
+        duplicates={
+            "raw_topic_copies_beyond_first": raw.records - raw.unparseable - raw.readings,
+            "gateway_seen": results.get("gateway", {}).get("duplicates"),
+            "removed_by_stream_last_start": stream.get("duplicate"),
+        },
+        dead_letters_by_stage_and_reason=dict(sorted(dead_reasons.items())),
+    )
     alerts = all_alerts(settings)
     replay_topic = f"{settings.topics.alerts}.{REPLAY_TAG}"
     alert_proof = proofs.alerts_match(
@@ -340,55 +339,47 @@ def _prove(
     state_store = [(t, 0, float(b)) for t, b in sampler.state_store]
     state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s, windows)
     lag_series = [(x.t - runner.started, max(0, x.raw_end - x.stream_offset)) for x in timeline.live.samples]
-    verdicts = {
-        "loss": loss,
-        "alerts": alert_proof,
-        "notifications": proofs.notifications(alerts, receiver.keys),
-        "commands": proofs.commands(audits),
-        "recovery": proofs.recovery(faults, restarted),
-        "lag": proofs.catch_up(
-            faults,
-            lag_series,
-            timeline.load_s,
-            options.rate,
-        ),
-    }
-    resources_ok = all(entry["within_limits"] is not False for entry in resources.values())
-    judged = [name for name, entry in resources.items() if entry["within_limits"] is not None]
-    ok = (
-        all(v["ok"] for v in verdicts.values())
-        and resources_ok
-        and not timeline.unplanned_exits
-        and all(drained.values())
+    verdicts: list[proofs.Proof | proofs.LossProof] = [
+        loss_proof,
+        alert_proof,
+        notified := proofs.notifications(alerts, receiver.keys),
+        commanded := proofs.commands(audits),
+        recovered := proofs.recovery(faults, restarted),
+        lag := proofs.catch_up(faults, lag_series, timeline.load_s, options.rate),
+    ]
+    usage = Resources(
+        ok=all(entry["within_limits"] is not False for entry in resources.values()),
+        judged=[name for name, entry in resources.items() if entry["within_limits"] is not None],
+        quiet_windows=len(windows),
+        quiet_s=round(sum(high - low for low, high in windows), 1),
+        processes=resources,
+        chaos_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        state_store_bytes={
+            "last": sampler.state_store[-1][1] if sampler.state_store else None,
+            "slope_per_min": None if state_slope is None else round(state_slope, 1),
+        },
     )
-    summary = {
-        "ok": ok,
-        "options": {**options.to_dict(), "kafka_nodes": len(settings.kafka.bootstrap_servers.split(","))},
-        "load_s": round(timeline.load_s, 1),
-        "run_s": round(runner.now(), 1),  # the load, the drain and the replay
-        **verdicts,
-        "resources": {
-            "ok": resources_ok,
-            "judged": judged,
-            "quiet_windows": len(windows),
-            "quiet_s": round(sum(high - low for low, high in windows), 1),
-            "processes": resources,
-            # the proofs read the whole raw topic and archive after the load: their peak
-            "chaos_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "state_store_bytes": {
-                "last": sampler.state_store[-1][1] if sampler.state_store else None,
-                "slope_per_min": None if state_slope is None else round(state_slope, 1),
-            },
-        },
-        "faults": faults,
-        "unplanned_exits": timeline.unplanned_exits,
-        "drained": drained,
-        "messages": {
-            "simulated": results.get("simulate", {}).get("sent"),
-            "simulated_readings": results.get("simulate", {}).get("readings"),
-            "raw_topic_records": raw.records,
-            "alerts_records": len(alerts),
-        },
-        "components": results,
-    }
+    summary = ChaosSummary(
+        ok=all(v.ok for v in verdicts) and usage.ok and not timeline.unplanned_exits and all(drained.values()),
+        options={**options.to_dict(), "kafka_nodes": len(settings.kafka.bootstrap_servers.split(","))},
+        load_s=round(timeline.load_s, 1),
+        run_s=round(runner.now(), 1),
+        loss=loss_proof,
+        alerts=alert_proof,
+        notifications=notified,
+        commands=commanded,
+        recovery=recovered,
+        lag=lag,
+        resources=usage,
+        faults=faults,
+        unplanned_exits=timeline.unplanned_exits,
+        drained=drained,
+        messages=ChaosMessages(
+            simulated=results.get("simulate", {}).get("sent"),
+            simulated_readings=results.get("simulate", {}).get("readings"),
+            raw_topic_records=raw.records,
+            alerts_records=len(alerts),
+        ),
+        components=results,
+    )
     return summary, raw

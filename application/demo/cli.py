@@ -7,21 +7,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from iotwatch.cli import (
-    AppContext,
-    Preset,
-    emit,
-    interrupt_on_sigterm,
-    json_option,
-    pass_app,
-    run_folder_option,
-    run_options,
-    seed_option,
-)
+from iotwatch.application.harness.options import scenario_options
+from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_app
 
 
 @click.command()
-@run_options(
+@scenario_options(
+    "demo",
+    seed=Preset(1),
     duration=Preset(90.0, "Seconds the simulators run (wall clock)."),
     homes=Preset(6, "Simulated homes (several devices each)."),
     vehicles=Preset(2, "Simulated vehicles with event data recorders."),
@@ -49,8 +42,6 @@ from iotwatch.cli import (
     help="Seconds of event time before the first injected anomaly: the detectors warm "
     "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.",
 )
-@seed_option(Preset(1))
-@run_folder_option("demo")
 @click.option(
     "--keep-stack",
     is_flag=True,
@@ -72,7 +63,6 @@ from iotwatch.cli import (
     help="Kafka over TLS: every Kafka node's listener (and each site's MirrorMaker link) speaks "
     "SSL, verified with a private CA the stack makes (as stack up --tls).",
 )
-@json_option
 @pass_app
 def demo(
     app: AppContext,
@@ -100,13 +90,9 @@ def demo(
     query returns data, and writes a report folder with PNG plots and summary.json. Stops
     everything it started (but the stack with --keep-stack).
     """
-    from iotwatch.application.demo.runner import (
-        DemoOptions,
-        check_prerequisites,
-        print_kept_stack,
-        print_summary,
-        run_demo,
-    )
+    from iotwatch.application.demo.runner import DemoOptions, check_prerequisites, run_demo
+    from iotwatch.application.demo.summary import print_kept_stack, print_summary
+    from iotwatch.application.harness import results
 
     check_prerequisites()
     interrupt_on_sigterm()
@@ -126,11 +112,8 @@ def demo(
         tls,
     )
     summary = run_demo(app.settings, options, console)
-    if as_json:
-        if summary.get("stack"):
-            print_kept_stack(console, summary["stack"])
-        emit(summary, True)
-    else:
-        print_summary(console, summary)
-    if summary["loss"]["loss"] or any(site["loss"] for site in summary.get("sites", {}).values()):
+    if as_json and summary.stack:
+        print_kept_stack(console, summary.stack)
+    emit(results.as_json(summary), as_json, lambda _: print_summary(console, summary))
+    if summary.lost:
         raise SystemExit(1)

@@ -1,4 +1,4 @@
-"""The demo's report folder: summary JSON and PNG plots of what the summary says."""
+"""The demo's report folder: its alerts and PNG plots of what the summary says."""
 
 from __future__ import annotations
 
@@ -12,17 +12,11 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from iotwatch.application.demo.live import LiveState
+from iotwatch.application.harness.probe import LiveState
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
 from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
-
-
-def write_summary(folder: Path, summary: dict[str, Any]) -> Path:
-    path = folder / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, default=str))
-    return path
 
 
 def write_alerts(folder: Path, alerts: list[AlertRecord], verdicts: dict[str, str]) -> Path:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,9 +22,24 @@ import numpy as np
 from rich.console import Console
 from rich.live import Live
 
-from iotwatch.application.demo import accounting, closed_loop, report
-from iotwatch.application.demo.live import LiveState, Probe, render
-from iotwatch.application.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
+from iotwatch.application.demo import closed_loop, report
+from iotwatch.application.demo.detection import judge_alerts
+from iotwatch.application.demo.live import render
+from iotwatch.application.demo.oncall_person import OnCallPerson
+from iotwatch.application.demo.summary import (
+    DemoSummary,
+    Duplicates,
+    KeptStack,
+    Latency,
+    Messages,
+    OnCall,
+    ReportFiles,
+    SiteFigures,
+)
+from iotwatch.application.harness import accounting, pipeline
+from iotwatch.application.harness.probe import LiveState, Probe
+from iotwatch.application.harness.receiver import Receiver
+from iotwatch.application.harness.results import write_summary
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.application.stack.embedded import StackState, remember_last_stack
 from iotwatch.application.stack.mirror_maker import remote_topic
@@ -35,7 +48,7 @@ from iotwatch.application.stack.replication import LagHistory, ReplicationLag, w
 from iotwatch.application.stack.sites import site_names
 from iotwatch.clients.influx import InfluxV1Client, kept_client
 from iotwatch.clients.kafka import batches_to_end, read_to_end
-from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
+from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import read_ground_truth
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
@@ -74,31 +87,7 @@ class DemoOptions:
     tls: bool = False
 
 
-#: Variables of the caller the components keep: where `iotwatch setup` put the Java artifacts.
-KEPT_VARIABLES = ("IOTWATCH_JARS_DIR",)
-
-
-def iotwatch_command(*args: str) -> list[str]:
-    """An ``iotwatch`` command line run by this Python (the run's components)."""
-    return [sys.executable, "-m", "iotwatch.application", "--log-level", "WARNING", *args]
-
-
-def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:
-    """The components' environment: this one without the caller's IOTWATCH_* settings (but
-    where the Java artifacts are), the stack's endpoints, and the job's checkpoint, archive
-    and registry in the run folder ``out`` (``checkpoint``, ``archive``, ``registry``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IOTWATCH_") or k in KEPT_VARIABLES}
-    env.update(state.env())
-    env.update(
-        IOTWATCH_STREAM_CHECKPOINT_DIR=str(out / "checkpoint"),
-        IOTWATCH_STREAM_ARCHIVE_DIR=str(out / "archive"),
-        IOTWATCH_STREAM_SILENCE_TIMEOUT_S=str(silence_timeout_s),
-        IOTWATCH_REGISTRY_PATH=str(out / "registry"),
-    )
-    return env
-
-
-def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict[str, Any]:
+def run_demo(settings: Settings, options: DemoOptions, console: Console) -> DemoSummary:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     sites = site_names(options.sites)
@@ -106,7 +95,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
     stack_settings = settings.stack.model_copy(update={"sites": options.sites, "tls": tls})
     stack = EmbeddedStack(settings.model_copy(update={"stack": stack_settings}), out / "stack")
     children: list[Component] = []
-    summary: dict[str, Any] | None = None
+    summary: DemoSummary | None = None
     receiver = Receiver()
     lag: ReplicationLag | None = None
     try:
@@ -120,16 +109,17 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         checkpoint, archive, truth_path = out / "checkpoint", out / "archive", out / "ground_truth.jsonl"
         gateway_port = free_port()
         # Event time runs `speedup` times faster than the wall clock: silence is judged in wall time.
-        env = component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
+        env = pipeline.component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
         where = f"{len(sites)} sites" if sites else "the stack"
         console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
-        children.append(Component("stream", iotwatch_command("stream", "--json"), env, out))
-        gateway_ports = {site: (gateway_port if site is None else free_port()) for site in (sites or [None])}
+        children.append(Component("stream", pipeline.iotwatch_command("stream", "--json"), env, out))
+        places: list[str | None] = [*sites] or [None]  # the sites, or the one cluster
+        gateway_ports = {site: (gateway_port if site is None else free_port()) for site in places}
         for site, port in gateway_ports.items():
             children.append(
                 Component(
                     _named("gateway", site),
-                    iotwatch_command("gateway", "--client-id", gateway_id(site), "--metrics-port", str(port), "--json"),
+                    pipeline.gateway_command(gateway_id(site), port),
                     {**env, **state.site_env(site)} if site else env,
                     out,
                 )
@@ -138,18 +128,21 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         # the job's first micro-batch for the CPU.
         # The closed loop: the responder commands devices over the one MQTT broker, or with
         # sites writes the commands at the centre for each site's relay to deliver
-        children.append(Component("respond", iotwatch_command("respond", "--json"), env, out))
+        children.append(Component("respond", pipeline.iotwatch_command("respond", "--json"), env, out))
         for site in sites:
             children.append(
                 Component(
-                    _named("relay", site), iotwatch_command("relay", "--json"), {**env, **state.site_env(site)}, out
+                    _named("relay", site),
+                    pipeline.iotwatch_command("relay", "--json"),
+                    {**env, **state.site_env(site)},
+                    out,
                 )
             )
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
         children.append(
             Component(
                 "forward",
-                iotwatch_command(
+                pipeline.iotwatch_command(
                     "alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"
                 ),
                 {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
@@ -158,7 +151,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
         )
         for port in gateway_ports.values():
             wait_healthy(port, timeout_s=60)
-        wait_for_stream(children[0], checkpoint)
+        pipeline.wait_for_stream(children[0], checkpoint)
         on_call = OnCallPerson(settings)
         simulators = [
             Component(
@@ -167,7 +160,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
                 {**env, **state.site_env(site)} if site else env,
                 out,
             )  # a new pipeline: every device from seq 0
-            for site in sites or [None]
+            for site in places
         ]
         children.extend(simulators)
         live = LiveState()
@@ -212,15 +205,13 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> dict
             results.update(_sum_site_results(results, sites))
         summary = _summarise(settings, options, results, live, drained, interrupted, checkpoint, archive, truth_path)
         if sites:
-            summary["sites"] = sites_summary(settings, state, sites, lags, archive, truth_path, results)
-        summary["oncall"] = {
-            "notifications_received": receiver.notifications,
-            "acknowledged_by_demo": len(on_call.acknowledged),
-        }
-        report.write_summary(options.out / "report", summary)
+            summary.sites = sites_summary(settings, state, sites, lags, archive, truth_path, results)
+        summary.oncall = OnCall(
+            notifications_received=receiver.notifications, acknowledged_by_demo=len(on_call.acknowledged)
+        )
         if options.keep_stack:
-            summary["stack"] = kept_stack(state)
-            report.write_summary(options.out / "report", summary)
+            summary.stack = kept_stack(state)
+        write_summary(options.out / "report", summary)
         return summary
     finally:
         receiver.close()
@@ -257,7 +248,7 @@ def gateway_id(site: str | None) -> str:
 def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
     """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
     prefix = f"{site}-" if site else ""
-    return iotwatch_command(
+    return pipeline.iotwatch_command(
         "simulate",
         "--homes",
         str(options.homes),
@@ -327,8 +318,8 @@ def sites_summary(
     lags: LagHistory,
     archive: Path,
     truth_path: Path,
-    results: dict[str, Any],
-) -> dict[str, Any]:
+    results: dict[str, dict[str, Any]],
+) -> dict[str, SiteFigures]:
     """Per site: readings at the site and at the centre, records MirrorMaker's at-least-once
     copying left twice at the centre, loss by seq (site -> centre -> archive), replication lag,
     the alerts raised for its devices and the commands they were sent (their outcomes at the
@@ -336,7 +327,7 @@ def sites_summary(
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     archived = accounting.archived_seqs(archive)
     late, _ = accounting.dead_letters(read_to_end(settings.kafka, settings.topics.dlq))
-    alerts, _ = decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
+    alerts, _ = pipeline.decoded_alerts(read_to_end(settings.kafka, settings.topics.alerts))
     commands = closed_loop.latest_audits(
         decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)
     ).values()
@@ -353,43 +344,26 @@ def sites_summary(
         archived_here = {device: seqs for device, seqs in archived.items() if device.startswith(f"{site}-")}
         loss = accounting.account(centre_seqs, archived_here, late, mine)
         raised = [a for a in alerts if a.raised and a.device_id.startswith(f"{site}-")]
-        result[site] = {
-            "readings_at_site": at_site.readings,
-            "readings_at_centre": at_centre.readings,
-            "records_at_site": at_site.records,
-            "records_at_centre": at_centre.records,
-            # MirrorMaker's at-least-once copies (the site's own duplicates, e.g. a device
-            # publishing twice, are in both counts)
-            "copied_twice_by_mirror_maker": at_centre.records - at_site.records,
-            "not_replicated": not_replicated,
-            "loss": loss["loss"] + not_replicated,
-            "archived": loss["archived"],
-            "replication_lag": lags.summary(site),
-            "alerts_raised": len(raised),
-            "alerts_by_rule": dict(sorted(Counter(a.rule for a in raised).items())),
-            "commands": closed_loop.by_outcome(a for a in commands if a.device_id.startswith(f"{site}-")),
-            "relay": {
+        result[site] = SiteFigures(
+            readings_at_site=at_site.readings,
+            readings_at_centre=at_centre.readings,
+            records_at_site=at_site.records,
+            records_at_centre=at_centre.records,
+            copied_twice_by_mirror_maker=at_centre.records - at_site.records,
+            not_replicated=not_replicated,
+            loss=loss.loss + not_replicated,
+            archived=loss.archived,
+            replication_lag=lags.summary(site),
+            alerts_raised=len(raised),
+            alerts_by_rule=dict(sorted(Counter(a.rule for a in raised).items())),
+            commands=closed_loop.by_outcome(a for a in commands if a.device_id.startswith(f"{site}-")),
+            relay={
                 key: value
                 for key, value in results.get(_named("relay", site), {}).items()
                 if key in ("commands_published", "replies_forwarded", "twin_reports", "not_at_this_site")
             },
-        }
+        )
     return result
-
-
-def wait_for_stream(stream: Component, checkpoint: Path, timeout_s: float = 180.0) -> None:
-    """Until the streaming query has committed its first micro-batch (on an empty raw topic
-    a batch of no records, run as soon as the query starts), so the devices do not publish
-    into a backlog while Spark starts and plans its first batch on Kafka (about 2 s on two
-    cores, after the job's warm-up): alerts then come about as late as the trigger makes
-    them, not after the start-up's backlog."""
-    deadline = time.monotonic() + timeout_s
-    while not (checkpoint / "commits" / "0").exists():
-        if not stream.running():
-            raise IotwatchError(f"the streaming job ended while starting: see {stream.log_path}")
-        if time.monotonic() > deadline:
-            raise IotwatchError(f"the streaming job did not start within {timeout_s:.0f} s: see {stream.log_path}")
-        time.sleep(0.2)
 
 
 def planned_anomalies(options: DemoOptions, path: Path, prefix: str = "") -> list[str]:
@@ -442,16 +416,16 @@ def stack_running(stack: EmbeddedStack) -> bool:
     return state is not None and all(svc.process.is_running() for svc in state.services.values())
 
 
-def kept_stack(state: StackState) -> dict[str, Any]:
+def kept_stack(state: StackState) -> KeptStack:
     """Where the stack left running is, and how to use and stop it."""
-    return {
-        "kept": True,
-        "run_dir": str(state.run_dir),
-        "endpoints": state.endpoints(),
-        "influx_database": state.database,
-        "env": state.env(),
-        "stop": f"iotwatch stack down --run-dir {state.run_dir}",
-    }
+    return KeptStack(
+        kept=True,
+        run_dir=str(state.run_dir),
+        endpoints=state.endpoints(),
+        influx_database=state.database,
+        env=state.env(),
+        stop=f"iotwatch stack down --run-dir {state.run_dir}",
+    )
 
 
 def _drain(
@@ -468,24 +442,14 @@ def _drain(
     has processed everything in the raw topic (its newest committed batch reached the log end);
     ``each_second`` goes on meanwhile (the on-call person: the job's alerts come late)."""
     deadline = time.monotonic() + timeout_s
-    caught_up_since: float | None = None
+    catch_up = pipeline.CatchUp()
     while time.monotonic() < deadline:
         each_second()
         sample = probe.sample(live)
         view.update(render(live, started, options.duration_s, "draining"))
         if not all(child.running() for child in children if not child.name.startswith("simulate")):
             return False
-        # The gateway is the raw topic's only producer here, so what it forwarded is the log end
-        forwarded = int(sample.gateway.get("forwarded", 0))  # readings only: dead letters are not on the raw topic
-        # with sites, the centre's replicas also hold all the sites have (and any duplicates)
-        replicated = sample.raw_end >= sample.edge_end
-        idle = (
-            sample.gateway.get("inflight", 1) == 0
-            and replicated
-            and sample.stream_offset >= max(forwarded, sample.raw_end) > 0
-        )
-        caught_up_since = (caught_up_since or time.monotonic()) if idle else None
-        if caught_up_since is not None and time.monotonic() - caught_up_since >= 8:
+        if catch_up.update(sample):
             return True
         time.sleep(1.0)
     return False
@@ -494,14 +458,14 @@ def _drain(
 def _summarise(
     settings: Settings,
     options: DemoOptions,
-    results: dict[str, Any],
+    results: dict[str, dict[str, Any]],
     live: LiveState,
     drained: bool,
     interrupted: bool,
     checkpoint: Path,
     archive: Path,
     truth_path: Path,
-) -> dict[str, Any]:
+) -> DemoSummary:
     truth = read_ground_truth(truth_path) if truth_path.exists() else []
     dead_letter_topics = [settings.topics.dlq] + [
         remote_topic(site, settings.topics.dlq) for site in site_names(options.sites)
@@ -515,7 +479,7 @@ def _summarise(
         for batch in batches_to_end(settings.kafka, topic, accounting.RAW_READ_TIMEOUT_S)
     )
     alert_records = read_to_end(settings.kafka, settings.topics.alerts)
-    alerts, alert_records = decoded_alerts(alert_records)
+    alerts, alert_records = pipeline.decoded_alerts(alert_records)
     # Latency of the pipeline after the gateway: the triggering reading's append to the raw
     # topic -> the alert's append to the alert topic (wall clock; event time may be accelerated).
     # device_silent is raised a silence timeout after the device's last reading, by design.
@@ -524,47 +488,14 @@ def _summarise(
         for r, a in zip(alert_records, alerts, strict=True)
         if a.raised and a.rule != "device_silent" and a.seq is not None
     ]
-    latencies = sorted(alerted - reading for alerted, reading in appended if reading is not None)
+    alert_latency = quantiles(
+        sorted(alerted - reading for alerted, reading in appended if reading is not None), (0.5, 0.99), digits=1
+    )
     loss = accounting.account(raw.seqs(), accounting.archived_seqs(archive), late, truth)
-    detection, verdicts = accounting.judge_alerts(alerts, truth, raw, options.speedup)
+    detection, verdicts = judge_alerts(alerts, truth, raw, options.speedup)
     simulator, gateway, stream = results.get("simulate", {}), results.get("gateway", {}), results.get("stream", {})
     audits = [decode(r.value(), CommandAudit) for r in read_to_end(settings.kafka, settings.topics.commands)]
-    summary = {
-        "options": {k: str(v) for k, v in options.__dict__.items()},
-        "completed": drained and not interrupted,
-        "messages": {
-            "simulated": simulator.get("sent"),
-            "simulated_readings": simulator.get("readings"),
-            "gateway_received": gateway.get("received"),
-            "gateway_forwarded": gateway.get("forwarded"),
-            "gateway_dead_lettered": gateway.get("dead_lettered"),
-            "kafka_raw_unique_readings": loss["unique_readings_in_kafka"],
-            "kafka_raw_unparseable": raw.unparseable,
-            "stream": stream.get("totals", {}),
-        },
-        "dead_letters_by_stage_and_reason": dict(sorted(dead_reasons.items())),
-        "loss": loss,
-        "duplicates": {
-            "gateway_seen": gateway.get("duplicates"),
-            "stream_removed": stream.get("totals", {}).get("duplicate"),
-        },
-        "alerts": detection,
-        "latency_ms": {
-            "gateway_delivery_p50": gateway.get("delivery_latency_ms_p50"),
-            "gateway_delivery_p99": gateway.get("delivery_latency_ms_p99"),
-            **{f"raw_append_to_alert_{q}": v for q, v in quantiles(latencies, (0.5, 0.99), digits=1).items()},
-        },
-        "closed_loop": closed_loop.summarise(audits, alerts, truth),
-        "dashboards": check_dashboards(
-            settings,
-            alerts,
-            verdicts,
-            raw.identities,
-            frozenset(a.device_id for a in audits),
-            gateway_id(next(iter(site_names(options.sites)), None)),
-        ),
-        "components": results,
-    }
+    totals = stream.get("totals", {})
     folder = options.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
     report.write_alerts(folder, alerts, verdicts)
@@ -573,8 +504,42 @@ def _summarise(
         report.plot_closed_loop(folder, closed_loop.timings(audits, alerts)[1]),
         *report.plot_devices(folder, archive, alerts, truth, verdicts),
     ]
-    summary["report"] = {"folder": str(folder), "plots": [str(p) for p in plots if p]}
-    report.write_summary(folder, summary)
+    summary = DemoSummary(
+        options={k: str(v) for k, v in options.__dict__.items()},
+        completed=drained and not interrupted,
+        messages=Messages(
+            simulated=simulator.get("sent"),
+            simulated_readings=simulator.get("readings"),
+            gateway_received=gateway.get("received"),
+            gateway_forwarded=gateway.get("forwarded"),
+            gateway_dead_lettered=gateway.get("dead_lettered"),
+            kafka_raw_unique_readings=loss.unique_readings_in_kafka,
+            kafka_raw_unparseable=raw.unparseable,
+            stream=totals,
+        ),
+        dead_letters_by_stage_and_reason=dict(sorted(dead_reasons.items())),
+        loss=loss,
+        duplicates=Duplicates(gateway_seen=gateway.get("duplicates"), stream_removed=totals.get("duplicate")),
+        alerts=detection,
+        latency_ms=Latency(
+            gateway_delivery_p50=gateway.get("delivery_latency_ms_p50"),
+            gateway_delivery_p99=gateway.get("delivery_latency_ms_p99"),
+            raw_append_to_alert_p50=alert_latency["p50"],
+            raw_append_to_alert_p99=alert_latency["p99"],
+        ),
+        closed_loop=closed_loop.summarise(audits, alerts, truth),
+        dashboards=check_dashboards(
+            settings,
+            alerts,
+            verdicts,
+            raw.identities,
+            frozenset(a.device_id for a in audits),
+            gateway_id(next(iter(site_names(options.sites)), None)),
+        ),
+        components=results,
+        report=ReportFiles(folder=str(folder), plots=[str(p) for p in plots if p]),
+    )
+    write_summary(folder, summary)
     return summary
 
 
@@ -582,19 +547,6 @@ def _raw_topics(settings: Settings, options: DemoOptions) -> list[str]:
     """Where the job's input is at the centre: the raw topic, or each site's replica of it."""
     sites = site_names(options.sites)
     return [remote_topic(site, settings.topics.raw) for site in sites] or [settings.topics.raw]
-
-
-def decoded_alerts(records: list[Any]) -> tuple[list[AlertRecord], list[Any]]:
-    """The alert topic's alerts, and their Kafka records; a record that is not an alert is
-    logged and left out (the forwarder dead-letters it)."""
-    alerts, kept = [], []
-    for record in records:
-        try:
-            alerts.append(decode_alert(record.value()))
-            kept.append(record)
-        except BadAlert as exc:
-            log.warning("not an alert at %s@%d: %s", record.topic(), record.offset(), exc)
-    return alerts, kept
 
 
 def pick_values(
@@ -653,117 +605,6 @@ def check_dashboards(
         return summarise_checks(check_all(build_all().values(), picks, client.query), picks)
     finally:
         client.close()
-
-
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    messages, loss, alerts = summary["messages"], summary["loss"], summary["alerts"]
-    stream = messages["stream"]
-    console.print(
-        "\n[bold]iotwatch demo summary[/bold]"
-        + ("" if summary["completed"] else " [yellow](not fully drained)[/yellow]")
-    )
-    console.print(
-        f"  messages: simulated {messages['simulated']}, gateway received {messages['gateway_received']}, "
-        f"forwarded {messages['gateway_forwarded']}, dead-lettered {messages['gateway_dead_lettered']}; "
-        f"stream scored {stream.get('reading_records')}, duplicates {stream.get('duplicate')}, "
-        f"late {stream.get('late')}, clock steps {stream.get('clock_steps', 0)}, dead-lettered {stream.get('dlq')}"
-    )
-    style = "green" if loss["loss"] == 0 else "bold red"
-    console.print(
-        f"  loss accounted by seq: [{style}]{loss['loss']}[/{style}] "
-        f"({loss['unique_readings_in_kafka']} unique readings in Kafka, {loss['archived']} archived, "
-        f"{loss['late']} late, {loss['declared_dropout_or_malformed_seqs']} seqs of injected dropouts or "
-        "malformed payloads)"
-    )
-    options = summary["options"]
-    by_rule = ", ".join(f"{rule} {n}" for rule, n in alerts["false_alarms_by_rule"].items())
-    console.print(
-        f"  alerts vs ground truth (anomalies injected after {float(options['anomalies_after_s']):g} s of "
-        f"event time): recall {alerts['recall']} ({alerts['anomalies_detected']}/"
-        f"{alerts['anomalies_injected']}), precision {alerts['precision']} "
-        f"({alerts['alerts_detecting_an_anomaly']} detecting and {alerts['false_alarms']} false of "
-        f"{alerts['alerts_raised']} raised alerts; {alerts['alerts_related_to_an_anomaly']} related to an "
-        f"anomaly and {alerts['end_of_run_silences']} device_silent at the end of the run not counted), "
-        f"median delay {alerts['median_delay_readings']} readings, false alarms {alerts['false_alarms']}"
-        + (f" ({by_rule})" if by_rule else "")
-    )
-    for kind, stats in alerts["by_kind"].items():
-        delay = f"{stats['median_delay_s']} s" if stats["median_delay_s"] is not None else "n/a"
-        if kind == "dropout" and stats["median_delay_s"] is None:
-            delay = "n/a (silence is judged in wall time)"
-        console.print(
-            f"    {kind:<14} recall {stats['recall']:<6} ({stats['detected']}/{stats['injected']}) median delay {delay}"
-        )
-    latency = summary["latency_ms"]
-    console.print(
-        f"  latency: gateway delivery p50/p99 {latency['gateway_delivery_p50']}/"
-        f"{latency['gateway_delivery_p99']} ms; reading in Kafka to alert in Kafka p50/p99 "
-        f"{latency['raw_append_to_alert_p50']}/{latency['raw_append_to_alert_p99']} ms"
-    )
-    loop = summary.get("closed_loop")
-    if loop:
-
-        def p50_p99(name: str) -> str:
-            return f"{loop[name]['p50']}/{loop[name]['p99']} s"
-
-        console.print(
-            f"  closed loop: {loop['commands']} commands {loop['outcomes']}, "
-            f"{loop['anomalies_ended_by_command']} anomalies ended by a command; p50/p99 alert to command "
-            f"{p50_p99('time_to_command_s')}, command to device ack {p50_p99('time_to_device_ack_s')}, "
-            f"command to alert cleared {p50_p99('time_to_recovery_s')}"
-        )
-    oncall = summary.get("oncall")
-    if oncall:
-        console.print(
-            f"  on-call: {oncall['notifications_received']} notifications to the demo receiver, "
-            f"{oncall['acknowledged_by_demo']} alerts acknowledged by {ON_CALL}"
-        )
-    for site, figures in summary.get("sites", {}).items():
-        style = "green" if figures["loss"] == 0 else "bold red"
-        lag = figures["replication_lag"]
-        console.print(
-            f"  site {site}: {figures['readings_at_site']} readings at the site, {figures['readings_at_centre']} "
-            f"at the centre ({figures['copied_twice_by_mirror_maker']} copied twice), loss [{style}]{figures['loss']}"
-            f"[/{style}]; replication lag p50/p99/max {lag['p50_ms']}/{lag['p99_ms']}/{lag['max_ms']} ms; "
-            f"{figures['alerts_raised']} alerts raised; commands {figures['commands']['sent']} sent, "
-            f"{figures['commands']['acknowledged']} acknowledged by the device, {figures['commands']['expired']} "
-            f"expired unanswered, {figures['commands']['open']} open"
-        )
-    print_dashboards(console, summary.get("dashboards"))
-    console.print(f"  report: {summary['report']['folder']}")
-    if summary.get("stack"):
-        print_kept_stack(console, summary["stack"])
-
-
-def print_dashboards(console: Console, result: dict[str, Any] | None) -> None:
-    if result is None:
-        console.print("  dashboards: not checked (no InfluxDB in the stack)")
-    elif "error" in result:
-        console.print(f"  dashboards: not checked ({result['error']})")
-    else:
-        complete = result["queries_with_data"] == result["queries_checked"]
-        style = "green" if complete else "yellow"
-        console.print(
-            f"  dashboards: [{style}]{result['queries_with_data']}/{result['queries_checked']}[/{style}] "
-            f"queries return data ({result['dashboards']} dashboards: panels, variables, annotations; "
-            f"site {result['values']['site']}, device {result['values']['device']})"
-            + ("" if complete else "; no data: " + ", ".join(result["empty"] + list(result["errors"])))
-        )
-
-
-def print_kept_stack(console: Console, stack: dict[str, Any]) -> None:
-    """Where the stack left running answers, and how to stop it."""
-    console.print(f"  stack left running ({stack['run_dir']}):")
-    for role, endpoint in stack["endpoints"].items():
-        if endpoint:
-            console.print(f"    {role:<7}{endpoint}")
-    if stack["endpoints"].get("influx"):
-        console.print(
-            f"    Grafana: iotwatch dashboards push --url http://GRAFANA:3000 --influx-url "
-            f"{stack['endpoints']['influx']} --database {stack['influx_database']}"
-        )
-    console.print("    other shells: " + " ".join(f"export {k}={v};" for k, v in stack["env"].items()))
-    console.print(f"    stop it with: {stack['stop']}")
 
 
 def check_prerequisites() -> None:

@@ -102,7 +102,7 @@ def _comments(source: str) -> dict[str, str]:
             if not (len(targets) == 1 and isinstance(targets[0], ast.Name)):
                 continue
             line = lines[node.lineno - 1]
-            above = []
+            above: list[str] = []
             row = node.lineno - 2
             while row >= 0 and lines[row].strip().startswith("#:"):
                 above.insert(0, lines[row].strip()[2:].strip())
@@ -155,7 +155,13 @@ def type_text(info: Any) -> str:
     if isinstance(info, i.DictType):
         text = f"object {type_text(info.key_type)} -> {type_text(info.value_type)}"
         return text + (f" (at most {info.max_length} entries)" if info.max_length is not None else "")
-    names = {i.IntType: "int", i.FloatType: "number", i.StrType: "string", i.BoolType: "bool", i.AnyType: "any JSON"}
+    names: dict[type, str] = {
+        i.IntType: "int",
+        i.FloatType: "number",
+        i.StrType: "string",
+        i.BoolType: "bool",
+        i.AnyType: "any JSON",
+    }
     base = names.get(type(info), type(info).__name__)
     parts = _constraints(info)
     return f"{base} ({', '.join(parts)})" if parts else base

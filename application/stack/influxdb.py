@@ -52,8 +52,13 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float, port: int | N
     endpoint = f"http://{HOST}:{http_port}"
     client = InfluxV1Client(InfluxSettings(url=endpoint, database=database))
     versions: list[str] = []
+
+    def answers() -> bool:
+        versions.append(client.ping())  # raises until the server answers
+        return True
+
     wait_until(
-        lambda: bool(versions.append(client.ping()) or True),
+        answers,
         timeout_s=timeout_s,
         what=f"InfluxDB on port {http_port}",
         record=record,

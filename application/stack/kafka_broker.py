@@ -20,6 +20,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr
 
 from iotwatch.application.stack.process import (
     ProcessRecord,
@@ -64,6 +67,10 @@ logger.state.level = warn
 """
 
 
+#: The client security protocols, as :attr:`iotwatch.settings.KafkaSettings.security_protocol` takes them.
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
 @dataclass(frozen=True)
 class KafkaSecurity:
     """SASL/SCRAM users (name -> password) and the ACL authorizer, ``admin`` the super user;
@@ -77,9 +84,11 @@ class KafkaSecurity:
         return bool(self.passwords)
 
     @property
-    def protocol(self) -> str:
+    def protocol(self) -> SecurityProtocol:
         """The client listener's security protocol."""
-        return ("SASL_" if self.sasl else "") + ("SSL" if self.tls else "PLAINTEXT")
+        if self.sasl:
+            return "SASL_SSL" if self.tls else "SASL_PLAINTEXT"
+        return "SSL" if self.tls else "PLAINTEXT"
 
     def admin_password(self) -> str:
         return self.passwords[ADMIN_USER]
@@ -198,7 +207,7 @@ def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> Kafk
     verifying the broker's certificate with its CA when it has TLS. Every connection setting
     is given, so none comes from the caller's IOTWATCH_KAFKA_* variables (which may name
     another cluster's security)."""
-    protocol = security.protocol if security else "PLAINTEXT"
+    protocol: SecurityProtocol = security.protocol if security else "PLAINTEXT"
     sasl = security is not None and security.sasl
     return KafkaSettings(
         bootstrap_servers=endpoint,
@@ -206,7 +215,7 @@ def admin_settings(endpoint: str, security: KafkaSecurity | None = None) -> Kafk
         ssl_ca_location=security.tls.ca_file if security and security.tls else None,
         sasl_mechanism=SCRAM_MECHANISM if sasl else None,
         sasl_username=ADMIN_USER if sasl else None,
-        sasl_password=security.admin_password() if security and sasl else None,
+        sasl_password=SecretStr(security.admin_password()) if security and sasl else None,
     )
 
 

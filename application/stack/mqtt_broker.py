@@ -36,8 +36,13 @@ def start_mqtt_broker(run_dir: Path, choice: str, timeout_s: float, port: int | 
     record = start_process("mqtt", command, base / "broker.log")
     endpoint = f"mqtt://{HOST}:{port}"
     settings = MqttSettings(url=endpoint)
+
+    def answers() -> bool:
+        round_trip(settings, timeout_s=2.0)  # raises until the broker answers
+        return True
+
     wait_until(
-        lambda: round_trip(settings, timeout_s=2.0) is None,
+        answers,
         timeout_s=timeout_s,
         what=f"MQTT broker ({implementation}) on port {port}",
         record=record,

@@ -51,8 +51,9 @@ class ReplicationLag:
             message = self._consumer.poll(0.2)
             if message is None:
                 continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     return None
                 continue
             return int(message.timestamp()[1])

@@ -10,7 +10,8 @@ import requests
 
 from iotwatch.alerts.book import load_book
 from iotwatch.alerts.routing import load_routing
-from iotwatch.application.demo.oncall_person import ON_CALL, OnCallPerson, Receiver
+from iotwatch.application.demo.oncall_person import ON_CALL, OnCallPerson
+from iotwatch.application.harness.receiver import Receiver
 from iotwatch.settings import Settings
 from tests.support.alerts import make_alert, produce
 

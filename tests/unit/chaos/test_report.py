@@ -3,7 +3,6 @@ runner keeps a second at a time, the faults, the raw topic's index."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,9 @@ from iotwatch.application.chaos import report
 from iotwatch.application.chaos.faults import FaultRecord
 from iotwatch.application.chaos.resources import Sample, Sampler
 from iotwatch.application.chaos.schedule import Action, FaultKind, PlannedFault
-from iotwatch.application.demo.accounting import RawIndex
-from iotwatch.application.demo.live import LiveState
-from iotwatch.application.demo.live import Sample as LiveSample
+from iotwatch.application.harness.accounting import RawIndex
+from iotwatch.application.harness.probe import LiveState
+from iotwatch.application.harness.probe import Sample as LiveSample
 
 STARTED = 1_800_000_000.0
 
@@ -40,12 +39,12 @@ def test_the_report_is_written_from_the_runs_samples(tmp_path: Path) -> None:
         records=1000,
     )
 
-    where = report.write(tmp_path, {"loss": {"loss": 0}}, live, sampler, [fault], STARTED, raw)
+    where = report.write(tmp_path, live, sampler, [fault], STARTED, raw, loss=0)
 
-    assert sorted(Path(p).name for p in where["plots"]) == ["latency.png", "pipeline.png", "resources.png"]
-    resources = pd.read_csv(where["resources_csv"])
+    assert sorted(Path(p).name for p in where.plots) == ["latency.png", "pipeline.png", "resources.png"]
+    resources = pd.read_csv(where.resources_csv)
     assert len(resources) == 120 and set(resources["process"]) == {"gateway", "stream"}
     assert resources["anon_bytes"].iloc[-1] == 90_000_000 and resources["rss_bytes"].max() == 100_000_059
-    pipeline = pd.read_csv(where["pipeline_csv"])
+    pipeline = pd.read_csv(where.pipeline_csv)
     assert len(pipeline) == 60 and pipeline["lag"].max() == 2000
-    assert json.loads((tmp_path / "summary.json").read_text())["report"] == where
+    assert where.folder == str(tmp_path)

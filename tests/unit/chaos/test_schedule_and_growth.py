@@ -25,6 +25,7 @@ from iotwatch.application.chaos.resources import (
     slope_per_minute,
 )
 from iotwatch.application.chaos.schedule import FAULT_KINDS, Action, ScheduleOptions, fault_kind, plan
+from iotwatch.application.harness.results import as_json
 
 
 def test_every_fault_kind_runs_at_least_once_in_order_within_the_run() -> None:
@@ -242,9 +243,9 @@ def test_alert_ids_equal_the_replay_s_without_the_responder_s_escalations_and_th
         "e": _alert("e", rule="command_escalation"),
         "g": _alert("g", rule="ingestion_gap"),
     }
-    same = alerts_match(live, {i: _alert(i) for i in ("a", "b")})
+    same = as_json(alerts_match(live, {i: _alert(i) for i in ("a", "b")}))  # the summary's keys
     assert same["ok"] and same["responder_escalations_left_out"] == 1 and same["ingestion_gaps_left_out"] == 1
-    differs = alerts_match(live, {i: _alert(i) for i in ("a", "c")})
+    differs = as_json(alerts_match(live, {i: _alert(i) for i in ("a", "c")}))
     assert not differs["ok"]
     assert (differs["only_live"], differs["only_replay"]) == ({"b": "anomaly_score"}, {"c": "anomaly_score"})
 
@@ -254,9 +255,9 @@ def test_notifications_are_proved_per_alert_record_and_repeats_removed_by_key() 
 
     alerts = [_alert("a"), _alert("a", state="cleared"), _alert("b")]
     received = Counter({"a:raised": 2, "a:cleared": 1, "b:raised": 1})
-    proof = notifications(alerts, received)
+    proof = as_json(notifications(alerts, received))
     assert proof["ok"] and proof["duplicates_removed_by_key"] == 1 and proof["unique_after_dedup"] == 3
-    assert notifications(alerts, Counter({"a:raised": 1}))["missing"] == ["a:cleared", "b:raised"]
+    assert notifications(alerts, Counter({"a:raised": 1})).missing == ["a:cleared", "b:raised"]
 
 
 def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
@@ -271,7 +272,7 @@ def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
         return msgspec.convert(fields, CommandAudit)
 
     history = [audit("c1", "sent"), audit("c1", "done"), audit("c2", "sent"), audit("c2", "timed_out")]
-    assert commands(history) | {"by_status": None} == {
+    assert as_json(commands(history)) | {"by_status": None} == {
         "ok": True,
         "commands": 2,
         "acknowledged": 1,
@@ -280,7 +281,7 @@ def test_commands_end_acknowledged_or_expired_by_their_latest_audit() -> None:
         "by_status": None,
         "open": [],
     }
-    assert commands([*history, audit("c3", "accepted")])["open"] == ["c3"]
+    assert commands([*history, audit("c3", "accepted")]).open == ["c3"]
 
 
 def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None:
@@ -293,7 +294,7 @@ def test_the_lag_is_judged_back_at_its_fault_free_level_between_faults() -> None
         {"fault": "mqtt pause", "injected_at_s": 90.0, "recovery_s": 9.0},
     ]
     lag = [(float(t), 9000 if t < 30 else 5000 if t < 44 else 200 if t < 60 else 4000) for t in range(0, 100)]
-    result = catch_up(faults, lag, load_s=100.0, rate=30.0)
+    result = as_json(catch_up(faults, lag, load_s=100.0, rate=30.0))
     assert result["level"] == 300 and result["lead_in_max_lag"] == 9000 and result["judged"] == 2
     assert not result["ok"] and result["not_caught_up"] == ["kafka pause"]
     assert faults[0]["caught_up_s"] == 4.0 and faults[1]["caught_up_s"] is None and "caught_up_s" not in faults[2]

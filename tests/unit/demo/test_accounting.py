@@ -13,8 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iotwatch.application.demo.accounting import RawIndex, account, archived_seqs, index_raw, judge_alerts
+from iotwatch.application.demo.detection import judge_alerts
 from iotwatch.application.demo.runner import pick_values
+from iotwatch.application.harness.accounting import RawIndex, account, archived_seqs, index_raw
+from iotwatch.application.harness.results import as_json
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.evaluation.judgement import END_OF_RUN, FALSE_ALARM, RELATED, TRUE
 from tests.helpers import injection
@@ -64,7 +66,8 @@ def test_the_demo_reports_the_one_judgement_and_the_end_of_the_run() -> None:
             alert("escalated", "t2", "command_escalation", 0, caused_by="silence"), seq=None, first_seq=None
         ),
     ]
-    summary, verdicts = judge_alerts(alerts, truth, raw, speedup=10.0)
+    detection, verdicts = judge_alerts(alerts, truth, raw, speedup=10.0)
+    summary = as_json(detection)  # the summary's keys
     assert verdicts == {"silence": TRUE, "stray": FALSE_ALARM, "stopped": END_OF_RUN, "escalated": RELATED}
     assert (summary["recall"], summary["precision"], summary["alerts_raised"]) == (1.0, 0.5, 4)
     assert (summary["alerts_detecting_an_anomaly"], summary["false_alarms"], summary["end_of_run_silences"]) == (
@@ -143,10 +146,10 @@ def test_loss_counts_every_missing_seq_at_the_transport_and_in_the_pipeline() ->
     archived = {"t1": np.setdiff1d(raw["t1"], np.arange(60, 90)), "t2": np.arange(30)}
     truth = [injection("dropout", "t1", 50, 52)]
     loss = account(raw, archived, {"t1": set(range(60, 65))}, truth)
-    assert loss["transport_gaps"] == {"t1": [10]}
-    assert loss["pipeline_missing"] == {"t1": list(range(65, 85))}
-    assert (loss["loss"], loss["unique_readings_in_kafka"], loss["archived"], loss["late"]) == (1 + 25, 126, 96, 5)
-    assert loss["declared_dropout_or_malformed_seqs"] == 3
+    assert loss.transport_gaps == {"t1": [10]}
+    assert loss.pipeline_missing == {"t1": list(range(65, 85))}
+    assert (loss.loss, loss.unique_readings_in_kafka, loss.archived, loss.late) == (1 + 25, 126, 96, 5)
+    assert loss.declared_dropout_or_malformed_seqs == 3
 
 
 def test_archived_seqs_reads_every_file_of_the_archive(tmp_path: Path) -> None:

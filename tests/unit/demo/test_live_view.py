@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from iotwatch.application.demo.live import GATEWAY_COUNTERS, kafka_note
+from iotwatch.application.demo.live import kafka_note
+from iotwatch.application.harness.probe import GATEWAY_COUNTERS
 
 
 def test_kafka_state_comes_from_the_gateways_kafka_up_metric() -> None:

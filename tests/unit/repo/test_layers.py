@@ -14,6 +14,8 @@ The floors, lowest first:
 3. **The application** (``application/``, installed as ``iotwatch.application``): the root
    command group, demo, chaos, bench, the embedded stack, provisioning, setup and the
    generators of the reference pages. It may import anything below it; nothing below imports it.
+   Its scenarios (demo, chaos, the benches) run the pipeline through the run harness
+   (``iotwatch.application.harness``) and import none of one another.
 
 An edge is anything that loads a module when the code runs: an import at module level or in a
 function (those under ``if TYPE_CHECKING:`` are for annotations only and never run), and a
@@ -45,6 +47,8 @@ TOP = len(STAGES) + 1
 TOP_LEVEL = {CORE, APPLICATION, *(f"{CORE}.{stage}" for stage in STAGES)}
 #: The application's packages (its root modules belong to ``iotwatch.application`` itself).
 APPLICATION_PACKAGES = {f"{APPLICATION}.{init.parent.name}" for init in (ROOT / "application").glob("*/__init__.py")}
+#: The application's scenarios over the run harness: none imports another.
+SCENARIOS = tuple(f"{APPLICATION}.{name}" for name in ("demo", "chaos", "bench"))
 #: A string that is a module name, with an optional ``:attribute`` (a lazy registry's entry).
 _NAMED = re.compile(r"(iotwatch(?:\.\w+)+)(?::\w+)?")
 #: The one module that imports by a computed name (``importlib.import_module``), and why.
@@ -157,6 +161,20 @@ def upward_edges(graph: Mapping[str, Set[str]]) -> list[str]:
     return wrong
 
 
+def scenario_crossings(graph: Mapping[str, Set[str]]) -> list[str]:
+    """Each edge from one scenario's package into another's (what both use belongs to the harness)."""
+
+    def scenario(module: str) -> str | None:
+        return next((s for s in SCENARIOS if module == s or module.startswith(s + ".")), None)
+
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if scenario(module) and scenario(target) and scenario(module) != scenario(target)
+    ]
+
+
 def cycles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (Tarjan's algorithm)."""
     found: list[list[str]] = []
@@ -220,6 +238,14 @@ def test_no_floor_imports_one_above_it() -> None:
     assert not wrong, "packages import a package above them:\n" + "\n".join(wrong)
 
 
+def test_no_scenario_imports_another() -> None:
+    assert "iotwatch.application.harness.probe" in GRAPH["iotwatch.application.chaos.runner"]
+    wrong = scenario_crossings(GRAPH)
+    assert not wrong, "scenarios that import another's modules (move what they share to the harness):\n" + "\n".join(
+        wrong
+    )
+
+
 def test_no_packages_import_each_other() -> None:
     packages = package_graph(GRAPH)
     assert "iotwatch.cli" in packages["iotwatch.gateway"]  # (the walk maps modules to packages)
@@ -252,7 +278,8 @@ def test_only_the_lazy_command_group_imports_by_a_computed_name() -> None:
 
 def test_the_checks_fail_on_a_planted_counter_example(tmp_path: Path) -> None:
     """A tiny tree whose one cycle runs through a registry's string and an import inside a
-    function, and a core module that imports a stage and the application."""
+    function, a core module that imports a stage and the application, and a scenario that
+    imports another's module (beside one that imports the harness)."""
     plant = tmp_path / "plant"
     plant.mkdir()
     (plant / "__init__.py").write_text("")
@@ -262,9 +289,18 @@ def test_the_checks_fail_on_a_planted_counter_example(tmp_path: Path) -> None:
         "def late():\n    import iotwatch.models.one\n    return 'iotwatch.application.cli:main'\n"
     )
     (tmp_path / "cli.py").write_text("")
+    (tmp_path / "chaos_runner.py").write_text("def run():\n    from iotwatch.application.demo.runner import wait\n")
+    (tmp_path / "demo_runner.py").write_text("from iotwatch.application.harness import probe\n")
+    (tmp_path / "probe.py").write_text("")
     modules = modules_under(tmp_path, {"plant": "iotwatch.models"})
     modules |= {"iotwatch.settings": tmp_path / "settings.py", "iotwatch.application.cli": tmp_path / "cli.py"}
+    modules |= {
+        "iotwatch.application.chaos.runner": tmp_path / "chaos_runner.py",
+        "iotwatch.application.demo.runner": tmp_path / "demo_runner.py",
+        "iotwatch.application.harness.probe": tmp_path / "probe.py",
+    }
     graph = module_graph(modules)
+    assert scenario_crossings(graph) == ["iotwatch.application.chaos.runner -> iotwatch.application.demo.runner"]
     assert cycles(graph) == [["iotwatch.models.catalog", "iotwatch.models.one"]]
     assert [edge.split(": ")[1] for edge in upward_edges(graph)] == [
         "iotwatch.settings -> iotwatch.application.cli",

@@ -1,5 +1,4 @@
-"""After a demo run: where every reading went, by device and seq, and how the alerts
-judge against the injected anomalies (by the one evaluator, :mod:`iotwatch.evaluation.judgement`).
+"""After a run: where every reading went, by device and seq.
 
 Transport: per device, the seqs in the raw Kafka topic must run from 0 to the newest
 without gaps, except the ranges the ground truth declares as dropouts (the simulator
@@ -18,15 +17,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.dead_letters import DeadLetter
-from iotwatch.contract.detection import AnomalyKind
 from iotwatch.contract.ground_truth import Injection
-from iotwatch.contract.metric_catalog import DEFAULT_INTERVAL_S
-from iotwatch.evaluation.judgement import JudgedRun, RaisedAlert, judge
-from iotwatch.stats import rounded
 
 #: device -> its seqs, sorted and unique (an hour's run has millions: arrays, not sets)
 Seqs = dict[str, np.ndarray]
@@ -151,7 +146,23 @@ def declared_ranges(truth: list[Injection]) -> dict[str, list[tuple[int, int]]]:
     return ranges
 
 
-def account(raw: Seqs, archived: Seqs, late: dict[str, set[int]], truth: list[Injection]) -> dict[str, Any]:
+class Loss(msgspec.Struct, kw_only=True):
+    """Where the run's readings went, by seq: ``loss`` counts the seqs missing at the
+    transport (gaps in the raw topic no dropout declares) and in the pipeline (in the raw
+    topic, neither archived nor dead-lettered as late); both must be 0. The gaps and missing
+    seqs name at most 20 seqs a device."""
+
+    devices: int
+    unique_readings_in_kafka: int
+    archived: int
+    late: int
+    declared_dropout_or_malformed_seqs: int
+    loss: int
+    transport_gaps: dict[str, list[int]]
+    pipeline_missing: dict[str, list[int]]
+
+
+def account(raw: Seqs, archived: Seqs, late: dict[str, set[int]], truth: list[Injection]) -> Loss:
     """Loss by seq at the transport and in the pipeline (both must be 0)."""
     dropouts = declared_ranges(truth)
     nothing = np.empty(0, np.int64)
@@ -168,69 +179,16 @@ def account(raw: Seqs, archived: Seqs, late: dict[str, set[int]], truth: list[In
         if len(missing):
             pipeline_missing[device] = missing.tolist()
     lost = sum(len(v) for v in transport_gaps.values()) + sum(len(v) for v in pipeline_missing.values())
-    return {
-        "devices": len(raw),
-        "unique_readings_in_kafka": sum(len(s) for s in raw.values()),
-        "archived": sum(len(s) for s in archived.values()),
-        "late": sum(len(s) for s in late.values()),
-        "declared_dropout_or_malformed_seqs": sum(e - s + 1 for r in dropouts.values() for s, e in r),
-        "loss": lost,
-        "transport_gaps": {device: seqs[:20] for device, seqs in transport_gaps.items()},
-        "pipeline_missing": {device: seqs[:20] for device, seqs in pipeline_missing.items()},
-    }
-
-
-def judge_alerts(
-    alerts: list[AlertRecord], truth: list[Injection], raw: RawIndex, speedup: float = 1.0
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run's raised alerts judged against its ground truth by the one evaluator
-    (:func:`iotwatch.evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``): the
-    demo's summary of its report, and each raised alert's verdict (alert id -> true,
-    related, false or end_of_run).
-
-    The simulators' devices say goodbye when they stop (no ``device_silent``); one that
-    stops without it (a simulator killed) falls silent: a ``device_silent`` alert at a
-    device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
-    the end of the run, left out of precision. The responder's escalation, raised on no
-    reading of its own, is judged at its original alert's reading. The demo runs event
-    time ``speedup`` times faster than the wall clock, and judges silence in wall time, so
-    a dropout's delay in event time is given only when ``speedup`` is 1."""
-    run = JudgedRun(
-        device_types={device: device_type for device, (device_type, _) in raw.identities.items()},
-        intervals_ms={
-            device: int(DEFAULT_INTERVAL_S.get(device_type, 1.0) * 1000)
-            for device, (device_type, _) in raw.identities.items()
-        },
-        last_seq=raw.last_seq(),
+    return Loss(
+        devices=len(raw),
+        unique_readings_in_kafka=sum(len(s) for s in raw.values()),
+        archived=sum(len(s) for s in archived.values()),
+        late=sum(len(s) for s in late.values()),
+        declared_dropout_or_malformed_seqs=sum(e - s + 1 for r in dropouts.values() for s, e in r),
+        loss=lost,
+        transport_gaps={device: seqs[:20] for device, seqs in transport_gaps.items()},
+        pipeline_missing={device: seqs[:20] for device, seqs in pipeline_missing.items()},
     )
-    by_id = {a.alert_id: a for a in alerts if a.raised}
-    raised = [RaisedAlert.of_record(a, by_id.get(a.caused_by or "")) for a in by_id.values()]
-    judgement = judge(truth, raised, run)
-    overall, kinds = judgement.report["overall"], judgement.report["kinds"]
-    by_kind = {
-        kind: {
-            "injected": stats["windows"],
-            "detected": stats["detected"],
-            "recall": rounded(stats["recall"], 3),
-            "median_delay_s": None if kind == AnomalyKind.DROPOUT and speedup != 1.0 else stats["median_delay_s"],
-        }
-        for kind, stats in kinds.items()
-    }
-    summary = {
-        "anomalies_injected": overall["windows"],
-        "anomalies_detected": overall["detected"],
-        "recall": rounded(overall["recall"], 3),
-        "alerts_raised": overall["alerts"],
-        "alerts_detecting_an_anomaly": overall["true"],
-        "alerts_related_to_an_anomaly": overall["related"],
-        "end_of_run_silences": overall["end_of_run"],
-        "precision": rounded(overall["precision"], 3),
-        "false_alarms": overall["false_alarms"],
-        "false_alarms_by_rule": overall["false_alarms_by_rule"],
-        "median_delay_readings": overall["median_delay_readings"],
-        "by_kind": by_kind,
-    }
-    return summary, judgement.verdicts
 
 
 def archived_seqs(archive: Path) -> Seqs:
@@ -247,7 +205,9 @@ def archived_seqs(archive: Path) -> Seqs:
     for path in sorted(root.glob("**/*.parquet")) if root.exists() else []:
         table = pq.read_table(path, columns=["device_id", "seq"])
         encoded = table.column("device_id").combine_chunks().dictionary_encode()
-        names = np.asarray([codes.setdefault(name, len(codes)) for name in encoded.dictionary.to_pylist()], np.int32)
+        names = np.asarray(
+            [codes.setdefault(str(name), len(codes)) for name in encoded.dictionary.to_pylist()], np.int32
+        )
         device.append(names[encoded.indices.to_numpy()])
         seq.append(table.column("seq").to_numpy())
     if not codes:
