@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Self
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
 from iotwatch.models.kernels.primitives import (
+    Floats,
     log_tail_score,
     repeat_judged,
     repeat_learn,
@@ -111,7 +112,7 @@ class RepeatRun(UnivariateMixin, Detector):
     def set_state(self, state: Mapping[str, Any]) -> Self:
         last = state.get("last")
         #: ``(readings, repeat rate, last value (NaN: none), run, reversal rate, sign of the last change)``.
-        self._state = (
+        self._state: Floats = (
             float(int(state.get("n", 0))),
             float(state.get("rate", self.prior_rate)),
             math.nan if last is None else float(last),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -30,14 +30,19 @@ from iotwatch.models.base import Detector, Reading, UnivariateMixin
 __all__ = ["Kernel", "KernelDetector", "warm_kernel"]
 
 
-class Kernel(Protocol):
+#: The detector class a kernel reads its parameters from.
+D_contra = TypeVar("D_contra", bound=Detector, contravariant=True)
+
+
+class Kernel(Protocol[D_contra]):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
-    the parameter vector read from a detector, a fresh row, the batch step (also
-    giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`)."""
+    the parameter vector read from its detector (``Kernel[CadOse]``), a fresh row, the batch
+    step (also giving each reading's surprise before the hold,
+    :meth:`iotwatch.models.base.Detector.surprise_one`)."""
 
     STATE_SIZE: int
 
-    def params_vector(self, detector: Detector) -> np.ndarray: ...
+    def params_vector(self, detector: D_contra) -> np.ndarray: ...
 
     def initial_state(self, params: np.ndarray) -> np.ndarray: ...
 
@@ -66,7 +71,7 @@ class KernelDetector(UnivariateMixin, Detector):
     the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
     once its parameters are set."""
 
-    _kernel: ClassVar[Kernel]
+    _kernel: ClassVar[Kernel[Any]]
 
     def _start(self) -> None:
         """A fresh row, for this detector's parameters."""
@@ -116,7 +121,7 @@ class KernelDetector(UnivariateMixin, Detector):
         return self
 
 
-def warm_kernel(kernel: Kernel, detector: Detector) -> None:
+def warm_kernel(kernel: Kernel[Any], detector: Detector) -> None:
     """Run ``kernel`` once on one reading with ``detector``'s parameters: numba compiles
     (or loads from its cache) the batch step for the job's dtypes."""
     params = kernel.params_vector(detector)

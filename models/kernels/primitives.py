@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import numba
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = [
     "TAIL_PARAMS",
     "TAIL_SIZE",
     "check_batch",
+    "Floats",
     "decay_weight",
     "hw_deviation",
     "hw_learn",
@@ -70,6 +72,11 @@ __all__ = [
 ]
 
 
+#: numba's settings: module globals it sets from the environment at run time, which its stubs
+#: do not declare.
+_CONFIG: Any = numba.config
+
+
 def _kernel_cache_dir() -> str:
     """numba's disk cache checks only the file a function is defined in, not the functions
     it calls from other files: a kernel cached before a change to a primitive, to
@@ -80,14 +87,22 @@ def _kernel_cache_dir() -> str:
     digest = hashlib.sha256()
     for source in sorted([*models.glob("kernels/*.py"), models / "numeric.py", models / "base.py"]):
         digest.update(source.name.encode() + source.read_bytes())
-    base = numba.config.CACHE_DIR or os.path.join(os.path.expanduser("~"), ".cache", "iotwatch", "numba")
+    base = _CONFIG.CACHE_DIR or os.path.join(os.path.expanduser("~"), ".cache", "iotwatch", "numba")
     return os.path.join(base, digest.hexdigest()[:16])
 
 
-numba.config.CACHE_DIR = _kernel_cache_dir()
+_CONFIG.CACHE_DIR = _kernel_cache_dir()
 
-#: How every kernel function is compiled: cached on disk (:func:`_kernel_cache_dir`), without the GIL.
-jit = numba.njit(cache=True, nogil=True)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def jit(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """How every kernel function is compiled: cached on disk (:func:`_kernel_cache_dir`),
+    without the GIL. Typed as the function it compiles, so a kernel keeps its signature for
+    the type checker and a kernel module is a :class:`iotwatch.models.kernels.Kernel`."""
+    return numba.njit(cache=True, nogil=True)(function)
+
 
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
 Floats = tuple[float, ...]
@@ -132,12 +147,14 @@ def _libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
 
 def _python_pow(x: float, y: float) -> float:
     """``x ** y`` as CPython computes it (libm's ``pow``): :func:`libm_pow` without the JIT."""
-    return x**y
+    power: float = x**y
+    return power
 
 
 #: libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness in
 #: :mod:`iotwatch.models.kernels.tail_ensemble`); plain ``**`` when the JIT is disabled.
-libm_pow = _python_pow if numba.config.DISABLE_JIT else _libm_pow
+#: (Compiled code calls the intrinsic without its typing context: it is typed as it is called.)
+libm_pow = _python_pow if _CONFIG.DISABLE_JIT else cast(Callable[[float, float], float], _libm_pow)
 
 
 @jit
@@ -172,7 +189,7 @@ def check_batch(
 ) -> int:
     """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
     and every stream index is a row of ``states`` (checked before any reading is learned)."""
-    n = values.shape[0]
+    n: int = values.shape[0]
     if stream.shape[0] != n or t_ms.shape[0] != n:
         raise ValueError("stream, values and t_ms must have the same length")
     if states.shape[1] != state_size or params.shape[0] != params_size:
