@@ -17,7 +17,6 @@ from iotwatch.models.kernels.primitives import (
     log_tail_score,
     repeat_judged,
     repeat_learn,
-    repeat_run_length,
     repeat_tail,
 )
 from iotwatch.models.numeric import decay_weight
@@ -125,11 +124,6 @@ class RepeatRun(UnivariateMixin, Detector):
     def judged(self) -> bool:
         """Whether runs on this stream say anything (see the class notes)."""
         return bool(repeat_judged(self._state, self._params))
-
-    def run_length(self, x: Reading) -> int | None:
-        """Repeats of the previous reading ending with this one (0: it differs)."""
-        v = self._value(x)
-        return None if v is None else int(repeat_run_length(self._state, self._params, v))
 
     def tail(self, x: Reading, t_ms: int) -> float:
         """Probability of a run at least this long, were repeats independent at the stream's rate."""
