@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar
 
 import numpy as np
 
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
+
+if TYPE_CHECKING:  # not at run time: importing primitives imports numba
+    from iotwatch.models.kernels.primitives import FloatArray, IntArray
 
 __all__ = ["Kernel", "KernelDetector", "warm_kernel"]
 
@@ -42,23 +45,23 @@ class Kernel(Protocol[D_contra]):
 
     STATE_SIZE: int
 
-    def params_vector(self, detector: D_contra) -> np.ndarray: ...
+    def params_vector(self, detector: D_contra) -> FloatArray: ...
 
-    def initial_state(self, params: np.ndarray) -> np.ndarray: ...
+    def initial_state(self, params: FloatArray) -> FloatArray: ...
 
     def score_learn(
-        self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
-    ) -> np.ndarray: ...
+        self, states: FloatArray, stream: IntArray, values: FloatArray, t_ms: IntArray, params: FloatArray
+    ) -> FloatArray: ...
 
     def score_learn_into(
         self,
-        states: np.ndarray,
-        stream: np.ndarray,
-        values: np.ndarray,
-        t_ms: np.ndarray,
-        params: np.ndarray,
-        surprise: np.ndarray,
-    ) -> np.ndarray: ...
+        states: FloatArray,
+        stream: IntArray,
+        values: FloatArray,
+        t_ms: IntArray,
+        params: FloatArray,
+        surprise: FloatArray,
+    ) -> FloatArray: ...
 
 
 #: The stream index of a :class:`KernelDetector`'s one row.
@@ -78,7 +81,7 @@ class KernelDetector(UnivariateMixin, Detector):
         self._params = self._kernel.params_vector(self)
         self._states = self._kernel.initial_state(self._params).reshape(1, self._kernel.STATE_SIZE)
 
-    def _step(self, states: np.ndarray, x: Reading, t_ms: int) -> tuple[float, float]:
+    def _step(self, states: FloatArray, x: Reading, t_ms: int) -> tuple[float, float]:
         """The kernel's step on ``states`` (one row): the score and the surprise before any hold."""
         v = self._value(x)
         value = np.array([math.nan if v is None else v])

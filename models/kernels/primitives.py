@@ -34,6 +34,7 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from numpy.typing import NDArray
 
 from iotwatch.models import numeric
 from iotwatch.models.base import VALUE_LIMIT
@@ -45,7 +46,9 @@ __all__ = [
     "TAIL_PARAMS",
     "TAIL_SIZE",
     "check_batch",
+    "FloatArray",
     "Floats",
+    "IntArray",
     "decay_weight",
     "hw_deviation",
     "hw_learn",
@@ -106,6 +109,9 @@ def jit(function: Callable[_P, _R]) -> Callable[_P, _R]:
 
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
 Floats = tuple[float, ...]
+#: The kernels' arrays: state rows, parameters, values and scores; stream indices and event times.
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 #: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
 TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
@@ -179,11 +185,11 @@ def reading_value(x: float) -> float:
 
 @jit
 def check_batch(
-    states: np.ndarray,
-    stream: np.ndarray,
-    values: np.ndarray,
-    t_ms: np.ndarray,
-    params: np.ndarray,
+    states: FloatArray,
+    stream: IntArray,
+    values: FloatArray,
+    t_ms: IntArray,
+    params: FloatArray,
     state_size: int,
     params_size: int,
 ) -> int:
@@ -390,7 +396,7 @@ def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tu
 
 
 @jit
-def tail_params(p: np.ndarray, q: int) -> Floats:
+def tail_params(p: FloatArray, q: int) -> Floats:
     """The tuple :func:`tail_tail` and :func:`tail_learn` take, from a tail's parameters at ``p[q:]``."""
     return (
         p[q + TP_THRESHOLD],
@@ -404,7 +410,7 @@ def tail_params(p: np.ndarray, q: int) -> Floats:
 
 
 @jit
-def tail_state(row: np.ndarray, base: int) -> Floats:
+def tail_state(row: FloatArray, base: int) -> Floats:
     """A tail's state tuple, from its block at ``row[base:]``."""
     return (
         row[base + TAIL_N],
@@ -417,13 +423,13 @@ def tail_state(row: np.ndarray, base: int) -> Floats:
 
 
 @jit
-def put_state(row: np.ndarray, first: int, state: Floats) -> None:
+def put_state(row: FloatArray, first: int, state: Floats) -> None:
     """Write a member's state back to its (contiguous) offsets, starting at ``first``."""
     for k in range(len(state)):
         row[first + k] = state[k]
 
 
-def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
+def put_tail_params(p: FloatArray, base: int, tail: ExceedanceTail) -> None:
     """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
     (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
     p[base : base + TAIL_PARAMS] = (
@@ -439,7 +445,7 @@ def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
     )
 
 
-def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
+def put_initial_tail(row: FloatArray, base: int, params: FloatArray, p_base: int) -> None:
     """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
     row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
     row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]
