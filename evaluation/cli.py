@@ -100,6 +100,8 @@ def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
     """The default, the reproduced CAD OSE and NAB's published figures, per half and whole."""
     from rich.table import Table
 
+    from iotwatch.evaluation.published import DEFAULT_FIGURES
+
     parts = comparison["parts"]
     table = Table(
         title="nab-dev streams: the default under both protocols beside a reproduced NAB leader and the "
@@ -110,10 +112,9 @@ def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
         table.add_column(f"{part} ({figures['streams']})", justify="right")
     first = next(iter(parts.values()))
     rows = [
-        (f"{comparison['default']} (default), live protocol", [p["default"]["nab_score"] for p in parts.values()]),
-        (
-            f"{comparison['default']} (default), NAB protocol",
-            [p["default_nab_protocol"]["nab_score"] for p in parts.values()],
+        *(
+            (f"{comparison['default']} (default), {protocol} protocol", [p[key]["nab_score"] for p in parts.values()])
+            for protocol, key in DEFAULT_FIGURES.items()
         ),
         (f"{comparison['reproduced']}, NAB protocol", [p["reproduced"]["nab_score"] for p in parts.values()]),
         (

@@ -61,7 +61,8 @@ def score_stream(
     if protocol == "nab":
         declare_nab(detector, stream.values[:, 0])
     scores = detector.score_learn_many(stream.values, stream.t_ms, stream.metrics)
-    return np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
+    clipped: np.ndarray = np.clip(np.nan_to_num(scores, nan=0.0), 0.0, 1.0)
+    return clipped
 
 
 def _stream_metrics(

@@ -37,12 +37,15 @@ from iotwatch.evaluation.sources import NAB_PUBLISHED_SCORES, LabelledStream, sp
 from iotwatch.models.cad_ose import nab_scores
 from iotwatch.models.catalog import DEFAULT_DETECTOR
 
-__all__ = ["PUBLISHED_DETECTORS", "REPRODUCED", "compare", "published_scores"]
+__all__ = ["DEFAULT_FIGURES", "PUBLISHED_DETECTORS", "REPRODUCED", "compare", "published_scores"]
 
 #: NAB's name of the detector :mod:`iotwatch.models.cad_ose` reproduces.
 REPRODUCED = "contextOSE"
 #: Published detectors in the order of their whole-corpus score.
 PUBLISHED_DETECTORS = ("ARTime", "numenta", "contextOSE", "knncad", "randomCutForest", "windowedGaussian")
+#: The default detector's figure under each protocol (:data:`~iotwatch.evaluation.labelled_streams.PROTOCOLS`),
+#: by its key in a part of the report.
+DEFAULT_FIGURES = {"live": "default", "nab": "default_nab_protocol"}
 
 
 def published_scores() -> dict[str, dict[str, dict[str, float]]]:
@@ -80,8 +83,7 @@ def compare(streams: list[LabelledStream], profile: CostProfile) -> dict[str, An
     known = [s for s in streams if s.key in table["null"]]
     if not known or profile != CostProfile(tp=1.0, fn=1.0, fp=0.11):
         return None
-    default = {s.key: score_stream(DEFAULT_DETECTOR, s) for s in known}
-    default_nab = {s.key: score_stream(DEFAULT_DETECTOR, s, protocol="nab") for s in known}
+    default = {p: {s.key: score_stream(DEFAULT_DETECTOR, s, protocol=p) for s in known} for p in DEFAULT_FIGURES}
     reproduced = {s.key: nab_scores(s.values[:, 0]) for s in known}
     published_threshold = next(iter(table[REPRODUCED].values()))["threshold"]
     parts = {"tuning": split_keys("tuning"), "held_out": split_keys("held_out")}
@@ -95,8 +97,7 @@ def compare(streams: list[LabelledStream], profile: CostProfile) -> dict[str, An
         names = [s.key for s in chosen]
         report["parts"][part] = {
             "streams": len(chosen),
-            "default": _figure(chosen, default, profile),
-            "default_nab_protocol": _figure(chosen, default_nab, profile),
+            **{key: _figure(chosen, default[protocol], profile) for protocol, key in DEFAULT_FIGURES.items()},
             "reproduced": _figure(chosen, reproduced, profile),
             "reproduced_at_published_threshold": _figure(chosen, reproduced, profile, published_threshold),
             "published": {d: round(_published_figure(table, d, names), 1) for d in PUBLISHED_DETECTORS},

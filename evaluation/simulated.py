@@ -302,10 +302,7 @@ def settings_for(overrides: dict[str, Any] | None = None) -> StreamSettings:
 
 
 def _defaults() -> dict[str, Any]:
-    return {
-        name: (f.default_factory() if f.default_factory is not None else f.default)  # type: ignore[call-arg]
-        for name, f in StreamSettings.model_fields.items()
-    }
+    return {name: f.get_default(call_default_factory=True) for name, f in StreamSettings.model_fields.items()}
 
 
 def evaluate_fleet(

@@ -202,6 +202,7 @@ class UnivariateMixin:
     metric: str | None
 
     def _value(self, x: Reading) -> float | None:
+        v: float | None
         if self.metric is None:
             if len(x) != 1:
                 return None

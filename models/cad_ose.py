@@ -50,7 +50,7 @@ def nab_scores(
     values = np.asarray(values, dtype=float)
     n = len(values)
     rest = min(math.floor(probationary_percent * n), probationary_percent * 5000) / 5.0
-    vector = kernel.params_vector(CadOse(rest_period=rest, **{"margin": 0.0, "widen_range": False, **params}))  # type: ignore[arg-type]
+    vector = kernel.params_vector(CadOse(rest_period=int(rest), **{"margin": 0.0, "widen_range": False, **params}))
     scores, _ = kernel.given_range_scores(values, float(values.min()), float(values.max()), vector, max_contexts)
     return scores
 
@@ -74,7 +74,7 @@ class CadOse(KernelDetector):
     """
 
     name: ClassVar[str] = "cad_ose"
-    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
+    _kernel: ClassVar[Kernel[Any]] = kernel
     #: None claimed: on the generated test streams (``tests/support/streams.py``) its clean
     #: scores reach those of the anomalies; it is measured on NAB instead.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()

@@ -93,7 +93,7 @@ def check_kernels(detectors: Iterable[str]) -> None:
         )
 
 
-def kernel_for(detector: str) -> Kernel:
+def kernel_for(detector: str) -> Kernel[Any]:
     """The kernel of the detector registered as ``detector`` (imported on first use)."""
     check_kernels([detector])
     cls = detector_class(detector)

@@ -39,7 +39,7 @@ class DeclaredLevels(EpisodeLikelihood):
     """
 
     name: ClassVar[str] = "declared_levels"
-    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
+    _kernel: ClassVar[Kernel[Any]] = kernel
 
     def __init__(
         self, shift_decades: float = 8.0, level_hold_halflife: float = 300.0, stretch: float = 1.7, **params: Any

@@ -75,7 +75,7 @@ class CalibratedEnsemble(Detector):
     ) -> None:
         if combine not in ("max", "mean"):
             raise UserError(f"combine must be 'max' or 'mean', not {combine!r}")
-        self.components = [[str(n), dict(p)] for n, p in components]
+        self.components: list[list[Any]] = [[str(n), dict(p)] for n, p in components]
         self.combine = combine
         self.warmup = warmup
         self.instant = instant

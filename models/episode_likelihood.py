@@ -3,7 +3,7 @@ and one alarm per episode."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.kernels import Kernel, KernelDetector
@@ -93,7 +93,7 @@ class EpisodeLikelihood(KernelDetector):
     """
 
     name: ClassVar[str] = "episode_likelihood"
-    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
+    _kernel: ClassVar[Kernel[Any]] = kernel
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset(
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST, AnomalyKind.FLATLINE}
     )

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from iotwatch.errors import UserError
-from iotwatch.models.kernels.primitives import tail_learn, tail_tail
+from iotwatch.models.kernels.primitives import Floats, tail_learn, tail_tail
 from iotwatch.models.numeric import decay_weight
 
 __all__ = ["ExceedanceTail"]
@@ -122,7 +122,7 @@ class ExceedanceTail:
     def set_state(self, state: list[float] | Mapping[str, Any]) -> Self:
         values = (list(state) + [None] * 6)[:6] if not isinstance(state, Mapping) else [None] * 6
         n, rate, peaks, index, gap, cluster_peak = values
-        self._state = (
+        self._state: Floats = (
             float(n or 0.0),
             self.prior_rate if rate is None else float(rate),
             float(peaks or 0.0),

@@ -129,7 +129,8 @@ class IsolationForest(Detector):
             return np.zeros(len(frame))
         values = frame.reindex(columns=self._columns).to_numpy(dtype=float)
         before = previous.reindex(columns=self._columns).to_numpy(dtype=float)
-        return np.clip(-self._forest.score_samples(self._paired_features(values, before)), 0.0, 1.0)
+        scores: np.ndarray = np.clip(-self._forest.score_samples(self._paired_features(values, before)), 0.0, 1.0)
+        return scores
 
     def score_many(self, frame: pd.DataFrame) -> np.ndarray:
         """Scores of a batch of readings (frame columns = metrics) with the current model."""
@@ -140,7 +141,8 @@ class IsolationForest(Detector):
 
     def _score_rows(self, values: np.ndarray, previous: np.ndarray | None) -> np.ndarray:
         assert self._forest is not None
-        return np.clip(-self._forest.score_samples(self._features(values, previous)), 0.0, 1.0)
+        scores: np.ndarray = np.clip(-self._forest.score_samples(self._features(values, previous)), 0.0, 1.0)
+        return scores
 
     # --- streaming API --------------------------------------------------------------
 

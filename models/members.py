@@ -30,6 +30,7 @@ MEMBERS = (
 
 def member_class(name: str) -> type[Detector]:
     """The detector class registered under ``name``."""
+    found: type[Detector]
     match name:
         case "episode_likelihood":
             from iotwatch.models.episode_likelihood import EpisodeLikelihood as found

@@ -16,7 +16,8 @@ def decay_weight(halflife: float) -> float:
     >>> decay_weight(1.0), round(decay_weight(100.0), 6)
     (0.5, 0.006908)
     """
-    return 1.0 - 0.5 ** (1.0 / max(halflife, 1e-9))
+    halving: float = 0.5 ** (1.0 / max(halflife, 1e-9))
+    return 1.0 - halving
 
 
 def upper_tail(z: float) -> float:

@@ -94,6 +94,10 @@ class TrainedOn(BaseModel):
     to_ms: int | None = None
     rows: int = 0
     devices: int = 0
+    eligible_rows: int = 0
+    holdout_rows: int = 0
+    since_ms: int | None = None
+    until_ms: int | None = None
 
 
 class ModelVersion(BaseModel):
@@ -307,7 +311,7 @@ class ModelRegistry:
             if device_type is not None
             else sorted(p.name for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name))
         )
-        families = []
+        families: list[Path] = []
         for dt in types:
             base = self.root / _check_name("device type", dt)
             if not base.is_dir():

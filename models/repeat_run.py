@@ -13,10 +13,10 @@ from typing import Any, ClassVar, Self
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
 from iotwatch.models.kernels.primitives import (
+    Floats,
     log_tail_score,
     repeat_judged,
     repeat_learn,
-    repeat_run_length,
     repeat_tail,
 )
 from iotwatch.models.numeric import decay_weight
@@ -111,7 +111,7 @@ class RepeatRun(UnivariateMixin, Detector):
     def set_state(self, state: Mapping[str, Any]) -> Self:
         last = state.get("last")
         #: ``(readings, repeat rate, last value (NaN: none), run, reversal rate, sign of the last change)``.
-        self._state = (
+        self._state: Floats = (
             float(int(state.get("n", 0))),
             float(state.get("rate", self.prior_rate)),
             math.nan if last is None else float(last),
@@ -124,11 +124,6 @@ class RepeatRun(UnivariateMixin, Detector):
     def judged(self) -> bool:
         """Whether runs on this stream say anything (see the class notes)."""
         return bool(repeat_judged(self._state, self._params))
-
-    def run_length(self, x: Reading) -> int | None:
-        """Repeats of the previous reading ending with this one (0: it differs)."""
-        v = self._value(x)
-        return None if v is None else int(repeat_run_length(self._state, self._params, v))
 
     def tail(self, x: Reading, t_ms: int) -> float:
         """Probability of a run at least this long, were repeats independent at the stream's rate."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from iotwatch.contract.detection import AnomalyKind
 from iotwatch.models.kernels import Kernel, KernelDetector
@@ -52,7 +52,7 @@ class TailEnsemble(KernelDetector):
     """
 
     name: ClassVar[str] = "tail_ensemble"
-    _kernel: ClassVar[Kernel] = kernel  # type: ignore[assignment]
+    _kernel: ClassVar[Kernel[Any]] = kernel
     #: Drifts over minutes to hours are caught as level changes; a drift over days is
     #: the seasonal :class:`~iotwatch.models.robust_zscore.RobustZScore`'s job (not claimed here).
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset(

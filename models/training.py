@@ -29,7 +29,7 @@ import numpy as np
 from iotwatch.errors import IotwatchError
 from iotwatch.models.iforest import IsolationForest
 from iotwatch.models.registry import ModelRegistry, ModelVersion, TrainedOn
-from iotwatch.stats import quantile
+from iotwatch.stats import quantiles
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,13 +66,14 @@ BATCH_CONF = {"spark.sql.sources.partitionColumnTypeInference.enabled": "false"}
 
 
 def _date(ms: int) -> str:
-    return np.datetime64(int(ms), "ms").astype("datetime64[D]").astype(str)
+    return str(np.datetime64(int(ms), "ms").astype("datetime64[D]"))
 
 
 def _readings(spark: SparkSession, config: TrainConfig) -> DataFrame:
     """The archive's in-range metric values in the time range, in long format
     (device_type, device_id, event_ms, metric, value)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
     root = config.archive / "readings"
     if not root.is_dir():
@@ -87,7 +88,10 @@ def _readings(spark: SparkSession, config: TrainConfig) -> DataFrame:
         df = df.where((F.col("date") <= _date(config.until_ms)) & (F.col("event_ms") < config.until_ms))
     if config.device_types:
         df = df.where(F.col("device_type").isin(list(config.device_types)))
-    names = [field.name for field in df.schema["metrics"].dataType.fields]
+    metrics = df.schema["metrics"].dataType
+    if not isinstance(metrics, StructType):
+        raise IotwatchError(f"{root} is not a readings archive: its metrics column is a {metrics.simpleString()}")
+    names = [field.name for field in metrics.fields]
     catalogued = F.map_from_arrays(
         F.array(*[F.lit(n) for n in names]), F.array(*[F.col(f"metrics.`{n}`") for n in names])
     )
@@ -110,7 +114,8 @@ def _wide(long: DataFrame, metrics: list[str]) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    wide = long.groupBy("device_id", "event_ms").pivot("metric", metrics).agg(F.avg("value"))
+    columns: list[bool | float | int | str] = list(metrics)
+    wide = long.groupBy("device_id", "event_ms").pivot("metric", columns).agg(F.avg("value"))
     order = Window.partitionBy("device_id").orderBy("event_ms")
     upto = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     filled = wide.select(
@@ -138,9 +143,11 @@ def evaluation_figures(scores: np.ndarray, threshold: float) -> dict[str, Any]:
     """
     if len(scores) == 0:
         return {"rows": 0}
-    figures: dict[str, Any] = {"rows": len(scores), "mean": round(float(scores.mean()), 4)}
-    for q in QUANTILES:
-        figures[f"p{q * 100:g}"] = round(float(quantile(scores, q)), 4)
+    figures: dict[str, Any] = {
+        "rows": len(scores),
+        "mean": round(float(scores.mean()), 4),
+        **quantiles(scores, QUANTILES, 4),
+    }
     figures["max"] = round(float(scores.max()), 4)
     figures["threshold"] = threshold
     figures["contamination"] = round(float((scores >= threshold).mean()), 6)
@@ -173,6 +180,7 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
                     F.max("event_ms").alias("to_ms"),
                     F.sum(F.col("_holdout").cast("int")).alias("holdout"),
                 ).first()
+                assert stats is not None  # an aggregate over a whole frame has one row
                 train = _sample(wide, False, config.max_rows, config.seed)
                 held = _sample(wide, True, max(config.max_rows // 4, 1), config.seed)
             finally:

@@ -150,23 +150,14 @@ class ModelWatcher:
                 self._reload(family)
             return self._models[family]
 
-    def refresh(self) -> int:
-        """Poll the topic now and reload every family it mentions; the number of events read."""
-        with self._lock:
-            seen = self._drain()
-            for family in sorted(self._dirty):
-                self._reload(family)
-            return seen
-
     # --- internals ------------------------------------------------------------------
 
-    def _drain(self) -> int:
+    def _drain(self) -> None:
         assert self._consumer is not None
-        seen = 0
         while True:
             messages = self._consumer.consume(num_messages=500, timeout=0)
             if not messages:
-                return seen
+                return
             for message in messages:
                 if message.error() is not None:
                     log.warning("model-updates topic %s: %s", self.topic, message.error())
@@ -176,7 +167,6 @@ class ModelWatcher:
                 except ValueError as exc:
                     log.warning("ignoring a message on %s: %s", self.topic, exc)
                     continue
-                seen += 1
                 self.events_seen += 1
                 self._dirty.add((event.device_type, event.detector))
 

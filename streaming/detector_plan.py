@@ -13,6 +13,7 @@ banks of its checkpoints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,7 @@ class DetectorBank:
     (device, metric) starts from, and the anomaly rule on its scores (levels, name)."""
 
     name: str
-    kernel: Kernel
+    kernel: Kernel[Any]
     params: np.ndarray
     initial: np.ndarray
     anomaly: RuleSpec

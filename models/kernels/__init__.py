@@ -21,39 +21,47 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar
 
 import numpy as np
 
 from iotwatch.models.base import Detector, Reading, UnivariateMixin
 
+if TYPE_CHECKING:  # not at run time: importing primitives imports numba
+    from iotwatch.models.kernels.primitives import FloatArray, IntArray
+
 __all__ = ["Kernel", "KernelDetector", "warm_kernel"]
 
 
-class Kernel(Protocol):
+#: The detector class a kernel reads its parameters from.
+D_contra = TypeVar("D_contra", bound=Detector, contravariant=True)
+
+
+class Kernel(Protocol[D_contra]):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
-    the parameter vector read from a detector, a fresh row, the batch step (also
-    giving each reading's surprise before the hold, :meth:`iotwatch.models.base.Detector.surprise_one`)."""
+    the parameter vector read from its detector (``Kernel[CadOse]``), a fresh row, the batch
+    step (also giving each reading's surprise before the hold,
+    :meth:`iotwatch.models.base.Detector.surprise_one`)."""
 
     STATE_SIZE: int
 
-    def params_vector(self, detector: Detector) -> np.ndarray: ...
+    def params_vector(self, detector: D_contra) -> FloatArray: ...
 
-    def initial_state(self, params: np.ndarray) -> np.ndarray: ...
+    def initial_state(self, params: FloatArray) -> FloatArray: ...
 
     def score_learn(
-        self, states: np.ndarray, stream: np.ndarray, values: np.ndarray, t_ms: np.ndarray, params: np.ndarray
-    ) -> np.ndarray: ...
+        self, states: FloatArray, stream: IntArray, values: FloatArray, t_ms: IntArray, params: FloatArray
+    ) -> FloatArray: ...
 
     def score_learn_into(
         self,
-        states: np.ndarray,
-        stream: np.ndarray,
-        values: np.ndarray,
-        t_ms: np.ndarray,
-        params: np.ndarray,
-        surprise: np.ndarray,
-    ) -> np.ndarray: ...
+        states: FloatArray,
+        stream: IntArray,
+        values: FloatArray,
+        t_ms: IntArray,
+        params: FloatArray,
+        surprise: FloatArray,
+    ) -> FloatArray: ...
 
 
 #: The stream index of a :class:`KernelDetector`'s one row.
@@ -66,14 +74,14 @@ class KernelDetector(UnivariateMixin, Detector):
     the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
     once its parameters are set."""
 
-    _kernel: ClassVar[Kernel]
+    _kernel: ClassVar[Kernel[Any]]
 
     def _start(self) -> None:
         """A fresh row, for this detector's parameters."""
         self._params = self._kernel.params_vector(self)
         self._states = self._kernel.initial_state(self._params).reshape(1, self._kernel.STATE_SIZE)
 
-    def _step(self, states: np.ndarray, x: Reading, t_ms: int) -> tuple[float, float]:
+    def _step(self, states: FloatArray, x: Reading, t_ms: int) -> tuple[float, float]:
         """The kernel's step on ``states`` (one row): the score and the surprise before any hold."""
         v = self._value(x)
         value = np.array([math.nan if v is None else v])
@@ -116,7 +124,7 @@ class KernelDetector(UnivariateMixin, Detector):
         return self
 
 
-def warm_kernel(kernel: Kernel, detector: Detector) -> None:
+def warm_kernel(kernel: Kernel[Any], detector: Detector) -> None:
     """Run ``kernel`` once on one reading with ``detector``'s parameters: numba compiles
     (or loads from its cache) the batch step for the job's dtypes."""
     params = kernel.params_vector(detector)

@@ -195,7 +195,7 @@ def _hash(facts: np.ndarray, count: int) -> tuple[int, int]:
     hi = np.int64(x >> np.uint64(32))
     if hi >= 2**31:
         hi -= 2**32
-    return hi, np.int64(x & np.uint64(_LOW32))
+    return int(hi), int(np.int64(x & np.uint64(_LOW32)))
 
 
 @_jit

@@ -70,7 +70,7 @@ PARAMS_SIZE = el.PARAMS_SIZE + 3
 def params_vector(detector: DeclaredLevels) -> np.ndarray:
     """The episode-likelihood parameters, then the shift, the level hold's decay and the stretch."""
     p = np.empty(PARAMS_SIZE)
-    p[: el.PARAMS_SIZE] = el.params_vector(detector)  # type: ignore[arg-type]
+    p[: el.PARAMS_SIZE] = el.params_vector(detector)
     p[P_SHIFT] = detector.shift_decades
     p[P_HOLD] = 1.0 - decay_weight(detector.level_hold_halflife)
     p[P_STRETCH] = detector.stretch
@@ -119,7 +119,7 @@ def _levels(row: np.ndarray, v: float) -> float:
 
 @jit
 def _score_learn_one(
-    row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
+    row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple[float, ...], stuck_p: tuple[float, ...]
 ) -> tuple[float, float]:
     """Score, then learn, one reading: episode_likelihood's score, lifted by the level view
     when the row has a declared range."""

@@ -81,6 +81,7 @@ from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.kernels.primitives import (
     TAIL_PARAMS,
     TAIL_SIZE,
+    Floats,
     check_batch,
     decay_weight,
     jit,
@@ -323,15 +324,17 @@ def _light(row: np.ndarray, p: np.ndarray) -> float:
 def _trend_clip(row: np.ndarray, p: np.ndarray) -> float:
     """How many step deviations one step may add to the trend: ``clip``, up to
     ``trend_clip`` on a light-tailed stream (:func:`_light`), where a drift's steps are big."""
-    return p[P_CLIP] + (p[P_TREND_CLIP] - p[P_CLIP]) * _light(row, p)
+    clip: float = p[P_CLIP] + (p[P_TREND_CLIP] - p[P_CLIP]) * _light(row, p)
+    return clip
 
 
 @_jit
 def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
     """How many times more common the trend's tail counts: ``trend_weight``, and
     ``light_trend_weight`` on a light-tailed stream (geometric between)."""
-    if p[P_LIGHT_TREND_WEIGHT] == p[P_TREND_WEIGHT]:
-        return p[P_TREND_WEIGHT]
+    weight: float = p[P_TREND_WEIGHT]
+    if p[P_LIGHT_TREND_WEIGHT] == weight:
+        return weight
     return math.exp(
         math.log(p[P_TREND_WEIGHT]) + (math.log(p[P_LIGHT_TREND_WEIGHT]) - math.log(p[P_TREND_WEIGHT])) * _light(row, p)
     )
@@ -346,7 +349,8 @@ def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
     of the cycle it has not yet visited is rare, and a new sensor false-alarms through its
     second day."""
     closed = row[RANGE_N]
-    return closed != 0.0 and row[N] >= closed + py_max(closed, p[P_HISTOGRAM_WARMUP])
+    learned: bool = closed != 0.0 and row[N] >= closed + py_max(closed, p[P_HISTOGRAM_WARMUP])
+    return learned
 
 
 @_jit
@@ -357,8 +361,8 @@ def _score(
     shorts: tuple[float, float, float, float, float],
     step: float,
     trend_alpha: float,
-    tail_p: tuple,
-    stuck_p: tuple,
+    tail_p: Floats,
+    stuck_p: Floats,
 ) -> float:
     """The smallest tail of the views on the log scale, ``d / (d + 10)`` of its decades ``d``
     (before the one-per-episode hold)."""
@@ -400,12 +404,13 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
     over the stream's mean reading interval so far, never more than ``trend_alpha``."""
     if p[P_TREND_HALFLIFE_S] > 0.0 and not math.isnan(row[T0]) and row[N] > 0.0 and t > row[T0]:
         return py_min(p[P_TREND_ALPHA], decay_weight(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
-    return p[P_TREND_ALPHA]
+    alpha: float = p[P_TREND_ALPHA]
+    return alpha
 
 
 @_jit
 def _score_learn_one(
-    row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: tuple, stuck_p: tuple
+    row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: Floats, stuck_p: Floats
 ) -> tuple[float, float]:
     """Score, then learn, one reading of one stream's row: its score (0 unless above the
     held peak) and its surprise (the score before the hold)."""

@@ -25,14 +25,16 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from numpy.typing import NDArray
 
 from iotwatch.models import numeric
 from iotwatch.models.base import VALUE_LIMIT
@@ -44,6 +46,9 @@ __all__ = [
     "TAIL_PARAMS",
     "TAIL_SIZE",
     "check_batch",
+    "FloatArray",
+    "Floats",
+    "IntArray",
     "decay_weight",
     "hw_deviation",
     "hw_learn",
@@ -70,6 +75,11 @@ __all__ = [
 ]
 
 
+#: numba's settings: module globals it sets from the environment at run time, which its stubs
+#: do not declare.
+_CONFIG: Any = numba.config
+
+
 def _kernel_cache_dir() -> str:
     """numba's disk cache checks only the file a function is defined in, not the functions
     it calls from other files: a kernel cached before a change to a primitive, to
@@ -80,17 +90,28 @@ def _kernel_cache_dir() -> str:
     digest = hashlib.sha256()
     for source in sorted([*models.glob("kernels/*.py"), models / "numeric.py", models / "base.py"]):
         digest.update(source.name.encode() + source.read_bytes())
-    base = numba.config.CACHE_DIR or os.path.join(os.path.expanduser("~"), ".cache", "iotwatch", "numba")
+    base = _CONFIG.CACHE_DIR or os.path.join(os.path.expanduser("~"), ".cache", "iotwatch", "numba")
     return os.path.join(base, digest.hexdigest()[:16])
 
 
-numba.config.CACHE_DIR = _kernel_cache_dir()
+_CONFIG.CACHE_DIR = _kernel_cache_dir()
 
-#: How every kernel function is compiled: cached on disk (:func:`_kernel_cache_dir`), without the GIL.
-jit = numba.njit(cache=True, nogil=True)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def jit(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """How every kernel function is compiled: cached on disk (:func:`_kernel_cache_dir`),
+    without the GIL. Typed as the function it compiles, so a kernel keeps its signature for
+    the type checker and a kernel module is a :class:`iotwatch.models.kernels.Kernel`."""
+    return numba.njit(cache=True, nogil=True)(function)
+
 
 #: A member's state or parameters: a tuple of floats (annotation only; numba infers types).
 Floats = tuple[float, ...]
+#: The kernels' arrays: state rows, parameters, values and scores; stream indices and event times.
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 #: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
 TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
@@ -132,12 +153,14 @@ def _libm_pow(typingctx: Any, x: types.Type, y: types.Type) -> tuple[Any, Any]:
 
 def _python_pow(x: float, y: float) -> float:
     """``x ** y`` as CPython computes it (libm's ``pow``): :func:`libm_pow` without the JIT."""
-    return x**y
+    power: float = x**y
+    return power
 
 
 #: libm's ``pow(x, y)``, the function CPython's ``x ** y`` calls (see Exactness in
 #: :mod:`iotwatch.models.kernels.tail_ensemble`); plain ``**`` when the JIT is disabled.
-libm_pow = _python_pow if numba.config.DISABLE_JIT else _libm_pow
+#: (Compiled code calls the intrinsic without its typing context: it is typed as it is called.)
+libm_pow = _python_pow if _CONFIG.DISABLE_JIT else cast(Callable[[float, float], float], _libm_pow)
 
 
 @jit
@@ -162,17 +185,17 @@ def reading_value(x: float) -> float:
 
 @jit
 def check_batch(
-    states: np.ndarray,
-    stream: np.ndarray,
-    values: np.ndarray,
-    t_ms: np.ndarray,
-    params: np.ndarray,
+    states: FloatArray,
+    stream: IntArray,
+    values: FloatArray,
+    t_ms: IntArray,
+    params: FloatArray,
     state_size: int,
     params_size: int,
 ) -> int:
     """The batch's length, once its shapes are those a kernel's :func:`score_learn` takes
     and every stream index is a row of ``states`` (checked before any reading is learned)."""
-    n = values.shape[0]
+    n: int = values.shape[0]
     if stream.shape[0] != n or t_ms.shape[0] != n:
         raise ValueError("stream, values and t_ms must have the same length")
     if states.shape[1] != state_size or params.shape[0] != params_size:
@@ -373,7 +396,7 @@ def _tail_learn_peak(peaks: float, index: float, params: Floats, d: float) -> tu
 
 
 @jit
-def tail_params(p: np.ndarray, q: int) -> Floats:
+def tail_params(p: FloatArray, q: int) -> Floats:
     """The tuple :func:`tail_tail` and :func:`tail_learn` take, from a tail's parameters at ``p[q:]``."""
     return (
         p[q + TP_THRESHOLD],
@@ -387,7 +410,7 @@ def tail_params(p: np.ndarray, q: int) -> Floats:
 
 
 @jit
-def tail_state(row: np.ndarray, base: int) -> Floats:
+def tail_state(row: FloatArray, base: int) -> Floats:
     """A tail's state tuple, from its block at ``row[base:]``."""
     return (
         row[base + TAIL_N],
@@ -400,13 +423,13 @@ def tail_state(row: np.ndarray, base: int) -> Floats:
 
 
 @jit
-def put_state(row: np.ndarray, first: int, state: Floats) -> None:
+def put_state(row: FloatArray, first: int, state: Floats) -> None:
     """Write a member's state back to its (contiguous) offsets, starting at ``first``."""
     for k in range(len(state)):
         row[first + k] = state[k]
 
 
-def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
+def put_tail_params(p: FloatArray, base: int, tail: ExceedanceTail) -> None:
     """An :class:`~iotwatch.models.exceedance.ExceedanceTail`'s parameters at ``p[base:base + TAIL_PARAMS]``
     (offsets ``TP_*``): any kernel with such a tail reads them with :func:`tail_params`."""
     p[base : base + TAIL_PARAMS] = (
@@ -422,7 +445,7 @@ def put_tail_params(p: np.ndarray, base: int, tail: ExceedanceTail) -> None:
     )
 
 
-def put_initial_tail(row: np.ndarray, base: int, params: np.ndarray, p_base: int) -> None:
+def put_initial_tail(row: FloatArray, base: int, params: FloatArray, p_base: int) -> None:
     """A fresh tail's state (its priors) at ``row[base:base + TAIL_SIZE]``, the row zeroed."""
     row[base + TAIL_RATE] = params[p_base + TP_PRIOR_RATE]
     row[base + TAIL_INDEX] = params[p_base + TP_PRIOR_INDEX]

@@ -252,7 +252,7 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
 
 
 @_jit
-def _score_learn_one(row: np.ndarray, x: float, members: tuple) -> float:
+def _score_learn_one(row: np.ndarray, x: float, members: tuple[float, Floats, Floats, Floats, Floats, Floats]) -> float:
     """Score, then learn, one reading of one stream's row: the smallest of the three views'
     tails, times three, on the log scale."""
     warmup, level_p, change_p, stuck_p, level_tail_p, change_tail_p = members
