@@ -134,6 +134,10 @@ class MqttSettings(_ConcernSettings):
         return urlsplit(self.url).scheme in ("mqtts", "ssl")
 
 
+#: Kafka's client security protocols (``security.protocol``).
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
 class KafkaSettings(_ConcernSettings):
     """The Kafka cluster that carries the event log."""
 
@@ -141,7 +145,7 @@ class KafkaSettings(_ConcernSettings):
     model_config = SettingsConfigDict(env_prefix="IOTWATCH_KAFKA_", frozen=True, extra="ignore")
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
     sasl_mechanism: str | None = Field(None, description="e.g. PLAIN, SCRAM-SHA-256, SCRAM-SHA-512")
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None

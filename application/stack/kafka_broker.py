@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from pydantic import SecretStr
 
@@ -37,7 +36,7 @@ from iotwatch.certificates import KafkaKeystore
 from iotwatch.clients.kafka import list_topics
 from iotwatch.errors import StackError
 from iotwatch.jvm.jars import KAFKA_VERSION, java_executable, kafka_broker
-from iotwatch.settings import KafkaSettings
+from iotwatch.settings import KafkaSettings, SecurityProtocol
 
 HOST = "127.0.0.1"
 IMPLEMENTATION = f"apache-kafka {KAFKA_VERSION}"
@@ -65,10 +64,6 @@ logger.kafka.level = {level}
 logger.state.name = state.change.logger
 logger.state.level = warn
 """
-
-
-#: The client security protocols, as :attr:`iotwatch.settings.KafkaSettings.security_protocol` takes them.
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
 
 @dataclass(frozen=True)
