@@ -139,6 +139,10 @@ class Gateway:
                 "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
                 "compression.type": "lz4",
                 "error_cb": self._on_kafka_error,
+                # The gateway says itself when Kafka is lost (error_cb) and when it answers (its
+                # metadata check), with what it holds meanwhile: librdkafka's own connection lines
+                # would say each twice. Its errors still come through error_cb.
+                "log_level": 2,
             }
         )
 
