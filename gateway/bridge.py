@@ -512,6 +512,9 @@ class Gateway:
         except KafkaException:
             self._kafka_back_at = time.monotonic()
             return False  # Kafka is down, not the producer: the outage is reported and waited out
+        if time.monotonic() - now > 1.0:  # a broker that answers only now is coming back: give it time
+            self._kafka_back_at = time.monotonic()
+            return False
         return True
 
     def _replace_producer(self) -> None:
