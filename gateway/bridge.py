@@ -107,6 +107,7 @@ class Gateway:
         self._last_seq: dict[str, int] = {}  # device -> last seq, least recently seen first
         self._generation = 0
         self._last_delivery_at = time.monotonic()
+        self._kafka_back_at = 0.0  # when Kafka was last found down, or answered again after that
         self._newest_event_ms = 0  # newest event time received since the gauges' last refresh
         self._newest_seen_ms = 0  # newest event time at the gauges' last refresh that had one
         self._open = False  # accepting messages (read on the hot path: a plain attribute)
@@ -142,6 +143,10 @@ class Gateway:
                 "queue.buffering.max.messages": max(100_000, 4 * self.config.max_inflight),
                 "compression.type": "lz4",
                 "error_cb": self._on_kafka_error,
+                # The gateway says itself when Kafka is lost (error_cb) and when it answers (its
+                # metadata check), with what it holds meanwhile: librdkafka's own connection lines
+                # would say each twice. Its errors still come through error_cb.
+                "log_level": 2,
             }
         )
 
@@ -490,6 +495,7 @@ class Gateway:
                 reason = str(refused) if refused is not None else reason
                 log.error("Kafka %s unreachable (metadata request: %s)", self.settings.kafka.bootstrap_servers, reason)
             elif up and not was_up:
+                self._kafka_back_at = time.monotonic()
                 log.info("Kafka %s answers", self.settings.kafka.bootstrap_servers)
             first = False
             if self._stopped.wait(interval):
@@ -500,14 +506,21 @@ class Gateway:
         return min((p.received_at for p in pending), default=default)
 
     def _stalled(self) -> bool:
+        """Kafka reachable, messages waiting, and nothing confirmed for ``stall_timeout_s``
+        since the last delivery, the oldest message's arrival or Kafka's return after an
+        outage (the producer gets that long to deliver its backlog before it counts as stuck)."""
         now = time.monotonic()
-        last_progress = max(self._last_delivery_at, self._oldest_pending(now))
+        last_progress = max(self._last_delivery_at, self._oldest_pending(now), self._kafka_back_at)
         if now - last_progress < self.config.stall_timeout_s:
             return False
         try:
             self._producer.list_topics(timeout=2.0)  # reachable? then the producer itself is stuck
         except KafkaException:
+            self._kafka_back_at = time.monotonic()
             return False  # Kafka is down, not the producer: the outage is reported and waited out
+        if time.monotonic() - now > 1.0:  # a broker that answers only now is coming back: give it time
+            self._kafka_back_at = time.monotonic()
+            return False
         return True
 
     def _replace_producer(self) -> None:

@@ -6,7 +6,7 @@ libraries' chatter is held back unless ``--log-level debug`` asks for it:
 - librdkafka logs through the Python logger :data:`LIBRDKAFKA` (confluent-kafka's
   ``logger`` property, see :func:`iotwatch.clients.kafka.client_config`); a broker
   connection failure, which librdkafka repeats on every reconnect attempt, becomes one
-  summarised line per broker and reason (:class:`RepeatSummary`);
+  summarised line per broker and outage, and one more when it answers again (:class:`RepeatSummary`);
 - py4j (Spark's Python-JVM bridge) logs every command at INFO: shown from WARNING only;
 - Spark's own log4j output at WARN and no console progress bar (:mod:`iotwatch.jvm.spark`).
 """
@@ -17,6 +17,8 @@ import logging
 import re
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 #: The logger librdkafka's messages go to (confluent-kafka calls ``logger.log(level, ...)``).
 LIBRDKAFKA = "iotwatch.librdkafka"
@@ -25,48 +27,79 @@ QUIET_LIBRARIES = ("py4j", "urllib3", "matplotlib", "numba", "asyncio", "amqtt",
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # "FAIL [rdkafka#producer-1] [thrd:127.0.0.1:1/bootstrap]: 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1
-# failed: Connection refused (after 0ms in state CONNECT, 3 identical error(s) suppressed)"
-_BROKER_FAILURE = re.compile(r"^(?P<fac>\w+) \[[^\]]*\] \[thrd:[^\]]*\]: (?P<broker>[^ ]+?)(?:/[\w-]+)?: (?P<what>.*)$")
+# failed: Connection refused (after 0ms in state CONNECT, 3 identical error(s) suppressed)"; a consumer's
+# coordinator connection names the broker after "GroupCoordinator: ".
+_BROKER_FAILURE = re.compile(
+    r"^(?P<fac>\w+) \[[^\]]*\] \[thrd:[^\]]*\]: (?:GroupCoordinator: )?(?P<broker>[^ ]+?)(?:/[\w-]+)?: (?P<what>.*)$"
+)
+#: librdkafka's news of a partition whose new leader its metadata cache does not know yet, which
+#: every client logs around a broker's restart and resolves by itself on the next refresh.
+_TRANSIENT = re.compile(r"^METADATAUPDATE \[[^\]]*\] \[thrd:[^\]]*\]: .* not found in cache$")
 _NOISE = re.compile(r"\(after \d+ms(?:[^()]|\(s\))*\)|\d+ identical error\(s\) suppressed|ipv[46]#")
+#: A broker's failures are one outage until it answers again, or until none came for this long.
+FOLD_S = 300.0
+#: After a broker answers again, a failure from a client that has not reconnected yet is no new
+#: outage: for this long it stays at DEBUG.
+GRACE_S = 10.0
 
 
 class RepeatSummary(logging.Filter):
-    """Pass the first librdkafka message of each (broker, problem) once, as one WARNING line
-    that says it will retry; drop its repeats unless debug logging is on.
-
-    librdkafka logs a refused connection on every reconnect attempt of every client (tens
-    of lines a second); what a user needs is that broker X is unreachable and why.
+    """One WARNING line per broker and outage, whatever the client or the reason: the first
+    failure of a broker says it will retry; the rest (every reconnect attempt of every client,
+    tens of lines a second, a disconnection and the refused connections that follow it) go to
+    DEBUG until the broker answers again (:meth:`recovered`, from librdkafka's statistics:
+    :func:`broker_states`). Spark's Kafka clients report through :meth:`failed` too
+    (:class:`iotwatch.jvm.spark.KafkaRepeats`), so a command says a broker is gone once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self._seen: set[tuple[str, str]] = set()
+        self.clock = clock
+        self._down: dict[str, float] = {}  # broker -> time of its last failure
+        self._back: dict[str, float] = {}  # broker -> when it answered again
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         match = _BROKER_FAILURE.match(text)
-        if match is None:
+        if match is None and _TRANSIENT.match(text) is None:
             return True
-        broker, what = match["broker"], _NOISE.sub("", match["what"]).strip(" ,:")
-        key = (broker, re.sub(r"\d+", "N", what))
-        with self._lock:
-            first = key not in self._seen
-            self._seen.add(key)
-        if first and record.levelno >= logging.WARNING:
+        if match is not None and record.levelno >= logging.WARNING and self.failed(match["broker"]):
+            broker, what = match["broker"], _NOISE.sub("", match["what"]).strip(" ,:")
             record.msg, record.args = "Kafka broker %s: %s (retrying; repeats are logged at DEBUG)", (broker, what)
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(LIBRDKAFKA).isEnabledFor(logging.DEBUG)
 
-    def recovered(self, broker: str) -> bool:
-        """``broker`` answers again: forget its failures (the next outage is news again);
-        whether any had been reported."""
+    def failed(self, broker: str) -> bool:
+        """A client failed to reach ``broker``: whether that is news (the first failure of an
+        outage) rather than a repeat."""
+        now = self.clock()
         with self._lock:
-            gone = {key for key in self._seen if key[0] == broker}
-            self._seen -= gone
-        return bool(gone)
+            last = self._down.get(broker)
+            if last is not None and now - last < FOLD_S:
+                self._down[broker] = now
+                return False
+            if now - self._back.get(broker, -GRACE_S) < GRACE_S:
+                return False
+            self._down[broker] = now
+            return True
+
+    def down(self) -> bool:
+        """Whether an outage of any broker is being reported."""
+        now = self.clock()
+        with self._lock:
+            return any(now - last < FOLD_S for last in self._down.values())
+
+    def recovered(self, broker: str) -> bool:
+        """``broker`` answers again: its outage ends (the next one is news again); whether
+        one had been reported."""
+        with self._lock:
+            if self._down.pop(broker, None) is None:
+                return False
+            self._back[broker] = self.clock()
+            return True
 
 
 #: How often librdkafka clients report their brokers' states (:func:`broker_states`).
@@ -79,25 +112,31 @@ def broker_states(stats: str) -> None:
     also says when it is back."""
     import json
 
-    summary = next((f for f in librdkafka_logger().filters if isinstance(f, RepeatSummary)), None)
-    if summary is None:
-        return
     try:
         brokers = json.loads(stats).get("brokers", {})
     except ValueError:
         return
+    summary = repeat_summary()
     for broker in brokers.values():
         name = str(broker.get("nodename", ""))
         if broker.get("state") == "UP" and summary.recovered(name):
             logging.getLogger(LIBRDKAFKA).info("Kafka broker %s answers again", name)
 
 
+def repeat_summary() -> RepeatSummary:
+    """This process's :class:`RepeatSummary` (on the librdkafka logger)."""
+    logger = logging.getLogger(LIBRDKAFKA)
+    summary = next((f for f in logger.filters if isinstance(f, RepeatSummary)), None)
+    if summary is None:
+        summary = RepeatSummary()
+        logger.addFilter(summary)
+    return summary
+
+
 def librdkafka_logger() -> logging.Logger:
     """The logger handed to confluent-kafka clients (summarising repeats, see :class:`RepeatSummary`)."""
-    logger = logging.getLogger(LIBRDKAFKA)
-    if not any(isinstance(f, RepeatSummary) for f in logger.filters):
-        logger.addFilter(RepeatSummary())
-    return logger
+    repeat_summary()
+    return logging.getLogger(LIBRDKAFKA)
 
 
 def configure(level: str = "INFO") -> None:

@@ -114,32 +114,43 @@ class IngestionGaps:
 
 class GapAlertWriter:
     """Writes the driver's ``ingestion_gap`` records to the alert topic. Kafka may be the
-    very server that is down: the producer keeps them and delivers when it is back."""
+    very server that is down: the producer keeps them and delivers when it is back. Polled
+    all along by a thread of its own, its statistics are how the job learns that a Kafka
+    broker it lost answers again (:func:`iotwatch.logs.broker_states`: one line saying so)."""
+
+    #: How often the producer is polled (delivery reports, broker statistics).
+    POLL_S = 0.5
 
     def __init__(self, settings: Settings) -> None:
         from confluent_kafka import Producer
 
-        from iotwatch.logs import librdkafka_logger
+        from iotwatch.clients.kafka import client_config
 
         self.topic = settings.topics.alerts
         self.producer = Producer(
             {
-                **settings.kafka.client_config(),
+                **client_config(settings.kafka),
                 "enable.idempotence": True,
                 "acks": "all",
                 "message.timeout.ms": 24 * 3600 * 1000,  # an outage of Kafka is what it reports
-                "logger": librdkafka_logger(),
-                "log_level": 2,  # its refused connections are the gap it reports: not another line
             }
         )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="gap-alert-writer", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            self.producer.poll(0)
 
     def __call__(self, record: AlertRecord) -> None:
         key, value, headers = alert_message(record)
         log.warning("%s %s: %s", record.rule, record.state, record.message)
         self.producer.produce(self.topic, key=key, value=value, headers=list(headers))
-        self.producer.poll(0)
 
     def close(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
         left = self.producer.flush(timeout_s)
         if left:
             log.warning("%d ingestion_gap record(s) not confirmed by Kafka at exit", left)

@@ -34,6 +34,11 @@ PATTERN_METADATA_AGE_MS = 10_000
 #: 1 ms. A consumer only fetches while a task reads, so a short window costs empty fetches
 #: only then.
 FETCH_MAX_WAIT_MS = 1
+#: How long a task reading a micro-batch's records waits for them (the connector's
+#: ``kafkaConsumer.pollTimeoutMs``, 120 s by default). A Kafka outage while a task reads is
+#: waited out, as the driver waits for offsets (the job's ``ingestion_gap`` says meanwhile),
+#: instead of failing the query after two minutes and restarting it with a burst of errors.
+POLL_TIMEOUT_MS = 3_600_000
 
 
 def kafka_options(settings: KafkaSettings) -> dict[str, str]:
@@ -81,6 +86,7 @@ def read_kafka_stream(
         .options(**kafka_options(settings))
         .option(*(("subscribePattern", pattern) if pattern else ("subscribe", ",".join(topics))))
         .option("startingOffsets", starting_offsets)
+        .option("kafkaConsumer.pollTimeoutMs", str(POLL_TIMEOUT_MS))
         # the packed path reads none of the headers (the gateway's four per record): the
         # connector would still convert each one into the row
         .option("includeHeaders", "false" if packed else "true")

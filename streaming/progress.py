@@ -4,7 +4,7 @@ The stateful operator writes every output itself (:mod:`iotwatch.streaming.sinks
 tally row per partition; the query sums them with an observation
 (:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
 reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
-benchmarks read), logs one line per micro-batch, and sends two points per micro-batch to
+benchmarks read), logs a progress line every few seconds while records flow, and sends two points per micro-batch to
 InfluxDB's ``pipeline`` measurement: ``stage=stream`` (the counts and the batch duration)
 and ``stage=stream_progress`` (rates, Kafka lag, state size).
 
@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column
@@ -45,6 +46,10 @@ HISTORY = 10_000
 #: How often the reporter reads the query's progress (Spark keeps the last 100 reports:
 #: ``spark.sql.streaming.numRecentProgressUpdates``).
 POLL_S = 0.2
+#: At most one progress line this often (the gateway's status period): a micro-batch every
+#: second or two is a line every second or two otherwise, and an outage's or a restart's
+#: lines drown in them. Each line covers the micro-batches with records since the last.
+LINE_EVERY_S = 10.0
 
 
 def now_ms() -> int:
@@ -136,12 +141,34 @@ def batch_counts(observed: Any) -> dict[str, int]:
     return counts
 
 
-def progress_line(batch_id: int, records: int, rate: float, lag: int | None, batch_ms: int) -> str:
-    """One micro-batch as one line, in the gateway's ``name=value`` style."""
+def progress_line(batch_id: int, records: int, rate: float, lag: int | None, batch_ms: int, batches: int = 1) -> str:
+    """Micro-batches up to ``batch_id`` as one line, in the gateway's ``name=value`` style:
+    their records, processing rate, the Kafka lag left and the longest batch's duration."""
+    more = f" batches={batches}" if batches > 1 else ""
     return (
-        f"stream: batch={batch_id} records={records} rate={rate:,.0f}/s "
+        f"stream: batch={batch_id}{more} records={records} rate={rate:,.0f}/s "
         f"lag={'?' if lag is None else lag} batch_ms={batch_ms}"
     )
+
+
+@dataclass
+class _LinePeriod:
+    """The micro-batches with records since the last progress line."""
+
+    batches: int = 0
+    records: int = 0
+    trigger_ms: int = 0
+    longest_ms: int = 0
+    logged_at: float = float("-inf")  # monotonic time of the last line
+
+    def add(self, records: int, trigger_ms: int) -> None:
+        self.batches += 1
+        self.records += records
+        self.trigger_ms += trigger_ms
+        self.longest_ms = max(self.longest_ms, trigger_ms)
+
+    def due(self, now: float) -> bool:
+        return self.batches > 0 and now - self.logged_at >= LINE_EVERY_S
 
 
 class ProgressReporter:
@@ -163,6 +190,7 @@ class ProgressReporter:
         #: Kafka records, in batch order.
         self.phases: deque[dict[str, int]] = deque(maxlen=HISTORY)
         self._query: StreamingQuery | None = None
+        self._period = _LinePeriod()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -243,13 +271,27 @@ class ProgressReporter:
                 **{label: counts[label] for label in WORKER_STEP_LABELS},
             }
         )
-        log.log(
-            logging.INFO if records else logging.DEBUG,
-            "%s",
-            progress_line(int(progress.batchId), records, rate, lag, trigger_ms),
-        )
+        self._log_line(int(progress.batchId), records, trigger_ms, fields)
         if self.influx is not None:
             self._write_influx(fields, {**counts, "batch_duration_ms": trigger_ms, "batch_id": int(progress.batchId)})
+
+    def _log_line(self, batch_id: int, records: int, trigger_ms: int, fields: dict[str, Any]) -> None:
+        """Every micro-batch at DEBUG; at INFO, one line per :data:`LINE_EVERY_S` covering the
+        batches with records since the last (the first at once), none while nothing flows."""
+        log.debug(
+            "%s", progress_line(batch_id, records, fields["processed_rows_per_s"], fields["lag_records"], trigger_ms)
+        )
+        if not records:
+            return
+        period = self._period
+        period.add(records, trigger_ms)
+        now = time.monotonic()
+        if not period.due(now):
+            return
+        rate = period.records * 1000 / period.trigger_ms if period.trigger_ms else 0.0
+        line = progress_line(batch_id, period.records, rate, fields["lag_records"], period.longest_ms, period.batches)
+        log.info("%s", line)
+        self._period = _LinePeriod(logged_at=now)
 
     def _write_influx(self, progress: dict[str, Any], batch: dict[str, int]) -> None:
         """Metrics are derived data: a failed write is logged and counted, not fatal."""

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from iotwatch.logs import librdkafka_logger, spark_log_level
+from iotwatch.logs import librdkafka_logger, repeat_summary, spark_log_level
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,31 +75,30 @@ _KAFKA_UNREACHABLE = re.compile(
     r"|Bootstrap broker (?P<bootstrap>\S+) \(id: \S+ rack: \S+\) disconnected"
     r"|(?P<offsets>Error in attempt \d+ getting Kafka offsets))"
 )
-#: A broker's repeats are folded for this long after the last one: a later outage is news again.
-FOLD_S = 300.0
+#: The outage key of the Kafka source's offset failures, which name no broker.
+OFFSETS = "Spark's Kafka source"
 
 
 class KafkaRepeats:
     """Fold the Kafka clients' repeated "could not be established" lines of Spark's JVM into
-    one WARNING per broker and outage (the rest at DEBUG), like :class:`iotwatch.logs.RepeatSummary`
-    folds librdkafka's."""
-
-    def __init__(self, clock: Any = time.monotonic) -> None:
-        self.clock = clock
-        self.last: dict[str, float] = {}
+    one WARNING per broker and outage (the rest at DEBUG), in the outage bookkeeping of
+    librdkafka's lines (:class:`iotwatch.logs.RepeatSummary`): a broker the driver's own
+    clients also lost is one line, and their statistics say when it answers again. The Kafka
+    source's failure to get offsets is the same outage: said only while no broker is."""
 
     def fold(self, text: str) -> str | None:
-        """The one line to log at WARNING for ``text`` (None: not such a line, or a repeat)."""
+        """The one line to log at WARNING for ``text`` (None: not such a line; "": a repeat)."""
         match = _KAFKA_UNREACHABLE.search(text)
         if match is None:
             return None
-        broker = (match["node"] or match["bootstrap"] or "offsets").rsplit("/", 1)[-1]
-        now, last = self.clock(), self.last.get(broker)
-        self.last[broker] = now
-        if last is not None and now - last < FOLD_S:
-            return ""
+        summary = repeat_summary()
         if match["offsets"]:
+            if summary.down() or not summary.failed(OFFSETS):
+                return ""
             return "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
+        broker = (match["node"] or match["bootstrap"]).rsplit("/", 1)[-1]
+        if not summary.failed(broker):
+            return ""
         return f"Kafka broker {broker} unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
 
 

@@ -37,8 +37,8 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
 ) -> None:
     """Acceptance: a SIGTERM'd stream exits 0 with no Java trace on stderr, and nothing that
     Spark says about the interrupted work after "stopping" (while the first, slow micro-batch
-    runs, or a later one); one progress line per micro-batch with records; the summary is a
-    table (not a dict)."""
+    runs, or a later one); a progress line for the first micro-batch with records (then one
+    every few seconds); the summary is a table (not a dict)."""
     ensure_topics(test_settings.kafka, test_settings.topics.kafka_topics())
     write_scenario(test_settings, unique)
     env = user_env()
@@ -86,7 +86,7 @@ def test_sigterm_stops_the_stream_cleanly_with_progress_lines_and_a_summary_tabl
     progress = [line for line in lines if " stream: batch=" in line]
     assert all("records=" in p and "rate=" in p and "lag=" in p and "batch_ms=" in p for p in progress), err
     if committed:  # (stopped during the first batch, a run may end before its first progress line)
-        assert len(progress) >= committed, err
+        assert progress, err
     assert "iotwatch stream: stopped after" in out and "{" not in out, out
     if committed:
         assert "received" in out and "┃" in out, out

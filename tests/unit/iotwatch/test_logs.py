@@ -104,17 +104,23 @@ def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The Kafka source's clients repeat "could not be established" every second while a
-    broker is down: one WARNING per broker, the repeats at DEBUG, and a new outage after
-    a quiet spell is news again."""
+    broker is down, and the source fails to get offsets: one WARNING for the outage, whatever
+    the client, the repeats at DEBUG; the driver's clients seeing the broker up again say so
+    once, and its next outage is news again (as is one after a quiet spell)."""
     import io
+    import json
 
-    from iotwatch.jvm.spark import FOLD_S, JvmOutput
+    from iotwatch.jvm.spark import JvmOutput
+    from iotwatch.logs import FOLD_S, GRACE_S, broker_states, repeat_summary
 
     configure("INFO")
     monkeypatch.setattr(JvmOutput, "quiet_until", 0.0)  # not right after another test's stop
-    output = JvmOutput(io.BytesIO(b""))
     now = [0.0]
-    output.kafka_repeats.clock = lambda: now[0]
+    summary = repeat_summary()
+    monkeypatch.setattr(summary, "clock", lambda: now[0])
+    monkeypatch.setattr(summary, "_down", {})
+    monkeypatch.setattr(summary, "_back", {})
+    output = JvmOutput(io.BytesIO(b""))
     consumer = (
         "WARN org.apache.kafka.clients.NetworkClient: [Consumer clientId=consumer-spark-1, groupId=spark-1] "
         "Connection to node 1 (localhost/127.0.0.1:9092) could not be established. Node may not be available."
@@ -124,33 +130,69 @@ def test_spark_s_kafka_clients_on_a_broker_that_is_down_log_one_line_per_outage(
         "(localhost/127.0.0.1:9092) could not be established. Broker may not be available."
     )
     offsets = "WARN org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin: Error in attempt 2 getting Kafka offsets:"
+    driver = (
+        "%3|1795479906.881|FAIL|rdkafka#producer-1| [thrd:127.0.0.1:9092/1]: 127.0.0.1:9092/1: "
+        "Connect to ipv4#127.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)"
+    )
+    up = json.dumps({"brokers": {"127.0.0.1:9092/1": {"nodename": "127.0.0.1:9092", "state": "UP"}}})
     with caplog.at_level(logging.DEBUG):
         for second in range(120):  # a two-minute outage
             now[0] = float(second)
             output.emit(consumer)
             output.emit(admin)
+            output.emit(driver)
             if second % 60 == 59:
                 output.emit(offsets)
                 output.emit("org.apache.kafka.common.errors.TimeoutException: Timed out waiting for a node")
-        now[0] = 120 + FOLD_S
+        broker_states(up)
+        now[0] = 120 + GRACE_S / 2
+        output.emit(consumer)  # a client not yet reconnected: no new outage
+        now[0] = 120 + GRACE_S
         output.emit(consumer)  # the next outage
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        now[0] = 120 + GRACE_S + FOLD_S
+        output.emit(consumer)  # ... and one after five quiet minutes
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "Kafka" in r.getMessage()]
     down = "Kafka broker 127.0.0.1:9092 unreachable from Spark's Kafka clients (retrying; repeats are logged at DEBUG)"
-    offsets_once = "Spark's Kafka source cannot get the topics' offsets (retrying; repeats are logged at DEBUG)"
-    assert warnings == [down, offsets_once, down]
+    assert said == [down, "Kafka broker 127.0.0.1:9092 answers again", down, down]
+
+
+def test_a_consumer_s_coordinator_and_broker_connections_are_one_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A consumer losing its broker reports the coordinator's connection, the broker's
+    disconnection and the refused reconnects: one line for the broker; a partition's new
+    leader missing from the metadata cache around the restart is at DEBUG."""
+    lines = [
+        "METADATAUPDATE [rdkafka#consumer-2] [thrd:main]: Partition iot.alerts(qWCMw6QnTwCaAk/VPiacNQ)[1]: "
+        "new leader-1 not found in cache",
+        "FAIL [rdkafka#consumer-2] [thrd:GroupCoordinator]: GroupCoordinator: 127.0.0.1:19093: "
+        "Connect to ipv4#127.0.0.1:19093 failed: Connection refused (after 0ms in state CONNECT)",
+        "FAIL [rdkafka#consumer-2] [thrd:127.0.0.1:19093/1]: 127.0.0.1:19093/1: Disconnected: connection closed "
+        "by peer: receive 0 after POLLIN (after 5001ms in state UP)",
+        "FAIL [rdkafka#consumer-2] [thrd:127.0.0.1:19093/1]: 127.0.0.1:19093/1: "
+        "Connect to ipv4#127.0.0.1:19093 failed: Connection refused (after 0ms in state CONNECT)",
+    ]
+    summary = RepeatSummary()
+    records = [logging.LogRecord(LIBRDKAFKA, logging.WARNING, __file__, 1, line, None, None) for line in lines]
+    shown = [r.getMessage() for r in records if summary.filter(r) and r.levelno >= logging.WARNING]
+    assert shown == [
+        "Kafka broker 127.0.0.1:19093: Connect to 127.0.0.1:19093 failed: Connection refused "
+        "(retrying; repeats are logged at DEBUG)"
+    ]
 
 
 def test_a_broker_that_answers_again_is_said_once_and_its_next_outage_is_news(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """librdkafka's statistics say a broker is ``UP`` again: one line that it answers (only for
-    a broker whose failure was reported), and its next failure is reported again."""
+    a broker whose failure was reported), and its next failure, once another client had time
+    to reconnect, is reported again."""
     import json
 
-    from iotwatch.logs import broker_states, librdkafka_logger
+    from iotwatch.logs import GRACE_S, broker_states, librdkafka_logger, repeat_summary
 
     configure("INFO")
     logger = librdkafka_logger()
+    now = [0.0]
+    monkeypatch.setattr(repeat_summary(), "clock", lambda: now[0])
     failure = (
         "FAIL [rdkafka#consumer-3] [thrd:127.0.0.1:19092/bootstrap]: 127.0.0.1:19092/bootstrap: "
         "Connect to ipv4#127.0.0.1:19092 failed: Connection refused (after 0ms in state CONNECT)"
@@ -166,6 +208,7 @@ def test_a_broker_that_answers_again_is_said_once_and_its_next_outage_is_news(
         broker_states(stats("CONNECT"))
         broker_states(stats("UP"))
         broker_states(stats("UP"))
+        now[0] += GRACE_S
         logger.warning(failure)
     down = (
         "Kafka broker 127.0.0.1:19092: Connect to 127.0.0.1:19092 failed: Connection refused "
