@@ -27,7 +27,7 @@ class DeclaredLevels(EpisodeLikelihood):
 
     The view and its parameters were chosen on the tuning half of nab-dev under NAB's
     protocol (``docs/detection.md``, ``evaluation/results/nab_protocols.md``). The kernel
-    (:mod:`iotwatch.models.kernels.declared_levels`) holds 149 numbers a metric (1,192 B).
+    (:mod:`iotwatch.models.kernels.declared_levels`) holds 152 numbers a metric (1,216 B).
 
     Examples
     --------

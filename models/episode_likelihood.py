@@ -16,7 +16,7 @@ class EpisodeLikelihood(KernelDetector):
     """The per-(device, metric) detector of the streaming job and ``score-csv``'s default,
     with one set of defaults for both (``StreamSettings.device_detector_params`` is empty).
 
-    Each reading gives four raw *surprises*:
+    Each reading gives five raw *surprises*:
 
     - *level*: ``log1p`` of the z against a slow exponential baseline (shifts);
     - *step*: ``log1p`` of the jump from the previous reading in step deviations (spikes,
@@ -34,13 +34,13 @@ class EpisodeLikelihood(KernelDetector):
       stream's bursts or a meter's appliances a big step is common;
     - *recent distribution*: the relative entropy of a fast histogram of the last hours
       against a slow one (a change of shape within the usual range: a flat stretch in a
-      daily wave, a missing peak).
-
-    No view judges a reading by how rarely its level has been visited: the histograms span
-    the stream's first day and remember its first days, so on a live stream every lasting
-    move to a level they barely saw (the weather over days, the first weekday after a
-    weekend, an operator's new setpoint) would page. A metric whose normal range an operator
-    declares gets such a level view from :class:`~iotwatch.models.declared_levels.DeclaredLevels`.
+      daily wave, a missing peak);
+    - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
+      between or beyond the usual modes), judged only on a stream that is not light-tailed
+      (above): on a sensor moving smoothly, a level its first days barely visited is reached
+      gradually and is the weather over days, the first weekday after a weekend or an
+      operator's new setpoint (the level, step and trend views judge an abrupt move there),
+      while on counts and loads, whose steps are bursts, a rare level is the evidence.
 
     As in HTM's anomaly likelihood, a surprise is not thresholded raw: its short
     exponential average (weight ``short_alpha``) is compared with the long-run mean and
@@ -49,7 +49,7 @@ class EpisodeLikelihood(KernelDetector):
     that a stream whose surprises are nearly constant (a perfect square wave) is not
     startled by its own regular jumps. The trend's tail counts ``trend_weight`` times
     (``light_trend_weight`` on a light-tailed stream, geometrically between) and
-    the recent distribution's ``histogram_weight`` times more common than it is (their
+    the histogram views' ``histogram_weight`` times more common than it is (their
     Gaussian fit is the roughest: on sensors they would otherwise add false alarms).
     Three more views judge at once what averaging would blur:
 
@@ -68,8 +68,8 @@ class EpisodeLikelihood(KernelDetector):
     ``recent_halflife_s``) into per-reading weights, so a sensor read every 30 s and a
     series sampled every 5 min compare the same hours of their lives. Past ``warmup`` the
     baselines learn an outlier clipped to ``clip`` deviations (learning a young stream's
-    early spike whole would numb its step view for a day). The histograms learn once
-    the range is set and their view is judged once they have learned as many readings as the range
+    early spike whole would numb its step view for a day). The histogram views learn once
+    the range is set and are judged once they have learned as many readings as the range
     took (a whole cycle: judged sooner, every hour of the day they have not yet seen is
     rare) and at least ``histogram_warmup``, unless ``distribution_views`` is off. The
     smallest tail of all views, in decades ``d``, scores ``d / (d + 10)``.
@@ -80,7 +80,7 @@ class EpisodeLikelihood(KernelDetector):
     crosses it once. No score for the first ``warmup`` readings.
 
     The arithmetic is one compiled kernel (:mod:`iotwatch.models.kernels.episode_likelihood`,
-    which has the layout of the state: 49 numbers); this class holds one stream's row and
+    which has the layout of the state: 52 numbers); this class holds one stream's row and
     calls the kernel's step on a batch of one reading.
 
     Examples

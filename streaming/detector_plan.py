@@ -1,7 +1,7 @@
 """Which detector scores each device type's metrics, and the banks of state rows they keep.
 
 Detectors differ in the state a metric needs by orders of magnitude (``episode_likelihood``
-keeps 392 B, ``cad_ose`` 264 KB): a fleet runs the light one, and a few device types may run
+keeps 416 B, ``cad_ose`` 264 KB): a fleet runs the light one, and a few device types may run
 another (``stream.device_detectors``). Each detector of the job is a *bank*: its kernel,
 parameters, fresh state row and the anomaly rule's levels on its scores. A
 :class:`~iotwatch.streaming.device_table.DeviceTable` keeps one array of rows per bank, so a

@@ -25,7 +25,7 @@ level the stream has not visited is the stronger evidence), times ``stretch``: s
 alert's fire score (0.40) is where NAB's threshold falls on these scores too.
 
 Cost: the episode-likelihood step plus 96 counts read and three written a reading; the
-row is 149 numbers (1,192 B). ``iotwatch bench stream`` times it.
+row is 152 numbers (1,216 B). ``iotwatch bench stream`` times it.
 """
 
 from __future__ import annotations

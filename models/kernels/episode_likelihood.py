@@ -6,7 +6,7 @@ numba call; the class runs the same step on a batch of one reading.
 
 State layout
 ------------
-A row has :data:`STATE_SIZE` (49) numbers; the counter is a float (exact below 2**53),
+A row has :data:`STATE_SIZE` (52) numbers; the counter is a float (exact below 2**53),
 ``last = None`` is NaN and the empty range is ``(+inf, -inf)``:
 
 =====================  ==========================================================
@@ -21,7 +21,7 @@ A row has :data:`STATE_SIZE` (49) numbers; the counter is a float (exact below 2
 ``A_HISTOGRAM``,       the slow and fast histograms' per-reading weights (set from the
 ``A_RECENT``           event-time half-lives when the range closes)
 ``HELD``               the held peak score (one alarm per episode)
-``VIEW + 3 j + k``     view ``j`` (level, step, trend, recent distribution): ``k`` = 0
+``VIEW + 3 j + k``     view ``j`` (level, step, trend, recent distribution, rarity): ``k`` = 0
                        short average, 1 its long-run mean, 2 its long-run variance
 ``SLOW + b``           the slow histogram's share of bin ``b``
 ``RECENT + b``         the fast histogram's
@@ -131,17 +131,16 @@ __all__ = [
 #: Histogram bins: ``BINS - 2`` inner bins over the early range (widened by ``margin``
 #: each side) and one open bin below and one above it.
 BINS = 8
-#: Smoothed views: level, step, trend, recent distribution (relative entropy). No view judges
-#: a reading by how rarely its bin was visited: the histograms' range is the stream's first day
-#: and their memory its first days, so every lasting move to a level they barely saw (the
-#: weather over days, the first weekday after a weekend, an operator's new setpoint) would page.
-VIEWS = 4
+#: Smoothed views: level, step, recent distribution (relative entropy), value rarity.
+VIEWS = 5
 #: The step view's position in ``views``; its lower tail is the *quiet* view.
 _STEP = 1
-#: Views from this position on read the histograms: judged once they have learned a day.
+#: Views from this position on read the histograms: judged once the range is set.
 _HISTOGRAM_VIEWS = 3
 #: The trend view's position: the short average of signed steps (a drift moves one way).
 _TREND = 2
+#: The rarity view's position: judged on streams that are not light-tailed (:func:`_score`).
+_RARITY = 4
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
 #: Runs of identical readings in the bins up to this one (below and at the bottom of the
@@ -342,12 +341,12 @@ def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
 
 @_jit
 def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
-    """Whether the recent-distribution view (the histograms') is judged: once the range is
-    set, the histograms must learn for as many readings as the range took (a day at least:
-    a daily cycle seen whole) and ``histogram_warmup`` readings. Judged after fewer, the
-    slow histogram and the view's own likelihood know the hours since the range closed, not
-    the day: each part of the cycle it has not yet visited looks new, and a new sensor
-    false-alarms through its second day."""
+    """Whether the histogram views are judged: once the range is set, the histograms must
+    learn for as many readings as the range took (a day at least: a daily cycle seen whole)
+    and ``histogram_warmup`` readings. Judged after fewer, the slow histogram and the
+    views' own likelihoods know the hours since the range closed, not the day: each part
+    of the cycle it has not yet visited is rare, and a new sensor false-alarms through its
+    second day."""
     closed = row[RANGE_N]
     return closed != 0.0 and row[N] >= closed + py_max(closed, p[P_HISTOGRAM_WARMUP])
 
@@ -357,7 +356,7 @@ def _score(
     row: np.ndarray,
     p: np.ndarray,
     v: float,
-    shorts: tuple[float, float, float, float],
+    shorts: tuple[float, float, float, float, float],
     step: float,
     trend_alpha: float,
     tail_p: tuple,
@@ -369,7 +368,14 @@ def _score(
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
+    # On a light-tailed stream (a sensor moving smoothly) a level the first days barely visited
+    # is reached gradually and is the weather over days, the first weekday after a weekend or an
+    # operator's setpoint: its rarity is not judged (the level, step and trend views judge an
+    # abrupt move there). On counts and loads, whose steps are bursts, a rare level is the evidence.
+    rarity = _light(row, p) < 1.0
     for j in range(judged):
+        if j == _RARITY and not rarity:
+            continue
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
@@ -427,6 +433,7 @@ def _score_learn_one(
     for k in range(BINS):
         f = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
         entropy += f * math.log((f + _FLOOR) / (row[SLOW + k] + _FLOOR))
+    rarity = -math.log(row[SLOW + b] + _FLOOR)
     alpha = p[P_SHORT_ALPHA]
     trend_alpha = _trend_weight(row, p, t)
     shorts = (
@@ -434,6 +441,7 @@ def _score_learn_one(
         row[VIEW + 3] + alpha * (math.log1p(step) - row[VIEW + 3]),
         row[VIEW + 6] + trend_alpha * (signed - row[VIEW + 6]),
         row[VIEW + 9] + alpha * (entropy - row[VIEW + 9]),
+        row[VIEW + 12] + alpha * (rarity - row[VIEW + 12]),
     )
     n = row[N]
     out = score = 0.0
@@ -477,7 +485,7 @@ def _score_learn_one(
     a_recent = row[A_RECENT]  # the range may have closed just now
     for k in range(BINS):
         row[RECENT + k] = row[RECENT + k] * (1.0 - a_recent) + (a_recent if k == b else 0.0)
-    # the views' likelihoods (the recent distribution's once the range is set)
+    # the views' likelihoods (the histogram views' once the range is set)
     for j in range(VIEWS):
         learned = n if j < _HISTOGRAM_VIEWS else (n - row[RANGE_N] if row[RANGE_N] != 0.0 else 0.0)
         row[VIEW + 3 * j] = shorts[j]

@@ -51,7 +51,7 @@ def test_the_state_row_is_bounded_and_restores_with_its_declared_range() -> None
     _feed(det, _quiet(400))
     payload = det.dumps()
     assert len(payload) < 4096 and det.state_limit_bytes() <= 4096
-    assert kernel.STATE_SIZE * 8 == 1192
+    assert kernel.STATE_SIZE * 8 == 1216
     again = make("declared_levels").set_state(det.to_state())
     follow = _quiet(50, seed=4)
     np.testing.assert_array_equal(_feed(again, follow), _feed(det, follow))

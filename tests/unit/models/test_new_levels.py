@@ -1,14 +1,14 @@
-"""A lasting, gradual move to a level the first days rarely visited is not an anomaly.
+"""A lasting, gradual move of a sensor to a level its first days rarely visited is not an anomaly.
 
 A room's humidity learned over a weekend, with its occupants at home, drops by a few %RH
 on the first weekday morning when they leave: a level the slow histogram (ranged and
-filled over the first two days) has barely seen. ``episode_likelihood`` judged each
-reading's bin by how rarely it had been visited (a *rarity* view), so from the third day,
-once the histogram views were judged, every such move (the first weekday, the weather's
-drift over days, an operator's new setpoint) paged: on the simulated fleet over four
-days, most of the false alarms (docs/detection.md). The rarity view is gone; a change of
-the recent distribution's shape is still judged, and a spike or a shift on top of the
-new level is still found on its first reading."""
+filled over the first two days) has barely seen. ``episode_likelihood``'s rarity view
+judged each reading's bin by how rarely it had been visited, so from the third day, once
+the histogram views were judged, every such move of a sensor (the first weekday, the
+weather's drift over days, an operator's new setpoint) paged: on the simulated fleet over
+four days, most of the false alarms (docs/detection.md). The rarity view is now judged
+only on streams that are not light-tailed (counts, loads: bursts); on a light-tailed one a
+spike or a shift on top of the new level is still found on its first reading."""
 
 from __future__ import annotations
 
@@ -71,7 +71,16 @@ def test_an_anomaly_on_the_fourth_day_is_still_found(seed: int, length: int, del
     assert scores[:at].max() < FIRE
 
 
-def test_the_row_has_no_rarity_view() -> None:
-    """Four smoothed views (level, step, trend, recent distribution), three numbers each."""
-    assert kernel.VIEWS == 4
-    assert kernel.SLOW == kernel.VIEW + 3 * 4
+def test_the_rarity_view_is_judged_on_a_heavy_tailed_stream_only() -> None:
+    """The humidity stream is light-tailed (its steps beyond 3 deviations about a Gaussian's
+    share); a stream of bursts (a count, a load) is not, and its rarity is still judged."""
+    values, t_ms = _humidity(1)
+    p = kernel.params_vector(EpisodeLikelihood())
+    row = kernel.initial_state(p)
+    kernel.score_learn(row[None, :], np.zeros(len(values), dtype=np.int64), values, t_ms, p)
+    assert kernel._light(row, p) == 1.0
+    rng = np.random.default_rng(1)
+    bursts = np.where(rng.random(len(values)) < 0.02, 50.0, 10.0) + rng.normal(0.0, 1.0, len(values))
+    row = kernel.initial_state(p)
+    kernel.score_learn(row[None, :], np.zeros(len(values), dtype=np.int64), bursts, t_ms, p)
+    assert kernel._light(row, p) < 1.0

@@ -59,7 +59,7 @@ def test_each_device_type_is_scored_by_its_own_detector_as_if_the_job_ran_that_o
     alone_cad = Harness(StreamSettings(device_detector="cad_ose")).run([sensor])
     assert _scores(rows, "th-") and _scores(rows, "th-") == _scores(alone_el, "th-")
     assert _scores(rows, "aq-") and _scores(rows, "aq-") == _scores(alone_cad, "aq-")
-    # two banks, each of its kernel's width: the sensor's 3 metrics at 264 KB, the thermostats' at 1,192 B
+    # two banks, each of its kernel's width: the sensor's 3 metrics at 264 KB, the thermostats' at 1,216 B
     assert mixed.engine.state_sizes == [kernel_for("declared_levels").STATE_SIZE, kernel_for("cad_ose").STATE_SIZE]
     table = mixed.store.load_many(["th-0", "th-1", "aq-0"])
     assert [len(rows) for rows in table.detectors] == [4, 3]  # temperature and humidity of each thermostat
