@@ -110,7 +110,7 @@ class EpisodeLikelihood(KernelDetector):
         range_s: float = 86_400.0,
         histogram_warmup: int = 150,
         distribution_views: bool = True,
-        level_halflife: float = 2000.0,
+        level_halflife: float = 6000.0,
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
