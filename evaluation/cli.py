@@ -224,7 +224,12 @@ def _f(value: float | None, digits: int = 2) -> str:
 @click.option("--homes", default=20, show_default=True, type=click.IntRange(0), help="--simulated: homes.")
 @click.option("--vehicles", default=6, show_default=True, type=click.IntRange(0), help="--simulated: vehicles.")
 @click.option(
-    "--days", default=2.0, show_default=True, type=click.FloatRange(0.2), help="--simulated: event-time days."
+    "--days",
+    default=4.0,
+    show_default=True,
+    type=click.FloatRange(0.2),
+    help="--simulated: event-time days (the detector judges a metric's histograms from its third day, and the "
+    "fleet's first two days are a weekend).",
 )
 @seed_option(Preset(7, "--simulated: simulator seed."))
 @click.option(

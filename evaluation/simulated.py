@@ -56,7 +56,7 @@ __all__ = [
     "simulate",
 ]
 
-START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC: a fixed, reproducible epoch
+START_MS = 1_763_784_000_000  # 2025-11-22 04:00 UTC, a Saturday: a fixed, reproducible epoch (a weekend first)
 _DAY_MS = 86_400_000
 
 #: The detection goals: recall at least, the rest at most (drift delay in seconds of event time).
@@ -372,7 +372,7 @@ def check_goals(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def evaluate_simulated(
     homes: int = 20,
     vehicles: int = 6,
-    days: float = 2.0,
+    days: float = 4.0,
     seed: int = 7,
     *,
     configs: dict[str, dict[str, Any] | None] | None = None,

@@ -36,7 +36,11 @@ class EpisodeLikelihood(KernelDetector):
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
-      between or beyond the usual modes).
+      between or beyond the usual modes), judged only on a stream that is not light-tailed
+      (above): on a sensor moving smoothly, a level its first days barely visited is reached
+      gradually and is the weather over days, the first weekday after a weekend or an
+      operator's new setpoint (the level, step and trend views judge an abrupt move there),
+      while on counts and loads, whose steps are bursts, a rare level is the evidence.
 
     As in HTM's anomaly likelihood, a surprise is not thresholded raw: its short
     exponential average (weight ``short_alpha``) is compared with the long-run mean and
@@ -106,7 +110,7 @@ class EpisodeLikelihood(KernelDetector):
         range_s: float = 86_400.0,
         histogram_warmup: int = 150,
         distribution_views: bool = True,
-        level_halflife: float = 2000.0,
+        level_halflife: float = 6000.0,
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,

@@ -140,6 +140,8 @@ _STEP = 1
 _HISTOGRAM_VIEWS = 3
 #: The trend view's position: the short average of signed steps (a drift moves one way).
 _TREND = 2
+#: The rarity view's position: judged on streams that are not light-tailed (:func:`_score`).
+_RARITY = 4
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
 #: Runs of identical readings in the bins up to this one (below and at the bottom of the
@@ -370,7 +372,14 @@ def _score(
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
+    # On a light-tailed stream (a sensor moving smoothly) a level the first days barely visited
+    # is reached gradually and is the weather over days, the first weekday after a weekend or an
+    # operator's setpoint: its rarity is not judged (the level, step and trend views judge an
+    # abrupt move there). On counts and loads, whose steps are bursts, a rare level is the evidence.
+    rarity = _light(row, p) < 1.0
     for j in range(judged):
+        if j == _RARITY and not rarity:
+            continue
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
