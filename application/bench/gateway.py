@@ -1,34 +1,6 @@
-"""``iotwatch bench gateway``: the gateway's own ceiling against the raw MQTT path, one run.
-
-Both measures start on a warm Kafka broker: 20 s of paced produce and fetch come first
-(``warm_kafka``, ``--kafka-warmup-seconds``), since a broker's JIT compiles its request
-path in its first 15-20 s.
-
-Backlog drain (what the gateway can do, not what a publisher can feed it): N QoS 1
-messages are queued at the broker for persistent sessions that are offline, then the
-sessions come back and drain them:
-
-(a) raw path: bare paho subscribers (stock paho, MQTT 5, automatic PUBACK, the same
-    Receive Maximum as the gateway) that only count; and the same on the gateway's own MQTT
-    client (``BufferedReadClient``: buffered socket reads, the short path for plain QoS 0/1
-    messages), which shows what the gateway's own work costs;
-(b) gateway path: ``iotwatch gateway`` validates, produces to Kafka and acknowledges each
-    message after Kafka confirmed it.
-
-Each for 1 and for ``--processes`` processes on one shared subscription. The rate is
-messages over the time from the first to the last message handled (raw: received;
-gateway: the Kafka records' create times, read back from Kafka to check every one
-arrived, once the gateway reports them all confirmed), so process start-up does not count
-for either side, nor does the check's reading.
-
-Latency: a paced publisher at ``--rate`` msg/s through each path (the first second not
-counted); from publish (the payload's ``ts``) to the bare subscriber (raw), or to a Kafka
-consumer reading the record, i.e. after Kafka confirmed it (gateway). The difference is
-the added latency. A third path, the bare bridge (a stock subscriber producing each
-payload with a plain producer), goes through the same two brokers and reader without the
-gateway's own work: the gateway over it is what the gateway itself adds, the bare bridge
-over the raw path is the Kafka hop's own share.
-"""
+"""``iotwatch bench gateway``: the gateway's ceiling (backlog drain) and added latency against
+the raw MQTT path, on a warm Kafka broker, one run; docs/benchmarks.md says how each path is
+measured."""
 
 from __future__ import annotations
 
@@ -57,7 +29,7 @@ from iotwatch.application.harness.pipeline import iotwatch_command
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.application.stack.process import Component, free_port
 from iotwatch.cli import AppContext, Preset, emit, json_option, latency_options, pass_app
-from iotwatch.clients.kafka import client_config, ensure_topics
+from iotwatch.clients.kafka import client_config, ensure_topics, read_to_end
 from iotwatch.clients.mqtt import make_client
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.telemetry import Telemetry
@@ -369,21 +341,6 @@ def _gateway_process(
     return gateway, ports
 
 
-def _read_back(settings: Settings, topic: str, expected: int, timeout_s: float = 600) -> list[tuple[int, int]]:
-    """(create time ms, payload ts ms) of ``expected`` records of ``topic``."""
-    consumer = Consumer({**client_config(settings.kafka), "group.id": f"bench-{topic}", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.kafka.partitions)])
-    out: list[tuple[int, int]] = []
-    deadline = time.monotonic() + timeout_s
-    decode = msgspec.json.Decoder(Telemetry).decode
-    while len(out) < expected and time.monotonic() < deadline:
-        for record in consumer.consume(10_000, 0.5):
-            if record.error() is None:
-                out.append((record.timestamp()[1], decode(record.value() or b"").ts))
-    consumer.close()
-    return out
-
-
 def _wait_confirmed(ports: list[int], expected: int, timeout_s: float = 600) -> None:
     """Until the gateways on ``ports`` report ``expected`` messages confirmed by Kafka
     (forwarded or dead-lettered), from their ``/metrics`` four times a second: reading the
@@ -408,10 +365,10 @@ def drain_gateway(
     process, ports = _gateway_process(settings, site, topic, processes, workdir, site)
     try:
         _wait_confirmed(ports, len(messages))
-        records = _read_back(settings, topic, len(messages))
+        records = read_to_end(settings.kafka, topic, 600)  # the gateways confirmed them all
     finally:
         summary = process.stop(timeout_s=120)
-    created = [c for c, _ts in records]
+    created = [record.timestamp()[1] for record in records]
     first, last = (min(created) / 1000, max(created) / 1000) if created else (0.0, 0.0)
     return {
         "processes": processes,

@@ -1,32 +1,12 @@
-"""``iotwatch bench simulate``: is the simulator the bottleneck?
-
-In one run, against the same broker, with the same payloads, topics, process count,
-connections and QoS, it measures
-
-- ``simulator``: ``iotwatch simulate --as-fast-as-possible`` (generation, anomalies,
-  serialisation and publishing);
-- ``raw_paho``: a bare paho loop publishing the same messages, pre-serialised;
-- ``raw_batch``: the simulator's own transport (:class:`BatchPublishClient`, one write per
-  connection and tick) publishing the same messages, pre-serialised: what the simulator
-  would reach if generating cost nothing;
-- ``mosquitto_pub``: ``mosquitto_pub -l`` publishing the same payloads to one topic
-  (one process, C), when installed;
-
-and reports messages/s and the ratios simulator / raw_paho (goal: >= 0.9 at each QoS) and
-simulator / raw_batch (the share of the transport's rate that generation leaves).
-Beside the ratios it runs the large fleet (:mod:`iotwatch.application.bench.fleet`, by default 100,000
-devices in one process, one reading per 10 s each): tick lag behind due time (goal p99 < 1 s),
-peak RSS (goal < 1 GB) and every device's seq gap-free at a subscriber. Without ``--mqtt``
-it starts its own mosquitto on a free port and stops it afterwards.
-"""
+"""``iotwatch bench simulate``: is the simulator the bottleneck? It publishes the same payloads
+as a bare paho loop (``raw_paho``) and as its own transport over pre-serialised payloads
+(``raw_batch``), then runs the large fleet (:mod:`.fleet`); docs/benchmarks.md says how and
+against which goals."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +17,7 @@ from typing import Any
 import click
 
 from iotwatch.application.bench.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
+from iotwatch.application.bench.record import machine
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.devices.broker_run import RunOptions, run
 from iotwatch.devices.config import SimConfig
@@ -202,40 +183,6 @@ def _raw(
     return {"sent": sent, "wall_s": round(wall, 3), "rate": round(sent / wall, 1)}
 
 
-def _mosquitto_pub(mqtt: MqttSettings, config: SimConfig, qos: int) -> dict[str, Any] | None:
-    binary = shutil.which("mosquitto_pub")
-    if binary is None or mqtt.use_tls or mqtt.username:
-        return None
-    payloads = [p for _, _, p in _messages(config, 0, 1, config.count or 0)]
-    with tempfile.TemporaryFile() as stdin:
-        stdin.write(b"\n".join(payloads) + b"\n")
-        stdin.seek(0)
-        started = time.monotonic()
-        proc = subprocess.run(
-            [
-                binary,
-                "-h",
-                mqtt.host,
-                "-p",
-                str(mqtt.port),
-                "-q",
-                str(qos),
-                "-l",
-                "-t",
-                "iotwatch/bench/mosquitto_pub",
-                "-i",
-                f"iotwatch-bench-pub-{time.monotonic_ns()}",
-            ],
-            stdin=stdin,
-            capture_output=True,
-            timeout=600,
-        )
-        wall = time.monotonic() - started
-    if proc.returncode != 0:
-        return {"error": proc.stderr.decode(errors="replace").strip()[:200]}
-    return {"sent": len(payloads), "wall_s": round(wall, 3), "rate": round(len(payloads) / wall, 1)}
-
-
 def _own_broker(run_dir: Path) -> tuple[str, Any]:
     from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
 
@@ -267,7 +214,6 @@ def _own_broker(run_dir: Path) -> tuple[str, Any]:
     help="QoS levels to measure (repeatable) [default: 0 and 1].",
 )
 @click.option("--max-inflight", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--no-mosquitto-pub", is_flag=True, help="Skip the mosquitto_pub -l reference.")
 @click.option(
     "--fleet-devices",
     type=click.IntRange(min=0),
@@ -301,13 +247,12 @@ def bench_simulate(
     vehicles: int,
     qos_levels: tuple[str, ...],
     max_inflight: int,
-    no_mosquitto_pub: bool,
     fleet_devices: int,
     fleet_interval: float,
     fleet_duration: float,
     as_json: bool,
 ) -> None:
-    """Simulator msg/s vs a bare paho loop (and mosquitto_pub -l) with the same payloads."""
+    """Simulator msg/s vs a bare paho loop and its own transport with the same payloads."""
     from iotwatch.application.stack.process import stop_process
     from iotwatch.settings import normalise_mqtt_url
 
@@ -333,7 +278,7 @@ def bench_simulate(
         "connections_per_process": connections,
         "homes": homes,
         "vehicles": vehicles,
-        "machine": _machine(),
+        "machine": machine(),
         "results": {},
     }
     try:
@@ -363,12 +308,6 @@ def bench_simulate(
                 "raw_batch": batch,
                 "ratio_vs_raw_batch": round(simulator["rate"] / batch["rate"], 3),
             }
-            if not no_mosquitto_pub:
-                reference = _mosquitto_pub(mqtt, config, qos)
-                if reference is not None:
-                    entry["mosquitto_pub"] = reference
-                    if "rate" in reference:
-                        entry["ratio_vs_mosquitto_pub"] = round(simulator["rate"] / reference["rate"], 3)
             result["results"][f"qos{qos}"] = entry
         if fleet_devices:
             result["fleet"] = fleet_run(mqtt, fleet_devices, fleet_interval, fleet_duration)
@@ -385,25 +324,6 @@ def bench_simulate(
     emit(result, as_json, _render)
 
 
-def _machine() -> dict[str, Any]:
-    """What the figures were measured on (they are only comparable within one run)."""
-    model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": model,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def _render(result: dict[str, Any]) -> None:
     click.echo(
         f"bench simulate: {result['messages']:,} messages, {result['processes']} process(es) x "
@@ -416,8 +336,6 @@ def _render(result: dict[str, Any]) -> None:
             f"ratio {entry['ratio_vs_raw_paho']:.2f}   raw batch {entry['raw_batch']['rate']:>10,.0f} msg/s   "
             f"ratio {entry['ratio_vs_raw_batch']:.2f}"
         )
-        if "mosquitto_pub" in entry and "rate" in entry["mosquitto_pub"]:
-            line += f"   mosquitto_pub -l {entry['mosquitto_pub']['rate']:,.0f} msg/s"
         click.echo(line)
         if sim.get("publish_latency"):
             lat = sim["publish_latency"]
