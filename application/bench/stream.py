@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import tempfile
 import threading
 import time
@@ -32,7 +31,6 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC
 from iotwatch.contract.device_topics import telemetry_topic
-from iotwatch.contract.telemetry import Telemetry
 from iotwatch.models.catalog import kernel_for, make
 from iotwatch.models.kernels import warm_kernel
 from iotwatch.settings import Settings, StreamSettings
@@ -51,28 +49,9 @@ TEMPERATURE_C, TEMPERATURE_SD, SPIKE_C = 21.0, 0.2, 8.0
 HUMIDITY_PCT, HUMIDITY_SD = 45.0, 0.5
 
 
-def _reading(device: int, seq: int, ts: int, rng: random.Random, spike: bool = False) -> Telemetry:
-    """A thermostat reading: four metrics, two of them scored."""
-    temperature = TEMPERATURE_C + rng.gauss(0, TEMPERATURE_SD) + (SPIKE_C if spike else 0.0)
-    return Telemetry(
-        v=1,
-        device_id=f"bench-th-{device}",
-        device_type="thermostat",
-        site=f"bench-{device % 10}",
-        seq=seq,
-        ts=ts,
-        metrics={
-            "temperature_c": temperature,
-            "humidity_pct": HUMIDITY_PCT + rng.gauss(0, HUMIDITY_SD),
-            "setpoint_c": 21.0,
-            "hvac_on": 0.0,
-        },
-    )
-
-
 class LiveReadings:
-    """The latency runs' readings of ``devices`` thermostats (:func:`_reading`'s), as the
-    contract's JSON from a template per device, one round of all devices at a time.
+    """The bench's readings of ``devices`` thermostats (four metrics, two of them scored), as
+    the contract's JSON from a template per device, one round of all devices at a time.
 
     The generator shares the two cores with the job it measures: a :class:`Telemetry` built
     and encoded per reading cost about 15 µs, so at 20,000 readings/s the generator's
@@ -111,14 +90,15 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
     own producers ask for one (on a fresh broker the first request waits for the
     controller's allocation, about 0.4 s, which a running deployment has long paid)."""
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "linger.ms": 20})
-    rng = random.Random(1)
+    readings, calm = LiveReadings(devices, seed=1), np.zeros(devices, dtype=bool)
     t0 = int(time.time() * 1000) - per_device * 1000
     for seq in range(per_device):
+        temperatures, humidities = readings.round(calm)
         for device in range(devices):
-            message = _reading(device, seq, t0 + seq * 1000, rng)
+            value = readings.payload(device, seq, t0 + seq * 1000, temperatures[device], humidities[device])
             while True:
                 try:
-                    producer.produce(topic, key=message.device_id.encode(), value=message.to_json())
+                    producer.produce(topic, key=readings.keys[device], value=value)
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -178,21 +158,20 @@ def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dic
     }
 
 
+def own_topics(settings: Settings, prefix: str) -> Settings:
+    """``settings`` with a run's own raw, alert and dead-letter topics (``<prefix>.raw``, ...), created."""
+    topics = settings.topics.model_copy(update={name: f"{prefix}.{name}" for name in ("raw", "alerts", "dlq")})
+    ensure_topics(settings.kafka, topics.kafka_topics())
+    return settings.model_copy(update={"topics": topics})
+
+
 def measure_throughput(
     spark: Any, settings: Settings, workdir: Path, run: str, devices: int, records: int
 ) -> dict[str, Any]:
     """One fleet size: the plain consumer and the job over the same pre-loaded topic."""
-    topics = settings.topics.model_copy(
-        update={
-            "raw": f"bench.{run}.{devices}.raw",
-            "dlq": f"bench.{run}.{devices}.dlq",
-            "alerts": f"bench.{run}.{devices}.alerts",
-        }
-    )
-    settings = settings.model_copy(update={"topics": topics})
-    ensure_topics(settings.kafka, topics.kafka_topics())
-    total = preload(settings, topics.raw, devices, max(1, records // devices))
-    raw = measure_consumer(settings, topics.raw, total)
+    settings = own_topics(settings, f"bench.{run}.{devices}")
+    total = preload(settings, settings.topics.raw, devices, max(1, records // devices))
+    raw = measure_consumer(settings, settings.topics.raw, total)
     job = measure_job(spark, settings, workdir, f"d{devices}")
     steady = job["steady_state_records_per_s"] or job["records_per_s"]
     return {
@@ -288,20 +267,18 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
     alerts, and the first micro-batch's duration (planning, Python workers, state set-up)."""
     from iotwatch.streaming.job import start
 
-    topics = settings.topics.model_copy(
-        update={name: f"bench.{run}.startup.{name}" for name in ("raw", "alerts", "dlq")}
-    )
-    settings = settings.model_copy(update={"topics": topics})
-    ensure_topics(settings.kafka, topics.kafka_topics())
+    settings = own_topics(settings, f"bench.{run}.startup")
+    topics = settings.topics
     warm = make(settings.stream.device_detector, **settings.stream.device_detector_params).warmup_readings() + 5
     preload(settings, topics.raw, devices, warm)
     producer = Producer(settings.kafka.client_config())
     spikes: dict[str, set[int]] = {}
-    rng, now = random.Random(3), int(time.time() * 1000)
+    readings, now = LiveReadings(devices, seed=3), int(time.time() * 1000)
+    temperatures, humidities = readings.round(np.ones(devices, dtype=bool))
     for device in range(devices):
-        message = _reading(device, warm, now, rng, spike=True)
-        spikes.setdefault(message.device_id, set()).add(message.ts)
-        producer.produce(topics.raw, key=message.device_id.encode(), value=message.to_json())
+        spikes.setdefault(readings.ids[device], set()).add(now)
+        value = readings.payload(device, warm, now, temperatures[device], humidities[device])
+        producer.produce(topics.raw, key=readings.keys[device], value=value)
     producer.flush(30)
     started_ms = time.time() * 1000
     job = start(
@@ -513,15 +490,7 @@ def bench_stream(
                 ]
                 latency = []
                 for rate in rates:
-                    topics = settings.topics.model_copy(
-                        update={
-                            "raw": f"bench.{run}.live{rate}",
-                            "alerts": f"bench.{run}.live{rate}-alerts",
-                            "dlq": f"bench.{run}.live{rate}-dlq",
-                        }
-                    )
-                    live = settings.model_copy(update={"topics": topics})
-                    ensure_topics(live.kafka, topics.kafka_topics())
+                    live = own_topics(settings, f"bench.{run}.live{rate}")
                     devices = max(1, int(latency_devices * rate / 5000))
                     latency.append(measure_latency(spark, live, Path(tmp), rate, latency_seconds, devices, settle_s))
         finally:

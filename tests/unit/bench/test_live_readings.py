@@ -1,26 +1,33 @@
-"""``bench stream``'s latency readings: what the templates encode is the contract's reading
-that :func:`_reading` builds, device by device, spikes included."""
+"""``bench stream``'s readings: what the templates encode is the contract's thermostat reading,
+device by device, spikes included."""
 
 from __future__ import annotations
-
-import random
 
 import msgspec
 import numpy as np
 import pytest
 
-from iotwatch.application.bench.stream import SPIKE_C, TEMPERATURE_C, LiveReadings, _reading
+from iotwatch.application.bench.stream import SPIKE_C, TEMPERATURE_C, LiveReadings
 from iotwatch.contract.device_topics import telemetry_topic
 from iotwatch.contract.metric_catalog import KNOWN_METRICS
-from iotwatch.contract.telemetry import decode_telemetry
+from iotwatch.contract.telemetry import Telemetry, decode_telemetry
 
 TS = 1_796_000_000_000
 
 
 @pytest.mark.parametrize("device", [0, 7, 13, 1999])
-def test_a_templated_reading_decodes_to_the_reading_the_model_builds(device: int) -> None:
+def test_a_templated_reading_decodes_to_the_contracts_thermostat_reading(device: int) -> None:
     readings = LiveReadings(device + 1)
-    built = _reading(device, 42, TS, random.Random(1))
+    metrics = {"temperature_c": 21.123456, "humidity_pct": 44.5, "setpoint_c": 21.0, "hvac_on": 0.0}
+    built = Telemetry(
+        v=1,
+        device_id=f"bench-th-{device}",
+        device_type="thermostat",
+        site=f"bench-{device % 10}",
+        seq=42,
+        ts=TS,
+        metrics=metrics,
+    )
     temperature, humidity = built.metrics["temperature_c"], built.metrics["humidity_pct"]
     decoded = decode_telemetry(
         readings.payload(device, 42, TS, temperature, humidity), now_ms=TS, metrics_of=KNOWN_METRICS
