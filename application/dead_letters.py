@@ -151,18 +151,6 @@ class Group:
     last_id: str = ""
     detail: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "stage": self.stage,
-            "device": self.device,
-            "count": self.count,
-            "first_ms": self.first_ms,
-            "last_ms": self.last_ms,
-            "last_id": self.last_id,
-            "detail": self.detail,
-        }
-
 
 def grouped(letters: Sequence[StoredDeadLetter]) -> list[Group]:
     """By reason, stage and device; the largest group first, the newest detail of each kept."""

@@ -3,6 +3,7 @@ of chosen records once the cause is fixed (:mod:`iotwatch.application.dead_lette
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -113,7 +114,7 @@ def list_(app: AppContext, selection: Any, limit: int, show_all: bool, as_json: 
     groups = grouped(chosen)
     shown, page = _page(groups, limit, show_all)
     result = {"topic": app.settings.topics.dlq, "dead_letters": len(chosen), **page}
-    result["groups"] = [g.as_dict() for g in shown]
+    result["groups"] = [dataclasses.asdict(g) for g in shown]
     emit(result, as_json, lambda _: _groups_table(shown, len(groups), len(chosen)))
 
 

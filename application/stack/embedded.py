@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from iotwatch.application.stack.influxdb import influxd_binary, start_influxdb
 from iotwatch.application.stack.kafka_broker import (
     HOST,
@@ -164,7 +166,7 @@ class StackState:
             "influx_database": self.database,
             "env": self.env(),
             "sites": {site: {**self.site_endpoints(site), "env": self.site_env(site)} for site in self.sites},
-            "services": {role: svc.to_dict() for role, svc in self.services.items()},
+            "services": msgspec.to_builtins(self.services),
         }
 
     def save(self) -> None:
@@ -179,7 +181,7 @@ class StackState:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        services = {role: RunningService.from_dict(svc) for role, svc in data["services"].items()}
+        services = msgspec.convert(data["services"], dict[str, RunningService])
         return cls(
             run_dir,
             services,

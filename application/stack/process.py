@@ -19,7 +19,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,6 @@ class ProcessRecord:
     create_time: float
     command: list[str]
     log_file: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProcessRecord:
-        return cls(**data)
 
     def process(self) -> psutil.Process | None:
         """The live process, or None when it has exited (or its pid was reused)."""

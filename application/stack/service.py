@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from iotwatch.application.stack.process import ProcessRecord
 
@@ -16,15 +15,3 @@ class RunningService:
     implementation: str  # e.g. "mosquitto 2.0.11", "apache-kafka 4.1.0", "influxd 1.6.7"
     endpoint: str  # as clients use it: mqtt://host:port, host:port, http://host:port
     process: ProcessRecord
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "implementation": self.implementation,
-            "endpoint": self.endpoint,
-            "process": self.process.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunningService:
-        return cls(data["role"], data["implementation"], data["endpoint"], ProcessRecord.from_dict(data["process"]))
