@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="iotwatch", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("iotwatch: interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (click.Abort, KeyboardInterrupt):
         click.echo("iotwatch: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:

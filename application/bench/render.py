@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from iotwatch.application.reference_pages.generated_docs import block, rewrite
+from iotwatch.application.reference_pages.generated_docs import GeneratedBlock
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
@@ -364,18 +364,16 @@ def headline() -> str:
     return "\n".join(rows)
 
 
-def current(text: str, begin: str = BEGIN, end: str = END) -> str:
-    """The generated block of ``text`` between the markers, markers excluded."""
-    found = block(text, begin, end)
-    return "" if found is None else found[len(begin) : -len(end)].strip()
+TABLES = GeneratedBlock(PAGE, BEGIN, END, render)
+HEADLINE = GeneratedBlock(README, HEADLINE_BEGIN, HEADLINE_END, headline)
 
 
 def main(argv: list[str]) -> int:
     if argv == ["--print"]:
         print(render())
         return 0
-    rewrite(PAGE, BEGIN, END, render())
-    rewrite(README, HEADLINE_BEGIN, HEADLINE_END, headline())
+    TABLES.main([])
+    HEADLINE.main([])
     return 0
 
 

@@ -247,7 +247,7 @@ def gateway_id(site: str | None) -> str:
 
 def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
     """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
-    prefix = f"{site}-" if site else ""
+    prefix, suffix = (f"{site}-", f"-{site}") if site else ("", "")
     return pipeline.iotwatch_command(
         "simulate",
         "--homes",
@@ -263,19 +263,19 @@ def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_p
         *(("--anomalies-after", str(options.anomalies_after_s)) if options.anomaly_rate > 0 else ()),
         "--fault-rate",
         str(options.fault_rate),
-        *planned_anomalies(options, out / f"scenario{'-' + site if site else ''}.json", prefix),
+        *planned_anomalies(options, out / f"scenario{suffix}.json", prefix),
         "--seed",
         str(options.seed),
         "--ground-truth",
         str(truth_path),
         "--obey-commands",
         "--client-id-prefix",
-        f"iotwatch-demo-sim{'-' + site if site else ''}",
+        f"iotwatch-demo-sim{suffix}",
         *(("--id-prefix", prefix) if prefix else ()),
         "--no-progress",
         "--json",
         "--seq-state",
-        str(out / f"simulate-seq{'-' + site if site else ''}.json"),
+        str(out / f"simulate-seq{suffix}.json"),
     )
 
 
@@ -378,33 +378,16 @@ def planned_anomalies(options: DemoOptions, path: Path, prefix: str = "") -> lis
     if at_s >= 0.8 * span_s:
         return []
     # Vehicle ids are vehicle-<5 digits>, home devices home-<5 digits>-<type>-<n> (devices/fleet.py).
-    planned = [{"kind": "crash", "devices": f"{prefix}vehicle-00000", "at_s": at_s}] if options.vehicles else []
-    # ... an overheating engine in the second vehicle, for the responder to put it in limp mode
-    planned += (
-        [
-            {
-                "kind": "overheating",
-                "devices": f"{prefix}vehicle-00001",
-                "at_s": max(options.anomalies_after_s, 0.2 * span_s),
-                "duration_s": span_s,
-            }
-        ]
-        if options.vehicles > 1
-        else []
-    )
-    # ... and a leak in the first homes' leak sensors, for the closed loop to close the valve
-    planned += (
-        [
-            {
-                "kind": AnomalyKind.WATER_LEAK.value,
-                "devices": f"{prefix}home-0000[0-2]-leak_sensor-*",
-                "at_s": max(options.anomalies_after_s, 0.2 * span_s),
-                "duration_s": span_s,
-            }
-        ]
-        if options.homes
-        else []
-    )
+    later = max(options.anomalies_after_s, 0.2 * span_s)
+    planned: list[dict[str, object]] = []
+    if options.vehicles:
+        planned.append({"kind": "crash", "devices": f"{prefix}vehicle-00000", "at_s": at_s})
+    if options.vehicles > 1:  # for the responder to put it in limp mode
+        engine = f"{prefix}vehicle-00001"
+        planned.append({"kind": "overheating", "devices": engine, "at_s": later, "duration_s": span_s})
+    if options.homes:  # for the closed loop to close the valve
+        leaks = f"{prefix}home-0000[0-2]-leak_sensor-*"
+        planned.append({"kind": AnomalyKind.WATER_LEAK.value, "devices": leaks, "at_s": later, "duration_s": span_s})
     if not planned:
         return []
     path.write_text(json.dumps({"anomalies": planned}))
