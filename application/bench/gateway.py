@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from iotwatch.application.bench.render import echo
 from iotwatch.application.harness.pipeline import iotwatch_command
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.application.stack.process import Component, free_port
@@ -702,22 +703,4 @@ def bench_gateway(
         },
         "cpu_count": os.cpu_count(),
     }
-    emit(
-        result,
-        as_json,
-        lambda r: click.echo(
-            "\n".join(
-                [
-                    f"backlog drain, {n} process(es): bare subscriber {d['bare_subscriber_msgs_per_s']:.0f} msg/s, "
-                    f"gateway {d['gateway_msgs_per_s']:.0f} msg/s, ratio {d['ratio']}"
-                    for n, d in drains.items()
-                ]
-                + [
-                    f"latency at {rate:.0f} msg/s: raw {r['latency']['raw_publish_to_subscriber_ms']}, "
-                    f"bare bridge {r['latency']['bare_bridge_publish_to_kafka_readable_ms']}, "
-                    f"gateway {r['latency']['gateway_publish_to_kafka_readable_ms']}, added {r['latency']['added_ms']} "
-                    f"(over the bare bridge {r['latency']['added_over_bare_bridge_ms']})"
-                ]
-            )
-        ),
-    )
+    emit(result, as_json, echo("gateway"))

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import click
+
 from iotwatch.application.reference_pages.generated_docs import GeneratedBlock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +45,7 @@ def _rate(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
 
-def _gateway_rows() -> list[Row]:
+def _gateway_rows(results: list[dict[str, Any]]) -> list[Row]:
     def drain(n: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
             d = r["backlog_drain"].get(f"processes_{n}")
@@ -54,9 +56,14 @@ def _gateway_rows() -> list[Row]:
     def latency(path: str) -> Callable[[dict[str, Any]], str]:
         return lambda r: f"{_ms(r['latency'][path]['p50'])} / {_ms(r['latency'][path]['p99'])}"
 
+    counts = sorted({int(key.split("_")[1]) for r in results for key in r["backlog_drain"] if key[-1].isdigit()})
     return [
-        ("backlog drain, 1 process (ratio to a bare paho subscriber)", drain(1)),
-        ("backlog drain, 2 processes (ratio to 2 bare subscribers)", drain(2)),
+        *(
+            (f"backlog drain, {n} processes (ratio to {n} bare subscribers)", drain(n))
+            if n > 1
+            else ("backlog drain, 1 process (ratio to a bare paho subscriber)", drain(1))
+            for n in counts
+        ),
         ("paced input, msg/s", lambda r: _rate(r["latency"]["input_rate_msgs_per_s"])),
         ("publish to bare subscriber p50 / p99", latency("raw_publish_to_subscriber_ms")),
         ("bare bridge: publish to a Kafka reader p50 / p99", latency("bare_bridge_publish_to_kafka_readable_ms")),
@@ -66,7 +73,7 @@ def _gateway_rows() -> list[Row]:
     ]
 
 
-def _simulate_rows() -> list[Row]:
+def _simulate_rows(results: list[dict[str, Any]]) -> list[Row]:
     def qos(level: int) -> Callable[[dict[str, Any]], str]:
         def cell(r: dict[str, Any]) -> str:
             q = r["results"][f"qos{level}"]
@@ -86,9 +93,12 @@ def _simulate_rows() -> list[Row]:
             f"{sub['gap_free_devices']:,} of {sub['devices']:,} devices gap-free"
         )
 
+    levels = sorted({int(key[3:]) for r in results for key in r["results"]})
     return [
-        ("QoS 0: simulator / bare paho / raw batch, msg/s (**ratio to bare paho**; to raw batch)", qos(0)),
-        ("QoS 1: simulator / bare paho / raw batch, msg/s (**ratio to bare paho**; to raw batch)", qos(1)),
+        *(
+            (f"QoS {n}: simulator / bare paho / raw batch, msg/s (**ratio to bare paho**; to raw batch)", qos(n))
+            for n in levels
+        ),
         ("100,000 devices in one process (10,000 msg/s due)", fleet),
     ]
 
@@ -182,7 +192,7 @@ def _replication_rows(results: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
-def _demo_rows() -> list[Row]:
+def _demo_rows(_results: list[dict[str, Any]]) -> list[Row]:
     def latency(r: dict[str, Any]) -> str:
         found = r["latency_ms"]
         return f"{_ms(found['raw_append_to_alert_p50'])} / {_ms(found['raw_append_to_alert_p99'])}"
@@ -272,17 +282,45 @@ def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
     ]
 
 
-def _table(bench: str, files: list[Path], rows: list[Row], title: str | None = None) -> str:
+def _table(bench: str, files: list[Path], rows: Callable[[list[dict[str, Any]]], list[Row]]) -> str:
     records = [json.loads(path.read_text()) for path in files]
     header = "| figure | " + " | ".join(f"[{path.stem}]({RESULTS_LINK}{path.name})" for path in files) + " |"
-    lines = [f"### `{title or 'iotwatch bench ' + bench}`", "", header, "| --- |" + " --- |" * len(files)]
-    for label, cell in rows:
+    lines = [f"### `{TITLES.get(bench, 'iotwatch bench ' + bench)}`", "", header, "| --- |" + " --- |" * len(files)]
+    for label, cell in rows([rec["result"] for rec in records]):
         lines.append(f"| {label} | " + " | ".join(str(cell(rec["result"])) for rec in records) + " |")
     machines = {f"{rec['machine']['cpu_count']} cores, {rec['machine']['cpu_model']}" for rec in records}
     commits = sorted({rec["commit"][:10] for rec in records})
     lines.append("")
     lines.append(f"Machine: {'; '.join(sorted(machines))}; commit {', '.join(commits)}.")
     return "\n".join(lines)
+
+
+#: Each table's rows, made from the runs it shows, in the page's order.
+ROWS: dict[str, Callable[[list[dict[str, Any]]], list[Row]]] = {
+    "simulate": _simulate_rows,
+    "gateway": _gateway_rows,
+    "stream": _stream_rows,
+    "replication": _replication_rows,
+    "demo": _demo_rows,
+    "chaos": _chaos_rows,
+}
+TITLES = {"demo": "iotwatch demo", "chaos": "iotwatch chaos"}
+
+
+def echo(bench: str) -> Callable[[dict[str, Any]], None]:
+    """How ``iotwatch bench <bench>`` prints its run for a person: the page's rows, one a line
+    (a figure the run did not measure left out)."""
+
+    def print_rows(result: dict[str, Any]) -> None:
+        for label, cell in ROWS[bench]([result]):
+            try:
+                click.echo(f"{label}: {cell(result)}".replace("**", ""))
+            except (KeyError, TypeError, IndexError):
+                continue
+        if "meets_goal" in result:
+            click.echo(f"goals met: {'yes' if result['meets_goal'] else 'NO'}")
+
+    return print_rows
 
 
 def newest(bench: str) -> list[Path]:
@@ -292,23 +330,7 @@ def newest(bench: str) -> list[Path]:
 
 
 def render() -> str:
-    parts = []
-    if files := newest("simulate"):
-        parts.append(_table("simulate", files, _simulate_rows()))
-    if files := newest("gateway"):
-        parts.append(_table("gateway", files, _gateway_rows()))
-    if files := newest("stream"):
-        results = [json.loads(path.read_text())["result"] for path in files]
-        parts.append(_table("stream", files, _stream_rows(results)))
-    if files := newest("replication"):
-        results = [json.loads(path.read_text())["result"] for path in files]
-        parts.append(_table("replication", files, _replication_rows(results)))
-    if files := newest("demo"):
-        parts.append(_table("demo", files, _demo_rows(), title="iotwatch demo"))
-    if files := newest("chaos"):
-        results = [json.loads(path.read_text())["result"] for path in files]
-        parts.append(_table("chaos", files, _chaos_rows(results), title="iotwatch chaos"))
-    return "\n\n".join(parts)
+    return "\n\n".join(_table(bench, files, rows) for bench, rows in ROWS.items() if (files := newest(bench)))
 
 
 def _median(values: list[float]) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 import click
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
+from iotwatch.application.bench.render import echo
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.application.stack.mirror_maker import remote_topic
 from iotwatch.application.stack.replication import LagHistory, ReplicationLag
@@ -128,7 +129,7 @@ def bench_replication(
         finally:
             embedded.down()
     result["options"] = {"sites": sites, "rate_per_site": rate, "seconds": seconds}
-    emit(result, as_json, _render)
+    emit(result, as_json, echo("replication"))
 
 
 def _measure(raw: str, state: Any, rate: float, seconds: float) -> dict[str, Any]:
@@ -182,19 +183,3 @@ def _measure(raw: str, state: Any, rate: float, seconds: float) -> dict[str, Any
             "heartbeat_lag": lags.summary(site),
         }
     return result
-
-
-def _render(result: dict[str, Any]) -> None:
-    for site, figures in result["sites"].items():
-        raw_path, mirrored = figures["raw_path"], figures["replicated"]
-        click.echo(
-            f"{site}: {figures['produced']} readings; raw path {raw_path['records_per_s']}/s, "
-            f"p50/p99 {_p50_p99(raw_path['latency_ms'])} ms; replicated "
-            f"{mirrored['records_per_s']}/s, p50/p99 {_p50_p99(mirrored['latency_ms'])} ms "
-            f"({mirrored['duplicates']} duplicates); heartbeat lag p50/p99 "
-            f"{figures['heartbeat_lag']['p50_ms']}/{figures['heartbeat_lag']['p99_ms']} ms"
-        )
-
-
-def _p50_p99(figures: dict[str, Any]) -> str:
-    return f"{figures['p50']}/{figures['p99']}"

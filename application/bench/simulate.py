@@ -16,8 +16,9 @@ from typing import Any
 
 import click
 
-from iotwatch.application.bench.fleet import GOAL_LAG_P99_S, GOAL_RSS_MB, fleet_run
+from iotwatch.application.bench.fleet import fleet_run
 from iotwatch.application.bench.record import machine
+from iotwatch.application.bench.render import echo
 from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.devices.broker_run import RunOptions, run
 from iotwatch.devices.config import SimConfig
@@ -321,36 +322,4 @@ def bench_simulate(
         fleet = result["fleet"]
         met += [fleet["on_schedule"], fleet["within_memory"], fleet["every_device_gap_free"]]
     result["meets_goal"] = all(met)
-    emit(result, as_json, _render)
-
-
-def _render(result: dict[str, Any]) -> None:
-    click.echo(
-        f"bench simulate: {result['messages']:,} messages, {result['processes']} process(es) x "
-        f"{result['connections_per_process']} connection(s), broker {result['broker']}"
-    )
-    for level, entry in result["results"].items():
-        sim, raw = entry["simulator"], entry["raw_paho"]
-        line = (
-            f"  {level}: simulator {sim['rate']:>10,.0f} msg/s   raw paho {raw['rate']:>10,.0f} msg/s   "
-            f"ratio {entry['ratio_vs_raw_paho']:.2f}   raw batch {entry['raw_batch']['rate']:>10,.0f} msg/s   "
-            f"ratio {entry['ratio_vs_raw_batch']:.2f}"
-        )
-        click.echo(line)
-        if sim.get("publish_latency"):
-            lat = sim["publish_latency"]
-            click.echo(f"        publish latency p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms")
-    fleet = result.get("fleet")
-    if fleet:
-        lag = fleet["tick_lag"]
-        sub = fleet["subscriber"]
-        click.echo(
-            f"  fleet: {fleet['devices_per_process']:,} devices in 1 process, {fleet['achieved_rate']:,.0f} msg/s "
-            f"(target {fleet['target_rate']:,.0f}), tick lag p99 {lag.get('p99_s', float('nan')):.3f} s, "
-            f"peak RSS {fleet['peak_rss_mb']:,.0f} MB; subscriber: {sub['received']:,} received, "
-            f"{sub['gap_free_devices']:,} of {fleet['devices_per_process']:,} devices gap-free"
-        )
-    click.echo(
-        f"goals (ratio >= {result['goal_ratio']}, tick lag p99 < {GOAL_LAG_P99_S:g} s, "
-        f"RSS < {GOAL_RSS_MB:g} MB, gap-free): {'met' if result['meets_goal'] else 'NOT met'}"
-    )
+    emit(result, as_json, echo("simulate"))

@@ -25,6 +25,7 @@ import click
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from iotwatch.application.bench.render import echo
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, latency_options, pass_app
 from iotwatch.clients.kafka import ensure_topics
@@ -513,31 +514,4 @@ def bench_stream(
         "max_offsets_per_trigger": base.stream.max_offsets_per_trigger,
         "cpu_count": os.cpu_count(),
     }
-    emit(result, as_json, _render)
-
-
-def _render(result: dict[str, Any]) -> None:
-    for row in result["fleet_sizes"]:
-        click.echo(
-            f"{row['devices']:>7} devices: "
-            f"plain consumer {row['plain_consumer_records_per_s']:.0f} rec/s, "
-            f"job {row['job_steady_state_records_per_s']:.0f} rec/s steady (ratio {row['ratio']}), "
-            f"state {row['state_bytes_per_device']} B/device"
-        )
-    startup = result["startup"]
-    click.echo(
-        f"start-up: alerts {startup['start_to_alert_s']['first']}-{startup['start_to_alert_s']['last']} s after "
-        f"the query started on a backlog of {startup['records']} readings "
-        f"(first micro-batch {startup['first_batch_ms']} ms; {startup['spikes_alerted']}/{startup['devices']} spikes)"
-    )
-    for row in result["detectors"]:
-        click.echo(
-            f"detector {row['detector']} ({row['device_types']}): {row['state_bytes_per_metric']} B a metric, "
-            f"{row['batch_ns_per_reading']} ns a metric-reading (one call a reading: {row['class_ns_per_reading']} ns)"
-        )
-    for row in result["latency"]:
-        click.echo(
-            f"alert latency at {row['input_rate_records_per_s']:.0f} rec/s "
-            f"(achieved {row['achieved_rate_records_per_s']:.0f}): p50 {row['latency_ms']['p50']} ms, "
-            f"p99 {row['latency_ms']['p99']} ms ({row['spikes_alerted']}/{row['spikes_injected']} spikes)"
-        )
+    emit(result, as_json, echo("stream"))
