@@ -1,19 +1,5 @@
 """``iotwatch bench replication``: MirrorMaker 2 between sites and the centre against a plain
-consumer of each site's own topic, in the same run.
-
-A stack with ``--sites`` sites starts (each its Kafka node and MirrorMaker). A producer per site
-writes readings into the site's raw topic at ``--rate`` a second for ``--seconds``. Two readers
-follow every site the whole time:
-
-(a) raw path: a plain consumer of the site's raw topic, at the site;
-(b) replicated path: a consumer of ``<site>.iot.telemetry.raw`` at the centre.
-
-MirrorMaker keeps each record's timestamp (when the producer created it), so both readers
-measure the same latency -- created at the site to read by a consumer -- one directly, one
-across the link: the difference is what replication adds. Throughput is records over the
-time from the first to the last record read. The heartbeat lag (:mod:`iotwatch.application.stack.replication`)
-is sampled meanwhile. Results print as JSON with ``--json``.
-"""
+consumer of each site's own topic, in the same run (docs/benchmarks.md says how)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""``iotwatch bench stream``: the streaming job against a plain consumer, same run.
-
-Throughput: the same pre-loaded topic is read (a) by a bare confluent-kafka consumer that
-JSON-parses every record -- the raw path -- and (b) by the whole job (decode, validate,
-deduplicate, score, alert, aggregate, archive, InfluxDB); the ratio of their records per
-second is the figure, at several fleet sizes (readings of 4 metrics each), with the bytes of
-state the job keeps per device. Latency: at each stated input rate, readings stamped with the
-current time carry injected spikes, produced as the gateway forwards readings (its linger, its
-four headers); latency is from a spike's event time to the append time of its alert on the
-alert topic, over the seconds that follow a settling period of the same input (the spikes of
-that period are reported apart: a job that has just started is still working off its start-up).
-"""
+"""``iotwatch bench stream``: the streaming job against a plain consumer, same run: throughput
+and state per device at several fleet sizes, spike-to-alert latency at stated input rates, and
+start-up on a backlog (docs/benchmarks.md says how)."""
 
 from __future__ import annotations
 

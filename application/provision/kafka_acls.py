@@ -1,29 +1,10 @@
-"""Least-privilege Kafka ACLs for the compose deployment's SCRAM users.
+"""Least-privilege Kafka ACLs for the compose deployment's SCRAM users, as one table.
 
-The broker runs an authorizer with ``admin`` as the only super user (docker-compose.yml),
-so a user with no ACL can do nothing. Each service gets what its code does, no more:
-
-- ``gateway`` writes readings and dead letters;
-- ``stream`` reads readings and model updates, writes alerts and dead letters;
-- ``responder`` reads alerts, its command log and its emergency records; writes commands,
-  alerts (escalations), dead letters, device twins (what devices report) and emergency
-  records; with sites, at a site (the relay, :mod:`iotwatch.responder.relay`) it reads the replica of
-  the centre's commands and writes replies, twins and dead letters, and at the centre it
-  reads every site's replies;
-- ``mirror`` (with sites, MirrorMaker 2 of each site; :func:`mirror_grants`) reads what it
-  copies, creates and writes the replicas (named ``<other cluster>.<topic>``) and its own
-  topics (``mm2-*``, ``heartbeats``), translates consumer groups' offsets at the centre, and
-  describes the cluster. It copies no ACLs (``sync.topic.acls.enabled=false``: creating ACLs
-  needs ALTER on the cluster, which would let it grant itself anything); the centre grants
-  the readers of the replicas here (``stream`` the sites' readings, ``responder`` their replies).
-
-No service may create, delete or reconfigure topics (``admin`` made them) or write a topic
-it has no business in: a compromised gateway cannot forge alerts, which become pages.
-READ or WRITE on a topic implies DESCRIBE, which is all the services' start-up topic check
-needs. Consumers assign partitions and commit nothing, so they join no group; READ on the
-groups their clients name (by prefix) is granted anyway, so a future commit does not fail.
-Why a table in code rather than in compose: the topic names come from the settings, the
-same ones the services read, and a test checks the table against the services' users.
+The broker denies what no ACL allows (``admin`` is the only super user), and each service
+gets what its code does, no more: a compromised gateway cannot forge alerts, which become
+pages. docs/operate/security.md lists the services' grants and docs/sites.md MirrorMaker's.
+The table is code rather than compose because the topic names come from the settings the
+services read, and a test checks it against the services' users.
 """
 
 from __future__ import annotations
@@ -53,7 +34,8 @@ class Grant:
     prefixed: bool = False
 
 
-#: Consumer-group name prefixes the services' clients use (never joined; see the docstring).
+#: Consumer-group name prefixes the services' clients use. They assign partitions and commit
+#: nothing, so they join no group; READ is granted anyway, so a future commit does not fail.
 GROUP_PREFIXES = {"stream": ("iotwatch-", "spark-kafka-source"), "responder": ("iotwatch-",)}
 
 

@@ -1,20 +1,10 @@
-"""Per-device MQTT accounts for mosquitto: a password file, an ACL and one credentials file
-per device, from a fleet file.
+"""Per-device MQTT accounts for mosquitto (docs/operate/security.md): a password file, an ACL
+and one credentials file per device, from a fleet file.
 
-Each device logs in as its own ``device_id`` and may only
-
-- publish its telemetry and (retained) status, which is also its last will,
-- subscribe to its own command topic and publish the replies on ``.../commands/ack``,
-- publish its (retained) twin properties on ``.../twin/reported``,
-
-all on the exact topics of its site and type (``user`` blocks, not ``pattern`` lines with
-``%u``: a pattern would let a device publish under another site's or type's topic with its
-own id). The service accounts (gateway, responder, simulator) are written by
-deploy/mosquitto/entrypoint.sh from the environment and are never device names.
-
-The password file is mosquitto 2's own format (``$7$``: PBKDF2-SHA512, 101 iterations as
-``mosquitto_passwd`` writes it, 12-byte salt), made here so that no password appears on a
-command line (``mosquitto_passwd -b`` puts it in the process list).
+The ACL has a ``user`` block per device with the exact topics of its site and type: a
+``pattern`` line with ``%u`` would let a device publish under another site's or type's topic
+with its own id. The password file is mosquitto 2's ``$7$`` format, hashed here so that no
+password appears on a command line (``mosquitto_passwd -b`` puts it in the process list).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Apache Kafka in KRaft mode: the broker the embedded stack, the tests and the benches run.
-
-Each node is one JVM that is both broker and controller (``process.roles=broker,controller``),
-with its configuration, log directory and log file in its own folder of the run directory.
-The log directory is formatted once (``kafka.tools.StorageTool format``); a node started again
-from the same folder finds it formatted and keeps its topics, offsets and committed groups.
-A cluster is several such nodes voting in one controller quorum. With SCRAM users the client
-listener speaks SASL/SCRAM-SHA-512 and an ACL authorizer refuses what no ACL allows, as in
-docker-compose.yml (users are written into the metadata when the storage is formatted). With
-a keystore the client listener speaks TLS (``SSL``, or ``SASL_SSL`` with users): clients verify
-the broker's certificate against the private CA that signed it (:mod:`iotwatch.certificates`),
-and so do the nodes between themselves.
+"""Apache Kafka in KRaft mode: the broker the embedded stack, the tests and the benches run
+(docs/operate/stack.md). Each node is one JVM, both broker and controller, in its own folder,
+its log directory formatted once, so a node started again keeps its data. SCRAM users (with
+the ACL authorizer) and TLS on the client listener are as in docker-compose.yml.
 """
 
 from __future__ import annotations

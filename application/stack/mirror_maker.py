@@ -1,19 +1,6 @@
-"""Apache Kafka's MirrorMaker 2: the link between one site's Kafka cluster and the central one.
-
-Each site has its own MirrorMaker process (a dedicated MirrorMaker,
-``org.apache.kafka.connect.mirror.MirrorMaker``, with its configuration, Connect state and log
-in the site's folder), so a site whose link is down or whose MirrorMaker restarts holds up no
-other site. It runs two flows:
-
-- ``<site>->central``: the raw, dead-letter and command replies topics, named ``<site>.<topic>`` at the centre
-  (MirrorMaker's default replication policy); consumer groups' committed offsets translated
-  into the central cluster's groups (checkpoints, ``sync.group.offsets.enabled``), so a group
-  fails over to the replica without re-reading what it committed; heartbeats, whose newest
-  record at the centre gives the site's replication lag (:mod:`iotwatch.sites`);
-- ``central-><site>``: the commands topic, named ``central.<topic>`` at the site.
-
-Replication is at least once: after a kill the process re-sends what it copied since it last
-saved its source offsets (``offset.flush.interval.ms``); readers deduplicate by device and seq.
+"""Apache Kafka's MirrorMaker 2: the link between one site's Kafka cluster and the central one,
+a dedicated MirrorMaker process per site so that a site whose link is down holds up no other.
+docs/sites.md describes its two flows, their topics and its at-least-once delivery.
 """
 
 from __future__ import annotations
