@@ -401,6 +401,18 @@ def _counted(latencies: list[tuple[int, float]], started: float) -> list[float]:
     return [latency for ts, latency in latencies if ts >= cut]
 
 
+def _figures(latencies: list[tuple[int, float]], started: float) -> dict[str, Any]:
+    """A paced path's figures from its ``(payload ts, latency ms)``: the messages counted (after
+    the warm-up) and received, the rate they were published at, and their latency p50 and p99."""
+    counted = _counted(latencies, started)
+    return {
+        "messages": len(counted),
+        "received": len(latencies),
+        "input_msgs_per_s": _offered_rate(latencies),
+        "latency_ms": quantiles(counted, (0.5, 0.99), digits=3),
+    }
+
+
 def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site: str, rate: float) -> dict[str, Any]:
     """Publish-to-subscriber latency through a bare subscriber."""
     latencies: list[tuple[int, float]] = []
@@ -418,21 +430,16 @@ def latency_raw(mqtt: MqttSettings, messages: list[tuple[str, Telemetry]], site:
     done.wait(120)
     client.disconnect()
     client.loop_stop()
-    counted = _counted(latencies, started)
-    return {
-        "messages": len(counted),
-        "input_msgs_per_s": _offered_rate(latencies),
-        "latency_ms": quantiles(counted, (0.5, 0.99), digits=3),
-    }
+    return _figures(latencies, started)
 
 
 def _read_latencies(
     settings: Settings,
     topic: str,
     expected: int,
+    out: Queue[tuple[array[int], array[float], array[float]]],
     ready: Any,
     stop: Any,
-    out: Queue[tuple[array[int], array[float], array[float]]],
 ) -> None:
     """Read ``topic`` as records become readable, as a process of its own (a thread of the
     bench would share its interpreter, and its garbage collections, with the messages the
@@ -456,27 +463,36 @@ def _read_latencies(
     out.put((stamps, readable, created))
 
 
+@contextlib.contextmanager
+def _spawned(target: Any, *args: Any, what: str) -> Iterator[Any]:
+    """``target(*args, ready, stop)`` in a spawned process of its own, once it has set ``ready``;
+    yields ``stop``, which is set (and the process joined) on the way out."""
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    process = context.Process(target=target, args=(*args, ready, stop))
+    process.start()
+    try:
+        if not ready.wait(60):
+            raise TimeoutError(f"{what} did not start")
+        yield stop
+    finally:
+        stop.set()
+        process.join(30)
+
+
 def _paced_into_kafka(
     settings: Settings, messages: list[tuple[str, Telemetry]], topic: str, rate: float
 ) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
     """Publish ``messages`` paced while a reader process reads ``topic``: (start, readable,
     created), each ``(payload ts, latency ms)``."""
-    context = multiprocessing.get_context("spawn")
-    ready, stop, out = context.Event(), context.Event(), context.Queue()
-    reader = context.Process(target=_read_latencies, args=(settings, topic, len(messages), ready, stop, out))
-    reader.start()
-    try:
-        if not ready.wait(60):
-            raise TimeoutError("the Kafka reader did not start")
+    out: Queue[tuple[array[int], array[float], array[float]]] = multiprocessing.get_context("spawn").Queue()
+    with _spawned(_read_latencies, settings, topic, len(messages), out, what="the Kafka reader") as stop:
         started = _publish(settings.mqtt, messages, f"{topic}-pub", rate)
         try:
             stamps, readable, created = out.get(timeout=120)
         except queue.Empty:
             stop.set()
             stamps, readable, created = out.get(timeout=30)
-    finally:
-        stop.set()
-        reader.join(30)
     return started, list(zip(stamps, readable, strict=True)), list(zip(stamps, created, strict=True))
 
 
@@ -506,25 +522,10 @@ def latency_bare_bridge(
     the gateway path, none of the gateway's own work."""
     topic = f"bench.{site}.raw"
     ensure_topics(settings.kafka, [topic])
-    context = multiprocessing.get_context("spawn")
-    ready, stop = context.Event(), context.Event()
-    bridge = context.Process(
-        target=_bare_bridge, args=(settings, f"{site}-bridge", f"iot/{site}/+/+/telemetry", topic, ready, stop)
-    )
-    bridge.start()
-    try:
-        if not ready.wait(60):
-            raise TimeoutError("the bare bridge did not subscribe")
+    bridge = (settings, f"{site}-bridge", f"iot/{site}/+/+/telemetry", topic)
+    with _spawned(_bare_bridge, *bridge, what="the bare bridge"):
         started, readable, _created = _paced_into_kafka(settings, messages, topic, rate)
-    finally:
-        stop.set()
-        bridge.join(30)
-    return {
-        "messages": len(_counted(readable, started)),
-        "received": len(readable),
-        "input_msgs_per_s": _offered_rate(readable),
-        "latency_ms": quantiles(_counted(readable, started), (0.5, 0.99), digits=3),
-    }
+    return _figures(readable, started)
 
 
 def latency_gateway(
@@ -540,10 +541,7 @@ def latency_gateway(
     finally:
         summary = process.stop(timeout_s=120)
     return {
-        "messages": len(_counted(readable, started)),
-        "received": len(readable),
-        "input_msgs_per_s": _offered_rate(readable),
-        "latency_ms": quantiles(_counted(readable, started), (0.5, 0.99), digits=3),
+        **_figures(readable, started),
         "publish_to_create_time_ms": quantiles(_counted(created, started), (0.5, 0.99), digits=3),
         "gateway_delivery_ms": {q: summary.get(f"delivery_latency_ms_{q}") for q in ("p50", "p99")},
     }

@@ -30,6 +30,13 @@ def write_alerts(folder: Path, alerts: list[AlertRecord], verdicts: dict[str, st
     return path
 
 
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_closed_loop(folder: Path, found: dict[str, list[int]]) -> Path | None:
     """The closed loop's timings per command (alert -> command -> device ack -> alert cleared),
     one strip each with its p50 and p99 marked; None when no command was sent."""
@@ -48,11 +55,7 @@ def plot_closed_loop(folder: Path, found: dict[str, list[int]]) -> Path | None:
     ax.set_xlabel("seconds (wall clock); | p50, x p99")
     ax.set_title("Closed loop: alert -> command -> device ack -> alert cleared")
     ax.grid(alpha=0.3, axis="x")
-    path = folder / "closed_loop.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, folder / "closed_loop.png")
 
 
 def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
@@ -78,11 +81,7 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     ax.set_title("Per-stage rates")
     ax.grid(alpha=0.3)
     ax.legend()
-    path = folder / "stage_rates.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, folder / "stage_rates.png")
 
 
 #: How an alert is drawn in the device plots, by its verdict (:mod:`iotwatch.evaluation.judgement`).
@@ -199,9 +198,5 @@ def plot_devices(
         bottom.legend(loc="upper left")
         bottom.set_ylim(0, 1.05)
         bottom.set_xlabel("reading (seq)")
-        path = folder / f"device_{device}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, folder / f"device_{device}.png"))
     return paths

@@ -91,17 +91,9 @@ def up(
     On a stack some of whose servers died, only those start again, on their own ports.
     """
     settings = app.settings
-    stack_update: dict[str, Any] = {}
-    if mqtt_broker:
-        stack_update["mqtt_broker"] = mqtt_broker
-    if no_influx:
-        stack_update["influxdb"] = "none"
-    if sites is not None:
-        stack_update["sites"] = sites
-    if kafka_nodes is not None:
-        stack_update["kafka_nodes"] = kafka_nodes
-    if tls:
-        stack_update["tls"] = True
+    given = {"mqtt_broker": mqtt_broker, "influxdb": "none" if no_influx else None, "sites": sites}
+    given |= {"kafka_nodes": kafka_nodes, "tls": tls or None}
+    stack_update = {key: value for key, value in given.items() if value is not None}
     kafka = settings.kafka.model_copy(update={"partitions": partitions}) if partitions else settings.kafka
     settings = settings.model_copy(update={"stack": settings.stack.model_copy(update=stack_update), "kafka": kafka})
     embedded = EmbeddedStack(settings, run_dir)

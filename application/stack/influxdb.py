@@ -51,18 +51,9 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float, port: int | N
     record = start_process("influx", [binary, "-config", str(conf)], base / "influxd.log")
     endpoint = f"http://{HOST}:{http_port}"
     client = InfluxV1Client(InfluxSettings(url=endpoint, database=database))
-    versions: list[str] = []
-
-    def answers() -> bool:
-        versions.append(client.ping())  # raises until the server answers
-        return True
-
-    wait_until(
-        answers,
-        timeout_s=timeout_s,
-        what=f"InfluxDB on port {http_port}",
-        record=record,
-    )
+    # ping raises until the server answers
+    wait_until(client.ping, timeout_s=timeout_s, what=f"InfluxDB on port {http_port}", record=record)
+    version = client.ping()
     client.create_database()
     client.close()
-    return RunningService("influx", f"influxd {versions[-1]}", endpoint, record)
+    return RunningService("influx", f"influxd {version}", endpoint, record)

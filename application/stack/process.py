@@ -158,7 +158,7 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
 
 
 def wait_until(
-    check: Callable[[], bool],
+    check: Callable[[], object],
     *,
     timeout_s: float,
     what: str,
