@@ -89,7 +89,6 @@ class KafkaNodeSpec:
     port: int
     controller_port: int
     folder: Path
-    overrides: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def endpoint(self) -> str:
@@ -97,20 +96,11 @@ class KafkaNodeSpec:
 
 
 def start_kafka_broker(
-    run_dir: Path,
-    timeout_s: float,
-    port: int | None = None,
-    *,
-    security: KafkaSecurity | None = None,
-    overrides: Mapping[str, str] | None = None,
-    heap: list[str] | None = None,
+    run_dir: Path, timeout_s: float, *, security: KafkaSecurity | None = None, heap: list[str] | None = None
 ) -> RunningService:
-    """One combined broker and controller in ``run_dir/kafka`` (on a free port unless ``port``
-    is given, e.g. to start it again where its clients expect it); waits until an admin
-    client lists its topics."""
-    return start_kafka_cluster(
-        run_dir, timeout_s, nodes=1, ports=[port] if port else None, security=security, overrides=overrides, heap=heap
-    )[0]
+    """One combined broker and controller in ``run_dir/kafka`` on a free port; waits until an
+    admin client lists its topics."""
+    return start_kafka_cluster(run_dir, timeout_s, nodes=1, security=security, heap=heap)[0]
 
 
 def start_kafka_cluster(
@@ -118,9 +108,7 @@ def start_kafka_cluster(
     timeout_s: float,
     *,
     nodes: int = 3,
-    ports: list[int] | None = None,
     security: KafkaSecurity | None = None,
-    overrides: Mapping[str, str] | None = None,
     heap: list[str] | None = None,
 ) -> list[RunningService]:
     """``nodes`` combined brokers and controllers forming one cluster; a single node lives in
@@ -129,10 +117,9 @@ def start_kafka_cluster(
     specs = [
         KafkaNodeSpec(
             node_id=i,
-            port=(ports[i - 1] if ports else free_port(HOST)),
+            port=free_port(HOST),
             controller_port=free_port(HOST),
             folder=run_dir / ("kafka" if nodes == 1 else f"kafka-{i}"),
-            overrides=dict(overrides or {}),
         )
         for i in range(1, nodes + 1)
     ]
@@ -279,7 +266,6 @@ def _write_config(spec: KafkaNodeSpec, voters: str, nodes: int, security: KafkaS
                 "allow.everyone.if.no.acl.found": "false",
             }
         )
-    settings.update(spec.overrides)
     path = spec.folder / "server.properties"
     path.write_text("".join(f"{key}={escape_property(value)}\n" for key, value in settings.items()))
     return path

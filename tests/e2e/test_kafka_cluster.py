@@ -74,12 +74,7 @@ def test_kill_9_of_one_of_three_brokers_loses_nothing_and_the_pipeline_carries_o
     spark: Any, stack_settings: Settings, tmp_path: Path
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    brokers = start_kafka_cluster(
-        tmp_path / "cluster",
-        timeout_s=90,
-        nodes=3,
-        overrides={"min.insync.replicas": "2", "default.replication.factor": "3"},
-    )
+    brokers = start_kafka_cluster(tmp_path / "cluster", timeout_s=90, nodes=3)  # 3 replicas, min.insync 2
     try:
         kafka = stack_settings.kafka.model_copy(
             update={"bootstrap_servers": ",".join(b.endpoint for b in brokers), "replication_factor": 3}
