@@ -48,9 +48,9 @@ def _page_options(what: str, default: int) -> Callable[[Callable[..., Any]], Cal
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option("--all", "show_all", is_flag=True, help=f"Every {what} (no --limit).")(func)
-        return click.option(
-            "--limit", type=click.IntRange(min=1), default=default, show_default=True, help=f"{what}s shown at most."
-        )(func)
+        return click.option("--limit", type=click.IntRange(min=1), default=default, help=f"{what}s shown at most.")(
+            func
+        )
 
     return decorate
 
@@ -93,7 +93,7 @@ def _read(app: AppContext) -> list[Any]:
     return letters
 
 
-@click.group()
+@click.group(context_settings={"show_default": True})
 def deadletters() -> None:
     """What the gateway and the streaming job refused: list by reason and device, show records,
     replay fixed ones to the raw topic."""

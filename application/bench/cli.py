@@ -23,6 +23,6 @@ class _BenchGroup(LazyGroup):
     registry = BENCHMARKS
 
 
-@click.group(cls=_BenchGroup)
+@click.group(cls=_BenchGroup, context_settings={"show_default": True})
 def bench() -> None:
     """Throughput, latency and memory of each stage against its raw path."""

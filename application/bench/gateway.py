@@ -580,12 +580,11 @@ def _added(path: dict[str, float | None], reference: dict[str, float | None]) ->
 
 
 @click.command("gateway")
-@click.option("--messages", "total", default=100_000, show_default=True, help="Backlog size per drain run.")
-@click.option("--devices", default=100, show_default=True, help="Devices the messages are spread over.")
+@click.option("--messages", "total", default=100_000, help="Backlog size per drain run.")
+@click.option("--devices", default=100, help="Devices the messages are spread over.")
 @click.option(
     "--processes",
     default=2,
-    show_default=True,
     type=click.IntRange(min=1),
     help="Processes of the multi-process runs (bare subscribers and gateway).",
 )
@@ -605,7 +604,6 @@ def _added(path: dict[str, float | None], reference: dict[str, float | None]) ->
     "warmup_s",
     type=click.FloatRange(min=0),
     default=KAFKA_WARMUP_S,
-    show_default=True,
     help="Paced produce and fetch at --rate before the runs, so that they meet a warm broker.",
 )
 @json_option

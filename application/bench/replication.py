@@ -92,11 +92,9 @@ def produce_paced(kafka: KafkaSettings, topic: str, site: str, rate: float, seco
 
 
 @click.command("replication")
-@click.option(
-    "--sites", default=1, show_default=True, type=click.IntRange(min=1, max=4), help="Sites, each replicated."
-)
-@click.option("--rate", default=5000.0, show_default=True, help="Readings per second into each site's raw topic.")
-@click.option("--seconds", default=30.0, show_default=True, help="How long each site's producer runs.")
+@click.option("--sites", default=1, type=click.IntRange(min=1, max=4), help="Sites, each replicated.")
+@click.option("--rate", default=5000.0, help="Readings per second into each site's raw topic.")
+@click.option("--seconds", default=30.0, help="How long each site's producer runs.")
 @click.option(
     "--work-dir", type=click.Path(file_okay=False, path_type=Path), help="Stack folder (default: a temporary one)."
 )

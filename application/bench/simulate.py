@@ -198,15 +198,11 @@ def _own_broker(run_dir: Path) -> tuple[str, Any]:
     metavar="mqtt://HOST:PORT",
     help="Broker to measure against (default: start a private mosquitto).",
 )
-@click.option(
-    "--messages", type=click.IntRange(min=1000), default=100_000, show_default=True, help="Messages per measurement."
-)
-@click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option(
-    "--connections", type=click.IntRange(min=1), default=2, show_default=True, help="MQTT connections per process."
-)
-@click.option("--homes", type=click.IntRange(min=0), default=2000, show_default=True)
-@click.option("--vehicles", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--messages", type=click.IntRange(min=1000), default=100_000, help="Messages per measurement.")
+@click.option("--processes", type=click.IntRange(min=1), default=2)
+@click.option("--connections", type=click.IntRange(min=1), default=2, help="MQTT connections per process.")
+@click.option("--homes", type=click.IntRange(min=0), default=2000)
+@click.option("--vehicles", type=click.IntRange(min=0), default=100)
 @click.option(
     "--qos",
     "qos_levels",
@@ -214,26 +210,23 @@ def _own_broker(run_dir: Path) -> tuple[str, Any]:
     multiple=True,
     help="QoS levels to measure (repeatable) [default: 0 and 1].",
 )
-@click.option("--max-inflight", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--max-inflight", type=click.IntRange(min=1), default=200)
 @click.option(
     "--fleet-devices",
     type=click.IntRange(min=0),
     default=100_000,
-    show_default=True,
     help="Devices of the large-fleet run in one process (0: skip it).",
 )
 @click.option(
     "--fleet-interval",
     type=click.FloatRange(min=0.1),
     default=10.0,
-    show_default=True,
     help="Seconds between two readings of a device in the large-fleet run.",
 )
 @click.option(
     "--fleet-duration",
     type=click.FloatRange(min=1.0),
     default=30.0,
-    show_default=True,
     help="Seconds of the large-fleet run (real time).",
 )
 @json_option

@@ -415,7 +415,6 @@ def measure_latency(
 @click.option(
     "--records",
     default=600_000,
-    show_default=True,
     help="Pre-loaded records per throughput run (three micro-batches of the default size).",
 )
 @click.option(
@@ -423,7 +422,6 @@ def measure_latency(
     "fleet_sizes",
     type=NumberList(),
     default="1000,10000,100000",
-    show_default=True,
     help="Fleet sizes of the throughput runs (comma-separated; 4 metrics per reading).",
 )
 @latency_options(
@@ -436,13 +434,11 @@ def measure_latency(
     "settle_s",
     type=float,
     default=SETTLE_S,
-    show_default=True,
     help="Input at the rate before each latency run's measured seconds (reported apart, as settling).",
 )
 @click.option(
     "--latency-devices",
     default=500,
-    show_default=True,
     help="Devices of the latency runs at 5,000 records/s (scaled with the rate).",
 )
 @json_option

@@ -11,7 +11,7 @@ from iotwatch.application.harness.options import scenario_options
 from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_app
 
 
-@click.command()
+@click.command(context_settings={"show_default": True})
 @scenario_options(
     "demo",
     seed=Preset(1),
@@ -22,14 +22,12 @@ from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_ap
 @click.option(
     "--speedup",
     default=10.0,
-    show_default=True,
     help="Event time runs this many times faster than the wall clock (detectors need history).",
 )
-@click.option("--anomaly-rate", default=6.0, show_default=True, help="Anomalies per device per hour of event time.")
+@click.option("--anomaly-rate", default=6.0, help="Anomalies per device per hour of event time.")
 @click.option(
     "--fault-rate",
     default=3.0,
-    show_default=True,
     help="Transport faults (duplicates, late, out of order, malformed) per device-hour of event time.",
 )
 @click.option(
@@ -37,7 +35,6 @@ from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_ap
     "anomalies_after",
     type=click.FloatRange(min=0),
     default=60.0,
-    show_default=True,
     metavar="SECONDS",
     help="Seconds of event time before the first injected anomaly: the detectors warm "
     "up on about 60 readings (one a second for home devices), so earlier anomalies would be unfair misses.",
@@ -52,7 +49,6 @@ from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_ap
     "--sites",
     type=click.IntRange(min=0, max=20),
     default=0,
-    show_default=True,
     help="Edge sites: each its own MQTT broker, Kafka node, gateway and simulators (--homes and "
     "--vehicles each), replicated to the central Kafka cluster by MirrorMaker 2; the summary "
     "reports per site (0: one cluster).",

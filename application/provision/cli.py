@@ -23,7 +23,7 @@ DEFAULT_KAFKA_TLS_DIR = Path("deploy/kafka/tls")
 DEFAULT_KAFKA_BROKERS = ("kafka=kafka,localhost,127.0.0.1",)
 
 
-@click.group()
+@click.group(context_settings={"show_default": True})
 def provision() -> None:
     """Provision MQTT device accounts, TLS certificates and Kafka topics for docker-compose."""
 
@@ -41,7 +41,6 @@ def provision() -> None:
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_FLEET_DIR,
-    show_default=True,
     help="Folder for passwd, acl and devices/<device_id>.json "
     "(the compose mosquitto service reads deploy/mosquitto/fleet).",
 )
@@ -65,7 +64,6 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_TLS_DIR,
-    show_default=True,
     help="Folder for ca.crt, ca.key, server.crt, server.key.",
 )
 @click.option(
@@ -73,19 +71,15 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
     "hosts",
     multiple=True,
     default=("mosquitto", "localhost", "127.0.0.1"),
-    show_default=True,
     help="Host name or IP address clients use to reach the broker (repeatable).",
 )
-@click.option(
-    "--days", type=click.IntRange(min=1), default=825, show_default=True, help="Validity of the certificates."
-)
+@click.option("--days", type=click.IntRange(min=1), default=825, help="Validity of the certificates.")
 @click.option("--new-ca", is_flag=True, help="Replace the CA too (devices must then trust the new ca.crt).")
 @click.option(
     "--kafka",
     "kafka_brokers",
     multiple=True,
     default=DEFAULT_KAFKA_BROKERS,
-    show_default=True,
     metavar="BROKER=HOST[,HOST...]",
     help="A Kafka broker and every name or address its clients reach it by (repeatable): its "
     "keystore BROKER.p12 is signed by the same CA. Add the host of KAFKA_EXTERNAL_HOST.",
@@ -95,7 +89,6 @@ def mqtt(fleet_file: Path, out_dir: Path, rotate: bool, as_json: bool) -> None:
     "kafka_out",
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_KAFKA_TLS_DIR,
-    show_default=True,
     help="Folder for the brokers' keystores (BROKER.p12, BROKER.p12.password) and a copy of ca.crt.",
 )
 @json_option
