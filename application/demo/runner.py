@@ -112,57 +112,41 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> Demo
         env = pipeline.component_env(state, out, silence_timeout_s=max(5.0, 30.0 / options.speedup))
         where = f"{len(sites)} sites" if sites else "the stack"
         console.print(f"stack up in {out / 'stack'} ({where}); starting the streaming job, gateways and simulators")
-        children.append(Component("stream", pipeline.iotwatch_command("stream", "--json"), env, out))
+
+        def start(name: str, site: str | None, command: list[str], **extra: str) -> Component:
+            """A component of the run, at ``site`` (its servers) or at the centre."""
+            child = Component(
+                _named(name, site), command, {**env, **(state.site_env(site) if site else {}), **extra}, out
+            )
+            children.append(child)
+            return child
+
+        stream = start("stream", None, pipeline.iotwatch_command("stream", "--json"))
         places: list[str | None] = [*sites] or [None]  # the sites, or the one cluster
         gateway_ports = {site: (gateway_port if site is None else free_port()) for site in places}
         for site, port in gateway_ports.items():
-            children.append(
-                Component(
-                    _named("gateway", site),
-                    pipeline.gateway_command(gateway_id(site), port),
-                    {**env, **state.site_env(site)} if site else env,
-                    out,
-                )
-            )
+            start("gateway", site, pipeline.gateway_command(gateway_id(site), port))
         # The alert consumers start while Spark does: none of their start-up then competes with
         # the job's first micro-batch for the CPU.
         # The closed loop: the responder commands devices over the one MQTT broker, or with
         # sites writes the commands at the centre for each site's relay to deliver
-        children.append(Component("respond", pipeline.iotwatch_command("respond", "--json"), env, out))
+        start("respond", None, pipeline.iotwatch_command("respond", "--json"))
         for site in sites:
-            children.append(
-                Component(
-                    _named("relay", site),
-                    pipeline.iotwatch_command("relay", "--json"),
-                    {**env, **state.site_env(site)},
-                    out,
-                )
-            )
+            start("relay", site, pipeline.iotwatch_command("relay", "--json"))
         # on-call: notifications to a local receiver; the forwarder writes the on-call dashboard's measurements
-        children.append(
-            Component(
-                "forward",
-                pipeline.iotwatch_command(
-                    "alerts", "forward", "--routes", str(receiver.write_routes(out / "routes.toml")), "--json"
-                ),
-                {**env, "IOTWATCH_ALERTS_STATE_DIR": str(out / "forward")},
-                out,
-            )
-        )
+        routes = str(receiver.write_routes(out / "routes.toml"))
+        forward = pipeline.iotwatch_command("alerts", "forward", "--routes", routes, "--json")
+        start("forward", None, forward, IOTWATCH_ALERTS_STATE_DIR=str(out / "forward"))
         for port in gateway_ports.values():
             wait_healthy(port, timeout_s=60)
-        pipeline.wait_for_stream(children[0], checkpoint)
+        pipeline.wait_for_stream(stream, checkpoint)
         on_call = OnCallPerson(settings)
-        simulators = [
-            Component(
-                _named("simulate", site),
-                _simulate_command(options, out, site, _site_truth(out, site) if site else truth_path),
-                {**env, **state.site_env(site)} if site else env,
-                out,
-            )  # a new pipeline: every device from seq 0
+        simulators = [  # a new pipeline: every device from seq 0
+            start(
+                "simulate", site, _simulate_command(options, out, site, _site_truth(out, site) if site else truth_path)
+            )
             for site in places
         ]
-        children.extend(simulators)
         live = LiveState()
         probe = Probe(
             settings,
