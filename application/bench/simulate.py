@@ -6,7 +6,6 @@ against which goals."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import shutil
 import sys
 import tempfile
 import time
@@ -23,7 +22,6 @@ from iotwatch.cli import AppContext, emit, json_option, pass_app
 from iotwatch.devices.broker_run import RunOptions, run
 from iotwatch.devices.config import SimConfig
 from iotwatch.devices.simulation import Simulation
-from iotwatch.errors import StackError
 from iotwatch.settings import MqttSettings
 
 __all__ = ["bench_simulate"]
@@ -43,10 +41,6 @@ def _ticks(config: SimConfig, shard: int, shards: int, quota: int) -> list[list[
     while not sim.exhausted:
         out.append([(uid, topic, payload.encode()) for uid, topic, payload, _ in sim.tick()])
     return out
-
-
-def _messages(config: SimConfig, shard: int, shards: int, quota: int) -> list[tuple[int, str, bytes]]:
-    return [m for tick in _ticks(config, shard, shards, quota) for m in tick]
 
 
 @dataclass(frozen=True)
@@ -115,7 +109,7 @@ def _paho_loop(share: _Share, barrier: Any) -> tuple[int, float]:
     from iotwatch.clients.mqtt import make_client
 
     mqtt, connections, qos = share.mqtt, share.connections, share.qos
-    messages = _messages(share.config, share.shard, share.shards, share.quota)
+    messages = [m for tick in _ticks(share.config, share.shard, share.shards, share.quota) for m in tick]
     clients = []
     acked = [0]
     lock = threading.Lock()
@@ -184,13 +178,6 @@ def _raw(
     return {"sent": sent, "wall_s": round(wall, 3), "rate": round(sent / wall, 1)}
 
 
-def _own_broker(run_dir: Path) -> tuple[str, Any]:
-    from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
-
-    service = start_mqtt_broker(run_dir, "mosquitto", timeout_s=30.0)
-    return service.endpoint, service.process
-
-
 @click.command("simulate")
 @click.option(
     "--mqtt",
@@ -247,22 +234,17 @@ def bench_simulate(
     as_json: bool,
 ) -> None:
     """Simulator msg/s vs a bare paho loop and its own transport with the same payloads."""
+    from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
     from iotwatch.application.stack.process import stop_process
     from iotwatch.settings import normalise_mqtt_url
 
     if homes + vehicles == 0:
         raise click.UsageError("nothing to simulate: --homes or --vehicles must be > 0")
     levels = [int(q) for q in (qos_levels or ("0", "1"))]
-    run_dir = None
-    broker = None
-    if mqtt_url:
-        mqtt = app.settings.mqtt.model_copy(update={"url": normalise_mqtt_url(mqtt_url)})
-    else:
-        if not (shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists()):
-            raise StackError("bench simulate needs mosquitto (apt-get install mosquitto) or --mqtt URL")
-        run_dir = tempfile.mkdtemp(prefix="iotwatch-bench-sim-")
-        endpoint, broker = _own_broker(Path(run_dir))
-        mqtt = MqttSettings(url=endpoint)
+    run_dir = tempfile.TemporaryDirectory(prefix="iotwatch-bench-sim-")
+    broker = None if mqtt_url else start_mqtt_broker(Path(run_dir.name), "mosquitto", timeout_s=30.0)
+    url = broker.endpoint if broker else normalise_mqtt_url(mqtt_url or "")
+    mqtt = MqttSettings(url=url) if broker else app.settings.mqtt.model_copy(update={"url": url})
     config = _config(homes, vehicles, messages)
     result: dict[str, Any] = {
         "broker": mqtt.url,
@@ -307,8 +289,8 @@ def bench_simulate(
             result["fleet"] = fleet_run(mqtt, fleet_devices, fleet_interval, fleet_duration)
     finally:
         if broker is not None:
-            stop_process(broker)
-            shutil.rmtree(run_dir or "", ignore_errors=True)
+            stop_process(broker.process)
+        run_dir.cleanup()
     result["goal_ratio"] = GOAL_RATIO
     met = [e["ratio_vs_raw_paho"] >= GOAL_RATIO for e in result["results"].values()]
     if fleet_devices:
