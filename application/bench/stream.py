@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -27,6 +27,9 @@ from iotwatch.models.catalog import kernel_for, make
 from iotwatch.models.kernels import warm_kernel
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.stats import quantile, quantiles
+
+if TYPE_CHECKING:
+    from iotwatch.streaming.job import RunningJob
 
 #: Seconds of input at a latency run's rate before its measured seconds. A job that starts (or
 #: restarts) meets the backlog of its own start-up and runs longer micro-batches, each taking
@@ -117,20 +120,25 @@ def measure_consumer(settings: Settings, topic: str, total: int) -> dict[str, An
     return {"records": count, "seconds": round(elapsed, 3), "records_per_s": round(count / elapsed, 1)}
 
 
-def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dict[str, Any]:
-    """The whole job over the backlog (availableNow); steady state leaves out the first
-    micro-batch, which also pays query planning and Python worker start-up."""
+def _start_job(spark: Any, settings: Settings, workdir: Path, name: str, available_now: bool = False) -> RunningJob:
+    """The streaming job as query ``bench_<name>``, its checkpoint and archive in ``workdir``."""
     from iotwatch.streaming.job import start
 
-    started = time.monotonic()
-    job = start(
+    return start(
         spark,
         settings,
         checkpoint_dir=workdir / f"ck-{name}",
         archive_dir=workdir / f"archive-{name}",
-        available_now=True,
+        available_now=available_now,
         query_name=f"bench_{name}",
     )
+
+
+def measure_job(spark: Any, settings: Settings, workdir: Path, name: str) -> dict[str, Any]:
+    """The whole job over the backlog (availableNow); steady state leaves out the first
+    micro-batch, which also pays query planning and Python worker start-up."""
+    started = time.monotonic()
+    job = _start_job(spark, settings, workdir, name, available_now=True)
     job.await_backlog(1800)
     elapsed = time.monotonic() - started
     records = int(job.totals.get("reading_records", 0))
@@ -257,8 +265,6 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
     """The session's first query, as a job starting on a backlog: each device's warm-up
     readings and then a spike are in Kafka; the seconds from the query's start to the spikes'
     alerts, and the first micro-batch's duration (planning, Python workers, state set-up)."""
-    from iotwatch.streaming.job import start
-
     settings = own_topics(settings, f"bench.{run}.startup")
     topics = settings.topics
     warm = make(settings.stream.device_detector, **settings.stream.device_detector_params).warmup_readings() + 5
@@ -273,13 +279,7 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
         producer.produce(topics.raw, key=readings.keys[device], value=value)
     producer.flush(30)
     started_ms = time.time() * 1000
-    job = start(
-        spark,
-        settings,
-        checkpoint_dir=workdir / f"ck-startup-{run}",
-        archive_dir=workdir / f"archive-startup-{run}",
-        query_name=f"bench_startup_{run}",
-    )
+    job = _start_job(spark, settings, workdir, f"startup_{run}")
     try:
         appended = sorted(ms for _, ms in _spike_alerts(settings, spikes, timeout_s=300))
         deadline = time.monotonic() + 60  # the progress report follows the batch's commit
@@ -314,8 +314,6 @@ def measure_latency(
 ) -> dict[str, Any]:
     """Alerts for injected spikes at a steady input rate: spike event time -> alert append time,
     over ``seconds`` that follow ``settle_s`` of the same input (reported apart, as ``settling``)."""
-    from iotwatch.streaming.job import start
-
     stream = settings.stream
     stop = threading.Event()
     spikes: dict[str, set[int]] = {}
@@ -358,13 +356,7 @@ def measure_latency(
         producer.flush(30)
 
     preload(settings, settings.topics.raw, devices, 1)  # seq 0 of every device: the job warms up on it
-    job = start(
-        spark,
-        settings,
-        checkpoint_dir=workdir / f"ck-latency-{rate:g}",
-        archive_dir=workdir / f"archive-latency-{rate:g}",
-        query_name=f"bench_latency_{rate:g}",
-    )
+    job = _start_job(spark, settings, workdir, f"latency_{rate:g}")
     deadline = time.monotonic() + 300
     while job.totals.get("reading_records", 0) < devices and time.monotonic() < deadline:
         time.sleep(0.2)
