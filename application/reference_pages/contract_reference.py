@@ -17,7 +17,6 @@ import sys
 import textwrap
 from enum import StrEnum
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -204,12 +203,8 @@ def enum_list(cls: type[StrEnum]) -> str:
     return f"### {cls.__name__}\n\n{prose(cls.__doc__)} Values: " + ", ".join(values) + "."
 
 
-def _module_comments(module: ModuleType) -> dict[str, str]:
-    return _comments(inspect.getsource(module))
-
-
 def dead_letter_headers() -> str:
-    notes = _module_comments(dead_letters)
+    notes = _comments(inspect.getsource(dead_letters))
     lines = ["| header | meaning |", "| --- | --- |"]
     for name, value in vars(dead_letters).items():
         if name.startswith("H_") and isinstance(value, str):
