@@ -6,7 +6,7 @@
 Each table of ``docs/benchmarks.md`` shows the newest runs of one bench (at most
 :data:`RUNS`), one column a run, each linked to its result file; the README's headline table
 gives the median of those runs for a few figures. A test checks that both files hold exactly
-this output.
+this output. A bench run by hand prints its own run with the same rows (:func:`echo`).
 """
 
 from __future__ import annotations
