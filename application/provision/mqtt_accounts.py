@@ -119,17 +119,9 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
 def device_acl(devices: list[DeviceIdentity]) -> str:
     """ACL ``user`` blocks: each device on its own topics only."""
     lines = ["# iotwatch provision mqtt: one block per device; regenerate, do not edit"]
-    for device in devices:
-        topics = device.topics()
-        lines += [
-            "",
-            f"user {device.device_id}",
-            f"topic write {topics['telemetry']}",
-            f"topic write {topics['status']}",
-            f"topic read {topics['commands']}",
-            f"topic write {topics['command_ack']}",
-            f"topic write {topics['twin_reported']}",
-        ]
+    for device in devices:  # read its command topic, write the others
+        lines += ["", f"user {device.device_id}"]
+        lines += [f"topic {'read' if kind == 'commands' else 'write'} {name}" for kind, name in device.topics().items()]
     return "\n".join(lines) + "\n"
 
 
