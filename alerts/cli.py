@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from iotwatch.cli import AppContext, F, emit, endpoint_options, json_option, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, F, compose, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
@@ -80,18 +80,7 @@ def common_options(kind: str, limit_help: str) -> Callable[[F], F]:
             "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
         ),
     ]
-    return stacked(options)
-
-
-def stacked(options: list[Callable[[Any], Any]]) -> Callable[[F], F]:
-    """One decorator applying ``options`` (click decorators) in the order written."""
-
-    def decorate(func: F) -> F:
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    return compose(*options)
 
 
 @alerts.command()
@@ -339,15 +328,13 @@ def list_alerts(
 
 def _ack_options(who: str, note: str) -> Callable[[F], F]:
     """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
-    return stacked(
-        [
-            endpoint_options(kafka=True),
-            click.argument("alert_id"),
-            _user_option(who),
-            click.option("--note", help=note),
-            json_option,
-            pass_app,
-        ]
+    return compose(
+        endpoint_options(kafka=True),
+        click.argument("alert_id"),
+        _user_option(who),
+        click.option("--note", help=note),
+        json_option,
+        pass_app,
     )
 
 

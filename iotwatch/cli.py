@@ -60,55 +60,34 @@ class AppContext:
 pass_app = click.make_pass_decorator(AppContext)
 
 
+#: The shared endpoint overrides: option name -> (metavar, help).
+_ENDPOINTS = {
+    "mqtt": ("mqtt://HOST:PORT", "MQTT broker (overrides IOTWATCH_MQTT_URL)."),
+    "kafka": ("HOST:PORT", "Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS)."),
+    "influx": ("http://HOST:PORT", "InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL)."),
+}
+
+
 def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = False) -> Callable[[F], F]:
     """Add the shared ``--mqtt/--kafka/--influx`` overrides for the services a command uses."""
 
-    def decorate(func: F) -> F:
-        def apply(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-            if value is not None:
-                app = ctx.ensure_object(AppContext)
-                try:
-                    app.override_endpoints(**{param.name or "": value})
-                except ValueError as exc:
-                    raise click.BadParameter(str(exc)) from None
-            return value
+    def apply(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            app = ctx.ensure_object(AppContext)
+            try:
+                app.override_endpoints(**{param.name or "": value})
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
 
-        options = []
-        if mqtt:
-            options.append(
-                click.option(
-                    "--mqtt",
-                    metavar="mqtt://HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="MQTT broker (overrides IOTWATCH_MQTT_URL).",
-                )
-            )
-        if kafka:
-            options.append(
-                click.option(
-                    "--kafka",
-                    metavar="HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS).",
-                )
-            )
-        if influx:
-            options.append(
-                click.option(
-                    "--influx",
-                    metavar="http://HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL).",
-                )
-            )
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    wanted = {"mqtt": mqtt, "kafka": kafka, "influx": influx}
+    return compose(
+        *(
+            click.option(f"--{name}", metavar=metavar, expose_value=False, callback=apply, help=help_text)
+            for name, (metavar, help_text) in _ENDPOINTS.items()
+            if wanted[name]
+        )
+    )
 
 
 json_option = click.option(
