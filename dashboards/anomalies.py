@@ -61,6 +61,22 @@ DRILL_DOWN = Override(
 )
 
 
+def peak_score(where: str, description: str = "") -> Stat:
+    """The highest per-minute anomaly score of the devices ``where`` selects."""
+    return Stat(
+        title="Peak anomaly score",
+        reduce="max",
+        thresholds=SCORE,
+        decimals=2,
+        min=0,
+        max=1,
+        width=6,
+        min_interval="1m",
+        description=description,
+        targets=[per_interval('max("max_score")', "device_metrics", where)],
+    )
+
+
 def hide_time() -> dict[str, Any]:
     return {"id": "organize", "options": {"excludeByName": {"Time": True}}}
 
@@ -119,18 +135,7 @@ def dashboard() -> Dashboard:
                     )
                 ],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                thresholds=SCORE,
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                description="Highest per-minute anomaly score of any device (alerts fire at 0.75).",
-                targets=[per_interval('max("max_score")', "device_metrics", SITE)],
-                min_interval="1m",
-            ),
+            peak_score(SITE, "Highest per-minute anomaly score of any device (alerts fire at 0.75)."),
         ],
     )
     over_time = Row(

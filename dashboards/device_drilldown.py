@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from iotwatch.dashboards.anomalies import RAISED, SCORE, SEVERITY_MAPPING, STATE_MAPPING, coloured_cells, score_cells
+from iotwatch.dashboards.anomalies import (
+    RAISED,
+    SCORE,
+    SEVERITY_MAPPING,
+    STATE_MAPPING,
+    coloured_cells,
+    peak_score,
+    score_cells,
+)
 from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
@@ -48,18 +56,7 @@ def dashboard() -> Dashboard:
                     per_interval('sum("count")', "device_metrics", f"{DEVICE} AND {METRIC}", '"metric"', "$tag_metric")
                 ],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                thresholds=SCORE,
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                min_interval="1m",
-                description="Highest per-minute anomaly score of any metric (alerts fire at 0.75).",
-                targets=[per_interval('max("max_score")', "device_metrics", DEVICE)],
-            ),
+            peak_score(DEVICE, "Highest per-minute anomaly score of any metric (alerts fire at 0.75)."),
             Stat(
                 title="Alerts raised",
                 reduce="sum",

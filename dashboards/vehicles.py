@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from iotwatch.dashboards.anomalies import peak_score
 from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
@@ -73,17 +74,7 @@ def dashboard() -> Dashboard:
                 description="Most negative longitudinal acceleration (crash rule: -4 g).",
                 targets=[per_interval('min("min")', "device_metrics", f"\"metric\" = 'accel_x_g' AND {DEVICES}")],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                min_interval="1m",
-                thresholds=thresholds(GREEN, (0.45, ORANGE), (0.75, RED)),
-                targets=[per_interval('max("max_score")', "device_metrics", DEVICES)],
-            ),
+            peak_score(DEVICES),
         ],
     )
     driving = Row(
