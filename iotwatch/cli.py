@@ -95,9 +95,9 @@ json_option = click.option(
 )
 
 
-def compose(*decorators: Callable[[F], F]) -> Callable[[F], F]:
-    """One decorator made of several, applied so that ``--help`` lists their options in the
-    order given."""
+def compose(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
+    """One decorator made of several (click options, arguments, pass decorators), applied so that
+    ``--help`` lists their options in the order given."""
 
     def decorate(func: F) -> F:
         for decorator in reversed(decorators):
