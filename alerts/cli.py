@@ -12,7 +12,6 @@ import click
 
 from iotwatch.cli import AppContext, F, compose, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
-from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
 
 
@@ -29,12 +28,9 @@ def _positive_duration(text: str, option: str) -> float:
     return seconds
 
 
-def _alerts_settings(**update: Any) -> AlertsSettings:
-    try:
-        base = AlertsSettings()
-    except ValueError as exc:
-        raise IotwatchError(f"alerts settings: {exc}") from exc
-    return base.model_copy(update={k: v for k, v in update.items() if v is not None})
+def _alerts_settings(app: AppContext, **update: Any) -> AlertsSettings:
+    """The ``[alerts]`` settings (``--config`` included) with the options given on the command line."""
+    return app.settings.alerts.model_copy(update={k: v for k, v in update.items() if v is not None})
 
 
 @click.group()
@@ -143,7 +139,7 @@ def tail(
     from iotwatch.alerts.tail import TailOptions, run_tail
 
     settings = app.settings
-    config = _alerts_settings()
+    config = app.settings.alerts
     group = group_id or config.tail_group_id
     since_s = None
     if since is not None:
@@ -225,6 +221,7 @@ def forward(
     from iotwatch.alerts.routing import load_routing, single_receiver
 
     config = _alerts_settings(
+        app,
         webhook_url=webhook_url,
         state_dir=state_dir,
         dead_letter_topic=dead_letter_topic,
