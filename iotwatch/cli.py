@@ -2,19 +2,8 @@
 
 The stages' commands (``gateway/cli.py``, ``alerts/cli.py``, ...) build on this module, and the
 frame that registers them (:mod:`iotwatch.application.cli`) sits above every stage, so a stage's command
-imports the core and its own stage only. Conventions every command keeps (scripts and tests
-rely on them):
-
-- ``--mqtt mqtt://HOST:PORT``, ``--kafka HOST:PORT`` and ``--influx http://HOST:PORT``
-  override the settings for the services the command talks to (:func:`endpoint_options`);
-- ``--json`` prints one machine-readable JSON document as the last thing on stdout
-  (:func:`emit`);
-- options several commands share are declared once here, each command giving its own
-  default and help (:class:`Preset`): ``--seed`` (:func:`seed_option`), the load and folder
-  of a pipeline run (:func:`run_options`, :func:`run_folder_option`) and the latency runs of
-  the benchmarks (:func:`latency_options`);
-- an error is one line on stderr (``iotwatch: error: ...``) and a non-zero exit status
-  (:func:`iotwatch.application.cli.main`).
+imports the core and its own stage only. The conventions every command keeps are in
+docs/development.md ("Commands").
 """
 
 from __future__ import annotations
