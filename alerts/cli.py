@@ -10,9 +10,8 @@ from urllib.parse import urlsplit
 
 import click
 
-from iotwatch.cli import AppContext, F, emit, endpoint_options, json_option, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, F, compose, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
-from iotwatch.errors import IotwatchError
 from iotwatch.settings import AlertsSettings
 
 
@@ -29,12 +28,9 @@ def _positive_duration(text: str, option: str) -> float:
     return seconds
 
 
-def _alerts_settings(**update: Any) -> AlertsSettings:
-    try:
-        base = AlertsSettings()
-    except ValueError as exc:
-        raise IotwatchError(f"alerts settings: {exc}") from exc
-    return base.model_copy(update={k: v for k, v in update.items() if v is not None})
+def _alerts_settings(app: AppContext, **update: Any) -> AlertsSettings:
+    """The ``[alerts]`` settings (``--config`` included) with the options given on the command line."""
+    return app.settings.alerts.model_copy(update={k: v for k, v in update.items() if v is not None})
 
 
 @click.group()
@@ -42,61 +38,32 @@ def alerts() -> None:
     """On-call tools: watch, list, acknowledge and silence alerts; forward them to receivers."""
 
 
-def common_options(kind: str, limit_help: str) -> Callable[[F], F]:
-    """--group, where a new group starts, --limit, --timeout: both commands must be stoppable by
-    scripts and tests. A viewer (tail) starts a new group at the newest alert; a delivery
-    pipeline (forward) at the oldest retained one, so alerts raised before its first run are
-    not skipped."""
-    start = (
-        click.option(
-            "--from-latest",
-            "from_beginning",
-            flag_value=False,
-            default=True,
-            help="A group with no committed offsets starts at the newest alert instead of the oldest "
-            "retained one; otherwise it resumes.",
-        )
-        if kind == "FORWARD"
-        else click.option(
-            "--from-beginning",
-            is_flag=True,
-            help="Start at the oldest retained alert instead of the newest (with --group: only where the "
-            "group has committed nothing).",
-        )
-    )
-    group_help = (
-        f"Consumer group in which the forwarder commits how far its record receiver (--webhook) got "
-        f"(default IOTWATCH_ALERTS_{kind}_GROUP_ID)."
-        if kind == "FORWARD"
-        else "Read as a member of this consumer group (offsets committed: the next run resumes; members split "
-        "the partitions). Without it (and IOTWATCH_ALERTS_TAIL_GROUP_ID unset) the tail reads every partition "
-        "in no group, so every viewer sees every alert."
-    )
-    options = [
-        click.option("--group", "group_id", help=group_help),
-        start,
+def run_bounds(limit_help: str) -> Callable[[F], F]:
+    """--limit and --timeout: both commands must be stoppable by scripts and tests."""
+    return compose(
         click.option("--limit", type=click.IntRange(min=1), help=limit_help),
         click.option(
             "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
         ),
-    ]
-    return stacked(options)
-
-
-def stacked(options: list[Callable[[Any], Any]]) -> Callable[[F], F]:
-    """One decorator applying ``options`` (click decorators) in the order written."""
-
-    def decorate(func: F) -> F:
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    )
 
 
 @alerts.command()
 @endpoint_options(kafka=True)
-@common_options("TAIL", "Stop after showing this many alerts (those passing the filters).")
+@click.option(
+    "--group",
+    "group_id",
+    help="Read as a member of this consumer group (offsets committed: the next run resumes; members split "
+    "the partitions). Without it (and IOTWATCH_ALERTS_TAIL_GROUP_ID unset) the tail reads every partition "
+    "in no group, so every viewer sees every alert.",
+)
+@click.option(
+    "--from-beginning",
+    is_flag=True,
+    help="Start at the oldest retained alert instead of the newest (with --group: only where the "
+    "group has committed nothing).",
+)
+@run_bounds("Stop after showing this many alerts (those passing the filters).")
 @click.option(
     "--severity", type=click.Choice(SEVERITIES), help="Minimum severity shown (critical > major > minor > warning)."
 )
@@ -154,7 +121,7 @@ def tail(
     from iotwatch.alerts.tail import TailOptions, run_tail
 
     settings = app.settings
-    config = _alerts_settings()
+    config = app.settings.alerts
     group = group_id or config.tail_group_id
     since_s = None
     if since is not None:
@@ -189,7 +156,21 @@ def tail(
     metavar="URL",
     help="http(s) URL to post every alert record to (default IOTWATCH_ALERTS_WEBHOOK_URL).",
 )
-@common_options("FORWARD", "Stop after handling this many alert records.")
+@click.option(
+    "--group",
+    "group_id",
+    help="Consumer group in which the forwarder commits how far its record receiver (--webhook) got "
+    "(default IOTWATCH_ALERTS_FORWARD_GROUP_ID).",
+)
+@click.option(  # a delivery pipeline: a new group starts at the oldest alert, so none raised before is skipped
+    "--from-latest",
+    "from_beginning",
+    flag_value=False,
+    default=True,
+    help="A group with no committed offsets starts at the newest alert instead of the oldest "
+    "retained one; otherwise it resumes.",
+)
+@run_bounds("Stop after handling this many alert records.")
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -236,6 +217,7 @@ def forward(
     from iotwatch.alerts.routing import load_routing, single_receiver
 
     config = _alerts_settings(
+        app,
         webhook_url=webhook_url,
         state_dir=state_dir,
         dead_letter_topic=dead_letter_topic,
@@ -339,15 +321,13 @@ def list_alerts(
 
 def _ack_options(who: str, note: str) -> Callable[[F], F]:
     """What ``ack`` and ``unack`` take: the alert id (or prefix), who, a note."""
-    return stacked(
-        [
-            endpoint_options(kafka=True),
-            click.argument("alert_id"),
-            _user_option(who),
-            click.option("--note", help=note),
-            json_option,
-            pass_app,
-        ]
+    return compose(
+        endpoint_options(kafka=True),
+        click.argument("alert_id"),
+        _user_option(who),
+        click.option("--note", help=note),
+        json_option,
+        pass_app,
     )
 
 

@@ -1,14 +1,5 @@
-"""The on-call lifecycle as InfluxDB points, for the on-call dashboard.
-
-The forwarder folds every alert, acknowledgement and silence anyway; it writes:
-
-- ``oncall_alerts`` (tags site, severity; fields ``open``, ``acknowledged``, ``silenced``):
-  how many alerts are firing now, by whether someone acknowledged them, every
-  ``interval_s`` (a severity and site that had firing alerts get a 0 when they have none);
-- ``alert_acks`` (tags site, severity, rule; fields ``seconds_to_ack``, ``by``,
-  ``alert_id``) at the time of each acknowledgement;
-- ``alert_resolutions`` (tags site, severity, rule, acked; fields ``seconds_to_clear``,
-  ``alert_id``) at the time each alert cleared.
+"""The on-call lifecycle as InfluxDB points (``oncall_alerts``, ``alert_acks``,
+``alert_resolutions``: :mod:`iotwatch.contract.measurements`), for the on-call dashboard.
 
 The event points are written again when the forwarder replays the topics after a restart;
 their timestamps are the events' own (plus a per-alert offset in nanoseconds, so two events

@@ -1,29 +1,10 @@
 """What receivers that speak an on-call tool's own API are sent: PagerDuty and Alertmanager.
 
 ``format = "pagerduty"``: the `PagerDuty Events API v2
-<https://developer.pagerduty.com/docs/events-api-v2/trigger-events/>`_ (``POST
-https://events.pagerduty.com/v2/enqueue``), one event per alert of a notification: ``trigger``
-for a firing alert (``acknowledge`` once an operator acknowledged it in iotwatch), ``resolve`` for
-a cleared one, each with the receiver's ``routing_key`` and the alert id as ``dedup_key``, so
-PagerDuty keeps one alert per iotwatch alert and a resolve closes it::
-
-    {"routing_key": "<integration key>", "event_action": "trigger", "dedup_key": "3f0c...",
-     "payload": {"summary": "[CRITICAL] water_leak raised on leak_sensor ...", "source": "home-1-leak-0",
-                 "severity": "critical", "timestamp": "2026-12-05T14:00:00.000Z", "component": "leak_sensor",
-                 "group": "home-1", "class": "water_leak", "custom_details": {...the alert record...}},
-     "links": [{"href": "<runbook>", "text": "runbook"}], "client": "iotwatch"}
-
-Severities map to PagerDuty's four: critical -> ``critical``, major -> ``error``, minor and
-warning -> ``warning``.
-
-``format = "alertmanager"``: Prometheus Alertmanager's ``POST /api/v2/alerts`` (its
-``postableAlerts``), one post per notification listing its alerts: ``labels`` from the alert
-(``alertname`` the rule, then site, device, device type, severity, detector, metric),
-``annotations`` (``summary``, ``description``, ``runbook_url``, ``alert_id``), ``startsAt`` the first
-event time, ``generatorURL`` the receiver's ``generator_url`` when set, and for a cleared alert
-``endsAt`` its clear time. A firing alert is sent with ``endsAt`` one ``resolve_after`` ahead
-(default 24 h), so Alertmanager neither resolves it on its own after its ``resolve_timeout``
-nor keeps it firing for ever if iotwatch stops; the clear ends it at once.
+<https://developer.pagerduty.com/docs/events-api-v2/trigger-events/>`_, one event per alert with
+the alert id as ``dedup_key``, so PagerDuty keeps one alert per iotwatch alert.
+``format = "alertmanager"``: Alertmanager's ``POST /api/v2/alerts``, one post per notification.
+docs/operate/oncall.md ("PagerDuty and Alertmanager") gives the fields each is sent.
 """
 
 from __future__ import annotations

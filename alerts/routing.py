@@ -1,50 +1,7 @@
 """The routing file of ``alerts forward``: receivers and a policy tree, as Grafana's
-notification policies (and Alertmanager's routes) work.
-
-TOML::
-
-    [receivers.oncall]                  # a webhook: JSON body with Slack-compatible "text"
-    url = "https://hooks.example/oncall"
-    [receivers.slack-home]
-    url = "https://hooks.slack.com/services/..."
-    format = "slack"                     # only {"text": ...}: what Slack incoming webhooks take
-    headers = {Authorization = "Bearer ..."}
-    [receivers.archive]
-    url = "https://siem.example/iotwatch"
-    format = "record"                    # every raised/cleared record as it is, one post each
-    [receivers.pager]
-    url = "https://events.pagerduty.com/v2/enqueue"
-    format = "pagerduty"                 # Events API v2: trigger/resolve per alert, dedup key = alert id
-    routing_key = "<integration key>"
-    [receivers.alertmanager]
-    url = "http://alertmanager:9093/api/v2/alerts"
-    format = "alertmanager"              # Alertmanager's postable alerts; endsAt on clear
-
-    [route]                              # the root policy matches every alert
-    receiver = "oncall"
-    group_by = ["site", "rule"]          # one notification per group key per window
-    group_wait = "10s"                   # wait this long after a group's first alert
-    group_interval = "1m"                # then at most one notification per group this often
-    repeat_interval = "4h"               # unacknowledged critical alerts are sent again after this
-
-    [[route.routes]]                     # children, tried in order
-    match = {severity = "critical"}      # every key must match (a list: any of its values)
-    receiver = "pager"
-    continue = true                      # keep trying the next siblings after a match
-    [[route.routes]]
-    match = {site = ["home-1", "home-2"]}
-    receiver = "slack-home"
-
-An alert goes down the tree: at each policy the children are tried in order; a matching
-child takes the alert (and its own children are tried), and unless it says ``continue``
-the siblings after it are not tried. A policy no child took the alert from delivers it to
-its own receiver. Children inherit grouping and timing they do not set.
-
-A ``record`` receiver gets each raised/cleared alert record routed to it, one post per
-record with the ``Idempotency-Key`` ``<alert_id>:<state>`` (:mod:`iotwatch.alerts.notification`):
-grouping, timing, silences and repeats do not apply, and its progress is the forwarder's
-consumer group (:mod:`iotwatch.alerts.feed`), so a routing file has at most one. ``alerts forward
---webhook URL`` is the tree of one ``record`` receiver (:func:`single_receiver`).
+notification policies (and Alertmanager's routes) work; docs/operate/oncall.md documents the
+file. ``alerts forward --webhook URL`` is the tree of one ``record`` receiver
+(:func:`single_receiver`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``iotwatch alerts tail``: watch the alert topic, for people or scripts.
 
-A tail is a viewer by default: it reads every partition of the topic itself (no consumer
-group, nothing committed), so any number of people tailing at once each see every alert.
-It starts at the newest alert, at the oldest retained one (``--from-beginning``) or at the
-first one detected in the last ``--since`` (Kafka's offsets by timestamp). ``--group`` makes
-it a group member instead, for a worker that must resume where it stopped: offsets are
-committed, and members of one group split the partitions between them.
+A viewer by default (every partition, no consumer group, nothing committed: everyone tailing
+sees every alert); ``--group`` makes it a group member that commits and resumes
+(docs/operate/oncall.md, "Following alerts").
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ from iotwatch.dashboards.builder import (
     thresholds,
     value_text,
 )
-from iotwatch.dashboards.common import SCORE_CLEAR, SCORE_FIRE, regex, site_variable
+from iotwatch.dashboards.common import SCORE_CLEAR, SCORE_FIRE, per_interval, regex, site_variable
 
 SITE = f'"site" {regex("site")}'
+RAISED = "\"state\" = 'raised'"
 SCORE = thresholds(GREEN, (SCORE_CLEAR, ORANGE), (SCORE_FIRE, RED))
 SEVERITY_MAPPING = value_text({name: (name, color) for name, color in SEVERITY_COLOURS.items()})
 STATE_MAPPING = value_text({"raised": ("raised", RED), "cleared": ("cleared", GREEN)})
@@ -60,6 +61,22 @@ DRILL_DOWN = Override(
 )
 
 
+def peak_score(where: str, description: str = "") -> Stat:
+    """The highest per-minute anomaly score of the devices ``where`` selects."""
+    return Stat(
+        title="Peak anomaly score",
+        reduce="max",
+        thresholds=SCORE,
+        decimals=2,
+        min=0,
+        max=1,
+        width=6,
+        min_interval="1m",
+        description=description,
+        targets=[per_interval('max("max_score")', "device_metrics", where)],
+    )
+
+
 def hide_time() -> dict[str, Any]:
     return {"id": "organize", "options": {"excludeByName": {"Time": True}}}
 
@@ -93,12 +110,7 @@ def dashboard() -> Dashboard:
                 thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
                 width=6,
                 description="Alerts raised in the time range, all rules.",
-                targets=[
-                    Target(
-                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} AND '
-                        f"$timeFilter GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}")],
             ),
             Stat(
                 title="Critical raised",
@@ -107,10 +119,7 @@ def dashboard() -> Dashboard:
                 width=6,
                 description="Critical alerts (crash, water leak) raised in the time range.",
                 targets=[
-                    Target(
-                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND '
-                        f"\"severity\" = 'critical' AND {SITE} AND $timeFilter GROUP BY time($__interval) fill(none)"
-                    )
+                    per_interval('count("raised")', "alerts", f"{RAISED} AND \"severity\" = 'critical' AND {SITE}")
                 ],
             ),
             Stat(
@@ -126,23 +135,7 @@ def dashboard() -> Dashboard:
                     )
                 ],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                thresholds=SCORE,
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                description="Highest per-minute anomaly score of any device (alerts fire at 0.75).",
-                targets=[
-                    Target(
-                        f'SELECT max("max_score") FROM "device_metrics" WHERE {SITE} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
-                min_interval="1m",
-            ),
+            peak_score(SITE, "Highest per-minute anomaly score of any device (alerts fire at 0.75)."),
         ],
     )
     over_time = Row(
@@ -156,11 +149,7 @@ def dashboard() -> Dashboard:
                 legend_calcs=("sum",),
                 description="Raised alerts per interval, by severity.",
                 targets=[
-                    Target(
-                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} '
-                        f'AND $timeFilter GROUP BY time($__interval), "severity" fill(none)',
-                        alias="$tag_severity",
-                    )
+                    per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"severity"', "$tag_severity")
                 ],
                 overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
             ),
@@ -171,13 +160,7 @@ def dashboard() -> Dashboard:
                 unit="short",
                 legend_calcs=("sum",),
                 description="Raised alerts per interval, by rule.",
-                targets=[
-                    Target(
-                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {SITE} '
-                        f'AND $timeFilter GROUP BY time($__interval), "rule" fill(none)',
-                        alias="$tag_rule",
-                    )
-                ],
+                targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"rule"', "$tag_rule")],
                 overrides=[
                     colour("crash", RED),
                     colour("water_leak", "dark-red"),

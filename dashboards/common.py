@@ -46,6 +46,16 @@ def device_variable(where: str = "", multi: bool = False) -> Variable:
     )
 
 
+def per_interval(select: str, measurement: str, where: str = "", by: str = "", alias: str | None = None) -> Target:
+    """The shape of most panels' query: ``select`` from ``measurement`` where ``where`` holds in the
+    time range, per ``$__interval`` (and per the tags ``by``), empty buckets left out."""
+    condition = f"{where} AND " if where else ""
+    group = f"time($__interval), {by}" if by else "time($__interval)"
+    return Target(
+        f'SELECT {select} FROM "{measurement}" WHERE {condition}$timeFilter GROUP BY {group} fill(none)', alias=alias
+    )
+
+
 def gateway_rate(field: str, alias: str, where: str = "") -> Target:
     """Per-second rate of a cumulative gateway counter, summed over instances. Each instance's
     derivative is taken separately (counters restart at 0 with their gateway, which

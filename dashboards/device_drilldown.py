@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from iotwatch.dashboards.anomalies import SCORE, SEVERITY_MAPPING, STATE_MAPPING, coloured_cells, score_cells
+from iotwatch.dashboards.anomalies import (
+    RAISED,
+    SCORE,
+    SEVERITY_MAPPING,
+    STATE_MAPPING,
+    coloured_cells,
+    peak_score,
+    score_cells,
+)
 from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
@@ -20,9 +28,10 @@ from iotwatch.dashboards.builder import (
     colour,
     thresholds,
 )
-from iotwatch.dashboards.common import device_variable, regex, site_variable
+from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable
 
 DEVICE = f'"device_id" {regex("device")}'
+METRIC = f'"metric" {regex("metric")}'
 
 
 def dashboard() -> Dashboard:
@@ -44,42 +53,17 @@ def dashboard() -> Dashboard:
                 min_interval="1m",
                 description="Readings of this device in the time range, per selected metric.",
                 targets=[
-                    Target(
-                        f'SELECT sum("count") FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} '
-                        f'AND $timeFilter GROUP BY time($__interval), "metric" fill(none)',
-                        alias="$tag_metric",
-                    )
+                    per_interval('sum("count")', "device_metrics", f"{DEVICE} AND {METRIC}", '"metric"', "$tag_metric")
                 ],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                thresholds=SCORE,
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                min_interval="1m",
-                description="Highest per-minute anomaly score of any metric (alerts fire at 0.75).",
-                targets=[
-                    Target(
-                        f'SELECT max("max_score") FROM "device_metrics" WHERE {DEVICE} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
-            ),
+            peak_score(DEVICE, "Highest per-minute anomaly score of any metric (alerts fire at 0.75)."),
             Stat(
                 title="Alerts raised",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (5, RED)),
                 width=6,
                 description="Alerts this device raised in the time range.",
-                targets=[
-                    Target(
-                        f'SELECT count("raised") FROM "alerts" WHERE "state" = \'raised\' AND {DEVICE} AND '
-                        f"$timeFilter GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {DEVICE}")],
             ),
             Stat(
                 title="Alerts open now",
@@ -110,15 +94,12 @@ def dashboard() -> Dashboard:
                 description="Per-minute mean with min and max (event time), and the anomaly score of the "
                 "same minutes on the right axis (0 to 1, alerts fire at 0.75). Red markers: alerts.",
                 targets=[
-                    Target(
-                        f'SELECT mean("mean") AS "mean", min("min") AS "min", max("max") AS "max" '
-                        f'FROM "device_metrics" WHERE {DEVICE} AND "metric" {regex("metric")} AND '
-                        f"$timeFilter GROUP BY time($__interval) fill(none)"
+                    per_interval(
+                        'mean("mean") AS "mean", min("min") AS "min", max("max") AS "max"',
+                        "device_metrics",
+                        f"{DEVICE} AND {METRIC}",
                     ),
-                    Target(
-                        f'SELECT max("max_score") AS "anomaly score" FROM "device_metrics" WHERE {DEVICE} '
-                        f'AND "metric" {regex("metric")} AND $timeFilter GROUP BY time($__interval) fill(none)'
-                    ),
+                    per_interval('max("max_score") AS "anomaly score"', "device_metrics", f"{DEVICE} AND {METRIC}"),
                 ],
                 overrides=[
                     colour("mean", BLUE, custom__lineWidth=2),

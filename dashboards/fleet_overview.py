@@ -18,7 +18,7 @@ from iotwatch.dashboards.builder import (
     thresholds,
     value_text,
 )
-from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate
+from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate, per_interval
 
 PROGRESS = "\"stage\" = 'stream_progress'"
 BATCH = "\"stage\" = 'stream'"
@@ -47,12 +47,7 @@ def dashboard() -> Dashboard:
                 decimals=1,
                 thresholds=thresholds(BLUE),
                 description="Rows per second the streaming job processed in its last micro-batch.",
-                targets=[
-                    Target(
-                        f'SELECT mean("processed_rows_per_s") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('mean("processed_rows_per_s")', "pipeline", PROGRESS)],
             ),
             Stat(
                 title="Kafka lag",
@@ -60,12 +55,7 @@ def dashboard() -> Dashboard:
                 thresholds=LAG,
                 description="Records between what the job has read and the end of the raw topic. "
                 "Growing = falling behind.",
-                targets=[
-                    Target(
-                        f'SELECT last("lag_records") FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('last("lag_records")', "pipeline", PROGRESS)],
             ),
             Stat(
                 title="Batch duration",
@@ -73,12 +63,7 @@ def dashboard() -> Dashboard:
                 thresholds=BATCH_MS,
                 description="Wall time of the last micro-batch (all sinks). "
                 "Above the trigger interval = falling behind.",
-                targets=[
-                    Target(
-                        f'SELECT max("batch_duration_ms") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('max("batch_duration_ms")', "pipeline", BATCH)],
             ),
             Stat(
                 title="Alerts raised",
@@ -86,12 +71,7 @@ def dashboard() -> Dashboard:
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
                 description="Alerts raised by the streaming job in the time range.",
-                targets=[
-                    Target(
-                        f'SELECT sum("alerts_raised") FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('sum("alerts_raised")', "pipeline", BATCH)],
             ),
             Stat(
                 title="Kafka reachable",
@@ -124,10 +104,11 @@ def dashboard() -> Dashboard:
                 targets=[
                     gateway_rate("received", "gateway received"),
                     gateway_rate("forwarded", "gateway forwarded"),
-                    Target(
-                        f'SELECT mean("input_rows_per_s") AS "stream input", '
-                        f'mean("processed_rows_per_s") AS "stream processed" FROM "pipeline" '
-                        f"WHERE {PROGRESS} AND $timeFilter GROUP BY time($__interval) fill(none)"
+                    per_interval(
+                        'mean("input_rows_per_s") AS "stream input", '
+                        'mean("processed_rows_per_s") AS "stream processed"',
+                        "pipeline",
+                        PROGRESS,
                     ),
                 ],
                 overrides=[
@@ -148,12 +129,7 @@ def dashboard() -> Dashboard:
                 fixed_color=ORANGE,
                 legend_calcs=("max", "lastNotNull"),
                 description="Records not yet read by the streaming job, over all raw-topic partitions.",
-                targets=[
-                    Target(
-                        f'SELECT max("lag_records") AS "lag" FROM "pipeline" WHERE {PROGRESS} AND '
-                        f"$timeFilter GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('max("lag_records") AS "lag"', "pipeline", PROGRESS)],
             ),
         ],
     )
@@ -167,15 +143,12 @@ def dashboard() -> Dashboard:
                 threshold_style="dashed",
                 description="Batch wall time (reading, scoring and every sink) and Spark's trigger execution time.",
                 targets=[
-                    Target(
-                        f'SELECT mean("batch_duration_ms") AS "batch mean", max("batch_duration_ms") AS '
-                        f'"batch max" FROM "pipeline" WHERE {BATCH} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
+                    per_interval(
+                        'mean("batch_duration_ms") AS "batch mean", max("batch_duration_ms") AS "batch max"',
+                        "pipeline",
+                        BATCH,
                     ),
-                    Target(
-                        f'SELECT mean("trigger_ms") AS "trigger" FROM "pipeline" WHERE {PROGRESS} AND '
-                        f"$timeFilter GROUP BY time($__interval) fill(none)"
-                    ),
+                    per_interval('mean("trigger_ms") AS "trigger"', "pipeline", PROGRESS),
                 ],
                 overrides=[colour("batch max", RED), colour("batch mean", BLUE), colour("trigger", PURPLE)],
             ),
@@ -184,10 +157,10 @@ def dashboard() -> Dashboard:
                 unit="short",
                 description="Rows held in per-device state and the memory the state store uses.",
                 targets=[
-                    Target(
-                        f'SELECT last("state_rows") AS "state rows", last("state_memory_bytes") AS '
-                        f'"state memory" FROM "pipeline" WHERE {PROGRESS} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
+                    per_interval(
+                        'last("state_rows") AS "state rows", last("state_memory_bytes") AS "state memory"',
+                        "pipeline",
+                        PROGRESS,
                     )
                 ],
                 overrides=[colour("state memory", PURPLE, unit="bytes", custom__axisPlacement="right")],
@@ -208,10 +181,12 @@ def dashboard() -> Dashboard:
                 "watermark) or removed as duplicates, and what the gateway dead-lettered or saw "
                 "repeated. Any dead letter needs a look at the DLQ topic.",
                 targets=[
-                    Target(
-                        f'SELECT sum("dlq") {PER_SECOND} AS "stream dead-lettered", sum("late") {PER_SECOND} '
-                        f'AS "stream late", sum("duplicate") {PER_SECOND} AS "stream duplicates" '
-                        f'FROM "pipeline" WHERE {BATCH} AND $timeFilter GROUP BY time($__interval) fill(none)'
+                    per_interval(
+                        f'sum("dlq") {PER_SECOND} AS "stream dead-lettered", '
+                        f'sum("late") {PER_SECOND} AS "stream late", '
+                        f'sum("duplicate") {PER_SECOND} AS "stream duplicates"',
+                        "pipeline",
+                        BATCH,
                     ),
                     gateway_rate("dead_lettered", "gateway dead-lettered"),
                     gateway_rate("duplicates", "gateway duplicates"),
@@ -239,10 +214,9 @@ def dashboard() -> Dashboard:
                 "offline, no device_silent) and devices past the silence timeout whose partition's input "
                 "stopped too (an ingestion gap holds their silence; see the ingestion_gap runbook).",
                 targets=[
-                    Target(
-                        f'SELECT sum("goodbyes") AS "said goodbye", max("silence_held") AS "silences held" '
-                        f'FROM "pipeline" WHERE {BATCH} AND $timeFilter GROUP BY time($__interval) fill(none)'
-                    ),
+                    per_interval(
+                        'sum("goodbyes") AS "said goodbye", max("silence_held") AS "silences held"', "pipeline", BATCH
+                    )
                 ],
                 overrides=[colour("said goodbye", BLUE), colour("silences held", ORANGE)],
             ),
@@ -261,13 +235,7 @@ def dashboard() -> Dashboard:
                 description="How far the central Kafka cluster is behind each site: the age of the site's newest "
                 "MirrorMaker 2 heartbeat at the centre (about a second while the link keeps up; it grows a "
                 "second a second while the link is down). Empty with a single cluster.",
-                targets=[
-                    Target(
-                        'SELECT max("lag_ms") FROM "replication" WHERE $timeFilter '
-                        'GROUP BY time($__interval), "source" fill(none)',
-                        alias="$tag_source",
-                    )
-                ],
+                targets=[per_interval('max("lag_ms")', "replication", by='"source"', alias="$tag_source")],
             ),
         ],
     )

@@ -20,7 +20,7 @@ from iotwatch.dashboards.builder import (
     thresholds,
     value_text,
 )
-from iotwatch.dashboards.common import MSG_PER_S, regex
+from iotwatch.dashboards.common import MSG_PER_S, per_interval, regex
 
 INSTANCE = f'"instance" {regex("instance")}'
 UP_DOWN = value_text({1: ("UP", GREEN), 0: ("DOWN", RED)})
@@ -29,21 +29,13 @@ INFLIGHT_S = thresholds(GREEN, (5, ORANGE), (30, RED))
 
 
 def last(field: str, alias: str = "$tag_instance") -> Target:
-    return Target(
-        f'SELECT last("{field}") FROM "gateway" WHERE {INSTANCE} AND $timeFilter '
-        f'GROUP BY time($__interval), "instance" fill(none)',
-        alias=alias,
-    )
+    return per_interval(f'last("{field}")', "gateway", INSTANCE, '"instance"', alias)
 
 
 def rate(
     field: str, label: str, measurement: str = "gateway", by: str = '"instance"', alias: str = "$tag_instance"
 ) -> Target:
-    return Target(
-        f'SELECT non_negative_derivative(last("{field}"), 1s) AS "{label}" FROM "{measurement}" '
-        f"WHERE {INSTANCE} AND $timeFilter GROUP BY time($__interval), {by} fill(none)",
-        alias=alias,
-    )
+    return per_interval(f'non_negative_derivative(last("{field}"), 1s) AS "{label}"', measurement, INSTANCE, by, alias)
 
 
 def dashboard() -> Dashboard:

@@ -22,7 +22,7 @@ from iotwatch.dashboards.builder import (
     colour,
     thresholds,
 )
-from iotwatch.dashboards.common import regex, site_variable
+from iotwatch.dashboards.common import per_interval, regex, site_variable
 
 SITE = f'"site" {regex("site")}'
 MINUTES = thresholds(GREEN, (300, ORANGE), (1800, RED))
@@ -167,13 +167,7 @@ def dashboard() -> Dashboard:
                 unit="short",
                 description="Steps of the device commands' audit trail (sent, accepted, done, rejected, failed, "
                 "timed out, escalated) per interval.",
-                targets=[
-                    Target(
-                        f'SELECT count("command_id") FROM "commands" WHERE {SITE} AND $timeFilter '
-                        f'GROUP BY time($__interval), "status" fill(none)',
-                        alias="$tag_status",
-                    )
-                ],
+                targets=[per_interval('count("command_id")', "commands", SITE, '"status"', "$tag_status")],
                 overrides=[
                     colour("done", GREEN),
                     colour("accepted", BLUE),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from iotwatch.dashboards.anomalies import peak_score
 from iotwatch.dashboards.builder import (
     BLUE,
     GREEN,
@@ -18,7 +19,7 @@ from iotwatch.dashboards.builder import (
     TimeSeries,
     thresholds,
 )
-from iotwatch.dashboards.common import device_variable, regex, site_variable
+from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable
 
 VEHICLE = "\"device_type\" = 'vehicle_edr'"
 DEVICES = f'{VEHICLE} AND "device_id" {regex("device")}'
@@ -28,11 +29,7 @@ ACCEL = thresholds(RED, (-4, GREEN), (4, ORANGE))
 
 
 def metric(name: str, select: str, alias: str = "$tag_device_id") -> Target:
-    return Target(
-        f'SELECT {select} FROM "device_metrics" WHERE "metric" = \'{name}\' AND {DEVICES} AND $timeFilter '
-        f'GROUP BY time($__interval), "device_id" fill(none)',
-        alias=alias,
-    )
+    return per_interval(select, "device_metrics", f"\"metric\" = '{name}' AND {DEVICES}", '"device_id"', alias)
 
 
 def position(name: str, column: str) -> Target:
@@ -64,12 +61,7 @@ def dashboard() -> Dashboard:
                 width=6,
                 min_interval="1m",
                 thresholds=thresholds(GREEN, (130, ORANGE), (180, RED)),
-                targets=[
-                    Target(
-                        f'SELECT max("max") FROM "device_metrics" WHERE "metric" = \'speed_kmh\' AND {DEVICES} '
-                        f"AND $timeFilter GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('max("max")', "device_metrics", f"\"metric\" = 'speed_kmh' AND {DEVICES}")],
             ),
             Stat(
                 title="Hardest deceleration",
@@ -80,29 +72,9 @@ def dashboard() -> Dashboard:
                 min_interval="1m",
                 thresholds=ACCEL,
                 description="Most negative longitudinal acceleration (crash rule: -4 g).",
-                targets=[
-                    Target(
-                        f'SELECT min("min") FROM "device_metrics" WHERE "metric" = \'accel_x_g\' AND {DEVICES} '
-                        f"AND $timeFilter GROUP BY time($__interval) fill(none)"
-                    )
-                ],
+                targets=[per_interval('min("min")', "device_metrics", f"\"metric\" = 'accel_x_g' AND {DEVICES}")],
             ),
-            Stat(
-                title="Peak anomaly score",
-                reduce="max",
-                decimals=2,
-                min=0,
-                max=1,
-                width=6,
-                min_interval="1m",
-                thresholds=thresholds(GREEN, (0.45, ORANGE), (0.75, RED)),
-                targets=[
-                    Target(
-                        f'SELECT max("max_score") FROM "device_metrics" WHERE {DEVICES} AND $timeFilter '
-                        f"GROUP BY time($__interval) fill(none)"
-                    )
-                ],
-            ),
+            peak_score(DEVICES),
         ],
     )
     driving = Row(

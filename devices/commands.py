@@ -1,16 +1,12 @@
 """The simulated devices' side of the closed loop: receive commands, obey, reply.
 
 One MQTT connection per simulator shard subscribes (QoS 1) to the command topic of every
-device it simulates, on a persistent session (fixed client id, clean session off), so
-commands sent while the simulator is offline are delivered when it reconnects. For each
-command the device answers on ``.../commands/ack``: ``accepted`` then ``done`` (or
-``failed``), or ``rejected`` with a reason -- ``expired`` for a command past its expiry,
-which is never executed. A command delivered twice (QoS 1) is answered again, not re-run.
-A payload that is not a command is logged and counted; it cannot stop the simulator.
-
-Each device also reports its twin properties, retained, on ``.../twin/reported``: all of
-them when the channel connects (:meth:`DeviceCommands.report_all`) and a device's again after
-every command it carried out, so the twin's ``reported`` side follows what the device did.
+device it simulates, on a persistent session, so commands sent while the simulator is
+offline are delivered when it reconnects. A command past its expiry is rejected
+(``expired``) and never executed; one delivered twice is answered again, not re-run; a
+payload that is not a command is logged and counted, it cannot stop the simulator. Each
+device reports its twin properties, retained, when the channel connects and after every
+command it carried out.
 """
 
 from __future__ import annotations

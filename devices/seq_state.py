@@ -1,16 +1,9 @@
-"""Where each simulated device's ``seq`` and event time carry on from, run after run.
-
-A real device never restarts its counter at 0 for a new session; the pipeline removes
-duplicates by ``(device_id, seq)``, so a second ``iotwatch simulate`` run whose devices
-started again at seq 0 would be dropped as duplicates and never scored. The simulator
-therefore keeps a small JSON file per MQTT broker (``~/.iotwatch/simulate/``, or
-``--seq-state FILE``)::
+"""Where each simulated device's ``seq`` and event time carry on from, run after run
+(docs/operate/simulators.md, "Running it again"): a JSON file per MQTT broker::
 
     {"version": 1, "devices": {"home-00000-thermostat-0": [2431, 1763784243100], ...}}
 
-mapping each device to the next seq it publishes and its last event time (ms). A run
-starts each device at its next seq, and an accelerated run's clock after the newest
-event time in the file, so a second run continues the first one's streams.
+mapping each device to the next seq it publishes and its last event time (ms).
 """
 
 from __future__ import annotations

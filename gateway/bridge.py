@@ -1,30 +1,8 @@
 """The bridge: MQTT in, Kafka out, nothing acknowledged before Kafka has it.
 
-Delivery guarantee (at-least-once, end to end):
-
-- The gateway subscribes with QoS 1 on a persistent session (fixed client id, MQTT 5
-  ``clean_start=False`` with a session expiry), so the broker queues while it is down.
-- Messages are acknowledged manually (paho ``manual_ack``): the PUBACK for a message is sent
-  only from the Kafka delivery report of the record it became (the forwarded reading or its
-  dead letter). A crash before that makes the broker deliver it again: a duplicate, never a gap.
-- MQTT 5 Receive Maximum = ``max_inflight`` bounds what the broker sends before acks come
-  back, so while Kafka is unreachable the buffer stays bounded and the backlog waits at the
-  broker. (MQTT 3.1.1 has no such field: the broker's own in-flight limit applies.)
-- The Kafka producer is idempotent (acks=all) and retries without a deadline
-  (``message.timeout.ms=0``), so a Kafka outage delays delivery but reorders nothing.
-- A PUBACK belongs to one connection: acknowledgements for messages received before a
-  reconnect are dropped (the broker redelivers those), never sent with a reused packet id.
-
-No single input can stop it: every message ends as a Kafka record (the reading, or a dead
-letter with a reason; an unexpected exception is ``processing_error`` with its class), and a
-record Kafka refuses for what it is (too large, invalid) becomes a dead letter in its turn,
-bounded to an excerpt, instead of being produced again forever.
-
-Where the time goes (the hot path is the paho network thread): per message one contract
-decode (msgspec), one regex match for the rule, one ``produce`` with a callback; the
-delivery reports are served in batches by a second thread blocked in ``poll``, which then
-sends the PUBACKs of each batch in one write. Each counter has one writer thread, so
-nothing on the hot path takes a lock, logs or builds more than the record's header list.
+Each MQTT message is acknowledged only from the Kafka delivery report of the record it became
+(the reading or its dead letter), so a crash costs a redelivery, never a gap. The delivery
+guarantee, the limits and where the time goes are in docs/operate/gateway.md.
 """
 
 from __future__ import annotations
@@ -224,6 +202,8 @@ class Gateway:
         if reason_code.is_failure:
             log.error("MQTT broker refused the connection: %s", reason_code)
             return
+        # a PUBACK belongs to one connection: acks of messages received before this reconnect
+        # are dropped (the broker redelivers those), never sent with a reused packet id
         self._generation += 1
         self.stats.mqtt_connected = True
         session = "resumed" if getattr(flags, "session_present", False) else "new"

@@ -1,15 +1,9 @@
-"""Several gateway processes on one MQTT shared subscription (``iotwatch gateway --processes N``).
-
-One Python process forwards what one core can; the standard way to use more is the
-broker's own load sharing: N processes subscribe through ``$share/<group>/...``, each with
-its own client id (``<client_id>-<n>``), persistent session and Kafka producer. The broker
-spreads messages over them; per-device order then holds per process only, and the
-streaming job orders by device and seq anyway.
+"""Several gateway processes on one MQTT shared subscription (``iotwatch gateway --processes N``,
+docs/operate/gateway.md, "Scaling out").
 
 A process that dies is started again with the same client id: the broker keeps the
 messages it had sent to that session unacknowledged and delivers them again when it comes
-back, so a crash costs duplicates, never loss. SIGTERM or Ctrl-C stops every process, each
-draining what it has in flight.
+back, so a crash costs duplicates, never loss.
 """
 
 from __future__ import annotations

@@ -2,19 +2,8 @@
 
 The stages' commands (``gateway/cli.py``, ``alerts/cli.py``, ...) build on this module, and the
 frame that registers them (:mod:`iotwatch.application.cli`) sits above every stage, so a stage's command
-imports the core and its own stage only. Conventions every command keeps (scripts and tests
-rely on them):
-
-- ``--mqtt mqtt://HOST:PORT``, ``--kafka HOST:PORT`` and ``--influx http://HOST:PORT``
-  override the settings for the services the command talks to (:func:`endpoint_options`);
-- ``--json`` prints one machine-readable JSON document as the last thing on stdout
-  (:func:`emit`);
-- options several commands share are declared once here, each command giving its own
-  default and help (:class:`Preset`): ``--seed`` (:func:`seed_option`), the load and folder
-  of a pipeline run (:func:`run_options`, :func:`run_folder_option`) and the latency runs of
-  the benchmarks (:func:`latency_options`);
-- an error is one line on stderr (``iotwatch: error: ...``) and a non-zero exit status
-  (:func:`iotwatch.application.cli.main`).
+imports the core and its own stage only. The conventions every command keeps are in
+docs/development.md ("Commands").
 """
 
 from __future__ import annotations
@@ -60,55 +49,34 @@ class AppContext:
 pass_app = click.make_pass_decorator(AppContext)
 
 
+#: The shared endpoint overrides: option name -> (metavar, help).
+_ENDPOINTS = {
+    "mqtt": ("mqtt://HOST:PORT", "MQTT broker (overrides IOTWATCH_MQTT_URL)."),
+    "kafka": ("HOST:PORT", "Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS)."),
+    "influx": ("http://HOST:PORT", "InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL)."),
+}
+
+
 def endpoint_options(*, mqtt: bool = False, kafka: bool = False, influx: bool = False) -> Callable[[F], F]:
     """Add the shared ``--mqtt/--kafka/--influx`` overrides for the services a command uses."""
 
-    def decorate(func: F) -> F:
-        def apply(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-            if value is not None:
-                app = ctx.ensure_object(AppContext)
-                try:
-                    app.override_endpoints(**{param.name or "": value})
-                except ValueError as exc:
-                    raise click.BadParameter(str(exc)) from None
-            return value
+    def apply(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            app = ctx.ensure_object(AppContext)
+            try:
+                app.override_endpoints(**{param.name or "": value})
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
 
-        options = []
-        if mqtt:
-            options.append(
-                click.option(
-                    "--mqtt",
-                    metavar="mqtt://HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="MQTT broker (overrides IOTWATCH_MQTT_URL).",
-                )
-            )
-        if kafka:
-            options.append(
-                click.option(
-                    "--kafka",
-                    metavar="HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="Kafka bootstrap servers (overrides IOTWATCH_KAFKA_BOOTSTRAP_SERVERS).",
-                )
-            )
-        if influx:
-            options.append(
-                click.option(
-                    "--influx",
-                    metavar="http://HOST:PORT",
-                    expose_value=False,
-                    callback=apply,
-                    help="InfluxDB URL, '' to disable (overrides IOTWATCH_INFLUX_URL).",
-                )
-            )
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
+    wanted = {"mqtt": mqtt, "kafka": kafka, "influx": influx}
+    return compose(
+        *(
+            click.option(f"--{name}", metavar=metavar, expose_value=False, callback=apply, help=help_text)
+            for name, (metavar, help_text) in _ENDPOINTS.items()
+            if wanted[name]
+        )
+    )
 
 
 json_option = click.option(
@@ -116,9 +84,9 @@ json_option = click.option(
 )
 
 
-def compose(*decorators: Callable[[F], F]) -> Callable[[F], F]:
-    """One decorator made of several, applied so that ``--help`` lists their options in the
-    order given."""
+def compose(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
+    """One decorator made of several (click options, arguments, pass decorators), applied so that
+    ``--help`` lists their options in the order given."""
 
     def decorate(func: F) -> F:
         for decorator in reversed(decorators):

@@ -62,9 +62,16 @@ class _TomlSection(PydanticBaseSettingsSource):
 
 
 class _ConcernSettings(BaseSettings):
-    """Base for one concern: env prefix ``IOTWATCH_<SECTION>_`` and a TOML section."""
+    """Base for one concern: ``class MqttSettings(_ConcernSettings, section="mqtt")`` reads the
+    TOML table ``[mqtt]`` and the variables ``IOTWATCH_MQTT_*`` (``env`` names another prefix)."""
 
+    model_config = SettingsConfigDict(frozen=True, extra="ignore")
     section: ClassVar[str] = ""
+
+    def __init_subclass__(cls, section: str = "", env: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.section = section
+        cls.model_config = {**cls.model_config, "env_prefix": f"IOTWATCH_{(env or section).upper()}_"}
 
     @classmethod
     def settings_customise_sources(
@@ -102,11 +109,8 @@ class _ConcernSettings(BaseSettings):
         return env
 
 
-class MqttSettings(_ConcernSettings):
+class MqttSettings(_ConcernSettings, section="mqtt"):
     """The MQTT broker devices publish to and the gateway subscribes to."""
-
-    section: ClassVar[str] = "mqtt"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_MQTT_", frozen=True, extra="ignore")
 
     url: str = Field("mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT, or mqtts:// for TLS")
     username: str | None = None
@@ -138,11 +142,8 @@ class MqttSettings(_ConcernSettings):
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
 
-class KafkaSettings(_ConcernSettings):
+class KafkaSettings(_ConcernSettings, section="kafka"):
     """The Kafka cluster that carries the event log."""
-
-    section: ClassVar[str] = "kafka"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_KAFKA_", frozen=True, extra="ignore")
 
     bootstrap_servers: str = "127.0.0.1:9092"
     security_protocol: SecurityProtocol = "PLAINTEXT"
@@ -179,11 +180,8 @@ class KafkaSettings(_ConcernSettings):
         return config
 
 
-class TopicSettings(_ConcernSettings):
+class TopicSettings(_ConcernSettings, section="topics", env="topic"):
     """Kafka topic names and MQTT topic filters (defaults follow the message contract)."""
-
-    section: ClassVar[str] = "topics"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_TOPIC_", frozen=True, extra="ignore")
 
     raw: str = "iot.telemetry.raw"
     raw_pattern: str | None = Field(
@@ -240,12 +238,9 @@ class TopicSettings(_ConcernSettings):
         return [self.alert_state, self.silences, self.notifications, self.commands, self.device_twin, self.emergencies]
 
 
-class InfluxSettings(_ConcernSettings):
+class InfluxSettings(_ConcernSettings, section="influx"):
     """InfluxDB for metrics. Only the v1-compatible HTTP API (``/write``, ``/query``) is
     used, which InfluxDB 1.x serves natively and 2.x/3.x serve through DBRP mappings."""
-
-    section: ClassVar[str] = "influx"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_INFLUX_", frozen=True, extra="ignore")
 
     url: str | None = Field("http://127.0.0.1:8086", description="empty disables metrics to InfluxDB")
     database: str = "iotwatch"
@@ -264,11 +259,8 @@ class InfluxSettings(_ConcernSettings):
         return bool(self.url)
 
 
-class StackSettings(_ConcernSettings):
+class StackSettings(_ConcernSettings, section="stack"):
     """The embedded single-machine stack started by ``iotwatch stack up``."""
-
-    section: ClassVar[str] = "stack"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_STACK_", frozen=True, extra="ignore")
 
     run_dir: Path = Field(default_factory=lambda: Path.home() / ".iotwatch" / "stack")
     mqtt_broker: Literal["auto", "mosquitto", "amqtt"] = "auto"
@@ -314,11 +306,8 @@ class MappingRule(BaseModel):
     validate_contract: bool = Field(True, description="check the telemetry contract; invalid -> dead letters")
 
 
-class GatewaySettings(_ConcernSettings):
+class GatewaySettings(_ConcernSettings, section="gateway"):
     """The MQTT -> Kafka bridge (``iotwatch gateway``)."""
-
-    section: ClassVar[str] = "gateway"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_GATEWAY_", frozen=True, extra="ignore")
 
     client_id: str = Field(
         "iotwatch-gateway-1", description="MQTT client id; fixed so the persistent session survives restarts"
@@ -380,11 +369,8 @@ class GatewaySettings(_ConcernSettings):
     )
 
 
-class StreamSettings(_ConcernSettings):
+class StreamSettings(_ConcernSettings, section="stream"):
     """The PySpark Structured Streaming job (``iotwatch stream``)."""
-
-    section: ClassVar[str] = "stream"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_STREAM_", frozen=True, extra="ignore")
 
     spark_master: str | None = Field("local[2]", description="empty when spark-submit sets the master")
     checkpoint_dir: Path | None = Field(
@@ -586,11 +572,8 @@ class StreamSettings(_ConcernSettings):
         return self.detector_alert_scores.get(detector, (self.alert_fire_score, self.alert_clear_score))
 
 
-class RegistrySettings(_ConcernSettings):
+class RegistrySettings(_ConcernSettings, section="registry"):
     """The model registry shared by training (writer) and scoring (readers)."""
-
-    section: ClassVar[str] = "registry"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_REGISTRY_", frozen=True, extra="ignore")
 
     path: Path = Field(
         default_factory=lambda: Path.home() / ".iotwatch" / "registry", description="directory of the model registry"
@@ -605,11 +588,8 @@ def user_name() -> str:
         return "anonymous"
 
 
-class AlertsSettings(_ConcernSettings):
+class AlertsSettings(_ConcernSettings, section="alerts"):
     """``iotwatch alerts tail`` and ``iotwatch alerts forward``."""
-
-    section: ClassVar[str] = "alerts"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_ALERTS_", frozen=True, extra="ignore")
 
     tail_group_id: str | None = Field(
         None,
@@ -661,11 +641,8 @@ class AlertsSettings(_ConcernSettings):
     )
 
 
-class RespondSettings(_ConcernSettings):
+class RespondSettings(_ConcernSettings, section="respond"):
     """``iotwatch respond``: alerts in, corrective device commands out."""
-
-    section: ClassVar[str] = "respond"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_RESPOND_", frozen=True, extra="ignore")
 
     policy_file: Path | None = Field(None, description="TOML policy: which rule's alerts send which command")
     client_id: str = Field(
@@ -699,13 +676,10 @@ class RespondSettings(_ConcernSettings):
     )
 
 
-class DeploymentSettings(_ConcernSettings):
+class DeploymentSettings(_ConcernSettings, section="deployment"):
     """How strict start-up is about configuration: docker-compose sets
     ``IOTWATCH_DEPLOYMENT_REQUIRE_SECRETS=true`` so a service refuses to run with a secret
     still at its .env.example placeholder, or with a user name but no password."""
-
-    section: ClassVar[str] = "deployment"
-    model_config = SettingsConfigDict(env_prefix="IOTWATCH_DEPLOYMENT_", frozen=True, extra="ignore")
 
     require_secrets: bool = Field(False, description="refuse placeholder (CHANGE_ME) or missing secrets at start")
     placeholder_markers: list[str] = Field(

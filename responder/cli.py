@@ -13,19 +13,28 @@ if TYPE_CHECKING:
     from iotwatch.contract.oncall import CommandAudit
 
 
+_timeout_option = click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
+)
+
+
+def _counts_line(command: str, counts: dict[str, int]) -> None:
+    """``respond: commands sent 2, ...``: the run's counters at exit, by name."""
+    text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counts.items()))
+    click.echo(f"{command}: {text or 'nothing to do'}")
+
+
 @click.command()
 @endpoint_options(mqtt=True, kafka=True)
 @click.option(
     "--policy",
     "policy_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Policy file (TOML, see responder/policy.py; default IOTWATCH_RESPOND_POLICY_FILE, else the "
+    help="Policy file (TOML, see docs/operate/oncall.md; default IOTWATCH_RESPOND_POLICY_FILE, else the "
     "built-in: stuck_hvac -> reset_hvac, water_leak -> close_valve, coolant_overheating -> limp_mode, "
     "crash -> emergency record).",
 )
-@click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
-)
+@_timeout_option
 @json_option
 @pass_app
 def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, as_json: bool) -> None:
@@ -36,20 +45,12 @@ def respond(app: AppContext, policy_file: Path | None, timeout_s: float | None, 
 
     policies = load_policies(policy_file or app.settings.respond.policy_file)
     counts = Responder(app.settings, policies, stop_on_signals()).run(timeout_s)
-    emit(
-        counts,
-        as_json,
-        lambda c: click.echo(
-            "respond: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")
-        ),
-    )
+    emit(counts, as_json, lambda c: _counts_line("respond", c))
 
 
 @click.command()
 @endpoint_options(mqtt=True, kafka=True)
-@click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), help="Stop after this many seconds."
-)
+@_timeout_option
 @json_option
 @pass_app
 def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
@@ -60,13 +61,7 @@ def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
     from iotwatch.responder.relay import SiteRelay
 
     counts = SiteRelay(app.settings, stop_on_signals()).run(timeout_s)
-    emit(
-        counts,
-        as_json,
-        lambda c: click.echo(
-            "relay: " + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items())) or "nothing to do")
-        ),
-    )
+    emit(counts, as_json, lambda c: _counts_line("relay", c))
 
 
 @click.command()

@@ -1,27 +1,8 @@
-"""The policy file of ``iotwatch respond``: which rule's alerts send which command.
-
-TOML::
-
-    [[policies]]
-    name = "reset-stuck-hvac"      # the audit trail and command ids name it
-    rule = "stuck_hvac"            # alerts of this rule ...
-    device_type = "thermostat"     # ... of this device type (optional)
-    command = "reset_hvac"         # are answered with this command to the alerting device
-    args = {}                      # its arguments
-    ttl = "2m"                     # optional: the command is void after this (default IOTWATCH_RESPOND_COMMAND_TTL_S)
-    metric = "coolant_temp_c"      # optional: only alerts raised on this metric ...
-    above = 88.0                   # ... with a value above this
-
-    [[policies]]
-    name = "emergency-on-crash"
-    rule = "crash"
-    action = "emergency"           # no device command: an emergency notification record
+"""The policy file of ``iotwatch respond``: which rule's alerts send which command
+(docs/operate/oncall.md, "The policy file").
 
 Without a file, :data:`DEFAULT_POLICIES` apply (stuck HVAC -> reset, water leak -> close the valve,
-coolant overheating -> limp mode, crash -> emergency notification). Coolant overheating is the
-streaming job's ``coolant_overheating`` rule: the coolant past its warning limit in the metric
-catalogue (``iotwatch.contract.metric_catalog.DANGER_LIMITS``, 105 C), whatever the per-device detector made of
-the climb.
+coolant overheating -> limp mode, crash -> emergency notification).
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """``iotwatch relay``: a site's end of the centre's device commands.
 
-With sites, the central responder writes each command as its ``sent`` audit record on the
-centre's commands topic, and MirrorMaker 2 copies that topic to every site
-(``central.iot.commands``). At each site one relay, next to the site's MQTT broker and Kafka:
-
-- publishes every command still ``sent`` and not expired to the device's command topic on
-  the site's broker (QoS 1, the broker's PUBACK awaited), once the device is known to be at
-  this site: it has a retained status, a twin report or a reply on this broker. A command for a
-  device of another site waits, unpublished, until it expires;
-- writes every device reply (``.../commands/ack``) as it came, keyed by its MQTT topic, to the
-  site's replies topic, which MirrorMaker copies back as ``<site>.iot.commands.replies``: the
-  central responder settles the command from it as it does from MQTT in one cluster;
-- records what the devices report of their twin in the site's twin topic: the twin of a device
-  lives at its site.
-
-Delivery is at least once and idempotent. On start the relay reads the replica from its
-beginning (compacted: each command's newest record) and publishes again every command whose
-newest record there is still ``sent``; a device answers a command it has seen again without
-running it again (``iotwatch.devices.commands``), and the responder records a repeated reply once. A
-command answered, timed out or expired at the centre is not published once that record has
-reached the site.
+docs/sites.md describes what it publishes, forwards and records. Delivery is at least once and
+idempotent: on start the relay reads the commands replica from its beginning and publishes
+again every command whose newest record there is still ``sent``; a device answers a command it
+has seen again without running it again (``iotwatch.devices.commands``).
 """
 
 from __future__ import annotations

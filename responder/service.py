@@ -1,33 +1,10 @@
 """``iotwatch respond``: firing alerts in, corrective commands out, every step audited.
 
-For a firing alert that a policy covers, the responder sends the policy's command to the
-alerting device (over MQTT, or with sites through the device's site: :mod:`iotwatch.responder.issuer`)
-and follows it on the commands topic (:class:`~iotwatch.contract.oncall.CommandAudit`,
-compacted by command id): ``sent``, the device's ``accepted``, then ``done``, ``failed`` or
-``rejected`` (``expired``). An attempt that gets no final reply within the reply timeout
-(and, if the device never answered, not before the command expired) ``timed_out``, also
-when its alert has cleared meanwhile (then without another attempt); one
-that failed, was rejected or timed out -- or was done while the alert kept firing for
-another reply timeout -- is tried again with a new command id, up to ``max_attempts``,
-then the audit says ``escalated`` and on-call is paged: a critical
-``command_escalation`` alert (:mod:`iotwatch.responder.escalation`) goes on the alert topic, for the
-forwarder to route and repeat until acknowledged; it clears when the original alert does.
-
-At most one command is open per (device, policy). Command ids are hashes of alert, policy
-and attempt, and the responder rebuilds its state from the alert and commands topics on
-start, so a restart sends nothing twice. A reply that is not a command reply, or answers a
-command nobody sent, is dead-lettered with the reason (the telemetry dead-letter topic,
-stage ``responder``).
-
-Memory stays bounded by what is open: a cleared alert, the commands it caused (once final)
-and its emergency mark are dropped ``forget_after_s`` after it cleared (:meth:`Responder.forget`);
-an operator's twin command once it is final and that old. Their records stay in Kafka.
-
-A policy with ``action = "emergency"`` (a crash) sends no command: the responder writes one
-:class:`~iotwatch.contract.oncall.Emergency` record per alert to the emergencies topic, for the
-emergency services' integration. The responder also records what devices report of their
-twin (``.../twin/reported`` on MQTT) as the ``reported`` side in the twin topic
-(:mod:`iotwatch.responder.twin_ops` has the operators' side).
+docs/operate/oncall.md ("The responder") describes the command's lifecycle, retries and
+escalation. At most one command is open per (device, policy). Command ids are hashes of alert,
+policy and attempt, and the responder rebuilds its state from the alert and commands topics on
+start, so a restart sends nothing twice. Memory stays bounded by what is open: see
+:meth:`Responder.forget`.
 """
 
 from __future__ import annotations

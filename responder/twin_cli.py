@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import getpass
 from typing import Any
 
 import click
 
 from iotwatch.cli import AppContext, emit, endpoint_options, json_option, output_console, pass_app
+from iotwatch.settings import user_name
 
 
 @click.group()
@@ -36,7 +36,7 @@ def show(app: AppContext, device_id: str, as_json: bool) -> None:
 @devices.command(name="set")
 @click.argument("device_id")
 @click.argument("assignments", nargs=-1, required=True, metavar="KEY=VALUE...")
-@click.option("--by", default=getpass.getuser, show_default="your user name", help="Who sets it (the audit trail).")
+@click.option("--by", default=user_name, show_default="your user name", help="Who sets it (the audit trail).")
 @click.option(
     "--ttl",
     "ttl",

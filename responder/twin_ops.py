@@ -1,13 +1,8 @@
 """The operators' side of the device twin: read a device's twin, set desired properties.
 
-``set`` writes the twin's ``desired`` record (version + 1) to the twin topic, an audit record
-to the commands topic (issuer: the operator), and sends a ``set_properties`` command with the
-changed properties over MQTT (QoS 1, persistent delivery: an offline device gets it when it
-reconnects, unless it expired by then); with sites (``[respond] delivery = "sites"``) the
-audit record is the command, which the relay at the device's site delivers. The device carries
-it out, replies, and reports its properties again; the responder records the reply and the
-report (with sites the relay records the report, at the device's site), so ``show`` tells a
-property that is in sync from one still pending.
+``set`` writes the twin's ``desired`` record and an audit record and sends a ``set_properties``
+command, so the twin's changes share the commands' delivery, expiry and replies
+(docs/operate/oncall.md, "Device twins"; with sites, docs/sites.md).
 """
 
 from __future__ import annotations

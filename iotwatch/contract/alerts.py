@@ -2,17 +2,7 @@
 (``settings.topics.alerts``, ``iot.alerts``), keyed by device id so a device's alerts stay
 in order.
 
-Producers:
-
-- the streaming job (:func:`iotwatch.streaming.alerting.advance`): ``raised`` when a rule's episode
-  opens, ``cleared`` when it closes; ``detector`` says which rule family saw it;
-- the responder (:func:`iotwatch.responder.escalation.escalation_record`): a ``command_escalation``
-  alert when corrective commands could not fix a condition (``detector`` ``responder``,
-  ``caused_by`` the original alert).
-
-Consumers decode it with :func:`decode_alert`: the on-call tools (``alerts tail``,
-``alerts forward``, ``alerts list``), the responder, the demo's accounting and
-``evaluate``; the job's sinks also turn it into an InfluxDB point.
+Producers and consumers: the package docstring (:mod:`iotwatch.contract`).
 
 ``alert_id`` is deterministic (a hash of device, rule and the event time the episode
 started), so a replay or a restart rewrites the same id: consumers deduplicate on it.

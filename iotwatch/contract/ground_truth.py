@@ -3,10 +3,6 @@ fault, written as JSON lines beside a run (``simulate --ground-truth``) and read
 evaluator that judges alerts against it (:mod:`iotwatch.evaluation.judgement`: the demo,
 ``iotwatch evaluate --simulated`` and the tests).
 
-Producers: the simulators' injector (:mod:`iotwatch.devices.injector`). Consumers:
-:mod:`iotwatch.evaluation.judgement`, the demo's accounting (dropouts declare the seqs a
-device skipped), :class:`iotwatch.evaluation.sources.SimulatorJsonl` and the tests.
-
 Files are sorted by (start_ts, device_id, kind, start_seq) and every field is written with
 sorted keys, so equal runs write byte-identical files.
 

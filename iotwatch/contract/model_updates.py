@@ -1,12 +1,7 @@
 """The model-update event (schema version 1): what the model registry announces on the
 model-updates topic (``settings.topics.model_updates``), keyed by ``device_type`` so a
-device type's events stay in order within one partition::
-
-    {"v": 1, "device_type": "thermostat", "detector": "isolation_forest", "version": 3,
-     "status": "approved", "path": ".../v000003/model.bin", "created_at": "2025-...+00:00"}
-
-Producer: :class:`iotwatch.models.updates.UpdatePublisher` (``iotwatch train`` and the registry's
-approve/reject). Consumer: the streaming job's :class:`iotwatch.models.watcher.ModelWatcher`.
+device type's events stay in order within one partition. Producer: ``iotwatch train`` and the
+registry's approve/reject; consumer: the streaming job's model watcher.
 
 The registry on disk stays the source of truth: an event only says "look again", so a
 lost or reordered event cannot make a watcher use a model that is not the newest approved.

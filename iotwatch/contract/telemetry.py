@@ -1,55 +1,11 @@
 """The device message contract every component shares (schema version 1).
 
-MQTT topic per reading: ``iot/<site>/<device_type>/<device_id>/telemetry``; each device
-also keeps a retained ``iot/<site>/<device_type>/<device_id>/status`` (online/offline).
-
-Payload (JSON object)::
-
-    {"v": 1, "device_id": "home-003-thermostat-0", "device_type": "thermostat",
-     "site": "home-003", "seq": 41, "ts": 1763784000000,
-     "metrics": {"temperature_c": 21.4, "humidity_pct": 43.0},
-     "event": null, "event_data": null}
-
-``seq`` counts per device from 0, +1 per message, so every stage can account for loss and
-duplicates; ``(device_id, seq)`` is the unique id of a reading. ``ts`` is event time in
-epoch milliseconds, set by the device.
-
-Validation is strict on purpose: a bad message goes to the dead-letter topic with the
-reason from :class:`ContractViolation`, it is never coerced into something it was not.
-Types are strict (``"seq": "3"``, ``"seq": 3.0`` and ``true`` are not integers; a metric
-may be written as an integer and reads as a float). When a payload breaks several rules,
-the reason is that of the first broken rule in this order: size, UTF-8, JSON syntax
-(including the nesting limit), top-level object, the fields in the order of
+docs/contract.md shows the payload and gives each limit with its reason. Validation is strict
+on purpose: a bad message goes to the dead-letter topic with the reason from
+:class:`ContractViolation`, it is never coerced into something it was not. When a payload
+breaks several rules, the reason is that of the first broken rule in this order: size, UTF-8,
+JSON syntax (including the nesting limit), top-level object, the fields in the order of
 :class:`Telemetry` (a missing field where it stands), unknown fields, version, event time.
-
-Limits, and why each exists (a record that passes must not break any component after the
-gateway: the Spark job, the model registry, the sinks):
-
-- :data:`MAX_PAYLOAD_BYTES` (256 KiB): a vehicle crash event carries a pre-event buffer
-  (5 s at 10 Hz of ~15 metrics is ~20 KB of JSON), so the limit leaves ample room while
-  bounding what one message can cost to parse (``too_large``).
-- ``seq`` from 0 to 2**63-1: the job keeps it in a signed 64-bit column, which a larger
-  one would overflow (``invalid_field``).
-- ``device_type`` matches :data:`DEVICE_TYPE_PATTERN`, the model registry's name pattern,
-  since the registry makes a directory of it: a type such as ``a:b`` would crash the
-  registry (``invalid_field``). ``device_id``, ``site`` and ``event`` keep their pattern,
-  which also allows ``:``.
-- at most :data:`MAX_METRICS` (64) metrics: the job emits one row and keeps detector state
-  per metric, so a message with thousands of metrics would multiply a device's state and
-  output (``too_many_metrics``). Metric names match :data:`METRIC_NAME_PATTERN` (they
-  become column values, dashboard series and model names; ``invalid_field``).
-- every number is finite, in ``metrics`` and in ``event_data``: ``NaN``/``Infinity``
-  literals (JSON has none) and numbers beyond the float range poison aggregates and
-  detectors (``non_finite_number``).
-- JSON nesting: no value inside more than :data:`MAX_JSON_DEPTH` (200) arrays or objects
-  (``invalid_json``). Deeper documents cost recursion in every JSON library downstream; a
-  100,000-deep payload is a clean ``invalid_json``, never a RecursionError.
-- a reading of a catalogued device type carries only that type's metrics (or their unit
-  aliases), when the caller gives the catalogue (``metrics_of``; the gateway and the job do):
-  a thermostat reading with ``power_w`` would otherwise be archived and scored as a thermostat
-  reading (``unknown_metric``).
-- event time at most :data:`MAX_FUTURE_SKEW_MS` ahead (device clock skew,
-  ``ts_in_future``) and not before :data:`MIN_EVENT_TIME_MS` (unset clock, ``ts_too_old``).
 
 :func:`decode_telemetry` checks one payload; :func:`decode_batch` checks many at once into
 columns for the streaming job, with the same reasons record by record.

@@ -159,6 +159,15 @@ def test_a_setting_that_does_not_validate_names_its_variable(tmp_path: Path) -> 
     assert "less than or equal to 1" in lines[0] and "'7'" in lines[0]
 
 
+def test_the_alert_commands_read_the_alerts_table_of_the_config_file(tmp_path: Path) -> None:
+    """``--config``'s ``[alerts]`` reaches ``alerts forward``: its webhook is checked (and refused
+    here, before Kafka is asked), not reported missing."""
+    config = tmp_path / "iotwatch.toml"
+    config.write_text('[alerts]\nwebhook_url = "ftp://receiver.example/hook"\n')
+    result = run_iotwatch(["--config", str(config), "alerts", "forward", "--kafka", "127.0.0.1:1"], tmp_path)
+    assert result.returncode != 0 and "'ftp://receiver.example/hook' is not an http(s) URL" in result.stderr, result
+
+
 def test_a_bug_is_an_internal_error_with_its_traceback_under_debug(tmp_path: Path) -> None:
     """Not a user's mistake: said so, and the traceback is one flag away (a ValueError from
     the code is a bug, not an invalid option). A command that fails as a bug would, added to
