@@ -18,7 +18,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -81,28 +80,30 @@ STREAM_CONF = {
 }
 
 
-def _session_options(settings: StreamSettings) -> dict[str, Any]:
-    """The job's arguments to :mod:`iotwatch.jvm.spark`'s sessions (after the app's name)."""
-    return {
-        "master": settings.spark_master,
-        "shuffle_partitions": settings.shuffle_partitions,
-        "conf": STREAM_CONF,
-        "writes_class_data": True,
-    }
-
-
 def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -> SparkSession:
     """A session for the job (the master is left to spark-submit when running under it)."""
     from iotwatch.jvm.spark import spark_session as session
 
-    return session(app_name, **_session_options(settings))
+    return session(
+        app_name,
+        settings.spark_master,
+        shuffle_partitions=settings.shuffle_partitions,
+        conf=STREAM_CONF,
+        writes_class_data=True,
+    )
 
 
 def session_scope(settings: StreamSettings, app_name: str) -> AbstractContextManager[SparkSession]:
     """:func:`spark_session`, stopped (with its JVM) when the block ends."""
     from iotwatch.jvm.spark import session_scope as scope
 
-    return scope(app_name, **_session_options(settings))
+    return scope(
+        app_name,
+        settings.spark_master,
+        shuffle_partitions=settings.shuffle_partitions,
+        conf=STREAM_CONF,
+        writes_class_data=True,
+    )
 
 
 @dataclass
@@ -290,20 +291,12 @@ def run_job(
     where its source file is readable by the executor, and not with ``available_now``).
     A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
     ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`)."""
-    from iotwatch.jvm.spark import launch_early
-
     step = step or (lambda _text: None)
-    # Spark's JVM starts (seconds) while Kafka, InfluxDB and the checkpoint are checked
-    abandon = launch_early("iotwatch-stream", **_session_options(settings.stream))
-    try:
-        step("creating topics")
-        prepare_outputs(settings)
-        cluster = cluster_id(settings)
-        checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
-        prepare_checkpoint(settings, checkpoint_dir, cluster, reset_offsets)
-    except BaseException:
-        abandon()
-        raise
+    step("creating topics")
+    prepare_outputs(settings)
+    cluster = cluster_id(settings)
+    checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
+    prepare_checkpoint(settings, checkpoint_dir, cluster, reset_offsets)
     if reset_offsets:
         settings = settings.model_copy(
             update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -177,25 +177,14 @@ def quiet_stop() -> Iterator[None]:
 def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> None:
     """Start Spark's JVM through ``spark-submit``, as pyspark's ``launch_gateway`` does, but
     with an environment of its own (:func:`local_jvm_env`) instead of this process's, which
-    stays untouched; its output is piped to :class:`JvmOutput`. Once: a JVM already up (or
-    being started by :func:`launch_early`) is the one used."""
-    from pyspark import SparkContext
-
-    with _LAUNCHING:
-        if SparkContext._gateway is None:
-            _start_gateway(conf, writes_class_data)
-
-
-#: One launch at a time: :func:`launch_early`'s thread and the session's own call.
-_LAUNCHING = threading.Lock()
-
-
-def _start_gateway(conf: Mapping[str, str], writes_class_data: bool) -> None:
+    stays untouched; its output is piped to :class:`JvmOutput`."""
     from py4j.clientserver import ClientServer, JavaParameters, PythonParameters
     from py4j.java_gateway import java_import
     from pyspark import SparkContext
     from pyspark.serializers import UTF8Deserializer, read_int
 
+    if SparkContext._gateway is not None:
+        return
     env = local_jvm_env()
     spark_home = jvm_spark_home(env["PYSPARK_PYTHON"])
     command = [os.path.join(spark_home, "bin", "spark-submit")]
@@ -399,23 +388,6 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     require_java()
-    settings, local = _session_conf(app_name, master, shuffle_partitions, conf)
-    if local:
-        _launch_jvm(settings, writes_class_data)
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    if local:  # pyspark names the workers' interpreter from os.environ, not from the JVM's
-        spark.sparkContext.pythonExec = local_jvm_env()["PYSPARK_PYTHON"]
-    _quiet_accumulator_server(spark)
-    return spark
-
-
-def _session_conf(
-    app_name: str, master: str | None, shuffle_partitions: int, conf: Mapping[str, str] | None
-) -> tuple[dict[str, str], bool]:
-    """The settings of :func:`spark_session`, and whether its JVM is a local one of ours."""
     settings = {
         "spark.app.name": app_name,
         "spark.sql.session.timeZone": "UTC",
@@ -427,42 +399,16 @@ def _session_conf(
         settings.update({"spark.master": str(master), "spark.ui.enabled": "false", **local_jvm_conf()})
         settings.update(kafka_connector_conf())
     settings.update(conf or {})
-    return settings, local
-
-
-def launch_early(
-    app_name: str,
-    master: str | None = "local[2]",
-    *,
-    shuffle_partitions: int = 4,
-    conf: Mapping[str, str] | None = None,
-    writes_class_data: bool = False,
-) -> Callable[[], None]:
-    """Start the local JVM of the :func:`spark_session` these arguments will ask for, in the
-    background: it starts (seconds of class loading and heap touching) while the caller does
-    its own preparation, and the session then finds it up. Returns what ends that JVM when the
-    caller gives up before its session (a no-op when there is nothing to start). A launch that
-    fails here is left to the session's own call, which reports it."""
-    from pyspark import SparkContext
-
-    settings, local = _session_conf(app_name, master, shuffle_partitions, conf)
-    if not local or SparkContext._gateway is not None:
-        return lambda: None
-
-    def launch() -> None:
-        try:
-            _launch_jvm(settings, writes_class_data)
-        except Exception as exc:
-            log.debug("starting Spark's JVM early: %s", exc)
-
-    thread = threading.Thread(target=launch, name="spark-jvm-launch", daemon=True)
-    thread.start()
-
-    def abandon() -> None:
-        thread.join()
-        end_jvm()
-
-    return abandon
+    if local:
+        _launch_jvm(settings, writes_class_data)
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if local:  # pyspark names the workers' interpreter from os.environ, not from the JVM's
+        spark.sparkContext.pythonExec = local_jvm_env()["PYSPARK_PYTHON"]
+    _quiet_accumulator_server(spark)
+    return spark
 
 
 def _quiet_accumulator_server(spark: SparkSession) -> None:

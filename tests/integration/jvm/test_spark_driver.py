@@ -114,32 +114,3 @@ def test_a_later_driver_maps_the_class_data_archive_the_first_wrote(tmp_path: Pa
     os.utime(dump, (0, 0))  # settled: as if written a while ago
     used, archive = _sharing(env)
     assert used == "true" and archive == str(tmp_path / "cds" / f"{dump.name.split('.')[0]}.jsa")
-
-
-_EARLY = """
-import json, psutil
-from pyspark import SparkContext
-from iotwatch.jvm.spark import launch_early, session_scope
-launch_early("early", shuffle_partitions=2)
-with session_scope("early", shuffle_partitions=2) as spark:
-    rows = spark.range(3).count()
-    jvms = [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "java"]
-    print("EARLY", json.dumps({"jvms": jvms, "gateway": SparkContext._gateway.proc.pid, "rows": rows}))
-print("AFTER", json.dumps([p.pid for p in psutil.Process().children(recursive=True) if p.name() == "java"]))
-"""
-
-
-def test_a_jvm_launched_early_is_the_session_s(tmp_path: Path) -> None:
-    """A JVM started ahead of the session (:func:`iotwatch.jvm.spark.launch_early`, as the
-    streaming job starts it while it checks Kafka) is the one the session then uses, not a
-    second; it ends with the session."""
-    done = subprocess.run(
-        [sys.executable, "-c", _EARLY], env=user_env(tmp_path), capture_output=True, text=True, timeout=300
-    )
-    lines = {
-        line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if " " in line
-    }
-    assert "EARLY" in lines, done.stdout[-2000:] + done.stderr[-2000:]
-    assert lines["EARLY"]["jvms"] == [lines["EARLY"]["gateway"]]
-    assert lines["EARLY"]["rows"] == 3
-    assert lines["AFTER"] == []
