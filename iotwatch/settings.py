@@ -164,10 +164,15 @@ class KafkaSettings(_ConcernSettings, section="kafka"):
         return check_bootstrap_servers(value)
 
     def client_config(self) -> dict[str, str]:
-        """librdkafka connection properties shared by every producer, consumer and admin."""
+        """librdkafka connection properties shared by every producer, consumer and admin.
+
+        A lost broker is tried again at most a second apart (librdkafka's back-off doubles up
+        to 10 s by default, so a client could find a broker back from a restart up to 10 s
+        late; Kafka's Java clients stop at 1 s)."""
         config = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
+            "reconnect.backoff.max.ms": "1000",
         }
         if self.sasl_mechanism:
             config["sasl.mechanism"] = self.sasl_mechanism

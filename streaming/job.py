@@ -182,6 +182,7 @@ def start(
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
     archive = str(Path(archive_dir or stream.archive_dir).expanduser().resolve())
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)  # the stateful operator's, spark-submit's too
+    warm_python_workers(spark)
     packed = read_kafka_stream(
         spark,
         settings.kafka,
@@ -200,7 +201,6 @@ def start(
         checkpoint,
         archive,
     )
-    warm_python_workers(spark)
     if warm_up:
         from iotwatch.streaming.warm_up import records_waiting, run_warm_up
 
@@ -223,8 +223,8 @@ def _warm_worker(_: object) -> None:
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:
     """Start the executors' Python workers and load the job's modules and compiled kernels
-    while the query plans its first micro-batch, in a background job: workers are reused,
-    so the first batch finds them ready instead of paying their start-up."""
+    while the query is defined and plans its first micro-batch, in a background job: workers
+    are reused, so the first batch finds them ready instead of paying their start-up."""
     slots = max(1, spark.sparkContext.defaultParallelism)
 
     def run() -> None:

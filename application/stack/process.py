@@ -75,10 +75,16 @@ def start_process(
 
 
 def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
-    """SIGTERM the process and its children, then SIGKILL what is left after ``timeout_s``."""
+    """SIGTERM the process and its children, then SIGKILL what is left after ``timeout_s``
+    (a JVM that writes its class-data archive as it exits is given the time that takes:
+    killed while writing, it would leave an archive no JVM can map)."""
     proc = record.process()
     if proc is None:
         return
+    if any(part.startswith("-XX:ArchiveClassesAtExit=") for part in record.command):
+        from iotwatch.jvm.spark import JVM_EXIT_WAIT_S
+
+        timeout_s = max(timeout_s, JVM_EXIT_WAIT_S)
     try:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:

@@ -1,4 +1,5 @@
-"""Class-data sharing for the local Spark driver: its start-up without loading Spark anew.
+"""Class-data sharing for the local Spark driver (and the embedded Kafka broker): its start-up
+without loading Spark anew.
 
 A local session's JVM loads and verifies some ten thousand classes of Spark, Kafka's client
 and their libraries before the first micro-batch runs, and does it again in every command.
@@ -16,6 +17,10 @@ what it must match -- the Java runtime, the Spark release, the driver's classpat
 options -- and lives under ``~/.iotwatch/class-data`` (``IOTWATCH_CLASS_DATA_DIR``; empty
 turns sharing off). A JVM that finds an archive it cannot use (another runtime, a damaged
 file) runs without sharing: ``-Xshare:auto``, Java's default.
+
+The embedded Kafka broker's JVM does the same with its own key
+(:mod:`iotwatch.application.stack.kafka_broker`): the first node that stops cleanly writes the
+archive, and a node started again after a crash maps it.
 """
 
 from __future__ import annotations
