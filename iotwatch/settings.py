@@ -426,10 +426,10 @@ class StreamSettings(_ConcernSettings, section="stream"):
         16,
         ge=1,
         le=65536,
-        description="device-state shards per Kafka partition: each "
-        "micro-batch reads and rewrites the shards it touches (more shards: fewer bytes "
-        "rewritten per batch with many devices, more state-store calls with few); fixed "
-        "when a checkpoint is created",
+        description="the most device-state shards per Kafka partition: a partition "
+        "has one per 1,024 devices up to this many, and each micro-batch reads and rewrites "
+        "the shards it touches (more shards: fewer bytes rewritten per batch with many "
+        "devices, one more state-store call each)",
     )
     shard_cache: bool = Field(
         True,

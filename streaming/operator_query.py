@@ -30,7 +30,7 @@ def start_operator(
         timeMode="ProcessingTime",
     )
     # Every output is written by the stateful operator itself; what reaches the sink is one
-    # tally row per partition, summed by the observation. The no-op sink runs the batch.
+    # tally row per partition, collected by the observation. The no-op sink runs the batch.
     sink = (
         tallies.observe(OBSERVATION, *tally_sums())
         .writeStream.format("noop")

@@ -32,11 +32,10 @@ class StepClock:
 
 def tally_row(partition: int, counts: dict[str, int]) -> pd.DataFrame:
     """The one output row of a partition and call: its counters (absent ones are 0)."""
-    columns = {
-        "kafka_partition": np.array([partition], dtype=np.int32),
-        **{name: np.array([int(counts.get(name, 0))], dtype=np.int64) for name in TALLY_FIELDS},
-    }
-    return pd.DataFrame(columns, columns=TALLY_SCHEMA.names)
+    values = np.fromiter((int(counts.get(name, 0)) for name in TALLY_FIELDS), dtype=np.int64, count=len(TALLY_FIELDS))
+    return pd.DataFrame(
+        {"kafka_partition": np.array([partition], dtype=np.int32), "counts": [values]}, columns=TALLY_SCHEMA.names
+    )
 
 
 def unpack(frames: Iterator[pd.DataFrame], partition: int) -> RecordColumns:

@@ -118,7 +118,7 @@ class PartitionProcessor(StatefulProcessor):
         partition, engine = self._serve(key)
         records = unpack(rows, partition)
         clock.lap("ms_unpack")
-        roster = Roster.load(self.roster.get() if self.roster.exists() else None)
+        roster = Roster.load(self.roster.get())  # (None when absent: no exists() round trip first)
         out = engine.process(self.devices, records, now_ms, event_clock_ms=roster.event_ms)
         clock.lap("ms_engine")
         tally = {**out.counters, **self.sinks.write(out), **self.devices.written, **self.devices.read}
@@ -142,10 +142,11 @@ class PartitionProcessor(StatefulProcessor):
         from iotwatch.streaming.operator_rows import tally_row
         from iotwatch.streaming.roster import Roster
 
-        if not self.roster.exists():
+        value = self.roster.get()
+        if value is None:
             return
         partition, engine = self._serve(key)
-        roster = Roster.load(self.roster.get())
+        roster = Roster.load(value)
         roster.timer_ms = 0  # this one fired
         tally = self._report_silence(engine, roster, timerValues.getCurrentProcessingTimeInMs())
         if tally:

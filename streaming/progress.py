@@ -1,7 +1,7 @@
 """What the job did, batch by batch: Spark's query progress plus the stateful operator's tallies.
 
 The stateful operator writes every output itself (:mod:`iotwatch.streaming.sinks`) and emits one
-tally row per partition; the query sums them with an observation
+tally row per partition; the query collects them with an observation
 (:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
 reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
 benchmarks read), logs a progress line every few seconds while records flow, and sends two points per micro-batch to
@@ -24,6 +24,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The name of the observation that sums the tallies of a micro-batch.
+#: The name of the observation that collects the tallies of a micro-batch (summed on the driver).
 OBSERVATION = "tally"
 #: Progress reports kept for summaries and benchmarks (the oldest are dropped).
 HISTORY = 10_000
@@ -57,8 +58,8 @@ def now_ms() -> int:
 
 
 def tally_sums() -> list[Column]:
-    """The observation's columns: one sum per tally counter."""
-    return [F.sum(name).alias(name) for name in TALLY_FIELDS]
+    """The observation's column: the batch's tally arrays, summed on the driver (:func:`batch_counts`)."""
+    return [F.collect_list("counts").alias("counts")]
 
 
 def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
@@ -133,9 +134,11 @@ PARTITION_GAUGES = ("devices_reporting", "silence_held")
 
 
 def batch_counts(observed: Any) -> dict[str, int]:
-    """The observation's row (None for a batch that emitted nothing) as the totals' counters."""
-    seen = observed.asDict() if observed is not None else {}
-    counts = {label: int(seen.get(name) or 0) for name, label in TALLY_FIELDS.items()}
+    """The observation's row (None for a batch that emitted nothing) as the totals' counters:
+    the sums of its tally arrays (:data:`iotwatch.streaming.schemas.TALLY_SCHEMA`)."""
+    arrays = [row for row in (getattr(observed, "counts", None) or []) if row is not None]
+    sums = np.sum(np.asarray(arrays, dtype=np.int64), axis=0) if arrays else np.zeros(len(TALLY_FIELDS), np.int64)
+    counts = {label: int(total) for label, total in zip(TALLY_FIELDS.values(), sums.tolist(), strict=True)}
     counts["reading"] = counts["reading_records"]
     counts["alert"] = counts["alerts_raised"] + counts["alerts_cleared"]
     return counts

@@ -9,6 +9,14 @@ per device. Devices silent longer than the TTL are dropped when their shard is r
 shard read is served from the executor's local copy when the state store says that copy
 is current (:mod:`iotwatch.streaming.shard_cache`). Tests and the simulated evaluation use the same
 store over a dict (:class:`MemoryStore`).
+
+A partition has as many shards as its devices need, up to ``state_shards``: one while it
+has up to :data:`SHARD_DEVICES` devices, more as it grows (every shard rewritten once, into
+the new count). A micro-batch touches nearly every shard of a partition whenever it holds
+more records than there are shards, so a small partition in 16 shards paid 16 state-store
+writes a batch for what one write holds. The count is the length of the partition's shard
+tokens (one int64 per shard, in the state store): a checkpoint written with a fixed count
+(its tokens as long as ``state_shards``) keeps that count.
 """
 
 from __future__ import annotations
@@ -26,9 +34,14 @@ from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
 from iotwatch.streaming.device_table import COMPRESSED, MAGIC, MAGIC_ONE_BANK, DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
 
+#: Devices a shard holds before the partition's shards grow (up to ``state_shards``).
+SHARD_DEVICES = 1024
+
 
 class MapStateLike(Protocol):
     """The part of Spark's ``MapState`` the store uses (keys and values are tuples)."""
+
+    def exists(self) -> bool: ...
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
 
@@ -51,6 +64,9 @@ class DictMapState:
     def __init__(self) -> None:
         self.values: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
+    def exists(self) -> bool:
+        return bool(self.values)
+
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return self.values.get(key)
 
@@ -69,10 +85,15 @@ class ShardedStore:
         seq_words: int,
         state_sizes: Sequence[int],
         tokens: ValueStateLike | None = None,
+        shard_devices: int = SHARD_DEVICES,
     ) -> None:
-        """``tokens``: where the state store keeps the token of each shard's cached copy
-        (without it, no cache is used)."""
+        """``shards``: the most shards of a partition, each holding ``shard_devices`` devices
+        before their count grows; ``tokens``: where the state store keeps
+        the token of each shard's cached copy, and so the partition's shard count (without
+        it, no cache is used and the count lives in this object)."""
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
+        self.shard_devices = shard_devices
+        self.live = 0  # the served partition's shard count (0: not read yet)
         self.seq_words, self.state_sizes = seq_words, list(state_sizes)
         self.tokens = tokens
         self.cache: ShardCache | None = None
@@ -84,10 +105,10 @@ class ShardedStore:
         self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}  # by the last load_many
 
-    def shard_of(self, device_ids: Sequence[str]) -> np.ndarray:
-        return np.fromiter(
-            (zlib.crc32(d.encode()) % self.shards for d in device_ids), dtype=np.int64, count=len(device_ids)
-        )
+    def shard_of(self, device_ids: Sequence[str], count: int = 0) -> np.ndarray:
+        """Each device's shard among ``count`` (the partition's count if 0)."""
+        count = count or self.live or self.shards
+        return np.fromiter((zlib.crc32(d.encode()) % count for d in device_ids), dtype=np.int64, count=len(device_ids))
 
     def serve(self, partition: int, cache: ShardCache | None = None) -> None:
         """Say which grouping key (Kafka partition) Spark's state handles serve now -- like
@@ -95,16 +116,24 @@ class ShardedStore:
         it -- and the executor's shard cache, if any (used only with ``tokens``)."""
         self.partition = partition
         self.cache = cache if self.tokens is not None else None
+        if self.tokens is not None:
+            self.live = 0
 
     def _cache_name(self, shard: int) -> str:
         return f"{self.partition}-{shard}"
 
-    def _read_tokens(self) -> np.ndarray:
-        if self.tokens is None or not self.tokens.exists():
-            return np.zeros(self.shards, dtype=np.int64)
-        value = self.tokens.get()
-        tokens = np.frombuffer(value[0], dtype=np.int64) if value else np.zeros(0, dtype=np.int64)
-        return tokens.copy() if len(tokens) == self.shards else np.zeros(self.shards, dtype=np.int64)
+    def _read_tokens(self) -> None:
+        """The served partition's shard count and tokens: one state-store call, two for a
+        partition without tokens (none yet: one shard; a checkpoint of a fixed count
+        written without the cache: ``shards``)."""
+        value = self.tokens.get() if self.tokens is not None else None
+        if value:
+            self._token = np.frombuffer(value[0], dtype=np.int64).copy()
+            self.live = len(self._token)
+            return
+        if not self.live:
+            self.live = self.shards if self.state.exists() else 1
+        self._token = np.zeros(self.live, dtype=np.int64)
 
     def _read_value(self, shard: int) -> bytes | None:
         token = int(self._token[shard])
@@ -119,8 +148,9 @@ class ShardedStore:
 
     def _write_value(self, shard: int, blob: bytes) -> None:
         self.state.updateValue((shard,), (blob,))
+        self._token[shard] = 0  # 0 means "no copy"
         if self.cache is not None:
-            token = secrets.randbits(62) + 1  # 0 means "no copy"
+            token = secrets.randbits(62) + 1
             self._token[shard] = token
             self.cache.put(self._cache_name(shard), token, blob)
 
@@ -141,8 +171,8 @@ class ShardedStore:
     def load_many(self, device_ids: Sequence[str]) -> DeviceTable:
         """The devices' state in the given order (new devices empty); remembered for :meth:`save_many`."""
         ids = np.asarray(list(device_ids), dtype=object)
+        self._read_tokens()
         self._shard_of = self.shard_of(ids.tolist())
-        self._token = self._read_tokens()
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}
         self._loaded = {s: self._read(s) for s in np.unique(self._shard_of).tolist()}
         if not self._loaded:
@@ -169,30 +199,50 @@ class ShardedStore:
         order = np.argsort(shard_of, kind="stable")
         by_shard = table.take(order)
         shard_of = shard_of[order]
-        bounds = np.searchsorted(shard_of, np.array(sorted(self._loaded) + [self.shards]))
+        bounds = np.searchsorted(shard_of, np.array(sorted(self._loaded) + [self.live]))
+        merged: dict[int, DeviceTable] = {}
         for (shard, old), lo, hi in zip(sorted(self._loaded.items()), bounds[:-1], bounds[1:], strict=True):
             fresh = by_shard.slice(lo, hi)
-            keep = old.core[:, LAST_WALL_MS] + self.ttl_ms > now_ms
+            keep = self._alive(old, now_ms)
             if len(old):  # (a set: a shard's tens of ids, where a pandas Index costs more to build than to use)
                 reported = set(fresh.ids.tolist())
                 keep &= np.fromiter((i not in reported for i in old.ids.tolist()), dtype=bool, count=len(old))
             # (a shard whose devices all reported, or none did, needs no selection)
-            merged = (
+            merged[shard] = (
                 fresh
                 if not keep.any()
                 else DeviceTable.concat([old if keep.all() else old.take(np.flatnonzero(keep)), fresh])
             )
-            blob = merged.to_bytes()
+        if self.live < self.shards and merged and max(map(len, merged.values())) > self.shard_devices:
+            merged = self._regrouped(merged, now_ms)
+        for shard, table_of_shard in merged.items():
+            blob = table_of_shard.to_bytes()
             self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
-            self.written["state_devices"] += len(merged)
-        if self.cache is not None and self.tokens is not None and self._loaded:  # (no cache: the tokens stay)
+            self.written["state_devices"] += len(table_of_shard)
+        if self.tokens is not None and self._loaded:
             self.tokens.update((self._token.tobytes(),))
         self._loaded = {}
 
+    def _alive(self, table: DeviceTable, now_ms: int) -> np.ndarray:
+        """Which of ``table``'s devices were heard within the TTL."""
+        return np.asarray(table.core[:, LAST_WALL_MS] + self.ttl_ms > now_ms)
+
+    def _regrouped(self, merged: dict[int, DeviceTable], now_ms: int) -> dict[int, DeviceTable]:
+        """The partition's devices (``merged`` and the shards not touched) in as many shards
+        as hold ``shard_devices`` each, at most ``shards``; the count grows to that."""
+        rest = [self._read(s) for s in range(self.live) if s not in merged]
+        everyone = DeviceTable.concat(
+            [*merged.values(), *(t.take(np.flatnonzero(self._alive(t, now_ms))) for t in rest)]
+        )
+        count = min(self.shards, max(self.live + 1, -(-len(everyone) // self.shard_devices)))
+        shard_of = self.shard_of(everyone.ids.tolist(), count)
+        self.live, self._token = count, np.zeros(count, dtype=np.int64)
+        return {s: everyone.take(np.flatnonzero(shard_of == s)) for s in range(count)}
+
     def load(self, device_id: str) -> DeviceState | None:
         """One device's state in the per-device layout, None when unknown (tests, tools)."""
-        self._token = self._read_tokens()
+        self._read_tokens()
         table = self._read(int(self.shard_of([device_id])[0]))
         rows = np.flatnonzero(table.ids == device_id)
         return table.state(int(rows[0])) if len(rows) else None
@@ -201,8 +251,10 @@ class ShardedStore:
 class MemoryStore(ShardedStore):
     """Device state in a dict (tests, evaluation): the job's store without Spark."""
 
-    def __init__(self, state_sizes: Sequence[int], seq_words: int = 64, shards: int = 256) -> None:
-        super().__init__(DictMapState(), shards, 2**62, seq_words, state_sizes)
+    def __init__(
+        self, state_sizes: Sequence[int], seq_words: int = 64, shards: int = 256, shard_devices: int = SHARD_DEVICES
+    ) -> None:
+        super().__init__(DictMapState(), shards, 2**62, seq_words, state_sizes, shard_devices=shard_devices)
 
 
 _ENTRY = struct.Struct("<IqI")

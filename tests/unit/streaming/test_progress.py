@@ -90,3 +90,18 @@ def test_progress_lines_come_every_few_seconds_while_records_flow_and_not_when_n
     assert info[0] == progress_line(1, 10, 20.0, 0, 500)
     assert info[1] == progress_line(int(LINE_EVERY_S) + 1, 100, 20.0, 0, 500, batches=int(LINE_EVERY_S))
     assert reporter.totals["batches"] == 60
+
+
+def test_a_batch_counts_the_sum_of_its_partitions_tallies() -> None:
+    """The observation collects one tally array per partition and call (as a progress report's
+    JSON gives them: lists of numbers); the driver sums them under the totals' names."""
+    from pyspark.sql import Row
+
+    from iotwatch.streaming.operator_rows import tally_row
+    from iotwatch.streaming.progress import batch_counts
+
+    rows = [tally_row(0, {"received": 5, "alerts_raised": 1}), tally_row(3, {"received": 7, "ms_engine": 4})]
+    observed = Row(counts=[row["counts"][0].tolist() for row in rows])
+    counts = batch_counts(observed)
+    assert (counts["received"], counts["alerts_raised"], counts["worker_ms_engine"], counts["alert"]) == (12, 1, 4, 1)
+    assert batch_counts(None)["received"] == 0 == batch_counts(Row(counts=[]))["received"]

@@ -132,7 +132,9 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     state, tokens = DictMapState(), DictValueState()
 
     def executor(name: str, partition: int = 0) -> ShardedStore:
-        store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
+        store = ShardedStore(
+            state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens, shard_devices=10
+        )
         store.serve(partition, ShardCache(tmp_path / name))
         return store
 
@@ -145,7 +147,7 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
         return {**store.read, "received_before": seen[0] if len(set(seen)) == 1 else -1}
 
     one = executor("one")
-    assert batch(one, 1) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 0}
+    assert batch(one, 1) == {"state_shards_read": 1, "state_shards_cached": 0, "received_before": 0}  # then 4
     assert batch(one, 2) == {"state_shards_read": 4, "state_shards_cached": 4, "received_before": 1}
     version_2 = (dict(state.values), tokens.value)
     assert batch(one, 3)["state_shards_cached"] == 4  # the cache now holds version 3
@@ -229,8 +231,61 @@ def test_processing_through_a_store_of_many_shards_matches_one_shard() -> None:
     outputs = []
     for shards in (1, 7):
         harness = Harness()
-        harness.store = MemoryStore(harness.engine.state_sizes, harness.engine.seq_words, shards=shards)
+        harness.store = MemoryStore(
+            harness.engine.state_sizes, harness.engine.seq_words, shards=shards, shard_devices=1
+        )
         rows = [row for start in range(0, len(series), 200) for row in harness.process(series[start : start + 200])]
         outputs.append(_comparable(rows))
     assert outputs[0] == outputs[1]
     assert sum(1 for row in outputs[0] if row[0] == "alert") >= 4
+
+
+class CountingMapState(DictMapState):
+    """A ``MapState`` that counts its writes (each one a round trip to the JVM in the job)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self.writes += 1
+        super().updateValue(key, value)
+
+
+def _touch(store: ShardedStore, ids: list[str], now_ms: int = 0) -> list[int]:
+    """One micro-batch of every device in ``ids``: their ``RECEIVED`` before it."""
+    table = store.load_many(ids)
+    seen = table.core[:, RECEIVED].tolist()
+    table.core[:, RECEIVED] += 1
+    table.core[:, LAST_WALL_MS] = now_ms
+    store.save_many(table, now_ms=now_ms)
+    return seen
+
+
+def test_a_partition_has_as_many_shards_as_its_devices_need_and_keeps_every_device_when_they_grow() -> None:
+    state, tokens = CountingMapState(), DictValueState()
+    store = ShardedStore(state, shards=8, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens, shard_devices=10)
+    few = [f"dev-{i}" for i in range(10)]
+    assert _touch(store, few) == [0] * 10
+    assert (store.live, state.writes, len(tokens.value[0]) // 8) == (1, 1, 1)  # one write a batch, not eight
+    more = few + [f"dev-{i}" for i in range(10, 35)]
+    assert _touch(store, more[10:]) == [0] * 25  # 35 devices: regrouped into 4 shards
+    assert store.live == 4 and sorted(key for (key,) in state.values) == [0, 1, 2, 3]
+    assert _touch(store, more) == [1] * 35  # every device found where the new count puts it
+    again = ShardedStore(state, shards=8, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens, shard_devices=10)
+    assert _touch(again, more) == [2] * 35 and again.live == 4  # the count is the partition's, in its tokens
+    crowd = [f"dev-{i}" for i in range(200)]
+    assert _touch(again, crowd)[:35] == [3] * 35 and again.live == 8  # at most ``shards``
+
+
+def test_a_checkpoint_of_a_fixed_shard_count_without_tokens_keeps_its_count() -> None:
+    """A checkpoint written with ``shards`` shards and no cache (so no tokens) is read with that count."""
+    state = DictMapState()
+    ids = [f"dev-{i}" for i in range(20)]
+    fixed = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3])
+    fixed.live = 4  # as a store of a fixed count wrote it
+    _touch(fixed, ids)
+    assert len(state.values) == 4
+    tokens = DictValueState()
+    store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
+    assert _touch(store, ids) == [1] * 20 and store.live == 4 and len(tokens.value[0]) == 4 * 8
