@@ -24,9 +24,7 @@ DEFAULT_EVALUATED = tuple(
         (
             DEFAULT_DETECTOR,
             "hst_ranked",
-            "half_space_trees",
             "tail_ensemble",
-            "ensemble",
             "isolation_forest",
             "robust_zscore",
             "holt_winters",

@@ -39,8 +39,7 @@ class RepeatRun(UnivariateMixin, Detector):
     level that only falls or rises (a fuel gauge, still while the vehicle is parked). Noise
     reverses the direction of change about every other reading; the stream is judged only
     while its rate of reversals (an exponentially weighted mean over changes) is at least
-    ``min_reversals``. The fixed-count :class:`iotwatch.models.flatline.Flatline` rule is the
-    alternative when the count is known.
+    ``min_reversals``.
 
     Parameters
     ----------
