@@ -26,7 +26,7 @@ class TailEnsemble(KernelDetector):
       flatlines.
 
     The reading's tail probability is the smallest of the three times three (Bonferroni),
-    and the score is its log scale (:func:`iotwatch.models.likelihood.log_tail_score`: 0.5 at
+    and the score is its log scale (:func:`iotwatch.models.numeric.log_tail_score`: 0.5 at
     1e-5, 0.6 at 1e-7.5). Unlike a likelihood fitted to bounded raw scores, the tail keeps
     extreme deviations extreme, and because every tail is the stream's own, one threshold
     means one false-alarm rate per reading on every device and metric. No score is given
