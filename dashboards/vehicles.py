@@ -24,7 +24,7 @@ from iotwatch.dashboards.common import device_variable, per_interval, regex, sit
 VEHICLE = "\"device_type\" = 'vehicle_edr'"
 DEVICES = f'{VEHICLE} AND "device_id" {regex("device")}'
 CRASHES = f"\"rule\" = 'crash' AND \"state\" = 'raised' AND {DEVICES}"
-# The crash rule fires at 4 g of longitudinal deceleration (iotwatch.models.crash.CrashDeceleration).
+# The crash rule fires at 4 g of longitudinal deceleration (iotwatch.models.crash.is_crash).
 ACCEL = thresholds(RED, (-4, GREEN), (4, ORANGE))
 
 

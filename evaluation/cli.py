@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +17,9 @@ from iotwatch.evaluation.nab_scoring import PROFILES
 from iotwatch.evaluation.sources import NAB_SAMPLE, LabelledSource, NabSource, SimulatorSource, split_keys
 from iotwatch.models.catalog import DEFAULT_DETECTOR, names
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 __all__ = ["evaluate", "default_dataset"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
@@ -24,9 +28,7 @@ DEFAULT_EVALUATED = tuple(
         (
             DEFAULT_DETECTOR,
             "hst_ranked",
-            "half_space_trees",
             "tail_ensemble",
-            "ensemble",
             "isolation_forest",
             "robust_zscore",
             "holt_winters",
@@ -41,34 +43,15 @@ def default_dataset() -> Path:
 
 
 def _render(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
     from iotwatch.cli import output_console
 
     console = output_console()
     for name, det in result["detectors"].items():
-        table = Table(
-            title=f"{name}  (threshold {det['threshold']:.6g}, profile {result['profile']}, "
-            f"{result['protocol']} protocol)"
+        table = _table(
+            f"{name}  (threshold {det['threshold']:.6g}, profile {result['profile']}, {result['protocol']} protocol)",
+            ("stream / group", "NAB", "windows", "recall", "precision", "F1", "delay rows", "delay h", "FA/day"),
+            wrap_first=True,
         )
-        for column in (
-            "stream / group",
-            "NAB",
-            "windows",
-            "recall",
-            "precision",
-            "F1",
-            "delay rows",
-            "delay h",
-            "FA/day",
-        ):
-            first = column == "stream / group"
-            table.add_column(
-                column,
-                justify="left" if first else "right",
-                overflow="fold" if first else "ellipsis",
-                min_width=20 if first else None,
-            )
         rows = [
             *det["streams"].items(),
             *((f"[b]{g}[/b]", s) for g, s in det["groups"].items()),
@@ -98,18 +81,14 @@ def _render(result: dict[str, Any]) -> None:
 
 def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
     """The default, the reproduced CAD OSE and NAB's published figures, per half and whole."""
-    from rich.table import Table
-
     from iotwatch.evaluation.published import DEFAULT_FIGURES
 
     parts = comparison["parts"]
-    table = Table(
-        title="nab-dev streams: the default under both protocols beside a reproduced NAB leader and the "
-        "published figures (NAB protocol)"
+    table = _table(
+        "nab-dev streams: the default under both protocols beside a reproduced NAB leader and the "
+        "published figures (NAB protocol)",
+        ("detector", *(f"{part} ({figures['streams']})" for part, figures in parts.items())),
     )
-    table.add_column("detector", justify="left")
-    for part, figures in parts.items():
-        table.add_column(f"{part} ({figures['streams']})", justify="right")
     first = next(iter(parts.values()))
     rows = [
         *(
@@ -129,8 +108,6 @@ def _render_comparison(console: Any, comparison: dict[str, Any]) -> None:
 
 
 def _render_simulated(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
     from iotwatch.cli import output_console
 
     console = output_console()
@@ -143,26 +120,26 @@ def _render_simulated(result: dict[str, Any]) -> None:
     )
     goals = result["goals"]
     for name, run in result["configs"].items():
-        table = Table(
-            title=f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
+        table = _table(
+            f"{name}: alerts vs ground truth (goal: recall >= {goals['recall']}, "
             f"<= {goals['false_alarms_per_device_day']:g} false alarm per device-day, "
             f"median delay <= {goals['median_delay_readings']} readings, drift median delay "
-            f"<= {goals['drift_median_delay_s']:g} s)"
+            f"<= {goals['drift_median_delay_s']:g} s)",
+            (
+                "kind",
+                "windows",
+                "recall",
+                "precision",
+                "F1",
+                "delay rd med",
+                "delay rd p90",
+                "delay s med",
+                "delay s p90",
+                "rule FA/dev-day",
+                "detected by",
+            ),
+            left=("detected by",),
         )
-        for column in (
-            "kind",
-            "windows",
-            "recall",
-            "precision",
-            "F1",
-            "delay rd med",
-            "delay rd p90",
-            "delay s med",
-            "delay s p90",
-            "rule FA/dev-day",
-            "detected by",
-        ):
-            table.add_column(column, justify="left" if column in ("kind", "detected by") else "right")
         rows = [*run["kinds"].items(), ("[b]overall[/b]", run["overall"])]
         for label, k in rows:
             table.add_row(
@@ -179,9 +156,10 @@ def _render_simulated(result: dict[str, Any]) -> None:
                 ", ".join(f"{r} {n}" for r, n in k.get("detected_by", {}).items()),
             )
         console.print(table)
-        rules_table = Table(title=f"{name}: raised alerts per rule ({run['overall']['device_days']} device-days)")
-        for column in ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"):
-            rules_table.add_column(column, justify="left" if column == "rule" else "right")
+        rules_table = _table(
+            f"{name}: raised alerts per rule ({run['overall']['device_days']} device-days)",
+            ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"),
+        )
         for rule, r in run["rules"].items():
             rules_table.add_row(
                 rule,
@@ -208,6 +186,22 @@ def _render_simulated(result: dict[str, Any]) -> None:
             f"{name} settings: "
             + (", ".join(f"{k}={v!r}" for k, v in overrides.items()) if overrides else "the StreamSettings defaults")
         )
+
+
+def _table(title: str, columns: Sequence[str], left: Collection[str] = (), wrap_first: bool = False) -> Table:
+    """A table of figures: right-aligned columns but the first and ``left`` (text)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        first = wrap_first and i == 0
+        table.add_column(
+            column,
+            justify="left" if i == 0 or column in left else "right",
+            overflow="fold" if first else "ellipsis",
+            min_width=20 if first else None,
+        )
+    return table
 
 
 def _f(value: float | None, digits: int = 2) -> str:

@@ -1,31 +1,8 @@
 """The one evaluator of alerts against the ground truth: ``iotwatch evaluate --simulated``,
-the demo's report and the tests all judge by :func:`judge`.
-
-Every raised alert is placed on its device's injections (:class:`Injection`) by **seq**:
-the reading that raised it (for ``device_silent``, the newest reading before the silence,
-one seq before a dropout's first). Seqs are what the simulator numbered; a clock-skew
-fault moves a device's event times but not its seqs, so it cannot move a verdict.
-
-- An anomaly is **detected** by an alert of a rule that may report its kind
-  (:data:`RULES_FOR_ANOMALY_KIND`) placed between the anomaly's first affected reading and
-  its last one plus ``grace_readings``. The delay is measured to the first such alert, in
-  readings (the raising reading's seq minus the anomaly's first; for ``device_silent``,
-  the time from the first missing reading to the silence alert over the device's
-  interval) and in seconds of event time.
-- An alert that detects nothing but is placed inside an injection of another kind (plus
-  grace), or in the *aftermath* of an anomaly (as long again as the anomaly, at least the
-  grace, at most an hour: a runaway room needs time to come back), is **related**: an
-  effect of an injected anomaly, neither a detection nor a false alarm.
-- A ``device_silent`` alert at or after a device's newest reading of the run, that no
-  dropout explains, is the **end of the run** (the simulators stopped), left out of
-  every count but its own.
-- Every other raised alert is a **false alarm**, charged to its rule.
-
-Precision is detections over detections plus false alarms (related alerts and the end of
-the run are neither). Per kind: recall, precision (the false alarms of the kind's rules on
-device types the kind applies to), F1, delays (median, p90) and false alarms per
-device-day. Per rule: alerts, true, related, false. A burn-in at the start of the run
-(detectors warming up on a fleet switched on all at once) is left out of every count.
+the demo's report and the tests all judge by :func:`judge`, so a verdict means the same
+everywhere. Alerts are placed on injections by seq, which a clock-skew fault cannot move;
+each is a detection, related, the end of the run, or a false alarm (docs/detection.md,
+"The simulated fleet", defines them and the figures).
 
 >>> truth = [Injection(device_id="t1", device_type="thermostat", site="h", kind="spike",
 ...                    category="anomaly", start_ts=10_000, end_ts=10_000, start_seq=10,

@@ -2,8 +2,8 @@
 
 >>> from models import make, names
 >>> names()[:3]
-['cad_ose', 'crash', 'declared_levels']
->>> det = make("ensemble")
+['cad_ose', 'declared_levels', 'episode_likelihood']
+>>> det = make("robust_zscore")
 >>> round(det.score_learn_one({"temperature_c": 21.0}, 1_700_000_000_000), 2)
 0.0
 """

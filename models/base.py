@@ -33,7 +33,6 @@ __all__ = [
     "ANOMALY_KINDS",
     "Detector",
     "Reading",
-    "StatelessMixin",
     "UnivariateMixin",
     "z_to_score",
 ]
@@ -177,19 +176,6 @@ class Detector(abc.ABC):
             }
             return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class StatelessMixin:
-    """For rules that learn nothing: an empty state and a no-op ``learn_one``."""
-
-    def learn_one(self, x: Reading, t_ms: int) -> None:
-        return None
-
-    def to_state(self) -> dict[str, Any]:
-        return {}
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        return self
 
 
 class UnivariateMixin:

@@ -12,13 +12,8 @@ readings.
 
 The arithmetic is one compiled kernel (:mod:`iotwatch.models.kernels.cad_ose`); this
 module runs it as NAB does (:func:`nab_scores`) and as a catalogued detector on a stream
-(:class:`CadOse`). The reproduction is exact (``tests/unit/evaluation/test_cad_ose.py``
-holds it to the published per-row scores as NAB rounds them), down to the two places where
-the original's output depends on its Python 2 runtime.
-
-Memory grows with the contexts learned; ``max_contexts`` caps it (no new context is
-stored once that many exist; ``None`` in :func:`nab_scores`: no cap, the published
-algorithm).
+(:class:`CadOse`). docs/detection.md ("A reproduced NAB leader") has the figures, what the
+exact reproduction owes to Python 2, and the ``max_contexts`` cap on its memory.
 """
 
 from __future__ import annotations
@@ -59,18 +54,12 @@ class CadOse(KernelDetector):
     """CAD OSE on a stream: the published algorithm over a value range the stream sets as
     it goes, its context memory capped.
 
-    NAB hands CAD OSE each stream's minimum and maximum beforehand and a rest period of a
-    fifth of the stream's probationary readings; a stream has neither. Here the first
-    ``range_readings`` readings set the range (no score until then), widened by ``margin``
-    of its span each side for the cut into levels. A reading beyond that
-    (``widen_range``) widens the range to take it in, scores 1 (a value never seen that
-    far out), and starts the context memory again, since its facts were cut on the old
-    range. ``rest_period`` is a fixed number of readings. ``max_contexts`` bounds the
-    state: one row of :mod:`iotwatch.models.kernels.cad_ose`, whose compiled step this
-    class calls on a batch of one reading.
-
-    The defaults were chosen on the tuning half of nab-dev alone, then checked once on
-    the held-back half (``docs/detection.md``).
+    A stream has no minimum and maximum beforehand: its first ``range_readings`` readings
+    set the range, ``margin`` of its span added each side, and a reading beyond it
+    (``widen_range``) scores 1, widens the range and starts the memory again
+    (docs/detection.md has the why and the figures of the defaults, chosen on nab-dev's
+    tuning half). ``max_contexts`` bounds the state: one row of
+    :mod:`iotwatch.models.kernels.cad_ose`.
     """
 
     name: ClassVar[str] = "cad_ose"

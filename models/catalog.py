@@ -1,7 +1,7 @@
 """Every detector by name: the CLI, the evaluation and the contract tests iterate this.
 
 >>> from iotwatch.models.catalog import make, names
->>> "ensemble" in names()
+>>> "tail_ensemble" in names()
 True
 >>> make("robust_zscore", halflife=100.0).halflife
 100.0
@@ -35,8 +35,8 @@ __all__ = [
     "warm_all",
 ]
 
-#: Every detector's name: the ensemble's members and the ensemble, which is made of them.
-DETECTORS: tuple[str, ...] = ("ensemble", *MEMBERS)
+#: Every detector's name.
+DETECTORS: tuple[str, ...] = MEMBERS
 
 #: The detectors with a compiled kernel (:mod:`iotwatch.models.kernels`), which the streaming job runs.
 KERNELS: tuple[str, ...] = ("cad_ose", "declared_levels", "episode_likelihood", "tail_ensemble")
@@ -57,10 +57,6 @@ def names() -> list[str]:
 
 def detector_class(name: str) -> type[Detector]:
     """The detector class registered under ``name`` (its module imported on first use)."""
-    if name == "ensemble":
-        from iotwatch.models.ensemble import CalibratedEnsemble
-
-        return CalibratedEnsemble
     if name not in MEMBERS:
         raise UserError(f"unknown detector {name!r}; choose from {', '.join(names())}")
     return member_class(name)

@@ -1,32 +1,6 @@
-"""Peaks over threshold: how rare a deviation is *for this stream*, in a few numbers.
-
-Extreme-value theory says the excess of a variable over a high threshold ``u`` follows a
-generalised Pareto distribution; streaming anomaly detection uses it to set thresholds
-from the data itself (Siffer et al., 2017, "Anomaly detection in streams with extreme
-value theory"). :class:`ExceedanceTail` fits the heavy-tailed (Pareto) member of that
-family with the Hill estimator, so its state is four numbers:
-
-- the exceedance rate ``P(d > u)``, an exponentially weighted mean over readings;
-- the tail index ``xi = E[log(d / u) | d > u]`` (Hill), exponentially weighted over
-  exceedances, each clipped to ``clip * xi`` so one wild value cannot numb the stream;
-- how many readings and exceedances were seen (the priors' weights).
-
-Exceedances are *declustered by runs* (Coles, 2001, "An Introduction to Statistical
-Modeling of Extreme Values", 5.3.2): exceedances less than ``run_gap`` readings apart are
-one cluster, the rate counts clusters, and the index learns each cluster's peak once the
-cluster has ended. Without it a long anomaly teaches the tail that it is normal while it
-lasts -- a shifted level, a burst of noise, a stuck actuator would each silence their own
-alert after a few readings -- and the next anomaly on the same stream is judged against a
-tail it inflated. A stream whose normal life holds long excursions (a kettle on a meter)
-still learns one excursion per use.
-
-The tail probability of ``d > u`` is ``rate * (d / u) ** (-1 / xi)``. A stream whose
-normal life holds big jumps (a meter when an appliance switches on, a vehicle) learns a
-larger rate and ``xi``, so the same deviation is judged less rare there than on a quiet
-sensor: one tail-probability threshold means about one false-alarm rate per reading on
-every stream. Priors (a rate and an index worth some pseudo-observations) keep a young
-stream conservative. A Pareto tail is heavier than a Gaussian one, which errs on the side
-of fewer false alarms on streams nobody has characterised.
+"""Peaks over threshold: how rare a deviation is *for this stream*, in a few numbers, so one
+tail-probability threshold means about one false-alarm rate per reading on every stream
+(docs/detection.md, "The shared views", has the model and its declustering).
 
 The arithmetic is :func:`iotwatch.models.kernels.primitives.tail_tail` and
 :func:`~iotwatch.models.kernels.primitives.tail_learn`, the functions the kernels of

@@ -1,10 +1,6 @@
-"""The detectors an ensemble can hold, by name: every catalogued detector but the ensemble itself
-(:mod:`iotwatch.models.catalog` adds it, so the ensemble and the catalogue need not import each
-other).
-
-Each detector's module is imported when the detector is first asked for (the fleet detectors
-bring scikit-learn and river), through ordinary imports, so the layering test sees the edge.
-"""
+"""Every catalogued detector by name, each class imported when first asked for (the fleet
+detectors bring scikit-learn and river) through ordinary imports, so the layering test sees
+the edge."""
 
 from __future__ import annotations
 
@@ -20,11 +16,8 @@ MEMBERS = (
     "repeat_run",
     "robust_zscore",
     "holt_winters",
-    "half_space_trees",
     "hst_ranked",
     "isolation_forest",
-    "flatline",
-    "crash",
 )
 
 
@@ -46,16 +39,10 @@ def member_class(name: str) -> type[Detector]:
             from iotwatch.models.robust_zscore import RobustZScore as found
         case "holt_winters":
             from iotwatch.models.forecast import HoltWintersResidual as found
-        case "half_space_trees":
-            from iotwatch.models.halfspace import HalfSpaceTrees as found
         case "hst_ranked":
             from iotwatch.models.halfspace_ranked import RankedHalfSpaceTrees as found
         case "isolation_forest":
             from iotwatch.models.iforest import IsolationForest as found
-        case "flatline":
-            from iotwatch.models.flatline import Flatline as found
-        case "crash":
-            from iotwatch.models.crash import CrashDeceleration as found
         case _:
             raise UserError(f"unknown detector {name!r}; choose from {', '.join(sorted(MEMBERS))}")
     return found

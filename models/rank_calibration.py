@@ -1,11 +1,11 @@
 """Rank calibration: how unusual a raw score is among a stream's recent raw scores.
 
 Some raw scores are badly described by a Gaussian -- Half-Space Trees' scores sit in a
-narrow band just under 1 with a lumpy distribution -- so the Gaussian anomaly likelihood
-(:mod:`iotwatch.models.likelihood`) misjudges them. This calibrator uses the empirical tail
+narrow band just under 1 with a lumpy distribution -- so a Gaussian anomaly likelihood
+misjudges them. This calibrator uses the empirical tail
 instead: among the last ``history`` raw scores, the share at least as high as the new
-one, ``(count + 1) / (n + 1)``, put on the same log scale as the likelihood
-(:func:`iotwatch.models.likelihood.log_tail_score`), plus ``1e-3`` times the raw score to break
+one, ``(count + 1) / (n + 1)``, put on the log scale the tail detectors use
+(:func:`iotwatch.models.numeric.log_tail_score`), plus ``1e-3`` times the raw score to break
 ties. No distribution is assumed, and each stream is judged against its own history.
 
 It then *suppresses repeats*: a calibrated score that does not exceed every calibrated
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Self
 
-from iotwatch.models.likelihood import log_tail_score
+from iotwatch.models.numeric import log_tail_score
 
 __all__ = ["RankCalibrator"]
 

@@ -1,22 +1,8 @@
-"""Model registry: versioned fleet-model artefacts with their metadata, on disk.
-
-One directory per ``(device_type, detector)``, one sub-directory per version::
-
-    <root>/<device_type>/<detector>/v000003/model.bin       Detector.dumps()
-                                           /metadata.json   ModelVersion
-
-Versions count up from 1 per ``(device_type, detector)`` and are never reused. Every
-write is atomic: a version is assembled in a temporary directory and renamed into
-place, metadata updates are written to a temporary file and renamed over the old one,
-and a per-``(device_type, detector)`` file lock serialises writers (processes and
-threads alike), so concurrent registrations never share or corrupt a version.
-
-A version is a ``candidate`` when registered; :meth:`ModelRegistry.approve` makes it
-``approved`` and :meth:`ModelRegistry.retire` takes it out of service. Scorers use the
-newest approved version (:meth:`ModelRegistry.latest_approved`); retiring it falls back
-to the previous approved one. With a ``publisher`` (:class:`iotwatch.models.updates.UpdatePublisher`)
-each approval and retirement is announced on the model-updates topic, which
-:class:`iotwatch.models.watcher.ModelWatcher` follows to hot-swap models.
+"""Model registry: versioned fleet-model artefacts with their metadata, on disk, written
+atomically under a lock per family so concurrent registrations never share or corrupt a
+version (docs/operate/streaming.md, "Fleet models", has the layout and the lifecycle). With a
+``publisher`` (:class:`iotwatch.models.updates.UpdatePublisher`) each approval and retirement
+is announced for :class:`iotwatch.models.watcher.ModelWatcher` to hot-swap models.
 
 Examples
 --------

@@ -28,19 +28,9 @@ class RepeatRun(UnivariateMixin, Detector):
     """How improbable the current run of identical readings is, given how often this
     stream repeats a reading.
 
-    The stream's repeat rate ``r`` (a reading equal to the one before, within
-    ``tolerance``) is an exponentially weighted mean with a prior; if repeats were
-    independent, ``m`` repeats in a row have probability ``r ** m``, which is the tail
-    this detector reports. A noisy sensor that almost never repeats (``r`` = 0.02) is
-    suspicious after four repeats. Two kinds of stream are not judged, because there runs
-    are normal and not independent: streams that repeat often by nature (a setpoint, a
-    battery level: ``r`` above ``max_repeat_rate``), and streams whose changes are not
-    noise -- a smooth signal (an outdoor temperature holds still at its daily peak) or a
-    level that only falls or rises (a fuel gauge, still while the vehicle is parked). Noise
-    reverses the direction of change about every other reading; the stream is judged only
-    while its rate of reversals (an exponentially weighted mean over changes) is at least
-    ``min_reversals``. The fixed-count :class:`iotwatch.models.flatline.Flatline` rule is the
-    alternative when the count is known.
+    The repeat rate ``r`` is learned per stream; ``m`` repeats in a row have the tail
+    ``r ** m``. Streams that repeat by nature, or whose changes are not noise, are not
+    judged (docs/detection.md, "The shared views").
 
     Parameters
     ----------

@@ -12,31 +12,17 @@ __all__ = ["TailEnsemble"]
 
 
 class TailEnsemble(KernelDetector):
-    """The per-(device, metric) detector of the streaming job.
+    """A per-(device, metric) detector the streaming job can run (it has a kernel).
 
-    Three views of one metric, each a deviation with its own
-    :class:`iotwatch.models.exceedance.ExceedanceTail` (peaks over threshold):
-
-    - *level*: robust z against a slow baseline (:class:`iotwatch.models.robust_zscore.RobustZScore`)
-      -- drifts over minutes to hours, long shifts;
-    - *change*: the one-step Holt-Winters forecast residual in residual scales
-      (:class:`iotwatch.models.forecast.HoltWintersResidual`) -- spikes, the onset of a shift,
-      bursts of noise;
-    - *stuck*: the run of identical readings (:class:`iotwatch.models.repeat_run.RepeatRun`) --
-      flatlines.
-
-    The reading's tail probability is the smallest of the three times three (Bonferroni),
-    and the score is its log scale (:func:`iotwatch.models.likelihood.log_tail_score`: 0.5 at
-    1e-5, 0.6 at 1e-7.5). Unlike a likelihood fitted to bounded raw scores, the tail keeps
-    extreme deviations extreme, and because every tail is the stream's own, one threshold
-    means one false-alarm rate per reading on every device and metric. No score is given
-    for the first ``warmup`` readings.
-
-    The arithmetic is one compiled kernel (:mod:`iotwatch.models.kernels.tail_ensemble`,
-    which has the layout of the state: 28 numbers), built from the members' functions in
-    :mod:`iotwatch.models.kernels.primitives` (the level and change views without a
-    season); this class holds one stream's row and calls the kernel's step on a batch of
-    one reading.
+    Three views of one metric (level: robust z against a slow baseline,
+    :class:`iotwatch.models.robust_zscore.RobustZScore`; change: the Holt-Winters forecast
+    residual, :class:`iotwatch.models.forecast.HoltWintersResidual`; stuck:
+    :class:`iotwatch.models.repeat_run.RepeatRun`), each judged by its own
+    :class:`iotwatch.models.exceedance.ExceedanceTail`; the smallest tail, times three,
+    scores on the log scale of :func:`iotwatch.models.numeric.log_tail_score`
+    (docs/detection.md, "The shared views"). No score for the first ``warmup`` readings.
+    The arithmetic is one compiled kernel (:mod:`iotwatch.models.kernels.tail_ensemble`);
+    this class holds one stream's row.
 
     Examples
     --------

@@ -10,11 +10,9 @@ disabled (``NUMBA_DISABLE_JIT=1``) the same code runs as plain Python, to read a
 through; ``tests/unit/models/test_detector_kernels.py`` holds both runs to scores pinned on
 the NAB sample.
 
-:func:`iotwatch.models.catalog.kernel_for` finds the kernel of a detector by name
-(:data:`iotwatch.models.catalog.KERNELS`, through the detector's class: no kernel imports the
-catalogue): the streaming engine runs the one its ``device_detector`` setting names, through the
-small :class:`Kernel` protocol. ``python -m iotwatch.models.catalog NAME`` times a reading through the class
-(one call a reading) and through one batch call.
+:func:`iotwatch.models.catalog.kernel_for` finds the kernel of a detector by name, through
+the detector's class (no kernel imports the catalogue); the streaming engine runs it through
+the small :class:`Kernel` protocol.
 """
 
 from __future__ import annotations

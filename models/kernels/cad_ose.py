@@ -42,13 +42,8 @@ a small dict of integers (it numbers new contexts). Both are computed here as CP
 on 64 bits computes them (:func:`py2_tuple_hash`, :func:`py2_dict_order`); hashes are
 kept as two exact 32-bit halves and a semi-context is found by its hash.
 
-Cost and memory
----------------
-A row of the catalogued detector is ``STATE_SIZE * 8`` bytes (264 KB). Each reading
-crosses its facts with every stored semi-context, as the published algorithm does, so a
-reading costs in proportion to the contexts stored (up to ``max_contexts``).
-``iotwatch bench stream`` times a reading through the detector class
-(one call a reading) and through one batch call, on young interleaved streams.
+docs/detection.md has the row's size and what a reading costs (it crosses its facts with
+every stored semi-context, as the published algorithm does).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The arithmetic of :class:`iotwatch.models.tail_ensemble.TailEnsemble`: one float64 row per stream.
 
-The streaming job scores every reading of every ``(device, metric)`` stream with the tail
-ensemble: this kernel runs its step over a whole micro-batch of interleaved streams in one
-numba call, each stream's state a row of one float64 array; the class runs the same step
-on a batch of one reading. The step is made of the members' functions in
-:mod:`.primitives`, which the member classes (:class:`~iotwatch.models.robust_zscore.RobustZScore`,
+The step, run over a micro-batch of interleaved streams in one call (by the class, on a
+batch of one reading), is made of the members' functions in :mod:`.primitives`, which the
+member classes (:class:`~iotwatch.models.robust_zscore.RobustZScore`,
 :class:`~iotwatch.models.forecast.HoltWintersResidual`,
 :class:`~iotwatch.models.repeat_run.RepeatRun`,
 :class:`~iotwatch.models.exceedance.ExceedanceTail`) call too.
@@ -33,24 +31,9 @@ Each member's numbers are contiguous, in this order. No seasonal arrays: the ens
 level and change views have no season. Parameters are a float64 vector too
 (:func:`params_vector`, offsets ``P_*`` and, per tail, ``TP_*``).
 
-Exactness
----------
-The arithmetic uses Python's ``min``/``max`` semantics (:func:`~.primitives.py_min`,
-:func:`~.primitives.py_max`) and CPython's libm calls, so the compiled step and the same
-code run as plain Python (``NUMBA_DISABLE_JIT=1``) give the same floats. One trap:
-CPython computes ``x ** 2`` with libm's ``pow``, which is not always correctly rounded
-(about 1 in 1,200 random ``x`` differs from ``x * x`` in the last bit), while numba/LLVM
-turn any ``x ** 2`` into ``x * x``; :func:`~iotwatch.models.kernels.primitives.libm_pow`
-calls libm's ``pow`` itself. A deviation of a view warming up is NaN: its tail is 1.0 and
-nothing is learned from it.
-
-Cost
-----
-``iotwatch bench stream`` times 200,000 readings of 1,000
-interleaved streams (random order, 200 readings a stream) after warm-up on one core,
-through the class's ``score_learn_one`` (a batch of one reading a call) and through one
-:func:`score_learn` call, and prints both per reading. A large share of the kernel's time
-is the four libm ``pow`` calls kept for exactness.
+A deviation of a view warming up is NaN: its tail is 1.0 and nothing is learned from it.
+The step computes the same floats compiled and as plain Python (``NUMBA_DISABLE_JIT=1``; see
+:mod:`.primitives`), and ``iotwatch bench stream`` times it.
 
 Examples
 --------

@@ -26,12 +26,12 @@ def _run(args: list[str]) -> str:
 
 
 def test_evaluate_is_deterministic_and_sane(nab_dir: Path) -> None:
-    args = ["evaluate", "--dataset", str(nab_dir), "--detector", "ensemble", "--json"]
+    args = ["evaluate", "--dataset", str(nab_dir), "--detector", "tail_ensemble", "--json"]
     first, second = json.loads(_run(args)), json.loads(_run(args))
     for doc in (first, second):
-        doc["detectors"]["ensemble"].pop("seconds")
+        doc["detectors"]["tail_ensemble"].pop("seconds")
     assert first == second
-    report = first["detectors"]["ensemble"]
+    report = first["detectors"]["tail_ensemble"]
     assert first["streams"] == len(NabSource(nab_dir).keys())
     assert set(report["groups"]) == {"artificialNoAnomaly", "artificialWithAnomaly", "realTraffic", "realTweets"}
     overall = report["overall"]
@@ -44,8 +44,8 @@ def test_score_csv_every_stream(nab_dir: Path, tmp_path: Path) -> None:
     for key in NabSource(nab_dir).keys():
         source = nab_dir / "data" / key
         out_a, out_b = tmp_path / "a.csv", tmp_path / "b.csv"
-        _run(["score-csv", str(source), str(out_a), "--detector", "ensemble"])
-        _run(["score-csv", str(source), str(out_b), "--detector", "ensemble"])
+        _run(["score-csv", str(source), str(out_a), "--detector", "tail_ensemble"])
+        _run(["score-csv", str(source), str(out_b), "--detector", "tail_ensemble"])
         assert out_a.read_bytes() == out_b.read_bytes()
         scored, original = pd.read_csv(out_a), pd.read_csv(source)
         assert list(scored.columns) == ["timestamp", "value", "anomaly_score"]

@@ -52,10 +52,10 @@ def _simulator_run(tmp_path: Path) -> tuple[Path, Path]:
 def test_detectors_are_evaluated_on_a_simulator_run(tmp_path: Path) -> None:
     readings, truth = _simulator_run(tmp_path)
     assert {t.kind for t in read_ground_truth(truth)} == {"spike", "level_shift"}
-    args = ["evaluate", "--readings", str(readings), "--truth", str(truth), "--detector", "ensemble", "--json"]
+    args = ["evaluate", "--readings", str(readings), "--truth", str(truth), "--detector", "tail_ensemble", "--json"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)["detectors"]["ensemble"]["overall"]
+    report = json.loads(result.output)["detectors"]["tail_ensemble"]["overall"]
     assert report["windows"] >= 2 and report["detected_windows"] >= 1, report
 
 
@@ -63,7 +63,7 @@ def test_a_ground_truth_line_that_is_no_injection_is_named(tmp_path: Path) -> No
     readings, truth = _simulator_run(tmp_path)
     lines = truth.read_text().splitlines()
     truth.write_text("\n".join([lines[0], json.dumps({"device_id": "x", "kind": "spike"}), *lines[1:]]) + "\n")
-    args = ["evaluate", "--readings", str(readings), "--truth", str(truth), "--detector", "ensemble"]
+    args = ["evaluate", "--readings", str(readings), "--truth", str(truth), "--detector", "tail_ensemble"]
     result = CliRunner().invoke(cli, args)
     assert isinstance(result.exception, IotwatchError), result.output
     assert f"{truth}:2: not a ground-truth record: Object missing required field" in str(result.exception)
