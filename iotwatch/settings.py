@@ -502,7 +502,7 @@ class StreamSettings(_ConcernSettings, section="stream"):
         1,
         ge=1,
         description="consecutive readings above the fire score before raising "
-        "(1: the ensemble's calibration already smooths)",
+        "(1: the default detector's likelihood layer already smooths)",
     )
     alert_clear_readings: int = Field(
         10, ge=1, description="consecutive readings below the clear score before clearing"

@@ -11,7 +11,7 @@ without ``v`` (written before the field existed) as version 1; it refuses other 
 and wrong types with :class:`BadAlert`.
 
 >>> record = AlertRecord(alert_id="a1", state=AlertLifecycle.RAISED, severity=Severity.MAJOR,
-...     rule="anomaly", detector="ensemble", device_id="d-1", device_type="thermostat",
+...     rule="anomaly", detector="declared_levels", device_id="d-1", device_type="thermostat",
 ...     site="home-1", score=0.97, first_event_ms=0, detected_at_ms=5, message="m")
 >>> decode_alert(encode_alert(record)) == record
 True
@@ -88,7 +88,7 @@ class AlertRecord(msgspec.Struct, frozen=True, kw_only=True):
     state: AlertLifecycle
     severity: Severity
     rule: str  # a rule of iotwatch.streaming.rules (or iotwatch.responder.escalation.RULE)
-    detector: str  # which rule family or detector: rule, ensemble, fleet, responder, ...
+    detector: str  # which rule family or detector: rule, declared_levels, fleet, responder, ...
     device_id: str
     device_type: str
     site: str
