@@ -18,7 +18,10 @@ class EpisodeLikelihood(KernelDetector):
 
     Each reading gives five raw *surprises*:
 
-    - *level*: ``log1p`` of the z against a slow exponential baseline (shifts);
+    - *level*: ``log1p`` of the z against a slow exponential baseline (shifts), whose
+      half-life is ``level_halflife_s`` of event time (two days: whole daily cycles) over the
+      stream's mean reading interval, between ``min_level_halflife`` and ``level_halflife``
+      readings (a week of a series read every 5 minutes);
     - *step*: ``log1p`` of the jump from the previous reading in step deviations (spikes,
       the onset of a shift, noise bursts);
     - *trend*: the signed step in step deviations, averaged over ``trend_halflife_s`` of
@@ -36,11 +39,12 @@ class EpisodeLikelihood(KernelDetector):
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
-      between or beyond the usual modes), judged only on a stream that is not light-tailed
-      (above): on a sensor moving smoothly, a level its first days barely visited is reached
-      gradually and is the weather over days, the first weekday after a weekend or an
-      operator's new setpoint (the level, step and trend views judge an abrupt move there),
-      while on counts and loads, whose steps are bursts, a rare level is the evidence.
+      between or beyond the usual modes), its tail counted ``light_rarity_weight`` times
+      more common on a light-tailed stream (above; geometrically between): on a sensor
+      moving smoothly, a level its first days barely visited is reached gradually and is
+      the weather over days, the first weekday after a weekend or an operator's new
+      setpoint (the level, step and trend views judge an abrupt move there), while on
+      counts and loads, whose steps are bursts, a rare level is the evidence.
 
     As in HTM's anomaly likelihood, a surprise is not thresholded raw: its short
     exponential average (weight ``short_alpha``) is compared with the long-run mean and
@@ -111,6 +115,9 @@ class EpisodeLikelihood(KernelDetector):
         histogram_warmup: int = 150,
         distribution_views: bool = True,
         level_halflife: float = 6000.0,
+        level_halflife_s: float = 180_000.0,
+        min_level_halflife: float = 2000.0,
+        light_rarity_weight: float = 1000.0,
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
@@ -139,6 +146,9 @@ class EpisodeLikelihood(KernelDetector):
         self.histogram_warmup = histogram_warmup
         self.distribution_views = distribution_views
         self.level_halflife = level_halflife
+        self.level_halflife_s = level_halflife_s
+        self.min_level_halflife = min_level_halflife
+        self.light_rarity_weight = light_rarity_weight
         self.step_halflife = step_halflife
         self.likelihood_halflife = likelihood_halflife
         self.short_alpha = short_alpha

@@ -140,7 +140,7 @@ _STEP = 1
 _HISTOGRAM_VIEWS = 3
 #: The trend view's position: the short average of signed steps (a drift moves one way).
 _TREND = 2
-#: The rarity view's position: judged on streams that are not light-tailed (:func:`_score`).
+#: The rarity view's position: judged less on light-tailed streams (:func:`_rarity_weight`).
 _RARITY = 4
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
@@ -189,8 +189,13 @@ STATE_SIZE = STUCK + 4
     P_TREND_CLIP_RATE,
     P_LIGHT_TREND_WEIGHT,
     P_TREND_HALFLIFE_S,
-) = range(25)
-P_STEP_TAIL = 25
+    P_LEVEL_HALFLIFE_S,
+    P_LEVEL_HALFLIFE,
+    P_MIN_LEVEL_HALFLIFE,
+    P_A_LEVEL_MAX,
+    P_LIGHT_RARITY_WEIGHT,
+) = range(30)
+P_STEP_TAIL = 30
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -233,6 +238,11 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
         detector.trend_clip_rate,
         detector.light_trend_weight,
         detector.trend_halflife_s,
+        detector.level_halflife_s,
+        detector.level_halflife,
+        detector.min_level_halflife,
+        decay_weight(detector.min_level_halflife),
+        detector.light_rarity_weight,
     )
     put_tail_params(p, P_STEP_TAIL, ExceedanceTail())
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
@@ -343,6 +353,18 @@ def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
 
 
 @_jit
+def _rarity_weight(row: np.ndarray, p: np.ndarray) -> float:
+    """How many times more common the rarity view's tail counts: ``histogram_weight``, and
+    ``light_rarity_weight`` times that on a light-tailed stream (geometric between). On a
+    sensor moving smoothly a level its first days barely visited is reached gradually and is
+    the weather over days, the first weekday after a weekend or an operator's setpoint (the
+    level, step and trend views judge an abrupt move there): only a level far rarer than
+    that counts. On counts and loads, whose steps are bursts, a rare level is the evidence."""
+    weight: float = p[P_HISTOGRAM_WEIGHT] * p[P_LIGHT_RARITY_WEIGHT] ** _light(row, p)
+    return weight
+
+
+@_jit
 def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
     """Whether the histogram views are judged: once the range is set, the histograms must
     learn for as many readings as the range took (a day at least: a daily cycle seen whole)
@@ -372,18 +394,20 @@ def _score(
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
-    # On a light-tailed stream (a sensor moving smoothly) a level the first days barely visited
-    # is reached gradually and is the weather over days, the first weekday after a weekend or an
-    # operator's setpoint: its rarity is not judged (the level, step and trend views judge an
-    # abrupt move there). On counts and loads, whose steps are bursts, a rare level is the evidence.
-    rarity = _light(row, p) < 1.0
+    rarity_weight = _rarity_weight(row, p)
     for j in range(judged):
-        if j == _RARITY and not rarity:
-            continue
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
-        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else trend_weight if j == _TREND else 1.0
+        weight = (
+            rarity_weight
+            if j == _RARITY
+            else p[P_HISTOGRAM_WEIGHT]
+            if j >= _HISTOGRAM_VIEWS
+            else trend_weight
+            if j == _TREND
+            else 1.0
+        )
         tail = py_min(tail, upper_tail(z) * weight)
         if j == _STEP:
             tail = py_min(tail, upper_tail(-z))
@@ -415,6 +439,24 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
         return py_min(p[P_TREND_ALPHA], decay_weight(p[P_TREND_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)))
     alpha: float = p[P_TREND_ALPHA]
     return alpha
+
+
+@_jit
+def _level_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
+    """The level baseline's per-reading weight: a half-life of ``level_halflife_s`` of event
+    time over the stream's mean reading interval so far (whole daily cycles), between
+    ``min_level_halflife`` and ``level_halflife`` readings. A sensor read every 30 s or
+    faster remembers 6,000 readings (two days at 30 s); a series read every 5 minutes
+    2,000 (a week), not three weeks of its past levels."""
+    if p[P_LEVEL_HALFLIFE_S] <= 0.0 or math.isnan(row[T0]) or not t > row[T0]:
+        alpha: float = p[P_A_LEVEL]
+        return alpha
+    halflife = p[P_LEVEL_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)
+    if halflife >= p[P_LEVEL_HALFLIFE]:
+        return p[P_A_LEVEL]
+    if halflife <= p[P_MIN_LEVEL_HALFLIFE]:
+        return p[P_A_LEVEL_MAX]
+    return decay_weight(halflife)
 
 
 @_jit
@@ -462,7 +504,9 @@ def _score_learn_one(
     n += 1.0
     row[N] = n
     clip = p[P_CLIP]
-    a = py_max(1.0 / n, p[P_A_LEVEL])
+    a = 1.0 / n
+    if a < p[P_A_LEVEL_MAX]:  # past the running mean's phase
+        a = py_max(a, _level_weight(row, p, t))
     r = v - row[MEAN]
     if n > warmup:
         r = py_max(-clip * sd, py_min(clip * sd, r))
