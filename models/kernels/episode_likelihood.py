@@ -360,8 +360,11 @@ def _rarity_weight(row: np.ndarray, p: np.ndarray) -> float:
     the weather over days, the first weekday after a weekend or an operator's setpoint (the
     level, step and trend views judge an abrupt move there): only a level far rarer than
     that counts. On counts and loads, whose steps are bursts, a rare level is the evidence."""
-    weight: float = p[P_HISTOGRAM_WEIGHT] * p[P_LIGHT_RARITY_WEIGHT] ** _light(row, p)
-    return weight
+    light = _light(row, p)
+    weight: float = p[P_HISTOGRAM_WEIGHT]
+    if light >= 1.0:
+        return weight * p[P_LIGHT_RARITY_WEIGHT]
+    return weight * p[P_LIGHT_RARITY_WEIGHT] ** light if light > 0.0 else weight
 
 
 @_jit
@@ -394,13 +397,12 @@ def _score(
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
-    rarity_weight = _rarity_weight(row, p)
     for j in range(judged):
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
         weight = (
-            rarity_weight
+            _rarity_weight(row, p)
             if j == _RARITY
             else p[P_HISTOGRAM_WEIGHT]
             if j >= _HISTOGRAM_VIEWS
