@@ -194,8 +194,9 @@ STATE_SIZE = STUCK + 4
     P_MIN_LEVEL_HALFLIFE,
     P_A_LEVEL_MAX,
     P_LIGHT_RARITY_WEIGHT,
-) = range(30)
-P_STEP_TAIL = 30
+    P_LIGHT_RARITY_AFTER_MS,
+) = range(31)
+P_STEP_TAIL = 31
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -243,6 +244,7 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
         detector.min_level_halflife,
         decay_weight(detector.min_level_halflife),
         detector.light_rarity_weight,
+        1000.0 * detector.light_rarity_after_s,
     )
     put_tail_params(p, P_STEP_TAIL, ExceedanceTail())
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
@@ -368,6 +370,18 @@ def _rarity_weight(row: np.ndarray, p: np.ndarray) -> float:
 
 
 @_jit
+def _rarity_judged(row: np.ndarray, p: np.ndarray, t: float) -> bool:
+    """Whether the rarity view is judged: on a light-tailed stream only once its histograms
+    have learned about ``light_rarity_after_s`` of event time since the range closed (two
+    days): a sensor's first weekday after a weekend, or the weather's first warm days, are
+    not rare levels; on any other stream whenever the histogram views are."""
+    if _light(row, p) < 1.0:
+        return True
+    learned: bool = (t - row[T0]) * (row[N] - row[RANGE_N]) >= p[P_LIGHT_RARITY_AFTER_MS] * row[N]
+    return learned
+
+
+@_jit
 def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
     """Whether the histogram views are judged: once the range is set, the histograms must
     learn for as many readings as the range took (a day at least: a daily cycle seen whole)
@@ -390,6 +404,7 @@ def _score(
     trend_alpha: float,
     tail_p: Floats,
     stuck_p: Floats,
+    t: float,
 ) -> float:
     """The smallest tail of the views on the log scale, ``d / (d + 10)`` of its decades ``d``
     (before the one-per-episode hold)."""
@@ -398,6 +413,8 @@ def _score(
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
     for j in range(judged):
+        if j == _RARITY and not _rarity_judged(row, p, t):
+            continue
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
@@ -495,7 +512,7 @@ def _score_learn_one(
     n = row[N]
     out = score = 0.0
     if n >= warmup:
-        score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p)
+        score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p, t)
         if score > row[HELD]:
             out = score
         row[HELD] = py_max(row[HELD] * p[P_HOLD], score)
