@@ -422,7 +422,7 @@ class DeviceTable:
 
     def state(self, d: int) -> DeviceState:
         """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
-        device's metrics share its type's detector)."""
+        device's metrics share one unless some have a declared range, which raises)."""
         one = self.take(np.array([d]))
         watched = one.metric_detector >= 0
         banks = np.unique(one.metric_bank[watched])
