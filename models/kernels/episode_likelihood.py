@@ -365,8 +365,10 @@ def _rarity_weight(row: np.ndarray, p: np.ndarray) -> float:
     light = _light(row, p)
     weight: float = p[P_HISTOGRAM_WEIGHT]
     if light >= 1.0:
-        return weight * p[P_LIGHT_RARITY_WEIGHT]
-    return weight * p[P_LIGHT_RARITY_WEIGHT] ** light if light > 0.0 else weight
+        weight *= p[P_LIGHT_RARITY_WEIGHT]
+    elif light > 0.0:
+        weight *= p[P_LIGHT_RARITY_WEIGHT] ** light
+    return weight
 
 
 @_jit
@@ -467,14 +469,15 @@ def _level_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
     ``min_level_halflife`` and ``level_halflife`` readings. A sensor read every 30 s or
     faster remembers 6,000 readings (two days at 30 s); a series read every 5 minutes
     2,000 (a week), not three weeks of its past levels."""
+    alpha: float = p[P_A_LEVEL]
     if p[P_LEVEL_HALFLIFE_S] <= 0.0 or math.isnan(row[T0]) or not t > row[T0]:
-        alpha: float = p[P_A_LEVEL]
         return alpha
     halflife = p[P_LEVEL_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)
     if halflife >= p[P_LEVEL_HALFLIFE]:
-        return p[P_A_LEVEL]
+        return alpha
     if halflife <= p[P_MIN_LEVEL_HALFLIFE]:
-        return p[P_A_LEVEL_MAX]
+        alpha = p[P_A_LEVEL_MAX]
+        return alpha
     return decay_weight(halflife)
 
 
