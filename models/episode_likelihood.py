@@ -39,10 +39,8 @@ class EpisodeLikelihood(KernelDetector):
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
-      between or beyond the usual modes), its tail counted ``light_rarity_weight`` times
-      more common on a light-tailed stream (above; geometrically between) and judged there
-      only once the histograms have learned ``light_rarity_after_s`` past the range period:
-      on a sensor moving smoothly, a level its first days barely visited is reached
+      between or beyond the usual modes), judged only on a stream that is not light-tailed
+      (above): on a sensor moving smoothly, a level its first days barely visited is reached
       gradually and is the weather over days, the first weekday after a weekend or an
       operator's new setpoint (the level, step and trend views judge an abrupt move there),
       while on counts and loads, whose steps are bursts, a rare level is the evidence.
@@ -118,8 +116,6 @@ class EpisodeLikelihood(KernelDetector):
         level_halflife: float = 6000.0,
         level_halflife_s: float = 180_000.0,
         min_level_halflife: float = 2000.0,
-        light_rarity_weight: float = 1000.0,
-        light_rarity_after_s: float = 172_800.0,
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
@@ -150,8 +146,6 @@ class EpisodeLikelihood(KernelDetector):
         self.level_halflife = level_halflife
         self.level_halflife_s = level_halflife_s
         self.min_level_halflife = min_level_halflife
-        self.light_rarity_weight = light_rarity_weight
-        self.light_rarity_after_s = light_rarity_after_s
         self.step_halflife = step_halflife
         self.likelihood_halflife = likelihood_halflife
         self.short_alpha = short_alpha

@@ -140,7 +140,7 @@ _STEP = 1
 _HISTOGRAM_VIEWS = 3
 #: The trend view's position: the short average of signed steps (a drift moves one way).
 _TREND = 2
-#: The rarity view's position: judged less on light-tailed streams (:func:`_rarity_weight`).
+#: The rarity view's position: judged on streams that are not light-tailed (:func:`_score`).
 _RARITY = 4
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
@@ -193,10 +193,8 @@ STATE_SIZE = STUCK + 4
     P_LEVEL_HALFLIFE,
     P_MIN_LEVEL_HALFLIFE,
     P_A_LEVEL_MAX,
-    P_LIGHT_RARITY_WEIGHT,
-    P_LIGHT_RARITY_AFTER_MS,
-) = range(31)
-P_STEP_TAIL = 31
+) = range(29)
+P_STEP_TAIL = 29
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -243,8 +241,6 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
         detector.level_halflife,
         detector.min_level_halflife,
         decay_weight(detector.min_level_halflife),
-        detector.light_rarity_weight,
-        1000.0 * detector.light_rarity_after_s,
     )
     put_tail_params(p, P_STEP_TAIL, ExceedanceTail())
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
@@ -355,35 +351,6 @@ def _trend_tail_weight(row: np.ndarray, p: np.ndarray) -> float:
 
 
 @_jit
-def _rarity_weight(row: np.ndarray, p: np.ndarray) -> float:
-    """How many times more common the rarity view's tail counts: ``histogram_weight``, and
-    ``light_rarity_weight`` times that on a light-tailed stream (geometric between). On a
-    sensor moving smoothly a level its first days barely visited is reached gradually and is
-    the weather over days, the first weekday after a weekend or an operator's setpoint (the
-    level, step and trend views judge an abrupt move there): only a level far rarer than
-    that counts. On counts and loads, whose steps are bursts, a rare level is the evidence."""
-    light = _light(row, p)
-    weight: float = p[P_HISTOGRAM_WEIGHT]
-    if light >= 1.0:
-        weight *= p[P_LIGHT_RARITY_WEIGHT]
-    elif light > 0.0:
-        weight *= p[P_LIGHT_RARITY_WEIGHT] ** light
-    return weight
-
-
-@_jit
-def _rarity_judged(row: np.ndarray, p: np.ndarray, t: float) -> bool:
-    """Whether the rarity view is judged: on a light-tailed stream only once its histograms
-    have learned about ``light_rarity_after_s`` of event time since the range closed (two
-    days): a sensor's first weekday after a weekend, or the weather's first warm days, are
-    not rare levels; on any other stream whenever the histogram views are."""
-    if _light(row, p) < 1.0:
-        return True
-    learned: bool = (t - row[T0]) * (row[N] - row[RANGE_N]) >= p[P_LIGHT_RARITY_AFTER_MS] * row[N]
-    return learned
-
-
-@_jit
 def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
     """Whether the histogram views are judged: once the range is set, the histograms must
     learn for as many readings as the range took (a day at least: a daily cycle seen whole)
@@ -406,7 +373,6 @@ def _score(
     trend_alpha: float,
     tail_p: Floats,
     stuck_p: Floats,
-    t: float,
 ) -> float:
     """The smallest tail of the views on the log scale, ``d / (d + 10)`` of its decades ``d``
     (before the one-per-episode hold)."""
@@ -414,21 +380,18 @@ def _score(
     tail = 1.0
     trend_weight = _trend_tail_weight(row, p)
     trend_floor = p[P_MIN_VARIANCE] * (trend_alpha / p[P_TREND_ALPHA]) ** 2
+    # On a light-tailed stream (a sensor moving smoothly) a level the first days barely visited
+    # is reached gradually and is the weather over days, the first weekday after a weekend or an
+    # operator's setpoint: its rarity is not judged (the level, step and trend views judge an
+    # abrupt move there). On counts and loads, whose steps are bursts, a rare level is the evidence.
+    rarity = _light(row, p) < 1.0
     for j in range(judged):
-        if j == _RARITY and not _rarity_judged(row, p, t):
+        if j == _RARITY and not rarity:
             continue
         z = (shorts[j] - row[VIEW + 3 * j + 1]) / math.sqrt(
             py_max(row[VIEW + 3 * j + 2], trend_floor if j == _TREND else p[P_MIN_VARIANCE])
         )
-        weight = (
-            _rarity_weight(row, p)
-            if j == _RARITY
-            else p[P_HISTOGRAM_WEIGHT]
-            if j >= _HISTOGRAM_VIEWS
-            else trend_weight
-            if j == _TREND
-            else 1.0
-        )
+        weight = p[P_HISTOGRAM_WEIGHT] if j >= _HISTOGRAM_VIEWS else trend_weight if j == _TREND else 1.0
         tail = py_min(tail, upper_tail(z) * weight)
         if j == _STEP:
             tail = py_min(tail, upper_tail(-z))
@@ -515,7 +478,7 @@ def _score_learn_one(
     n = row[N]
     out = score = 0.0
     if n >= warmup:
-        score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p, t)
+        score = _score(row, p, v, shorts, step, trend_alpha, tail_p, stuck_p)
         if score > row[HELD]:
             out = score
         row[HELD] = py_max(row[HELD] * p[P_HOLD], score)
