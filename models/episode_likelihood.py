@@ -18,7 +18,10 @@ class EpisodeLikelihood(KernelDetector):
 
     Each reading gives five raw *surprises*:
 
-    - *level*: ``log1p`` of the z against a slow exponential baseline (shifts);
+    - *level*: ``log1p`` of the z against a slow exponential baseline (shifts), whose
+      half-life is ``level_halflife_s`` of event time (two days: whole daily cycles) over the
+      stream's mean reading interval, between ``min_level_halflife`` and ``level_halflife``
+      readings (a week of a series read every 5 minutes);
     - *step*: ``log1p`` of the jump from the previous reading in step deviations (spikes,
       the onset of a shift, noise bursts);
     - *trend*: the signed step in step deviations, averaged over ``trend_halflife_s`` of
@@ -111,6 +114,8 @@ class EpisodeLikelihood(KernelDetector):
         histogram_warmup: int = 150,
         distribution_views: bool = True,
         level_halflife: float = 6000.0,
+        level_halflife_s: float = 180_000.0,
+        min_level_halflife: float = 2000.0,
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
@@ -139,6 +144,8 @@ class EpisodeLikelihood(KernelDetector):
         self.histogram_warmup = histogram_warmup
         self.distribution_views = distribution_views
         self.level_halflife = level_halflife
+        self.level_halflife_s = level_halflife_s
+        self.min_level_halflife = min_level_halflife
         self.step_halflife = step_halflife
         self.likelihood_halflife = likelihood_halflife
         self.short_alpha = short_alpha

@@ -7,7 +7,10 @@ parameters, fresh state row and the anomaly rule's levels on its scores. A
 :class:`~iotwatch.streaming.device_table.DeviceTable` keeps one array of rows per bank, so a
 metric's state is its own detector's width. Bank 0 is ``stream.device_detector``, the one
 every type not named runs; the others follow in name order, so a job's settings fix the
-banks of its checkpoints.
+banks of its checkpoints. A detector whose kernel scores a metric without a declared range
+with a narrower kernel (its ``UNDECLARED``: ``declared_levels`` runs ``episode_likelihood``
+there) has a second bank after those, of that kernel's rows, for the metrics
+``stream.metric_ranges`` does not name: they keep no state for a range they do not have.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class DetectorPlan:
     bank_of_type: dict[str, int]
     #: ``"device_type.metric"`` -> the normal range declared for it (``stream.metric_ranges``).
     declared: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: A bank -> the bank of its detector's metrics without a declared range (its kernel's ``UNDECLARED``).
+    undeclared: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: StreamSettings, anomaly: RuleSpec) -> DetectorPlan:
@@ -63,9 +68,19 @@ class DetectorPlan:
             fire, clear = settings.alert_scores_of(name)
             spec = replace(anomaly, fire=fire, clear=clear, detector=name)
             banks.append(DetectorBank(name, kernel, params, kernel.initial_state(params), spec))
+        undeclared = {}
+        for b, bank in enumerate(list(banks)):
+            narrow: Kernel[Any] | None = getattr(bank.kernel, "UNDECLARED", None)
+            if narrow is not None:
+                params = narrow.params_vector(make(bank.name, **settings.detector_params_of(bank.name)))
+                undeclared[b] = len(banks)
+                banks.append(replace(bank, kernel=narrow, params=params, initial=narrow.initial_state(params)))
         index = {name: b for b, name in enumerate(names)}
         return cls(
-            tuple(banks), {t: index[d] for t, d in settings.device_detectors.items()}, dict(settings.metric_ranges)
+            tuple(banks),
+            {t: index[d] for t, d in settings.device_detectors.items()},
+            dict(settings.metric_ranges),
+            undeclared,
         )
 
     def declare(
@@ -93,6 +108,20 @@ class DetectorPlan:
         if not self.bank_of_type or not len(device_type):
             return np.zeros(len(device_type), dtype=np.int64)
         return pd.Series(device_type, dtype=object).map(self.bank_of_type).fillna(0).to_numpy(dtype=np.int64)
+
+    def metric_banks(self, device_type: np.ndarray, metric: np.ndarray) -> np.ndarray:
+        """The bank of each (device type, metric): its type's (:meth:`banks_of`), or that
+        bank's ``undeclared`` bank when ``stream.metric_ranges`` declares no range for it."""
+        bank = self.banks_of(device_type)
+        if not self.undeclared or not len(bank):
+            return bank
+        declared = np.zeros(len(bank), dtype=bool)
+        for key in self.declared:
+            kind, _, name = key.partition(".")
+            declared |= (device_type == kind) & (metric == name)
+        narrow = np.arange(len(self.banks))
+        narrow[list(self.undeclared)] = list(self.undeclared.values())
+        return np.where(declared, bank, narrow[bank])
 
     def levels(self, bank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The anomaly rule's fire and clear score for each entry of ``bank``."""

@@ -351,7 +351,7 @@ class DeviceTable:
     @classmethod
     def from_bytes(cls, blob: bytes, state_sizes: Sequence[int]) -> DeviceTable:
         """A table of :meth:`to_bytes`, whose detector banks must be ``state_sizes`` wide
-        (a table of one bank, ``IWT1``, is bank 0 and the others start empty)."""
+        (a table of fewer banks, ``IWT1`` one, holds the first and the others start empty)."""
         if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
             blob = pa.decompress(
@@ -369,9 +369,10 @@ class DeviceTable:
         elif blob[: len(MAGIC_ONE_BANK)] == MAGIC_ONE_BANK:
             n, p, q, e, b, words, size, *lengths = _HEADER_ONE_BANK.unpack_from(blob, at)
             at += _HEADER_ONE_BANK.size
-            banks = [(q, size)] + [(0, width) for width in state_sizes[1:]]
+            banks = [(q, size)]
         else:
             raise ValueError("not a device table")
+        banks += [(0, width) for width in state_sizes[len(banks) :]]  # banks added since start empty
         if [size for _, size in banks] != list(state_sizes):
             raise ValueError(
                 f"device state holds detector rows of {[size for _, size in banks]} numbers, this job's detectors "
@@ -421,7 +422,7 @@ class DeviceTable:
 
     def state(self, d: int) -> DeviceState:
         """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
-        device's metrics share its type's detector)."""
+        device's metrics share one unless some have a declared range, which raises)."""
         one = self.take(np.array([d]))
         watched = one.metric_detector >= 0
         banks = np.unique(one.metric_bank[watched])

@@ -113,7 +113,7 @@ class DeviceScorer:
             table,
             pair_device,
             pair_name,
-            self.plan.banks_of(table.device_type[pair_device]),
+            self.plan.metric_banks(table.device_type[pair_device], pair_name),
             self.plan.initials,
             self.plan.declare if self.plan.declared else None,
         )

@@ -25,7 +25,9 @@ level the stream has not visited is the stronger evidence), times ``stretch``: s
 alert's fire score (0.40) is where NAB's threshold falls on these scores too.
 
 Cost: the episode-likelihood step plus 96 counts read and three written a reading; the
-row is 152 numbers (1,216 B). ``iotwatch bench stream`` times it.
+row is 152 numbers (1,216 B). A row without a declared range runs the episode-likelihood
+step alone; the streaming job keeps such metrics in :data:`UNDECLARED`'s rows (416 B).
+``iotwatch bench stream`` times both.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "PARAMS_SIZE",
     "RESOLUTIONS",
     "STATE_SIZE",
+    "UNDECLARED",
     "declare",
     "initial_state",
     "params_vector",
@@ -58,6 +61,9 @@ RESOLUTIONS = (24, 32, 40)
 _HALF_DECADES = 10.0
 
 EL_SIZE = el.STATE_SIZE
+#: The kernel of a metric with no declared range: its rows score as episode_likelihood's
+#: alone, so the job keeps them in that kernel's narrower rows (``streaming/detector_plan.py``).
+UNDECLARED = el
 LOW, HIGH, PROBATION, HELD = EL_SIZE, EL_SIZE + 1, EL_SIZE + 2, EL_SIZE + 3
 COUNTS = EL_SIZE + 4
 STATE_SIZE = COUNTS + sum(RESOLUTIONS)

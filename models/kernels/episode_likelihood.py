@@ -189,8 +189,12 @@ STATE_SIZE = STUCK + 4
     P_TREND_CLIP_RATE,
     P_LIGHT_TREND_WEIGHT,
     P_TREND_HALFLIFE_S,
-) = range(25)
-P_STEP_TAIL = 25
+    P_LEVEL_HALFLIFE_S,
+    P_LEVEL_HALFLIFE,
+    P_MIN_LEVEL_HALFLIFE,
+    P_A_LEVEL_MAX,
+) = range(29)
+P_STEP_TAIL = 29
 #: The run detector's: tolerance, weight, prior readings, max repeat rate, min reversals, prior rate.
 P_STUCK = P_STEP_TAIL + TAIL_PARAMS
 PARAMS_SIZE = P_STUCK + 6
@@ -233,6 +237,10 @@ def params_vector(detector: EpisodeLikelihood) -> np.ndarray:
         detector.trend_clip_rate,
         detector.light_trend_weight,
         detector.trend_halflife_s,
+        detector.level_halflife_s,
+        detector.level_halflife,
+        detector.min_level_halflife,
+        decay_weight(detector.min_level_halflife),
     )
     put_tail_params(p, P_STEP_TAIL, ExceedanceTail())
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
@@ -418,6 +426,25 @@ def _trend_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
 
 
 @_jit
+def _level_weight(row: np.ndarray, p: np.ndarray, t: float) -> float:
+    """The level baseline's per-reading weight: a half-life of ``level_halflife_s`` of event
+    time over the stream's mean reading interval so far (whole daily cycles), between
+    ``min_level_halflife`` and ``level_halflife`` readings. A sensor read every 30 s or
+    faster remembers 6,000 readings (two days at 30 s); a series read every 5 minutes
+    2,000 (a week), not three weeks of its past levels."""
+    alpha: float = p[P_A_LEVEL]
+    if p[P_LEVEL_HALFLIFE_S] <= 0.0 or math.isnan(row[T0]) or not t > row[T0]:
+        return alpha
+    halflife = p[P_LEVEL_HALFLIFE_S] * row[N] / ((t - row[T0]) / 1000.0)
+    if halflife >= p[P_LEVEL_HALFLIFE]:
+        return alpha
+    if halflife <= p[P_MIN_LEVEL_HALFLIFE]:
+        alpha = p[P_A_LEVEL_MAX]
+        return alpha
+    return decay_weight(halflife)
+
+
+@_jit
 def _score_learn_one(
     row: np.ndarray, x: float, t: float, p: np.ndarray, tail_p: Floats, stuck_p: Floats
 ) -> tuple[float, float]:
@@ -462,7 +489,9 @@ def _score_learn_one(
     n += 1.0
     row[N] = n
     clip = p[P_CLIP]
-    a = py_max(1.0 / n, p[P_A_LEVEL])
+    a = 1.0 / n
+    if a < p[P_A_LEVEL_MAX]:  # past the running mean's phase
+        a = py_max(a, _level_weight(row, p, t))
     r = v - row[MEAN]
     if n > warmup:
         r = py_max(-clip * sd, py_min(clip * sd, r))

@@ -29,5 +29,5 @@ def test_the_report_gives_each_detectors_state_and_cost_per_metric_reading() -> 
         ("declared_levels", "every type not named"),
         ("cad_ose", ["air_quality"]),
     ]
-    assert [r["state_bytes_per_metric"] for r in rows] == [1216, 263_896]
+    assert [r["state_bytes_per_metric"] for r in rows] == [416, 263_896]
     assert all(r["batch_ns_per_reading"] > 0 and r["class_ns_per_reading"] > 0 for r in rows)

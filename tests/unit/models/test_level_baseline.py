@@ -5,7 +5,8 @@ With a baseline half-life of 2,000 readings (17 hours at 30 s) the level view le
 weekday's hours with the home empty (the voltage steady) and found the evening peak's dip
 (the household's load and the grid's evening sag) deeper each weekday: on the simulated
 fleet over four days, half of the false alarms left were smart meters' ``voltage_v`` at the
-fourth evening (docs/detection.md). The default half-life is 6,000 readings."""
+fourth evening (docs/detection.md). The default half-life is two days of event time,
+between 2,000 and 6,000 readings: 6,000 at 30 s, 2,000 on a series read every 5 minutes."""
 
 from __future__ import annotations
 
@@ -37,3 +38,15 @@ def test_a_meters_fourth_evening_is_not_a_false_alarm() -> None:
     t_ms = np.array([m["ts"] for m in messages], dtype=np.int64)
     assert any(h > 80.0 for h in _alarm_hours(values, t_ms, level_halflife=2000.0))
     assert not any(h > 80.0 for h in _alarm_hours(values, t_ms))
+
+
+def test_the_half_life_is_two_days_of_event_time_between_2000_and_6000_readings() -> None:
+    """The level baseline's weight after 10,000 readings read every 1 s, 30 s, 60 s and 300 s."""
+    p = kernel.params_vector(EpisodeLikelihood())
+    weights = []
+    for interval_s in (1, 30, 60, 300):
+        row = kernel.initial_state(p)
+        row[kernel.N], row[kernel.T0] = 10_000.0, 0.0
+        weights.append(kernel._level_weight(row, p, 10_000.0 * interval_s * 1000.0))
+    halflives = [round(float(np.log(0.5) / np.log1p(-w))) for w in weights]
+    assert halflives == [6000, 6000, 3000, 2000]

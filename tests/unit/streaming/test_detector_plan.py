@@ -59,12 +59,14 @@ def test_each_device_type_is_scored_by_its_own_detector_as_if_the_job_ran_that_o
     alone_cad = Harness(StreamSettings(device_detector="cad_ose")).run([sensor])
     assert _scores(rows, "th-") and _scores(rows, "th-") == _scores(alone_el, "th-")
     assert _scores(rows, "aq-") and _scores(rows, "aq-") == _scores(alone_cad, "aq-")
-    # two banks, each of its kernel's width: the sensor's 3 metrics at 264 KB, the thermostats' at 1,216 B
-    assert mixed.engine.state_sizes == [kernel_for("declared_levels").STATE_SIZE, kernel_for("cad_ose").STATE_SIZE]
+    # a bank per kernel, each of its width: the sensor's 3 metrics at 264 KB, the thermostats' 4 in
+    # episode_likelihood's 416 B (declared_levels' metrics without a declared range, all here)
+    sizes = [kernel_for(d).STATE_SIZE for d in ("declared_levels", "cad_ose", "episode_likelihood")]
+    assert mixed.engine.state_sizes == sizes
     table = mixed.store.load_many(["th-0", "th-1", "aq-0"])
-    assert [len(rows) for rows in table.detectors] == [4, 3]  # temperature and humidity of each thermostat
+    assert [len(rows) for rows in table.detectors] == [0, 3, 4]
     restored = DeviceTable.from_bytes(table.to_bytes(), mixed.engine.state_sizes)
-    for bank in (0, 1):
+    for bank in (0, 1, 2):
         np.testing.assert_array_equal(restored.detectors[bank], table.detectors[bank])
     assert restored.metric_bank.tolist() == table.metric_bank.tolist()
     with pytest.raises(ValueError, match="the detectors changed"):
@@ -124,12 +126,46 @@ def test_a_metric_range_declared_in_the_settings_reaches_its_detector_row() -> N
     table = harness.store.load_many(["th-0", "th-1", "aq-0"])
     declared = {
         (table.ids[d], name): tuple(table.detectors[0][row, [declared_levels.LOW, declared_levels.HIGH]])
-        for d, name, row in zip(table.metric_device, table.metric_name, table.metric_detector, strict=True)
-        if row >= 0
+        for d, name, row, bank in zip(
+            table.metric_device, table.metric_name, table.metric_detector, table.metric_bank, strict=True
+        )
+        if row >= 0 and bank == 0
     }
-    assert declared[("th-0", "temperature_c")] == declared[("th-1", "temperature_c")] == (10.0, 35.0)
-    assert all(np.isnan(v[0]) for k, v in declared.items() if k[1] != "temperature_c")
-    assert np.isnan(declared[("aq-0", "temperature_c")][0])  # declared for thermostats only
+    # only the declared metrics keep declared_levels' rows; the others are in the narrow bank
+    assert declared == {("th-0", "temperature_c"): (10.0, 35.0), ("th-1", "temperature_c"): (10.0, 35.0)}
+    assert ("aq-0", "temperature_c") not in declared  # declared for thermostats only
     # the declared metric is judged against the range's levels; the others score as before
     plain = Harness().run([sorted(thermostats + sensor, key=lambda r: r.offset)])
     assert _scores(rows, "aq-") == _scores(plain, "aq-")
+
+
+def test_metrics_without_a_declared_range_keep_episode_likelihood_rows_and_old_wide_rows_score_on() -> None:
+    """declared_levels keeps a range's levels only for the metrics ``stream.metric_ranges``
+    declares: the others' rows are episode_likelihood's (52 numbers, not 152) and score
+    alike. State written when every metric had a 152-number row in bank 0 loads (the narrow
+    bank starts empty), and its metrics score on exactly as if nothing had changed."""
+    from iotwatch.models.kernels import declared_levels, episode_likelihood
+
+    thermostats, sensor = _fleet(n=400)
+    series = sorted(thermostats + sensor, key=lambda r: r.offset)
+    settings = StreamSettings(metric_ranges={"thermostat.temperature_c": (10.0, 35.0)})
+    harness, restarted = Harness(settings), Harness(settings)
+    assert harness.engine.state_sizes == [declared_levels.STATE_SIZE, episode_likelihood.STATE_SIZE]
+    first = harness.run([series[:600]])
+    wide_initial, rows = harness.engine.plan.banks[0].initial, np.zeros(2, dtype=np.int64)
+    for key, (blob,) in harness.store.state.values.items():
+        table = DeviceTable.from_bytes(blob, harness.engine.state_sizes)
+        narrow = table.metric_bank == 1
+        rows += (len(table.detectors[0]), len(table.detectors[1]))
+        wide = np.tile(wide_initial, (len(table.detectors[1]), 1))
+        wide[:, : episode_likelihood.STATE_SIZE] = table.detectors[1]
+        table.metric_detector[narrow] += len(table.detectors[0])
+        table.metric_bank[narrow] = 0
+        table.detectors = [np.vstack([table.detectors[0], wide])]
+        restarted.store.state.values[key] = (table.to_bytes(),)  # the layout of one 152-number bank
+    assert rows.tolist() == [2, 5]  # the two declared metrics in bank 0, the five others in the narrow bank
+    rest = harness.run([series[600:]])
+    assert _scores(restarted.run([series[600:]]), "") == _scores(rest, "")
+    assert _scores(first + rest, "th-") == _scores(Harness(settings).run([series]), "th-")
+    plain = Harness(StreamSettings(device_detector="episode_likelihood")).run([series])
+    assert _scores(first + rest, "aq-") == _scores(plain, "aq-")

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from iotwatch.settings import StreamSettings
 from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
@@ -41,9 +42,9 @@ def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
     return bytes(out)
 
 
-def _filled(devices: int = 5) -> tuple[Harness, list[str]]:
+def _filled(devices: int = 5, settings: StreamSettings | None = None) -> tuple[Harness, list[str]]:
     """A harness whose devices have metrics, detector rows, open buckets and an open episode."""
-    harness = Harness()
+    harness = Harness(settings)
     ids = [f"th-{d}" for d in range(devices)]
     batch = [
         record(
@@ -163,7 +164,7 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
 
 
 def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
-    harness, ids = _filled(3)
+    harness, ids = _filled(3, StreamSettings(device_detector="episode_likelihood"))  # one bank, as then
     states = {d: harness.store.load(d) for d in ids}
     legacy = DictMapState()
     legacy.updateValue(
@@ -211,7 +212,7 @@ def _one_bank_bytes(table: DeviceTable) -> bytes:
 def test_a_checkpoint_of_one_detector_bank_is_read_as_bank_0() -> None:
     """State written before a job kept a detector per device type: its rows are the default
     detector's (bank 0); the other banks start empty."""
-    harness, ids = _filled(3)
+    harness, ids = _filled(3, StreamSettings(device_detector="episode_likelihood"))
     table = harness.store.load_many(ids)
     blob = _one_bank_bytes(table)
     _same(DeviceTable.from_bytes(blob, harness.engine.state_sizes), table)
