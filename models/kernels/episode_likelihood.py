@@ -356,18 +356,19 @@ def _histograms_learned(row: np.ndarray, p: np.ndarray) -> bool:
 
 
 @_jit
-def _instant_tail(row: np.ndarray, p: np.ndarray, step: float, tail_p: Floats) -> float:
-    """The instant step view: the step's Pareto tail counted ``1 / instant_weight`` times
-    rarer, and on a light-tailed stream (:func:`_light`) never rarer than a Gaussian's
-    two-sided tail of the step. The discount assumes the Pareto fit errs on the side of
-    common, as it does under its priors; on a sensor's Gaussian noise its index learns the
-    light tail within days, and the discounted tail alone puts a step of about 4 deviations
-    of noise at the fire level from the third day on (``tests/unit/models/test_instant_step.py``)."""
+def _with_instant(tail: float, row: np.ndarray, p: np.ndarray, step: float, tail_p: Floats) -> float:
+    """``tail``, or the instant step view's if smaller: the step's Pareto tail counted
+    ``1 / instant_weight`` times rarer, and on a light-tailed stream (:func:`_light`) never
+    rarer than a Gaussian's two-sided tail of the step. The discount assumes the Pareto fit
+    errs on the side of common, as it does under its priors; on a sensor's Gaussian noise
+    its index learns the light tail within days, and the discounted tail alone puts a step
+    of about 4 deviations of noise at the fire level from the third day on
+    (``tests/unit/models/test_instant_step.py``)."""
     pareto: float = p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step)
+    if pareto >= tail:
+        return tail
     light = _light(row, p)
-    if light <= 0.0:
-        return pareto
-    return py_max(pareto, light * 2.0 * upper_tail(step))
+    return pareto if light <= 0.0 else py_min(tail, py_max(pareto, light * 2.0 * upper_tail(step)))
 
 
 @_jit
@@ -404,7 +405,7 @@ def _score(
             tail = py_min(tail, upper_tail(-z))
         elif j == _TREND:
             tail = py_min(tail, upper_tail(-z) * weight)
-    tail = py_min(tail, _instant_tail(row, p, step, tail_p))
+    tail = _with_instant(tail, row, p, step, tail_p)
     if row[RANGE_N] == 0.0 or _bin(row[LOW], row[HIGH], p[P_MARGIN], v) > _FLOOR_BINS:
         tail = py_min(tail, repeat_tail(_stuck(row), stuck_p, v))
     decades = -math.log10(py_max(tail, 1e-300))
