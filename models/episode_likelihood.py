@@ -36,8 +36,9 @@ class EpisodeLikelihood(KernelDetector):
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
-      between or beyond the usual modes), judged only on a stream that is not light-tailed
-      (above): on a sensor moving smoothly, a level its first days barely visited is reached
+      between or beyond the usual modes), judged only on a stream whose steps beyond 3
+      deviations are at least 1.5 times ``trend_clip_rate`` of them (above): on a sensor
+      moving smoothly, a level its first days barely visited is reached
       gradually and is the weather over days, the first weekday after a weekend or an
       operator's new setpoint (the level, step and trend views judge an abrupt move there),
       while on counts and loads, whose steps are bursts, a rare level is the evidence.

@@ -140,8 +140,11 @@ _STEP = 1
 _HISTOGRAM_VIEWS = 3
 #: The trend view's position: the short average of signed steps (a drift moves one way).
 _TREND = 2
-#: The rarity view's position: judged on streams that are not light-tailed (:func:`_score`).
+#: The rarity view's position: judged on streams whose steps are not light-tailed (:func:`_score`).
 _RARITY = 4
+#: The rarity view is judged where :func:`_light` is at most this: big steps at least 1.5
+#: times ``trend_clip_rate`` of them.
+_RARITY_LIGHT = 0.5
 #: Smallest probability a histogram bin is credited with (keeps logarithms finite).
 _FLOOR = 1e-4
 #: Runs of identical readings in the bins up to this one (below and at the bottom of the
@@ -392,7 +395,10 @@ def _score(
     # is reached gradually and is the weather over days, the first weekday after a weekend or an
     # operator's setpoint: its rarity is not judged (the level, step and trend views judge an
     # abrupt move there). On counts and loads, whose steps are bursts, a rare level is the evidence.
-    rarity = _light(row, p) < 1.0
+    # A sensor's rate of big steps wanders about a Gaussian's share (a room's temperature between
+    # 0.2 % and 0.5 % of its steps over its first days): judged from just above that share, rarity
+    # would be judged on about half the sensors and page at the first weekday's new levels.
+    rarity = _light(row, p) <= _RARITY_LIGHT
     for j in range(judged):
         if j == _RARITY and not rarity:
             continue
