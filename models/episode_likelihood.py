@@ -39,8 +39,9 @@ class EpisodeLikelihood(KernelDetector):
       against a slow one (a change of shape within the usual range: a flat stretch in a
       daily wave, a missing peak);
     - *rarity*: ``-log`` of the slow histogram's share of the reading's bin (values
-      between or beyond the usual modes), judged only on a stream that is not light-tailed
-      (above): on a sensor moving smoothly, a level its first days barely visited is reached
+      between or beyond the usual modes), judged only on a stream whose steps beyond 3
+      deviations are at least 1.5 times ``trend_clip_rate`` of them (above): on a sensor
+      moving smoothly, a level its first days barely visited is reached
       gradually and is the weather over days, the first weekday after a weekend or an
       operator's new setpoint (the level, step and trend views judge an abrupt move there),
       while on counts and loads, whose steps are bursts, a rare level is the evidence.
@@ -59,7 +60,9 @@ class EpisodeLikelihood(KernelDetector):
     - *quiet*: the step view's lower tail (a stream that moves much less than it did);
     - *instant step*: the step's Pareto tail (:class:`iotwatch.models.exceedance.ExceedanceTail`),
       counted ``1 / instant_weight`` times rarer (a Pareto tail errs on the side of
-      common), so a lone spike alarms on its own reading;
+      common), so a lone spike alarms on its own reading; on a light-tailed stream never
+      rarer than a Gaussian tail of the step (there the fitted index learns the light tail
+      within days, and the discount alone put a noise step of 4 deviations at the fire level);
     - *stuck*: a run of identical readings (:class:`iotwatch.models.repeat_run.RepeatRun`), judged
       only on streams that repeat a reading at most ``max_repeat_rate`` of the time and,
       once the range is set, not at its floor (a count at zero, an idle load).
@@ -96,7 +99,7 @@ class EpisodeLikelihood(KernelDetector):
     >>> quiet = max(det.score_learn_one({"t": signal(i)}, t(i)) for i in range(3000))
     >>> spike = [det.score_learn_one({"t": 25.0}, t(3000 + i)) for i in range(3)]
     >>> round(quiet, 2), round(spike[0], 2), spike[1:]  # the spike alarms once, then holds
-    (0.38, 0.68, [0.0, 0.0])
+    (0.26, 0.68, [0.0, 0.0])
     """
 
     name: ClassVar[str] = "episode_likelihood"
