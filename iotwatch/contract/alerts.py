@@ -2,7 +2,7 @@
 (``settings.topics.alerts``, ``iot.alerts``), keyed by device id so a device's alerts stay
 in order.
 
-Producers and consumers: the package docstring (:mod:`iotwatch.contract`).
+Producers and consumers: docs/contract.md.
 
 ``alert_id`` is deterministic (a hash of device, rule and the event time the episode
 started), so a replay or a restart rewrites the same id: consumers deduplicate on it.
