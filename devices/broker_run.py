@@ -18,8 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,11 +25,10 @@ import numpy as np
 from iotwatch.contract.ground_truth import write_ground_truth
 from iotwatch.devices import seq_state
 from iotwatch.devices.commands import CommandChannel, DeviceCommands
-from iotwatch.devices.config import SimConfig
+from iotwatch.devices.config import RunOptions, SimConfig
 from iotwatch.devices.fleet import fleet_rate
 from iotwatch.devices.publisher import Publisher
 from iotwatch.devices.simulation import Simulation
-from iotwatch.settings import MqttSettings
 from iotwatch.stats import quantiles
 
 log = logging.getLogger(__name__)
@@ -40,25 +37,6 @@ __all__ = ["RunOptions", "run"]
 
 _COUNTERS = 4  # per worker: sent, errors, readings, status
 _LATENCY_SAMPLES = 200_000
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to publish (none of this changes the messages)."""
-
-    mqtt: MqttSettings
-    qos: int = 0
-    processes: int = 1
-    connections: int = 2  # per process
-    per_device: bool = False
-    speedup: float = 1.0
-    as_fast_as_possible: bool = False
-    max_inflight: int = 200
-    client_prefix: str | None = None
-    ground_truth: Path | None = None
-    progress: bool = False
-    #: receive commands for the simulated devices and obey them (the closed loop)
-    obey_commands: bool = False
 
 
 def _shard_quota(count: int | None, shard: int, shards: int) -> int | None:

@@ -9,10 +9,19 @@ from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, Preset, emit, endpoint_options, json_option, pass_app, seed_option
+from iotwatch.cli import (
+    AppContext,
+    Preset,
+    emit,
+    endpoint_options,
+    field_options,
+    json_option,
+    pass_app,
+    seed_option,
+)
 from iotwatch.devices import seq_state
 from iotwatch.devices.anomaly_kinds import ANOMALY, KINDS, TRANSPORT, check_kinds
-from iotwatch.devices.config import HOME_TYPES, SimConfig
+from iotwatch.devices.config import HOME_TYPES, RunOptions, SimConfig
 
 __all__ = ["simulate"]
 
@@ -60,10 +69,7 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
 
 
 @click.command()
-@click.option("--homes", type=click.IntRange(min=0), default=10, show_default=True, help="Homes to simulate.")
-@click.option(
-    "--vehicles", type=click.IntRange(min=0), default=2, show_default=True, help="Vehicles with event data recorders."
-)
+@field_options(SimConfig, RunOptions)
 @click.option(
     "--mix",
     metavar="TYPE=N,...",
@@ -71,43 +77,8 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
     help="Devices per home, e.g. 'thermostat=1,door_sensor=2' "
     "(types: " + ", ".join(HOME_TYPES) + "); default: each home draws its own mix.",
 )
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Readings/s per home device [default: 1].")
-@click.option(
-    "--vehicle-hz",
-    type=click.FloatRange(min=0, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Readings/s per vehicle.",
-)
-@click.option(
-    "--target-rate",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Aggregate msg/s of the fleet (scales every device's rate).",
-)
-@click.option(
-    "--ramp-up",
-    "ramp_up_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Seconds over which devices come online one after another.",
-)
-@click.option(
-    "--duration",
-    "duration_s",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds of event time to simulate (default: until --count, end of replay or Ctrl-C).",
-)
-@click.option("--count", type=click.IntRange(min=1), help="Stop after this many readings.")
 @click.option("--qos", type=click.Choice(["0", "1"]), help="MQTT QoS [default: IOTWATCH_MQTT_QOS, 1].")
 @seed_option(Preset(1, "Same seed and options, same messages."))
-@click.option(
-    "--anomaly-rate",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Anomalies per device per hour of event time.",
-)
 @click.option(
     "--anomalies",
     "anomaly_kinds",
@@ -119,23 +90,6 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
     + ", ".join(_ANOMALY_KINDS),
 )
 @click.option(
-    "--anomalies-after",
-    "anomalies_after_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Start --anomaly-rate anomalies only after this many seconds of event time "
-    "(a warm-up for online detectors; --scenario times are kept).",
-)
-@click.option(
-    "--fault-rate",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Transport faults per device per hour of event time.",
-)
-@click.option(
     "--faults",
     "fault_kinds",
     metavar="KIND,...",
@@ -143,60 +97,10 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
     help="Transport faults --fault-rate draws from (default all): " + ", ".join(_FAULT_KINDS),
 )
 @click.option(
-    "--scenario",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSON or TOML file of planned anomalies/faults (see devices/scenario.py).",
-)
-@click.option(
-    "--ground-truth",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write injected anomalies and faults here as JSONL.",
-)
-@click.option(
-    "--speedup",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Event time runs this many times faster than wall-clock time.",
-)
-@click.option(
-    "--as-fast-as-possible",
-    "as_fast_as_possible",
-    is_flag=True,
-    help="No pacing: stamp event times on a virtual clock and publish as fast as the broker takes.",
-)
-@click.option(
     "--start-time",
     metavar="ISO|EPOCH",
     callback=_time_ms,
     help="Event time of the start (default: now; accelerated runs end about now).",
-)
-@click.option(
-    "--processes",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Worker processes (the fleet is split by home and vehicle).",
-)
-@click.option(
-    "--connections",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="MQTT connections per process shared by its devices.",
-)
-@click.option(
-    "--connection-per-device",
-    "per_device",
-    is_flag=True,
-    help="One MQTT connection per device, each with its own last will (small fleets).",
-)
-@click.option(
-    "--max-inflight",
-    type=click.IntRange(min=1),
-    default=200,
-    show_default=True,
-    help="QoS 1 messages in flight per connection (as many again wait, ready to send).",
 )
 @click.option("--username", help="MQTT user name (overrides IOTWATCH_MQTT_USERNAME).")
 @click.option("--password", help="MQTT password (prefer IOTWATCH_MQTT_PASSWORD).")
@@ -206,52 +110,6 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
     help="CA bundle for mqtts:// brokers.",
 )
 @click.option("--tls-insecure", is_flag=True, default=None, help="Skip TLS certificate verification (testing).")
-@click.option(
-    "--edr-threshold-g",
-    type=click.FloatRange(min=0, min_open=True),
-    default=4.0,
-    show_default=True,
-    help="Deceleration (g) that triggers a vehicle's crash event.",
-)
-@click.option(
-    "--edr-pre-event-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="Seconds of readings the crash event carries.",
-)
-@click.option(
-    "--replay",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-    help="Replay a timestamp,value CSV as a device (repeatable); replaces the simulated fleet "
-    "unless --homes/--vehicles are given too.",
-)
-@click.option(
-    "--replay-type", "replay_device_type", default="replay", show_default=True, help="device_type of replayed streams."
-)
-@click.option("--replay-metric", default="value", show_default=True, help="Metric name of replayed values.")
-@click.option("--replay-keep-time", is_flag=True, help="Keep the recorded timestamps instead of starting now.")
-@click.option("--replay-loop", is_flag=True, help="Start a stream over when it ends.")
-@click.option(
-    "--tick-ms",
-    type=click.IntRange(min=10),
-    default=100,
-    show_default=True,
-    help="Virtual-time step of the scheduler (part of the determinism key).",
-)
-@click.option("--client-id-prefix", "client_prefix", help="MQTT client id prefix (default iotwatch-sim-<random>).")
-@click.option(
-    "--id-prefix",
-    default="",
-    help="Put before every device id and home or fleet name (e.g. site1-): simulators of several sites stay apart.",
-)
-@click.option(
-    "--obey-commands",
-    is_flag=True,
-    help="Receive commands for the simulated devices (QoS 1, persistent "
-    "session per --client-id-prefix) and obey them: reset_hvac ends a stuck HVAC, close_valve a leak.",
-)
 @click.option("--progress/--no-progress", default=None, help="Live progress line on stderr [default: if a terminal].")
 @click.option(
     "--seq-state",
@@ -272,12 +130,12 @@ def _time_ms(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
 def simulate(app: AppContext, ctx: click.Context, /, **opts: Any) -> None:
     """Simulate homes and vehicles publishing telemetry over MQTT.
 
-    Every message follows the contract in iotwatch/contract.py; each device also keeps a
+    Every message follows the contract (docs/contract.md); each device also keeps a
     retained online/offline status. Anomalies and transport faults can be injected by rate
     or scenario, with the ground truth written as JSONL. Ends with a summary (--json for
     machine-readable output).
     """
-    from iotwatch.devices.broker_run import RunOptions, default_start_ms, run
+    from iotwatch.devices.broker_run import default_start_ms, run
 
     mqtt = app.settings.mqtt
     update: dict[str, Any] = {key: opts[key] for key in ("username", "tls_ca_file", "tls_insecure") if opts[key]}

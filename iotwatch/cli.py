@@ -8,6 +8,7 @@ docs/development.md ("Commands").
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import signal
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 import click
 
@@ -103,6 +104,50 @@ class Preset:
 
     default: Any
     help: str | None = None
+
+
+@dataclass(frozen=True)
+class Opt:
+    """A field of a settings model as a command-line option, declared beside the field
+    (``homes: Annotated[int, Opt("Homes to simulate.")] = 10``), so its type, default and help
+    are written once: :func:`field_options` makes the option ``--<field-name>`` (``flag``
+    renames it), with the field's default, passing the value under the field's name."""
+
+    help: str
+    type: click.ParamType[Any] | None = None
+    flag: str | None = None
+    metavar: str | None = None
+    is_flag: bool = False
+    multiple: bool = False
+
+
+def field_options(*models: type[Any]) -> Callable[[F], F]:
+    """One option per field of ``models`` (pydantic models, dataclasses) annotated with an
+    :class:`Opt`, in the order of the fields; a default that says something is shown."""
+    options = []
+    for model in models:
+        if dataclasses.is_dataclass(model):
+            defaults = {field.name: field.default for field in dataclasses.fields(model)}
+        else:
+            defaults = {name: field.get_default() for name, field in model.model_fields.items()}
+        for name, hint in get_type_hints(model, include_extras=True).items():
+            opt = next((meta for meta in getattr(hint, "__metadata__", ()) if isinstance(meta, Opt)), None)
+            if opt is not None:
+                default = defaults[name]
+                options.append(
+                    click.option(
+                        opt.flag or "--" + name.replace("_", "-"),
+                        name,
+                        type=opt.type,
+                        default=default,
+                        show_default=default is not None and default is not False and default not in ("", ()),
+                        metavar=opt.metavar,
+                        is_flag=opt.is_flag,
+                        multiple=opt.multiple,
+                        help=opt.help,
+                    )
+                )
+    return compose(*options)
 
 
 def run_options(*, duration: Preset, homes: Preset, vehicles: Preset, rate: Preset | None = None) -> Callable[[F], F]:
