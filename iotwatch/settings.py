@@ -753,20 +753,15 @@ def load_settings(config_file: str | Path | None = None) -> Settings:
     naming the variables, so a service exits before it connects.
     """
     token = _CONFIG_FILE.set(None if config_file is None else str(config_file))
-    try:
-        settings = _read_settings()
+    try:  # every concern reads its variables and its table now
+        settings = Settings.model_validate({c.section: c() for c in _ConcernSettings.__subclasses__()})
+    except ValidationError as exc:
+        raise UserError(_validation_message(exc)) from exc
     finally:
         _CONFIG_FILE.reset(token)
     if settings.deployment.require_secrets and (problems := settings.unusable_secrets()):
         raise UserError(f"refusing to start with unusable secrets: {'; '.join(problems)} (set real values in .env)")
     return settings
-
-
-def _read_settings() -> Settings:
-    try:
-        return _read_concerns()
-    except ValidationError as exc:
-        raise UserError(_validation_message(exc)) from exc
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -779,22 +774,6 @@ def _validation_message(exc: ValidationError) -> str:
         where = concern.env_name(str(error["loc"][0])) if concern is not None and error["loc"] else field
         problems.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
     return "invalid settings: " + "; ".join(problems)
-
-
-def _read_concerns() -> Settings:
-    return Settings(
-        mqtt=MqttSettings(),
-        kafka=KafkaSettings(),
-        topics=TopicSettings(),
-        influx=InfluxSettings(),
-        stack=StackSettings(),
-        gateway=GatewaySettings(),
-        stream=StreamSettings(),
-        registry=RegistrySettings(),
-        alerts=AlertsSettings(),
-        deployment=DeploymentSettings(),
-        respond=RespondSettings(),
-    )
 
 
 def normalise_mqtt_url(value: str) -> str:
