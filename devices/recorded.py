@@ -12,7 +12,6 @@ import csv
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -125,6 +124,3 @@ class RecordedSeriesGroup(DeviceGroup):
 
     def finished(self) -> bool:
         return bool(np.all(self.next_due >= _NEVER))
-
-    def describe(self) -> dict[str, Any]:
-        return {d: len(s[0]) for d, s in zip(self.device_ids, self.streams, strict=True)}

@@ -559,11 +559,6 @@ class StreamSettings(_ConcernSettings, section="stream"):
         others = set(self.device_detectors.values()) - {self.device_detector}
         return [self.device_detector, *sorted(others)]
 
-    def detector_of(self, device_type: str | None) -> str:
-        """The detector that scores the metrics of ``device_type`` (``None``: a stream of no
-        known type, such as a CSV file given to ``score-csv`` or ``evaluate``)."""
-        return self.device_detectors.get(device_type or "", self.device_detector)
-
     def detector_params_of(self, detector: str) -> dict[str, Any]:
         """The parameters the job runs ``detector`` with (over the detector's own defaults)."""
         if detector == self.device_detector:

@@ -324,16 +324,7 @@ class TopicFollower:
         at_end: set[tuple[str | None, int | None]] = set()  # a partition EOF names both
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(self.partitions) and time.monotonic() < deadline:
-            batch: list[Message] = []
-            for message in self._consumer.consume(5000, 1.0):
-                error = message.error()
-                if error is None:
-                    batch.append(message)
-                elif error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add((message.topic(), message.partition()))
-                else:
-                    raise_if_refused(self.settings, error, "READ", message.topic())
-            if batch:
+            if batch := self._consume(1.0, at_end):
                 yield batch
         if strict and len(at_end) < len(self.partitions):
             raise ServiceUnavailable(
@@ -346,11 +337,17 @@ class TopicFollower:
         if not self.partitions:
             time.sleep(timeout_s)
             return []
+        return self._consume(timeout_s, set())
+
+    def _consume(self, timeout_s: float, at_end: set[tuple[str | None, int | None]]) -> list[Message]:
+        """Up to 5,000 records; the partitions whose end was reached are added to ``at_end``."""
         records = []
         for message in self._consumer.consume(5000, timeout_s):
             error = message.error()
             if error is None:
                 records.append(message)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                at_end.add((message.topic(), message.partition()))
             else:
                 raise_if_refused(self.settings, error, "READ", message.topic())
         return records

@@ -5,16 +5,7 @@ state and replaying the topic from the beginning rebuilds it (event sourcing, no
 database). The streaming job's own ``raised``/``cleared`` records stay in ``iot.alerts``;
 an alert's state is the fold of both logs (:mod:`iotwatch.alerts.book`).
 
-========================  ===============  ==========================================
-topic (settings.topics)   key              record
-========================  ===============  ==========================================
-``alert_state``           alert id         :class:`AlertState` (last on-call step)
-``silences``              silence id       :class:`Silence` (revoking rewrites it)
-``notifications``         receiver|group   :class:`Notification` (what was last sent)
-``commands``              command id       :class:`CommandAudit` (issue, replies, outcome)
-``device_twin``           device|side      :class:`TwinRecord` (desired or reported)
-``emergencies``           alert id         :class:`Emergency` (an emergency notification)
-========================  ===============  ==========================================
+docs/contract.md lists each topic with its key and record.
 
 A device twin is two records, one per side, each with one writer: operators write
 ``desired`` (``devices set``), the responder writes what devices report on MQTT
