@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.clients.kafka import ensure_topics
 
 log = logging.getLogger(__name__)
@@ -79,9 +77,7 @@ def gateway(
     settings = settings.model_copy(update={"gateway": settings.gateway.model_copy(update=update)})
     router = Gateway.router_for(settings)
     ensure_topics(settings.kafka, [*router.static_topics(), settings.topics.dlq])
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     if settings.gateway.processes > 1:
         summary = Supervisor(settings, settings.gateway.processes).run(stop)
     else:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from iotwatch.cli import stop_on_signals
 from iotwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,7 @@ def serve(settings: Settings, stop: threading.Event) -> dict[str, Any]:
 
 def _child(settings: Settings, log_level: int, results: Connection) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    results.send(serve(settings, stop))
+    results.send(serve(settings, stop_on_signals()))
     results.close()
 
 
