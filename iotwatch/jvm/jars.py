@@ -86,31 +86,28 @@ def artifact_of(jar_name: str) -> str:
     return match.group("artifact") if match else jar_name.removesuffix(".jar")
 
 
-def kafka_broker() -> JarSet:
-    """Apache Kafka's broker (KRaft) with log4j's SLF4J binding, so it logs to its file."""
+def _kafka_artifact(name: str, artifact: str) -> JarSet:
+    """An Apache Kafka artifact at :data:`KAFKA_VERSION` with log4j's SLF4J binding, so it logs to its file."""
     return JarSet(
-        name="kafka",
+        name=name,
         version=KAFKA_VERSION,
         coordinates=(
-            f"org.apache.kafka:kafka_{SCALA_BINARY_VERSION}:{KAFKA_VERSION}",
+            f"org.apache.kafka:{artifact}:{KAFKA_VERSION}",
             "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
         ),
-        main_artifact=f"kafka_{SCALA_BINARY_VERSION}",
+        main_artifact=artifact,
     )
+
+
+def kafka_broker() -> JarSet:
+    """Apache Kafka's broker (KRaft)."""
+    return _kafka_artifact("kafka", f"kafka_{SCALA_BINARY_VERSION}")
 
 
 def mirror_maker() -> JarSet:
     """Apache Kafka's MirrorMaker 2 (``connect-mirror`` with Connect's runtime), which copies
-    each site's topics to the central cluster, with log4j's SLF4J binding for its log file."""
-    return JarSet(
-        name="connect-mirror",
-        version=KAFKA_VERSION,
-        coordinates=(
-            f"org.apache.kafka:connect-mirror:{KAFKA_VERSION}",
-            "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
-        ),
-        main_artifact="connect-mirror",
-    )
+    each site's topics to the central cluster."""
+    return _kafka_artifact("connect-mirror", "connect-mirror")
 
 
 def pyspark_jars_dir() -> Path:
