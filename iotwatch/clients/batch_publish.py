@@ -1,9 +1,7 @@
 """A paho client that publishes many messages with one write and keeps QoS 1 itself.
 
-Stock ``paho.Client.publish`` costs per message: a ``MQTTMessage`` with its own
-``threading.Condition``, the message lock, a wake-up of the network thread through a
-socket pair (a system call) and a ``send`` of its own. For a load generator that is most of
-its time, the socket-pair write the largest part.
+Stock ``paho.Client.publish`` spends most of a load generator's time outside the wire
+(docs/concepts.md, "The simulator writes a tick at once"), so
 :meth:`BatchPublishClient.publish_many` builds the PUBLISH packets of a batch itself and
 hands them to paho's network thread as one queued write.
 

@@ -1,13 +1,9 @@
 """The Spark home a local session's JVM runs from: pip's pyspark without its zipped copy of itself.
 
-pip's pyspark is a Spark distribution (``bin``, ``jars``, ...) that also carries its Python
-sources a second time, zipped, in ``python/lib`` (``pyspark.zip`` and py4j's), for executors
-on machines where pyspark is not installed. Spark puts those zips first on the path of every
-Python process it starts: the daemon, the workers it forks, and the driver-side process that
-``transformWithStateInPandas`` starts to learn the state variables while it plans a query's
-first micro-batch. Python keeps no bytecode for a zipped module, so each of those processes
-compiles pyspark's sources anew: about 0.6 s of CPU at every start, on the way to the first
-alert.
+pip's pyspark also carries its Python sources zipped in ``python/lib`` (for executors without
+pyspark), and Spark puts those zips first on the path of every Python process it starts; Python
+keeps no bytecode for a zipped module, so each such process compiles pyspark anew, about 0.6 s
+of CPU on the way to the first alert (docs/concepts.md, "Start-up").
 
 A local session's Python workers run this interpreter, which has pyspark installed. Its JVM
 therefore runs from a home of links to the installation's entries, ``python`` left out, and
