@@ -18,7 +18,7 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    colour,
+    colours,
     thresholds,
     value_text,
 )
@@ -151,7 +151,7 @@ def dashboard() -> Dashboard:
                 targets=[
                     per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"severity"', "$tag_severity")
                 ],
-                overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
+                overrides=colours(SEVERITY_COLOURS),
             ),
             TimeSeries(
                 title="Alerts raised by rule",
@@ -161,12 +161,9 @@ def dashboard() -> Dashboard:
                 legend_calcs=("sum",),
                 description="Raised alerts per interval, by rule.",
                 targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"rule"', "$tag_rule")],
-                overrides=[
-                    colour("crash", RED),
-                    colour("water_leak", "dark-red"),
-                    colour("anomaly_score", YELLOW),
-                    colour("out_of_range", ORANGE),
-                ],
+                overrides=colours(
+                    {"crash": RED, "water_leak": "dark-red", "anomaly_score": YELLOW, "out_of_range": ORANGE}
+                ),
             ),
         ],
     )

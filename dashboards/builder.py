@@ -104,6 +104,11 @@ def colour(match: str, color: str, regex: bool = False, **extra: Any) -> Overrid
     return Override(match, props, regex)
 
 
+def colours(colour_of: dict[str, str], regex: bool = False) -> list[Override]:
+    """:func:`colour` for each of several series: ``{name: colour}``."""
+    return [colour(match, color, regex) for match, color in colour_of.items()]
+
+
 def value_text(mapping: dict[str | int, tuple[str, str]]) -> list[dict[str, Any]]:
     """Value mappings: ``{1: ("UP", GREEN), 0: ("DOWN", RED)}``."""
     options = {

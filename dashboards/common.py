@@ -9,11 +9,15 @@ dashboard variables before sending them.
 
 from __future__ import annotations
 
-from iotwatch.dashboards.builder import Target, Variable
+from typing import Any
+
+from iotwatch.dashboards.builder import GREEN, RED, Stat, Target, Variable, thresholds, value_text
 
 #: Per-second rate divisor for per-batch counts summed over a $__interval bucket.
 PER_SECOND = "* 1000 / $__interval_ms"
 MSG_PER_S = "suffix:msg/s"
+#: A 1/0 health value: green UP, red DOWN.
+UP_DOWN = value_text({1: ("UP", GREEN), 0: ("DOWN", RED)})
 # Alert scores are calibrated to [0, 1]: fire at 0.75, may clear below 0.45 (stream settings).
 SCORE_FIRE, SCORE_CLEAR = 0.75, 0.45
 
@@ -65,4 +69,17 @@ def gateway_rate(field: str, alias: str, where: str = "") -> Target:
         f'SELECT sum("rate") AS "{alias}" FROM (SELECT non_negative_derivative(last("{field}"), 1s) AS "rate" '
         f'FROM "gateway" WHERE {condition}$timeFilter GROUP BY time($__interval), "instance" fill(none)) '
         f"WHERE $timeFilter GROUP BY time($__interval) fill(none)"
+    )
+
+
+def up_down(title: str, description: str, target: Target, **options: Any) -> Stat:
+    """A Stat of a 1/0 health value (``target``'s last value): green UP or red DOWN."""
+    return Stat(
+        title=title,
+        graph=False,
+        thresholds=thresholds(RED, (1, GREEN)),
+        mappings=UP_DOWN,
+        description=description,
+        targets=[target],
+        **options,
     )

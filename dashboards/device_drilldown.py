@@ -86,8 +86,6 @@ def dashboard() -> Dashboard:
             TimeSeries(
                 title="$metric",
                 repeat="metric",
-                width=12,
-                height=8,
                 min_interval="1m",
                 fill_opacity=0,
                 legend_calcs=("min", "mean", "max"),
@@ -128,7 +126,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Alerts of this device",
                 width=24,
-                height=8,
                 sort_by="Time",
                 description="Raised and cleared alerts of this device in the time range.",
                 targets=[

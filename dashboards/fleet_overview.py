@@ -15,10 +15,10 @@ from iotwatch.dashboards.builder import (
     Target,
     TimeSeries,
     colour,
+    colours,
     thresholds,
-    value_text,
 )
-from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate, per_interval
+from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate, per_interval, up_down
 
 PROGRESS = "\"stage\" = 'stream_progress'"
 BATCH = "\"stage\" = 'stream'"
@@ -73,19 +73,14 @@ def dashboard() -> Dashboard:
                 description="Alerts raised by the streaming job in the time range.",
                 targets=[per_interval('sum("alerts_raised")', "pipeline", BATCH)],
             ),
-            Stat(
-                title="Kafka reachable",
+            up_down(
+                "Kafka reachable",
+                "Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
+                Target(
+                    'SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
+                    'GROUP BY "instance") WHERE $timeFilter'
+                ),
                 reduce="min",
-                graph=False,
-                thresholds=thresholds(RED, (1, GREEN)),
-                mappings=value_text({1: ("UP", GREEN), 0: ("DOWN", RED)}),
-                description="Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
-                targets=[
-                    Target(
-                        'SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
-                        'GROUP BY "instance") WHERE $timeFilter'
-                    )
-                ],
             ),
         ],
     )
@@ -111,12 +106,14 @@ def dashboard() -> Dashboard:
                         PROGRESS,
                     ),
                 ],
-                overrides=[
-                    colour("gateway received", BLUE),
-                    colour("gateway forwarded", GREEN),
-                    colour("stream input", PURPLE),
-                    colour("stream processed", YELLOW),
-                ],
+                overrides=colours(
+                    {
+                        "gateway received": BLUE,
+                        "gateway forwarded": GREEN,
+                        "stream input": PURPLE,
+                        "stream processed": YELLOW,
+                    }
+                ),
             ),
             TimeSeries(
                 title="Kafka lag over time",
@@ -150,7 +147,7 @@ def dashboard() -> Dashboard:
                     ),
                     per_interval('mean("trigger_ms") AS "trigger"', "pipeline", PROGRESS),
                 ],
-                overrides=[colour("batch max", RED), colour("batch mean", BLUE), colour("trigger", PURPLE)],
+                overrides=colours({"batch max": RED, "batch mean": BLUE, "trigger": PURPLE}),
             ),
             TimeSeries(
                 title="Streaming state",
@@ -218,7 +215,7 @@ def dashboard() -> Dashboard:
                         'sum("goodbyes") AS "said goodbye", max("silence_held") AS "silences held"', "pipeline", BATCH
                     )
                 ],
-                overrides=[colour("said goodbye", BLUE), colour("silences held", ORANGE)],
+                overrides=colours({"said goodbye": BLUE, "silences held": ORANGE}),
             ),
         ],
     )
@@ -231,7 +228,6 @@ def dashboard() -> Dashboard:
                 width=24,
                 thresholds=REPLICATION_LAG_MS,
                 threshold_style="dashed",
-                legend_calcs=("mean", "max", "lastNotNull"),
                 description="How far the central Kafka cluster is behind each site: the age of the site's newest "
                 "MirrorMaker 2 heartbeat at the centre (about a second while the link keeps up; it grows a "
                 "second a second while the link is down). Empty with a single cluster.",

@@ -19,7 +19,7 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    colour,
+    colours,
     thresholds,
 )
 from iotwatch.dashboards.common import per_interval, regex, site_variable
@@ -69,7 +69,6 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Median time to acknowledge",
-                reduce="lastNotNull",
                 graph=False,
                 unit="s",
                 thresholds=MINUTES,
@@ -90,7 +89,7 @@ def dashboard() -> Dashboard:
                 fill_opacity=40,
                 description="Firing alerts over time by on-call state (snapshots every 10 s).",
                 targets=[firing("open"), firing("acknowledged"), firing("silenced")],
-                overrides=[colour("open", RED), colour("acknowledged", YELLOW), colour("silenced", BLUE)],
+                overrides=colours({"open": RED, "acknowledged": YELLOW, "silenced": BLUE}),
             ),
             TimeSeries(
                 title="Open, not acknowledged, by severity",
@@ -100,7 +99,7 @@ def dashboard() -> Dashboard:
                 fill_opacity=40,
                 description="Firing alerts nobody acknowledged, by severity.",
                 targets=[firing("open", by="severity")],
-                overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
+                overrides=colours(SEVERITY_COLOURS),
             ),
         ],
     )
@@ -134,7 +133,7 @@ def dashboard() -> Dashboard:
                         alias="acked=$tag_acked",
                     )
                 ],
-                overrides=[colour("acked=true", GREEN), colour("acked=false", ORANGE)],
+                overrides=colours({"acked=true": GREEN, "acked=false": ORANGE}),
             ),
         ],
     )
@@ -144,7 +143,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Recent acknowledgements",
                 width=24,
-                height=8,
                 sort_by="Time",
                 description="Who acknowledged which alert, and how long it was open before.",
                 targets=[
@@ -168,14 +166,16 @@ def dashboard() -> Dashboard:
                 description="Steps of the device commands' audit trail (sent, accepted, done, rejected, failed, "
                 "timed out, escalated) per interval.",
                 targets=[per_interval('count("command_id")', "commands", SITE, '"status"', "$tag_status")],
-                overrides=[
-                    colour("done", GREEN),
-                    colour("accepted", BLUE),
-                    colour("sent", YELLOW),
-                    colour("rejected", ORANGE),
-                    colour("failed", RED),
-                    colour("escalated", RED),
-                ],
+                overrides=colours(
+                    {
+                        "done": GREEN,
+                        "accepted": BLUE,
+                        "sent": YELLOW,
+                        "rejected": ORANGE,
+                        "failed": RED,
+                        "escalated": RED,
+                    }
+                ),
             ),
             Table(
                 title="Recent commands",

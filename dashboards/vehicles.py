@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from iotwatch.dashboards.anomalies import peak_score
 from iotwatch.dashboards.builder import (
-    BLUE,
     GREEN,
     ORANGE,
     RED,
@@ -85,7 +84,6 @@ def dashboard() -> Dashboard:
                 unit="velocitykmh",
                 min=0,
                 min_interval="1m",
-                width=12,
                 height=9,
                 thresholds=thresholds(GREEN, (130, ORANGE)),
                 threshold_style="dashed",
@@ -96,7 +94,6 @@ def dashboard() -> Dashboard:
                 title="Longitudinal acceleration (min / max per minute)",
                 unit="accG",
                 min_interval="1m",
-                width=12,
                 height=9,
                 thresholds=ACCEL,
                 threshold_style="dashed",
@@ -119,7 +116,6 @@ def dashboard() -> Dashboard:
                 title="Positions",
                 width=16,
                 height=12,
-                marker_colour=BLUE,
                 description="Last position per vehicle and interval (lat_deg/lon_deg). Zoom to fit.",
                 targets=[position("lat_deg", "lat"), position("lon_deg", "lon")],
                 transformations=[{"id": "merge", "options": {}}],
