@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+import msgspec
 
 from iotwatch.cli import AppContext, F, compose, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
@@ -394,7 +395,7 @@ def silence(
     seconds = _positive_duration(duration, "--for")
     created = add_silence(app.settings, Matchers(site, device_id, rule, severity), seconds, by, comment)
     emit(
-        _silence_dict(created),
+        msgspec.to_builtins(created),
         as_json,
         lambda _: click.echo(f"silence {created.silence_id}: {created.matchers.describe()} for {duration} by {by}"),
     )
@@ -417,7 +418,7 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
         (s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
         key=lambda s: -s.starts_at_ms,
     )
-    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
+    emit([msgspec.to_builtins(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
 
 
 @alerts.command()
@@ -432,11 +433,4 @@ def unsilence(app: AppContext, silence_id: str, by: str, as_json: bool) -> None:
     from iotwatch.alerts.book import load_book
 
     ended = revoke_silence(app.settings, load_book(app.settings), silence_id, by)
-    emit(_silence_dict(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))
-
-
-def _silence_dict(record: Any) -> dict[str, Any]:
-    import msgspec
-
-    as_dict: dict[str, Any] = msgspec.to_builtins(record)  # a Struct becomes a dict
-    return as_dict
+    emit(msgspec.to_builtins(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))

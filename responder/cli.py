@@ -74,9 +74,10 @@ def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
 def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bool, as_json: bool) -> None:
     """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome.
     The footer says how many of how many are shown; --json prints {"total", "shown", "truncated", "commands"}."""
+    import msgspec
+
     from iotwatch.clients.kafka import read_to_end
     from iotwatch.contract.oncall import BadRecord, CommandAudit, decode
-    from iotwatch.responder.service import audit_dict
 
     latest: dict[str, CommandAudit] = {}
     for message in read_to_end(app.settings.kafka, app.settings.topics.commands):
@@ -96,7 +97,7 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
         "total": len(matching),
         "shown": len(chosen),
         "truncated": len(chosen) < len(matching),
-        "commands": [audit_dict(a) for a in chosen],
+        "commands": [msgspec.to_builtins(a) for a in chosen],
     }
     emit(result, as_json, lambda _: _commands_table(chosen, len(matching)))
 

@@ -486,8 +486,3 @@ def _addressable(alert: AlertRecord) -> bool:
 
 def _ended_ms(audit: CommandAudit) -> int:
     return audit.history[-1].at_ms if audit.history else audit.issued_at_ms
-
-
-def audit_dict(audit: CommandAudit) -> dict[str, Any]:
-    as_dict: dict[str, Any] = msgspec.to_builtins(audit)  # a Struct becomes a dict
-    return as_dict
