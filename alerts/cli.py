@@ -214,6 +214,11 @@ def forward(
     routes_file: Path | None,
     as_json: bool,
 ) -> None:
+    """Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to
+    --webhook URL, or follow a policy tree (--routes FILE; iotwatch.alerts.routing documents the
+    file). Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0).
+    --json prints the counters at exit. docs/operate/oncall.md ("Notifications", "What receivers
+    are sent") describes when it sends what, the request format and the delivery guarantees."""
     from iotwatch.alerts.dispatch import Dispatcher, ForwardOptions
     from iotwatch.alerts.routing import load_routing, single_receiver
 
@@ -248,24 +253,6 @@ def _forward_summary(counts: dict[str, Any]) -> str:
     if counts["waiting"]:
         text += f"; {counts['waiting']} alert record(s) not yet delivered are left for the next run"
     return text
-
-
-def _forward_help() -> str:
-    import iotwatch.alerts.dispatch as dispatch
-    import iotwatch.alerts.notification as notification
-
-    intro = (
-        "Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to "
-        "--webhook URL, or follow a policy tree (--routes FILE; iotwatch.alerts.routing documents the file). "
-        "Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0). "
-        "--json prints the counters at exit."
-    )
-    # \b keeps click from re-wrapping the documented request format
-    blocks = [*(dispatch.__doc__ or "").split("\n\n")[1:], *(notification.__doc__ or "").split("\n\n")[1:]]
-    return intro + "\n\n" + "\n\n".join("\b\n" + block for block in blocks)
-
-
-forward.help = _forward_help()
 
 
 def _user_option(help_text: str) -> Callable[[F], F]:

@@ -1,39 +1,15 @@
 """``iotwatch alerts forward``: notify receivers per a policy tree (``--routes FILE``), with
-silences, grouping, repeats of unacknowledged critical alerts and resolved notifications;
-or post every raised/cleared alert record to one webhook (``--webhook URL``, the tree of one
-``record`` receiver: :mod:`iotwatch.alerts.feed`).
-
-How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
-
-- an alert is *firing* while raised and not cleared, and not muted by an active silence;
-- a group's first notification waits ``group_wait`` after its first firing alert (a burst
-  becomes one notification listing all of it);
-- later, at most one notification per ``group_interval``, sent when the group has new
-  firing alerts or alerts that cleared since the last notification (these are listed as
-  resolved);
-- with nothing new, a group with *unacknowledged critical* alerts still firing is sent
-  again after ``repeat_interval``; acknowledged ones do not repeat.
-
-A ``record`` receiver instead gets every alert record routed to it, one post each, in the
-alert topic's order (no grouping, silences or repeats).
-
-Memory stays bounded by what is open: cleared alerts whose resolution every receiver got,
-expired silences and groups with nothing firing are dropped ``forget_after_s`` after they
-ended (:meth:`Dispatcher.forget`); what is left is the open alerts, the recent groups and a
-``record`` receiver's backlog.
+silences, grouping, repeats of unacknowledged critical alerts and resolved notifications, as
+Alertmanager and Grafana decide (:func:`iotwatch.alerts.notify_policy.decide`); or post every
+raised/cleared alert record to one webhook (``--webhook URL``, the tree of one ``record``
+receiver: :mod:`iotwatch.alerts.feed`). docs/operate/oncall.md ("Notifications") describes
+what it sends when, and its delivery guarantees.
 
 State: the alerts, acknowledgements and silences are folded from their topics
-(:mod:`iotwatch.alerts.book`); every group notification sent is recorded on the notifications topic
-(compacted by receiver and group), which is all the forwarder needs to know what each
-receiver already has; a ``record`` receiver's progress is its consumer group's committed
-offsets. On start it replays the four topics to their end before it sends anything, so a
-restart neither repeats what was sent nor forgets a repeat timer.
-Delivery is at least once: a failed post (5xx, 408, 429, timeout, refused connection) is
-tried again after a back-off (or Retry-After) while the other groups and receivers go on; a
-4xx refusal is dead-lettered (<state_dir>/dead-notifications.jsonl, and the dead-letter
-topic if set) with its reason and counted as handled. A crash between a post and its record
-(or commit) repeats that post with the same ``Idempotency-Key``. SIGTERM or Ctrl-C: the post
-in flight is finished and recorded, then the forwarder stops.
+(:mod:`iotwatch.alerts.book`); every group notification sent is recorded on the notifications
+topic, which is all the forwarder needs to know what each receiver already has. On start it
+replays the topics to their end before it sends anything, so a restart neither repeats what
+was sent nor forgets a repeat timer. Memory stays bounded by what is open (:meth:`Dispatcher.forget`).
 """
 
 from __future__ import annotations
