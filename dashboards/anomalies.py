@@ -39,7 +39,7 @@ def score_cells(column: str = "score") -> Override:
     return Override(
         column,
         {
-            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+            "thresholds": SCORE,
             "custom.cellOptions": {"type": "color-text"},
             "decimals": 2,
         },

@@ -113,7 +113,7 @@ def dashboard() -> Dashboard:
                             "custom.drawStyle": "bars",
                             "custom.fillOpacity": 40,
                             "color": {"mode": "thresholds"},
-                            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+                            "thresholds": SCORE,
                         },
                     ),
                 ],
