@@ -135,7 +135,9 @@ def tail(
         group_id=group,
         since_s=since_s,
         from_beginning=from_beginning,
-        alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states),
+        alert_filter=AlertFilter.of(
+            severity, site=sites, device_type=device_types, rule=rules, device_id=devices, state=states
+        ),
         as_json=as_json,
         limit=limit,
         timeout_s=timeout_s,
