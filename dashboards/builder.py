@@ -186,6 +186,7 @@ class Panel:
 @dataclass(kw_only=True)
 class TimeSeries(Panel):
     type: ClassVar[str] = "timeseries"
+    unit: str | None = "short"
     draw_style: Literal["line", "bars", "points"] = "line"
     line_interpolation: Literal["linear", "smooth", "stepAfter", "stepBefore"] = "linear"
     fill_opacity: int = 10
@@ -225,7 +226,7 @@ class Stat(Panel):
     graph: bool = True
     stat_color: Literal["value", "background", "none"] = "background"
     text_mode: Literal["auto", "value", "value_and_name", "name", "none"] = "auto"
-    width: int = 4
+    width: int = 6
     height: int = 4
     color_mode: str = "thresholds"
 
@@ -244,7 +245,7 @@ class Stat(Panel):
 @dataclass(kw_only=True)
 class Table(Panel):
     type: ClassVar[str] = "table"
-    sort_by: str | None = None
+    sort_by: str | None = "Time"  # newest first
     sort_desc: bool = True
     column_overrides: Sequence[Override] = ()
     color_mode: str = "thresholds"

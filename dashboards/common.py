@@ -76,6 +76,7 @@ def up_down(title: str, description: str, target: Target, **options: Any) -> Sta
     """A Stat of a 1/0 health value (``target``'s last value): green UP or red DOWN."""
     return Stat(
         title=title,
+        width=4,
         graph=False,
         thresholds=thresholds(RED, (1, GREEN)),
         mappings=UP_DOWN,

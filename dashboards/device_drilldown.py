@@ -49,7 +49,6 @@ def dashboard() -> Dashboard:
                 title="Readings",
                 reduce="sum",
                 thresholds=thresholds(BLUE),
-                width=6,
                 min_interval="1m",
                 description="Readings of this device in the time range, per selected metric.",
                 targets=[
@@ -61,7 +60,6 @@ def dashboard() -> Dashboard:
                 title="Alerts raised",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (5, RED)),
-                width=6,
                 description="Alerts this device raised in the time range.",
                 targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {DEVICE}")],
             ),
@@ -69,7 +67,6 @@ def dashboard() -> Dashboard:
                 title="Alerts open now",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Rules whose latest alert state for this device is raised.",
                 targets=[
                     Target(
@@ -85,6 +82,7 @@ def dashboard() -> Dashboard:
         [
             TimeSeries(
                 title="$metric",
+                unit=None,
                 repeat="metric",
                 min_interval="1m",
                 fill_opacity=0,
@@ -126,7 +124,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Alerts of this device",
                 width=24,
-                sort_by="Time",
                 description="Raised and cleared alerts of this device in the time range.",
                 targets=[
                     Target(

@@ -35,6 +35,7 @@ def dashboard() -> Dashboard:
         [
             Stat(
                 title="Gateway forwarded",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
@@ -43,6 +44,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Stream processed",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
@@ -51,6 +53,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Kafka lag",
+                width=4,
                 unit="short",
                 thresholds=LAG,
                 description="Records between what the job has read and the end of the raw topic. "
@@ -59,6 +62,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Batch duration",
+                width=4,
                 unit="ms",
                 thresholds=BATCH_MS,
                 description="Wall time of the last micro-batch (all sinks). "
@@ -67,6 +71,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Alerts raised",
+                width=4,
                 unit="short",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
@@ -117,7 +122,6 @@ def dashboard() -> Dashboard:
             ),
             TimeSeries(
                 title="Kafka lag over time",
-                unit="short",
                 width=8,
                 height=9,
                 thresholds=LAG,
@@ -151,7 +155,6 @@ def dashboard() -> Dashboard:
             ),
             TimeSeries(
                 title="Streaming state",
-                unit="short",
                 description="Rows held in per-device state and the memory the state store uses.",
                 targets=[
                     per_interval(
@@ -203,7 +206,6 @@ def dashboard() -> Dashboard:
         [
             TimeSeries(
                 title="Goodbyes and held silences",
-                unit="short",
                 draw_style="bars",
                 legend_calcs=("sum", "max"),
                 width=24,

@@ -53,6 +53,7 @@ def dashboard() -> Dashboard:
             up_down("MQTT", "1 while the instance is connected to the MQTT broker.", last("mqtt_connected")),
             Stat(
                 title="In flight",
+                width=4,
                 unit="short",
                 thresholds=INFLIGHT,
                 description="Messages received but not yet confirmed by Kafka (not yet acknowledged to MQTT).",
@@ -60,6 +61,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Oldest in flight",
+                width=4,
                 unit="s",
                 decimals=1,
                 thresholds=INFLIGHT_S,
@@ -68,6 +70,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Delivery latency p99",
+                width=4,
                 unit="ms",
                 thresholds=LATENCY,
                 description="MQTT receipt to Kafka confirmation, 99th percentile of recent deliveries.",
@@ -75,6 +78,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Forwarded",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
@@ -99,7 +103,6 @@ def dashboard() -> Dashboard:
             ),
             TimeSeries(
                 title="In flight and ages",
-                unit="short",
                 thresholds=INFLIGHT,
                 description="Unconfirmed messages (left); the age of the oldest one and the event-time age "
                 "of the newest reading received (right, seconds): the second grows while the MQTT broker "
@@ -133,6 +136,7 @@ def dashboard() -> Dashboard:
             ),
             TimeSeries(
                 title="Connectivity",
+                unit=None,
                 min=0,
                 max=1,
                 line_interpolation="stepAfter",

@@ -47,7 +47,6 @@ def dashboard() -> Dashboard:
                 title="Open, not acknowledged",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Firing alerts nobody acknowledged yet (the forwarder repeats the critical ones).",
                 targets=[firing("open")],
             ),
@@ -55,7 +54,6 @@ def dashboard() -> Dashboard:
                 title="Acknowledged, still firing",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, YELLOW)),
-                width=6,
                 description="Firing alerts someone is working on (iotwatch alerts ack).",
                 targets=[firing("acknowledged")],
             ),
@@ -63,7 +61,6 @@ def dashboard() -> Dashboard:
                 title="Silenced",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, BLUE)),
-                width=6,
                 description="Firing alerts muted by an active silence (iotwatch alerts silences).",
                 targets=[firing("silenced")],
             ),
@@ -72,7 +69,6 @@ def dashboard() -> Dashboard:
                 graph=False,
                 unit="s",
                 thresholds=MINUTES,
-                width=6,
                 description="Median seconds from raise to acknowledgement, acknowledgements in the range.",
                 targets=[Target(f'SELECT median("seconds_to_ack") FROM "alert_acks" WHERE {SITE} AND $timeFilter')],
             ),
@@ -84,7 +80,6 @@ def dashboard() -> Dashboard:
             TimeSeries(
                 title="Firing alerts: open, acknowledged, silenced",
                 stacking="normal",
-                unit="short",
                 line_interpolation="stepAfter",
                 fill_opacity=40,
                 description="Firing alerts over time by on-call state (snapshots every 10 s).",
@@ -94,7 +89,6 @@ def dashboard() -> Dashboard:
             TimeSeries(
                 title="Open, not acknowledged, by severity",
                 stacking="normal",
-                unit="short",
                 line_interpolation="stepAfter",
                 fill_opacity=40,
                 description="Firing alerts nobody acknowledged, by severity.",
@@ -143,7 +137,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Recent acknowledgements",
                 width=24,
-                sort_by="Time",
                 description="Who acknowledged which alert, and how long it was open before.",
                 targets=[
                     Target(
@@ -162,7 +155,6 @@ def dashboard() -> Dashboard:
                 title="Command steps by outcome",
                 draw_style="bars",
                 stacking="normal",
-                unit="short",
                 description="Steps of the device commands' audit trail (sent, accepted, done, rejected, failed, "
                 "timed out, escalated) per interval.",
                 targets=[per_interval('count("command_id")', "commands", SITE, '"status"', "$tag_status")],
@@ -179,7 +171,6 @@ def dashboard() -> Dashboard:
             ),
             Table(
                 title="Recent commands",
-                sort_by="Time",
                 description="Each step of each command: which device, what, why (iotwatch commands has the trail).",
                 targets=[
                     Target(

@@ -48,7 +48,6 @@ def dashboard() -> Dashboard:
                 reduce="sum",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Crash alerts raised in the time range.",
                 targets=[Target(f'SELECT count("raised") FROM "alerts" WHERE {CRASHES} AND $timeFilter')],
             ),
@@ -57,7 +56,6 @@ def dashboard() -> Dashboard:
                 unit="velocitykmh",
                 reduce="max",
                 decimals=0,
-                width=6,
                 min_interval="1m",
                 thresholds=thresholds(GREEN, (130, ORANGE), (180, RED)),
                 targets=[per_interval('max("max")', "device_metrics", f"\"metric\" = 'speed_kmh' AND {DEVICES}")],
@@ -67,7 +65,6 @@ def dashboard() -> Dashboard:
                 unit="accG",
                 reduce="min",
                 decimals=1,
-                width=6,
                 min_interval="1m",
                 thresholds=ACCEL,
                 description="Most negative longitudinal acceleration (crash rule: -4 g).",
@@ -124,7 +121,6 @@ def dashboard() -> Dashboard:
                 title="Crash events",
                 width=8,
                 height=12,
-                sort_by="Time",
                 description="Crash alerts: where (site/vehicle) and the deceleration that triggered them.",
                 targets=[
                     Target(
