@@ -27,27 +27,24 @@ def regex(variable: str) -> str:
     return f"=~ /^${variable}$/"
 
 
-def site_variable(where: str = "", multi: bool = True) -> Variable:
+def tag_variable(
+    name: str, key: str, label: str, where: str = "", multi: bool = True, measurement: str = "device_metrics"
+) -> Variable:
+    """A picker of tag ``key``'s values where ``where`` holds (which may name an earlier
+    variable: chained pickers); ``multi``: several at once, and All."""
     condition = f" WHERE {where}" if where else ""
-    return Variable(
-        "site",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "site"{condition}',
-        label="Site",
-        multi=multi,
-        include_all=multi,
-    )
+    query = f'SHOW TAG VALUES FROM "{measurement}" WITH KEY = "{key}"{condition}'
+    return Variable(name, query, label=label, multi=multi, include_all=multi)
+
+
+def site_variable(where: str = "", multi: bool = True) -> Variable:
+    return tag_variable("site", "site", "Site", where, multi)
 
 
 def device_variable(where: str = "", multi: bool = False) -> Variable:
     """Devices of the selected site(s): chained on ``$site``."""
-    extra = f" AND {where}" if where else ""
-    return Variable(
-        "device",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "device_id" WHERE "site" {regex("site")}{extra}',
-        label="Device",
-        multi=multi,
-        include_all=multi,
-    )
+    chained = f'"site" {regex("site")}' + (f" AND {where}" if where else "")
+    return tag_variable("device", "device_id", "Device", chained, multi)
 
 
 def per_interval(select: str, measurement: str, where: str = "", by: str = "", alias: str | None = None) -> Target:

@@ -24,24 +24,17 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    Variable,
     colour,
     thresholds,
 )
-from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable
+from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable, tag_variable
 
 DEVICE = f'"device_id" {regex("device")}'
 METRIC = f'"metric" {regex("metric")}'
 
 
 def dashboard() -> Dashboard:
-    metric = Variable(
-        "metric",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "metric" WHERE {DEVICE}',
-        label="Metric",
-        multi=True,
-        include_all=True,
-    )
+    metric = tag_variable("metric", "metric", "Metric", DEVICE)
     overview = Row(
         "Device",
         [

@@ -15,12 +15,11 @@ from iotwatch.dashboards.builder import (
     Stat,
     Target,
     TimeSeries,
-    Variable,
     colour,
     colours,
     thresholds,
 )
-from iotwatch.dashboards.common import MSG_PER_S, UP_DOWN, per_interval, regex, up_down
+from iotwatch.dashboards.common import MSG_PER_S, UP_DOWN, per_interval, regex, tag_variable, up_down
 
 INSTANCE = f'"instance" {regex("instance")}'
 LATENCY = thresholds(GREEN, (500, ORANGE), (2_000, RED))
@@ -39,13 +38,7 @@ def rate(
 
 
 def dashboard() -> Dashboard:
-    instance = Variable(
-        "instance",
-        'SHOW TAG VALUES FROM "gateway" WITH KEY = "instance"',
-        label="Gateway",
-        multi=True,
-        include_all=True,
-    )
+    instance = tag_variable("instance", "instance", "Gateway", measurement="gateway")
     status = Row(
         "Status (last report per instance)",
         [
