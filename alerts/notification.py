@@ -43,24 +43,11 @@ def posts(
         return pagerduty_events(config.routing_key or "", firing, resolved)
     if config.format == "alertmanager":
         return [(alertmanager_alerts(firing, resolved, now_ms, config.resolve_after, config.generator_url), key)]
-    return [(body(receiver, config.format, route, group_key, kind, firing, resolved, repeated), key)]
-
-
-def body(
-    receiver: str,
-    receiver_format: str,
-    route: Route,
-    group_key: str,
-    kind: NotificationKind,
-    firing: list[AlertView],
-    resolved: list[AlertView],
-    repeated: list[str],
-) -> dict[str, Any]:
     labels = {name: (firing or resolved)[0].record.field(name) for name in route.group_by} if firing or resolved else {}
     text = _text(kind, labels, firing, resolved, repeated)
-    if receiver_format == "slack":
-        return {"text": text}
-    return {
+    if config.format == "slack":
+        return [({"text": text}, key)]
+    body = {
         "receiver": receiver,
         "status": "firing" if firing else "resolved",
         "kind": kind.value,
@@ -71,11 +58,11 @@ def body(
         "repeated": repeated,
         "text": text,
     }
+    return [(body, key)]
 
 
 def _alert(view: AlertView) -> dict[str, Any]:
-    state = view.as_dict()
-    return {**state, "runbook_url": view.record.runbook_url}
+    return {**view.as_dict(), "runbook_url": view.record.runbook_url}
 
 
 def _text(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, output_console, pass_app, stop_on_signals
 
 if TYPE_CHECKING:
     from iotwatch.contract.oncall import CommandAudit
@@ -105,7 +105,6 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
 def _commands_table(audits: list[CommandAudit], total: int) -> None:
     from rich.table import Table
 
-    from iotwatch.alerts.views import console as make_console
     from iotwatch.alerts.views import shown_of
 
     table = Table(pad_edge=False, box=None, header_style="bold")
@@ -127,6 +126,6 @@ def _commands_table(audits: list[CommandAudit], total: int) -> None:
             trail,
             audit.alert_id[:12],
         )
-    out = make_console()
+    out = output_console()
     out.print(table)
     out.print(shown_of(len(audits), total, "commands", "newest first"), style="dim")
