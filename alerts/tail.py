@@ -39,10 +39,9 @@ log = logging.getLogger(__name__)
 SEVERITY_STYLE = {"critical": "bold white on red", "major": "bold red", "minor": "yellow", "warning": "cyan"}
 
 
-def group_consumer(
-    settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool, *, auto_commit: bool
-) -> Consumer:
-    """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after handling."""
+def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool) -> Consumer:
+    """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after
+    handling, and committed automatically."""
     # fails fast, in one line, when Kafka is down or refuses this user the topic
     partitions = topic_partitions(settings.kafka, [settings.topics.alerts], "READ")
     if not partitions[settings.topics.alerts]:
@@ -52,7 +51,7 @@ def group_consumer(
             **client_config(settings.kafka),
             "group.id": group_id,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
-            "enable.auto.commit": auto_commit,
+            "enable.auto.commit": True,
             "enable.auto.offset.store": False,
             "session.timeout.ms": alerts.session_timeout_ms,
             "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
@@ -209,7 +208,7 @@ def run_tail(
     out = out if out is not None else sys.stdout
     source: TopicFollower | Consumer
     if options.group_id is not None:
-        source = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
+        source = group_consumer(settings, alerts, options.group_id, options.from_beginning)
         where = f"group {options.group_id}"
     else:
         source = viewer(settings, stop)
