@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from confluent_kafka import Message, Producer
 
 from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
@@ -39,7 +40,6 @@ from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
-    AlertState,
     AlertStep,
     BadRecord,
     Notification,
@@ -347,14 +347,8 @@ class Dispatcher:
             ack, cleared = view.ack, view.cleared
             if ack is None or cleared is None or not view.needs_cleared_after_ack():
                 continue
-            step = AlertState(
-                ONCALL_SCHEMA_VERSION,
-                alert_id,
-                AlertStep.CLEARED_AFTER_ACK,
-                ack.by,
-                ack.at_ms,
-                ack.note,
-                detected_ms(cleared),
+            step = msgspec.structs.replace(
+                ack, v=ONCALL_SCHEMA_VERSION, action=AlertStep.CLEARED_AFTER_ACK, cleared_at_ms=detected_ms(cleared)
             )
             produce_confirmed(
                 self.settings.kafka, self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step)
