@@ -1,14 +1,6 @@
-"""The current state of every alert and silence, folded from the event logs.
-
-Nothing here is stored anywhere but Kafka: an alert's state is the fold of the streaming
-job's ``raised``/``cleared`` records (``iot.alerts``) and the operators' acknowledgements
-(``iot.alerts.state``, compacted by alert id); silences are ``iot.alerts.silences``
-(compacted by silence id). The CLI folds the topics once per command; the forwarder folds
-them on start and keeps folding as records arrive, so a restart rebuilds the same state.
-
-Status of an alert: ``open`` (raised, nobody acknowledged it), ``acknowledged``,
-``cleared`` and ``cleared_after_ack`` (the condition ended after someone acknowledged it;
-the forwarder also records that step on the alert-state topic, carrying the acknowledgement).
+"""The current state of every alert and silence, folded from the event logs (the alert topic,
+the operators' alert-state and silence topics): nothing is stored anywhere but Kafka, so every
+tool rebuilds the same state by replaying them (docs/operate/oncall.md, "State is the event log").
 """
 
 from __future__ import annotations
