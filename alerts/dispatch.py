@@ -31,7 +31,7 @@ from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
 from iotwatch.alerts.feed import Pending, RecordFeed
 from iotwatch.alerts.metrics import LifecycleMetrics
 from iotwatch.alerts.notification import posts, record_body, record_key
-from iotwatch.alerts.notify_policy import GroupNow, decide
+from iotwatch.alerts.notify_policy import Due, GroupNow, decide
 from iotwatch.alerts.routing import Route, RoutingTree
 from iotwatch.alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
@@ -43,7 +43,6 @@ from iotwatch.contract.oncall import (
     AlertStep,
     BadRecord,
     Notification,
-    NotificationKind,
     decode,
     encode,
     stable_id,
@@ -337,7 +336,7 @@ class Dispatcher:
         )
         due, group.pending_since_ms = decide(state, group.route)
         if due is not None:
-            self._send(gid, group, due.kind, due.firing, due.resolved, due.repeated, last, now)
+            self._send(gid, group, due, last, now)
 
     def _record_cleared_after_ack(self) -> None:
         """The ``cleared_after_ack`` step on the alert-state topic, carrying the acknowledgement
@@ -424,18 +423,9 @@ class Dispatcher:
         self.counts["handled"] += 1
         return True
 
-    def _send(
-        self,
-        gid: GroupId,
-        group: Group,
-        kind: NotificationKind,
-        firing: list[str],
-        resolved: list[str],
-        repeated: list[str],
-        last: Notification | None,
-        now: int,
-    ) -> None:
+    def _send(self, gid: GroupId, group: Group, due: Due, last: Notification | None, now: int) -> None:
         receiver, group_key = gid
+        kind, firing, resolved, repeated = due.kind, due.firing, due.resolved, due.repeated
         views: dict[str, AlertView] = self.book.alerts
         key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
         sends = posts(
@@ -462,21 +452,18 @@ class Dispatcher:
                 self._dead_letter(receiver, group_key, document, result.reason, result.detail)
         group.failures, group.retry_at_ms = 0, 0
         record = Notification(ONCALL_SCHEMA_VERSION, receiver, group_key, kind, now, firing, resolved, repeated)
-        self._record(record)
+        produce_confirmed(
+            self.settings.kafka,
+            self._producer,
+            self.settings.topics.notifications,
+            f"{receiver}|{group_key}".encode(),
+            encode(record),
+        )
         self.sent[gid] = record
         group.pending_since_ms = None
         self.counts[f"sent_{kind.value}"] += delivered
         log.info(
             "notified %s: %s %s (%d firing, %d resolved)", receiver, kind.value, group_key, len(firing), len(resolved)
-        )
-
-    def _record(self, record: Notification) -> None:
-        produce_confirmed(
-            self.settings.kafka,
-            self._producer,
-            self.settings.topics.notifications,
-            f"{record.receiver}|{record.group_key}".encode(),
-            encode(record),
         )
 
     def _dead_letter(
