@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message, Producer
 
-from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
+from iotwatch.alerts.book import AlertBook, AlertView, book_topics
 from iotwatch.alerts.feed import Pending, RecordFeed
 from iotwatch.alerts.metrics import LifecycleMetrics
 from iotwatch.alerts.notification import posts, record_body, record_key
@@ -347,7 +347,7 @@ class Dispatcher:
             if ack is None or cleared is None or not view.needs_cleared_after_ack():
                 continue
             step = msgspec.structs.replace(
-                ack, v=ONCALL_SCHEMA_VERSION, action=AlertStep.CLEARED_AFTER_ACK, cleared_at_ms=detected_ms(cleared)
+                ack, v=ONCALL_SCHEMA_VERSION, action=AlertStep.CLEARED_AFTER_ACK, cleared_at_ms=cleared.detected_at_ms
             )
             produce_confirmed(
                 self.settings.kafka, self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step)

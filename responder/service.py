@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message, Producer
 
-from iotwatch.alerts.book import AlertBook, detected_ms
+from iotwatch.alerts.book import AlertBook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, alert_message
@@ -222,7 +222,7 @@ class Responder:
             if view.raised is None or view.alert_id in self._unusable:
                 continue
             if not view.firing:  # a crash alert may clear before the responder saw it firing: still an emergency
-                if view.alert_id not in self.notified and detected_ms(view.raised) >= recent_ms:
+                if view.alert_id not in self.notified and view.raised.detected_at_ms >= recent_ms:
                     for policy in self.policies:
                         if (
                             policy.action == "emergency"
