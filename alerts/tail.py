@@ -283,7 +283,8 @@ def _view(
 ) -> None:
     """A viewer: what the topic holds from the start time (now, its beginning or ``--since``
     ago) in time order across partitions (Kafka timestamp, then partition and offset), up to
-    :data:`BACKLOG_MAX` at a time; then new alerts as they come."""
+    :data:`BACKLOG_MAX` at a time; then new alerts as they come. Starting now reads the
+    retained alerts once too (the alert topic is small: alerts, not readings)."""
     now_ms = int(time.time() * 1000)
     since_ms = 0 if options.from_beginning else now_ms - int((options.since_s or 0) * 1000)
     held: list[Message] = []
