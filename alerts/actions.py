@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 from confluent_kafka import Producer
 
 from iotwatch.alerts.book import AlertBook, AlertView, UnknownAlert
@@ -94,16 +95,7 @@ def revoke_silence(settings: Settings, book: AlertBook, silence_id: str, by: str
         raise UnknownAlert(f"no silence with id {silence_id!r}")
     if silence.ends_at_ms <= now:
         raise IotwatchError(f"silence {silence_id} is not active (it ended or was revoked)")
-    ended = Silence(
-        ONCALL_SCHEMA_VERSION,
-        silence.silence_id,
-        silence.matchers,
-        silence.starts_at_ms,
-        now,
-        silence.created_by,
-        silence.comment,
-        by,
-    )
+    ended = msgspec.structs.replace(silence, v=ONCALL_SCHEMA_VERSION, ends_at_ms=now, revoked_by=by)
     publish(settings, settings.topics.silences, ended.silence_id, encode(ended))
     book.apply_silence(ended)
     return ended

@@ -1,14 +1,6 @@
-"""The current state of every alert and silence, folded from the event logs.
-
-Nothing here is stored anywhere but Kafka: an alert's state is the fold of the streaming
-job's ``raised``/``cleared`` records (``iot.alerts``) and the operators' acknowledgements
-(``iot.alerts.state``, compacted by alert id); silences are ``iot.alerts.silences``
-(compacted by silence id). The CLI folds the topics once per command; the forwarder folds
-them on start and keeps folding as records arrive, so a restart rebuilds the same state.
-
-Status of an alert: ``open`` (raised, nobody acknowledged it), ``acknowledged``,
-``cleared`` and ``cleared_after_ack`` (the condition ended after someone acknowledged it;
-the forwarder also records that step on the alert-state topic, carrying the acknowledgement).
+"""The current state of every alert and silence, folded from the event logs (the alert topic,
+the operators' alert-state and silence topics): nothing is stored anywhere but Kafka, so every
+tool rebuilds the same state by replaying them (docs/operate/oncall.md, "State is the event log").
 """
 
 from __future__ import annotations
@@ -73,7 +65,7 @@ class AlertView:
     def status(self) -> str:
         ack = self.acknowledgement
         if self.cleared is not None:
-            return CLEARED_AFTER_ACK if ack is not None and ack.at_ms <= detected_ms(self.cleared) else CLEARED
+            return CLEARED_AFTER_ACK if ack is not None and ack.at_ms <= self.cleared.detected_at_ms else CLEARED
         if self.ack is not None and self.ack.action == AlertStep.CLEARED_AFTER_ACK:
             return CLEARED_AFTER_ACK  # the alert topic's clear is gone (retention); the state topic keeps it
         return ACKNOWLEDGED if self.acked else OPEN
@@ -84,23 +76,23 @@ class AlertView:
             self.cleared is not None
             and self.ack is not None
             and self.ack.action == AlertStep.ACKNOWLEDGED
-            and self.ack.at_ms <= detected_ms(self.cleared)
+            and self.ack.at_ms <= self.cleared.detected_at_ms
         )
 
     @property
     def raised_ms(self) -> int | None:
-        return detected_ms(self.raised) if self.raised else None
+        return self.raised.detected_at_ms if self.raised else None
 
     def seconds_to_ack(self) -> float | None:
         ack = self.acknowledgement
         if ack is None or self.raised is None:
             return None
-        return max(0.0, (ack.at_ms - detected_ms(self.raised)) / 1000)
+        return max(0.0, (ack.at_ms - self.raised.detected_at_ms) / 1000)
 
     def seconds_to_clear(self) -> float | None:
         if self.raised is None or self.cleared is None:
             return None
-        return max(0.0, (detected_ms(self.cleared) - detected_ms(self.raised)) / 1000)
+        return max(0.0, (self.cleared.detected_at_ms - self.raised.detected_at_ms) / 1000)
 
     def as_dict(self) -> dict[str, Any]:
         """The alert's fields plus its on-call state (what ``alerts list --json`` prints)."""
@@ -109,7 +101,7 @@ class AlertView:
             **alert_as_dict(self.record),
             "status": self.status,
             "raised_at_ms": self.raised_ms,
-            "cleared_at_ms": detected_ms(self.cleared) if self.cleared else None,
+            "cleared_at_ms": self.cleared.detected_at_ms if self.cleared else None,
             "acked_by": ack.by if ack else None,
             "acked_at_ms": ack.at_ms if ack else None,
             "ack_note": ack.note if ack else None,
@@ -121,13 +113,8 @@ class AlertView:
 def _ended_ms(view: AlertView) -> int:
     """When an alert that is not firing ended: its clear, else its last operator step."""
     if view.cleared is not None:
-        return detected_ms(view.cleared)
+        return view.cleared.detected_at_ms
     return view.ack.at_ms if view.ack is not None else 0
-
-
-def detected_ms(record: AlertRecord) -> int:
-    """When the streaming job detected the raise or clear (wall clock, as acks are)."""
-    return record.detected_at_ms
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+import msgspec
 
 from iotwatch.cli import AppContext, F, compose, emit, endpoint_options, json_option, pass_app, stop_on_signals
 from iotwatch.contract.alerts import SEVERITIES, STATES
@@ -134,7 +135,9 @@ def tail(
         group_id=group,
         since_s=since_s,
         from_beginning=from_beginning,
-        alert_filter=AlertFilter.of(severity, sites, device_types, rules, devices, states),
+        alert_filter=AlertFilter.of(
+            severity, site=sites, device_type=device_types, rule=rules, device_id=devices, state=states
+        ),
         as_json=as_json,
         limit=limit,
         timeout_s=timeout_s,
@@ -213,6 +216,11 @@ def forward(
     routes_file: Path | None,
     as_json: bool,
 ) -> None:
+    """Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to
+    --webhook URL, or follow a policy tree (--routes FILE; iotwatch.alerts.routing documents the
+    file). Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0).
+    --json prints the counters at exit. docs/operate/oncall.md ("Notifications", "What receivers
+    are sent") describes when it sends what, the request format and the delivery guarantees."""
     from iotwatch.alerts.dispatch import Dispatcher, ForwardOptions
     from iotwatch.alerts.routing import load_routing, single_receiver
 
@@ -247,24 +255,6 @@ def _forward_summary(counts: dict[str, Any]) -> str:
     if counts["waiting"]:
         text += f"; {counts['waiting']} alert record(s) not yet delivered are left for the next run"
     return text
-
-
-def _forward_help() -> str:
-    import iotwatch.alerts.dispatch as dispatch
-    import iotwatch.alerts.notification as notification
-
-    intro = (
-        "Notify receivers of alerts, at least once: post each raised/cleared alert record as JSON to "
-        "--webhook URL, or follow a policy tree (--routes FILE; iotwatch.alerts.routing documents the file). "
-        "Stop with SIGTERM or Ctrl-C (the post in flight completes and is recorded; exit 0). "
-        "--json prints the counters at exit."
-    )
-    # \b keeps click from re-wrapping the documented request format
-    blocks = [*(dispatch.__doc__ or "").split("\n\n")[1:], *(notification.__doc__ or "").split("\n\n")[1:]]
-    return intro + "\n\n" + "\n\n".join("\b\n" + block for block in blocks)
-
-
-forward.help = _forward_help()
 
 
 def _user_option(help_text: str) -> Callable[[F], F]:
@@ -394,7 +384,7 @@ def silence(
     seconds = _positive_duration(duration, "--for")
     created = add_silence(app.settings, Matchers(site, device_id, rule, severity), seconds, by, comment)
     emit(
-        _silence_dict(created),
+        msgspec.to_builtins(created),
         as_json,
         lambda _: click.echo(f"silence {created.silence_id}: {created.matchers.describe()} for {duration} by {by}"),
     )
@@ -417,7 +407,7 @@ def silences(app: AppContext, show_all: bool, as_json: bool) -> None:
         (s for s in load_book(app.settings).silences.values() if show_all or s.active(now)),
         key=lambda s: -s.starts_at_ms,
     )
-    emit([_silence_dict(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
+    emit([msgspec.to_builtins(s) for s in chosen], as_json, lambda _: silences_table(chosen, now, show_all))
 
 
 @alerts.command()
@@ -432,11 +422,4 @@ def unsilence(app: AppContext, silence_id: str, by: str, as_json: bool) -> None:
     from iotwatch.alerts.book import load_book
 
     ended = revoke_silence(app.settings, load_book(app.settings), silence_id, by)
-    emit(_silence_dict(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))
-
-
-def _silence_dict(record: Any) -> dict[str, Any]:
-    import msgspec
-
-    as_dict: dict[str, Any] = msgspec.to_builtins(record)  # a Struct becomes a dict
-    return as_dict
+    emit(msgspec.to_builtins(ended), as_json, lambda _: click.echo(f"silence {ended.silence_id} ended by {by}"))

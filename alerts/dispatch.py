@@ -1,39 +1,15 @@
 """``iotwatch alerts forward``: notify receivers per a policy tree (``--routes FILE``), with
-silences, grouping, repeats of unacknowledged critical alerts and resolved notifications;
-or post every raised/cleared alert record to one webhook (``--webhook URL``, the tree of one
-``record`` receiver: :mod:`iotwatch.alerts.feed`).
-
-How it decides, per (receiver, group key) -- Alertmanager's and Grafana's model:
-
-- an alert is *firing* while raised and not cleared, and not muted by an active silence;
-- a group's first notification waits ``group_wait`` after its first firing alert (a burst
-  becomes one notification listing all of it);
-- later, at most one notification per ``group_interval``, sent when the group has new
-  firing alerts or alerts that cleared since the last notification (these are listed as
-  resolved);
-- with nothing new, a group with *unacknowledged critical* alerts still firing is sent
-  again after ``repeat_interval``; acknowledged ones do not repeat.
-
-A ``record`` receiver instead gets every alert record routed to it, one post each, in the
-alert topic's order (no grouping, silences or repeats).
-
-Memory stays bounded by what is open: cleared alerts whose resolution every receiver got,
-expired silences and groups with nothing firing are dropped ``forget_after_s`` after they
-ended (:meth:`Dispatcher.forget`); what is left is the open alerts, the recent groups and a
-``record`` receiver's backlog.
+silences, grouping, repeats of unacknowledged critical alerts and resolved notifications, as
+Alertmanager and Grafana decide (:func:`iotwatch.alerts.notify_policy.decide`); or post every
+raised/cleared alert record to one webhook (``--webhook URL``, the tree of one ``record``
+receiver: :mod:`iotwatch.alerts.feed`). docs/operate/oncall.md ("Notifications") describes
+what it sends when, and its delivery guarantees.
 
 State: the alerts, acknowledgements and silences are folded from their topics
-(:mod:`iotwatch.alerts.book`); every group notification sent is recorded on the notifications topic
-(compacted by receiver and group), which is all the forwarder needs to know what each
-receiver already has; a ``record`` receiver's progress is its consumer group's committed
-offsets. On start it replays the four topics to their end before it sends anything, so a
-restart neither repeats what was sent nor forgets a repeat timer.
-Delivery is at least once: a failed post (5xx, 408, 429, timeout, refused connection) is
-tried again after a back-off (or Retry-After) while the other groups and receivers go on; a
-4xx refusal is dead-lettered (<state_dir>/dead-notifications.jsonl, and the dead-letter
-topic if set) with its reason and counted as handled. A crash between a post and its record
-(or commit) repeats that post with the same ``Idempotency-Key``. SIGTERM or Ctrl-C: the post
-in flight is finished and recorded, then the forwarder stops.
+(:mod:`iotwatch.alerts.book`); every group notification sent is recorded on the notifications
+topic, which is all the forwarder needs to know what each receiver already has. On start it
+replays the topics to their end before it sends anything, so a restart neither repeats what
+was sent nor forgets a repeat timer. Memory stays bounded by what is open (:meth:`Dispatcher.forget`).
 """
 
 from __future__ import annotations
@@ -48,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from confluent_kafka import Message, Producer
 
-from iotwatch.alerts.book import AlertBook, AlertView, book_topics, detected_ms
+from iotwatch.alerts.book import AlertBook, AlertView, book_topics
 from iotwatch.alerts.feed import Pending, RecordFeed
 from iotwatch.alerts.metrics import LifecycleMetrics
 from iotwatch.alerts.notification import posts, record_body, record_key
-from iotwatch.alerts.notify_policy import GroupNow, decide
+from iotwatch.alerts.notify_policy import Due, GroupNow, decide
 from iotwatch.alerts.routing import Route, RoutingTree
 from iotwatch.alerts.webhook import Backoff, PostResult, Webhook
 from iotwatch.clients.influx import InfluxV1Client
@@ -63,11 +40,9 @@ from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.contract.dead_letters import DeadLetter
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
-    AlertState,
     AlertStep,
     BadRecord,
     Notification,
-    NotificationKind,
     decode,
     encode,
     stable_id,
@@ -361,7 +336,7 @@ class Dispatcher:
         )
         due, group.pending_since_ms = decide(state, group.route)
         if due is not None:
-            self._send(gid, group, due.kind, due.firing, due.resolved, due.repeated, last, now)
+            self._send(gid, group, due, last, now)
 
     def _record_cleared_after_ack(self) -> None:
         """The ``cleared_after_ack`` step on the alert-state topic, carrying the acknowledgement
@@ -371,14 +346,8 @@ class Dispatcher:
             ack, cleared = view.ack, view.cleared
             if ack is None or cleared is None or not view.needs_cleared_after_ack():
                 continue
-            step = AlertState(
-                ONCALL_SCHEMA_VERSION,
-                alert_id,
-                AlertStep.CLEARED_AFTER_ACK,
-                ack.by,
-                ack.at_ms,
-                ack.note,
-                detected_ms(cleared),
+            step = msgspec.structs.replace(
+                ack, v=ONCALL_SCHEMA_VERSION, action=AlertStep.CLEARED_AFTER_ACK, cleared_at_ms=cleared.detected_at_ms
             )
             produce_confirmed(
                 self.settings.kafka, self._producer, self.settings.topics.alert_state, alert_id.encode(), encode(step)
@@ -454,18 +423,9 @@ class Dispatcher:
         self.counts["handled"] += 1
         return True
 
-    def _send(
-        self,
-        gid: GroupId,
-        group: Group,
-        kind: NotificationKind,
-        firing: list[str],
-        resolved: list[str],
-        repeated: list[str],
-        last: Notification | None,
-        now: int,
-    ) -> None:
+    def _send(self, gid: GroupId, group: Group, due: Due, last: Notification | None, now: int) -> None:
         receiver, group_key = gid
+        kind, firing, resolved, repeated = due.kind, due.firing, due.resolved, due.repeated
         views: dict[str, AlertView] = self.book.alerts
         key = stable_id(receiver, group_key, kind, firing, resolved, last.sent_at_ms if last else 0, length=32)
         sends = posts(
@@ -492,21 +452,18 @@ class Dispatcher:
                 self._dead_letter(receiver, group_key, document, result.reason, result.detail)
         group.failures, group.retry_at_ms = 0, 0
         record = Notification(ONCALL_SCHEMA_VERSION, receiver, group_key, kind, now, firing, resolved, repeated)
-        self._record(record)
+        produce_confirmed(
+            self.settings.kafka,
+            self._producer,
+            self.settings.topics.notifications,
+            f"{receiver}|{group_key}".encode(),
+            encode(record),
+        )
         self.sent[gid] = record
         group.pending_since_ms = None
         self.counts[f"sent_{kind.value}"] += delivered
         log.info(
             "notified %s: %s %s (%d firing, %d resolved)", receiver, kind.value, group_key, len(firing), len(resolved)
-        )
-
-    def _record(self, record: Notification) -> None:
-        produce_confirmed(
-            self.settings.kafka,
-            self._producer,
-            self.settings.topics.notifications,
-            f"{record.receiver}|{record.group_key}".encode(),
-            encode(record),
         )
 
     def _dead_letter(

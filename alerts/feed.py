@@ -1,13 +1,7 @@
 """A ``format = "record"`` receiver's queue and progress: every raised/cleared alert record
-routed to it, one post each, in the alert topic's order.
-
-The receiver's progress is its consumer group on the alert topic (``--group``, default
-``IOTWATCH_ALERTS_FORWARD_GROUP_ID``): the offset committed on a partition is that of its
-first record not yet delivered or dead-lettered, committed (synchronously) after each
-outcome. The forwarder rebuilds everything else from the topics on start, so a restart
-resumes at the committed offsets: nothing is lost and nothing delivered is sent again except
-the one post in flight at a crash (sent again with the same ``Idempotency-Key``). Operators
-see the receiver's backlog as the group's lag with Kafka's own tools.
+routed to it, one post each, in the alert topic's order. Its progress is its consumer group's
+committed offsets (the first record not yet delivered or dead-lettered, per partition), so a
+restart resumes there and the group's lag is its backlog (docs/operate/oncall.md, "Following alerts").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections import Counter
 
 from influxdb_client import Point
 
-from iotwatch.alerts.book import AlertBook, AlertView, detected_ms
+from iotwatch.alerts.book import AlertBook, AlertView
 from iotwatch.clients.influx import InfluxV1Client, event_time_ns
 from iotwatch.contract.measurements import ALERT_ACKS, ALERT_RESOLUTIONS, ONCALL_ALERTS
 from iotwatch.errors import ServiceUnavailable
@@ -62,7 +62,7 @@ class LifecycleMetrics:
         if view.cleared is not None and (view.alert_id, "clear") not in self.written:
             self.written.add((view.alert_id, "clear"))
             fields = {"seconds_to_clear": float(view.seconds_to_clear() or 0.0), "alert_id": view.alert_id}
-            at = event_time_ns(detected_ms(view.cleared), view.alert_id)
+            at = event_time_ns(view.cleared.detected_at_ms, view.alert_id)
             self.pending.append(
                 ALERT_RESOLUTIONS.point({**tags, "acked": "true" if view.acked else "false"}, fields, at, "ns")
             )

@@ -1,45 +1,7 @@
 """What a receiver is sent: one alert record (``record`` receivers, ``alerts forward --webhook``)
-or one group notification, as JSON with a Slack-compatible ``text``.
-
-Every post::
-
-    POST <receiver url>
-    Content-Type: application/json
-    Idempotency-Key: <key>                  same value on every retry and after restarts
-    X-Iotwatch-Attempt: <n>                 1 for the first try of this process
-    User-Agent: iotwatch-alerts-forward/1
-    (plus IOTWATCH_ALERTS_WEBHOOK_HEADERS and the receiver's headers, e.g. Authorization)
-
-``record`` receivers get one post per alert record (state ``raised`` or ``cleared``) with
-the key ``<alert_id>:<state>``::
-
-    {"alert_id": "3f0c...", "state": "raised", "severity": "critical", "rule": "crash",
-     "detector": "rule", "device_id": "car-1", "device_type": "vehicle_edr", "site": "fleet-2",
-     "metric": "accel_long_g", "value": -6.2, "score": 1.0, "threshold": 4.0,
-     "fire_score": 0.75, "clear_score": 0.45, "contributors": [{"metric": ..., "value": ..., "score": ...}],
-     "first_event_ms": ..., "first_event_time": "...Z", "last_event_ms": ..., "last_event_time": "...Z",
-     "occurrences": 1, "detected_at": "...Z", "detected_at_ms": ..., "model_version": "...",
-     "message": "[CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ...",
-     "text": ":red_circle: [CRITICAL] crash raised on vehicle_edr car-1 at fleet-2: ..."}
-
-That body is the alert record exactly as published (every field of iotwatch.streaming.alerting, any
-future field too) plus ``text``, so Slack/Mattermost incoming webhooks can take it as is.
-``text`` starts with :red_circle: critical, :large_orange_circle: major,
-:large_yellow_circle: minor, :large_blue_circle: warning, :large_green_circle: cleared.
-
-Group notifications carry a key derived from the receiver, the group and what it lists.
-``json`` receivers get::
-
-    {"receiver": "oncall", "status": "firing", "kind": "firing", "group_key": "0.1:{site=home-1,rule=leak}",
-     "group_labels": {"site": "home-1", "rule": "water_leak"},
-     "alerts": [{...alert record..., "status": "open", "acked_by": null, "runbook_url": "https://..."}],
-     "resolved": [{...}], "repeated": ["<alert id>", ...],
-     "text": ":red_circle: [FIRING:2] site=home-1 rule=water_leak\\n• [CRITICAL] water_leak raised on ..."}
-
-``slack`` receivers get only ``{"text": ...}`` (Slack, Mattermost and Rocket.Chat incoming
-webhooks take it as is; runbooks as ``<url|runbook>`` links). ``pagerduty`` and ``alertmanager``
-receivers get those tools' own APIs (:mod:`iotwatch.alerts.paging_apis`): one PagerDuty event
-per alert, or one Alertmanager post listing the notification's alerts.
+or one group notification, as JSON with a Slack-compatible ``text``; ``pagerduty`` and
+``alertmanager`` receivers get those tools' APIs (:mod:`iotwatch.alerts.paging_apis`).
+docs/operate/oncall.md ("What receivers are sent") gives the request format.
 """
 
 from __future__ import annotations
@@ -81,24 +43,11 @@ def posts(
         return pagerduty_events(config.routing_key or "", firing, resolved)
     if config.format == "alertmanager":
         return [(alertmanager_alerts(firing, resolved, now_ms, config.resolve_after, config.generator_url), key)]
-    return [(body(receiver, config.format, route, group_key, kind, firing, resolved, repeated), key)]
-
-
-def body(
-    receiver: str,
-    receiver_format: str,
-    route: Route,
-    group_key: str,
-    kind: NotificationKind,
-    firing: list[AlertView],
-    resolved: list[AlertView],
-    repeated: list[str],
-) -> dict[str, Any]:
     labels = {name: (firing or resolved)[0].record.field(name) for name in route.group_by} if firing or resolved else {}
     text = _text(kind, labels, firing, resolved, repeated)
-    if receiver_format == "slack":
-        return {"text": text}
-    return {
+    if config.format == "slack":
+        return [({"text": text}, key)]
+    body = {
         "receiver": receiver,
         "status": "firing" if firing else "resolved",
         "kind": kind.value,
@@ -109,11 +58,11 @@ def body(
         "repeated": repeated,
         "text": text,
     }
+    return [(body, key)]
 
 
 def _alert(view: AlertView) -> dict[str, Any]:
-    state = view.as_dict()
-    return {**state, "runbook_url": view.record.runbook_url}
+    return {**view.as_dict(), "runbook_url": view.record.runbook_url}
 
 
 def _text(

@@ -9,22 +9,9 @@ with a clock that is just a number.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
+from iotwatch.alerts.routing import Route
 from iotwatch.contract.oncall import NotificationKind
-
-
-class Timings(Protocol):
-    """A route's timings (:class:`iotwatch.alerts.routing.Route`)."""
-
-    @property
-    def group_wait_s(self) -> float: ...
-
-    @property
-    def group_interval_s(self) -> float: ...
-
-    @property
-    def repeat_interval_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +39,7 @@ class Due:
     repeated: list[str]
 
 
-def decide(group: GroupNow, timings: Timings) -> tuple[Due | None, int | None]:
+def decide(group: GroupNow, route: Route) -> tuple[Due | None, int | None]:
     """The notification due now, if any, and the group's pending-since time afterwards.
 
     - new firing alerts or resolutions in a group that has nothing firing notified wait
@@ -61,12 +48,11 @@ def decide(group: GroupNow, timings: Timings) -> tuple[Due | None, int | None]:
     - with nothing new, unacknowledged critical alerts still firing are sent again after
       ``repeat_interval``.
 
-    >>> class Route:
-    ...     group_wait_s, group_interval_s, repeat_interval_s = 30.0, 300.0, 3600.0
+    >>> route = Route("0", "oncall", ("site",), group_wait_s=30.0, group_interval_s=300.0, repeat_interval_s=3600.0)
     >>> g = GroupNow(["a1"], frozenset(), None, [], [], None, now_ms=0)
-    >>> decide(g, Route())
+    >>> decide(g, route)
     (None, 0)
-    >>> decide(GroupNow(["a1", "a2"], frozenset(), None, [], [], 0, now_ms=30_000), Route())[0].firing
+    >>> decide(GroupNow(["a1", "a2"], frozenset(), None, [], [], 0, now_ms=30_000), route)[0].firing
     ['a1', 'a2']
     """
     new = [a for a in group.firing if a not in group.notified]
@@ -75,15 +61,15 @@ def decide(group: GroupNow, timings: Timings) -> tuple[Due | None, int | None]:
         pending = group.pending_since_ms
         if group.last_sent_ms is None:
             pending = pending if pending is not None else now
-            if now - pending < timings.group_wait_s * 1000:
+            if now - pending < route.group_wait_s * 1000:
                 return None, pending
-        elif now - group.last_sent_ms < timings.group_interval_s * 1000:
+        elif now - group.last_sent_ms < route.group_interval_s * 1000:
             return None, pending
         kind = NotificationKind.FIRING if new else NotificationKind.RESOLVED
         # pending until the notification is delivered (a failed post keeps the group waiting)
         return Due(kind, group.firing, group.resolved, []), pending
     if group.last_sent_ms is None or not group.firing:
         return None, None
-    if group.unacked_critical and now - group.last_sent_ms >= timings.repeat_interval_s * 1000:
+    if group.unacked_critical and now - group.last_sent_ms >= route.repeat_interval_s * 1000:
         return Due(NotificationKind.REPEAT, group.firing, [], group.unacked_critical), None
     return None, None

@@ -6,8 +6,8 @@ for people: ``tail`` and ``forward`` use the same words, so ``tail`` shows exact
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from iotwatch.contract.alerts import AlertRecord, severity_rank
 from iotwatch.errors import UserError
@@ -24,47 +24,20 @@ CLEARED_EMOJI = ":large_green_circle:"
 
 @dataclass(frozen=True)
 class AlertFilter:
-    """What ``tail`` shows: a minimum severity and allow-lists (empty = any)."""
+    """What ``tail`` shows: a minimum severity and allow-lists by alert field (empty = any)."""
 
     min_severity: str | None = None
-    sites: frozenset[str] = frozenset()
-    device_types: frozenset[str] = frozenset()
-    rules: frozenset[str] = frozenset()
-    devices: frozenset[str] = frozenset()
-    states: frozenset[str] = frozenset()
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(
-        cls,
-        min_severity: str | None = None,
-        sites: Iterable[str] = (),
-        device_types: Iterable[str] = (),
-        rules: Iterable[str] = (),
-        devices: Iterable[str] = (),
-        states: Iterable[str] = (),
-    ) -> AlertFilter:
-        return cls(
-            min_severity,
-            frozenset(sites),
-            frozenset(device_types),
-            frozenset(rules),
-            frozenset(devices),
-            frozenset(states),
-        )
+    def of(cls, min_severity: str | None = None, **allowed: Iterable[str]) -> AlertFilter:
+        """``AlertFilter.of("major", site=["home-1"], rule=[])``: an empty list allows any."""
+        return cls(min_severity, {name: frozenset(values) for name, values in allowed.items() if values})
 
     def matches(self, alert: AlertRecord) -> bool:
         if self.min_severity and alert.severity_rank > severity_rank(self.min_severity):
             return False
-        for allowed, name in (
-            (self.sites, "site"),
-            (self.device_types, "device_type"),
-            (self.rules, "rule"),
-            (self.devices, "device_id"),
-            (self.states, "state"),
-        ):
-            if allowed and alert.field(name) not in allowed:
-                return False
-        return True
+        return all(alert.field(name) in values for name, values in self.allowed.items())
 
 
 def headline(alert: AlertRecord) -> str:

@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -24,6 +25,7 @@ from rich.text import Text
 from iotwatch.alerts.records import AlertFilter, headline, human_age
 from iotwatch.clients.kafka import (
     FOLLOW_FETCH_WAIT_MS,
+    TopicFollower,
     access_refused,
     client_config,
     raise_if_refused,
@@ -37,10 +39,9 @@ log = logging.getLogger(__name__)
 SEVERITY_STYLE = {"critical": "bold white on red", "major": "bold red", "minor": "yellow", "warning": "cyan"}
 
 
-def group_consumer(
-    settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool, *, auto_commit: bool
-) -> Consumer:
-    """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after handling."""
+def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, from_beginning: bool) -> Consumer:
+    """A consumer of the alert topic in ``group_id``; offsets are stored by the caller after
+    handling, and committed automatically."""
     # fails fast, in one line, when Kafka is down or refuses this user the topic
     partitions = topic_partitions(settings.kafka, [settings.topics.alerts], "READ")
     if not partitions[settings.topics.alerts]:
@@ -50,7 +51,7 @@ def group_consumer(
             **client_config(settings.kafka),
             "group.id": group_id,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
-            "enable.auto.commit": auto_commit,
+            "enable.auto.commit": True,
             "enable.auto.offset.store": False,
             "session.timeout.ms": alerts.session_timeout_ms,
             "max.poll.interval.ms": max(alerts.max_poll_interval_ms, alerts.session_timeout_ms),
@@ -63,43 +64,19 @@ def group_consumer(
     return consumer
 
 
-def viewer_consumer(
-    settings: Settings, start: str, since_ms: int | None, stop: threading.Event
-) -> tuple[Consumer, int]:
-    """A consumer assigned every partition of the alert topic, in no group (nothing committed),
-    positioned at ``start`` (``latest``, ``earliest`` or ``since``: the first record at or after
-    ``since_ms``). Waits for the topic when the streaming job has not created it yet; returns
-    the consumer and the partition count."""
+def viewer(settings: Settings, stop: threading.Event) -> TopicFollower:
+    """A follower of every partition of the alert topic, in no group (nothing committed); waits
+    for the topic when the streaming job has not created it yet."""
     topic = settings.topics.alerts
 
     def count() -> int:  # fails fast, in one line, when Kafka is down or refuses this user the topic
         return topic_partitions(settings.kafka, [topic], "READ")[topic]
 
-    partitions = count()
-    if not partitions:
+    if not count():
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", topic)
-        while not partitions and not stop.wait(1.0):
-            partitions = count()
-    consumer = Consumer(
-        {
-            **client_config(settings.kafka),
-            "group.id": "iotwatch-alerts-viewer",  # required by the client; never joined (assign), never committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "client.id": "iotwatch-alerts-tail",
-            "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
-            "enable.partition.eof": True,  # where each partition's backlog ends (BacklogOrder)
-        }
-    )
-    if start == "since" and since_ms is not None:
-        wanted = [TopicPartition(topic, p, since_ms) for p in range(partitions)]
-        found = consumer.offsets_for_times(wanted, timeout=10.0) if wanted else []
-        assignment = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
-    else:
-        offset = OFFSET_BEGINNING if start == "earliest" else OFFSET_END
-        assignment = [TopicPartition(topic, p, offset) for p in range(partitions)]
-    consumer.assign(assignment)
-    return consumer, partitions
+        while not count() and not stop.wait(1.0):
+            pass
+    return TopicFollower(settings.kafka, [topic])
 
 
 #: Event time is shown beside the detection time when the two are further apart than this
@@ -222,45 +199,6 @@ class TailOptions:
 
 #: Alerts of a backlog held at most, to be shown in time order (then shown, and more read).
 BACKLOG_MAX = 100_000
-#: A backlog whose partitions' end events do not all come is shown after this quiet time.
-STALLED_S = 2.0
-
-
-class BacklogOrder:
-    """A viewer reading what the topic already holds (``--from-beginning``, ``--since``) gets
-    it partition by partition; this holds those records until every partition has reached
-    its end (the consumer's end-of-partition events) and hands them over in time order
-    (Kafka timestamp, then partition and offset). After that, records pass straight through."""
-
-    def __init__(self, partitions: int) -> None:
-        self.partitions = partitions
-        self.ended: set[int] = set()
-        self.held: list[Message] | None = []
-        self.last_held = time.monotonic()
-
-    def stalled(self, quiet_s: float = STALLED_S) -> bool:
-        """Records are held, yet none came for ``quiet_s`` and not every partition said it ended."""
-        return bool(self.held) and time.monotonic() - self.last_held > quiet_s
-
-    def take(self, message: Message) -> list[Message]:
-        """The records to show now, given this one (held, or passed on)."""
-        if self.held is None:
-            return [message]
-        self.held.append(message)
-        self.last_held = time.monotonic()
-        return self.release() if len(self.held) >= BACKLOG_MAX else []
-
-    def partition_ended(self, partition: int) -> list[Message]:
-        if self.held is None:
-            return []
-        self.ended.add(partition)
-        return self.release(final=True) if len(self.ended) >= self.partitions else []
-
-    def release(self, final: bool = False) -> list[Message]:
-        """The held records in time order (all that remain, e.g. when the tail stops)."""
-        held = sorted(self.held or (), key=lambda m: (m.timestamp()[1], m.partition(), m.offset()))
-        self.held = None if final else []
-        return held
 
 
 def run_tail(
@@ -268,15 +206,13 @@ def run_tail(
 ) -> dict[str, int]:
     """Consume and show alerts until ``stop``, ``limit`` shown alerts or ``timeout_s``; returns counts."""
     out = out if out is not None else sys.stdout
-    since_ms: int | None = None
+    source: TopicFollower | Consumer
     if options.group_id is not None:
-        consumer = group_consumer(settings, alerts, options.group_id, options.from_beginning, auto_commit=True)
-        where, partitions = f"group {options.group_id}", 0
+        source = group_consumer(settings, alerts, options.group_id, options.from_beginning)
+        where = f"group {options.group_id}"
     else:
-        start = "since" if options.since_s is not None else "earliest" if options.from_beginning else "latest"
-        since_ms = int(time.time() * 1000 - options.since_s * 1000) if options.since_s is not None else None
-        consumer, partitions = viewer_consumer(settings, start, since_ms, stop)
-        where = f"{partitions} partition(s), no group"
+        source = viewer(settings, stop)
+        where = f"{len(source.partitions)} partition(s), no group"
     log.info(
         "alerts tail: following %s on Kafka %s (%s), from %s",
         settings.topics.alerts,
@@ -292,51 +228,80 @@ def run_tail(
         if options.live and not options.as_json
         else None
     )
-    backlog = options.group_id is None and (options.from_beginning or options.since_s is not None)
-    order = BacklogOrder(partitions) if backlog else None
+
+    def wait_s() -> float:
+        """How long the next poll may wait: none once stopped, past the deadline or at the limit."""
+        if stop.is_set() or (options.limit is not None and view.shown >= options.limit):
+            return 0
+        return min(0.5, deadline - time.monotonic()) if deadline is not None else 0.5
 
     def show(messages: list[Message]) -> None:
-        for shown in messages:
+        for message in messages:
             if options.limit is not None and view.shown >= options.limit:
                 return
-            _handle(shown, view, options, console, out)
+            _handle(message, view, options, console, out)
 
     try:
         if live is not None:
             live.start()
-        while not stop.is_set() and (options.limit is None or view.shown < options.limit):
-            remaining = deadline - time.monotonic() if deadline is not None else 0.5
-            if remaining <= 0:
-                break
-            message = consumer.poll(min(0.5, remaining))
-            if message is None:
-                if order is not None and order.stalled():  # no end events, and nothing more for a while
-                    show(order.release(final=True))
-                continue
-            error, partition = message.error(), message.partition()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF and partition is not None:
-                    show(order.partition_ended(partition) if order is not None else [])
-                    continue
-                _check_error(settings, options.group_id, error, message.topic())
-                continue
-            if since_ms is not None and message.timestamp()[1] < since_ms:
-                continue  # written before the window (a broker may answer offsets by time coarsely)
-            if order is not None:
-                show(order.take(message))
-                continue
-            _handle(message, view, options, console, out)
-            if options.group_id is not None:
-                consumer.store_offsets(message=message)
-        if order is not None:
-            show(order.release(final=True))  # stopped before every partition's end: what was read
+        if isinstance(source, TopicFollower):
+            _view(source, options, wait_s, show)
+        else:
+            _member(settings, source, options.group_id, wait_s, show)
     finally:
         if live is not None:
             live.stop()
-        if options.group_id is not None:
-            _commit_positions(consumer)
-        consumer.close()
+        source.close()
     return {"shown": view.shown, "filtered": view.filtered, "malformed": view.malformed}
+
+
+def _member(
+    settings: Settings,
+    consumer: Consumer,
+    group_id: str | None,
+    wait_s: Callable[[], float],
+    show: Callable[[list[Message]], None],
+) -> None:
+    """A group member: each alert's offset is stored once shown, and committed."""
+    try:
+        while (timeout := wait_s()) > 0:
+            message = consumer.poll(timeout)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                _check_error(settings, group_id, error, message.topic())
+                continue
+            show([message])
+            consumer.store_offsets(message=message)
+    finally:
+        _commit_positions(consumer)
+
+
+def _view(
+    follower: TopicFollower, options: TailOptions, wait_s: Callable[[], float], show: Callable[[list[Message]], None]
+) -> None:
+    """A viewer: what the topic holds from the start time (now, its beginning or ``--since``
+    ago) in time order across partitions (Kafka timestamp, then partition and offset), up to
+    :data:`BACKLOG_MAX` at a time; then new alerts as they come. Starting now reads the
+    retained alerts once too (the alert topic is small: alerts, not readings)."""
+    now_ms = int(time.time() * 1000)
+    since_ms = 0 if options.from_beginning else now_ms - int((options.since_s or 0) * 1000)
+    held: list[Message] = []
+    for batch in follower.batches(strict=False):
+        held += [message for message in batch if message.timestamp()[1] >= since_ms]
+        if len(held) >= BACKLOG_MAX:
+            show(sorted(held, key=_in_time_order))
+            held = []
+        if wait_s() <= 0:
+            break
+    show(sorted(held, key=_in_time_order))
+    while (timeout := wait_s()) > 0:
+        show(follower.poll(timeout))
+
+
+def _in_time_order(message: Message) -> tuple[int, int, int]:
+    return message.timestamp()[1], message.partition() or 0, message.offset() or 0
 
 
 def _start_words(options: TailOptions) -> str:
@@ -392,4 +357,4 @@ def _check_error(settings: Settings, group_id: str | None, error: KafkaError, to
         log.warning("Kafka: %s", error)
 
 
-__all__ = ["TailOptions", "TailView", "group_consumer", "line", "run_tail", "viewer_consumer"]
+__all__ = ["TailOptions", "TailView", "group_consumer", "line", "run_tail", "viewer"]

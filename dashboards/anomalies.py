@@ -18,7 +18,7 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    colour,
+    colours,
     thresholds,
     value_text,
 )
@@ -39,7 +39,7 @@ def score_cells(column: str = "score") -> Override:
     return Override(
         column,
         {
-            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+            "thresholds": SCORE,
             "custom.cellOptions": {"type": "color-text"},
             "decimals": 2,
         },
@@ -70,7 +70,6 @@ def peak_score(where: str, description: str = "") -> Stat:
         decimals=2,
         min=0,
         max=1,
-        width=6,
         min_interval="1m",
         description=description,
         targets=[per_interval('max("max_score")', "device_metrics", where)],
@@ -108,7 +107,6 @@ def dashboard() -> Dashboard:
                 title="Alerts raised",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
-                width=6,
                 description="Alerts raised in the time range, all rules.",
                 targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}")],
             ),
@@ -116,7 +114,6 @@ def dashboard() -> Dashboard:
                 title="Critical raised",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Critical alerts (crash, water leak) raised in the time range.",
                 targets=[
                     per_interval('count("raised")', "alerts", f"{RAISED} AND \"severity\" = 'critical' AND {SITE}")
@@ -126,7 +123,6 @@ def dashboard() -> Dashboard:
                 title="Alerts open now",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, ORANGE), (10, RED)),
-                width=6,
                 description="Alerts whose last state in the time range is raised (no later cleared).",
                 targets=[
                     Target(
@@ -145,28 +141,23 @@ def dashboard() -> Dashboard:
                 title="Alerts raised by severity",
                 draw_style="bars",
                 stacking="normal",
-                unit="short",
                 legend_calcs=("sum",),
                 description="Raised alerts per interval, by severity.",
                 targets=[
                     per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"severity"', "$tag_severity")
                 ],
-                overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
+                overrides=colours(SEVERITY_COLOURS),
             ),
             TimeSeries(
                 title="Alerts raised by rule",
                 draw_style="bars",
                 stacking="normal",
-                unit="short",
                 legend_calcs=("sum",),
                 description="Raised alerts per interval, by rule.",
                 targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {SITE}", '"rule"', "$tag_rule")],
-                overrides=[
-                    colour("crash", RED),
-                    colour("water_leak", "dark-red"),
-                    colour("anomaly_score", YELLOW),
-                    colour("out_of_range", ORANGE),
-                ],
+                overrides=colours(
+                    {"crash": RED, "water_leak": "dark-red", "anomaly_score": YELLOW, "out_of_range": ORANGE}
+                ),
             ),
         ],
     )
@@ -207,7 +198,6 @@ def dashboard() -> Dashboard:
                 title="Open alerts",
                 width=24,
                 height=9,
-                sort_by="Time",
                 description="Per device and rule, alerts whose latest state in the time range is raised: no cleared "
                 "has followed yet. Time is when the alert was raised.",
                 targets=[
@@ -225,7 +215,6 @@ def dashboard() -> Dashboard:
                 title="Recent alerts",
                 width=24,
                 height=10,
-                sort_by="Time",
                 description="The last 200 raised and cleared alerts.",
                 targets=[
                     Target(

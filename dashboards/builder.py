@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 #: The datasource every panel, target, variable and annotation refers to: the uid the
 #: provisioning file (deploy/grafana/provisioning/datasources/influxdb.yml) gives it.
@@ -44,20 +44,13 @@ def _ds() -> dict[str, str]:
     return dict(DATASOURCE)
 
 
-@dataclass(frozen=True)
-class Threshold:
-    """A threshold step: from ``value`` upwards the colour is ``color`` (None = the base step)."""
-
-    value: float | None
-    color: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"color": self.color, "value": self.value}
-
-
-def thresholds(base: str, *steps: tuple[float, str]) -> tuple[Threshold, ...]:
-    """``thresholds(GREEN, (100, ORANGE), (1000, RED))``: base colour, then (from value, colour) steps."""
-    return (Threshold(None, base), *(Threshold(value, color) for value, color in steps))
+def thresholds(base: str, *steps: tuple[float, str]) -> dict[str, Any]:
+    """``thresholds(GREEN, (100, ORANGE), (1000, RED))``: base colour, then (from value, colour)
+    steps, as Grafana's absolute thresholds."""
+    return {
+        "mode": "absolute",
+        "steps": [{"color": base, "value": None}, *({"color": color, "value": value} for value, color in steps)],
+    }
 
 
 @dataclass(frozen=True)
@@ -104,6 +97,11 @@ def colour(match: str, color: str, regex: bool = False, **extra: Any) -> Overrid
     return Override(match, props, regex)
 
 
+def colours(colour_of: dict[str, str], regex: bool = False) -> list[Override]:
+    """:func:`colour` for each of several series: ``{name: colour}``."""
+    return [colour(match, color, regex) for match, color in colour_of.items()]
+
+
 def value_text(mapping: dict[str | int, tuple[str, str]]) -> list[dict[str, Any]]:
     """Value mappings: ``{1: ("UP", GREEN), 0: ("DOWN", RED)}``."""
     options = {
@@ -124,7 +122,7 @@ class Panel:
     decimals: int | None = None
     min: float | None = None
     max: float | None = None
-    thresholds: tuple[Threshold, ...] = thresholds(GREEN)
+    thresholds: dict[str, Any] = field(default_factory=lambda: thresholds(GREEN))
     color_mode: str = "palette-classic"
     fixed_color: str | None = None
     mappings: list[dict[str, Any]] = field(default_factory=list)
@@ -136,7 +134,7 @@ class Panel:
     width: int = 12
     height: int = 8
 
-    type: str = field(init=False, default="")
+    type: ClassVar[str] = ""  # Grafana's panel type, set by each subclass
 
     def options(self) -> dict[str, Any]:
         return {}
@@ -156,7 +154,7 @@ class Panel:
             "color": color,
             "custom": self.custom(),
             "mappings": self.mappings,
-            "thresholds": {"mode": "absolute", "steps": [step.to_dict() for step in self.thresholds]},
+            "thresholds": self.thresholds,
         }
         for key in ("unit", "decimals", "min", "max"):
             if getattr(self, key) is not None:
@@ -185,12 +183,10 @@ class Panel:
         return panel
 
 
-def _legend(calcs: Sequence[str], mode: str = "table", placement: str = "bottom") -> dict[str, Any]:
-    return {"showLegend": True, "displayMode": mode, "placement": placement, "calcs": list(calcs)}
-
-
 @dataclass(kw_only=True)
 class TimeSeries(Panel):
+    type: ClassVar[str] = "timeseries"
+    unit: str | None = "short"
     draw_style: Literal["line", "bars", "points"] = "line"
     line_interpolation: Literal["linear", "smooth", "stepAfter", "stepBefore"] = "linear"
     fill_opacity: int = 10
@@ -201,9 +197,6 @@ class TimeSeries(Panel):
     threshold_style: Literal["off", "line", "dashed", "area", "line+area", "dashed+area"] = "off"
     legend_calcs: Sequence[str] = ("mean", "max", "lastNotNull")
     axis_label: str = ""
-
-    def __post_init__(self) -> None:
-        self.type = "timeseries"
 
     def custom(self) -> dict[str, Any]:
         return {
@@ -222,21 +215,20 @@ class TimeSeries(Panel):
         }
 
     def options(self) -> dict[str, Any]:
-        return {"legend": _legend(self.legend_calcs), "tooltip": {"mode": "multi", "sort": "desc"}}
+        legend = {"showLegend": True, "displayMode": "table", "placement": "bottom", "calcs": list(self.legend_calcs)}
+        return {"legend": legend, "tooltip": {"mode": "multi", "sort": "desc"}}
 
 
 @dataclass(kw_only=True)
 class Stat(Panel):
+    type: ClassVar[str] = "stat"
     reduce: str = "lastNotNull"
     graph: bool = True
     stat_color: Literal["value", "background", "none"] = "background"
     text_mode: Literal["auto", "value", "value_and_name", "name", "none"] = "auto"
-    width: int = 4
+    width: int = 6
     height: int = 4
     color_mode: str = "thresholds"
-
-    def __post_init__(self) -> None:
-        self.type = "stat"
 
     def options(self) -> dict[str, Any]:
         return {
@@ -252,14 +244,14 @@ class Stat(Panel):
 
 @dataclass(kw_only=True)
 class Table(Panel):
-    sort_by: str | None = None
+    type: ClassVar[str] = "table"
+    sort_by: str | None = "Time"  # newest first
     sort_desc: bool = True
     column_overrides: Sequence[Override] = ()
     color_mode: str = "thresholds"
     cell_colour: Literal["auto", "color-text", "color-background"] = "auto"
 
     def __post_init__(self) -> None:
-        self.type = "table"
         self.overrides = (*self.overrides, *self.column_overrides)
 
     def custom(self) -> dict[str, Any]:
@@ -278,15 +270,13 @@ class Table(Panel):
 
 @dataclass(kw_only=True)
 class BarGauge(Panel):
+    type: ClassVar[str] = "bargauge"
     reduce: str = "max"
     orientation: Literal["horizontal", "vertical", "auto"] = "horizontal"
     display: Literal["gradient", "lcd", "basic"] = "gradient"
     all_values: bool = False
     limit: int | None = None
     color_mode: str = "thresholds"
-
-    def __post_init__(self) -> None:
-        self.type = "bargauge"
 
     def options(self) -> dict[str, Any]:
         reduce: dict[str, Any] = {"calcs": [self.reduce], "fields": "", "values": self.all_values}
@@ -310,6 +300,8 @@ class BarGauge(Panel):
 class Geomap(Panel):
     """Markers at (latitude, longitude) fields of a table-format frame."""
 
+    type: ClassVar[str] = "geomap"
+
     latitude: str = "lat"
     longitude: str = "lon"
     center: tuple[float, float] = (0.0, 0.0)
@@ -319,7 +311,6 @@ class Geomap(Panel):
     color_mode: str = "fixed"
 
     def __post_init__(self) -> None:
-        self.type = "geomap"
         if self.fixed_color is None:
             self.fixed_color = self.marker_colour
 

@@ -81,22 +81,20 @@ def push(
     Idempotent: same uids, overwrite. The InfluxDB token/credentials for the datasource come
     from the iotwatch InfluxDB settings (IOTWATCH_INFLUX_TOKEN, or USERNAME/PASSWORD).
     """
-    from iotwatch.dashboards.push import InfluxTarget, connect
+    from iotwatch.dashboards.push import connect
     from iotwatch.dashboards.push import push as do_push
 
     influx = None
     if not no_datasource:
         settings = app.settings.influx
-        target_url = influx_url if influx_url is not None else settings.url
-        if not target_url:
-            raise IotwatchError("no InfluxDB URL for the datasource: give --influx-url or --no-datasource")
-        influx = InfluxTarget(
-            url=target_url,
-            database=database or settings.database,
-            token=settings.token.get_secret_value() if settings.token else None,
-            username=settings.username,
-            password=settings.password.get_secret_value() if settings.password else None,
+        influx = settings.model_copy(
+            update={
+                "url": settings.url if influx_url is None else influx_url,
+                "database": database or settings.database,
+            }
         )
+        if not influx.url:
+            raise IotwatchError("no InfluxDB URL for the datasource: give --influx-url or --no-datasource")
     result = do_push(connect(url, token, timeout), folder=folder, influx=influx)
 
     def render(r: dict[str, Any]) -> None:

@@ -9,11 +9,15 @@ dashboard variables before sending them.
 
 from __future__ import annotations
 
-from iotwatch.dashboards.builder import Target, Variable
+from typing import Any
+
+from iotwatch.dashboards.builder import GREEN, RED, Stat, Target, Variable, thresholds, value_text
 
 #: Per-second rate divisor for per-batch counts summed over a $__interval bucket.
 PER_SECOND = "* 1000 / $__interval_ms"
 MSG_PER_S = "suffix:msg/s"
+#: A 1/0 health value: green UP, red DOWN.
+UP_DOWN = value_text({1: ("UP", GREEN), 0: ("DOWN", RED)})
 # Alert scores are calibrated to [0, 1]: fire at 0.75, may clear below 0.45 (stream settings).
 SCORE_FIRE, SCORE_CLEAR = 0.75, 0.45
 
@@ -23,27 +27,24 @@ def regex(variable: str) -> str:
     return f"=~ /^${variable}$/"
 
 
-def site_variable(where: str = "", multi: bool = True) -> Variable:
+def tag_variable(
+    name: str, key: str, label: str, where: str = "", multi: bool = True, measurement: str = "device_metrics"
+) -> Variable:
+    """A picker of tag ``key``'s values where ``where`` holds (which may name an earlier
+    variable: chained pickers); ``multi``: several at once, and All."""
     condition = f" WHERE {where}" if where else ""
-    return Variable(
-        "site",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "site"{condition}',
-        label="Site",
-        multi=multi,
-        include_all=multi,
-    )
+    query = f'SHOW TAG VALUES FROM "{measurement}" WITH KEY = "{key}"{condition}'
+    return Variable(name, query, label=label, multi=multi, include_all=multi)
+
+
+def site_variable(where: str = "", multi: bool = True) -> Variable:
+    return tag_variable("site", "site", "Site", where, multi)
 
 
 def device_variable(where: str = "", multi: bool = False) -> Variable:
     """Devices of the selected site(s): chained on ``$site``."""
-    extra = f" AND {where}" if where else ""
-    return Variable(
-        "device",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "device_id" WHERE "site" {regex("site")}{extra}',
-        label="Device",
-        multi=multi,
-        include_all=multi,
-    )
+    chained = f'"site" {regex("site")}' + (f" AND {where}" if where else "")
+    return tag_variable("device", "device_id", "Device", chained, multi)
 
 
 def per_interval(select: str, measurement: str, where: str = "", by: str = "", alias: str | None = None) -> Target:
@@ -65,4 +66,18 @@ def gateway_rate(field: str, alias: str, where: str = "") -> Target:
         f'SELECT sum("rate") AS "{alias}" FROM (SELECT non_negative_derivative(last("{field}"), 1s) AS "rate" '
         f'FROM "gateway" WHERE {condition}$timeFilter GROUP BY time($__interval), "instance" fill(none)) '
         f"WHERE $timeFilter GROUP BY time($__interval) fill(none)"
+    )
+
+
+def up_down(title: str, description: str, target: Target, **options: Any) -> Stat:
+    """A Stat of a 1/0 health value (``target``'s last value): green UP or red DOWN."""
+    return Stat(
+        title=title,
+        width=4,
+        graph=False,
+        thresholds=thresholds(RED, (1, GREEN)),
+        mappings=UP_DOWN,
+        description=description,
+        targets=[target],
+        **options,
     )

@@ -24,24 +24,17 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    Variable,
     colour,
     thresholds,
 )
-from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable
+from iotwatch.dashboards.common import device_variable, per_interval, regex, site_variable, tag_variable
 
 DEVICE = f'"device_id" {regex("device")}'
 METRIC = f'"metric" {regex("metric")}'
 
 
 def dashboard() -> Dashboard:
-    metric = Variable(
-        "metric",
-        f'SHOW TAG VALUES FROM "device_metrics" WITH KEY = "metric" WHERE {DEVICE}',
-        label="Metric",
-        multi=True,
-        include_all=True,
-    )
+    metric = tag_variable("metric", "metric", "Metric", DEVICE)
     overview = Row(
         "Device",
         [
@@ -49,7 +42,6 @@ def dashboard() -> Dashboard:
                 title="Readings",
                 reduce="sum",
                 thresholds=thresholds(BLUE),
-                width=6,
                 min_interval="1m",
                 description="Readings of this device in the time range, per selected metric.",
                 targets=[
@@ -61,7 +53,6 @@ def dashboard() -> Dashboard:
                 title="Alerts raised",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (5, RED)),
-                width=6,
                 description="Alerts this device raised in the time range.",
                 targets=[per_interval('count("raised")', "alerts", f"{RAISED} AND {DEVICE}")],
             ),
@@ -69,7 +60,6 @@ def dashboard() -> Dashboard:
                 title="Alerts open now",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Rules whose latest alert state for this device is raised.",
                 targets=[
                     Target(
@@ -85,9 +75,8 @@ def dashboard() -> Dashboard:
         [
             TimeSeries(
                 title="$metric",
+                unit=None,
                 repeat="metric",
-                width=12,
-                height=8,
                 min_interval="1m",
                 fill_opacity=0,
                 legend_calcs=("min", "mean", "max"),
@@ -115,7 +104,7 @@ def dashboard() -> Dashboard:
                             "custom.drawStyle": "bars",
                             "custom.fillOpacity": 40,
                             "color": {"mode": "thresholds"},
-                            "thresholds": {"mode": "absolute", "steps": [t.to_dict() for t in SCORE]},
+                            "thresholds": SCORE,
                         },
                     ),
                 ],
@@ -128,8 +117,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Alerts of this device",
                 width=24,
-                height=8,
-                sort_by="Time",
                 description="Raised and cleared alerts of this device in the time range.",
                 targets=[
                     Target(

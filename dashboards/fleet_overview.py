@@ -15,10 +15,10 @@ from iotwatch.dashboards.builder import (
     Target,
     TimeSeries,
     colour,
+    colours,
     thresholds,
-    value_text,
 )
-from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate, per_interval
+from iotwatch.dashboards.common import MSG_PER_S, PER_SECOND, gateway_rate, per_interval, up_down
 
 PROGRESS = "\"stage\" = 'stream_progress'"
 BATCH = "\"stage\" = 'stream'"
@@ -35,6 +35,7 @@ def dashboard() -> Dashboard:
         [
             Stat(
                 title="Gateway forwarded",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
@@ -43,6 +44,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Stream processed",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
@@ -51,6 +53,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Kafka lag",
+                width=4,
                 unit="short",
                 thresholds=LAG,
                 description="Records between what the job has read and the end of the raw topic. "
@@ -59,6 +62,7 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Batch duration",
+                width=4,
                 unit="ms",
                 thresholds=BATCH_MS,
                 description="Wall time of the last micro-batch (all sinks). "
@@ -67,25 +71,21 @@ def dashboard() -> Dashboard:
             ),
             Stat(
                 title="Alerts raised",
+                width=4,
                 unit="short",
                 reduce="sum",
                 thresholds=thresholds(GREEN, (1, ORANGE), (20, RED)),
                 description="Alerts raised by the streaming job in the time range.",
                 targets=[per_interval('sum("alerts_raised")', "pipeline", BATCH)],
             ),
-            Stat(
-                title="Kafka reachable",
+            up_down(
+                "Kafka reachable",
+                "Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
+                Target(
+                    'SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
+                    'GROUP BY "instance") WHERE $timeFilter'
+                ),
                 reduce="min",
-                graph=False,
-                thresholds=thresholds(RED, (1, GREEN)),
-                mappings=value_text({1: ("UP", GREEN), 0: ("DOWN", RED)}),
-                description="Worst gateway instance: DOWN if any gateway lost Kafka in its last report.",
-                targets=[
-                    Target(
-                        'SELECT min("up") FROM (SELECT last("kafka_up") AS "up" FROM "gateway" WHERE $timeFilter '
-                        'GROUP BY "instance") WHERE $timeFilter'
-                    )
-                ],
             ),
         ],
     )
@@ -111,16 +111,17 @@ def dashboard() -> Dashboard:
                         PROGRESS,
                     ),
                 ],
-                overrides=[
-                    colour("gateway received", BLUE),
-                    colour("gateway forwarded", GREEN),
-                    colour("stream input", PURPLE),
-                    colour("stream processed", YELLOW),
-                ],
+                overrides=colours(
+                    {
+                        "gateway received": BLUE,
+                        "gateway forwarded": GREEN,
+                        "stream input": PURPLE,
+                        "stream processed": YELLOW,
+                    }
+                ),
             ),
             TimeSeries(
                 title="Kafka lag over time",
-                unit="short",
                 width=8,
                 height=9,
                 thresholds=LAG,
@@ -150,11 +151,10 @@ def dashboard() -> Dashboard:
                     ),
                     per_interval('mean("trigger_ms") AS "trigger"', "pipeline", PROGRESS),
                 ],
-                overrides=[colour("batch max", RED), colour("batch mean", BLUE), colour("trigger", PURPLE)],
+                overrides=colours({"batch max": RED, "batch mean": BLUE, "trigger": PURPLE}),
             ),
             TimeSeries(
                 title="Streaming state",
-                unit="short",
                 description="Rows held in per-device state and the memory the state store uses.",
                 targets=[
                     per_interval(
@@ -206,7 +206,6 @@ def dashboard() -> Dashboard:
         [
             TimeSeries(
                 title="Goodbyes and held silences",
-                unit="short",
                 draw_style="bars",
                 legend_calcs=("sum", "max"),
                 width=24,
@@ -218,7 +217,7 @@ def dashboard() -> Dashboard:
                         'sum("goodbyes") AS "said goodbye", max("silence_held") AS "silences held"', "pipeline", BATCH
                     )
                 ],
-                overrides=[colour("said goodbye", BLUE), colour("silences held", ORANGE)],
+                overrides=colours({"said goodbye": BLUE, "silences held": ORANGE}),
             ),
         ],
     )
@@ -231,7 +230,6 @@ def dashboard() -> Dashboard:
                 width=24,
                 thresholds=REPLICATION_LAG_MS,
                 threshold_style="dashed",
-                legend_calcs=("mean", "max", "lastNotNull"),
                 description="How far the central Kafka cluster is behind each site: the age of the site's newest "
                 "MirrorMaker 2 heartbeat at the centre (about a second while the link keeps up; it grows a "
                 "second a second while the link is down). Empty with a single cluster.",

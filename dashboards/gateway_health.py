@@ -15,17 +15,16 @@ from iotwatch.dashboards.builder import (
     Stat,
     Target,
     TimeSeries,
-    Variable,
     colour,
+    colours,
     thresholds,
-    value_text,
 )
-from iotwatch.dashboards.common import MSG_PER_S, per_interval, regex
+from iotwatch.dashboards.common import MSG_PER_S, UP_DOWN, per_interval, regex, tag_variable, up_down
 
 INSTANCE = f'"instance" {regex("instance")}'
-UP_DOWN = value_text({1: ("UP", GREEN), 0: ("DOWN", RED)})
 LATENCY = thresholds(GREEN, (500, ORANGE), (2_000, RED))
 INFLIGHT_S = thresholds(GREEN, (5, ORANGE), (30, RED))
+INFLIGHT = thresholds(GREEN, (1_000, ORANGE), (10_000, RED))
 
 
 def last(field: str, alias: str = "$tag_instance") -> Target:
@@ -39,65 +38,43 @@ def rate(
 
 
 def dashboard() -> Dashboard:
-    instance = Variable(
-        "instance",
-        'SHOW TAG VALUES FROM "gateway" WITH KEY = "instance"',
-        label="Gateway",
-        multi=True,
-        include_all=True,
-    )
+    instance = tag_variable("instance", "instance", "Gateway", measurement="gateway")
     status = Row(
         "Status (last report per instance)",
         [
-            Stat(
-                title="Kafka",
-                graph=False,
-                thresholds=thresholds(RED, (1, GREEN)),
-                mappings=UP_DOWN,
-                width=4,
-                description="1 while the instance can reach Kafka.",
-                targets=[last("kafka_up")],
-            ),
-            Stat(
-                title="MQTT",
-                graph=False,
-                thresholds=thresholds(RED, (1, GREEN)),
-                mappings=UP_DOWN,
-                width=4,
-                description="1 while the instance is connected to the MQTT broker.",
-                targets=[last("mqtt_connected")],
-            ),
+            up_down("Kafka", "1 while the instance can reach Kafka.", last("kafka_up")),
+            up_down("MQTT", "1 while the instance is connected to the MQTT broker.", last("mqtt_connected")),
             Stat(
                 title="In flight",
-                unit="short",
-                thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
                 width=4,
+                unit="short",
+                thresholds=INFLIGHT,
                 description="Messages received but not yet confirmed by Kafka (not yet acknowledged to MQTT).",
                 targets=[last("inflight")],
             ),
             Stat(
                 title="Oldest in flight",
+                width=4,
                 unit="s",
                 decimals=1,
                 thresholds=INFLIGHT_S,
-                width=4,
                 description="Age of the oldest unconfirmed message: grows while Kafka is down.",
                 targets=[last("oldest_inflight_s")],
             ),
             Stat(
                 title="Delivery latency p99",
+                width=4,
                 unit="ms",
                 thresholds=LATENCY,
-                width=4,
                 description="MQTT receipt to Kafka confirmation, 99th percentile of recent deliveries.",
                 targets=[last("delivery_latency_ms_p99")],
             ),
             Stat(
                 title="Forwarded",
+                width=4,
                 unit=MSG_PER_S,
                 decimals=1,
                 thresholds=thresholds(BLUE),
-                width=4,
                 description="Readings per second confirmed by Kafka on the raw topic (dead letters not included).",
                 targets=[rate("forwarded", "forwarded")],
             ),
@@ -115,12 +92,11 @@ def dashboard() -> Dashboard:
                     rate("received", "received", alias="$tag_instance received"),
                     rate("forwarded", "forwarded", alias="$tag_instance forwarded"),
                 ],
-                overrides=[colour(".* received$", BLUE, regex=True), colour(".* forwarded$", GREEN, regex=True)],
+                overrides=colours({".* received$": BLUE, ".* forwarded$": GREEN}, regex=True),
             ),
             TimeSeries(
                 title="In flight and ages",
-                unit="short",
-                thresholds=thresholds(GREEN, (1_000, ORANGE), (10_000, RED)),
+                thresholds=INFLIGHT,
                 description="Unconfirmed messages (left); the age of the oldest one and the event-time age "
                 "of the newest reading received (right, seconds): the second grows while the MQTT broker "
                 "holds a backlog for the gateway.",
@@ -149,10 +125,11 @@ def dashboard() -> Dashboard:
                     last("delivery_latency_ms_p50", alias="$tag_instance p50"),
                     last("delivery_latency_ms_p99", alias="$tag_instance p99"),
                 ],
-                overrides=[colour(".* p50$", GREEN, regex=True), colour(".* p99$", PURPLE, regex=True)],
+                overrides=colours({".* p50$": GREEN, ".* p99$": PURPLE}, regex=True),
             ),
             TimeSeries(
                 title="Connectivity",
+                unit=None,
                 min=0,
                 max=1,
                 line_interpolation="stepAfter",
@@ -214,11 +191,9 @@ def dashboard() -> Dashboard:
                     rate("duplicates", "duplicates", alias="$tag_instance duplicates"),
                     rate("seq_gaps", "gaps", alias="$tag_instance seq gaps"),
                 ],
-                overrides=[
-                    colour(".* delivery failures$", RED, regex=True),
-                    colour(".* duplicates$", YELLOW, regex=True),
-                    colour(".* seq gaps$", ORANGE, regex=True),
-                ],
+                overrides=colours(
+                    {".* delivery failures$": RED, ".* duplicates$": YELLOW, ".* seq gaps$": ORANGE}, regex=True
+                ),
             ),
         ],
     )

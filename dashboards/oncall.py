@@ -19,7 +19,7 @@ from iotwatch.dashboards.builder import (
     Table,
     Target,
     TimeSeries,
-    colour,
+    colours,
     thresholds,
 )
 from iotwatch.dashboards.common import per_interval, regex, site_variable
@@ -47,7 +47,6 @@ def dashboard() -> Dashboard:
                 title="Open, not acknowledged",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Firing alerts nobody acknowledged yet (the forwarder repeats the critical ones).",
                 targets=[firing("open")],
             ),
@@ -55,7 +54,6 @@ def dashboard() -> Dashboard:
                 title="Acknowledged, still firing",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, YELLOW)),
-                width=6,
                 description="Firing alerts someone is working on (iotwatch alerts ack).",
                 targets=[firing("acknowledged")],
             ),
@@ -63,17 +61,14 @@ def dashboard() -> Dashboard:
                 title="Silenced",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, BLUE)),
-                width=6,
                 description="Firing alerts muted by an active silence (iotwatch alerts silences).",
                 targets=[firing("silenced")],
             ),
             Stat(
                 title="Median time to acknowledge",
-                reduce="lastNotNull",
                 graph=False,
                 unit="s",
                 thresholds=MINUTES,
-                width=6,
                 description="Median seconds from raise to acknowledgement, acknowledgements in the range.",
                 targets=[Target(f'SELECT median("seconds_to_ack") FROM "alert_acks" WHERE {SITE} AND $timeFilter')],
             ),
@@ -85,22 +80,20 @@ def dashboard() -> Dashboard:
             TimeSeries(
                 title="Firing alerts: open, acknowledged, silenced",
                 stacking="normal",
-                unit="short",
                 line_interpolation="stepAfter",
                 fill_opacity=40,
                 description="Firing alerts over time by on-call state (snapshots every 10 s).",
                 targets=[firing("open"), firing("acknowledged"), firing("silenced")],
-                overrides=[colour("open", RED), colour("acknowledged", YELLOW), colour("silenced", BLUE)],
+                overrides=colours({"open": RED, "acknowledged": YELLOW, "silenced": BLUE}),
             ),
             TimeSeries(
                 title="Open, not acknowledged, by severity",
                 stacking="normal",
-                unit="short",
                 line_interpolation="stepAfter",
                 fill_opacity=40,
                 description="Firing alerts nobody acknowledged, by severity.",
                 targets=[firing("open", by="severity")],
-                overrides=[colour(name, color) for name, color in SEVERITY_COLOURS.items()],
+                overrides=colours(SEVERITY_COLOURS),
             ),
         ],
     )
@@ -134,7 +127,7 @@ def dashboard() -> Dashboard:
                         alias="acked=$tag_acked",
                     )
                 ],
-                overrides=[colour("acked=true", GREEN), colour("acked=false", ORANGE)],
+                overrides=colours({"acked=true": GREEN, "acked=false": ORANGE}),
             ),
         ],
     )
@@ -144,8 +137,6 @@ def dashboard() -> Dashboard:
             Table(
                 title="Recent acknowledgements",
                 width=24,
-                height=8,
-                sort_by="Time",
                 description="Who acknowledged which alert, and how long it was open before.",
                 targets=[
                     Target(
@@ -164,22 +155,22 @@ def dashboard() -> Dashboard:
                 title="Command steps by outcome",
                 draw_style="bars",
                 stacking="normal",
-                unit="short",
                 description="Steps of the device commands' audit trail (sent, accepted, done, rejected, failed, "
                 "timed out, escalated) per interval.",
                 targets=[per_interval('count("command_id")', "commands", SITE, '"status"', "$tag_status")],
-                overrides=[
-                    colour("done", GREEN),
-                    colour("accepted", BLUE),
-                    colour("sent", YELLOW),
-                    colour("rejected", ORANGE),
-                    colour("failed", RED),
-                    colour("escalated", RED),
-                ],
+                overrides=colours(
+                    {
+                        "done": GREEN,
+                        "accepted": BLUE,
+                        "sent": YELLOW,
+                        "rejected": ORANGE,
+                        "failed": RED,
+                        "escalated": RED,
+                    }
+                ),
             ),
             Table(
                 title="Recent commands",
-                sort_by="Time",
                 description="Each step of each command: which device, what, why (iotwatch commands has the trail).",
                 targets=[
                     Target(

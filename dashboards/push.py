@@ -21,19 +21,9 @@ from grafana_client.client import GrafanaClientError, GrafanaException
 from iotwatch.dashboards import build_all
 from iotwatch.dashboards.builder import DATASOURCE_UID, FOLDER
 from iotwatch.errors import IotwatchError, ServiceUnavailable, connection_failure
+from iotwatch.settings import InfluxSettings
 
 DATASOURCE_NAME = "iotwatch InfluxDB"
-
-
-@dataclass
-class InfluxTarget:
-    """Where Grafana (not this machine) reaches InfluxDB, and how it authenticates."""
-
-    url: str
-    database: str
-    token: str | None = None  # InfluxDB 2/3: sent as "Authorization: Token ..."
-    username: str | None = None  # InfluxDB 1.x with authentication
-    password: str | None = None
 
 
 @dataclass
@@ -48,8 +38,9 @@ def folder_uid(name: str) -> str:
     return (re.sub(r"[^a-zA-Z0-9_-]+", "-", name).strip("-").lower() or "iotwatch")[:40]
 
 
-def datasource_model(influx: InfluxTarget) -> dict[str, Any]:
-    """The same datasource docker-compose provisions (deploy/grafana/provisioning/datasources)."""
+def datasource_model(influx: InfluxSettings) -> dict[str, Any]:
+    """The same datasource docker-compose provisions (deploy/grafana/provisioning/datasources),
+    with ``influx``'s URL as Grafana (not this machine) reaches it, and its credentials."""
     model: dict[str, Any] = {
         "name": DATASOURCE_NAME,
         "uid": DATASOURCE_UID,
@@ -63,10 +54,10 @@ def datasource_model(influx: InfluxTarget) -> dict[str, Any]:
     secure: dict[str, str] = {}
     if influx.token:
         model["jsonData"]["httpHeaderName1"] = "Authorization"
-        secure["httpHeaderValue1"] = f"Token {influx.token}"
+        secure["httpHeaderValue1"] = f"Token {influx.token.get_secret_value()}"
     elif influx.username:
         model["user"] = influx.username
-        secure["password"] = influx.password or ""
+        secure["password"] = influx.password.get_secret_value() if influx.password else ""
     if secure:
         model["secureJsonData"] = secure
     return model
@@ -107,7 +98,7 @@ def _upsert_datasource(api: GrafanaApi, model: dict[str, Any]) -> dict[str, Any]
     return {"action": "updated", **dict(api.datasource.update_datasource_by_uid(DATASOURCE_UID, model) or {})}
 
 
-def push(api: GrafanaApi, folder: str = FOLDER, influx: InfluxTarget | None = None) -> PushResult:
+def push(api: GrafanaApi, folder: str = FOLDER, influx: InfluxSettings | None = None) -> PushResult:
     """Folder, then datasource (when ``influx`` is given), then every dashboard."""
     result = PushResult()
     try:

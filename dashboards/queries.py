@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 #: Variables Grafana defines itself.
@@ -160,12 +160,5 @@ def summarise(checks: Sequence[QueryCheck], picks: Picks) -> dict[str, Any]:
         "dashboards": len({c.dashboard for c in checks}),
         "empty": [c.name for c in checks if not c.has_data and c.error is None],
         "errors": {c.name: c.error for c in checks if c.error is not None},
-        "values": {
-            "site": picks.site,
-            "device": picks.device,
-            "metric": picks.metric,
-            "instance": picks.instance,
-            "vehicles": list(picks.vehicles),
-            "sites": list(picks.sites),
-        },
+        "values": {**asdict(picks), "vehicles": list(picks.vehicles), "sites": list(picks.sites)},
     }

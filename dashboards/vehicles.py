@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from iotwatch.dashboards.anomalies import peak_score
 from iotwatch.dashboards.builder import (
-    BLUE,
     GREEN,
     ORANGE,
     RED,
@@ -49,7 +48,6 @@ def dashboard() -> Dashboard:
                 reduce="sum",
                 graph=False,
                 thresholds=thresholds(GREEN, (1, RED)),
-                width=6,
                 description="Crash alerts raised in the time range.",
                 targets=[Target(f'SELECT count("raised") FROM "alerts" WHERE {CRASHES} AND $timeFilter')],
             ),
@@ -58,7 +56,6 @@ def dashboard() -> Dashboard:
                 unit="velocitykmh",
                 reduce="max",
                 decimals=0,
-                width=6,
                 min_interval="1m",
                 thresholds=thresholds(GREEN, (130, ORANGE), (180, RED)),
                 targets=[per_interval('max("max")', "device_metrics", f"\"metric\" = 'speed_kmh' AND {DEVICES}")],
@@ -68,7 +65,6 @@ def dashboard() -> Dashboard:
                 unit="accG",
                 reduce="min",
                 decimals=1,
-                width=6,
                 min_interval="1m",
                 thresholds=ACCEL,
                 description="Most negative longitudinal acceleration (crash rule: -4 g).",
@@ -85,7 +81,6 @@ def dashboard() -> Dashboard:
                 unit="velocitykmh",
                 min=0,
                 min_interval="1m",
-                width=12,
                 height=9,
                 thresholds=thresholds(GREEN, (130, ORANGE)),
                 threshold_style="dashed",
@@ -96,7 +91,6 @@ def dashboard() -> Dashboard:
                 title="Longitudinal acceleration (min / max per minute)",
                 unit="accG",
                 min_interval="1m",
-                width=12,
                 height=9,
                 thresholds=ACCEL,
                 threshold_style="dashed",
@@ -119,7 +113,6 @@ def dashboard() -> Dashboard:
                 title="Positions",
                 width=16,
                 height=12,
-                marker_colour=BLUE,
                 description="Last position per vehicle and interval (lat_deg/lon_deg). Zoom to fit.",
                 targets=[position("lat_deg", "lat"), position("lon_deg", "lon")],
                 transformations=[{"id": "merge", "options": {}}],
@@ -128,7 +121,6 @@ def dashboard() -> Dashboard:
                 title="Crash events",
                 width=8,
                 height=12,
-                sort_by="Time",
                 description="Crash alerts: where (site/vehicle) and the deceleration that triggered them.",
                 targets=[
                     Target(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app, stop_on_signals
+from iotwatch.cli import AppContext, emit, endpoint_options, json_option, output_console, pass_app, stop_on_signals
 
 if TYPE_CHECKING:
     from iotwatch.contract.oncall import CommandAudit
@@ -74,9 +74,10 @@ def relay(app: AppContext, timeout_s: float | None, as_json: bool) -> None:
 def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bool, as_json: bool) -> None:
     """The device commands' audit trail (the commands topic): newest first, with every reply and the outcome.
     The footer says how many of how many are shown; --json prints {"total", "shown", "truncated", "commands"}."""
+    import msgspec
+
     from iotwatch.clients.kafka import read_to_end
     from iotwatch.contract.oncall import BadRecord, CommandAudit, decode
-    from iotwatch.responder.service import audit_dict
 
     latest: dict[str, CommandAudit] = {}
     for message in read_to_end(app.settings.kafka, app.settings.topics.commands):
@@ -96,7 +97,7 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
         "total": len(matching),
         "shown": len(chosen),
         "truncated": len(chosen) < len(matching),
-        "commands": [audit_dict(a) for a in chosen],
+        "commands": [msgspec.to_builtins(a) for a in chosen],
     }
     emit(result, as_json, lambda _: _commands_table(chosen, len(matching)))
 
@@ -104,7 +105,6 @@ def commands(app: AppContext, devices: tuple[str, ...], limit: int, show_all: bo
 def _commands_table(audits: list[CommandAudit], total: int) -> None:
     from rich.table import Table
 
-    from iotwatch.alerts.views import console as make_console
     from iotwatch.alerts.views import shown_of
 
     table = Table(pad_edge=False, box=None, header_style="bold")
@@ -126,6 +126,6 @@ def _commands_table(audits: list[CommandAudit], total: int) -> None:
             trail,
             audit.alert_id[:12],
         )
-    out = make_console()
+    out = output_console()
     out.print(table)
     out.print(shown_of(len(audits), total, "commands", "newest first"), style="dim")

@@ -19,15 +19,12 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message, Producer
 
-from iotwatch.alerts.book import AlertBook, detected_ms
+from iotwatch.alerts.book import AlertBook
 from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import TopicFollower, client_config, ensure_topics, produce_confirmed
 from iotwatch.contract.alerts import AlertLifecycle, AlertRecord, alert_message
 from iotwatch.contract.dead_letters import DeadLetter
-from iotwatch.contract.device_commands import (
-    CommandStatus,
-    decode_command_reply,
-)
+from iotwatch.contract.device_commands import decode_command_reply
 from iotwatch.contract.device_topics import TWIN_REPORTED_SUFFIX, parse_command_ack_topic
 from iotwatch.contract.oncall import (
     ONCALL_SCHEMA_VERSION,
@@ -57,12 +54,6 @@ log = logging.getLogger(__name__)
 #: has read the record. Such a reply waits this long for it before it is dead-lettered.
 EARLY_REPLY_GRACE_S = 5.0
 _MAX_EARLY_REPLIES = 10_000
-_REPLY_OUTCOME = {
-    CommandStatus.ACCEPTED: CommandOutcome.ACCEPTED,
-    CommandStatus.REJECTED: CommandOutcome.REJECTED,
-    CommandStatus.DONE: CommandOutcome.DONE,
-    CommandStatus.FAILED: CommandOutcome.FAILED,
-}
 
 
 class Responder:
@@ -185,10 +176,11 @@ class Responder:
         if topic.endswith("/" + TWIN_REPORTED_SUFFIX):
             self.record_twin(topic, payload)
             return
-        decoded = self._decoded(topic, payload, parse_command_ack_topic, decode_command_reply)
-        if decoded is None:
+        try:
+            (_, _, device_id), reply = parse_command_ack_topic(topic), decode_command_reply(payload)
+        except ContractViolation as exc:
+            self._dead_letter(exc.reason, exc.detail, topic, payload)
             return
-        (_, _, device_id), reply = decoded
         audit = self.audits.get(reply.command_id)
         if audit is None and wait_until is not None:
             self._early.append((wait_until, topic, payload))
@@ -202,27 +194,12 @@ class Responder:
                 payload,
             )
             return
-        outcome = _REPLY_OUTCOME[reply.status]
+        outcome = CommandOutcome(reply.status.value)  # a device's answers are outcomes of the same names
         if audit.status not in OPEN or (outcome == CommandOutcome.ACCEPTED and audit.status == outcome):
             self.counts["late_replies"] += 1  # e.g. a repeat after a timeout: recorded once, not acted on
             return
         self._publish(audit.with_step(outcome, reply.at_ms, reply.reason))
         self.counts[f"reply_{outcome.value}"] += 1
-
-    def _decoded(
-        self,
-        topic: str,
-        payload: bytes,
-        parse_topic: Callable[[str], tuple[str, str, str]],
-        decode_payload: Callable[[bytes], Any],
-    ) -> tuple[tuple[str, str, str], Any] | None:
-        """(site, device type, device id) and the payload's record; None, dead-lettered with the
-        reason, when the topic or the payload breaks the contract."""
-        try:
-            return parse_topic(topic), decode_payload(payload)
-        except ContractViolation as exc:
-            self._dead_letter(exc.reason, exc.detail, topic, payload)
-            return None
 
     def record_twin(self, topic: str, payload: bytes) -> None:
         """A device's reported twin properties, as the twin's ``reported`` side."""
@@ -245,7 +222,7 @@ class Responder:
             if view.raised is None or view.alert_id in self._unusable:
                 continue
             if not view.firing:  # a crash alert may clear before the responder saw it firing: still an emergency
-                if view.alert_id not in self.notified and detected_ms(view.raised) >= recent_ms:
+                if view.alert_id not in self.notified and view.raised.detected_at_ms >= recent_ms:
                     for policy in self.policies:
                         if (
                             policy.action == "emergency"
@@ -486,8 +463,3 @@ def _addressable(alert: AlertRecord) -> bool:
 
 def _ended_ms(audit: CommandAudit) -> int:
     return audit.history[-1].at_ms if audit.history else audit.issued_at_ms
-
-
-def audit_dict(audit: CommandAudit) -> dict[str, Any]:
-    as_dict: dict[str, Any] = msgspec.to_builtins(audit)  # a Struct becomes a dict
-    return as_dict

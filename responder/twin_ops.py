@@ -17,7 +17,6 @@ from confluent_kafka import Producer
 
 from iotwatch.clients.kafka import client_config, ensure_topics, produce_confirmed, read_to_end
 from iotwatch.contract.device_commands import (
-    COMMAND_SCHEMA_VERSION,
     SET_PROPERTIES,
     TWIN_PROPERTIES,
     Command,
@@ -159,7 +158,7 @@ def set_desired(
     now_ms: int | None = None,
 ) -> tuple[TwinRecord, Command]:
     """Record the desired change and send it to the device; returns the desired record and the command."""
-    from iotwatch.responder.issuer import CommandIssuer
+    from iotwatch.responder.issuer import CommandIssuer, command_of
 
     if not change.as_dict():
         raise IotwatchError("nothing to set: give at least one key=value")
@@ -176,21 +175,6 @@ def set_desired(
     record = TwinRecord(
         ONCALL_SCHEMA_VERSION, device_id, device_type, site, TwinSide.DESIRED, wanted, now, by, version, command_id
     )
-    try:
-        command = Command(
-            COMMAND_SCHEMA_VERSION,
-            command_id,
-            device_id,
-            SET_PROPERTIES,
-            now,
-            now + int(ttl_s * 1000),
-            by,
-            change.as_dict(),
-            f"twin version {version}",
-        )
-        twin_properties(command.args)  # what the device will check
-    except ContractViolation as exc:
-        raise IotwatchError(str(exc)) from None
     audit = CommandAudit(
         ONCALL_SCHEMA_VERSION,
         command_id,
@@ -203,24 +187,23 @@ def set_desired(
         SET_PROPERTIES,
         by,
         now,
-        command.expires_at_ms,
+        now + int(ttl_s * 1000),
         1,
         CommandOutcome.SENT,
-        command.args,
-    )
+        change.as_dict(),
+    ).with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")
+    command = command_of(audit)  # what a site's relay sends for the same record
+    try:
+        twin_properties(command.args)  # what the device will check
+    except ContractViolation as exc:
+        raise IotwatchError(str(exc)) from None
     topics = settings.topics
     ensure_topics(settings.kafka, [topics.device_twin, topics.commands], compacted=True)
     producer = Producer({**client_config(settings.kafka), "enable.idempotence": True})
     produce_confirmed(
         settings.kafka, producer, topics.device_twin, twin_key(device_id, TwinSide.DESIRED).encode(), encode(record)
     )
-    produce_confirmed(
-        settings.kafka,
-        producer,
-        topics.commands,
-        command_id.encode(),
-        encode(audit.with_step(CommandOutcome.SENT, now, f"twin version {version} by {by}")),
-    )
+    produce_confirmed(settings.kafka, producer, topics.commands, command_id.encode(), encode(audit))
     if settings.respond.delivery == "sites":
         return record, command  # the audit record is the command: the device's site's relay delivers it
     issuer = CommandIssuer(settings.mqtt, f"iotwatch-operator-{by}-{time.time_ns()}", listen=False)

@@ -3,20 +3,13 @@ notifications and repeats of unacknowledged critical alerts, without sleeping.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from iotwatch.alerts.notify_policy import Due, GroupNow, decide
+from iotwatch.alerts.routing import Route
 from iotwatch.contract.oncall import NotificationKind
 
-
-@dataclass(frozen=True)
-class Timings:
-    group_wait_s: float = 30.0
-    group_interval_s: float = 300.0
-    repeat_interval_s: float = 3600.0
-
-
-ROUTE = Timings()
+ROUTE = Route("0", "oncall", ("site", "rule"), group_wait_s=30.0, group_interval_s=300.0, repeat_interval_s=3600.0)
 
 
 def group(now_ms: int, firing: list[str], **fields: object) -> GroupNow:

@@ -22,10 +22,10 @@ def test_filter_minimum_severity_and_allow_lists() -> None:
     minor = changed(CRASH, severity="minor", site="home-1")
     assert AlertFilter.of("major").matches(CRASH) and not AlertFilter.of("major").matches(minor)
     assert AlertFilter.of("warning").matches(minor)
-    assert AlertFilter.of(sites=["home-1"]).matches(minor) and not AlertFilter.of(sites=["home-1"]).matches(CRASH)
-    assert AlertFilter.of(device_types=["vehicle_edr"], rules=["crash"], states=["raised"]).matches(CRASH)
-    assert not AlertFilter.of(rules=["anomaly"]).matches(CRASH)
-    assert not AlertFilter.of(states=["cleared"]).matches(CRASH)
+    assert AlertFilter.of(site=["home-1"]).matches(minor) and not AlertFilter.of(site=["home-1"]).matches(CRASH)
+    assert AlertFilter.of(device_type=["vehicle_edr"], rule=["crash"], state=["raised"]).matches(CRASH)
+    assert not AlertFilter.of(rule=["anomaly"]).matches(CRASH)
+    assert not AlertFilter.of(state=["cleared"]).matches(CRASH)
 
 
 def test_slack_text_and_payload() -> None:

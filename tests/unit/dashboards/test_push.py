@@ -12,15 +12,17 @@ import json
 import socket
 
 import pytest
+from pydantic import SecretStr
 
 from iotwatch.application.cli import main
 from iotwatch.dashboards import build_all
-from iotwatch.dashboards.push import DATASOURCE_NAME, InfluxTarget, connect, push
+from iotwatch.dashboards.push import DATASOURCE_NAME, connect, push
 from iotwatch.errors import IotwatchError
+from iotwatch.settings import InfluxSettings
 from tests.support.fake_grafana import FakeGrafana
 
 TOKEN = "glsa_test_token"
-INFLUX = InfluxTarget(url="http://influxdb:8086", database="iotwatch", token="influx-secret")
+INFLUX = InfluxSettings(url="http://influxdb:8086", database="iotwatch", token=SecretStr("influx-secret"))
 
 
 def test_push_creates_folder_datasource_and_dashboards_then_updates_them_idempotently() -> None:
