@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from iotwatch.errors import StackError
+from iotwatch.jvm import class_data
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,7 @@ def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
     proc = record.process()
     if proc is None:
         return
-    if any(part.startswith("-XX:ArchiveClassesAtExit=") for part in record.command):
-        from iotwatch.jvm.spark import JVM_EXIT_WAIT_S
-
-        timeout_s = max(timeout_s, JVM_EXIT_WAIT_S)
+    timeout_s = class_data.exit_wait_s(record.command, timeout_s)
     try:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:
