@@ -204,7 +204,7 @@ def _simulate_command(options: ChaosOptions, out: Path, truth_path: Path) -> lis
         "--seq-state": out / "simulate-seq.json",
     }
     flags = ("--obey-commands", "--no-progress", "--json")
-    return pipeline.iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
+    return pipeline.iotwatch_command("simulate", *pipeline.option_args(valued), *flags)
 
 
 def _await_first_batch(probe: Probe, simulator: Component, timeout_s: float) -> None:

@@ -37,6 +37,11 @@ def iotwatch_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "iotwatch.application", "--log-level", "WARNING", *args]
 
 
+def option_args(valued: dict[str, object]) -> list[str]:
+    """``--option value`` pairs of a command line, in order; an option valued None is left out."""
+    return [str(part) for option, value in valued.items() if value is not None for part in (option, value)]
+
+
 def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:
     """The components' environment: this one without the caller's IOTWATCH_* settings (but
     where the Java artifacts are), the stack's endpoints, and the job's checkpoint, archive
