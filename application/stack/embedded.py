@@ -32,7 +32,7 @@ from iotwatch.application.stack.kafka_broker import (
 )
 from iotwatch.application.stack.mirror_maker import remote_topic
 from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.application.stack.process import start_process, stop_process, wait_until
+from iotwatch.application.stack.process import restart_process, stop_process, wait_until
 from iotwatch.application.stack.service import RunningService
 from iotwatch.application.stack.sites import (
     edge_topics,
@@ -375,7 +375,7 @@ class EmbeddedStack:
         elif role == "influx":
             new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
         else:  # a site's broker or MirrorMaker: its own command again, until it is healthy
-            record = start_process(old.process.name, old.process.command, Path(old.process.log_file))
+            record = restart_process(old.process)
             new = replace(old, process=record)
             wait_until(lambda: bool(_health_check(new, state)), timeout_s=timeout, what=role, record=record)
         state.services[role] = new
