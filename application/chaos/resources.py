@@ -1,15 +1,7 @@
 """Resources over a run: RSS, open file descriptors and threads of every process, sampled
-as the run goes, and their growth per minute after warm-up.
-
-Growth is judged while the pipeline runs undisturbed. A process restarted by a fault starts
-small again, and a fault fills buffers elsewhere (mosquitto queues for a gateway that is
-down, the gateway's producer queue while Kafka is away) that are bounded by their own limits
-and whose memory the allocator keeps. So the slope is one least-squares fit shared by
-stretches of steady running, each with its own intercept: one stretch per incarnation and
-*quiet window* (from a fault's recovery to the next fault), over samples taken ``warm_up_s``
-or more after the incarnation started. A process whose slope is above the limit grows
-without bound at the rate the run can see; the run judges it once ``min_span_s`` seconds of
-such samples exist.
+as the run goes, and their growth per minute after warm-up, judged only while nothing is
+disturbed (docs/operate/chaos.md, *Resources*, says why and how: one least-squares slope
+shared by each incarnation's quiet windows).
 """
 
 from __future__ import annotations
