@@ -50,25 +50,15 @@ _PACING_S = 0.001
 
 def _payloads(devices: int, per_device: int, site: str) -> list[tuple[str, Telemetry]]:
     """Interleaved readings of ``devices`` devices of one site (ts is set at publish time)."""
-    out = []
-    for seq in range(per_device):
-        for d in range(devices):
-            device = f"{site}-{d}"
-            out.append(
-                (
-                    telemetry_topic(site, "smart_meter", device),
-                    Telemetry(
-                        v=1,
-                        device_id=device,
-                        device_type="smart_meter",
-                        site=site,
-                        seq=seq,
-                        ts=0,
-                        metrics={"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0},
-                    ),
-                )
-            )
-    return out
+    metrics = [{"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0} for d in range(devices)]
+    return [
+        (
+            telemetry_topic(site, "smart_meter", f"{site}-{d}"),
+            Telemetry(v=1, device_id=f"{site}-{d}", device_type="smart_meter", site=site, seq=seq, ts=0, metrics=m),
+        )
+        for seq in range(per_device)
+        for d, m in enumerate(metrics)
+    ]
 
 
 def _publish_share(
