@@ -155,11 +155,9 @@ def _reader(settings: Settings, topic: str, offset: int) -> Consumer:
     return consumer
 
 
-#: Seconds of paced produce and fetch that warm the Kafka broker up before the runs.
-#: A broker that has only taken the drains' large batches still runs its small-request path
-#: interpreted: at 5,000 msg/s in 5 ms batches it takes 90 % of a core and delivers at a p99 of
-#: about 190 ms in its first 10 s, then 20 % and 6 ms once its JIT has compiled that path
-#: (15-20 s). A deployed broker is warm; the first runs would otherwise measure its JIT.
+#: Seconds of paced produce and fetch that warm the Kafka broker up before the runs: a broker
+#: fresh from start runs its small-request path interpreted until its JIT has compiled it, and
+#: a deployed broker is warm (docs/benchmarks.md).
 KAFKA_WARMUP_S = 20.0
 
 
