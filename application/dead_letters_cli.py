@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from iotwatch.cli import AppContext, emit, endpoint_options, json_option, pass_app
+from iotwatch.cli import AppContext, compose, emit, endpoint_options, json_option, pass_app
 
 
 def _selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -30,29 +30,22 @@ def _selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         return func(*args, selection=_selection(ids, reasons, devices, stages, since), **kwargs)
 
-    for option in reversed(
-        [
-            click.argument("ids", nargs=-1, metavar="[PARTITION:OFFSET]..."),
-            click.option("--reason", "reasons", multiple=True, help="Only this reason (repeatable)."),
-            click.option("--device", "devices", multiple=True, help="Only this device id (repeatable)."),
-            click.option("--stage", "stages", multiple=True, help="Only from this stage: gateway, stream, ..."),
-            click.option("--since", metavar="DURATION", help="Only those dead-lettered in the last DURATION (1h, 2d)."),
-        ]
-    ):
-        with_selection = option(with_selection)
-    return with_selection
+    return compose(
+        click.argument("ids", nargs=-1, metavar="[PARTITION:OFFSET]..."),
+        click.option("--reason", "reasons", multiple=True, help="Only this reason (repeatable)."),
+        click.option("--device", "devices", multiple=True, help="Only this device id (repeatable)."),
+        click.option("--stage", "stages", multiple=True, help="Only from this stage: gateway, stream, ..."),
+        click.option("--since", metavar="DURATION", help="Only those dead-lettered in the last DURATION (1h, 2d)."),
+    )(with_selection)
 
 
 def _page_options(what: str, default: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--limit and --all of a listing."""
 
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        func = click.option("--all", "show_all", is_flag=True, help=f"Every {what} (no --limit).")(func)
-        return click.option("--limit", type=click.IntRange(min=1), default=default, help=f"{what}s shown at most.")(
-            func
-        )
-
-    return decorate
+    return compose(
+        click.option("--limit", type=click.IntRange(min=1), default=default, help=f"{what}s shown at most."),
+        click.option("--all", "show_all", is_flag=True, help=f"Every {what} (no --limit)."),
+    )
 
 
 def _page(items: Sequence[Any], limit: int, show_all: bool) -> tuple[Sequence[Any], dict[str, Any]]:

@@ -50,25 +50,15 @@ _PACING_S = 0.001
 
 def _payloads(devices: int, per_device: int, site: str) -> list[tuple[str, Telemetry]]:
     """Interleaved readings of ``devices`` devices of one site (ts is set at publish time)."""
-    out = []
-    for seq in range(per_device):
-        for d in range(devices):
-            device = f"{site}-{d}"
-            out.append(
-                (
-                    telemetry_topic(site, "smart_meter", device),
-                    Telemetry(
-                        v=1,
-                        device_id=device,
-                        device_type="smart_meter",
-                        site=site,
-                        seq=seq,
-                        ts=0,
-                        metrics={"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0},
-                    ),
-                )
-            )
-    return out
+    metrics = [{"power_w": 230.0 + d, "voltage_v": 230.1, "current_a": 1.0} for d in range(devices)]
+    return [
+        (
+            telemetry_topic(site, "smart_meter", f"{site}-{d}"),
+            Telemetry(v=1, device_id=f"{site}-{d}", device_type="smart_meter", site=site, seq=seq, ts=0, metrics=m),
+        )
+        for seq in range(per_device)
+        for d, m in enumerate(metrics)
+    ]
 
 
 def _publish_share(
@@ -165,11 +155,9 @@ def _reader(settings: Settings, topic: str, offset: int) -> Consumer:
     return consumer
 
 
-#: Seconds of paced produce and fetch that warm the Kafka broker up before the runs.
-#: A broker that has only taken the drains' large batches still runs its small-request path
-#: interpreted: at 5,000 msg/s in 5 ms batches it takes 90 % of a core and delivers at a p99 of
-#: about 190 ms in its first 10 s, then 20 % and 6 ms once its JIT has compiled that path
-#: (15-20 s). A deployed broker is warm; the first runs would otherwise measure its JIT.
+#: Seconds of paced produce and fetch that warm the Kafka broker up before the runs: a broker
+#: fresh from start runs its small-request path interpreted until its JIT has compiled it, and
+#: a deployed broker is warm (docs/benchmarks.md).
 KAFKA_WARMUP_S = 20.0
 
 

@@ -15,6 +15,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import click
@@ -336,12 +337,6 @@ def render() -> str:
     return "\n\n".join(_table(bench, files, rows) for bench, rows in ROWS.items() if (files := newest(bench)))
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def headline() -> str:
     """The README's small table: the median over the newest runs of a few figures, each a
     ratio to the raw path measured in the same run (or a latency, with its raw path's)."""
@@ -351,36 +346,36 @@ def headline() -> str:
         return [json.loads(path.read_text())["result"] for path in newest(bench)]
 
     if sim := results("simulate"):
-        ratio = _median([r["results"]["qos1"]["ratio_vs_raw_paho"] for r in sim])
+        ratio = median([r["results"]["qos1"]["ratio_vs_raw_paho"] for r in sim])
         rows.append(f"| simulator, QoS 1 publish rate | {ratio:.2f}x | a bare paho loop publishing the same payloads |")
         devices = min(r["fleet"]["subscriber"]["devices"] for r in sim)
         gap_free = min(r["fleet"]["subscriber"]["gap_free_devices"] for r in sim)
-        rss = _median([r["fleet"]["peak_rss_mb"] for r in sim])
+        rss = median([r["fleet"]["peak_rss_mb"] for r in sim])
         rows.append(
             f"| simulator, {devices:,} devices in one process | {rss:,.0f} MB peak RSS "
             f"| a subscriber checking every seq: {gap_free:,} of {devices:,} devices gap-free in every run |"
         )
     if gw := results("gateway"):
-        ratio = _median([r["backlog_drain"]["processes_1"]["ratio"] for r in gw])
+        ratio = median([r["backlog_drain"]["processes_1"]["ratio"] for r in gw])
         rows.append(
             f"| gateway, backlog drain into Kafka | {ratio:.2f}x | a bare paho subscriber that only acknowledges |"
         )
-        p50 = _median([r["latency"]["added_ms"]["p50"] for r in gw])
+        p50 = median([r["latency"]["added_ms"]["p50"] for r in gw])
         rows.append(f"| gateway, added latency p50 | {_ms(p50)} | publish to a bare subscriber |")
     if st := results("stream"):
         largest = max(f["devices"] for f in st[-1]["fleet_sizes"])
         st = [r for r in st if any(f["devices"] == largest for f in r["fleet_sizes"])]  # runs with that fleet
-        ratio = _median([next(f["ratio"] for f in r["fleet_sizes"] if f["devices"] == largest) for r in st])
+        ratio = median([next(f["ratio"] for f in r["fleet_sizes"] if f["devices"] == largest) for r in st])
         rows.append(
             f"| streaming job, {largest:,} devices | {ratio:.2f}x | a plain consumer JSON-parsing the same topic |"
         )
-        state = _median(
+        state = median(
             [next(f["state_bytes_per_device"] for f in r["fleet_sizes"] if f["devices"] == largest) for r in st]
         )
         rows.append(f"| streaming job, state per device at {largest:,} devices | {state:,.0f} B | |")
         lat = st[-1]["latency"][0]
-        p50 = _median([r["latency"][0]["latency_ms"]["p50"] for r in st])
-        p99 = _median([r["latency"][0]["latency_ms"]["p99"] for r in st])
+        p50 = median([r["latency"][0]["latency_ms"]["p50"] for r in st])
+        p99 = median([r["latency"][0]["latency_ms"]["p99"] for r in st])
         rate = lat["input_rate_records_per_s"]
         rows.append(
             f"| spike to alert p50 / p99 at {rate:,.0f} readings/s | {_ms(p50)} / {_ms(p99)} "

@@ -31,10 +31,8 @@ from iotwatch.stats import quantile, quantiles
 if TYPE_CHECKING:
     from iotwatch.streaming.job import RunningJob
 
-#: Seconds of input at a latency run's rate before its measured seconds. A job that starts (or
-#: restarts) meets the backlog of its own start-up and runs longer micro-batches, each taking
-#: in more input, for several seconds; the figure is the latency of a job that keeps up, and
-#: what start-up costs is measured on its own (``startup``) and beside it (``settling``).
+#: Seconds of input at a latency run's rate before its measured seconds: the figure is the
+#: latency of a job that keeps up, past its start-up's backlog (docs/benchmarks.md, ``settling``).
 SETTLE_S = 15.0
 SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-up)
 

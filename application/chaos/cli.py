@@ -12,7 +12,7 @@ from iotwatch.application.harness.options import scenario_options
 from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_app
 
 
-@click.command()
+@click.command(context_settings={"show_default": True})
 @scenario_options(
     "chaos",
     seed=Preset(1, "Same seed, same fault schedule and devices."),
@@ -24,7 +24,6 @@ from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_ap
 @click.option(
     "--spacing",
     default=45.0,
-    show_default=True,
     help="Seconds between planned faults; every kind runs at least once whatever the duration.",
 )
 @click.option(
@@ -37,25 +36,20 @@ from iotwatch.cli import AppContext, Preset, emit, interrupt_on_sigterm, pass_ap
 @click.option(
     "--kafka-nodes",
     default=1,
-    show_default=True,
     type=click.IntRange(min=1, max=9),
     help="Nodes of the Kafka cluster; with 3, each Kafka fault hits one node in turn and the "
     "topics keep 3 replicas (min.insync.replicas 2).",
 )
-@click.option("--lead", default=30.0, show_default=True, help="Seconds of load before the first fault.")
-@click.option(
-    "--warm-up", default=120.0, show_default=True, help="Seconds after each process start not judged for growth."
-)
+@click.option("--lead", default=30.0, help="Seconds of load before the first fault.")
+@click.option("--warm-up", default=120.0, help="Seconds after each process start not judged for growth.")
 @click.option(
     "--min-span",
     default=120.0,
-    show_default=True,
     help="Seconds of samples after warm-up a process needs before its growth is judged.",
 )
 @click.option(
     "--rss-limit",
     default=1.0,
-    show_default=True,
     help="MB a minute of growth of anonymous resident memory (RSS without mapped files) after "
     "warm-up that fails the run.",
 )

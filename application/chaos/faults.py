@@ -1,15 +1,7 @@
-"""Injecting the schedule's faults into the running system and timing each recovery.
-
-The targets are the run's component processes (:class:`~iotwatch.application.stack.process.Component`)
-and the embedded stack's servers. A killed target is started again after its hold, as a
-supervisor (systemd, Kubernetes) would; a paused one is continued. A fault has *recovered*
-when its target is back and data flows end to end again: the gateway reports healthy, Kafka
-confirms its messages again (none unconfirmed for more than :data:`CONFIRMED_WITHIN_S`), the
-MQTT broker holds no backlog for the gateway (the newest reading it received is at most
-:data:`BEHIND_WITHIN_S` old), the raw topic has grown since the target came back, and the
-streaming job has committed every record that was in the raw topic then (for the forwarder
-also: its consumer group has committed every alert that was in the alert topic then). The
-next fault waits for that, so each recovery time is the fault's own.
+"""Injecting the schedule's faults into the running system and timing each recovery: a killed
+target is started again after its hold, as a supervisor would, a paused one continued, and
+the next fault waits until data flows end to end again (:class:`Recovery`; the conditions are
+listed in docs/operate/chaos.md), so each recovery time is the fault's own.
 """
 
 from __future__ import annotations
@@ -169,7 +161,7 @@ class Targets:
 
 
 class Recovery:
-    """Whether data flows end to end again (see the module's docstring)."""
+    """Whether data flows end to end again (docs/operate/chaos.md lists the conditions)."""
 
     def __init__(self, settings: Settings, gateway_port: int, probe: Probe) -> None:
         self.settings = settings

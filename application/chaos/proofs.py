@@ -1,13 +1,6 @@
-"""What a chaos run proves from the data it left, each as a small verdict with its figures.
-
-- loss: every reading accounted for by seq from device to archive (:mod:`iotwatch.application.harness.accounting`);
-- alerts: the live alert ids equal those of a fault-free Kappa replay of the same raw topic
-  (the responder's escalations and the live job's ``ingestion_gap`` -- the outages the run
-  injected, which a replay of the log cannot see -- are left out);
-- notifications: each alert record (raised, cleared) reached the receiver at least once;
-  repeats carry the same Idempotency-Key, so the receiver keeps one per key;
-- commands: every command's audit ends acknowledged by the device or expired;
-- recovery: every fault recovered, and each component was started again at least once.
+"""What a chaos run proves from the data it left (loss, alerts against a replay,
+notifications, commands, recovery, lag), each a small verdict with the figures that decided
+it; docs/operate/chaos.md, *Proofs*, says what each reads.
 """
 
 from __future__ import annotations

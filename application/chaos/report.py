@@ -19,6 +19,7 @@ from iotwatch.application.chaos.resources import Sample, Sampler
 from iotwatch.application.chaos.summary import ChaosReport
 from iotwatch.application.harness.accounting import RawIndex
 from iotwatch.application.harness.probe import LiveState
+from iotwatch.application.harness.results import save_figure
 
 
 def write(
@@ -89,10 +90,7 @@ def plot_pipeline(path: Path, live: LiveState, faults: list[FaultRecord], starte
     for ax in (lag_ax, rate_ax, gw_ax):
         mark_faults(ax, faults, label=ax is lag_ax)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: float) -> Path | None:
@@ -112,10 +110,7 @@ def plot_latency(path: Path, raw: RawIndex, faults: list[FaultRecord], started: 
     mark_faults(ax, faults, label=True)
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_pipeline_samples(path: Path, live: LiveState, started: float) -> Path:
@@ -161,7 +156,4 @@ def plot_resources(path: Path, sampler: Sampler, faults: list[FaultRecord]) -> P
     axes[0].legend(loc="upper left", fontsize=7, ncol=4)
     axes[0].set_title("Resources per process (children included) with the faults shaded")
     axes[2].set_xlabel("seconds since the load started")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -1,15 +1,7 @@
 """Resources over a run: RSS, open file descriptors and threads of every process, sampled
-as the run goes, and their growth per minute after warm-up.
-
-Growth is judged while the pipeline runs undisturbed. A process restarted by a fault starts
-small again, and a fault fills buffers elsewhere (mosquitto queues for a gateway that is
-down, the gateway's producer queue while Kafka is away) that are bounded by their own limits
-and whose memory the allocator keeps. So the slope is one least-squares fit shared by
-stretches of steady running, each with its own intercept: one stretch per incarnation and
-*quiet window* (from a fault's recovery to the next fault), over samples taken ``warm_up_s``
-or more after the incarnation started. A process whose slope is above the limit grows
-without bound at the rate the run can see; the run judges it once ``min_span_s`` seconds of
-such samples exist.
+as the run goes, and their growth per minute after warm-up, judged only while nothing is
+disturbed (docs/operate/chaos.md, *Resources*, says why and how: one least-squares slope
+shared by each incarnation's quiet windows).
 """
 
 from __future__ import annotations
@@ -26,18 +18,13 @@ from typing import Any
 import numpy as np
 import psutil
 
-#: What is sampled per process tree. ``rss_bytes`` counts resident pages of mapped files too
-#: (Kafka's indexes, InfluxDB's TSM files, jars), which grow with the data kept and which the
-#: kernel reclaims under pressure; ``anon_bytes`` (Linux's RssAnon: heaps, stacks, buffers) is
-#: memory only the process can free, so growth is judged on it and RSS is reported beside it.
+#: What is sampled per process tree; growth is judged on ``anon_bytes`` (memory only the process
+#: can free), not on RSS, which counts mapped files the kernel reclaims (docs/operate/chaos.md).
 MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads")
 
-#: Thread names (``/proc/<pid>/task/<tid>/comm``, cut to 15 characters) of pools whose size
-#: has a fixed cap in their own source and that grow and shrink with bursts of work: Spark's
-#: block-manager pools (``block-manager-ask-thread-pool`` and
-#: ``block-manager-storage-async-thread-pool``, 100 threads each, idle ones ending after 60 s)
-#: fill to their cap whenever a burst of broadcast and block removals comes, at no fixed time
-#: after start. Counted as ``pooled_threads``, reported and not judged; ``threads`` is the rest.
+#: Thread names (``/proc/<pid>/task/<tid>/comm``, cut to 15 characters) of Spark's block-manager
+#: pools, capped in their own source and filled by bursts at no fixed time: counted as
+#: ``pooled_threads``, reported and not judged (docs/operate/chaos.md); ``threads`` is the rest.
 BOUNDED_POOL_THREADS = ("block-manager-a", "block-manager-s")
 
 

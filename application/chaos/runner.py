@@ -1,19 +1,9 @@
 """``iotwatch chaos``: the whole pipeline under steady load while the fault schedule kills,
-interrupts and pauses every component in turn; then the proofs from the data.
+interrupts and pauses every component in turn; then the proofs from the data
+(docs/operate/chaos.md says what runs, when a fault has recovered and what each proof reads).
 
-The run: the embedded stack (mosquitto with persistence, Apache Kafka, InfluxDB), the
-streaming job, the gateway, the responder, the forwarder (to a local receiver) and the
-simulators (anomalies injected, commands obeyed) at ``rate`` messages a second. The load
-goes on until ``duration_s`` has passed and the last fault recovered. Meanwhile, once a
-second, the stage counters (raw topic end, the job's committed offsets, the gateway's
-counters) are read, and every few seconds each process's RSS, file descriptors and threads.
-A component that ends without a fault (a crash) is counted and started again, as a
-supervisor would. Afterwards every stage is drained, everything stopped, and a replay of
-the raw topic with a fresh checkpoint (``iotwatch replay``) gives the fault-free alert ids.
-
-Silence is judged in wall time, which an outage distorts (a paused broker makes every
-device look silent for as long): the run's job judges it after an hour, beyond a run's
-outages, so live and replayed alerts answer the same readings.
+The job judges silence after an hour (:data:`SILENCE_TIMEOUT_S`): an outage distorts wall time,
+and live and replayed alerts must answer the same readings.
 """
 
 from __future__ import annotations
@@ -204,7 +194,7 @@ def _simulate_command(options: ChaosOptions, out: Path, truth_path: Path) -> lis
         "--seq-state": out / "simulate-seq.json",
     }
     flags = ("--obey-commands", "--no-progress", "--json")
-    return pipeline.iotwatch_command("simulate", *(str(part) for pair in valued.items() for part in pair), *flags)
+    return pipeline.iotwatch_command("simulate", *pipeline.option_args(valued), *flags)
 
 
 def _await_first_batch(probe: Probe, simulator: Component, timeout_s: float) -> None:

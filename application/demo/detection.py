@@ -45,17 +45,11 @@ def judge_alerts(
     alerts: list[AlertRecord], truth: list[Injection], raw: RawIndex, speedup: float = 1.0
 ) -> tuple[Detection, dict[str, str]]:
     """The run's raised alerts judged against its ground truth by the one evaluator
-    (:func:`iotwatch.evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``): the
-    demo's summary of its report, and each raised alert's verdict (alert id -> true,
-    related, false or end_of_run).
-
-    The simulators' devices say goodbye when they stop (no ``device_silent``); one that
-    stops without it (a simulator killed) falls silent: a ``device_silent`` alert at a
-    device's newest reading in the raw topic (``raw.last_seq``) that no dropout explains is
-    the end of the run, left out of precision. The responder's escalation, raised on no
-    reading of its own, is judged at its original alert's reading. The demo runs event
-    time ``speedup`` times faster than the wall clock, and judges silence in wall time, so
-    a dropout's delay in event time is given only when ``speedup`` is 1."""
+    (:func:`iotwatch.evaluation.judgement.judge`, as ``iotwatch evaluate --simulated``;
+    docs/detection.md says how, the end of the run included): the demo's summary of its report,
+    and each raised alert's verdict. The responder's escalation, raised on no reading of its
+    own, is judged at its original alert's reading; the demo judges silence in wall time, so a
+    dropout's delay in event time is given only when ``speedup`` is 1."""
     run = JudgedRun(
         device_types={device: device_type for device, (device_type, _) in raw.identities.items()},
         intervals_ms={

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from iotwatch.application.harness.probe import LiveState
+from iotwatch.application.harness.results import save_figure
 from iotwatch.contract.alerts import AlertRecord, alert_as_dict
 from iotwatch.contract.ground_truth import Injection
 from iotwatch.contract.metric_catalog import PRIMARY_METRIC
@@ -27,13 +28,6 @@ def write_alerts(folder: Path, alerts: list[AlertRecord], verdicts: dict[str, st
             verdict = verdicts.get(alert.alert_id) if alert.raised else None
             record = alert_as_dict(alert)
             out.write(json.dumps({**record, "verdict": verdict} if verdict else record) + "\n")
-    return path
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
@@ -55,7 +49,7 @@ def plot_closed_loop(folder: Path, found: dict[str, list[int]]) -> Path | None:
     ax.set_xlabel("seconds (wall clock); | p50, x p99")
     ax.set_title("Closed loop: alert -> command -> device ack -> alert cleared")
     ax.grid(alpha=0.3, axis="x")
-    return _save(fig, folder / "closed_loop.png")
+    return save_figure(fig, folder / "closed_loop.png")
 
 
 def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
@@ -81,7 +75,7 @@ def plot_stage_rates(folder: Path, live: LiveState) -> Path | None:
     ax.set_title("Per-stage rates")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, folder / "stage_rates.png")
+    return save_figure(fig, folder / "stage_rates.png")
 
 
 #: How an alert is drawn in the device plots, by its verdict (:mod:`iotwatch.evaluation.judgement`).
@@ -198,5 +192,5 @@ def plot_devices(
         bottom.legend(loc="upper left")
         bottom.set_ylim(0, 1.05)
         bottom.set_xlabel("reading (seq)")
-        paths.append(_save(fig, folder / f"device_{device}.png"))
+        paths.append(save_figure(fig, folder / f"device_{device}.png"))
     return paths

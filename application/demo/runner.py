@@ -232,35 +232,23 @@ def gateway_id(site: str | None) -> str:
 def _simulate_command(options: DemoOptions, out: Path, site: str | None, truth_path: Path) -> list[str]:
     """The simulator of the demo's fleet, or of one site's (ids prefixed with the site)."""
     prefix, suffix = (f"{site}-", f"-{site}") if site else ("", "")
-    return pipeline.iotwatch_command(
-        "simulate",
-        "--homes",
-        str(options.homes),
-        "--vehicles",
-        str(options.vehicles),
-        "--duration",
-        str(options.duration_s * options.speedup),
-        "--speedup",
-        str(options.speedup),
-        "--anomaly-rate",
-        str(options.anomaly_rate),
-        *(("--anomalies-after", str(options.anomalies_after_s)) if options.anomaly_rate > 0 else ()),
-        "--fault-rate",
-        str(options.fault_rate),
-        *planned_anomalies(options, out / f"scenario{suffix}.json", prefix),
-        "--seed",
-        str(options.seed),
-        "--ground-truth",
-        str(truth_path),
-        "--obey-commands",
-        "--client-id-prefix",
-        f"iotwatch-demo-sim{suffix}",
-        *(("--id-prefix", prefix) if prefix else ()),
-        "--no-progress",
-        "--json",
-        "--seq-state",
-        str(out / f"simulate-seq{suffix}.json"),
-    )
+    valued = {
+        "--homes": options.homes,
+        "--vehicles": options.vehicles,
+        "--duration": options.duration_s * options.speedup,
+        "--speedup": options.speedup,
+        "--anomaly-rate": options.anomaly_rate,
+        "--anomalies-after": options.anomalies_after_s if options.anomaly_rate > 0 else None,
+        "--fault-rate": options.fault_rate,
+        "--seed": options.seed,
+        "--ground-truth": truth_path,
+        "--client-id-prefix": f"iotwatch-demo-sim{suffix}",
+        "--id-prefix": prefix or None,
+        "--seq-state": out / f"simulate-seq{suffix}.json",
+    }
+    planned = planned_anomalies(options, out / f"scenario{suffix}.json", prefix)
+    flags = ("--obey-commands", "--no-progress", "--json")
+    return pipeline.iotwatch_command("simulate", *pipeline.option_args(valued), *planned, *flags)
 
 
 def _record_lag(settings: Settings, lag: ReplicationLag, history: LagHistory) -> None:

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from confluent_kafka import Message
@@ -35,6 +36,11 @@ CAUGHT_UP_FOR_S = 8.0
 def iotwatch_command(*args: str) -> list[str]:
     """An ``iotwatch`` command line run by this Python (the run's components)."""
     return [sys.executable, "-m", "iotwatch.application", "--log-level", "WARNING", *args]
+
+
+def option_args(valued: Mapping[str, object]) -> list[str]:
+    """``--option value`` pairs of a command line, in order; an option valued None is left out."""
+    return [str(part) for option, value in valued.items() if value is not None for part in (option, value)]
 
 
 def component_env(state: StackState, out: Path, *, silence_timeout_s: float) -> dict[str, str]:

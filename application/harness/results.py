@@ -3,7 +3,7 @@ writes to its report folder as ``summary.json``.
 
 Results are dataclasses; :func:`as_json` turns them (and the dicts and lists that hold them)
 into JSON's types, field by field in their declared order, so the keys a summary has are
-the fields its classes declare.
+the fields its classes declare. Its plots are PNG files beside it (:func:`save_figure`).
 """
 
 from __future__ import annotations
@@ -24,4 +24,14 @@ def write_summary(folder: Path, summary: object) -> Path:
     """``summary.json`` in ``folder``."""
     path = folder / "summary.json"
     path.write_text(msgspec.json.format(msgspec.json.encode(as_json(summary)), indent=2).decode())
+    return path
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """A report's plot as a PNG at ``path``, its figure closed (a run draws many)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path

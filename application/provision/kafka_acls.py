@@ -77,17 +77,9 @@ def service_grants(topics: TopicSettings, sites: list[str] | None = None, *, at_
 
 
 def mirror_grants(topics: TopicSettings, sites: list[str], site: str | None = None) -> list[Grant]:
-    """MirrorMaker 2's grants on the centre's cluster, linked to ``sites``, or on ``site``'s.
-
-    Each cluster is the source of one flow and the target of the other. As a source it is read
-    (its copied topics, their configurations, the consumer groups' committed offsets for the
-    checkpoints) and holds the flow's offset syncs (``mm2-offset-syncs.<target>.internal``); as
-    a target it gets the replicas of the other cluster's topics (created, written, their
-    partitions and configurations kept in step: ``<source>.*``), that cluster's checkpoints
-    (``<source>.checkpoints.internal``), the heartbeats, and the flow's Connect topics
-    (``mm2-configs|offsets|status.<source>.internal``, worker group ``<source>-mm2``). At the
-    centre it also writes the translated offsets of any consumer group (READ on every group).
-    Every Kafka client of it describes the cluster (its id)."""
+    """MirrorMaker 2's grants on the centre's cluster, linked to ``sites``, or on ``site``'s:
+    each cluster is the source of one flow and the target of the other (docs/sites.md lists
+    the grants and says why each is needed)."""
     central = site is None
     copied = [topics.commands] if central else [topics.raw, topics.dlq, topics.replies]
     others = list(sites) if central else [CENTRAL]

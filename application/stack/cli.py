@@ -154,23 +154,29 @@ def down(app: AppContext, run_dir: Path | None, purge: bool, as_json: bool) -> N
     )
 
 
-def _stop(embedded: EmbeddedStack, role: str) -> str:
-    return "stopped" if embedded.stop_service(role) else "was not running"
-
-
-def _start(embedded: EmbeddedStack, role: str) -> str:
-    return "started" if embedded.start_service(role) else "was running already"
-
-
 def _restart(embedded: EmbeddedStack, role: str) -> str:
     embedded.stop_service(role)
     embedded.start_service(role)
     return "restarted"
 
 
-def _one_server_command(name: str, action: Callable[[EmbeddedStack, str], str], help_text: str) -> None:
-    """``stack NAME SERVICE``: ``action`` on one server of the stack, the others left running."""
+#: ``stack NAME SERVICE``: what it does to one server of the stack (the others left running), and its help.
+ONE_SERVER: dict[str, tuple[Callable[[EmbeddedStack, str], str], str]] = {
+    "stop": (
+        lambda embedded, role: "stopped" if embedded.stop_service(role) else "was not running",
+        "Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka), leaving the "
+        "others running: an outage to rehearse. `stack start SERVICE` brings it back on the same port with "
+        "the same data, so every shell's exports stay valid.",
+    ),
+    "start": (
+        lambda embedded, role: "started" if embedded.start_service(role) else "was running already",
+        "Start one stopped server again on its own port with its own data; returns once a real client is served.",
+    ),
+    "restart": (_restart, "Stop one server and start it again on its own port with its own data."),
+}
 
+
+def _one_server_command(name: str, action: Callable[[EmbeddedStack, str], str], help_text: str) -> None:
     @stack.command(name, help=help_text)
     @click.argument("service", metavar="SERVICE")
     @run_dir_option
@@ -181,19 +187,8 @@ def _one_server_command(name: str, action: Callable[[EmbeddedStack, str], str], 
         _emit_one(embedded, service, action(embedded, service), as_json)
 
 
-_one_server_command(
-    "stop",
-    _stop,
-    "Stop one server (kafka, mqtt, influx, a node such as kafka-2, a site's site1-kafka), leaving the "
-    "others running: an outage to rehearse. `stack start SERVICE` brings it back on the same port with "
-    "the same data, so every shell's exports stay valid.",
-)
-_one_server_command(
-    "start",
-    _start,
-    "Start one stopped server again on its own port with its own data; returns once a real client is served.",
-)
-_one_server_command("restart", _restart, "Stop one server and start it again on its own port with its own data.")
+for _name, (_action, _help) in ONE_SERVER.items():
+    _one_server_command(_name, _action, _help)
 
 
 def _emit_one(embedded: EmbeddedStack, role: str, outcome: str, as_json: bool) -> None:

@@ -32,7 +32,7 @@ from iotwatch.application.stack.kafka_broker import (
 )
 from iotwatch.application.stack.mirror_maker import remote_topic
 from iotwatch.application.stack.mqtt_broker import start_mqtt_broker
-from iotwatch.application.stack.process import start_process, stop_process, wait_until
+from iotwatch.application.stack.process import restart_process, stop_process, wait_until
 from iotwatch.application.stack.service import RunningService
 from iotwatch.application.stack.sites import (
     edge_topics,
@@ -73,6 +73,9 @@ class StackState:
     started_at: float = field(default_factory=time.time)
     #: The CA certificate the Kafka nodes' TLS listeners are verified with (None: plaintext).
     ca_file: str | None = None
+    #: The topic names the stack was started with (a ``--config`` file's ``[topics]`` included),
+    #: which its site topics, its clients' raw pattern and its health checks follow.
+    topic_settings: TopicSettings = field(default_factory=TopicSettings)
 
     def endpoints(self) -> dict[str, str | None]:
         """Where clients reach each server; Kafka's is every central node (bootstrap servers)."""
@@ -145,7 +148,7 @@ class StackState:
             variables[KafkaSettings.env_name("ssl_ca_location")] = self.ca_file
         if self.sites:
             del variables["IOTWATCH_MQTT_URL"]  # devices connect to their site
-            variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(TopicSettings())
+            variables[TopicSettings.env_name("raw_pattern")] = raw_pattern(self.topic_settings)
             # the responder writes commands to the centre; each site's relay delivers them
             variables[RespondSettings.env_name("delivery")] = "sites"
         return variables
@@ -167,6 +170,7 @@ class StackState:
             "env": self.env(),
             "sites": {site: {**self.site_endpoints(site), "env": self.site_env(site)} for site in self.sites},
             "services": msgspec.to_builtins(self.services),
+            "topic_settings": self.topic_settings.model_dump(),
         }
 
     def save(self) -> None:
@@ -190,6 +194,7 @@ class StackState:
             data["influx_database"],
             data["started_at"],
             data.get("ca_file"),
+            TopicSettings(**data.get("topic_settings", {})),
         )
 
 
@@ -257,7 +262,7 @@ class EmbeddedStack:
                 return existing
             (self.run_dir / STATE_FILE).unlink(missing_ok=True)  # all dead: start afresh
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        state = StackState(self.run_dir)
+        state = StackState(self.run_dir, topic_settings=self.settings.topics)
         timeout = self.settings.stack.startup_timeout_s
         sites = site_names(self.settings.stack.sites)
         if self.settings.stack.tls:
@@ -370,7 +375,7 @@ class EmbeddedStack:
         elif role == "influx":
             new = start_influxdb(self.run_dir, state.database or self.settings.influx.database, timeout, port=port)
         else:  # a site's broker or MirrorMaker: its own command again, until it is healthy
-            record = start_process(old.process.name, old.process.command, Path(old.process.log_file))
+            record = restart_process(old.process)
             new = replace(old, process=record)
             wait_until(lambda: bool(_health_check(new, state)), timeout_s=timeout, what=role, record=record)
         state.services[role] = new
@@ -483,12 +488,12 @@ def _health_check(service: RunningService, state: StackState) -> str:
         return "publish/subscribe round trip ok"
     if kind == "kafka" or is_kafka_node(kind):
         topics = list_topics(state.kafka_client(service.endpoint))
-        wanted = edge_topics(TopicSettings()) if site else state.topics
+        wanted = edge_topics(state.topic_settings) if site else state.topics
         missing = [name for name in wanted if name not in topics]
         return f"{len(topics)} topics" + (f", missing {missing}" if missing else "")
     if kind == "mirror":
         central = list_topics(state.kafka_client(state.services["kafka"].endpoint))
-        replicas = [remote_topic(site or "", name) for name in edge_topics(TopicSettings())]
+        replicas = [remote_topic(site or "", name) for name in edge_topics(state.topic_settings)]
         missing = [name for name in replicas if name not in central]
         return "replicas at the centre: " + (f"missing {missing}" if missing else ", ".join(replicas))
     client = InfluxV1Client(InfluxSettings(url=service.endpoint, database=state.database or "iotwatch"))

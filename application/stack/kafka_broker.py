@@ -19,6 +19,7 @@ from iotwatch.application.stack.process import (
     ProcessRecord,
     free_port,
     port_open,
+    restart_process,
     start_process,
     stop_process,
     wait_until,
@@ -157,9 +158,7 @@ def restart_kafka_node(
     service: RunningService, timeout_s: float, security: KafkaSecurity | None = None
 ) -> RunningService:
     """Start a stopped node again with its own command, configuration and data."""
-    old = service.process
-    record = start_process(old.name, old.command, Path(old.log_file), cwd=Path(old.log_file).parent)
-    return wait_for_broker(service.endpoint, record, timeout_s, security)
+    return wait_for_broker(service.endpoint, restart_process(service.process), timeout_s, security)
 
 
 def wait_for_broker(

@@ -142,16 +142,6 @@ def start_mirror_maker(
     return wait_for_mirror(site.alias, topics, central_settings, record, timeout_s)
 
 
-def restart_mirror_maker(
-    service: RunningService, site: str, topics: TopicSettings, central_settings: KafkaSettings, timeout_s: float
-) -> RunningService:
-    """Start a stopped MirrorMaker again with its own command and configuration: it resumes
-    from the source offsets it last saved in the centre."""
-    old = service.process
-    record = start_process(old.name, old.command, Path(old.log_file), cwd=Path(old.log_file).parent)
-    return wait_for_mirror(site, topics, central_settings, record, timeout_s)
-
-
 def wait_for_mirror(
     site: str, topics: TopicSettings, central_settings: KafkaSettings, record: ProcessRecord, timeout_s: float
 ) -> RunningService:

@@ -57,13 +57,9 @@ def _debian_sbin(name: str) -> str | None:
 
 
 def _mosquitto_command(binary: str, base: Path, port: int) -> list[str]:
-    # Anonymous access on loopback only: the embedded stack is a single-user dev stack.
-    # docker-compose runs mosquitto with a password file and ACLs.
-    # ``user``: started as root (CI containers), mosquitto would drop to user "mosquitto",
-    # which cannot write the run folder (pytest's are 0700): every save of the database
-    # would fail ("Error: Permission denied") and a restart would lose the sessions and the
-    # QoS 1 messages queued in them. As root it stays root (a single-user dev stack on
-    # loopback); started by anyone else, mosquitto never switches user.
+    # Anonymous access on loopback only: the embedded stack is a single-user dev stack
+    # (docker-compose runs mosquitto with a password file and ACLs). ``user root``: as root,
+    # mosquitto would drop to a user that cannot write the run folder (docs/operate/gateway.md).
     conf = base / "mosquitto.conf"
     conf.write_text(
         f"listener {port} {HOST}\n"

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from iotwatch.errors import StackError
+from iotwatch.jvm import class_data
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,13 @@ def start_process(
     return ProcessRecord(name, popen.pid, proc.create_time(), list(command), str(log_file))
 
 
+def restart_process(record: ProcessRecord) -> ProcessRecord:
+    """Start a stopped server again with its own command, in the folder of its log (its data
+    and configuration beside it)."""
+    log_file = Path(record.log_file)
+    return start_process(record.name, record.command, log_file, cwd=log_file.parent)
+
+
 def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
     """SIGTERM the process and its children, then SIGKILL what is left after ``timeout_s``
     (a JVM that writes its class-data archive as it exits is given the time that takes:
@@ -81,10 +89,7 @@ def stop_process(record: ProcessRecord, timeout_s: float = 10.0) -> None:
     proc = record.process()
     if proc is None:
         return
-    if any(part.startswith("-XX:ArchiveClassesAtExit=") for part in record.command):
-        from iotwatch.jvm.spark import JVM_EXIT_WAIT_S
-
-        timeout_s = max(timeout_s, JVM_EXIT_WAIT_S)
+    timeout_s = class_data.exit_wait_s(record.command, timeout_s)
     try:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:

@@ -1,10 +1,6 @@
-"""Replication lag per site, from MirrorMaker 2's heartbeats as the central cluster has them.
-
-Each site's MirrorMaker emits a heartbeat into the site's ``heartbeats`` topic every second
-and copies it with the site's readings to ``<site>.heartbeats`` at the centre, keeping the
-record's timestamp (when the heartbeat was emitted at the site). The newest one there is as
-old as the centre is behind the site: about a second (the heartbeat period) while the link
-keeps up, growing by a second a second while the link is cut or MirrorMaker is down.
+"""Replication lag per site, from MirrorMaker 2's heartbeats as the central cluster has them:
+the age of a site's newest heartbeat at the centre is how far the centre is behind it
+(docs/sites.md, *Replication lag*).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 #: A dump younger than this may still be being written by a JVM that is exiting.
@@ -37,6 +37,13 @@ SETTLE_S = 60.0
 
 #: Archives of other keys (an older Spark, a moved virtualenv) unchanged this long are removed.
 KEEP_S = 14 * 86_400.0
+
+#: Longest wait for a JVM that writes its archive as it exits (the first job of a classpath:
+#: tens of seconds); killed while writing, it would leave an archive no JVM can map.
+EXIT_WAIT_S = 120.0
+
+#: The option of a JVM that writes its archive at exit (:func:`jvm_options`).
+_WRITES_AT_EXIT = "-XX:ArchiveClassesAtExit="
 
 #: Quiet the JVM's own notes about the archive (a mismatch falls back silently, as intended).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off -Xlog:class+path=off"
@@ -104,4 +111,11 @@ def jvm_options(java: str, parts: Iterable[str], writes: bool = True) -> str:
         return f"-XX:SharedArchiveFile={archive} {QUIET}"
     if not writes:
         return ""
-    return f"-XX:ArchiveClassesAtExit={where / f'{key}.{uuid.uuid4().hex[:8]}.jsa'} {QUIET}"
+    return f"{_WRITES_AT_EXIT}{where / f'{key}.{uuid.uuid4().hex[:8]}.jsa'} {QUIET}"
+
+
+def exit_wait_s(command: Sequence[str], timeout_s: float) -> float:
+    """How long to wait for ``command``'s process to exit before killing it: ``timeout_s``, or
+    :data:`EXIT_WAIT_S` when it is a JVM writing its archive at exit."""
+    writes = any(part.startswith(_WRITES_AT_EXIT) for part in command)
+    return max(timeout_s, EXIT_WAIT_S) if writes else timeout_s

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from iotwatch.jvm import class_data
 from iotwatch.logs import librdkafka_logger, repeat_summary, spark_log_level
 
 if TYPE_CHECKING:
@@ -283,7 +284,6 @@ def with_class_data(conf: Mapping[str, str], spark_home: str, writes: bool = Fal
     options; ``writes``: dump an archive at exit when there is none yet."""
     import pyspark
 
-    from iotwatch.jvm import class_data
     from iotwatch.jvm.jars import java_executable
 
     options = conf.get("spark.driver.extraJavaOptions", "")
@@ -447,9 +447,8 @@ def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any)
             end_jvm()
 
 
-#: Longest wait for the local JVM to exit after its session stopped (the first job of a
-#: classpath writes its class-data archive then: tens of seconds); then it is killed.
-JVM_EXIT_WAIT_S = 120.0
+#: Longest wait for the local JVM to exit after its session stopped; then it is killed.
+JVM_EXIT_WAIT_S = class_data.EXIT_WAIT_S
 
 
 def end_jvm(wait_s: float = JVM_EXIT_WAIT_S) -> None:

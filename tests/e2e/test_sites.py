@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from iotwatch.application.stack import EmbeddedStack, StackState
-from iotwatch.application.stack.mirror_maker import CENTRAL, remote_topic, restart_mirror_maker
-from iotwatch.application.stack.process import stop_process
+from iotwatch.application.stack.mirror_maker import CENTRAL, remote_topic, wait_for_mirror
+from iotwatch.application.stack.process import restart_process, stop_process
 from iotwatch.application.stack.replication import ReplicationLag
 from iotwatch.application.stack.sites import site_role
 from iotwatch.clients.kafka import client_config, list_topics
@@ -68,7 +68,8 @@ def site_settings(state: StackState, base: Settings, site: str) -> Settings:
 def restart_link(state: StackState, site: str, topics: object) -> None:
     """Start the site's MirrorMaker again and record the new process for the stack's stop."""
     role = site_role(site, "mirror")
-    state.services[role] = restart_mirror_maker(state.services[role], site, topics, central(state), 120)  # type: ignore[arg-type]
+    record = restart_process(state.services[role].process)  # it resumes from the offsets it saved in the centre
+    state.services[role] = wait_for_mirror(site, topics, central(state), record, 120)  # type: ignore[arg-type]
     state.save()
 
 

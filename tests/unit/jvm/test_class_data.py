@@ -51,6 +51,9 @@ def test_options_write_an_archive_first_then_map_it(tmp_path: Path, monkeypatch:
     assert class_data.jvm_options(JAVA, ["4.2.0"], writes=False) == ""  # a plain session does not write one
     first = class_data.jvm_options(JAVA, ["4.2.0"])
     assert first.startswith(f"-XX:ArchiveClassesAtExit={tmp_path / 'cds'}/") and "-Xlog:cds=off" in first
+    # the JVM that writes the archive is given the time that takes when it is stopped; others are not
+    assert class_data.exit_wait_s(["java", *first.split()], 10.0) == class_data.EXIT_WAIT_S
+    assert class_data.exit_wait_s(["java", "-Xmx1g"], 10.0) == 10.0
     written = Path(first.split()[0].split("=", 1)[1])
     written.write_bytes(b"x" * 10)
     os.utime(written, (0, 0))
