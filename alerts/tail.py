@@ -64,9 +64,10 @@ def group_consumer(settings: Settings, alerts: AlertsSettings, group_id: str, fr
     return consumer
 
 
-def viewer(settings: Settings, stop: threading.Event) -> TopicFollower:
-    """A follower of every partition of the alert topic, in no group (nothing committed); waits
-    for the topic when the streaming job has not created it yet."""
+def viewer(settings: Settings, stop: threading.Event, since_ms: int | None = None) -> TopicFollower:
+    """A follower of every partition of the alert topic from ``since_ms`` (None: its beginning),
+    in no group (nothing committed); waits for the topic when the streaming job has not created
+    it yet."""
     topic = settings.topics.alerts
 
     def count() -> int:  # fails fast, in one line, when Kafka is down or refuses this user the topic
@@ -76,7 +77,7 @@ def viewer(settings: Settings, stop: threading.Event) -> TopicFollower:
         log.warning("topic %s does not exist yet; waiting for the streaming job to create it", topic)
         while not count() and not stop.wait(1.0):
             pass
-    return TopicFollower(settings.kafka, [topic])
+    return TopicFollower(settings.kafka, [topic], since_ms)
 
 
 #: Event time is shown beside the detection time when the two are further apart than this
@@ -211,7 +212,7 @@ def run_tail(
         source = group_consumer(settings, alerts, options.group_id, options.from_beginning)
         where = f"group {options.group_id}"
     else:
-        source = viewer(settings, stop)
+        source = viewer(settings, stop, _since_ms(options))
         where = f"{len(source.partitions)} partition(s), no group"
     log.info(
         "alerts tail: following %s on Kafka %s (%s), from %s",
@@ -282,14 +283,11 @@ def _view(
     follower: TopicFollower, options: TailOptions, wait_s: Callable[[], float], show: Callable[[list[Message]], None]
 ) -> None:
     """A viewer: what the topic holds from the start time (now, its beginning or ``--since``
-    ago) in time order across partitions (Kafka timestamp, then partition and offset), up to
-    :data:`BACKLOG_MAX` at a time; then new alerts as they come. Starting now reads the
-    retained alerts once too (the alert topic is small: alerts, not readings)."""
-    now_ms = int(time.time() * 1000)
-    since_ms = 0 if options.from_beginning else now_ms - int((options.since_s or 0) * 1000)
+    ago; the follower starts there) in time order across partitions (Kafka timestamp, then
+    partition and offset), up to :data:`BACKLOG_MAX` at a time; then new alerts as they come."""
     held: list[Message] = []
     for batch in follower.batches(strict=False):
-        held += [message for message in batch if message.timestamp()[1] >= since_ms]
+        held += batch
         if len(held) >= BACKLOG_MAX:
             show(sorted(held, key=_in_time_order))
             held = []
@@ -298,6 +296,13 @@ def _view(
     show(sorted(held, key=_in_time_order))
     while (timeout := wait_s()) > 0:
         show(follower.poll(timeout))
+
+
+def _since_ms(options: TailOptions) -> int | None:
+    """Where a viewer starts: None (the beginning) or a Kafka timestamp."""
+    if options.from_beginning:
+        return None
+    return int(time.time() * 1000) - int((options.since_s or 0) * 1000)
 
 
 def _in_time_order(message: Message) -> tuple[int, int, int]:

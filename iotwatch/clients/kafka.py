@@ -289,9 +289,11 @@ class TopicFollower:
     """Reads whole topics from the beginning and then follows them: the way a component
     rebuilds its state from compacted logs on start (event sourcing). Every partition is
     assigned, no group is joined, no offset committed. Topics missing at start read as empty;
-    a topic the user may not read is :class:`AccessRefused`, not an empty topic."""
+    a topic the user may not read is :class:`AccessRefused`, not an empty topic. ``since_ms``
+    starts each partition at its first record timestamped at or after it instead (a viewer
+    that starts now reads none of the retained records)."""
 
-    def __init__(self, settings: KafkaSettings, topics: list[str]) -> None:
+    def __init__(self, settings: KafkaSettings, topics: list[str], since_ms: int | None = None) -> None:
         self.settings = settings
         existing = topic_partitions(settings, topics, "READ")
         # from each partition's log start, not offset 0: once retention deleted offset 0, a
@@ -311,6 +313,12 @@ class TopicFollower:
                 "fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS,
             }
         )
+        if self.partitions and since_ms is not None:
+            # a partition with no record from since_ms on comes back at its end (offset -1)
+            self.partitions = self._consumer.offsets_for_times(
+                [TopicPartition(tp.topic, tp.partition, since_ms) for tp in self.partitions],
+                10.0,
+            )
         if self.partitions:
             self._consumer.assign(self.partitions)
 

@@ -242,3 +242,20 @@ def test_a_viewer_shows_the_backlog_in_time_order_across_partitions(test_setting
         time.sleep(0.005)  # a later record has a later timestamp
     shown = lines(run_tail(test_settings, "--from-beginning", "--json", "--timeout", "15").output)
     assert list(map(encode_alert, shown)) == list(map(encode_alert, records))
+
+
+def test_a_viewer_started_now_reads_no_retained_alert_and_shows_new_ones(test_settings: Settings) -> None:
+    """Starting now positions every partition at its end by time (no retained alert is read),
+    so the first new alert shows at once, even on partitions that hold only old alerts."""
+    from iotwatch.clients.kafka import TopicFollower
+
+    produce(test_settings.kafka, test_settings.topics.alerts, alert_run(4))
+    started = time.monotonic()
+    follower = TopicFollower(test_settings.kafka, [test_settings.topics.alerts], since_ms=int(time.time() * 1000))
+    assert follower.catch_up(30) == [] and time.monotonic() - started < 15
+    fresh = alert_run(1)
+    produce(test_settings.kafka, test_settings.topics.alerts, fresh)
+    deadline, seen = time.monotonic() + 30, []
+    while len(seen) < len(fresh) and time.monotonic() < deadline:
+        seen += follower.poll(0.5)
+    assert sorted(encode_alert(decode_alert(m.value())) for m in seen) == sorted(map(encode_alert, fresh))
