@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from iotwatch.streaming.cleaning import scored_names
 from iotwatch.streaming.device_state import (
     BUCKET_FIELDS,
     CORE_FIELDS,
@@ -44,11 +43,8 @@ from iotwatch.streaming.device_state import (
     DeviceState,
 )
 
-#: First bytes of a serialised table, and of a compressed one (a state-store value of the
-#: previous, per-device layout starts with a name length, never this large). ``IWT1``, the
-#: layout of one detector bank, is still read (as bank 0).
+#: First bytes of a serialised table, and of a compressed one.
 MAGIC = b"IWT2"
-MAGIC_ONE_BANK = b"IWT1"
 COMPRESSED = b"IWZ1"
 _RAW_LENGTH = struct.Struct("<Q")
 _SEP = "\x1f"
@@ -56,9 +52,6 @@ _SEP = "\x1f"
 #: of the five string parts; then each bank's rows and row size.
 _HEADER = struct.Struct("<6I5I")
 _BANK = struct.Struct("<2I")
-#: After MAGIC_ONE_BANK: devices, metrics, detector rows, episodes, buckets, seq words,
-#: detector state size, and the five string lengths.
-_HEADER_ONE_BANK = struct.Struct("<7I5I")
 
 
 def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -351,7 +344,7 @@ class DeviceTable:
     @classmethod
     def from_bytes(cls, blob: bytes, state_sizes: Sequence[int]) -> DeviceTable:
         """A table of :meth:`to_bytes`, whose detector banks must be ``state_sizes`` wide
-        (a table of fewer banks, ``IWT1`` one, holds the first and the others start empty)."""
+        (a table of fewer banks holds the first ones and the others start empty)."""
         if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
             blob = pa.decompress(
@@ -360,18 +353,13 @@ class DeviceTable:
                 codec="lz4",
                 asbytes=True,
             )
-        at = len(MAGIC)
-        if blob[: len(MAGIC)] == MAGIC:
-            n, p, e, b, words, count, *lengths = _HEADER.unpack_from(blob, at)
-            at += _HEADER.size
-            banks = [_BANK.unpack_from(blob, at + k * _BANK.size) for k in range(count)]
-            at += count * _BANK.size
-        elif blob[: len(MAGIC_ONE_BANK)] == MAGIC_ONE_BANK:
-            n, p, q, e, b, words, size, *lengths = _HEADER_ONE_BANK.unpack_from(blob, at)
-            at += _HEADER_ONE_BANK.size
-            banks = [(q, size)]
-        else:
+        if blob[: len(MAGIC)] != MAGIC:
             raise ValueError("not a device table")
+        at = len(MAGIC)
+        n, p, e, b, words, count, *lengths = _HEADER.unpack_from(blob, at)
+        at += _HEADER.size
+        banks = [_BANK.unpack_from(blob, at + k * _BANK.size) for k in range(count)]
+        at += count * _BANK.size
         banks += [(0, width) for width in state_sizes[len(banks) :]]  # banks added since start empty
         if [size for _, size in banks] != list(state_sizes):
             raise ValueError(
@@ -396,8 +384,7 @@ class DeviceTable:
         metric_device = array(np.int32, p).astype(np.int64)
         metric_last = array(np.float64, p)
         metric_detector = array(np.int32, p).astype(np.int64)
-        one_bank = blob[: len(MAGIC)] == MAGIC_ONE_BANK
-        metric_bank = np.zeros(p, dtype=np.int64) if one_bank else array(np.int8, p).astype(np.int64)
+        metric_bank = array(np.int8, p).astype(np.int64)
         detectors = [array(np.float64, rows * size, (rows, size)) for rows, size in banks]
         return cls(
             ids,
@@ -418,7 +405,7 @@ class DeviceTable:
             array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
         )
 
-    # -- one device as a record (tests, tools, the per-device layout) ------------------------------------
+    # -- one device as a record (tests, tools) ------------------------------------------------------------
 
     def state(self, d: int) -> DeviceState:
         """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
@@ -442,33 +429,3 @@ class DeviceTable:
             one.metric_last.copy(),
             one.buckets.copy(),
         )
-
-    @classmethod
-    def from_states(
-        cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_sizes: Sequence[int]
-    ) -> DeviceTable:
-        """Devices from their per-device states (a checkpoint in the per-device layout,
-        which kept one detector: its rows go to bank 0)."""
-        table = cls.empty(ids, seq_words, state_sizes)
-        if not states:
-            return table
-        table.device_type = _strings([s.device_type for s in states])
-        table.site = _strings([s.site for s in states])
-        table.core = np.stack([s.core for s in states]).astype(np.int64)
-        table.seqs = np.stack([s.seqs for s in states]).astype(np.uint64)
-        counts = [len(s.metrics) for s in states]
-        table.metric_device = np.repeat(np.arange(len(states)), counts)
-        table.metric_name = _strings([m for s in states for m in s.metrics])
-        table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
-        # the per-device layout kept a detector row for each scored metric, in metric order
-        watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
-        table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
-        table.metric_bank = np.zeros(len(watched), dtype=np.int64)
-        rows = np.concatenate([s.detectors for s in states]).reshape(-1, state_sizes[0])
-        table.detectors[0] = np.ascontiguousarray(rows)
-        table.episode_device = np.repeat(np.arange(len(states)), [len(s.episodes) for s in states])
-        table.episodes = np.concatenate([s.episodes for s in states]).astype(np.int64).reshape(-1, len(EPISODE_FIELDS))
-        table.peaks = np.concatenate([s.peaks for s in states])
-        table.bucket_device = np.repeat(np.arange(len(states)), [len(s.buckets) for s in states])
-        table.buckets = np.concatenate([s.buckets for s in states]).reshape(-1, len(BUCKET_FIELDS))
-        return table

@@ -21,12 +21,9 @@ import numpy as np
 import pandas as pd
 
 _SEP = "\x1f"
-#: Per-device int64 columns of ``last_wall_ms`` in the stored value (one column in rosters
-#: written before the partition clocks: read with unknown clocks).
+#: Per-device int64 columns of ``last_wall_ms`` in the stored value.
 _WALL, _APPEND, _EVENT = range(3)
 _COLUMNS = 3
-#: After the per-device columns: the partition's clocks, newest append and event time.
-_CLOCKS = 2
 #: Values of ``silent``: still reporting, reported silent, said goodbye (offline).
 REPORTING, SILENT, OFFLINE = 0, 1, 2
 
@@ -54,13 +51,8 @@ class Roster:
         devices, last, state, timer_ms = value
         names = devices.split(_SEP) if devices else []
         numbers = np.frombuffer(last, dtype=np.int64)
-        heard = np.zeros((len(names), _COLUMNS), dtype=np.int64)
-        log_ms = event_ms = 0
-        if len(numbers) == len(names):  # wall times only
-            heard[:, _WALL] = numbers
-        else:
-            heard[:] = numbers[: len(names) * _COLUMNS].reshape(len(names), _COLUMNS)
-            log_ms, event_ms = (int(v) for v in numbers[len(names) * _COLUMNS :])
+        heard = numbers[: len(names) * _COLUMNS].reshape(len(names), _COLUMNS).copy()
+        log_ms, event_ms = (int(v) for v in numbers[len(names) * _COLUMNS :])
         return cls(names, heard, np.frombuffer(state, dtype=np.int8).copy(), int(timer_ms), log_ms, event_ms)
 
     def to_value(self) -> tuple[Any, ...]:

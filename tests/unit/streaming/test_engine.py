@@ -479,14 +479,11 @@ def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
     assert list(odd["out_of_range"]) == ["temperature_c"] and odd["scores"] == {}
 
 
-def test_state_is_a_few_numbers_and_round_trips() -> None:
+def test_state_is_a_few_numbers() -> None:
     harness = Harness()
     harness.process(noisy_series(150, spike_at=120), now_ms=5)
-    state = harness.state()
-    again = DeviceState.from_value(state.to_value(), state.detectors.shape[1])
-    assert again == state
-    assert state.size_bytes() < 2048
-    assert len(state.core) == len(CORE_FIELDS)
+    assert len(harness.store.load_many(["th-1"]).to_bytes(compress=False)) < 2048
+    assert len(harness.state().core) == len(CORE_FIELDS)
 
 
 def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
@@ -685,21 +682,3 @@ def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso(
     harness.process([record(i) for i in range(5)], now_ms=1_000)
     silent = alerts_of(harness.silence("th-1", now_ms=120_000))[0]
     assert "(last event time 2025-11-22T04:00:04.000Z)" in silent.message, silent.message
-
-
-def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() -> None:
-    """A checkpoint written before episodes kept their metric still loads (metric -1: none)."""
-    import struct
-
-    from iotwatch.streaming.device_state import _HEADER, EP_METRIC, EPISODE_FIELDS
-
-    harness = Harness()
-    harness.run([noisy_series(301, spike_at=300)])
-    state = harness.state()
-    assert len(state.episodes) and state.episodes[0, EP_METRIC] == state.metrics.index("temperature_c")
-    parts = list(state.parts())
-    parts[5] = state.episodes[:, : len(EPISODE_FIELDS) - 1].copy().tobytes()  # version 1 rows
-    old = (struct.pack(_HEADER, 1, *(len(p) for p in parts)) + b"".join(parts),)
-    loaded = DeviceState.from_value(old, state.detectors.shape[1])
-    assert loaded.episodes[:, EP_METRIC].tolist() == [-1] * len(state.episodes)
-    assert (loaded.episodes[:, :EP_METRIC] == state.episodes[:, :EP_METRIC]).all()
