@@ -1,14 +1,6 @@
-"""Alert lifecycle with anti-flap, as mature alerting tools do it.
-
-Per (device, rule) there is at most one alert. An observation above the *fire* level
-starts a pending episode; only ``hold`` consecutive observations above it raise the
-alert (Prometheus' ``for:``). Once open, observations below the *clear* level -- lower
-than the fire level, so a value hovering at the threshold does not flap -- must persist
-for ``clear_hold`` observations before the alert clears. Repeats while open update the
-open alert (occurrences, last event time, peak) instead of raising another one.
-
-The ``alert_id`` is a hash of (device, rule, event time of the first observation of the
-episode), so a replay or a restart from a checkpoint reproduces the same ids.
+"""Alert lifecycle with anti-flap, as mature alerting tools do it: a hold before firing, a
+clear level below the fire level, one alert per (device, rule), deterministic alert ids
+(docs/streaming-internals.md, "Alert lifecycle").
 """
 
 from __future__ import annotations

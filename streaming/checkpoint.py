@@ -1,13 +1,5 @@
-"""The job's checkpoint: which Kafka cluster it belongs to, and whether that cluster still has its offsets.
-
-A checkpoint holds the Kafka offsets of the job's last micro-batch and the devices' state. It
-belongs to one Kafka cluster: read against another (a new embedded stack, a re-created topic,
-a log whose retention deleted what the job had not read yet) Spark fails the query with "Some
-data may have been lost", the same way at every restart. So the default checkpoint is kept per
-cluster (``~/.iotwatch/checkpoints/<cluster id>/stream``), a checkpoint records the cluster it
-was written for, and before Spark starts the job refuses, in one line naming the way out, a
-checkpoint whose offsets the cluster no longer has. ``--reset-offsets earliest|latest`` sets
-such a checkpoint aside (renamed, not deleted) and starts a new one at that end of the topic.
+"""The job's checkpoint: which Kafka cluster it belongs to, and whether that cluster still has
+its offsets (docs/operate/streaming.md, "Checkpoint").
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""Many devices' state as columns: what a micro-batch loads, updates and saves.
-
-The per-device layout (:mod:`iotwatch.streaming.device_state`) stays the contract of what a device
-keeps; a :class:`DeviceTable` holds that of many devices at once, one array per field, so
-that loading, updating and saving state costs numpy operations over the batch's devices,
-not Python work per device (at 100k devices a batch touches as many states as readings):
-
-- per device (row ``d``): ``ids``, ``device_type``, ``site``, ``core`` and ``seqs`` rows;
-- per (device, metric), rows grouped by device in slot order (a metric's *slot* is its
-  rank among its device's metrics, the number episodes and buckets refer to):
-  ``metric_device``, ``metric_name``, ``metric_last``, ``metric_bank`` and
-  ``metric_detector``, the row of its detector state in ``detectors[metric_bank]`` (-1: a
-  metric the detectors do not see);
-- ``detectors``: one array of state rows per *bank*, a detector kernel of the job (its rows
-  are that kernel's width: a device type may run a detector whose state is a hundred times
-  another's, see :mod:`iotwatch.streaming.detector_plan`);
-- non-idle alert episodes (``episode_device``, ``episodes``, ``peaks``) and open aggregate
-  buckets (``bucket_device``, ``buckets``), each grouped by device.
-
-A table serialises to one binary value (:meth:`DeviceTable.to_bytes`): a header of counts,
-then each column's bytes, strings as a vocabulary plus integer codes, the whole LZ4-compressed
-(about 5x: seq bitmaps and counters are mostly runs). Every byte of state crosses from the
-Python worker to the JVM, into RocksDB and its changelog each time a device is touched, so
-bytes per device are the cost of a large fleet; LZ4 costs under a microsecond a device.
+"""Many devices' state as columns: what a micro-batch loads, updates and saves with numpy
+calls, and its one LZ4-compressed binary value in the state store
+(docs/streaming-internals.md, "Device state").
 """
 
 from __future__ import annotations

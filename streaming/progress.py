@@ -1,17 +1,6 @@
-"""What the job did, batch by batch: Spark's query progress plus the stateful operator's tallies.
-
-The stateful operator writes every output itself (:mod:`iotwatch.streaming.sinks`) and emits one
-tally row per partition; the query collects them with an observation
-(:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
-reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
-benchmarks read), logs a progress line every few seconds while records flow, and sends two points per micro-batch to
-InfluxDB's ``pipeline`` measurement: ``stage=stream`` (the counts and the batch duration)
-and ``stage=stream_progress`` (rates, Kafka lag, state size).
-
-It reads the query's progress reports as JSON from a thread of its own, off the
-micro-batch's path, rather than as a ``StreamingQueryListener``: a Python listener gets
-each event through a hundred-odd py4j calls (about 60 ms of CPU a micro-batch here, on the
-same cores as the job), a report as JSON is one call.
+"""What the job did, batch by batch: Spark's query progress plus the stateful operator's
+tallies, kept as running totals, logged, and written to InfluxDB's ``pipeline`` measurement
+(docs/streaming-internals.md, "Progress and totals").
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The devices of one Kafka partition and when each was last heard of: what the stateful
-operator's silence timer needs (``device_silent``), kept as one small value per partition
-in the state store (:data:`iotwatch.streaming.schemas.ROSTER_SCHEMA`).
-
-A device is silent when its peers kept arriving without it, not when nothing arrives at all:
-besides the wall time since it was last heard of (the timer), the partition's own clocks --
-the newest Kafka append time and the newest event time of any of its records -- must have
-moved past the device's by the silence timeout. An outage of the pipeline (Kafka down, the
-gateway gone) stops every clock at once, so it holds every device's timer; the backlog that
-follows carries the event and append times of the outage and moves the clocks as it is read,
-device by device. (The pipeline-wide incident is the job's ``ingestion_gap``,
-:mod:`iotwatch.streaming.ingestion_gap`.) A device that said goodbye (its retained status
-``offline``) is marked offline: never reported silent until it is heard again.
+operator's silence timer needs (``device_silent``), judged against the partition's own
+clocks so an outage is no silence (docs/streaming-internals.md, "Roster and silence").
 """
 
 from __future__ import annotations

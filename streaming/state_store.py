@@ -1,21 +1,7 @@
-"""Where device state lives between micro-batches: shards of :class:`DeviceTable` values.
-
-The job keeps, per Kafka partition, a ``MapState`` of shards (a hash of the device id):
-one value per shard holds its devices' state as one serialised table, so a micro-batch
-costs two state-store calls per shard it touches -- each call a round trip between the
-Python worker and the JVM -- and numpy work over the shard's columns, never Python work
-per device. Devices silent longer than the TTL are dropped when their shard is rewritten
-(the store's own TTL would keep them, since the shard itself stays busy). In the job, a
-shard read is served from the executor's local copy when the state store says that copy
-is current (:mod:`iotwatch.streaming.shard_cache`). Tests and the simulated evaluation use the same
-store over dicts (:class:`MemoryStore`).
-
-A partition has as many shards as its devices need, up to ``state_shards``: one while it
-has up to :data:`SHARD_DEVICES` devices, more as it grows (every shard rewritten once, into
-the new count). A micro-batch touches nearly every shard of a partition whenever it holds
-more records than there are shards, so a small partition in 16 shards paid 16 state-store
-writes a batch for what one write holds. The count is the length of the partition's shard
-tokens (one int64 per shard, in the state store, written with the shards).
+"""Where device state lives between micro-batches: shards of :class:`DeviceTable` values per
+Kafka partition, two state-store calls per shard touched, never per device
+(docs/streaming-internals.md, "State-store shards"). Tests and the simulated evaluation use
+the same store over dicts (:class:`MemoryStore`).
 """
 
 from __future__ import annotations

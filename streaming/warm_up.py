@@ -1,17 +1,6 @@
-"""A warm-up micro-batch: synthetic readings through the job's operator before it reads Kafka.
-
-A query's first micro-batch that reads data pays for what the JVM and the Python workers
-have not done yet: loading and compiling the stateful operator's classes and RocksDB, the
-state store's first version, the operator's Python runner, the sinks' Kafka producer. On
-two cores that takes several seconds, and a job started before its devices (a new
-deployment, the demo) would spend them on the first readings, so its first alerts would
-come seconds late. Here a throwaway query runs the same operator (the same packing, state
-and engine code) over one reading of each device type, from devices of its own, read from a
-file, with its checkpoint and archive in a temporary folder and no InfluxDB: the job's topics,
-state and archive see nothing of it. Before it, an empty offset range of the raw topic is read
-through Spark's Kafka connector, so that the query's first offset request runs warm too. The
-tally must show the readings processed, with no alert and no dead letter; otherwise the job
-logs a warning and goes on (the warm-up only saves time).
+"""A warm-up micro-batch: synthetic readings through the job's operator before it reads Kafka,
+so the first readings' alerts do not wait for the JVM and the workers to warm up
+(docs/streaming-internals.md, "Warm-up micro-batch").
 """
 
 from __future__ import annotations

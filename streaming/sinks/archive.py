@@ -1,23 +1,6 @@
 """The Parquet archive of clean readings (the batch layer's master dataset), written by the
-stateful task that scored them.
-
-Why here and not through Spark's file sink: the readings would otherwise travel from the
-Python worker back into the JVM (one wide row each), through a second Spark stage and
-Spark's Parquet writer -- more than half of a micro-batch's CPU on two cores, paid before
-the next micro-batch can start. Written here, a reading never leaves the worker that
-scored it.
-
-Layout, one row per reading::
-
-    <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
-    device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
-    out_of_range (names), extra_metrics (map), extra_scores (map), detector
-
-Files are named after the Kafka offsets they hold, as Kafka Connect's file sinks name
-theirs: a micro-batch that is re-run after a failure (same offsets, same state) rewrites
-the same files with the same rows instead of adding duplicates. Each file is written under
-a temporary name and renamed into place, so readers never see half a file. On a cluster
-the archive directory must be storage every executor sees (an NFS or other shared mount).
+stateful task that scored them: a reading never travels back into the JVM
+(docs/streaming-internals.md, "The archive sink").
 """
 
 from __future__ import annotations

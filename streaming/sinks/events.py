@@ -1,12 +1,5 @@
-"""The events of a micro-batch, written from the stateful operator's own task.
-
-Alerts and dead letters go to their Kafka topics, closed aggregates and alert points to
-InfluxDB, straight from the executor that computed them: they never travel through
-Spark, so a micro-batch costs one Spark job (the archive write) instead of several.
-At-least-once holds as it does for ``foreachBatch``: the events are written before the
-micro-batch commits; a batch that fails is re-run from the same offsets and state and
-writes the same events again (alert ids are deterministic, dead letters carry their
-source offsets, InfluxDB points overwrite the same series and time).
+"""The events of a micro-batch, written from the stateful operator's own task, at least once
+(docs/streaming-internals.md, "Event sinks").
 """
 
 from __future__ import annotations
