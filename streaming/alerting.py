@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -64,9 +64,6 @@ class Episode:
     peak_score: float = 0.0
     alert_id: str = ""
     metric: str | None = None  # the metric the alert was raised on: its clear speaks of the same one
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def alert_id(device_id: str, rule: str, start_ms: int) -> str:

@@ -1,6 +1,5 @@
 """What a device keeps between micro-batches, field by field: the column layout of a
-:class:`iotwatch.streaming.device_table.DeviceTable` row, and one device's state as a record
-(:class:`DeviceState`, for tests and tools).
+:class:`iotwatch.streaming.device_table.DeviceTable` row.
 
 - ``core`` (int64, :data:`CORE_FIELDS`): sequence high-water mark, newest event time,
   wall and log times of the newest record, the accounting counters;
@@ -16,11 +15,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
-#: int64 fields of ``DeviceState.core``, by position.
+#: int64 fields of a device's ``core`` row, by position.
 CORE_FIELDS = (
     "seq_high",
     "max_event_ms",
@@ -53,7 +48,7 @@ CORE_FIELDS = (
 COUNTERS = CORE_FIELDS[RECEIVED:]
 
 #: int64 fields of one episode row (the alert lifecycle of one rule of one device); ``metric``
-#: is the index in ``DeviceState.metrics`` of the metric the alert was raised on (-1: none),
+#: is the slot among the device's metrics of the metric the alert was raised on (-1: none),
 #: so its clear speaks of the same metric.
 EPISODE_FIELDS = ("rule", "status", "above", "below", "start_ms", "start_seq", "last_ms", "occurrences", "metric")
 EP_RULE, EP_STATUS, EP_ABOVE, EP_BELOW, EP_START_MS, EP_START_SEQ, EP_LAST_MS, EP_OCCURRENCES, EP_METRIC = range(
@@ -63,22 +58,3 @@ IDLE, PENDING, OPEN = 0, 1, 2
 
 #: float64 fields of one open aggregate bucket of one metric.
 BUCKET_FIELDS = ("start_ms", "metric", "count", "sum", "min", "max", "last", "max_score")
-
-
-@dataclass(eq=False)
-class DeviceState:
-    """One device's state (:meth:`iotwatch.streaming.device_table.DeviceTable.state`)."""
-
-    device_type: str
-    site: str
-    core: np.ndarray
-    seqs: np.ndarray
-    episodes: np.ndarray
-    peaks: np.ndarray
-    metrics: list[str]
-    detectors: np.ndarray
-    last: np.ndarray
-    buckets: np.ndarray
-
-    def counters(self) -> dict[str, int]:
-        return {name: int(self.core[i]) for i, name in enumerate(CORE_FIELDS) if name in COUNTERS}

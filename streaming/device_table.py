@@ -16,10 +16,10 @@ import pyarrow as pa
 from iotwatch.streaming.device_state import (
     BUCKET_FIELDS,
     CORE_FIELDS,
+    COUNTERS,
     EPISODE_FIELDS,
     MAX_EVENT_MS,
     SEQ_HIGH,
-    DeviceState,
 )
 
 #: First bytes of a serialised table, and of a compressed one.
@@ -384,27 +384,6 @@ class DeviceTable:
             array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
         )
 
-    # -- one device as a record (tests, tools) ------------------------------------------------------------
-
-    def state(self, d: int) -> DeviceState:
-        """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
-        device's metrics share one unless some have a declared range, which raises)."""
-        one = self.take(np.array([d]))
-        watched = one.metric_detector >= 0
-        banks = np.unique(one.metric_bank[watched])
-        bank = int(banks[0]) if len(banks) else 0
-        if len(banks) > 1:
-            raise ValueError(f"device {one.ids[0]} has detector rows in banks {banks.tolist()}")
-        detectors = one.detectors[bank][one.metric_detector[watched]]
-        return DeviceState(
-            str(one.device_type[0]),
-            str(one.site[0]),
-            one.core[0].copy(),
-            one.seqs[0].copy(),
-            one.episodes.copy(),
-            one.peaks.copy(),
-            one.metric_name.tolist(),
-            detectors.copy(),
-            one.metric_last.copy(),
-            one.buckets.copy(),
-        )
+    def counters(self, d: int = 0) -> dict[str, int]:
+        """Device ``d``'s accounting counters by name."""
+        return {name: int(self.core[d, CORE_FIELDS.index(name)]) for name in COUNTERS}

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
+from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
 
@@ -220,12 +220,12 @@ class ShardedStore:
         self.live, self._token = count, np.zeros(count, dtype=np.int64)
         return {s: everyone.take(np.flatnonzero(shard_of == s)) for s in range(count)}
 
-    def load(self, device_id: str) -> DeviceState | None:
-        """One device's state in the per-device layout, None when unknown (tests, tools)."""
+    def load(self, device_id: str) -> DeviceTable | None:
+        """One device's state (a table of one row), None when unknown (tests, tools)."""
         self._read_tokens()
         table = self._read(int(self.shard_of([device_id])[0]))
         rows = np.flatnonzero(table.ids == device_id)
-        return table.state(int(rows[0])) if len(rows) else None
+        return table.take(rows) if len(rows) else None
 
 
 class MemoryStore(ShardedStore):

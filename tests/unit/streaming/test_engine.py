@@ -17,7 +17,8 @@ from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
 from iotwatch.streaming.cleaning import clean_entries
-from iotwatch.streaming.device_state import CORE_FIELDS, DeviceState
+from iotwatch.streaming.device_state import CORE_FIELDS
+from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.engine import PartitionEngine
 from iotwatch.streaming.partition_io import BatchOutput, RecordColumns
 from iotwatch.streaming.state_store import MemoryStore
@@ -97,7 +98,7 @@ class Harness:
     def silence(self, device: str, now_ms: int) -> list[dict[str, Any]]:
         return self.engine.silence(self.store, [device], now_ms).rows()
 
-    def state(self, device: str = "th-1") -> DeviceState:
+    def state(self, device: str = "th-1") -> DeviceTable:
         state = self.store.load(device)
         assert state is not None
         return state
@@ -203,7 +204,7 @@ def test_a_device_id_seen_under_another_site_or_type_is_dead_lettered_not_merged
     assert [r["reason"] for r in dead] == ["identity_conflict"] * 8
     assert "thermostat at site h1" in dead[0]["detail"] and "site h2" in dead[0]["detail"]
     assert [r["seq"] for r in readings_of(rows)] == [20]  # the real device goes on
-    assert harness.state().site == "h1" and harness.counters()["dead_lettered"] == 8
+    assert harness.state().site[0] == "h1" and harness.counters()["dead_lettered"] == 8
 
 
 def test_a_reading_out_of_order_within_the_lateness_is_archived_but_raises_no_false_alarm() -> None:
@@ -483,7 +484,7 @@ def test_state_is_a_few_numbers() -> None:
     harness = Harness()
     harness.process(noisy_series(150, spike_at=120), now_ms=5)
     assert len(harness.store.load_many(["th-1"]).to_bytes(compress=False)) < 2048
-    assert len(harness.state().core) == len(CORE_FIELDS)
+    assert harness.state().core.shape == (1, len(CORE_FIELDS))
 
 
 def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
