@@ -15,13 +15,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iotwatch.streaming.schemas import ARCHIVE_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS, score_column, value_column
 
 _METRICS_TYPE = pa.struct([pa.field(m, pa.float64()) for m in WIDE_METRICS])
 _SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
 _MAP_TYPE = pa.map_(pa.string(), pa.float64())
 
-#: The archive's file schema (the partition columns ``date`` and ``device_type`` are directories).
+#: The archive's file schema, one row per reading: its metrics and detector scores as structs
+#: of the wide layout, uncatalogued ones as maps (the partition columns ``date`` and
+#: ``device_type`` are directories).
 _ARCHIVE_TYPES: dict[str, pa.DataType] = {
     "device_id": pa.string(),
     "site": pa.string(),
@@ -36,7 +38,6 @@ _ARCHIVE_TYPES: dict[str, pa.DataType] = {
     "detector": pa.string(),
 }
 ARCHIVE_SCHEMA = pa.schema(_ARCHIVE_TYPES)
-assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
 
 
 def file_name(partition: int, first_offset: int, last_offset: int) -> str:
