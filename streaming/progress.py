@@ -18,11 +18,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
-from iotwatch.errors import IotwatchError
+from iotwatch.clients.influx import OutageLog
 from iotwatch.settings import Settings
 from iotwatch.streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
-from iotwatch.streaming.sinks.influx_points import pipeline_point
+from iotwatch.streaming.sinks.influx_points import pipeline_point, write_derived
 
 if TYPE_CHECKING:
     from iotwatch.streaming.ingestion_gap import IngestionGaps
@@ -286,16 +285,8 @@ class ProgressReporter:
         self._period = _LinePeriod(logged_at=now)
 
     def _write_influx(self, progress: dict[str, Any], batch: dict[str, int]) -> None:
-        """Metrics are derived data: a failed write is logged and counted, not fatal."""
         assert self.influx is not None
-        now_ms = int(time.time() * 1000)
-        try:
-            kept_client(self.influx).write_points(
-                [pipeline_point(batch, now_ms), pipeline_point(progress, now_ms, stage="stream_progress")]
-            )
-        except IotwatchError as exc:
-            drop_kept_client(self.influx)
-            self.totals["influx_write_failures"] += 1
-            self._influx_outage.failed(exc)
-        else:
-            self._influx_outage.written()
+        at = now_ms()
+        points = [pipeline_point(batch, at), pipeline_point(progress, at, stage="stream_progress")]
+        lines = [point.to_line_protocol() for point in points]
+        self.totals["influx_write_failures"] += write_derived(self.influx, self._influx_outage, lines)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
+from iotwatch.clients.influx import OutageLog
 from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import H_KAFKA_OFFSET, H_KAFKA_PARTITION, H_KAFKA_TOPIC, DeadLetter
-from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.operator_key import source_partition
-from iotwatch.streaming.sinks.influx_points import aggregate_lines, alert_point
+from iotwatch.streaming.sinks.influx_points import aggregate_lines, alert_point, write_derived
 from iotwatch.streaming.sinks.kafka_rows import produce_all, warm_producer
 from iotwatch.streaming.sinks.read_back import LogReader, with_original_bytes
 
@@ -64,25 +63,10 @@ class EventSinks:
         failures = 0
         if self.influx is not None and (alerts or len(output.aggregates)):
             lines = aggregate_lines(output.aggregates) + [alert_point(a).to_line_protocol() for a in alerts]
-            failures = self._write_influx(lines)
+            failures = write_derived(self.influx, _influx_outage, lines)
         return {
             "alerts_raised": sum(a.raised for a in alerts),
             "alerts_cleared": sum(not a.raised for a in alerts),
             "aggregates": len(output.aggregates),
             "influx_write_failures": failures,
         }
-
-    def _write_influx(self, lines: list[str]) -> int:
-        """Metrics are derived data (recomputable from the archive): a failed write is logged
-        and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
-        assert self.influx is not None
-        client = kept_client(self.influx)  # one HTTP session per worker, kept between micro-batches
-        try:
-            for start in range(0, len(lines), 5000):
-                client.write_lines(lines[start : start + 5000])
-        except IotwatchError as exc:
-            _influx_outage.failed(exc)
-            drop_kept_client(self.influx)
-            return 1
-        _influx_outage.written()
-        return 0
