@@ -59,47 +59,35 @@ def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str, int]] | None) -> int | None:
-    """Records between two offset maps, over all partitions."""
-    if since is None or until is None:
-        return None
-    return sum(
-        max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
-        for topic, partitions in until.items()
-        for partition, offset in partitions.items()
-    )
-
-
-def _sources_distance(progress: Any, since: str, until: str) -> int | None:
+def _records_per_topic(progress: Any, since: str, until: str) -> dict[str, int] | None:
     """Records between two of each source's offsets (``startOffset``, ``endOffset``,
-    ``latestOffset``) in a progress report, over all sources; None when one is missing."""
-    total = 0
+    ``latestOffset``) in a progress report, per topic over its partitions; None when a
+    source lacks one of them."""
+    out: dict[str, int] = {}
     for source in progress.sources:
-        distance = _distance(_offsets(getattr(source, since)), _offsets(getattr(source, until)))
-        if distance is None:
+        start, end = _offsets(getattr(source, since)), _offsets(getattr(source, until))
+        if start is None or end is None:
             return None
-        total += distance
-    return total
+        for topic, partitions in end.items():
+            begun = start.get(topic, {})
+            moved = sum(max(0, int(offset) - int(begun.get(partition, 0))) for partition, offset in partitions.items())
+            out[topic] = out.get(topic, 0) + moved
+    return out
 
 
 def records_by_topic(progress: Any, received: int) -> dict[str, int]:
     """Kafka records the batch read per topic (a query's first batch, which has no start
     offsets: ``received`` for each topic it read)."""
-    out: dict[str, int] = {}
-    for source in progress.sources:
-        until = _offsets(source.endOffset) or {}
-        since = _offsets(source.startOffset)
-        for topic in until:
-            if since is None:
-                out[topic] = out.get(topic, 0) + received
-            else:
-                out[topic] = out.get(topic, 0) + (_distance({topic: since.get(topic, {})}, {topic: until[topic]}) or 0)
-    return out
+    found = _records_per_topic(progress, "startOffset", "endOffset")
+    if found is not None:
+        return found
+    return {topic: received for source in progress.sources for topic in _offsets(source.endOffset) or {}}
 
 
 def kafka_lag(progress: Any) -> int | None:
     """Records between what the last batch read and the log end, over all partitions."""
-    return _sources_distance(progress, "endOffset", "latestOffset")
+    found = _records_per_topic(progress, "endOffset", "latestOffset")
+    return None if found is None else sum(found.values())
 
 
 def kafka_records(progress: Any) -> int | None:
@@ -107,7 +95,8 @@ def kafka_records(progress: Any) -> int | None:
     them; None for a query's first micro-batch, whose report has no start offsets (it starts
     at the initial offsets, which only the checkpoint holds: counting from 0 would count a
     topic's whole history for a job that starts at its end)."""
-    return _sources_distance(progress, "startOffset", "endOffset")
+    found = _records_per_topic(progress, "startOffset", "endOffset")
+    return None if found is None else sum(found.values())
 
 
 #: Tallies that measure a micro-batch rather than count events: what its state writes held
