@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +67,8 @@ class CompactionResult:
     failed_groups: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "folders": self.folders,
-            "files_before": self.files_before,
-            "files_after": self.files_before - self.files_merged - self.superseded_removed + self.files_written,
-            "files_merged": self.files_merged,
-            "files_written": self.files_written,
-            "superseded_removed": self.superseded_removed,
-            "bytes_merged": self.bytes_merged,
-            "rows_merged": self.rows_merged,
-            "seconds": round(self.seconds, 1),
-            "failed_groups": self.failed_groups,
-        }
+        files_after = self.files_before - self.files_merged - self.superseded_removed + self.files_written
+        return {**asdict(self), "files_after": files_after, "seconds": round(self.seconds, 1)}
 
 
 def compact(archive: Path, min_age_s: float = 3600.0, target_bytes: int = 128 * 2**20) -> CompactionResult:

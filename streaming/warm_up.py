@@ -98,11 +98,6 @@ def _starts_at_latest(starting_offsets: str) -> bool:
     return starting_offsets.strip() == "latest"
 
 
-def warm_up_settings(settings: Settings) -> Settings:
-    """``settings`` with no InfluxDB, so the warm-up leaves no metrics behind."""
-    return settings.model_copy(update={"influx": settings.influx.model_copy(update={"url": None})})
-
-
 def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
     """Run the warm-up query to its end; its batch counts and seconds (logged). A warm-up
     that fails is logged and the job starts without it."""
@@ -155,9 +150,10 @@ def _run(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
             F.current_timestamp().alias("timestamp"),
         )
         packed = pack_kafka_rows(kafka_shaped, tasks, settings.topics.raw)
-        query = start_operator(
+        no_influx = settings.model_copy(update={"influx": settings.influx.model_copy(update={"url": None})})
+        query = start_operator(  # (no InfluxDB: the warm-up leaves no metrics behind)
             packed,
-            warm_up_settings(settings),
+            no_influx,
             str(work / "archive"),
             work / "checkpoint",
             "iotwatch_warm_up",
