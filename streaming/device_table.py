@@ -31,6 +31,26 @@ _SEP = "\x1f"
 #: of the five string parts; then each bank's rows and row size.
 _HEADER = struct.Struct("<6I5I")
 _BANK = struct.Struct("<2I")
+#: After the strings, the numeric columns: (field, stored dtype, rows of), the detector banks'
+#: rows before ``episode_device``. Index columns are int64 in memory, narrower in the value.
+_COLUMNS = (
+    ("core", "<i8", "device"),
+    ("seqs", "<u8", "device"),
+    ("metric_device", "<i4", "metric"),
+    ("metric_last", "<f8", "metric"),
+    ("metric_detector", "<i4", "metric"),
+    ("metric_bank", "i1", "metric"),
+    ("episode_device", "<i4", "episode"),
+    ("episodes", "<i8", "episode"),
+    ("peaks", "<f8", "episode"),
+    ("bucket_device", "<i4", "bucket"),
+    ("buckets", "<f8", "bucket"),
+)
+_BANKS_AT = 6
+_IN_MEMORY = dict.fromkeys(
+    ("metric_device", "metric_detector", "metric_bank", "episode_device", "bucket_device"), "<i8"
+)
+_WIDTHS = {"core": len(CORE_FIELDS), "episodes": len(EPISODE_FIELDS), "buckets": len(BUCKET_FIELDS)}
 
 
 def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -280,24 +300,15 @@ class DeviceTable:
             *_encode_strings(self.metric_name),
         ]
         ids, type_vocabulary, type_codes, site_vocabulary, site_codes, name_vocabulary, name_codes = names
+        counts = (len(self), len(self.metric_device), len(self.episodes), len(self.buckets), self.seqs.shape[1])
         header = MAGIC + _HEADER.pack(
-            len(self),
-            len(self.metric_device),
-            len(self.episodes),
-            len(self.buckets),
-            self.seqs.shape[1],
-            len(self.detectors),
-            len(ids),
-            len(type_vocabulary),
-            len(site_vocabulary),
-            len(name_vocabulary),
-            0,
+            *counts, len(self.detectors), len(ids), len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0
         )
-        banks = b"".join(_BANK.pack(*rows.shape) for rows in self.detectors)
+        columns = [getattr(self, name).astype(stored).tobytes() for name, stored, _ in _COLUMNS]
         return b"".join(
             [
                 header,
-                banks,
+                *(_BANK.pack(*rows.shape) for rows in self.detectors),
                 ids,
                 type_vocabulary,
                 site_vocabulary,
@@ -305,18 +316,9 @@ class DeviceTable:
                 type_codes,
                 site_codes,
                 name_codes,
-                self.core.astype(np.int64).tobytes(),
-                self.seqs.astype(np.uint64).tobytes(),
-                self.metric_device.astype(np.int32).tobytes(),
-                self.metric_last.tobytes(),
-                self.metric_detector.astype(np.int32).tobytes(),
-                self.metric_bank.astype(np.int8).tobytes(),
+                *columns[:_BANKS_AT],
                 *(rows.tobytes() for rows in self.detectors),
-                self.episode_device.astype(np.int32).tobytes(),
-                self.episodes.astype(np.int64).tobytes(),
-                self.peaks.tobytes(),
-                self.bucket_device.astype(np.int32).tobytes(),
-                self.buckets.tobytes(),
+                *columns[_BANKS_AT:],
             ]
         )
 
@@ -350,38 +352,29 @@ class DeviceTable:
             text.append(blob[at : at + length])
             at += length
 
-        def array(dtype: type[np.generic], count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        def array(dtype: str, rows: int, width: int = 0) -> np.ndarray:
             nonlocal at
-            out = np.frombuffer(blob, dtype=dtype, count=count, offset=at).copy()
+            out = np.frombuffer(blob, dtype=dtype, count=rows * (width or 1), offset=at).copy()
             at += out.nbytes
-            return out if shape is None else out.reshape(shape)
+            return out.reshape(rows, width) if width else out
 
-        type_codes, site_codes, name_codes = array(np.int32, n), array(np.int32, n), array(np.int32, p)
-        ids = _strings(text[0].decode().split(_SEP)) if n else _strings([])
-        core = array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS)))
-        seqs = array(np.uint64, n * words, (n, words))
-        metric_device = array(np.int32, p).astype(np.int64)
-        metric_last = array(np.float64, p)
-        metric_detector = array(np.int32, p).astype(np.int64)
-        metric_bank = array(np.int8, p).astype(np.int64)
-        detectors = [array(np.float64, rows * size, (rows, size)) for rows, size in banks]
+        type_codes, site_codes, name_codes = array("<i4", n), array("<i4", n), array("<i4", p)
+        rows = {"device": n, "metric": p, "episode": e, "bucket": b}
+        widths = {"seqs": words, **_WIDTHS}
+        columns = {}
+        for k, (name, stored, group) in enumerate(_COLUMNS):
+            if k == _BANKS_AT:
+                detectors = [array("<f8", count, size) for count, size in banks]
+            columns[name] = array(stored, rows[group], widths.get(name, 0)).astype(
+                _IN_MEMORY.get(name, stored), copy=False
+            )
         return cls(
-            ids,
-            _decode_strings(text[1], type_codes),
-            _decode_strings(text[2], site_codes),
-            core,
-            seqs,
-            metric_device,
-            _decode_strings(text[3], name_codes),
-            metric_last,
-            metric_detector,
-            metric_bank,
-            detectors,
-            array(np.int32, e).astype(np.int64),
-            array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))),
-            array(np.float64, e),
-            array(np.int32, b).astype(np.int64),
-            array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
+            ids=_strings(text[0].decode().split(_SEP)) if n else _strings([]),
+            device_type=_decode_strings(text[1], type_codes),
+            site=_decode_strings(text[2], site_codes),
+            metric_name=_decode_strings(text[3], name_codes),
+            detectors=detectors,
+            **columns,
         )
 
     def counters(self, d: int = 0) -> dict[str, int]:
