@@ -87,14 +87,6 @@ class AlertContext:
     now_ms: Any = field(default=lambda: int(time.time() * 1000))
 
 
-def step(
-    episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int, ctx: AlertContext
-) -> AlertRecord | None:
-    """Advance one rule's episode by one observation; returns an alert record to publish
-    (``raised`` or ``cleared``) or None."""
-    return advance(episode, spec, obs.score, event_ms, seq, ctx, lambda: obs)
-
-
 def advance(
     episode: Episode,
     spec: RuleSpec,
@@ -104,8 +96,9 @@ def advance(
     ctx: AlertContext,
     describe: Callable[[], Observation],
 ) -> AlertRecord | None:
-    """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
-    the full observation (message, contributors) when an alert is raised or cleared."""
+    """Advance one rule's episode by one reading's score; returns an alert record to publish
+    (``raised`` or ``cleared``) or None. The lifecycle needs only the score: ``describe``
+    builds the full observation (message, contributors) when an alert is raised or cleared."""
     firing = score >= spec.fire
     if episode.status is not EpisodeStatus.OPEN:
         if not firing:

@@ -25,8 +25,6 @@ SHARD_DEVICES = 1024
 class MapStateLike(Protocol):
     """The part of Spark's ``MapState`` the store uses (keys and values are tuples)."""
 
-    def exists(self) -> bool: ...
-
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None: ...
@@ -34,8 +32,6 @@ class MapStateLike(Protocol):
 
 class ValueStateLike(Protocol):
     """The part of Spark's ``ValueState`` the store uses."""
-
-    def exists(self) -> bool: ...
 
     def get(self) -> tuple[Any, ...] | None: ...
 
@@ -47,9 +43,6 @@ class DictMapState:
 
     def __init__(self) -> None:
         self.values: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-
-    def exists(self) -> bool:
-        return bool(self.values)
 
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return self.values.get(key)
@@ -63,9 +56,6 @@ class DictValueState:
 
     def __init__(self) -> None:
         self.value: tuple[Any, ...] | None = None
-
-    def exists(self) -> bool:
-        return self.value is not None
 
     def get(self) -> tuple[Any, ...] | None:
         return self.value

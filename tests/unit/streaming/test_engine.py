@@ -15,7 +15,7 @@ from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
-from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
+from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id
 from iotwatch.streaming.cleaning import clean_entries
 from iotwatch.streaming.device_state import CORE_FIELDS
 from iotwatch.streaming.device_table import DeviceTable
@@ -295,7 +295,9 @@ def test_anti_flap_hold_and_clear_threshold() -> None:
     ctx = AlertContext(DeviceIdentity("d", "thermostat", "h"), now_ms=lambda: 0)
     episode = Episode()
     scores = [0.9, 0.3, 0.9, 0.9, 0.5, 0.85, 0.6, 0.3, 0.9, 0.3, 0.2]
-    events = [step(episode, spec, Observation(s, "m", s, 0.8, "x"), i, i, ctx) for i, s in enumerate(scores)]
+    events = [
+        advance(episode, spec, s, i, i, ctx, lambda s=s: Observation(s, "m", s, 0.8, "x")) for i, s in enumerate(scores)
+    ]
     states = [(i, e.state, e.occurrences) for i, e in enumerate(events) if e]
     # one blip does not fire; two in a row do; hovering between clear and fire keeps it open
     # (and counts repeats); two readings below clear close it.
