@@ -53,10 +53,6 @@ _IN_MEMORY = dict.fromkeys(
 _WIDTHS = {"core": len(CORE_FIELDS), "episodes": len(EPISODE_FIELDS), "buckets": len(BUCKET_FIELDS)}
 
 
-def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64)
-
-
 def _strings(values: Sequence[str] | np.ndarray) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = list(values)
@@ -178,7 +174,7 @@ class DeviceTable:
 
     def take(self, rows: np.ndarray) -> DeviceTable:
         """The devices ``rows`` (distinct), in that order."""
-        rows = _ints(rows)
+        rows = np.asarray(rows, dtype=np.int64)
         new_of = np.full(len(self), -1, dtype=np.int64)
         new_of[rows] = np.arange(len(rows))
 
