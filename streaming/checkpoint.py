@@ -75,7 +75,10 @@ def prepare_checkpoint(settings: Settings, checkpoint: Path, cluster: str, reset
 def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> str | None:
     """Why the job cannot resume from ``checkpoint`` on ``cluster``, or None (a new checkpoint,
     or one whose every offset is still in the log)."""
-    committed = _committed(checkpoint)
+    try:
+        committed = committed_offsets(checkpoint)
+    except (OSError, ValueError, IndexError) as exc:  # IndexError: an offset log cut short
+        raise UserError(f"checkpoint {checkpoint} cannot be read ({exc}): {WAY_OUT}") from exc
     if committed is None:
         return None
     source = checkpoint / SOURCE_FILE
@@ -99,14 +102,6 @@ def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> st
         if offset < log_start:
             return f"is at offset {offset:,} of {where}, whose log now starts at {log_start:,} (records deleted)"
     return None
-
-
-def _committed(checkpoint: Path) -> dict[str, dict[str, int]] | None:
-    """The offsets of the checkpoint's last committed micro-batch; None for a new checkpoint."""
-    try:
-        return committed_offsets(checkpoint)
-    except (OSError, ValueError, IndexError) as exc:
-        raise UserError(f"checkpoint {checkpoint} cannot be read ({exc}): {WAY_OUT}") from exc
 
 
 def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:

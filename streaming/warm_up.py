@@ -70,7 +70,7 @@ def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0
     for number, (log_start, end) in offsets.items():
         if committed is not None:
             start = committed.get(settings.topics.raw, {}).get(str(number), 0)
-        elif _starts_at_latest(settings.stream.starting_offsets):
+        elif settings.stream.starting_offsets.strip() == "latest":
             start = end
         else:
             start = log_start
@@ -92,10 +92,6 @@ def warm_kafka_reader(spark: SparkSession, settings: Settings) -> int:
     ends = json.dumps({settings.topics.raw: {str(number): end for number, (_, end) in offsets.items()}})
     read_kafka_batch(spark, settings.kafka, [settings.topics.raw], starting_offsets=ends, ending_offsets=ends).count()
     return len(offsets)
-
-
-def _starts_at_latest(starting_offsets: str) -> bool:
-    return starting_offsets.strip() == "latest"
 
 
 def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
