@@ -1,6 +1,6 @@
 """Batch training of fleet models from the Parquet archive, with Spark.
 
-The streaming job archives one row per scored reading (:data:`iotwatch.streaming.schemas.ARCHIVE_COLUMNS`)::
+The streaming job archives one row per scored reading (:data:`iotwatch.streaming.sinks.archive.ARCHIVE_SCHEMA`)::
 
     <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
     device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),

@@ -1,14 +1,6 @@
-"""Alert lifecycle with anti-flap, as mature alerting tools do it.
-
-Per (device, rule) there is at most one alert. An observation above the *fire* level
-starts a pending episode; only ``hold`` consecutive observations above it raise the
-alert (Prometheus' ``for:``). Once open, observations below the *clear* level -- lower
-than the fire level, so a value hovering at the threshold does not flap -- must persist
-for ``clear_hold`` observations before the alert clears. Repeats while open update the
-open alert (occurrences, last event time, peak) instead of raising another one.
-
-The ``alert_id`` is a hash of (device, rule, event time of the first observation of the
-episode), so a replay or a restart from a checkpoint reproduces the same ids.
+"""Alert lifecycle with anti-flap, as mature alerting tools do it: a hold before firing, a
+clear level below the fire level, one alert per (device, rule), deterministic alert ids
+(docs/streaming-internals.md, "Alert lifecycle").
 """
 
 from __future__ import annotations
@@ -16,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -73,9 +65,6 @@ class Episode:
     alert_id: str = ""
     metric: str | None = None  # the metric the alert was raised on: its clear speaks of the same one
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def alert_id(device_id: str, rule: str, start_ms: int) -> str:
     """Deterministic id of the alert that started at event time ``start_ms``."""
@@ -98,14 +87,6 @@ class AlertContext:
     now_ms: Any = field(default=lambda: int(time.time() * 1000))
 
 
-def step(
-    episode: Episode, spec: RuleSpec, obs: Observation, event_ms: int, seq: int, ctx: AlertContext
-) -> AlertRecord | None:
-    """Advance one rule's episode by one observation; returns an alert record to publish
-    (``raised`` or ``cleared``) or None."""
-    return advance(episode, spec, obs.score, event_ms, seq, ctx, lambda: obs)
-
-
 def advance(
     episode: Episode,
     spec: RuleSpec,
@@ -115,8 +96,9 @@ def advance(
     ctx: AlertContext,
     describe: Callable[[], Observation],
 ) -> AlertRecord | None:
-    """:func:`step` for the hot path: the lifecycle needs only the score; ``describe`` builds
-    the full observation (message, contributors) when an alert is raised or cleared."""
+    """Advance one rule's episode by one reading's score; returns an alert record to publish
+    (``raised`` or ``cleared``) or None. The lifecycle needs only the score: ``describe``
+    builds the full observation (message, contributors) when an alert is raised or cleared."""
     firing = score >= spec.fire
     if episode.status is not EpisodeStatus.OPEN:
         if not firing:

@@ -1,26 +1,5 @@
-"""Compaction of the Parquet archive: many small files merged into few, rows unchanged.
-
-The live job writes a file per Kafka partition, date and device type every micro-batch
-(:mod:`iotwatch.streaming.sinks.archive`): a few dozen readings each, about 150,000 files an
-hour at 2,000 readings/s. Readers pay for every file (Spark lists and opens each, every
-footer is read), so the batch layer compacts what the job no longer writes, as a table
-format's OPTIMIZE does:
-
-- only files older than ``min_age_s`` are merged: the job rewrites a file when it re-runs
-  that file's micro-batch after a failure, usually seconds after it first wrote it;
-- in each ``date=/device_type=`` folder, the files of one Kafka partition are packed, in
-  offset order, into outputs of up to ``target_bytes``; an output keeps the archive's
-  naming, ``part-<partition>-<first offset>-<last offset>.parquet``, so the offsets still
-  say what a file holds, and files already at the target size are left as they are;
-- an output is written under a temporary name and renamed into place before its inputs are
-  removed. A reader listing the folder meanwhile may see a row twice (both copies are the
-  same reading, and the archive's readers key rows by device and seq, as they must for a
-  re-run micro-batch anyway). A crash between the rename and the removal leaves inputs
-  whose offsets an output covers, and a job restarted after a long stop may re-run a
-  micro-batch whose file was merged meanwhile: the next compaction first removes every
-  file whose offset range lies inside another's, in the same folder and partition (a
-  micro-batch's rows are the same however often it runs, so such a file holds no row the
-  other does not).
+"""Compaction of the Parquet archive: many small files merged into few, rows unchanged, safe
+while the job runs (docs/streaming-internals.md, "Archive compaction").
 """
 
 from __future__ import annotations
@@ -33,7 +12,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +67,8 @@ class CompactionResult:
     failed_groups: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "folders": self.folders,
-            "files_before": self.files_before,
-            "files_after": self.files_before - self.files_merged - self.superseded_removed + self.files_written,
-            "files_merged": self.files_merged,
-            "files_written": self.files_written,
-            "superseded_removed": self.superseded_removed,
-            "bytes_merged": self.bytes_merged,
-            "rows_merged": self.rows_merged,
-            "seconds": round(self.seconds, 1),
-            "failed_groups": self.failed_groups,
-        }
+        files_after = self.files_before - self.files_merged - self.superseded_removed + self.files_written
+        return {**asdict(self), "files_after": files_after, "seconds": round(self.seconds, 1)}
 
 
 def compact(archive: Path, min_age_s: float = 3600.0, target_bytes: int = 128 * 2**20) -> CompactionResult:

@@ -1,13 +1,5 @@
-"""The job's checkpoint: which Kafka cluster it belongs to, and whether that cluster still has its offsets.
-
-A checkpoint holds the Kafka offsets of the job's last micro-batch and the devices' state. It
-belongs to one Kafka cluster: read against another (a new embedded stack, a re-created topic,
-a log whose retention deleted what the job had not read yet) Spark fails the query with "Some
-data may have been lost", the same way at every restart. So the default checkpoint is kept per
-cluster (``~/.iotwatch/checkpoints/<cluster id>/stream``), a checkpoint records the cluster it
-was written for, and before Spark starts the job refuses, in one line naming the way out, a
-checkpoint whose offsets the cluster no longer has. ``--reset-offsets earliest|latest`` sets
-such a checkpoint aside (renamed, not deleted) and starts a new one at that end of the topic.
+"""The job's checkpoint: which Kafka cluster it belongs to, and whether that cluster still has
+its offsets (docs/operate/streaming.md, "Checkpoint").
 """
 
 from __future__ import annotations
@@ -83,7 +75,10 @@ def prepare_checkpoint(settings: Settings, checkpoint: Path, cluster: str, reset
 def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> str | None:
     """Why the job cannot resume from ``checkpoint`` on ``cluster``, or None (a new checkpoint,
     or one whose every offset is still in the log)."""
-    committed = _committed(checkpoint)
+    try:
+        committed = committed_offsets(checkpoint)
+    except (OSError, ValueError, IndexError) as exc:  # IndexError: an offset log cut short
+        raise UserError(f"checkpoint {checkpoint} cannot be read ({exc}): {WAY_OUT}") from exc
     if committed is None:
         return None
     source = checkpoint / SOURCE_FILE
@@ -107,14 +102,6 @@ def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> st
         if offset < log_start:
             return f"is at offset {offset:,} of {where}, whose log now starts at {log_start:,} (records deleted)"
     return None
-
-
-def _committed(checkpoint: Path) -> dict[str, dict[str, int]] | None:
-    """The offsets of the checkpoint's last committed micro-batch; None for a new checkpoint."""
-    try:
-        return committed_offsets(checkpoint)
-    except (OSError, ValueError, IndexError) as exc:
-        raise UserError(f"checkpoint {checkpoint} cannot be read ({exc}): {WAY_OUT}") from exc
 
 
 def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:

@@ -1,27 +1,6 @@
-"""Surprises that physics explains: metrics of one device that must move together.
-
-A smart meter's real power and current come from one metering chip and one load:
-when a kettle, an oven or the heating switches, both jump by the same ratio and the
-power factor ``P / (V * I)`` (:func:`iotwatch.streaming.cleaning.clean_entries`) stays where it
-was. Their per-metric detectors cannot know that: on a quiet evening the first kettle
-is as surprising to ``power_w`` alone as an injected spike. A fault in the meter (a
-spiking, stuck or drifting power register) moves one of them alone, and then the power
-factor breaks at once.
-
-So, per reading, a :class:`Coupling` explains its moving metrics' scores when every one
-of them is surprising (a surprise of at least the alert's clear score: they moved
-together) while its witness is not (a surprise below the fire score; a reading without
-the witness explains nothing). Surprises are the detectors' scores before their
-one-alarm-per-episode hold (:meth:`iotwatch.models.base.Detector.surprise_one`): a held score is 0
-while the detector's peak decays, so power could score a kettle that current, still
-holding the oven's peak, scores 0. An explained score does not raise or keep an
-``anomaly_score`` alert and does not name the alert's metric; the archive keeps the
-detector's own score, so a dashboard still shows the load step. A fault in one metric is
-never explained (the other does not move with it), and a fault in both with a steady
-witness is a load.
-
-``iotwatch evaluate --simulated`` measures the effect: the smart meters' false alarms per
-device-day (docs/detection.md).
+"""Surprises that physics explains: metrics of one device that must move together (a smart
+meter's power and current, witnessed by the power factor) raise no anomaly alert when they
+move together (docs/streaming-internals.md, "Couplings").
 """
 
 from __future__ import annotations

@@ -1,16 +1,5 @@
-"""Which detector scores each device type's metrics, and the banks of state rows they keep.
-
-Detectors differ in the state a metric needs by orders of magnitude (``episode_likelihood``
-keeps 416 B, ``cad_ose`` 264 KB): a fleet runs the light one, and a few device types may run
-another (``stream.device_detectors``). Each detector of the job is a *bank*: its kernel,
-parameters, fresh state row and the anomaly rule's levels on its scores. A
-:class:`~iotwatch.streaming.device_table.DeviceTable` keeps one array of rows per bank, so a
-metric's state is its own detector's width. Bank 0 is ``stream.device_detector``, the one
-every type not named runs; the others follow in name order, so a job's settings fix the
-banks of its checkpoints. A detector whose kernel scores a metric without a declared range
-with a narrower kernel (its ``UNDECLARED``: ``declared_levels`` runs ``episode_likelihood``
-there) has a second bank after those, of that kernel's rows, for the metrics
-``stream.metric_ranges`` does not name: they keep no state for a range they do not have.
+"""Which detector scores each device type's metrics, and the banks of state rows they keep: a
+metric's state is its own detector's width (docs/streaming-internals.md, "Detector banks").
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""Many devices' state as columns: what a micro-batch loads, updates and saves.
-
-The per-device layout (:mod:`iotwatch.streaming.device_state`) stays the contract of what a device
-keeps; a :class:`DeviceTable` holds that of many devices at once, one array per field, so
-that loading, updating and saving state costs numpy operations over the batch's devices,
-not Python work per device (at 100k devices a batch touches as many states as readings):
-
-- per device (row ``d``): ``ids``, ``device_type``, ``site``, ``core`` and ``seqs`` rows;
-- per (device, metric), rows grouped by device in slot order (a metric's *slot* is its
-  rank among its device's metrics, the number episodes and buckets refer to):
-  ``metric_device``, ``metric_name``, ``metric_last``, ``metric_bank`` and
-  ``metric_detector``, the row of its detector state in ``detectors[metric_bank]`` (-1: a
-  metric the detectors do not see);
-- ``detectors``: one array of state rows per *bank*, a detector kernel of the job (its rows
-  are that kernel's width: a device type may run a detector whose state is a hundred times
-  another's, see :mod:`iotwatch.streaming.detector_plan`);
-- non-idle alert episodes (``episode_device``, ``episodes``, ``peaks``) and open aggregate
-  buckets (``bucket_device``, ``buckets``), each grouped by device.
-
-A table serialises to one binary value (:meth:`DeviceTable.to_bytes`): a header of counts,
-then each column's bytes, strings as a vocabulary plus integer codes, the whole LZ4-compressed
-(about 5x: seq bitmaps and counters are mostly runs). Every byte of state crosses from the
-Python worker to the JVM, into RocksDB and its changelog each time a device is touched, so
-bytes per device are the cost of a large fleet; LZ4 costs under a microsecond a device.
+"""Many devices' state as columns: what a micro-batch loads, updates and saves with numpy
+calls, and its one LZ4-compressed binary value in the state store
+(docs/streaming-internals.md, "Device state").
 """
 
 from __future__ import annotations
@@ -34,21 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from iotwatch.streaming.cleaning import scored_names
 from iotwatch.streaming.device_state import (
     BUCKET_FIELDS,
     CORE_FIELDS,
+    COUNTERS,
     EPISODE_FIELDS,
     MAX_EVENT_MS,
     SEQ_HIGH,
-    DeviceState,
 )
 
-#: First bytes of a serialised table, and of a compressed one (a state-store value of the
-#: previous, per-device layout starts with a name length, never this large). ``IWT1``, the
-#: layout of one detector bank, is still read (as bank 0).
+#: First bytes of a serialised table, and of a compressed one.
 MAGIC = b"IWT2"
-MAGIC_ONE_BANK = b"IWT1"
 COMPRESSED = b"IWZ1"
 _RAW_LENGTH = struct.Struct("<Q")
 _SEP = "\x1f"
@@ -56,13 +31,26 @@ _SEP = "\x1f"
 #: of the five string parts; then each bank's rows and row size.
 _HEADER = struct.Struct("<6I5I")
 _BANK = struct.Struct("<2I")
-#: After MAGIC_ONE_BANK: devices, metrics, detector rows, episodes, buckets, seq words,
-#: detector state size, and the five string lengths.
-_HEADER_ONE_BANK = struct.Struct("<7I5I")
-
-
-def _ints(values: Sequence[int] | np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64)
+#: After the strings, the numeric columns: (field, stored dtype, rows of), the detector banks'
+#: rows before ``episode_device``. Index columns are int64 in memory, narrower in the value.
+_COLUMNS = (
+    ("core", "<i8", "device"),
+    ("seqs", "<u8", "device"),
+    ("metric_device", "<i4", "metric"),
+    ("metric_last", "<f8", "metric"),
+    ("metric_detector", "<i4", "metric"),
+    ("metric_bank", "i1", "metric"),
+    ("episode_device", "<i4", "episode"),
+    ("episodes", "<i8", "episode"),
+    ("peaks", "<f8", "episode"),
+    ("bucket_device", "<i4", "bucket"),
+    ("buckets", "<f8", "bucket"),
+)
+_BANKS_AT = 6
+_IN_MEMORY = dict.fromkeys(
+    ("metric_device", "metric_detector", "metric_bank", "episode_device", "bucket_device"), "<i8"
+)
+_WIDTHS = {"core": len(CORE_FIELDS), "episodes": len(EPISODE_FIELDS), "buckets": len(BUCKET_FIELDS)}
 
 
 def _strings(values: Sequence[str] | np.ndarray) -> np.ndarray:
@@ -186,7 +174,7 @@ class DeviceTable:
 
     def take(self, rows: np.ndarray) -> DeviceTable:
         """The devices ``rows`` (distinct), in that order."""
-        rows = _ints(rows)
+        rows = np.asarray(rows, dtype=np.int64)
         new_of = np.full(len(self), -1, dtype=np.int64)
         new_of[rows] = np.arange(len(rows))
 
@@ -308,24 +296,15 @@ class DeviceTable:
             *_encode_strings(self.metric_name),
         ]
         ids, type_vocabulary, type_codes, site_vocabulary, site_codes, name_vocabulary, name_codes = names
+        counts = (len(self), len(self.metric_device), len(self.episodes), len(self.buckets), self.seqs.shape[1])
         header = MAGIC + _HEADER.pack(
-            len(self),
-            len(self.metric_device),
-            len(self.episodes),
-            len(self.buckets),
-            self.seqs.shape[1],
-            len(self.detectors),
-            len(ids),
-            len(type_vocabulary),
-            len(site_vocabulary),
-            len(name_vocabulary),
-            0,
+            *counts, len(self.detectors), len(ids), len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0
         )
-        banks = b"".join(_BANK.pack(*rows.shape) for rows in self.detectors)
+        columns = [getattr(self, name).astype(stored).tobytes() for name, stored, _ in _COLUMNS]
         return b"".join(
             [
                 header,
-                banks,
+                *(_BANK.pack(*rows.shape) for rows in self.detectors),
                 ids,
                 type_vocabulary,
                 site_vocabulary,
@@ -333,25 +312,16 @@ class DeviceTable:
                 type_codes,
                 site_codes,
                 name_codes,
-                self.core.astype(np.int64).tobytes(),
-                self.seqs.astype(np.uint64).tobytes(),
-                self.metric_device.astype(np.int32).tobytes(),
-                self.metric_last.tobytes(),
-                self.metric_detector.astype(np.int32).tobytes(),
-                self.metric_bank.astype(np.int8).tobytes(),
+                *columns[:_BANKS_AT],
                 *(rows.tobytes() for rows in self.detectors),
-                self.episode_device.astype(np.int32).tobytes(),
-                self.episodes.astype(np.int64).tobytes(),
-                self.peaks.tobytes(),
-                self.bucket_device.astype(np.int32).tobytes(),
-                self.buckets.tobytes(),
+                *columns[_BANKS_AT:],
             ]
         )
 
     @classmethod
     def from_bytes(cls, blob: bytes, state_sizes: Sequence[int]) -> DeviceTable:
         """A table of :meth:`to_bytes`, whose detector banks must be ``state_sizes`` wide
-        (a table of fewer banks, ``IWT1`` one, holds the first and the others start empty)."""
+        (a table of fewer banks holds the first ones and the others start empty)."""
         if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
             blob = pa.decompress(
@@ -360,18 +330,13 @@ class DeviceTable:
                 codec="lz4",
                 asbytes=True,
             )
-        at = len(MAGIC)
-        if blob[: len(MAGIC)] == MAGIC:
-            n, p, e, b, words, count, *lengths = _HEADER.unpack_from(blob, at)
-            at += _HEADER.size
-            banks = [_BANK.unpack_from(blob, at + k * _BANK.size) for k in range(count)]
-            at += count * _BANK.size
-        elif blob[: len(MAGIC_ONE_BANK)] == MAGIC_ONE_BANK:
-            n, p, q, e, b, words, size, *lengths = _HEADER_ONE_BANK.unpack_from(blob, at)
-            at += _HEADER_ONE_BANK.size
-            banks = [(q, size)]
-        else:
+        if blob[: len(MAGIC)] != MAGIC:
             raise ValueError("not a device table")
+        at = len(MAGIC)
+        n, p, e, b, words, count, *lengths = _HEADER.unpack_from(blob, at)
+        at += _HEADER.size
+        banks = [_BANK.unpack_from(blob, at + k * _BANK.size) for k in range(count)]
+        at += count * _BANK.size
         banks += [(0, width) for width in state_sizes[len(banks) :]]  # banks added since start empty
         if [size for _, size in banks] != list(state_sizes):
             raise ValueError(
@@ -383,92 +348,31 @@ class DeviceTable:
             text.append(blob[at : at + length])
             at += length
 
-        def array(dtype: type[np.generic], count: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        def array(dtype: str, rows: int, width: int = 0) -> np.ndarray:
             nonlocal at
-            out = np.frombuffer(blob, dtype=dtype, count=count, offset=at).copy()
+            out = np.frombuffer(blob, dtype=dtype, count=rows * (width or 1), offset=at).copy()
             at += out.nbytes
-            return out if shape is None else out.reshape(shape)
+            return out.reshape(rows, width) if width else out
 
-        type_codes, site_codes, name_codes = array(np.int32, n), array(np.int32, n), array(np.int32, p)
-        ids = _strings(text[0].decode().split(_SEP)) if n else _strings([])
-        core = array(np.int64, n * len(CORE_FIELDS), (n, len(CORE_FIELDS)))
-        seqs = array(np.uint64, n * words, (n, words))
-        metric_device = array(np.int32, p).astype(np.int64)
-        metric_last = array(np.float64, p)
-        metric_detector = array(np.int32, p).astype(np.int64)
-        one_bank = blob[: len(MAGIC)] == MAGIC_ONE_BANK
-        metric_bank = np.zeros(p, dtype=np.int64) if one_bank else array(np.int8, p).astype(np.int64)
-        detectors = [array(np.float64, rows * size, (rows, size)) for rows, size in banks]
+        type_codes, site_codes, name_codes = array("<i4", n), array("<i4", n), array("<i4", p)
+        rows = {"device": n, "metric": p, "episode": e, "bucket": b}
+        widths = {"seqs": words, **_WIDTHS}
+        columns = {}
+        for k, (name, stored, group) in enumerate(_COLUMNS):
+            if k == _BANKS_AT:
+                detectors = [array("<f8", count, size) for count, size in banks]
+            columns[name] = array(stored, rows[group], widths.get(name, 0)).astype(
+                _IN_MEMORY.get(name, stored), copy=False
+            )
         return cls(
-            ids,
-            _decode_strings(text[1], type_codes),
-            _decode_strings(text[2], site_codes),
-            core,
-            seqs,
-            metric_device,
-            _decode_strings(text[3], name_codes),
-            metric_last,
-            metric_detector,
-            metric_bank,
-            detectors,
-            array(np.int32, e).astype(np.int64),
-            array(np.int64, e * len(EPISODE_FIELDS), (e, len(EPISODE_FIELDS))),
-            array(np.float64, e),
-            array(np.int32, b).astype(np.int64),
-            array(np.float64, b * len(BUCKET_FIELDS), (b, len(BUCKET_FIELDS))),
+            ids=_strings(text[0].decode().split(_SEP)) if n else _strings([]),
+            device_type=_decode_strings(text[1], type_codes),
+            site=_decode_strings(text[2], site_codes),
+            metric_name=_decode_strings(text[3], name_codes),
+            detectors=detectors,
+            **columns,
         )
 
-    # -- one device as a record (tests, tools, the per-device layout) ------------------------------------
-
-    def state(self, d: int) -> DeviceState:
-        """Device ``d``'s state in the per-device layout (its detector rows from its bank: a
-        device's metrics share one unless some have a declared range, which raises)."""
-        one = self.take(np.array([d]))
-        watched = one.metric_detector >= 0
-        banks = np.unique(one.metric_bank[watched])
-        bank = int(banks[0]) if len(banks) else 0
-        if len(banks) > 1:
-            raise ValueError(f"device {one.ids[0]} has detector rows in banks {banks.tolist()}")
-        detectors = one.detectors[bank][one.metric_detector[watched]]
-        return DeviceState(
-            str(one.device_type[0]),
-            str(one.site[0]),
-            one.core[0].copy(),
-            one.seqs[0].copy(),
-            one.episodes.copy(),
-            one.peaks.copy(),
-            one.metric_name.tolist(),
-            detectors.copy(),
-            one.metric_last.copy(),
-            one.buckets.copy(),
-        )
-
-    @classmethod
-    def from_states(
-        cls, ids: Sequence[str], states: Sequence[DeviceState], seq_words: int, state_sizes: Sequence[int]
-    ) -> DeviceTable:
-        """Devices from their per-device states (a checkpoint in the per-device layout,
-        which kept one detector: its rows go to bank 0)."""
-        table = cls.empty(ids, seq_words, state_sizes)
-        if not states:
-            return table
-        table.device_type = _strings([s.device_type for s in states])
-        table.site = _strings([s.site for s in states])
-        table.core = np.stack([s.core for s in states]).astype(np.int64)
-        table.seqs = np.stack([s.seqs for s in states]).astype(np.uint64)
-        counts = [len(s.metrics) for s in states]
-        table.metric_device = np.repeat(np.arange(len(states)), counts)
-        table.metric_name = _strings([m for s in states for m in s.metrics])
-        table.metric_last = np.concatenate([s.last for s in states]) if sum(counts) else np.zeros(0)
-        # the per-device layout kept a detector row for each scored metric, in metric order
-        watched = scored_names(table.metric_name) if len(table.metric_name) else np.zeros(0, dtype=bool)
-        table.metric_detector = np.where(watched, np.cumsum(watched) - 1, -1).astype(np.int64)
-        table.metric_bank = np.zeros(len(watched), dtype=np.int64)
-        rows = np.concatenate([s.detectors for s in states]).reshape(-1, state_sizes[0])
-        table.detectors[0] = np.ascontiguousarray(rows)
-        table.episode_device = np.repeat(np.arange(len(states)), [len(s.episodes) for s in states])
-        table.episodes = np.concatenate([s.episodes for s in states]).astype(np.int64).reshape(-1, len(EPISODE_FIELDS))
-        table.peaks = np.concatenate([s.peaks for s in states])
-        table.bucket_device = np.repeat(np.arange(len(states)), [len(s.buckets) for s in states])
-        table.buckets = np.concatenate([s.buckets for s in states]).reshape(-1, len(BUCKET_FIELDS))
-        return table
+    def counters(self, d: int = 0) -> dict[str, int]:
+        """Device ``d``'s accounting counters by name."""
+        return {name: int(self.core[d, CORE_FIELDS.index(name)]) for name in COUNTERS}

@@ -1,26 +1,6 @@
-"""Everything the job does to one Kafka partition's records of a micro-batch, on columns.
-
-This is the speed layer's hot path, without Spark (testable on plain arrays): the Spark
-side (:mod:`iotwatch.streaming.processor`) hands it the decoded records of one partition and a
-store of per-device state, and writes what it returns. Per micro-batch it costs a few
-microseconds per reading, because every step works on whole columns:
-
-1. records sorted by device and sequence bookkeeping of every record
-   (:mod:`iotwatch.streaming.sorted_batch`, compiled): dead letters, duplicates, late records, clock
-   steps, counter resets;
-2. the readings' metrics cleaned (units, derived metrics, physical ranges) and every scored
-   metric through its device type's detector kernel, one call per detector
-   (:mod:`iotwatch.streaming.scored_readings`, :mod:`iotwatch.streaming.detector_plan`);
-3. fleet-model scores per device type (:mod:`iotwatch.streaming.fleet_scoring`);
-4. rule scores per reading, then the alert lifecycle only where a rule fires or an alert is
-   open (:mod:`iotwatch.streaming.alert_rules`, episodes kept by :mod:`iotwatch.streaming.episode_book`);
-5. event-time aggregates (:mod:`iotwatch.streaming.aggregates`) and the output frame
-   (:mod:`iotwatch.streaming.reading_frame`): one row per reading, plus alerts, aggregates, dead
-   letters and the batch's counters (:mod:`iotwatch.streaming.partition_io`).
-
-Records of a device are handled in the order Kafka appended them, which makes every result
-independent of how the stream is cut into micro-batches: a restart from a checkpoint, or a
-replay, reproduces the same scores and alert ids.
+"""Everything the job does to one Kafka partition's records of a micro-batch, on columns,
+without Spark: the job's hot path, a few microseconds a reading, and results independent of
+how the stream is cut into micro-batches (docs/streaming-internals.md, "The engine").
 """
 
 from __future__ import annotations

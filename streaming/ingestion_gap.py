@@ -1,17 +1,5 @@
 """``ingestion_gap``: the whole input of a raw topic stopped -- one pipeline incident, not a
-silence per device.
-
-The job's driver sees every micro-batch's Kafka offsets per topic (its progress reports). A
-raw topic (the cluster's, or a site's replica at the centre) whose offsets stop moving for
-``stream.ingestion_gap_s`` while devices were reporting -- Kafka down, the gateway or a
-site's link gone, nothing reaching the job -- raises one ``ingestion_gap`` alert for that
-topic; the first micro-batch that reads its records again clears it. Meanwhile each
-partition's silence timer holds its devices (:class:`iotwatch.streaming.roster.Roster`
-judges silence against the records that kept arriving), so the outage is one alert, and the
-backlog read after it is no silence either.
-
-Input that stops because every device said goodbye (their retained status ``offline``) is no
-gap: the last micro-batch with records then counts no device still reporting.
+silence per device (docs/streaming-internals.md, "Ingestion gaps").
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -80,30 +81,22 @@ STREAM_CONF = {
 }
 
 
+def _session_options(settings: StreamSettings) -> dict[str, Any]:
+    return {"shuffle_partitions": settings.shuffle_partitions, "conf": STREAM_CONF, "writes_class_data": True}
+
+
 def spark_session(settings: StreamSettings, app_name: str = "iotwatch-stream") -> SparkSession:
     """A session for the job (the master is left to spark-submit when running under it)."""
     from iotwatch.jvm.spark import spark_session as session
 
-    return session(
-        app_name,
-        settings.spark_master,
-        shuffle_partitions=settings.shuffle_partitions,
-        conf=STREAM_CONF,
-        writes_class_data=True,
-    )
+    return session(app_name, settings.spark_master, **_session_options(settings))
 
 
 def session_scope(settings: StreamSettings, app_name: str) -> AbstractContextManager[SparkSession]:
     """:func:`spark_session`, stopped (with its JVM) when the block ends."""
     from iotwatch.jvm.spark import session_scope as scope
 
-    return scope(
-        app_name,
-        settings.spark_master,
-        shuffle_partitions=settings.shuffle_partitions,
-        conf=STREAM_CONF,
-        writes_class_data=True,
-    )
+    return scope(app_name, settings.spark_master, **_session_options(settings))
 
 
 @dataclass
@@ -276,21 +269,14 @@ def run_job(
     reset_offsets: ResetTo | None = None,
     step: Callable[[str | None], None] | None = None,
 ) -> RunningJob:
-    """``step``: told what the job is doing until its first micro-batch ran (then None).
-
-    Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
-    (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
-    raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
-    micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
-    ``step``: told what the job is doing until its first micro-batch ran (then None).
-
-    Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
+    """Run the job until Ctrl-C/SIGTERM, ``duration``, or (``available_now``) the backlog is done
     (``iotwatch stream``, ``iotwatch replay`` and spark-submit's :func:`main`); a failed query
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
     where its source file is readable by the executor, and not with ``available_now``).
     A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
-    ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`)."""
+    ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`). ``step``: told
+    what the job is doing until its first micro-batch ran (then None)."""
     step = step or (lambda _text: None)
     step("creating topics")
     prepare_outputs(settings)

@@ -23,16 +23,9 @@ FORMAT = "kafka"
 CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 #: How old the consumer's topic metadata may get when it subscribes by pattern.
 PATTERN_METADATA_AGE_MS = 10_000
-#: How long the broker may hold a fetch that finds no new record (Kafka's default: 500 ms).
-#: A task's consumer, once it holds its records, has already asked for the offsets after
-#: them; at the end of the log the broker holds that request, and the client sends no other
-#: fetch to that broker until it is answered. So the next read of the partition (the next
-#: micro-batch of a job that keeps up, or the next step of a query's first batch) waits for
-#: it whenever no new record comes meanwhile: up to the whole window per read, and a task
-#: reads its partitions one after another. At 5,000 readings/s (four partitions, two tasks)
-#: the reading and packing stage of a micro-batch took 63 ms with 10 ms here and 45 ms with
-#: 1 ms. A consumer only fetches while a task reads, so a short window costs empty fetches
-#: only then.
+#: How long the broker may hold a fetch that finds no new record (Kafka's default: 500 ms):
+#: the next read of a partition at the end of its log waits for that fetch (docs/concepts.md,
+#: "A read that keeps up does not wait on the broker").
 FETCH_MAX_WAIT_MS = 1
 #: How long a task reading a micro-batch's records waits for them (the connector's
 #: ``kafkaConsumer.pollTimeoutMs``, 120 s by default). A Kafka outage while a task reads is

@@ -1,16 +1,5 @@
 """The stateful operator's grouping key: a Kafka partition, salted so that the partitions
-spread evenly over the operator's tasks.
-
-Spark places a group on task ``pmod(hash(key), n)`` (``n`` = ``spark.sql.shuffle.partitions``,
-``hash`` its Murmur3 with seed 42). Grouped by the bare partition number, 4 partitions hash
-3 to 1 onto 2 tasks: one task scores three quarters of every micro-batch while the other
-core waits.
-
-The key is ``salt << 32 | partition``, with the smallest salt that lands partition ``p`` on
-task ``p mod n``: any number of partitions then spreads as evenly as ``n`` allows, and the
-key still names exactly one Kafka partition (its low 32 bits, :func:`partition_of`). The
-packing step computes it (:mod:`iotwatch.streaming.packing`): a column of the packed rows costs the
-query nothing, where an expression computing it would be re-planned in every micro-batch.
+spread evenly over the operator's tasks (docs/streaming-internals.md, "The grouping key").
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Kafka records -> decoded, packed chunks, before the stateful operator.
-
-Spark's Python stateful operators pay per row (a Python tuple, a pandas frame per key).
-Packing one source task's records into a row per chunk -- every field a column of the
-chunk's records, numeric ones as one buffer each (:data:`iotwatch.streaming.schemas.PACKED_BUFFERS`)
--- makes that cost per chunk instead, and decoding here, in bulk with the contract's decoder,
-hands the stateful operator typed columns instead of JSON. :func:`pack_records` does it in a
-``mapInArrow`` behind Spark's Kafka connector, one task per core.
-
-A packed row crosses Arrow and the shuffle twice, so it carries little: strings repeated
-across records (device, site, metric names) once per chunk, in a dictionary; a record's
-key, reason and original bytes only when the decoder rejected it, since they are what its
-dead letter needs. Of a valid record the key is its ``device_id`` and the bytes are in the
-log at its offset, read back there for the rare dead letter the stateful operator finds
-(:mod:`iotwatch.streaming.sinks.read_back`). The bytes alone were nearly half of a row.
+"""Kafka records -> decoded, packed chunks, before the stateful operator: Spark's Python
+stateful operators pay per row, so one row per chunk of records, carrying little
+(docs/streaming-internals.md, "Packing").
 """
 
 from __future__ import annotations

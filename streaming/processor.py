@@ -1,25 +1,9 @@
-"""The Spark side of the per-partition logic: ``transformWithStateInPandas`` glue.
+"""The Spark side of the per-partition logic: ``transformWithStateInPandas`` glue, one call per
+Kafka partition and micro-batch (docs/streaming-internals.md, "The stateful operator").
 
-The stateful operator is keyed by Kafka partition (salted to spread the partitions over its
-tasks: :mod:`iotwatch.streaming.operator_key`): every record of a device is in its
-device's partition (the gateway keys by ``device_id``), so one call handles all of a
-partition's records of a micro-batch at once, on columns (:mod:`iotwatch.streaming.engine`), and
-writes what comes out -- alerts, dead letters, aggregates, the archive -- itself
-(:mod:`iotwatch.streaming.sinks`); it emits only one tally row of counters per call.
-Per-device state lives in the RocksDB state store, as columnar shards per partition
-(:class:`iotwatch.streaming.state_store.ShardedStore`: one state-store call per shard, not per
-device; devices gone for good are dropped after the state TTL); a small per-partition roster says
-when each device was last heard of, and one processing-time timer per partition fires
-when the next device is due to be reported silent. (Adding partitions to the raw topic
-moves devices between partitions, and their state with them is lost: as with Kafka
-Streams, repartitioning means reprocessing -- ``iotwatch replay``.)
-
-When a query plans its first micro-batch, Spark starts a Python process on the driver that
-unpickles the processor and runs :meth:`PartitionProcessor.init` only to learn the state
-variables' schemas; the query's first alerts wait for it. So this module imports no more
-than ``init`` needs, the processor carries the settings pickled (unpickled by the task that
-serves a partition), and the handlers import what they use (pandas, the engine, the sinks)
-when they first run.
+Spark also unpickles the processor on the driver and runs :meth:`PartitionProcessor.init` only
+to learn the state schemas, and the first alerts wait for it: so this module imports no more
+than ``init`` needs, and the handlers import what they use when they first run.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""What the job did, batch by batch: Spark's query progress plus the stateful operator's tallies.
-
-The stateful operator writes every output itself (:mod:`iotwatch.streaming.sinks`) and emits one
-tally row per partition; the query collects them with an observation
-(:data:`OBSERVATION`), so each progress report carries the micro-batch's counts. The
-reporter keeps the running totals (what ``iotwatch stream`` prints, what the tests and
-benchmarks read), logs a progress line every few seconds while records flow, and sends two points per micro-batch to
-InfluxDB's ``pipeline`` measurement: ``stage=stream`` (the counts and the batch duration)
-and ``stage=stream_progress`` (rates, Kafka lag, state size).
-
-It reads the query's progress reports as JSON from a thread of its own, off the
-micro-batch's path, rather than as a ``StreamingQueryListener``: a Python listener gets
-each event through a hundred-odd py4j calls (about 60 ms of CPU a micro-batch here, on the
-same cores as the job), a report as JSON is one call.
+"""What the job did, batch by batch: Spark's query progress plus the stateful operator's
+tallies, kept as running totals, logged, and written to InfluxDB's ``pipeline`` measurement
+(docs/streaming-internals.md, "Progress and totals").
 """
 
 from __future__ import annotations
@@ -29,11 +18,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
-from iotwatch.errors import IotwatchError
+from iotwatch.clients.influx import OutageLog
 from iotwatch.settings import Settings
 from iotwatch.streaming.schemas import TALLY_FIELDS, WORKER_STEP_LABELS
-from iotwatch.streaming.sinks.influx_points import pipeline_point
+from iotwatch.streaming.sinks.influx_points import pipeline_point, write_derived
 
 if TYPE_CHECKING:
     from iotwatch.streaming.ingestion_gap import IngestionGaps
@@ -71,47 +59,35 @@ def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _distance(since: dict[str, dict[str, int]] | None, until: dict[str, dict[str, int]] | None) -> int | None:
-    """Records between two offset maps, over all partitions."""
-    if since is None or until is None:
-        return None
-    return sum(
-        max(0, int(offset) - int(since.get(topic, {}).get(partition, 0)))
-        for topic, partitions in until.items()
-        for partition, offset in partitions.items()
-    )
-
-
-def _sources_distance(progress: Any, since: str, until: str) -> int | None:
+def _records_per_topic(progress: Any, since: str, until: str) -> dict[str, int] | None:
     """Records between two of each source's offsets (``startOffset``, ``endOffset``,
-    ``latestOffset``) in a progress report, over all sources; None when one is missing."""
-    total = 0
+    ``latestOffset``) in a progress report, per topic over its partitions; None when a
+    source lacks one of them."""
+    out: dict[str, int] = {}
     for source in progress.sources:
-        distance = _distance(_offsets(getattr(source, since)), _offsets(getattr(source, until)))
-        if distance is None:
+        start, end = _offsets(getattr(source, since)), _offsets(getattr(source, until))
+        if start is None or end is None:
             return None
-        total += distance
-    return total
+        for topic, partitions in end.items():
+            begun = start.get(topic, {})
+            moved = sum(max(0, int(offset) - int(begun.get(partition, 0))) for partition, offset in partitions.items())
+            out[topic] = out.get(topic, 0) + moved
+    return out
 
 
 def records_by_topic(progress: Any, received: int) -> dict[str, int]:
     """Kafka records the batch read per topic (a query's first batch, which has no start
     offsets: ``received`` for each topic it read)."""
-    out: dict[str, int] = {}
-    for source in progress.sources:
-        until = _offsets(source.endOffset) or {}
-        since = _offsets(source.startOffset)
-        for topic in until:
-            if since is None:
-                out[topic] = out.get(topic, 0) + received
-            else:
-                out[topic] = out.get(topic, 0) + (_distance({topic: since.get(topic, {})}, {topic: until[topic]}) or 0)
-    return out
+    found = _records_per_topic(progress, "startOffset", "endOffset")
+    if found is not None:
+        return found
+    return {topic: received for source in progress.sources for topic in _offsets(source.endOffset) or {}}
 
 
 def kafka_lag(progress: Any) -> int | None:
     """Records between what the last batch read and the log end, over all partitions."""
-    return _sources_distance(progress, "endOffset", "latestOffset")
+    found = _records_per_topic(progress, "endOffset", "latestOffset")
+    return None if found is None else sum(found.values())
 
 
 def kafka_records(progress: Any) -> int | None:
@@ -119,7 +95,8 @@ def kafka_records(progress: Any) -> int | None:
     them; None for a query's first micro-batch, whose report has no start offsets (it starts
     at the initial offsets, which only the checkpoint holds: counting from 0 would count a
     topic's whole history for a job that starts at its end)."""
-    return _sources_distance(progress, "startOffset", "endOffset")
+    found = _records_per_topic(progress, "startOffset", "endOffset")
+    return None if found is None else sum(found.values())
 
 
 #: Tallies that measure a micro-batch rather than count events: what its state writes held
@@ -297,16 +274,8 @@ class ProgressReporter:
         self._period = _LinePeriod(logged_at=now)
 
     def _write_influx(self, progress: dict[str, Any], batch: dict[str, int]) -> None:
-        """Metrics are derived data: a failed write is logged and counted, not fatal."""
         assert self.influx is not None
-        now_ms = int(time.time() * 1000)
-        try:
-            kept_client(self.influx).write_points(
-                [pipeline_point(batch, now_ms), pipeline_point(progress, now_ms, stage="stream_progress")]
-            )
-        except IotwatchError as exc:
-            drop_kept_client(self.influx)
-            self.totals["influx_write_failures"] += 1
-            self._influx_outage.failed(exc)
-        else:
-            self._influx_outage.written()
+        at = now_ms()
+        points = [pipeline_point(batch, at), pipeline_point(progress, at, stage="stream_progress")]
+        lines = [point.to_line_protocol() for point in points]
+        self.totals["influx_write_failures"] += write_derived(self.influx, self._influx_outage, lines)

@@ -58,20 +58,13 @@ DIFFERENCE_REASONS: dict[str, str] = {
     "a replay runs through the log at once and sees only the gaps inside it",
     "ingestion_gap": "raised from the live input's arrival times, which a replay of the log does not wait through",
 }
-
-
-def explain(only: dict[str, int]) -> dict[str, str]:
-    """For each rule of ``only_live``/``only_replay``: why it may differ with the same code, or
-    that it is a change of behaviour worth looking at."""
-    return {
-        rule: DIFFERENCE_REASONS.get(rule, "scored differently: a change of code, settings or model since the live run")
-        for rule in only
-    }
+CHANGED = "scored differently: a change of code, settings or model since the live run"
 
 
 def compare(live: dict[str, AlertRecord], replayed: dict[str, AlertRecord]) -> dict[str, Any]:
     """What the replay raised that the live job did not, and the reverse, by rule, each rule
-    with why it may differ (:func:`explain`)."""
+    with why it may differ with the same code, or that it is a change of behaviour worth
+    looking at."""
 
     def by_rule(ids: set[str], source: dict[str, AlertRecord]) -> dict[str, int]:
         return dict(sorted(Counter(source[alert_id].rule for alert_id in ids).items()))
@@ -83,7 +76,7 @@ def compare(live: dict[str, AlertRecord], replayed: dict[str, AlertRecord]) -> d
         "same": len(both),
         "only_live": (only_live := by_rule(set(live) - both, live)),
         "only_replay": (only_replay := by_rule(set(replayed) - both, replayed)),
-        "why": explain({**only_live, **only_replay}),
+        "why": {rule: DIFFERENCE_REASONS.get(rule, CHANGED) for rule in {**only_live, **only_replay}},
     }
 
 

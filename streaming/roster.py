@@ -1,16 +1,6 @@
 """The devices of one Kafka partition and when each was last heard of: what the stateful
-operator's silence timer needs (``device_silent``), kept as one small value per partition
-in the state store (:data:`iotwatch.streaming.schemas.ROSTER_SCHEMA`).
-
-A device is silent when its peers kept arriving without it, not when nothing arrives at all:
-besides the wall time since it was last heard of (the timer), the partition's own clocks --
-the newest Kafka append time and the newest event time of any of its records -- must have
-moved past the device's by the silence timeout. An outage of the pipeline (Kafka down, the
-gateway gone) stops every clock at once, so it holds every device's timer; the backlog that
-follows carries the event and append times of the outage and moves the clocks as it is read,
-device by device. (The pipeline-wide incident is the job's ``ingestion_gap``,
-:mod:`iotwatch.streaming.ingestion_gap`.) A device that said goodbye (its retained status
-``offline``) is marked offline: never reported silent until it is heard again.
+operator's silence timer needs (``device_silent``), judged against the partition's own
+clocks so an outage is no silence (docs/streaming-internals.md, "Roster and silence").
 """
 
 from __future__ import annotations
@@ -21,12 +11,9 @@ import numpy as np
 import pandas as pd
 
 _SEP = "\x1f"
-#: Per-device int64 columns of ``last_wall_ms`` in the stored value (one column in rosters
-#: written before the partition clocks: read with unknown clocks).
+#: Per-device int64 columns of ``last_wall_ms`` in the stored value.
 _WALL, _APPEND, _EVENT = range(3)
 _COLUMNS = 3
-#: After the per-device columns: the partition's clocks, newest append and event time.
-_CLOCKS = 2
 #: Values of ``silent``: still reporting, reported silent, said goodbye (offline).
 REPORTING, SILENT, OFFLINE = 0, 1, 2
 
@@ -54,13 +41,8 @@ class Roster:
         devices, last, state, timer_ms = value
         names = devices.split(_SEP) if devices else []
         numbers = np.frombuffer(last, dtype=np.int64)
-        heard = np.zeros((len(names), _COLUMNS), dtype=np.int64)
-        log_ms = event_ms = 0
-        if len(numbers) == len(names):  # wall times only
-            heard[:, _WALL] = numbers
-        else:
-            heard[:] = numbers[: len(names) * _COLUMNS].reshape(len(names), _COLUMNS)
-            log_ms, event_ms = (int(v) for v in numbers[len(names) * _COLUMNS :])
+        heard = numbers[: len(names) * _COLUMNS].reshape(len(names), _COLUMNS).copy()
+        log_ms, event_ms = (int(v) for v in numbers[len(names) * _COLUMNS :])
         return cls(names, heard, np.frombuffer(state, dtype=np.int8).copy(), int(timer_ms), log_ms, event_ms)
 
     def to_value(self) -> tuple[Any, ...]:

@@ -165,20 +165,3 @@ ROSTER_SCHEMA = StructType(
         StructField("timer_ms", LongType()),
     ]
 )
-
-#: Columns of the Parquet archive (the batch layer's master dataset): one row per reading,
-#: its metrics and detector scores as structs of the wide layout (uncatalogued ones as
-#: maps), under the partition directories date and device_type (:mod:`iotwatch.streaming.sinks.archive`).
-ARCHIVE_COLUMNS = (
-    "device_id",
-    "site",
-    "seq",
-    "event_ms",
-    "event_time",
-    "metrics",
-    "scores",
-    "out_of_range",
-    "extra_metrics",
-    "extra_scores",
-    "detector",
-)

@@ -1,17 +1,5 @@
-"""Sequence bookkeeping of every record, compiled: duplicates, lateness, clock steps, resets.
-
-One pass over a micro-batch's records of many devices (in the order Kafka appended them)
-decides what each record is, and updates each device's ``core`` counters and seq bitmap
-(:mod:`iotwatch.streaming.device_state`) in place. The rules are those of the contract's
-at-least-once transport: ``(device_id, seq)`` identifies a reading, so a seq seen before
-is a duplicate; a record older than the device's newest event time by more than the
-allowed lateness, arriving after a newer seq, is late; a record that is newest by seq yet
-far behind in event time is a device clock that stepped back (scored, counted). A device
-that restarted its counter (a reboot) is told from a duplicate by event time: a seq seen
-before whose event time is newer than anything the device sent is a new reading, as is a
-seq far below the remembered window; both are scored and counted as ``seq_resets``. (A
-copy of a reading from before the restart that arrives after it is scored again: the
-seq window then holds the new counter's seqs only.)
+"""Sequence bookkeeping of every record, compiled: duplicates, lateness, clock steps, resets,
+by the contract's at-least-once rules (docs/streaming-internals.md, "Sequence bookkeeping").
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Local copies of device-state shards, shared by the Python workers of one executor.
-
-Reading a shard back from Spark's state store is the part of a micro-batch that grows
-most with the fleet: the JVM pickles each binary value as a Latin-1 string and the
-worker unpickles it, about 57 MB/s (at 100,000 devices, some 40 MB of shards a batch).
-Every shard a batch reads it also writes, so the worker that writes a shard keeps a copy
-in a local file, stamped with a random *token*; the token goes to the state store too, in
-one small value per partition (:class:`iotwatch.streaming.state_store.ShardedStore`). The next
-read of the shard -- by any Python worker of the executor -- takes the file when its
-token is the one in the state store, and the state store otherwise.
-
-The state store stays the only truth: a token in it names exactly one written value, so
-a copy from a task that failed, from a state-store version that was rolled back, from
-another query or from before a restart never matches, and the files can be deleted at
-any time. They live in the executor's ``SparkFiles`` directory, which Spark removes when
-the application ends; outside a Spark worker there is no cache.
+"""Local copies of device-state shards, shared by the Python workers of one executor: the
+state store's token says which copy is current, so the state store stays the only truth
+(docs/streaming-internals.md, "Shard cache").
 """
 
 from __future__ import annotations

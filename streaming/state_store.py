@@ -1,28 +1,12 @@
-"""Where device state lives between micro-batches: shards of :class:`DeviceTable` values.
-
-The job keeps, per Kafka partition, a ``MapState`` of shards (a hash of the device id):
-one value per shard holds its devices' state as one serialised table, so a micro-batch
-costs two state-store calls per shard it touches -- each call a round trip between the
-Python worker and the JVM -- and numpy work over the shard's columns, never Python work
-per device. Devices silent longer than the TTL are dropped when their shard is rewritten
-(the store's own TTL would keep them, since the shard itself stays busy). In the job, a
-shard read is served from the executor's local copy when the state store says that copy
-is current (:mod:`iotwatch.streaming.shard_cache`). Tests and the simulated evaluation use the same
-store over a dict (:class:`MemoryStore`).
-
-A partition has as many shards as its devices need, up to ``state_shards``: one while it
-has up to :data:`SHARD_DEVICES` devices, more as it grows (every shard rewritten once, into
-the new count). A micro-batch touches nearly every shard of a partition whenever it holds
-more records than there are shards, so a small partition in 16 shards paid 16 state-store
-writes a batch for what one write holds. The count is the length of the partition's shard
-tokens (one int64 per shard, in the state store): a checkpoint written with a fixed count
-(its tokens as long as ``state_shards``) keeps that count.
+"""Where device state lives between micro-batches: shards of :class:`DeviceTable` values per
+Kafka partition, two state-store calls per shard touched, never per device
+(docs/streaming-internals.md, "State-store shards"). Tests and the simulated evaluation use
+the same store over dicts (:class:`MemoryStore`).
 """
 
 from __future__ import annotations
 
 import secrets
-import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -30,8 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED, DeviceState
-from iotwatch.streaming.device_table import COMPRESSED, MAGIC, MAGIC_ONE_BANK, DeviceTable
+from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
+from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
 
 #: Devices a shard holds before the partition's shards grow (up to ``state_shards``).
@@ -41,8 +25,6 @@ SHARD_DEVICES = 1024
 class MapStateLike(Protocol):
     """The part of Spark's ``MapState`` the store uses (keys and values are tuples)."""
 
-    def exists(self) -> bool: ...
-
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None: ...
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None: ...
@@ -50,8 +32,6 @@ class MapStateLike(Protocol):
 
 class ValueStateLike(Protocol):
     """The part of Spark's ``ValueState`` the store uses."""
-
-    def exists(self) -> bool: ...
 
     def get(self) -> tuple[Any, ...] | None: ...
 
@@ -64,14 +44,24 @@ class DictMapState:
     def __init__(self) -> None:
         self.values: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
-    def exists(self) -> bool:
-        return bool(self.values)
-
     def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return self.values.get(key)
 
     def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
         self.values[key] = value
+
+
+class DictValueState:
+    """A ``ValueState`` in an attribute: the store's shard tokens without Spark."""
+
+    def __init__(self) -> None:
+        self.value: tuple[Any, ...] | None = None
+
+    def get(self) -> tuple[Any, ...] | None:
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
 
 
 class ShardedStore:
@@ -84,13 +74,12 @@ class ShardedStore:
         ttl_ms: int,
         seq_words: int,
         state_sizes: Sequence[int],
-        tokens: ValueStateLike | None = None,
+        tokens: ValueStateLike,
         shard_devices: int = SHARD_DEVICES,
     ) -> None:
         """``shards``: the most shards of a partition, each holding ``shard_devices`` devices
-        before their count grows; ``tokens``: where the state store keeps
-        the token of each shard's cached copy, and so the partition's shard count (without
-        it, no cache is used and the count lives in this object)."""
+        before their count grows; ``tokens``: where the state store keeps the token of each
+        shard's cached copy, and so the partition's shard count."""
         self.state, self.shards, self.ttl_ms = state, shards, ttl_ms
         self.shard_devices = shard_devices
         self.live = 0  # the served partition's shard count (0: not read yet)
@@ -112,28 +101,17 @@ class ShardedStore:
 
     def serve(self, partition: int, cache: ShardCache | None = None) -> None:
         """Say which grouping key (Kafka partition) Spark's state handles serve now -- like
-        them, the store works for one key at a time, and its cached shards are named by
-        it -- and the executor's shard cache, if any (used only with ``tokens``)."""
-        self.partition = partition
-        self.cache = cache if self.tokens is not None else None
-        if self.tokens is not None:
-            self.live = 0
+        it -- and the executor's shard cache, if any."""
+        self.partition, self.cache, self.live = partition, cache, 0
 
     def _cache_name(self, shard: int) -> str:
         return f"{self.partition}-{shard}"
 
     def _read_tokens(self) -> None:
-        """The served partition's shard count and tokens: one state-store call, two for a
-        partition without tokens (none yet: one shard; a checkpoint of a fixed count
-        written without the cache: ``shards``)."""
-        value = self.tokens.get() if self.tokens is not None else None
-        if value:
-            self._token = np.frombuffer(value[0], dtype=np.int64).copy()
-            self.live = len(self._token)
-            return
-        if not self.live:
-            self.live = self.shards if self.state.exists() else 1
-        self._token = np.zeros(self.live, dtype=np.int64)
+        """The served partition's shard count and tokens: one state-store call (none yet: one shard)."""
+        value = self.tokens.get()
+        self._token = np.frombuffer(value[0], dtype=np.int64).copy() if value else np.zeros(1, dtype=np.int64)
+        self.live = len(self._token)
 
     def _read_value(self, shard: int) -> bytes | None:
         token = int(self._token[shard])
@@ -158,15 +136,7 @@ class ShardedStore:
         blob = self._read_value(shard)
         if blob is None:
             return DeviceTable.empty([], self.seq_words, self.state_sizes)
-        if blob[: len(MAGIC)] in (MAGIC, MAGIC_ONE_BANK, COMPRESSED):
-            return DeviceTable.from_bytes(blob, self.state_sizes)
-        entries = decode_legacy_shard(blob)
-        return DeviceTable.from_states(
-            list(entries),
-            [DeviceState.from_value((e[1],), self.state_sizes[0]) for e in entries.values()],
-            self.seq_words,
-            self.state_sizes,
-        )
+        return DeviceTable.from_bytes(blob, self.state_sizes)
 
     def load_many(self, device_ids: Sequence[str]) -> DeviceTable:
         """The devices' state in the given order (new devices empty); remembered for :meth:`save_many`."""
@@ -220,7 +190,7 @@ class ShardedStore:
             self._write_value(shard, blob)
             self.written["state_bytes"] += len(blob)
             self.written["state_devices"] += len(table_of_shard)
-        if self.tokens is not None and self._loaded:
+        if self._loaded:
             self.tokens.update((self._token.tobytes(),))
         self._loaded = {}
 
@@ -240,37 +210,18 @@ class ShardedStore:
         self.live, self._token = count, np.zeros(count, dtype=np.int64)
         return {s: everyone.take(np.flatnonzero(shard_of == s)) for s in range(count)}
 
-    def load(self, device_id: str) -> DeviceState | None:
-        """One device's state in the per-device layout, None when unknown (tests, tools)."""
+    def load(self, device_id: str) -> DeviceTable | None:
+        """One device's state (a table of one row), None when unknown (tests, tools)."""
         self._read_tokens()
         table = self._read(int(self.shard_of([device_id])[0]))
         rows = np.flatnonzero(table.ids == device_id)
-        return table.state(int(rows[0])) if len(rows) else None
+        return table.take(rows) if len(rows) else None
 
 
 class MemoryStore(ShardedStore):
-    """Device state in a dict (tests, evaluation): the job's store without Spark."""
+    """Device state in dicts (tests, evaluation): the job's store without Spark."""
 
     def __init__(
         self, state_sizes: Sequence[int], seq_words: int = 64, shards: int = 256, shard_devices: int = SHARD_DEVICES
     ) -> None:
-        super().__init__(DictMapState(), shards, 2**62, seq_words, state_sizes, shard_devices=shard_devices)
-
-
-_ENTRY = struct.Struct("<IqI")
-
-
-def decode_legacy_shard(blob: bytes) -> dict[str, tuple[int, bytes]]:
-    """A shard of the per-device layout (one :class:`DeviceState` value per device, as
-    ``(id length, last wall ms, state length, id, state)`` one after another): read so a
-    checkpoint in that layout resumes."""
-    entries, at = {}, 0
-    view = memoryview(blob)
-    while at < len(blob):
-        name_len, last_wall_ms, blob_len = _ENTRY.unpack_from(blob, at)
-        at += _ENTRY.size
-        name = bytes(view[at : at + name_len]).decode()
-        at += name_len
-        entries[name] = (last_wall_ms, bytes(view[at : at + blob_len]))
-        at += blob_len
-    return entries
+        super().__init__(DictMapState(), shards, 2**62, seq_words, state_sizes, DictValueState(), shard_devices)

@@ -1,17 +1,6 @@
-"""A warm-up micro-batch: synthetic readings through the job's operator before it reads Kafka.
-
-A query's first micro-batch that reads data pays for what the JVM and the Python workers
-have not done yet: loading and compiling the stateful operator's classes and RocksDB, the
-state store's first version, the operator's Python runner, the sinks' Kafka producer. On
-two cores that takes several seconds, and a job started before its devices (a new
-deployment, the demo) would spend them on the first readings, so its first alerts would
-come seconds late. Here a throwaway query runs the same operator (the same packing, state
-and engine code) over one reading of each device type, from devices of its own, read from a
-file, with its checkpoint and archive in a temporary folder and no InfluxDB: the job's topics,
-state and archive see nothing of it. Before it, an empty offset range of the raw topic is read
-through Spark's Kafka connector, so that the query's first offset request runs warm too. The
-tally must show the readings processed, with no alert and no dead letter; otherwise the job
-logs a warning and goes on (the warm-up only saves time).
+"""A warm-up micro-batch: synthetic readings through the job's operator before it reads Kafka,
+so the first readings' alerts do not wait for the JVM and the workers to warm up
+(docs/streaming-internals.md, "Warm-up micro-batch").
 """
 
 from __future__ import annotations
@@ -81,7 +70,7 @@ def records_waiting(settings: Settings, checkpoint: Path, timeout_s: float = 5.0
     for number, (log_start, end) in offsets.items():
         if committed is not None:
             start = committed.get(settings.topics.raw, {}).get(str(number), 0)
-        elif _starts_at_latest(settings.stream.starting_offsets):
+        elif settings.stream.starting_offsets.strip() == "latest":
             start = end
         else:
             start = log_start
@@ -103,15 +92,6 @@ def warm_kafka_reader(spark: SparkSession, settings: Settings) -> int:
     ends = json.dumps({settings.topics.raw: {str(number): end for number, (_, end) in offsets.items()}})
     read_kafka_batch(spark, settings.kafka, [settings.topics.raw], starting_offsets=ends, ending_offsets=ends).count()
     return len(offsets)
-
-
-def _starts_at_latest(starting_offsets: str) -> bool:
-    return starting_offsets.strip() == "latest"
-
-
-def warm_up_settings(settings: Settings) -> Settings:
-    """``settings`` with no InfluxDB, so the warm-up leaves no metrics behind."""
-    return settings.model_copy(update={"influx": settings.influx.model_copy(update={"url": None})})
 
 
 def run_warm_up(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
@@ -166,9 +146,10 @@ def _run(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
             F.current_timestamp().alias("timestamp"),
         )
         packed = pack_kafka_rows(kafka_shaped, tasks, settings.topics.raw)
-        query = start_operator(
+        no_influx = settings.model_copy(update={"influx": settings.influx.model_copy(update={"url": None})})
+        query = start_operator(  # (no InfluxDB: the warm-up leaves no metrics behind)
             packed,
-            warm_up_settings(settings),
+            no_influx,
             str(work / "archive"),
             work / "checkpoint",
             "iotwatch_warm_up",

@@ -1,18 +1,6 @@
-"""PySpark's Python worker daemon with the job's modules loaded: the workers it forks start warm.
-
-PySpark's daemon forks a Python worker for each task slot, and each worker then imports
-pandas, pyarrow, numba and the job and loads the compiled kernels: about 1.2 s of CPU a
-worker, spent on the way to the job's first alerts, and a private copy of every module's
-memory in each. This daemon loads them once, before it forks (the job names it in
-``spark.python.daemon.module``): its workers start warm and share those pages.
-
-PySpark's own daemon imports nothing heavy before it forks, because a process that forks
-while another of its threads holds a lock leaves that lock held for good in the child. So
-this one forks from a single thread only. The job's settings turn off the one thread these
-imports would start (pyarrow's jemalloc background thread: ``JE_ARROW_MALLOC_CONF``), and
-Spark starts its Python processes with ``OMP_NUM_THREADS`` set, so numpy's OpenBLAS starts
-none. If the process has any other thread after loading, it replaces itself with PySpark's
-plain daemon.
+"""PySpark's Python worker daemon with the job's modules loaded: the workers it forks start
+warm and share those pages; it forks from a single thread only
+(docs/streaming-internals.md, "Worker daemon").
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The Parquet archive of clean readings (the batch layer's master dataset), written by the
-stateful task that scored them.
-
-Why here and not through Spark's file sink: the readings would otherwise travel from the
-Python worker back into the JVM (one wide row each), through a second Spark stage and
-Spark's Parquet writer -- more than half of a micro-batch's CPU on two cores, paid before
-the next micro-batch can start. Written here, a reading never leaves the worker that
-scored it.
-
-Layout, one row per reading::
-
-    <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
-    device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
-    out_of_range (names), extra_metrics (map), extra_scores (map), detector
-
-Files are named after the Kafka offsets they hold, as Kafka Connect's file sinks name
-theirs: a micro-batch that is re-run after a failure (same offsets, same state) rewrites
-the same files with the same rows instead of adding duplicates. Each file is written under
-a temporary name and renamed into place, so readers never see half a file. On a cluster
-the archive directory must be storage every executor sees (an NFS or other shared mount).
+stateful task that scored them: a reading never travels back into the JVM
+(docs/streaming-internals.md, "The archive sink").
 """
 
 from __future__ import annotations
@@ -32,13 +15,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iotwatch.streaming.schemas import ARCHIVE_COLUMNS, SCORED_METRICS, WIDE_METRICS, score_column, value_column
+from iotwatch.streaming.schemas import SCORED_METRICS, WIDE_METRICS, score_column, value_column
 
 _METRICS_TYPE = pa.struct([pa.field(m, pa.float64()) for m in WIDE_METRICS])
 _SCORES_TYPE = pa.struct([pa.field(m, pa.float64()) for m in SCORED_METRICS])
 _MAP_TYPE = pa.map_(pa.string(), pa.float64())
 
-#: The archive's file schema (the partition columns ``date`` and ``device_type`` are directories).
+#: The archive's file schema, one row per reading: its metrics and detector scores as structs
+#: of the wide layout, uncatalogued ones as maps (the partition columns ``date`` and
+#: ``device_type`` are directories).
 _ARCHIVE_TYPES: dict[str, pa.DataType] = {
     "device_id": pa.string(),
     "site": pa.string(),
@@ -53,7 +38,6 @@ _ARCHIVE_TYPES: dict[str, pa.DataType] = {
     "detector": pa.string(),
 }
 ARCHIVE_SCHEMA = pa.schema(_ARCHIVE_TYPES)
-assert tuple(ARCHIVE_SCHEMA.names) == ARCHIVE_COLUMNS
 
 
 def file_name(partition: int, first_offset: int, last_offset: int) -> str:

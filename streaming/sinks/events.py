@@ -1,12 +1,5 @@
-"""The events of a micro-batch, written from the stateful operator's own task.
-
-Alerts and dead letters go to their Kafka topics, closed aggregates and alert points to
-InfluxDB, straight from the executor that computed them: they never travel through
-Spark, so a micro-batch costs one Spark job (the archive write) instead of several.
-At-least-once holds as it does for ``foreachBatch``: the events are written before the
-micro-batch commits; a batch that fails is re-run from the same offsets and state and
-writes the same events again (alert ids are deterministic, dead letters carry their
-source offsets, InfluxDB points overwrite the same series and time).
+"""The events of a micro-batch, written from the stateful operator's own task, at least once
+(docs/streaming-internals.md, "Event sinks").
 """
 
 from __future__ import annotations
@@ -14,13 +7,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
+from iotwatch.clients.influx import OutageLog
 from iotwatch.contract.alerts import alert_message
 from iotwatch.contract.dead_letters import H_KAFKA_OFFSET, H_KAFKA_PARTITION, H_KAFKA_TOPIC, DeadLetter
-from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.operator_key import source_partition
-from iotwatch.streaming.sinks.influx_points import aggregate_lines, alert_point
+from iotwatch.streaming.sinks.influx_points import aggregate_lines, alert_point, write_derived
 from iotwatch.streaming.sinks.kafka_rows import produce_all, warm_producer
 from iotwatch.streaming.sinks.read_back import LogReader, with_original_bytes
 
@@ -71,25 +63,10 @@ class EventSinks:
         failures = 0
         if self.influx is not None and (alerts or len(output.aggregates)):
             lines = aggregate_lines(output.aggregates) + [alert_point(a).to_line_protocol() for a in alerts]
-            failures = self._write_influx(lines)
+            failures = write_derived(self.influx, _influx_outage, lines)
         return {
             "alerts_raised": sum(a.raised for a in alerts),
             "alerts_cleared": sum(not a.raised for a in alerts),
             "aggregates": len(output.aggregates),
             "influx_write_failures": failures,
         }
-
-    def _write_influx(self, lines: list[str]) -> int:
-        """Metrics are derived data (recomputable from the archive): a failed write is logged
-        and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
-        assert self.influx is not None
-        client = kept_client(self.influx)  # one HTTP session per worker, kept between micro-batches
-        try:
-            for start in range(0, len(lines), 5000):
-                client.write_lines(lines[start : start + 5000])
-        except IotwatchError as exc:
-            _influx_outage.failed(exc)
-            drop_kept_client(self.influx)
-            return 1
-        _influx_outage.written()
-        return 0

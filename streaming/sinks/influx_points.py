@@ -1,6 +1,6 @@
 """The streaming job's InfluxDB points, through the contract's measurements
 (:mod:`iotwatch.contract.measurements`): ``device_metrics`` (closed aggregates),
-``alerts`` and ``pipeline`` (per micro-batch accounting and progress).
+``alerts`` and ``pipeline`` (per micro-batch accounting and progress), and how they are written.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import numpy as np
 import pandas as pd
 from influxdb_client import Point
 
+from iotwatch.clients.influx import OutageLog, drop_kept_client, kept_client
 from iotwatch.contract.alerts import AlertRecord
 from iotwatch.contract.measurements import ALERTS, DEVICE_METRICS, PIPELINE
+from iotwatch.errors import IotwatchError
+from iotwatch.settings import InfluxSettings
 
 #: The aggregates' columns written to ``device_metrics`` (tags, time, fields).
 AGGREGATE_LINE_COLUMNS = [
@@ -55,3 +58,20 @@ def alert_point(alert: AlertRecord) -> Point:
 
 def pipeline_point(fields: Mapping[str, float | int | None], ts_ms: int, stage: str = "stream") -> Point:
     return PIPELINE.point({"stage": stage}, fields, ts_ms)
+
+
+def write_derived(influx: InfluxSettings, outage: OutageLog, lines: list[str]) -> int:
+    """Write ``lines`` through this worker's kept client (one HTTP session, kept between
+    micro-batches). Metrics are derived data (recomputable from the archive): a failed write
+    is logged and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
+    client = kept_client(influx)
+    lines = [line for line in lines if line]
+    try:
+        for start in range(0, len(lines), 5000):
+            client.write_lines(lines[start : start + 5000])
+    except IotwatchError as exc:
+        outage.failed(exc)
+        drop_kept_client(influx)
+        return 1
+    outage.written()
+    return 0

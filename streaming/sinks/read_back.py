@@ -1,11 +1,5 @@
-"""The original bytes of decoded records, read back from the log by offset for their dead letters.
-
-The packing step keeps a record's bytes only when the decoder rejected it
-(:mod:`iotwatch.streaming.packing`). A record that decoded fine becomes a dead letter only in
-the stateful operator (late, or carrying another device's identity), and the value of a dead
-letter is the original bytes: those are read back from the topic the record came from, at its
-offset. The job read that record moments ago, so it is still in the log; one that retention
-has deleted since keeps an empty value, and its detail says why.
+"""The original bytes of decoded records, read back from the log by offset for their dead
+letters (docs/streaming-internals.md, "Read-back of dead letters").
 """
 
 from __future__ import annotations

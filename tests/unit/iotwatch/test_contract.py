@@ -577,11 +577,12 @@ def test_both_alert_producers_write_the_contract_record() -> None:
     """The job's lifecycle and the responder's escalation both build the contract's record."""
     from iotwatch.contract.oncall import CommandAudit, CommandOutcome
     from iotwatch.responder.escalation import RULE, escalation_record
-    from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, step
+    from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance
 
     spec = RuleSpec("stuck_hvac", Severity.MAJOR, fire=0.5, clear=0.2)
     context = AlertContext(DeviceIdentity("home-1-thermostat-0", "thermostat", "home-1"), now_ms=lambda: 7)
-    raised = step(Episode(), spec, Observation(1.0, "temperature_c", 31.0, 30.0, "hot"), 1_000, 4, context)
+    hot = Observation(1.0, "temperature_c", 31.0, 30.0, "hot")
+    raised = advance(Episode(), spec, hot.score, 1_000, 4, context, lambda: hot)
     assert isinstance(raised, AlertRecord) and decode_alert(encode_alert(raised)) == raised
     audit = CommandAudit(
         1, "c1", "p", raised.alert_id, raised.rule, raised.device_id, raised.device_type, raised.site,

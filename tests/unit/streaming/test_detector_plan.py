@@ -161,7 +161,7 @@ def test_metrics_without_a_declared_range_keep_episode_likelihood_rows_and_old_w
         table.metric_bank[narrow] = 0
         table.detectors = [np.vstack([table.detectors[0], wide])]
         restarted.store.state.values[key] = (table.to_bytes(),)  # the layout of one 152-number bank
-    restarted.store.live = harness.store.live  # the shard count: the job's tokens, which a MemoryStore lacks
+    restarted.store.tokens.value = harness.store.tokens.value  # checkpointed with the shards, as in the job
     assert rows.tolist() == [2, 5]  # the two declared metrics in bank 0, the five others in the narrow bank
     rest = harness.run([series[600:]])
     assert _scores(restarted.run([series[600:]]), "") == _scores(rest, "")

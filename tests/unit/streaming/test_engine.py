@@ -15,9 +15,10 @@ from iotwatch.contract.alerts import AlertRecord, Severity, decode_alert
 from iotwatch.contract.metric_catalog import DEVICE_METRICS
 from iotwatch.contract.telemetry import GOODBYE_EVENT, Telemetry
 from iotwatch.settings import StreamSettings
-from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, alert_id, step
+from iotwatch.streaming.alerting import AlertContext, DeviceIdentity, Episode, Observation, RuleSpec, advance, alert_id
 from iotwatch.streaming.cleaning import clean_entries
-from iotwatch.streaming.device_state import CORE_FIELDS, DeviceState
+from iotwatch.streaming.device_state import CORE_FIELDS
+from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.engine import PartitionEngine
 from iotwatch.streaming.partition_io import BatchOutput, RecordColumns
 from iotwatch.streaming.state_store import MemoryStore
@@ -97,7 +98,7 @@ class Harness:
     def silence(self, device: str, now_ms: int) -> list[dict[str, Any]]:
         return self.engine.silence(self.store, [device], now_ms).rows()
 
-    def state(self, device: str = "th-1") -> DeviceState:
+    def state(self, device: str = "th-1") -> DeviceTable:
         state = self.store.load(device)
         assert state is not None
         return state
@@ -203,7 +204,7 @@ def test_a_device_id_seen_under_another_site_or_type_is_dead_lettered_not_merged
     assert [r["reason"] for r in dead] == ["identity_conflict"] * 8
     assert "thermostat at site h1" in dead[0]["detail"] and "site h2" in dead[0]["detail"]
     assert [r["seq"] for r in readings_of(rows)] == [20]  # the real device goes on
-    assert harness.state().site == "h1" and harness.counters()["dead_lettered"] == 8
+    assert harness.state().site[0] == "h1" and harness.counters()["dead_lettered"] == 8
 
 
 def test_a_reading_out_of_order_within_the_lateness_is_archived_but_raises_no_false_alarm() -> None:
@@ -294,7 +295,9 @@ def test_anti_flap_hold_and_clear_threshold() -> None:
     ctx = AlertContext(DeviceIdentity("d", "thermostat", "h"), now_ms=lambda: 0)
     episode = Episode()
     scores = [0.9, 0.3, 0.9, 0.9, 0.5, 0.85, 0.6, 0.3, 0.9, 0.3, 0.2]
-    events = [step(episode, spec, Observation(s, "m", s, 0.8, "x"), i, i, ctx) for i, s in enumerate(scores)]
+    events = [
+        advance(episode, spec, s, i, i, ctx, lambda s=s: Observation(s, "m", s, 0.8, "x")) for i, s in enumerate(scores)
+    ]
     states = [(i, e.state, e.occurrences) for i, e in enumerate(events) if e]
     # one blip does not fire; two in a row do; hovering between clear and fire keeps it open
     # (and counts repeats); two readings below clear close it.
@@ -479,14 +482,11 @@ def test_cleaning_normalises_units_and_flags_out_of_range() -> None:
     assert list(odd["out_of_range"]) == ["temperature_c"] and odd["scores"] == {}
 
 
-def test_state_is_a_few_numbers_and_round_trips() -> None:
+def test_state_is_a_few_numbers() -> None:
     harness = Harness()
     harness.process(noisy_series(150, spike_at=120), now_ms=5)
-    state = harness.state()
-    again = DeviceState.from_value(state.to_value(), state.detectors.shape[1])
-    assert again == state
-    assert state.size_bytes() < 2048
-    assert len(state.core) == len(CORE_FIELDS)
+    assert len(harness.store.load_many(["th-1"]).to_bytes(compress=False)) < 2048
+    assert harness.state().core.shape == (1, len(CORE_FIELDS))
 
 
 def test_fleet_model_scores_readings_and_alerts_with_its_version() -> None:
@@ -685,21 +685,3 @@ def test_a_clear_speaks_of_the_metric_its_alert_was_raised_on_and_times_are_iso(
     harness.process([record(i) for i in range(5)], now_ms=1_000)
     silent = alerts_of(harness.silence("th-1", now_ms=120_000))[0]
     assert "(last event time 2025-11-22T04:00:04.000Z)" in silent.message, silent.message
-
-
-def test_device_state_of_the_previous_format_is_read_with_no_episode_metric() -> None:
-    """A checkpoint written before episodes kept their metric still loads (metric -1: none)."""
-    import struct
-
-    from iotwatch.streaming.device_state import _HEADER, EP_METRIC, EPISODE_FIELDS
-
-    harness = Harness()
-    harness.run([noisy_series(301, spike_at=300)])
-    state = harness.state()
-    assert len(state.episodes) and state.episodes[0, EP_METRIC] == state.metrics.index("temperature_c")
-    parts = list(state.parts())
-    parts[5] = state.episodes[:, : len(EPISODE_FIELDS) - 1].copy().tobytes()  # version 1 rows
-    old = (struct.pack(_HEADER, 1, *(len(p) for p in parts)) + b"".join(parts),)
-    loaded = DeviceState.from_value(old, state.detectors.shape[1])
-    assert loaded.episodes[:, EP_METRIC].tolist() == [-1] * len(state.episodes)
-    assert (loaded.episodes[:, :EP_METRIC] == state.episodes[:, :EP_METRIC]).all()

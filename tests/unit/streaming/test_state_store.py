@@ -1,9 +1,8 @@
-"""Device state as columns: the table's layout, the sharded store, and old checkpoints."""
+"""Device state as columns: the table's layout and the sharded store."""
 
 from __future__ import annotations
 
 import random
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -13,33 +12,8 @@ from iotwatch.settings import StreamSettings
 from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
 from iotwatch.streaming.device_table import DeviceTable
 from iotwatch.streaming.shard_cache import ShardCache
-from iotwatch.streaming.state_store import DictMapState, MemoryStore, ShardedStore
+from iotwatch.streaming.state_store import DictMapState, DictValueState, MemoryStore, ShardedStore
 from tests.unit.streaming.test_engine import Harness, _comparable, record
-
-
-class DictValueState:
-    """A ``ValueState`` in an attribute: the shard tokens without Spark."""
-
-    def __init__(self) -> None:
-        self.value: tuple[Any, ...] | None = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self) -> tuple[Any, ...] | None:
-        return self.value
-
-    def update(self, value: tuple[Any, ...]) -> None:
-        self.value = value
-
-
-def encode_legacy_shard(entries: dict[str, tuple[int, bytes]]) -> bytes:
-    """A shard of the per-device layout: (id length, last wall ms, state length, id, state) each."""
-    out = bytearray()
-    for device_id, (last_wall_ms, blob) in sorted(entries.items()):
-        name = device_id.encode()
-        out += struct.pack("<IqI", len(name), last_wall_ms, len(blob)) + name + blob
-    return bytes(out)
 
 
 def _filled(devices: int = 5, settings: StreamSettings | None = None) -> tuple[Harness, list[str]]:
@@ -87,15 +61,14 @@ def test_a_table_round_trips_through_bytes_and_take_keeps_each_device_whole() ->
     reordered = table.take(np.array([3, 1, 4, 0, 2]))
     assert reordered.ids.tolist() == ["th-3", "th-1", "th-4", "th-0", "th-2"]
     for d in range(len(table)):
-        expected, got = table.state(d), reordered.state(reordered.ids.tolist().index(table.ids[d]))
-        assert got == expected
+        _same(reordered.take(np.array([reordered.ids.tolist().index(table.ids[d])])), table.take(np.array([d])))
     assert (np.diff(reordered.metric_device) >= 0).all() and (np.diff(reordered.bucket_device) >= 0).all()
     _same(DeviceTable.concat([table.take(np.arange(2)), table.take(np.arange(2, 5))]), table)
     _same(table.slice(1, 4), table.take(np.arange(1, 4)))
 
 
 def test_the_store_adds_new_devices_keeps_the_rest_of_a_shard_and_drops_expired_ones() -> None:
-    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_sizes=[3])
+    store = ShardedStore(DictMapState(), shards=2, ttl_ms=1_000, seq_words=64, state_sizes=[3], tokens=DictValueState())
     table = store.load_many(["a", "b", "c"])
     assert not store.found.any() and table.core[:, LAST_WALL_MS].tolist() == [0, 0, 0]
     table.core[:, LAST_WALL_MS] = 100
@@ -159,63 +132,16 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     other_partition = executor("one", partition=1)
     tokens.value = None  # (a partition's tokens are its own state: this one has none yet)
     assert batch(other_partition, 7)["state_shards_cached"] == 0
-    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3])
+    no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
     assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 7}
 
 
-def test_a_checkpoint_of_the_per_device_layout_is_read_and_rewritten_as_a_table() -> None:
-    harness, ids = _filled(3, StreamSettings(device_detector="episode_likelihood"))  # one bank, as then
-    states = {d: harness.store.load(d) for d in ids}
-    legacy = DictMapState()
-    legacy.updateValue(
-        (0,), (encode_legacy_shard({d: (int(s.core[LAST_WALL_MS]), s.to_value()[0]) for d, s in states.items()}),)
-    )
-    store = ShardedStore(legacy, shards=1, ttl_ms=10**12, seq_words=64, state_sizes=harness.engine.state_sizes)
-    table = store.load_many(ids)
-    assert store.found.all() and [table.state(d) for d in range(3)] == [states[d] for d in ids]
-    store.save_many(table, now_ms=0)
-    assert legacy.values[(0,)][0][:4] == b"IWZ1"
-    assert store.load("th-1") == states["th-1"]
-
-
-def _one_bank_bytes(table: DeviceTable) -> bytes:
-    """``table`` (its detectors all in bank 0) in the layout of one detector bank, ``IWT1``."""
-    from iotwatch.streaming.device_table import _encode_strings
-
-    ids = "\x1f".join(table.ids.tolist()).encode()
-    (types, type_codes), (sites, site_codes) = _encode_strings(table.device_type), _encode_strings(table.site)
-    names, name_codes = _encode_strings(table.metric_name)
-    rows = table.detectors[0]
-    header = struct.pack(
-        "<7I5I",
-        len(table),
-        len(table.metric_device),
-        len(rows),
-        len(table.episodes),
-        len(table.buckets),
-        table.seqs.shape[1],
-        rows.shape[1],
-        len(ids),
-        len(types),
-        len(sites),
-        len(names),
-        0,
-    )
-    parts = [ids, types, sites, names, type_codes, site_codes, name_codes, table.core.tobytes(), table.seqs.tobytes()]
-    parts += [table.metric_device.astype(np.int32).tobytes(), table.metric_last.tobytes()]
-    parts += [table.metric_detector.astype(np.int32).tobytes(), rows.tobytes()]
-    parts += [table.episode_device.astype(np.int32).tobytes(), table.episodes.tobytes(), table.peaks.tobytes()]
-    parts += [table.bucket_device.astype(np.int32).tobytes(), table.buckets.tobytes()]
-    return b"IWT1" + header + b"".join(parts)
-
-
-def test_a_checkpoint_of_one_detector_bank_is_read_as_bank_0() -> None:
-    """State written before a job kept a detector per device type: its rows are the default
-    detector's (bank 0); the other banks start empty."""
+def test_a_table_of_fewer_detector_banks_reads_with_the_new_banks_empty() -> None:
+    """A detector added for a device type adds a bank: state written without it loads, the
+    new bank empty."""
     harness, ids = _filled(3, StreamSettings(device_detector="episode_likelihood"))
     table = harness.store.load_many(ids)
-    blob = _one_bank_bytes(table)
-    _same(DeviceTable.from_bytes(blob, harness.engine.state_sizes), table)
+    blob = table.to_bytes()
     wider = DeviceTable.from_bytes(blob, [*harness.engine.state_sizes, 7])
     assert len(wider.detectors) == 2 and wider.detectors[1].shape == (0, 7)
     np.testing.assert_array_equal(wider.detectors[0], table.detectors[0])
@@ -277,16 +203,3 @@ def test_a_partition_has_as_many_shards_as_its_devices_need_and_keeps_every_devi
     assert _touch(again, more) == [2] * 35 and again.live == 4  # the count is the partition's, in its tokens
     crowd = [f"dev-{i}" for i in range(200)]
     assert _touch(again, crowd)[:35] == [3] * 35 and again.live == 8  # at most ``shards``
-
-
-def test_a_checkpoint_of_a_fixed_shard_count_without_tokens_keeps_its_count() -> None:
-    """A checkpoint written with ``shards`` shards and no cache (so no tokens) is read with that count."""
-    state = DictMapState()
-    ids = [f"dev-{i}" for i in range(20)]
-    fixed = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3])
-    fixed.live = 4  # as a store of a fixed count wrote it
-    _touch(fixed, ids)
-    assert len(state.values) == 4
-    tokens = DictValueState()
-    store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
-    assert _touch(store, ids) == [1] * 20 and store.live == 4 and len(tokens.value[0]) == 4 * 8
