@@ -42,7 +42,6 @@ from iotwatch.contract.telemetry import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.models.base import Detector
 from iotwatch.models.catalog import load
-from iotwatch.settings import RegistrySettings
 
 if TYPE_CHECKING:
     from iotwatch.models.updates import UpdatePublisher
@@ -53,7 +52,6 @@ __all__ = [
     "ModelRegistry",
     "ModelVersion",
     "RegistryError",
-    "RegistrySettings",
     "Status",
     "TrainedOn",
 ]
@@ -157,14 +155,15 @@ class ModelRegistry:
     Parameters
     ----------
     root
-        Registry directory (created on first write); default from :class:`RegistrySettings`.
+        Registry directory (created on first write): the caller's ``settings.registry.path``,
+        so a ``--config`` file's ``[registry]`` table counts.
     publisher
         Announces approvals and retirements on the model-updates topic; ``None`` keeps
         the registry local (no Kafka).
     """
 
-    def __init__(self, root: str | Path | None = None, publisher: UpdatePublisher | None = None) -> None:
-        self.root = Path(root) if root is not None else RegistrySettings().path
+    def __init__(self, root: str | Path, publisher: UpdatePublisher | None = None) -> None:
+        self.root = Path(root)
         self.publisher = publisher
 
     # --- layout ---------------------------------------------------------------------

@@ -70,7 +70,6 @@ def test_bad_names_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             registry.register(RobustZScore(), bad)
     monkeypatch.setenv("IOTWATCH_REGISTRY_PATH", str(tmp_path / "elsewhere"))
     assert RegistrySettings().path == tmp_path / "elsewhere"
-    assert ModelRegistry().root == tmp_path / "elsewhere"
 
 
 def _register_many(root: str, seed: int, count: int) -> list[int]:
