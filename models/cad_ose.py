@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -50,6 +51,7 @@ def nab_scores(
     return scores
 
 
+@dataclass(eq=False, repr=False)
 class CadOse(KernelDetector):
     """CAD OSE on a stream: the published algorithm over a value range the stream sets as
     it goes, its context memory capped.
@@ -68,30 +70,16 @@ class CadOse(KernelDetector):
     #: scores reach those of the anomalies; it is measured on NAB instead.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        range_readings: int = 50,
-        margin: float = 0.5,
-        rest_period: int = 30,
-        base_threshold: float = 0.75,
-        max_left_length: int = 7,
-        max_active_neurons: int = 15,
-        value_bits: int = 3,
-        max_contexts: int = 1024,
-        widen_range: bool = True,
-    ) -> None:
-        self.metric = metric
-        self.range_readings = range_readings
-        self.margin = margin
-        self.rest_period = rest_period
-        self.base_threshold = base_threshold
-        self.max_left_length = max_left_length
-        self.max_active_neurons = max_active_neurons
-        self.value_bits = value_bits
-        self.max_contexts = max_contexts
-        self.widen_range = widen_range
-        self._start()
+    metric: str | None = None
+    range_readings: int = 50
+    margin: float = 0.5
+    rest_period: int = 30
+    base_threshold: float = 0.75
+    max_left_length: int = 7
+    max_active_neurons: int = 15
+    value_bits: int = 3
+    max_contexts: int = 1024
+    widen_range: bool = True
 
     def warmup_readings(self) -> int:
         return self.range_readings + self.rest_period

@@ -11,6 +11,7 @@ parameters and calls them one value at a time.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Self
 
 from iotwatch.errors import UserError
@@ -20,6 +21,7 @@ from iotwatch.models.numeric import decay_weight
 __all__ = ["ExceedanceTail"]
 
 
+@dataclass(eq=False, repr=False)
 class ExceedanceTail:
     """Tail probability of a non-negative deviation, from the stream's own exceedances.
 
@@ -52,40 +54,30 @@ class ExceedanceTail:
     (1.0, True, True)
     """
 
-    def __init__(
-        self,
-        threshold: float = 3.0,
-        halflife: float = 10_000.0,
-        index_halflife: float = 300.0,
-        prior_rate: float = 0.01,
-        prior_readings: float = 200.0,
-        prior_index: float = 0.25,
-        prior_peaks: float = 10.0,
-        clip: float = 4.0,
-        run_gap: int = 3,
-    ) -> None:
-        if threshold <= 0:
+    threshold: float = 3.0
+    halflife: float = 10_000.0
+    index_halflife: float = 300.0
+    prior_rate: float = 0.01
+    prior_readings: float = 200.0
+    prior_index: float = 0.25
+    prior_peaks: float = 10.0
+    clip: float = 4.0
+    run_gap: int = 3
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 0:
             raise UserError("threshold must be positive")
-        self.threshold = threshold
-        self.halflife = halflife
-        self.index_halflife = index_halflife
-        self.prior_rate = prior_rate
-        self.prior_readings = prior_readings
-        self.prior_index = prior_index
-        self.prior_peaks = prior_peaks
-        self.clip = clip
-        self.run_gap = run_gap
-        self._a = decay_weight(halflife)
-        self._b = decay_weight(index_halflife)
+        self._a = decay_weight(self.halflife)
+        self._b = decay_weight(self.index_halflife)
         #: The parameter tuple of :func:`~iotwatch.models.kernels.primitives.tail_learn`.
         self._params = (
-            float(threshold),
+            float(self.threshold),
             self._a,
             self._b,
-            float(prior_readings),
-            float(prior_peaks),
-            float(clip),
-            float(run_gap),
+            float(self.prior_readings),
+            float(self.prior_peaks),
+            float(self.clip),
+            float(self.run_gap),
         )
         self.set_state([])
 

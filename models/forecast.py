@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
@@ -13,6 +14,7 @@ from iotwatch.models.numeric import decay_weight
 __all__ = ["HoltWintersResidual"]
 
 
+@dataclass(eq=False, repr=False)
 class HoltWintersResidual(UnivariateMixin, Detector):
     """How far a reading lands from a one-step Holt-Winters forecast.
 
@@ -61,32 +63,20 @@ class HoltWintersResidual(UnivariateMixin, Detector):
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
     )
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        alpha: float = 0.3,
-        beta: float = 0.01,
-        gamma: float = 0.05,
-        season_buckets: int = 24,
-        season_period_s: float = 86_400.0,
-        halflife: float = 300.0,
-        clip: float = 3.0,
-        warmup: int = 30,
-        z_half: float = 4.0,
-        reset_after: int = 0,
-    ) -> None:
-        self.metric = metric
-        self.alpha = alpha
-        self.beta = beta
-        self.gamma = gamma
-        self.season_buckets = season_buckets
-        self.season_period_s = season_period_s
-        self.halflife = halflife
-        self.clip = clip
-        self.warmup = warmup
-        self.z_half = z_half
-        self.reset_after = reset_after
-        self._a_var = decay_weight(halflife)
+    metric: str | None = None
+    alpha: float = 0.3
+    beta: float = 0.01
+    gamma: float = 0.05
+    season_buckets: int = 24
+    season_period_s: float = 86_400.0
+    halflife: float = 300.0
+    clip: float = 3.0
+    warmup: int = 30
+    z_half: float = 4.0
+    reset_after: int = 0
+
+    def __post_init__(self) -> None:
+        self._a_var = decay_weight(self.halflife)
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:

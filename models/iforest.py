@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -17,6 +18,7 @@ __all__ = ["IsolationForest"]
 _FEATURE_LIMIT = 1e18
 
 
+@dataclass(eq=False, repr=False)
 class IsolationForest(Detector):
     """Isolation Forest (Liu et al., 2008) over metric values and their changes.
 
@@ -53,25 +55,17 @@ class IsolationForest(Detector):
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
     )
 
-    def __init__(
-        self,
-        metrics: list[str] | None = None,
-        n_estimators: int = 100,
-        max_samples: int = 256,
-        min_train: int = 300,
-        refit_every: int = 1000,
-        max_train: int = 5000,
-        seed: int = 42,
-    ) -> None:
-        self.metrics = metrics
-        self.n_estimators = n_estimators
-        self.max_samples = max_samples
-        self.min_train = min_train
-        self.refit_every = refit_every
-        self.max_train = max_train
-        self.seed = seed
+    metrics: list[str] | None = None
+    n_estimators: int = 100
+    max_samples: int = 256
+    min_train: int = 300
+    refit_every: int = 1000
+    max_train: int = 5000
+    seed: int = 42
+
+    def __post_init__(self) -> None:
         self._forest: _SkIsolationForest | None = None
-        self._columns: list[str] | None = list(metrics) if metrics is not None else None
+        self._columns: list[str] | None = list(self.metrics) if self.metrics is not None else None
         self._buffer: list[list[float]] = []
         self._since_fit = 0
 

@@ -69,10 +69,14 @@ _ROW0 = np.zeros(1, dtype=np.int64)
 class KernelDetector(UnivariateMixin, Detector):
     """A per-reading detector that is its kernel: its state is one row of the kernel's
     states and every call runs the kernel's step on a batch of one reading (on a copy of
-    the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
-    once its parameters are set."""
+    the row when it must not learn). A subclass sets ``_kernel`` and is a dataclass of its
+    parameters, or calls :meth:`_start` once they are set."""
 
     _kernel: ClassVar[Kernel[Any]]
+
+    def __post_init__(self) -> None:
+        """A dataclass subclass starts once its fields are set."""
+        self._start()
 
     def _start(self) -> None:
         """A fresh row, for this detector's parameters."""
