@@ -125,15 +125,7 @@ TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2
 TAIL_SIZE = 6
 #: An ExceedanceTail's parameters, relative to its base.
 (TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
-    0,
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
+    range(9)
 )
 TAIL_PARAMS = 9
 

@@ -68,13 +68,7 @@ import numpy as np
 from iotwatch.models.exceedance import ExceedanceTail
 from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels.primitives import (
-    TAIL_CLUSTER_PEAK,
-    TAIL_GAP,
-    TAIL_INDEX,
-    TAIL_N,
     TAIL_PARAMS,
-    TAIL_PEAKS,
-    TAIL_RATE,
     TAIL_SIZE,
     Floats,
     check_batch,
@@ -122,25 +116,10 @@ __all__ = [
     "STUCK_RATE",
     "STUCK_REVERSALS",
     "STUCK_RUN",
-    "TAIL_CLUSTER_PEAK",
-    "TAIL_GAP",
-    "TAIL_INDEX",
-    "TAIL_N",
-    "TAIL_PEAKS",
-    "TAIL_RATE",
-    "TAIL_SIZE",
-    "TAIL_PARAMS",
     "initial_state",
     "params_vector",
-    "put_initial_tail",
-    "put_tail_params",
-    "check_batch",
     "score_learn",
     "score_learn_into",
-    "tail_learn",
-    "tail_params",
-    "tail_state",
-    "tail_tail",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -159,12 +138,7 @@ P_WARMUP = 0
 P_LEVEL_WARMUP, P_LEVEL_A, P_LEVEL_CLIP = 1, 2, 3
 P_CHANGE_WARMUP, P_CHANGE_ALPHA, P_CHANGE_BETA, P_CHANGE_A_VAR, P_CHANGE_CLIP, P_CHANGE_RESET_AFTER = 4, 5, 6, 7, 8, 9
 (P_STUCK_TOLERANCE, P_STUCK_A, P_STUCK_PRIOR_RATE, P_STUCK_PRIOR_READINGS, P_STUCK_MAX_RATE, P_STUCK_MIN_REVERSALS) = (
-    10,
-    11,
-    12,
-    13,
-    14,
-    15,
+    range(10, 16)
 )
 P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
