@@ -20,7 +20,7 @@ from iotwatch.models.catalog import DEFAULT_DETECTOR, names
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["evaluate", "default_dataset"]
+__all__ = ["evaluate"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
 DEFAULT_EVALUATED = tuple(
@@ -35,11 +35,6 @@ DEFAULT_EVALUATED = tuple(
         )
     )
 )
-
-
-def default_dataset() -> Path:
-    """The NAB sample shipped with iotwatch (:data:`iotwatch.evaluation.sources.NAB_SAMPLE`)."""
-    return NAB_SAMPLE
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -355,7 +350,7 @@ def evaluate(
             raise IotwatchError("give --readings and --truth together, and not with --dataset or --split")
         source = SimulatorSource(readings, truth)
     else:
-        dataset = dataset or default_dataset()
+        dataset = dataset or NAB_SAMPLE
         source = NabSource(dataset, split_keys(split) if split else None)
         if not source.keys():
             raise IotwatchError(f"{dataset} holds none of the streams of the {split} split")
