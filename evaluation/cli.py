@@ -31,7 +31,6 @@ DEFAULT_EVALUATED = tuple(
             "tail_ensemble",
             "isolation_forest",
             "robust_zscore",
-            "holt_winters",
         )
     )
 )

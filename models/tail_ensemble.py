@@ -17,8 +17,8 @@ class TailEnsemble(KernelDetector):
     """A per-(device, metric) detector the streaming job can run (it has a kernel).
 
     Three views of one metric (level: robust z against a slow baseline,
-    :class:`iotwatch.models.robust_zscore.RobustZScore`; change: the Holt-Winters forecast
-    residual, :class:`iotwatch.models.forecast.HoltWintersResidual`; stuck:
+    :class:`iotwatch.models.robust_zscore.RobustZScore`; change: the one-step Holt forecast
+    residual, :func:`iotwatch.models.kernels.primitives.hw_learn`; stuck:
     :class:`iotwatch.models.repeat_run.RepeatRun`), each judged by its own
     :class:`iotwatch.models.exceedance.ExceedanceTail`; the smallest tail, times three,
     scores on the log scale of :func:`iotwatch.models.numeric.log_tail_score`

@@ -3,7 +3,6 @@
 The step, run over a micro-batch of interleaved streams in one call (by the class, on a
 batch of one reading), is made of the members' functions in :mod:`.primitives`, which the
 member classes (:class:`~iotwatch.models.robust_zscore.RobustZScore`,
-:class:`~iotwatch.models.forecast.HoltWintersResidual`,
 :class:`~iotwatch.models.repeat_run.RepeatRun`,
 :class:`~iotwatch.models.exceedance.ExceedanceTail`) call too.
 
@@ -66,7 +65,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from iotwatch.models.exceedance import ExceedanceTail
-from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels.primitives import (
     TAIL_PARAMS,
     TAIL_SIZE,
@@ -90,6 +88,7 @@ from iotwatch.models.kernels.primitives import (
     zscore_deviation,
     zscore_learn,
 )
+from iotwatch.models.numeric import decay_weight
 from iotwatch.models.repeat_run import RepeatRun
 from iotwatch.models.robust_zscore import RobustZScore
 
@@ -157,13 +156,13 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     from its parameters (so the smoothing constants are the members' own floats)."""
     members = min(detector.warmup, 30)
     level = RobustZScore(halflife=detector.level_halflife, season_buckets=0, warmup=members)
-    change = HoltWintersResidual(alpha=detector.change_alpha, season_buckets=0, warmup=members, reset_after=3)
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
     p = np.empty(PARAMS_SIZE)
     p[P_WARMUP] = detector.warmup
     p[P_LEVEL_WARMUP], p[P_LEVEL_A], p[P_LEVEL_CLIP] = level.warmup, level._a, level.clip
-    p[P_CHANGE_WARMUP], p[P_CHANGE_ALPHA], p[P_CHANGE_BETA] = change.warmup, change.alpha, change.beta
-    p[P_CHANGE_A_VAR], p[P_CHANGE_CLIP], p[P_CHANGE_RESET_AFTER] = change._a_var, change.clip, change.reset_after
+    # the change view: Holt's one-step forecast, its residual scale's half-life 300 readings
+    p[P_CHANGE_WARMUP], p[P_CHANGE_ALPHA], p[P_CHANGE_BETA] = members, detector.change_alpha, 0.01
+    p[P_CHANGE_A_VAR], p[P_CHANGE_CLIP], p[P_CHANGE_RESET_AFTER] = decay_weight(300.0), 3.0, 3
     p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_RATE] = stuck.tolerance, stuck._a, stuck.prior_rate
     p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE] = stuck.prior_readings, stuck.max_repeat_rate
     p[P_STUCK_MIN_REVERSALS] = stuck.min_reversals
@@ -196,7 +195,6 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
         p[P_CHANGE_A_VAR],
         p[P_CHANGE_CLIP],
         p[P_CHANGE_RESET_AFTER],
-        0.0,  # gamma: no season
     )
     stuck = (
         p[P_STUCK_TOLERANCE],
@@ -228,7 +226,7 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple[float, Floats, Fl
     )
     level_tail, change_tail = tail_state(row, LEVEL_TAIL), tail_state(row, CHANGE_TAIL)
     level = abs(zscore_deviation(level_state, level_p, v))  # NaN: warming up
-    change = abs(hw_deviation(change_state, change_p, v, 0.0))  # no season
+    change = abs(hw_deviation(change_state, change_p, v))
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
         tail = py_min(
@@ -239,7 +237,7 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple[float, Floats, Fl
     put_state(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
     put_state(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
     put_state(row, LEVEL_N, zscore_learn(level_state, level_p, v))
-    put_state(row, CHANGE_N, hw_learn(change_state, change_p, v, 0.0)[0])
+    put_state(row, CHANGE_N, hw_learn(change_state, change_p, v))
     put_state(row, STUCK_N, repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score

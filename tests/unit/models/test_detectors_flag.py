@@ -9,7 +9,7 @@ from iotwatch.models.catalog import detector_class, make, names
 from tests.support.streams import clean, with_anomaly
 
 #: Alert levels that mean "anomalous" for each detector on the generated data.
-ALERT = {"robust_zscore": 0.5, "holt_winters": 0.6, "tail_ensemble": 0.45, "episode_likelihood": 0.4}
+ALERT = {"robust_zscore": 0.5, "tail_ensemble": 0.45, "episode_likelihood": 0.4}
 #: Rows after the onset in which the anomaly must be flagged.
 HORIZON = {"drift": 1000}
 
