@@ -10,9 +10,7 @@ parameters and calls them one value at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
 
 from iotwatch.errors import UserError
 from iotwatch.models.kernels.primitives import Floats, tail_learn, tail_tail
@@ -79,25 +77,9 @@ class ExceedanceTail:
             float(self.clip),
             float(self.run_gap),
         )
-        self.set_state([])
-
-    def to_state(self) -> list[float]:
-        """``[readings, rate, peaks, index, gap, open cluster's peak]``."""
-        return list(self._state)
-
-    def set_state(self, state: list[float] | Mapping[str, Any]) -> Self:
-        values = (list(state) + [None] * 6)[:6] if not isinstance(state, Mapping) else [None] * 6
-        n, rate, peaks, index, gap, cluster_peak = values
-        self._state: Floats = (
-            float(n or 0.0),
-            self.prior_rate if rate is None else float(rate),
-            float(peaks or 0.0),
-            self.prior_index if index is None else float(index),
-            # readings since the last exceedance, counted up to run_gap (a finite, JSON-safe number)
-            float(self.run_gap) if gap is None else float(gap),
-            float(cluster_peak or 0.0),  # peak of the open cluster (0: none open)
-        )
-        return self
+        #: ``(readings, rate, peaks, index, readings since the last exceedance (up to run_gap),
+        #: open cluster's peak (0: none open))``, the priors to start with.
+        self._state: Floats = (0.0, self.prior_rate, 0.0, self.prior_index, float(self.run_gap), 0.0)
 
     def tail(self, d: float) -> float:
         """``P(deviation >= d)`` under the stream's fitted tail (1.0 at or below ``u``)."""

@@ -120,7 +120,7 @@ Floats = tuple[float, ...]
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-#: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
+#: An ExceedanceTail block, relative to its base (the order of :func:`tail_learn`'s state).
 TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
 TAIL_SIZE = 6
 #: An ExceedanceTail's parameters, relative to its base.

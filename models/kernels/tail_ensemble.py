@@ -22,7 +22,7 @@ floats (exact below 2**53) and "none yet" as NaN:
                           ``DIRECTION``
 ``LEVEL_TAIL + TAIL_*``   the level view's Pareto tail (:func:`~.primitives.tail_learn`):
                           ``N``, ``RATE``, ``PEAKS``, ``INDEX``, ``GAP``,
-                          ``CLUSTER_PEAK`` (the order of ``ExceedanceTail.to_state``)
+                          ``CLUSTER_PEAK`` (the order of ``tail_learn``'s state)
 ``CHANGE_TAIL + TAIL_*``  the change view's, likewise
 ========================  ========================================================
 
