@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.contract.telemetry import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.models.base import Detector
@@ -104,16 +105,10 @@ class ModelVersion(BaseModel):
     def model_path(self) -> Path:
         return self.path / MODEL_FILE
 
-    def event(self) -> dict[str, Any]:
+    def update(self) -> ModelUpdate:
         """The model-update event announcing this version's current status."""
-        return {
-            "device_type": self.device_type,
-            "detector": self.detector,
-            "version": self.version,
-            "status": self.status,
-            "path": str(self.model_path),
-            "created_at": self.created_at.isoformat(),
-        }
+        announced = self.model_dump(include={"device_type", "detector", "version", "status"})
+        return ModelUpdate(**announced, path=str(self.model_path), created_at=self.created_at.isoformat())
 
 
 def _check_name(kind: str, value: str) -> str:

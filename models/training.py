@@ -228,12 +228,5 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
 
 
 def _summary(version: ModelVersion) -> dict[str, Any]:
-    return {
-        "device_type": version.device_type,
-        "detector": version.detector,
-        "version": version.version,
-        "status": version.status,
-        "path": str(version.path),
-        "trained_on": version.trained_on.model_dump(),
-        "evaluation": version.evaluation,
-    }
+    summary = version.model_dump(include={"device_type", "detector", "version", "status", "trained_on", "evaluation"})
+    return {**summary, "path": str(version.path)}

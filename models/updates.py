@@ -52,7 +52,7 @@ class UpdatePublisher:
 
     def publish(self, version: ModelVersion | ModelUpdate) -> ModelUpdate:
         """Send one event and wait until Kafka has it."""
-        event = version if isinstance(version, ModelUpdate) else ModelUpdate(**version.event())
+        event = version if isinstance(version, ModelUpdate) else version.update()
         producer = self._ensure_producer()
         errors: list[str] = []
 
