@@ -253,19 +253,11 @@ def score_learn_into(
     surprise: np.ndarray,
 ) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place), as :class:`~iotwatch.models.tail_ensemble.TailEnsemble` scores them; the
-    ensemble holds nothing, so each reading's surprise is its score, copied to
-    ``surprise`` when it has the batch's length (pass an empty array to skip it).
-
-    One call takes a whole micro-batch, many streams interleaved; each stream's readings
-    must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
-    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused
-    while the ensemble has no seasonal view, kept so every kernel takes the same call),
-    ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
-    code :func:`iotwatch.models.catalog.warm` compiled (others compile a variant on first use). A non-finite
-    value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
-    of range, before learning anything.
-    """
+    (updated in place; the :class:`~iotwatch.models.kernels.Kernel` call, ``t_ms`` unused),
+    as :class:`~iotwatch.models.tail_ensemble.TailEnsemble` scores them; the ensemble holds
+    nothing, so each reading's surprise is its score, copied to ``surprise`` when it has the
+    batch's length. A non-finite value scores 0 and is not learned. Raises on mismatched
+    shapes or a stream index out of range, before learning anything."""
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     members = _member_params(params)
     keep = surprise.shape[0] == n
