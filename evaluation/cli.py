@@ -155,15 +155,8 @@ def _render_simulated(result: dict[str, Any]) -> None:
             ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"),
         )
         for rule, r in run["rules"].items():
-            rules_table.add_row(
-                rule,
-                str(r["alerts"]),
-                str(r["true"]),
-                str(r["related"]),
-                str(r["false"]),
-                _f(r["precision"]),
-                _f(r["false_alarms_per_device_day"], 3),
-            )
+            counts = (str(r[key]) for key in ("alerts", "true", "related", "false"))
+            rules_table.add_row(rule, *counts, _f(r["precision"]), _f(r["false_alarms_per_device_day"], 3))
         console.print(rules_table)
         met = run.get("goals", {})
         if met:

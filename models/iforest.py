@@ -94,7 +94,7 @@ class IsolationForest(Detector):
         self._columns = list(self.metrics) if self.metrics is not None else list(frame.columns)
         rows = frame[self._columns].to_numpy(dtype=float)
         if previous is None:
-            self._fit_rows(rows)
+            self._fit_features(self._features(rows))
         else:
             before = previous.reindex(columns=self._columns).to_numpy(dtype=float)
             self._fit_features(self._paired_features(rows, before))
@@ -108,9 +108,6 @@ class IsolationForest(Detector):
         values = np.where(np.isnan(values), previous, values)
         diffs = np.nan_to_num(values - previous, nan=0.0)
         return np.hstack([np.nan_to_num(values, nan=0.0), diffs])
-
-    def _fit_rows(self, rows: np.ndarray) -> None:
-        self._fit_features(self._features(rows))
 
     def _fit_features(self, features: np.ndarray) -> None:
         self._forest = _SkIsolationForest(
@@ -166,7 +163,7 @@ class IsolationForest(Detector):
         self._since_fit += 1
         due = self._since_fit >= (self.refit_every if self._forest is not None else self.min_train)
         if due and len(self._buffer) >= self.min_train:
-            self._fit_rows(np.array(self._buffer))
+            self._fit_features(self._features(np.array(self._buffer)))
             self._since_fit = 0
 
     def score_learn_many(self, values: np.ndarray, t_ms: np.ndarray, metrics: list[str]) -> np.ndarray:

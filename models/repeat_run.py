@@ -16,7 +16,6 @@ from iotwatch.models.base import Detector, Reading, UnivariateMixin
 from iotwatch.models.kernels.primitives import (
     Floats,
     log_tail_score,
-    repeat_judged,
     repeat_learn,
     repeat_tail,
 )
@@ -110,10 +109,6 @@ class RepeatRun(UnivariateMixin, Detector):
             float(int(state.get("direction", 0))),
         )
         return self
-
-    def judged(self) -> bool:
-        """Whether runs on this stream say anything (see the class notes)."""
-        return bool(repeat_judged(self._state, self._params))
 
     def tail(self, x: Reading, t_ms: int) -> float:
         """Probability of a run at least this long, were repeats independent at the stream's rate."""
