@@ -155,11 +155,6 @@ class Detector(abc.ABC):
         """Restore what :meth:`to_state` returned (into a detector with the same params)."""
         raise NotImplementedError(f"{self.name} is a fleet model: load it with iotwatch.models.catalog.load()")
 
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any], **params: Any) -> Self:
-        """Build a detector with ``params`` and restore ``state`` into it."""
-        return cls(**params).set_state(state)
-
     def dumps(self) -> bytes:
         """Serialise the whole detector: JSON for compact state, pickle for fleet models."""
         if self.compact_state:

@@ -117,7 +117,7 @@ def load(payload: bytes) -> Detector:
         doc = json.loads(payload)
         if doc.get("format") != PAYLOAD_FORMAT:
             raise UserError(f"unsupported detector payload format {doc.get('format')!r}")
-        return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
+        return detector_class(doc["detector"])(**doc["params"]).set_state(doc["state"])
     obj = _RegistryUnpickler(io.BytesIO(payload)).load()
     if not isinstance(obj, Detector):
         raise UserError(f"payload holds a {type(obj).__name__}, not a Detector")
