@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from iotwatch.contract.detection import AnomalyKind
-from iotwatch.models.base import Reading
 from iotwatch.models.kernels import Kernel, KernelDetector
 from iotwatch.models.kernels import cad_ose as kernel
 
@@ -61,7 +60,8 @@ class CadOse(KernelDetector):
     (``widen_range``) scores 1, widens the range and starts the memory again
     (docs/detection.md has the why and the figures of the defaults, chosen on nab-dev's
     tuning half). ``max_contexts`` bounds the state: one row of
-    :mod:`iotwatch.models.kernels.cad_ose`.
+    :mod:`iotwatch.models.kernels.cad_ose`. CAD OSE scores by learning, so ``score_one``
+    learns on a copy of the 264 KB row; the streaming step is ``score_learn_one``.
     """
 
     name: ClassVar[str] = "cad_ose"
@@ -87,8 +87,3 @@ class CadOse(KernelDetector):
     def state_limit_bytes(self) -> int:
         """The row as JSON: each number at most 24 characters and its separator."""
         return 64 + 26 * kernel.STATE_SIZE
-
-    def score_one(self, x: Reading, t_ms: int) -> float:
-        """The score :meth:`score_learn_one` would give (CAD OSE scores by learning: this
-        learns on a copy of the 264 KB row; the streaming step is :meth:`score_learn_one`)."""
-        return super().score_one(x, t_ms)
