@@ -20,7 +20,7 @@ from iotwatch.models.catalog import DEFAULT_DETECTOR, names
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["evaluate", "default_dataset"]
+__all__ = ["evaluate"]
 
 #: Detectors evaluated when none is named: the statistical ones (rules need limits).
 DEFAULT_EVALUATED = tuple(
@@ -31,15 +31,9 @@ DEFAULT_EVALUATED = tuple(
             "tail_ensemble",
             "isolation_forest",
             "robust_zscore",
-            "holt_winters",
         )
     )
 )
-
-
-def default_dataset() -> Path:
-    """The NAB sample shipped with iotwatch (:data:`iotwatch.evaluation.sources.NAB_SAMPLE`)."""
-    return NAB_SAMPLE
 
 
 def _render(result: dict[str, Any]) -> None:
@@ -161,15 +155,8 @@ def _render_simulated(result: dict[str, Any]) -> None:
             ("rule", "alerts", "true", "related", "false", "precision", "FA/dev-day"),
         )
         for rule, r in run["rules"].items():
-            rules_table.add_row(
-                rule,
-                str(r["alerts"]),
-                str(r["true"]),
-                str(r["related"]),
-                str(r["false"]),
-                _f(r["precision"]),
-                _f(r["false_alarms_per_device_day"], 3),
-            )
+            counts = (str(r[key]) for key in ("alerts", "true", "related", "false"))
+            rules_table.add_row(rule, *counts, _f(r["precision"]), _f(r["false_alarms_per_device_day"], 3))
         console.print(rules_table)
         met = run.get("goals", {})
         if met:
@@ -355,7 +342,7 @@ def evaluate(
             raise IotwatchError("give --readings and --truth together, and not with --dataset or --split")
         source = SimulatorSource(readings, truth)
     else:
-        dataset = dataset or default_dataset()
+        dataset = dataset or NAB_SAMPLE
         source = NabSource(dataset, split_keys(split) if split else None)
         if not source.keys():
             raise IotwatchError(f"{dataset} holds none of the streams of the {split} split")

@@ -257,12 +257,14 @@ def _scores(detected: int, windows: int, false: int, *, true_alerts: int | None 
     true = detected if true_alerts is None else true_alerts
     recall = detected / windows if windows else None
     precision = true / (true + false) if true + false else None
-    f1 = (
-        2 * precision * recall / (precision + recall)
-        if precision is not None and recall is not None and precision + recall > 0
-        else None
-    )
-    return {"recall": rounded(recall), "precision": rounded(precision), "f1": rounded(f1)}
+    return {"recall": rounded(recall), "precision": rounded(precision), "f1": rounded(f1(precision, recall))}
+
+
+def f1(precision: float | None, recall: float | None) -> float | None:
+    """The harmonic mean of ``precision`` and ``recall`` (None when either is unknown or both are 0)."""
+    if precision is None or recall is None or precision + recall <= 0:
+        return None
+    return 2 * precision * recall / (precision + recall)
 
 
 def _delays(hits: list[tuple[RaisedAlert, float, float]]) -> dict[str, float | None]:

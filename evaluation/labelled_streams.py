@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from iotwatch.evaluation.judgement import f1
 from iotwatch.evaluation.nab_scoring import (
     PROBATION_PERCENT,
     CostProfile,
@@ -118,11 +119,6 @@ def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any
     raw = sum(p["raw"] for p in parts)
     precision = true_alarms / alarms if alarms else None
     recall = hit / windows if windows else None
-    f1 = (
-        2 * precision * recall / (precision + recall)
-        if precision is not None and recall is not None and precision + recall > 0
-        else None
-    )
     delays_rows = [d for p in parts for d in p["delays_rows"]]
     delays_s = [d for p in parts for d in p["delays_s"]]
     days = sum(p["days"] for p in parts)
@@ -136,7 +132,7 @@ def _summary(parts: list[dict[str, Any]], profile: CostProfile) -> dict[str, Any
         "false_alarms": alarms - true_alarms,
         "precision": rounded(precision),
         "recall": rounded(recall),
-        "f1": rounded(f1),
+        "f1": rounded(f1(precision, recall)),
         "median_delay_rows": rounded(quantile(delays_rows, 0.5)),
         "median_delay_s": rounded(quantile(delays_s, 0.5)),
         "false_alarms_per_device_day": rounded((alarms - true_alarms) / days if days > 1e-6 else None),

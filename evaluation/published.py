@@ -1,21 +1,12 @@
-"""The job's default detector beside a reproduced NAB leader and NAB's published figures.
-
-For the nab-dev streams of a NAB-layout dataset, per half of the split
-(:data:`iotwatch.evaluation.sources.NAB_SPLIT`) and, when both halves are there, whole:
-
-- *default*: the job's default detector with the job's parameters, its threshold
-  optimised on the streams reported (as ``evaluate`` scores every detector), under both
-  protocols: *live* (nothing in advance, as the job meets a metric) and *NAB's* (each
-  stream's minimum, maximum and probation declared beforehand, as NAB's base detector
-  gives them: the protocol of the published figures);
-- *reproduced*: CAD OSE (:func:`iotwatch.models.cad_ose.nab_scores`), run as NAB runs it: each
-  stream's own minimum and maximum given beforehand; at its threshold optimised on the
-  streams reported, and at the published corpus threshold (where it equals the published
-  figure when the reproduction is exact);
-- *published*: NAB's published per-stream standard scores of six detectors at their
-  whole-corpus thresholds (:data:`~iotwatch.evaluation.sources.NAB_PUBLISHED_SCORES`), summed
-  and normalised between the detector that never fires and a perfect one.
-"""
+"""The job's default detector beside a reproduced NAB leader and NAB's published figures,
+per half of the nab-dev split (:data:`iotwatch.evaluation.sources.NAB_SPLIT`) and whole
+(docs/detection.md, "A reproduced NAB leader"): the default with the job's parameters under
+the live and NAB protocols; CAD OSE (:func:`iotwatch.models.cad_ose.nab_scores`) run as NAB
+runs it, at its threshold optimised on the streams reported and at the published corpus
+threshold (where it equals the published figure when the reproduction is exact); NAB's
+published per-stream standard scores of six detectors
+(:data:`~iotwatch.evaluation.sources.NAB_PUBLISHED_SCORES`), normalised between the detector
+that never fires and a perfect one."""
 
 from __future__ import annotations
 

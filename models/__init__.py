@@ -9,6 +9,6 @@
 """
 
 from iotwatch.models.base import ANOMALY_KINDS, Detector, Reading, z_to_score
-from iotwatch.models.catalog import DEFAULT_DETECTOR, describe, make, names
+from iotwatch.models.catalog import DEFAULT_DETECTOR, make, names
 
-__all__ = ["ANOMALY_KINDS", "DEFAULT_DETECTOR", "Detector", "Reading", "describe", "make", "names", "z_to_score"]
+__all__ = ["ANOMALY_KINDS", "DEFAULT_DETECTOR", "Detector", "Reading", "make", "names", "z_to_score"]

@@ -5,14 +5,9 @@ event time in epoch milliseconds -- and answers an anomaly score in ``[0, 1]`` (
 anomalous). Scoring never changes the detector; learning does. The streaming job calls
 :meth:`Detector.score_learn_one` once per reading, in event-time order per key.
 
-Two kinds of state
-------------------
-*Per-device* detectors (``compact_state = True``) keep a handful of numbers that the Spark
-job stores per ``(device, metric)`` key: :meth:`Detector.to_state` returns a small
-JSON-able dict and :meth:`Detector.set_state` puts it back into a detector built with the
-same parameters. *Fleet* detectors (``compact_state = False``: one model per device type,
-trained on many devices) are saved whole with :meth:`Detector.dumps` and shared through a
-registry; they also score a batch at once with :meth:`Detector.score_learn_many`.
+*Per-device* detectors (``compact_state``) keep a few numbers per ``(device, metric)``
+(:meth:`Detector.to_state`); *fleet* detectors, one model per device type, are saved whole
+(:meth:`Detector.dumps`) in the registry (docs/detection.md, "Fleet models and the detector protocol").
 """
 
 from __future__ import annotations
@@ -159,11 +154,6 @@ class Detector(abc.ABC):
     def set_state(self, state: Mapping[str, Any]) -> Self:
         """Restore what :meth:`to_state` returned (into a detector with the same params)."""
         raise NotImplementedError(f"{self.name} is a fleet model: load it with iotwatch.models.catalog.load()")
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any], **params: Any) -> Self:
-        """Build a detector with ``params`` and restore ``state`` into it."""
-        return cls(**params).set_state(state)
 
     def dumps(self) -> bytes:
         """Serialise the whole detector: JSON for compact state, pickle for fleet models."""

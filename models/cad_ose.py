@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from iotwatch.contract.detection import AnomalyKind
-from iotwatch.models.base import Reading
 from iotwatch.models.kernels import Kernel, KernelDetector
 from iotwatch.models.kernels import cad_ose as kernel
 
@@ -50,6 +50,7 @@ def nab_scores(
     return scores
 
 
+@dataclass(eq=False, repr=False)
 class CadOse(KernelDetector):
     """CAD OSE on a stream: the published algorithm over a value range the stream sets as
     it goes, its context memory capped.
@@ -59,7 +60,8 @@ class CadOse(KernelDetector):
     (``widen_range``) scores 1, widens the range and starts the memory again
     (docs/detection.md has the why and the figures of the defaults, chosen on nab-dev's
     tuning half). ``max_contexts`` bounds the state: one row of
-    :mod:`iotwatch.models.kernels.cad_ose`.
+    :mod:`iotwatch.models.kernels.cad_ose`. CAD OSE scores by learning, so ``score_one``
+    learns on a copy of the 264 KB row; the streaming step is ``score_learn_one``.
     """
 
     name: ClassVar[str] = "cad_ose"
@@ -68,30 +70,16 @@ class CadOse(KernelDetector):
     #: scores reach those of the anomalies; it is measured on NAB instead.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        range_readings: int = 50,
-        margin: float = 0.5,
-        rest_period: int = 30,
-        base_threshold: float = 0.75,
-        max_left_length: int = 7,
-        max_active_neurons: int = 15,
-        value_bits: int = 3,
-        max_contexts: int = 1024,
-        widen_range: bool = True,
-    ) -> None:
-        self.metric = metric
-        self.range_readings = range_readings
-        self.margin = margin
-        self.rest_period = rest_period
-        self.base_threshold = base_threshold
-        self.max_left_length = max_left_length
-        self.max_active_neurons = max_active_neurons
-        self.value_bits = value_bits
-        self.max_contexts = max_contexts
-        self.widen_range = widen_range
-        self._start()
+    metric: str | None = None
+    range_readings: int = 50
+    margin: float = 0.5
+    rest_period: int = 30
+    base_threshold: float = 0.75
+    max_left_length: int = 7
+    max_active_neurons: int = 15
+    value_bits: int = 3
+    max_contexts: int = 1024
+    widen_range: bool = True
 
     def warmup_readings(self) -> int:
         return self.range_readings + self.rest_period
@@ -99,8 +87,3 @@ class CadOse(KernelDetector):
     def state_limit_bytes(self) -> int:
         """The row as JSON: each number at most 24 characters and its separator."""
         return 64 + 26 * kernel.STATE_SIZE
-
-    def score_one(self, x: Reading, t_ms: int) -> float:
-        """The score :meth:`score_learn_one` would give (CAD OSE scores by learning: this
-        learns on a copy of the 264 KB row; the streaming step is :meth:`score_learn_one`)."""
-        return super().score_one(x, t_ms)

@@ -25,7 +25,6 @@ __all__ = [
     "DETECTORS",
     "KERNELS",
     "check_kernels",
-    "describe",
     "detector_class",
     "kernel_for",
     "load",
@@ -65,17 +64,6 @@ def detector_class(name: str) -> type[Detector]:
 def make(name: str, **params: Any) -> Detector:
     """A fresh detector registered under ``name``, with ``params`` overriding its defaults."""
     return detector_class(name)(**params)
-
-
-def describe(name: str) -> dict[str, Any]:
-    """Name, kind of state, claimed anomaly kinds and the first docstring line of a detector."""
-    cls = detector_class(name)
-    return {
-        "name": name,
-        "state": "compact" if cls.compact_state else "fleet",
-        "detects": sorted(cls.detects),
-        "summary": (cls.__doc__ or "").strip().splitlines()[0],
-    }
 
 
 def check_kernels(detectors: Iterable[str]) -> None:
@@ -129,7 +117,7 @@ def load(payload: bytes) -> Detector:
         doc = json.loads(payload)
         if doc.get("format") != PAYLOAD_FORMAT:
             raise UserError(f"unsupported detector payload format {doc.get('format')!r}")
-        return detector_class(doc["detector"]).from_state(doc["state"], **doc["params"])
+        return detector_class(doc["detector"])(**doc["params"]).set_state(doc["state"])
     obj = _RegistryUnpickler(io.BytesIO(payload)).load()
     if not isinstance(obj, Detector):
         raise UserError(f"payload holds a {type(obj).__name__}, not a Detector")

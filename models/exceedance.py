@@ -10,8 +10,7 @@ parameters and calls them one value at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Self
+from dataclasses import dataclass
 
 from iotwatch.errors import UserError
 from iotwatch.models.kernels.primitives import Floats, tail_learn, tail_tail
@@ -20,6 +19,7 @@ from iotwatch.models.numeric import decay_weight
 __all__ = ["ExceedanceTail"]
 
 
+@dataclass(eq=False, repr=False)
 class ExceedanceTail:
     """Tail probability of a non-negative deviation, from the stream's own exceedances.
 
@@ -52,60 +52,34 @@ class ExceedanceTail:
     (1.0, True, True)
     """
 
-    def __init__(
-        self,
-        threshold: float = 3.0,
-        halflife: float = 10_000.0,
-        index_halflife: float = 300.0,
-        prior_rate: float = 0.01,
-        prior_readings: float = 200.0,
-        prior_index: float = 0.25,
-        prior_peaks: float = 10.0,
-        clip: float = 4.0,
-        run_gap: int = 3,
-    ) -> None:
-        if threshold <= 0:
+    threshold: float = 3.0
+    halflife: float = 10_000.0
+    index_halflife: float = 300.0
+    prior_rate: float = 0.01
+    prior_readings: float = 200.0
+    prior_index: float = 0.25
+    prior_peaks: float = 10.0
+    clip: float = 4.0
+    run_gap: int = 3
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 0:
             raise UserError("threshold must be positive")
-        self.threshold = threshold
-        self.halflife = halflife
-        self.index_halflife = index_halflife
-        self.prior_rate = prior_rate
-        self.prior_readings = prior_readings
-        self.prior_index = prior_index
-        self.prior_peaks = prior_peaks
-        self.clip = clip
-        self.run_gap = run_gap
-        self._a = decay_weight(halflife)
-        self._b = decay_weight(index_halflife)
+        self._a = decay_weight(self.halflife)
+        self._b = decay_weight(self.index_halflife)
         #: The parameter tuple of :func:`~iotwatch.models.kernels.primitives.tail_learn`.
         self._params = (
-            float(threshold),
+            float(self.threshold),
             self._a,
             self._b,
-            float(prior_readings),
-            float(prior_peaks),
-            float(clip),
-            float(run_gap),
+            float(self.prior_readings),
+            float(self.prior_peaks),
+            float(self.clip),
+            float(self.run_gap),
         )
-        self.set_state([])
-
-    def to_state(self) -> list[float]:
-        """``[readings, rate, peaks, index, gap, open cluster's peak]``."""
-        return list(self._state)
-
-    def set_state(self, state: list[float] | Mapping[str, Any]) -> Self:
-        values = (list(state) + [None] * 6)[:6] if not isinstance(state, Mapping) else [None] * 6
-        n, rate, peaks, index, gap, cluster_peak = values
-        self._state: Floats = (
-            float(n or 0.0),
-            self.prior_rate if rate is None else float(rate),
-            float(peaks or 0.0),
-            self.prior_index if index is None else float(index),
-            # readings since the last exceedance, counted up to run_gap (a finite, JSON-safe number)
-            float(self.run_gap) if gap is None else float(gap),
-            float(cluster_peak or 0.0),  # peak of the open cluster (0: none open)
-        )
-        return self
+        #: ``(readings, rate, peaks, index, readings since the last exceedance (up to run_gap),
+        #: open cluster's peak (0: none open))``, the priors to start with.
+        self._state: Floats = (0.0, self.prior_rate, 0.0, self.prior_index, float(self.run_gap), 0.0)
 
     def tail(self, d: float) -> float:
         """``P(deviation >= d)`` under the stream's fitted tail (1.0 at or below ``u``)."""

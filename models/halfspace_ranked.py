@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 from river import anomaly, compose, preprocessing
@@ -27,6 +28,7 @@ def with_deltas(x: Reading, previous: dict[str, float], features: list[str] | No
     return out
 
 
+@dataclass(eq=False, repr=False)
 class RankedHalfSpaceTrees(Detector):
     """Half-Space Trees (Tan et al., 2011) whose scores are ranked against the stream's own
     recent scores.
@@ -66,31 +68,24 @@ class RankedHalfSpaceTrees(Detector):
     #: (tests/unit/models), so it claims no kind; it earns its place on nab-dev.
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset()
 
-    def __init__(
-        self,
-        features: list[str] | None = None,
-        n_trees: int = 10,
-        height: int = 8,
-        window_size: int = 250,
-        seed: int = 42,
-        history: int = 5000,
-        warmup: int = 100,
-        suppress: int = 200,
-    ) -> None:
-        self.features = features
-        self.n_trees = n_trees
-        self.height = height
-        self.window_size = window_size
-        self.seed = seed
-        self.history = history
-        self.warmup = warmup
-        self.suppress = suppress
+    features: list[str] | None = None
+    n_trees: int = 10
+    height: int = 8
+    window_size: int = 250
+    seed: int = 42
+    history: int = 5000
+    warmup: int = 100
+    suppress: int = 200
+
+    def __post_init__(self) -> None:
         self._model = compose.Pipeline(
             preprocessing.MinMaxScaler(),
-            anomaly.HalfSpaceTrees(n_trees=n_trees, height=height, window_size=window_size, seed=seed),
+            anomaly.HalfSpaceTrees(
+                n_trees=self.n_trees, height=self.height, window_size=self.window_size, seed=self.seed
+            ),
         )
         self._previous: dict[str, float] = {}
-        self._calibrator = RankCalibrator(history, warmup, suppress)
+        self._calibrator = RankCalibrator(self.history, self.warmup, self.suppress)
 
     def warmup_readings(self) -> int:
         return max(self.window_size, self.warmup)  # the trees' first window, then the ranks'

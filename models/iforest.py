@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -17,6 +18,7 @@ __all__ = ["IsolationForest"]
 _FEATURE_LIMIT = 1e18
 
 
+@dataclass(eq=False, repr=False)
 class IsolationForest(Detector):
     """Isolation Forest (Liu et al., 2008) over metric values and their changes.
 
@@ -53,25 +55,17 @@ class IsolationForest(Detector):
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST}
     )
 
-    def __init__(
-        self,
-        metrics: list[str] | None = None,
-        n_estimators: int = 100,
-        max_samples: int = 256,
-        min_train: int = 300,
-        refit_every: int = 1000,
-        max_train: int = 5000,
-        seed: int = 42,
-    ) -> None:
-        self.metrics = metrics
-        self.n_estimators = n_estimators
-        self.max_samples = max_samples
-        self.min_train = min_train
-        self.refit_every = refit_every
-        self.max_train = max_train
-        self.seed = seed
+    metrics: list[str] | None = None
+    n_estimators: int = 100
+    max_samples: int = 256
+    min_train: int = 300
+    refit_every: int = 1000
+    max_train: int = 5000
+    seed: int = 42
+
+    def __post_init__(self) -> None:
         self._forest: _SkIsolationForest | None = None
-        self._columns: list[str] | None = list(metrics) if metrics is not None else None
+        self._columns: list[str] | None = list(self.metrics) if self.metrics is not None else None
         self._buffer: list[list[float]] = []
         self._since_fit = 0
 
@@ -100,7 +94,7 @@ class IsolationForest(Detector):
         self._columns = list(self.metrics) if self.metrics is not None else list(frame.columns)
         rows = frame[self._columns].to_numpy(dtype=float)
         if previous is None:
-            self._fit_rows(rows)
+            self._fit_features(self._features(rows))
         else:
             before = previous.reindex(columns=self._columns).to_numpy(dtype=float)
             self._fit_features(self._paired_features(rows, before))
@@ -114,9 +108,6 @@ class IsolationForest(Detector):
         values = np.where(np.isnan(values), previous, values)
         diffs = np.nan_to_num(values - previous, nan=0.0)
         return np.hstack([np.nan_to_num(values, nan=0.0), diffs])
-
-    def _fit_rows(self, rows: np.ndarray) -> None:
-        self._fit_features(self._features(rows))
 
     def _fit_features(self, features: np.ndarray) -> None:
         self._forest = _SkIsolationForest(
@@ -172,7 +163,7 @@ class IsolationForest(Detector):
         self._since_fit += 1
         due = self._since_fit >= (self.refit_every if self._forest is not None else self.min_train)
         if due and len(self._buffer) >= self.min_train:
-            self._fit_rows(np.array(self._buffer))
+            self._fit_features(self._features(np.array(self._buffer)))
             self._since_fit = 0
 
     def score_learn_many(self, values: np.ndarray, t_ms: np.ndarray, metrics: list[str]) -> np.ndarray:

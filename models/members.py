@@ -15,7 +15,6 @@ MEMBERS = (
     "tail_ensemble",
     "repeat_run",
     "robust_zscore",
-    "holt_winters",
     "hst_ranked",
     "isolation_forest",
 )
@@ -37,8 +36,6 @@ def member_class(name: str) -> type[Detector]:
             from iotwatch.models.repeat_run import RepeatRun as found
         case "robust_zscore":
             from iotwatch.models.robust_zscore import RobustZScore as found
-        case "holt_winters":
-            from iotwatch.models.forecast import HoltWintersResidual as found
         case "hst_ranked":
             from iotwatch.models.halfspace_ranked import RankedHalfSpaceTrees as found
         case "isolation_forest":

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping
-from typing import Any, Self
+from dataclasses import dataclass
 
 from iotwatch.models.numeric import log_tail_score
 
 __all__ = ["RankCalibrator"]
 
 
+@dataclass(eq=False)
 class RankCalibrator:
     """Turn raw anomaly scores into tail-probability scores, silencing repeats.
 
@@ -49,23 +49,14 @@ class RankCalibrator:
     (0.35, [0.35, 0.0, 0.0])
     """
 
-    def __init__(self, history: int = 5000, warmup: int = 100, suppress: int = 200) -> None:
-        self.history = history
-        self.warmup = warmup
-        self.suppress = suppress
-        self.set_state({})
+    history: int = 5000
+    warmup: int = 100
+    suppress: int = 200
 
-    def get_params(self) -> dict[str, Any]:
-        return {"history": self.history, "warmup": self.warmup, "suppress": self.suppress}
-
-    def to_state(self) -> dict[str, Any]:
-        return {"raw": list(self._raw), "recent": list(self._recent)}
-
-    def set_state(self, state: Mapping[str, Any]) -> Self:
-        self._raw: deque[float] = deque((float(v) for v in state.get("raw", [])), maxlen=None)
-        self._sorted = sorted(self._raw)
-        self._recent: deque[float] = deque((float(v) for v in state.get("recent", [])), maxlen=max(self.suppress, 1))
-        return self
+    def __post_init__(self) -> None:
+        self._raw: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._recent: deque[float] = deque(maxlen=max(self.suppress, 1))
 
     def calibrated(self, raw: float) -> float:
         """The calibrated score of ``raw`` before suppression."""

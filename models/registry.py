@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from iotwatch.contract.model_updates import ModelUpdate
 from iotwatch.contract.telemetry import DEVICE_TYPE_PATTERN
 from iotwatch.errors import IotwatchError
 from iotwatch.models.base import Detector
 from iotwatch.models.catalog import load
-from iotwatch.settings import RegistrySettings
 
 if TYPE_CHECKING:
     from iotwatch.models.updates import UpdatePublisher
@@ -53,7 +53,6 @@ __all__ = [
     "ModelRegistry",
     "ModelVersion",
     "RegistryError",
-    "RegistrySettings",
     "Status",
     "TrainedOn",
 ]
@@ -106,16 +105,10 @@ class ModelVersion(BaseModel):
     def model_path(self) -> Path:
         return self.path / MODEL_FILE
 
-    def event(self) -> dict[str, Any]:
+    def update(self) -> ModelUpdate:
         """The model-update event announcing this version's current status."""
-        return {
-            "device_type": self.device_type,
-            "detector": self.detector,
-            "version": self.version,
-            "status": self.status,
-            "path": str(self.model_path),
-            "created_at": self.created_at.isoformat(),
-        }
+        announced = self.model_dump(include={"device_type", "detector", "version", "status"})
+        return ModelUpdate(**announced, path=str(self.model_path), created_at=self.created_at.isoformat())
 
 
 def _check_name(kind: str, value: str) -> str:
@@ -157,14 +150,15 @@ class ModelRegistry:
     Parameters
     ----------
     root
-        Registry directory (created on first write); default from :class:`RegistrySettings`.
+        Registry directory (created on first write): the caller's ``settings.registry.path``,
+        so a ``--config`` file's ``[registry]`` table counts.
     publisher
         Announces approvals and retirements on the model-updates topic; ``None`` keeps
         the registry local (no Kafka).
     """
 
-    def __init__(self, root: str | Path | None = None, publisher: UpdatePublisher | None = None) -> None:
-        self.root = Path(root) if root is not None else RegistrySettings().path
+    def __init__(self, root: str | Path, publisher: UpdatePublisher | None = None) -> None:
+        self.root = Path(root)
         self.publisher = publisher
 
     # --- layout ---------------------------------------------------------------------

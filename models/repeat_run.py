@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
@@ -15,7 +16,6 @@ from iotwatch.models.base import Detector, Reading, UnivariateMixin
 from iotwatch.models.kernels.primitives import (
     Floats,
     log_tail_score,
-    repeat_judged,
     repeat_learn,
     repeat_tail,
 )
@@ -24,6 +24,7 @@ from iotwatch.models.numeric import decay_weight
 __all__ = ["RepeatRun"]
 
 
+@dataclass(eq=False, repr=False)
 class RepeatRun(UnivariateMixin, Detector):
     """How improbable the current run of identical readings is, given how often this
     stream repeats a reading.
@@ -65,26 +66,24 @@ class RepeatRun(UnivariateMixin, Detector):
     name: ClassVar[str] = "repeat_run"
     detects: ClassVar[frozenset[AnomalyKind]] = frozenset({AnomalyKind.FLATLINE})
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        tolerance: float = 0.0,
-        halflife: float = 2000.0,
-        prior_rate: float = 0.3,
-        prior_readings: float = 30.0,
-        max_repeat_rate: float = 0.2,
-        min_reversals: float = 0.3,
-    ) -> None:
-        self.metric = metric
-        self.tolerance = tolerance
-        self.halflife = halflife
-        self.prior_rate = prior_rate
-        self.prior_readings = prior_readings
-        self.max_repeat_rate = max_repeat_rate
-        self.min_reversals = min_reversals
-        self._a = decay_weight(halflife)
+    metric: str | None = None
+    tolerance: float = 0.0
+    halflife: float = 2000.0
+    prior_rate: float = 0.3
+    prior_readings: float = 30.0
+    max_repeat_rate: float = 0.2
+    min_reversals: float = 0.3
+
+    def __post_init__(self) -> None:
+        self._a = decay_weight(self.halflife)
         #: The parameter tuple of :func:`~iotwatch.models.kernels.primitives.repeat_learn`.
-        self._params = (float(tolerance), self._a, float(prior_readings), float(max_repeat_rate), float(min_reversals))
+        self._params = (
+            float(self.tolerance),
+            self._a,
+            float(self.prior_readings),
+            float(self.max_repeat_rate),
+            float(self.min_reversals),
+        )
         self.set_state({})
 
     def to_state(self) -> dict[str, Any]:
@@ -110,10 +109,6 @@ class RepeatRun(UnivariateMixin, Detector):
             float(int(state.get("direction", 0))),
         )
         return self
-
-    def judged(self) -> bool:
-        """Whether runs on this stream say anything (see the class notes)."""
-        return bool(repeat_judged(self._state, self._params))
 
     def tail(self, x: Reading, t_ms: int) -> float:
         """Probability of a run at least this long, were repeats independent at the stream's rate."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from iotwatch.contract.detection import AnomalyKind
@@ -13,6 +14,7 @@ from iotwatch.models.numeric import decay_weight
 __all__ = ["RobustZScore"]
 
 
+@dataclass(eq=False, repr=False)
 class RobustZScore(UnivariateMixin, Detector):
     """Deviation from a robust exponentially weighted baseline, seasonality aware.
 
@@ -69,29 +71,19 @@ class RobustZScore(UnivariateMixin, Detector):
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.DRIFT, AnomalyKind.NOISE_BURST}
     )
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        halflife: float = 500.0,
-        season_buckets: int = 24,
-        season_period_s: float = 86_400.0,
-        season_halflife: float = 10.0,
-        season_warmup: int = 4,
-        clip: float = 3.0,
-        warmup: int = 30,
-        z_half: float = 4.0,
-    ) -> None:
-        self.metric = metric
-        self.halflife = halflife
-        self.season_buckets = season_buckets
-        self.season_period_s = season_period_s
-        self.season_halflife = season_halflife
-        self.season_warmup = season_warmup
-        self.clip = clip
-        self.warmup = warmup
-        self.z_half = z_half
-        self._a = decay_weight(halflife)
-        self._a_season = decay_weight(season_halflife)
+    metric: str | None = None
+    halflife: float = 500.0
+    season_buckets: int = 24
+    season_period_s: float = 86_400.0
+    season_halflife: float = 10.0
+    season_warmup: int = 4
+    clip: float = 3.0
+    warmup: int = 30
+    z_half: float = 4.0
+
+    def __post_init__(self) -> None:
+        self._a = decay_weight(self.halflife)
+        self._a_season = decay_weight(self.season_halflife)
         self.set_state({})
 
     # --- state ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from iotwatch.contract.detection import AnomalyKind
@@ -11,12 +12,13 @@ from iotwatch.models.kernels import tail_ensemble as kernel
 __all__ = ["TailEnsemble"]
 
 
+@dataclass(eq=False, repr=False)
 class TailEnsemble(KernelDetector):
     """A per-(device, metric) detector the streaming job can run (it has a kernel).
 
     Three views of one metric (level: robust z against a slow baseline,
-    :class:`iotwatch.models.robust_zscore.RobustZScore`; change: the Holt-Winters forecast
-    residual, :class:`iotwatch.models.forecast.HoltWintersResidual`; stuck:
+    :class:`iotwatch.models.robust_zscore.RobustZScore`; change: the one-step Holt forecast
+    residual, :func:`iotwatch.models.kernels.primitives.hw_learn`; stuck:
     :class:`iotwatch.models.repeat_run.RepeatRun`), each judged by its own
     :class:`iotwatch.models.exceedance.ExceedanceTail`; the smallest tail, times three,
     scores on the log scale of :func:`iotwatch.models.numeric.log_tail_score`
@@ -45,21 +47,10 @@ class TailEnsemble(KernelDetector):
         {AnomalyKind.SPIKE, AnomalyKind.LEVEL_SHIFT, AnomalyKind.NOISE_BURST, AnomalyKind.FLATLINE}
     )
 
-    def __init__(
-        self,
-        metric: str | None = None,
-        warmup: int = 60,
-        level_halflife: float = 500.0,
-        change_alpha: float = 0.3,
-        z_threshold: float = 3.0,
-        tail_index_prior: float = 0.15,
-        max_repeat_rate: float = 0.2,
-    ) -> None:
-        self.metric = metric
-        self.warmup = warmup
-        self.level_halflife = level_halflife
-        self.change_alpha = change_alpha
-        self.z_threshold = z_threshold
-        self.tail_index_prior = tail_index_prior
-        self.max_repeat_rate = max_repeat_rate
-        self._start()
+    metric: str | None = None
+    warmup: int = 60
+    level_halflife: float = 500.0
+    change_alpha: float = 0.3
+    z_threshold: float = 3.0
+    tail_index_prior: float = 0.15
+    max_repeat_rate: float = 0.2

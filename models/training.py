@@ -1,15 +1,11 @@
 """Batch training of fleet models from the Parquet archive, with Spark.
 
-The streaming job archives one row per scored reading (:data:`iotwatch.streaming.sinks.archive.ARCHIVE_SCHEMA`)::
-
-    <archive>/readings/date=YYYY-MM-DD/device_type=T/part-<partition>-<first>-<last>.parquet
-    device_id, site, seq, event_ms, event_time, metrics (struct), scores (struct),
-    out_of_range (names), extra_metrics (map), extra_scores (map), detector
-
-For each device type this job takes the in-range metric values of the readings in the time
-range, as one row per ``(device_id, event_ms)`` with one column per metric, carries
-each metric forward within a device (as the streaming scorer does) and adds the
-device's previous reading, so the change features are right even on a random sample.
+The streaming job archives one row per scored reading
+(:data:`iotwatch.streaming.sinks.archive.ARCHIVE_SCHEMA`; docs/operate/streaming.md has the
+layout). For each device type this job takes the in-range metric values of the readings in
+the time range, as one row per ``(device_id, event_ms)`` with one column per metric, carries
+each metric forward within a device (as the streaming scorer does) and adds the device's
+previous reading, so the change features are right even on a random sample.
 Rows are split deterministically by a hash of ``(device_id, event_ms)``: one in ten is
 held out. An :class:`iotwatch.models.iforest.IsolationForest` is fitted on at most ``max_rows``
 training rows (a deterministic hash-ordered sample) and scored on the held-out rows for
@@ -228,12 +224,5 @@ def train_fleet_models(spark: SparkSession, config: TrainConfig, registry: Model
 
 
 def _summary(version: ModelVersion) -> dict[str, Any]:
-    return {
-        "device_type": version.device_type,
-        "detector": version.detector,
-        "version": version.version,
-        "status": version.status,
-        "path": str(version.path),
-        "trained_on": version.trained_on.model_dump(),
-        "evaluation": version.evaluation,
-    }
+    summary = version.model_dump(include={"device_type", "detector", "version", "status", "trained_on", "evaluation"})
+    return {**summary, "path": str(version.path)}

@@ -15,12 +15,7 @@ from iotwatch.settings import KafkaSettings
 if TYPE_CHECKING:
     from iotwatch.models.registry import ModelVersion
 
-__all__ = ["UpdatePublisher", "update_of"]
-
-
-def update_of(version: ModelVersion) -> ModelUpdate:
-    """The event announcing ``version``'s current status."""
-    return ModelUpdate(**version.event())
+__all__ = ["UpdatePublisher"]
 
 
 class UpdatePublisher:
@@ -57,7 +52,7 @@ class UpdatePublisher:
 
     def publish(self, version: ModelVersion | ModelUpdate) -> ModelUpdate:
         """Send one event and wait until Kafka has it."""
-        event = version if isinstance(version, ModelUpdate) else update_of(version)
+        event = version if isinstance(version, ModelUpdate) else version.update()
         producer = self._ensure_producer()
         errors: list[str] = []
 

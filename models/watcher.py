@@ -4,7 +4,7 @@
 topic, *then* loads the newest approved version of every ``(device_type, detector)``
 from the registry. Because the registry writes to disk before it publishes, an approval
 is either already on disk at start-up or announced after the noted offsets: none is
-missed. Afterwards :meth:`ModelWatcher.current` polls the consumer without waiting (at
+missed. Afterwards :meth:`ModelWatcher.current_version` polls the consumer without waiting (at
 most every ``check_interval_s``) and, only for families an event mentions, reads the
 registry again and loads the new newest approved version. The disk decides what is
 current; events only say when to look.
@@ -46,7 +46,7 @@ class ModelWatcher:
     topic
         The model-updates topic (``settings.topics.model_updates``).
     check_interval_s
-        Minimum time between two polls of the topic in :meth:`current`; 0 polls every call.
+        Minimum time between two polls of the topic in :meth:`current_version`; 0 polls every call.
     timeout_s
         Start-up timeout for Kafka metadata and offsets.
 
@@ -131,13 +131,8 @@ class ModelWatcher:
 
     # --- use ------------------------------------------------------------------------
 
-    def current(self, device_type: str, detector: str) -> Detector | None:
-        """The newest approved detector for the family, or ``None`` when none is approved."""
-        entry = self.current_version(device_type, detector)
-        return None if entry is None else entry[1]
-
     def current_version(self, device_type: str, detector: str) -> tuple[ModelVersion, Detector] | None:
-        """Like :meth:`current`, with the version's metadata."""
+        """The newest approved version of the family and its detector, or ``None`` when none is approved."""
         family = (device_type, detector)
         with self._lock:
             if self._consumer is None:

@@ -39,7 +39,14 @@ class Kernel(Protocol[D_contra]):
     """What the streaming engine needs of a kernel module: the size of a stream's state row,
     the parameter vector read from its detector (``Kernel[CadOse]``), a fresh row, the batch
     step (also giving each reading's surprise before the hold,
-    :meth:`iotwatch.models.base.Detector.surprise_one`)."""
+    :meth:`iotwatch.models.base.Detector.surprise_one`).
+
+    One step takes a whole micro-batch, many streams interleaved, each stream's readings in
+    order among themselves: ``states`` ``(n_streams, STATE_SIZE)`` float64, ``stream`` int64
+    row indices, ``values`` float64, ``t_ms`` int64 event times, ``params`` from
+    ``params_vector``, ``surprise`` as long as the batch or empty (no surprises kept).
+    C-contiguous arrays of these dtypes run the code :func:`warm_kernel` compiled (others
+    compile a variant on first use)."""
 
     STATE_SIZE: int
 
@@ -69,10 +76,14 @@ _ROW0 = np.zeros(1, dtype=np.int64)
 class KernelDetector(UnivariateMixin, Detector):
     """A per-reading detector that is its kernel: its state is one row of the kernel's
     states and every call runs the kernel's step on a batch of one reading (on a copy of
-    the row when it must not learn). A subclass sets ``_kernel`` and calls :meth:`_start`
-    once its parameters are set."""
+    the row when it must not learn). A subclass sets ``_kernel`` and is a dataclass of its
+    parameters, or calls :meth:`_start` once they are set."""
 
     _kernel: ClassVar[Kernel[Any]]
+
+    def __post_init__(self) -> None:
+        """A dataclass subclass starts once its fields are set."""
+        self._start()
 
     def _start(self) -> None:
         """A fresh row, for this detector's parameters."""

@@ -10,9 +10,9 @@ uses, and the members two detectors share.
   (:func:`tail_tail`, :func:`tail_learn`), the run of identical readings of
   :class:`iotwatch.models.repeat_run.RepeatRun` (:func:`repeat_tail`,
   :func:`repeat_learn`), the baseline of :class:`iotwatch.models.robust_zscore.RobustZScore`
-  (:func:`zscore_learn`) and the forecaster of
-  :class:`iotwatch.models.forecast.HoltWintersResidual` (:func:`hw_learn`). Those classes
-  call them one value at a time; the kernels call them inside their step.
+  (:func:`zscore_learn`) and the one-step Holt forecast of
+  ``tail_ensemble``'s change view (:func:`hw_learn`). Those classes call them one value at
+  a time; the kernels call them inside their step.
 
 Exactness: the arithmetic uses Python's ``min``/``max`` semantics and CPython's libm calls,
 so the compiled step and the same code run as plain Python give the same floats. One trap:
@@ -120,20 +120,12 @@ Floats = tuple[float, ...]
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-#: An ExceedanceTail block, relative to its base (the order of ``ExceedanceTail.to_state``).
+#: An ExceedanceTail block, relative to its base (the order of :func:`tail_learn`'s state).
 TAIL_N, TAIL_RATE, TAIL_PEAKS, TAIL_INDEX, TAIL_GAP, TAIL_CLUSTER_PEAK = 0, 1, 2, 3, 4, 5
 TAIL_SIZE = 6
 #: An ExceedanceTail's parameters, relative to its base.
 (TP_THRESHOLD, TP_A, TP_B, TP_PRIOR_RATE, TP_PRIOR_READINGS, TP_PRIOR_INDEX, TP_PRIOR_PEAKS, TP_CLIP, TP_RUN_GAP) = (
-    0,
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
+    range(9)
 )
 TAIL_PARAMS = 9
 
@@ -215,9 +207,8 @@ def check_batch(
 
 
 # --- the level and change members: RobustZScore's baseline (state (n, mu, var), params
-#     (warmup, a, clip)) and HoltWintersResidual's forecast (state (n, level, trend, rvar,
-#     beyond), params (warmup, alpha, beta, a_var, clip, reset_after, gamma)); a seasonal
-#     detector passes its bucket's season term, the others 0.0 ---------------------------------
+#     (warmup, a, clip)) and tail_ensemble's one-step Holt forecast (state (n, level, trend,
+#     rvar, beyond), params (warmup, alpha, beta, a_var, clip, reset_after)) -------------------
 
 
 @jit
@@ -262,25 +253,25 @@ def zscore_learn(state: Floats, params: Floats, v: float) -> Floats:
 
 
 @jit
-def hw_deviation(state: Floats, params: Floats, v: float, season: float) -> float:
+def hw_deviation(state: Floats, params: Floats, v: float) -> float:
     """The signed one-step forecast residual of ``v`` in residual scales (NaN while warming up)."""
     n, level, trend, rvar, _ = state
     if n < params[0]:
         return math.nan
-    return (v - (level + trend + season)) / scale(rvar, level)
+    return (v - (level + trend)) / scale(rvar, level)
 
 
 @jit
-def hw_learn(state: Floats, params: Floats, v: float, season: float) -> tuple[Floats, float]:
-    """The forecaster once ``v`` is learned, and its bucket's new season term. Past warm-up
-    the residual is clipped to ``clip`` scales; ``reset_after`` clipped residuals in a row
-    on one side move the level to the reading."""
+def hw_learn(state: Floats, params: Floats, v: float) -> Floats:
+    """The forecaster once ``v`` is learned (level and trend, no season). Past warm-up the
+    residual is clipped to ``clip`` scales; ``reset_after`` clipped residuals in a row on
+    one side move the level to the reading."""
     n, level, trend, rvar, beyond = state
-    warmup, alpha, beta, a_var_slow, clip, reset_after, gamma = params
+    warmup, alpha, beta, a_var_slow, clip, reset_after = params
     n += 1.0
     if n == 1.0:
-        return (n, v, trend, rvar, beyond), season
-    forecast = level + trend + season
+        return n, v, trend, rvar, beyond
+    forecast = level + trend
     err = v - forecast
     err_var = err
     if n > warmup:
@@ -289,7 +280,7 @@ def hw_learn(state: Floats, params: Floats, v: float, season: float) -> tuple[Fl
             side = 1.0 if err > 0 else -1.0
             beyond = beyond + side if beyond * side > 0 else side
             if abs(beyond) >= reset_after:
-                return (n, v - season, 0.0, rvar, 0.0), season
+                return n, v, 0.0, rvar, 0.0
         else:
             beyond = 0.0
         err = py_min(py_max(err, -bound), bound)
@@ -298,11 +289,10 @@ def hw_learn(state: Floats, params: Floats, v: float, season: float) -> tuple[Fl
     else:
         a_var = 1.0 / n
     fitted = forecast + err
-    new_level = alpha * (fitted - season) + (1.0 - alpha) * (level + trend)
+    new_level = alpha * fitted + (1.0 - alpha) * (level + trend)
     trend = beta * (new_level - level) + (1.0 - beta) * trend
-    new_season = gamma * (fitted - new_level) + (1.0 - gamma) * season
     rvar = (1.0 - a_var) * rvar + a_var * err_var * err_var
-    return (n, new_level, trend, rvar, beyond), new_season
+    return n, new_level, trend, rvar, beyond
 
 
 # --- RepeatRun: state (n, rate, last, run, reversals, direction),

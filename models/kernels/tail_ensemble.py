@@ -3,7 +3,6 @@
 The step, run over a micro-batch of interleaved streams in one call (by the class, on a
 batch of one reading), is made of the members' functions in :mod:`.primitives`, which the
 member classes (:class:`~iotwatch.models.robust_zscore.RobustZScore`,
-:class:`~iotwatch.models.forecast.HoltWintersResidual`,
 :class:`~iotwatch.models.repeat_run.RepeatRun`,
 :class:`~iotwatch.models.exceedance.ExceedanceTail`) call too.
 
@@ -23,7 +22,7 @@ floats (exact below 2**53) and "none yet" as NaN:
                           ``DIRECTION``
 ``LEVEL_TAIL + TAIL_*``   the level view's Pareto tail (:func:`~.primitives.tail_learn`):
                           ``N``, ``RATE``, ``PEAKS``, ``INDEX``, ``GAP``,
-                          ``CLUSTER_PEAK`` (the order of ``ExceedanceTail.to_state``)
+                          ``CLUSTER_PEAK`` (the order of ``tail_learn``'s state)
 ``CHANGE_TAIL + TAIL_*``  the change view's, likewise
 ========================  ========================================================
 
@@ -66,15 +65,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from iotwatch.models.exceedance import ExceedanceTail
-from iotwatch.models.forecast import HoltWintersResidual
 from iotwatch.models.kernels.primitives import (
-    TAIL_CLUSTER_PEAK,
-    TAIL_GAP,
-    TAIL_INDEX,
-    TAIL_N,
     TAIL_PARAMS,
-    TAIL_PEAKS,
-    TAIL_RATE,
     TAIL_SIZE,
     Floats,
     check_batch,
@@ -96,6 +88,7 @@ from iotwatch.models.kernels.primitives import (
     zscore_deviation,
     zscore_learn,
 )
+from iotwatch.models.numeric import decay_weight
 from iotwatch.models.repeat_run import RepeatRun
 from iotwatch.models.robust_zscore import RobustZScore
 
@@ -122,25 +115,10 @@ __all__ = [
     "STUCK_RATE",
     "STUCK_REVERSALS",
     "STUCK_RUN",
-    "TAIL_CLUSTER_PEAK",
-    "TAIL_GAP",
-    "TAIL_INDEX",
-    "TAIL_N",
-    "TAIL_PEAKS",
-    "TAIL_RATE",
-    "TAIL_SIZE",
-    "TAIL_PARAMS",
     "initial_state",
     "params_vector",
-    "put_initial_tail",
-    "put_tail_params",
-    "check_batch",
     "score_learn",
     "score_learn_into",
-    "tail_learn",
-    "tail_params",
-    "tail_state",
-    "tail_tail",
 ]
 
 # --- state layout: offsets into one stream's row ---------------------------------------------
@@ -159,12 +137,7 @@ P_WARMUP = 0
 P_LEVEL_WARMUP, P_LEVEL_A, P_LEVEL_CLIP = 1, 2, 3
 P_CHANGE_WARMUP, P_CHANGE_ALPHA, P_CHANGE_BETA, P_CHANGE_A_VAR, P_CHANGE_CLIP, P_CHANGE_RESET_AFTER = 4, 5, 6, 7, 8, 9
 (P_STUCK_TOLERANCE, P_STUCK_A, P_STUCK_PRIOR_RATE, P_STUCK_PRIOR_READINGS, P_STUCK_MAX_RATE, P_STUCK_MIN_REVERSALS) = (
-    10,
-    11,
-    12,
-    13,
-    14,
-    15,
+    range(10, 16)
 )
 P_LEVEL_TAIL = 16
 P_CHANGE_TAIL = P_LEVEL_TAIL + TAIL_PARAMS
@@ -183,13 +156,13 @@ def params_vector(detector: TailEnsemble) -> np.ndarray:
     from its parameters (so the smoothing constants are the members' own floats)."""
     members = min(detector.warmup, 30)
     level = RobustZScore(halflife=detector.level_halflife, season_buckets=0, warmup=members)
-    change = HoltWintersResidual(alpha=detector.change_alpha, season_buckets=0, warmup=members, reset_after=3)
     stuck = RepeatRun(max_repeat_rate=detector.max_repeat_rate)
     p = np.empty(PARAMS_SIZE)
     p[P_WARMUP] = detector.warmup
     p[P_LEVEL_WARMUP], p[P_LEVEL_A], p[P_LEVEL_CLIP] = level.warmup, level._a, level.clip
-    p[P_CHANGE_WARMUP], p[P_CHANGE_ALPHA], p[P_CHANGE_BETA] = change.warmup, change.alpha, change.beta
-    p[P_CHANGE_A_VAR], p[P_CHANGE_CLIP], p[P_CHANGE_RESET_AFTER] = change._a_var, change.clip, change.reset_after
+    # the change view: Holt's one-step forecast, its residual scale's half-life 300 readings
+    p[P_CHANGE_WARMUP], p[P_CHANGE_ALPHA], p[P_CHANGE_BETA] = members, detector.change_alpha, 0.01
+    p[P_CHANGE_A_VAR], p[P_CHANGE_CLIP], p[P_CHANGE_RESET_AFTER] = decay_weight(300.0), 3.0, 3
     p[P_STUCK_TOLERANCE], p[P_STUCK_A], p[P_STUCK_PRIOR_RATE] = stuck.tolerance, stuck._a, stuck.prior_rate
     p[P_STUCK_PRIOR_READINGS], p[P_STUCK_MAX_RATE] = stuck.prior_readings, stuck.max_repeat_rate
     p[P_STUCK_MIN_REVERSALS] = stuck.min_reversals
@@ -222,7 +195,6 @@ def _member_params(p: np.ndarray) -> tuple[float, Floats, Floats, Floats, Floats
         p[P_CHANGE_A_VAR],
         p[P_CHANGE_CLIP],
         p[P_CHANGE_RESET_AFTER],
-        0.0,  # gamma: no season
     )
     stuck = (
         p[P_STUCK_TOLERANCE],
@@ -254,7 +226,7 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple[float, Floats, Fl
     )
     level_tail, change_tail = tail_state(row, LEVEL_TAIL), tail_state(row, CHANGE_TAIL)
     level = abs(zscore_deviation(level_state, level_p, v))  # NaN: warming up
-    change = abs(hw_deviation(change_state, change_p, v, 0.0))  # no season
+    change = abs(hw_deviation(change_state, change_p, v))
     score = 0.0
     if row[ENSEMBLE_N] >= warmup:
         tail = py_min(
@@ -265,7 +237,7 @@ def _score_learn_one(row: np.ndarray, x: float, members: tuple[float, Floats, Fl
     put_state(row, LEVEL_TAIL, tail_learn(level_tail, level_tail_p, level))
     put_state(row, CHANGE_TAIL, tail_learn(change_tail, change_tail_p, change))
     put_state(row, LEVEL_N, zscore_learn(level_state, level_p, v))
-    put_state(row, CHANGE_N, hw_learn(change_state, change_p, v, 0.0)[0])
+    put_state(row, CHANGE_N, hw_learn(change_state, change_p, v))
     put_state(row, STUCK_N, repeat_learn(stuck_state, stuck_p, v))
     row[ENSEMBLE_N] += 1.0
     return score
@@ -281,19 +253,11 @@ def score_learn_into(
     surprise: np.ndarray,
 ) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``
-    (updated in place), as :class:`~iotwatch.models.tail_ensemble.TailEnsemble` scores them; the
-    ensemble holds nothing, so each reading's surprise is its score, copied to
-    ``surprise`` when it has the batch's length (pass an empty array to skip it).
-
-    One call takes a whole micro-batch, many streams interleaved; each stream's readings
-    must be in order among themselves. ``states`` is ``(n_streams, STATE_SIZE)`` float64,
-    ``stream`` int64 row indices, ``values`` float64, ``t_ms`` int64 event times (unused
-    while the ensemble has no seasonal view, kept so every kernel takes the same call),
-    ``params`` from :func:`params_vector`; C-contiguous arrays of these dtypes use the
-    code :func:`iotwatch.models.catalog.warm` compiled (others compile a variant on first use). A non-finite
-    value scores 0 and is not learned. Raises on mismatched shapes or a stream index out
-    of range, before learning anything.
-    """
+    (updated in place; the :class:`~iotwatch.models.kernels.Kernel` call, ``t_ms`` unused),
+    as :class:`~iotwatch.models.tail_ensemble.TailEnsemble` scores them; the ensemble holds
+    nothing, so each reading's surprise is its score, copied to ``surprise`` when it has the
+    batch's length. A non-finite value scores 0 and is not learned. Raises on mismatched
+    shapes or a stream index out of range, before learning anything."""
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     members = _member_params(params)
     keep = surprise.shape[0] == n

@@ -70,7 +70,6 @@ def test_bad_names_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             registry.register(RobustZScore(), bad)
     monkeypatch.setenv("IOTWATCH_REGISTRY_PATH", str(tmp_path / "elsewhere"))
     assert RegistrySettings().path == tmp_path / "elsewhere"
-    assert ModelRegistry().root == tmp_path / "elsewhere"
 
 
 def _register_many(root: str, seed: int, count: int) -> list[int]:
@@ -109,10 +108,10 @@ def test_watcher_hot_swaps_on_approve_and_retire(tmp_path: Path, test_settings: 
     registry.approve(DT, DET, 1)  # approved before the watcher starts: loaded from disk
 
     with ModelWatcher(ModelRegistry(tmp_path), test_settings.kafka, topic, check_interval_s=0) as watcher:
-        first = watcher.current(DT, DET)
-        assert isinstance(first, Detector) and watcher.current_version(DT, DET)[0].version == 1
-        assert watcher.current(DT, DET) is first  # no change: no reload
-        assert watcher.current("meter", DET) is None
+        version, first = watcher.current_version(DT, DET) or (None, None)
+        assert isinstance(first, Detector) and version is not None and version.version == 1
+        assert watcher.current_version(DT, DET) == (version, first)  # no change: no reload
+        assert watcher.current_version("meter", DET) is None
 
         registry.register(_forest(2), DT)
         assert watcher.current_version(DT, DET)[0].version == 1  # a candidate is not served
@@ -123,7 +122,7 @@ def test_watcher_hot_swaps_on_approve_and_retire(tmp_path: Path, test_settings: 
         registry.retire(DT, DET, 2)
         _wait_for(lambda: watcher.current_version(DT, DET)[0].version == 1)
         registry.retire(DT, DET, 1)
-        _wait_for(lambda: watcher.current(DT, DET) is None)
+        _wait_for(lambda: watcher.current_version(DT, DET) is None)
         assert watcher.reloads == 3  # v1 at start, v2, v1 again
 
     # the events on the topic: keyed by device type, JSON with the documented fields

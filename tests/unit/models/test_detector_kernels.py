@@ -126,9 +126,8 @@ PARAMETERS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # the range fixed by the first 150 readings, as NAB's run never widens it
     "cad_ose": {"fixed-range": {"range_readings": 150, "margin": 0.0, "rest_period": 150, "widen_range": False}},
-    # the members' arithmetic is the kernels' (primitives.zscore_learn, hw_learn, repeat_learn)
+    # the members' arithmetic is the kernels' (primitives.zscore_learn, repeat_learn)
     "robust_zscore": {"default": {}, "no-season": {"season_buckets": 0, "warmup": 10}},
-    "holt_winters": {"default": {}, "no-season-reset": {"season_buckets": 0, "reset_after": 3, "alpha": 0.5}},
     "repeat_run": {
         "default": {},
         "tolerant": {"tolerance": 0.5, "halflife": 100.0, "min_reversals": 0.1, "max_repeat_rate": 0.6},

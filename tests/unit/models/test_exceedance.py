@@ -38,14 +38,3 @@ def test_repeated_excursions_are_learned_one_per_cluster() -> None:
         _quiet(tail, rng, 200)
     assert tail.tail(15.0) > 100 * first
     assert tail.tail(15.0) > 1e-3  # about one kettle per 200 readings
-
-
-def test_state_round_trips_mid_cluster() -> None:
-    tail = ExceedanceTail()
-    for d in (1.0, 5.0, 7.0):
-        tail.learn(d)
-    copy = ExceedanceTail().set_state(tail.to_state())
-    for d in (6.0, 1.0, 1.0, 1.0, 9.0):
-        tail.learn(d)
-        copy.learn(d)
-    assert copy.to_state() == tail.to_state()
