@@ -1,12 +1,5 @@
-"""The ``iotwatch`` program: the frame every command hangs from, loaded on demand.
-
-It sits above every stage: it registers the stages' commands (each built from
-:mod:`iotwatch.cli`) by name, so no stage imports it, and holds the commands of the app
-layer itself (``setup``, ``stack``, ``provision``, ``demo``, ``chaos``, ``bench``,
-``deadletters``). An error is one line on stderr and a non-zero exit status; anything that is
-not the user's mistake or an unreachable service says "internal error" and shows its
-traceback under ``--log-level debug``.
-"""
+"""The ``iotwatch`` program: the frame every command hangs from, loaded on demand (docs/internals.md,
+"The root command")."""
 
 from __future__ import annotations
 

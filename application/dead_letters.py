@@ -1,12 +1,6 @@
-"""The dead-letter topic, read back for operators: what was refused, why, from which device,
-and a replay of chosen records to the raw topic once the cause is fixed.
-
-A record is named by its place on the dead-letter topic, ``PARTITION:OFFSET``. A replay checks
-each chosen record against the contract as it stands now (the catalogue, the clock), produces
-the ones that pass to the raw topic, keyed by device id as the gateway does, and reports the
-ones that still fail with their reason now; nothing is produced for those. Replaying a record
-twice is harmless: the streaming job removes a reading it has seen by ``(device_id, seq)``.
-"""
+"""The dead-letter topic, read back for operators: what was refused, why, from which device, and a
+replay of chosen records to the raw topic once the cause is fixed (docs/internals.md, "Dead letters
+read back")."""
 
 from __future__ import annotations
 

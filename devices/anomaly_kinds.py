@@ -1,16 +1,5 @@
-"""Anomaly kinds: what each does to a device's readings, where it applies, how long it lasts.
-
-Measurement anomalies change one metric of the readings (the type's primary metric
-unless told otherwise): ``spike``, ``level_shift``, ``drift``, ``flatline`` (stuck-at),
-``noise_burst``, ``out_of_range``; ``dropout`` silences the device (its ``seq`` still
-advances, so the gap is visible). Physical anomalies change the device model itself:
-``stuck_hvac`` (thermostat), ``water_leak`` (leak sensor), ``harsh_braking``, ``crash`` and
-``overheating`` (vehicle; only when named in ``--anomalies`` or a scenario, so seeded runs
-that name no kinds draw what they always drew). Transport faults (:mod:`iotwatch.devices.faults`)
-share the same machinery.
-The kind names are the contract's (:class:`iotwatch.contract.detection.AnomalyKind`), as is
-the table of the rules that may report each.
-"""
+"""Anomaly kinds: what each does to a device's readings, where it applies, how long it lasts
+(docs/internals.md, "Anomaly kinds")."""
 
 from __future__ import annotations
 

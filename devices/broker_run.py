@@ -1,9 +1,5 @@
-"""Runs a simulation against a broker: pacing, worker processes, progress and summary.
-
-With ``processes > 1`` each worker process simulates one shard of the fleet (whole
-homes, whole vehicles) over its own connections; the parent shows progress from shared
-counters and merges the workers' summaries and ground truth.
-"""
+"""Runs a simulation against a broker: pacing, worker processes, progress and summary
+(docs/internals.md, "Broker runs")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The simulated devices' side of the closed loop: receive commands, obey, reply.
-
-One MQTT connection per simulator shard subscribes (QoS 1) to the command topic of every
-device it simulates, on a persistent session, so commands sent while the simulator is
-offline are delivered when it reconnects. A command past its expiry is rejected
-(``expired``) and never executed; one delivered twice is answered again, not re-run; a
-payload that is not a command is logged and counted, it cannot stop the simulator. Each
-device reports its twin properties, retained, when the channel connects and after every
-command it carried out.
-"""
+"""The simulated devices' side of the closed loop: receive commands, obey, reply (docs/internals.md,
+"Commands")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Transport faults: what the network and device firmware do to messages on the way.
-
-``duplicate`` (the same seq sent again), ``out_of_order`` (held back behind the next
-few readings), ``late`` (delivered long after its event time), ``clock_skew`` (the
-device clock is off, so ``ts`` is wrong) and ``malformed`` (a payload the contract
-rejects, for the dead-letter path). Kinds and their parameters live in
-:mod:`iotwatch.devices.anomaly_kinds`; this module holds what is specific to payloads.
-"""
+"""Transport faults: what the network and device firmware do to messages on the way (docs/internals.md,
+"Transport faults")."""
 
 from __future__ import annotations
 

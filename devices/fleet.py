@@ -1,9 +1,5 @@
-"""Who is in the fleet: homes with a seeded mix of devices, vehicles, replayed streams.
-
-Each device gets a fleet-wide ``uid`` (its random numbers are keyed by it) and a shard:
-home ``h`` and all its devices go to process ``h % shards``, vehicle ``v`` to
-``v % shards``, so devices that share a home share a process.
-"""
+"""Who is in the fleet: homes with a seeded mix of devices, vehicles, replayed streams
+(docs/internals.md, "Fleet")."""
 
 from __future__ import annotations
 

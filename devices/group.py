@@ -1,11 +1,5 @@
-"""A vectorised group of devices of one type: schedule, sequence numbers, serialisation.
-
-Every device type subclasses :class:`DeviceGroup` and implements :meth:`step`, which
-advances the physical state of the due devices (numpy arrays indexed by ``idx``) and
-returns their readings as an ``(n, metrics)`` array. The group keeps each device's next
-due time on the virtual clock, its ``seq`` and the pre-built parts of its payload, so a
-message costs one ``%`` format.
-"""
+"""A vectorised group of devices of one type: schedule, sequence numbers, serialisation
+(docs/internals.md, "Device groups")."""
 
 from __future__ import annotations
 

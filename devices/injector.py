@@ -1,10 +1,5 @@
-"""Starts, applies and ends anomalies and transport faults, and records the ground truth.
-
-Anomalies start by rate (a per-message probability from ``--anomaly-rate``/``--fault-rate``
-per device-hour, drawn from the device's own random stream) or by scenario (planned
-time and devices). While active they change readings (:func:`apply`), switch a device
-model's physical mode, silence the device or alter its messages in transit.
-"""
+"""Starts, applies and ends anomalies and transport faults, and records the ground truth
+(docs/internals.md, "Injector")."""
 
 from __future__ import annotations
 

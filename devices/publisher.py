@@ -1,16 +1,6 @@
-"""MQTT publishing for the simulator: a few shared connections (or one per device),
-retained online/offline status with last wills, QoS 1 flow control and ack latency.
-
-Connections are :class:`~iotwatch.clients.batch_publish.BatchPublishClient` from
-:func:`iotwatch.clients.mqtt.make_client` (credentials and TLS). Each runs paho's network
-thread; messages of device ``uid`` go over connection ``uid % connections`` so a device's
-messages stay in order, and each connection's share of a tick is one write.
-
-MQTT allows one last will per connection. With ``per_device`` every device connects on
-its own and its will is its own retained ``offline`` status; with shared connections
-the will marks the connection (``iotwatch/simulator/<client id>/status``) and the
-simulator publishes every device's ``offline`` itself when it stops.
-"""
+"""MQTT publishing for the simulator: a few shared connections (or one per device), retained
+online/offline status with last wills, QoS 1 flow control and ack latency (docs/internals.md,
+"Publisher")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Recorded ``timestamp,value`` streams (e.g. the NAB streams in nab-dev) played back as devices.
-
-Each CSV file becomes one device (id: the file name without suffix, site ``replay``)
-publishing one reading per row. Its event times keep the recording's spacing, rebased
-so the first row falls at the simulation start (or kept as recorded with
-``replay_keep_time``); ``--speedup`` then scales the spacing in wall-clock time.
-"""
+"""Recorded ``timestamp,value`` streams (e.g. the NAB streams in nab-dev) played back as devices
+(docs/internals.md, "Recorded streams")."""
 
 from __future__ import annotations
 

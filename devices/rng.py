@@ -1,10 +1,5 @@
-"""Counter-based random numbers: a draw is a pure function of (seed, device, seq, stream).
-
-A device's randomness then does not depend on which other devices were generated in the
-same numpy batch, on the process that simulates it or on wall-clock pacing, so the same
-seed and options always give the same messages (``--processes`` included).
-The mixer is SplitMix64's finaliser, vectorised over uint64 arrays.
-"""
+"""Counter-based random numbers: a draw is a pure function of (seed, device, seq, stream)
+(docs/internals.md, "Random numbers")."""
 
 from __future__ import annotations
 

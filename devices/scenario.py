@@ -1,17 +1,5 @@
-"""Scenario files: anomalies and faults planned at given times for chosen devices.
-
-JSON (``{"anomalies": [...]}``) or TOML (``[[anomalies]]`` tables). Each entry::
-
-    kind = "spike"                     # any kind in iotwatch.devices.anomaly_kinds.KINDS
-    devices = "home-0000*-thermostat-*"  # glob or list of globs over device ids; "*" = fleet-wide
-    device_type = "thermostat"         # optional filter
-    fraction = 0.5                     # optional: a seeded share of the matching devices
-    at_s = 60                          # start, seconds after the simulation start
-    duration_s = 30                    # optional; kind default otherwise
-    metric = "temperature_c"           # measurement kinds: which metric (default: primary)
-    magnitude = 8.0                    # delta / sigma / value, by kind
-    # transport kinds: copies, depth, delay_s, skew_s, variant
-"""
+"""Scenario files: anomalies and faults planned at given times for chosen devices (docs/internals.md,
+"Scenario files")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The simulation loop, without any broker: ticks of virtual time in, messages out.
-
-Virtual time advances in fixed ticks (``tick_ms``, 100 ms); in each tick every device
-whose next reading falls inside it produces that reading (several, if its interval is
-shorter than a tick). Messages are ``(uid, topic, payload, group)`` tuples, ``group`` being
-the index of the device type in :attr:`Simulation.type_names` or ``STATUS`` (-1) for a
-retained status message. How fast ticks follow each other in wall-clock time is the
-publisher's business, so the messages depend only on the configuration.
-"""
+"""The simulation loop, without any broker: ticks of virtual time in, messages out (docs/internals.md,
+"Simulation loop")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The simulated devices' twin: what each device reports, and how it applies commands.
-
-A device reports the twin properties its kind has (:class:`~iotwatch.contract.TwinProperties`):
-a thermostat its setpoint, a leak sensor its shut-off valve, a vehicle its limp mode, every
-device its firmware. Corrective commands change the physics and the twin alike -- a reset
-clears a stuck HVAC relay, ``close_valve`` stops a leak's water and closes the valve,
-``limp_mode`` caps a vehicle's speed so an overheating engine cools -- and ``set_properties``
-applies desired properties, refusing those the device does not have.
-"""
+"""The simulated devices' twin: what each device reports, and how it applies commands
+(docs/internals.md, "Twin")."""
 
 from __future__ import annotations
 

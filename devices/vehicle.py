@@ -1,19 +1,5 @@
-"""Vehicle event data recorders: drive cycles, a route, and crash-triggered EDR events.
-
-Each vehicle runs a drive-cycle state machine (idle -> accelerate -> cruise -> brake ->
-stop) along a loop of GPS waypoints around its home town. The recorder keeps a ring
-buffer of its last ``pre_event_s`` seconds of readings; when longitudinal deceleration
-goes beyond ``threshold_g`` it emits a ``crash`` event whose ``event_data`` carries that
-pre-event buffer (readings strictly before the trigger), as real recorders do.
-
-Anomaly modes: ``HARSH_BRAKING`` (0.7-0.95 g stop, below the EDR threshold) and
-``CRASH`` (armed; the impact happens on the first reading above 15 km/h, then the vehicle
-stays stopped with the engine off while the anomaly lasts), ``OVERHEATING`` (a failing
-cooling system: the coolant climbs toward ~120 degC under load).
-
-Limp mode (:attr:`VehicleGroup.limp`, set by the ``limp_mode`` command) caps the speed at
-:data:`LIMP_KMH` and the throttle, so an overheating engine's coolant recovers.
-"""
+"""Vehicle event data recorders: drive cycles, a route, and crash-triggered EDR events
+(docs/internals.md, "Vehicles")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The bridge: MQTT in, Kafka out, nothing acknowledged before Kafka has it.
-
-Each MQTT message is acknowledged only from the Kafka delivery report of the record it became
-(the reading or its dead letter), so a crash costs a redelivery, never a gap. The delivery
-guarantee, the limits and where the time goes are in docs/operate/gateway.md.
-"""
+"""The bridge: MQTT in, Kafka out, nothing acknowledged before Kafka has it (the delivery report of
+the reading or its dead letter): a crash costs a redelivery, never a gap (docs/operate/gateway.md)."""
 
 from __future__ import annotations
 

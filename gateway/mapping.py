@@ -1,12 +1,5 @@
-"""Routing rules: which Kafka topic and key an MQTT message goes to.
-
-Templates use Python's format syntax: ``{1}`` is a level of the MQTT topic (from 0),
-``{payload.device_id}`` a top-level payload field, ``{topics.raw}`` a configured topic name.
-
-Rules are compiled once (the filter to a regular expression, each template to a constant,
-a field lookup or a format call), so routing a message costs a regex match and an
-attribute read, with no per-topic cache that would grow with the number of devices.
-"""
+"""Routing rules: which Kafka topic and key an MQTT message goes to (docs/internals.md, "Routing
+rules")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Several gateway processes on one MQTT shared subscription (``iotwatch gateway --processes N``,
-docs/operate/gateway.md, "Scaling out").
-
-A process that dies is started again with the same client id: the broker keeps the
-messages it had sent to that session unacknowledged and delivers them again when it comes
-back, so a crash costs duplicates, never loss.
-"""
+"""Several gateway processes on one MQTT shared subscription (``iotwatch gateway --processes N``); one
+that dies is started again with the same client id, so a crash costs duplicates, never loss
+(docs/operate/gateway.md, "Scaling out")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""A private CA and the servers' certificates it signs, made with openssl: mosquitto's TLS
-listener and the Kafka brokers' TLS listeners.
-
-Clients trust ``ca.crt`` (IOTWATCH_MQTT_TLS_CA_FILE, IOTWATCH_KAFKA_SSL_CA_LOCATION); each
-server certificate names every host given (subjectAltName: DNS names and IP addresses), which
-is what clients verify. The CA key stays in the CA's folder: keep it offline after
-provisioning, it is only needed to issue the next server certificate. Renewing a server
-certificate keeps the CA, so clients that trust it go on working.
-openssl is used rather than a Python crypto package because it is on every machine that
-runs mosquitto and the project does not otherwise depend on one.
-
-A Kafka broker's keystore is PKCS12 (``<broker>.p12``, its password in
-``<broker>.p12.password``): Apache Kafka reads it as it is (``ssl.keystore.type=PKCS12``),
-whereas a PEM key file it reads only encrypted.
-"""
+"""A private CA and the servers' certificates it signs, made with openssl: mosquitto's TLS listener and
+the Kafka brokers' TLS listeners (docs/internals.md, "Certificates")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Where every library's log output goes: one stderr handler, sane levels, repeats summarised.
-
-A user reads stderr for the one line that matters (an error, a progress line), so the
-libraries' chatter is held back unless ``--log-level debug`` asks for it:
-
-- librdkafka logs through the Python logger :data:`LIBRDKAFKA` (confluent-kafka's
-  ``logger`` property, see :func:`iotwatch.clients.kafka.client_config`); a broker
-  connection failure, which librdkafka repeats on every reconnect attempt, becomes one
-  summarised line per broker and outage, and one more when it answers again (:class:`RepeatSummary`);
-- py4j (Spark's Python-JVM bridge) logs every command at INFO: shown from WARNING only;
-- Spark's own log4j output at WARN and no console progress bar (:mod:`iotwatch.jvm.spark`).
-"""
+"""Where every library's log output goes: one stderr handler, sane levels, repeats summarised
+(docs/internals.md, "Log output")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Settings shared by every component: endpoints, topics, credentials, stack options.
-
-One frozen settings object per concern, each reading ``IOTWATCH_<CONCERN>_<FIELD>``
-environment variables, then an optional TOML file (``IOTWATCH_CONFIG`` or ``--config``)
-whose ``[<concern>]`` table holds the same field names, then the defaults below.
-Command-line flags (``--mqtt``, ``--kafka``, ``--influx``) override all of them.
-
-The environment is read when :func:`load_settings` is called, never at import time, so
-tests and sub-processes can change it freely.
-"""
+"""Settings shared by every component: endpoints, topics, credentials, stack options
+(docs/internals.md, "Settings")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The seeded fault schedule: which component is hit how, and when.
-
-Every fault kind runs at least once, in a seeded order, cycles of all kinds filling the
-run at about one fault per ``spacing_s``; each fault's time is jittered within its slot and
-its hold (down time of a killed process, length of a pause) varies around the given one.
-The same seed and options give the same schedule, so a failing run can be repeated.
-"""
+"""The seeded fault schedule: which component is hit how, and when (docs/operate/chaos.md, "Faults")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The closed loop's figures in the demo summary: alert -> command -> device ack -> recovery.
-
-From the commands' audit trail (the latest record per command) and the alert topic, in
-wall-clock seconds: *time to command* from the alert's detection to the command being sent,
-*time to device ack* from sending to the device's ``accepted``, *time to recovery* from
-sending to the alert's clear. The ground truth says how many anomalies a command ended.
-"""
+"""The closed loop's figures in the demo summary: alert -> command -> device ack -> recovery
+(docs/internals.md, "Demo closed loop")."""
 
 from __future__ import annotations
 

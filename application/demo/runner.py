@@ -1,11 +1,5 @@
-"""``iotwatch demo``: the whole product on the embedded stack, start to finish.
-
-Starts the stack, the streaming job, the gateway, the responder, the forwarder (to a local
-receiver, an on-call person acknowledging alerts) and the simulators (homes and vehicles
-with injected anomalies and transport faults, ground truth written), shows a live view,
-then drains every stage, accounts for every reading by seq, matches alerts to the ground
-truth and writes a report folder. Everything it started is stopped, on Ctrl-C too.
-"""
+"""``iotwatch demo``: the whole product on the embedded stack, start to finish (docs/internals.md,
+"Demo run")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The demo's results: its summary (``iotwatch demo --json``, ``report/summary.json``) as
-typed records, and the summary printed for a person.
-
-The records' fields are the summary's keys (:mod:`iotwatch.application.harness.results`
-makes the JSON); a field left at its default ``None`` (``sites`` without sites, ``stack``
-without ``--keep-stack``) is left out.
-"""
+"""The demo's results: its summary (``iotwatch demo --json``, ``report/summary.json``) as typed
+records, and the summary printed for a person (docs/internals.md, "Demo summary")."""
 
 from __future__ import annotations
 

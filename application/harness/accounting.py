@@ -1,10 +1,4 @@
-"""After a run: where every reading went, by device and seq.
-
-Transport: per device, the seqs in the raw Kafka topic must run from 0 to the newest
-without gaps, except the ranges the ground truth declares as dropouts (the simulator
-advances seq without publishing). Pipeline: every valid (device, seq) in the raw topic
-must be archived, or dead-lettered by the stream as late. Whatever is left is loss.
-"""
+"""After a run: where every reading went, by device and seq (docs/internals.md, "Harness accounting")."""
 
 from __future__ import annotations
 

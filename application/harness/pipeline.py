@@ -1,10 +1,5 @@
-"""Starting a run's pipeline on the embedded stack and waiting for its job.
-
-The components (streaming job, gateways, responder, forwarder, simulators) run as
-``iotwatch`` commands of this Python, each a :class:`~iotwatch.application.stack.process.Component`
-with its output in the run folder, in an environment that points them at the run's stack and
-keeps the job's checkpoint, archive and registry in the run folder.
-"""
+"""Starting a run's pipeline on the embedded stack and waiting for its job (docs/internals.md, "Harness
+pipeline")."""
 
 from __future__ import annotations
 

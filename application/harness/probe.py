@@ -1,10 +1,5 @@
-"""A run's progress, once a second: the stage counters every scenario watches.
-
-Every number is read from the real components: the gateway's Prometheus endpoint, the
-raw topic's log end, the streaming job's checkpoint (the offsets it has committed to
-processing) and the alert topic. The demo's live view, the drains that wait for the job to
-catch up, chaos's recovery checks and the reports' plots all read these samples.
-"""
+"""A run's progress, once a second: the stage counters every scenario watches (docs/internals.md,
+"Harness probe")."""
 
 from __future__ import annotations
 

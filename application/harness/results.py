@@ -1,10 +1,5 @@
-"""A run's results as JSON, in one place: the summary a scenario prints with ``--json`` and
-writes to its report folder as ``summary.json``.
-
-Results are dataclasses; :func:`as_json` turns them (and the dicts and lists that hold them)
-into JSON's types, field by field in their declared order, so the keys a summary has are
-the fields its classes declare. Its plots are PNG files beside it (:func:`save_figure`).
-"""
+"""A run's results as JSON, in one place: the summary a scenario prints with ``--json`` and writes to
+its report folder as ``summary.json`` (docs/internals.md, "Harness results")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Least-privilege Kafka ACLs for the compose deployment's SCRAM users, as one table.
-
-The broker denies what no ACL allows (``admin`` is the only super user), and each service
-gets what its code does, no more: a compromised gateway cannot forge alerts, which become
-pages. docs/operate/security.md lists the services' grants and docs/sites.md MirrorMaker's.
-The table is code rather than compose because the topic names come from the settings the
-services read, and a test checks it against the services' users.
-"""
+"""Least-privilege Kafka ACLs for the compose deployment's SCRAM users, as one table
+(docs/internals.md, "Kafka ACLs")."""
 
 from __future__ import annotations
 

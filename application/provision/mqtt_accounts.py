@@ -1,11 +1,5 @@
-"""Per-device MQTT accounts for mosquitto (docs/operate/security.md): a password file, an ACL
-and one credentials file per device, from a fleet file.
-
-The ACL has a ``user`` block per device with the exact topics of its site and type: a
-``pattern`` line with ``%u`` would let a device publish under another site's or type's topic
-with its own id. The password file is mosquitto 2's ``$7$`` format, hashed here so that no
-password appears on a command line (``mosquitto_passwd -b`` puts it in the process list).
-"""
+"""Per-device MQTT accounts for mosquitto (docs/operate/security.md): a password file, an ACL and one
+credentials file per device, from a fleet file (docs/internals.md, "MQTT accounts")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The message contract page (``docs/contract.md``), generated from the contract records.
-
-Every record of :mod:`iotwatch.contract` becomes a table of its fields (JSON name, type
-with its constraints, default, and the meaning written beside the field in the code), every
-enumeration a list of its values, the dead-letter headers a table, and the metric catalogue
-a table per device type. A test compares the page's block with :func:`markdown` and fails
-when a record is added to the contract without a place on the page;
-``python -m iotwatch.application.reference_pages.contract_reference`` rewrites it.
-"""
+"""The message contract page (``docs/contract.md``), generated from the contract records
+(docs/internals.md, "Contract reference")."""
 
 from __future__ import annotations
 

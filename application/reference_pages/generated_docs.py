@@ -1,10 +1,5 @@
-"""Blocks of the documentation that code generates: the text between two marker lines.
-
-A generator (the settings reference, the message contract, the benchmark tables) owns the
-lines between its ``begin`` and ``end`` markers in a Markdown file; everything around them
-is written by hand. A test per generator compares the file's block with the generator's
-output, so a page cannot fall behind the code it describes.
-"""
+"""Blocks of the documentation that code generates: the text between two marker lines
+(docs/internals.md, "Generated blocks")."""
 
 from __future__ import annotations
 

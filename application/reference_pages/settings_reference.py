@@ -1,11 +1,5 @@
-"""The settings reference page (``docs/reference/settings.md``), generated from the settings classes.
-
-One table per concern (a TOML table and an environment prefix), one row per setting with
-its environment variable, default and description, all read from
-:mod:`iotwatch.settings`, so the reference cannot fall behind the code: a test compares
-the page's copy with :func:`markdown`, and ``python -m iotwatch.application.reference_pages.settings_reference``
-rewrites it.
-"""
+"""The settings reference page (``docs/reference/settings.md``), generated from the settings classes
+(docs/internals.md, "Settings reference")."""
 
 from __future__ import annotations
 

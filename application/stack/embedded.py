@@ -1,11 +1,5 @@
-"""``iotwatch stack up|down|status``: the servers, their state file and their health.
-
-Everything lives under one run directory: each server's config, data and log in its own
-sub-folder, and ``stack.json`` recording what was started (pids with creation times,
-endpoints) so a later ``down`` or ``status`` from another process finds them. With TLS
-(``stack.tls``) the private CA and the Kafka nodes' keystore live in ``tls/``, and every
-client of the stack verifies the nodes' certificate with ``tls/ca.crt`` (``ca_file``).
-"""
+"""``iotwatch stack up|down|status``: the servers, their state file and their health
+(docs/internals.md, "Embedded stack")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Starting, identifying, signalling and stopping the processes iotwatch runs.
-
-Servers run detached (own session, output to a log file) so ``iotwatch stack up`` can
-return while they keep running; ``stack down`` finds them again from the state file.
-A pid alone is not an identity (pids are reused), so each record keeps the process's
-creation time too and nothing is signalled unless both match.
-
-Pipeline components (gateway, streaming job, responder, forwarder, simulators) that a run
-starts and owns are :class:`Component`: its stdout (the ``--json`` summary) and stderr go to
-the run folder, and it can be stopped, killed, paused and started again as it was.
-"""
+"""Starting, identifying, signalling and stopping the processes iotwatch runs (docs/internals.md,
+"Processes")."""
 
 from __future__ import annotations
 

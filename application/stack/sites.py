@@ -1,12 +1,6 @@
-"""The multi-site topology: per site an MQTT broker and a one-node Kafka cluster, linked to the
-central Kafka cluster by the site's MirrorMaker 2 (:mod:`iotwatch.application.stack.mirror_maker`).
-
-A site keeps ingesting while its link is down: its gateway writes to its own cluster, and
-MirrorMaker copies the backlog to ``<site>.<raw topic>`` at the centre when the link is back.
-The centre's streaming job subscribes to every site's replica by pattern
-(:func:`raw_pattern`); the on-call tools run against the centre. Services are recorded in the
-stack's state under ``<site>-mqtt``, ``<site>-kafka`` and ``<site>-mirror``.
-"""
+"""The multi-site topology: per site an MQTT broker and a one-node Kafka cluster, linked to the central
+Kafka cluster by the site's MirrorMaker 2 (:mod:`iotwatch.application.stack.mirror_maker`)
+(docs/internals.md, "Sites topology")."""
 
 from __future__ import annotations
 

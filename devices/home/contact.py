@@ -1,9 +1,5 @@
-"""Door/window contacts and water-leak sensors: binary state plus battery and temperature,
-with an ``event`` on the reading where the state changed.
-
-A door opens more often when people are up and at home and stays open 5-60 s. A leak
-sensor is dry until a ``leak`` anomaly floods it (mode ``LEAK``).
-"""
+"""Door/window contacts and water-leak sensors: binary state plus battery and temperature, with an
+``event`` on the reading where the state changed (docs/internals.md, "Contacts and leak sensors")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What the devices of one home share: climate, occupancy and the HVAC's state.
-
-Outside temperature and occupancy are pure functions of (home, time), so every device
-of a home sees the same day whatever order devices are simulated in. Homes differ by
-seed: climate, household size, work pattern, time-zone shift, house insulation.
-"""
+"""What the devices of one home share: climate, occupancy and the HVAC's state (docs/internals.md,
+"Home context")."""
 
 from __future__ import annotations
 

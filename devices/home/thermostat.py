@@ -1,14 +1,5 @@
-"""Thermostat: room temperature from a one-node thermal model with HVAC hysteresis.
-
-dT/dt = (T_out - T) / tau + occupants' heat + HVAC; the HVAC switches on below
-setpoint - 0.3 degC (heating homes) or above setpoint + 0.3 (cooling homes) and off past
-the other side. The setpoint follows the household (comfort when awake at home, setback
-otherwise) unless an operator set one (:attr:`ThermostatGroup.setpoint_override`, the twin's
-desired ``setpoint_c``). A stuck HVAC (mode ``HVAC_STUCK``) runs regardless, so the room runs away
-past the setpoint. Each reading says what the HVAC does when on (``hvac_cooling``), as
-thermostats report their heat or cool mode: the outside temperature does not tell it (a cooling
-home's nights are often colder than its setpoint).
-"""
+"""Thermostat: room temperature from a one-node thermal model with HVAC hysteresis (docs/internals.md,
+"Thermostat")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,5 @@
-"""A paho client that publishes many messages with one write and keeps QoS 1 itself.
-
-Stock ``paho.Client.publish`` spends most of a load generator's time outside the wire
-(docs/concepts.md, "The simulator writes a tick at once"), so
-:meth:`BatchPublishClient.publish_many` builds the PUBLISH packets of a batch itself and
-hands them to paho's network thread as one queued write.
-
-QoS 1 is kept here instead of in paho's ``_out_messages``: at most ``window`` messages
-are in flight in :attr:`~BatchPublishClient.unacked` (packet id -> packet) until their
-PUBACK; up to ``window`` more wait, already built, in a backlog that the network thread
-sends from as PUBACKs make room, so the publishing thread goes on (generating the next
-batch) instead of waiting for each round trip; past that :meth:`publish_many` waits.
-After a reconnect every message in flight is sent again, in publish order and with the
-DUP flag, then the backlog (a lost connection loses nothing). What it reads it acknowledges
-at once (TCP_QUICKACK, see :meth:`BatchPublishClient.loop_read`).
-
-It overrides private methods of paho 2 (``_handle_connack``, ``_handle_pubackcomp``,
-``_sock_close``) and queues with ``_packet_queue``, as :class:`BufferedReadClient` does; the
-pyproject pins paho below 3 and tests/integration/iotwatch/test_mqtt_client.py checks it against a broker.
-"""
+"""A paho client that publishes many messages with one write and keeps QoS 1 itself (docs/internals.md,
+"Batch publishing over MQTT"). It overrides private methods of paho 2, which the pyproject pins below 3."""
 
 from __future__ import annotations
 

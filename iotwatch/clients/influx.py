@@ -1,9 +1,5 @@
-"""InfluxDB through its v1-compatible HTTP API: ``/ping``, ``/write`` and ``/query``.
-
-That API is the one InfluxDB 1.x, 2.x (DBRP mapping, token auth) and 3.x all serve, and
-the one Grafana's InfluxQL datasource uses, so metrics written here show on the same
-dashboards everywhere. Points are serialised with influxdb-client's ``Point``.
-"""
+"""InfluxDB through its v1-compatible HTTP API: ``/ping``, ``/write`` and ``/query``
+(docs/internals.md, "InfluxDB client")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Kafka helpers on confluent-kafka: health checks, topic creation, reading a topic whole.
-
-A broker with SASL and an authorizer refuses some users some topics, often quietly: a topic
-the user may not DESCRIBE is simply left out of the cluster's metadata, and a refused fetch
-or produce is one error among librdkafka's retries. The helpers here turn such refusals into
-:class:`~iotwatch.errors.AccessRefused`, one line naming the user, the topic and the operation.
-"""
+"""Kafka helpers on confluent-kafka: health checks, topic creation, reading a topic whole
+(docs/internals.md, "Kafka helpers")."""
 
 from __future__ import annotations
 

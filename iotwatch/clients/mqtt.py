@@ -22,27 +22,9 @@ _PUBACK_HEADER = (paho.PUBACK << 24) | (2 << 16)  # command byte, remaining leng
 
 
 class BufferedReadClient(paho.Client):
-    """A paho client that reads the socket 64 KiB at a time.
-
-    Stock paho reads each incoming packet with at least three ``recv`` calls (the command
-    byte, the length one byte at a time, the body) after a ``select``: for a subscriber
-    draining small messages those system calls are most of its time. This client fills a
-    buffer with one ``recv`` and serves paho's reads from it, and ``loop_read`` goes on
-    while whole packets are buffered (the socket does not signal them). The gateway's
-    backlog drain (``iotwatch bench gateway``) measures the effect.
-
-    Incoming QoS 0 and 1 PUBLISH packets without MQTT 5 properties (telemetry as devices
-    send it) go to ``on_message`` on a short path: stock paho builds a ``Properties`` object
-    per message (its tables of about thirty entries), gives each message a
-    ``threading.Condition`` it only needs for outgoing messages, and matches every topic
-    against per-filter callbacks; together most of a draining gateway's time. The
-    message ``on_message`` gets has the same fields, with ``properties`` None and no ``info``.
-    Anything else (QoS 2, properties, per-filter callbacks, paho logging) takes paho's path.
-
-    It overrides private methods of paho 2 (``_sock_recv``, ``_sock_close``,
-    ``_handle_publish``): the pyproject pins paho below 3;
-    tests/integration/iotwatch/test_mqtt_client.py checks it against stock paho.
-    """
+    """A paho client that reads the socket 64 KiB at a time and delivers plain telemetry on a short path
+    (docs/internals.md, "Buffered reads over MQTT"). It overrides private methods of paho 2, which the
+    pyproject pins below 3."""
 
     _read_buffer: bytes = b""
     _read_at: int = 0

@@ -1,11 +1,5 @@
-"""Why a TLS connection to a server was refused, in one line an operator can act on.
-
-librdkafka reports an untrusted certificate and a certificate for another name alike
-("certificate verify failed"), and a plaintext client of a TLS listener only as a broker
-that is down. On such a failure a client makes one TLS handshake of its own (Python's
-``ssl``, the same CA file, the same name) and reads OpenSSL's verdict: the name is not in
-the certificate, no trusted CA signed it, or the server speaks TLS at all.
-"""
+"""Why a TLS connection to a server was refused, in one line an operator can act on (docs/internals.md,
+"TLS probe")."""
 
 from __future__ import annotations
 

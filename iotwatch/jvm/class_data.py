@@ -1,27 +1,5 @@
-"""Class-data sharing for the local Spark driver (and the embedded Kafka broker): its start-up
-without loading Spark anew.
-
-A local session's JVM loads and verifies some ten thousand classes of Spark, Kafka's client
-and their libraries before the first micro-batch runs, and does it again in every command.
-Java's dynamic class-data sharing (JDK 13+) keeps those classes, parsed and verified, in an
-archive file that a later JVM maps at start: on this project's hosts that takes about 40 % off
-a session's start-up (``tests/integration/jvm/test_spark_driver.py`` checks the archive
-is used).
-
-The first streaming job's JVM of a classpath writes the archive when it exits
-(``-XX:ArchiveClassesAtExit``, to a name of its own, as several JVMs may start at once), so
-it holds what the job loads: Spark SQL, the Kafka source, the stateful operator. A later
-start adopts a finished one as the archive of that classpath (``-XX:SharedArchiveFile``),
-and every local session maps it. An archive is keyed by
-what it must match -- the Java runtime, the Spark release, the driver's classpath and JVM
-options -- and lives under ``~/.iotwatch/class-data`` (``IOTWATCH_CLASS_DATA_DIR``; empty
-turns sharing off). A JVM that finds an archive it cannot use (another runtime, a damaged
-file) runs without sharing: ``-Xshare:auto``, Java's default.
-
-The embedded Kafka broker's JVM does the same with its own key
-(:mod:`iotwatch.application.stack.kafka_broker`): the first node that stops cleanly writes the
-archive, and a node started again after a crash maps it.
-"""
+"""Class-data sharing for the local Spark driver (and the embedded Kafka broker): its start-up without
+loading Spark anew (docs/internals.md, "Class-data sharing")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The Java artifacts iotwatch runs on: Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka connector.
-
-Both are published on Maven Central, not on PyPI. ``iotwatch setup`` (which ``./bootstrap.sh``
-runs) resolves each once with Maven (``mvn dependency:copy-dependencies`` on a generated pom,
-so Maven's own configuration decides how the registry is reached) into a folder per artifact
-and version under :func:`jars_root`; everything after that runs offline from those folders.
-Where Maven cannot reach a registry, the jars can be downloaded elsewhere and installed from
-a folder (``iotwatch setup --jars-from DIR``).
-"""
+"""The Java artifacts iotwatch runs on: Apache Kafka's broker, MirrorMaker 2 and Spark's Kafka
+connector (docs/internals.md, "Java artifacts")."""
 
 from __future__ import annotations
 

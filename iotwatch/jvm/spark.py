@@ -1,13 +1,5 @@
-"""One way to get a Spark session, for the streaming job and the batch jobs alike.
-
-Local mode is the embedded default; under ``spark-submit`` the master (and the cluster's
-own settings) come from spark-submit and are left alone.
-
-In local mode the JVM's output goes through Python logging like every other library's
-(:class:`JvmOutput`): log4j at WARN (INFO with ``--log-level debug``) in the layout of
-``iotwatch/jvm/log4j2.properties``, no console progress bar, and the Python workers' chatter
-and stack traces at DEBUG, so a user's stderr shows warnings and errors one line each.
-"""
+"""One way to get a Spark session, for the streaming job and the batch jobs alike (docs/internals.md,
+"Spark sessions")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""The Spark home a local session's JVM runs from: pip's pyspark without its zipped copy of itself.
-
-pip's pyspark also carries its Python sources zipped in ``python/lib`` (for executors without
-pyspark), and Spark puts those zips first on the path of every Python process it starts; Python
-keeps no bytecode for a zipped module, so each such process compiles pyspark anew, about 0.6 s
-of CPU on the way to the first alert (docs/concepts.md, "Start-up").
-
-A local session's Python workers run this interpreter, which has pyspark installed. Its JVM
-therefore runs from a home of links to the installation's entries, ``python`` left out, and
-the workers import the installed package with its cached bytecode. The home lives beside the
-jars ``iotwatch setup`` installs (:func:`iotwatch.jvm.jars.jars_root`), one per pyspark
-installation, so that every session has the same classpath and maps the same class-data
-archive. A Spark home the user chose (``SPARK_HOME``), or workers on another interpreter, are
-used as they are.
-"""
+"""The Spark home a local session's JVM runs from: pip's pyspark without its zipped copy of itself
+(docs/internals.md, "Spark home")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""Upstream fixes to the pinned Spark release, until a release that has them can be installed.
-
-pyspark is pinned to the newest version whose Kafka connector Maven Central serves
-(``pyproject.toml``). That release has a bug the job meets every micro-batch:
-
-- SPARK-58932 (fixed in Spark 4.1.2 and 4.2.1): the JVM's state server of
-  ``transformWithStateInPandas`` never closes the socket its Python worker connected to, so
-  each stateful task leaves one socket in CLOSE_WAIT. The job runs a few such tasks a
-  second: at 2,000 readings/s it exhausts a 20,000-descriptor limit in about two hours.
-
-``iotwatch setup`` builds the upstream fix (apache/spark#58308) into a small jar: it takes
-the class's source from Spark's own ``-sources`` jar on Maven Central, makes the fix's change,
-compiles it with the Scala compiler pyspark ships, and keeps the classes in
-``~/.iotwatch/jars/spark-patches-<version>/``. A local session puts that jar first on its
-classpath (:func:`patches_conf`). On a cluster, run a Spark release with the fix, or give
-spark-submit the same jar with ``--driver-class-path`` and ``spark.executor.extraClassPath``.
-"""
+"""Upstream fixes to the pinned Spark release, until a release that has them can be installed
+(docs/internals.md, "Spark patches")."""
 
 from __future__ import annotations
 
