@@ -378,7 +378,7 @@ def _with_instant(tail: float, row: np.ndarray, p: np.ndarray, step: float, tail
     pareto: float = p[P_INSTANT_WEIGHT] * tail_tail(_step_tail(row, p[P_WARMUP]), tail_p, step)
     if pareto >= tail:
         return tail
-    light = _light(row, p)
+    light = _light(row, p) if row[STEP_TAIL + 2] < 0.2 else 0.0
     return pareto if light <= 0.0 else py_min(tail, py_max(pareto, light * 2.0 * upper_tail(step)))
 
 
