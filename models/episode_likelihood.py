@@ -122,7 +122,7 @@ class EpisodeLikelihood(KernelDetector):
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
-        min_variance: float = 0.03,
+        min_variance: float = 0.05,
         hold_halflife: float = 300.0,
         clip: float = 3.0,
         histogram_halflife: float = 1000.0,
