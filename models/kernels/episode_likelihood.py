@@ -62,7 +62,7 @@ Examples
 >>> t_ms = 1_700_000_000_000 + np.arange(4000, dtype=np.int64) // 2 * 60_000
 >>> scores = score_learn(states, stream, values, t_ms, params)
 >>> round(float(scores[:-1].max()), 2), round(float(scores[-1]), 2), int(states[1, N])
-(0.34, 0.73, 2000)
+(0.39, 0.73, 2000)
 >>> one = EpisodeLikelihood()
 >>> alone = [one.score_learn_one({"m": v}, t) for v, t in zip(values[1::2].tolist(), t_ms[1::2].tolist())]
 >>> row = np.array([float(v) for v in one.to_state()["row"]])
