@@ -25,8 +25,6 @@ class DeclaredLevels(EpisodeLikelihood):
     job's fire score 0.40 stretched; a stretch reorders nothing). The level view scores
     from the declared probation on (without one, from ``warmup``). There the likelihood
     views' variance floor is ``declared_min_variance`` (0.03), the floor they were chosen
-    with beside the level view; a metric without a declared range keeps ``min_variance``. There the likelihood
-    views' variance floor is ``declared_min_variance`` (0.03), the floor they were chosen
     with beside the level view; a metric without a declared range keeps ``min_variance``.
 
     The view and its parameters were chosen on the tuning half of nab-dev under NAB's
