@@ -23,7 +23,9 @@ class DeclaredLevels(EpisodeLikelihood):
     per episode (half-life ``level_hold_halflife`` readings), the decades of both times
     ``stretch`` (NAB's optimised threshold on these scores, 0.28 unstretched, falls at the
     job's fire score 0.40 stretched; a stretch reorders nothing). The level view scores
-    from the declared probation on (without one, from ``warmup``).
+    from the declared probation on (without one, from ``warmup``). There the likelihood
+    views' variance floor is ``declared_min_variance`` (0.03), the floor they were chosen
+    with beside the level view; a metric without a declared range keeps ``min_variance``.
 
     The view and its parameters were chosen on the tuning half of nab-dev under NAB's
     protocol (``docs/detection.md``, ``evaluation/results/nab_protocols.md``). The kernel
@@ -42,9 +44,15 @@ class DeclaredLevels(EpisodeLikelihood):
     _kernel: ClassVar[Kernel[Any]] = kernel
 
     def __init__(
-        self, shift_decades: float = 8.0, level_hold_halflife: float = 300.0, stretch: float = 1.7, **params: Any
+        self,
+        shift_decades: float = 8.0,
+        level_hold_halflife: float = 300.0,
+        stretch: float = 1.7,
+        declared_min_variance: float = 0.03,
+        **params: Any,
     ) -> None:
         self.shift_decades = shift_decades
+        self.declared_min_variance = declared_min_variance
         self.level_hold_halflife = level_hold_halflife
         self.stretch = stretch
         super().__init__(**params)
@@ -55,5 +63,6 @@ class DeclaredLevels(EpisodeLikelihood):
             "shift_decades": self.shift_decades,
             "level_hold_halflife": self.level_hold_halflife,
             "stretch": self.stretch,
+            "declared_min_variance": self.declared_min_variance,
             **{p: getattr(self, p) for p in inspect.signature(EpisodeLikelihood.__init__).parameters if p != "self"},
         }

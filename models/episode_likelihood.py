@@ -99,7 +99,7 @@ class EpisodeLikelihood(KernelDetector):
     >>> quiet = max(det.score_learn_one({"t": signal(i)}, t(i)) for i in range(3000))
     >>> spike = [det.score_learn_one({"t": 25.0}, t(3000 + i)) for i in range(3)]
     >>> round(quiet, 2), round(spike[0], 2), spike[1:]  # the spike alarms once, then holds
-    (0.26, 0.68, [0.0, 0.0])
+    (0.38, 0.68, [0.0, 0.0])
     """
 
     name: ClassVar[str] = "episode_likelihood"
@@ -122,7 +122,7 @@ class EpisodeLikelihood(KernelDetector):
         step_halflife: float = 2000.0,
         likelihood_halflife: float = 10_000.0,
         short_alpha: float = 0.15,
-        min_variance: float = 0.03,
+        min_variance: float = 0.05,
         hold_halflife: float = 300.0,
         clip: float = 3.0,
         histogram_halflife: float = 1000.0,

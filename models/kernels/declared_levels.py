@@ -69,17 +69,19 @@ COUNTS = EL_SIZE + 4
 STATE_SIZE = COUNTS + sum(RESOLUTIONS)
 
 P_EL = 0
-P_SHIFT, P_HOLD, P_STRETCH = el.PARAMS_SIZE, el.PARAMS_SIZE + 1, el.PARAMS_SIZE + 2
-PARAMS_SIZE = el.PARAMS_SIZE + 3
+P_SHIFT, P_HOLD, P_STRETCH, P_MIN_VARIANCE = range(el.PARAMS_SIZE, el.PARAMS_SIZE + 4)
+PARAMS_SIZE = el.PARAMS_SIZE + 4
 
 
 def params_vector(detector: DeclaredLevels) -> np.ndarray:
-    """The episode-likelihood parameters, then the shift, the level hold's decay and the stretch."""
+    """The episode-likelihood parameters, then the shift, the level hold's decay, the stretch
+    and the likelihood views' variance floor on a row with a declared range."""
     p = np.empty(PARAMS_SIZE)
     p[: el.PARAMS_SIZE] = el.params_vector(detector)
     p[P_SHIFT] = detector.shift_decades
     p[P_HOLD] = 1.0 - decay_weight(detector.level_hold_halflife)
     p[P_STRETCH] = detector.stretch
+    p[P_MIN_VARIANCE] = detector.declared_min_variance
     return p
 
 
@@ -158,11 +160,14 @@ def score_learn_into(
 ) -> np.ndarray:
     """Score, then learn, each reading in order against its stream's row of ``states``, as
     :func:`iotwatch.models.kernels.episode_likelihood.score_learn_into` does (same
-    arguments); rows with a declared range add the level view."""
+    arguments); rows with a declared range add the level view, their likelihood views
+    floored at ``declared_min_variance``."""
     n = check_batch(states, stream, values, t_ms, params, STATE_SIZE, PARAMS_SIZE)
     tail_p = tail_params(params, el.P_STEP_TAIL)
     q = el.P_STUCK
     stuck_p = (params[q], params[q + 1], params[q + 2], params[q + 3], params[q + 4])
+    declared = params.copy()
+    declared[el.P_MIN_VARIANCE] = params[P_MIN_VARIANCE]
     keep = surprise.shape[0] == n
     out = np.empty(n)
     for i in range(n):
@@ -170,7 +175,7 @@ def score_learn_into(
         if math.isnan(row[LOW]):  # no declared range: episode_likelihood's step alone
             out[i], raw = el._score_learn_one(row, values[i], float(t_ms[i]), params, tail_p, stuck_p)
         else:
-            out[i], raw = _score_learn_one(row, values[i], float(t_ms[i]), params, tail_p, stuck_p)
+            out[i], raw = _score_learn_one(row, values[i], float(t_ms[i]), declared, tail_p, stuck_p)
         if keep:
             surprise[i] = raw
     return out
