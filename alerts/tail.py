@@ -201,6 +201,11 @@ class TailOptions:
 #: Alerts of a backlog held at most, to be shown in time order (then shown, and more read).
 BACKLOG_MAX = 100_000
 
+#: Longest a viewer holds the backlog back to sort it, waiting for every partition's end: a
+#: partition that does not report its end in time (a broker slow to answer) is shown as it
+#: comes, in offset order.
+BACKLOG_WAIT_S = 5.0
+
 
 def run_tail(
     settings: Settings, alerts: AlertsSettings, options: TailOptions, stop: threading.Event, out: TextIO | None = None
@@ -286,7 +291,7 @@ def _view(
     ago; the follower starts there) in time order across partitions (Kafka timestamp, then
     partition and offset), up to :data:`BACKLOG_MAX` at a time; then new alerts as they come."""
     held: list[Message] = []
-    for batch in follower.batches(strict=False):
+    for batch in follower.batches(BACKLOG_WAIT_S, strict=False):
         held += batch
         if len(held) >= BACKLOG_MAX:
             show(sorted(held, key=_in_time_order))

@@ -108,8 +108,11 @@ class ShardedStore:
         return f"{self.partition}-{shard}"
 
     def _read_tokens(self) -> None:
-        """The served partition's shard count and tokens: one state-store call (none yet: one shard)."""
+        """The served partition's shard count and tokens: one state-store call (none yet: one
+        shard, or a layout older than shard tokens, refused: its other shards would go unread)."""
         value = self.tokens.get()
+        if value is None and self.state.getValue((1,)) is not None:
+            raise ValueError("device state in shards without shard tokens: a checkpoint older than this release")
         self._token = np.frombuffer(value[0], dtype=np.int64).copy() if value else np.zeros(1, dtype=np.int64)
         self.live = len(self._token)
 

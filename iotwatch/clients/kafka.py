@@ -279,6 +279,10 @@ def batches_to_end(settings: KafkaSettings, topic: str, timeout_s: float = 120.0
 #: fetch stays open (a stop or a new assignment waits for it). An idle follower asks 10 times a second.
 FOLLOW_FETCH_WAIT_MS = 100
 
+#: How long a follower that starts by time waits for the broker to name each partition's
+#: first offset at or after that time.
+OFFSETS_FOR_TIMES_TIMEOUT_S = 10.0
+
 
 class TopicFollower:
     """Reads whole topics from the beginning and then follows them: the way a component
@@ -312,7 +316,7 @@ class TopicFollower:
             # a partition with no record from since_ms on comes back at its end (offset -1)
             self.partitions = self._consumer.offsets_for_times(
                 [TopicPartition(tp.topic, tp.partition, since_ms) for tp in self.partitions],
-                10.0,
+                OFFSETS_FOR_TIMES_TIMEOUT_S,
             )
         if self.partitions:
             self._consumer.assign(self.partitions)

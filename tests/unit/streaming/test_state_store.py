@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from iotwatch.settings import StreamSettings
 from iotwatch.streaming.device_state import LAST_WALL_MS, RECEIVED
@@ -106,8 +107,10 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     state, tokens = DictMapState(), DictValueState()
 
     def executor(name: str, partition: int = 0) -> ShardedStore:
+        # (a partition's state and tokens are its own: partition 1 has none yet)
+        own_state, own_tokens = (state, tokens) if partition == 0 else (DictMapState(), DictValueState())
         store = ShardedStore(
-            state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens, shard_devices=10
+            own_state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=own_tokens, shard_devices=10
         )
         store.serve(partition, ShardCache(tmp_path / name))
         return store
@@ -129,11 +132,20 @@ def test_shard_reads_come_from_the_cache_only_while_the_state_store_names_that_c
     assert batch(one, 4) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 2}
     assert batch(executor("two"), 5)["state_shards_cached"] == 0  # another executor's cache is empty...
     assert batch(one, 6) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 5}  # ...and wins
-    other_partition = executor("one", partition=1)
-    tokens.value = None  # (a partition's tokens are its own state: this one has none yet)
-    assert batch(other_partition, 7)["state_shards_cached"] == 0
+    assert batch(executor("one", partition=1), 7)["state_shards_cached"] == 0  # the same cache, another partition
     no_cache = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=tokens)
-    assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 7}
+    assert batch(no_cache, 8) == {"state_shards_read": 4, "state_shards_cached": 0, "received_before": 6}
+
+
+def test_shards_without_shard_tokens_are_refused_not_read_as_one() -> None:
+    """A layout older than shard tokens: reading it as one shard would start its other
+    shards' devices afresh without a word."""
+    state = DictMapState()
+    state.updateValue((0,), (b"a",))
+    state.updateValue((1,), (b"b",))
+    store = ShardedStore(state, shards=4, ttl_ms=10**12, seq_words=64, state_sizes=[3], tokens=DictValueState())
+    with pytest.raises(ValueError, match="without shard tokens"):
+        store.load_many(["dev-1"])
 
 
 def test_a_table_of_fewer_detector_banks_reads_with_the_new_banks_empty() -> None:
