@@ -477,7 +477,7 @@ def decode_batch(
     latest_ts = now + MAX_FUTURE_SKEW_MS
     reason: list[str | None] = [None] * n
     detail: list[str | None] = [None] * n
-    messages, redo = _checked_in_bulk(values, keys, latest_ts, metrics_of)
+    messages, redo, columns = _checked_in_bulk(values, keys, latest_ts, metrics_of)
     for i in redo.tolist():
         raw, key = values[i] or b"", None if keys is None else keys[i]
         try:  # the reason, or valid after all (a message only the diagnosis accepts)
@@ -492,25 +492,34 @@ def decode_batch(
             reason[i], detail[i], messages[i] = exc.reason, exc.detail, None
             continue
         messages[i] = message
-    at = np.flatnonzero(np.fromiter((m is not None for m in messages), dtype=bool, count=n)) if len(redo) else None
-    if at is None:
-        at = np.arange(n, dtype=np.int64)
-    else:
-        messages = [messages[i] for i in at.tolist()]
-    metrics = list(map(_get_metrics, messages))
-    counts = np.fromiter(map(len, metrics), dtype=np.int64, count=len(metrics))
+    at = np.arange(n, dtype=np.int64)
+    if len(redo):  # (else every record is valid, and the checks' columns are the batch's)
+        at = np.flatnonzero(np.fromiter((m is not None for m in messages), dtype=bool, count=n))
+        columns = _columns([messages[i] for i in at.tolist()])
+    metrics = columns["metrics"]
     return DecodedBatch(
         reason=_objects(reason),
         detail=_objects(detail),
-        **{name: _scatter(n, at, messages, name, None) for name in ("device_id", "device_type", "site", "event")},
-        seq=_scatter(n, at, messages, "seq", 0),
-        ts=_scatter(n, at, messages, "ts", 0),
-        metric_row=np.repeat(at, counts),
-        metric_name=_objects(list(itertools.chain.from_iterable(metrics))),
+        **{name: _scatter(n, at, columns[name], None) for name in ("device_id", "device_type", "site", "event")},
+        seq=_scatter(n, at, columns["seq"], 0),
+        ts=_scatter(n, at, columns["ts"], 0),
+        metric_row=np.repeat(at, columns["counts"]),
+        metric_name=_objects(columns["names"]),
         metric_value=np.fromiter(
-            itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64, count=int(counts.sum())
+            itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64, count=len(columns["names"])
         ),
     )
+
+
+def _columns(messages: list[Any]) -> dict[str, Any]:
+    """The messages' fields as lists, their metrics' names flattened, and how many each has."""
+    columns = {name: list(map(operator.attrgetter(name), messages)) for name in _FIELD_ATTRIBUTES}
+    columns["names"] = list(itertools.chain.from_iterable(columns["metrics"]))
+    columns["counts"] = np.fromiter(map(len, columns["metrics"]), dtype=np.int64, count=len(messages))
+    return columns
+
+
+_FIELD_ATTRIBUTES = ("v", "device_id", "device_type", "site", "seq", "ts", "metrics", "event")
 
 
 def _wire_or_none(raw: bytes | None) -> Any:
@@ -526,10 +535,11 @@ def _checked_in_bulk(
     keys: Sequence[bytes | None] | None,
     latest_ts: int,
     metrics_of: Mapping[str, frozenset[str]] | None,
-) -> tuple[list[Any], np.ndarray]:
-    """Each record's twin, and the records (positions) whose twin is missing or breaks a
-    rule -- size, nesting, names, version, event time, key, metrics -- checked on columns.
-    Those go through :func:`_decode` alone, as they did when every record did."""
+) -> tuple[list[Any], np.ndarray, dict[str, Any]]:
+    """Each record's twin, the records (positions) whose twin is missing or breaks a rule --
+    size, nesting, names, version, event time, key, metrics -- checked on columns (those go
+    through :func:`_decode` alone, as they did when every record did), and the columns of
+    the decoded ones (:func:`_columns`)."""
     n = len(values)
     try:  # one call per record and nothing else, while every record decodes
         decode = _WIRE_DECODER.decode
@@ -541,34 +551,28 @@ def _checked_in_bulk(
     for i in np.flatnonzero((sizes > 2 * MAX_JSON_DEPTH) & ~refused).tolist():
         refused[i] = sizes[i] > MAX_PAYLOAD_BYTES or _needs_diagnosis(values[i])  # type: ignore[arg-type]
     rows = np.flatnonzero(~refused)
-    decoded = [wires[i] for i in rows.tolist()] if len(rows) < n else wires
-    bad = np.zeros(len(decoded), dtype=bool)  # of the decoded ones
-    device_id = [w.device_id for w in decoded]
-    device_type = [w.device_type for w in decoded]
-    metrics = [w.metrics for w in decoded]
-    for patterned, column in (
-        (_NAMES, device_id),
-        (_NAMES, [w.site for w in decoded]),
-        (_NAMES, [w.event for w in decoded]),
-        (_DEVICE_TYPES, device_type),
+    columns = _columns([wires[i] for i in rows.tolist()] if len(rows) < n else wires)
+    bad = np.zeros(len(rows), dtype=bool)  # of the decoded ones
+    for patterned, name in (
+        (_NAMES, "device_id"),
+        (_NAMES, "site"),
+        (_NAMES, "event"),
+        (_DEVICE_TYPES, "device_type"),
     ):
-        bad |= _unmatched(patterned, column)
-    counts = np.fromiter(map(len, metrics), dtype=np.int64, count=len(metrics))
-    names = list(itertools.chain.from_iterable(metrics))
-    entry_row = np.repeat(np.arange(len(decoded)), counts)
-    bad[entry_row[_unmatched(_METRIC_NAMES, names)]] = True
-    versions = [w.v for w in decoded]
-    if not SUPPORTED_VERSIONS.issuperset(versions):
-        bad |= np.fromiter((v not in SUPPORTED_VERSIONS for v in versions), dtype=bool, count=len(versions))
-    bad |= ~_within([w.ts for w in decoded], MIN_EVENT_TIME_MS, latest_ts)
+        bad |= _unmatched(patterned, columns[name])
+    entry_row = np.repeat(np.arange(len(rows)), columns["counts"])
+    bad[entry_row[_unmatched(_METRIC_NAMES, columns["names"])]] = True
+    if not SUPPORTED_VERSIONS.issuperset(columns["v"]):
+        bad |= np.fromiter((v not in SUPPORTED_VERSIONS for v in columns["v"]), dtype=bool, count=len(rows))
+    bad |= ~_within(columns["ts"], MIN_EVENT_TIME_MS, latest_ts)
     if keys is not None:  # (an empty key is not checked)
-        given = keys if len(decoded) == n else [keys[i] for i in rows.tolist()]
-        differs = _objects(given) != _objects([d.encode() for d in device_id])
+        given = keys if len(rows) == n else [keys[i] for i in rows.tolist()]
+        differs = _objects(given) != _objects([d.encode() for d in columns["device_id"]])
         bad |= differs & np.fromiter(map(bool, given), dtype=bool, count=len(given))
     if metrics_of is not None:
-        bad |= _foreign(metrics_of, device_type, metrics, set(names))
+        bad |= _foreign(metrics_of, columns["device_type"], columns["metrics"], set(columns["names"]))
     refused[rows[bad]] = True
-    return wires, np.flatnonzero(refused)
+    return wires, np.flatnonzero(refused), columns
 
 
 def _unmatched(patterned: _KnownNames, column: list[Any]) -> np.ndarray:
@@ -609,13 +613,8 @@ def _foreign(
     )
 
 
-_get_metrics = operator.attrgetter("metrics")
-
-
-def _scatter(n: int, at: np.ndarray, messages: list[Any], field: str, missing: Any) -> np.ndarray:
-    """The column of ``field`` for ``n`` records: the messages' values at rows ``at``,
-    ``missing`` (None or 0) elsewhere."""
-    values = list(map(operator.attrgetter(field), messages))
+def _scatter(n: int, at: np.ndarray, values: list[Any], missing: Any) -> np.ndarray:
+    """The column of ``n`` records: ``values`` at rows ``at``, ``missing`` (None or 0) elsewhere."""
     if len(values) == n:  # all valid, the usual case
         return _objects(values) if missing is None else np.array(values, dtype=np.int64)
     if missing is None:
