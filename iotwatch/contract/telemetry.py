@@ -475,8 +475,7 @@ def decode_batch(
         raise ValueError(f"{len(keys)} keys for {n} values")
     now = int(time.time() * 1000) if now_ms is None else now_ms
     latest_ts = now + MAX_FUTURE_SKEW_MS
-    reason: list[str | None] = [None] * n
-    detail: list[str | None] = [None] * n
+    reason, detail = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
     messages, redo, columns = _checked_in_bulk(values, keys, latest_ts, metrics_of)
     for i in redo.tolist():
         raw, key = values[i] or b"", None if keys is None else keys[i]
@@ -498,8 +497,8 @@ def decode_batch(
         columns = _columns([messages[i] for i in at.tolist()])
     metrics = columns["metrics"]
     return DecodedBatch(
-        reason=_objects(reason),
-        detail=_objects(detail),
+        reason=reason,
+        detail=detail,
         **{name: _scatter(n, at, columns[name], None) for name in ("device_id", "device_type", "site", "event")},
         seq=_scatter(n, at, columns["seq"], 0),
         ts=_scatter(n, at, columns["ts"], 0),
