@@ -280,11 +280,8 @@ def _decode_wire(raw: bytes) -> Any:
     and event time; None when it may not (then :func:`_diagnose` decides)."""
     if len(raw) > 2 * MAX_JSON_DEPTH and _needs_diagnosis(raw):
         return None
-    try:
-        wire = _WIRE_DECODER.decode(raw)
-    except (ValueError, RecursionError):  # msgspec's DecodeError/ValidationError, UnicodeDecodeError
-        return None
-    return wire if _names_match(wire) else None
+    wire = _wire_or_none(raw)
+    return wire if wire is not None and _names_match(wire) else None
 
 
 # --- the reason for a payload the fast decoder refused ---------------------------------
@@ -495,7 +492,6 @@ def decode_batch(
     if len(redo):  # (else every record is valid, and the checks' columns are the batch's)
         at = np.flatnonzero(np.fromiter((m is not None for m in messages), dtype=bool, count=n))
         columns = _columns([messages[i] for i in at.tolist()])
-    metrics = columns["metrics"]
     return DecodedBatch(
         reason=reason,
         detail=detail,
@@ -505,7 +501,9 @@ def decode_batch(
         metric_row=np.repeat(at, columns["counts"]),
         metric_name=_objects(columns["names"]),
         metric_value=np.fromiter(
-            itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64, count=len(columns["names"])
+            itertools.chain.from_iterable(map(dict.values, columns["metrics"])),
+            dtype=np.float64,
+            count=len(columns["names"]),
         ),
     )
 
@@ -552,12 +550,7 @@ def _checked_in_bulk(
     rows = np.flatnonzero(~refused)
     columns = _columns([wires[i] for i in rows.tolist()] if len(rows) < n else wires)
     bad = np.zeros(len(rows), dtype=bool)  # of the decoded ones
-    for patterned, name in (
-        (_NAMES, "device_id"),
-        (_NAMES, "site"),
-        (_NAMES, "event"),
-        (_DEVICE_TYPES, "device_type"),
-    ):
+    for patterned, name in ((_NAMES, "device_id"), (_NAMES, "site"), (_NAMES, "event"), (_DEVICE_TYPES, "device_type")):
         bad |= _unmatched(patterned, columns[name])
     entry_row = np.repeat(np.arange(len(rows)), columns["counts"])
     bad[entry_row[_unmatched(_METRIC_NAMES, columns["names"])]] = True
@@ -602,14 +595,8 @@ def _foreign(
     known_of = {kind: metrics_of.get(kind) for kind in set(device_type)}
     if all(known is None or names <= known for known in known_of.values()):
         return np.zeros(len(metrics), dtype=bool)
-    return np.fromiter(
-        (
-            (known := known_of[kind]) is not None and not message.keys() <= known
-            for kind, message in zip(device_type, metrics, strict=True)
-        ),
-        dtype=bool,
-        count=len(metrics),
-    )
+    pairs = zip(map(known_of.__getitem__, device_type), metrics, strict=True)
+    return np.fromiter((k is not None and not m.keys() <= k for k, m in pairs), bool, len(metrics))
 
 
 def _scatter(n: int, at: np.ndarray, values: list[Any], missing: Any) -> np.ndarray:
