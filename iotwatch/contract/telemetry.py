@@ -510,7 +510,7 @@ def decode_batch(
 
 def _columns(messages: list[Any]) -> dict[str, Any]:
     """The messages' fields as lists, their metrics' names flattened, and how many each has."""
-    columns = {name: list(map(operator.attrgetter(name), messages)) for name in _FIELD_ATTRIBUTES}
+    columns: dict[str, Any] = {name: list(map(operator.attrgetter(name), messages)) for name in _FIELD_ATTRIBUTES}
     columns["names"] = list(itertools.chain.from_iterable(columns["metrics"]))
     columns["counts"] = np.fromiter(map(len, columns["metrics"]), dtype=np.int64, count=len(messages))
     return columns
@@ -546,7 +546,7 @@ def _checked_in_bulk(
     refused = np.fromiter((w is None for w in wires), dtype=bool, count=n)
     sizes = np.fromiter((0 if raw is None else len(raw) for raw in values), dtype=np.int64, count=n)
     for i in np.flatnonzero((sizes > 2 * MAX_JSON_DEPTH) & ~refused).tolist():
-        refused[i] = sizes[i] > MAX_PAYLOAD_BYTES or _needs_diagnosis(values[i])  # type: ignore[arg-type]
+        refused[i] = sizes[i] > MAX_PAYLOAD_BYTES or _needs_diagnosis(values[i])  # type: ignore[arg-type]  # not None: decoded
     rows = np.flatnonzero(~refused)
     columns = _columns([wires[i] for i in rows.tolist()] if len(rows) < n else wires)
     bad = np.zeros(len(rows), dtype=bool)  # of the decoded ones
@@ -558,7 +558,7 @@ def _checked_in_bulk(
         bad |= np.fromiter((v not in SUPPORTED_VERSIONS for v in columns["v"]), dtype=bool, count=len(rows))
     bad |= ~_within(columns["ts"], MIN_EVENT_TIME_MS, latest_ts)
     if keys is not None:  # (an empty key is not checked)
-        given = keys if len(rows) == n else [keys[i] for i in rows.tolist()]
+        given = list(keys) if len(rows) == n else [keys[i] for i in rows.tolist()]
         differs = _objects(given) != _objects([d.encode() for d in columns["device_id"]])
         bad |= differs & np.fromiter(map(bool, given), dtype=bool, count=len(given))
     if metrics_of is not None:
