@@ -280,11 +280,8 @@ def _decode_wire(raw: bytes) -> Any:
     and event time; None when it may not (then :func:`_diagnose` decides)."""
     if len(raw) > 2 * MAX_JSON_DEPTH and _needs_diagnosis(raw):
         return None
-    try:
-        wire = _WIRE_DECODER.decode(raw)
-    except (ValueError, RecursionError):  # msgspec's DecodeError/ValidationError, UnicodeDecodeError
-        return None
-    return wire if _names_match(wire) else None
+    wire = _wire_or_none(raw)
+    return wire if wire is not None and _names_match(wire) else None
 
 
 # --- the reason for a payload the fast decoder refused ---------------------------------
@@ -465,64 +462,145 @@ def decode_batch(
     """Decode Kafka records into columns; each record gets the reason :func:`decode_telemetry`
     gives its value (``None`` reads as ``b""``, ``metrics_of`` as there), and a valid record whose
     key (UTF-8, when not empty) is not its ``device_id`` is ``key_mismatch``. ``now_ms`` is read
-    once per batch."""
+    once per batch.
+
+    The usual record costs no Python of its own beyond msgspec's decode: every check runs on
+    the batch's columns (:func:`_checked_in_bulk`), and only a record one of them refuses is
+    decoded again, alone, for its reason (or accepted by the diagnosis)."""
     n = len(values)
     if keys is not None and len(keys) != n:
         raise ValueError(f"{len(keys)} keys for {n} values")
     now = int(time.time() * 1000) if now_ms is None else now_ms
     latest_ts = now + MAX_FUTURE_SKEW_MS
-    reason: list[str | None] = [None] * n
-    detail: list[str | None] = [None] * n
-    rows: list[int] = []
-    messages: list[Any] = []  # the twins (or Telemetry) of the valid records
-    decode_wire, current = _decode_wire, _current
-    for i, (raw, key) in enumerate(zip(values, itertools.repeat(None) if keys is None else keys, strict=False)):
-        raw = b"" if raw is None else raw
-        message = decode_wire(raw) if len(raw) <= MAX_PAYLOAD_BYTES else None
-        if message is None or not current(message, latest_ts) or (key and key != message.device_id.encode()):
-            try:  # the reason, or valid after all (a message only the diagnosis accepts)
-                message = _decode(raw, MAX_PAYLOAD_BYTES, latest_ts, MAX_FUTURE_SKEW_MS)
-                if key and key != message.device_id.encode():
-                    raise ContractViolation(
-                        "key_mismatch", f"Kafka key {key.decode(errors='replace')!r} != device_id {message.device_id!r}"
-                    )
-            except ContractViolation as exc:
-                reason[i] = exc.reason
-                detail[i] = exc.detail
-                continue
-        if metrics_of is not None:
-            try:
+    reason, detail = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
+    messages, redo, columns = _checked_in_bulk(values, keys, latest_ts, metrics_of)
+    for i in redo.tolist():
+        raw, key = values[i] or b"", None if keys is None else keys[i]
+        try:  # the reason, or valid after all (a message only the diagnosis accepts)
+            message = _decode(raw, MAX_PAYLOAD_BYTES, latest_ts, MAX_FUTURE_SKEW_MS)
+            if key and key != message.device_id.encode():
+                raise ContractViolation(
+                    "key_mismatch", f"Kafka key {key.decode(errors='replace')!r} != device_id {message.device_id!r}"
+                )
+            if metrics_of is not None:
                 check_metrics(message, metrics_of)
-            except ContractViolation as exc:
-                reason[i] = exc.reason
-                detail[i] = exc.detail
-                continue
-        rows.append(i)
-        messages.append(message)
-    at = np.array(rows, dtype=np.int64)
-    metrics = list(map(_get_metrics, messages))
-    counts = np.fromiter(map(len, metrics), dtype=np.int64, count=len(metrics))
+        except ContractViolation as exc:
+            reason[i], detail[i], messages[i] = exc.reason, exc.detail, None
+            continue
+        messages[i] = message
+    at = np.arange(n, dtype=np.int64)
+    if len(redo):  # (else every record is valid, and the checks' columns are the batch's)
+        at = np.flatnonzero(np.fromiter((m is not None for m in messages), dtype=bool, count=n))
+        columns = _columns([messages[i] for i in at.tolist()])
     return DecodedBatch(
-        reason=_objects(reason),
-        detail=_objects(detail),
-        **{name: _scatter(n, at, messages, name, None) for name in ("device_id", "device_type", "site", "event")},
-        seq=_scatter(n, at, messages, "seq", 0),
-        ts=_scatter(n, at, messages, "ts", 0),
-        metric_row=np.repeat(at, counts),
-        metric_name=_objects(list(itertools.chain.from_iterable(metrics))),
+        reason=reason,
+        detail=detail,
+        **{name: _scatter(n, at, columns[name], None) for name in ("device_id", "device_type", "site", "event")},
+        seq=_scatter(n, at, columns["seq"], 0),
+        ts=_scatter(n, at, columns["ts"], 0),
+        metric_row=np.repeat(at, columns["counts"]),
+        metric_name=_objects(columns["names"]),
         metric_value=np.fromiter(
-            itertools.chain.from_iterable(map(dict.values, metrics)), dtype=np.float64, count=int(counts.sum())
+            itertools.chain.from_iterable(map(dict.values, columns["metrics"])),
+            dtype=np.float64,
+            count=len(columns["names"]),
         ),
     )
 
 
-_get_metrics = operator.attrgetter("metrics")
+def _columns(messages: list[Any]) -> dict[str, Any]:
+    """The messages' fields as lists, their metrics' names flattened, and how many each has."""
+    columns: dict[str, Any] = {name: list(map(operator.attrgetter(name), messages)) for name in _FIELD_ATTRIBUTES}
+    columns["names"] = list(itertools.chain.from_iterable(columns["metrics"]))
+    columns["counts"] = np.fromiter(map(len, columns["metrics"]), dtype=np.int64, count=len(messages))
+    return columns
 
 
-def _scatter(n: int, at: np.ndarray, messages: list[Any], field: str, missing: Any) -> np.ndarray:
-    """The column of ``field`` for ``n`` records: the messages' values at rows ``at``,
-    ``missing`` (None or 0) elsewhere."""
-    values = list(map(operator.attrgetter(field), messages))
+_FIELD_ATTRIBUTES = ("v", "device_id", "device_type", "site", "seq", "ts", "metrics", "event")
+
+
+def _wire_or_none(raw: bytes | None) -> Any:
+    """The twin msgspec decodes from ``raw``, None where it refuses."""
+    try:
+        return _WIRE_DECODER.decode(raw or b"")
+    except (ValueError, RecursionError):  # msgspec's DecodeError/ValidationError, UnicodeDecodeError
+        return None
+
+
+def _checked_in_bulk(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None,
+    latest_ts: int,
+    metrics_of: Mapping[str, frozenset[str]] | None,
+) -> tuple[list[Any], np.ndarray, dict[str, Any]]:
+    """Each record's twin, the records (positions) whose twin is missing or breaks a rule --
+    size, nesting, names, version, event time, key, metrics -- checked on columns (those go
+    through :func:`_decode` alone, as they did when every record did), and the columns of
+    the decoded ones (:func:`_columns`)."""
+    n = len(values)
+    try:  # one call per record and nothing else, while every record decodes
+        decode = _WIRE_DECODER.decode
+        wires: list[Any] = [decode(raw) for raw in values]  # type: ignore[arg-type]  # None: TypeError
+    except (ValueError, RecursionError, TypeError):
+        wires = list(map(_wire_or_none, values))
+    refused = np.fromiter((w is None for w in wires), dtype=bool, count=n)
+    sizes = np.fromiter((0 if raw is None else len(raw) for raw in values), dtype=np.int64, count=n)
+    for i in np.flatnonzero((sizes > 2 * MAX_JSON_DEPTH) & ~refused).tolist():
+        refused[i] = sizes[i] > MAX_PAYLOAD_BYTES or _needs_diagnosis(values[i])  # type: ignore[arg-type]  # not None: decoded
+    rows = np.flatnonzero(~refused)
+    columns = _columns([wires[i] for i in rows.tolist()] if len(rows) < n else wires)
+    bad = np.zeros(len(rows), dtype=bool)  # of the decoded ones
+    for patterned, name in ((_NAMES, "device_id"), (_NAMES, "site"), (_NAMES, "event"), (_DEVICE_TYPES, "device_type")):
+        bad |= _unmatched(patterned, columns[name])
+    entry_row = np.repeat(np.arange(len(rows)), columns["counts"])
+    bad[entry_row[_unmatched(_METRIC_NAMES, columns["names"])]] = True
+    if not SUPPORTED_VERSIONS.issuperset(columns["v"]):
+        bad |= np.fromiter((v not in SUPPORTED_VERSIONS for v in columns["v"]), dtype=bool, count=len(rows))
+    bad |= ~_within(columns["ts"], MIN_EVENT_TIME_MS, latest_ts)
+    if keys is not None:  # (an empty key is not checked)
+        given = list(keys) if len(rows) == n else [keys[i] for i in rows.tolist()]
+        differs = _objects(given) != _objects([d.encode() for d in columns["device_id"]])
+        bad |= differs & np.fromiter(map(bool, given), dtype=bool, count=len(given))
+    if metrics_of is not None:
+        bad |= _foreign(metrics_of, columns["device_type"], columns["metrics"], set(columns["names"]))
+    refused[rows[bad]] = True
+    return wires, np.flatnonzero(refused), columns
+
+
+def _unmatched(patterned: _KnownNames, column: list[Any]) -> np.ndarray:
+    """Which entries of ``column`` (strings, or None: no name) break ``patterned``'s pattern:
+    each distinct string matched once."""
+    unknown = set(column) - patterned.seen
+    unknown.discard(None)
+    failed = {name for name in unknown if not patterned.learn(name)}
+    if not failed:
+        return np.zeros(len(column), dtype=bool)
+    return np.fromiter((name in failed for name in column), dtype=bool, count=len(column))
+
+
+def _within(column: list[int], low: int, high: int) -> np.ndarray:
+    """Which of ``column``'s integers lie in ``[low, high]`` (any size of integer)."""
+    try:
+        values = np.array(column, dtype=np.int64)
+    except OverflowError:
+        return np.fromiter((low <= value <= high for value in column), dtype=bool, count=len(column))
+    return (values >= low) & (values <= high)
+
+
+def _foreign(
+    metrics_of: Mapping[str, frozenset[str]], device_type: list[str], metrics: list[dict[str, float]], names: set[str]
+) -> np.ndarray:
+    """Which records carry a metric that their type, listed in ``metrics_of``, does not have
+    (``names``: all the metrics they carry); none to look at when each type has them all."""
+    known_of = {kind: metrics_of.get(kind) for kind in set(device_type)}
+    if all(known is None or names <= known for known in known_of.values()):
+        return np.zeros(len(metrics), dtype=bool)
+    pairs = zip(map(known_of.__getitem__, device_type), metrics, strict=True)
+    return np.fromiter((k is not None and not m.keys() <= k for k, m in pairs), bool, len(metrics))
+
+
+def _scatter(n: int, at: np.ndarray, values: list[Any], missing: Any) -> np.ndarray:
+    """The column of ``n`` records: ``values`` at rows ``at``, ``missing`` (None or 0) elsewhere."""
     if len(values) == n:  # all valid, the usual case
         return _objects(values) if missing is None else np.array(values, dtype=np.int64)
     if missing is None:

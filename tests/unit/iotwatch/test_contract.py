@@ -450,6 +450,30 @@ def test_decode_batch_agrees_with_decode_telemetry_record_by_record() -> None:
     assert batch.valid.sum() > len(values) / 2
 
 
+def test_decode_batch_checks_a_batch_as_it_checks_each_record_alone() -> None:
+    """The bulk checks (names, version, event time, key, metrics, on columns) refuse exactly
+    what a batch of the one record refuses, whatever else the batch holds."""
+    from iotwatch.contract.metric_catalog import KNOWN_METRICS
+
+    values: list[bytes | None] = [payload(device_id=f"bulk-{i}", seq=i) for i in range(40)]
+    keys: list[bytes | None] = [f"bulk-{i}".encode() for i in range(40)]
+    values[3] = payload(device_id="bulk 3")  # a name against the pattern, never seen
+    values[7], values[11] = payload(device_id="bulk-7", ts=1), payload(device_id="bulk-11", v=2)
+    values[13] = payload(device_id="bulk-13", metrics={"co2_ppm": 1.0})  # not a thermostat's
+    values[17], values[23] = b'{"v":1', None
+    keys[19], keys[29] = b"bulk-0", b""  # a mismatch; an empty key is not checked
+    values[31] = payload(device_id="bulk-31", ts=2**70)  # beyond int64
+    batch = decode_batch(values, keys, now_ms=NOW, metrics_of=KNOWN_METRICS)
+    alone = [decode_batch([v], [k], now_ms=NOW, metrics_of=KNOWN_METRICS) for v, k in zip(values, keys, strict=True)]
+    for name in ("reason", "detail", "device_id", "device_type", "site", "event", "seq", "ts"):
+        assert list(getattr(batch, name)) == [getattr(one, name)[0] for one in alone], name
+    assert list(batch.metric_name) == [m for one in alone for m in one.metric_name]
+    assert list(batch.metric_value) == [m for one in alone for m in one.metric_value]
+    refused = {3: "invalid_field", 7: "ts_too_old", 11: "unsupported_version", 13: "unknown_metric"}
+    refused |= {17: "invalid_json", 19: "key_mismatch", 23: "invalid_json", 31: "ts_in_future"}
+    assert {i: r for i, r in enumerate(batch.reason) if r is not None} == refused
+
+
 def test_decode_batch_small_cases() -> None:
     empty = decode_batch([], now_ms=NOW)
     assert len(empty) == 0 and empty.metric_value.shape == (0,) and empty.seq.dtype == np.int64
