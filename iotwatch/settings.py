@@ -130,6 +130,14 @@ class MqttSettings(_ConcernSettings, section="mqtt"):
         return urlsplit(self.url).scheme in ("mqtts", "ssl")
 
 
+#: How far apart every Kafka client (librdkafka's and the Java ones in Spark and MirrorMaker)
+#: at most tries a lost broker again and retries a failed request. A broker back from a restart
+#: is found by the gateway's producer, the job's offset reader, its consumers and its sinks in
+#: turn, each up to one back-off late: librdkafka's default lets the wait grow to 10 s, the Java
+#: clients' to 1 s; a quarter second costs a few connection attempts a second while a broker
+#: is away (docs/operate/chaos.md).
+BACKOFF_MAX_MS = {"reconnect.backoff.max.ms": "250", "retry.backoff.max.ms": "250"}
+
 #: Kafka's client security protocols (``security.protocol``).
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
@@ -156,15 +164,12 @@ class KafkaSettings(_ConcernSettings, section="kafka"):
         return check_bootstrap_servers(value)
 
     def client_config(self) -> dict[str, str]:
-        """librdkafka connection properties shared by every producer, consumer and admin.
-
-        A lost broker is tried again at most a second apart (librdkafka's back-off doubles up
-        to 10 s by default, so a client could find a broker back from a restart up to 10 s
-        late; Kafka's Java clients stop at 1 s)."""
+        """librdkafka connection properties shared by every producer, consumer and admin,
+        with :data:`BACKOFF_MAX_MS`."""
         config = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
-            "reconnect.backoff.max.ms": "1000",
+            **BACKOFF_MAX_MS,
         }
         if self.sasl_mechanism:
             config["sasl.mechanism"] = self.sasl_mechanism

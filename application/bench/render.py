@@ -242,7 +242,8 @@ def _chaos_rows(results: list[dict[str, Any]]) -> list[Row]:
                 if measure not in entry:
                     continue
                 slope, limit = entry[measure]["slope_per_min"], entry[measure]["limit_per_min"]
-                if slope is not None and limit is not None and slope > limit:
+                error = entry[measure].get("slope_error_per_min", 0.0)  # the judge's margin (Growth.exceeds)
+                if slope is not None and limit is not None and slope - 2 * error > limit:
                     found.append(f"{name} +{slope / scale:,.1f} {unit}")
         return "over: " + ", ".join(found)
 

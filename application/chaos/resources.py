@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psutil
@@ -165,34 +165,52 @@ def quiet_windows(disturbed: Sequence[Window], end_s: float) -> list[Window]:
     return windows
 
 
+class Growth(NamedTuple):
+    """A fitted growth: per minute (None: too little to judge), the seconds of samples it used
+    and its standard error per minute (from the samples' scatter about the fit)."""
+
+    per_min: float | None
+    fitted_s: float
+    error_per_min: float = 0.0
+
+    def exceeds(self, limit: float) -> bool:
+        """Growth faster than ``limit`` beyond its noise: the slope more than two standard
+        errors above the limit. A short fit over noisy samples (threads coming and going with
+        tasks, a garbage-collected heap's saw-tooth) cannot show a slope near the limit; the
+        same rate over an hour's samples can."""
+        return self.per_min is not None and self.per_min - 2.0 * self.error_per_min > limit
+
+
 def slope_per_minute(
     points: Iterable[tuple[float, int, float]],
     warm_up_s: float,
     min_span_s: float,
     windows: Sequence[Window] | None = None,
-) -> tuple[float | None, float]:
+) -> Growth:
     """Growth per minute of ``(t_s, incarnation, value)`` points, pooled over stretches
     (each with its own level): one per incarnation and window of ``windows`` (default: the
-    whole run), from ``warm_up_s`` after each incarnation's first point; and the seconds of
-    samples the fit used. None when the stretches span less than ``min_span_s`` in all."""
+    whole run), from ``warm_up_s`` after each incarnation's first point; not judged when the
+    stretches span less than ``min_span_s`` in all."""
     by_incarnation: dict[int, list[tuple[float, float]]] = {}
     for t, incarnation, value in points:
         by_incarnation.setdefault(incarnation, []).append((t, value))
-    numerator = denominator = span = 0.0
+    stretches: list[tuple[np.ndarray, np.ndarray]] = []
     for series in by_incarnation.values():
         series.sort()
         start = series[0][0] + warm_up_s
         for low, high in windows if windows is not None else [(-np.inf, np.inf)]:
             kept = np.array([(t, v) for t, v in series if t >= start and low <= t < high], dtype=float)
-            if len(kept) < 3:
-                continue
-            t, v = kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()
-            numerator += float(t @ v)
-            denominator += float(t @ t)
-            span += float(kept[-1, 0] - kept[0, 0])
+            if len(kept) >= 3:
+                stretches.append((kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()))
+    denominator = sum(float(t @ t) for t, _ in stretches)
+    span = sum(float(t[-1] - t[0]) for t, _ in stretches)
     if denominator == 0.0 or span < min_span_s:
-        return None, 0.0
-    return numerator / denominator * 60.0, span
+        return Growth(None, 0.0)
+    slope = sum(float(t @ v) for t, v in stretches) / denominator
+    # residuals about one slope and a level per stretch: n - stretches - 1 degrees of freedom
+    freedom = sum(len(t) for t, _ in stretches) - len(stretches) - 1
+    scatter = sum(float(((v - slope * t) ** 2).sum()) for t, v in stretches) / max(freedom, 1)
+    return Growth(slope * 60.0, span, float(np.sqrt(scatter / denominator)) * 60.0)
 
 
 def judge(
@@ -203,8 +221,8 @@ def judge(
     windows: Sequence[Window] | None = None,
 ) -> dict[str, Any]:
     """Per process: incarnations, last and peak values, slope per minute of each measure
-    within ``windows`` (see :func:`slope_per_minute`) and whether it stays within ``limits``
-    (``None``: the run was too short to judge)."""
+    within ``windows`` (see :func:`slope_per_minute`) and its standard error, and whether it
+    stays within ``limits`` (:meth:`Growth.exceeds`; ``None``: the run was too short to judge)."""
     report: dict[str, Any] = {}
     for name in sorted({s.process for s in samples}):
         own = [s for s in samples if s.process == name]
@@ -212,17 +230,18 @@ def judge(
         within: list[bool] = []
         for measure_name in MEASURES:
             values = [(s.t, s.pid, float(getattr(s, measure_name))) for s in own]
-            slope, span = slope_per_minute(values, warm_up_s, min_span_s, windows)
+            growth = slope_per_minute(values, warm_up_s, min_span_s, windows)
             limit = getattr(limits, measure_name)  # None: reported, not judged
             entry[measure_name] = {
                 "last": int(values[-1][2]),
                 "peak": int(max(v for _, _, v in values)),
-                "slope_per_min": None if slope is None else round(slope, 3),
-                "fitted_s": round(span, 1),
+                "slope_per_min": None if growth.per_min is None else round(growth.per_min, 3),
+                "slope_error_per_min": round(growth.error_per_min, 3),
+                "fitted_s": round(growth.fitted_s, 1),
                 "limit_per_min": limit,
             }
-            if slope is not None and limit is not None:
-                within.append(slope <= limit)
+            if growth.per_min is not None and limit is not None:
+                within.append(not growth.exceeds(limit))
         entry["within_limits"] = all(within) if within else None
         report[name] = entry
     return report

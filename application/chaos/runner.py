@@ -327,7 +327,7 @@ def _prove(
     )
     resources = judge(sampler.samples, options.limits, options.warm_up_s, options.min_span_s, windows)
     state_store = [(t, 0, float(b)) for t, b in sampler.state_store]
-    state_slope, _ = slope_per_minute(state_store, options.warm_up_s, options.min_span_s, windows)
+    state_slope = slope_per_minute(state_store, options.warm_up_s, options.min_span_s, windows).per_min
     lag_series = [(x.t - runner.started, max(0, x.raw_end - x.stream_offset)) for x in timeline.live.samples]
     verdicts: list[proofs.Proof | proofs.LossProof] = [
         loss_proof,

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from iotwatch.clients.tls_probe import certificate_problem, speaks_tls
 from iotwatch.errors import AccessRefused, ServiceUnavailable, TlsRefused
-from iotwatch.settings import KafkaSettings, TopicSettings
+from iotwatch.settings import BACKOFF_MAX_MS, KafkaSettings, TopicSettings
 
 
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -35,7 +35,11 @@ def java_client_properties(settings: KafkaSettings) -> dict[str, str]:
     MirrorMaker 2: a JAAS line instead of ``sasl.username``, a PEM truststore instead of a CA
     file. The Java client verifies the broker's name against its certificate by default
     (``ssl.endpoint.identification.algorithm=https``), as librdkafka does."""
-    properties = {"bootstrap.servers": settings.bootstrap_servers, "security.protocol": settings.security_protocol}
+    properties = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "security.protocol": settings.security_protocol,
+        **BACKOFF_MAX_MS,
+    }
     if settings.sasl_mechanism:
         properties["sasl.mechanism"] = settings.sasl_mechanism
         module = "plain.PlainLoginModule" if settings.sasl_mechanism.upper() == "PLAIN" else "scram.ScramLoginModule"

@@ -28,7 +28,7 @@ def _last(log: str, text: str) -> datetime:
 
 def test_a_node_killed_and_started_again_registers_without_waiting_out_its_old_session(tmp_path: Path) -> None:
     """After kill -9 the restarted node's controller holds the old registration until its
-    session expires (Kafka's default 9 s); the stack's broker keeps that session at 3 s, so
+    session expires (Kafka's default 9 s); the stack's broker keeps that session at 1.5 s, so
     the new registration is taken within a few seconds, and the records acknowledged by all
     in-sync replicas before the kill are all there."""
     service = start_kafka_broker(tmp_path, timeout_s=120)

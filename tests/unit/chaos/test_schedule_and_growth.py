@@ -14,6 +14,7 @@ import pytest
 
 from iotwatch.application.chaos.proofs import alerts_match, catch_up, commands, notifications
 from iotwatch.application.chaos.resources import (
+    Growth,
     Limits,
     Sample,
     anonymous_resident,
@@ -71,14 +72,15 @@ def test_slope_is_fitted_within_incarnations_after_warm_up() -> None:
             age = t - start
             value = 50e6 + (age * 1e6 if age < 60 else 60e6 + (age - 60) / 60 * 2e6)
             points.append((float(t), pid, value))
-    slope, span = slope_per_minute(points, warm_up_s=60.0, min_span_s=120.0)
+    slope, span, error = slope_per_minute(points, warm_up_s=60.0, min_span_s=120.0)
     assert slope == pytest.approx(2e6, rel=1e-6)
     assert span == pytest.approx(2 * 235.0)
+    assert error == pytest.approx(0.0, abs=1.0)  # on the line: no scatter
 
 
 def test_slope_is_not_judged_on_too_short_a_run() -> None:
     points = [(float(t), 1, 1e6 * t) for t in range(0, 100, 5)]
-    assert slope_per_minute(points, warm_up_s=30.0, min_span_s=120.0) == (None, 0.0)
+    assert slope_per_minute(points, warm_up_s=30.0, min_span_s=120.0) == (None, 0.0, 0.0)
 
 
 def test_quiet_windows_leave_out_each_fault_until_it_recovered() -> None:
@@ -133,6 +135,32 @@ def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -
     assert report["mapping"]["within_limits"] is True
     assert report["mapping"]["rss_bytes"]["slope_per_min"] == pytest.approx(3e6, rel=1e-3)
     assert report["mapping"]["rss_bytes"]["limit_per_min"] is None
+
+
+def test_threads_coming_and_going_with_tasks_pass_a_short_run_and_a_leak_fails_it() -> None:
+    """Four minutes of a job whose threads scatter by a few with the tasks in flight fit a
+    slope above one a minute by chance, within two standard errors: not judged growth. A
+    thread leaked every 20 s through the same scatter fails; so does a slope of 1.5 a minute
+    kept up over an hour, whose standard error is a tenth."""
+    rng = np.random.default_rng(7)
+
+    def run(seconds: int, per_min: float) -> list[Sample]:
+        return [
+            Sample(float(t), "stream", 10, 0, 450, int(130 + per_min * t / 60 + rng.integers(0, 12)), 0)
+            for t in range(0, seconds, 5)
+        ]
+
+    def verdict(samples: list[Sample]) -> tuple[bool | None, dict[str, float]]:
+        entry = judge(samples, Limits(), warm_up_s=120.0, min_span_s=120.0)["stream"]
+        return entry["within_limits"], entry["threads"]
+
+    tasks, leak, hour = run(360, 0.0), run(360, 3.0), run(3600, 1.5)
+    assert verdict(tasks)[0] is True and verdict(tasks)[1]["slope_error_per_min"] > 0.3
+    assert verdict(leak)[0] is False
+    ok, threads = verdict(hour)
+    assert ok is False and threads["slope_error_per_min"] < 0.1
+    noisy = Growth(1.6, 240.0, 1.4)
+    assert not noisy.exceeds(1.0) and Growth(1.6, 3600.0, 0.1).exceeds(1.0)
 
 
 def test_anonymous_resident_memory_is_read_from_the_kernel() -> None:

@@ -14,7 +14,7 @@ from iotwatch.application.stack.embedded import StackState
 from iotwatch.application.stack.kafka_broker import admin_settings
 from iotwatch.application.stack.mirror_maker import CENTRAL, ClusterLink
 from iotwatch.clients.kafka import java_client_properties, tls_refused
-from iotwatch.settings import KafkaSettings, load_settings
+from iotwatch.settings import BACKOFF_MAX_MS, KafkaSettings, load_settings
 from iotwatch.streaming.kafka_source import kafka_options
 
 SASL_SSL = KafkaSettings(
@@ -36,6 +36,8 @@ def test_every_client_gets_the_protocol_and_the_ca() -> None:
         "/etc/iotwatch/ca.crt",
     )
     assert 'username="stream" password="secret"' in java["sasl.jaas.config"]
+    # a broker back from a restart is tried within the same back-off by librdkafka and Java clients
+    assert BACKOFF_MAX_MS.items() <= SASL_SSL.client_config().items() and BACKOFF_MAX_MS.items() <= java.items()
     # Spark's connector: the same properties, prefixed
     assert {f"kafka.{k}": v for k, v in java.items()}.items() <= kafka_options(SASL_SSL).items()
     # MirrorMaker: the same, without the bootstrap servers it sets itself; none for a plaintext cluster
