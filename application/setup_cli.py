@@ -59,7 +59,7 @@ def _compile_kernels() -> dict[str, Any]:
 
 def _spark_patches(jars_from: Path | None) -> dict[str, Any]:
     """Build the pinned Spark release's fixes (from Maven, or from ``jars_from``: a copy of
-    another machine's ``spark-patches-<version>`` folder or spark-sql's sources jar). A fix
+    another machine's ``spark-patches-<version>-<digest>`` folder or spark-sql's sources jar). A fix
     that cannot be built is reported, not fatal: the job runs without it, with the bug."""
     from iotwatch.errors import StackError
     from iotwatch.jvm.spark_patches import build_patches, install_built, patch_jar, patches_needed

@@ -1,8 +1,9 @@
-"""Upstream fixes to the pinned Spark release, until a release that has them can be installed
-(docs/internals.md, "Spark patches")."""
+"""Fixes to the pinned Spark release: upstream ones until a release that has them can be
+installed, and one of the job's own (docs/internals.md, "Spark patches")."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -45,8 +46,24 @@ CLOSE_STATE_SERVER_SOCKET = SourcePatch(
     ),
 )
 
+#: The driver builds the Python stateful operator's node several times while it plans every
+#: micro-batch, and each node built its state-variable handle at once: the grouping key's
+#: encoder and the timer column family's (analysis and generated code), about a quarter of
+#: the CPU of the driver's planning thread. Only the first micro-batch uses the handle
+#: (learning the state schemas); later nodes now never build it, nor ship it in their tasks.
+LAZY_DRIVER_HANDLE = SourcePatch(
+    issue="lazy-driver-handle",
+    path="org/apache/spark/sql/execution/python/streaming/TransformWithStateInPySparkExec.scala",
+    edits=(
+        (
+            "  private val driverProcessorHandle: DriverStatefulProcessorHandleImpl =",
+            "  private lazy val driverProcessorHandle: DriverStatefulProcessorHandleImpl =",
+        ),
+    ),
+)
+
 #: pyspark version -> the fixes its release needs.
-PATCHES: dict[str, tuple[SourcePatch, ...]] = {"4.2.0": (CLOSE_STATE_SERVER_SOCKET,)}
+PATCHES: dict[str, tuple[SourcePatch, ...]] = {"4.2.0": (CLOSE_STATE_SERVER_SOCKET, LAZY_DRIVER_HANDLE)}
 
 
 def _spark_version() -> str:
@@ -60,7 +77,9 @@ def patches_needed() -> tuple[SourcePatch, ...]:
 
 
 def patch_folder() -> Path:
-    return jars_root() / f"spark-patches-{_spark_version()}"
+    """The jar's folder, named after the release and its fixes: another set of fixes is another jar."""
+    digest = hashlib.sha256(repr(patches_needed()).encode()).hexdigest()[:12]
+    return jars_root() / f"spark-patches-{_spark_version()}-{digest}"
 
 
 def patch_jar() -> Path | None:
@@ -106,7 +125,7 @@ def build_patches(*, sources_jar: Path | None = None) -> Path | None:
 
 def install_built(source: Path) -> Path | None:
     """The fixes from a folder of jars downloaded elsewhere (``iotwatch setup --jars-from``):
-    a copy of another machine's ``spark-patches-<version>`` folder, else built from the
+    a copy of another machine's ``spark-patches-<version>-<digest>`` folder, else built from the
     spark-sql sources jar found there."""
     if not patches_needed():
         return None

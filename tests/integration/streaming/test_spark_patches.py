@@ -1,6 +1,7 @@
-"""The pinned Spark release's upstream fixes, built by ``iotwatch setup``, are what the job's
-JVM runs: SPARK-58932's state-server socket is closed after each stateful task, so the JVM
-does not collect sockets in CLOSE_WAIT micro-batch after micro-batch."""
+"""The pinned Spark release's fixes, built by ``iotwatch setup``, are what the job's JVM runs:
+SPARK-58932's state-server socket is closed after each stateful task, so the JVM does not
+collect sockets in CLOSE_WAIT micro-batch after micro-batch; the stateful operator's node
+builds its driver-side handle only when used (micro-batches run through it here too)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import psutil
 import pytest
 
 from iotwatch.clients.kafka import ensure_topics
-from iotwatch.jvm.spark_patches import CLOSE_STATE_SERVER_SOCKET, patch_jar, patches_needed
+from iotwatch.jvm.spark_patches import (
+    CLOSE_STATE_SERVER_SOCKET,
+    LAZY_DRIVER_HANDLE,
+    SourcePatch,
+    patch_jar,
+    patches_needed,
+)
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import start
 from tests.helpers import spark_jvms
@@ -20,6 +27,7 @@ from tests.support.scenario import write_scenario
 pytestmark = pytest.mark.slow
 
 STATE_SERVER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
+OPERATOR_NODE = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec"
 
 
 def _close_wait(jvm: psutil.Process) -> int:
@@ -33,12 +41,15 @@ def _spark_jvm() -> psutil.Process:
     return jvms[0]
 
 
-def test_the_state_server_class_comes_from_the_fix_jar(spark) -> None:  # type: ignore[no-untyped-def]
-    assert CLOSE_STATE_SERVER_SOCKET in patches_needed()
+@pytest.mark.parametrize(
+    ("patch", "name"), [(CLOSE_STATE_SERVER_SOCKET, STATE_SERVER), (LAZY_DRIVER_HANDLE, OPERATOR_NODE)]
+)
+def test_the_patched_classes_come_from_the_fix_jar(spark, patch: SourcePatch, name: str) -> None:  # type: ignore[no-untyped-def]
+    assert patch in patches_needed()
     jar = patch_jar()
     assert jar is not None, "iotwatch setup did not build the Spark fixes"
     jvm = spark.sparkContext._jvm
-    source = jvm.java.lang.Class.forName(STATE_SERVER).getProtectionDomain().getCodeSource().getLocation()
+    source = jvm.java.lang.Class.forName(name).getProtectionDomain().getCodeSource().getLocation()
     assert Path(source.getPath()) == jar
 
 
