@@ -15,15 +15,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
 from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
@@ -31,10 +32,14 @@ from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
 from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
-from iotwatch.streaming.kafka_source import read_kafka_stream
-from iotwatch.streaming.operator_query import start_operator
-from iotwatch.streaming.progress import ProgressReporter
 from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
+
+if TYPE_CHECKING:
+    from iotwatch.streaming.progress import ProgressReporter
+
+#: The modules of the query (pandas and InfluxDB's client among theirs: seconds to import on a
+#: busy machine), imported while Spark starts (:func:`run_job`) rather than before.
+QUERY_MODULES = ("iotwatch.clients.influx", "iotwatch.streaming.operator_query", "iotwatch.streaming.kafka_source")
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +138,11 @@ class RunningJob:
         self.stop()
 
     def stop(self, wait_s: float = 0.0) -> None:
-        """Stop the query, between micro-batches if one ends within ``wait_s``: a stop
-        interrupts the micro-batch in progress, which Spark reports with stack traces,
-        logged at DEBUG here (the batch re-runs from the checkpoint on the next start).
+        """Stop the query once the micro-batch in progress has committed, if it does within
+        ``wait_s``: a stop interrupts a micro-batch, which Spark reports with stack traces,
+        logged at DEBUG here (the batch re-runs from the checkpoint on the next start). With
+        no trigger interval the next micro-batch follows at once, so the stop comes as soon
+        as the batch in progress has ended (the next one, barely begun, is interrupted).
         Idempotent; tolerates a JVM already shutting down.
 
         The benchmarks stop at once: waiting for the end of a micro-batch there makes the
@@ -145,7 +152,13 @@ class RunningJob:
 
         deadline = time.monotonic() + wait_s
         try:
-            while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            ended = (self.query.lastProgress or {}).get("batchId", -1)
+            while (
+                self.query.isActive
+                and self.query.status.get("isTriggerActive")
+                and (self.query.lastProgress or {}).get("batchId", -1) == ended
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.02)
             with quiet_stop():
                 self.query.stop()
@@ -170,6 +183,10 @@ def start(
     synthetic readings go through the job's operator first
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
+    from iotwatch.streaming.kafka_source import read_kafka_stream
+    from iotwatch.streaming.operator_query import start_operator
+    from iotwatch.streaming.progress import ProgressReporter
+
     stream = settings.stream
     check_kernels(stream.detector_names())  # here, not in a task
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
@@ -248,6 +265,8 @@ def root_cause(text: str) -> str:
 
 def prepare_outputs(settings: Settings) -> None:
     """Create missing topics and the InfluxDB database."""
+    from iotwatch.clients.influx import InfluxV1Client
+
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     if settings.influx.enabled:
         client = InfluxV1Client(settings.influx)
@@ -255,6 +274,26 @@ def prepare_outputs(settings: Settings) -> None:
         client.close()
     else:
         log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
+
+
+def _prepare(
+    settings: Settings, checkpoint_dir: Path | None, reset_offsets: ResetTo | None, warm_up: bool
+) -> tuple[Path, bool]:
+    """The query's modules loaded, the topics and InfluxDB database made, the checkpoint
+    checked against Kafka (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
+    ``warm_up`` still holds (no records are waiting, as after a restart: see :func:`start`)."""
+    for module in QUERY_MODULES:
+        import_module(module)
+    prepare_outputs(settings)
+    checkpoint = resolve_checkpoint(settings, checkpoint_dir)
+    prepare_checkpoint(settings, checkpoint, cluster_id(settings), reset_offsets)
+    if warm_up and not reset_offsets:
+        from iotwatch.streaming.warm_up import records_waiting
+
+        if waiting := records_waiting(settings, checkpoint):
+            log.info("no warm-up micro-batch: %d records are waiting for the job", waiting)
+            warm_up = False
+    return checkpoint, warm_up
 
 
 def run_job(
@@ -274,24 +313,26 @@ def run_job(
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
     where its source file is readable by the executor, and not with ``available_now``).
-    A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
+    A checkpoint Kafka no longer has the offsets of is refused before the query starts, unless
     ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`). ``step``: told
     what the job is doing until its first micro-batch ran (then None)."""
     step = step or (lambda _text: None)
-    step("creating topics")
-    prepare_outputs(settings)
-    cluster = cluster_id(settings)
-    checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
-    prepare_checkpoint(settings, checkpoint_dir, cluster, reset_offsets)
-    if reset_offsets:
-        settings = settings.model_copy(
-            update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}
-        )
     stop = threading.Event()
     _stop_on_signals(stop)
-    step("starting Spark")
-    with session_scope(settings.stream, "iotwatch-stream") as spark:
+    step("creating topics and starting Spark")
+    # the query's imports and Kafka's checks beside Spark's start (seconds each): a restart pays the longer
+    with ExitStack() as scope, ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
+        prepared = pool.submit(_prepare, settings, checkpoint_dir, reset_offsets, warm_up and not available_now)
+        try:
+            spark = scope.enter_context(session_scope(settings.stream, "iotwatch-stream"))
+        finally:
+            # a refusal (Kafka's, the checkpoint's) says what to fix first, before an error of Spark's
+            checkpoint_dir, warm_up = prepared.result()
         _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
+        if reset_offsets:
+            settings = settings.model_copy(
+                update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}
+            )
         started = time.monotonic()
         restarts = 0
         earlier: Counter[str] = Counter()
