@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 #: progress (it is then re-run from the checkpoint by the next start).
 STOP_WAIT_S = 5.0
 
+#: Spark's status message while it plans a micro-batch, before the batch's offsets are logged.
+PLANNING = "Getting offsets from"
+
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -137,29 +140,36 @@ class RunningJob:
             time.sleep(0.5)
         self.stop()
 
+    def _await_batch_end(self, deadline: float) -> None:
+        """Until the micro-batch in progress has ended (or ``deadline``): best while the next
+        one gets its offsets, before it logs them."""
+        last = (self.query.lastProgress or {}).get("batchId", -1)
+        polls = 0
+        while time.monotonic() < deadline:
+            status = self.query.status
+            if not status["isTriggerActive"] or status["message"].startswith(PLANNING):
+                return
+            polls += 1
+            if polls % 10 == 0 and (self.query.lastProgress or {}).get("batchId", -1) != last:
+                return  # that moment missed: the next micro-batch, barely begun, is interrupted
+            time.sleep(0.005)
+
     def stop(self, wait_s: float = 0.0) -> None:
-        """Stop the query once the micro-batch in progress has committed, if it does within
-        ``wait_s``: a stop interrupts a micro-batch, which Spark reports with stack traces,
-        logged at DEBUG here (the batch re-runs from the checkpoint on the next start). With
-        no trigger interval the next micro-batch follows at once, so the stop comes as soon
-        as the batch in progress has ended (the next one, barely begun, is interrupted).
-        Idempotent; tolerates a JVM already shutting down.
+        """Stop the query between micro-batches, if the one in progress ends within ``wait_s``:
+        a stop interrupts a micro-batch, which Spark reports with stack traces, logged at DEBUG
+        here, and the next start runs that batch again before it reads what came since. With
+        no trigger interval the next micro-batch is planned at once: the stop comes while it
+        gets its offsets, or, that moment missed, just after it began. Idempotent; tolerates
+        a JVM already shutting down.
 
         The benchmarks stop at once: waiting for the end of a micro-batch there makes the
         next query's spike-to-alert latency worse (perhaps the stopped query's state stores
         stay loaded until Spark's maintenance unloads them)."""
         from iotwatch.jvm.spark import quiet_stop
 
-        deadline = time.monotonic() + wait_s
         try:
-            ended = (self.query.lastProgress or {}).get("batchId", -1)
-            while (
-                self.query.isActive
-                and self.query.status.get("isTriggerActive")
-                and (self.query.lastProgress or {}).get("batchId", -1) == ended
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.02)
+            if wait_s > 0:
+                self._await_batch_end(time.monotonic() + wait_s)
             with quiet_stop():
                 self.query.stop()
             self.reporter.close()
