@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from iotwatch.streaming.progress import ProgressReporter
 
 #: The modules of the query (pandas and InfluxDB's client among theirs: seconds to import on a
-#: busy machine), imported while Spark starts (:func:`run_job`) rather than before.
+#: busy machine), imported while Spark starts (:func:`run_job`), beside it.
 QUERY_MODULES = ("iotwatch.clients.influx", "iotwatch.streaming.operator_query", "iotwatch.streaming.kafka_source")
 
 log = logging.getLogger(__name__)
@@ -140,17 +140,20 @@ class RunningJob:
             time.sleep(0.5)
         self.stop()
 
+    def _last_batch(self) -> int:
+        progress = self.query.lastProgress
+        return -1 if progress is None else int(progress["batchId"])
+
     def _await_batch_end(self, deadline: float) -> None:
         """Until the micro-batch in progress has ended (or ``deadline``): best while the next
         one gets its offsets, before it logs them."""
-        last = (self.query.lastProgress or {}).get("batchId", -1)
-        polls = 0
+        last, polls = self._last_batch(), 0
         while time.monotonic() < deadline:
             status = self.query.status
             if not status["isTriggerActive"] or status["message"].startswith(PLANNING):
                 return
             polls += 1
-            if polls % 10 == 0 and (self.query.lastProgress or {}).get("batchId", -1) != last:
+            if polls % 10 == 0 and self._last_batch() != last:
                 return  # that moment missed: the next micro-batch, barely begun, is interrupted
             time.sleep(0.005)
 
