@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +35,6 @@ from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
 
 if TYPE_CHECKING:
     from iotwatch.streaming.progress import ProgressReporter
-
-#: The modules of the query (pandas and InfluxDB's client among theirs: seconds to import on a
-#: busy machine), imported while Spark starts (:func:`run_job`), beside it.
-QUERY_MODULES = ("iotwatch.clients.influx", "iotwatch.streaming.operator_query", "iotwatch.streaming.kafka_source")
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +290,9 @@ def _prepare(
     """The query's modules loaded, the topics and InfluxDB database made, the checkpoint
     checked against Kafka (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
     ``warm_up`` still holds (no records are waiting, as after a restart: see :func:`start`)."""
-    for module in QUERY_MODULES:
-        import_module(module)
+    # the query's modules (pandas and InfluxDB's client among theirs: seconds on a busy machine)
+    from iotwatch.streaming import kafka_source, operator_query  # noqa: F401
+
     prepare_outputs(settings)
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
     prepare_checkpoint(settings, checkpoint, cluster_id(settings), reset_offsets)
