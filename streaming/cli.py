@@ -95,7 +95,7 @@ def stream(
     and rules, publishes raised/cleared alerts to the alert topic, archives clean readings
     to Parquet and writes aggregates and pipeline health to InfluxDB. Creates missing
     topics and the InfluxDB database. Refuses a checkpoint whose offsets Kafka no longer
-    has (another stack's, a re-created topic's) before Spark starts.
+    has (another stack's, a re-created topic's) before the query starts.
     """
     update: dict[str, Any] = {
         k: v

@@ -15,15 +15,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from iotwatch.clients.influx import InfluxV1Client
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.errors import IotwatchError
 from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
@@ -31,16 +31,19 @@ from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
 from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
-from iotwatch.streaming.kafka_source import read_kafka_stream
-from iotwatch.streaming.operator_query import start_operator
-from iotwatch.streaming.progress import ProgressReporter
 from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
+
+if TYPE_CHECKING:
+    from iotwatch.streaming.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
 
 #: Longest wait for a moment between micro-batches before a stop interrupts the one in
 #: progress (it is then re-run from the checkpoint by the next start).
 STOP_WAIT_S = 5.0
+
+#: Spark's status message while it plans a micro-batch, before the batch's offsets are logged.
+PLANNING = "Getting offsets from"
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -132,21 +135,39 @@ class RunningJob:
             time.sleep(0.5)
         self.stop()
 
+    def _last_batch(self) -> int:
+        progress = self.query.lastProgress
+        return -1 if progress is None else int(progress["batchId"])
+
+    def _await_batch_end(self, deadline: float) -> None:
+        """Until the micro-batch in progress has ended (or ``deadline``): best while the next
+        one gets its offsets, before it logs them."""
+        last, polls = self._last_batch(), 0
+        while time.monotonic() < deadline:
+            status = self.query.status
+            if not status["isTriggerActive"] or status["message"].startswith(PLANNING):
+                return
+            polls += 1
+            if polls % 10 == 0 and self._last_batch() != last:
+                return  # that moment missed: the next micro-batch, barely begun, is interrupted
+            time.sleep(0.005)
+
     def stop(self, wait_s: float = 0.0) -> None:
-        """Stop the query, between micro-batches if one ends within ``wait_s``: a stop
-        interrupts the micro-batch in progress, which Spark reports with stack traces,
-        logged at DEBUG here (the batch re-runs from the checkpoint on the next start).
-        Idempotent; tolerates a JVM already shutting down.
+        """Stop the query between micro-batches, if the one in progress ends within ``wait_s``:
+        a stop interrupts a micro-batch, which Spark reports with stack traces, logged at DEBUG
+        here, and the next start runs that batch again before it reads what came since. With
+        no trigger interval the next micro-batch is planned at once: the stop comes while it
+        gets its offsets, or, that moment missed, just after it began. Idempotent; tolerates
+        a JVM already shutting down.
 
         The benchmarks stop at once: waiting for the end of a micro-batch there makes the
         next query's spike-to-alert latency worse (perhaps the stopped query's state stores
         stay loaded until Spark's maintenance unloads them)."""
         from iotwatch.jvm.spark import quiet_stop
 
-        deadline = time.monotonic() + wait_s
         try:
-            while self.query.isActive and self.query.status.get("isTriggerActive") and time.monotonic() < deadline:
-                time.sleep(0.02)
+            if wait_s > 0:
+                self._await_batch_end(time.monotonic() + wait_s)
             with quiet_stop():
                 self.query.stop()
             self.reporter.close()
@@ -170,6 +191,10 @@ def start(
     synthetic readings go through the job's operator first
     (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
     when records are waiting, which the first micro-batch then reads at once."""
+    from iotwatch.streaming.kafka_source import read_kafka_stream
+    from iotwatch.streaming.operator_query import start_operator
+    from iotwatch.streaming.progress import ProgressReporter
+
     stream = settings.stream
     check_kernels(stream.detector_names())  # here, not in a task
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
@@ -248,6 +273,8 @@ def root_cause(text: str) -> str:
 
 def prepare_outputs(settings: Settings) -> None:
     """Create missing topics and the InfluxDB database."""
+    from iotwatch.clients.influx import InfluxV1Client
+
     ensure_topics(settings.kafka, settings.topics.kafka_topics())
     if settings.influx.enabled:
         client = InfluxV1Client(settings.influx)
@@ -255,6 +282,27 @@ def prepare_outputs(settings: Settings) -> None:
         client.close()
     else:
         log.warning("InfluxDB disabled: aggregates and pipeline health are not written")
+
+
+def _prepare(
+    settings: Settings, checkpoint_dir: Path | None, reset_offsets: ResetTo | None, warm_up: bool
+) -> tuple[Path, bool]:
+    """The query's modules loaded, the topics and InfluxDB database made, the checkpoint
+    checked against Kafka (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
+    ``warm_up`` still holds (no records are waiting, as after a restart: see :func:`start`)."""
+    # the query's modules (pandas and InfluxDB's client among theirs: seconds on a busy machine)
+    from iotwatch.streaming import kafka_source, operator_query  # noqa: F401
+
+    prepare_outputs(settings)
+    checkpoint = resolve_checkpoint(settings, checkpoint_dir)
+    prepare_checkpoint(settings, checkpoint, cluster_id(settings), reset_offsets)
+    if warm_up and not reset_offsets:
+        from iotwatch.streaming.warm_up import records_waiting
+
+        if waiting := records_waiting(settings, checkpoint):
+            log.info("no warm-up micro-batch: %d records are waiting for the job", waiting)
+            warm_up = False
+    return checkpoint, warm_up
 
 
 def run_job(
@@ -274,24 +322,26 @@ def run_job(
     raises :class:`StreamingQueryFailed` with its root cause. ``warm_up``: a warm-up
     micro-batch before the first start (:mod:`iotwatch.streaming.warm_up`; local mode only,
     where its source file is readable by the executor, and not with ``available_now``).
-    A checkpoint Kafka no longer has the offsets of is refused before Spark starts, unless
+    A checkpoint Kafka no longer has the offsets of is refused before the query starts, unless
     ``reset_offsets`` sets it aside (:mod:`iotwatch.streaming.checkpoint`). ``step``: told
     what the job is doing until its first micro-batch ran (then None)."""
     step = step or (lambda _text: None)
-    step("creating topics")
-    prepare_outputs(settings)
-    cluster = cluster_id(settings)
-    checkpoint_dir = resolve_checkpoint(settings, checkpoint_dir)
-    prepare_checkpoint(settings, checkpoint_dir, cluster, reset_offsets)
-    if reset_offsets:
-        settings = settings.model_copy(
-            update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}
-        )
     stop = threading.Event()
     _stop_on_signals(stop)
-    step("starting Spark")
-    with session_scope(settings.stream, "iotwatch-stream") as spark:
+    step("creating topics and starting Spark")
+    # the query's imports and Kafka's checks beside Spark's start (seconds each): a restart pays the longer
+    with ExitStack() as scope, ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
+        prepared = pool.submit(_prepare, settings, checkpoint_dir, reset_offsets, warm_up and not available_now)
+        try:
+            spark = scope.enter_context(session_scope(settings.stream, "iotwatch-stream"))
+        finally:
+            # a refusal (Kafka's, the checkpoint's) says what to fix first, before an error of Spark's
+            checkpoint_dir, warm_up = prepared.result()
         _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
+        if reset_offsets:
+            settings = settings.model_copy(
+                update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}
+            )
         started = time.monotonic()
         restarts = 0
         earlier: Counter[str] = Counter()

@@ -1,5 +1,5 @@
 """The job's checkpoint belongs to one Kafka cluster: a checkpoint whose offsets Kafka no longer
-has is refused in one line before Spark starts, and each cluster has a default of its own."""
+has is refused in one line before the query starts, and each cluster has a default of its own."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_a_checkpoint_of_another_stack_is_refused_in_one_line_naming_the_way_out
     assert len(lines) == 1, result.stderr
     assert "past its end 3" in lines[0] and WAY_OUT in lines[0], lines[0]
     assert lines[0].startswith(f"iotwatch: error: checkpoint {checkpoint} is at offset 1,200 of ")
-    assert time.monotonic() - started < 60  # refused before Spark starts, not restarted
+    assert time.monotonic() - started < 60  # refused before the query starts, not restarted
 
     # a checkpoint that says it was written for another cluster is refused even where its offsets fit
     other = _spark_checkpoint(tmp_path / "ck-other", settings.topics.raw, {0: 2})
