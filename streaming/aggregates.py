@@ -12,7 +12,7 @@ import pandas as pd
 
 from iotwatch.streaming.device_state import BUCKET_FIELDS, MAX_EVENT_MS
 from iotwatch.streaming.device_table import DeviceTable
-from iotwatch.streaming.partition_io import AGGREGATE_COLUMNS
+from iotwatch.streaming.partition_io import AGGREGATE_COLUMNS, empty_aggregates
 from iotwatch.streaming.scored_readings import ScoredReadings
 
 
@@ -89,13 +89,11 @@ def _combine(rows: np.ndarray) -> np.ndarray:
 def aggregate_frame(table: DeviceTable, device: np.ndarray, buckets: np.ndarray) -> pd.DataFrame:
     """Closed buckets (rows of BUCKET_FIELDS; ``device`` indexes ``table``) as
     :data:`AGGREGATE_COLUMNS`."""
+    if not len(device):  # most micro-batches close no bucket: no frame to build
+        return empty_aggregates()
     device = device.astype(np.int64)
     count, total = buckets[:, 2], buckets[:, 3]
-    names = (
-        table.metric_name[table.metric_bounds()[device] + buckets[:, 1].astype(np.int64)]
-        if len(device)
-        else np.zeros(0, dtype=object)
-    )
+    names = table.metric_name[table.metric_bounds()[device] + buckets[:, 1].astype(np.int64)]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = total / count
     return pd.DataFrame(

@@ -36,6 +36,8 @@ AGGREGATE_LINE_COLUMNS = [
 def aggregate_lines(aggregates: pd.DataFrame) -> list[str]:
     """Closed aggregates (:data:`iotwatch.streaming.partition_io.AGGREGATE_COLUMNS`), thousands a
     micro-batch, as line protocol in one pass over the frame."""
+    if aggregates.empty:
+        return []
     frame = aggregates[AGGREGATE_LINE_COLUMNS].astype({"count": np.int64, "event_ms": np.int64})
     return DEVICE_METRICS.lines(frame, "event_ms")
 
