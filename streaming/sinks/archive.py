@@ -141,6 +141,11 @@ class ArchiveWriter:
             temporary = folder / f".{name}.{uuid.uuid4().hex}.tmp"
             rows = table if len(folders) == 1 else table.take(np.flatnonzero(codes == code))
             # a dictionary for the strings only: tried on the numbers, it costs a quarter of the write
-            pq.write_table(rows, temporary, compression="snappy", use_dictionary=_DICTIONARY_COLUMNS)
+            pq.write_table(
+                rows,
+                temporary,
+                compression="snappy",
+                use_dictionary=_DICTIONARY_COLUMNS,  # type: ignore[arg-type]  # stubs: bool only; pyarrow takes names
+            )
             os.replace(temporary, folder / name)
         return len(folders)
