@@ -15,11 +15,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from iotwatch.streaming.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Longest wait for a moment between micro-batches before a stop interrupts the one in
 #: progress (it is then re-run from the checkpoint by the next start).
@@ -189,8 +191,9 @@ def start(
     """Start the query; offsets and state are kept in ``checkpoint_dir``; ``gaps``: where
     the input's gaps are judged (:mod:`iotwatch.streaming.ingestion_gap`). With ``warm_up``,
     synthetic readings go through the job's operator first
-    (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm; not
-    when records are waiting, which the first micro-batch then reads at once."""
+    (:mod:`iotwatch.streaming.warm_up`), so the first micro-batch on Kafka runs warm
+    (:func:`run_job` asks for it only when no records are waiting, which the first
+    micro-batch would otherwise read at once)."""
     from iotwatch.streaming.kafka_source import read_kafka_stream
     from iotwatch.streaming.operator_query import start_operator
     from iotwatch.streaming.progress import ProgressReporter
@@ -220,12 +223,9 @@ def start(
         archive,
     )
     if warm_up:
-        from iotwatch.streaming.warm_up import records_waiting, run_warm_up
+        from iotwatch.streaming.warm_up import run_warm_up
 
-        if waiting := records_waiting(settings, checkpoint):
-            log.info("no warm-up micro-batch: %d records are waiting for the job", waiting)
-        else:
-            run_warm_up(spark, settings, tasks)
+        run_warm_up(spark, settings, tasks)
     query = start_operator(packed, settings, archive, checkpoint, query_name, available_now)
     reporter.follow(query)
     return RunningJob(spark, query, reporter)
@@ -305,6 +305,20 @@ def _prepare(
     return checkpoint, warm_up
 
 
+def _in_daemon_thread(call: Callable[[], T], name: str) -> Future[T]:
+    """``call()`` in a daemon thread: a process that gives up meanwhile does not wait for it."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
 def run_job(
     settings: Settings,
     checkpoint_dir: Path | None,
@@ -329,15 +343,18 @@ def run_job(
     stop = threading.Event()
     _stop_on_signals(stop)
     step("creating topics and starting Spark")
-    # the query's imports and Kafka's checks beside Spark's start (seconds each): a restart pays the longer
-    with ExitStack() as scope, ThreadPoolExecutor(1, thread_name_prefix="prepare") as pool:
-        prepared = pool.submit(_prepare, settings, checkpoint_dir, reset_offsets, warm_up and not available_now)
+    # Spark starts beside the query's imports and Kafka's checks (seconds each): a restart pays the longer
+    with ExitStack() as scope:
+        session = session_scope(settings.stream, "iotwatch-stream")
+        spark_started = _in_daemon_thread(session.__enter__, "spark-start")
         try:
-            spark = scope.enter_context(session_scope(settings.stream, "iotwatch-stream"))
-        finally:
-            # a refusal (Kafka's, the checkpoint's) says what to fix first, before an error of Spark's
-            checkpoint_dir, warm_up = prepared.result()
-        _stop_on_signals(stop)  # again: PySpark's SparkContext installs a SIGINT handler that cancels every job
+            # a refusal (Kafka's, the checkpoint's) says what to fix at once, not once Spark is up
+            checkpoint_dir, warm_up = _prepare(settings, checkpoint_dir, reset_offsets, warm_up and not available_now)
+        except BaseException:
+            spark_started.add_done_callback(lambda started: started.exception() or session.__exit__(None, None, None))
+            raise
+        spark = spark_started.result()
+        scope.push(session.__exit__)
         if reset_offsets:
             settings = settings.model_copy(
                 update={"stream": settings.stream.model_copy(update={"starting_offsets": reset_offsets})}

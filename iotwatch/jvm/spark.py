@@ -423,9 +423,10 @@ def _quiet_accumulator_server(spark: SparkSession) -> None:
 def session_scope(app_name: str, master: str | None = "local[2]", **kwargs: Any) -> Iterator[SparkSession]:
     """A session for one command: stopped at the end only if this call started it (a test
     suite or a notebook that already has one keeps it)."""
-    from pyspark.sql import SparkSession
+    from pyspark import SparkContext
 
-    existed = SparkSession.getActiveSession() is not None
+    # the context, not the active session: that one is per thread, and the job starts Spark in its own
+    existed = SparkContext._active_spark_context is not None
     spark = spark_session(app_name, master, **kwargs)
     try:
         yield spark

@@ -20,7 +20,7 @@ from iotwatch.clients.kafka import ensure_topics
 from iotwatch.contract.dead_letters import H_KAFKA_TOPIC, H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
-from iotwatch.streaming.job import start
+from iotwatch.streaming.job import PLANNING, start
 from tests.helpers import read_topic, spark_jvms, user_env, wait_for
 from tests.support.scenario import write_scenario
 
@@ -380,6 +380,11 @@ def test_running_job_picks_up_a_newly_approved_fleet_model_without_restart(
     try:
         send(0, 100)
         wait_for(lambda: job.totals.get("reading_records", 0) >= 100, 120, "the first 100 readings")
+        # a stop finds its moment between micro-batches by Spark's status text (job.PLANNING)
+        deadline = time.monotonic() + 60
+        while not job.query.status["message"].startswith(PLANNING):
+            assert time.monotonic() < deadline, f"Spark never said {PLANNING!r}: a stop can only wait for a batch id"
+            time.sleep(0.002)
         normal = np.random.default_rng(2).normal(21, 0.2, 3000)
         frame = pd.DataFrame({"temperature_c": normal})
         registry = ModelRegistry(
