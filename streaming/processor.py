@@ -16,7 +16,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from iotwatch.streaming.operator_key import partition_of
-from iotwatch.streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_TOKENS_SCHEMA
+from iotwatch.streaming.schemas import DEVICE_SHARD_SCHEMA, ROSTER_SCHEMA, SHARD_KEY_SCHEMA, SHARD_TOKENS_SCHEMA
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +51,7 @@ class PartitionProcessor(StatefulProcessor):
         Kafka producers, the fleet-model watcher) is made on first use, in :meth:`_start`."""
         self.handle = handle
         # no state-store TTL: ShardedStore drops devices silent past the TTL when it rewrites a shard
-        self.shard_state = handle.getMapState("device_shards", "shard int", DEVICE_SHARD_SCHEMA)
+        self.shard_state = handle.getMapState("device_shards", SHARD_KEY_SCHEMA, DEVICE_SHARD_SCHEMA)
         self.shard_tokens = handle.getValueState("shard_tokens", SHARD_TOKENS_SCHEMA)
         self.roster = handle.getValueState("roster", ROSTER_SCHEMA)
         self.cache: ShardCache | None = None

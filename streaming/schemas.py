@@ -150,6 +150,9 @@ AGGREGATE_STATS = ("count", "sum", "min", "max", "last", "max_score", "mean")
 #: serialised :class:`iotwatch.streaming.device_table.DeviceTable` (see
 #: :class:`iotwatch.streaming.state_store.ShardedStore`).
 DEVICE_SHARD_SCHEMA = StructType([StructField("devices", BinaryType())])
+#: Its key, the shard's number (a schema, not the DDL text "shard int": the JVM would parse
+#: that, one more round trip to the state server in every stateful task).
+SHARD_KEY_SCHEMA = StructType([StructField("shard", IntegerType())])
 
 #: Per Kafka partition: the token of each shard's local copy, an int64 per shard
 #: (:mod:`iotwatch.streaming.shard_cache`).

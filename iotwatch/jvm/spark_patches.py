@@ -1,5 +1,5 @@
 """Fixes to the pinned Spark release: upstream ones until a release that has them can be
-installed, and one of the job's own (docs/internals.md, "Spark patches")."""
+installed, and the job's own (docs/internals.md, "Spark patches")."""
 
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ class SourcePatch:
 #: Spark's shaded protobuf: the released classes refer to it, not to com.google.protobuf.
 _SHADED_PROTOBUF = ("import com.google.protobuf.ByteString", "import org.sparkproject.spark_core.protobuf.ByteString")
 
+_STATE_SERVER = "org/apache/spark/sql/execution/python/streaming/TransformWithStateInPySparkStateServer.scala"
+
 CLOSE_STATE_SERVER_SOCKET = SourcePatch(
     issue="SPARK-58932",
-    path="org/apache/spark/sql/execution/python/streaming/TransformWithStateInPySparkStateServer.scala",
+    path=_STATE_SERVER,
     edits=(
         _SHADED_PROTOBUF,
         (
@@ -62,8 +64,128 @@ LAZY_DRIVER_HANDLE = SourcePatch(
     ),
 )
 
-#: pyspark version -> the fixes its release needs.
-PATCHES: dict[str, tuple[SourcePatch, ...]] = {"4.2.0": (CLOSE_STATE_SERVER_SOCKET, LAZY_DRIVER_HANDLE)}
+#: Every stateful task starts a state server, which builds the Python operator's state
+#: variables afresh: each one's encoders, serializers and projections, and the timers' --
+#: generated code (the code's text is built, then found compiled in Spark's cache) for the
+#: handful of rows a task reads and writes. That was most of the CPU samples of the state
+#: server's thread at 2,000-record micro-batches (docs/internals.md, "Spark patches"). The
+#: server now handles its requests with Spark's interpreted projections (the same results;
+#: Spark falls back to them whenever code generation fails), which cost little to build.
+INTERPRETED_STATE_SERVER = SourcePatch(
+    issue="interpreted-state-server",
+    path=_STATE_SERVER,
+    edits=(
+        (
+            "import org.apache.spark.sql.types.StructType\n",
+            "import org.apache.spark.sql.internal.SQLConf\nimport org.apache.spark.sql.types.StructType\n",
+        ),
+        (
+            "  private val isUnixDomainSock = Option(SparkEnv.get)\n",
+            "  // iotwatch: this thread's requests build interpreted projections, not generated code.\n"
+            "  private lazy val interpretedConf: SQLConf = {\n"
+            "    val conf = SQLConf.get.clone()\n"
+            '    conf.setConfString(SQLConf.CODEGEN_FACTORY_MODE.key, "NO_CODEGEN")\n'
+            "    conf\n"
+            "  }\n\n"
+            "  private val isUnixDomainSock = Option(SparkEnv.get)\n",
+        ),
+        (
+            "          handleRequest(message)\n",
+            "          SQLConf.withExistingConf(interpretedConf)(handleRequest(message))\n",
+        ),
+    ),
+)
+
+#: Each state variable's encoders are resolved (an analysis) afresh by every stateful task,
+#: twice over (the state server's and the variable's own), the timers' too, and the grouping
+#: key's by every build of the operator's node on the driver, whose tasks then carry it
+#: serialized. A resolved encoder is immutable (each user makes its own serializers from it):
+#: they are resolved once per encoder in the JVM instead.
+RESOLVED_ENCODERS = SourcePatch(
+    issue="resolved-encoders",
+    path="org/apache/spark/sql/execution/streaming/operators/stateful/transformwithstate/StateTypesEncoderUtils.scala",
+    edits=(
+        (
+            "/**\n * Helper class providing APIs to encode the grouping key,",
+            "/** iotwatch: encoders resolved once in this JVM (an application's state types are few). */\n"
+            "object ResolvedEncoders {\n"
+            "  private val byEncoder =\n"
+            "    new java.util.concurrent.ConcurrentHashMap[ExpressionEncoder[_], ExpressionEncoder[_]]()\n"
+            "  private val bySchema =\n"
+            "    new java.util.concurrent.ConcurrentHashMap[StructType, ExpressionEncoder[Row]]()\n\n"
+            "  def apply[T](encoder: ExpressionEncoder[T]): ExpressionEncoder[T] =\n"
+            "    byEncoder.computeIfAbsent(encoder, _.resolveAndBind()).asInstanceOf[ExpressionEncoder[T]]\n\n"
+            "  def row(schema: StructType): ExpressionEncoder[Row] =\n"
+            "    bySchema.computeIfAbsent(schema, s => apply(ExpressionEncoder(s)))\n"
+            "}\n\n"
+            "/**\n * Helper class providing APIs to encode the grouping key,",
+        ),
+        ("import org.apache.spark.sql.Encoder\n", "import org.apache.spark.sql.{Encoder, Row}\n"),
+        (
+            "  private val rowToObjDeserializer = valExpressionEnc.resolveAndBind().createDeserializer()",
+            "  private val rowToObjDeserializer = ResolvedEncoders(valExpressionEnc).createDeserializer()",
+        ),
+        (
+            "    userKeyExpressionEnc.resolveAndBind().createDeserializer()",
+            "    ResolvedEncoders(userKeyExpressionEnc).createDeserializer()",
+        ),
+        (
+            "  private val keyDeserializer = keyExprEnc.resolveAndBind().createDeserializer()",
+            "  private val keyDeserializer = ResolvedEncoders(keyExprEnc).createDeserializer()",
+        ),
+    ),
+)
+
+_TWS = "org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate"
+
+RESOLVED_STATE_SERVER_ENCODERS = SourcePatch(
+    issue="resolved-encoders",
+    path=_STATE_SERVER,
+    edits=(
+        (f"import {_TWS}.StateVariableType\n", f"import {_TWS}.{{ResolvedEncoders, StateVariableType}}\n"),
+        (
+            "    ExpressionEncoder(groupingKeySchema).resolveAndBind().createDeserializer()",
+            "    ResolvedEncoders.row(groupingKeySchema).createDeserializer()",
+        ),
+        (
+            "    val expressionEncoder = ExpressionEncoder(schema).resolveAndBind()",
+            "    val expressionEncoder = ResolvedEncoders.row(schema)",
+        ),
+        (
+            "        val valueExpressionEncoder = ExpressionEncoder(valueSchema).resolveAndBind()",
+            "        val valueExpressionEncoder = ResolvedEncoders.row(valueSchema)",
+        ),
+    ),
+)
+
+RESOLVED_GROUPING_KEY_ENCODER = SourcePatch(
+    issue="resolved-encoders",
+    path=LAZY_DRIVER_HANDLE.path,
+    edits=(
+        (
+            f"import {_TWS}.{{TransformWithStateExecBase, TransformWithStateVariableInfo}}\n",
+            f"import {_TWS}.{{ResolvedEncoders, TransformWithStateExecBase, TransformWithStateVariableInfo}}\n",
+        ),
+        (
+            "  private val groupingKeyExprEncoder = ExpressionEncoder(groupingKeySchema)\n"
+            "    .resolveAndBind().asInstanceOf[ExpressionEncoder[Any]]",
+            "  @transient private lazy val groupingKeyExprEncoder =\n"
+            "    ResolvedEncoders.row(groupingKeySchema).asInstanceOf[ExpressionEncoder[Any]]",
+        ),
+    ),
+)
+
+#: pyspark version -> the fixes its release needs (those of one class applied in this order).
+PATCHES: dict[str, tuple[SourcePatch, ...]] = {
+    "4.2.0": (
+        CLOSE_STATE_SERVER_SOCKET,
+        LAZY_DRIVER_HANDLE,
+        INTERPRETED_STATE_SERVER,
+        RESOLVED_ENCODERS,
+        RESOLVED_STATE_SERVER_ENCODERS,
+        RESOLVED_GROUPING_KEY_ENCODER,
+    )
+}
 
 
 def _spark_version() -> str:
@@ -111,7 +233,8 @@ def build_patches(*, sources_jar: Path | None = None) -> Path | None:
         classes = work / "classes"
         classes.mkdir()
         with zipfile.ZipFile(sources) as archive:
-            files = [_patched_source(archive, patch, work / "src") for patch in patches]
+            paths = dict.fromkeys(p.path for p in patches)
+            files = [_patched_source(archive, [p for p in patches if p.path == path], work / "src") for path in paths]
         _compile(files, classes)
         if folder.exists():
             shutil.rmtree(folder)
@@ -160,13 +283,16 @@ def _fetch_sources(version: str, work: Path) -> Path:
     return found[0]
 
 
-def _patched_source(archive: zipfile.ZipFile, patch: SourcePatch, root: Path) -> Path:
-    text = archive.read(patch.path).decode()
-    for released, fixed in patch.edits:
-        if text.count(released) != 1:
-            raise StackError(f"{patch.issue}: Spark's {Path(patch.path).name} is not the release this fix is for")
-        text = text.replace(released, fixed)
-    target = root / patch.path
+def _patched_source(archive: zipfile.ZipFile, patches: list[SourcePatch], root: Path) -> Path:
+    """One class's source with the edits of all its fixes, in order."""
+    path = patches[0].path
+    text = archive.read(path).decode()
+    for patch in patches:
+        for released, fixed in patch.edits:
+            if text.count(released) != 1:
+                raise StackError(f"{patch.issue}: Spark's {Path(path).name} is not the release this fix is for")
+            text = text.replace(released, fixed)
+    target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     return target

@@ -1,7 +1,8 @@
 """The pinned Spark release's fixes, built by ``iotwatch setup``, are what the job's JVM runs:
 SPARK-58932's state-server socket is closed after each stateful task, so the JVM does not
 collect sockets in CLOSE_WAIT micro-batch after micro-batch; the stateful operator's node
-builds its driver-side handle only when used (micro-batches run through it here too)."""
+builds its driver-side handle only when used; the state server's interpreted projections and
+the shared resolved encoders serve the micro-batches run here too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from iotwatch.clients.kafka import ensure_topics
 from iotwatch.jvm.spark_patches import (
     CLOSE_STATE_SERVER_SOCKET,
+    INTERPRETED_STATE_SERVER,
     LAZY_DRIVER_HANDLE,
+    RESOLVED_ENCODERS,
     SourcePatch,
     patch_jar,
     patches_needed,
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 STATE_SERVER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
 OPERATOR_NODE = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkExec"
+STATE_ENCODER = "org.apache.spark.sql.execution.streaming.operators.stateful.transformwithstate.StateTypesEncoder"
 
 
 def _close_wait(jvm: psutil.Process) -> int:
@@ -42,7 +46,13 @@ def _spark_jvm() -> psutil.Process:
 
 
 @pytest.mark.parametrize(
-    ("patch", "name"), [(CLOSE_STATE_SERVER_SOCKET, STATE_SERVER), (LAZY_DRIVER_HANDLE, OPERATOR_NODE)]
+    ("patch", "name"),
+    [
+        (CLOSE_STATE_SERVER_SOCKET, STATE_SERVER),
+        (LAZY_DRIVER_HANDLE, OPERATOR_NODE),
+        (INTERPRETED_STATE_SERVER, STATE_SERVER),
+        (RESOLVED_ENCODERS, STATE_ENCODER),
+    ],
 )
 def test_the_patched_classes_come_from_the_fix_jar(spark, patch: SourcePatch, name: str) -> None:  # type: ignore[no-untyped-def]
     assert patch in patches_needed()
