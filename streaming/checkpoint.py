@@ -115,6 +115,25 @@ def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
     return offsets
 
 
+def drop_interrupted_batch(checkpoint: Path) -> int | None:
+    """Forget the offsets of the micro-batch a crash interrupted (logged, never committed): the
+    restarted query then plans that batch anew, over everything waiting, rather than running it
+    again on its own first and the backlog after it (two cold micro-batches before the job has
+    caught up, instead of one). Its outputs are written again either way: the operator's state
+    goes back to the last commit, and what the interrupted run wrote is kept idempotent by
+    reading (docs/streaming-internals.md, "Restarts"). The interrupted batch's id, or None."""
+    batches = {
+        log: {int(f.name) for f in (checkpoint / log).glob("[0-9]*") if f.name.isdigit()}
+        for log in ("offsets", "commits")
+    }
+    if not batches["commits"] or max(batches["offsets"], default=-1) != max(batches["commits"]) + 1:
+        return None
+    interrupted = max(batches["offsets"])
+    for name in (f".{interrupted}.crc", str(interrupted)):  # Spark reads the file, never its checksum alone
+        (checkpoint / "offsets" / name).unlink(missing_ok=True)
+    return interrupted
+
+
 def raw_offsets(settings: Settings, timeout_s: float = 5.0) -> dict[int, tuple[int, int]] | None:
     """Each partition of the raw topic with its log start and end offsets; None when Kafka
     does not answer or the topic is missing."""
