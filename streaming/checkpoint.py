@@ -59,7 +59,8 @@ def resolve_checkpoint(settings: Settings, checkpoint_dir: Path | None) -> Path:
 def prepare_checkpoint(settings: Settings, checkpoint: Path, cluster: str, reset: ResetTo | None) -> None:
     """Refuse a checkpoint of another cluster, or one whose offsets Kafka no longer has
     (:class:`UserError`, one line); with ``reset``, set such a checkpoint aside instead (any
-    existing one, in fact: the user asked to start over). Then record ``cluster`` in it."""
+    existing one, in fact: the user asked to start over). Then record ``cluster`` in it and
+    drop an interrupted micro-batch's offsets (:func:`drop_interrupted_batch`)."""
     if reset and checkpoint.exists() and any(path.name != SOURCE_FILE for path in checkpoint.iterdir()):
         aside = checkpoint.with_name(f"{checkpoint.name}.set-aside-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
         checkpoint.rename(aside)
@@ -70,6 +71,8 @@ def prepare_checkpoint(settings: Settings, checkpoint: Path, cluster: str, reset
     (checkpoint / SOURCE_FILE).write_text(
         json.dumps({"kafka_cluster_id": cluster, "bootstrap_servers": settings.kafka.bootstrap_servers}) + "\n"
     )
+    if (interrupted := drop_interrupted_batch(checkpoint)) is not None:
+        log.info("micro-batch %d was interrupted: planned again over all records waiting", interrupted)
 
 
 def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> str | None:

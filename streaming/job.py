@@ -29,14 +29,7 @@ from iotwatch.errors import IotwatchError
 from iotwatch.jvm.spark import ARROW_UNCHECKED_ENV
 from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
-from iotwatch.streaming.checkpoint import (
-    WAY_OUT,
-    ResetTo,
-    cluster_id,
-    drop_interrupted_batch,
-    prepare_checkpoint,
-    resolve_checkpoint,
-)
+from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
 from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
 from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
 
@@ -46,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Longest wait for a moment between micro-batches before a stop interrupts the one in
-#: progress (the next start plans it again, :func:`drop_interrupted_batch`).
+#: progress (the next start plans it again: :func:`prepare_checkpoint`).
 STOP_WAIT_S = 5.0
 
 #: Spark's status message while it plans a micro-batch, before the batch's offsets are logged.
@@ -295,8 +288,8 @@ def _prepare(
     settings: Settings, checkpoint_dir: Path | None, reset_offsets: ResetTo | None, warm_up: bool
 ) -> tuple[Path, bool]:
     """The query's modules loaded, the topics and InfluxDB database made, the checkpoint
-    checked against Kafka (:func:`prepare_checkpoint`) and an interrupted micro-batch's offsets
-    dropped (:func:`drop_interrupted_batch`): the checkpoint's folder, and whether
+    checked against Kafka and an interrupted micro-batch's offsets dropped
+    (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
     ``warm_up`` still holds (no records are waiting, as after a restart: see :func:`start`)."""
     # the query's modules (pandas and InfluxDB's client among theirs: seconds on a busy machine)
     from iotwatch.streaming import kafka_source, operator_query  # noqa: F401
@@ -304,8 +297,6 @@ def _prepare(
     prepare_outputs(settings)
     checkpoint = resolve_checkpoint(settings, checkpoint_dir)
     prepare_checkpoint(settings, checkpoint, cluster_id(settings), reset_offsets)
-    if (interrupted := drop_interrupted_batch(checkpoint)) is not None:
-        log.info("micro-batch %d was interrupted: planned again over all records waiting", interrupted)
     if warm_up and not reset_offsets:
         from iotwatch.streaming.warm_up import records_waiting
 
