@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Longest wait for a moment between micro-batches before a stop interrupts the one in
-#: progress (it is then re-run from the checkpoint by the next start).
+#: progress (the next start plans it again: :func:`prepare_checkpoint`).
 STOP_WAIT_S = 5.0
 
 #: Spark's status message while it plans a micro-batch, before the batch's offsets are logged.
@@ -157,7 +157,7 @@ class RunningJob:
     def stop(self, wait_s: float = 0.0) -> None:
         """Stop the query between micro-batches, if the one in progress ends within ``wait_s``:
         a stop interrupts a micro-batch, which Spark reports with stack traces, logged at DEBUG
-        here, and the next start runs that batch again before it reads what came since. With
+        here, and the next start plans that batch again over all that came since. With
         no trigger interval the next micro-batch is planned at once: the stop comes while it
         gets its offsets, or, that moment missed, just after it began. Idempotent; tolerates
         a JVM already shutting down.
@@ -288,7 +288,8 @@ def _prepare(
     settings: Settings, checkpoint_dir: Path | None, reset_offsets: ResetTo | None, warm_up: bool
 ) -> tuple[Path, bool]:
     """The query's modules loaded, the topics and InfluxDB database made, the checkpoint
-    checked against Kafka (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
+    checked against Kafka and an interrupted micro-batch's offsets dropped
+    (:func:`prepare_checkpoint`): the checkpoint's folder, and whether
     ``warm_up`` still holds (no records are waiting, as after a restart: see :func:`start`)."""
     # the query's modules (pandas and InfluxDB's client among theirs: seconds on a busy machine)
     from iotwatch.streaming import kafka_source, operator_query  # noqa: F401

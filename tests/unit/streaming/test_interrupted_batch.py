@@ -1,0 +1,39 @@
+"""A micro-batch a crash interrupted is planned anew by the next start, not run again alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from iotwatch.streaming.checkpoint import drop_interrupted_batch
+
+
+def _checkpoint(folder: Path, offsets: range, commits: range) -> Path:
+    for log, batches in (("offsets", offsets), ("commits", commits)):
+        (folder / log).mkdir(parents=True)
+        for batch in batches:
+            (folder / log / str(batch)).write_text("v1\n")
+            (folder / log / f".{batch}.crc").write_text("")
+    return folder
+
+
+def test_the_offsets_of_the_one_uncommitted_batch_are_dropped_with_their_checksum(tmp_path: Path) -> None:
+    checkpoint = _checkpoint(tmp_path, range(8), range(7))
+    assert drop_interrupted_batch(checkpoint) == 7
+    assert sorted(p.name for p in (checkpoint / "offsets").iterdir()) == sorted(
+        [*map(str, range(7)), *(f".{b}.crc" for b in range(7))]
+    )
+
+
+@pytest.mark.parametrize(
+    ("offsets", "commits"),
+    [(range(8), range(8)), (range(1), range(0)), (range(0), range(0)), (range(9), range(7))],
+    ids=["all committed", "first batch", "new checkpoint", "not Spark's one uncommitted batch"],
+)
+def test_nothing_is_dropped_unless_exactly_the_newest_batch_is_uncommitted(
+    tmp_path: Path, offsets: range, commits: range
+) -> None:
+    checkpoint = _checkpoint(tmp_path, offsets, commits)
+    assert drop_interrupted_batch(checkpoint) is None
+    assert len(list((checkpoint / "offsets").glob("[0-9]*"))) == len(offsets)
