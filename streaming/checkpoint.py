@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -124,7 +125,9 @@ def drop_interrupted_batch(checkpoint: Path) -> int | None:
     again on its own first and the backlog after it (two cold micro-batches before the job has
     caught up, instead of one). Its outputs are written again either way: the operator's state
     goes back to the last commit, and what the interrupted run wrote is kept idempotent by
-    reading (docs/streaming-internals.md, "Restarts"). The interrupted batch's id, or None."""
+    reading (docs/streaming-internals.md, "Restarts"). The state-store files the interrupted
+    batch's tasks committed go too: a snapshot of that version, once of other input than its
+    re-planned batch's, would otherwise be what a later start loads. The batch's id, or None."""
     batches = {
         log: {int(f.name) for f in (checkpoint / log).glob("[0-9]*") if f.name.isdigit()}
         for log in ("offsets", "commits")
@@ -134,6 +137,11 @@ def drop_interrupted_batch(checkpoint: Path) -> int | None:
     interrupted = max(batches["offsets"])
     for name in (f".{interrupted}.crc", str(interrupted)):  # Spark reads the file, never its checksum alone
         (checkpoint / "offsets" / name).unlink(missing_ok=True)
+    # a batch writes version id + 1 of each state partition: a changelog, perhaps a snapshot (and checksums)
+    written = re.compile(rf"^\.?{interrupted + 1}(_[0-9a-f-]+)?\.(changelog|zip|delta|snapshot)(\.crc)?$")
+    for path in (checkpoint / "state").rglob("*"):
+        if written.match(path.name):
+            path.unlink()
     return interrupted
 
 
