@@ -123,10 +123,10 @@ def write_pipeline_samples(path: Path, live: LiveState, started: float) -> Path:
 
 
 def write_resource_samples(path: Path, sampler: Sampler) -> Path:
-    """Every resource sample (seconds since the load started, process, pid, RSS, fds,
-    threads outside and inside the bounded pools, anonymous resident bytes), so growth can be
-    examined beyond the summary's slopes."""
-    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "pooled_threads", "anon_bytes"]
+    """Every resource sample (seconds since the load started, process, pid, RSS, fds, threads
+    outside and inside the bounded pools, anonymous resident bytes, data files held open), so
+    growth can be examined beyond the summary's slopes."""
+    columns = ["t", "process", "pid", "rss_bytes", "fds", "threads", "pooled_threads", "anon_bytes", "data_files"]
     sample_frame(sampler)[columns].to_csv(path, index=False)
     return path
 
@@ -144,7 +144,7 @@ def plot_resources(path: Path, sampler: Sampler, faults: list[FaultRecord]) -> P
     fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
     for ax, column, scale, unit in (
         (axes[0], "rss_bytes", 2**20, "RSS (MiB)"),
-        (axes[1], "fds", 1, "open fds"),
+        (axes[1], "fds", 1, "open fds (data files apart)"),
         (axes[2], "threads", 1, "threads (bounded pools apart)"),
     ):
         for name, rows in frame.groupby("process"):

@@ -20,7 +20,7 @@ import psutil
 
 #: What is sampled per process tree; growth is judged on ``anon_bytes`` (memory only the process
 #: can free), not on RSS, which counts mapped files the kernel reclaims (docs/operate/chaos.md).
-MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads")
+MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads", "data_files")
 
 #: Thread names (``/proc/<pid>/task/<tid>/comm``, cut to 15 characters) of Spark's block-manager
 #: pools, capped in their own source and filled by bursts at no fixed time: counted as
@@ -38,6 +38,7 @@ class Sample:
     threads: int  # outside the bounded pools
     anon_bytes: int = 0
     pooled_threads: int = 0  # in the bounded pools (BOUNDED_POOL_THREADS)
+    data_files: int = 0  # files of the data folder held open (held_files), not among fds
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,17 @@ class Limits:
     fds: float | None = 1.0
     threads: float | None = 1.0
     pooled_threads: float | None = None
+    data_files: float | None = None
 
 
-def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int, int] | None:
-    """RSS, fds, threads outside the bounded pools, anonymous resident memory and threads in
-    them, summed over a process and its children (the job's JVM, a server's workers); None
-    when the process is gone. A child that shares its parent's address space is not counted:
-    between ``posix_spawn``'s clone and its exec a JVM's child reports the JVM's whole memory
-    as its own, so a sample taken then would count the JVM twice."""
-    rss = fds = threads = anon = pooled = 0
+def measure(tree: list[psutil.Process], data_dir: Path | None = None) -> tuple[int, int, int, int, int, int] | None:
+    """RSS, fds (but the data files), threads outside the bounded pools, anonymous resident
+    memory, threads in them and files under ``data_dir`` held open (:func:`held_files`), summed
+    over a process and its children (the job's JVM, a server's workers); None when the process
+    is gone. A child that shares its parent's address space is not counted: between
+    ``posix_spawn``'s clone and its exec a JVM's child reports the JVM's whole memory as its
+    own, so a sample taken then would count the JVM twice."""
+    rss = fds = threads = anon = pooled = held = 0
     for proc in tree:
         try:
             if proc is not tree[0] and shares_address_space(proc.pid, proc.ppid()):
@@ -69,10 +72,31 @@ def measure(tree: list[psutil.Process]) -> tuple[int, int, int, int, int] | None
                 threads += proc.num_threads()
             anon += anonymous_resident(proc.pid, resident)
             pooled += pooled_threads(proc.pid)
+            held += held_files(proc.pid, data_dir) if data_dir is not None else 0
         except psutil.Error:
             if proc is tree[0]:
                 return None
-    return (rss, fds, threads - pooled, anon, pooled) if tree else None
+    return (rss, fds - held, threads - pooled, anon, pooled, held) if tree else None
+
+
+def held_files(pid: int, data_dir: Path) -> int:
+    """Files under ``data_dir`` (the stack's servers' folders) that ``pid`` holds open and that
+    still exist: the data a server keeps (InfluxDB's TSM files, one more per cache snapshot
+    until a compaction merges them; Kafka's segments until retention), each file once. A
+    file removed but still open is not among them: it stays a judged fd, the leak it is."""
+    prefix, held = f"{data_dir}/", set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0  # gone meanwhile, or not Linux: every fd is judged
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(prefix) and not target.endswith(" (deleted)"):
+            held.add(target)
+    return len(held)
 
 
 #: Linux's ``kcmp`` system call, per architecture, and its ``KCMP_VM`` comparison.
@@ -121,16 +145,22 @@ def anonymous_resident(pid: int, rss: int) -> int:
 class Sampler:
     """Samples named process trees; ``trees`` returns name -> (pid, tree) of what runs now."""
 
-    def __init__(self, trees: Callable[[], dict[str, tuple[int, list[psutil.Process]]]], started: float) -> None:
+    def __init__(
+        self,
+        trees: Callable[[], dict[str, tuple[int, list[psutil.Process]]]],
+        started: float,
+        data_dir: Path | None = None,
+    ) -> None:
         self.trees = trees
         self.started = started
+        self.data_dir = data_dir  # files held open under it are data_files, not fds
         self.samples: list[Sample] = []
         self.state_store: list[tuple[float, int]] = []
 
     def sample(self, state_dir: Path | None = None) -> None:
         now = time.time() - self.started
         for name, (pid, tree) in self.trees().items():
-            found = measure(tree)
+            found = measure(tree, self.data_dir)
             if found is not None:
                 self.samples.append(Sample(now, name, pid, *found))
         if state_dir is not None:

@@ -145,6 +145,7 @@ def run_chaos(settings: Settings, options: ChaosOptions, console: Console) -> Ch
         sampler = Sampler(
             lambda: {**targets.trees(), **_tree_of(simulator), "chaos": (runner_itself.pid, [runner_itself])},
             started,
+            data_dir=out / "stack",
         )
         timeline = Timeline()
         runner.start()

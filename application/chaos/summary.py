@@ -116,7 +116,8 @@ def print_summary(console: Console, summary: ChaosSummary) -> None:
         console.print(
             f"    {name:<9} {judged}: RSS {rss['last'] / 2**20:.1f} MiB, slope {rss['slope_per_min']} B/min; "
             f"anonymous {anon['last'] / 2**20:.1f} MiB, slope {anon['slope_per_min']} B/min; "
-            f"fds {entry['fds']['slope_per_min']}/min; threads {entry['threads']['slope_per_min']}/min"
+            f"fds {entry['fds']['slope_per_min']}/min, data files {entry['data_files']['slope_per_min']}/min; "
+            f"threads {entry['threads']['slope_per_min']}/min"
         )
     if summary.unplanned_exits:
         console.print(f"  [red]ended without a fault: {summary.unplanned_exits}[/red]")

@@ -20,6 +20,12 @@ HOST = "127.0.0.1"
 #: heap climbing with it meanwhile (docs/operate/chaos.md, *Resources*).
 CACHE_SNAPSHOT = "256k"
 
+#: Garbage the Go collector lets build up, in percent of the live heap (GOGC; 100 by default).
+#: The server's live heap is about 5 MB and each write leaves garbage: at 100 its anonymous
+#: memory swings between 12 and 19 MB with the collections, at 25 it stays at 8-9 MB (a
+#: snapshot's buffers add ~5 MB for a few seconds), for ~0.6% of a core instead of ~0.3%.
+GOGC = "25"
+
 
 def influxd_binary() -> str | None:
     return shutil.which("influxd") or (str(Path("/usr/bin/influxd")) if Path("/usr/bin/influxd").exists() else None)
@@ -51,7 +57,8 @@ def start_influxdb(run_dir: Path, database: str, timeout_s: float, port: int | N
         "[monitor]\n  store-enabled = false\n"
         "[continuous_queries]\n  log-enabled = false\n"
     )
-    record = start_process("influx", [binary, "-config", str(conf)], base / "influxd.log")
+    # GOGC in the command, so that a restart of the same command keeps it
+    record = start_process("influx", ["env", f"GOGC={GOGC}", binary, "-config", str(conf)], base / "influxd.log")
     endpoint = f"http://{HOST}:{http_port}"
     client = InfluxV1Client(InfluxSettings(url=endpoint, database=database))
     # ping raises until the server answers

@@ -91,6 +91,23 @@ def test_kafka_round_trip_on_created_topic_with_four_partitions(stack_settings: 
     assert len(partitions_seen) > 1  # keys really spread over partitions
 
 
+def test_influxd_restarts_with_its_collector_setting(tmp_path: Path) -> None:
+    """GOGC is in influxd's command, so a restart after kill -9 (chaos) keeps the smaller heap."""
+    from iotwatch.application.stack.influxdb import GOGC, start_influxdb
+    from iotwatch.application.stack.process import restart_process, stop_process
+
+    first = start_influxdb(tmp_path, "gogc", timeout_s=60).process
+    stop_process(first)
+    restarted = restart_process(first)
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(restarted.pid).name() != "influxd" and time.monotonic() < deadline:
+            time.sleep(0.05)  # env execs influxd in the same process
+        assert psutil.Process(restarted.pid).environ()["GOGC"] == GOGC
+    finally:
+        stop_process(restarted)
+
+
 def test_influx_line_protocol_write_read_back_with_influxql(stack_settings: Settings, unique: str) -> None:
     client = InfluxV1Client(stack_settings.influx)
     now_ms = int(time.time() * 1000)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -242,6 +243,26 @@ def test_threads_of_the_bounded_pools_are_counted_apart() -> None:
         stop.set()
         for thread in threads:
             thread.join()
+
+
+def test_files_held_open_in_the_data_folder_are_data_files_and_a_removed_one_an_fd(tmp_path: Path) -> None:
+    """A server's data files held open (a TSM file per cache snapshot until a compaction merges
+    them) are counted once each as data_files, not fds; a file removed but still open is an fd."""
+    before = measure([psutil.Process()], tmp_path)
+    paths = [tmp_path / f"{generation:06d}-01.tsm" for generation in range(3)]
+    for path in paths:
+        path.write_bytes(b"tsm")
+    handles = [path.open("rb") for path in [*paths, paths[0]]]  # the first file twice
+    try:
+        held = measure([psutil.Process()], tmp_path)
+        paths[1].unlink()  # compacted away, never closed: a leak
+        leaked = measure([psutil.Process()], tmp_path)
+        assert before is not None and held is not None and leaked is not None
+        assert (held[5] - before[5], held[1] - before[1]) == (3, 1)  # the second handle of one file
+        assert (leaked[5] - before[5], leaked[1] - before[1]) == (2, 2)
+    finally:
+        for handle in handles:
+            handle.close()
 
 
 def test_a_bounded_pool_filling_to_its_cap_is_reported_not_judged() -> None:
