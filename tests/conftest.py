@@ -124,6 +124,7 @@ def test_settings(stack_settings: Settings, unique: str) -> Settings:
 def spark(base_settings: Settings) -> Iterator[object]:
     """One local Spark session for every Spark test (start-up costs 10-20 s), configured
     as the streaming job configures it."""
+    from iotwatch.jvm.spark import end_jvm
     from iotwatch.streaming.job import spark_session
 
     session = spark_session(base_settings.stream.model_copy(update={"spark_master": "local[2]"}), "iotwatch-tests")
@@ -132,6 +133,7 @@ def spark(base_settings: Settings) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+        end_jvm()  # or the JVM outlives the test process, heap and all
 
 
 @pytest.fixture(scope="session")
