@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -199,8 +200,15 @@ def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> Non
             env=env,
             start_new_session=True,
         )
+
+        def abandoned() -> None:  # this process ends before its JVM is up (a refused start): the JVM too
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        atexit.register(abandoned)
         while proc.poll() is None and not os.path.isfile(conn_info):
             time.sleep(0.1)
+        atexit.unregister(abandoned)
         if not os.path.isfile(conn_info):
             output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             raise RuntimeError(f"Spark's JVM exited with code {proc.returncode} before it was up:\n{output}")
