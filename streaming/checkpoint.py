@@ -108,10 +108,15 @@ def checkpoint_problem(settings: Settings, checkpoint: Path, cluster: str) -> st
     return None
 
 
+def batch_ids(checkpoint: Path, log: Literal["offsets", "commits"]) -> list[int]:
+    """The micro-batches in one of Spark's logs of ``checkpoint``, in order (none for a new one)."""
+    return sorted(int(f.name) for f in (checkpoint / log).glob("[0-9]*") if f.name.isdigit())
+
+
 def committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
     """The Kafka offsets of the checkpoint's last committed micro-batch (Spark's offset log:
     a version line, the batch's metadata, then one line per source); None for a new one."""
-    commits = [int(f.name) for f in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.exists() else []
+    commits = batch_ids(checkpoint, "commits")
     if not commits:
         return None
     lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
@@ -128,13 +133,10 @@ def drop_interrupted_batch(checkpoint: Path) -> int | None:
     reading (docs/streaming-internals.md, "Restarts"). The state-store files the interrupted
     batch's tasks committed go too: a snapshot of that version, once of other input than its
     re-planned batch's, would otherwise be what a later start loads. The batch's id, or None."""
-    batches = {
-        log: {int(f.name) for f in (checkpoint / log).glob("[0-9]*") if f.name.isdigit()}
-        for log in ("offsets", "commits")
-    }
-    if not batches["commits"] or max(batches["offsets"], default=-1) != max(batches["commits"]) + 1:
+    logged, committed = batch_ids(checkpoint, "offsets"), batch_ids(checkpoint, "commits")
+    if not committed or logged[-1:] != [committed[-1] + 1]:
         return None
-    interrupted = max(batches["offsets"])
+    interrupted = logged[-1]
     for name in (f".{interrupted}.crc", str(interrupted)):  # Spark reads the file, never its checksum alone
         (checkpoint / "offsets" / name).unlink(missing_ok=True)
     # a batch writes version id + 1 of each state partition: a changelog, perhaps a snapshot (and checksums)

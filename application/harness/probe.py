@@ -17,6 +17,7 @@ from iotwatch.clients.kafka import client_config, end_offset
 from iotwatch.contract.alerts import AlertRecord, BadAlert, decode_alert
 from iotwatch.gateway.metrics import scrape
 from iotwatch.settings import KafkaSettings, Settings
+from iotwatch.streaming.checkpoint import batch_ids
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,7 @@ class Probe:
     def stream_offset(self) -> int:
         """Records the job has finished (all sinks written): the end offsets of the newest
         batch that has a commit file in its checkpoint."""
-        commits = self.checkpoint / "commits"
-        done = sorted(int(p.name) for p in commits.glob("[0-9]*") if p.name.isdigit()) if commits.exists() else []
+        done = batch_ids(self.checkpoint, "commits")
         if not done:
             return 0
         batch = self.checkpoint / "offsets" / str(done[-1])
