@@ -103,13 +103,27 @@ def _session_members(session: int) -> list[psutil.Process]:
 
 def _end_all(procs: list[psutil.Process], timeout_s: float = 10.0) -> None:
     """SIGTERM the processes still running, SIGKILL those left after ``timeout_s``."""
-    alive = [proc for proc in procs if proc.is_running()]
-    for proc in alive:
+    for proc in (alive := _wait_ended(procs, 0.0)):
         _signal(proc, signal.SIGTERM)
-    _, left = psutil.wait_procs(alive, timeout=timeout_s)
-    for proc in left:
+    for proc in (left := _wait_ended(alive, timeout_s)):
         _signal(proc, signal.SIGKILL)
-    psutil.wait_procs(left, timeout=5)
+    _wait_ended(left, 5.0)
+
+
+def _wait_ended(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after ``timeout_s``. A zombie has ended: only its reaping is left,
+    and an orphan's (a killed job's JVM) is init's, seconds late in some sandboxes."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in procs if _status(p) not in ("", psutil.STATUS_ZOMBIE)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
@@ -247,7 +261,7 @@ class Component:
         tree = self.tree()
         for member in tree:
             _signal(member, signal.SIGKILL)
-        psutil.wait_procs(tree[1:], timeout=30)
+        _wait_ended(tree[1:], 30.0)
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
