@@ -293,5 +293,5 @@ class FaultRunner:
                 record.recovered_s = self.now()
                 record.lag_at_recovery = self.recovery.lag
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)  # on average half of it is counted into the recovery time
         record.waiting_for = self.recovery.unmet or None
