@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,25 +121,20 @@ def _wait_ended(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pr
 
 
 def _status(proc: psutil.Process) -> str:
-    try:
+    with suppress(psutil.NoSuchProcess):
         return str(proc.status())
-    except psutil.NoSuchProcess:
-        return ""
+    return ""
 
 
 def _signal(proc: psutil.Process, sig: signal.Signals) -> None:
-    try:
+    with suppress(psutil.Error):
         proc.send_signal(sig)
-    except psutil.Error:
-        pass
 
 
 def _reap(pid: int) -> None:
     """Collect the exit status when the process is our own child (no zombie left)."""
-    try:
+    with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
