@@ -303,7 +303,7 @@ class DeviceTable:
         header = MAGIC + _HEADER.pack(
             *counts, len(self.detectors), len(ids), len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0
         )
-        columns = [np.ascontiguousarray(getattr(self, name), dtype=stored) for name, stored, _ in _COLUMNS]
+        columns = [np.ascontiguousarray(getattr(self, name), dtype=stored).data for name, stored, _ in _COLUMNS]
         return b"".join(
             [
                 header,
@@ -316,7 +316,7 @@ class DeviceTable:
                 site_codes,
                 name_codes,
                 *columns[:_BANKS_AT],
-                *map(np.ascontiguousarray, self.detectors),
+                *(np.ascontiguousarray(rows).data for rows in self.detectors),
                 *columns[_BANKS_AT:],
             ]
         )
