@@ -23,33 +23,19 @@ def close_buckets(
     when the device's event time has passed its end plus ``grace_ms`` (a reading for a bucket
     already emitted -- a clock step back -- is left out rather than overwrite it).
     ``newest`` is each reading's device's newest event time after it."""
-    parts = [np.column_stack([table.bucket_device, table.buckets, np.full(len(table.buckets), -1.0)])]
+    entries = [np.zeros(0)] * (1 + len(BUCKET_FIELDS))
     if readings.n:
         er = readings.entry_reading
         start = readings.ts[er] - readings.ts[er] % bucket_ms
         fresh = np.flatnonzero(start + bucket_ms > newest[er] - grace_ms)
         value = readings.values[fresh]
-        parts.append(
-            np.column_stack(
-                [
-                    readings.device[er][fresh],
-                    start[fresh],
-                    readings.pair_slot[fresh],
-                    np.ones(len(fresh)),
-                    value,
-                    value,
-                    value,
-                    value,
-                    np.nan_to_num(readings.entry_scores[fresh], nan=0.0),
-                    fresh.astype(float),
-                ]
-            )
-        )
-    rows = _combine(np.vstack(parts))
-    device = rows[:, 0].astype(np.int64)
-    closing = rows[:, 1] + bucket_ms <= table.core[device, MAX_EVENT_MS] - grace_ms
-    table.bucket_device, table.buckets = device[~closing], np.ascontiguousarray(rows[~closing, 1:])
-    return aggregate_frame(table, device[closing], rows[closing, 1:])
+        score = np.nan_to_num(readings.entry_scores[fresh], nan=0.0)
+        entries = [readings.device[er][fresh], start[fresh], readings.pair_slot[fresh], np.ones(len(fresh))]
+        entries += [value, value, value, value, score]
+    device, rows = _combine(table.bucket_device, table.buckets, entries)
+    closing = rows[:, 0] + bucket_ms <= table.core[device, MAX_EVENT_MS] - grace_ms
+    table.bucket_device, table.buckets = device[~closing], rows[~closing]
+    return aggregate_frame(table, device[closing], rows[closing])
 
 
 def flush_buckets(table: DeviceTable) -> pd.DataFrame:
@@ -59,31 +45,38 @@ def flush_buckets(table: DeviceTable) -> pd.DataFrame:
     return aggregates
 
 
-def _combine(rows: np.ndarray) -> np.ndarray:
-    """Rows of ``device, BUCKET_FIELDS..., order`` combined per (device, start, metric):
-    counts and sums added, extremes kept, ``last`` from the row of highest ``order``."""
-    if not len(rows):
-        return np.zeros((0, 1 + len(BUCKET_FIELDS)))
-    # one integer key in (device, start, slot) order; a stable sort keeps the rows' own order
-    # within a bucket, which is ``order``'s (the open buckets first, then the readings in turn)
-    starts, _ = pd.factorize(rows[:, 1], sort=True)
-    slot = rows[:, 2].astype(np.int64)
-    key = (rows[:, 0].astype(np.int64) * (starts.max() + 1) + starts) * (slot.max() + 1) + slot
-    order = np.argsort(key, kind="stable")
-    rows, key = rows[order], key[order]
+def _combine(device: np.ndarray, rows: np.ndarray, entries: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The open buckets (``device``, rows of BUCKET_FIELDS in (device, start, metric) order)
+    with the ``entries`` (columns: device, BUCKET_FIELDS) added in turn: counts and sums
+    added, extremes kept, ``last`` from the last entry. Only the entries are sorted, then
+    merged after the open rows of their bucket: re-sorting the open rows, which outnumber a
+    batch's entries, cost most of the step; the rows of a bucket meet in the same order."""
+    n = len(device)
+    device = np.concatenate([device, entries[0]]).astype(np.int64)
+    columns = [np.concatenate([rows[:, c], entries[c + 1]]) for c in range(len(BUCKET_FIELDS))]
+    if not len(device):
+        return device, rows[:0]
+    # one integer key in (device, start, slot) order
+    start, slot = columns[0].astype(np.int64), columns[1].astype(np.int64)
+    start, span = start - start.min(), int(start.max() - start.min()) + 1
+    if (int(device.max()) + 1) * span * (int(slot.max()) + 1) >= 2**62:  # event times years apart
+        start = pd.factorize(start, sort=True)[0]
+        span = int(start.max()) + 1
+    key = (device * span + start) * (int(slot.max()) + 1) + slot
+    if (np.diff(key[:n]) <= 0).any():  # open rows out of order (not written by this step): sort all
+        order = np.argsort(key, kind="stable")
+    else:  # the entries sorted, each merged after its bucket's open row
+        later = n + np.argsort(key[n:], kind="stable")
+        order, merged = np.empty(len(key), dtype=np.int64), key[later]
+        order[np.arange(n) + np.searchsorted(merged, key[:n])] = np.arange(n)
+        order[np.arange(len(later)) + np.searchsorted(key[:n], merged, "right")] = later
+    key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    last = np.r_[first[1:], len(rows)] - 1
-    return np.column_stack(
-        [
-            rows[first, :3],
-            np.add.reduceat(rows[:, 3], first),
-            np.add.reduceat(rows[:, 4], first),
-            np.minimum.reduceat(rows[:, 5], first),
-            np.maximum.reduceat(rows[:, 6], first),
-            rows[last, 7],
-            np.maximum.reduceat(rows[:, 8], first),
-        ]
-    )
+    last = np.r_[first[1:], len(key)] - 1
+    head, count, total, low, high, score = order[first], *(columns[c][order] for c in (2, 3, 4, 5, 7))
+    reduced = [np.add.reduceat(count, first), np.add.reduceat(total, first), np.minimum.reduceat(low, first)]
+    reduced += [np.maximum.reduceat(high, first), columns[6][order[last]], np.maximum.reduceat(score, first)]
+    return device[head], np.column_stack([columns[0][head], columns[1][head], *reduced])
 
 
 def aggregate_frame(table: DeviceTable, device: np.ndarray, buckets: np.ndarray) -> pd.DataFrame:

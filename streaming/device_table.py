@@ -175,14 +175,14 @@ class DeviceTable:
     def take(self, rows: np.ndarray) -> DeviceTable:
         """The devices ``rows`` (distinct), in that order."""
         rows = np.asarray(rows, dtype=np.int64)
-        new_of = np.full(len(self), -1, dtype=np.int64)
-        new_of[rows] = np.arange(len(rows))
 
         def grouped(device: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            mapped = new_of[device]
-            picked = np.flatnonzero(mapped >= 0)
-            order = picked[np.argsort(mapped[picked], kind="stable")]
-            return order, mapped[order]
+            """The rows of each device of ``rows`` in turn (a device's rows are one range)."""
+            counts = np.bincount(device, minlength=len(self))
+            count = counts[rows]
+            ends = np.cumsum(count)
+            order = np.repeat(np.cumsum(counts)[rows] - ends, count) + np.arange(ends[-1] if len(ends) else 0)
+            return order, np.repeat(np.arange(len(rows)), count)
 
         m, metric_device = grouped(self.metric_device)
         renumbered, detectors = self._pick_detectors(m)
@@ -208,7 +208,8 @@ class DeviceTable:
         )
 
     def slice(self, lo: int, hi: int) -> DeviceTable:
-        """The devices ``lo:hi`` (a contiguous range: each grouped column is one range too)."""
+        """The devices ``lo:hi`` (a contiguous range: each grouped column is one range too), in
+        views of this table's arrays where they can be."""
         m = slice(*np.searchsorted(self.metric_device, [lo, hi]).tolist())
         e = slice(*np.searchsorted(self.episode_device, [lo, hi]).tolist())
         b = slice(*np.searchsorted(self.bucket_device, [lo, hi]).tolist())
@@ -241,7 +242,9 @@ class DeviceTable:
         for b, rows in enumerate(self.detectors):
             used = (detector >= 0) & (bank == b)
             renumbered[used] = np.arange(int(used.sum()))
-            picked.append(np.ascontiguousarray(rows[detector[used]]))
+            at = detector[used]  # (a slice of rows in order, as after ``take``, is a view)
+            ranged = isinstance(m, builtins.slice) and len(at) and (np.diff(at) == 1).all()
+            picked.append(rows[at[0] : at[-1] + 1] if ranged else np.ascontiguousarray(rows[at]))
         return renumbered, picked
 
     @classmethod
@@ -300,7 +303,7 @@ class DeviceTable:
         header = MAGIC + _HEADER.pack(
             *counts, len(self.detectors), len(ids), len(type_vocabulary), len(site_vocabulary), len(name_vocabulary), 0
         )
-        columns = [getattr(self, name).astype(stored).tobytes() for name, stored, _ in _COLUMNS]
+        columns = [np.ascontiguousarray(getattr(self, name), dtype=stored).data for name, stored, _ in _COLUMNS]
         return b"".join(
             [
                 header,
@@ -313,7 +316,7 @@ class DeviceTable:
                 site_codes,
                 name_codes,
                 *columns[:_BANKS_AT],
-                *(rows.tobytes() for rows in self.detectors),
+                *(np.ascontiguousarray(rows).data for rows in self.detectors),
                 *columns[_BANKS_AT:],
             ]
         )
@@ -321,7 +324,8 @@ class DeviceTable:
     @classmethod
     def from_bytes(cls, blob: bytes, state_sizes: Sequence[int]) -> DeviceTable:
         """A table of :meth:`to_bytes`, whose detector banks must be ``state_sizes`` wide
-        (a table of fewer banks holds the first ones and the others start empty)."""
+        (a table of fewer banks holds the first ones and the others start empty); its arrays
+        are read-only views of the value: a table is copied (``take``, ``concat``) before it changes."""
         if blob[: len(COMPRESSED)] == COMPRESSED:
             (length,) = _RAW_LENGTH.unpack_from(blob, len(COMPRESSED))
             blob = pa.decompress(
@@ -350,7 +354,7 @@ class DeviceTable:
 
         def array(dtype: str, rows: int, width: int = 0) -> np.ndarray:
             nonlocal at
-            out = np.frombuffer(blob, dtype=dtype, count=rows * (width or 1), offset=at).copy()
+            out = np.frombuffer(blob, dtype=dtype, count=rows * (width or 1), offset=at)
             at += out.nbytes
             return out.reshape(rows, width) if width else out
 

@@ -91,6 +91,7 @@ class ShardedStore:
         self._loaded: dict[int, DeviceTable] = {}
         self._shard_of = np.zeros(0, dtype=np.int64)
         self.found = np.zeros(0, dtype=bool)  # which devices of the last load_many were known
+        self._rows = np.zeros(0, dtype=np.int64)  # and their rows in its shards, one after another
         self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}  # by the last load_many
 
@@ -149,11 +150,11 @@ class ShardedStore:
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}
         self._loaded = {s: self._read(s) for s in np.unique(self._shard_of).tolist()}
         if not self._loaded:
-            self.found = np.zeros(0, dtype=bool)
+            self.found, self._rows = np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
             return DeviceTable.empty([], self.seq_words, self.state_sizes)
         known = DeviceTable.concat(list(self._loaded.values()))
         rows = pd.Index(known.ids).get_indexer(pd.Index(ids)) if len(known) else np.full(len(ids), -1)
-        self.found = rows >= 0
+        self.found, self._rows = rows >= 0, rows
         missing = np.flatnonzero(rows < 0)
         if len(missing):
             rows[missing] = len(known) + np.arange(len(missing))
@@ -167,6 +168,10 @@ class ShardedStore:
         self.written = {"state_bytes": 0, "state_devices": 0}
         shard_of = self._shard_of
         heard = table.core[:, RECEIVED] > 0
+        shards = sorted(self._loaded.items())  # (in load_many's order: the rows of self._rows)
+        at = np.cumsum([0] + [len(old) for _, old in shards])
+        reported = np.zeros(at[-1], dtype=bool)  # the loaded devices that come back in ``table``
+        reported[self._rows[self.found & heard]] = True
         if not heard.all():
             table, shard_of = table.take(np.flatnonzero(heard)), shard_of[heard]
         order = np.argsort(shard_of, kind="stable")
@@ -174,12 +179,9 @@ class ShardedStore:
         shard_of = shard_of[order]
         bounds = np.searchsorted(shard_of, np.array(sorted(self._loaded) + [self.live]))
         merged: dict[int, DeviceTable] = {}
-        for (shard, old), lo, hi in zip(sorted(self._loaded.items()), bounds[:-1], bounds[1:], strict=True):
+        for (shard, old), a, lo, hi in zip(shards, at[:-1], bounds[:-1], bounds[1:], strict=True):
             fresh = by_shard.slice(lo, hi)
-            keep = self._alive(old, now_ms)
-            if len(old):  # (a set: a shard's tens of ids, where a pandas Index costs more to build than to use)
-                reported = set(fresh.ids.tolist())
-                keep &= np.fromiter((i not in reported for i in old.ids.tolist()), dtype=bool, count=len(old))
+            keep = self._alive(old, now_ms) & ~reported[a : a + len(old)]
             # (a shard whose devices all reported, or none did, needs no selection)
             merged[shard] = (
                 fresh
