@@ -83,7 +83,8 @@ class DeviceStore(Protocol):
     :class:`DeviceTable` in the order asked for (devices not seen before as new rows);
     ``found`` says which were known."""
 
-    found: np.ndarray
+    @property
+    def found(self) -> np.ndarray: ...
 
     def load_many(self, device_ids: list[str]) -> DeviceTable: ...
 

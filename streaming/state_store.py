@@ -90,8 +90,8 @@ class ShardedStore:
         self._token = np.zeros(shards, dtype=np.int64)
         self._loaded: dict[int, DeviceTable] = {}
         self._shard_of = np.zeros(0, dtype=np.int64)
-        self.found = np.zeros(0, dtype=bool)  # which devices of the last load_many were known
-        self._rows = np.zeros(0, dtype=np.int64)  # and their rows in its shards, one after another
+        # each device of the last load_many: its row in the loaded shards, one after another (-1: new)
+        self._rows = np.zeros(0, dtype=np.int64)
         self.written = {"state_bytes": 0, "state_devices": 0}  # by the last save_many
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}  # by the last load_many
 
@@ -142,6 +142,11 @@ class ShardedStore:
             return DeviceTable.empty([], self.seq_words, self.state_sizes)
         return DeviceTable.from_bytes(blob, self.state_sizes)
 
+    @property
+    def found(self) -> np.ndarray:
+        """Which devices of the last :meth:`load_many` were known."""
+        return self._rows >= 0
+
     def load_many(self, device_ids: Sequence[str]) -> DeviceTable:
         """The devices' state in the given order (new devices empty); remembered for :meth:`save_many`."""
         ids = np.asarray(list(device_ids), dtype=object)
@@ -150,12 +155,11 @@ class ShardedStore:
         self.read = {"state_shards_read": 0, "state_shards_cached": 0}
         self._loaded = {s: self._read(s) for s in np.unique(self._shard_of).tolist()}
         if not self._loaded:
-            self.found, self._rows = np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)
+            self._rows = np.zeros(0, dtype=np.int64)
             return DeviceTable.empty([], self.seq_words, self.state_sizes)
         known = DeviceTable.concat(list(self._loaded.values()))
-        rows = pd.Index(known.ids).get_indexer(pd.Index(ids)) if len(known) else np.full(len(ids), -1)
-        self.found, self._rows = rows >= 0, rows
-        missing = np.flatnonzero(rows < 0)
+        self._rows = pd.Index(known.ids).get_indexer(pd.Index(ids)) if len(known) else np.full(len(ids), -1)
+        rows, missing = self._rows.copy(), np.flatnonzero(self._rows < 0)
         if len(missing):
             rows[missing] = len(known) + np.arange(len(missing))
             known = DeviceTable.concat([known, DeviceTable.empty(ids[missing], self.seq_words, self.state_sizes)])
