@@ -21,6 +21,10 @@ import psutil
 #: What is sampled per process tree; growth is judged on ``anon_bytes`` (memory only the process
 #: can free), not on RSS, which counts mapped files the kernel reclaims (docs/operate/chaos.md).
 MEASURES = ("rss_bytes", "anon_bytes", "fds", "threads", "pooled_threads", "data_files")
+#: Counts a process gives back when the work that needed them ends (a fault's reconnects
+#: included): fitted with one level per incarnation across its quiet windows, so that what a
+#: fault leaves behind is growth and a ramp while clients reconnect after one is not.
+COUNTS = ("fds", "threads", "pooled_threads", "data_files")
 
 #: Thread names (``/proc/<pid>/task/<tid>/comm``, cut to 15 characters) of Spark's block-manager
 #: pools, capped in their own source and filled by bursts at no fixed time: counted as
@@ -216,24 +220,30 @@ def slope_per_minute(
     warm_up_s: float,
     min_span_s: float,
     windows: Sequence[Window] | None = None,
+    shared_level: bool = False,
 ) -> Growth:
     """Growth per minute of ``(t_s, incarnation, value)`` points, pooled over stretches
     (each with its own level): one per incarnation and window of ``windows`` (default: the
-    whole run), from ``warm_up_s`` after each incarnation's first point; not judged when the
-    stretches span less than ``min_span_s`` in all."""
+    whole run), or with ``shared_level`` one per incarnation over its points in ``windows``,
+    from ``warm_up_s`` after each incarnation's first point; not judged when the windows'
+    points span less than ``min_span_s`` in all."""
     by_incarnation: dict[int, list[tuple[float, float]]] = {}
     for t, incarnation, value in points:
         by_incarnation.setdefault(incarnation, []).append((t, value))
     stretches: list[tuple[np.ndarray, np.ndarray]] = []
+    span = 0.0
     for series in by_incarnation.values():
         series.sort()
         start = series[0][0] + warm_up_s
-        for low, high in windows if windows is not None else [(-np.inf, np.inf)]:
-            kept = np.array([(t, v) for t, v in series if t >= start and low <= t < high], dtype=float)
-            if len(kept) >= 3:
-                stretches.append((kept[:, 0] - kept[:, 0].mean(), kept[:, 1] - kept[:, 1].mean()))
+        kept = [
+            np.array([(t, v) for t, v in series if t >= start and low <= t < high], dtype=float).reshape(-1, 2)
+            for low, high in (windows if windows is not None else [(-np.inf, np.inf)])
+        ]
+        span += sum(float(k[-1, 0] - k[0, 0]) for k in kept if len(k) >= 3)
+        for k in [np.concatenate(kept)] if shared_level else kept:
+            if len(k) >= 3:
+                stretches.append((k[:, 0] - k[:, 0].mean(), k[:, 1] - k[:, 1].mean()))
     denominator = sum(float(t @ t) for t, _ in stretches)
-    span = sum(float(t[-1] - t[0]) for t, _ in stretches)
     if denominator == 0.0 or span < min_span_s:
         return Growth(None, 0.0)
     slope = sum(float(t @ v) for t, v in stretches) / denominator
@@ -260,7 +270,7 @@ def judge(
         within: list[bool] = []
         for measure_name in MEASURES:
             values = [(s.t, s.pid, float(getattr(s, measure_name))) for s in own]
-            growth = slope_per_minute(values, warm_up_s, min_span_s, windows)
+            growth = slope_per_minute(values, warm_up_s, min_span_s, windows, measure_name in COUNTS)
             limit = getattr(limits, measure_name)  # None: reported, not judged
             entry[measure_name] = {
                 "last": int(values[-1][2]),

@@ -116,6 +116,35 @@ def test_a_buffer_filled_by_each_fault_is_not_growth_but_growth_between_faults_i
     assert quiet["leaky"]["anon_bytes"]["slope_per_min"] == pytest.approx(2e6, rel=0.05)
 
 
+def test_threads_rebuilt_after_each_fault_are_not_growth_but_threads_each_fault_leaves_are() -> None:
+    """A job whose threads drop by 18 at each fault and come back over the 40 s after its
+    recovery (clients reconnecting) is within limits, though each quiet window alone starts
+    with a ramp; one that keeps 3 more threads after every fault and is flat between faults
+    fails, though each quiet window alone is flat."""
+    faults = [(float(f), float(f) + 15.0) for f in range(150, 900, 75)]
+    windows = quiet_windows(faults, end_s=900.0)
+    rng = np.random.default_rng(5)
+
+    def threads(t: float, kept_per_fault: int) -> int:
+        recovered = [end for _, end in faults if t >= end]
+        since = t - recovered[-1] if recovered else 1e9
+        ramp = 18.0 * max(0.0, 1.0 - since / 40.0)
+        return int(140 + kept_per_fault * len(recovered) - ramp + rng.integers(0, 8))
+
+    samples = [
+        Sample(float(t), name, 10, 0, 450, threads(t, kept), 0)
+        for t in range(0, 900, 5)
+        for name, kept in (("reconnecting", 0), ("leaving", 3))
+    ]
+    report = judge(samples, Limits(), warm_up_s=120.0, min_span_s=120.0, windows=windows)
+    assert report["reconnecting"]["within_limits"] is True
+    assert report["leaving"]["within_limits"] is False
+    per_window = slope_per_minute(
+        [(s.t, s.pid, s.threads) for s in samples if s.process == "reconnecting"], 120.0, 120.0, windows
+    )
+    assert per_window.exceeds(1.0)  # the ramps alone, each window with its own level
+
+
 def test_a_process_growing_above_the_limit_fails_and_a_flat_noisy_one_passes() -> None:
     """Growth is judged on anonymous memory: a process whose RSS grows only by mapped files
     (a server's data files read into the page cache) passes, and its RSS slope is reported."""
