@@ -7,6 +7,7 @@ the ACL authorizer) and TLS on the client listener are as in docker-compose.yml.
 from __future__ import annotations
 
 import base64
+import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping
@@ -132,7 +133,10 @@ def start_kafka_cluster(
     for spec in specs:
         config = _write_config(spec, voters, nodes, security)
         _format(spec, config, cluster_id, classpath, security)
-        options = [*(heap or HEAP_OPTIONS), *JVM_OPTIONS]
+        tmp = spec.folder / "tmp"  # what a killed broker unpacked there (LZ4's native library) goes at its next start
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        options = [*(heap or HEAP_OPTIONS), *JVM_OPTIONS, f"-Djava.io.tmpdir={tmp}"]
         java = [java_executable(), *options, *_class_data(options, classpath), *_log_options(spec), "-cp", classpath]
         command = [*java, "kafka.Kafka", str(config)]
         records.append(start_process(f"kafka-{spec.node_id}", command, spec.folder / "broker.log", cwd=spec.folder))

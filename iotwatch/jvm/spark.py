@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+import psutil
 
 from iotwatch.jvm import class_data
 from iotwatch.logs import librdkafka_logger, repeat_summary, spark_log_level
@@ -44,14 +47,7 @@ _NOT_NEWS = (
     ("TransformWithStateInPySparkStateServer", "No more data to read"),
     ("MemoryManager", "Total allocation exceeds"),
 )
-_LEVELS = {
-    "TRACE": logging.DEBUG,
-    "DEBUG": logging.DEBUG,
-    "INFO": logging.INFO,
-    "WARN": logging.WARNING,
-    "ERROR": logging.ERROR,
-    "FATAL": logging.CRITICAL,
-}
+_LEVELS = {**logging.getLevelNamesMapping(), "TRACE": logging.DEBUG}  # log4j's names: Python's, and TRACE
 #: librdkafka's own stderr format, from Kafka clients in the Python workers:
 #: ``%3|1795479906.881|FAIL|rdkafka#consumer-1| [thrd:...]: ...`` (syslog level, time, facility, client).
 _LIBRDKAFKA_LINE = re.compile(r"^%(\d)\|[\d.]+\|(\w+)\|([^|]+)\| (.*)$")
@@ -250,12 +246,8 @@ def local_jvm_env() -> dict[str, str]:
     (:data:`LOCAL_MALLOC_ARENAS`), Arrow's access checks off (:data:`ARROW_UNCHECKED_ENV`) and
     Python workers on this interpreter, each unless the environment sets it. The Python
     workers inherit it from the JVM."""
-    return {
-        "MALLOC_ARENA_MAX": LOCAL_MALLOC_ARENAS,
-        **ARROW_UNCHECKED_ENV,
-        "PYSPARK_PYTHON": sys.executable,
-        **os.environ,
-    }
+    own = {"MALLOC_ARENA_MAX": LOCAL_MALLOC_ARENAS, "PYSPARK_PYTHON": sys.executable, **ARROW_UNCHECKED_ENV}
+    return {**own, **os.environ}
 
 
 def jvm_spark_home(python: str) -> str:
@@ -287,13 +279,8 @@ def with_class_data(conf: Mapping[str, str], spark_home: str, writes: bool = Fal
     from iotwatch.jvm.jars import java_executable
 
     options = conf.get("spark.driver.extraJavaOptions", "")
-    parts = [
-        pyspark.__version__,
-        spark_home,
-        conf.get("spark.driver.extraClassPath", ""),
-        conf.get("spark.jars", ""),
-        options,
-    ]
+    classpath = (conf.get("spark.driver.extraClassPath", ""), conf.get("spark.jars", ""))
+    parts = [pyspark.__version__, spark_home, *classpath, options]
     extra = class_data.jvm_options(java_executable(), parts, writes=writes)
     return {**conf, "spark.driver.extraJavaOptions": f"{options} {extra}".strip()} if extra else dict(conf)
 
@@ -334,12 +321,26 @@ LOCAL_MALLOC_ARENAS = "2"
 ARROW_UNCHECKED_ENV = {"ARROW_ENABLE_UNSAFE_MEMORY_ACCESS": "true", "ARROW_ENABLE_NULL_CHECK_FOR_GET": "false"}
 
 
+def jvm_tmpdir() -> Path:
+    """The ``java.io.tmpdir`` of this process's local JVM. A JVM killed with -9 leaves behind
+    what it unpacked there (RocksDB's and LZ4's native libraries, 15 MB) and Spark's scratch
+    folders, so each process's JVM has a folder of its own, and the folders of processes that
+    no longer run are removed."""
+    root = Path(tempfile.gettempdir())
+    for folder in root.glob("iotwatch-java-*"):
+        pid = folder.name.removeprefix("iotwatch-java-")
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    (own := root / f"iotwatch-java-{os.getpid()}").mkdir(exist_ok=True)
+    return own
+
+
 def local_jvm_conf() -> dict[str, str]:
     """Spark settings for the driver JVM (local mode): iotwatch's log4j layout and level, no
-    console progress bar, :data:`LOCAL_JIT_OPTIONS` and :data:`LOCAL_HEAP_OPTIONS`."""
+    console progress bar, :data:`LOCAL_JIT_OPTIONS`, :data:`LOCAL_HEAP_OPTIONS` and :func:`jvm_tmpdir`."""
     options = (
         f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()} -Diotwatch.spark.level={spark_log_level()} "
-        f"{LOCAL_JIT_OPTIONS} {LOCAL_HEAP_OPTIONS}"
+        f"{LOCAL_JIT_OPTIONS} {LOCAL_HEAP_OPTIONS} -Djava.io.tmpdir={jvm_tmpdir()}"
     )
     return {
         "spark.ui.showConsoleProgress": "false",

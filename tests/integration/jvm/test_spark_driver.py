@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from iotwatch.jvm.spark import LOCAL_DRIVER_MEMORY, LOCAL_MALLOC_ARENAS
+from iotwatch.jvm.spark import LOCAL_DRIVER_MEMORY, LOCAL_MALLOC_ARENAS, jvm_tmpdir
 from tests.helpers import user_env
 
 
@@ -32,6 +33,20 @@ def test_the_driver_jvm_runs_with_few_malloc_arenas(spark: Any) -> None:
     pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', LOCAL_MALLOC_ARENAS)}".encode() in environ
+
+
+def test_the_driver_unpacks_into_a_folder_of_this_process_and_a_dead_process_s_folder_goes(spark: Any) -> None:
+    """What the JVM unpacks (RocksDB's native library, Spark's scratch folders) is in this
+    process's own ``java.io.tmpdir``; the folder of a process no longer running, as a job
+    killed with -9 leaves it, is removed when the next JVM is given its folder."""
+    own = Path(spark.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir"))
+    assert own == Path(tempfile.gettempdir()) / f"iotwatch-java-{os.getpid()}" and own.is_dir()
+    spark.sparkContext._jvm.org.rocksdb.RocksDB.loadLibrary()
+    assert list(own.glob("librocksdbjni*")) and list(own.glob("spark-*"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = Path(tempfile.gettempdir()) / f"iotwatch-java-{int(dead.stdout)}"
+    (left / "spark-x").mkdir(parents=True)
+    assert jvm_tmpdir() == own and own.is_dir() and not left.exists()
 
 
 def test_python_workers_import_pyspark_as_installed(spark: Any) -> None:
