@@ -18,19 +18,7 @@ from iotwatch.errors import IotwatchError
 from iotwatch.settings import InfluxSettings
 
 #: The aggregates' columns written to ``device_metrics`` (tags, time, fields).
-AGGREGATE_LINE_COLUMNS = [
-    "site",
-    "device_type",
-    "device_id",
-    "metric",
-    "event_ms",
-    "mean",
-    "min",
-    "max",
-    "last",
-    "max_score",
-    "count",
-]
+AGGREGATE_LINE_COLUMNS = "site device_type device_id metric event_ms mean min max last max_score count".split()
 
 
 def aggregate_lines(aggregates: pd.DataFrame) -> list[str]:

@@ -2,7 +2,8 @@
 SPARK-58932's state-server socket is closed after each stateful task, so the JVM does not
 collect sockets in CLOSE_WAIT micro-batch after micro-batch; the stateful operator's node
 builds its driver-side handle only when used; the state server's interpreted projections and
-the shared resolved encoders serve the micro-batches run here too."""
+the shared resolved encoders serve the micro-batches run here too; an Arrow batch for a Python
+worker is sized every 64th row."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from iotwatch.jvm.spark_patches import (
     INTERPRETED_STATE_SERVER,
     LAZY_DRIVER_HANDLE,
     RESOLVED_ENCODERS,
+    SIZE_EVERY_64_ROWS,
     SourcePatch,
     patch_jar,
     patches_needed,
@@ -52,6 +54,7 @@ def _spark_jvm() -> psutil.Process:
         (LAZY_DRIVER_HANDLE, OPERATOR_NODE),
         (INTERPRETED_STATE_SERVER, STATE_SERVER),
         (RESOLVED_ENCODERS, STATE_ENCODER),
+        (SIZE_EVERY_64_ROWS, "org.apache.spark.sql.execution.python.BatchedPythonArrowInput$"),
     ],
 )
 def test_the_patched_classes_come_from_the_fix_jar(spark, patch: SourcePatch, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -88,3 +91,23 @@ def test_micro_batches_leave_no_socket_in_close_wait(
     # without the fix: one socket per stateful task (shuffle partitions per batch) stays in CLOSE_WAIT
     assert batches >= 10, job.totals
     assert _close_wait(jvm) - before < 3, f"{_close_wait(jvm) - before} sockets in CLOSE_WAIT after {batches} batches"
+
+
+def test_arrow_batches_to_a_python_worker_keep_their_byte_limit_within_64_rows(spark) -> None:  # type: ignore[no-untyped-def]
+    """With the size summed every 64th row, a batch still ends at ``maxBytesPerBatch``: rows of
+    about 1 kB under a 16 kB limit come in batches of 64 rows (the first check past 16 kB), not
+    of ``maxRecordsPerBatch``."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def sizes(batches):  # type: ignore[no-untyped-def]
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    frame = spark.range(0, 1000, 1, 1).select(F.expr("repeat('x', 1000)").alias("payload"))
+    spark.conf.set("spark.sql.execution.arrow.maxBytesPerBatch", "16k")
+    try:
+        rows = [r.rows for r in frame.mapInArrow(sizes, "rows long").collect()]
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxBytesPerBatch")
+    assert sum(rows) == 1000 and max(rows) == 64 and len(rows) == 16
