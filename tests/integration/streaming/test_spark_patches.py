@@ -8,6 +8,7 @@ worker is sized every 64th row; the checkpoint's local files are written without
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -83,14 +84,9 @@ def test_micro_batches_leave_no_socket_in_close_wait(
     write_scenario(settings, unique, per_device=120)
     jvm = _spark_jvm()
     before = _close_wait(jvm)
-    job = start(
-        spark,
-        settings,
-        checkpoint_dir=tmp_path / "ck",
-        archive_dir=tmp_path / "ar",
-        available_now=True,
-        query_name=unique,
-    )
+    ck, ar = tmp_path / "ck", tmp_path / "ar"
+    run = partial(start, spark, settings, checkpoint_dir=ck, archive_dir=ar, available_now=True, query_name=unique)
+    job = run()
     job.await_backlog(600)
     batches = job.totals["batches"]
     # without the fix: one socket per stateful task (shuffle partitions per batch) stays in CLOSE_WAIT
@@ -102,14 +98,7 @@ def test_micro_batches_leave_no_socket_in_close_wait(
     assert len(offsets) >= batches and not [name for name in offsets if name.endswith(".crc")], offsets
     changelogs = list((tmp_path / "ck" / "state").rglob("*.changelog"))
     assert changelogs and not [c for c in changelogs if c.with_name(f".{c.name}.crc").exists()]
-    again = start(
-        spark,
-        settings,
-        checkpoint_dir=tmp_path / "ck",
-        archive_dir=tmp_path / "ar",
-        available_now=True,
-        query_name=unique,
-    )
+    again = run()
     again.await_backlog(600)
     assert again.totals.get("reading_records", 0) == 0  # resumed after the last committed batch: nothing re-read
 
