@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import pandas as pd
 from influxdb_client import Point
 
@@ -17,17 +16,11 @@ from iotwatch.contract.measurements import ALERTS, DEVICE_METRICS, PIPELINE
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import InfluxSettings
 
-#: The aggregates' columns written to ``device_metrics`` (tags, time, fields).
-AGGREGATE_LINE_COLUMNS = "site device_type device_id metric event_ms mean min max last max_score count".split()
-
 
 def aggregate_lines(aggregates: pd.DataFrame) -> list[str]:
     """Closed aggregates (:data:`iotwatch.streaming.partition_io.AGGREGATE_COLUMNS`), thousands a
-    micro-batch, as line protocol in one pass over the frame."""
-    if aggregates.empty:
-        return []
-    frame = aggregates[AGGREGATE_LINE_COLUMNS].astype({"count": np.int64, "event_ms": np.int64})
-    return DEVICE_METRICS.lines(frame, "event_ms")
+    micro-batch, as line protocol a column at a time, with millisecond times."""
+    return DEVICE_METRICS.lines(aggregates.drop(columns="sum"), "event_ms")  # all but the sum
 
 
 def alert_point(alert: AlertRecord) -> Point:
@@ -55,7 +48,6 @@ def write_derived(influx: InfluxSettings, outage: OutageLog, lines: list[str]) -
     micro-batches). Metrics are derived data (recomputable from the archive): a failed write
     is logged and counted, it does not stop the pipeline. Returns the failed writes (0 or 1)."""
     client = kept_client(influx)
-    lines = [line for line in lines if line]
     try:
         for start in range(0, len(lines), 5000):
             client.write_lines(lines[start : start + 5000])
