@@ -80,8 +80,8 @@ def main(argv: list[str]) -> int:
     )
     RESULTS.mkdir(exist_ok=True)
     day = started.date().isoformat()
-    n = 1 + len(list(RESULTS.glob(f"{day}-{bench}-*.json")))
-    path = RESULTS / f"{day}-{bench}-{n}.json"
+    taken = [int(p.stem.rsplit("-", 1)[1]) for p in RESULTS.glob(f"{day}-{bench}-*.json")]  # (some may be removed)
+    path = RESULTS / f"{day}-{bench}-{max(taken, default=0) + 1}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(path)
     return run.returncode
