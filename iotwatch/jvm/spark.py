@@ -224,13 +224,21 @@ def _launch_jvm(conf: Mapping[str, str], writes_class_data: bool = False) -> Non
 
 #: The JVM names pyspark refers to unqualified (``sc._jvm.PythonUtils``): what its own
 #: ``launch_gateway`` imports into every gateway it starts.
-_PYSPARK_JVM_IMPORTS = """
-org.apache.spark.SparkConf org.apache.spark.api.java.* org.apache.spark.api.python.*
-org.apache.spark.ml.python.* org.apache.spark.mllib.api.python.* org.apache.spark.resource.*
-org.apache.spark.sql.Encoders org.apache.spark.sql.OnSuccessCall org.apache.spark.sql.functions
-org.apache.spark.sql.classic.* org.apache.spark.sql.api.python.* org.apache.spark.sql.hive.*
-scala.Tuple2
-""".split()
+_PYSPARK_JVM_IMPORTS = (
+    "org.apache.spark.SparkConf",
+    "org.apache.spark.api.java.*",
+    "org.apache.spark.api.python.*",
+    "org.apache.spark.ml.python.*",
+    "org.apache.spark.mllib.api.python.*",
+    "org.apache.spark.resource.*",
+    "org.apache.spark.sql.Encoders",
+    "org.apache.spark.sql.OnSuccessCall",
+    "org.apache.spark.sql.functions",
+    "org.apache.spark.sql.classic.*",
+    "org.apache.spark.sql.api.python.*",
+    "org.apache.spark.sql.hive.*",
+    "scala.Tuple2",
+)
 
 
 def local_jvm_env() -> dict[str, str]:

@@ -191,24 +191,6 @@ SIZE_EVERY_64_ROWS = SourcePatch(
     ),
 )
 
-#: Without a native library (pip's pyspark has none), Hadoop's local file system sets each new
-#: file's mode by forking ``chmod`` from the JVM: eight a micro-batch (the offset, commit and
-#: two state changelog files, each with its checksum file). The JVM writes the checkpoint's
-#: local files itself (mode 0644 under the usual umask; readers need no checksum file).
-LOCAL_CHECKPOINT_WITHOUT_CHMOD = SourcePatch(
-    issue="local-checkpoint-without-chmod",
-    path="org/apache/spark/sql/execution/streaming/checkpointing/CheckpointFileManager.scala",
-    edits=(
-        (
-            "  override def createTempFile(path: Path): FSDataOutputStream = {\n    fs.create(path, true)\n",
-            "  override def createTempFile(path: Path): FSDataOutputStream = fs match {\n"
-            "    case local: org.apache.hadoop.fs.LocalFileSystem =>\n"
-            "      new FSDataOutputStream(new java.io.FileOutputStream(local.pathToFile(path)), null)\n"
-            "    case _ => fs.create(path, true)\n",
-        ),
-    ),
-)
-
 #: pyspark version -> the fixes its release needs (those of one class applied in this order).
 PATCHES: dict[str, tuple[SourcePatch, ...]] = {
     "4.2.0": (
@@ -219,7 +201,6 @@ PATCHES: dict[str, tuple[SourcePatch, ...]] = {
         RESOLVED_STATE_SERVER_ENCODERS,
         RESOLVED_GROUPING_KEY_ENCODER,
         SIZE_EVERY_64_ROWS,
-        LOCAL_CHECKPOINT_WITHOUT_CHMOD,
     )
 }
 
@@ -297,8 +278,9 @@ def install_built(source: Path) -> Path | None:
         shutil.copy2(built / JAR_NAME, folder / JAR_NAME)
         shutil.copy2(built / COMPLETE_MARK, folder / COMPLETE_MARK)
         return folder / JAR_NAME
-    pattern = f"spark-sql_{SCALA_BINARY_VERSION}-{_spark_version()}-sources.jar"
-    sources = sorted(Path(source).expanduser().rglob(pattern))
+    sources = sorted(
+        Path(source).expanduser().rglob(f"spark-sql_{SCALA_BINARY_VERSION}-{_spark_version()}-sources.jar")
+    )
     if not sources:
         raise StackError(f"{source} has neither {folder.name}/ nor spark-sql's sources jar")
     return build_patches(sources_jar=sources[0])
@@ -339,8 +321,18 @@ def _compile(files: list[Path], classes: Path) -> None:
     compiler = [j for j in jars if j.name.startswith(("scala-compiler-", "scala-library-", "scala-reflect-"))]
     if len(compiler) != 3:
         raise StackError("pyspark's jars folder has no Scala compiler to build Spark's fixes with")
-    scalac = [java_executable(), "-cp", ":".join(map(str, compiler)), "scala.tools.nsc.Main", "-nowarn"]
-    command = [*scalac, "-classpath", ":".join(map(str, jars)), "-d", str(classes), *map(str, files)]
+    command = [
+        java_executable(),
+        "-cp",
+        ":".join(map(str, compiler)),
+        "scala.tools.nsc.Main",
+        "-nowarn",
+        "-classpath",
+        ":".join(map(str, jars)),
+        "-d",
+        str(classes),
+        *map(str, files),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise StackError(f"compiling Spark's fixes failed: {(result.stdout + result.stderr).strip()[-500:]}")

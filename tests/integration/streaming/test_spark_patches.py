@@ -3,12 +3,11 @@ SPARK-58932's state-server socket is closed after each stateful task, so the JVM
 collect sockets in CLOSE_WAIT micro-batch after micro-batch; the stateful operator's node
 builds its driver-side handle only when used; the state server's interpreted projections and
 the shared resolved encoders serve the micro-batches run here too; an Arrow batch for a Python
-worker is sized every 64th row; the checkpoint's local files are written without Hadoop's chmod."""
+worker is sized every 64th row."""
 
 from __future__ import annotations
 
 import os
-from functools import partial
 from pathlib import Path
 
 import psutil
@@ -19,7 +18,6 @@ from iotwatch.jvm.spark_patches import (
     CLOSE_STATE_SERVER_SOCKET,
     INTERPRETED_STATE_SERVER,
     LAZY_DRIVER_HANDLE,
-    LOCAL_CHECKPOINT_WITHOUT_CHMOD,
     RESOLVED_ENCODERS,
     SIZE_EVERY_64_ROWS,
     SourcePatch,
@@ -57,10 +55,6 @@ def _spark_jvm() -> psutil.Process:
         (INTERPRETED_STATE_SERVER, STATE_SERVER),
         (RESOLVED_ENCODERS, STATE_ENCODER),
         (SIZE_EVERY_64_ROWS, "org.apache.spark.sql.execution.python.BatchedPythonArrowInput$"),
-        (
-            LOCAL_CHECKPOINT_WITHOUT_CHMOD,
-            "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
-        ),
     ],
 )
 def test_the_patched_classes_come_from_the_fix_jar(spark, patch: SourcePatch, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -84,23 +78,19 @@ def test_micro_batches_leave_no_socket_in_close_wait(
     write_scenario(settings, unique, per_device=120)
     jvm = _spark_jvm()
     before = _close_wait(jvm)
-    ck, ar = tmp_path / "ck", tmp_path / "ar"
-    run = partial(start, spark, settings, checkpoint_dir=ck, archive_dir=ar, available_now=True, query_name=unique)
-    job = run()
+    job = start(
+        spark,
+        settings,
+        checkpoint_dir=tmp_path / "ck",
+        archive_dir=tmp_path / "ar",
+        available_now=True,
+        query_name=unique,
+    )
     job.await_backlog(600)
     batches = job.totals["batches"]
     # without the fix: one socket per stateful task (shuffle partitions per batch) stays in CLOSE_WAIT
     assert batches >= 10, job.totals
     assert _close_wait(jvm) - before < 3, f"{_close_wait(jvm) - before} sockets in CLOSE_WAIT after {batches} batches"
-    # the checkpoint's files are written by the JVM itself, not by Hadoop's create (which forks
-    # chmod for each file and writes a checksum file beside it); they read back as the job's
-    offsets = sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir())
-    assert len(offsets) >= batches and not [name for name in offsets if name.endswith(".crc")], offsets
-    changelogs = list((tmp_path / "ck" / "state").rglob("*.changelog"))
-    assert changelogs and not [c for c in changelogs if c.with_name(f".{c.name}.crc").exists()]
-    again = run()
-    again.await_backlog(600)
-    assert again.totals.get("reading_records", 0) == 0  # resumed after the last committed batch: nothing re-read
 
 
 def test_arrow_batches_to_a_python_worker_keep_their_byte_limit_within_64_rows(spark) -> None:  # type: ignore[no-untyped-def]
