@@ -31,7 +31,7 @@ from iotwatch.models.catalog import check_kernels
 from iotwatch.settings import Settings, StreamSettings
 from iotwatch.streaming.checkpoint import WAY_OUT, ResetTo, cluster_id, prepare_checkpoint, resolve_checkpoint
 from iotwatch.streaming.ingestion_gap import GapAlertWriter, IngestionGaps
-from iotwatch.streaming.worker_daemon import JEMALLOC_CONF
+from iotwatch.streaming.worker_daemon import WORKER_ALLOCATOR_ENV
 
 if TYPE_CHECKING:
     from iotwatch.streaming.progress import ProgressReporter
@@ -82,7 +82,7 @@ STREAM_CONF = {
     # Arrow batches of Kafka rows into the packing step: fewer round trips to the Python
     # worker per task (each batch is still held under ``maxBytesPerBatch``, 64 MB).
     "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
-    **{f"spark.executorEnv.{name}": value for name, value in {**JEMALLOC_CONF, **ARROW_UNCHECKED_ENV}.items()},
+    **{f"spark.executorEnv.{name}": value for name, value in {**WORKER_ALLOCATOR_ENV, **ARROW_UNCHECKED_ENV}.items()},
 }
 
 

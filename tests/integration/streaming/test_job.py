@@ -21,6 +21,7 @@ from iotwatch.contract.dead_letters import H_KAFKA_TOPIC, H_REASON, header_value
 from iotwatch.errors import IotwatchError
 from iotwatch.settings import Settings
 from iotwatch.streaming.job import PLANNING, start
+from iotwatch.streaming.worker_daemon import GLIBC_MALLOC
 from tests.helpers import read_topic, spark_jvms, user_env, wait_for
 from tests.support.scenario import write_scenario
 
@@ -42,6 +43,37 @@ def _python_daemons(jvm_pid: int) -> list[psutil.Process]:
         except psutil.Error:  # a worker that ended meanwhile
             pass
     return daemons
+
+
+def _mapped_blocks_after_24_mb(_: object) -> str:
+    """In a Python worker: a 24 MB numpy array's way through malloc (mallinfo2's mapped blocks)."""
+    import ctypes
+
+    import numpy as np
+
+    class MallInfo(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+        ]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo
+    before = libc.mallinfo2().hblks
+    array = np.ones(3 << 20)
+    return json.dumps([os.environ.get("GLIBC_TUNABLES"), libc.mallinfo2().hblks - before, float(array[0])])
+
+
+def test_python_workers_serve_batch_sized_blocks_from_the_heap(spark) -> None:
+    """The job's Python workers run with its malloc settings (streaming/worker_daemon.py): a
+    block of 24 MB comes from malloc's heap, whose freed pages stay mapped, not from
+    a mapping of its own that each batch would fault in anew."""
+    from pyspark.sql import functions as F
+
+    blocks = F.udf(_mapped_blocks_after_24_mb)
+    tunables, mapped, _ = json.loads(spark.range(1).select(blocks("id")).first()[0])
+    assert tunables == GLIBC_MALLOC
+    assert mapped == 0
 
 
 def _alerts(settings: Settings) -> list[dict]:
