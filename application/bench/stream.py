@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from iotwatch.application.bench.render import echo
 from iotwatch.application.stack import EmbeddedStack
 from iotwatch.cli import AppContext, NumberList, Preset, emit, json_option, latency_options, pass_app
-from iotwatch.clients.kafka import ensure_topics
+from iotwatch.clients.kafka import ensure_topics, produce_waiting
 from iotwatch.contract.alerts import decode_alert
 from iotwatch.contract.dead_letters import H_GATEWAY, H_INGEST_MS, H_MQTT_QOS, H_MQTT_TOPIC
 from iotwatch.contract.device_topics import telemetry_topic
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 #: latency of a job that keeps up, past its start-up's backlog (docs/benchmarks.md, ``settling``).
 SETTLE_S = 15.0
 SPIKE_EVERY = 97  # readings per device between injected spikes (after the warm-up)
-
 
 #: A reading's temperature and humidity: mean and spread, and a spike's rise in temperature.
 TEMPERATURE_C, TEMPERATURE_SD, SPIKE_C = 21.0, 0.2, 8.0
@@ -89,12 +88,7 @@ def preload(settings: Settings, topic: str, devices: int, per_device: int) -> in
         temperatures, humidities = readings.round(calm)
         for device in range(devices):
             value = readings.payload(device, seq, t0 + seq * 1000, temperatures[device], humidities[device])
-            while True:
-                try:
-                    producer.produce(topic, key=readings.keys[device], value=value)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce_waiting(producer, topic, readings.keys[device], value)
         producer.poll(0)
     producer.flush(60)
     return devices * per_device
@@ -166,10 +160,11 @@ def own_topics(settings: Settings, prefix: str) -> Settings:
 def measure_throughput(
     spark: Any, settings: Settings, workdir: Path, run: str, devices: int, records: int
 ) -> dict[str, Any]:
-    """One fleet size: the plain consumer and the job over the same pre-loaded topic."""
+    """One fleet size: the plain consumer, then the job twice over the same pre-loaded topic (docs/benchmarks.md)."""
     settings = own_topics(settings, f"bench.{run}.{devices}")
     total = preload(settings, settings.topics.raw, devices, max(1, records // devices))
     raw = measure_consumer(settings, settings.topics.raw, total)
+    warm_up = measure_job(spark, settings, workdir, f"warm_up{devices}")
     job = measure_job(spark, settings, workdir, f"d{devices}")
     steady = job["steady_state_records_per_s"] or job["records_per_s"]
     return {
@@ -182,6 +177,7 @@ def measure_throughput(
         "state_bytes_per_device": job["state_bytes_per_device"],
         "plain_consumer": raw,
         "job": job,
+        "warm_up": {k: warm_up[k] for k in ("steady_state_records_per_s", "batch_ms")},
     }
 
 
@@ -290,9 +286,9 @@ def measure_startup(spark: Any, settings: Settings, workdir: Path, run: str, dev
     try:
         appended = sorted(ms for _, ms in _spike_alerts(settings, spikes, timeout_s=300))
         deadline = time.monotonic() + 60  # the progress report follows the batch's commit
-        while not (batches := [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]):
-            if time.monotonic() > deadline:
-                break
+        while not (batches := [b["trigger_ms"] for b in job.reporter.history if b["input_rows"]]) and (
+            time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         phases = next((p for p in job.reporter.phases if p["records"]), None)
     finally:
@@ -348,12 +344,7 @@ def measure_latency(
                     (H_GATEWAY, gateway),
                 ]
                 value = readings.payload(device, seq, ts, temperatures[device], humidities[device])
-                while True:
-                    try:
-                        producer.produce(settings.topics.raw, key=readings.keys[device], value=value, headers=headers)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                produce_waiting(producer, settings.topics.raw, readings.keys[device], value, headers=headers)
                 produced[0] += 1
             producer.poll(0)
             seq += 1

@@ -367,6 +367,15 @@ class TopicFollower:
         self._consumer.close()
 
 
+def produce_waiting(producer: Producer, topic: str, key: bytes | None, value: bytes | None, **options: Any) -> None:
+    """Produce one record (``options``: headers, on_delivery), waiting while the producer's queue is full."""
+    while True:
+        try:
+            return producer.produce(topic, key=key, value=value, **options)
+        except BufferError:
+            producer.poll(0.05)
+
+
 def produce_confirmed(
     settings: KafkaSettings,
     producer: Producer,

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from iotwatch.clients.kafka import produce_waiting
 from iotwatch.errors import ServiceUnavailable
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
@@ -54,12 +55,7 @@ def produce_all(config: dict[str, str], topic: str, records: Iterable[Record], t
 
     count = 0
     for key, value, headers in records:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, headers=list(headers), on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, topic, key, value, headers=list(headers), on_delivery=on_delivery)
         count += 1
         producer.poll(0)
     remaining = producer.flush(timeout_s)
