@@ -120,7 +120,8 @@ def _run(spark: SparkSession, settings: Settings, tasks: int) -> dict[str, Any]:
     from iotwatch.streaming.kafka_source import pack_kafka_rows
     from iotwatch.streaming.operator_query import start_operator
 
-    with tempfile.TemporaryDirectory(prefix="iotwatch-warm-up-") as folder:
+    # (the stopped query's Spark threads can still be adding files there: removal is best effort)
+    with tempfile.TemporaryDirectory(prefix="iotwatch-warm-up-", ignore_cleanup_errors=True) as folder:
         work = Path(folder)
         source = work / "source"
         source.mkdir()
